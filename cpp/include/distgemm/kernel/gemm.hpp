@@ -1,0 +1,62 @@
+// Host API of the GEMM with a leading barrier. No CUTLASS in this header: the kernels are
+// compiled once into distgemm_runtime (one instantiation per dtype) and reached through these
+// functions, so the graph builder, the examples and the bindings build fast.
+//
+// The GEMM (per batch l < L, row-major views, `ld*` = elements between rows):
+//   D[m, n] = alpha * sum_k A[m, k] * B[n, k] + partial[m, n] + beta * user_c[m, n] + bias[n]
+// A [m, k] K-contiguous, B [n, k] K-contiguous (nn.Linear layout: a "TN" GEMM), D, partial and
+// user_c [m, n] N-contiguous; partial, user_c and bias may each be null (absent). bf16 or fp16
+// in and out, fp32 accumulate.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "distgemm/kernel/wait_spec.hpp"
+
+namespace distgemm::kernel {
+
+enum class DType : uint8_t { BF16 = 0, FP16 = 1 };
+
+inline const char* dtype_name(DType t) { return t == DType::BF16 ? "bf16" : "fp16"; }
+inline int dtype_bytes(DType) { return 2; }
+
+struct GemmDesc {
+  DType dtype = DType::BF16;
+  int64_t m = 0, n = 0, k = 0, l = 1;
+  const void* a = nullptr;
+  int64_t lda = 0, batch_a = 0;
+  const void* b = nullptr;
+  int64_t ldb = 0, batch_b = 0;
+  void* d = nullptr;
+  int64_t ldd = 0, batch_d = 0;
+  const void* partial = nullptr;  // added with scale 1; null: absent
+  int64_t ld_partial = 0, batch_partial = 0;
+  const void* user_c = nullptr;   // added with scale beta; null: absent
+  int64_t ldc = 0, batch_c = 0;
+  const void* bias = nullptr;     // [n], broadcast over rows and batches; null: absent
+  float alpha = 1.0f;
+  float beta = 0.0f;
+};
+
+// "" when the kernel can run `g`; otherwise the reason, in words, with the values and the fix.
+std::string gemm_can_implement(const GemmDesc& g);
+
+// Enqueues the GEMM on `stream` (capturable). `device` is the CUDA device the stream belongs to.
+// Throws std::runtime_error (with the CUDA/CUTLASS error) on failure; never launches a GEMM
+// that gemm_can_implement rejects.
+void gemm_launch(const GemmDesc& g, const WaitSpec& wait, int device, cudaStream_t stream);
+
+// Launch shape of the GEMM on this device (for reports): CTAs, threads, dynamic shared memory.
+struct GemmLaunchInfo {
+  int ctas = 0, threads = 0, smem_bytes = 0, cluster_m = 0, tile_m = 0, tile_n = 0, tile_k = 0;
+};
+GemmLaunchInfo gemm_launch_info(DType dtype, int device);
+
+// The single-block kernels of the runtime (entry barrier, wait before a copy).
+void entry_barrier_launch(const EntryBarrierSpec& spec, cudaStream_t stream);
+void copy_wait_launch(const WaitSpec& wait, cudaStream_t stream);
+
+}  // namespace distgemm::kernel

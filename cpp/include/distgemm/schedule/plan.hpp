@@ -1,0 +1,413 @@
+// Plan: the one description of a distributed GEMM that the simulator, the CPU reference
+// executor and the CUDA graph builder all consume. Host-only, deterministic, printable.
+//
+// Per device there are two in-order streams:
+//   gemms  — the S sub-GEMMs, in iteration order (the compute stream; one kernel each);
+//   copies — copy-engine transfers (the copy stream; memcpy nodes, no SMs).
+// Cross-device ordering only goes through flags. A flag is a uint32 in the destination
+// device's symmetric workspace; "set" writes the launch generation into it, "wait" spins until
+// it reaches the launch generation (wrap-safe compare). Each flag is set exactly once per launch,
+// so nothing is ever reset. Every launch starts with an entry barrier across all devices: a
+// device only writes a peer's workspace after that peer has finished the previous launch, so
+// receive slots are never overwritten while a previous launch still reads them. Within a
+// launch every slot is written at most once.
+//
+// Buffers: the user's A, B, C, D, bias of each device (local shapes from the Partition, dense
+// row-major per batch), and `Slots`, the data part of the symmetric workspace. A BufRef names a
+// buffer on some device plus an element offset, a row stride and a batch stride. A BufRef on
+// another device than the one executing the op is a peer access (NVLink).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "distgemm/schedule/partition.hpp"
+#include "distgemm/schedule/scheduler.hpp"
+
+namespace distgemm::schedule {
+
+enum class Buffer : uint8_t { A = 0, B = 1, C = 2, D = 3, Bias = 4, Slots = 5 };
+
+inline const char* buffer_name(Buffer b) {
+  switch (b) {
+    case Buffer::A: return "A";
+    case Buffer::B: return "B";
+    case Buffer::C: return "C";
+    case Buffer::D: return "D";
+    case Buffer::Bias: return "bias";
+    default: return "slots";
+  }
+}
+
+struct BufRef {
+  Buffer buffer = Buffer::A;
+  int device = -1;  // -1: no operand
+  int64_t offset = 0;        // elements
+  int64_t ld = 0;            // elements between rows
+  int64_t batch_stride = 0;  // elements between batches
+  bool valid() const { return device >= 0; }
+};
+
+struct FlagRef {
+  int device = 0;
+  int flag = 0;
+};
+
+struct GemmOp {
+  int iteration = 0;
+  int tile = 0;                 // tile of the split mode
+  int64_t m0 = 0, n0 = 0, k0 = 0;  // global coordinates of the sub-GEMM
+  int64_t m = 0, n = 0, k = 0;     // extents; the batch count is the problem's L
+  BufRef a, b, d;
+  BufRef partial;  // epilogue source added with scale 1 (the rotating partial C); may be invalid
+  BufRef user_c;   // the user's C, added with beta when the call passes beta != 0; may be invalid
+  BufRef bias;     // bias slice for this tile's N range, used when the call passes a bias
+  std::vector<int> waits;         // flags on this device, waited for before the mainloop
+  std::vector<FlagRef> signals;   // flags set after the GEMM has completed
+};
+
+struct CopyOp {
+  int step = 0;  // iteration during which the copy is expected to run (display only)
+  BufRef src, dst;
+  int64_t rows = 0, cols = 0;  // per batch: `rows` rows of `cols` contiguous elements
+  int after_gemm = -1;         // index of a local GEMM that must complete first, -1 if none
+  std::vector<int> waits;      // flags on this device, waited for before the copy
+  std::vector<FlagRef> signals;
+};
+
+struct DeviceProgram {
+  std::vector<GemmOp> gemms;
+  std::vector<CopyOp> copies;
+};
+
+// Byte layout of one device's symmetric workspace (identical on every device).
+struct WorkspaceLayout {
+  int64_t slots_offset = 0, slots_bytes = 0;
+  int64_t flags_offset = 0, flags_bytes = 0;      // uint32 per plan flag
+  int64_t barrier_offset = 0, barrier_bytes = 0;  // uint32 per device (entry barrier)
+  int64_t epoch_offset = 0;                       // uint32 launch generation of this device
+  int64_t total_bytes = 0;
+};
+
+inline int64_t round_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+struct Plan {
+  std::string schedule;
+  ScheduleDef def;
+  Problem problem;
+  int tp = 1;
+  int steps = 1;
+  Buffer slot_operand = Buffer::A;  // the slots hold elements of this operand's dtype
+  int64_t slot_elems = 0;           // per device
+  int num_flags = 0;                // per device
+  std::vector<DeviceProgram> devices;
+
+  const Partition& partition() const { return def.partition; }
+
+  WorkspaceLayout layout(int slot_elem_bytes) const {
+    WorkspaceLayout w;
+    w.slots_offset = 0;
+    w.slots_bytes = round_up(slot_elems * slot_elem_bytes, 256);
+    w.flags_offset = w.slots_bytes;
+    w.flags_bytes = round_up(int64_t(num_flags) * 4, 128);
+    w.barrier_offset = w.flags_offset + w.flags_bytes;
+    w.barrier_bytes = round_up(int64_t(tp) * 4, 128);
+    w.epoch_offset = w.barrier_offset + w.barrier_bytes;
+    w.total_bytes = round_up(w.epoch_offset + 4, 256);
+    return w;
+  }
+  // Extra device memory per device beyond the user's tensors.
+  int64_t extra_bytes(int slot_elem_bytes) const { return layout(slot_elem_bytes).total_bytes; }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Validation: every constraint in words, with the values.
+
+inline std::string validate(const ScheduleDef& def, const Problem& p, int tp, int steps) {
+  auto s = [](int64_t v) { return std::to_string(v); };
+  if (tp < 1 || tp > 8) return "TP=" + s(tp) + " is out of range: distgemm supports 1 <= TP <= 8";
+  if (steps < tp || steps % tp != 0)
+    return "S=" + s(steps) + " is not a positive multiple of TP=" + s(tp) + " (S = k*TP, k >= 1)";
+  if (p.m < 1 || p.n < 1 || p.k < 1 || p.l < 1)
+    return "problem sizes must be positive, got M=" + s(p.m) + " N=" + s(p.n) + " K=" + s(p.k) +
+           " L=" + s(p.l);
+  const std::string who = std::string(def.name);
+  auto extent = [&](Mode m) { return m == Mode::M ? p.m : m == Mode::N ? p.n : p.k; };
+  // The split mode is cut into S tiles.
+  if (extent(def.split) % steps != 0)
+    return std::string(mode_name(def.split)) + "=" + s(extent(def.split)) +
+           " is not divisible by S=" + s(steps) + ": " + who + " splits " +
+           mode_name(def.split) + " into S = k*TP tiles";
+  const Partition& pt = def.partition;
+  for (auto [mode, what] : {std::pair{pt.a, "A"}, std::pair{pt.b, "B"}, std::pair{pt.d, "C/D"}}) {
+    if (mode == Mode::None) continue;
+    if (extent(mode) % tp != 0)
+      return std::string(mode_name(mode)) + "=" + s(extent(mode)) + " is not divisible by TP=" +
+             s(tp) + ": " + who + " shards " + what + " on " + mode_name(mode);
+  }
+  if (def.collective != Collective::AllGather) {
+    DistributedTileScheduler sch(def, tp, steps);
+    for (int d = 0; d < tp; ++d)
+      for (int i = 0; i < steps; ++i)
+        if (sch.source_device(d, i) == -2 || sch.destination_device(d, i) == -2)
+          return "internal: schedule " + who + " does not pass the partial of device " + s(d) +
+                 " iteration " + s(i) + " to any device (its tile map is not a ring)";
+  }
+  return "";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Plan construction.
+
+namespace detail {
+
+inline BufRef ref(Buffer b, int dev, int64_t off, int64_t ld, int64_t bs) {
+  BufRef r;
+  r.buffer = b;
+  r.device = dev;
+  r.offset = off;
+  r.ld = ld;
+  r.batch_stride = bs;
+  return r;
+}
+
+// All-gather: each GEMM writes a final tile; the rotating operand's foreign chunks are pushed by
+// their owner's copy engine into the consumer's slots, one slot per foreign tile.
+inline void build_all_gather(Plan& plan, const DistributedTileScheduler& sch) {
+  const ScheduleDef& def = plan.def;
+  const Problem& p = plan.problem;
+  const int tp = plan.tp, S = plan.steps, kc = sch.chunks_per_shard();
+  const bool rot_a = def.rotating == Operand::A;
+  const int64_t K = p.k, L = p.l;
+  // Tile extent along the split mode and the local shapes.
+  const int64_t T = (rot_a ? p.m : p.n) / S;
+  const Extent2 la = def.partition.local_a(p, tp), lb = def.partition.local_b(p, tp),
+                ld = def.partition.local_d(p, tp);
+  const int64_t slot_stride = L * T * K;  // one slot: [L][T][K]
+
+  plan.slot_operand = rot_a ? Buffer::A : Buffer::B;
+  plan.slot_elems = int64_t(S - kc) * slot_stride;
+  plan.num_flags = S - kc;
+
+  // slot_of[d][t]: the receive slot on device d that holds foreign tile t, in order of use.
+  std::vector<std::vector<int>> slot_of(tp, std::vector<int>(S, -1));
+  std::vector<std::vector<int>> need_iter(tp, std::vector<int>(S, -1));
+  for (int d = 0; d < tp; ++d) {
+    int next = 0;
+    for (int i = 0; i < S; ++i) {
+      int t = sch.tile(d, i);
+      need_iter[d][t] = i;
+      if (sch.owner(t) != d) slot_of[d][t] = next++;
+    }
+  }
+
+  for (int d = 0; d < tp; ++d) {
+    DeviceProgram& prog = plan.devices[d];
+    for (int i = 0; i < S; ++i) {
+      const int t = sch.tile(d, i), owner = sch.owner(t), c = sch.chunk(t);
+      GemmOp g;
+      g.iteration = i;
+      g.tile = t;
+      g.k0 = 0;
+      g.k = K;
+      BufRef rot = owner == d
+                       ? ref(rot_a ? Buffer::A : Buffer::B, d, c * T * K, K, (rot_a ? la : lb).rows * K)
+                       : ref(Buffer::Slots, d, slot_of[d][t] * slot_stride, K, T * K);
+      if (owner != d) g.waits.push_back(slot_of[d][t]);
+      if (rot_a) {
+        // D_d[M, N/TP]: rows of tile t, all local columns.
+        g.m0 = t * T;
+        g.m = T;
+        g.n0 = int64_t(d) * ld.cols;
+        g.n = ld.cols;
+        g.a = rot;
+        g.b = ref(Buffer::B, d, 0, K, lb.rows * K);
+        g.d = ref(Buffer::D, d, t * T * ld.cols, ld.cols, ld.rows * ld.cols);
+        g.bias = ref(Buffer::Bias, d, 0, 0, 0);
+      } else {
+        // D_d[M/TP, N]: local rows, the N columns of tile t.
+        g.m0 = int64_t(d) * la.rows;
+        g.m = la.rows;
+        g.n0 = t * T;
+        g.n = T;
+        g.a = ref(Buffer::A, d, 0, K, la.rows * K);
+        g.b = rot;
+        g.d = ref(Buffer::D, d, t * T, ld.cols, ld.rows * ld.cols);
+        g.bias = ref(Buffer::Bias, d, t * T, 0, 0);
+      }
+      g.user_c = g.d;
+      g.user_c.buffer = Buffer::C;
+      prog.gemms.push_back(g);
+    }
+  }
+
+  // Pushes: owner p copies each of its chunks into every consumer's slot, earliest need first.
+  for (int p_ = 0; p_ < tp; ++p_) {
+    struct Push { int need, dist, dev, t; };
+    std::vector<Push> pushes;
+    for (int d = 0; d < tp; ++d) {
+      if (d == p_) continue;
+      for (int c = 0; c < kc; ++c) {
+        int t = p_ * kc + c;
+        pushes.push_back({need_iter[d][t], (d - p_ + tp) % tp, d, t});
+      }
+    }
+    std::sort(pushes.begin(), pushes.end(), [](const Push& x, const Push& y) {
+      return x.need != y.need ? x.need < y.need : x.dist < y.dist;
+    });
+    const int64_t shard_rows = (rot_a ? la : lb).rows;
+    for (const Push& u : pushes) {
+      CopyOp cp;
+      cp.step = std::max(0, u.need - 1);
+      cp.src = ref(rot_a ? Buffer::A : Buffer::B, p_, sch.chunk(u.t) * T * K, K, shard_rows * K);
+      cp.dst = ref(Buffer::Slots, u.dev, slot_of[u.dev][u.t] * slot_stride, K, T * K);
+      cp.rows = T;
+      cp.cols = K;
+      cp.signals.push_back({u.dev, slot_of[u.dev][u.t]});
+      plan.devices[p_].copies.push_back(cp);
+    }
+  }
+}
+
+// Reduce-scatter (and the ring of all-reduce): the partial of tile t visits every device; the
+// epilogue of (d, i) writes it straight into the receive slot of the device that continues it at
+// i + k (a peer write over NVLink), then sets that device's flag. Slot j on every device receives
+// the partial consumed at iteration j + k; flag j guards it.
+inline void build_reduce_scatter(Plan& plan, const DistributedTileScheduler& sch) {
+  const ScheduleDef& def = plan.def;
+  const Problem& p = plan.problem;
+  const int tp = plan.tp, S = plan.steps, kc = sch.chunks_per_shard();
+  const bool split_m = def.split == Mode::M;
+  const bool all_reduce = def.collective == Collective::AllReduce;
+  const int64_t L = p.l, N = p.n, M = p.m;
+  const Extent2 la = def.partition.local_a(p, tp), ld = def.partition.local_d(p, tp);
+  const int64_t Kl = la.cols;
+  const int64_t T = (split_m ? M : N) / S;
+  // One slot: a tile of D, [L][T][N] (split M) or [L][M][T] (split N).
+  const int64_t tile_rows = split_m ? T : M, tile_cols = split_m ? N : T;
+  const int64_t slot_stride = L * tile_rows * tile_cols;
+  const int partial_slots = S - kc;
+  // All-reduce: k staging slots after the partial slots hold the owner's finished chunks.
+  plan.slot_operand = Buffer::D;
+  plan.slot_elems = int64_t(partial_slots + (all_reduce ? kc : 0)) * slot_stride;
+  plan.num_flags = partial_slots + (all_reduce ? S : 0);
+  auto slot_ref = [&](int dev, int slot) {
+    return ref(Buffer::Slots, dev, slot * slot_stride, tile_cols, tile_rows * tile_cols);
+  };
+  const int tile_done_flag0 = partial_slots;  // all-reduce: flag of finished tile t
+
+  std::vector<std::vector<int>> final_iter(tp, std::vector<int>(S, -1));
+  for (int d = 0; d < tp; ++d) {
+    DeviceProgram& prog = plan.devices[d];
+    for (int i = 0; i < S; ++i) {
+      const int t = sch.tile(d, i);
+      GemmOp g;
+      g.iteration = i;
+      g.tile = t;
+      g.k0 = int64_t(d) * Kl;
+      g.k = Kl;
+      if (split_m) {
+        g.m0 = t * T;
+        g.m = T;
+        g.n0 = 0;
+        g.n = N;
+        g.a = ref(Buffer::A, d, t * T * Kl, Kl, M * Kl);
+        g.b = ref(Buffer::B, d, 0, Kl, N * Kl);
+      } else {
+        g.m0 = 0;
+        g.m = M;
+        g.n0 = t * T;
+        g.n = T;
+        g.a = ref(Buffer::A, d, 0, Kl, M * Kl);
+        g.b = ref(Buffer::B, d, t * T * Kl, Kl, N * Kl);
+      }
+      if (i >= kc) {
+        g.partial = slot_ref(d, i - kc);
+        g.waits.push_back(i - kc);
+      }
+      if (!sch.is_final(i)) {
+        const int e = sch.destination_device(d, i);
+        g.d = slot_ref(e, i);  // consumed by e at iteration i + k, slot (i + k) - k
+        g.signals.push_back({e, i});
+      } else {
+        const int c = sch.chunk(t);
+        final_iter[d][t] = i;
+        if (all_reduce) {
+          g.d = slot_ref(d, partial_slots + c);
+          g.user_c = ref(Buffer::C, d, t * T * N, N, M * N);
+          g.bias = ref(Buffer::Bias, d, 0, 0, 0);
+          for (int e = 0; e < tp; ++e)
+            if (e != d) g.signals.push_back({e, tile_done_flag0 + t});
+        } else if (split_m) {
+          g.d = ref(Buffer::D, d, c * T * N, N, ld.rows * N);
+          g.user_c = g.d;
+          g.user_c.buffer = Buffer::C;
+          g.bias = ref(Buffer::Bias, d, 0, 0, 0);
+        } else {
+          g.d = ref(Buffer::D, d, c * T, ld.cols, M * ld.cols);
+          g.user_c = g.d;
+          g.user_c.buffer = Buffer::C;
+          g.bias = ref(Buffer::Bias, d, c * T, 0, 0);
+        }
+      }
+      prog.gemms.push_back(g);
+    }
+  }
+
+  if (!all_reduce) return;
+  // All-gather of finished tiles: every device pulls each tile from its owner's staging slot into
+  // its own D (the owner's own tile is a local copy ordered after its final GEMM). Tiles are
+  // pulled in the order they are finished; local copies first within one finishing step.
+  for (int e = 0; e < tp; ++e) {
+    struct Pull { int ready, dist, t; };
+    std::vector<Pull> pulls;
+    for (int t = 0; t < S; ++t) {
+      int owner = sch.owner(t);
+      pulls.push_back({final_iter[owner][t], (owner - e + tp) % tp, t});
+    }
+    std::sort(pulls.begin(), pulls.end(), [](const Pull& x, const Pull& y) {
+      return x.ready != y.ready ? x.ready < y.ready : x.dist < y.dist;
+    });
+    for (const Pull& u : pulls) {
+      const int owner = sch.owner(u.t);
+      CopyOp cp;
+      cp.step = u.ready;
+      cp.src = slot_ref(owner, partial_slots + sch.chunk(u.t));
+      cp.dst = ref(Buffer::D, e, u.t * T * N, N, M * N);
+      cp.rows = T;
+      cp.cols = N;
+      if (owner == e)
+        cp.after_gemm = u.ready;
+      else
+        cp.waits.push_back(tile_done_flag0 + u.t);
+      plan.devices[e].copies.push_back(cp);
+    }
+  }
+}
+
+}  // namespace detail
+
+// Build the plan of `def` for `tp` devices and `steps` iterations. Throws std::invalid_argument
+// naming the violated constraint.
+inline Plan build_plan(const ScheduleDef& def, const Problem& problem, int tp, int steps) {
+  std::string err = validate(def, problem, tp, steps);
+  if (!err.empty()) throw std::invalid_argument(err);
+  Plan plan;
+  plan.schedule = def.name;
+  plan.def = def;
+  plan.problem = problem;
+  plan.tp = tp;
+  plan.steps = steps;
+  plan.devices.resize(tp);
+  DistributedTileScheduler sch(def, tp, steps);
+  if (def.collective == Collective::AllGather)
+    detail::build_all_gather(plan, sch);
+  else
+    detail::build_reduce_scatter(plan, sch);
+  return plan;
+}
+
+}  // namespace distgemm::schedule

@@ -1,0 +1,265 @@
+// distgemm._core: build and inspect Plans from Python. Plans cross the boundary as plain
+// dicts/lists so that the simulator, the reference executor and the tests (which mutate plans
+// on purpose) work on ordinary Python data. Tuning facts live in C++; Python reads them here.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <deque>
+#include <string>
+
+#include "all.hpp"
+#include "distgemm/schedule/plan.hpp"
+
+namespace py = pybind11;
+using namespace distgemm::schedule;
+
+namespace {
+
+py::object ref_dict(const BufRef& r) {
+  if (!r.valid()) return py::none();
+  py::dict d;
+  d["buffer"] = buffer_name(r.buffer);
+  d["device"] = r.device;
+  d["offset"] = r.offset;
+  d["ld"] = r.ld;
+  d["batch_stride"] = r.batch_stride;
+  return d;
+}
+
+py::list flags_list(const std::vector<FlagRef>& v) {
+  py::list out;
+  for (const FlagRef& f : v) {
+    py::dict d;
+    d["device"] = f.device;
+    d["flag"] = f.flag;
+    out.append(d);
+  }
+  return out;
+}
+
+py::dict def_dict(const ScheduleDef& s) {
+  py::dict d;
+  d["name"] = s.name;
+  d["summary"] = s.summary;
+  d["collective"] = collective_name(s.collective);
+  d["rotating"] = operand_name(s.rotating);
+  d["split"] = mode_name(s.split);
+  py::dict part;
+  part["a"] = mode_name(s.partition.a);
+  part["b"] = mode_name(s.partition.b);
+  part["d"] = mode_name(s.partition.d);
+  d["partition"] = part;
+  py::dict tile;
+  tile["a"] = s.tile.a;
+  tile["b"] = s.tile.b;
+  tile["c"] = s.tile.c;
+  d["tile"] = tile;
+  return d;
+}
+
+Mode mode_from(const std::string& s) {
+  if (s == "M") return Mode::M;
+  if (s == "N") return Mode::N;
+  if (s == "K") return Mode::K;
+  if (s == "none") return Mode::None;
+  throw std::invalid_argument("unknown mode '" + s + "': expected M, N, K or none");
+}
+
+// Custom definitions (tests corrupt coefficients) need their strings to outlive the plan.
+const char* intern(const std::string& s) {
+  static std::deque<std::string> store;
+  for (const std::string& x : store)
+    if (x == s) return x.c_str();
+  store.push_back(s);
+  return store.back().c_str();
+}
+
+ScheduleDef def_from(const py::dict& d) {
+  ScheduleDef s;
+  s.name = intern(d["name"].cast<std::string>());
+  s.summary = intern(d.contains("summary") ? d["summary"].cast<std::string>() : "");
+  std::string coll = d["collective"].cast<std::string>();
+  if (coll == "all_gather") s.collective = Collective::AllGather;
+  else if (coll == "reduce_scatter") s.collective = Collective::ReduceScatter;
+  else if (coll == "all_reduce") s.collective = Collective::AllReduce;
+  else throw std::invalid_argument("unknown collective '" + coll + "'");
+  std::string rot = d["rotating"].cast<std::string>();
+  s.rotating = rot == "A" ? Operand::A : rot == "B" ? Operand::B : Operand::C;
+  s.split = mode_from(d["split"].cast<std::string>());
+  py::dict part = d["partition"];
+  s.partition.a = mode_from(part["a"].cast<std::string>());
+  s.partition.b = mode_from(part["b"].cast<std::string>());
+  s.partition.d = mode_from(part["d"].cast<std::string>());
+  py::dict tile = d["tile"];
+  s.tile.a = tile["a"].cast<int>();
+  s.tile.b = tile["b"].cast<int>();
+  s.tile.c = tile["c"].cast<int>();
+  return s;
+}
+
+const ScheduleDef& def_by_name(const std::string& name) {
+  const ScheduleDef* s = distgemm::schedules::find(name.c_str());
+  if (!s) {
+    std::string known;
+    for (const ScheduleDef* x : distgemm::schedules::kAll) known += (known.empty() ? "" : ", ") + std::string(x->name);
+    throw std::invalid_argument("unknown schedule '" + name + "'; known schedules: " + known);
+  }
+  return *s;
+}
+
+ScheduleDef resolve(const py::object& schedule) {
+  if (py::isinstance<py::str>(schedule)) return def_by_name(schedule.cast<std::string>());
+  if (py::isinstance<py::dict>(schedule)) return def_from(schedule.cast<py::dict>());
+  throw std::invalid_argument("schedule must be a name or a definition dict");
+}
+
+py::dict plan_dict(const Plan& p) {
+  py::dict out;
+  out["schedule"] = p.schedule;
+  out["definition"] = def_dict(p.def);
+  out["tp"] = p.tp;
+  out["steps"] = p.steps;
+  out["chunks_per_shard"] = p.steps / p.tp;
+  py::dict prob;
+  prob["m"] = p.problem.m;
+  prob["n"] = p.problem.n;
+  prob["k"] = p.problem.k;
+  prob["l"] = p.problem.l;
+  out["problem"] = prob;
+  out["slot_operand"] = buffer_name(p.slot_operand);
+  out["slot_elems"] = p.slot_elems;
+  out["num_flags"] = p.num_flags;
+  const Partition& pt = p.partition();
+  py::dict local;
+  auto ext = [](Extent2 e) { return py::make_tuple(e.rows, e.cols); };
+  local["A"] = ext(pt.local_a(p.problem, p.tp));
+  local["B"] = ext(pt.local_b(p.problem, p.tp));
+  local["C"] = ext(pt.local_d(p.problem, p.tp));
+  local["D"] = ext(pt.local_d(p.problem, p.tp));
+  local["bias"] = pt.local_bias(p.problem, p.tp);
+  out["local_shapes"] = local;
+  py::list devs;
+  for (const DeviceProgram& dp : p.devices) {
+    py::list gemms, copies;
+    for (const GemmOp& g : dp.gemms) {
+      py::dict d;
+      d["iteration"] = g.iteration;
+      d["tile"] = g.tile;
+      d["m0"] = g.m0;
+      d["n0"] = g.n0;
+      d["k0"] = g.k0;
+      d["m"] = g.m;
+      d["n"] = g.n;
+      d["k"] = g.k;
+      d["a"] = ref_dict(g.a);
+      d["b"] = ref_dict(g.b);
+      d["d"] = ref_dict(g.d);
+      d["partial"] = ref_dict(g.partial);
+      d["user_c"] = ref_dict(g.user_c);
+      d["bias"] = ref_dict(g.bias);
+      d["waits"] = py::cast(g.waits);
+      d["signals"] = flags_list(g.signals);
+      gemms.append(d);
+    }
+    for (const CopyOp& c : dp.copies) {
+      py::dict d;
+      d["step"] = c.step;
+      d["src"] = ref_dict(c.src);
+      d["dst"] = ref_dict(c.dst);
+      d["rows"] = c.rows;
+      d["cols"] = c.cols;
+      d["after_gemm"] = c.after_gemm;
+      d["waits"] = py::cast(c.waits);
+      d["signals"] = flags_list(c.signals);
+      copies.append(d);
+    }
+    py::dict d;
+    d["gemms"] = gemms;
+    d["copies"] = copies;
+    devs.append(d);
+  }
+  out["devices"] = devs;
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "distgemm core: schedules, DistributedTileScheduler and Plan (host-only)";
+  m.attr("cuda_runtime") = py::bool_(
+#ifdef DISTGEMM_WITH_CUDA
+      true
+#else
+      false
+#endif
+  );
+
+  m.def("schedules", []() {
+    py::list out;
+    for (const ScheduleDef* s : distgemm::schedules::kAll) out.append(def_dict(*s));
+    return out;
+  }, "Definitions of every built-in schedule.");
+
+  m.def("schedule_definition", [](const std::string& name) { return def_dict(def_by_name(name)); },
+        py::arg("name"), "The definition of one schedule, as a dict.");
+
+  m.def("validate", [](const py::object& schedule, int tp, int steps, int64_t m, int64_t n, int64_t k, int64_t l) {
+    return validate(resolve(schedule), Problem{m, n, k, l}, tp, steps);
+  }, py::arg("schedule"), py::arg("tp"), py::arg("steps"), py::arg("m"), py::arg("n"), py::arg("k"),
+     py::arg("l") = 1, "Empty string if the plan can be built, else the violated constraint.");
+
+  m.def("build_plan", [](const py::object& schedule, int tp, int steps, int64_t m, int64_t n, int64_t k, int64_t l) {
+    ScheduleDef def = resolve(schedule);
+    Plan p;
+    {
+      py::gil_scoped_release release;
+      p = build_plan(def, Problem{m, n, k, l}, tp, steps);
+    }
+    return plan_dict(p);
+  }, py::arg("schedule"), py::arg("tp"), py::arg("steps"), py::arg("m"), py::arg("n"), py::arg("k"),
+     py::arg("l") = 1,
+     "Build the Plan of a schedule (name or definition dict). Raises ValueError naming the "
+     "violated constraint.");
+
+  m.def("workspace_layout", [](const py::object& schedule, int tp, int steps, int64_t m, int64_t n, int64_t k,
+                               int64_t l, int slot_elem_bytes) {
+    Plan p = build_plan(resolve(schedule), Problem{m, n, k, l}, tp, steps);
+    WorkspaceLayout w = p.layout(slot_elem_bytes);
+    py::dict d;
+    d["slots_offset"] = w.slots_offset;
+    d["slots_bytes"] = w.slots_bytes;
+    d["flags_offset"] = w.flags_offset;
+    d["flags_bytes"] = w.flags_bytes;
+    d["barrier_offset"] = w.barrier_offset;
+    d["barrier_bytes"] = w.barrier_bytes;
+    d["epoch_offset"] = w.epoch_offset;
+    d["total_bytes"] = w.total_bytes;
+    return d;
+  }, py::arg("schedule"), py::arg("tp"), py::arg("steps"), py::arg("m"), py::arg("n"), py::arg("k"),
+     py::arg("l") = 1, py::arg("slot_elem_bytes") = 2,
+     "Byte layout of each device's symmetric workspace (extra memory per device).");
+
+  m.def("tile_map", [](const py::object& schedule, int tp, int steps) {
+    ScheduleDef def = resolve(schedule);
+    if (tp < 1 || steps < tp || steps % tp) throw std::invalid_argument("need 1 <= TP and S a multiple of TP");
+    DistributedTileScheduler sch(def, tp, steps);
+    py::list tiles, src, dst;
+    for (int d = 0; d < tp; ++d) {
+      py::list t, s, e;
+      for (int i = 0; i < steps; ++i) {
+        t.append(sch.tile(d, i));
+        s.append(sch.source_device(d, i));
+        e.append(sch.destination_device(d, i));
+      }
+      tiles.append(t);
+      src.append(s);
+      dst.append(e);
+    }
+    py::dict out;
+    out["tile"] = tiles;
+    out["source"] = src;
+    out["destination"] = dst;
+    return out;
+  }, py::arg("schedule"), py::arg("tp"), py::arg("steps"),
+     "DistributedTileScheduler tables (device x iteration): tile, source device, destination.");
+}

@@ -1,0 +1,61 @@
+"""Plans from Python: a thin layer over the C++ builder in ``distgemm._core``.
+
+A plan is a plain dict (see ``cpp/include/distgemm/schedule/plan.hpp`` for the meaning of every
+field). Tests and tools may copy and mutate it; the simulator and the reference executor take
+any such dict.
+"""
+from __future__ import annotations
+
+import copy as _copy
+from typing import Any, Dict, Optional, Union
+
+from . import _core
+
+Plan = Dict[str, Any]
+
+__all__ = ["Plan", "build_plan", "schedule_names", "schedule_definition", "workspace_bytes",
+           "clone_plan", "tile_map"]
+
+
+def schedule_names() -> list[str]:
+    """Names of the built-in schedules, in registry order."""
+    return [d["name"] for d in _core.schedules()]
+
+
+def schedule_definition(name: str) -> dict:
+    """The definition (collective, rotating operand, split mode, partition, tile map) of a schedule."""
+    return _core.schedule_definition(name)
+
+
+def build_plan(schedule: Union[str, dict], tp: int, steps: Optional[int] = None, *, m: int, n: int,
+               k: int, l: int = 1) -> Plan:
+    """Build the Plan of ``schedule`` (a name or a definition dict) for ``tp`` devices.
+
+    ``steps`` defaults to ``tp`` (one tile per device shard). Raises ``ValueError`` naming the
+    violated constraint and the values, e.g. ``M=8190 is not divisible by S=8``.
+    """
+    for name, v in (("tp", tp), ("m", m), ("n", n), ("k", k), ("l", l)):
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise ValueError(f"{name} must be an int, got {v!r}")
+    if steps is None:
+        steps = tp
+    if not isinstance(steps, int) or isinstance(steps, bool):
+        raise ValueError(f"steps must be an int, got {steps!r}")
+    return _core.build_plan(schedule, tp, steps, m, n, k, l)
+
+
+def tile_map(schedule: Union[str, dict], tp: int, steps: Optional[int] = None) -> dict:
+    """DistributedTileScheduler tables (device x iteration): tile, source and destination device."""
+    return _core.tile_map(schedule, tp, tp if steps is None else steps)
+
+
+def workspace_bytes(plan: Plan, slot_elem_bytes: int = 2) -> int:
+    """Extra device memory per device (receive slots, flags, barrier, epoch) of a plan."""
+    p = plan["problem"]
+    return _core.workspace_layout(plan["definition"], plan["tp"], plan["steps"], p["m"], p["n"],
+                                  p["k"], p["l"], slot_elem_bytes)["total_bytes"]
+
+
+def clone_plan(plan: Plan) -> Plan:
+    """A deep copy, for tests that corrupt a plan on purpose."""
+    return _copy.deepcopy(plan)

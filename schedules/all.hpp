@@ -1,0 +1,20 @@
+// The schedule registry: every definition in this folder, by name. Adding a schedule means
+// adding its file, one line here, and its tests (tests/test_simulator.py picks it up by name).
+#pragma once
+#include <cstring>
+
+#include "ag_rotate_a.hpp"
+#include "ag_rotate_b.hpp"
+#include "gemm_allreduce.hpp"
+#include "rs_tile_a.hpp"
+#include "rs_tile_b.hpp"
+
+namespace distgemm::schedules {
+inline constexpr const ScheduleDef* kAll[] = {&ag_rotate_a, &ag_rotate_b, &rs_tile_a, &rs_tile_b,
+                                              &gemm_allreduce};
+inline const ScheduleDef* find(const char* name) {
+  for (const ScheduleDef* s : kAll)
+    if (std::strcmp(s->name, name) == 0) return s;
+  return nullptr;
+}
+}  // namespace distgemm::schedules
