@@ -1,0 +1,125 @@
+"""Invariants of every schedule's plan over a grid of TP and S, and the simulate CLI."""
+import json
+
+import pytest
+
+import distgemm
+from distgemm import build_plan, check_plan
+from distgemm import simulate
+
+SCHEDULES = distgemm.schedule_names()
+GRID = [(tp, tp * k) for tp in (1, 2, 3, 4, 5, 8) for k in (1, 2, 4)]
+
+
+def shape_for(tp, steps, l=1, scale=1):
+    # Divisible by everything any schedule needs at this TP and S.
+    return dict(m=steps * tp * 2 * scale, n=steps * tp * 3, k=tp * 8, l=l)
+
+
+def test_all_five_schedules_registered():
+    assert set(SCHEDULES) == {"ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "gemm_allreduce"}
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("tp,steps", GRID, ids=[f"tp{t}-S{s}" for t, s in GRID])
+@pytest.mark.parametrize("l", [1, 2], ids=["L1", "L2"])
+def test_invariants_hold(schedule, tp, steps, l):
+    plan = build_plan(schedule, tp, steps, **shape_for(tp, steps, l))
+    violations = check_plan(plan)
+    assert violations == [], "\n".join(map(str, violations))
+    assert all(len(dev["gemms"]) == steps for dev in plan["devices"])
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_invariants_at_llama_shape(schedule):
+    """The checker works on region labels, not elements: a Llama-70B-sized plan checks quickly."""
+    plan = build_plan(schedule, 8, 16, m=8192, n=57344, k=28672)
+    assert check_plan(plan) == []
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_tile_map_visits_every_tile_once(schedule):
+    tm = distgemm.tile_map(schedule, 4, 8)
+    for row in tm["tile"]:
+        assert sorted(row) == list(range(8))
+    for i in range(8):
+        assert len({tm["tile"][d][i] for d in range(4)}) == 4
+
+
+def test_ag_rotate_a_starts_on_own_rows_and_pulls_from_owner():
+    plan = build_plan("ag_rotate_a", 2, 2, m=64, n=64, k=32)
+    d0, d1 = plan["devices"]
+    assert d0["gemms"][0]["a"]["buffer"] == "A" and not d0["gemms"][0]["waits"]
+    assert d0["gemms"][1]["a"]["buffer"] == "slots" and d0["gemms"][1]["waits"] == [0]
+    # Device 1's copy engine pushes its rows into device 0's slot 0 and sets device 0's flag 0.
+    (cp,) = d1["copies"]
+    assert cp["src"]["buffer"] == "A" and cp["src"]["device"] == 1
+    assert cp["dst"] == {"buffer": "slots", "device": 0, "offset": 0, "ld": 32, "batch_stride": 32 * 32}
+    assert cp["signals"] == [{"device": 0, "flag": 0}]
+
+
+def test_rs_partial_goes_to_left_neighbour_and_final_lands_on_owner():
+    plan = build_plan("rs_tile_a", 4, 4, m=64, n=16, k=32)
+    for d, dev in enumerate(plan["devices"]):
+        for g in dev["gemms"][:-1]:
+            assert g["d"]["buffer"] == "slots" and g["d"]["device"] == (d - 1) % 4
+        last = dev["gemms"][-1]
+        assert last["d"]["buffer"] == "D" and last["d"]["device"] == d and last["tile"] == d
+        assert last["user_c"] is not None and last["bias"] is not None
+
+
+def test_workspace_bytes_reported():
+    plan = build_plan("ag_rotate_a", 2, 2, m=8192, n=57344, k=8192)
+    # One slot of half of A: 4096 x 8192 bf16 = 64 MiB, plus flags/barrier/epoch.
+    assert 64 * 2**20 <= distgemm.workspace_bytes(plan, 2) < 64 * 2**20 + 4096
+
+
+def run_cli(capsys, *argv):
+    rc = simulate.main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_cli_ag_rotate_a_tp4_s8(capsys):
+    rc, out, _ = run_cli(capsys, "--schedule", "ag_rotate_a", "--tp", "4", "--steps", "8")
+    assert rc == 0
+    assert "all invariants hold" in out
+    rows = [ln for ln in out.splitlines() if "| GEMM" in ln or "| wait" in ln]
+    assert len(rows) == 4 * 8  # one row per (step, device)
+    assert "slot0@dev" in out  # pushes to peers are shown on the copy engine
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_cli_every_schedule_tp3_s6(capsys, schedule):
+    rc, out, _ = run_cli(capsys, "--schedule", schedule, "--tp", "3", "--steps", "6", "--m", "6144",
+                         "--n", "6144", "--k", "6144")
+    assert rc == 0, out
+    assert "all invariants hold" in out
+
+
+def test_cli_json(capsys):
+    rc, out, _ = run_cli(capsys, "--schedule", "rs_tile_b", "--tp", "2", "--steps", "4", "--json")
+    data = json.loads(out)
+    assert rc == 0 and data["ok"] and data["violations"] == []
+    assert len(data["table"]) == 2 * 4
+    assert data["plan"]["schedule"] == "rs_tile_b"
+
+
+def test_cli_reports_violation_and_exits_1(capsys, monkeypatch):
+    real = simulate.build_plan
+
+    def broken(*a, **kw):
+        plan = real(*a, **kw)
+        plan["devices"][1]["copies"].pop(0)  # device 0 never receives device 1's rows
+        return plan
+
+    monkeypatch.setattr(simulate, "build_plan", broken)
+    rc, out, _ = run_cli(capsys, "--schedule", "ag_rotate_a", "--tp", "2", "--m", "64", "--n", "64", "--k", "64")
+    assert rc == 1
+    assert "VIOLATION [progress] device 0, step 1: waits for flag 0 on device 0, which nothing sets" in out
+
+
+def test_cli_bad_input_exits_2(capsys):
+    rc, _, err = run_cli(capsys, "--schedule", "ag_rotate_a", "--tp", "2", "--steps", "8", "--m", "8190")
+    assert rc == 2
+    assert "M=8190 is not divisible by S=8" in err
