@@ -29,16 +29,21 @@ __all__ = ["step_table", "format_table", "main"]
 DEFAULT_SHAPE = dict(m=8192, n=57344, k=8192, l=1)
 
 
-def _ref(ref: Optional[dict], here: int, slot_elems_per_slot: Optional[int] = None) -> str:
+def _ref(ref: Optional[dict], here: int, slot_elems_per_slot: Optional[int] = None,
+         rows: Optional[int] = None, cols: Optional[int] = None) -> str:
+    """Short label of an operand: `A`, `D[512:1024, :]`, `slot0@dev1`."""
     if ref is None:
         return "-"
     name = ref["buffer"]
     where = "" if ref["device"] == here else f"@dev{ref['device']}"
     if name == "slots" and slot_elems_per_slot:
         return f"slot{ref['offset'] // slot_elems_per_slot}{where}"
-    if name == "slots":
-        return f"slots+{ref['offset']}{where}"
-    return f"{name}{where}" if ref["offset"] == 0 else f"{name}+{ref['offset']}{where}"
+    if ref["offset"] == 0 or rows is None or not ref["ld"]:
+        return f"{name}{where}" if ref["offset"] == 0 else f"{name}+{ref['offset']}{where}"
+    r0, c0 = divmod(ref["offset"], ref["ld"])
+    rs = f"{r0}:{r0 + rows}" if r0 else ":"
+    cs = f"{c0}:{c0 + cols}" if c0 else ":"
+    return f"{name}[{rs}, {cs}]{where}"
 
 
 def _slot_size(plan: dict) -> Optional[int]:
@@ -76,12 +81,13 @@ def step_table(plan: dict) -> List[dict]:
                 parts.append(f"GEMM {split}[{lo}:{lo + ext}] K[{g['k0']}:{g['k0'] + g['k']}]")
                 rot = plan["definition"]["rotating"]
                 if rot in ("A", "B"):
-                    parts.append(f"{rot}={_ref(g[rot.lower()], d, per_slot)}")
+                    ext = (g["m"], g["k"]) if rot == "A" else (g["n"], g["k"])
+                    parts.append(f"{rot}={_ref(g[rot.lower()], d, per_slot, *ext)}")
                 if g["partial"] is not None:
                     parts.append(f"+{_ref(g['partial'], d, per_slot)}")
                 if g["user_c"] is not None:
                     parts.append("+beta*C+bias")
-                parts.append(f"-> {_ref(g['d'], d, per_slot)}")
+                parts.append(f"-> {_ref(g['d'], d, per_slot, g['m'], g['n'])}")
                 if g["signals"]:
                     parts.append(f"; set {_signals(g['signals'])}")
                 cells.append(" ".join(parts))
@@ -94,7 +100,8 @@ def step_table(plan: dict) -> List[dict]:
                     s += "wait " + ",".join(f"f{f}" for f in c["waits"]) + "; "
                 if c["after_gemm"] >= 0:
                     s += f"after step{c['after_gemm']}; "
-                s += f"{_ref(c['src'], d, per_slot)} -> {_ref(c['dst'], d, per_slot)}"
+                s += (f"{_ref(c['src'], d, per_slot, c['rows'], c['cols'])} -> "
+                      f"{_ref(c['dst'], d, per_slot, c['rows'], c['cols'])}")
                 if c["signals"]:
                     s += f", set {_signals(c['signals'])}"
                 copies.append(s)

@@ -259,9 +259,12 @@ inline void build_all_gather(Plan& plan, const DistributedTileScheduler& sch) {
       return x.need != y.need ? x.need < y.need : x.dist < y.dist;
     });
     const int64_t shard_rows = (rot_a ? la : lb).rows;
+    int queued = 0;
     for (const Push& u : pushes) {
       CopyOp cp;
-      cp.step = std::max(0, u.need - 1);
+      // The copy engine starts at once and works through its queue back to back: show each copy
+      // at its queue position, but never later than the step before its consumer.
+      cp.step = std::min(queued++, std::max(0, u.need - 1));
       cp.src = ref(rot_a ? Buffer::A : Buffer::B, p_, sch.chunk(u.t) * T * K, K, shard_rows * K);
       cp.dst = ref(Buffer::Slots, u.dev, slot_of[u.dev][u.t] * slot_stride, K, T * K);
       cp.rows = T;
