@@ -13,6 +13,11 @@
 namespace py = pybind11;
 using namespace distgemm::schedule;
 
+#ifdef DISTGEMM_WITH_CUDA
+// cpp/src/python/: DeviceGraph, workspaces and CUDA IPC for the torch-facing API.
+void register_runtime(py::module_& m);
+#endif
+
 namespace {
 
 py::object ref_dict(const BufRef& r) {
@@ -193,6 +198,10 @@ PYBIND11_MODULE(_core, m) {
       false
 #endif
   );
+
+#ifdef DISTGEMM_WITH_CUDA
+  register_runtime(m);
+#endif
 
   m.def("schedules", []() {
     py::list out;
