@@ -123,3 +123,29 @@ def test_cli_bad_input_exits_2(capsys):
     rc, _, err = run_cli(capsys, "--schedule", "ag_rotate_a", "--tp", "2", "--steps", "8", "--m", "8190")
     assert rc == 2
     assert "M=8190 is not divisible by S=8" in err
+
+
+def test_timeline_prediction_bounds_and_finer_steps_shrink_the_allreduce_tail():
+    from distgemm.timeline import CostModel, predict
+
+    cost = CostModel()
+    times = {}
+    for steps in (2, 4, 8):
+        plan = build_plan("gemm_allreduce", 2, steps, m=8192, n=8192, k=8192)
+        pred = predict(plan, cost)
+        assert pred["total_us"] >= pred["local_gemm_us"] > 0
+        assert 0 < pred["overlap_efficiency"] <= 1
+        # Every op starts after the entry barrier and after its stream predecessor ends.
+        for (kind, d, j), s in pred["start"].items():
+            assert s >= cost.barrier_us
+            if j:
+                assert s >= pred["end"][(kind, d, j - 1)]
+        times[steps] = pred["total_us"]
+    assert times[8] < times[4] < times[2]
+
+
+def test_cli_timeline(capsys):
+    rc, out, _ = run_cli(capsys, "--schedule", "ag_rotate_a", "--tp", "2", "--steps", "4", "--timeline")
+    assert rc == 0
+    assert "dev1 CE |=" in out  # the copy engine starts pushing at once
+    assert "overlap efficiency" in out

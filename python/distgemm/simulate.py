@@ -22,6 +22,7 @@ from typing import List, Optional
 
 from .check import check_plan
 from .plan import build_plan, schedule_names, workspace_bytes
+from .timeline import CostModel, format_timeline, predict
 
 __all__ = ["step_table", "format_table", "main"]
 
@@ -147,6 +148,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--check", dest="check", action="store_true", default=True, help="prove the invariants (default)")
     ap.add_argument("--no-check", dest="check", action="store_false", help="print the table only")
     ap.add_argument("--json", action="store_true", help="print plan, table and check result as JSON")
+    ap.add_argument("--timeline", action="store_true",
+                    help="also print the predicted per-stream timeline (cost model in distgemm.timeline)")
+    ap.add_argument("--tflops", type=float, default=CostModel.tflops, help="GEMM rate per GPU for --timeline")
+    ap.add_argument("--link-gbs", type=float, default=CostModel.link_gbs, help="peer bandwidth for --timeline")
     args = ap.parse_args(argv)
     try:
         plan = build_plan(args.schedule, args.tp, args.steps, m=args.m, n=args.n, k=args.k, l=args.l)
@@ -170,6 +175,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                   "local), progress (each flag set once, no cyclic wait)")
         for v in violations:
             print(f"VIOLATION {v}")
+        if args.timeline and not violations:
+            print()
+            print(format_timeline(plan, predict(plan, CostModel(tflops=args.tflops, link_gbs=args.link_gbs))))
     return 1 if violations else 0
 
 
