@@ -30,3 +30,27 @@ def test_schedule_headers_compile_alone(repo_root, tmp_path, header):
     r = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", f"-I{repo_root / 'cpp/include'}", str(src)],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def _nvcc():
+    import os
+    return shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.access("/usr/local/cuda/bin/nvcc", os.X_OK)
+                                    else None)
+
+
+@pytest.mark.skipif(_nvcc() is None, reason="nvcc not found: the device-code compile check needs the CUDA compiler")
+def test_scheduler_is_usable_in_device_code(repo_root, tmp_path):
+    """DistributedTileScheduler is host+device: a kernel can ask it for tiles (compile check, no GPU)."""
+    src = tmp_path / "dev.cu"
+    src.write_text(
+        '#include "distgemm/schedule/scheduler.hpp"\n#include "all.hpp"\n'
+        "using namespace distgemm::schedule;\n"
+        "__global__ void tiles(ScheduleDef def, int tp, int steps, int* out) {\n"
+        "  DistributedTileScheduler s(def, tp, steps);\n"
+        "  int d = threadIdx.x / steps, i = threadIdx.x % steps;\n"
+        "  out[threadIdx.x] = s.tile(d, i) * 16 + s.source_device(d, i) + s.destination_device(d, i);\n"
+        "}\n")
+    r = subprocess.run([_nvcc(), "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a",
+                        f"-I{repo_root / 'cpp/include'}", f"-I{repo_root / 'schedules'}", "-c", str(src),
+                        "-o", str(tmp_path / "dev.o")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
