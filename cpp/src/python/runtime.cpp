@@ -1,0 +1,366 @@
+// distgemm._core, CUDA part: what the torch-facing API (python/distgemm/comm.py, ops.py) needs
+// from the runtime, and nothing torch-specific: pointers and streams cross as Python ints.
+//
+//   IpcWorkspace  one rank's symmetric workspace: cudaMalloc'd on this rank's device, zeroed,
+//                 exported as a CUDA IPC handle; opens the peers' handles and closes everything
+//                 it opened or allocated on close()/destruction.
+//   LaunchOrder   the launch order of every graph that shares one workspace on this device
+//                 (see below why it exists).
+//   DeviceGraph   device::DeviceGraph of one rank for a plan rebuilt in C++ from
+//                 (schedule, tp, steps, m, n, k, l): update(pointers), launch(stream), error().
+//
+// The GIL is released around everything that talks to the driver for longer than a few
+// microseconds (allocation, IPC open, graph build/update, launch), so other Python threads (a
+// data loader, torch's own callbacks) keep running. C++ exceptions reach Python through
+// pybind11's translation: std::invalid_argument -> ValueError, other std::exception ->
+// RuntimeError, with the message unchanged.
+#include <cuda_runtime_api.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "all.hpp"
+#include "distgemm/device/check.hpp"
+#include "distgemm/device/graph.hpp"
+#include "distgemm/schedule/plan.hpp"
+
+namespace py = pybind11;
+
+namespace {
+
+using distgemm::device::DeviceGraph;
+using distgemm::device::EpilogueArgs;
+using distgemm::device::GraphOptions;
+using distgemm::device::UserBuffers;
+using distgemm::kernel::DType;
+
+void* as_ptr(uint64_t v) { return reinterpret_cast<void*>(static_cast<uintptr_t>(v)); }
+uint64_t as_int(const void* p) { return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p)); }
+
+// One rank's symmetric workspace and its view of the peers' workspaces.
+class IpcWorkspace {
+ public:
+  IpcWorkspace(int cuda_device, int64_t bytes) : device_(cuda_device), bytes_(bytes) {
+    if (bytes < 1) throw std::invalid_argument("workspace size must be positive, got " + std::to_string(bytes));
+    py::gil_scoped_release nogil;
+    DISTGEMM_CUDA_CHECK(cudaSetDevice(device_));
+    DISTGEMM_CUDA_CHECK(cudaMalloc(&base_, static_cast<size_t>(bytes_)));
+    // Flags, barrier slots and the epoch word start at generation 0 on every rank; the memset
+    // must be complete before a peer can see the handle, hence the synchronisation.
+    cudaError_t e = cudaMemset(base_, 0, static_cast<size_t>(bytes_));
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) {
+      cudaFree(base_);
+      base_ = nullptr;
+      DISTGEMM_CUDA_CHECK(e);
+    }
+  }
+  ~IpcWorkspace() { close_noexcept(); }
+  IpcWorkspace(const IpcWorkspace&) = delete;
+  IpcWorkspace& operator=(const IpcWorkspace&) = delete;
+
+  py::bytes handle() const {
+    require_open("handle()");
+    cudaIpcMemHandle_t h;
+    {
+      py::gil_scoped_release nogil;
+      DISTGEMM_CUDA_CHECK(cudaSetDevice(device_));
+      DISTGEMM_CUDA_CHECK(cudaIpcGetMemHandle(&h, base_));
+    }
+    return py::bytes(reinterpret_cast<const char*>(&h), sizeof(h));
+  }
+
+  // handles[r]: rank r's exported handle (ignored for `rank`, this rank). Afterwards bases()[r]
+  // is rank r's workspace as addressable from this device.
+  void open_peers(const std::vector<std::string>& handles, int rank) {
+    require_open("open_peers()");
+    if (!peers_.empty()) throw std::runtime_error("open_peers() was already called on this workspace");
+    if (rank < 0 || rank >= static_cast<int>(handles.size()))
+      throw std::invalid_argument("rank " + std::to_string(rank) + " is outside the " +
+                                  std::to_string(handles.size()) + " handles");
+    for (size_t r = 0; r < handles.size(); ++r)
+      if (static_cast<int>(r) != rank && handles[r].size() != sizeof(cudaIpcMemHandle_t))
+        throw std::invalid_argument("IPC handle of rank " + std::to_string(r) + " has " +
+                                    std::to_string(handles[r].size()) + " bytes, expected " +
+                                    std::to_string(sizeof(cudaIpcMemHandle_t)));
+    py::gil_scoped_release nogil;
+    DISTGEMM_CUDA_CHECK(cudaSetDevice(device_));
+    peers_.assign(handles.size(), nullptr);
+    bases_.assign(handles.size(), nullptr);
+    for (size_t r = 0; r < handles.size(); ++r) {
+      if (static_cast<int>(r) == rank) {
+        bases_[r] = base_;
+        continue;
+      }
+      cudaIpcMemHandle_t h;
+      std::memcpy(&h, handles[r].data(), sizeof(h));
+      void* p = nullptr;
+      cudaError_t e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+      if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        throw std::runtime_error(
+            "cudaIpcOpenMemHandle of rank " + std::to_string(r) + "'s workspace on CUDA device " +
+            std::to_string(device_) + " failed: " + cudaGetErrorString(e) +
+            " (the ranks must run on one host with peer access between their GPUs, and each "
+            "rank on its own GPU)");
+      }
+      peers_[r] = p;
+      bases_[r] = p;
+    }
+  }
+
+  std::vector<uint64_t> bases() const {
+    require_open("bases()");
+    if (bases_.empty()) throw std::runtime_error("bases(): call open_peers() first");
+    std::vector<uint64_t> out;
+    for (void* p : bases_) out.push_back(as_int(p));
+    return out;
+  }
+
+  // Closes the peers' mappings and frees this rank's allocation. The caller makes sure no
+  // graph still uses the workspace and that the peers have closed their mappings of it first
+  // (comm.py puts a barrier between the two halves: close_peers(), barrier, free()).
+  void close_peers() {
+    if (peers_.empty()) return;
+    py::gil_scoped_release nogil;
+    cudaSetDevice(device_);
+    std::string err;
+    for (void*& p : peers_) {
+      if (!p) continue;
+      cudaError_t e = cudaIpcCloseMemHandle(p);
+      if (e != cudaSuccess && err.empty()) err = cudaGetErrorString(e);
+      p = nullptr;
+    }
+    peers_.clear();
+    bases_.clear();
+    if (!err.empty()) throw std::runtime_error("cudaIpcCloseMemHandle failed: " + err);
+  }
+  void free() {
+    close_peers();
+    if (!base_) return;
+    py::gil_scoped_release nogil;
+    cudaSetDevice(device_);
+    cudaError_t e = cudaFree(base_);
+    base_ = nullptr;
+    DISTGEMM_CUDA_CHECK(e);
+  }
+
+  bool closed() const { return base_ == nullptr; }
+  uint64_t ptr() const { return as_int(base_); }
+  int64_t nbytes() const { return bytes_; }
+  int device() const { return device_; }
+
+ private:
+  void require_open(const char* what) const {
+    if (!base_) throw std::runtime_error(std::string(what) + ": the workspace was freed");
+  }
+  void close_noexcept() {
+    cudaSetDevice(device_);
+    for (void* p : peers_)
+      if (p) cudaIpcCloseMemHandle(p);
+    peers_.clear();
+    if (base_) cudaFree(base_);
+    base_ = nullptr;
+  }
+
+  int device_;
+  int64_t bytes_;
+  void* base_ = nullptr;
+  std::vector<void*> peers_;  // opened mappings (null for this rank)
+  std::vector<void*> bases_;  // every rank's base as seen from this device
+};
+
+// Graphs that share a workspace share its epoch word, flags and slots, so their launches on one
+// device must never overlap: each launch's entry barrier assumes the previous launch on this
+// device is complete. Launches on one stream are ordered by the stream; when the caller
+// switches streams (torch.cuda.stream(...)), the new stream first waits for the last launch.
+// The event record costs about a microsecond per launch; the wait is only issued on a switch.
+class LaunchOrder {
+ public:
+  explicit LaunchOrder(int cuda_device) : device_(cuda_device) {
+    DISTGEMM_CUDA_CHECK(cudaSetDevice(device_));
+    DISTGEMM_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+  }
+  ~LaunchOrder() {
+    cudaSetDevice(device_);
+    cudaEventDestroy(done_);
+  }
+  LaunchOrder(const LaunchOrder&) = delete;
+  LaunchOrder& operator=(const LaunchOrder&) = delete;
+
+  void before(cudaStream_t s) {
+    if (used_ && s != last_) DISTGEMM_CUDA_CHECK(cudaStreamWaitEvent(s, done_, 0));
+  }
+  void after(cudaStream_t s) {
+    DISTGEMM_CUDA_CHECK(cudaEventRecord(done_, s));
+    last_ = s;
+    used_ = true;
+  }
+  int device() const { return device_; }
+
+ private:
+  int device_;
+  cudaEvent_t done_ = nullptr;
+  cudaStream_t last_ = nullptr;
+  bool used_ = false;
+};
+
+DType dtype_from(const std::string& s) {
+  if (s == "bf16" || s == "bfloat16") return DType::BF16;
+  if (s == "fp16" || s == "float16") return DType::FP16;
+  throw std::invalid_argument("dtype '" + s + "' is not supported: use bf16 or fp16");
+}
+
+UserBuffers user_from(uint64_t a, uint64_t b, uint64_t c, uint64_t d, uint64_t bias) {
+  UserBuffers u;
+  u.a = as_ptr(a);
+  u.b = as_ptr(b);
+  u.c = as_ptr(c);
+  u.d = as_ptr(d);
+  u.bias = as_ptr(bias);
+  return u;
+}
+
+// A rank's graph for one plan, plus its launch order.
+class PyGraph {
+ public:
+  PyGraph(const std::string& schedule, int tp, int steps, int64_t m, int64_t n, int64_t k,
+          int64_t l, int rank, int cuda_device, const std::string& dtype, float alpha, float beta,
+          bool bias, const std::vector<uint64_t>& workspace_bases, uint64_t a, uint64_t b,
+          uint64_t c, uint64_t d, uint64_t bias_ptr, double timeout_s,
+          std::shared_ptr<LaunchOrder> order)
+      : order_(std::move(order)) {
+    const distgemm::schedule::ScheduleDef* def = distgemm::schedules::find(schedule.c_str());
+    if (!def) {
+      std::string known;
+      for (const auto* x : distgemm::schedules::kAll) known += (known.empty() ? "" : ", ") + std::string(x->name);
+      throw std::invalid_argument("unknown schedule '" + schedule + "'; known schedules: " + known);
+    }
+    if (!order_) throw std::invalid_argument("DeviceGraph needs a LaunchOrder");
+    if (order_->device() != cuda_device)
+      throw std::invalid_argument("LaunchOrder of CUDA device " + std::to_string(order_->device()) +
+                                  " used for a graph on CUDA device " + std::to_string(cuda_device));
+    const DType dt = dtype_from(dtype);
+    std::vector<void*> bases;
+    for (uint64_t p : workspace_bases) bases.push_back(as_ptr(p));
+    EpilogueArgs epi;
+    epi.alpha = alpha;
+    epi.beta = beta;
+    epi.bias = bias;
+    GraphOptions opt;
+    opt.timeout_s = timeout_s;
+    const UserBuffers user = user_from(a, b, c, d, bias_ptr);
+    py::gil_scoped_release nogil;
+    const distgemm::schedule::Plan plan =
+        distgemm::schedule::build_plan(*def, distgemm::schedule::Problem{m, n, k, l}, tp, steps);
+    graph_ = std::make_unique<DeviceGraph>(plan, rank, cuda_device, dt, epi, bases, user, opt);
+  }
+
+  void update(uint64_t a, uint64_t b, uint64_t c, uint64_t d, uint64_t bias) {
+    const UserBuffers u = user_from(a, b, c, d, bias);
+    py::gil_scoped_release nogil;
+    graph_->update(u);
+  }
+
+  void launch(uint64_t stream) {
+    cudaStream_t s = reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(stream));
+    py::gil_scoped_release nogil;
+    // A graph launch inside someone else's stream capture would be recorded, not run, and the
+    // recorded copy would not follow later pointer updates: refuse it here too (ops.py already
+    // refuses it before getting this far, with the same advice).
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    DISTGEMM_CUDA_CHECK(cudaStreamIsCapturing(s, &cap));
+    if (cap != cudaStreamCaptureStatusNone)
+      throw std::runtime_error(
+          "distgemm ops cannot be captured into a CUDA graph (torch.cuda.graph / stream capture): "
+          "each op already replays its own CUDA graph; call it outside the capture");
+    DISTGEMM_CUDA_CHECK(cudaSetDevice(graph_->cuda_device()));
+    order_->before(s);
+    graph_->launch(s);
+    order_->after(s);
+  }
+
+  std::string error() const { return graph_->error(); }
+  void check() const { graph_->check(); }
+  int rank() const { return graph_->rank(); }
+  int cuda_device() const { return graph_->cuda_device(); }
+  py::dict stats() const {
+    const auto& s = graph_->stats();
+    py::dict d;
+    d["gemm_nodes"] = s.gemm_nodes;
+    d["copy_nodes"] = s.copy_nodes;
+    d["signal_nodes"] = s.signal_nodes;
+    d["wait_kernels"] = s.wait_kernels;
+    return d;
+  }
+
+ private:
+  std::shared_ptr<LaunchOrder> order_;
+  std::unique_ptr<DeviceGraph> graph_;
+};
+
+}  // namespace
+
+void register_runtime(py::module_& m) {
+  py::class_<IpcWorkspace>(m, "IpcWorkspace",
+                           "One rank's symmetric workspace: zeroed device memory exported as a CUDA "
+                           "IPC handle; opens the peers' handles.")
+      .def(py::init<int, int64_t>(), py::arg("cuda_device"), py::arg("nbytes"))
+      .def("handle", &IpcWorkspace::handle, "This rank's cudaIpcMemHandle_t, as bytes.")
+      .def("open_peers", &IpcWorkspace::open_peers, py::arg("handles"), py::arg("rank"),
+           "Open every other rank's handle (handles[rank] is ignored).")
+      .def("bases", &IpcWorkspace::bases,
+           "Every rank's workspace base as an address valid on this device (after open_peers).")
+      .def("close_peers", &IpcWorkspace::close_peers, "Close the peers' mappings.")
+      .def("free", &IpcWorkspace::free, "Close the peers' mappings and free this rank's memory.")
+      .def_property_readonly("closed", &IpcWorkspace::closed)
+      .def_property_readonly("ptr", &IpcWorkspace::ptr)
+      .def_property_readonly("nbytes", &IpcWorkspace::nbytes)
+      .def_property_readonly("device", &IpcWorkspace::device);
+
+  py::class_<LaunchOrder, std::shared_ptr<LaunchOrder>>(
+      m, "LaunchOrder", "Orders the launches of the graphs sharing one workspace on one device.")
+      .def(py::init<int>(), py::arg("cuda_device"))
+      .def("record", [](LaunchOrder& o, uint64_t stream) {
+        o.after(reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(stream)));
+      }, py::arg("stream"),
+           "Mark `stream`'s current position as the end of the last launch (work issued after a "
+           "launch that still reads the workspace, e.g. copying out the gathered operand).");
+
+  py::class_<PyGraph>(m, "DeviceGraph",
+                      "One rank's CUDA graph of a plan (device::DeviceGraph). Pointers and streams "
+                      "are integers (tensor.data_ptr(), stream.cuda_stream); 0 means absent.")
+      .def(py::init<const std::string&, int, int, int64_t, int64_t, int64_t, int64_t, int, int,
+                    const std::string&, float, float, bool, const std::vector<uint64_t>&, uint64_t,
+                    uint64_t, uint64_t, uint64_t, uint64_t, double, std::shared_ptr<LaunchOrder>>(),
+           py::arg("schedule"), py::arg("tp"), py::arg("steps"), py::arg("m"), py::arg("n"),
+           py::arg("k"), py::arg("l"), py::arg("rank"), py::arg("cuda_device"), py::arg("dtype"),
+           py::arg("alpha"), py::arg("beta"), py::arg("bias"), py::arg("workspace_bases"),
+           py::arg("a"), py::arg("b"), py::arg("c"), py::arg("d"), py::arg("bias_ptr"),
+           py::arg("timeout_s"), py::arg("order"))
+      .def("update", &PyGraph::update, py::arg("a"), py::arg("b"), py::arg("c"), py::arg("d"),
+           py::arg("bias_ptr"), "Retarget the graph at new user buffers (graph-exec update).")
+      .def("launch", &PyGraph::launch, py::arg("stream"), "Enqueue one launch on `stream`.")
+      .def("error", &PyGraph::error,
+           "'' or the timeout report of this rank (read after synchronising).")
+      .def("check", &PyGraph::check, "Raise RuntimeError with error() when there is one.")
+      .def_property_readonly("rank", &PyGraph::rank)
+      .def_property_readonly("cuda_device", &PyGraph::cuda_device)
+      .def("stats", &PyGraph::stats, "Node counts of the graph.");
+
+  m.def("cuda_device_count", []() {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return n;
+  }, "CUDA devices visible to this process (0 when there is no driver).");
+}

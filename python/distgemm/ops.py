@@ -1,0 +1,480 @@
+"""One call per tensor-parallel layer, on torch tensors, one process per GPU (torchrun).
+
+    all_gather_gemm      column-parallel layers (QKV, FC1/gate/up): all-gather of the activations
+                         overlapped with the GEMM
+    gemm_reduce_scatter  row-parallel layers (O, FC2/down): GEMM overlapped with the
+                         reduce-scatter of its result
+    gemm_all_reduce      row-parallel layers without sequence parallelism: GEMM, reduce-scatter
+                         and all-gather of the result in one plan
+
+Weights are in nn.Linear layout ``[N, K]``; bf16 or fp16 (inputs, weight, bias, C and the output
+all in one dtype; fp32 accumulation). Every rank of the group calls the op with the same shapes,
+dtype, schedule and steps, in the same order (the usual SPMD contract of collectives).
+
+How a call runs. The first call with a new (op, shapes, dtype, schedule, steps, bias, beta)
+validates the inputs, exchanges a plan signature with the other ranks (any difference raises the
+same ValueError on every rank, naming the rank and the field), builds the plan in C++, finds or
+allocates its symmetric workspace and instantiates one CUDA graph per rank. Later calls validate
+the tensors' device, contiguity and alignment, pick the graph instantiated for these pointers
+(up to ``comm.GRAPHS_PER_PLAN`` per plan; otherwise the least recently used one is retargeted
+with a graph-exec update) and launch it on ``torch.cuda.current_stream()``: no host
+synchronisation, no collective.
+
+Errors. Inputs are checked before anything reaches the extension: TypeError for a non-tensor or a
+dtype that is not bf16/fp16 or differs between operands; ValueError for a CPU tensor, a tensor on
+another device than this rank's, a non-contiguous tensor (distgemm does not take strides: call
+``.contiguous()``), a data pointer that is not 16-byte aligned (TMA), shapes that do not match
+or that the schedule cannot split (the Plan's message, e.g. ``M=8190 is not divisible by S=8``).
+At the first call errors are exchanged, so every rank raises the same one; at later calls a rank
+raises its own, and a rank that then waits for it reports ``RuntimeError`` after the wait timeout.
+A launch whose entry barrier or data flag times out (a rank did not launch) is reported as a
+RuntimeError naming the rank and the iteration at the next call on the communicator or at
+``Communicator.check()``.
+
+CUDA graph capture. The ops are themselves CUDA graph launches whose pointers are updated between
+calls; they cannot be captured into a user's graph (``torch.cuda.graph``): a call during capture
+raises RuntimeError before anything is enqueued. Capture the rest of the model around them.
+
+``steps=None`` uses S = TP (one tile per rank's shard). S = 2*TP splits each shard in two (a
+smaller first bubble, more launches and flags); the measurements behind this default are in
+``benchmarks/results/2026-11-22-python-api.md``.
+"""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from . import _core
+from .comm import GRAPHS_PER_PLAN, MAX_PLANS, Communicator, get_communicator
+
+__all__ = ["all_gather_gemm", "gemm_reduce_scatter", "gemm_all_reduce"]
+
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+_ALIGN = 16  # bytes: TMA needs 16-byte aligned bases and row strides
+_COLLECTIVE = {"all_gather_gemm": "all_gather", "gemm_reduce_scatter": "reduce_scatter",
+               "gemm_all_reduce": "all_reduce"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation (pure: no communicator, no CUDA; the CPU tests call these directly).
+
+def check_types(op: str, tensors: Dict[str, Optional[torch.Tensor]]) -> torch.dtype:
+    """Every given operand is a tensor, bf16 or fp16, all in one dtype, on a CUDA device.
+    Returns the dtype."""
+    dtype = None
+    first = None
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in _DTYPES:
+            raise TypeError(f"{op}: {name} has dtype {t.dtype}; distgemm supports torch.bfloat16 "
+                            "and torch.float16")
+        if dtype is None:
+            dtype, first = t.dtype, name
+        elif t.dtype != dtype:
+            raise TypeError(f"{op}: mixed dtypes: {first} is {dtype} but {name} is {t.dtype}; "
+                            "pass every operand in one dtype")
+    for name, t in tensors.items():
+        if t is not None and t.device.type != "cuda":
+            raise ValueError(f"{op}: {name} is on {t.device}; distgemm ops need CUDA tensors on "
+                             "this rank's GPU (torch.cuda.current_device())")
+    return dtype
+
+
+def check_placement(op: str, device: torch.device,
+                    tensors: Dict[str, Optional[torch.Tensor]]) -> None:
+    """Every given operand lives on ``device``, is contiguous and 16-byte aligned."""
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if t.device != device:
+            raise ValueError(f"{op}: {name} is on {t.device} but this rank's device is {device}")
+        if not t.is_contiguous():
+            raise ValueError(f"{op}: {name} is not contiguous (shape {list(t.shape)}, strides "
+                             f"{list(t.stride())}); distgemm takes dense row-major tensors: pass "
+                             f"{name}.contiguous()")
+        ptr = t.data_ptr()
+        if ptr % _ALIGN:
+            raise ValueError(f"{op}: {name}'s data pointer {ptr:#x} is not {_ALIGN}-byte aligned "
+                             f"(offset {ptr % _ALIGN} bytes; TMA requires it): a view that starts "
+                             "at an odd element offset is the usual cause; pass a fresh tensor "
+                             "(.clone())")
+
+
+def _shape(t: Optional[torch.Tensor]) -> Optional[Tuple[int, ...]]:
+    return None if t is None else tuple(t.shape)
+
+
+@dataclass
+class Spec:
+    """What a plan needs from the tensors of one call (same on every rank)."""
+
+    op: str
+    schedule: str
+    tp: int
+    steps: int
+    m: int
+    n: int
+    k: int
+    shapes: Dict[str, Tuple[int, ...]]  # expected per-rank shape of every operand the plan uses
+    plan: Dict[str, Any] = field(repr=False, default_factory=dict)
+
+
+def _fmt(s) -> str:
+    return "[" + ", ".join(str(x) for x in s) + "]"
+
+
+def make_spec(op: str, schedule: str, tp: int, rank: int, steps: Optional[int],
+              a: torch.Tensor, w: torch.Tensor, *, bias=None, c=None, beta: float = 0.0,
+              out=None) -> Spec:
+    """Global problem, steps and every operand's expected shape for ``op`` with ``schedule`` on
+    ``tp`` ranks; ValueError naming the constraint and the values. Shapes only: no device, no
+    communicator."""
+    if not isinstance(schedule, str):
+        raise TypeError(f"{op}: schedule must be a schedule name (str), got {type(schedule).__name__}")
+    defs = {d["name"]: d for d in _core.schedules()}
+    want = _COLLECTIVE[op]
+    if schedule not in defs or defs[schedule]["collective"] != want:
+        fits = sorted(n for n, d in defs.items() if d["collective"] == want)
+        raise ValueError(f"{op}: schedule '{schedule}' is not a {want} schedule; use one of "
+                         f"{', '.join(fits)}")
+    if steps is None:
+        steps = tp
+    if not isinstance(steps, int) or isinstance(steps, bool):
+        raise TypeError(f"{op}: steps must be an int or None, got {steps!r}")
+    for name, t in (("a" if op != "all_gather_gemm" else "a_shard", a), ("w", w)):
+        if t.dim() != 2:
+            raise ValueError(f"{op}: {name} must be 2-D, got shape {_fmt(t.shape)}")
+    part = defs[schedule]["partition"]
+    (ma, ka), (nb, kb) = tuple(a.shape), tuple(w.shape)
+    # Global extents from A's local shape and the Partition (read from the C++ definition).
+    m = ma * tp if part["a"] == "M" else ma
+    k = ka * tp if part["a"] == "K" else ka
+    n = nb * tp if part["b"] == "N" else nb
+    if min(m, n, k) < 1:
+        raise ValueError(f"{op}: empty operands: a {_fmt(a.shape)}, w {_fmt(w.shape)}")
+    why = _core.validate(schedule, tp, steps, m, n, k, 1)
+    if why:
+        raise ValueError(f"{op} ({schedule}, TP={tp}, S={steps}, global M={m} N={n} K={k}): {why}")
+    plan = _core.build_plan(schedule, tp, steps, m, n, k, 1)
+    local = plan["local_shapes"]
+    a_name = "a_shard" if op == "all_gather_gemm" else "a"
+    if tuple(w.shape) != tuple(local["B"]):
+        raise ValueError(f"{op}: w has shape {_fmt(w.shape)} but {a_name} {_fmt(a.shape)} with "
+                         f"{schedule} on TP={tp} needs w of shape {_fmt(local['B'])} "
+                         f"(nn.Linear layout [N, K], K={ka} per rank)")
+    # TMA: 16-byte rows and 16-byte aligned tile starts in every sub-GEMM of this rank.
+    for g in plan["devices"][rank]["gemms"]:
+        for what, v in (("K", g["k"]), ("N", g["n"])):
+            if (v * 2) % _ALIGN:
+                extra = "" if v in (k, n) else f" (a tile of {schedule} with S={steps})"
+                raise ValueError(f"{op}: a sub-GEMM has {what}={v}{extra}, not a multiple of 8 "
+                                 f"elements: TMA needs 16-byte rows; pad {what} (global M={m} "
+                                 f"N={n} K={k}, TP={tp}, S={steps})")
+    shapes: Dict[str, Tuple[int, ...]] = {"a": tuple(local["A"]), "w": tuple(local["B"]),
+                                          "out": tuple(local["D"])}
+    if bias is not None:
+        shapes["bias"] = (int(local["bias"]),)
+    if beta != 0.0:
+        if c is None:
+            raise ValueError(f"{op}: beta={beta} but c is None: pass c (shape {_fmt(local['C'])}) "
+                             "or beta=0")
+        shapes["c"] = tuple(local["C"])
+    for name, t in (("bias", bias), ("c", c if beta != 0.0 else None), ("out", out)):
+        if t is not None and tuple(t.shape) != shapes[name]:
+            raise ValueError(f"{op}: {name} has shape {_fmt(t.shape)}, expected {_fmt(shapes[name])}"
+                             f" (per rank; {schedule}, TP={tp}, global M={m} N={n} K={k})")
+    return Spec(op, schedule, tp, steps, m, n, k, shapes, plan)
+
+
+# ---------------------------------------------------------------------------------------------
+# Plan cache entries.
+
+class _RawCuda:
+    """A device buffer for torch.as_tensor via __cuda_array_interface__ (no ownership)."""
+
+    def __init__(self, ptr: int, numel: int):
+        self.__cuda_array_interface__ = {"shape": (numel,), "typestr": "<i2", "data": (ptr, False),
+                                         "version": 3, "strides": None}
+
+
+@dataclass
+class _Entry:
+    spec: Spec
+    dtype: torch.dtype
+    beta: float
+    has_bias: bool
+    ws: Any
+    bases: List[int]
+    graphs: "collections.OrderedDict[Tuple[int, ...], Any]"
+    gather: Optional[List[Tuple[str, int, int, int]]] = None  # (src, offset, row0, rows)
+    slots: Optional[torch.Tensor] = None
+    gather_shape: Optional[Tuple[int, int]] = None
+
+
+def _gather_recipe(spec: Spec, rank: int):
+    """How to assemble the gathered operand of an all-gather plan on ``rank`` after a launch:
+    per sub-GEMM, the rotating operand's rows come from the user tensor (own chunks) or from a
+    receive slot (the peers' chunks, still valid until this rank's next launch)."""
+    d = spec.plan["definition"]
+    rot = "a" if d["rotating"] == "A" else "b"
+    recipe = []
+    for g in spec.plan["devices"][rank]["gemms"]:
+        r = g[rot]
+        row0, rows = (g["m0"], g["m"]) if rot == "a" else (g["n0"], g["n"])
+        recipe.append(("slots" if r["buffer"] == "slots" else rot, r["offset"], row0, rows))
+    total = spec.m if rot == "a" else spec.n
+    return recipe, (total, spec.k)
+
+
+def _signature(spec: Optional[Spec], key, error: Optional[str]) -> Dict[str, Any]:
+    op, schedule, steps, dtype, shapes, beta, has_bias, gathered = key
+    sig = {"op": op, "schedule": schedule, "steps": steps, "dtype": str(dtype)}
+    for name, shape in shapes:
+        sig[f"{name}.shape"] = None if shape is None else list(shape)
+    sig.update(beta=beta, return_gathered=gathered, error=error)
+    return sig
+
+
+def _create_entry(comm: Communicator, key, make) -> _Entry:
+    op, _, _, dtype, _, beta, has_bias, gathered = key
+    spec, error, exc = None, None, None
+    try:
+        spec = make()
+    except (ValueError, TypeError) as e:
+        error, exc = f"{type(e).__name__}: {e}", e
+    sigs = comm.all_gather(_signature(spec, key, error), f"{op} plan signature")
+    if exc is not None and all(s["error"] == error for s in sigs):
+        raise exc  # every rank rejected the same inputs the same way: the plain error
+    problem = signature_mismatch(sigs, op)
+    if problem:
+        raise ValueError(problem)
+    layout = _core.workspace_layout(spec.schedule, spec.tp, spec.steps, spec.m, spec.n, spec.k, 1, 2)
+    ws, bases = comm.workspace_for(layout)
+    entry = _Entry(spec=spec, dtype=dtype, beta=beta, has_bias=has_bias, ws=ws, bases=bases,
+                   graphs=collections.OrderedDict())
+    if gathered:
+        entry.gather, entry.gather_shape = _gather_recipe(spec, comm.rank)
+        slot_elems = int(spec.plan["slot_elems"])
+        if slot_elems:
+            # This rank's slots start at its shifted base (slots_offset is 0 in Plan::layout).
+            raw = _RawCuda(bases[comm.rank] + int(layout["slots_offset"]), slot_elems)
+            entry.slots = torch.as_tensor(raw, device=comm.device).view(dtype)
+    if len(comm.plans) >= MAX_PLANS:
+        comm.drop_plan(next(iter(comm.plans)))
+    comm.plans[key] = entry
+    return entry
+
+
+def _graph(comm: Communicator, entry: _Entry, ptrs: Tuple[int, int, int, int, int]):
+    g = entry.graphs.get(ptrs)
+    if g is not None:
+        entry.graphs.move_to_end(ptrs)
+        return g
+    if len(entry.graphs) < GRAPHS_PER_PLAN:
+        s = entry.spec
+        g = _core.DeviceGraph(s.schedule, s.tp, s.steps, s.m, s.n, s.k, 1, comm.rank,
+                              comm.device.index, _DTYPES[entry.dtype], 1.0, entry.beta,
+                              entry.has_bias, entry.bases, *ptrs, comm.wait_timeout_s,
+                              entry.ws.order)
+    else:
+        _, g = entry.graphs.popitem(last=False)
+        g.update(*ptrs)
+    entry.graphs[ptrs] = g
+    return g
+
+
+def _run(op: str, group, key, make, tensors: Dict[str, Optional[torch.Tensor]],
+         out: Optional[torch.Tensor]):
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"{op} cannot be captured into a CUDA graph (torch.cuda.graph / stream "
+                           "capture): the op already replays its own CUDA graph and updates its "
+                           "pointers between calls; call it outside the capture")
+    comm = get_communicator(group)
+    comm.raise_if_broken()
+    entry = comm.plans.get(key)
+    if entry is None:
+        def first():
+            # Device, contiguity and alignment errors of the first call are exchanged with the
+            # shapes, so that every rank raises the same exception.
+            check_placement(op, comm.device, dict(tensors, out=out))
+            return make(comm)
+
+        entry = _create_entry(comm, key, first)
+    else:
+        comm.plans.move_to_end(key)
+    spec = entry.spec
+    if out is None:
+        out = torch.empty(spec.shapes["out"], dtype=entry.dtype, device=comm.device)
+    else:
+        if tuple(out.shape) != spec.shapes["out"]:
+            raise ValueError(f"{op}: out has shape {_fmt(out.shape)}, expected "
+                             f"{_fmt(spec.shapes['out'])}")
+        for name, t in tensors.items():
+            if t is not None and t.data_ptr() == out.data_ptr():
+                raise ValueError(f"{op}: out shares memory with {name}; pass a separate output")
+    tensors["out"] = out
+    check_placement(op, comm.device, tensors)
+    c = tensors.get("c") if entry.beta != 0.0 else None
+    bias = tensors.get("bias")
+    ptrs = (tensors["a"].data_ptr(), tensors["w"].data_ptr(), 0 if c is None else c.data_ptr(),
+            out.data_ptr(), 0 if bias is None else bias.data_ptr())
+    g = _graph(comm, entry, ptrs)
+    err = g.error()
+    if err:
+        comm.mark_broken(err)
+        comm.raise_if_broken()
+    stream = torch.cuda.current_stream(comm.device)
+    g.launch(stream.cuda_stream)
+    if entry.gather is None:
+        return out
+    gathered = torch.empty(entry.gather_shape, dtype=entry.dtype, device=comm.device)
+    kdim = entry.gather_shape[1]
+    for src, off, row0, rows in entry.gather:
+        base = entry.slots if src == "slots" else tensors["a" if src == "a" else "w"].view(-1)
+        gathered[row0:row0 + rows].copy_(base[off:off + rows * kdim].view(rows, kdim))
+    # The slots are rewritten by the peers after this rank's next entry barrier: a launch on
+    # another stream must wait for these copies too, not only for the graph.
+    entry.ws.order.record(stream.cuda_stream)
+    return out, gathered
+
+
+# ---------------------------------------------------------------------------------------------
+# The ops.
+
+def all_gather_gemm(a_shard: torch.Tensor, w: torch.Tensor, *, bias: Optional[torch.Tensor] = None,
+                    schedule: str = "ag_rotate_a", steps: Optional[int] = None,
+                    out: Optional[torch.Tensor] = None, return_gathered: bool = False,
+                    group=None):
+    """All-gather along dim 0 overlapped with a GEMM (column-parallel linear layer).
+
+    Plain torch equivalent (``schedule="ag_rotate_a"``, the default)::
+
+        a = torch.empty(tp * a_shard.shape[0], K); dist.all_gather_into_tensor(a, a_shard, group)
+        out = torch.nn.functional.linear(a, w, bias)          # a @ w.T + bias
+
+    Per-rank shapes, with TP ranks, global M and N = TP * N_local:
+
+    - ``a_shard``: ``[M/TP, K]``, this rank's rows of the activations (rank r holds rows
+      ``r*M/TP ...``)
+    - ``w``: ``[N_local, K]``, this rank's rows of the nn.Linear weight
+    - ``bias``: ``[N_local]`` or None
+    - ``out`` (returned): ``[M, N_local]``; written in place when given
+    - with ``return_gathered=True`` the op returns ``(out, a)``, ``a`` the gathered ``[M, K]``
+      (copied from the receive slots after the GEMMs; costs one device copy of ``a``)
+
+    ``schedule="ag_rotate_b"`` gathers the weight instead (the activations stay sharded)::
+
+        wf = all_gather(w, dim=0)                              # [N, K]
+        out = torch.nn.functional.linear(a_shard, wf, bias)    # [M/TP, N]
+
+    with ``w``: ``[N/TP, K]``, ``bias``: ``[N]``, ``out``: ``[M/TP, N]`` and, with
+    ``return_gathered``, the gathered ``[N, K]`` weight.
+
+    Args: bf16 or fp16 tensors on this rank's GPU, contiguous, 16-byte aligned; K (and N_local,
+    resp. N/S for ag_rotate_b) a multiple of 8. ``steps``: S = k*TP pipeline steps; None: S = TP.
+    ``group``: a ProcessGroup (default: the world group) or a ``distgemm.Communicator``.
+    M must be divisible by S (ag_rotate_a; N by S for ag_rotate_b).
+    """
+    op = "all_gather_gemm"
+    dtype = check_types(op, {"a_shard": a_shard, "w": w, "bias": bias, "out": out})
+    key = (op, schedule, steps, dtype,
+           (("a_shard", _shape(a_shard)), ("w", _shape(w)), ("bias", _shape(bias))), 0.0,
+           bias is not None, bool(return_gathered))
+
+    def make(comm):
+        return make_spec(op, schedule, comm.tp, comm.rank, steps, a_shard, w, bias=bias, out=out)
+
+    return _run(op, group, key, make, {"a": a_shard, "w": w, "bias": bias}, out)
+
+
+def gemm_reduce_scatter(a: torch.Tensor, w: torch.Tensor, *, bias: Optional[torch.Tensor] = None,
+                        c: Optional[torch.Tensor] = None, beta: float = 0.0,
+                        schedule: str = "rs_tile_a", steps: Optional[int] = None,
+                        out: Optional[torch.Tensor] = None, group=None) -> torch.Tensor:
+    """A GEMM overlapped with the reduce-scatter of its result (row-parallel linear layer).
+
+    Plain torch equivalent (``schedule="rs_tile_a"``, the default: scatter along M)::
+
+        p = a @ w.T                                            # [M, N] partial sum of this rank
+        out = torch.empty(M // tp, N); dist.reduce_scatter_tensor(out, p, group=group)
+        out = out + beta * c + bias
+
+    Per-rank shapes, with TP ranks and global K = TP * K_local:
+
+    - ``a``: ``[M, K_local]``, this rank's columns of the activations
+    - ``w``: ``[N, K_local]``, this rank's columns of the nn.Linear weight
+    - ``bias``: ``[N]`` or None, added once (pass the same bias on every rank)
+    - ``c``: ``[M/TP, N]``, added with ``beta`` (only read when ``beta != 0``)
+    - ``out`` (returned): ``[M/TP, N]``, rank r's rows ``r*M/TP ...``; written in place when given
+
+    ``schedule="rs_tile_b"`` scatters along N instead: ``out``, ``c``: ``[M, N/TP]`` (rank r's
+    columns), ``bias``: ``[N/TP]`` (rank r's slice); the equivalent scatters ``p`` along dim 1.
+
+    Args: bf16 or fp16 tensors on this rank's GPU, contiguous, 16-byte aligned; K_local and N
+    (N/S for rs_tile_b) multiples of 8; M (rs_tile_a) resp. N (rs_tile_b) divisible by S.
+    ``beta``: default 0.0. ``steps``: S = k*TP; None: S = TP. ``group``: a ProcessGroup (default:
+    the world group) or a ``distgemm.Communicator``.
+    """
+    op = "gemm_reduce_scatter"
+    beta = float(beta)
+    dtype = check_types(op, {"a": a, "w": w, "bias": bias, "c": c if beta != 0.0 else None,
+                             "out": out})
+    key = (op, schedule, steps, dtype,
+           (("a", _shape(a)), ("w", _shape(w)), ("bias", _shape(bias)),
+            ("c", _shape(c) if beta != 0.0 else None)), beta,
+           bias is not None, False)
+
+    def make(comm):
+        return make_spec(op, schedule, comm.tp, comm.rank, steps, a, w, bias=bias, c=c, beta=beta,
+                         out=out)
+
+    return _run(op, group, key, make, {"a": a, "w": w, "bias": bias,
+                                       "c": c if beta != 0.0 else None}, out)
+
+
+def gemm_all_reduce(a: torch.Tensor, w: torch.Tensor, *, bias: Optional[torch.Tensor] = None,
+                    c: Optional[torch.Tensor] = None, beta: float = 0.0,
+                    steps: Optional[int] = None, out: Optional[torch.Tensor] = None,
+                    group=None) -> torch.Tensor:
+    """A GEMM overlapped with the all-reduce of its result (schedule ``gemm_allreduce``:
+    reduce-scatter of tiles along M, then all-gather of the finished tiles, in one plan).
+
+    Plain torch equivalent::
+
+        out = a @ w.T                                          # [M, N] partial sum of this rank
+        dist.all_reduce(out, group=group)
+        out = out + beta * c + bias
+
+    Per-rank shapes, with TP ranks and global K = TP * K_local:
+
+    - ``a``: ``[M, K_local]``, ``w``: ``[N, K_local]`` (nn.Linear layout)
+    - ``bias``: ``[N]`` or None, ``c``: ``[M, N]`` (read when ``beta != 0``): pass the same on every
+      rank; each tile takes them from the rank that finishes it
+    - ``out`` (returned): ``[M, N]``, identical on every rank; written in place when given
+
+    Args: bf16 or fp16 tensors on this rank's GPU, contiguous, 16-byte aligned; K_local and N
+    multiples of 8; M divisible by S. ``beta``: default 0.0. ``steps``: S = k*TP; None: S = TP.
+    ``group``: a ProcessGroup (default: the world group) or a ``distgemm.Communicator``.
+    """
+    op = "gemm_all_reduce"
+    schedule = "gemm_allreduce"
+    beta = float(beta)
+    dtype = check_types(op, {"a": a, "w": w, "bias": bias, "c": c if beta != 0.0 else None,
+                             "out": out})
+    key = (op, schedule, steps, dtype,
+           (("a", _shape(a)), ("w", _shape(w)), ("bias", _shape(bias)),
+            ("c", _shape(c) if beta != 0.0 else None)), beta,
+           bias is not None, False)
+
+    def make(comm):
+        return make_spec(op, schedule, comm.tp, comm.rank, steps, a, w, bias=bias, c=c, beta=beta,
+                         out=out)
+
+    return _run(op, group, key, make, {"a": a, "w": w, "bias": bias,
+                                       "c": c if beta != 0.0 else None}, out)
