@@ -44,6 +44,11 @@ struct GemmDesc {
 // "" when the kernel can run `g`; otherwise the reason, in words, with the values and the fix.
 std::string gemm_can_implement(const GemmDesc& g);
 
+// Per-device setup of the kernel (its dynamic shared-memory limit). Call before capturing a
+// graph on `device`: gemm_launch calls it too, but function attributes are better set outside a
+// stream capture.
+void gemm_prepare(DType dtype, int device);
+
 // Enqueues the GEMM on `stream` (capturable). `device` is the CUDA device the stream belongs to.
 // Throws std::runtime_error (with the CUDA/CUTLASS error) on failure; never launches a GEMM
 // that gemm_can_implement rejects.

@@ -117,12 +117,14 @@ __device__ inline bool wait_flags(const WaitSpec& w) {
 __device__ inline bool leading_barrier(const WaitSpec& w, char* smem) {
   uint32_t* status = reinterpret_cast<uint32_t*>(smem);
   if (threadIdx.x == 0) *status = wait_flags(w) ? 1u : 0u;
+  __syncwarp();  // reconverge warp 0 before the .aligned cluster barrier
   const uint32_t ctas = cluster_num_ctas();
   if (ctas > 1) {
     cluster_sync_all();  // every CTA has written its status
     uint32_t all = 1u;
     if (threadIdx.x == 0)
       for (uint32_t r = 0; r < ctas; ++r) all &= ld_shared_cluster(status, r);
+    __syncwarp();
     cluster_sync_all();  // every CTA has read the others' status before it is overwritten
     if (threadIdx.x == 0) *status = all;
   }

@@ -1,0 +1,35 @@
+# CUDA part of the build (included from the top-level CMakeLists.txt when nvcc is found):
+# distgemm_runtime (CUTLASS SM90 kernels + graph runtime, SHARED: built once, linked by the
+# examples and by the Python module) and the example binaries. sm_90a only: wgmma and
+# setmaxnreg need the arch-specific target; one kernel instantiation per dtype keeps the
+# build short (CI compiles this on 2 cores).
+enable_language(CUDA)
+find_package(CUDAToolkit REQUIRED)
+
+set(DISTGEMM_CUDA_FLAGS
+  -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -DNDEBUG)
+
+add_library(distgemm_runtime SHARED
+  cpp/src/runtime/gemm_bf16.cu
+  cpp/src/runtime/gemm_fp16.cu
+  cpp/src/runtime/kernels.cu
+  cpp/src/runtime/graph.cu
+  cpp/src/runtime/workspace.cu)
+set_target_properties(distgemm_runtime PROPERTIES
+  CUDA_ARCHITECTURES OFF CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)
+target_compile_options(distgemm_runtime PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${DISTGEMM_CUDA_FLAGS}>)
+target_include_directories(distgemm_runtime PRIVATE ${CUTLASS_INCLUDE_DIR})
+target_link_libraries(distgemm_runtime PUBLIC distgemm_schedule CUDA::cudart)
+# CUTLASS reaches cuTensorMapEncodeTiled through cudaGetDriverEntryPoint, so libcuda is not
+# needed at link time; link it where the toolkit has it (CPU-only CI machines have no driver
+# and, in some images, no stub either).
+if(TARGET CUDA::cuda_driver)
+  target_link_libraries(distgemm_runtime PRIVATE CUDA::cuda_driver)
+endif()
+
+add_executable(distgemm_bench cpp/examples/distgemm_bench.cu)
+set_target_properties(distgemm_bench PROPERTIES
+  CUDA_ARCHITECTURES OFF CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON
+  BUILD_RPATH "$<TARGET_FILE_DIR:distgemm_runtime>")
+target_compile_options(distgemm_bench PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${DISTGEMM_CUDA_FLAGS}>)
+target_link_libraries(distgemm_bench PRIVATE distgemm_runtime)

@@ -1,0 +1,291 @@
+// The CUTLASS 3.x SM90 GEMM behind gemm.hpp, with its leading barrier. Included only by the
+// per-dtype translation units in cpp/src/runtime/ (each instantiates one kernel).
+//
+// Kernel: TMA warp-specialized, cooperative (two consumer warpgroups share a 128x256 tile, so the
+// fp32 accumulators of both wgmma streams stay in flight; pingpong at 128x256 serialises them),
+// tile 128x256x64, cluster 2x1 (A tile multicast to the pair), persistent grid.
+//
+// Epilogue, an EVT tree computing in fp32:
+//     D = beta * user_c + ((alpha * acc + bias[n]) + partial)
+//   partial : the epilogue source C, loaded by TMA. OptionalSrcFetch (below) skips the load when
+//             the op has no partial, so one kernel serves first visits and later ones.
+//   user_c  : Sm90AuxLoad without shared memory (direct vector loads, null pointer = absent): it
+//             is only read at a tile's last visit, so it gets no TMA pipeline of its own and
+//             costs the mainloop no shared-memory stages.
+//   bias    : Sm90RowBroadcast (null pointer = absent).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <mutex>
+#include <stdexcept>
+#include <string>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "distgemm/kernel/gemm.hpp"
+#include "distgemm/kernel/leading_barrier.cuh"
+
+namespace distgemm::kernel::sm90 {
+
+using namespace cute;
+namespace fusion = cutlass::epilogue::fusion;
+
+// The epilogue source C as an EVT leaf that can be switched off per launch. CUTLASS's
+// Sm90SrcFetch always loads C when the kernel has a C type, so a launch without a partial would
+// need a second kernel; this leaf reports "no C load needed" when disabled and then yields zeros
+// (the collective skips the TMA load and the smem wait). The C pointer of a disabled launch
+// must still be a valid address for the TMA descriptor (the runtime passes D; it is never read).
+template <class Element>
+struct OptionalSrcFetch {
+  struct SharedStorage {};
+  struct Arguments {
+    bool enabled = false;
+  };
+  using Params = Arguments;
+
+  template <class ProblemShape>
+  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args,
+                                                  void*) {
+    return args;
+  }
+  template <class ProblemShape>
+  static bool can_implement(ProblemShape const&, Arguments const&) {
+    return true;
+  }
+  template <class ProblemShape>
+  static size_t get_workspace_size(ProblemShape const&, Arguments const&) {
+    return 0;
+  }
+  template <class ProblemShape>
+  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*,
+                                              cudaStream_t, cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+
+  CUTLASS_HOST_DEVICE OptionalSrcFetch() {}
+  CUTLASS_HOST_DEVICE OptionalSrcFetch(Params const& params, SharedStorage const&)
+      : params_(params) {}
+
+  Params params_;
+
+  CUTLASS_DEVICE bool is_producer_load_needed() const { return params_.enabled; }
+  CUTLASS_DEVICE bool is_C_load_needed() const { return params_.enabled; }
+  CUTLASS_DEVICE bool is_zero() const { return !params_.enabled; }
+
+  template <class... Args>
+  CUTLASS_DEVICE auto get_producer_load_callbacks(fusion::ProducerLoadArgs<Args...> const&) {
+    return fusion::EmptyProducerLoadCallbacks{};
+  }
+
+  template <class SrcTensor>
+  struct ConsumerStoreCallbacks : fusion::EmptyConsumerStoreCallbacks {
+    CUTLASS_DEVICE ConsumerStoreCallbacks(SrcTensor const& tCrC, bool enabled)
+        : tCrC(tCrC), enabled(enabled) {}
+    SrcTensor const& tCrC;
+    bool enabled;
+
+    template <typename ElementAccumulator, int FragmentSize>
+    CUTLASS_DEVICE cutlass::Array<typename SrcTensor::value_type, FragmentSize> visit(
+        cutlass::Array<ElementAccumulator, FragmentSize> const&, int epi_v, int, int) {
+      using Frag = cutlass::Array<typename SrcTensor::value_type, FragmentSize>;
+      if (enabled) return recast<Frag>(tCrC)(epi_v);
+      Frag zero;
+      zero.fill(typename SrcTensor::value_type(0));
+      return zero;
+    }
+  };
+
+  template <bool ReferenceSrc, class... Args>
+  CUTLASS_DEVICE auto get_consumer_store_callbacks(fusion::ConsumerStoreArgs<Args...> const& args) {
+    return ConsumerStoreCallbacks<cute::remove_cvref_t<decltype(args.tCrC)>>(args.tCrC,
+                                                                             params_.enabled);
+  }
+};
+
+template <class Element>
+struct Config {
+  using TileShape = Shape<_128, _256, _64>;
+  using ClusterShape = Shape<_2, _1, _1>;
+  static constexpr int kAlign = 128 / cutlass::sizeof_bits<Element>::value;  // 16 bytes
+  using LayoutA = cutlass::layout::RowMajor;     // A [m, k], K contiguous
+  using LayoutB = cutlass::layout::ColumnMajor;  // B [n, k], K contiguous ("TN")
+  using LayoutC = cutlass::layout::RowMajor;     // C, D [m, n], N contiguous
+  static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
+
+  using Alpha = fusion::Sm90ScalarBroadcast<float>;
+  using Beta = fusion::Sm90ScalarBroadcast<float>;
+  using Bias = fusion::Sm90RowBroadcast<0, TileShape, Element, float, Stride<_0, _1, _0>, kAlign>;
+  using UserC = fusion::Sm90AuxLoad<0, void, Element, LayoutC, void, void, kAlign, true>;
+  using Partial = OptionalSrcFetch<Element>;
+  // alpha * acc + bias
+  using ScaledAcc = fusion::Sm90EVT<
+      fusion::Sm90Compute<cutlass::homogeneous_multiply_add, float, float, kRound>, Alpha,
+      fusion::Sm90AccFetch, Bias>;
+  // ... + partial
+  using WithPartial = fusion::Sm90EVT<fusion::Sm90Compute<cutlass::plus, float, float, kRound>,
+                                      ScaledAcc, Partial>;
+  // beta * user_c + ...
+  using Root = fusion::Sm90EVT<
+      fusion::Sm90Compute<cutlass::homogeneous_multiply_add, Element, float, kRound>, Beta, UserC,
+      WithPartial>;
+
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, Element, LayoutC, kAlign,
+      Element, LayoutC, kAlign, cutlass::epilogue::TmaWarpSpecializedCooperative,
+      Root>::CollectiveOp;
+
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA, kAlign, Element,
+      LayoutB, kAlign, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+
+  using Kernel =
+      cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
+};
+
+template <class GemmKernel>
+__global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock,
+                                  GemmKernel::MinBlocksPerMultiprocessor)
+    waiting_gemm_kernel(CUTLASS_GRID_CONSTANT typename GemmKernel::Params const params,
+                        CUTLASS_GRID_CONSTANT WaitSpec const wait) {
+  extern __shared__ char smem[];
+  if (!leading_barrier(wait, smem)) return;
+  GemmKernel op;
+  op(params, smem);
+}
+
+template <class Element>
+struct Runner {
+  using Cfg = Config<Element>;
+  using Kernel = typename Cfg::Kernel;
+  using Arguments = typename Kernel::Arguments;
+
+  static auto stride(int64_t ld, int64_t batch) {
+    return cute::make_stride(ld, cute::Int<1>{}, batch);
+  }
+
+  static Arguments make_arguments(const GemmDesc& g, int sm_count) {
+    using E = Element;
+    typename Cfg::Alpha::Arguments alpha{};
+    alpha.scalars[0] = g.alpha;
+    typename Cfg::Beta::Arguments beta{};
+    beta.scalars[0] = g.user_c ? g.beta : 0.0f;
+    typename Cfg::Bias::Arguments bias{static_cast<E const*>(g.bias), E(0), {}};
+    typename Cfg::UserC::Arguments user_c{static_cast<E const*>(g.user_c), E(0),
+                                           stride(g.ldc, g.batch_c)};
+    typename Cfg::Partial::Arguments partial{g.partial != nullptr};
+
+    typename Cfg::ScaledAcc::Arguments scaled{alpha, {}, bias, {}};
+    typename Cfg::WithPartial::Arguments with_partial{scaled, partial, {}};
+    typename Cfg::Root::Arguments root{beta, user_c, with_partial, {}};
+
+    cutlass::KernelHardwareInfo hw;
+    hw.sm_count = sm_count;
+    // A disabled partial still needs a valid address for its TMA descriptor: D (never read).
+    const void* c_ptr = g.partial ? g.partial : g.d;
+    const int64_t c_ld = g.partial ? g.ld_partial : g.ldd;
+    const int64_t c_batch = g.partial ? g.batch_partial : g.batch_d;
+    return Arguments{cutlass::gemm::GemmUniversalMode::kGemm,
+                     {static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k),
+                      static_cast<int>(g.l)},
+                     {static_cast<E const*>(g.a), stride(g.lda, g.batch_a),
+                      static_cast<E const*>(g.b), stride(g.ldb, g.batch_b)},
+                     {root, static_cast<E const*>(c_ptr), stride(c_ld, c_batch),
+                      static_cast<E*>(g.d), stride(g.ldd, g.batch_d)},
+                     hw};
+  }
+
+  static std::string can_implement(const GemmDesc& g) {
+    Arguments args = make_arguments(g, 132);
+    if (!Kernel::can_implement(args))
+      return "CUTLASS can_implement rejected the GEMM (m=" + std::to_string(g.m) +
+             " n=" + std::to_string(g.n) + " k=" + std::to_string(g.k) +
+             " l=" + std::to_string(g.l) + "): TMA needs K and N multiples of 8 elements";
+    if (Kernel::get_workspace_size(args) != 0)
+      return "internal: the GEMM kernel asks for a workspace, which the runtime does not provide";
+    return "";
+  }
+
+  static int smem_bytes() { return static_cast<int>(Kernel::SharedStorageSize); }
+
+  // Raises the kernel's dynamic shared-memory limit once per device (a per-device attribute).
+  static void prepare(int device) {
+    static std::mutex mu;
+    static bool done[64] = {};
+    std::lock_guard<std::mutex> lock(mu);
+    if (device < 0 || device >= 64) throw std::runtime_error("device index out of range");
+    if (done[device]) return;
+    cudaError_t e = cudaFuncSetAttribute(waiting_gemm_kernel<Kernel>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes());
+    if (e != cudaSuccess)
+      throw std::runtime_error(std::string("cudaFuncSetAttribute(max dynamic smem) failed: ") +
+                               cudaGetErrorString(e));
+    done[device] = true;
+  }
+
+  static int sm_count(int device) {
+    int n = 0;
+    cudaError_t e = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device);
+    if (e != cudaSuccess)
+      throw std::runtime_error(std::string("cudaDeviceGetAttribute(SM count) failed: ") +
+                               cudaGetErrorString(e));
+    return n;
+  }
+
+  static void launch(const GemmDesc& g, const WaitSpec& wait, int device, cudaStream_t stream) {
+    prepare(device);
+    Arguments args = make_arguments(g, sm_count(device));
+    typename Kernel::Params params = Kernel::to_underlying_arguments(args, nullptr);
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = Kernel::get_grid_shape(params);
+    cfg.blockDim = Kernel::get_block_shape();
+    cfg.dynamicSmemBytes = smem_bytes();
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = cute::size<0>(typename Cfg::ClusterShape{});
+    attr[0].val.clusterDim.y = cute::size<1>(typename Cfg::ClusterShape{});
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, waiting_gemm_kernel<Kernel>, params, wait);
+    if (e != cudaSuccess)
+      throw std::runtime_error(std::string("GEMM launch failed: ") + cudaGetErrorString(e));
+  }
+
+  static GemmLaunchInfo info(int device) {
+    GemmLaunchInfo i;
+    i.ctas = sm_count(device) / 2 * 2;
+    i.threads = Kernel::MaxThreadsPerBlock;
+    i.smem_bytes = smem_bytes();
+    i.cluster_m = cute::size<0>(typename Cfg::ClusterShape{});
+    i.tile_m = cute::size<0>(typename Cfg::TileShape{});
+    i.tile_n = cute::size<1>(typename Cfg::TileShape{});
+    i.tile_k = cute::size<2>(typename Cfg::TileShape{});
+    return i;
+  }
+};
+
+}  // namespace distgemm::kernel::sm90
+
+// One dtype's entry points, defined by a translation unit that instantiates Runner<Element>.
+#define DISTGEMM_DEFINE_GEMM_ENTRY_POINTS(SUFFIX, ELEMENT)                                     \
+  namespace distgemm::kernel::detail {                                                         \
+  std::string can_implement_##SUFFIX(const GemmDesc& g) {                                      \
+    return sm90::Runner<ELEMENT>::can_implement(g);                                            \
+  }                                                                                            \
+  void launch_##SUFFIX(const GemmDesc& g, const WaitSpec& w, int device, cudaStream_t s) {     \
+    sm90::Runner<ELEMENT>::launch(g, w, device, s);                                            \
+  }                                                                                            \
+  GemmLaunchInfo info_##SUFFIX(int device) { return sm90::Runner<ELEMENT>::info(device); }     \
+  void prepare_##SUFFIX(int device) { sm90::Runner<ELEMENT>::prepare(device); }                \
+  }

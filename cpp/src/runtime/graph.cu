@@ -1,0 +1,352 @@
+// Graph builder: turns one device's DeviceProgram of a Plan into a CUDA graph by stream capture
+// over three streams (GEMM chain, copy branch, signal branch); see device/graph.hpp for the
+// timeline and the reason for each edge.
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+
+#include "distgemm/device/check.hpp"
+#include "distgemm/device/graph.hpp"
+
+namespace distgemm::device {
+
+using schedule::Buffer;
+using schedule::BufRef;
+
+namespace {
+
+char* byte_ptr(void* p) { return static_cast<char*>(p); }
+
+uint64_t timeout_ns(double s) {
+  if (!(s > 0.0) || s > 3600.0)
+    throw std::invalid_argument("timeout_s=" + std::to_string(s) +
+                                " is out of range: use 0 < timeout_s <= 3600");
+  return static_cast<uint64_t>(s * 1e9);
+}
+
+}  // namespace
+
+DeviceGraph::DeviceGraph(const schedule::Plan& plan, int rank, int cuda_device, DType dtype,
+                         const EpilogueArgs& epilogue, const std::vector<void*>& workspace_bases,
+                         const UserBuffers& user, const GraphOptions& options)
+    : plan_(plan),
+      layout_(plan.layout(kernel::dtype_bytes(dtype))),
+      rank_(rank),
+      cuda_device_(cuda_device),
+      dtype_(dtype),
+      epi_(epilogue),
+      bases_(workspace_bases),
+      opt_(options) {
+  if (rank < 0 || rank >= plan.tp)
+    throw std::invalid_argument("rank " + std::to_string(rank) + " is outside the plan's TP=" +
+                                std::to_string(plan.tp));
+  if (static_cast<int>(bases_.size()) != plan.tp)
+    throw std::invalid_argument("workspace_bases has " + std::to_string(bases_.size()) +
+                                " entries; the plan has TP=" + std::to_string(plan.tp) +
+                                ": pass every rank's workspace base as seen from this device");
+  if (plan.tp > kernel::kMaxDevices)
+    throw std::invalid_argument("TP=" + std::to_string(plan.tp) + " exceeds " +
+                                std::to_string(kernel::kMaxDevices));
+  for (int r = 0; r < plan.tp; ++r)
+    if (!bases_[r])
+      throw std::invalid_argument("workspace base of rank " + std::to_string(r) + " is null");
+  (void)timeout_ns(opt_.timeout_s);
+  validate(user);  // before any CUDA work: a rejected shape never reaches a launch
+
+  DISTGEMM_CUDA_CHECK(cudaSetDevice(cuda_device_));
+  kernel::gemm_prepare(dtype_, cuda_device_);
+  DISTGEMM_CUDA_CHECK(cudaStreamCreateWithFlags(&s_gemm_, cudaStreamNonBlocking));
+  DISTGEMM_CUDA_CHECK(cudaStreamCreateWithFlags(&s_copy_, cudaStreamNonBlocking));
+  DISTGEMM_CUDA_CHECK(cudaStreamCreateWithFlags(&s_signal_, cudaStreamNonBlocking));
+  DISTGEMM_CUDA_CHECK(cudaEventCreateWithFlags(&ev_barrier_, cudaEventDisableTiming));
+  DISTGEMM_CUDA_CHECK(cudaEventCreateWithFlags(&ev_copy_end_, cudaEventDisableTiming));
+  DISTGEMM_CUDA_CHECK(cudaEventCreateWithFlags(&ev_signal_end_, cudaEventDisableTiming));
+  const auto& prog = plan_.devices[rank_];
+  ev_gemm_.resize(prog.gemms.size());
+  for (auto& e : ev_gemm_) DISTGEMM_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  DISTGEMM_CUDA_CHECK(cudaMalloc(&abort_, 256));
+  DISTGEMM_CUDA_CHECK(cudaMemset(abort_, 0, 256));
+  DISTGEMM_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&record_host_),
+                                    sizeof(kernel::ErrorRecord), cudaHostAllocMapped));
+  *record_host_ = kernel::ErrorRecord{};
+  DISTGEMM_CUDA_CHECK(
+      cudaHostGetDevicePointer(reinterpret_cast<void**>(&record_dev_), record_host_, 0));
+  DISTGEMM_CUDA_CHECK(cudaDeviceSynchronize());
+
+  cudaGraph_t g = capture(user);
+  cudaError_t e = cudaGraphInstantiate(&exec_, g, 0);
+  cudaGraphDestroy(g);
+  DISTGEMM_CUDA_CHECK(e);
+}
+
+DeviceGraph::~DeviceGraph() {
+  // Destructor: best effort, nothing to report to.
+  cudaSetDevice(cuda_device_);
+  if (exec_) cudaGraphExecDestroy(exec_);
+  for (auto e : ev_gemm_) cudaEventDestroy(e);
+  if (ev_barrier_) cudaEventDestroy(ev_barrier_);
+  if (ev_copy_end_) cudaEventDestroy(ev_copy_end_);
+  if (ev_signal_end_) cudaEventDestroy(ev_signal_end_);
+  if (s_gemm_) cudaStreamDestroy(s_gemm_);
+  if (s_copy_) cudaStreamDestroy(s_copy_);
+  if (s_signal_) cudaStreamDestroy(s_signal_);
+  if (abort_) cudaFree(abort_);
+  if (record_host_) cudaFreeHost(record_host_);
+}
+
+void* DeviceGraph::resolve(const BufRef& r, const UserBuffers& user, const char* what) const {
+  const int64_t eb = kernel::dtype_bytes(dtype_);
+  if (r.buffer == Buffer::Slots) {
+    if (r.device < 0 || r.device >= plan_.tp)
+      throw std::logic_error(std::string("internal: ") + what + " names the slots of device " +
+                             std::to_string(r.device));
+    return byte_ptr(bases_[r.device]) + layout_.slots_offset + r.offset * eb;
+  }
+  // The plan never addresses a peer's user tensors (only peers' slots and flags): that is what
+  // lets a multi-process runtime exchange only workspace handles.
+  if (r.device != rank_)
+    throw std::logic_error(std::string("internal: plan op ") + what + " on device " +
+                           std::to_string(rank_) + " reads user buffer " +
+                           schedule::buffer_name(r.buffer) + " of device " +
+                           std::to_string(r.device));
+  const void* base = nullptr;
+  switch (r.buffer) {
+    case Buffer::A: base = user.a; break;
+    case Buffer::B: base = user.b; break;
+    case Buffer::C: base = user.c; break;
+    case Buffer::D: base = user.d; break;
+    case Buffer::Bias: base = user.bias; break;
+    default: break;
+  }
+  if (!base)
+    throw std::invalid_argument(std::string("UserBuffers.") + schedule::buffer_name(r.buffer) +
+                                " of device " + std::to_string(rank_) +
+                                " is null but the plan uses it (" + what + ")");
+  return byte_ptr(const_cast<void*>(base)) + r.offset * eb;
+}
+
+kernel::GemmDesc DeviceGraph::gemm_desc(const schedule::GemmOp& op, const UserBuffers& user) const {
+  kernel::GemmDesc g;
+  g.dtype = dtype_;
+  g.m = op.m;
+  g.n = op.n;
+  g.k = op.k;
+  g.l = plan_.problem.l;
+  g.a = resolve(op.a, user, "GEMM A");
+  g.lda = op.a.ld;
+  g.batch_a = op.a.batch_stride;
+  g.b = resolve(op.b, user, "GEMM B");
+  g.ldb = op.b.ld;
+  g.batch_b = op.b.batch_stride;
+  g.d = resolve(op.d, user, "GEMM D");
+  g.ldd = op.d.ld;
+  g.batch_d = op.d.batch_stride;
+  if (op.partial.valid()) {
+    g.partial = resolve(op.partial, user, "GEMM partial");
+    g.ld_partial = op.partial.ld;
+    g.batch_partial = op.partial.batch_stride;
+  }
+  if (epi_.beta != 0.0f && op.user_c.valid()) {
+    g.user_c = resolve(op.user_c, user, "GEMM C");
+    g.ldc = op.user_c.ld;
+    g.batch_c = op.user_c.batch_stride;
+  }
+  if (epi_.bias && op.bias.valid()) g.bias = resolve(op.bias, user, "GEMM bias");
+  g.alpha = epi_.alpha;
+  g.beta = epi_.beta;
+  return g;
+}
+
+void DeviceGraph::validate(const UserBuffers& user) const {
+  const auto& prog = plan_.devices[rank_];
+  for (const auto& op : prog.gemms) {
+    if (static_cast<int>(op.waits.size()) > kernel::kMaxWaits)
+      throw std::logic_error("internal: GEMM waits on more than kMaxWaits flags");
+    const std::string why = kernel::gemm_can_implement(gemm_desc(op, user));
+    if (!why.empty())
+      throw std::invalid_argument(plan_.schedule + " on device " + std::to_string(rank_) +
+                                  ", iteration " + std::to_string(op.iteration) +
+                                  " (sub-GEMM m=" + std::to_string(op.m) + " n=" +
+                                  std::to_string(op.n) + " k=" + std::to_string(op.k) +
+                                  "): " + why);
+  }
+  for (const auto& cp : prog.copies) {
+    (void)resolve(cp.src, user, "copy source");
+    (void)resolve(cp.dst, user, "copy destination");
+    if (static_cast<int>(cp.waits.size()) > kernel::kMaxWaits)
+      throw std::logic_error("internal: copy waits on more than kMaxWaits flags");
+  }
+}
+
+cudaGraph_t DeviceGraph::capture(const UserBuffers& user) {
+  const auto& prog = plan_.devices[rank_];
+  const int64_t eb = kernel::dtype_bytes(dtype_);
+  char* ws = byte_ptr(bases_[rank_]);
+  uint32_t* epoch = reinterpret_cast<uint32_t*>(ws + layout_.epoch_offset);
+  const uint32_t* flags = reinterpret_cast<const uint32_t*>(ws + layout_.flags_offset);
+  const uint64_t tmo = timeout_ns(opt_.timeout_s);
+  auto flag_of = [&](const schedule::FlagRef& f) {
+    return byte_ptr(bases_[f.device]) + layout_.flags_offset + int64_t(f.flag) * 4;
+  };
+  auto wait_spec = [&](const std::vector<int>& ids, int iteration, uint32_t kind) {
+    kernel::WaitSpec w;
+    w.epoch = epoch;
+    w.abort = abort_;
+    w.record = record_dev_;
+    w.flags = flags;
+    w.num_flags = static_cast<int>(ids.size());
+    for (size_t j = 0; j < ids.size(); ++j) w.flag_ids[j] = ids[j];
+    w.device = rank_;
+    w.iteration = iteration;
+    w.kind = kind;
+    w.timeout_ns = tmo;
+    return w;
+  };
+
+  GraphStats st;
+  DISTGEMM_CUDA_CHECK(cudaSetDevice(cuda_device_));
+  DISTGEMM_CUDA_CHECK(cudaStreamBeginCapture(s_gemm_, cudaStreamCaptureModeThreadLocal));
+  try {
+    kernel::EntryBarrierSpec eb_spec;
+    eb_spec.epoch = epoch;
+    eb_spec.abort = abort_;
+    eb_spec.record = record_dev_;
+    eb_spec.local_barrier = reinterpret_cast<const uint32_t*>(ws + layout_.barrier_offset);
+    for (int r = 0; r < plan_.tp; ++r)
+      eb_spec.peer_barrier[r] =
+          reinterpret_cast<uint32_t*>(byte_ptr(bases_[r]) + layout_.barrier_offset);
+    eb_spec.tp = plan_.tp;
+    eb_spec.device = rank_;
+    eb_spec.timeout_ns = tmo;
+    kernel::entry_barrier_launch(eb_spec, s_gemm_);
+    DISTGEMM_CUDA_CHECK(cudaEventRecord(ev_barrier_, s_gemm_));
+    DISTGEMM_CUDA_CHECK(cudaStreamWaitEvent(s_copy_, ev_barrier_, 0));
+    DISTGEMM_CUDA_CHECK(cudaStreamWaitEvent(s_signal_, ev_barrier_, 0));
+
+    // Compute chain, each GEMM followed by its signals on the signal branch.
+    for (size_t i = 0; i < prog.gemms.size(); ++i) {
+      const auto& op = prog.gemms[i];
+      kernel::gemm_launch(gemm_desc(op, user),
+                          wait_spec(op.waits, op.iteration, kernel::kWaitGemm), cuda_device_,
+                          s_gemm_);
+      ++st.gemm_nodes;
+      DISTGEMM_CUDA_CHECK(cudaEventRecord(ev_gemm_[i], s_gemm_));
+      if (!op.signals.empty()) {
+        DISTGEMM_CUDA_CHECK(cudaStreamWaitEvent(s_signal_, ev_gemm_[i], 0));
+        for (const auto& f : op.signals) {
+          DISTGEMM_CUDA_CHECK(cudaMemcpyAsync(flag_of(f), epoch, 4, cudaMemcpyDefault, s_signal_));
+          ++st.signal_nodes;
+        }
+      }
+    }
+
+    // Copy branch, in plan order.
+    for (size_t c = 0; c < prog.copies.size(); ++c) {
+      const auto& cp = prog.copies[c];
+      if (cp.after_gemm >= 0) {
+        if (cp.after_gemm >= static_cast<int>(ev_gemm_.size()))
+          throw std::logic_error("internal: copy after a GEMM index the plan does not have");
+        DISTGEMM_CUDA_CHECK(cudaStreamWaitEvent(s_copy_, ev_gemm_[cp.after_gemm], 0));
+      }
+      if (!cp.waits.empty()) {
+        kernel::copy_wait_launch(wait_spec(cp.waits, static_cast<int>(c), kernel::kWaitCopy),
+                                 s_copy_);
+        ++st.wait_kernels;
+      }
+      char* src = byte_ptr(resolve(cp.src, user, "copy source"));
+      char* dst = byte_ptr(resolve(cp.dst, user, "copy destination"));
+      for (int64_t l = 0; l < plan_.problem.l; ++l) {
+        DISTGEMM_CUDA_CHECK(cudaMemcpy2DAsync(
+            dst + l * cp.dst.batch_stride * eb, static_cast<size_t>(cp.dst.ld * eb),
+            src + l * cp.src.batch_stride * eb, static_cast<size_t>(cp.src.ld * eb),
+            static_cast<size_t>(cp.cols * eb), static_cast<size_t>(cp.rows), cudaMemcpyDefault,
+            s_copy_));
+        ++st.copy_nodes;
+      }
+      for (const auto& f : cp.signals) {
+        DISTGEMM_CUDA_CHECK(cudaMemcpyAsync(flag_of(f), epoch, 4, cudaMemcpyDefault, s_copy_));
+        ++st.signal_nodes;
+      }
+    }
+
+    // Join: the launch ends after every branch.
+    DISTGEMM_CUDA_CHECK(cudaEventRecord(ev_copy_end_, s_copy_));
+    DISTGEMM_CUDA_CHECK(cudaEventRecord(ev_signal_end_, s_signal_));
+    DISTGEMM_CUDA_CHECK(cudaStreamWaitEvent(s_gemm_, ev_copy_end_, 0));
+    DISTGEMM_CUDA_CHECK(cudaStreamWaitEvent(s_gemm_, ev_signal_end_, 0));
+  } catch (...) {
+    cudaGraph_t broken = nullptr;
+    cudaStreamEndCapture(s_gemm_, &broken);  // leave the stream usable; the error is rethrown
+    if (broken) cudaGraphDestroy(broken);
+    (void)cudaGetLastError();
+    throw;
+  }
+  cudaGraph_t graph = nullptr;
+  DISTGEMM_CUDA_CHECK(cudaStreamEndCapture(s_gemm_, &graph));
+  stats_ = st;
+  return graph;
+}
+
+void DeviceGraph::update(const UserBuffers& user) {
+  validate(user);
+  cudaGraph_t g = capture(user);
+  cudaGraphExecUpdateResultInfo info{};
+  cudaError_t e = cudaGraphExecUpdate(exec_, g, &info);
+  cudaGraphDestroy(g);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw std::runtime_error(std::string("cudaGraphExecUpdate failed (") + cudaGetErrorString(e) +
+                             ", result " + std::to_string(static_cast<int>(info.result)) +
+                             "): the new buffers must live on the same devices as the old "
+                             "ones; use rebuild() otherwise");
+  }
+}
+
+void DeviceGraph::rebuild(const UserBuffers& user) {
+  validate(user);
+  cudaGraph_t g = capture(user);
+  cudaGraphExec_t fresh = nullptr;
+  cudaError_t e = cudaGraphInstantiate(&fresh, g, 0);
+  cudaGraphDestroy(g);
+  DISTGEMM_CUDA_CHECK(e);
+  DISTGEMM_CUDA_CHECK(cudaSetDevice(cuda_device_));
+  DISTGEMM_CUDA_CHECK(cudaGraphExecDestroy(exec_));
+  exec_ = fresh;
+}
+
+void DeviceGraph::launch(cudaStream_t stream) {
+  DISTGEMM_CUDA_CHECK(cudaSetDevice(cuda_device_));
+  DISTGEMM_CUDA_CHECK(cudaGraphLaunch(exec_, stream));
+}
+
+std::string DeviceGraph::error() const {
+  volatile kernel::ErrorRecord* r = record_host_;
+  if (r->valid == 0u) return "";
+  char secs[32];
+  std::snprintf(secs, sizeof(secs), "%g", static_cast<double>(r->timeout_ns) * 1e-9);
+  std::string what;
+  const std::string dev = "device " + std::to_string(r->device);
+  if (r->kind == kernel::kWaitEntryBarrier) {
+    what = dev + ", entry barrier: barrier slot of device " + std::to_string(r->flag) +
+           " did not reach generation " + std::to_string(r->expected) + " within " + secs +
+           " s (last value " + std::to_string(r->observed) + "; device " +
+           std::to_string(r->flag) + " did not start this launch)";
+  } else {
+    what = dev + (r->kind == kernel::kWaitCopy ? ", copy " : ", iteration ") +
+           std::to_string(r->iteration) + ": flag " + std::to_string(r->flag) +
+           " did not reach generation " + std::to_string(r->expected) + " within " + secs +
+           " s (last value " + std::to_string(r->observed) + ")";
+  }
+  return what +
+         "; the device is aborted: later launches of its graph exit at once, build a new "
+         "runtime after fixing the peer";
+}
+
+void DeviceGraph::check() const {
+  const std::string e = error();
+  if (!e.empty()) throw std::runtime_error(e);
+}
+
+}  // namespace distgemm::device

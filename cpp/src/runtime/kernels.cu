@@ -1,0 +1,147 @@
+// Dtype dispatch and shape checks of the GEMM, and the two single-block runtime kernels
+// (entry barrier, wait before a copy). The CUTLASS instantiations live in gemm_<dtype>.cu.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "distgemm/kernel/gemm.hpp"
+#include "distgemm/kernel/leading_barrier.cuh"
+
+namespace distgemm::kernel {
+
+namespace detail {
+std::string can_implement_bf16(const GemmDesc& g);
+void launch_bf16(const GemmDesc& g, const WaitSpec& w, int device, cudaStream_t s);
+GemmLaunchInfo info_bf16(int device);
+void prepare_bf16(int device);
+void prepare_fp16(int device);
+std::string can_implement_fp16(const GemmDesc& g);
+void launch_fp16(const GemmDesc& g, const WaitSpec& w, int device, cudaStream_t s);
+GemmLaunchInfo info_fp16(int device);
+}  // namespace detail
+
+namespace {
+
+std::string s(int64_t v) { return std::to_string(v); }
+
+// TMA reads and writes each operand through a tensor map: the base address must be 16-byte
+// aligned and every stride but the contiguous one a multiple of 16 bytes.
+std::string check_operand(const char* name, const void* p, int64_t ld, int64_t batch, int64_t l,
+                          int eb, bool row_vector = false) {
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  if (addr % 16 != 0)
+    return std::string("operand ") + name + ": address " + s(static_cast<int64_t>(addr)) +
+           " is not 16-byte aligned (TMA requires it): start the tensor and every shard or tile "
+           "offset on a multiple of " + s(16 / eb) + " elements";
+  if (row_vector) return "";
+  if ((ld * eb) % 16 != 0)
+    return std::string("operand ") + name + ": row stride " + s(ld) + " elements (" + s(ld * eb) +
+           " bytes) is not a multiple of 16 bytes (TMA requires it): make the contiguous "
+           "extent a multiple of " + s(16 / eb) + " elements (e.g. " + s(ld) + " -> " +
+           s((ld + 16 / eb - 1) / (16 / eb) * (16 / eb)) + ")";
+  if (l > 1 && (batch * eb) % 16 != 0)
+    return std::string("operand ") + name + ": batch stride " + s(batch) +
+           " elements is not a multiple of 16 bytes (TMA requires it)";
+  return "";
+}
+
+}  // namespace
+
+std::string gemm_can_implement(const GemmDesc& g) {
+  const int eb = dtype_bytes(g.dtype);
+  if (g.m < 1 || g.n < 1 || g.k < 1 || g.l < 1)
+    return "GEMM extents must be positive, got m=" + s(g.m) + " n=" + s(g.n) + " k=" + s(g.k) +
+           " l=" + s(g.l);
+  const int64_t lim = (int64_t(1) << 31) - 1;
+  if (g.m > lim || g.n > lim || g.k > lim || g.l > lim)
+    return "GEMM extents must fit in int32 (CUTLASS problem shape), got m=" + s(g.m) +
+           " n=" + s(g.n) + " k=" + s(g.k) + " l=" + s(g.l);
+  if (!g.a || !g.b || !g.d) return "internal: GEMM without A, B or D pointer";
+  if (g.k % (16 / eb) != 0)
+    return "K=" + s(g.k) + " of a sub-GEMM is not a multiple of " + s(16 / eb) +
+           " elements: TMA needs 16-byte rows of A and B; pad K";
+  if (g.n % (16 / eb) != 0)
+    return "N=" + s(g.n) + " of a sub-GEMM is not a multiple of " + s(16 / eb) +
+           " elements: TMA needs 16-byte rows of D; pad N or pick S so that N/S is";
+  std::string e;
+  if (!(e = check_operand("A", g.a, g.lda, g.batch_a, g.l, eb)).empty()) return e;
+  if (!(e = check_operand("B", g.b, g.ldb, g.batch_b, g.l, eb)).empty()) return e;
+  if (!(e = check_operand("D", g.d, g.ldd, g.batch_d, g.l, eb)).empty()) return e;
+  if (g.partial &&
+      !(e = check_operand("partial C", g.partial, g.ld_partial, g.batch_partial, g.l, eb)).empty())
+    return e;
+  if (g.user_c && !(e = check_operand("C", g.user_c, g.ldc, g.batch_c, g.l, eb)).empty()) return e;
+  if (g.bias && !(e = check_operand("bias", g.bias, 0, 0, 1, eb, true)).empty()) return e;
+  return g.dtype == DType::BF16 ? detail::can_implement_bf16(g) : detail::can_implement_fp16(g);
+}
+
+void gemm_launch(const GemmDesc& g, const WaitSpec& wait, int device, cudaStream_t stream) {
+  const std::string why = gemm_can_implement(g);
+  if (!why.empty()) throw std::invalid_argument("GEMM rejected before launch: " + why);
+  if (g.dtype == DType::BF16)
+    detail::launch_bf16(g, wait, device, stream);
+  else
+    detail::launch_fp16(g, wait, device, stream);
+}
+
+void gemm_prepare(DType dtype, int device) {
+  if (dtype == DType::BF16)
+    detail::prepare_bf16(device);
+  else
+    detail::prepare_fp16(device);
+}
+
+GemmLaunchInfo gemm_launch_info(DType dtype, int device) {
+  return dtype == DType::BF16 ? detail::info_bf16(device) : detail::info_fp16(device);
+}
+
+// Entry barrier of a launch: bump this device's generation, publish it into every device's
+// barrier slot `device`, then wait until every device has published it here. One thread.
+__global__ void entry_barrier_kernel(const EntryBarrierSpec s) {
+  if (threadIdx.x != 0) return;
+  if (aborted(s.abort)) return;
+  const uint32_t gen = *reinterpret_cast<volatile uint32_t*>(s.epoch) + 1u;
+  *reinterpret_cast<volatile uint32_t*>(s.epoch) = gen;  // read by this graph's later nodes
+  for (int r = 0; r < s.tp; ++r) st_release_sys(s.peer_barrier[r] + s.device, gen);
+  uint64_t start = 0;
+  for (int r = 0; r < s.tp; ++r) {
+    uint32_t v = ld_acquire_sys(s.local_barrier + r);
+    while (!reached(v, gen)) {
+      if (aborted(s.abort)) return;
+      const uint64_t now = global_timer_ns();
+      if (start == 0) {
+        start = now;
+      } else if (now - start > s.timeout_ns) {
+        report_timeout(s.abort, s.record, kWaitEntryBarrier, s.device, -1, r, gen, v,
+                       s.timeout_ns);
+        return;
+      }
+      __nanosleep(64);
+      v = ld_acquire_sys(s.local_barrier + r);
+    }
+  }
+}
+
+// Wait before a copy-engine transfer (only gemm_allreduce's pulls need one). One thread; it never
+// blocks a GEMM's progress (GEMMs never depend on the copy branch), see device/graph.hpp.
+__global__ void copy_wait_kernel(const WaitSpec w) {
+  if (threadIdx.x == 0) (void)wait_flags(w);
+}
+
+void entry_barrier_launch(const EntryBarrierSpec& spec, cudaStream_t stream) {
+  entry_barrier_kernel<<<1, 32, 0, stream>>>(spec);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string("entry barrier launch failed: ") + cudaGetErrorString(e));
+}
+
+void copy_wait_launch(const WaitSpec& wait, cudaStream_t stream) {
+  copy_wait_kernel<<<1, 32, 0, stream>>>(wait);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string("copy wait launch failed: ") + cudaGetErrorString(e));
+}
+
+}  // namespace distgemm::kernel
