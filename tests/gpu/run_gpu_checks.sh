@@ -11,9 +11,9 @@ mkdir -p "$FINAL"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export LD_LIBRARY_PATH=$PWD/build-gpu:${LD_LIBRARY_PATH:-}
 BIN=$PWD/build-gpu/distgemm_bench
-SUM=$OUT/summary.txt
+SUM=$FINAL/summary.txt
 : > "$SUM"
-parts=${*:-verify fail perf replays}
+parts=${*:-fail verify perf replays}
 
 { nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
   nvidia-smi topo -m; nvcc --version | tail -2; uname -r; } > "$OUT/env.txt" 2>&1
@@ -91,6 +91,6 @@ if [[ $parts == *replays* ]]; then
 fi
 
 tar -czf "$FINAL/logs.tgz" -C "$OUT" .
-cp "$SUM" "$OUT/env.txt" "$FINAL/"
+cp "$OUT/env.txt" "$FINAL/"
 echo "== summary =="
 cat "$SUM"
