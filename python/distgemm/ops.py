@@ -48,7 +48,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from . import _core
-from .comm import GRAPHS_PER_PLAN, MAX_PLANS, Communicator, get_communicator
+from .comm import GRAPHS_PER_PLAN, MAX_PLANS, Communicator, get_communicator, signature_mismatch
 
 __all__ = ["all_gather_gemm", "gemm_reduce_scatter", "gemm_all_reduce"]
 
@@ -172,10 +172,9 @@ def make_spec(op: str, schedule: str, tp: int, rank: int, steps: Optional[int],
     for g in plan["devices"][rank]["gemms"]:
         for what, v in (("K", g["k"]), ("N", g["n"])):
             if (v * 2) % _ALIGN:
-                extra = "" if v in (k, n) else f" (a tile of {schedule} with S={steps})"
-                raise ValueError(f"{op}: a sub-GEMM has {what}={v}{extra}, not a multiple of 8 "
-                                 f"elements: TMA needs 16-byte rows; pad {what} (global M={m} "
-                                 f"N={n} K={k}, TP={tp}, S={steps})")
+                raise ValueError(f"{op}: a sub-GEMM of {schedule} has {what}={v}, not a multiple "
+                                 f"of 8 elements: TMA needs 16-byte rows; pad {what} or choose S "
+                                 f"(global M={m} N={n} K={k}, TP={tp}, S={steps})")
     shapes: Dict[str, Tuple[int, ...]] = {"a": tuple(local["A"]), "w": tuple(local["B"]),
                                           "out": tuple(local["D"])}
     if bias is not None:
@@ -421,21 +420,7 @@ def gemm_reduce_scatter(a: torch.Tensor, w: torch.Tensor, *, bias: Optional[torc
     ``beta``: default 0.0. ``steps``: S = k*TP; None: S = TP. ``group``: a ProcessGroup (default:
     the world group) or a ``distgemm.Communicator``.
     """
-    op = "gemm_reduce_scatter"
-    beta = float(beta)
-    dtype = check_types(op, {"a": a, "w": w, "bias": bias, "c": c if beta != 0.0 else None,
-                             "out": out})
-    key = (op, schedule, steps, dtype,
-           (("a", _shape(a)), ("w", _shape(w)), ("bias", _shape(bias)),
-            ("c", _shape(c) if beta != 0.0 else None)), beta,
-           bias is not None, False)
-
-    def make(comm):
-        return make_spec(op, schedule, comm.tp, comm.rank, steps, a, w, bias=bias, c=c, beta=beta,
-                         out=out)
-
-    return _run(op, group, key, make, {"a": a, "w": w, "bias": bias,
-                                       "c": c if beta != 0.0 else None}, out)
+    return _gemm_then_reduce("gemm_reduce_scatter", schedule, a, w, bias, c, beta, steps, out, group)
 
 
 def gemm_all_reduce(a: torch.Tensor, w: torch.Tensor, *, bias: Optional[torch.Tensor] = None,
@@ -462,19 +447,21 @@ def gemm_all_reduce(a: torch.Tensor, w: torch.Tensor, *, bias: Optional[torch.Te
     multiples of 8; M divisible by S. ``beta``: default 0.0. ``steps``: S = k*TP; None: S = TP.
     ``group``: a ProcessGroup (default: the world group) or a ``distgemm.Communicator``.
     """
-    op = "gemm_all_reduce"
-    schedule = "gemm_allreduce"
+    return _gemm_then_reduce("gemm_all_reduce", "gemm_allreduce", a, w, bias, c, beta, steps, out,
+                             group)
+
+
+def _gemm_then_reduce(op, schedule, a, w, bias, c, beta, steps, out, group):
+    """gemm_reduce_scatter and gemm_all_reduce: the same operands, only the plan differs."""
     beta = float(beta)
-    dtype = check_types(op, {"a": a, "w": w, "bias": bias, "c": c if beta != 0.0 else None,
-                             "out": out})
+    c_used = c if beta != 0.0 else None  # like torch.addmm: beta == 0 never reads c
+    dtype = check_types(op, {"a": a, "w": w, "bias": bias, "c": c_used, "out": out})
     key = (op, schedule, steps, dtype,
-           (("a", _shape(a)), ("w", _shape(w)), ("bias", _shape(bias)),
-            ("c", _shape(c) if beta != 0.0 else None)), beta,
-           bias is not None, False)
+           (("a", _shape(a)), ("w", _shape(w)), ("bias", _shape(bias)), ("c", _shape(c_used))),
+           beta, bias is not None, False)
 
     def make(comm):
         return make_spec(op, schedule, comm.tp, comm.rank, steps, a, w, bias=bias, c=c, beta=beta,
                          out=out)
 
-    return _run(op, group, key, make, {"a": a, "w": w, "bias": bias,
-                                       "c": c if beta != 0.0 else None}, out)
+    return _run(op, group, key, make, {"a": a, "w": w, "bias": bias, "c": c_used}, out)

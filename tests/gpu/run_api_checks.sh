@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The Python API checks of issue 4 on a 2-GPU Hopper machine, in one call (tests/gpu/):
+#   bash tests/gpu/run_api_checks.sh
+# Uses a distgemm importable from PYTHONPATH when it has the CUDA runtime (e.g. a prebuilt
+# package carried in .whl/py312), else builds and installs the repository here (log kept).
+# Writes logs and the worker's JSON to $OUT (default ./gpu-logs).
+set -u
+OUT=${OUT:-$PWD/gpu-logs}
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+{ nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv; nvidia-smi topo -m
+  python3 -c "import torch; print('torch', torch.__version__, torch.version.cuda)"; } > "$OUT/env.txt" 2>&1
+if ! python3 -c "import distgemm._core as c, sys; sys.exit(0 if c.cuda_runtime else 1)" 2>/dev/null; then
+  echo "building distgemm here" | tee "$OUT/build.log"
+  python3 -m pip install -q --no-index --no-deps .whl/nvidia_cutlass-*.whl >> "$OUT/build.log" 2>&1
+  python3 -m pip install -v --no-index --no-build-isolation --no-deps . >> "$OUT/build.log" 2>&1 \
+    || { tail -40 "$OUT/build.log"; exit 1; }
+fi
+python3 -c "import distgemm, distgemm._core as c; print('distgemm from', distgemm.__file__, 'cuda_runtime', c.cuda_runtime)" | tee -a "$OUT/env.txt"
+rc=0
+python3 -m pytest -q tests/test_api_validation.py 2>&1 | tail -3 | tee "$OUT/cpu_tests.log"
+DISTGEMM_BENCH=1 DISTGEMM_BENCH_OUT="$OUT/bench.txt" DISTGEMM_TEST_LOG="$OUT/torchrun.log" \
+  DISTGEMM_KEEP_RESULTS="$OUT" timeout 480 python3 -m pytest -q -rA tests/gpu/test_torchrun_api.py \
+  > "$OUT/pytest.log" 2>&1 || rc=1
+tail -40 "$OUT/pytest.log"
+timeout 120 torchrun --nproc-per-node 2 examples/tp_mlp.py 2>&1 | tail -5 | tee "$OUT/tp_mlp.log"
+cat "$OUT/bench.txt" 2>/dev/null
+exit $rc

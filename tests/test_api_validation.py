@@ -1,0 +1,420 @@
+"""CPU checks of the torch-facing API (distgemm.ops, distgemm.comm): every error that can be
+detected without a GPU, with its message, and the pure pieces (plan signatures, group checks,
+the gathered-operand recipe) that decide what every rank raises. The GPU paths are in
+tests/gpu/test_torchrun_api.py."""
+import re
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from distgemm import comm as comm_mod  # noqa: E402
+from distgemm import ops  # noqa: E402
+
+BF16, FP16 = torch.bfloat16, torch.float16
+CPU = torch.device("cpu")
+
+
+def t(*shape, dtype=BF16):
+    return torch.zeros(*shape, dtype=dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# check_types: run first, before any communicator exists.
+
+def test_non_tensor_is_a_type_error():
+    with pytest.raises(TypeError, match=r"all_gather_gemm: w must be a torch.Tensor, got list"):
+        ops.check_types("all_gather_gemm", {"a_shard": t(8, 8), "w": [[1.0]]})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int8, torch.float64])
+def test_unsupported_dtype_is_a_type_error(dtype):
+    with pytest.raises(TypeError, match=rf"a has dtype {re.escape(str(dtype))}; distgemm supports "
+                                        r"torch.bfloat16 and torch.float16"):
+        ops.check_types("gemm_reduce_scatter", {"a": t(8, 8, dtype=dtype), "w": t(8, 8)})
+
+
+def test_mixed_dtypes_name_both_operands():
+    with pytest.raises(TypeError, match=r"mixed dtypes: a_shard is torch.bfloat16 but bias is "
+                                        r"torch.float16"):
+        ops.check_types("all_gather_gemm", {"a_shard": t(8, 8), "w": t(8, 8),
+                                            "bias": t(8, dtype=FP16)})
+
+
+def test_cpu_tensor_is_rejected_with_the_device():
+    with pytest.raises(ValueError, match=r"a_shard is on cpu; distgemm ops need CUDA tensors"):
+        ops.check_types("all_gather_gemm", {"a_shard": t(8, 8), "w": t(8, 8)})
+
+
+def test_check_types_skips_absent_operands():
+    with pytest.raises(ValueError, match=r"gemm_all_reduce: w is on cpu"):
+        ops.check_types("gemm_all_reduce", {"bias": None, "w": t(8, 8, dtype=FP16), "c": None})
+
+
+@pytest.mark.parametrize("call", [
+    lambda: ops.all_gather_gemm(t(8, 8), t(8, 8)),
+    lambda: ops.gemm_reduce_scatter(t(8, 8), t(8, 8)),
+    lambda: ops.gemm_all_reduce(t(8, 8), t(8, 8)),
+], ids=["all_gather_gemm", "gemm_reduce_scatter", "gemm_all_reduce"])
+def test_public_ops_reject_cpu_tensors_before_touching_distributed(call):
+    # No process group exists here: the op must fail on the tensors first, not on the setup.
+    with pytest.raises(ValueError, match=r"is on cpu; distgemm ops need CUDA tensors"):
+        call()
+
+
+def test_public_op_rejects_mixed_dtypes_and_c_only_when_beta_is_nonzero():
+    with pytest.raises(TypeError, match=r"mixed dtypes: a is torch.bfloat16 but c is torch.float16"):
+        ops.gemm_reduce_scatter(t(8, 8), t(8, 8), c=t(4, 8, dtype=FP16), beta=1.0)
+    # beta == 0 never reads c (torch.addmm semantics), so its dtype does not matter; the CPU
+    # tensors are what is rejected.
+    with pytest.raises(ValueError, match=r"a is on cpu"):
+        ops.gemm_reduce_scatter(t(8, 8), t(8, 8), c=t(4, 8, dtype=FP16), beta=0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# check_placement: device, contiguity, alignment (checked per call).
+
+def test_wrong_device_names_the_rank_device():
+    with pytest.raises(ValueError, match=r"w is on cpu but this rank's device is meta"):
+        ops.check_placement("all_gather_gemm", torch.device("meta"), {"w": t(8, 8)})
+
+
+def test_non_contiguous_is_rejected_with_the_remedy():
+    x = t(16, 8).t()
+    with pytest.raises(ValueError, match=r"a is not contiguous \(shape \[8, 16\], strides \[1, 8\]\)"
+                                         r".*pass a.contiguous\(\)"):
+        ops.check_placement("gemm_reduce_scatter", CPU, {"a": x})
+
+
+def test_misaligned_pointer_is_rejected():
+    base = t(1024 + 8)
+    x = base[1:1 + 1024].view(128, 8)  # 2 bytes past a 16-byte boundary
+    assert x.is_contiguous() and x.data_ptr() % 16 == (base.data_ptr() + 2) % 16
+    if base.data_ptr() % 16:
+        pytest.fail("torch's CPU allocator returned a base that is not 16-byte aligned")
+    with pytest.raises(ValueError, match=r"a_shard's data pointer 0x[0-9a-f]+ is not 16-byte "
+                                         r"aligned \(offset 2 bytes"):
+        ops.check_placement("all_gather_gemm", CPU, {"a_shard": x})
+
+
+def test_aligned_contiguous_tensors_pass():
+    ops.check_placement("all_gather_gemm", CPU, {"a_shard": t(64, 8), "w": t(8, 8), "bias": None})
+
+
+# ---------------------------------------------------------------------------------------------
+# make_spec: shapes and divisibility against the Plan (host-only extension).
+
+def test_spec_all_gather_gemm_shapes():
+    s = ops.make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, None, t(64, 32), t(24, 32),
+                      bias=t(24))
+    assert (s.m, s.n, s.k, s.steps) == (128, 48, 32, 2)
+    assert s.shapes == {"a": (64, 32), "w": (24, 32), "out": (128, 24), "bias": (24,)}
+
+
+def test_spec_ag_rotate_b_gathers_the_weight():
+    s = ops.make_spec("all_gather_gemm", "ag_rotate_b", 2, 1, 4, t(64, 32), t(32, 32))
+    assert (s.m, s.n, s.k, s.steps) == (128, 64, 32, 4)
+    assert s.shapes["out"] == (64, 64)
+
+
+@pytest.mark.parametrize("schedule,out", [("rs_tile_a", (32, 48)), ("rs_tile_b", (64, 24))])
+def test_spec_reduce_scatter_shapes(schedule, out):
+    s = ops.make_spec("gemm_reduce_scatter", schedule, 2, 0, None, t(64, 16), t(48, 16),
+                      c=t(*out), beta=0.5)
+    assert (s.m, s.n, s.k) == (64, 48, 32)
+    assert s.shapes["out"] == out and s.shapes["c"] == out
+
+
+def test_spec_all_reduce_shapes():
+    s = ops.make_spec("gemm_all_reduce", "gemm_allreduce", 4, 3, 8, t(64, 16), t(40, 16),
+                      bias=t(40))
+    assert (s.m, s.n, s.k, s.steps) == (64, 40, 64, 8)
+    assert s.shapes == {"a": (64, 16), "w": (40, 16), "out": (64, 40), "bias": (40,)}
+
+
+def test_schedule_of_the_wrong_collective_is_rejected():
+    with pytest.raises(ValueError, match=r"all_gather_gemm: schedule 'rs_tile_a' is not a all_gather "
+                                         r"schedule; use one of ag_rotate_a, ag_rotate_b"):
+        ops.make_spec("all_gather_gemm", "rs_tile_a", 2, 0, None, t(64, 32), t(24, 32))
+
+
+def test_unknown_schedule_is_rejected():
+    with pytest.raises(ValueError, match=r"schedule 'nope' is not a reduce_scatter schedule; use one "
+                                         r"of rs_tile_a, rs_tile_b"):
+        ops.make_spec("gemm_reduce_scatter", "nope", 2, 0, None, t(64, 32), t(24, 32))
+
+
+def test_schedule_must_be_a_name():
+    with pytest.raises(TypeError, match=r"schedule must be a schedule name \(str\), got dict"):
+        ops.make_spec("gemm_reduce_scatter", {"name": "rs_tile_a"}, 2, 0, None, t(8, 8), t(8, 8))
+
+
+def test_steps_not_a_multiple_of_tp_uses_the_plan_message():
+    with pytest.raises(ValueError, match=r"S=3 is not a positive multiple of TP=2"):
+        ops.make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, 3, t(64, 32), t(24, 32))
+
+
+def test_steps_must_be_an_int():
+    with pytest.raises(TypeError, match=r"steps must be an int or None, got 2.0"):
+        ops.make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, 2.0, t(64, 32), t(24, 32))
+
+
+def test_m_not_divisible_by_steps_names_the_values():
+    # a_shard has 63 rows: M = 126 is not divisible by S = 4.
+    with pytest.raises(ValueError, match=r"global M=126 N=48 K=32\): M=126 is not divisible by S=4: "
+                                         r"ag_rotate_a splits M"):
+        ops.make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, 4, t(63, 32), t(24, 32))
+
+
+def test_reduce_scatter_m_not_divisible_by_tp():
+    with pytest.raises(ValueError, match=r"M=30 is not divisible by S=4"):
+        ops.make_spec("gemm_reduce_scatter", "rs_tile_a", 4, 0, None, t(30, 16), t(48, 16))
+
+
+def test_weight_shape_mismatch_is_explained():
+    with pytest.raises(ValueError, match=r"w has shape \[24, 16\] but a_shard \[64, 32\] with "
+                                         r"ag_rotate_a on TP=2 needs w of shape \[24, 32\]"):
+        ops.make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, None, t(64, 32), t(24, 16))
+
+
+def test_odd_k_is_rejected_with_the_tma_reason():
+    with pytest.raises(ValueError, match=r"a sub-GEMM of ag_rotate_a has K=12, not a multiple of 8 "
+                                         r"elements: TMA needs 16-byte rows; pad K"):
+        ops.make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, None, t(64, 12), t(24, 12))
+
+
+def test_local_k_of_reduce_scatter_must_be_a_multiple_of_8():
+    with pytest.raises(ValueError, match=r"sub-GEMM of rs_tile_a has K=20"):
+        ops.make_spec("gemm_reduce_scatter", "rs_tile_a", 2, 0, None, t(64, 20), t(48, 20))
+
+
+def test_column_tile_of_rs_tile_b_must_be_a_multiple_of_8():
+    # N = 48 split into S = 4 column tiles of 12.
+    with pytest.raises(ValueError, match=r"sub-GEMM of rs_tile_b has N=12, .* pad N or choose S "
+                                         r"\(global M=64 N=48 K=32, TP=2, S=4\)"):
+        ops.make_spec("gemm_reduce_scatter", "rs_tile_b", 2, 0, 4, t(64, 16), t(48, 16))
+
+
+def test_odd_n_local_of_all_gather_is_rejected():
+    with pytest.raises(ValueError, match=r"sub-GEMM of ag_rotate_a has N=20, not a multiple of 8"):
+        ops.make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, None, t(64, 32), t(20, 32))
+
+
+def test_operands_must_be_2d():
+    with pytest.raises(ValueError, match=r"all_gather_gemm: a_shard must be 2-D, got shape \[2, 32, 32\]"):
+        ops.make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, None, t(2, 32, 32), t(24, 32))
+
+
+def test_bias_shape_is_checked():
+    with pytest.raises(ValueError, match=r"bias has shape \[48\], expected \[24\] \(per rank; "
+                                         r"ag_rotate_a, TP=2"):
+        ops.make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, None, t(64, 32), t(24, 32), bias=t(48))
+
+
+def test_beta_without_c_is_rejected():
+    with pytest.raises(ValueError, match=r"beta=0.5 but c is None: pass c \(shape \[32, 48\]\) or beta=0"):
+        ops.make_spec("gemm_reduce_scatter", "rs_tile_a", 2, 0, None, t(64, 16), t(48, 16), beta=0.5)
+
+
+def test_c_shape_is_checked():
+    with pytest.raises(ValueError, match=r"c has shape \[64, 48\], expected \[32, 48\]"):
+        ops.make_spec("gemm_reduce_scatter", "rs_tile_a", 2, 0, None, t(64, 16), t(48, 16),
+                      c=t(64, 48), beta=1.0)
+
+
+def test_out_shape_is_checked():
+    with pytest.raises(ValueError, match=r"out has shape \[64, 48\], expected \[64, 24\]"):
+        ops.make_spec("gemm_reduce_scatter", "rs_tile_b", 2, 0, None, t(64, 16), t(48, 16),
+                      out=t(64, 48))
+
+
+def test_empty_operands_are_rejected():
+    with pytest.raises(ValueError, match=r"empty operands"):
+        ops.make_spec("gemm_all_reduce", "gemm_allreduce", 2, 0, None, t(0, 16), t(48, 16))
+
+
+# ---------------------------------------------------------------------------------------------
+# The gathered operand (return_gathered): every row comes from exactly one place.
+
+@pytest.mark.parametrize("schedule", ["ag_rotate_a", "ag_rotate_b"])
+@pytest.mark.parametrize("tp,steps", [(2, 2), (2, 4), (4, 8)])
+def test_gather_recipe_covers_every_row_once(schedule, tp, steps):
+    rows_a, rows_w = (64, 16) if schedule == "ag_rotate_a" else (16, 64 // tp)
+    a = t(rows_a if schedule == "ag_rotate_a" else 64, 16)
+    w = t(16 if schedule == "ag_rotate_a" else 64 // tp, 16)
+    for rank in range(tp):
+        spec = ops.make_spec("all_gather_gemm", schedule, tp, rank, steps, a, w)
+        recipe, shape = ops._gather_recipe(spec, rank)
+        total = spec.m if schedule == "ag_rotate_a" else spec.n
+        assert shape == (total, 16)
+        covered = torch.zeros(total, dtype=torch.int32)
+        own = 0
+        for src, off, row0, rows in recipe:
+            covered[row0:row0 + rows] += 1
+            if src != "slots":
+                own += rows
+                # An own chunk is read from this rank's shard at the matching row.
+                shard_rows = total // tp
+                assert row0 == rank * shard_rows + off // 16
+        assert bool((covered == 1).all()), f"rank {rank}: rows covered {covered.tolist()}"
+        assert own == total // tp
+
+
+# ---------------------------------------------------------------------------------------------
+# What every rank raises: pure functions over all-gathered data.
+
+def info(host="h", uuid="u0", cap=(9, 0), peer_ok=None, device=0, name="NVIDIA H200"):
+    return {"host": host, "uuid": uuid, "capability": cap, "device": device, "name": name,
+            "peer_ok": peer_ok if peer_ok is not None else {}}
+
+
+def test_group_info_ok():
+    assert comm_mod.check_group_info([info(uuid="a", peer_ok={"b": True}),
+                                      info(uuid="b", device=1, peer_ok={"a": True})]) is None
+
+
+def test_group_on_two_hosts_is_rejected():
+    msg = comm_mod.check_group_info([info(host="n1", uuid="a"), info(host="n2", uuid="b")])
+    assert msg == ("distgemm needs every rank of the group on one host (CUDA IPC and NVLink peer "
+                   "access): rank 0 on 'n1', rank 1 on 'n2'")
+
+
+def test_two_ranks_on_one_gpu_are_rejected():
+    msg = comm_mod.check_group_info([info(uuid="a"), info(uuid="a")])
+    assert msg.startswith("ranks 0 and 1 use the same GPU (cuda:0)")
+    assert "torch.cuda.set_device(local_rank)" in msg
+
+
+def test_non_hopper_is_rejected():
+    msg = comm_mod.check_group_info([info(uuid="a"), info(uuid="b", cap=(8, 0), name="A100")])
+    assert msg == ("rank 1: GPU 'A100' has compute capability 8.0; the distgemm kernels are built "
+                   "for Hopper (sm_90a)")
+
+
+def test_missing_peer_access_is_rejected():
+    msg = comm_mod.check_group_info([info(uuid="a", peer_ok={"b": False}),
+                                     info(uuid="b", device=1, peer_ok={"a": True})])
+    assert msg.startswith("rank 0 (cuda:0) has no peer access to rank 1's GPU")
+
+
+def test_unknown_peer_access_is_left_to_the_ipc_open():
+    # A GPU hidden by CUDA_VISIBLE_DEVICES cannot be queried; cudaIpcOpenMemHandle decides.
+    assert comm_mod.check_group_info([info(uuid="a"), info(uuid="b", device=0)]) is None
+
+
+def test_group_size_limit_and_query_errors():
+    assert comm_mod.check_group_info([info(uuid=str(i)) for i in range(9)]) == (
+        "distgemm supports groups of 1 to 8 ranks (TP), this group has 9")
+    bad = info(uuid="b")
+    bad["error"] = "querying cuda:1 failed: boom"
+    assert comm_mod.check_group_info([info(uuid="a"), bad]) == "rank 1: querying cuda:1 failed: boom"
+
+
+def sig(**kw):
+    base = {"op": "all_gather_gemm", "schedule": "ag_rotate_a", "steps": None,
+            "dtype": "torch.bfloat16", "a_shard.shape": [64, 32], "w.shape": [24, 32],
+            "bias.shape": None, "beta": 0.0, "return_gathered": False, "error": None}
+    base.update(kw)
+    return base
+
+
+def test_signatures_agree():
+    assert comm_mod.signature_mismatch([sig(), sig()], "all_gather_gemm") is None
+
+
+def test_signature_mismatch_names_rank_and_field():
+    msg = comm_mod.signature_mismatch([sig(), sig(), sig(**{"a_shard.shape": [32, 32]})],
+                                      "all_gather_gemm")
+    assert msg == ("all_gather_gemm: ranks disagree at plan creation: rank 2 has "
+                   "a_shard.shape=[32, 32] where rank 0 has a_shard.shape=[64, 32]; every rank "
+                   "must call the op with the same shapes, dtype, schedule and steps")
+
+
+@pytest.mark.parametrize("field,value", [("dtype", "torch.float16"), ("schedule", "ag_rotate_b"),
+                                         ("steps", 4), ("beta", 1.0)])
+def test_signature_mismatch_in_each_field(field, value):
+    msg = comm_mod.signature_mismatch([sig(), sig(**{field: value})], "all_gather_gemm")
+    assert f"rank 1 has {field}={value!r} where rank 0 has {field}=" in msg
+
+
+def test_rank_error_is_reported_before_mismatches():
+    msg = comm_mod.signature_mismatch([sig(), sig(error="ValueError: a_shard is on cuda:0 but ...")],
+                                      "all_gather_gemm")
+    assert msg == "all_gather_gemm: rank 1 rejected its inputs: ValueError: a_shard is on cuda:0 but ..."
+
+
+class FakeComm:
+    """Just enough of a Communicator for _create_entry's exchange: all_gather returns what the
+    other ranks would have sent."""
+
+    def __init__(self, others, rank=0):
+        self.others, self.rank, self.tp = others, rank, len(others) + 1
+        self.plans = {}
+
+    def all_gather(self, obj, what):
+        out = list(self.others)
+        out.insert(self.rank, obj)
+        return out
+
+    def workspace_for(self, layout):
+        raise AssertionError("a mismatched plan must not allocate a workspace")
+
+
+def _key(a_shape):
+    return ("all_gather_gemm", "ag_rotate_a", None, BF16,
+            (("a_shard", a_shape), ("w", (24, 32)), ("bias", None)), 0.0, False, False)
+
+
+def test_create_entry_raises_the_same_value_error_for_a_peer_mismatch():
+    a, w = t(64, 32), t(24, 32)
+    peer = ops._signature(None, _key((32, 32)), None)
+    fake = FakeComm([peer])
+    with pytest.raises(ValueError, match=r"rank 1 has a_shard.shape=\[32, 32\] where rank 0 has "
+                                         r"a_shard.shape=\[64, 32\]"):
+        ops._create_entry(fake, _key((64, 32)), lambda: ops.make_spec(
+            "all_gather_gemm", "ag_rotate_a", 2, 0, None, a, w))
+    assert fake.plans == {}
+
+
+def test_create_entry_reraises_an_error_every_rank_shares():
+    a, w = t(63, 32), t(24, 32)  # M = 126 with S = 4: rejected identically on every rank
+    make = lambda: ops.make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, 4, a, w)  # noqa: E731
+    with pytest.raises(ValueError) as first:
+        make()
+    peer = ops._signature(None, _key((63, 32)), f"ValueError: {first.value}")
+    with pytest.raises(ValueError, match=r"M=126 is not divisible by S=4") as e:
+        ops._create_entry(FakeComm([peer]), _key((63, 32)), make)
+    assert "rank" not in str(e.value)  # the plain error, not the cross-rank report
+
+
+def test_create_entry_reports_a_peer_only_error_on_this_rank():
+    a, w = t(64, 32), t(24, 32)
+    peer = ops._signature(None, _key((64, 32)), "ValueError: w is on cuda:0 but this rank's device is cuda:1")
+    with pytest.raises(ValueError, match=r"all_gather_gemm: rank 1 rejected its inputs: ValueError: "
+                                         r"w is on cuda:0"):
+        ops._create_entry(FakeComm([peer]), _key((64, 32)), lambda: ops.make_spec(
+            "all_gather_gemm", "ag_rotate_a", 2, 0, None, a, w))
+
+
+# ---------------------------------------------------------------------------------------------
+# Communicator setup errors that need no GPU.
+
+def test_communicator_needs_torch_distributed():
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.fail("a test left torch.distributed initialised")
+    with pytest.raises(RuntimeError, match=r"call torch.distributed.init_process_group\(\) first"):
+        comm_mod.Communicator()
+
+
+def test_communicator_needs_cuda(monkeypatch):
+    import torch.distributed as dist
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # also on a GPU machine
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        with pytest.raises(RuntimeError, match=r"distgemm.Communicator needs CUDA GPUs; torch sees none"):
+            comm_mod.Communicator()
+    finally:
+        dist.destroy_process_group()
