@@ -58,6 +58,7 @@ struct Args {
   long replays = 0;
   int missing = -1;
   bool check_update = false, verify = true, local = true;
+  int swizzle = 1, raster = 0;
   uint64_t seed = 1234;
 };
 
@@ -66,7 +67,8 @@ struct Args {
                "error: %s\nusage: distgemm_bench --schedule NAME --tp T --steps S --m M --n N "
                "--k K [--l L] [--dtype bf16|fp16] [--iterations I] [--warmup W] [--alpha A] "
                "[--beta B] [--bias] [--timeout-s T] [--replays R] [--simulate-missing-device D] "
-               "[--check-update] [--no-verify] [--no-local] [--seed X]\n",
+               "[--check-update] [--no-verify] [--no-local] [--seed X] [--swizzle 1|2|4|8] "
+               "[--raster 0|1|2]\n",
                why.c_str());
   std::exit(2);
 }
@@ -100,6 +102,8 @@ Args parse(int argc, char** argv) {
       else if (k == "--no-verify") a.verify = false;
       else if (k == "--no-local") a.local = false;
       else if (k == "--seed") a.seed = std::stoull(val());
+      else if (k == "--swizzle") a.swizzle = std::stoi(val());
+      else if (k == "--raster") a.raster = std::stoi(val());
       else usage("unknown argument " + k);
     } catch (const std::logic_error&) {
       usage("bad value for " + k);
@@ -319,7 +323,10 @@ std::unique_ptr<Setup> make_setup(const Args& a, const schedule::ScheduleDef& de
   }
   s->ws = std::make_unique<device::LocalSymmetricWorkspace>(devs, s->plan.extra_bytes(2));
   device::EpilogueArgs epi{a.alpha, a.beta, a.bias};
-  device::GraphOptions opt{a.timeout_s};
+  device::GraphOptions opt;
+  opt.timeout_s = a.timeout_s;
+  opt.swizzle = a.swizzle;
+  opt.raster = a.raster;
   for (int d = 0; d < tp; ++d) {
     // Rejects misaligned shapes here, before anything is launched.
     s->graphs.push_back(std::make_unique<device::DeviceGraph>(
@@ -675,11 +682,13 @@ int run(const Args& a) {
   std::printf(
       "RESULT schedule=%s tp=%d steps=%d m=%lld n=%lld k=%lld l=%lld dtype=%s beta=%g bias=%d "
       "rel_err=%.3e rel_err_update=%.3e rel_err_replays=%.3e verify=%s ms=%.4f "
-      "tflops_per_gpu=%.1f local_ms=%.4f overlap_eff=%.4f update_ms=%.3f rebuild_ms=%.3f\n",
+      "tflops_per_gpu=%.1f local_ms=%.4f local_tflops=%.1f overlap_eff=%.4f update_ms=%.3f "
+      "rebuild_ms=%.3f swizzle=%d raster=%d\n",
       a.schedule.c_str(), a.tp, a.steps, (long long)a.m, (long long)a.n, (long long)a.k,
       (long long)a.l, a.dtype.c_str(), a.beta, a.bias ? 1 : 0, rel_err, rel_err_update,
-      rel_err_replays, a.verify ? (ok ? "PASS" : "FAIL") : "SKIP", ms, tflops, local_ms, eff,
-      update_ms, rebuild_ms);
+      rel_err_replays, a.verify ? (ok ? "PASS" : "FAIL") : "SKIP", ms, tflops, local_ms,
+      local_ms > 0 ? flop / a.tp / (local_ms * 1e-3) / 1e12 : -1.0, eff, update_ms, rebuild_ms,
+      a.swizzle, a.raster);
   if (!ok) std::fprintf(stderr, "error: verification failed (relative error >= 1e-2 or NaN)\n");
   return ok ? 0 : 1;
 }

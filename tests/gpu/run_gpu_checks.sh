@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Everything the GPU runtime issue asks to be checked on a 2-GPU Hopper machine, in one call:
-#   tests/gpu/run_gpu_checks.sh [verify] [fail] [perf] [replays]   (default: all four)
+#   tests/gpu/run_gpu_checks.sh [fail] [verify] [tune] [perf] [replays]   (default: all)
+# `tune` times the GEMM alone (TP=1) for every tile order (swizzle x raster) on the FC1 and O
+# per-device shapes and hands the best to `perf` (which also runs the default order).
 # Logs go to a scratch folder and, packed, to $OUT/logs.tgz (the device tool returns at most 8
 # files); $OUT/summary.txt and the last lines printed are the summary table.
 # Uses build-gpu/distgemm_bench; builds it here with cmake if the carried one cannot run.
@@ -13,7 +15,9 @@ export LD_LIBRARY_PATH=$PWD/build-gpu:${LD_LIBRARY_PATH:-}
 BIN=$PWD/build-gpu/distgemm_bench
 SUM=$FINAL/summary.txt
 : > "$SUM"
-parts=${*:-fail verify perf replays}
+parts=${*:-fail verify tune perf replays}
+SCHEDS=${SCHEDS:-ag_rotate_a ag_rotate_b rs_tile_a rs_tile_b gemm_allreduce}
+TUNED=""
 
 { nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
   nvidia-smi topo -m; nvcc --version | tail -2; uname -r; } > "$OUT/env.txt" 2>&1
@@ -40,7 +44,7 @@ run() {
 }
 
 if [[ $parts == *verify* ]]; then
-  for sch in ag_rotate_a ag_rotate_b rs_tile_a rs_tile_b gemm_allreduce; do
+  for sch in $SCHEDS; do
     for S in 2 4 8; do
       for dt in bf16 fp16; do
         for eb in "0 -" "0.5 -" "0 bias" "0.5 bias"; do
@@ -71,8 +75,35 @@ if [[ $parts == *fail* ]]; then
   done
 fi
 
+if [[ $parts == *tune* ]]; then
+  best=0
+  for sw in 1 2 4 8; do
+    for r in 0 1 2; do
+      run "tune_fc1local_sw${sw}_r${r}" 120 0 --schedule ag_rotate_a --tp 1 --steps 1 --m 8192 \
+        --n 28672 --k 8192 --iterations 30 --warmup 5 --no-verify --no-local --swizzle $sw --raster $r
+      run "tune_olocal_sw${sw}_r${r}" 120 0 --schedule rs_tile_a --tp 1 --steps 1 --m 8192 \
+        --n 8192 --k 4096 --iterations 30 --warmup 5 --no-verify --no-local --swizzle $sw --raster $r
+      t1=$(grep -ho 'tflops_per_gpu=[0-9.]*' "$OUT/tune_fc1local_sw${sw}_r${r}.log" | cut -d= -f2)
+      t2=$(grep -ho 'tflops_per_gpu=[0-9.]*' "$OUT/tune_olocal_sw${sw}_r${r}.log" | cut -d= -f2)
+      tot=$(python3 -c "print(int(float('${t1:-0}') + float('${t2:-0}')))")
+      if [ "$tot" -gt "$best" ]; then best=$tot; TUNED="--swizzle $sw --raster $r"; fi
+    done
+  done
+  echo "tuned tile order: $TUNED (sum of TF/s $best)" >> "$SUM"
+fi
+
 if [[ $parts == *perf* ]]; then
   for S in 2 4 8; do
+    if [ -n "$TUNED" ]; then
+      run "perft_fc1_ag_S$S" 180 0 --schedule ag_rotate_a --tp 2 --steps $S --m 8192 --n 57344 \
+        --k 8192 --iterations 50 --warmup 10 $TUNED
+      run "perft_fc2_rs_S$S" 180 0 --schedule rs_tile_a --tp 2 --steps $S --m 8192 --n 8192 \
+        --k 28672 --iterations 50 --warmup 10 $TUNED
+      run "perft_qkv_ag_S$S" 180 0 --schedule ag_rotate_a --tp 2 --steps $S --m 8192 --n 10240 \
+        --k 8192 --iterations 50 --warmup 10 $TUNED
+      run "perft_o_rs_S$S" 180 0 --schedule rs_tile_a --tp 2 --steps $S --m 8192 --n 8192 \
+        --k 8192 --iterations 50 --warmup 10 $TUNED
+    fi
     run "perf_fc1_ag_S$S" 180 0 --schedule ag_rotate_a --tp 2 --steps $S --m 8192 --n 57344 --k 8192 \
       --iterations 50 --warmup 10
     run "perf_fc2_rs_S$S" 180 0 --schedule rs_tile_a --tp 2 --steps $S --m 8192 --n 8192 --k 28672 \
@@ -86,7 +117,7 @@ fi
 
 if [[ $parts == *replays* ]]; then
   run replays_o_rs_S2 300 0 --schedule rs_tile_a --tp 2 --steps 2 --m 8192 --n 8192 --k 8192 \
-    --iterations 20 --warmup 5 --replays 10000 --no-local
+    --iterations 20 --warmup 5 --replays 10000 --no-local $TUNED
   grep -h '^replays' "$OUT/replays_o_rs_S2.log" >> "$SUM"
 fi
 

@@ -63,6 +63,7 @@ DeviceGraph::DeviceGraph(const schedule::Plan& plan, int rank, int cuda_device, 
   DISTGEMM_CUDA_CHECK(cudaEventCreateWithFlags(&ev_barrier_, cudaEventDisableTiming));
   DISTGEMM_CUDA_CHECK(cudaEventCreateWithFlags(&ev_copy_end_, cudaEventDisableTiming));
   DISTGEMM_CUDA_CHECK(cudaEventCreateWithFlags(&ev_signal_end_, cudaEventDisableTiming));
+  DISTGEMM_CUDA_CHECK(cudaEventCreateWithFlags(&ev_gemm_signals_, cudaEventDisableTiming));
   const auto& prog = plan_.devices[rank_];
   ev_gemm_.resize(prog.gemms.size());
   for (auto& e : ev_gemm_) DISTGEMM_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -89,6 +90,7 @@ DeviceGraph::~DeviceGraph() {
   if (ev_barrier_) cudaEventDestroy(ev_barrier_);
   if (ev_copy_end_) cudaEventDestroy(ev_copy_end_);
   if (ev_signal_end_) cudaEventDestroy(ev_signal_end_);
+  if (ev_gemm_signals_) cudaEventDestroy(ev_gemm_signals_);
   if (s_gemm_) cudaStreamDestroy(s_gemm_);
   if (s_copy_) cudaStreamDestroy(s_copy_);
   if (s_signal_) cudaStreamDestroy(s_signal_);
@@ -156,6 +158,8 @@ kernel::GemmDesc DeviceGraph::gemm_desc(const schedule::GemmOp& op, const UserBu
   if (epi_.bias && op.bias.valid()) g.bias = resolve(op.bias, user, "GEMM bias");
   g.alpha = epi_.alpha;
   g.beta = epi_.beta;
+  g.swizzle = opt_.swizzle;
+  g.raster = opt_.raster;
   return g;
 }
 
@@ -242,7 +246,10 @@ cudaGraph_t DeviceGraph::capture(const UserBuffers& user) {
       }
     }
 
+    DISTGEMM_CUDA_CHECK(cudaEventRecord(ev_gemm_signals_, s_signal_));
+
     // Copy branch, in plan order.
+    bool spin_allowed = false;
     for (size_t c = 0; c < prog.copies.size(); ++c) {
       const auto& cp = prog.copies[c];
       if (cp.after_gemm >= 0) {
@@ -251,19 +258,44 @@ cudaGraph_t DeviceGraph::capture(const UserBuffers& user) {
         DISTGEMM_CUDA_CHECK(cudaStreamWaitEvent(s_copy_, ev_gemm_[cp.after_gemm], 0));
       }
       if (!cp.waits.empty()) {
+        // Spinning nodes only after this device's last GEMM and its signals (see the header).
+        if (!spin_allowed) {
+          if (!ev_gemm_.empty())
+            DISTGEMM_CUDA_CHECK(cudaStreamWaitEvent(s_copy_, ev_gemm_.back(), 0));
+          DISTGEMM_CUDA_CHECK(cudaStreamWaitEvent(s_copy_, ev_gemm_signals_, 0));
+          spin_allowed = true;
+        }
         kernel::copy_wait_launch(wait_spec(cp.waits, static_cast<int>(c), kernel::kWaitCopy),
                                  s_copy_);
         ++st.wait_kernels;
       }
       char* src = byte_ptr(resolve(cp.src, user, "copy source"));
       char* dst = byte_ptr(resolve(cp.dst, user, "copy destination"));
-      for (int64_t l = 0; l < plan_.problem.l; ++l) {
-        DISTGEMM_CUDA_CHECK(cudaMemcpy2DAsync(
-            dst + l * cp.dst.batch_stride * eb, static_cast<size_t>(cp.dst.ld * eb),
-            src + l * cp.src.batch_stride * eb, static_cast<size_t>(cp.src.ld * eb),
-            static_cast<size_t>(cp.cols * eb), static_cast<size_t>(cp.rows), cudaMemcpyDefault,
-            s_copy_));
+      // 1-D memcpy nodes wherever the data is contiguous (all current plans): a graph-exec update
+      // may retarget only 1-D memcpy nodes, so user-pointer updates stay updates.
+      const bool rows_dense = cp.src.ld == cp.cols && cp.dst.ld == cp.cols;
+      const bool all_dense = rows_dense && (plan_.problem.l == 1 ||
+                                            (cp.src.batch_stride == cp.rows * cp.cols &&
+                                             cp.dst.batch_stride == cp.rows * cp.cols));
+      if (all_dense) {
+        DISTGEMM_CUDA_CHECK(cudaMemcpyAsync(
+            dst, src, static_cast<size_t>(plan_.problem.l * cp.rows * cp.cols * eb),
+            cudaMemcpyDefault, s_copy_));
         ++st.copy_nodes;
+      } else {
+        for (int64_t l = 0; l < plan_.problem.l; ++l) {
+          char* d = dst + l * cp.dst.batch_stride * eb;
+          const char* sp = src + l * cp.src.batch_stride * eb;
+          if (rows_dense)
+            DISTGEMM_CUDA_CHECK(cudaMemcpyAsync(d, sp, static_cast<size_t>(cp.rows * cp.cols * eb),
+                                                cudaMemcpyDefault, s_copy_));
+          else
+            DISTGEMM_CUDA_CHECK(cudaMemcpy2DAsync(
+                d, static_cast<size_t>(cp.dst.ld * eb), sp, static_cast<size_t>(cp.src.ld * eb),
+                static_cast<size_t>(cp.cols * eb), static_cast<size_t>(cp.rows),
+                cudaMemcpyDefault, s_copy_));
+          ++st.copy_nodes;
+        }
       }
       for (const auto& f : cp.signals) {
         DISTGEMM_CUDA_CHECK(cudaMemcpyAsync(flag_of(f), epoch, 4, cudaMemcpyDefault, s_copy_));
@@ -300,7 +332,8 @@ void DeviceGraph::update(const UserBuffers& user) {
     throw std::runtime_error(std::string("cudaGraphExecUpdate failed (") + cudaGetErrorString(e) +
                              ", result " + std::to_string(static_cast<int>(info.result)) +
                              "): the new buffers must live on the same devices as the old "
-                             "ones; use rebuild() otherwise");
+                             "ones, and strided (2-D) copies cannot be retargeted; use "
+                             "rebuild() for those");
   }
 }
 

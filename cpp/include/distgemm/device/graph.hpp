@@ -34,9 +34,20 @@
 //                           signalling kernel where a GEMM that waits on it could starve it).
 //   GEMM j -> copy        : a copy with after_gemm = j (gemm_allreduce's local copy of a
 //                           finished tile).
-//   wait-kernel -> copy   : a copy with plan waits (gemm_allreduce's pulls of a peer's finished
-//                           tile); the 1-block kernel may be delayed by the persistent GEMM but
-//                           no GEMM depends on it.
+//   last GEMM, all GEMM signals -> wait-kernel -> copy : a copy with plan waits
+//                           (gemm_allreduce's pulls of a peer's finished tile) gets a 1-block
+//                           spinning kernel before it, and that kernel starts only after this
+//                           device's last GEMM and after every GEMM signal has been sent. Measured: with
+//                           the wait kernels free to start as soon as the previous copy was done
+//                           (S=8, TP=2), both devices timed out (a GEMM waiting for a partial
+//                           whose signal never came, and a pull waiting for that GEMM): a
+//                           spinning node in a side branch can hold back unrelated work of the
+//                           same device (the hardware queues are shared), so no spinning node
+//                           may run while this device still owes its peers a signal. After the
+//                           last GEMM's signals nothing of this device is owed to a peer, so a
+//                           spinning wait kernel can hold back nothing a peer waits for.
+//                           Cost: gemm_allreduce's pulls of peer tiles no longer overlap the
+//                           device's own last GEMMs (its local copies still do).
 //   copy -> its signals   : the data lands before the flag that publishes it (same branch).
 //   all branches -> end   : the graph ends after every copy and signal (join), so the next
 //                           launch's EB really means "this device is done".
@@ -74,6 +85,9 @@ struct EpilogueArgs {
 
 struct GraphOptions {
   double timeout_s = 5.0;  // bound of every in-kernel wait
+  // GEMM tile order (see kernel::GemmDesc): swizzle 1/2/4/8, raster 0 heuristic / 1 M / 2 N.
+  int swizzle = 1;
+  int raster = 0;
 };
 
 struct GraphStats {
@@ -128,6 +142,7 @@ class DeviceGraph {
 
   cudaStream_t s_gemm_ = nullptr, s_copy_ = nullptr, s_signal_ = nullptr;
   cudaEvent_t ev_barrier_ = nullptr, ev_copy_end_ = nullptr, ev_signal_end_ = nullptr;
+  cudaEvent_t ev_gemm_signals_ = nullptr;  // every GEMM signal sent
   std::vector<cudaEvent_t> ev_gemm_;
   uint32_t* abort_ = nullptr;               // device memory
   kernel::ErrorRecord* record_host_ = nullptr;  // mapped host memory

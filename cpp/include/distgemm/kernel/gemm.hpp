@@ -39,6 +39,11 @@ struct GemmDesc {
   const void* bias = nullptr;     // [n], broadcast over rows and batches; null: absent
   float alpha = 1.0f;
   float beta = 0.0f;
+  // Persistent tile scheduler (runtime arguments of the one kernel, no extra instantiation):
+  // tiles are walked in groups of `swizzle` (1, 2, 4, 8) along the raster order,
+  // 0 = CUTLASS heuristic, 1 = along M, 2 = along N.
+  int swizzle = 1;
+  int raster = 0;
 };
 
 // "" when the kernel can run `g`; otherwise the reason, in words, with the values and the fix.

@@ -173,7 +173,11 @@ struct Runner {
     return cute::make_stride(ld, cute::Int<1>{}, batch);
   }
 
-  static Arguments make_arguments(const GemmDesc& g, int sm_count) {
+  // sm_count and max_active_clusters describe the device. The persistent grid is sized to the
+  // clusters that can be resident at once (cudaOccupancyMaxActiveClusters): a grid of one
+  // cluster per SM pair would leave the clusters that do not fit (GPCs with an odd number of
+  // free SMs) to run their tiles after everyone else, a tail of up to a few percent.
+  static Arguments make_arguments(const GemmDesc& g, int sm_count, int max_active_clusters) {
     using E = Element;
     typename Cfg::Alpha::Arguments alpha{};
     alpha.scalars[0] = g.alpha;
@@ -190,10 +194,16 @@ struct Runner {
 
     cutlass::KernelHardwareInfo hw;
     hw.sm_count = sm_count;
+    hw.max_active_clusters = max_active_clusters;
     // A disabled partial still needs a valid address for its TMA descriptor: D (never read).
     const void* c_ptr = g.partial ? g.partial : g.d;
     const int64_t c_ld = g.partial ? g.ld_partial : g.ldd;
     const int64_t c_batch = g.partial ? g.batch_partial : g.batch_d;
+    using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
+    typename Kernel::TileSchedulerArguments sched{};
+    sched.max_swizzle_size = g.swizzle;
+    sched.raster_order =
+        g.raster == 1 ? Raster::AlongM : g.raster == 2 ? Raster::AlongN : Raster::Heuristic;
     return Arguments{cutlass::gemm::GemmUniversalMode::kGemm,
                      {static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k),
                       static_cast<int>(g.l)},
@@ -201,11 +211,16 @@ struct Runner {
                       static_cast<E const*>(g.b), stride(g.ldb, g.batch_b)},
                      {root, static_cast<E const*>(c_ptr), stride(c_ld, c_batch),
                       static_cast<E*>(g.d), stride(g.ldd, g.batch_d)},
-                     hw};
+                     hw,
+                     sched};
   }
 
   static std::string can_implement(const GemmDesc& g) {
-    Arguments args = make_arguments(g, 132);
+    if (g.swizzle != 1 && g.swizzle != 2 && g.swizzle != 4 && g.swizzle != 8)
+      return "swizzle=" + std::to_string(g.swizzle) + " is not one of 1, 2, 4, 8";
+    if (g.raster < 0 || g.raster > 2)
+      return "raster=" + std::to_string(g.raster) + " is not 0 (heuristic), 1 (M) or 2 (N)";
+    Arguments args = make_arguments(g, 132, 0);
     if (!Kernel::can_implement(args))
       return "CUTLASS can_implement rejected the GEMM (m=" + std::to_string(g.m) +
              " n=" + std::to_string(g.n) + " k=" + std::to_string(g.k) +
@@ -217,33 +232,58 @@ struct Runner {
 
   static int smem_bytes() { return static_cast<int>(Kernel::SharedStorageSize); }
 
-  // Raises the kernel's dynamic shared-memory limit once per device (a per-device attribute).
-  static void prepare(int device) {
+  struct DeviceInfo {
+    bool ready = false;
+    int sm_count = 0;
+    int max_active_clusters = 0;
+  };
+
+  // Once per device (function attributes are per device): raise the kernel's dynamic
+  // shared-memory limit, read the SM count and how many clusters fit at once.
+  static DeviceInfo prepare(int device) {
     static std::mutex mu;
-    static bool done[64] = {};
+    static DeviceInfo info[64];
     std::lock_guard<std::mutex> lock(mu);
     if (device < 0 || device >= 64) throw std::runtime_error("device index out of range");
-    if (done[device]) return;
-    cudaError_t e = cudaFuncSetAttribute(waiting_gemm_kernel<Kernel>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes());
-    if (e != cudaSuccess)
-      throw std::runtime_error(std::string("cudaFuncSetAttribute(max dynamic smem) failed: ") +
-                               cudaGetErrorString(e));
-    done[device] = true;
+    if (info[device].ready) return info[device];
+    int current = -1;
+    check(cudaGetDevice(&current), "cudaGetDevice");
+    check(cudaSetDevice(device), "cudaSetDevice");
+    check(cudaFuncSetAttribute(waiting_gemm_kernel<Kernel>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes()),
+          "cudaFuncSetAttribute(max dynamic shared memory)");
+    DeviceInfo d;
+    check(cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, device),
+          "cudaDeviceGetAttribute(SM count)");
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(cute::size<0>(typename Cfg::ClusterShape{}),
+                       cute::size<1>(typename Cfg::ClusterShape{}), 1);
+    cfg.blockDim = Kernel::get_block_shape();
+    cfg.dynamicSmemBytes = smem_bytes();
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = cfg.gridDim.x;
+    attr[0].val.clusterDim.y = cfg.gridDim.y;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    check(cudaOccupancyMaxActiveClusters(&d.max_active_clusters,
+                                         waiting_gemm_kernel<Kernel>, &cfg),
+          "cudaOccupancyMaxActiveClusters");
+    check(cudaSetDevice(current), "cudaSetDevice");
+    d.ready = true;
+    info[device] = d;
+    return d;
   }
 
-  static int sm_count(int device) {
-    int n = 0;
-    cudaError_t e = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device);
+  static void check(cudaError_t e, const char* what) {
     if (e != cudaSuccess)
-      throw std::runtime_error(std::string("cudaDeviceGetAttribute(SM count) failed: ") +
-                               cudaGetErrorString(e));
-    return n;
+      throw std::runtime_error(std::string(what) + " failed: " + cudaGetErrorString(e));
   }
 
   static void launch(const GemmDesc& g, const WaitSpec& wait, int device, cudaStream_t stream) {
-    prepare(device);
-    Arguments args = make_arguments(g, sm_count(device));
+    const DeviceInfo dev = prepare(device);
+    Arguments args = make_arguments(g, dev.sm_count, dev.max_active_clusters);
     typename Kernel::Params params = Kernel::to_underlying_arguments(args, nullptr);
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = Kernel::get_grid_shape(params);
@@ -264,7 +304,8 @@ struct Runner {
 
   static GemmLaunchInfo info(int device) {
     GemmLaunchInfo i;
-    i.ctas = sm_count(device) / 2 * 2;
+    const DeviceInfo dev = prepare(device);
+    i.ctas = dev.max_active_clusters * cute::size(typename Cfg::ClusterShape{});
     i.threads = Kernel::MaxThreadsPerBlock;
     i.smem_bytes = smem_bytes();
     i.cluster_m = cute::size<0>(typename Cfg::ClusterShape{});
@@ -287,5 +328,5 @@ struct Runner {
     sm90::Runner<ELEMENT>::launch(g, w, device, s);                                            \
   }                                                                                            \
   GemmLaunchInfo info_##SUFFIX(int device) { return sm90::Runner<ELEMENT>::info(device); }     \
-  void prepare_##SUFFIX(int device) { sm90::Runner<ELEMENT>::prepare(device); }                \
+  void prepare_##SUFFIX(int device) { (void)sm90::Runner<ELEMENT>::prepare(device); }          \
   }
