@@ -1,0 +1,123 @@
+"""GPU tests of the C++ runtime through the distgemm_bench binary (cpp/examples/).
+
+Each test runs the binary in a subprocess and decides by its exit code and the numbers of its
+`RESULT key=value ...` line. Skipped, with the reason, where there is no CUDA GPU, fewer than
+two, no Hopper GPU, or no built binary (set DISTGEMM_BENCH or build into build-gpu/).
+"""
+
+import os
+import pathlib
+import shutil
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _bench_path():
+    env = os.environ.get("DISTGEMM_BENCH")
+    if env:
+        return pathlib.Path(env)
+    for cand in (ROOT / "build-gpu" / "distgemm_bench", ROOT / "build" / "distgemm_bench"):
+        if cand.exists():
+            return cand
+    return None
+
+
+def _gpus():
+    """(count, compute capabilities) from nvidia-smi; (0, []) when there is no usable GPU."""
+    if shutil.which("nvidia-smi") is None:
+        return 0, []
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30, check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return 0, []
+    caps = [line.strip() for line in out.splitlines() if line.strip()]
+    return len(caps), caps
+
+
+BENCH = _bench_path()
+NGPU, CAPS = _gpus()
+
+pytestmark = [
+    pytest.mark.skipif(NGPU == 0, reason="no CUDA GPU (nvidia-smi finds none)"),
+    pytest.mark.skipif(0 < NGPU < 2, reason=f"needs 2 GPUs, found {NGPU}"),
+    pytest.mark.skipif(NGPU >= 2 and not all(c.startswith("9.") for c in CAPS[:2]),
+                       reason=f"needs Hopper (sm_90a) GPUs, found compute capability {CAPS[:2]}"),
+    pytest.mark.skipif(BENCH is None or not BENCH.exists(),
+                       reason="distgemm_bench is not built: cmake -S . -B build-gpu -G Ninja && "
+                              "cmake --build build-gpu (or set DISTGEMM_BENCH)"),
+]
+
+SMALL = ["--m", "2048", "--n", "1024", "--k", "1024", "--iterations", "3", "--warmup", "1",
+         "--no-local"]
+
+
+def run_bench(*args, timeout=180):
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0")
+    proc = subprocess.run([str(BENCH), *args], capture_output=True, text=True, timeout=timeout,
+                          env=env)
+    result = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            result = dict(tok.split("=", 1) for tok in line.split()[1:])
+    return proc, result
+
+
+SCHEDULES = ["ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "gemm_allreduce"]
+CASES = [(s, steps, dt, beta, bias) for s in SCHEDULES for steps in (2, 4, 8)
+         for dt in ("bf16", "fp16") for beta in ("0", "0.5") for bias in (False, True)]
+
+
+@pytest.mark.parametrize(
+    "schedule,steps,dtype,beta,bias", CASES,
+    ids=[f"{s}-S{st}-{dt}-beta{b}-{'bias' if bi else 'nobias'}" for s, st, dt, b, bi in CASES])
+def test_verifies(schedule, steps, dtype, beta, bias):
+    args = ["--schedule", schedule, "--tp", "2", "--steps", str(steps), "--dtype", dtype,
+            "--beta", beta, *SMALL] + (["--bias"] if bias else [])
+    proc, res = run_bench(*args)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert res.get("verify") == "PASS"
+    assert float(res["rel_err"]) < 1e-2
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_batched_and_graph_update(schedule):
+    proc, res = run_bench("--schedule", schedule, "--tp", "2", "--steps", "4", "--m", "1024",
+                          "--n", "1024", "--k", "512", "--l", "3", "--beta", "0.5", "--bias",
+                          "--alpha", "0.75", "--check-update", "--iterations", "3",
+                          "--warmup", "1", "--no-local")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert float(res["rel_err"]) < 1e-2
+    assert 0 <= float(res["rel_err_update"]) < 1e-2  # new buffers via graph-exec update
+    assert float(res["update_ms"]) >= 0 and float(res["rebuild_ms"]) >= 0
+
+
+@pytest.mark.parametrize("schedule,missing", [("ag_rotate_a", 1), ("rs_tile_a", 0),
+                                              ("gemm_allreduce", 1)])
+def test_missing_device_reports_timeout(schedule, missing):
+    proc, res = run_bench("--schedule", schedule, "--tp", "2", "--steps", "2", *SMALL,
+                          "--timeout-s", "2", "--simulate-missing-device", str(missing),
+                          timeout=60)
+    assert proc.returncode == 1
+    assert res.get("timeout_reported") == "1"
+    assert "did not reach generation" in proc.stderr
+    assert float(res["seconds"]) < 10  # one timeout, not one per step
+
+
+def test_misaligned_shape_rejected_before_launch():
+    proc, _ = run_bench("--schedule", "ag_rotate_a", "--tp", "2", "--steps", "2", "--m", "512",
+                        "--n", "512", "--k", "516")
+    assert proc.returncode == 2
+    assert "rejected before launch" in proc.stderr and "K=516" in proc.stderr
+
+
+def test_replays_do_not_leak_and_still_verify():
+    proc, res = run_bench("--schedule", "rs_tile_a", "--tp", "2", "--steps", "2", "--m", "4096",
+                          "--n", "4096", "--k", "4096", "--replays", "2000", "--iterations", "5",
+                          "--warmup", "2", "--no-local", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert float(res["rel_err_replays"]) < 1e-2
