@@ -17,7 +17,7 @@ SUM=$FINAL/summary.txt
 : > "$SUM"
 parts=${*:-fail verify tune perf replays}
 SCHEDS=${SCHEDS:-ag_rotate_a ag_rotate_b rs_tile_a rs_tile_b gemm_allreduce}
-TUNED=""
+TUNED=${TUNED:-}  # e.g. "--swizzle 4 --raster 2" from an earlier tune
 
 { nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
   nvidia-smi topo -m; nvcc --version | tail -2; uname -r; } > "$OUT/env.txt" 2>&1
@@ -83,9 +83,12 @@ if [[ $parts == *tune* ]]; then
         --n 28672 --k 8192 --iterations 30 --warmup 5 --no-verify --no-local --swizzle $sw --raster $r
       run "tune_olocal_sw${sw}_r${r}" 120 0 --schedule rs_tile_a --tp 1 --steps 1 --m 8192 \
         --n 8192 --k 4096 --iterations 30 --warmup 5 --no-verify --no-local --swizzle $sw --raster $r
+      run "tune_fc2local_sw${sw}_r${r}" 120 0 --schedule rs_tile_a --tp 1 --steps 1 --m 8192 \
+        --n 8192 --k 14336 --iterations 30 --warmup 5 --no-verify --no-local --swizzle $sw --raster $r
       t1=$(grep -ho 'tflops_per_gpu=[0-9.]*' "$OUT/tune_fc1local_sw${sw}_r${r}.log" | cut -d= -f2)
       t2=$(grep -ho 'tflops_per_gpu=[0-9.]*' "$OUT/tune_olocal_sw${sw}_r${r}.log" | cut -d= -f2)
-      tot=$(python3 -c "print(int(float('${t1:-0}') + float('${t2:-0}')))")
+      t3=$(grep -ho 'tflops_per_gpu=[0-9.]*' "$OUT/tune_fc2local_sw${sw}_r${r}.log" | cut -d= -f2)
+      tot=$(python3 -c "print(int(float('${t1:-0}') + float('${t2:-0}') + float('${t3:-0}')))")
       if [ "$tot" -gt "$best" ]; then best=$tot; TUNED="--swizzle $sw --raster $r"; fi
     done
   done
