@@ -285,6 +285,11 @@ def test_two_ranks_on_one_gpu_are_rejected():
     assert "torch.cuda.set_device(local_rank)" in msg
 
 
+def test_shared_gpu_only_when_allowed():
+    # DISTGEMM_ALLOW_SHARED_GPU=1: functional tests of the multi-rank paths on one GPU.
+    assert comm_mod.check_group_info([info(uuid="a"), info(uuid="a")], allow_shared_gpu=True) is None
+
+
 def test_non_hopper_is_rejected():
     msg = comm_mod.check_group_info([info(uuid="a"), info(uuid="b", cap=(8, 0), name="A100")])
     assert msg == ("rank 1: GPU 'A100' has compute capability 8.0; the distgemm kernels are built "

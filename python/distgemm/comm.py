@@ -28,6 +28,7 @@ from __future__ import annotations
 import atexit
 import collections
 import datetime
+import os
 import socket
 import threading
 import weakref
@@ -38,6 +39,10 @@ __all__ = ["Communicator", "get_communicator", "close_all"]
 
 # Cached plans per communicator; beyond it the least recently used plan and its graphs go.
 MAX_PLANS = 64
+# Set to 1 to let several ranks share one GPU: a functional test of the multi-rank paths (CUDA
+# IPC, flags, entry barrier, cross-rank errors) on a one-GPU machine. The ranks' kernels then
+# time-slice the GPU while they spin on each other's flags: correct but slow, never for timing.
+SHARED_GPU_ENV = "DISTGEMM_ALLOW_SHARED_GPU"
 # Instantiated graphs per plan, keyed by the user pointers. Activations from torch's caching
 # allocator tend to come back at a few addresses, so a small set of graphs turns most calls into
 # a plain replay; a miss retargets the least recently used graph (cudaGraphExecUpdate).
@@ -55,9 +60,11 @@ def _torch():
 # Checks on all-gathered data: pure functions (no torch.distributed), so that every rank computes
 # the same verdict and the CPU tests can exercise every message.
 
-def check_group_info(infos: Sequence[Dict[str, Any]]) -> Optional[str]:
+def check_group_info(infos: Sequence[Dict[str, Any]], allow_shared_gpu: bool = False) -> Optional[str]:
     """The setup problem of a group, or None. ``infos[r]`` is what rank r reported: host name,
-    GPU uuid, compute capability, CUDA ordinal, and ``peer_ok`` (uuid -> bool or None)."""
+    GPU uuid, compute capability, CUDA ordinal, and ``peer_ok`` (uuid -> bool or None).
+    ``allow_shared_gpu`` lets several ranks use one GPU (functional tests only, see
+    ``SHARED_GPU_ENV``)."""
     tp = len(infos)
     if tp < 1 or tp > 8:
         return f"distgemm supports groups of 1 to 8 ranks (TP), this group has {tp}"
@@ -70,7 +77,7 @@ def check_group_info(infos: Sequence[Dict[str, Any]]) -> Optional[str]:
     for r, i in enumerate(infos):
         if i.get("error"):
             return f"rank {r}: {i['error']}"
-        if i["uuid"] in seen:
+        if i["uuid"] in seen and not allow_shared_gpu:
             return (f"ranks {seen[i['uuid']]} and {r} use the same GPU (cuda:{i['device']}): each "
                     "rank needs its own GPU; call torch.cuda.set_device(local_rank) before "
                     "creating the Communicator or calling an op")
@@ -176,7 +183,7 @@ class Communicator:
                                    timeout=datetime.timedelta(seconds=self.timeout_s),
                                    use_local_synchronization=True)
         infos = self.all_gather(self._local_info(torch), "setup (host, GPU and peer-access check)")
-        problem = check_group_info(infos)
+        problem = check_group_info(infos, os.environ.get(SHARED_GPU_ENV) == "1")
         if problem:
             raise RuntimeError(problem)
         _LIVE.add(self)

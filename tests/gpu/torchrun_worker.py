@@ -75,15 +75,38 @@ def same_on_all_ranks(value):
 # ---------------------------------------------------------------------------------------------
 # Reference: the plain torch computation, in fp32 and (for comparison) in the op's dtype.
 
+# With DISTGEMM_ALLOW_SHARED_GPU=1 every rank may run on one GPU (a functional test of the
+# multi-rank paths where only one GPU is at hand). NCCL refuses two ranks on one GPU, so the
+# process group is gloo and the reference collectives run on CPU copies.
+SHARED_GPU = os.environ.get("DISTGEMM_ALLOW_SHARED_GPU") == "1"
+
+
 def gather0(x: torch.Tensor) -> torch.Tensor:
     tp = dist.get_world_size()
+    if SHARED_GPU:
+        parts = [torch.empty_like(x.cpu()) for _ in range(tp)]
+        dist.all_gather(parts, x.contiguous().cpu())
+        return torch.cat(parts).to(x.device)
     out = torch.empty((tp * x.shape[0],) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
     dist.all_gather_into_tensor(out, x.contiguous())
     return out
 
 
+def all_reduce_(x: torch.Tensor) -> torch.Tensor:
+    if SHARED_GPU:
+        y = x.cpu()
+        dist.all_reduce(y)
+        x.copy_(y)
+    else:
+        dist.all_reduce(x)
+    return x
+
+
 def reduce_scatter0(x: torch.Tensor) -> torch.Tensor:
     tp = dist.get_world_size()
+    if SHARED_GPU:
+        rows = x.shape[0] // tp
+        return all_reduce_(x.contiguous().clone())[rank() * rows:(rank() + 1) * rows]
     out = torch.empty((x.shape[0] // tp,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
     dist.reduce_scatter_tensor(out, x.contiguous())
     return out
@@ -105,8 +128,7 @@ def reference(schedule, a, w, bias, c, beta, dtype):
             elif schedule == "rs_tile_b":
                 y = reduce_scatter0(p.t().contiguous()).t()
             else:
-                dist.all_reduce(p)
-                y = p
+                y = all_reduce_(p)
         if beta != 0.0:
             y = y + beta * c.to(dt)
         if bias is not None:
@@ -379,7 +401,7 @@ def test_overhead(dev):
     bf = torch.bfloat16
     a = torch.randn(256, 512, device=dev).to(bf)
     w = torch.randn(256, 512, device=dev).to(bf)
-    out = torch.empty(512, 256, device=dev, dtype=bf)
+    out = torch.empty(dist.get_world_size() * 256, 256, device=dev, dtype=bf)
     torch.cuda.synchronize()
     dist.barrier()
     t0 = time.perf_counter()
@@ -427,7 +449,7 @@ def test_overhead(dev):
 
 # ---------------------------------------------------------------------------------------------
 
-def bench_one(name, schedule, m, n, k, steps, iters=30, warmup=5):
+def bench_one(name, schedule, m, n, k, steps, iters=50, warmup=10):
     tp = dist.get_world_size()
     dev = torch.device("cuda", torch.cuda.current_device())
     bf = torch.bfloat16
@@ -476,10 +498,13 @@ def main():
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--sections", default="correctness,errors,replays,overhead")
     args = ap.parse_args()
-    local = int(os.environ.get("LOCAL_RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
     torch.cuda.set_device(local)
     dev = torch.device("cuda", local)
-    dist.init_process_group("nccl", device_id=dev, timeout=datetime.timedelta(seconds=120))
+    if SHARED_GPU:
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    else:
+        dist.init_process_group("nccl", device_id=dev, timeout=datetime.timedelta(seconds=120))
     sections = [x for x in args.sections.split(",") if x] + (["bench"] if args.bench else [])
     for sec in sections:
         t0 = time.perf_counter()
