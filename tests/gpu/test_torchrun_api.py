@@ -41,12 +41,19 @@ def _skip_reason():
 pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
 
 
-def torchrun(tmp_path, *args, timeout=900):
-    out = tmp_path / "results.json"
+def torchrun(tmp_path, *args, name="api"):
+    out = tmp_path / f"{name}.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(WORKER),
            "--out", str(out), *args]
-    proc = subprocess.run(cmd, env={**os.environ, **ENV}, capture_output=True, text=True,
-                          timeout=timeout)
+    timeout = float(os.environ.get("DISTGEMM_TORCHRUN_TIMEOUT", "900"))
+    try:
+        proc = subprocess.run(cmd, env={**os.environ, **ENV}, capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        def text(b):
+            return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+        proc = subprocess.CompletedProcess(cmd, -9, text(e.stdout), text(e.stderr)
+                                           + f"\ntorchrun killed after {timeout:g} s")
     log = os.environ.get("DISTGEMM_TEST_LOG")
     if log:
         with open(log, "a") as f:
@@ -54,8 +61,7 @@ def torchrun(tmp_path, *args, timeout=900):
     data = json.loads(out.read_text()) if out.exists() else None
     keep = os.environ.get("DISTGEMM_KEEP_RESULTS")  # a folder: keep the worker's JSON there
     if keep and data is not None:
-        tag = "bench" if "--bench" in args else "api"
-        pathlib.Path(keep, f"torchrun_{tag}.json").write_text(json.dumps(data, indent=1))
+        pathlib.Path(keep, f"torchrun_{name}.json").write_text(json.dumps(data, indent=1))
     return proc, data
 
 
@@ -100,7 +106,7 @@ def test_api_under_torchrun(tmp_path):
 
 def _cpp_ms(binary, schedule, m, n, k, steps):
     cmd = [str(binary), "--schedule", schedule, "--tp", "2", "--steps", str(steps), "--m", str(m),
-           "--n", str(n), "--k", str(k), "--iterations", "30", "--warmup", "5", "--no-verify",
+           "--n", str(n), "--k", str(k), "--iterations", "50", "--warmup", "10", "--no-verify",
            "--no-local"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                           env={**os.environ, **ENV})
@@ -113,28 +119,34 @@ def _cpp_ms(binary, schedule, m, n, k, steps):
 @pytest.mark.skipif(os.environ.get("DISTGEMM_BENCH") != "1", reason="set DISTGEMM_BENCH=1 to run "
                     "the FC1/FC2 comparison with the C++ binary (about a minute)")
 def test_python_path_within_2_percent_of_cpp(tmp_path):
+    """FC1/FC2 of Llama-70B: the Python path against the single-process C++ binary. The two
+    alternate twice (C++, Python, C++, Python) so that clock and thermal drift hit both; each
+    side's time is the best of its rounds' medians."""
     binary = pathlib.Path(distgemm.__file__).parent / "bin" / "distgemm_bench"
     assert binary.exists(), f"{binary} is missing: the CUDA build installs it"
-    cpp = {}
-    for name, sch, m, n, k in [("fc1", "ag_rotate_a", 8192, 57344, 8192),
-                               ("fc2", "rs_tile_a", 8192, 8192, 28672)]:
-        for steps in (2, 4):
-            cpp[(name, steps)] = _cpp_ms(binary, sch, m, n, k, steps)
-    proc, data = torchrun(tmp_path, "--sections", "", "--bench")
-    assert proc.returncode == 0 and data is not None, proc.stderr[-3000:]
+    shapes = {"fc1": ("ag_rotate_a", 8192, 57344, 8192), "fc2": ("rs_tile_a", 8192, 8192, 28672)}
+    cpp, py, cmds = {}, {}, {}
+    for rnd in range(2):
+        for name, (sch, m, n, k) in shapes.items():
+            for steps in (2, 4):
+                ms, cmds[(name, steps)] = _cpp_ms(binary, sch, m, n, k, steps)
+                cpp.setdefault((name, steps), []).append(ms)
+        proc, data = torchrun(tmp_path, "--sections", "", "--bench", name=f"bench{rnd}")
+        assert proc.returncode == 0 and data is not None, proc.stderr[-3000:]
+        for e in by_prefix(data, "bench/"):
+            if e["rank"] == 0:
+                py.setdefault((e["name"].split("/")[1], e["steps"]), []).append(e["ms"])
     rows = []
-    for e in by_prefix(data, "bench/"):
-        if e["rank"] != 0:
-            continue
-        name = e["name"].split("/")[1]
-        ms_cpp, cmd = cpp[(name, e["steps"])]
-        rows.append((name, e["steps"], e["ms"], ms_cpp, e["ms"] / ms_cpp - 1.0, cmd))
+    for key in sorted(cpp):
+        c, p = min(cpp[key]), min(py[key])
+        rows.append((key[0], key[1], p, c, p / c - 1.0, py[key], cpp[key], cmds[key]))
     report = os.environ.get("DISTGEMM_BENCH_OUT")
     if report:
         with open(report, "w") as f:
             for r in rows:
                 f.write(f"{r[0]} S={r[1]} python_ms={r[2]:.4f} cpp_ms={r[3]:.4f} diff={100 * r[4]:+.2f}% "
-                        f"cpp_cmd={r[5]}\n")
+                        f"python_rounds={[round(x, 4) for x in r[5]]} cpp_rounds={[round(x, 4) for x in r[6]]} "
+                        f"cpp_cmd={r[7]}\n")
     assert len(rows) == 4
-    for name, steps, py, c, diff, _ in rows:
-        assert diff < 0.02, f"{name} S={steps}: Python {py:.4f} ms vs C++ {c:.4f} ms ({100 * diff:+.2f}%)"
+    for name, steps, p, c, diff, *_ in rows:
+        assert diff < 0.02, f"{name} S={steps}: Python {p:.4f} ms vs C++ {c:.4f} ms ({100 * diff:+.2f}%)"
