@@ -58,7 +58,7 @@ struct Args {
   long replays = 0;
   int missing = -1;
   bool check_update = false, verify = true, local = true;
-  int swizzle = 1, raster = 0;
+  int swizzle = device::GraphOptions{}.swizzle, raster = device::GraphOptions{}.raster;
   uint64_t seed = 1234;
 };
 
