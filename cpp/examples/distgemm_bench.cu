@@ -4,7 +4,8 @@
 //   distgemm_bench --schedule ag_rotate_a --tp 2 --steps 2 --m 8192 --n 57344 --k 8192 \
 //                  --l 1 --dtype bf16 --iterations 50 --warmup 10 [--beta 0.5] [--bias]
 //                  [--timeout-s 5] [--replays 10000] [--simulate-missing-device D]
-//                  [--check-update] [--no-verify] [--no-local]
+//                  [--check-update] [--no-verify] [--no-local] [--warmup-ms 1000]
+//                  [--swizzle 8] [--raster 0]
 //
 // Prints one line `RESULT key=value ...` (parsed by tests/gpu/test_cpp_bench.py). Exit code:
 // 0 verified (and timed), 1 verification failure or runtime error (a timeout report included),
@@ -51,7 +52,7 @@ struct Args {
   int tp = 2, steps = 2;
   int64_t m = 8192, n = 8192, k = 8192, l = 1;
   std::string dtype = "bf16";
-  int iterations = 50, warmup = 10;
+  int iterations = 50, warmup = 10, warmup_ms = 1000;
   float alpha = 1.0f, beta = 0.0f;
   bool bias = false;
   double timeout_s = 5.0;
@@ -65,7 +66,8 @@ struct Args {
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "error: %s\nusage: distgemm_bench --schedule NAME --tp T --steps S --m M --n N "
-               "--k K [--l L] [--dtype bf16|fp16] [--iterations I] [--warmup W] [--alpha A] "
+               "--k K [--l L] [--dtype bf16|fp16] [--iterations I] [--warmup W] [--warmup-ms T] "
+               "[--alpha A] "
                "[--beta B] [--bias] [--timeout-s T] [--replays R] [--simulate-missing-device D] "
                "[--check-update] [--no-verify] [--no-local] [--seed X] [--swizzle 1|2|4|8] "
                "[--raster 0|1|2]\n",
@@ -92,6 +94,7 @@ Args parse(int argc, char** argv) {
       else if (k == "--dtype") a.dtype = val();
       else if (k == "--iterations") a.iterations = std::stoi(val());
       else if (k == "--warmup") a.warmup = std::stoi(val());
+      else if (k == "--warmup-ms") a.warmup_ms = std::stoi(val());
       else if (k == "--alpha") a.alpha = std::stof(val());
       else if (k == "--beta") a.beta = std::stof(val());
       else if (k == "--bias") a.bias = true;
@@ -360,10 +363,17 @@ void sync_and_check(Setup& s, int skip = -1) {
 }
 
 // Median over replays of the max over devices of the event-timed graph launch, in ms.
-double time_replays(Setup& s, int warmup, int iters) {
+double time_replays(Setup& s, int warmup, int iters, int warmup_ms) {
   const int tp = int(s.graphs.size());
   for (int i = 0; i < warmup; ++i) launch_all(s);
   sync_and_check(s);
+  // Then at least warmup_ms of replays: an idle GPU sits at a low clock and needs a few hundred
+  // ms of load to reach its steady boost clock; a short warm-up made the same kernel vary +-5%.
+  for (auto t0 = std::chrono::steady_clock::now();
+       std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(warmup_ms);) {
+    for (int i = 0; i < 10; ++i) launch_all(s);
+    sync_and_check(s);
+  }
   std::vector<std::vector<cudaEvent_t>> ev(tp, std::vector<cudaEvent_t>(2 * iters));
   for (int d = 0; d < tp; ++d) {
     DISTGEMM_CUDA_CHECK(cudaSetDevice(s.devs[d]));
@@ -623,7 +633,7 @@ int run(const Args& a) {
     D2.clear();
   }
 
-  const double ms = time_replays(*s, a.warmup, a.iterations);
+  const double ms = time_replays(*s, a.warmup, a.iterations, a.warmup_ms);
   const double flop = 2.0 * double(a.m) * double(a.n) * double(a.k) * double(a.l);
   const double tflops = flop / a.tp / (ms * 1e-3) / 1e12;
 
@@ -642,7 +652,7 @@ int run(const Args& a) {
     random_fill<T>(ls->B[0], a.seed + 102);
     if (!ls->C.empty()) random_fill<T>(ls->C[0], a.seed + 103);
     if (!ls->bias.empty()) random_fill<T>(ls->bias[0], a.seed + 104);
-    local_ms = time_replays(*ls, a.warmup, a.iterations);
+    local_ms = time_replays(*ls, a.warmup, a.iterations, a.warmup_ms);
     eff = local_ms / ms;
   }
 

@@ -50,14 +50,14 @@ if [[ $parts == *verify* ]]; then
         for eb in "0 -" "0.5 -" "0 bias" "0.5 bias"; do
           set -- $eb; beta=$1; b=""; [ "$2" = bias ] && b=--bias
           run "v_${sch}_S${S}_${dt}_b${beta}_${2}" 120 0 --schedule $sch --tp 2 --steps $S \
-            --m 2048 --n 1024 --k 1024 --dtype $dt --beta $beta $b --iterations 3 --warmup 1 --no-local
+            --m 2048 --n 1024 --k 1024 --dtype $dt --beta $beta $b --iterations 3 --warmup 1 --warmup-ms 0 --no-local
         done
       done
     done
     run "v_${sch}_L3_S4" 120 0 --schedule $sch --tp 2 --steps 4 --m 1024 --n 1024 --k 512 --l 3 \
-      --beta 0.5 --bias --alpha 0.75 --iterations 3 --warmup 1 --no-local
+      --beta 0.5 --bias --alpha 0.75 --iterations 3 --warmup 1 --warmup-ms 0 --no-local
     run "upd_${sch}_S4" 120 0 --schedule $sch --tp 2 --steps 4 --m 4096 --n 4096 --k 4096 \
-      --beta 0.5 --bias --check-update --iterations 5 --warmup 2 --no-local
+      --beta 0.5 --bias --check-update --iterations 5 --warmup 2 --warmup-ms 0 --no-local
   done
 fi
 
@@ -78,7 +78,7 @@ fi
 if [[ $parts == *tune* ]]; then
   best=0
   for sw in 1 2 4 8; do
-    for r in 0 1 2; do
+    for r in ${RASTERS:-0 1 2}; do
       run "tune_fc1local_sw${sw}_r${r}" 120 0 --schedule ag_rotate_a --tp 1 --steps 1 --m 8192 \
         --n 28672 --k 8192 --iterations 30 --warmup 5 --no-verify --no-local --swizzle $sw --raster $r
       run "tune_olocal_sw${sw}_r${r}" 120 0 --schedule rs_tile_a --tp 1 --steps 1 --m 8192 \
@@ -97,7 +97,7 @@ fi
 
 if [[ $parts == *perf* ]]; then
   for S in 2 4 8; do
-    if [ -n "$TUNED" ]; then
+    if [ -n "$TUNED" ] && [ "$TUNED" != "--swizzle 8 --raster 0" ]; then  # else = defaults
       run "perft_fc1_ag_S$S" 180 0 --schedule ag_rotate_a --tp 2 --steps $S --m 8192 --n 57344 \
         --k 8192 --iterations 50 --warmup 10 $TUNED
       run "perft_fc2_rs_S$S" 180 0 --schedule rs_tile_a --tp 2 --steps $S --m 8192 --n 8192 \

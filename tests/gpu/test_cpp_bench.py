@@ -52,7 +52,7 @@ pytestmark = [
                               "cmake --build build-gpu (or set DISTGEMM_BENCH)"),
 ]
 
-SMALL = ["--m", "2048", "--n", "1024", "--k", "1024", "--iterations", "3", "--warmup", "1",
+SMALL = ["--m", "2048", "--n", "1024", "--k", "1024", "--iterations", "3", "--warmup", "1", "--warmup-ms", "0",
          "--no-local"]
 
 
