@@ -60,6 +60,7 @@ struct Args {
   int missing = -1;
   bool check_update = false, verify = true, local = true;
   int swizzle = device::GraphOptions{}.swizzle, raster = device::GraphOptions{}.raster;
+  bool pdl = false;
   uint64_t seed = 1234;
 };
 
@@ -70,7 +71,7 @@ struct Args {
                "[--alpha A] "
                "[--beta B] [--bias] [--timeout-s T] [--replays R] [--simulate-missing-device D] "
                "[--check-update] [--no-verify] [--no-local] [--seed X] [--swizzle 1|2|4|8] "
-               "[--raster 0|1|2]\n",
+               "[--raster 0|1|2] [--pdl]\n",
                why.c_str());
   std::exit(2);
 }
@@ -107,6 +108,7 @@ Args parse(int argc, char** argv) {
       else if (k == "--seed") a.seed = std::stoull(val());
       else if (k == "--swizzle") a.swizzle = std::stoi(val());
       else if (k == "--raster") a.raster = std::stoi(val());
+      else if (k == "--pdl") a.pdl = true;
       else usage("unknown argument " + k);
     } catch (const std::logic_error&) {
       usage("bad value for " + k);
@@ -330,6 +332,7 @@ std::unique_ptr<Setup> make_setup(const Args& a, const schedule::ScheduleDef& de
   opt.timeout_s = a.timeout_s;
   opt.swizzle = a.swizzle;
   opt.raster = a.raster;
+  opt.pdl = a.pdl;
   for (int d = 0; d < tp; ++d) {
     // Rejects misaligned shapes here, before anything is launched.
     s->graphs.push_back(std::make_unique<device::DeviceGraph>(
@@ -693,12 +696,12 @@ int run(const Args& a) {
       "RESULT schedule=%s tp=%d steps=%d m=%lld n=%lld k=%lld l=%lld dtype=%s beta=%g bias=%d "
       "rel_err=%.3e rel_err_update=%.3e rel_err_replays=%.3e verify=%s ms=%.4f "
       "tflops_per_gpu=%.1f local_ms=%.4f local_tflops=%.1f overlap_eff=%.4f update_ms=%.3f "
-      "rebuild_ms=%.3f swizzle=%d raster=%d\n",
+      "rebuild_ms=%.3f swizzle=%d raster=%d pdl=%d\n",
       a.schedule.c_str(), a.tp, a.steps, (long long)a.m, (long long)a.n, (long long)a.k,
       (long long)a.l, a.dtype.c_str(), a.beta, a.bias ? 1 : 0, rel_err, rel_err_update,
       rel_err_replays, a.verify ? (ok ? "PASS" : "FAIL") : "SKIP", ms, tflops, local_ms,
       local_ms > 0 ? flop / a.tp / (local_ms * 1e-3) / 1e12 : -1.0, eff, update_ms, rebuild_ms,
-      a.swizzle, a.raster);
+      a.swizzle, a.raster, a.pdl ? 1 : 0);
   if (!ok) std::fprintf(stderr, "error: verification failed (relative error >= 1e-2 or NaN)\n");
   return ok ? 0 : 1;
 }

@@ -54,6 +54,8 @@ if [[ $parts == *verify* ]]; then
         done
       done
     done
+    run "v_${sch}_S8_pdl" 120 0 --schedule $sch --tp 2 --steps 8 --m 2048 --n 1024 --k 1024 \
+      --beta 0.5 --bias --pdl --iterations 3 --warmup 1 --warmup-ms 0 --no-local
     run "v_${sch}_L3_S4" 120 0 --schedule $sch --tp 2 --steps 4 --m 1024 --n 1024 --k 512 --l 3 \
       --beta 0.5 --bias --alpha 0.75 --iterations 3 --warmup 1 --warmup-ms 0 --no-local
     run "upd_${sch}_S4" 120 0 --schedule $sch --tp 2 --steps 4 --m 4096 --n 4096 --k 4096 \
@@ -107,14 +109,17 @@ if [[ $parts == *perf* ]]; then
       run "perft_o_rs_S$S" 180 0 --schedule rs_tile_a --tp 2 --steps $S --m 8192 --n 8192 \
         --k 8192 --iterations 50 --warmup 10 $TUNED
     fi
-    run "perf_fc1_ag_S$S" 180 0 --schedule ag_rotate_a --tp 2 --steps $S --m 8192 --n 57344 --k 8192 \
-      --iterations 50 --warmup 10
-    run "perf_fc2_rs_S$S" 180 0 --schedule rs_tile_a --tp 2 --steps $S --m 8192 --n 8192 --k 28672 \
-      --iterations 50 --warmup 10
-    run "perf_qkv_ag_S$S" 180 0 --schedule ag_rotate_a --tp 2 --steps $S --m 8192 --n 10240 --k 8192 \
-      --iterations 50 --warmup 10
-    run "perf_o_rs_S$S" 180 0 --schedule rs_tile_a --tp 2 --steps $S --m 8192 --n 8192 --k 8192 \
-      --iterations 50 --warmup 10
+    for v in "" --pdl; do
+      tag=${v:+_pdl}
+      run "perf_fc1_ag_S$S$tag" 180 0 --schedule ag_rotate_a --tp 2 --steps $S --m 8192 --n 57344 \
+        --k 8192 --iterations 50 --warmup 10 $v
+      run "perf_fc2_rs_S$S$tag" 180 0 --schedule rs_tile_a --tp 2 --steps $S --m 8192 --n 8192 \
+        --k 28672 --iterations 50 --warmup 10 $v
+      run "perf_qkv_ag_S$S$tag" 180 0 --schedule ag_rotate_a --tp 2 --steps $S --m 8192 --n 10240 \
+        --k 8192 --iterations 50 --warmup 10 $v
+      run "perf_o_rs_S$S$tag" 180 0 --schedule rs_tile_a --tp 2 --steps $S --m 8192 --n 8192 \
+        --k 8192 --iterations 50 --warmup 10 $v
+    done
   done
 fi
 

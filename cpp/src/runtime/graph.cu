@@ -232,7 +232,9 @@ cudaGraph_t DeviceGraph::capture(const UserBuffers& user) {
     // Compute chain, each GEMM followed by its signals on the signal branch.
     for (size_t i = 0; i < prog.gemms.size(); ++i) {
       const auto& op = prog.gemms[i];
-      kernel::gemm_launch(gemm_desc(op, user),
+      kernel::GemmDesc desc = gemm_desc(op, user);
+      desc.pdl = opt_.pdl && i > 0;  // GEMM 0 follows the entry barrier: a full edge
+      kernel::gemm_launch(desc,
                           wait_spec(op.waits, op.iteration, kernel::kWaitGemm), cuda_device_,
                           s_gemm_);
       ++st.gemm_nodes;

@@ -88,6 +88,10 @@ struct GraphOptions {
   // GEMM tile order (see kernel::GemmDesc): swizzle 1/2/4/8, raster 0 heuristic / 1 M / 2 N.
   int swizzle = 8;
   int raster = 0;
+  // GEMM i+1 launched with programmatic dependent launch after GEMM i (tail filling: the next
+  // step's tiles start on SMs freed by the last wave of the previous step). Safe because the
+  // plan's GEMMs of one device share no data; signals and copies keep full edges.
+  bool pdl = false;
 };
 
 struct GraphStats {

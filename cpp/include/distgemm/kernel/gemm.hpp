@@ -46,6 +46,11 @@ struct GemmDesc {
   // swizzle 8 gave +5% (FC1) to +21% (FC2) over CUTLASS's default swizzle 1.
   int swizzle = 8;
   int raster = 0;
+  // Programmatic dependent launch: this GEMM may start on SMs freed by the previous kernel of the
+  // stream while that kernel's last tiles still run (every GEMM CTA signals
+  // griddepcontrol.launch_dependents on entry). Only for a previous kernel this GEMM has no data
+  // dependence on: the runtime's GEMMs exchange data only through flags.
+  bool pdl = false;
 };
 
 // "" when the kernel can run `g`; otherwise the reason, in words, with the values and the fix.

@@ -158,6 +158,9 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock,
     waiting_gemm_kernel(CUTLASS_GRID_CONSTANT typename GemmKernel::Params const params,
                         CUTLASS_GRID_CONSTANT WaitSpec const wait) {
   extern __shared__ char smem[];
+  // Lets a PDL-launched successor be scheduled once every CTA of this grid is resident; the
+  // successor only takes SMs that this grid's finished CTAs give back (no-op without one).
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   if (!leading_barrier(wait, smem)) return;
   GemmKernel op;
   op(params, smem);
@@ -290,13 +293,15 @@ struct Runner {
     cfg.blockDim = Kernel::get_block_shape();
     cfg.dynamicSmemBytes = smem_bytes();
     cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
+    cudaLaunchAttribute attr[2];
     attr[0].id = cudaLaunchAttributeClusterDimension;
     attr[0].val.clusterDim.x = cute::size<0>(typename Cfg::ClusterShape{});
     attr[0].val.clusterDim.y = cute::size<1>(typename Cfg::ClusterShape{});
     attr[0].val.clusterDim.z = 1;
+    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = g.pdl ? 2 : 1;
     cudaError_t e = cudaLaunchKernelEx(&cfg, waiting_gemm_kernel<Kernel>, params, wait);
     if (e != cudaSuccess)
       throw std::runtime_error(std::string("GEMM launch failed: ") + cudaGetErrorString(e));
