@@ -262,11 +262,30 @@ class PyGraph {
     graph_ = std::make_unique<DeviceGraph>(plan, rank, cuda_device, dt, epi, bases, user, opt);
   }
 
-  void update(uint64_t a, uint64_t b, uint64_t c, uint64_t d, uint64_t bias) {
+  // New user pointers. The graph-exec update is tried first; where the driver refuses it
+  // (measured on 2x H200, one process per GPU: cudaGraphExecUpdate returns
+  // cudaGraphExecUpdateErrorParametersChanged for the all-gather graphs, whose copy nodes read
+  // the user's A and write a peer's IPC-mapped slot) the graph is re-instantiated instead.
+  // Returns true when it had to rebuild. Shape errors (std::invalid_argument) propagate as they
+  // are.
+  bool update(uint64_t a, uint64_t b, uint64_t c, uint64_t d, uint64_t bias) {
     const UserBuffers u = user_from(a, b, c, d, bias);
     py::gil_scoped_release nogil;
-    graph_->update(u);
+    if (!update_refused_) {
+      try {
+        graph_->update(u);
+        return false;
+      } catch (const std::invalid_argument&) {
+        throw;
+      } catch (const std::runtime_error&) {
+        update_refused_ = true;  // the same topology will be refused again: go straight to rebuild
+      }
+    }
+    graph_->rebuild(u);
+    ++rebuilds_;
+    return true;
   }
+  int64_t rebuilds() const { return rebuilds_; }
 
   void launch(uint64_t stream) {
     cudaStream_t s = reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(stream));
@@ -303,6 +322,8 @@ class PyGraph {
  private:
   std::shared_ptr<LaunchOrder> order_;
   std::unique_ptr<DeviceGraph> graph_;
+  bool update_refused_ = false;
+  int64_t rebuilds_ = 0;
 };
 
 }  // namespace
@@ -345,7 +366,11 @@ void register_runtime(py::module_& m) {
            py::arg("a"), py::arg("b"), py::arg("c"), py::arg("d"), py::arg("bias_ptr"),
            py::arg("timeout_s"), py::arg("order"))
       .def("update", &PyGraph::update, py::arg("a"), py::arg("b"), py::arg("c"), py::arg("d"),
-           py::arg("bias_ptr"), "Retarget the graph at new user buffers (graph-exec update).")
+           py::arg("bias_ptr"),
+           "Retarget the graph at new user buffers: a graph-exec update, or a re-instantiation "
+           "where the driver refuses the update (returns True then).")
+      .def_property_readonly("rebuilds", &PyGraph::rebuilds,
+                             "How many retargets needed a re-instantiation.")
       .def("launch", &PyGraph::launch, py::arg("stream"), "Enqueue one launch on `stream`.")
       .def("error", &PyGraph::error,
            "'' or the timeout report of this rank (read after synchronising).")
