@@ -262,10 +262,11 @@ class PyGraph {
     graph_ = std::make_unique<DeviceGraph>(plan, rank, cuda_device, dt, epi, bases, user, opt);
   }
 
-  // New user pointers. The graph-exec update is tried first; where the driver refuses it
-  // (measured on 2x H200, one process per GPU: cudaGraphExecUpdate returns
-  // cudaGraphExecUpdateErrorParametersChanged for the all-gather graphs, whose copy nodes read
-  // the user's A and write a peer's IPC-mapped slot) the graph is re-instantiated instead.
+  // New user pointers. The graph-exec update is tried first; where the driver refuses it the
+  // graph is re-instantiated instead. Measured on 2x H200: cudaGraphExecUpdate returns
+  // cudaGraphExecUpdateErrorParametersChanged (result 5) for graphs whose copy-engine nodes read
+  // a user buffer (ag_rotate_a/b pushes; distgemm_bench --check-update fails the same way in
+  // one process), while the reduce-scatter graphs update fine.
   // Returns true when it had to rebuild. Shape errors (std::invalid_argument) propagate as they
   // are.
   bool update(uint64_t a, uint64_t b, uint64_t c, uint64_t d, uint64_t bias) {
