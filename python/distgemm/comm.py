@@ -176,6 +176,7 @@ class Communicator:
         self._workspaces: List[_Workspace] = []
         self.plans: "collections.OrderedDict[Any, Any]" = collections.OrderedDict()
         self._broken: Optional[str] = None
+        self.last_key = None  # the plan of the last call (skips the LRU bookkeeping on repeats)
         self._exchange_seq = 0
         ranks = dist.get_process_group_ranks(self.group)
         # Our own gloo group: bounded, CPU-only control exchanges (see the module docstring).
@@ -370,6 +371,10 @@ _DEFAULT: Dict[Any, Communicator] = {}
 def get_communicator(group=None) -> Communicator:
     """The communicator the ops use for ``group``: a Communicator passes through; a process group
     (default: the world group) gets one, created on first use (a collective)."""
+    if group is None:
+        comm = _DEFAULT.get(None)
+        if comm is not None and not comm._closed:
+            return comm
     if isinstance(group, Communicator):
         group._require_open()
         return group
@@ -379,6 +384,8 @@ def get_communicator(group=None) -> Communicator:
     if comm is None or comm.closed:
         comm = Communicator(group)
         _DEFAULT[key] = comm
+    if group is None:
+        _DEFAULT[None] = comm  # the world group's communicator, found without asking torch
     return comm
 
 
