@@ -34,7 +34,7 @@ class _Comm:
     """Two ranks that always agree: enough for plan creation without torch.distributed."""
 
     rank, tp, device, wait_timeout_s = 0, 2, torch.device("cpu"), 5.0
-    _broken, last_key = None, None
+    _broken = None
 
     def __init__(self):
         self.plans = collections.OrderedDict()

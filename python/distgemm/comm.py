@@ -176,7 +176,6 @@ class Communicator:
         self._workspaces: List[_Workspace] = []
         self.plans: "collections.OrderedDict[Any, Any]" = collections.OrderedDict()
         self._broken: Optional[str] = None
-        self.last_key = None  # the plan of the last call (skips the LRU bookkeeping on repeats)
         self._exchange_seq = 0
         ranks = dist.get_process_group_ranks(self.group)
         # Our own gloo group: bounded, CPU-only control exchanges (see the module docstring).

@@ -213,7 +213,6 @@ class _Entry:
     slots: Optional[torch.Tensor] = None
     gather_shape: Optional[Tuple[int, int]] = None
     out_shape: Tuple[int, ...] = ()
-    last_ptrs: Optional[Tuple[int, ...]] = None
 
 
 def _gather_recipe(spec: Spec, rank: int):
@@ -273,9 +272,7 @@ def _create_entry(comm: Communicator, key, make) -> _Entry:
 def _graph(comm: Communicator, entry: _Entry, ptrs: Tuple[int, int, int, int, int]):
     g = entry.graphs.get(ptrs)
     if g is not None:
-        if entry.last_ptrs != ptrs:  # LRU order; a repeat of the last call needs no bookkeeping
-            entry.graphs.move_to_end(ptrs)
-            entry.last_ptrs = ptrs
+        entry.graphs.move_to_end(ptrs)  # LRU order
         return g
     if len(entry.graphs) < GRAPHS_PER_PLAN:
         s = entry.spec
@@ -287,7 +284,6 @@ def _graph(comm: Communicator, entry: _Entry, ptrs: Tuple[int, int, int, int, in
         _, g = entry.graphs.popitem(last=False)
         g.update(*ptrs)
     entry.graphs[ptrs] = g
-    entry.last_ptrs = ptrs
     return g
 
 
@@ -331,9 +327,8 @@ def _run(op: str, group, key, make, tensors: Dict[str, Optional[torch.Tensor]],
             return make(comm)
 
         entry = _create_entry(comm, key, first)
-    elif comm.last_key is not key and comm.last_key != key:
-        plans.move_to_end(key)
-    comm.last_key = key
+    else:
+        plans.move_to_end(key)  # LRU order (O(1), cheaper than checking whether it is needed)
     device = comm.device
     a, w = tensors["a"], tensors["w"]
     c = tensors.get("c") if entry.beta != 0.0 else None
