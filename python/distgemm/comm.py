@@ -334,10 +334,12 @@ class Communicator:
             except Exception:
                 pass
         # Every rank has unmapped its peers before anyone frees: barrier on the control group
-        # (skipped when torch.distributed is already gone at interpreter exit).
+        # (skipped when torch.distributed is already gone at interpreter exit). Bounded: a rank
+        # that died must not hold the others' exit for the whole control timeout.
         try:
             if dist.is_initialized():
-                dist.barrier(group=self._ctl)
+                dist.monitored_barrier(group=self._ctl, timeout=datetime.timedelta(
+                    seconds=min(self.timeout_s, 10.0)), wait_all_ranks=True)
         except Exception:
             pass
         for w in self._workspaces:
