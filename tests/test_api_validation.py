@@ -423,3 +423,92 @@ def test_communicator_needs_cuda(monkeypatch):
             comm_mod.Communicator()
     finally:
         dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------------
+# Workspace sharing (Communicator.workspace_for) with the CUDA parts replaced: which workspace a
+# plan gets, and the base shift that puts every plan's control region on the same addresses.
+
+class FakeIpcWorkspace:
+    allocated = []
+
+    def __init__(self, device, nbytes):
+        self.device, self.nbytes, self.freed = device, nbytes, False
+        self.base = 0x10000000 * (len(FakeIpcWorkspace.allocated) + 1)
+        FakeIpcWorkspace.allocated.append(self)
+
+    def handle(self):
+        return b"h" * 64
+
+    def open_peers(self, handles, rank):
+        self.peer_bases = [self.base + 0x1000000 * r for r in range(len(handles))]
+        self.peer_bases[rank] = self.base
+
+    def bases(self):
+        return self.peer_bases
+
+    def free(self):
+        self.freed = True
+
+
+def fake_comm(peer_errors=None):
+    import types
+
+    FakeIpcWorkspace.allocated = []
+    c = object.__new__(comm_mod.Communicator)
+    c.rank, c.tp, c._closed, c._workspaces = 0, 2, False, []
+    c._core = types.SimpleNamespace(IpcWorkspace=FakeIpcWorkspace, LaunchOrder=lambda dev: "order")
+    sent = []
+
+    def all_gather(obj, what):
+        sent.append(what)
+        peer = (peer_errors or {}).get(what, obj if not isinstance(obj, tuple) else (b"p" * 64, None))
+        return [obj, peer]
+
+    c.all_gather = all_gather
+    c.device = types.SimpleNamespace(index=0)
+    return c, sent
+
+
+def layout(slots, flags_bytes=128):
+    control = flags_bytes + 128 + 256
+    return {"slots_offset": 0, "slots_bytes": slots, "flags_offset": slots, "flags_bytes": flags_bytes,
+            "barrier_offset": slots + flags_bytes, "barrier_bytes": 128, "epoch_offset": 0,
+            "total_bytes": slots + control}
+
+
+def test_plans_share_the_biggest_workspace_with_aligned_control_regions():
+    c, sent = fake_comm()
+    ws1, bases1 = c.workspace_for(layout(4096))
+    assert len(FakeIpcWorkspace.allocated) == 1 and sent == ["workspace IPC handle exchange",
+                                                             "workspace IPC open"]
+    assert ws1.core.nbytes == 4096 + 512
+    # A smaller plan reuses it: its slots end where the big plan's end, so its flags, barrier
+    # slots and epoch word (after the slots) are at the same addresses as the big plan's.
+    ws2, bases2 = c.workspace_for(layout(1024))
+    assert ws2 is ws1 and len(FakeIpcWorkspace.allocated) == 1
+    assert [b2 + 1024 for b2 in bases2] == [b1 + 4096 for b1 in bases1]
+    # A bigger plan needs a new workspace; later small plans use the biggest one.
+    ws3, _ = c.workspace_for(layout(8192))
+    assert ws3 is not ws1 and len(FakeIpcWorkspace.allocated) == 2
+    ws4, bases4 = c.workspace_for(layout(512))
+    assert ws4 is ws3 and bases4[0] == ws3.bases[0] + 8192 - 512
+    # A different control layout (more flags) never shares one.
+    ws5, _ = c.workspace_for(layout(512, flags_bytes=256))
+    assert ws5 not in (ws1, ws3) and len(FakeIpcWorkspace.allocated) == 3
+
+
+def test_a_peer_allocation_failure_raises_on_every_rank_and_frees():
+    c, _ = fake_comm(peer_errors={
+        "workspace IPC handle exchange": (b"", "allocating 4608 bytes on cuda:1: out of memory")})
+    with pytest.raises(RuntimeError, match=r"distgemm workspace setup failed on rank 1: allocating "
+                                           r"4608 bytes on cuda:1: out of memory"):
+        c.workspace_for(layout(4096))
+    assert FakeIpcWorkspace.allocated[0].freed and c._workspaces == []
+
+
+def test_a_peer_ipc_open_failure_raises_on_every_rank():
+    c, _ = fake_comm(peer_errors={"workspace IPC open": "cudaIpcOpenMemHandle failed"})
+    with pytest.raises(RuntimeError, match=r"failed on rank 1: cudaIpcOpenMemHandle failed"):
+        c.workspace_for(layout(4096))
+    assert FakeIpcWorkspace.allocated[0].freed
