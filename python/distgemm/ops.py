@@ -35,9 +35,11 @@ CUDA graph capture. The ops are themselves CUDA graph launches whose pointers ar
 calls; they cannot be captured into a user's graph (``torch.cuda.graph``): a call during capture
 raises RuntimeError before anything is enqueued. Capture the rest of the model around them.
 
-``steps=None`` uses S = TP (one tile per rank's shard). S = 2*TP splits each shard in two (a
-smaller first bubble, more launches and flags); the measurements behind this default are in
-``benchmarks/results/2026-11-22-python-api.md``.
+``steps=None`` picks S with ``default_steps``: S = 2*TP when the schedule can split its split
+mode (M or N) into 2*TP tiles of at least ``MIN_TILE_FOR_2TP`` rows/columns, else S = TP. On
+2x H200, Llama-70B FC1/FC2 (M=8192, bf16), S=4 was 3% (FC1) and 4% (FC2) faster than S=2 through
+this API (benchmarks/results/2026-11-22-python-api.md); the threshold keeps small problems (few
+tokens) at one tile per shard, where halving the tiles would cost GEMM efficiency (not measured).
 """
 from __future__ import annotations
 
@@ -123,6 +125,32 @@ class Spec:
     plan: Dict[str, Any] = field(repr=False, default_factory=dict)
 
 
+# steps=None: S = 2*TP only when each of the 2*TP tiles keeps at least this many rows (split M)
+# or columns (split N); see the module docstring for the measurement.
+MIN_TILE_FOR_2TP = 1024
+
+
+def default_steps(schedule: str, tp: int, a: torch.Tensor, w: torch.Tensor) -> int:
+    """S for ``steps=None``: 2*TP when the split mode has 2*TP tiles of at least
+    MIN_TILE_FOR_2TP that the Plan accepts (and 16-byte aligned column tiles), else TP."""
+    d = _core.schedule_definition(schedule)
+    part = d["partition"]
+    if a.dim() != 2 or w.dim() != 2 or tp < 2:
+        return tp
+    m = a.shape[0] * tp if part["a"] == "M" else a.shape[0]
+    k = a.shape[1] * tp if part["a"] == "K" else a.shape[1]
+    n = w.shape[0] * tp if part["b"] == "N" else w.shape[0]
+    extent = m if d["split"] == "M" else n
+    s2 = 2 * tp
+    if extent % s2 or extent // s2 < MIN_TILE_FOR_2TP:
+        return tp
+    if _core.validate(schedule, tp, s2, m, n, k, 1):
+        return tp
+    if d["split"] == "N" and (extent // s2) % 8:
+        return tp
+    return s2
+
+
 def _fmt(s) -> str:
     return "[" + ", ".join(str(x) for x in s) + "]"
 
@@ -134,7 +162,8 @@ def make_spec(op: str, schedule: str, tp: int, rank: int, steps: Optional[int],
     ``tp`` ranks; ValueError naming the constraint and the values. Shapes only: no device, no
     communicator."""
     if not isinstance(schedule, str):
-        raise TypeError(f"{op}: schedule must be a schedule name (str), got {type(schedule).__name__}")
+        raise TypeError(f"{op}: schedule must be a schedule name (str), got "
+                        f"{type(schedule).__name__}")
     defs = {d["name"]: d for d in _core.schedules()}
     want = _COLLECTIVE[op]
     if schedule not in defs or defs[schedule]["collective"] != want:
@@ -142,7 +171,7 @@ def make_spec(op: str, schedule: str, tp: int, rank: int, steps: Optional[int],
         raise ValueError(f"{op}: schedule '{schedule}' is not a {want} schedule; use one of "
                          f"{', '.join(fits)}")
     if steps is None:
-        steps = tp
+        steps = default_steps(schedule, tp, a, w)
     if not isinstance(steps, int) or isinstance(steps, bool):
         raise TypeError(f"{op}: steps must be an int or None, got {steps!r}")
     for name, t in (("a" if op != "all_gather_gemm" else "a_shard", a), ("w", w)):
@@ -184,8 +213,9 @@ def make_spec(op: str, schedule: str, tp: int, rank: int, steps: Optional[int],
         shapes["c"] = tuple(local["C"])
     for name, t in (("bias", bias), ("c", c if beta != 0.0 else None), ("out", out)):
         if t is not None and tuple(t.shape) != shapes[name]:
-            raise ValueError(f"{op}: {name} has shape {_fmt(t.shape)}, expected {_fmt(shapes[name])}"
-                             f" (per rank; {schedule}, TP={tp}, global M={m} N={n} K={k})")
+            raise ValueError(f"{op}: {name} has shape {_fmt(t.shape)}, expected "
+                             f"{_fmt(shapes[name])} (per rank; {schedule}, TP={tp}, global M={m} "
+                             f"N={n} K={k})")
     return Spec(op, schedule, tp, steps, m, n, k, shapes, plan)
 
 
@@ -252,7 +282,8 @@ def _create_entry(comm: Communicator, key, make) -> _Entry:
     problem = signature_mismatch(sigs, op)
     if problem:
         raise ValueError(problem)
-    layout = _core.workspace_layout(spec.schedule, spec.tp, spec.steps, spec.m, spec.n, spec.k, 1, 2)
+    layout = _core.workspace_layout(spec.schedule, spec.tp, spec.steps, spec.m, spec.n, spec.k,
+                                    1, 2)
     ws, bases = comm.workspace_for(layout)
     entry = _Entry(spec=spec, dtype=dtype, beta=beta, has_bias=has_bias, ws=ws, bases=bases,
                    graphs=collections.OrderedDict(), out_shape=torch.Size(spec.shapes["out"]))
@@ -402,14 +433,16 @@ def all_gather_gemm(a_shard: torch.Tensor, w: torch.Tensor, *, bias: Optional[to
     ``return_gathered``, the gathered ``[N, K]`` weight.
 
     Args: bf16 or fp16 tensors on this rank's GPU, contiguous, 16-byte aligned; K (and N_local,
-    resp. N/S for ag_rotate_b) a multiple of 8. ``steps``: S = k*TP pipeline steps; None: S = TP.
+    resp. N/S for ag_rotate_b) a multiple of 8. ``steps``: S = k*TP pipeline steps; None:
+    ``default_steps`` (2*TP for large problems, else TP).
     ``group``: a ProcessGroup (default: the world group) or a ``distgemm.Communicator``.
     M must be divisible by S (ag_rotate_a; N by S for ag_rotate_b).
     """
     op = "all_gather_gemm"
     dtype = check_types(op, {"a_shard": a_shard, "w": w, "bias": bias, "out": out})
     key = (op, schedule, steps, dtype,
-           (("a_shard", a_shard.shape), ("w", w.shape), ("bias", None if bias is None else bias.shape)),
+           (("a_shard", a_shard.shape), ("w", w.shape),
+            ("bias", None if bias is None else bias.shape)),
            0.0, bias is not None, bool(return_gathered))
 
     def make(comm):
@@ -443,10 +476,11 @@ def gemm_reduce_scatter(a: torch.Tensor, w: torch.Tensor, *, bias: Optional[torc
 
     Args: bf16 or fp16 tensors on this rank's GPU, contiguous, 16-byte aligned; K_local and N
     (N/S for rs_tile_b) multiples of 8; M (rs_tile_a) resp. N (rs_tile_b) divisible by S.
-    ``beta``: default 0.0. ``steps``: S = k*TP; None: S = TP. ``group``: a ProcessGroup (default:
-    the world group) or a ``distgemm.Communicator``.
+    ``beta``: default 0.0. ``steps``: S = k*TP; None: ``default_steps``. ``group``: a
+    ProcessGroup (default: the world group) or a ``distgemm.Communicator``.
     """
-    return _gemm_then_reduce("gemm_reduce_scatter", schedule, a, w, bias, c, beta, steps, out, group)
+    return _gemm_then_reduce("gemm_reduce_scatter", schedule, a, w, bias, c, beta, steps, out,
+                             group)
 
 
 def gemm_all_reduce(a: torch.Tensor, w: torch.Tensor, *, bias: Optional[torch.Tensor] = None,
@@ -470,7 +504,8 @@ def gemm_all_reduce(a: torch.Tensor, w: torch.Tensor, *, bias: Optional[torch.Te
     - ``out`` (returned): ``[M, N]``, identical on every rank; written in place when given
 
     Args: bf16 or fp16 tensors on this rank's GPU, contiguous, 16-byte aligned; K_local and N
-    multiples of 8; M divisible by S. ``beta``: default 0.0. ``steps``: S = k*TP; None: S = TP.
+    multiples of 8; M divisible by S. ``beta``: default 0.0. ``steps``: S = k*TP; None:
+    ``default_steps``.
     ``group``: a ProcessGroup (default: the world group) or a ``distgemm.Communicator``.
     """
     return _gemm_then_reduce("gemm_all_reduce", "gemm_allreduce", a, w, bias, c, beta, steps, out,
