@@ -47,7 +47,8 @@ if [[ $parts == *verify* ]]; then
   for sch in $SCHEDS; do
     for S in 2 4 8; do
       for dt in bf16 fp16; do
-        for eb in "0 -" "0.5 -" "0 bias" "0.5 bias"; do
+        IFS='|' read -ra epis <<< "${EPI:-0 -|0.5 -|0 bias|0.5 bias}"
+        for eb in "${epis[@]}"; do
           set -- $eb; beta=$1; b=""; [ "$2" = bias ] && b=--bias
           run "v_${sch}_S${S}_${dt}_b${beta}_${2}" 120 0 --schedule $sch --tp 2 --steps $S \
             --m 2048 --n 1024 --k 1024 --dtype $dt --beta $beta $b --iterations 3 --warmup 1 --warmup-ms 0 --no-local
@@ -98,7 +99,7 @@ if [[ $parts == *tune* ]]; then
 fi
 
 if [[ $parts == *perf* ]]; then
-  for S in 2 4 8; do
+  for S in ${PERF_STEPS:-2 4 8}; do
     if [ -n "$TUNED" ] && [ "$TUNED" != "--swizzle 8 --raster 0" ]; then  # else = defaults
       run "perft_fc1_ag_S$S" 180 0 --schedule ag_rotate_a --tp 2 --steps $S --m 8192 --n 57344 \
         --k 8192 --iterations 50 --warmup 10 $TUNED
@@ -109,7 +110,8 @@ if [[ $parts == *perf* ]]; then
       run "perft_o_rs_S$S" 180 0 --schedule rs_tile_a --tp 2 --steps $S --m 8192 --n 8192 \
         --k 8192 --iterations 50 --warmup 10 $TUNED
     fi
-    for v in "" --pdl; do
+    for v in ${PERF_VARIANTS:-plain --pdl}; do
+      [ "$v" = plain ] && v=""
       tag=${v:+_pdl}
       run "perf_fc1_ag_S$S$tag" 180 0 --schedule ag_rotate_a --tp 2 --steps $S --m 8192 --n 57344 \
         --k 8192 --iterations 50 --warmup 10 $v

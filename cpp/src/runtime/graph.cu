@@ -1,8 +1,9 @@
 // Graph builder: turns one device's DeviceProgram of a Plan into a CUDA graph by stream capture
-// over three streams (GEMM chain, copy branch, signal branch); see device/graph.hpp for the
+// over two streams (GEMM chain, side chain of copy-engine nodes); see device/graph.hpp for the
 // timeline and the reason for each edge.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <stdexcept>
 #include <string>
@@ -59,11 +60,8 @@ DeviceGraph::DeviceGraph(const schedule::Plan& plan, int rank, int cuda_device, 
   kernel::gemm_prepare(dtype_, cuda_device_);
   DISTGEMM_CUDA_CHECK(cudaStreamCreateWithFlags(&s_gemm_, cudaStreamNonBlocking));
   DISTGEMM_CUDA_CHECK(cudaStreamCreateWithFlags(&s_copy_, cudaStreamNonBlocking));
-  DISTGEMM_CUDA_CHECK(cudaStreamCreateWithFlags(&s_signal_, cudaStreamNonBlocking));
   DISTGEMM_CUDA_CHECK(cudaEventCreateWithFlags(&ev_barrier_, cudaEventDisableTiming));
   DISTGEMM_CUDA_CHECK(cudaEventCreateWithFlags(&ev_copy_end_, cudaEventDisableTiming));
-  DISTGEMM_CUDA_CHECK(cudaEventCreateWithFlags(&ev_signal_end_, cudaEventDisableTiming));
-  DISTGEMM_CUDA_CHECK(cudaEventCreateWithFlags(&ev_gemm_signals_, cudaEventDisableTiming));
   const auto& prog = plan_.devices[rank_];
   ev_gemm_.resize(prog.gemms.size());
   for (auto& e : ev_gemm_) DISTGEMM_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -89,11 +87,8 @@ DeviceGraph::~DeviceGraph() {
   for (auto e : ev_gemm_) cudaEventDestroy(e);
   if (ev_barrier_) cudaEventDestroy(ev_barrier_);
   if (ev_copy_end_) cudaEventDestroy(ev_copy_end_);
-  if (ev_signal_end_) cudaEventDestroy(ev_signal_end_);
-  if (ev_gemm_signals_) cudaEventDestroy(ev_gemm_signals_);
   if (s_gemm_) cudaStreamDestroy(s_gemm_);
   if (s_copy_) cudaStreamDestroy(s_copy_);
-  if (s_signal_) cudaStreamDestroy(s_signal_);
   if (abort_) cudaFree(abort_);
   if (record_host_) cudaFreeHost(record_host_);
 }
@@ -227,48 +222,57 @@ cudaGraph_t DeviceGraph::capture(const UserBuffers& user) {
     kernel::entry_barrier_launch(eb_spec, s_gemm_);
     DISTGEMM_CUDA_CHECK(cudaEventRecord(ev_barrier_, s_gemm_));
     DISTGEMM_CUDA_CHECK(cudaStreamWaitEvent(s_copy_, ev_barrier_, 0));
-    DISTGEMM_CUDA_CHECK(cudaStreamWaitEvent(s_signal_, ev_barrier_, 0));
 
-    // Compute chain, each GEMM followed by its signals on the signal branch.
+    // Compute chain.
     for (size_t i = 0; i < prog.gemms.size(); ++i) {
       const auto& op = prog.gemms[i];
       kernel::GemmDesc desc = gemm_desc(op, user);
       desc.pdl = opt_.pdl && i > 0;  // GEMM 0 follows the entry barrier: a full edge
-      kernel::gemm_launch(desc,
-                          wait_spec(op.waits, op.iteration, kernel::kWaitGemm), cuda_device_,
-                          s_gemm_);
+      kernel::gemm_launch(desc, wait_spec(op.waits, op.iteration, kernel::kWaitGemm),
+                          cuda_device_, s_gemm_);
       ++st.gemm_nodes;
       DISTGEMM_CUDA_CHECK(cudaEventRecord(ev_gemm_[i], s_gemm_));
-      if (!op.signals.empty()) {
-        DISTGEMM_CUDA_CHECK(cudaStreamWaitEvent(s_signal_, ev_gemm_[i], 0));
-        for (const auto& f : op.signals) {
-          DISTGEMM_CUDA_CHECK(cudaMemcpyAsync(flag_of(f), epoch, 4, cudaMemcpyDefault, s_signal_));
-          ++st.signal_nodes;
-        }
-      }
     }
 
-    DISTGEMM_CUDA_CHECK(cudaEventRecord(ev_gemm_signals_, s_signal_));
-
-    // Copy branch, in plan order.
-    bool spin_allowed = false;
-    for (size_t c = 0; c < prog.copies.size(); ++c) {
+    // Side chain: every copy-engine node (GEMM signals, plan copies with their signals) and the
+    // copies' wait kernels in ONE in-order chain, merged by the GEMM each one follows (see the
+    // header for the deadlock this prevents). Key: the GEMM index an op waits for; -1: none
+    // (all-gather pushes, first); S: after the last GEMM (copies with flag waits).
+    struct SideOp {
+      int key;
+      int order;  // GEMM signals before copies of the same key, then plan order
+      int copy;   // -1: the signals of GEMM `key`
+    };
+    const int S = static_cast<int>(prog.gemms.size());
+    std::vector<SideOp> side;
+    for (int i = 0; i < S; ++i)
+      if (!prog.gemms[i].signals.empty()) side.push_back({i, 0, -1});
+    for (int c = 0; c < static_cast<int>(prog.copies.size()); ++c) {
       const auto& cp = prog.copies[c];
-      if (cp.after_gemm >= 0) {
-        if (cp.after_gemm >= static_cast<int>(ev_gemm_.size()))
-          throw std::logic_error("internal: copy after a GEMM index the plan does not have");
-        DISTGEMM_CUDA_CHECK(cudaStreamWaitEvent(s_copy_, ev_gemm_[cp.after_gemm], 0));
+      if (cp.after_gemm >= S) throw std::logic_error("internal: copy after a GEMM the plan lacks");
+      const int key = !cp.waits.empty() ? S : cp.after_gemm;
+      side.push_back({key, 1 + c, c});
+    }
+    std::stable_sort(side.begin(), side.end(), [](const SideOp& x, const SideOp& y) {
+      return x.key != y.key ? x.key < y.key : x.order < y.order;
+    });
+    int waited = -1;  // the chain is in order: waiting for the latest GEMM so far is enough
+    for (const SideOp& so : side) {
+      const int target = std::min(so.key, S - 1);
+      if (target > waited) {
+        DISTGEMM_CUDA_CHECK(cudaStreamWaitEvent(s_copy_, ev_gemm_[target], 0));
+        waited = target;
       }
-      if (!cp.waits.empty()) {
-        // Spinning nodes only after this device's last GEMM and its signals (see the header).
-        if (!spin_allowed) {
-          if (!ev_gemm_.empty())
-            DISTGEMM_CUDA_CHECK(cudaStreamWaitEvent(s_copy_, ev_gemm_.back(), 0));
-          DISTGEMM_CUDA_CHECK(cudaStreamWaitEvent(s_copy_, ev_gemm_signals_, 0));
-          spin_allowed = true;
+      if (so.copy < 0) {
+        for (const auto& f : prog.gemms[so.key].signals) {
+          DISTGEMM_CUDA_CHECK(cudaMemcpyAsync(flag_of(f), epoch, 4, cudaMemcpyDefault, s_copy_));
+          ++st.signal_nodes;
         }
-        kernel::copy_wait_launch(wait_spec(cp.waits, static_cast<int>(c), kernel::kWaitCopy),
-                                 s_copy_);
+        continue;
+      }
+      const auto& cp = prog.copies[so.copy];
+      if (!cp.waits.empty()) {
+        kernel::copy_wait_launch(wait_spec(cp.waits, so.copy, kernel::kWaitCopy), s_copy_);
         ++st.wait_kernels;
       }
       char* src = byte_ptr(resolve(cp.src, user, "copy source"));
@@ -305,11 +309,9 @@ cudaGraph_t DeviceGraph::capture(const UserBuffers& user) {
       }
     }
 
-    // Join: the launch ends after every branch.
+    // Join: the launch ends after the side chain too.
     DISTGEMM_CUDA_CHECK(cudaEventRecord(ev_copy_end_, s_copy_));
-    DISTGEMM_CUDA_CHECK(cudaEventRecord(ev_signal_end_, s_signal_));
     DISTGEMM_CUDA_CHECK(cudaStreamWaitEvent(s_gemm_, ev_copy_end_, 0));
-    DISTGEMM_CUDA_CHECK(cudaStreamWaitEvent(s_gemm_, ev_signal_end_, 0));
   } catch (...) {
     cudaGraph_t broken = nullptr;
     cudaStreamEndCapture(s_gemm_, &broken);  // leave the stream usable; the error is rethrown

@@ -1,20 +1,25 @@
 // One device's CUDA graph for a Plan: build once, replay, retarget with graph-exec updates.
 //
-// Timeline (TP=2, S=2, ag_rotate_a; the other schedules differ only in what the branches carry):
+// Timeline (TP=2, S=2, ag_rotate_a; the other schedules differ only in what the side chain
+// carries):
 //
-//   dev0 SMs  | EB | GEMM0 (own A rows)  |w| GEMM1 (slot0: dev1's rows) |
-//   dev0 CE   |    | push A0 -> dev1.slot0 | sig dev1.f0 |              (copy branch)
-//   dev0 CE'  |    |                     sig... (signals of GEMMs; RS: after each GEMM)
-//   dev1 SMs  | EB | GEMM0 (own A rows)  |w| GEMM1 (slot0: dev0's rows) |
-//   dev1 CE   |    | push A1 -> dev0.slot0 | sig dev0.f0 |
+//   dev0 SMs   | EB | GEMM0 (own A rows)   |w| GEMM1 (slot0: dev1's rows) |
+//   dev0 side  |    | push A0 -> dev1.slot0 | sig dev1.f0 |
+//   dev1 SMs   | EB | GEMM0 (own A rows)   |w| GEMM1 (slot0: dev0's rows) |
+//   dev1 side  |    | push A1 -> dev0.slot0 | sig dev0.f0 |
 //   legend: EB entry barrier kernel (1 block); w = the GEMM's leading barrier (in-kernel spin on
-//           its flag, acquire.sys); CE = copy engine (memcpy nodes, no SMs); sig = 4-byte memcpy
-//           of this device's epoch word into a peer's flag.
-//   ideal:    the push finishes long before GEMM0 does, so GEMM1's wait costs one flag load and
-//             the device runs GEMM0, GEMM1 back to back: time = local GEMM time + EB + tail.
-//   degraded: the push is slower than GEMM0 (small k-extent per step, NVLink shared with the
-//             peer's traffic): GEMM1 occupies the SMs while it spins; reduce-scatter adds the
-//             partial's NVLink write to each step's epilogue. S > TP gives transfers more slack.
+//           its flag, acquire.sys); side = the side chain: copy-engine memcpy nodes (no SMs);
+//           sig = 4-byte memcpy of this device's epoch word into a peer's flag.
+//   rs_tile_a, S=4: the side chain is sig(after GEMM0), sig(after GEMM1): the GEMMs write the
+//           partials straight into the peer's slots (NVLink stores from the epilogue).
+//   gemm_allreduce: side chain = signals of GEMM i, then the local copy of the tile GEMM i
+//           finished, in GEMM order; after the last GEMM: [wait kernel, pull] per peer tile.
+//   ideal:    every transfer lands before the GEMM that needs it starts, so each leading barrier
+//             costs one flag load and the device runs its GEMMs back to back: time = local GEMM
+//             time + EB + the last step's tail (reduce-scatter: + the last partial's hop).
+//   degraded: a transfer is late (small steps, NVLink shared with the peer's traffic): the
+//             waiting GEMM holds the SMs while it spins. S > TP gives transfers more slack but
+//             smaller GEMMs (wave quantization; measured in benchmarks/results/).
 //
 // Nodes and why each edge exists:
 //   EB -> everything      : nobody writes a peer's slots/flags before the peer has finished the
@@ -22,34 +27,29 @@
 //                           waits until all devices did), and EB bumps the epoch that every wait
 //                           and signal of this launch reads (so the graph needs no per-launch
 //                           update).
-//   GEMM i -> GEMM i+1    : the compute stream is in order (one GEMM fills the chip; reduce-
-//                           scatter step i+1 reuses nothing of step i, but the chain keeps the
-//                           issue order the Plan assumed). Cross-device data is ordered by
-//                           flags only, never by edges into the copy branch: a GEMM never waits
-//                           for a node of the copy branch, so a copy can never be starved by a
-//                           GEMM that waits for it.
-//   GEMM i -> sig (CE')   : a GEMM's signals run on their own branch as memcpy nodes (no SMs), so
-//                           the next GEMM does not wait for them, and a signal can never be
-//                           starved of SMs by a spinning GEMM (the deadlock rule: no spinning or
-//                           signalling kernel where a GEMM that waits on it could starve it).
-//   GEMM j -> copy        : a copy with after_gemm = j (gemm_allreduce's local copy of a
-//                           finished tile).
-//   last GEMM, all GEMM signals -> wait-kernel -> copy : a copy with plan waits
-//                           (gemm_allreduce's pulls of a peer's finished tile) gets a 1-block
-//                           spinning kernel before it, and that kernel starts only after this
-//                           device's last GEMM and after every GEMM signal has been sent. Measured: with
-//                           the wait kernels free to start as soon as the previous copy was done
-//                           (S=8, TP=2), both devices timed out (a GEMM waiting for a partial
-//                           whose signal never came, and a pull waiting for that GEMM): a
-//                           spinning node in a side branch can hold back unrelated work of the
-//                           same device (the hardware queues are shared), so no spinning node
-//                           may run while this device still owes its peers a signal. After the
-//                           last GEMM's signals nothing of this device is owed to a peer, so a
-//                           spinning wait kernel can hold back nothing a peer waits for.
-//                           Cost: gemm_allreduce's pulls of peer tiles no longer overlap the
-//                           device's own last GEMMs (its local copies still do).
-//   copy -> its signals   : the data lands before the flag that publishes it (same branch).
-//   all branches -> end   : the graph ends after every copy and signal (join), so the next
+//   GEMM i -> GEMM i+1    : the compute stream is in order (one GEMM fills the chip). With
+//                           GraphOptions::pdl the edge is programmatic (GEMM i+1 starts on SMs
+//                           that GEMM i's finished CTAs free). Cross-device data is ordered by
+//                           flags only, never by edges into the side chain: a GEMM never waits
+//                           for a side-chain node.
+//   GEMM i -> side chain  : a GEMM's signals, and a copy with after_gemm = i, wait for GEMM i.
+//                           Signals are memcpy nodes (no SMs): a signalling kernel could be
+//                           starved by a spinning GEMM that waits on what it signals.
+//   ONE side chain        : measured: with signals and copies on two branches, gemm_allreduce at
+//                           S=8 deadlocked until the 5 s timeout on every run (device 0's step-4
+//                           GEMM waited for device 1's step-0 signal, which did not run while
+//                           device 1's step-4 GEMM, itself waiting for device 0, held a copy that
+//                           depends on it; graph branches share the hardware queues, so a node
+//                           can wait behind an unrelated one). In one chain ordered by the GEMM
+//                           each node follows, a node only ever waits behind nodes that follow
+//                           earlier GEMMs, and by induction over the steps nothing waits for
+//                           anything behind itself.
+//   last GEMM -> wait kernel -> pull : gemm_allreduce's pulls of a peer's finished tile wait for
+//                           its flag in a 1-block kernel placed after every signal of this
+//                           device, so a spinning node never holds back something a peer needs.
+//                           Cost: those pulls no longer overlap this device's last GEMMs.
+//   copy -> its signals   : the data lands before the flag that publishes it (same chain).
+//   side chain -> end     : the graph ends after every copy and signal (join), so the next
 //                           launch's EB really means "this device is done".
 #pragma once
 
@@ -144,9 +144,8 @@ class DeviceGraph {
   GraphOptions opt_;
   GraphStats stats_;
 
-  cudaStream_t s_gemm_ = nullptr, s_copy_ = nullptr, s_signal_ = nullptr;
-  cudaEvent_t ev_barrier_ = nullptr, ev_copy_end_ = nullptr, ev_signal_end_ = nullptr;
-  cudaEvent_t ev_gemm_signals_ = nullptr;  // every GEMM signal sent
+  cudaStream_t s_gemm_ = nullptr, s_copy_ = nullptr;  // GEMM chain, side chain
+  cudaEvent_t ev_barrier_ = nullptr, ev_copy_end_ = nullptr;
   std::vector<cudaEvent_t> ev_gemm_;
   uint32_t* abort_ = nullptr;               // device memory
   kernel::ErrorRecord* record_host_ = nullptr;  // mapped host memory

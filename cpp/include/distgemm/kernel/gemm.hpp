@@ -43,7 +43,8 @@ struct GemmDesc {
   // tiles are walked in groups of `swizzle` (1, 2, 4, 8) along the raster order,
   // 0 = CUTLASS heuristic, 1 = along M, 2 = along N. Default: the best of the 12 orders on the
   // Llama-70B per-device shapes on an H200 (benchmarks/results/2026-11-22-gpu-runtime.md):
-  // swizzle 8 gave +5% (FC1) to +21% (FC2) over CUTLASS's default swizzle 1.
+  // swizzle 8 gave +5% (FC1) to +21% (FC2) over CUTLASS's default swizzle 1. A maximum: the
+  // kernel lowers it until it divides the tile grid (padding tiles would cost full mainloops).
   int swizzle = 8;
   int raster = 0;
   // Programmatic dependent launch: this GEMM may start on SMs freed by the previous kernel of the
