@@ -263,10 +263,11 @@ class PyGraph {
   }
 
   // New user pointers. The graph-exec update is tried first; where the driver refuses it the
-  // graph is re-instantiated instead. Measured on 2x H200: cudaGraphExecUpdate returns
-  // cudaGraphExecUpdateErrorParametersChanged (result 5) for graphs whose copy-engine nodes read
-  // a user buffer (ag_rotate_a/b pushes; distgemm_bench --check-update fails the same way in
-  // one process), while the reduce-scatter graphs update fine.
+  // graph is re-instantiated instead. Seen on 2x H200 with 2-D memcpy nodes reading a user
+  // buffer (the all-gather pushes): cudaGraphExecUpdate returned
+  // cudaGraphExecUpdateErrorParametersChanged (result 5). The runtime now captures contiguous
+  // copies as 1-D memcpys (updatable); the fallback keeps any other refusal from surfacing as an
+  // error in the middle of a model.
   // Returns true when it had to rebuild. Shape errors (std::invalid_argument) propagate as they
   // are.
   bool update(uint64_t a, uint64_t b, uint64_t c, uint64_t d, uint64_t bias) {
