@@ -35,19 +35,19 @@
 //   GEMM i -> side chain  : a GEMM's signals, and a copy with after_gemm = i, wait for GEMM i.
 //                           Signals are memcpy nodes (no SMs): a signalling kernel could be
 //                           starved by a spinning GEMM that waits on what it signals.
-//   ONE side chain        : measured: with signals and copies on two branches, gemm_allreduce at
-//                           S=8 deadlocked until the 5 s timeout on every run (device 0's step-4
-//                           GEMM waited for device 1's step-0 signal, which did not run while
-//                           device 1's step-4 GEMM, itself waiting for device 0, held a copy that
-//                           depends on it; graph branches share the hardware queues, so a node
-//                           can wait behind an unrelated one). In one chain ordered by the GEMM
-//                           each node follows, a node only ever waits behind nodes that follow
-//                           earlier GEMMs, and by induction over the steps nothing waits for
-//                           anything behind itself.
+//   ONE side chain        : all copy-engine nodes in one chain ordered by the GEMM each follows:
+//                           a node only ever waits behind nodes that follow earlier GEMMs, so by
+//                           induction over the steps no node waits (through the chain) for
+//                           anything that depends on itself, whatever hardware queues the graph
+//                           executor maps branches to. (It replaced separate signal and copy
+//                           branches while chasing the gemm_allreduce S=8 timeout, which it did
+//                           NOT fix; see benchmarks/results/2026-11-22-gpu-runtime.md.)
 //   last GEMM -> wait kernel -> pull : gemm_allreduce's pulls of a peer's finished tile wait for
 //                           its flag in a 1-block kernel placed after every signal of this
 //                           device, so a spinning node never holds back something a peer needs.
 //                           Cost: those pulls no longer overlap this device's last GEMMs.
+//                           With GraphOptions::sm_pulls the wait and the pull are one SM kernel
+//                           (no memcpy node that reads a peer's memory; not yet run on a GPU).
 //   copy -> its signals   : the data lands before the flag that publishes it (same chain).
 //   side chain -> end     : the graph ends after every copy and signal (join), so the next
 //                           launch's EB really means "this device is done".
@@ -92,10 +92,15 @@ struct GraphOptions {
   // step's tiles start on SMs freed by the last wave of the previous step). Safe because the
   // plan's GEMMs of one device share no data; signals and copies keep full edges.
   bool pdl = false;
+  // Copies that read a peer's memory (gemm_allreduce's pulls) done by an SM kernel (wait + copy,
+  // after the last GEMM) instead of a wait kernel + copy-engine memcpy node. NOT YET RUN ON A
+  // GPU: the proposed fix for gemm_allreduce at S=8, TP=2, which times out with memcpy pulls
+  // (see benchmarks/results/2026-11-22-gpu-runtime.md); the other plans have no pulls.
+  bool sm_pulls = false;
 };
 
 struct GraphStats {
-  int gemm_nodes = 0, copy_nodes = 0, signal_nodes = 0, wait_kernels = 0;
+  int gemm_nodes = 0, copy_nodes = 0, signal_nodes = 0, wait_kernels = 0, pull_kernels = 0;
 };
 
 class DeviceGraph {
