@@ -5,11 +5,12 @@
 // Partition: A sharded on K (A_d[M, K/TP]); B sharded on K (B_d[N, K/TP]);
 //            C/D replicated (D_d[M, N] on every device); bias is the full N vector.
 // Assumptions: M divisible by S, K divisible by TP.
-// Pitfalls: the owner's last visit writes the finished tile into its own staging slot (symmetric
-//           memory, so peers can address it); every device then pulls each finished tile into
-//           its D with the copy engine after waiting for the owner's flag. The owner's own copy
-//           is a local one. With S > TP the first finished chunks travel while the owner still
-//           computes the rest.
+// Pitfalls: the owner's last visit writes the finished tile into its own D; its copy engine then
+//           pushes the tile into a receive slot of every peer and sets that peer's flag; each
+//           peer, after its last GEMM, waits for the flag and copies the slot into its D (local).
+//           Only pushes cross NVLink: a memcpy that reads a peer's memory may run on the peer's
+//           copy engine and couple the two devices' copy queues (it deadlocked S=8 on 2 H200s).
+//           With S > TP the first finished chunks travel while the owner still computes the rest.
 //
 // Tile of M computed by device d at iteration i, TP=4, S=4 (k=1); '*' = final, on its owner:
 //         i=0 i=1 i=2 i=3
@@ -17,7 +18,7 @@
 //   dev1   2   3   0   1*
 //   dev2   3   0   1   2*
 //   dev3   0   1   2   3*
-// Formula: tile(d, i) = (k*d + i + k) mod S; then tile t is copied from owner t/k to everyone.
+// Formula: tile(d, i) = (k*d + i + k) mod S; then owner t/k pushes tile t to everyone.
 #pragma once
 #include "distgemm/schedule/scheduler.hpp"
 

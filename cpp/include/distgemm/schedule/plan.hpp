@@ -293,14 +293,22 @@ inline void build_reduce_scatter(Plan& plan, const DistributedTileScheduler& sch
   const int64_t tile_rows = split_m ? T : M, tile_cols = split_m ? N : T;
   const int64_t slot_stride = L * tile_rows * tile_cols;
   const int partial_slots = S - kc;
-  // All-reduce: k staging slots after the partial slots hold the owner's finished chunks.
+  // All-reduce: after the partial slots, one receive slot per foreign finished tile (S - k), each
+  // guarded by its own flag.
   plan.slot_operand = Buffer::D;
-  plan.slot_elems = int64_t(partial_slots + (all_reduce ? kc : 0)) * slot_stride;
-  plan.num_flags = partial_slots + (all_reduce ? S : 0);
+  plan.slot_elems = int64_t(partial_slots + (all_reduce ? S - kc : 0)) * slot_stride;
+  plan.num_flags = partial_slots + (all_reduce ? S - kc : 0);
   auto slot_ref = [&](int dev, int slot) {
     return ref(Buffer::Slots, dev, slot * slot_stride, tile_cols, tile_rows * tile_cols);
   };
-  const int tile_done_flag0 = partial_slots;  // all-reduce: flag of finished tile t
+  // All-reduce: receive slot (and flag) of foreign finished tile t on device e, in tile order.
+  std::vector<std::vector<int>> recv_of(tp, std::vector<int>(S, -1));
+  if (all_reduce)
+    for (int e = 0; e < tp; ++e) {
+      int next = partial_slots;
+      for (int t = 0; t < S; ++t)
+        if (sch.owner(t) != e) recv_of[e][t] = next++;
+    }
 
   std::vector<std::vector<int>> final_iter(tp, std::vector<int>(S, -1));
   for (int d = 0; d < tp; ++d) {
@@ -339,11 +347,11 @@ inline void build_reduce_scatter(Plan& plan, const DistributedTileScheduler& sch
         const int c = sch.chunk(t);
         final_iter[d][t] = i;
         if (all_reduce) {
-          g.d = slot_ref(d, partial_slots + c);
+          // The owner finishes tile t straight into its own D (D is replicated); the copy
+          // engine then pushes it to every peer.
+          g.d = ref(Buffer::D, d, t * T * N, N, M * N);
           g.user_c = ref(Buffer::C, d, t * T * N, N, M * N);
           g.bias = ref(Buffer::Bias, d, 0, 0, 0);
-          for (int e = 0; e < tp; ++e)
-            if (e != d) g.signals.push_back({e, tile_done_flag0 + t});
         } else if (split_m) {
           g.d = ref(Buffer::D, d, c * T * N, N, ld.rows * N);
           g.user_c = g.d;
@@ -361,31 +369,47 @@ inline void build_reduce_scatter(Plan& plan, const DistributedTileScheduler& sch
   }
 
   if (!all_reduce) return;
-  // All-gather of finished tiles: every device pulls each tile from its owner's staging slot into
-  // its own D (the owner's own tile is a local copy ordered after its final GEMM). Tiles are
-  // pulled in the order they are finished; local copies first within one finishing step.
+  // All-gather of finished tiles, by pushes only: the owner's copy engine writes each finished
+  // tile into every peer's receive slot (a peer write, as in the all-gather schedules) and sets
+  // the peer's flag; the peer, after its last GEMM, waits for the flag and copies the slot into
+  // its own D (a local copy). No memcpy ever reads a peer's memory: a peer read may be executed
+  // by the peer's copy engine, queued behind (or ahead of) that peer's own transfers, which
+  // couples the two devices' copy queues and deadlocked S=8 on two H200s.
   for (int e = 0; e < tp; ++e) {
-    struct Pull { int ready, dist, t; };
-    std::vector<Pull> pulls;
+    struct Item { int ready, push_first, dist, t; };
+    std::vector<Item> items;
     for (int t = 0; t < S; ++t) {
-      int owner = sch.owner(t);
-      pulls.push_back({final_iter[owner][t], (owner - e + tp) % tp, t});
+      const int owner = sch.owner(t);
+      if (owner == e) {
+        for (int p_ = 1; p_ < tp; ++p_) items.push_back({final_iter[e][t], 0, p_, t});
+      } else {
+        items.push_back({final_iter[owner][t], 1, (owner - e + tp) % tp, t});
+      }
     }
-    std::sort(pulls.begin(), pulls.end(), [](const Pull& x, const Pull& y) {
-      return x.ready != y.ready ? x.ready < y.ready : x.dist < y.dist;
+    // Within one finishing step: push own tiles first, then take in the peers' (every device
+    // pushes before it waits, so no device waits for a push queued behind its own wait).
+    std::sort(items.begin(), items.end(), [](const Item& x, const Item& y) {
+      if (x.ready != y.ready) return x.ready < y.ready;
+      if (x.push_first != y.push_first) return x.push_first < y.push_first;
+      if (x.t != y.t) return x.t < y.t;
+      return x.dist < y.dist;
     });
-    for (const Pull& u : pulls) {
-      const int owner = sch.owner(u.t);
+    for (const Item& u : items) {
       CopyOp cp;
       cp.step = u.ready;
-      cp.src = slot_ref(owner, partial_slots + sch.chunk(u.t));
-      cp.dst = ref(Buffer::D, e, u.t * T * N, N, M * N);
       cp.rows = T;
       cp.cols = N;
-      if (owner == e)
+      if (u.push_first == 0) {
+        const int peer = (e + u.dist) % tp;
+        cp.src = ref(Buffer::D, e, u.t * T * N, N, M * N);
+        cp.dst = slot_ref(peer, recv_of[peer][u.t]);
         cp.after_gemm = u.ready;
-      else
-        cp.waits.push_back(tile_done_flag0 + u.t);
+        cp.signals.push_back({peer, recv_of[peer][u.t]});
+      } else {
+        cp.src = slot_ref(e, recv_of[e][u.t]);
+        cp.dst = ref(Buffer::D, e, u.t * T * N, N, M * N);
+        cp.waits.push_back(recv_of[e][u.t]);
+      }
       plan.devices[e].copies.push_back(cp);
     }
   }
