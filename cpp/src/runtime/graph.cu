@@ -274,11 +274,16 @@ cudaGraph_t DeviceGraph::capture(const UserBuffers& user) {
       const bool aligned = cp.cols * eb % 16 == 0 && cp.src.ld * eb % 16 == 0 &&
                            cp.dst.ld * eb % 16 == 0 && cp.src.batch_stride * eb % 16 == 0 &&
                            cp.dst.batch_stride * eb % 16 == 0;
-      if (opt_.sm_pulls && cp.src.buffer == Buffer::Slots && cp.src.device != rank_ && aligned) {
+      const char* pull_src = byte_ptr(resolve(cp.src, user, "copy source"));
+      char* pull_dst = byte_ptr(resolve(cp.dst, user, "copy destination"));
+      const bool ptrs_aligned = reinterpret_cast<uintptr_t>(pull_src) % 16 == 0 &&
+                                reinterpret_cast<uintptr_t>(pull_dst) % 16 == 0;
+      if (opt_.sm_pulls && cp.src.buffer == Buffer::Slots && cp.src.device != rank_ && aligned &&
+          ptrs_aligned) {
         kernel::PullSpec ps;
         ps.wait = wait_spec(cp.waits, so.copy, kernel::kWaitCopy);
-        ps.src = byte_ptr(resolve(cp.src, user, "copy source"));
-        ps.dst = byte_ptr(resolve(cp.dst, user, "copy destination"));
+        ps.src = pull_src;
+        ps.dst = pull_dst;
         ps.rows = cp.rows;
         ps.row_bytes = cp.cols * eb;
         ps.src_ld = cp.src.ld * eb;
