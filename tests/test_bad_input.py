@@ -55,3 +55,18 @@ def test_non_integer_arguments():
 def test_valid_input_builds():
     plan = build_plan("gemm_allreduce", 2, 4, m=64, n=64, k=64)
     assert plan["steps"] == 4 and plan["chunks_per_shard"] == 2
+
+
+def test_torch_ops_are_exported_lazily():
+    import subprocess
+    import sys
+
+    # The planning tools do not import torch; the ops do, on first use.
+    code = ("import sys, distgemm; assert 'torch' not in sys.modules; "
+            "f = distgemm.all_gather_gemm; assert 'torch' in sys.modules; "
+            "assert f is __import__('distgemm.ops', fromlist=['x']).all_gather_gemm; "
+            "assert distgemm.Communicator.__name__ == 'Communicator'")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        distgemm.nope

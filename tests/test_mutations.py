@@ -101,3 +101,19 @@ def test_cyclic_wait_is_reported():
     assert any(v.invariant == "progress" and "cyclic wait" in v.message for v in violations), violations
     with pytest.raises(ExecutionError, match="deadlock"):
         run_reference(plan)
+
+
+def test_pull_copy_is_rejected():
+    """A copy that reads a peer's memory (a pull) is refused: on 2x H200 such pulls coupled the two
+    devices' copy-engine queues and gemm_allreduce timed out at S=8; plans push instead."""
+    plan = fresh("ag_rotate_a", 2, 2)
+    cp = plan["devices"][1]["copies"][0]  # device 1 pushes its rows into device 0's slot 0
+    plan["devices"][1]["copies"].clear()
+    pull = dict(cp, src=dict(cp["src"], device=1), dst=dict(cp["dst"], device=0), signals=[])
+    # the same transfer issued by device 0 as a pull of device 1's rows: the user's A of device 1
+    pull["src"] = {"buffer": "A", "device": 1, "offset": 0, "ld": cp["src"]["ld"],
+                   "batch_stride": cp["src"]["batch_stride"]}
+    plan["devices"][0]["copies"].append(pull)
+    plan["devices"][0]["gemms"][1]["waits"] = []
+    messages = [v.message for v in check_plan(plan)]
+    assert any("never pull" in m for m in messages), messages

@@ -5,7 +5,7 @@
 //                  --l 1 --dtype bf16 --iterations 50 --warmup 10 [--beta 0.5] [--bias]
 //                  [--timeout-s 5] [--replays 10000] [--simulate-missing-device D]
 //                  [--check-update] [--no-verify] [--no-local] [--warmup-ms 1000]
-//                  [--swizzle 8] [--raster 0] [--pdl] [--sm-pulls]
+//                  [--swizzle 8] [--raster 0] [--pdl]
 //
 // Prints one line `RESULT key=value ...` (parsed by tests/gpu/test_cpp_bench.py). Exit code:
 // 0 verified (and timed), 1 verification failure or runtime error (a timeout report included),
@@ -60,7 +60,7 @@ struct Args {
   int missing = -1;
   bool check_update = false, verify = true, local = true;
   int swizzle = device::GraphOptions{}.swizzle, raster = device::GraphOptions{}.raster;
-  bool pdl = false, sm_pulls = false;
+  bool pdl = false;
   uint64_t seed = 1234;
 };
 
@@ -71,7 +71,7 @@ struct Args {
                "[--alpha A] "
                "[--beta B] [--bias] [--timeout-s T] [--replays R] [--simulate-missing-device D] "
                "[--check-update] [--no-verify] [--no-local] [--seed X] [--swizzle 1|2|4|8] "
-               "[--raster 0|1|2] [--pdl] [--sm-pulls]\n",
+               "[--raster 0|1|2] [--pdl]\n",
                why.c_str());
   std::exit(2);
 }
@@ -109,7 +109,6 @@ Args parse(int argc, char** argv) {
       else if (k == "--swizzle") a.swizzle = std::stoi(val());
       else if (k == "--raster") a.raster = std::stoi(val());
       else if (k == "--pdl") a.pdl = true;
-      else if (k == "--sm-pulls") a.sm_pulls = true;
       else usage("unknown argument " + k);
     } catch (const std::logic_error&) {
       usage("bad value for " + k);
@@ -334,7 +333,6 @@ std::unique_ptr<Setup> make_setup(const Args& a, const schedule::ScheduleDef& de
   opt.swizzle = a.swizzle;
   opt.raster = a.raster;
   opt.pdl = a.pdl;
-  opt.sm_pulls = a.sm_pulls;
   for (int d = 0; d < tp; ++d) {
     // Rejects misaligned shapes here, before anything is launched.
     s->graphs.push_back(std::make_unique<device::DeviceGraph>(
@@ -544,9 +542,9 @@ int run(const Args& a) {
   }
   const auto st = s->graphs[0]->stats();
   std::printf("plan: %s tp=%d S=%d workspace %.1f MiB/device; graph dev0: %d GEMM, %d copy, %d "
-              "signal nodes, %d wait kernels, %d pull kernels\n",
+              "signal nodes, %d wait kernels\n",
               a.schedule.c_str(), a.tp, a.steps, s->plan.extra_bytes(2) / 1048576.0,
-              st.gemm_nodes, st.copy_nodes, st.signal_nodes, st.wait_kernels, st.pull_kernels);
+              st.gemm_nodes, st.copy_nodes, st.signal_nodes, st.wait_kernels);
   std::fflush(stdout);
 
   // Missing device: launch every graph but one; the others must report the timeout and the

@@ -1,7 +1,9 @@
 """distgemm: tensor-parallel GEMMs for NVLink-connected Hopper GPUs.
 
 One Plan per distributed GEMM, three consumers: the simulator (``distgemm.simulate``), the CPU
-reference executor (``distgemm.reference``) and the CUDA graph runtime.
+reference executor (``distgemm.reference``) and the CUDA graph runtime. The torch-facing ops
+(``all_gather_gemm``, ``gemm_reduce_scatter``, ``gemm_all_reduce``) and ``Communicator`` are
+imported on first use, so that the planning tools work without importing torch.
 """
 from .check import Violation, check_plan
 from .plan import Plan, build_plan, clone_plan, schedule_definition, schedule_names, tile_map, workspace_bytes
@@ -19,5 +21,31 @@ __all__ = [
     "schedule_names",
     "tile_map",
     "workspace_bytes",
+    # torch-facing, imported lazily:
+    "all_gather_gemm",
+    "gemm_reduce_scatter",
+    "gemm_all_reduce",
+    "default_steps",
+    "Communicator",
+    "close_all",
 ]
 __version__ = "0.1.0"
+
+_LAZY = {
+    "all_gather_gemm": "ops",
+    "gemm_reduce_scatter": "ops",
+    "gemm_all_reduce": "ops",
+    "default_steps": "ops",
+    "Communicator": "comm",
+    "close_all": "comm",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'distgemm' has no attribute {name!r}")

@@ -15,7 +15,8 @@ every wait on that flag). The invariants:
 3. slot reuse   — no region is overwritten while a read that needs its old content is unordered or
                   still to come (with the entry barrier, each slot is written at most once per launch);
 4. ownership    — each device's D holds exactly its Partition shard; user buffers are only accessed
-                  by their own device (one process per GPU cannot reach a peer's tensors);
+                  by their own device (one process per GPU cannot reach a peer's tensors); copies
+                  only push: a copy never reads another device's memory;
 5. progress     — every waited flag is set exactly once, and there is no cyclic wait across devices.
 
 ``check_plan`` returns a list of ``Violation`` (empty when every invariant holds).
@@ -310,6 +311,10 @@ class _Checker:
                         if ref is not None and ref["buffer"] in USER and ref["device"] != d:
                             self.fail("ownership", (kind, d, j), f"{key} is the user's {ref['buffer']} on device "
                                       f"{ref['device']}: user tensors are only reachable from their own device")
+                        if kind == "copy" and key == "src" and ref is not None and ref["device"] != d:
+                            self.fail("ownership", (kind, d, j), f"copy reads device {ref['device']}'s memory: "
+                                      "copies must push (write to a peer), never pull (a peer read may run on "
+                                      "the peer's copy engine, coupling the devices' copy queues)")
                         if ref is not None and not 0 <= ref["device"] < self.tp:
                             self.fail("ownership", (kind, d, j), f"{key} names device {ref['device']}, "
                                       f"outside TP={self.tp}")

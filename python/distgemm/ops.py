@@ -35,11 +35,13 @@ CUDA graph capture. The ops are themselves CUDA graph launches whose pointers ar
 calls; they cannot be captured into a user's graph (``torch.cuda.graph``): a call during capture
 raises RuntimeError before anything is enqueued. Capture the rest of the model around them.
 
-``steps=None`` picks S with ``default_steps``: S = 2*TP when the schedule can split its split
-mode (M or N) into 2*TP tiles of at least ``MIN_TILE_FOR_2TP`` rows/columns, else S = TP. On
-2x H200, Llama-70B FC1/FC2 (M=8192, bf16), S=4 was 3% (FC1) and 4% (FC2) faster than S=2 through
-this API (benchmarks/results/2026-11-22-python-api.md); the threshold keeps small problems (few
-tokens) at one tile per shard, where halving the tiles would cost GEMM efficiency (not measured).
+``steps=None`` picks S = TP (one tile per shard; ``default_steps``). Measured on 2x H200 with
+Llama-70B FC1/FC2 (M=8192, bf16), S=TP vs S=2*TP: the C++ runtime's sweep found S=TP best or equal
+for FC1, FC2, QKV and O (benchmarks/results/2026-11-22-gpu-runtime.md), and of two Python-path
+calls one favoured S=4 by 3-4% and the later one, alternating rounds, S=2 by 1-2%
+(benchmarks/results/2026-11-22-python-api.md). Every extra step costs a wave tail and, for
+reduce-scatter, another partial across NVLink, while the transfers are already hidden at S=TP.
+Pass ``steps`` to choose; ``python -m distgemm.simulate --timeline`` shows the predicted effect.
 """
 from __future__ import annotations
 
@@ -125,30 +127,11 @@ class Spec:
     plan: Dict[str, Any] = field(repr=False, default_factory=dict)
 
 
-# steps=None: S = 2*TP only when each of the 2*TP tiles keeps at least this many rows (split M)
-# or columns (split N); see the module docstring for the measurement.
-MIN_TILE_FOR_2TP = 1024
-
-
 def default_steps(schedule: str, tp: int, a: torch.Tensor, w: torch.Tensor) -> int:
-    """S for ``steps=None``: 2*TP when the split mode has 2*TP tiles of at least
-    MIN_TILE_FOR_2TP that the Plan accepts (and 16-byte aligned column tiles), else TP."""
-    d = _core.schedule_definition(schedule)
-    part = d["partition"]
-    if a.dim() != 2 or w.dim() != 2 or tp < 2:
-        return tp
-    m = a.shape[0] * tp if part["a"] == "M" else a.shape[0]
-    k = a.shape[1] * tp if part["a"] == "K" else a.shape[1]
-    n = w.shape[0] * tp if part["b"] == "N" else w.shape[0]
-    extent = m if d["split"] == "M" else n
-    s2 = 2 * tp
-    if extent % s2 or extent // s2 < MIN_TILE_FOR_2TP:
-        return tp
-    if _core.validate(schedule, tp, s2, m, n, k, 1):
-        return tp
-    if d["split"] == "N" and (extent // s2) % 8:
-        return tp
-    return s2
+    """S for ``steps=None``: TP, one tile per shard (measured; see the module docstring). The
+    arguments are those of the op so that a shape-dependent rule can replace this one."""
+    del schedule, a, w
+    return tp
 
 
 def _fmt(s) -> str:
@@ -434,7 +417,7 @@ def all_gather_gemm(a_shard: torch.Tensor, w: torch.Tensor, *, bias: Optional[to
 
     Args: bf16 or fp16 tensors on this rank's GPU, contiguous, 16-byte aligned; K (and N_local,
     resp. N/S for ag_rotate_b) a multiple of 8. ``steps``: S = k*TP pipeline steps; None:
-    ``default_steps`` (2*TP for large problems, else TP).
+    ``default_steps`` (S = TP, measured best or equal on 2x H200).
     ``group``: a ProcessGroup (default: the world group) or a ``distgemm.Communicator``.
     M must be divisible by S (ag_rotate_a; N by S for ag_rotate_b).
     """

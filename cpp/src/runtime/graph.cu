@@ -172,6 +172,12 @@ void DeviceGraph::validate(const UserBuffers& user) const {
                                   "): " + why);
   }
   for (const auto& cp : prog.copies) {
+    // See graph.hpp, "no peer reads": a memcpy reading a peer may run on the peer's copy engine.
+    if (cp.src.device != rank_)
+      throw std::logic_error("internal: plan " + plan_.schedule + " has a copy on device " +
+                             std::to_string(rank_) + " that reads device " +
+                             std::to_string(cp.src.device) +
+                             "'s memory; plans must push (write to peers), never pull");
     (void)resolve(cp.src, user, "copy source");
     (void)resolve(cp.dst, user, "copy destination");
     if (static_cast<int>(cp.waits.size()) > kernel::kMaxWaits)
@@ -271,34 +277,6 @@ cudaGraph_t DeviceGraph::capture(const UserBuffers& user) {
         continue;
       }
       const auto& cp = prog.copies[so.copy];
-      const bool aligned = cp.cols * eb % 16 == 0 && cp.src.ld * eb % 16 == 0 &&
-                           cp.dst.ld * eb % 16 == 0 && cp.src.batch_stride * eb % 16 == 0 &&
-                           cp.dst.batch_stride * eb % 16 == 0;
-      const char* pull_src = byte_ptr(resolve(cp.src, user, "copy source"));
-      char* pull_dst = byte_ptr(resolve(cp.dst, user, "copy destination"));
-      const bool ptrs_aligned = reinterpret_cast<uintptr_t>(pull_src) % 16 == 0 &&
-                                reinterpret_cast<uintptr_t>(pull_dst) % 16 == 0;
-      if (opt_.sm_pulls && cp.src.buffer == Buffer::Slots && cp.src.device != rank_ && aligned &&
-          ptrs_aligned) {
-        kernel::PullSpec ps;
-        ps.wait = wait_spec(cp.waits, so.copy, kernel::kWaitCopy);
-        ps.src = pull_src;
-        ps.dst = pull_dst;
-        ps.rows = cp.rows;
-        ps.row_bytes = cp.cols * eb;
-        ps.src_ld = cp.src.ld * eb;
-        ps.dst_ld = cp.dst.ld * eb;
-        ps.batches = plan_.problem.l;
-        ps.src_batch = cp.src.batch_stride * eb;
-        ps.dst_batch = cp.dst.batch_stride * eb;
-        kernel::pull_copy_launch(ps, 264, s_copy_);
-        ++st.pull_kernels;
-        for (const auto& f : cp.signals) {
-          DISTGEMM_CUDA_CHECK(cudaMemcpyAsync(flag_of(f), epoch, 4, cudaMemcpyDefault, s_copy_));
-          ++st.signal_nodes;
-        }
-        continue;
-      }
       if (!cp.waits.empty()) {
         kernel::copy_wait_launch(wait_spec(cp.waits, so.copy, kernel::kWaitCopy), s_copy_);
         ++st.wait_kernels;

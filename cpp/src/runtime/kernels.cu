@@ -124,35 +124,12 @@ __global__ void entry_barrier_kernel(const EntryBarrierSpec s) {
   }
 }
 
-// Wait before a copy-engine transfer (only gemm_allreduce's pulls need one). One thread; it never
+// Wait before a copy-engine transfer (only gemm_allreduce's local copies of pushed tiles need one). One thread; it never
 // blocks a GEMM's progress (GEMMs never depend on the copy branch), see device/graph.hpp.
 __global__ void copy_wait_kernel(const WaitSpec w) {
   if (threadIdx.x == 0) (void)wait_flags(w);
 }
 
-// A pull by SMs: every CTA waits (thread 0, bounded) and then copies its share of 16-byte
-// vectors. Used after the device's last GEMM, when the SMs are free.
-__global__ void __launch_bounds__(256) pull_copy_kernel(const PullSpec p) {
-  __shared__ int ok;
-  if (threadIdx.x == 0) ok = wait_flags(p.wait) ? 1 : 0;
-  __syncthreads();
-  if (!ok) return;
-  const int64_t vpr = p.row_bytes / 16, per_batch = p.rows * vpr, total = p.batches * per_batch;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t b = i / per_batch, r = (i % per_batch) / vpr, v = i % vpr;
-    const uint4* s = reinterpret_cast<const uint4*>(p.src + b * p.src_batch + r * p.src_ld) + v;
-    uint4* d = reinterpret_cast<uint4*>(p.dst + b * p.dst_batch + r * p.dst_ld) + v;
-    *d = *s;
-  }
-}
-
-void pull_copy_launch(const PullSpec& spec, int blocks, cudaStream_t stream) {
-  pull_copy_kernel<<<blocks, 256, 0, stream>>>(spec);
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string("pull copy launch failed: ") + cudaGetErrorString(e));
-}
 
 void entry_barrier_launch(const EntryBarrierSpec& spec, cudaStream_t stream) {
   entry_barrier_kernel<<<1, 32, 0, stream>>>(spec);

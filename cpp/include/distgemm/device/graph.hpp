@@ -42,12 +42,15 @@
 //                           executor maps branches to. (It replaced separate signal and copy
 //                           branches while chasing the gemm_allreduce S=8 timeout, which it did
 //                           NOT fix; see benchmarks/results/2026-11-22-gpu-runtime.md.)
-//   last GEMM -> wait kernel -> pull : gemm_allreduce's pulls of a peer's finished tile wait for
-//                           its flag in a 1-block kernel placed after every signal of this
-//                           device, so a spinning node never holds back something a peer needs.
-//                           Cost: those pulls no longer overlap this device's last GEMMs.
-//                           With GraphOptions::sm_pulls the wait and the pull are one SM kernel
-//                           (no memcpy node that reads a peer's memory; not yet run on a GPU).
+//   last GEMM -> wait kernel -> copy : gemm_allreduce's local copies of a finished tile that a
+//                           peer pushed into this device's slot wait for its flag in a 1-block
+//                           kernel placed after every signal of this device, so a spinning node
+//                           never holds back something a peer needs.
+//   no peer reads         : every memcpy node writes to a peer at most, never reads one. A memcpy
+//                           whose source is a peer's memory may be executed by the peer's copy
+//                           engine, queued with that peer's own transfers: gemm_allreduce with
+//                           such pulls timed out at S=8 on 2x H200 and passes with pushes. The
+//                           builder rejects a plan with a peer-read copy.
 //   copy -> its signals   : the data lands before the flag that publishes it (same chain).
 //   side chain -> end     : the graph ends after every copy and signal (join), so the next
 //                           launch's EB really means "this device is done".
@@ -92,15 +95,10 @@ struct GraphOptions {
   // step's tiles start on SMs freed by the last wave of the previous step). Safe because the
   // plan's GEMMs of one device share no data; signals and copies keep full edges.
   bool pdl = false;
-  // Copies that read a peer's memory (gemm_allreduce's pulls) done by an SM kernel (wait + copy,
-  // after the last GEMM) instead of a wait kernel + copy-engine memcpy node. NOT YET RUN ON A
-  // GPU: the proposed fix for gemm_allreduce at S=8, TP=2, which times out with memcpy pulls
-  // (see benchmarks/results/2026-11-22-gpu-runtime.md); the other plans have no pulls.
-  bool sm_pulls = false;
 };
 
 struct GraphStats {
-  int gemm_nodes = 0, copy_nodes = 0, signal_nodes = 0, wait_kernels = 0, pull_kernels = 0;
+  int gemm_nodes = 0, copy_nodes = 0, signal_nodes = 0, wait_kernels = 0;
 };
 
 class DeviceGraph {

@@ -76,7 +76,5 @@ GemmLaunchInfo gemm_launch_info(DType dtype, int device);
 // The single-block kernels of the runtime (entry barrier, wait before a copy).
 void entry_barrier_launch(const EntryBarrierSpec& spec, cudaStream_t stream);
 void copy_wait_launch(const WaitSpec& wait, cudaStream_t stream);
-// Waits like copy_wait_launch, then copies with 16-byte loads/stores on `blocks` CTAs.
-void pull_copy_launch(const PullSpec& spec, int blocks, cudaStream_t stream);
 
 }  // namespace distgemm::kernel

@@ -57,14 +57,5 @@ struct EntryBarrierSpec {
   uint64_t timeout_ns = 5000000000ull;
 };
 
-// A copy done by SMs instead of the copy engine, after a bounded wait: a pull of a peer's data
-// (GraphOptions::sm_pulls). All byte counts and strides are multiples of 16.
-struct PullSpec {
-  WaitSpec wait;
-  const char* src = nullptr;
-  char* dst = nullptr;
-  int64_t rows = 0, row_bytes = 0, src_ld = 0, dst_ld = 0;  // bytes
-  int64_t batches = 1, src_batch = 0, dst_batch = 0;        // bytes
-};
 
 }  // namespace distgemm::kernel
