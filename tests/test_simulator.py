@@ -149,3 +149,13 @@ def test_cli_timeline(capsys):
     assert rc == 0
     assert "dev1 CE |=" in out  # the copy engine starts pushing at once
     assert "overlap efficiency" in out
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_cli_default_shape_fits_tp3_s6(capsys, schedule):
+    """Without shape arguments the Llama default is rounded so that TP=3, S=6 plans build."""
+    rc, out, _ = run_cli(capsys, "--schedule", schedule, "--tp", "3", "--steps", "6")
+    assert rc == 0, out
+    assert "problem M=8190 N=57330 K=8190" in out and "all invariants hold" in out
+    rc, out, _ = run_cli(capsys, "--schedule", schedule, "--tp", "4", "--steps", "8")
+    assert rc == 0 and "problem M=8192 N=57344 K=8192" in out

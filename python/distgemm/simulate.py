@@ -30,6 +30,17 @@ __all__ = ["step_table", "format_table", "main"]
 DEFAULT_SHAPE = dict(m=8192, n=57344, k=8192, l=1)
 
 
+def default_shape(tp: int, steps: Optional[int]) -> dict:
+    """The default problem for TP and S: the Llama shape, each of M, N, K rounded down to a
+    multiple of S*TP (which every schedule can split) when it is not one already."""
+    unit = max(1, tp) * max(1, steps if steps is not None else tp)
+    shape = dict(DEFAULT_SHAPE)
+    for d in ("m", "n", "k"):
+        if shape[d] % unit and shape[d] > unit:
+            shape[d] -= shape[d] % unit
+    return shape
+
+
 def _ref(ref: Optional[dict], here: int, slot_elems_per_slot: Optional[int] = None,
          rows: Optional[int] = None, cols: Optional[int] = None) -> str:
     """Short label of an operand: `A`, `D[512:1024, :]`, `slot0@dev1`."""
@@ -143,8 +154,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--tp", type=int, required=True, help="number of devices (1..8)")
     ap.add_argument("--steps", type=int, default=None, help="S, a multiple of TP (default TP)")
     for dim in ("m", "n", "k", "l"):
-        ap.add_argument(f"--{dim}", type=int, default=DEFAULT_SHAPE[dim],
-                        help=f"problem {dim.upper()} (default {DEFAULT_SHAPE[dim]})")
+        ap.add_argument(f"--{dim}", type=int, default=None,
+                        help=f"problem {dim.upper()} (default {DEFAULT_SHAPE[dim]}, Llama-3-70B FC1 at 8192 "
+                             "tokens, rounded down to a multiple of S*TP when that does not divide it)")
     ap.add_argument("--check", dest="check", action="store_true", default=True, help="prove the invariants (default)")
     ap.add_argument("--no-check", dest="check", action="store_false", help="print the table only")
     ap.add_argument("--json", action="store_true", help="print plan, table and check result as JSON")
@@ -154,7 +166,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--link-gbs", type=float, default=CostModel.link_gbs, help="peer bandwidth for --timeline")
     args = ap.parse_args(argv)
     try:
-        plan = build_plan(args.schedule, args.tp, args.steps, m=args.m, n=args.n, k=args.k, l=args.l)
+        shape = default_shape(args.tp, args.steps)
+        shape.update({d: getattr(args, d) for d in shape if getattr(args, d) is not None})
+        plan = build_plan(args.schedule, args.tp, args.steps, **shape)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
