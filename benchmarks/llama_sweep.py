@@ -1,0 +1,620 @@
+"""Llama-3 tensor-parallel layer sweep (issue 5, first version): distgemm against the plain
+NCCL-collective-then-torch.mm baseline and torch's symmetric-memory fused ops (async-TP).
+
+    torchrun --nproc-per-node N benchmarks/llama_sweep.py [--quick] [--out DIR]
+
+Cases: models Llama-3 8B / 70B / 405B x layers QKV, O, FC1 (gate+up), FC2 x tokens M in
+{1024, ..., 16384}, TP = world size (``--quick``: 70B, M in {4096, 8192}). Per case, in this one
+process group run, each variant is timed with CUDA events per iteration after a time-based
+warm-up (clocks ramp up under sustained load, see benchmarks/results/2026-11-22-gpu-runtime.md),
+the per-iteration maximum over ranks is taken and its median reported:
+
+  floor      torch.mm of the per-rank GEMM alone (the compute floor; no communication)
+  baseline   NCCL all_gather_into_tensor + torch.mm, resp. torch.mm + reduce_scatter_tensor
+  symm_mem   torch.ops.symm_mem.fused_all_gather_matmul / fused_matmul_reduce_scatter
+  dg_default distgemm all_gather_gemm / gemm_reduce_scatter with steps=None
+  dg_S<s>    distgemm with S = TP and S = 2*TP; "dg_best" is the faster of them
+
+Every variant's output is checked once per case against the baseline's (relative Frobenius error
+< 1e-2). Output: a table on stdout, ``<date>-llama-sweep[-quick].{csv,json,png}`` under --out.
+
+The pure parts (cases, shapes, skip logic, formatting) are module-level functions without
+torch.distributed or CUDA, tested by tests/test_llama_sweep.py on the CPU.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import io
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+# ---------------------------------------------------------------------------------------------
+# Pure part: cases, shapes, skip logic, formatting (no torch.distributed, no CUDA).
+
+MODELS: Dict[str, Dict[str, int]] = {
+    # hidden, ffn, query heads, kv heads, head dim (Llama-3 / 3.1 configs)
+    "8B": dict(hidden=4096, ffn=14336, q_heads=32, kv_heads=8, head_dim=128),
+    "70B": dict(hidden=8192, ffn=28672, q_heads=64, kv_heads=8, head_dim=128),
+    "405B": dict(hidden=16384, ffn=53248, q_heads=128, kv_heads=8, head_dim=128),
+}
+LAYERS = ("QKV", "O", "FC1", "FC2")
+TOKENS = (1024, 2048, 4096, 8192, 16384)
+QUICK_MODELS = ("70B",)
+QUICK_TOKENS = (4096, 8192)
+# Column-parallel layers gather the activations before the GEMM, row-parallel ones scatter the
+# summed result after it (sequence parallelism on both sides).
+COLLECTIVE = {"QKV": "all_gather", "FC1": "all_gather", "O": "reduce_scatter",
+              "FC2": "reduce_scatter"}
+SCHEDULE = {"all_gather": "ag_rotate_a", "reduce_scatter": "rs_tile_a"}
+VARIANTS = ("floor", "baseline", "symm_mem", "dg_default", "dg_best")
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str
+    layer: str
+    tokens: int
+    tp: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}/{self.layer}/M{self.tokens}/TP{self.tp}"
+
+
+def make_cases(tp: int, quick: bool = False) -> List[Case]:
+    """Every (model, layer, tokens) case for TP ranks, in the order they are run."""
+    models = QUICK_MODELS if quick else tuple(MODELS)
+    tokens = QUICK_TOKENS if quick else TOKENS
+    return [Case(mo, la, m, tp) for mo in models for m in tokens for la in LAYERS]
+
+
+def global_gemm(model: str, layer: str, tokens: int) -> Tuple[int, int, int]:
+    """(M, N, K) of the whole layer, D[M, N] = X[M, K] @ W[N, K]^T."""
+    c = MODELS[model]
+    h, hd = c["hidden"], c["head_dim"]
+    if layer == "QKV":
+        return tokens, (c["q_heads"] + 2 * c["kv_heads"]) * hd, h
+    if layer == "O":
+        return tokens, h, c["q_heads"] * hd
+    if layer == "FC1":
+        return tokens, 2 * c["ffn"], h  # gate and up in one weight
+    if layer == "FC2":
+        return tokens, h, c["ffn"]
+    raise ValueError(f"unknown layer {layer!r}; one of {', '.join(LAYERS)}")
+
+
+def shapes(case: Case) -> Dict[str, Any]:
+    """Per-rank operand shapes of every variant (integer division; skip_reason says whether
+    the division is exact). a: the op's activation input, w: nn.Linear weight [N_rank, K_rank],
+    out: the op's output, full_a: the all-gathered activations (all-gather only), partial: the
+    un-reduced product (reduce-scatter only), floor: (m, n, k) of the per-rank local GEMM."""
+    m, n, k = global_gemm(case.model, case.layer, case.tokens)
+    tp = case.tp
+    coll = COLLECTIVE[case.layer]
+    d: Dict[str, Any] = dict(collective=coll, schedule=SCHEDULE[coll], m=m, n=n, k=k)
+    if coll == "all_gather":
+        d.update(a=(m // tp, k), w=(n // tp, k), out=(m, n // tp), full_a=(m, k),
+                 floor=(m, n // tp, k))
+    else:
+        d.update(a=(m, k // tp), w=(n, k // tp), out=(m // tp, n), partial=(m, n),
+                 floor=(m, n, k // tp))
+    return d
+
+
+def _plan_rejects(op: str, schedule: str, tp: int, steps: int, a_shape, w_shape) -> Optional[str]:
+    """distgemm's own verdict on one S (the op's make_spec on meta tensors, every rank's
+    sub-GEMMs): None when accepted, else the message."""
+    import torch  # CPU-only use; imported here so that case generation needs no torch
+    from distgemm import ops
+
+    a = torch.empty(a_shape, device="meta", dtype=torch.bfloat16)
+    w = torch.empty(w_shape, device="meta", dtype=torch.bfloat16)
+    try:
+        for r in range(tp):
+            ops.make_spec(op, schedule, tp, r, steps, a, w)
+    except (ValueError, TypeError) as e:
+        return str(e)
+    return None
+
+
+def step_options(tp: int) -> List[int]:
+    """The S values searched for distgemm's best: TP and 2*TP."""
+    return [tp, 2 * tp]
+
+
+def skip_reason(case: Case, plan_check=_plan_rejects) -> Tuple[Optional[str], Dict[int, str]]:
+    """(why the whole case is skipped or None, {S: why that S is rejected}). The case is skipped
+    when the tensor-parallel split itself is inexact or distgemm rejects S = TP (the default);
+    an S = 2*TP rejection only narrows distgemm's best-S search."""
+    s = shapes(case)
+    tp = case.tp
+    m, n, k = s["m"], s["n"], s["k"]
+    if tp < 1:
+        return f"TP={tp}: needs at least one rank", {}
+    if m % tp:
+        return f"M={m} is not divisible by TP={tp} (sequence-parallel activations)", {}
+    if s["collective"] == "all_gather" and n % tp:
+        return f"N={n} is not divisible by TP={tp} (column-parallel weight)", {}
+    if s["collective"] == "reduce_scatter" and k % tp:
+        return f"K={k} is not divisible by TP={tp} (row-parallel weight)", {}
+    # The baselines are plain torch; the rows of a per-rank operand must still be 16-byte
+    # multiples for every variant to see the same dense layout distgemm requires.
+    for what, shape in (("a", s["a"]), ("w", s["w"])):
+        if shape[1] % 8:
+            return (f"per-rank {what} {list(shape)}: {shape[1]} columns is not a multiple of 8 "
+                    f"elements (16-byte rows)"), {}
+    op = "all_gather_gemm" if s["collective"] == "all_gather" else "gemm_reduce_scatter"
+    bad: Dict[int, str] = {}
+    for steps in step_options(tp):
+        why = plan_check(op, s["schedule"], tp, steps, s["a"], s["w"])
+        if why:
+            bad[steps] = why
+    if tp in bad:
+        return f"distgemm rejects the default S={tp}: {bad[tp]}", bad
+    return None, bad
+
+
+def tflops(m: int, n: int, k: int, ms: Optional[float]) -> Optional[float]:
+    if not ms or ms <= 0:
+        return None
+    return 2.0 * m * n * k / (ms * 1e-3) / 1e12
+
+
+def derived(rec: Dict[str, Any]) -> Dict[str, Any]:
+    """Speedups over the plain baseline and overlap efficiencies (floor / time) of a result
+    record ({"ms": {variant: ms or None}, ...}); None where a time is missing."""
+    ms = rec.get("ms", {})
+    floor, base = ms.get("floor"), ms.get("baseline")
+    out: Dict[str, Any] = {}
+    for v in VARIANTS:
+        t = ms.get(v)
+        if v != "floor":
+            out[f"speedup_{v}"] = (base / t) if (t and base) else None
+        out[f"eff_{v}"] = (floor / t) if (t and floor) else None
+    sym, best = ms.get("symm_mem"), ms.get("dg_best")
+    out["dg_best_vs_symm_mem"] = (sym / best) if (sym and best) else None
+    return out
+
+
+CSV_FIELDS = (["case", "model", "layer", "tokens", "tp", "m", "n", "k", "status", "reason"]
+              + [f"ms_{v}" for v in VARIANTS] + ["ms_dg_S_tp", "ms_dg_S_2tp", "dg_best_steps"]
+              + [f"speedup_{v}" for v in VARIANTS if v != "floor"]
+              + [f"eff_{v}" for v in VARIANTS] + ["dg_best_vs_symm_mem", "tflops_per_gpu_dg_best",
+                                                  "max_rel_err", "notes"])
+
+
+def _num(x, nd=4) -> str:
+    if x is None:
+        return ""
+    if isinstance(x, float):
+        return f"{x:.{nd}g}" if abs(x) < 1e-2 else f"{x:.{nd}f}"
+    return str(x)
+
+
+def _per_gpu(rec: Dict[str, Any]) -> Optional[float]:
+    """TF/s per GPU of distgemm's best time (the whole layer's flops / TP)."""
+    t = tflops(rec.get("m", 0), rec.get("n", 0), rec.get("k", 0), rec.get("ms", {}).get("dg_best"))
+    return t / rec["tp"] if t else None
+
+
+def csv_row(rec: Dict[str, Any]) -> Dict[str, str]:
+    """One CSV row (strings) from a result record."""
+    d = derived(rec)
+    ms = rec.get("ms", {})
+    errs = [e for e in rec.get("rel_err", {}).values() if e is not None]
+    notes = dict(rec.get("unavailable", {}))
+    notes.update({f"S{s}": why for s, why in rec.get("rejected_steps", {}).items()})
+    row = {"case": rec["case"], "model": rec["model"], "layer": rec["layer"],
+           "tokens": str(rec["tokens"]), "tp": str(rec["tp"]), "m": str(rec.get("m", "")),
+           "n": str(rec.get("n", "")), "k": str(rec.get("k", "")), "status": rec["status"],
+           "reason": rec.get("reason") or "", "dg_best_steps": _num(rec.get("dg_best_steps")),
+           "max_rel_err": _num(max(errs) if errs else None, 3),
+           "tflops_per_gpu_dg_best": _num(_per_gpu(rec), 1),
+           "ms_dg_S_tp": _num(ms.get(f"dg_S{rec['tp']}")),
+           "ms_dg_S_2tp": _num(ms.get(f"dg_S{2 * rec['tp']}")),
+           "notes": "; ".join(f"{k}: {v}" for k, v in notes.items())}
+    for v in VARIANTS:
+        row[f"ms_{v}"] = _num(ms.get(v))
+    for key, val in d.items():
+        row[key] = _num(val, 3)
+    return row
+
+
+def to_csv(records: Sequence[Dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
+    w.writeheader()
+    for rec in records:
+        w.writerow(csv_row(rec))
+    return buf.getvalue()
+
+
+TABLE_HEADER = ("case", "floor ms", "NCCL+mm ms", "symm_mem ms", "dg S=def ms", "dg best ms (S)",
+                "symm/base", "dg/base", "dg/symm", "eff dg", "err")
+
+
+def table_row(rec: Dict[str, Any]) -> List[str]:
+    """The stdout table's cells for one measured record ('-' where a variant has no time)."""
+    ms, d = rec["ms"], derived(rec)
+
+    def t(v):
+        return f"{ms[v]:.3f}" if ms.get(v) else "-"
+
+    def x(v):
+        return f"{v:.2f}x" if v else "-"
+
+    best = t("dg_best") + (f" ({rec['dg_best_steps']})" if rec.get("dg_best_steps") else "")
+    errs = [e for e in rec.get("rel_err", {}).values() if e is not None]
+    return [rec["case"], t("floor"), t("baseline"), t("symm_mem"), t("dg_default"), best,
+            x(d["speedup_symm_mem"]), x(d["speedup_dg_best"]), x(d["dg_best_vs_symm_mem"]),
+            f"{d['eff_dg_best']:.3f}" if d["eff_dg_best"] else "-",
+            f"{max(errs):.1e}" if errs else "-"]
+
+
+def format_table(records: Sequence[Dict[str, Any]]) -> str:
+    """Aligned text table; cases that were not measured get one line with their status and
+    reason. (dg/base: speedup of distgemm's best S over NCCL + torch.mm; eff dg: torch.mm floor /
+    distgemm's best time; err: the worst relative error of any variant vs the baseline.)"""
+    measured = [table_row(r) for r in records if r["status"] in ("ok", "wrong")]
+    widths = [max([len(h)] + [len(r[i]) for r in measured]) for i, h in enumerate(TABLE_HEADER)]
+    lines = [" | ".join(h.ljust(widths[i]) for i, h in enumerate(TABLE_HEADER)).rstrip(),
+             "-+-".join("-" * w_ for w_ in widths)]
+    for rec in records:
+        if rec["status"] in ("ok", "wrong"):
+            cells = table_row(rec)
+            line = " | ".join(c.ljust(widths[i]) for i, c in enumerate(cells)).rstrip()
+            lines.append(line + ("  WRONG" if rec["status"] == "wrong" else ""))
+        else:
+            lines.append(f"{rec['case'].ljust(widths[0])} | {rec['status']}: {rec.get('reason')}")
+    return "\n".join(lines)
+
+
+def output_stem(quick: bool, date: Optional[str] = None) -> str:
+    date = date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    return f"{date}-llama-sweep" + ("-quick" if quick else "")
+
+
+def progress_line(i: int, n: int, name: str, elapsed: float, width: int = 24) -> str:
+    """A one-line text progress bar: '[#####.....] 3/8 70B/QKV/M4096/TP2  12.3 s'."""
+    done = int(width * i / n) if n else width
+    return f"[{'#' * done}{'.' * (width - done)}] {i}/{n} {name}  {elapsed:.1f} s"
+
+
+def plot(records: Sequence[Dict[str, Any]], path: str) -> Optional[str]:
+    """Speedup over the plain baseline and overlap efficiency per case, PNG. Returns None when
+    written, else the reason it was not (matplotlib missing, nothing measured)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as e:  # noqa: BLE001 - the sweep's numbers matter more than the picture
+        return f"matplotlib unavailable ({type(e).__name__}: {e})"
+    ok = [r for r in records if r["status"] == "ok"]
+    if not ok:
+        return "no measured case"
+    names = [r["case"].rsplit("/TP", 1)[0] for r in ok]
+    colors = {"baseline": "tab:gray", "symm_mem": "tab:blue", "dg_default": "tab:orange",
+              "dg_best": "tab:green"}
+    series = (("symm_mem", "torch symm_mem"), ("dg_default", "distgemm S=default"),
+              ("dg_best", "distgemm best S"))
+    fig, axes = plt.subplots(2, 1, figsize=(max(8, 0.9 * len(ok) + 3), 8), sharex=True)
+    xs = list(range(len(ok)))
+    wbar = 0.2
+    for j, (v, label) in enumerate(series):
+        ys = [derived(r)[f"speedup_{v}"] or 0.0 for r in ok]  # 0: variant not measured
+        axes[0].bar([x + (j - 1) * wbar for x in xs], ys, wbar, label=label, color=colors[v])
+    axes[0].axhline(1.0, color="k", lw=0.8)
+    axes[0].set_ylabel("speedup over NCCL + torch.mm")
+    axes[0].legend(fontsize=8)
+    for j, (v, label) in enumerate((("baseline", "NCCL + torch.mm"),) + series):
+        ys = [derived(r)[f"eff_{v}"] or 0.0 for r in ok]
+        axes[1].bar([x + (j - 1.5) * wbar for x in xs], ys, wbar, label=label, color=colors[v])
+    axes[1].axhline(1.0, color="k", lw=0.8)
+    axes[1].set_ylabel("overlap efficiency\n(torch.mm floor / time)")
+    axes[1].legend(fontsize=8)
+    axes[1].set_xticks(xs)
+    axes[1].set_xticklabels(names, rotation=45, ha="right", fontsize=8)
+    tp = ok[0]["tp"]
+    fig.suptitle(f"Llama-3 TP layers, TP={tp}, bf16 (median of CUDA-event timings, max over ranks)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU part (torchrun; not called by the CPU tests).
+
+WARMUP_S = 0.3       # at least this much sustained replay before timing (clock ramp)
+TIMED_S = 0.15       # aim for this much timed work per variant ...
+MIN_ITERS, MAX_ITERS = 10, 50   # ... within these iteration counts
+ERR_TOL = 1e-2
+CASE_TIMEOUT_S = 90  # a case that takes longer is hung: dump stacks and exit (torchrun ends the rest)
+
+
+class _Ctx:
+    def __init__(self, torch, dist, ctrl, dev, rank, tp):
+        self.torch, self.dist, self.ctrl, self.dev, self.rank, self.tp = torch, dist, ctrl, dev, rank, tp
+
+    def agree_max(self, values: Sequence[float]) -> List[float]:
+        """Element-wise max over ranks through the gloo control group (its timeout bounds the
+        wait, and it is independent of the NCCL stream order)."""
+        t = self.torch.tensor(list(values), dtype=self.torch.float64)
+        self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX, group=self.ctrl)
+        return t.tolist()
+
+
+def _time_variant(ctx: _Ctx, fn) -> float:
+    """Median over iterations of the per-iteration max over ranks of CUDA-event time (ms).
+    Every rank makes the same number of calls (agreed via the control group), since most
+    variants are collectives."""
+    torch = ctx.torch
+    fn()
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(3):
+        fn()
+    e.record()
+    torch.cuda.synchronize()
+    per_call_ms = max(ctx.agree_max([s.elapsed_time(e) / 3])[0], 1e-3)
+    # Warm-up by time: chunks of ~0.1 s until every rank has replayed >= WARMUP_S (the count per
+    # chunk is the same on every rank; the stop decision is agreed after each chunk).
+    chunk = min(2000, max(2, math.ceil(100.0 / per_call_ms)))
+    warmed_ms = 0.0
+    for _ in range(50):  # bounded: 50 chunks of >= 2 calls
+        s.record()
+        for _ in range(chunk):
+            fn()
+        e.record()
+        torch.cuda.synchronize()
+        warmed_ms += s.elapsed_time(e)
+        if ctx.agree_max([0.0 if warmed_ms >= WARMUP_S * 1e3 else 1.0])[0] == 0.0:
+            break
+    per_call_ms = max(ctx.agree_max([s.elapsed_time(e) / chunk])[0], 1e-3)
+    iters = min(MAX_ITERS, max(MIN_ITERS, math.ceil(TIMED_S * 1e3 / per_call_ms)))
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+          for _ in range(iters)]
+    for a, b in ev:
+        a.record()
+        fn()
+        b.record()
+    torch.cuda.synchronize()
+    per_iter = ctx.agree_max([a.elapsed_time(b) for a, b in ev])
+    return statistics.median(per_iter)
+
+
+def _rel_err(torch, x, ref) -> float:
+    x, ref = x.float(), ref.float()
+    if not bool(torch.isfinite(x).all()):
+        return float("nan")
+    return float((x - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def run_case(ctx: _Ctx, case: Case, rejected: Dict[int, str], group_name: str) -> Dict[str, Any]:
+    """Measure every variant of one case on this rank. Returns this rank's record; raises on
+    a failure that makes the case meaningless (the caller agrees with the other ranks)."""
+    torch, dist, dev = ctx.torch, ctx.dist, ctx.dev
+    from distgemm import comm as dcomm
+    from distgemm import ops
+
+    s = shapes(case)
+    bf = torch.bfloat16
+    gen = torch.Generator(device=dev).manual_seed(1234 + 7919 * ctx.rank + case.tokens)
+    # Fresh random data per case and rank (never zeros: zeros run faster on these GPUs).
+    a = torch.randn(s["a"], device=dev, dtype=bf, generator=gen)
+    w = (torch.randn(s["w"], device=dev, dtype=bf, generator=gen) / math.sqrt(s["w"][1]))
+    wt = w.t()  # [K_rank, N_rank] view for the torch ops (B of A @ B)
+    ag = s["collective"] == "all_gather"
+    ms: Dict[str, Optional[float]] = {}
+    errs: Dict[str, Optional[float]] = {}
+    unavailable: Dict[str, str] = {}
+    if ag:
+        full_a = torch.empty(s["full_a"], device=dev, dtype=bf)
+        out = torch.empty(s["out"], device=dev, dtype=bf)
+
+        def baseline():
+            dist.all_gather_into_tensor(full_a, a)
+            torch.mm(full_a, wt, out=out)
+            return out
+
+        floor_a = torch.randn(s["full_a"], device=dev, dtype=bf, generator=gen)
+        floor_out = torch.empty(s["out"], device=dev, dtype=bf)
+
+        def floor():
+            return torch.mm(floor_a, wt, out=floor_out)
+    else:
+        partial = torch.empty(s["partial"], device=dev, dtype=bf)
+        out = torch.empty(s["out"], device=dev, dtype=bf)
+
+        def baseline():
+            torch.mm(a, wt, out=partial)
+            dist.reduce_scatter_tensor(out, partial)
+            return out
+
+        floor_out = torch.empty(s["partial"], device=dev, dtype=bf)
+
+        def floor():
+            return torch.mm(a, wt, out=floor_out)
+
+    ms["floor"] = _time_variant(ctx, floor)
+    ref = baseline().clone()
+    torch.cuda.synchronize()
+    ms["baseline"] = _time_variant(ctx, baseline)
+    errs["baseline"] = 0.0
+    del floor_out
+    if ag:
+        del floor_a
+
+    # torch async-TP (symmetric memory). Failures here are recorded, never fatal; the verdict
+    # is agreed so that no rank times a collective the other skipped.
+    def symm():
+        if ag:
+            return torch.ops.symm_mem.fused_all_gather_matmul(a, [wt], 0, group_name,
+                                                              return_A=False)[1][0]
+        return torch.ops.symm_mem.fused_matmul_reduce_scatter(a, wt, "sum", 0, group_name)
+
+    why = None
+    try:
+        y = symm()
+        torch.cuda.synchronize()
+        errs["symm_mem"] = _rel_err(torch, y, ref)
+        del y
+    except Exception as e:  # noqa: BLE001
+        why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    bad = ctx.agree_max([1.0 if why else 0.0])[0]
+    if bad:
+        unavailable["symm_mem"] = f"unavailable: {why or 'failed on another rank'}"
+        ms["symm_mem"] = None
+        errs.pop("symm_mem", None)
+    else:
+        ms["symm_mem"] = _time_variant(ctx, symm)
+
+    # distgemm: a communicator per case so that its workspaces are freed with the case.
+    with dcomm.Communicator(timeout_s=60.0, wait_timeout_s=5.0) as comm:
+        dg_out = torch.empty(s["out"], device=dev, dtype=bf)
+
+        def dg(steps):
+            if ag:
+                return lambda: ops.all_gather_gemm(a, w, steps=steps, out=dg_out, group=comm)
+            return lambda: ops.gemm_reduce_scatter(a, w, steps=steps, out=dg_out, group=comm)
+
+        per_s: Dict[int, float] = {}
+        for key, steps in [("dg_default", None)] + [(f"dg_S{x}", x) for x in step_options(ctx.tp)
+                                                     if x not in rejected]:
+            f = dg(steps)
+            y = f()
+            torch.cuda.synchronize()
+            comm.check()
+            errs[key] = _rel_err(torch, y, ref)
+            ms[key] = _time_variant(ctx, f)
+            comm.check()
+            if steps is not None:
+                per_s[steps] = ms[key]
+        best = min(per_s, key=per_s.get) if per_s else None
+        ms["dg_best"] = per_s.get(best) if best else None
+        del dg_out
+    bad_err = {k: v for k, v in errs.items() if not (v is not None and v < ERR_TOL)}
+    return dict(ms=ms, rel_err=errs, unavailable=unavailable, dg_best_steps=best,
+                wrong=bad_err)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="70B only, M in {4096, 8192}")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                  "results"))
+    args = ap.parse_args(argv)
+
+    import faulthandler
+
+    import torch
+    import torch.distributed as dist
+
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    dev = torch.device("cuda", local)
+    dist.init_process_group("nccl", device_id=dev, timeout=datetime.timedelta(seconds=60))
+    rank, tp = dist.get_rank(), dist.get_world_size()
+    ctrl = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=60))
+    ctx = _Ctx(torch, dist, ctrl, dev, rank, tp)
+    group_name = dist.group.WORLD.group_name
+    symm_setup = None
+    try:
+        import warnings
+
+        from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # deprecated (a no-op need) in newer torch
+            enable_symm_mem_for_group(group_name)
+    except Exception as e:  # noqa: BLE001 - the fused ops are then reported unavailable per case
+        symm_setup = f"{type(e).__name__}: {e}"
+
+    cases = make_cases(tp, args.quick)
+    records: List[Dict[str, Any]] = []
+    t_start = time.perf_counter()
+    for i, case in enumerate(cases):
+        if rank == 0:
+            print(progress_line(i, len(cases), case.name, time.perf_counter() - t_start),
+                  file=sys.stderr, flush=True)
+        m, n, k = global_gemm(case.model, case.layer, case.tokens)
+        rec: Dict[str, Any] = dict(case=case.name, model=case.model, layer=case.layer,
+                                   tokens=case.tokens, tp=tp, m=m, n=n, k=k, ms={}, rel_err={})
+        reason, rejected = skip_reason(case)
+        rec["rejected_steps"] = {str(s_): w for s_, w in rejected.items()}
+        if reason:
+            rec.update(status="skipped", reason=reason)
+            records.append(rec)
+            continue
+        faulthandler.dump_traceback_later(CASE_TIMEOUT_S, exit=True)
+        err = None
+        try:
+            res = run_case(ctx, case, rejected, group_name)
+        except Exception as e:  # noqa: BLE001 - one case's failure must not end the sweep
+            err = f"{type(e).__name__}: {e}"
+            traceback.print_exc()
+            res = None
+        failed = ctx.agree_max([1.0 if err else 0.0])[0]
+        faulthandler.cancel_dump_traceback_later()
+        if failed:
+            rec.update(status="failed", reason=err or "failed on another rank")
+        else:
+            rec.update(status="ok", reason=None, ms=res["ms"], rel_err=res["rel_err"],
+                       unavailable=res["unavailable"], dg_best_steps=res["dg_best_steps"])
+            if symm_setup and "symm_mem" in rec["unavailable"]:
+                rec["unavailable"]["symm_mem"] += f" (setup: {symm_setup})"
+            if res["wrong"]:
+                rec.update(status="wrong", reason="rel. err >= 1e-2 vs baseline: " + ", ".join(
+                    f"{k_}={v:.2e}" for k_, v in res["wrong"].items()))
+        records.append(rec)
+        torch.cuda.empty_cache()
+    if rank == 0:
+        print(progress_line(len(cases), len(cases), "done", time.perf_counter() - t_start),
+              file=sys.stderr, flush=True)
+
+    # Every rank returns the same timings (they were max-reduced); rank 0 writes.
+    if rank == 0:
+        os.makedirs(args.out, exist_ok=True)
+        stem = os.path.join(args.out, output_stem(args.quick))
+        meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                    tp=tp, quick=args.quick, torch=torch.__version__,
+                    device=torch.cuda.get_device_name(dev), cuda=torch.version.cuda,
+                    warmup_s=WARMUP_S, timed_s=TIMED_S, iters=[MIN_ITERS, MAX_ITERS],
+                    symm_mem_setup_error=symm_setup, argv=sys.argv,
+                    seconds=round(time.perf_counter() - t_start, 1))
+        print(format_table(records), flush=True)
+        skipped = [r for r in records if r["status"] != "ok"]
+        for r in skipped:
+            print(f"{r['status'].upper()} {r['case']}: {r['reason']}", flush=True)
+        for r in records:
+            for k_, v in r.get("unavailable", {}).items():
+                print(f"NOTE {r['case']} {k_}: {v}", flush=True)
+        with open(stem + ".csv", "w") as f:
+            f.write(to_csv(records))
+        with open(stem + ".json", "w") as f:
+            json.dump(dict(meta=meta, records=[dict(r, **{"derived": derived(r)}) for r in records]),
+                      f, indent=1)
+        try:
+            why = plot(records, stem + ".png")
+        except Exception as e:  # noqa: BLE001 - never lose the numbers or hang rank 1 over a plot
+            why = f"plot failed: {type(e).__name__}: {e}"
+        print(f"plot: {'skipped: ' + why if why else stem + '.png'}", flush=True)
+        print(f"wrote {stem}.csv, {stem}.json in {meta['seconds']} s", flush=True)
+    dist.barrier(group=ctrl)
+    from distgemm import comm as dcomm
+    dcomm.close_all()
+    dist.destroy_process_group()
+    return 1 if any(r["status"] in ("failed", "wrong") for r in records) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

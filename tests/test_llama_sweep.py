@@ -1,0 +1,250 @@
+"""CPU tests of the pure parts of benchmarks/llama_sweep.py: cases, shapes, skip logic,
+formatting. The torch.distributed / CUDA part (run_case, main) is not called here."""
+import csv
+import importlib.util
+import io
+import os
+import sys
+
+import pytest
+
+_PATH = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "llama_sweep.py")
+_spec = importlib.util.spec_from_file_location("llama_sweep", _PATH)
+sweep = importlib.util.module_from_spec(_spec)
+sys.modules["llama_sweep"] = sweep  # dataclasses look their module up there
+_spec.loader.exec_module(sweep)
+
+
+def test_full_case_list():
+    cases = sweep.make_cases(2)
+    assert len(cases) == 3 * 4 * 5
+    assert len(set(cases)) == len(cases)
+    assert {c.model for c in cases} == {"8B", "70B", "405B"}
+    assert {c.layer for c in cases} == {"QKV", "O", "FC1", "FC2"}
+    assert {c.tokens for c in cases} == {1024, 2048, 4096, 8192, 16384}
+    assert all(c.tp == 2 for c in cases)
+    assert cases[0].name == "8B/QKV/M1024/TP2"
+
+
+def test_quick_case_list():
+    cases = sweep.make_cases(4, quick=True)
+    assert [(c.model, c.layer, c.tokens) for c in cases] == [
+        ("70B", la, m) for m in (4096, 8192) for la in ("QKV", "O", "FC1", "FC2")]
+    assert all(c.tp == 4 for c in cases)
+
+
+@pytest.mark.parametrize("model,layer,mnk", [
+    ("8B", "QKV", (2048, 6144, 4096)),      # (32 + 2*8) * 128
+    ("8B", "O", (2048, 4096, 4096)),
+    ("8B", "FC1", (2048, 28672, 4096)),
+    ("8B", "FC2", (2048, 4096, 14336)),
+    ("70B", "QKV", (2048, 10240, 8192)),    # (64 + 16) * 128
+    ("70B", "O", (2048, 8192, 8192)),
+    ("70B", "FC1", (2048, 57344, 8192)),
+    ("70B", "FC2", (2048, 8192, 28672)),
+    ("405B", "QKV", (2048, 18432, 16384)),  # (128 + 16) * 128
+    ("405B", "O", (2048, 16384, 16384)),
+    ("405B", "FC1", (2048, 106496, 16384)),
+    ("405B", "FC2", (2048, 16384, 53248)),
+])
+def test_global_gemm(model, layer, mnk):
+    assert sweep.global_gemm(model, layer, 2048) == mnk
+
+
+def test_global_gemm_unknown_layer():
+    with pytest.raises(ValueError, match="unknown layer"):
+        sweep.global_gemm("8B", "MLP", 1024)
+
+
+def test_per_rank_shapes_all_gather():
+    s = sweep.shapes(sweep.Case("70B", "FC1", 8192, 2))
+    assert s["collective"] == "all_gather" and s["schedule"] == "ag_rotate_a"
+    assert s["a"] == (4096, 8192)
+    assert s["w"] == (28672, 8192)
+    assert s["out"] == (8192, 28672)
+    assert s["full_a"] == (8192, 8192)
+    assert s["floor"] == (8192, 28672, 8192)  # the per-rank GEMM after the gather
+
+
+def test_per_rank_shapes_reduce_scatter_tp4():
+    s = sweep.shapes(sweep.Case("405B", "FC2", 4096, 4))
+    assert s["collective"] == "reduce_scatter" and s["schedule"] == "rs_tile_a"
+    assert s["a"] == (4096, 53248 // 4)
+    assert s["w"] == (16384, 13312)
+    assert s["out"] == (1024, 16384)
+    assert s["partial"] == (4096, 16384)
+    assert s["floor"] == (4096, 16384, 13312)
+
+
+def test_o_layer_scatters_and_k_is_q_heads():
+    s = sweep.shapes(sweep.Case("8B", "O", 1024, 8))
+    assert s["collective"] == "reduce_scatter"
+    assert (s["m"], s["n"], s["k"]) == (1024, 4096, 32 * 128)
+    assert s["a"] == (1024, 512) and s["w"] == (4096, 512) and s["out"] == (128, 4096)
+
+
+def test_no_skip_for_real_llama_shapes_tp2():
+    # distgemm's own plan check (make_spec on meta tensors) accepts all quick cases at S=2, 4.
+    for case in sweep.make_cases(2, quick=True):
+        reason, rejected = sweep.skip_reason(case)
+        assert reason is None, (case, reason)
+        assert rejected == {}
+
+
+def test_skip_tp_not_dividing_m():
+    reason, _ = sweep.skip_reason(sweep.Case("8B", "QKV", 1024, 3))
+    assert reason is not None and "M=1024 is not divisible by TP=3" in reason
+
+
+def test_skip_tp_not_dividing_k_or_n():
+    # K of 8B FC2 = 14336 = 2^11 * 7 and N of 8B QKV = 6144 = 2^11 * 3: TP=4096 divides M=16384
+    # but not them.
+    reason, _ = sweep.skip_reason(sweep.Case("8B", "FC2", 16384, 4096), plan_check=lambda *a: None)
+    assert reason == "K=14336 is not divisible by TP=4096 (row-parallel weight)"
+    reason, _ = sweep.skip_reason(sweep.Case("8B", "QKV", 16384, 4096), plan_check=lambda *a: None)
+    assert reason == "N=6144 is not divisible by TP=4096 (column-parallel weight)"
+
+
+def test_skip_unaligned_rows():
+    # 8B FC2 at TP=512: 14336 / 512 = 28 elements of K per rank, not a 16-byte row.
+    case = sweep.Case("8B", "FC2", 16384, 512)
+    reason, _ = sweep.skip_reason(case, plan_check=lambda *a: None)
+    assert reason is not None and "28 columns is not a multiple of 8" in reason
+
+
+def test_skip_when_plan_rejects_default_steps():
+    calls = []
+
+    def check(op, schedule, tp, steps, a, w):
+        calls.append((op, schedule, tp, steps, a, w))
+        return "M=8190 is not divisible by S=2" if steps == 2 else None
+
+    reason, rejected = sweep.skip_reason(sweep.Case("70B", "QKV", 4096, 2), plan_check=check)
+    assert reason is not None and reason.startswith("distgemm rejects the default S=2")
+    assert set(rejected) == {2}
+    assert calls[0] == ("all_gather_gemm", "ag_rotate_a", 2, 2, (2048, 8192), (5120, 8192))
+    assert [c[3] for c in calls] == [2, 4]
+
+
+def test_2tp_rejection_only_narrows_the_search():
+    reason, rejected = sweep.skip_reason(
+        sweep.Case("70B", "FC2", 4096, 2),
+        plan_check=lambda op, sch, tp, steps, a, w: "no" if steps == 4 else None)
+    assert reason is None and rejected == {4: "no"}
+
+
+def test_real_plan_rejects_indivisible_steps():
+    # distgemm's own check (make_spec on meta tensors): global M = 2 * 7 = 14 rows cannot be
+    # split into S=4 tiles; Llama-70B QKV at M=4096 is accepted.
+    why = sweep._plan_rejects("all_gather_gemm", "ag_rotate_a", 2, 4, (7, 64), (8, 64))
+    assert why is not None and "not divisible by S=4" in why
+    assert sweep._plan_rejects("all_gather_gemm", "ag_rotate_a", 2, 2, (1024, 8192),
+                               (5120, 8192)) is None
+
+
+def _record(**over):
+    rec = dict(case="70B/FC1/M8192/TP2", model="70B", layer="FC1", tokens=8192, tp=2,
+               m=8192, n=57344, k=8192, status="ok", reason=None,
+               ms={"floor": 5.0, "baseline": 8.0, "symm_mem": 6.4, "dg_default": 5.2,
+                   "dg_S2": 5.2, "dg_S4": 5.5, "dg_best": 5.2},
+               rel_err={"baseline": 0.0, "symm_mem": 2e-3, "dg_default": 3e-3, "dg_S2": 3e-3,
+                        "dg_S4": 4e-3},
+               unavailable={}, dg_best_steps=2, rejected_steps={})
+    rec.update(over)
+    return rec
+
+
+def test_derived_numbers():
+    d = sweep.derived(_record())
+    assert d["speedup_baseline"] == pytest.approx(1.0)
+    assert d["speedup_symm_mem"] == pytest.approx(8.0 / 6.4)
+    assert d["speedup_dg_best"] == pytest.approx(8.0 / 5.2)
+    assert d["eff_dg_best"] == pytest.approx(5.0 / 5.2)
+    assert d["eff_floor"] == pytest.approx(1.0)
+    assert d["dg_best_vs_symm_mem"] == pytest.approx(6.4 / 5.2)
+
+
+def test_derived_with_missing_variant():
+    rec = _record()
+    rec["ms"]["symm_mem"] = None
+    d = sweep.derived(rec)
+    assert d["speedup_symm_mem"] is None and d["dg_best_vs_symm_mem"] is None
+    assert d["speedup_dg_best"] == pytest.approx(8.0 / 5.2)
+
+
+def test_csv_from_record():
+    rec = _record()
+    skipped = _record(case="8B/QKV/M1024/TP3", status="skipped",
+                      reason="M=1024 is not divisible by TP=3", ms={}, rel_err={})
+    rows = list(csv.DictReader(io.StringIO(sweep.to_csv([rec, skipped]))))
+    assert list(rows[0].keys()) == sweep.CSV_FIELDS
+    r = rows[0]
+    assert r["case"] == "70B/FC1/M8192/TP2" and r["status"] == "ok"
+    assert float(r["ms_baseline"]) == 8.0 and float(r["ms_dg_best"]) == 5.2
+    assert float(r["ms_dg_S_tp"]) == 5.2 and float(r["ms_dg_S_2tp"]) == 5.5
+    assert r["dg_best_steps"] == "2"
+    assert float(r["speedup_dg_best"]) == pytest.approx(1.538, abs=1e-3)
+    assert float(r["eff_dg_best"]) == pytest.approx(0.962, abs=1e-3)
+    assert float(r["max_rel_err"]) == pytest.approx(4e-3)
+    # 2*M*N*K / TP / time
+    assert float(r["tflops_per_gpu_dg_best"]) == pytest.approx(
+        2 * 8192 * 57344 * 8192 / 2 / 5.2e-3 / 1e12, abs=0.1)
+    s = rows[1]
+    assert s["status"] == "skipped" and "not divisible" in s["reason"]
+    assert s["ms_floor"] == "" and s["speedup_dg_best"] == ""
+
+
+def test_csv_notes_name_unavailable_and_rejected():
+    rec = _record(unavailable={"symm_mem": "unavailable: RuntimeError: boom"},
+                  rejected_steps={"4": "N=12 is not divisible by S=4"})
+    rec["ms"]["symm_mem"] = None
+    row = sweep.csv_row(rec)
+    assert "symm_mem: unavailable: RuntimeError: boom" in row["notes"]
+    assert "S4: N=12 is not divisible by S=4" in row["notes"]
+    assert row["ms_symm_mem"] == "" and row["speedup_symm_mem"] == ""
+
+
+def test_table_formatting():
+    recs = [_record(), _record(case="70B/O/M8192/TP2", status="failed", reason="RuntimeError: x",
+                               ms={}, rel_err={})]
+    text = sweep.format_table(recs)
+    lines = text.splitlines()
+    assert lines[0].startswith("case")
+    assert set(lines[1]) <= {"-", "+"}
+    cells = [c.strip() for c in lines[2].split("|")]
+    assert cells[:6] == ["70B/FC1/M8192/TP2", "5.000", "8.000", "6.400", "5.200", "5.200 (2)"]
+    assert cells[6:10] == ["1.25x", "1.54x", "1.23x", "0.962"]
+    assert cells[10] == "4.0e-03"
+    assert "70B/O/M8192/TP2" in lines[3] and "failed: RuntimeError: x" in lines[3]
+    # columns line up: every measured line has its separators where the header has them
+    assert [i for i, ch in enumerate(lines[0]) if ch == "|"] == \
+        [i for i, ch in enumerate(lines[2]) if ch == "|"]
+
+
+def test_table_marks_missing_variant_and_wrong():
+    rec = _record(status="wrong", reason="rel. err >= 1e-2 vs baseline: symm_mem=5.00e-01")
+    rec["ms"]["symm_mem"] = None
+    line = sweep.format_table([rec]).splitlines()[2]
+    cells = [c.strip() for c in line.split("|")]
+    assert cells[3] == "-" and cells[6] == "-" and cells[8] == "-"
+    assert line.endswith("WRONG")
+
+
+def test_output_stem_and_progress():
+    assert sweep.output_stem(True, "2026-11-22") == "2026-11-22-llama-sweep-quick"
+    assert sweep.output_stem(False, "2026-11-22") == "2026-11-22-llama-sweep"
+    line = sweep.progress_line(2, 8, "70B/FC1/M4096/TP2", 3.25, width=8)
+    assert line == "[##......] 2/8 70B/FC1/M4096/TP2  3.2 s"
+    assert sweep.progress_line(8, 8, "done", 0.0, width=4).startswith("[####] 8/8")
+
+
+def test_plot_written_or_reason(tmp_path):
+    path = str(tmp_path / "p.png")
+    why = sweep.plot([_record(), _record(case="70B/O/M8192/TP2", status="skipped", ms={})], path)
+    if why is None:
+        with open(path, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    else:
+        assert "matplotlib unavailable" in why
+    empty = sweep.plot([], path)
+    assert empty == "no measured case" or "matplotlib unavailable" in empty
