@@ -109,10 +109,8 @@ def test_pull_copy_is_rejected():
     plan = fresh("ag_rotate_a", 2, 2)
     cp = plan["devices"][1]["copies"][0]  # device 1 pushes its rows into device 0's slot 0
     plan["devices"][1]["copies"].clear()
-    pull = dict(cp, src=dict(cp["src"], device=1), dst=dict(cp["dst"], device=0), signals=[])
-    # the same transfer issued by device 0 as a pull of device 1's rows: the user's A of device 1
-    pull["src"] = {"buffer": "A", "device": 1, "offset": 0, "ld": cp["src"]["ld"],
-                   "batch_stride": cp["src"]["batch_stride"]}
+    # The same transfer issued by device 0 as a pull: it reads device 1's memory.
+    pull = dict(cp, dst=dict(cp["dst"], device=0), signals=[])
     plan["devices"][0]["copies"].append(pull)
     plan["devices"][0]["gemms"][1]["waits"] = []
     messages = [v.message for v in check_plan(plan)]

@@ -46,7 +46,7 @@ def test_tile_map_visits_every_tile_once(schedule):
         assert len({tm["tile"][d][i] for d in range(4)}) == 4
 
 
-def test_ag_rotate_a_starts_on_own_rows_and_pulls_from_owner():
+def test_ag_rotate_a_starts_on_own_rows_and_receives_pushes_from_owner():
     plan = build_plan("ag_rotate_a", 2, 2, m=64, n=64, k=32)
     d0, d1 = plan["devices"]
     assert d0["gemms"][0]["a"]["buffer"] == "A" and not d0["gemms"][0]["waits"]
