@@ -102,18 +102,8 @@ ScheduleDef def_from(const py::dict& d) {
   return s;
 }
 
-const ScheduleDef& def_by_name(const std::string& name) {
-  const ScheduleDef* s = distgemm::schedules::find(name.c_str());
-  if (!s) {
-    std::string known;
-    for (const ScheduleDef* x : distgemm::schedules::kAll) known += (known.empty() ? "" : ", ") + std::string(x->name);
-    throw std::invalid_argument("unknown schedule '" + name + "'; known schedules: " + known);
-  }
-  return *s;
-}
-
 ScheduleDef resolve(const py::object& schedule) {
-  if (py::isinstance<py::str>(schedule)) return def_by_name(schedule.cast<std::string>());
+  if (py::isinstance<py::str>(schedule)) return distgemm::schedules::find_or_throw(schedule.cast<std::string>());
   if (py::isinstance<py::dict>(schedule)) return def_from(schedule.cast<py::dict>());
   throw std::invalid_argument("schedule must be a name or a definition dict");
 }
@@ -209,7 +199,7 @@ PYBIND11_MODULE(_core, m) {
     return out;
   }, "Definitions of every built-in schedule.");
 
-  m.def("schedule_definition", [](const std::string& name) { return def_dict(def_by_name(name)); },
+  m.def("schedule_definition", [](const std::string& name) { return def_dict(distgemm::schedules::find_or_throw(name)); },
         py::arg("name"), "The definition of one schedule, as a dict.");
 
   m.def("validate", [](const py::object& schedule, int tp, int steps, int64_t m, int64_t n, int64_t k, int64_t l) {

@@ -168,10 +168,10 @@ def make_spec(op: str, schedule: str, tp: int, rank: int, steps: Optional[int],
     n = nb * tp if part["b"] == "N" else nb
     if min(m, n, k) < 1:
         raise ValueError(f"{op}: empty operands: a {_fmt(a.shape)}, w {_fmt(w.shape)}")
-    why = _core.validate(schedule, tp, steps, m, n, k, 1)
-    if why:
-        raise ValueError(f"{op} ({schedule}, TP={tp}, S={steps}, global M={m} N={n} K={k}): {why}")
-    plan = _core.build_plan(schedule, tp, steps, m, n, k, 1)
+    try:
+        plan = _core.build_plan(schedule, tp, steps, m, n, k, 1)  # validates; raises ValueError
+    except ValueError as e:
+        raise ValueError(f"{op} ({schedule}, TP={tp}, S={steps}, global M={m} N={n} K={k}): {e}") from None
     local = plan["local_shapes"]
     a_name = "a_shard" if op == "all_gather_gemm" else "a"
     if tuple(w.shape) != tuple(local["B"]):

@@ -98,29 +98,26 @@ if [[ $parts == *tune* ]]; then
   echo "tuned tile order: $TUNED (sum of TF/s $best)" >> "$SUM"
 fi
 
+# perf_cases PREFIX SUFFIX EXTRA...: the four Llama-70B TP=2 cases at steps $S.
+perf_cases() {
+  local p=$1 sfx=$2; shift 2
+  run "${p}_fc1_ag_S$S$sfx" 180 0 --schedule ag_rotate_a --tp 2 --steps $S --m 8192 --n 57344 \
+    --k 8192 --iterations 50 --warmup 10 "$@"
+  run "${p}_fc2_rs_S$S$sfx" 180 0 --schedule rs_tile_a --tp 2 --steps $S --m 8192 --n 8192 \
+    --k 28672 --iterations 50 --warmup 10 "$@"
+  run "${p}_qkv_ag_S$S$sfx" 180 0 --schedule ag_rotate_a --tp 2 --steps $S --m 8192 --n 10240 \
+    --k 8192 --iterations 50 --warmup 10 "$@"
+  run "${p}_o_rs_S$S$sfx" 180 0 --schedule rs_tile_a --tp 2 --steps $S --m 8192 --n 8192 \
+    --k 8192 --iterations 50 --warmup 10 "$@"
+}
+
 if [[ $parts == *perf* ]]; then
   for S in ${PERF_STEPS:-2 4 8}; do
     if [ -n "$TUNED" ] && [ "$TUNED" != "--swizzle 8 --raster 0" ]; then  # else = defaults
-      run "perft_fc1_ag_S$S" 180 0 --schedule ag_rotate_a --tp 2 --steps $S --m 8192 --n 57344 \
-        --k 8192 --iterations 50 --warmup 10 $TUNED
-      run "perft_fc2_rs_S$S" 180 0 --schedule rs_tile_a --tp 2 --steps $S --m 8192 --n 8192 \
-        --k 28672 --iterations 50 --warmup 10 $TUNED
-      run "perft_qkv_ag_S$S" 180 0 --schedule ag_rotate_a --tp 2 --steps $S --m 8192 --n 10240 \
-        --k 8192 --iterations 50 --warmup 10 $TUNED
-      run "perft_o_rs_S$S" 180 0 --schedule rs_tile_a --tp 2 --steps $S --m 8192 --n 8192 \
-        --k 8192 --iterations 50 --warmup 10 $TUNED
+      perf_cases perft "" $TUNED
     fi
     for v in ${PERF_VARIANTS:-plain --pdl}; do
-      [ "$v" = plain ] && v=""
-      tag=${v:+_pdl}
-      run "perf_fc1_ag_S$S$tag" 180 0 --schedule ag_rotate_a --tp 2 --steps $S --m 8192 --n 57344 \
-        --k 8192 --iterations 50 --warmup 10 $v
-      run "perf_fc2_rs_S$S$tag" 180 0 --schedule rs_tile_a --tp 2 --steps $S --m 8192 --n 8192 \
-        --k 28672 --iterations 50 --warmup 10 $v
-      run "perf_qkv_ag_S$S$tag" 180 0 --schedule ag_rotate_a --tp 2 --steps $S --m 8192 --n 10240 \
-        --k 8192 --iterations 50 --warmup 10 $v
-      run "perf_o_rs_S$S$tag" 180 0 --schedule rs_tile_a --tp 2 --steps $S --m 8192 --n 8192 \
-        --k 8192 --iterations 50 --warmup 10 $v
+      if [ "$v" = plain ]; then perf_cases perf ""; else perf_cases perf _pdl $v; fi
     done
   done
 fi

@@ -236,12 +236,7 @@ class PyGraph {
           uint64_t c, uint64_t d, uint64_t bias_ptr, double timeout_s,
           std::shared_ptr<LaunchOrder> order)
       : order_(std::move(order)) {
-    const distgemm::schedule::ScheduleDef* def = distgemm::schedules::find(schedule.c_str());
-    if (!def) {
-      std::string known;
-      for (const auto* x : distgemm::schedules::kAll) known += (known.empty() ? "" : ", ") + std::string(x->name);
-      throw std::invalid_argument("unknown schedule '" + schedule + "'; known schedules: " + known);
-    }
+    const distgemm::schedule::ScheduleDef* def = &distgemm::schedules::find_or_throw(schedule);
     if (!order_) throw std::invalid_argument("DeviceGraph needs a LaunchOrder");
     if (order_->device() != cuda_device)
       throw std::invalid_argument("LaunchOrder of CUDA device " + std::to_string(order_->device()) +
