@@ -1,7 +1,8 @@
-"""Llama-3 tensor-parallel layer sweep (issue 5, first version): distgemm against the plain
-NCCL-collective-then-torch.mm baseline and torch's symmetric-memory fused ops (async-TP).
+"""Llama-3 tensor-parallel layer sweep (issue 5): distgemm against the plain NCCL-collective-
+then-torch.mm baseline and torch's symmetric-memory fused ops (async-TP).
 
     torchrun --nproc-per-node N benchmarks/llama_sweep.py [--quick] [--out DIR]
+             [--models 70B,405B] [--tokens 4096,8192] [--layers FC1,FC2]
 
 Cases: models Llama-3 8B / 70B / 405B x layers QKV, O, FC1 (gate+up), FC2 x tokens M in
 {1024, ..., 16384}, TP = world size (``--quick``: 70B, M in {4096, 8192}). Per case, in this one
@@ -10,10 +11,15 @@ warm-up (clocks ramp up under sustained load, see benchmarks/results/2026-11-22-
 the per-iteration maximum over ranks is taken and its median reported:
 
   floor      torch.mm of the per-rank GEMM alone (the compute floor; no communication)
+  floor_dg   distgemm's own kernel on the per-rank GEMM alone: the same op on a one-rank group
+             (TP=1 plan, one GEMM, no communication) -- the floor of distgemm's overlap
   baseline   NCCL all_gather_into_tensor + torch.mm, resp. torch.mm + reduce_scatter_tensor
   symm_mem   torch.ops.symm_mem.fused_all_gather_matmul / fused_matmul_reduce_scatter
-  dg_default distgemm all_gather_gemm / gemm_reduce_scatter with steps=None
-  dg_S<s>    distgemm with S = TP and S = 2*TP; "dg_best" is the faster of them
+  dg_S<s>    distgemm all_gather_gemm / gemm_reduce_scatter, path="overlap", S = TP and 2*TP;
+             "dg_default" is the S of steps=None (ops.default_steps), "dg_best" the faster S
+  dg_auto    the public op as a user calls it: steps=None, path="auto" (its first call times
+             the overlapped plan against collective + GEMM and keeps the faster; the chosen
+             path is reported)
 
 Every variant's output is checked once per case against the baseline's (relative Frobenius error
 < 1e-2). Output: a table on stdout, ``<date>-llama-sweep[-quick].{csv,json,png}`` under --out.
@@ -55,7 +61,14 @@ QUICK_TOKENS = (4096, 8192)
 COLLECTIVE = {"QKV": "all_gather", "FC1": "all_gather", "O": "reduce_scatter",
               "FC2": "reduce_scatter"}
 SCHEDULE = {"all_gather": "ag_rotate_a", "reduce_scatter": "rs_tile_a"}
-VARIANTS = ("floor", "baseline", "symm_mem", "dg_default", "dg_best")
+VARIANTS = ("floor", "floor_dg", "baseline", "symm_mem", "dg_default", "dg_best", "dg_auto")
+FLOORS = ("floor", "floor_dg")
+DG = ("dg_default", "dg_best", "dg_auto")
+# Issue 5's acceptance, checked per case by ``targets``: for 70B/405B at M >= 4096, distgemm's
+# best >= 1.3x torch async-TP and >= 0.97 of its own kernel's floor; everywhere, the public op
+# (dg_auto) at most 2% slower than the plain baseline.
+TARGET_MODELS, TARGET_MIN_TOKENS = ("70B", "405B"), 4096
+TARGET_VS_SYMM, TARGET_EFF_OWN, TARGET_AUTO_SLACK = 1.3, 0.97, 1.02
 
 
 @dataclass(frozen=True)
@@ -70,11 +83,24 @@ class Case:
         return f"{self.model}/{self.layer}/M{self.tokens}/TP{self.tp}"
 
 
-def make_cases(tp: int, quick: bool = False) -> List[Case]:
-    """Every (model, layer, tokens) case for TP ranks, in the order they are run."""
-    models = QUICK_MODELS if quick else tuple(MODELS)
-    tokens = QUICK_TOKENS if quick else TOKENS
-    return [Case(mo, la, m, tp) for mo in models for m in tokens for la in LAYERS]
+def make_cases(tp: int, quick: bool = False, models: Optional[Sequence[str]] = None,
+               tokens: Optional[Sequence[int]] = None,
+               layers: Optional[Sequence[str]] = None) -> List[Case]:
+    """Every (model, layer, tokens) case for TP ranks, in the order they are run; ``models``,
+    ``tokens``, ``layers`` narrow the (full or quick) list. ValueError names unknown values."""
+    mo_all = QUICK_MODELS if quick else tuple(MODELS)
+    to_all = QUICK_TOKENS if quick else TOKENS
+    for what, given, valid in (("model", models, tuple(MODELS)), ("layer", layers, LAYERS)):
+        bad = [x for x in (given or ()) if x not in valid]
+        if bad:
+            raise ValueError(f"unknown {what} {bad[0]!r}; one of {', '.join(valid)}")
+    bad_tokens = [t for t in (tokens or ()) if not isinstance(t, int) or t < 1]
+    if bad_tokens:
+        raise ValueError(f"tokens must be positive integers, got {bad_tokens[0]!r}")
+    mo = [m for m in mo_all if models is None or m in models]
+    to = [t for t in (tokens if tokens is not None else to_all)]
+    la = [x for x in LAYERS if layers is None or x in layers]
+    return [Case(m_, l_, t_, tp) for m_ in mo for t_ in to for l_ in la]
 
 
 def global_gemm(model: str, layer: str, tokens: int) -> Tuple[int, int, int]:
@@ -170,26 +196,47 @@ def tflops(m: int, n: int, k: int, ms: Optional[float]) -> Optional[float]:
 
 
 def derived(rec: Dict[str, Any]) -> Dict[str, Any]:
-    """Speedups over the plain baseline and overlap efficiencies (floor / time) of a result
-    record ({"ms": {variant: ms or None}, ...}); None where a time is missing."""
+    """Speedups over the plain baseline, overlap efficiencies against the torch.mm floor
+    (``eff_*``) and against distgemm's own kernel (``eff_own_*``) of a result record
+    ({"ms": {variant: ms or None}, ...}); None where a time is missing."""
     ms = rec.get("ms", {})
-    floor, base = ms.get("floor"), ms.get("baseline")
+    floor, own, base = ms.get("floor"), ms.get("floor_dg"), ms.get("baseline")
     out: Dict[str, Any] = {}
     for v in VARIANTS:
         t = ms.get(v)
-        if v != "floor":
+        if v not in FLOORS:
             out[f"speedup_{v}"] = (base / t) if (t and base) else None
         out[f"eff_{v}"] = (floor / t) if (t and floor) else None
+        if v in DG:
+            out[f"eff_own_{v}"] = (own / t) if (t and own) else None
     sym, best = ms.get("symm_mem"), ms.get("dg_best")
     out["dg_best_vs_symm_mem"] = (sym / best) if (sym and best) else None
     return out
 
 
+def targets(rec: Dict[str, Any]) -> Dict[str, Optional[bool]]:
+    """Issue 5's acceptance for one measured record: ``vs_symm_mem`` (dg_best >= 1.3x symm_mem)
+    and ``eff_own`` (dg_best >= 0.97 of floor_dg) apply to 70B/405B at M >= 4096 (None
+    elsewhere or when a time is missing); ``auto_vs_baseline`` (dg_auto <= 1.02 x baseline)
+    applies to every case."""
+    d, ms = derived(rec), rec.get("ms", {})
+    big = rec.get("model") in TARGET_MODELS and rec.get("tokens", 0) >= TARGET_MIN_TOKENS
+    vs, eff = d["dg_best_vs_symm_mem"], d["eff_own_dg_best"]
+    auto, base = ms.get("dg_auto"), ms.get("baseline")
+    return {"vs_symm_mem": (vs >= TARGET_VS_SYMM) if (big and vs) else None,
+            "eff_own": (eff >= TARGET_EFF_OWN) if (big and eff) else None,
+            "auto_vs_baseline": (auto <= TARGET_AUTO_SLACK * base) if (auto and base) else None}
+
+
 CSV_FIELDS = (["case", "model", "layer", "tokens", "tp", "m", "n", "k", "status", "reason"]
-              + [f"ms_{v}" for v in VARIANTS] + ["ms_dg_S_tp", "ms_dg_S_2tp", "dg_best_steps"]
-              + [f"speedup_{v}" for v in VARIANTS if v != "floor"]
-              + [f"eff_{v}" for v in VARIANTS] + ["dg_best_vs_symm_mem", "tflops_per_gpu_dg_best",
-                                                  "max_rel_err", "notes"])
+              + [f"ms_{v}" for v in VARIANTS] + ["ms_dg_S_tp", "ms_dg_S_2tp", "dg_default_steps",
+                                                  "dg_best_steps", "dg_auto_path",
+                                                  "auto_overlap_ms", "auto_collective_ms"]
+              + [f"speedup_{v}" for v in VARIANTS if v not in FLOORS]
+              + [f"eff_{v}" for v in VARIANTS] + [f"eff_own_{v}" for v in DG]
+              + ["dg_best_vs_symm_mem", "tflops_per_gpu_dg_best", "tflops_per_gpu_floor_dg",
+                 "target_vs_symm_mem", "target_eff_own", "target_auto_vs_baseline",
+                 "max_rel_err", "notes"])
 
 
 def _num(x, nd=4) -> str:
@@ -200,10 +247,14 @@ def _num(x, nd=4) -> str:
     return str(x)
 
 
-def _per_gpu(rec: Dict[str, Any]) -> Optional[float]:
-    """TF/s per GPU of distgemm's best time (the whole layer's flops / TP)."""
-    t = tflops(rec.get("m", 0), rec.get("n", 0), rec.get("k", 0), rec.get("ms", {}).get("dg_best"))
+def _per_gpu(rec: Dict[str, Any], variant: str = "dg_best") -> Optional[float]:
+    """TF/s per GPU of a variant's time (the whole layer's flops / TP)."""
+    t = tflops(rec.get("m", 0), rec.get("n", 0), rec.get("k", 0), rec.get("ms", {}).get(variant))
     return t / rec["tp"] if t else None
+
+
+def _flag(x: Optional[bool]) -> str:
+    return "" if x is None else ("yes" if x else "no")
 
 
 def csv_row(rec: Dict[str, Any]) -> Dict[str, str]:
@@ -213,14 +264,24 @@ def csv_row(rec: Dict[str, Any]) -> Dict[str, str]:
     errs = [e for e in rec.get("rel_err", {}).values() if e is not None]
     notes = dict(rec.get("unavailable", {}))
     notes.update({f"S{s}": why for s, why in rec.get("rejected_steps", {}).items()})
+    auto = rec.get("auto") or {}
+    tg = targets(rec)
     row = {"case": rec["case"], "model": rec["model"], "layer": rec["layer"],
            "tokens": str(rec["tokens"]), "tp": str(rec["tp"]), "m": str(rec.get("m", "")),
            "n": str(rec.get("n", "")), "k": str(rec.get("k", "")), "status": rec["status"],
            "reason": rec.get("reason") or "", "dg_best_steps": _num(rec.get("dg_best_steps")),
+           "dg_default_steps": _num(rec.get("dg_default_steps")),
+           "dg_auto_path": auto.get("path") or "",
+           "auto_overlap_ms": _num(auto.get("overlap_ms")),
+           "auto_collective_ms": _num(auto.get("collective_ms")),
            "max_rel_err": _num(max(errs) if errs else None, 3),
            "tflops_per_gpu_dg_best": _num(_per_gpu(rec), 1),
+           # the local GEMM does 1/TP of the layer's flops: the same per-GPU formula
+           "tflops_per_gpu_floor_dg": _num(_per_gpu(rec, "floor_dg"), 1),
            "ms_dg_S_tp": _num(ms.get(f"dg_S{rec['tp']}")),
            "ms_dg_S_2tp": _num(ms.get(f"dg_S{2 * rec['tp']}")),
+           "target_vs_symm_mem": _flag(tg["vs_symm_mem"]), "target_eff_own": _flag(tg["eff_own"]),
+           "target_auto_vs_baseline": _flag(tg["auto_vs_baseline"]),
            "notes": "; ".join(f"{k}: {v}" for k, v in notes.items())}
     for v in VARIANTS:
         row[f"ms_{v}"] = _num(ms.get(v))
@@ -238,8 +299,9 @@ def to_csv(records: Sequence[Dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-TABLE_HEADER = ("case", "floor ms", "NCCL+mm ms", "symm_mem ms", "dg S=def ms", "dg best ms (S)",
-                "symm/base", "dg/base", "dg/symm", "eff dg", "err")
+TABLE_HEADER = ("case", "floor ms", "own floor", "NCCL+mm ms", "symm_mem ms", "dg S=def ms",
+                "dg best ms (S)", "dg auto ms (path)", "symm/base", "dg/base", "dg/symm",
+                "auto/base", "eff own", "err")
 
 
 def table_row(rec: Dict[str, Any]) -> List[str]:
@@ -253,17 +315,23 @@ def table_row(rec: Dict[str, Any]) -> List[str]:
         return f"{v:.2f}x" if v else "-"
 
     best = t("dg_best") + (f" ({rec['dg_best_steps']})" if rec.get("dg_best_steps") else "")
+    path = (rec.get("auto") or {}).get("path")
+    auto = t("dg_auto") + (f" ({path[:4]})" if path else "")
     errs = [e for e in rec.get("rel_err", {}).values() if e is not None]
-    return [rec["case"], t("floor"), t("baseline"), t("symm_mem"), t("dg_default"), best,
-            x(d["speedup_symm_mem"]), x(d["speedup_dg_best"]), x(d["dg_best_vs_symm_mem"]),
-            f"{d['eff_dg_best']:.3f}" if d["eff_dg_best"] else "-",
+    base, a = ms.get("baseline"), ms.get("dg_auto")
+    return [rec["case"], t("floor"), t("floor_dg"), t("baseline"), t("symm_mem"), t("dg_default"),
+            best, auto, x(d["speedup_symm_mem"]), x(d["speedup_dg_best"]),
+            x(d["dg_best_vs_symm_mem"]), x(base / a if (a and base) else None),
+            f"{d['eff_own_dg_best']:.3f}" if d["eff_own_dg_best"] else "-",
             f"{max(errs):.1e}" if errs else "-"]
 
 
 def format_table(records: Sequence[Dict[str, Any]]) -> str:
     """Aligned text table; cases that were not measured get one line with their status and
-    reason. (dg/base: speedup of distgemm's best S over NCCL + torch.mm; eff dg: torch.mm floor /
-    distgemm's best time; err: the worst relative error of any variant vs the baseline.)"""
+    reason. (own floor: distgemm's kernel alone on one GPU; dg/base: speedup of distgemm's best S
+    over NCCL + torch.mm; auto: the public op with path="auto" and its chosen path; eff own:
+    own floor / distgemm's best time; err: the worst relative error of any variant vs the
+    baseline.)"""
     measured = [table_row(r) for r in records if r["status"] in ("ok", "wrong")]
     widths = [max([len(h)] + [len(r[i]) for r in measured]) for i, h in enumerate(TABLE_HEADER)]
     lines = [" | ".join(h.ljust(widths[i]) for i, h in enumerate(TABLE_HEADER)).rstrip(),
@@ -275,6 +343,26 @@ def format_table(records: Sequence[Dict[str, Any]]) -> str:
             lines.append(line + ("  WRONG" if rec["status"] == "wrong" else ""))
         else:
             lines.append(f"{rec['case'].ljust(widths[0])} | {rec['status']}: {rec.get('reason')}")
+    return "\n".join(lines)
+
+
+def target_summary(records: Sequence[Dict[str, Any]]) -> str:
+    """One line per acceptance target: how many measured cases it applies to and meets, and
+    the cases that miss it."""
+    lines = []
+    names = {"vs_symm_mem": f"dg best >= {TARGET_VS_SYMM}x torch symm_mem (70B/405B, M >= "
+                            f"{TARGET_MIN_TOKENS})",
+             "eff_own": f"dg best >= {TARGET_EFF_OWN} of its own kernel floor (70B/405B, M >= "
+                        f"{TARGET_MIN_TOKENS})",
+             "auto_vs_baseline": f"public op (auto) <= {TARGET_AUTO_SLACK}x NCCL + torch.mm "
+                                 "(every case)"}
+    ok = [r for r in records if r["status"] == "ok"]
+    for key, text in names.items():
+        verdicts = [(r["case"], targets(r)[key]) for r in ok]
+        applies = [(c, v) for c, v in verdicts if v is not None]
+        miss = [c for c, v in applies if not v]
+        lines.append(f"target {text}: {len(applies) - len(miss)}/{len(applies)} met"
+                     + (f"; missed: {', '.join(miss)}" if miss else ""))
     return "\n".join(lines)
 
 
@@ -303,26 +391,33 @@ def plot(records: Sequence[Dict[str, Any]], path: str) -> Optional[str]:
         return "no measured case"
     names = [r["case"].rsplit("/TP", 1)[0] for r in ok]
     colors = {"baseline": "tab:gray", "symm_mem": "tab:blue", "dg_default": "tab:orange",
-              "dg_best": "tab:green"}
-    series = (("symm_mem", "torch symm_mem"), ("dg_default", "distgemm S=default"),
-              ("dg_best", "distgemm best S"))
-    fig, axes = plt.subplots(2, 1, figsize=(max(8, 0.9 * len(ok) + 3), 8), sharex=True)
+              "dg_best": "tab:green", "dg_auto": "tab:red"}
+    series = (("symm_mem", "torch symm_mem"), ("dg_best", "distgemm best S"),
+              ("dg_auto", "distgemm public op (auto path)"))
+    fig, axes = plt.subplots(2, 1, figsize=(max(8, 0.35 * len(ok) + 3), 8), sharex=True)
     xs = list(range(len(ok)))
-    wbar = 0.2
+    wbar = 0.8 / len(series)
     for j, (v, label) in enumerate(series):
         ys = [derived(r)[f"speedup_{v}"] or 0.0 for r in ok]  # 0: variant not measured
         axes[0].bar([x + (j - 1) * wbar for x in xs], ys, wbar, label=label, color=colors[v])
     axes[0].axhline(1.0, color="k", lw=0.8)
+    axes[0].axhline(1.0 / TARGET_AUTO_SLACK, color="k", lw=0.6, ls=":")
     axes[0].set_ylabel("speedup over NCCL + torch.mm")
     axes[0].legend(fontsize=8)
-    for j, (v, label) in enumerate((("baseline", "NCCL + torch.mm"),) + series):
-        ys = [derived(r)[f"eff_{v}"] or 0.0 for r in ok]
-        axes[1].bar([x + (j - 1.5) * wbar for x in xs], ys, wbar, label=label, color=colors[v])
+    effs = (("baseline", "eff", "NCCL + torch.mm / torch.mm floor"),
+            ("symm_mem", "eff", "torch symm_mem / torch.mm floor"),
+            ("dg_best", "eff_own", "distgemm best S / own kernel floor"))
+    wbar = 0.8 / len(effs)
+    for j, (v, kind, label) in enumerate(effs):
+        ys = [derived(r)[f"{kind}_{v}"] or 0.0 for r in ok]
+        axes[1].bar([x + (j - 1) * wbar for x in xs], ys, wbar, label=label, color=colors[v])
     axes[1].axhline(1.0, color="k", lw=0.8)
-    axes[1].set_ylabel("overlap efficiency\n(torch.mm floor / time)")
+    axes[1].axhline(TARGET_EFF_OWN, color="k", lw=0.6, ls=":")
+    axes[1].set_ylabel("overlap efficiency\n(compute floor / time)")
+    axes[1].set_ylim(0.0, 1.15)
     axes[1].legend(fontsize=8)
     axes[1].set_xticks(xs)
-    axes[1].set_xticklabels(names, rotation=45, ha="right", fontsize=8)
+    axes[1].set_xticklabels(names, rotation=60, ha="right", fontsize=7)
     tp = ok[0]["tp"]
     fig.suptitle(f"Llama-3 TP layers, TP={tp}, bf16 (median of CUDA-event timings, max over ranks)")
     fig.tight_layout()
@@ -400,7 +495,8 @@ def _rel_err(torch, x, ref) -> float:
     return float((x - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
-def run_case(ctx: _Ctx, case: Case, rejected: Dict[int, str], group_name: str) -> Dict[str, Any]:
+def run_case(ctx: _Ctx, case: Case, rejected: Dict[int, str], group_name: str,
+             solo) -> Dict[str, Any]:
     """Measure every variant of one case on this rank. Returns this rank's record; raises on
     a failure that makes the case meaningless (the caller agrees with the other ranks)."""
     torch, dist, dev = ctx.torch, ctx.dist, ctx.dev
@@ -432,6 +528,9 @@ def run_case(ctx: _Ctx, case: Case, rejected: Dict[int, str], group_name: str) -
 
         def floor():
             return torch.mm(floor_a, wt, out=floor_out)
+
+        def floor_dg():  # TP=1: a_shard is the whole [M, K], the plan is one GEMM
+            return ops.all_gather_gemm(floor_a, w, out=floor_out, group=solo, path="overlap")
     else:
         partial = torch.empty(s["partial"], device=dev, dtype=bf)
         out = torch.empty(s["out"], device=dev, dtype=bf)
@@ -446,7 +545,18 @@ def run_case(ctx: _Ctx, case: Case, rejected: Dict[int, str], group_name: str) -
         def floor():
             return torch.mm(a, wt, out=floor_out)
 
+        def floor_dg():  # TP=1: the reduce-scatter of one rank is the [M, N] product itself
+            return ops.gemm_reduce_scatter(a, w, out=floor_out, group=solo, path="overlap")
+
     ms["floor"] = _time_variant(ctx, floor)
+    floor_ref = floor().clone()
+    floor_dg()
+    torch.cuda.synchronize()
+    solo.check()
+    errs["floor_dg"] = _rel_err(torch, floor_out, floor_ref)  # against torch.mm, same operands
+    del floor_ref
+    ms["floor_dg"] = _time_variant(ctx, floor_dg)
+    solo.check()
     ref = baseline().clone()
     torch.cuda.synchronize()
     ms["baseline"] = _time_variant(ctx, baseline)
@@ -480,22 +590,27 @@ def run_case(ctx: _Ctx, case: Case, rejected: Dict[int, str], group_name: str) -
         ms["symm_mem"] = _time_variant(ctx, symm)
 
     # distgemm: a communicator per case so that its workspaces are freed with the case.
+    default_s = None
+    auto: Dict[str, Any] = {}
     with dcomm.Communicator(timeout_s=60.0, wait_timeout_s=5.0) as comm:
         dg_out = torch.empty(s["out"], device=dev, dtype=bf)
 
-        def dg(steps):
+        def dg(steps, path):
             if ag:
-                return lambda: ops.all_gather_gemm(a, w, steps=steps, out=dg_out, group=comm)
-            return lambda: ops.gemm_reduce_scatter(a, w, steps=steps, out=dg_out, group=comm)
+                return lambda: ops.all_gather_gemm(a, w, steps=steps, out=dg_out, group=comm,
+                                                   path=path)
+            return lambda: ops.gemm_reduce_scatter(a, w, steps=steps, out=dg_out, group=comm,
+                                                   path=path)
 
+        runs = [(f"dg_S{x}", x, "overlap") for x in step_options(ctx.tp) if x not in rejected]
+        runs.append(("dg_auto", None, "auto"))
         per_s: Dict[int, float] = {}
-        for key, steps in [("dg_default", None)] + [(f"dg_S{x}", x) for x in step_options(ctx.tp)
-                                                     if x not in rejected]:
-            f = dg(steps)
+        for key, steps, path in runs:
+            f = dg(steps, path)
             # Poisoned output: a call that wrote nothing cannot pass the check by leaving an
             # earlier variant's (identical) result in recycled memory.
             dg_out.fill_(float("nan"))
-            y = f()
+            y = f()  # with path="auto" this first call measures both paths and chooses
             torch.cuda.synchronize()
             comm.check()
             errs[key] = _rel_err(torch, y, ref)
@@ -503,8 +618,11 @@ def run_case(ctx: _Ctx, case: Case, rejected: Dict[int, str], group_name: str) -
             comm.check()
             if steps is not None:
                 per_s[steps] = ms[key]
+        auto = next((c_ for c_ in ops.path_choices(comm) if c_["requested"] == "auto"), {})
         best = min(per_s, key=per_s.get) if per_s else None
         ms["dg_best"] = per_s.get(best) if best else None
+        default_s = ops.default_steps(s["schedule"], ctx.tp, a, w)
+        ms["dg_default"] = per_s.get(default_s)
         del dg_out
     # The check counts on every rank: the worst error over ranks (NaN as inf), same keys
     # everywhere (the variants run were agreed above).
@@ -513,7 +631,58 @@ def run_case(ctx: _Ctx, case: Case, rejected: Dict[int, str], group_name: str) -
     errs = dict(zip(keys, worst))
     bad_err = {k: v for k, v in errs.items() if not v < ERR_TOL}
     return dict(ms=ms, rel_err=errs, unavailable=unavailable, dg_best_steps=best,
-                wrong=bad_err)
+                dg_default_steps=default_s, auto=auto, wrong=bad_err)
+
+
+def _meta(torch, dev, args, tp, symm_setup, t_start) -> Dict[str, Any]:
+    return dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                tp=tp, quick=args.quick, torch=torch.__version__,
+                device=torch.cuda.get_device_name(dev), cuda=torch.version.cuda,
+                warmup_s=WARMUP_S, timed_s=TIMED_S, iters=[MIN_ITERS, MAX_ITERS],
+                symm_mem_setup_error=symm_setup, argv=sys.argv,
+                seconds=round(time.perf_counter() - t_start, 1))
+
+
+def write_outputs(records: Sequence[Dict[str, Any]], stem: str, meta: Dict[str, Any],
+                  final: bool) -> None:
+    """CSV and JSON (every time: a cut-short sweep keeps what it measured); at the end also the
+    table, the notes, the acceptance summary and the PNG."""
+    os.makedirs(os.path.dirname(stem) or ".", exist_ok=True)
+    with open(stem + ".csv", "w") as f:
+        f.write(to_csv(records))
+    with open(stem + ".json", "w") as f:
+        json.dump(dict(meta=dict(meta, complete=final),
+                       records=[dict(r, derived=derived(r), targets=targets(r)) for r in records]),
+                  f, indent=1)
+    if not final:
+        return
+    print(format_table(records), flush=True)
+    for r in records:
+        if r["status"] != "ok":
+            print(f"{r['status'].upper()} {r['case']}: {r['reason']}", flush=True)
+        for k_, v in r.get("unavailable", {}).items():
+            print(f"NOTE {r['case']} {k_}: {v}", flush=True)
+    print(target_summary(records), flush=True)
+    try:
+        why = plot(records, stem + ".png")
+    except Exception as e:  # noqa: BLE001 - never lose the numbers or hang rank 1 over a plot
+        why = f"plot failed: {type(e).__name__}: {e}"
+    print(f"plot: {'skipped: ' + why if why else stem + '.png'}", flush=True)
+    print(f"wrote {stem}.csv, {stem}.json in {meta['seconds']} s", flush=True)
+
+
+def replot(path: str, out_dir: str) -> int:
+    """Table, acceptance summary and PNG from a sweep's JSON, without a GPU."""
+    with open(path) as f:
+        data = json.load(f)
+    records = data["records"]
+    print(format_table(records))
+    print(target_summary(records))
+    os.makedirs(out_dir, exist_ok=True)
+    png = os.path.join(out_dir, os.path.basename(path)[:-len(".json")] + ".png")
+    why = plot(records, png)
+    print(f"plot: {'skipped: ' + why if why else png}")
+    return 0 if why is None else 1
 
 
 def main(argv=None) -> int:
@@ -521,7 +690,17 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="70B only, M in {4096, 8192}")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                   "results"))
+    ap.add_argument("--models", help="comma-separated subset of " + ",".join(MODELS))
+    ap.add_argument("--tokens", help="comma-separated token counts (M) instead of the list")
+    ap.add_argument("--layers", help="comma-separated subset of " + ",".join(LAYERS))
+    ap.add_argument("--replot", metavar="JSON",
+                    help="no GPU: redraw the PNG (and reprint the table) from a sweep's JSON")
     args = ap.parse_args(argv)
+    if args.replot:
+        return replot(args.replot, args.out)
+    split = (lambda v, f=str: None if v is None else [f(x) for x in v.split(",") if x])
+    models, tokens, layers = split(args.models), split(args.tokens, int), split(args.layers)
+    make_cases(1, args.quick, models, tokens, layers)  # unknown names: fail before torchrun work
 
     import faulthandler
 
@@ -547,7 +726,14 @@ def main(argv=None) -> int:
     except Exception as e:  # noqa: BLE001 - the fused ops are then reported unavailable per case
         symm_setup = f"{type(e).__name__}: {e}"
 
-    cases = make_cases(tp, args.quick)
+    # distgemm's own kernel floor runs the op on a one-rank group (a TP=1 plan: one GEMM).
+    from distgemm import comm as dcomm
+    solo_pg, _ = dist.new_subgroups(group_size=1)
+    solo = dcomm.Communicator(solo_pg, timeout_s=60.0, wait_timeout_s=5.0)
+
+    cases = make_cases(tp, args.quick, models, tokens, layers)
+    partial = bool(models or tokens or layers)
+    stem = os.path.join(args.out, output_stem(args.quick) + ("-subset" if partial else ""))
     records: List[Dict[str, Any]] = []
     t_start = time.perf_counter()
     for i, case in enumerate(cases):
@@ -566,7 +752,7 @@ def main(argv=None) -> int:
         faulthandler.dump_traceback_later(CASE_TIMEOUT_S, exit=True)
         err = None
         try:
-            res = run_case(ctx, case, rejected, group_name)
+            res = run_case(ctx, case, rejected, group_name, solo)
         except Exception as e:  # noqa: BLE001 - one case's failure must not end the sweep
             err = f"{type(e).__name__}: {e}"
             traceback.print_exc()
@@ -577,7 +763,8 @@ def main(argv=None) -> int:
             rec.update(status="failed", reason=err or "failed on another rank")
         else:
             rec.update(status="ok", reason=None, ms=res["ms"], rel_err=res["rel_err"],
-                       unavailable=res["unavailable"], dg_best_steps=res["dg_best_steps"])
+                       unavailable=res["unavailable"], dg_best_steps=res["dg_best_steps"],
+                       dg_default_steps=res["dg_default_steps"], auto=res["auto"])
             if symm_setup and "symm_mem" in rec["unavailable"]:
                 rec["unavailable"]["symm_mem"] += f" (setup: {symm_setup})"
             if res["wrong"]:
@@ -585,40 +772,13 @@ def main(argv=None) -> int:
                     f"{k_}={v:.2e}" for k_, v in res["wrong"].items()))
         records.append(rec)
         torch.cuda.empty_cache()
+        if rank == 0:  # after every case: a sweep cut short still leaves its numbers
+            write_outputs(records, stem, _meta(torch, dev, args, tp, symm_setup, t_start), False)
     if rank == 0:
         print(progress_line(len(cases), len(cases), "done", time.perf_counter() - t_start),
               file=sys.stderr, flush=True)
-
-    # Every rank returns the same timings (they were max-reduced); rank 0 writes.
-    if rank == 0:
-        os.makedirs(args.out, exist_ok=True)
-        stem = os.path.join(args.out, output_stem(args.quick))
-        meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                    tp=tp, quick=args.quick, torch=torch.__version__,
-                    device=torch.cuda.get_device_name(dev), cuda=torch.version.cuda,
-                    warmup_s=WARMUP_S, timed_s=TIMED_S, iters=[MIN_ITERS, MAX_ITERS],
-                    symm_mem_setup_error=symm_setup, argv=sys.argv,
-                    seconds=round(time.perf_counter() - t_start, 1))
-        print(format_table(records), flush=True)
-        skipped = [r for r in records if r["status"] != "ok"]
-        for r in skipped:
-            print(f"{r['status'].upper()} {r['case']}: {r['reason']}", flush=True)
-        for r in records:
-            for k_, v in r.get("unavailable", {}).items():
-                print(f"NOTE {r['case']} {k_}: {v}", flush=True)
-        with open(stem + ".csv", "w") as f:
-            f.write(to_csv(records))
-        with open(stem + ".json", "w") as f:
-            json.dump(dict(meta=meta, records=[dict(r, **{"derived": derived(r)}) for r in records]),
-                      f, indent=1)
-        try:
-            why = plot(records, stem + ".png")
-        except Exception as e:  # noqa: BLE001 - never lose the numbers or hang rank 1 over a plot
-            why = f"plot failed: {type(e).__name__}: {e}"
-        print(f"plot: {'skipped: ' + why if why else stem + '.png'}", flush=True)
-        print(f"wrote {stem}.csv, {stem}.json in {meta['seconds']} s", flush=True)
+        write_outputs(records, stem, _meta(torch, dev, args, tp, symm_setup, t_start), True)
     dist.barrier(group=ctrl)
-    from distgemm import comm as dcomm
     dcomm.close_all()
     dist.destroy_process_group()
     return 1 if any(r["status"] in ("failed", "wrong") for r in records) else 0

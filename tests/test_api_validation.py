@@ -2,6 +2,7 @@
 detected without a GPU, with its message, and the pure pieces (plan signatures, group checks,
 the gathered-operand recipe) that decide what every rank raises. The GPU paths are in
 tests/gpu/test_torchrun_api.py."""
+import random
 import re
 
 import pytest
@@ -318,7 +319,8 @@ def test_group_size_limit_and_query_errors():
 def sig(**kw):
     base = {"op": "all_gather_gemm", "schedule": "ag_rotate_a", "steps": None,
             "dtype": "torch.bfloat16", "a_shard.shape": [64, 32], "w.shape": [24, 32],
-            "bias.shape": None, "beta": 0.0, "return_gathered": False, "error": None}
+            "bias.shape": None, "beta": 0.0, "return_gathered": False, "path": "auto",
+            "error": None}
     base.update(kw)
     return base
 
@@ -332,11 +334,11 @@ def test_signature_mismatch_names_rank_and_field():
                                       "all_gather_gemm")
     assert msg == ("all_gather_gemm: ranks disagree at plan creation: rank 2 has "
                    "a_shard.shape=[32, 32] where rank 0 has a_shard.shape=[64, 32]; every rank "
-                   "must call the op with the same shapes, dtype, schedule and steps")
+                   "must call the op with the same shapes, dtype, schedule, steps and path")
 
 
 @pytest.mark.parametrize("field,value", [("dtype", "torch.float16"), ("schedule", "ag_rotate_b"),
-                                         ("steps", 4), ("beta", 1.0)])
+                                         ("steps", 4), ("beta", 1.0), ("path", "collective")])
 def test_signature_mismatch_in_each_field(field, value):
     msg = comm_mod.signature_mismatch([sig(), sig(**{field: value})], "all_gather_gemm")
     assert f"rank 1 has {field}={value!r} where rank 0 has {field}=" in msg
@@ -365,9 +367,9 @@ class FakeComm:
         raise AssertionError("a mismatched plan must not allocate a workspace")
 
 
-def _key(a_shape):
+def _key(a_shape, path="auto"):
     return ("all_gather_gemm", "ag_rotate_a", None, BF16,
-            (("a_shard", a_shape), ("w", (24, 32)), ("bias", None)), 0.0, False, False)
+            (("a_shard", a_shape), ("w", (24, 32)), ("bias", None)), 0.0, False, False, path)
 
 
 def test_create_entry_raises_the_same_value_error_for_a_peer_mismatch():
@@ -399,6 +401,61 @@ def test_create_entry_reports_a_peer_only_error_on_this_rank():
                                          r"w is on cuda:0"):
         ops._create_entry(FakeComm([peer]), _key((64, 32)), lambda: ops.make_spec(
             "all_gather_gemm", "ag_rotate_a", 2, 0, None, a, w))
+
+
+def test_create_entry_for_the_collective_path_allocates_no_workspace():
+    a, w = t(64, 32), t(24, 32)
+    fake = FakeComm([ops._signature(None, _key((64, 32), "collective"), None)])
+    entry = ops._create_entry(fake, _key((64, 32), "collective"), lambda: ops.make_spec(
+        "all_gather_gemm", "ag_rotate_a", 2, 0, None, a, w))
+    assert entry.path == "collective" and entry.ws is None and entry.graphs == {}
+    assert entry.out_shape == (128, 24)
+    assert list(fake.plans.values()) == [entry]
+
+
+def test_ranks_asking_for_different_paths_get_the_same_value_error():
+    a, w = t(64, 32), t(24, 32)
+    fake = FakeComm([ops._signature(None, _key((64, 32), "overlap"), None)])
+    with pytest.raises(ValueError, match=r"rank 1 has path='overlap' where rank 0 has path='auto'"):
+        ops._create_entry(fake, _key((64, 32), "auto"), lambda: ops.make_spec(
+            "all_gather_gemm", "ag_rotate_a", 2, 0, None, a, w))
+
+
+@pytest.mark.parametrize("op", ["all_gather_gemm", "gemm_reduce_scatter", "gemm_all_reduce"])
+def test_unknown_path_is_rejected_before_anything_else(op):
+    a, w = t(64, 32), t(24, 32)  # CPU tensors: the path is checked first
+    with pytest.raises(ValueError, match=rf"{op}: path='fastest' is not one of 'auto', 'overlap', "
+                                         r"'collective'"):
+        getattr(ops, op)(a, w, path="fastest")
+
+
+def _rounds(rng, n, lo, hi):
+    return [lo + (hi - lo) * rng.random() for _ in range(n)]
+
+
+def test_pick_path_takes_the_per_round_maximum_over_ranks_then_the_median():
+    rng = random.Random(7)
+    for _ in range(50):
+        n = rng.randint(1, 9)
+        ranks = [{"overlap": _rounds(rng, n, 0.5, 2.0), "collective": _rounds(rng, n, 0.5, 2.0)}
+                 for _ in range(rng.randint(1, 8))]
+        path, med = ops.pick_path(ranks)
+        for p in ("overlap", "collective"):
+            per_round = sorted(max(r[p][i] for r in ranks) for i in range(n))
+            mid = (per_round[(n - 1) // 2] + per_round[n // 2]) / 2
+            assert med[p] == pytest.approx(mid)
+        assert path == ("overlap" if med["overlap"] <= med["collective"] else "collective")
+
+
+def test_pick_path_a_slow_rank_decides_and_ties_keep_the_overlap():
+    # rank 0 sees the overlap faster, but rank 1 waits longer in it: the slowest rank counts.
+    ranks = [{"overlap": [1.0, 1.0, 1.0], "collective": [1.2, 1.2, 1.2]},
+             {"overlap": [1.5, 1.4, 1.6], "collective": [1.3, 1.3, 1.3]}]
+    assert ops.pick_path(ranks)[0] == "collective"
+    assert ops.pick_path([{"overlap": [2.0], "collective": [2.0]}]) == (
+        "overlap", {"overlap": 2.0, "collective": 2.0})
+    with pytest.raises(ValueError, match="at least one timed round"):
+        ops.pick_path([{"overlap": [], "collective": [1.0]}])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ formatting. The torch.distributed / CUDA part (run_case, main) is not called her
 import csv
 import importlib.util
 import io
+import json
 import os
 import sys
 
@@ -24,6 +25,18 @@ def test_full_case_list():
     assert {c.tokens for c in cases} == {1024, 2048, 4096, 8192, 16384}
     assert all(c.tp == 2 for c in cases)
     assert cases[0].name == "8B/QKV/M1024/TP2"
+
+
+def test_case_filters_narrow_the_list_and_name_bad_values():
+    cases = sweep.make_cases(2, models=["405B"], tokens=[4096], layers=["FC1", "FC2"])
+    assert [c.name for c in cases] == ["405B/FC1/M4096/TP2", "405B/FC2/M4096/TP2"]
+    assert len(sweep.make_cases(2, quick=True, layers=["O"])) == 2
+    with pytest.raises(ValueError, match="unknown model '7B'; one of 8B, 70B, 405B"):
+        sweep.make_cases(2, models=["7B"])
+    with pytest.raises(ValueError, match="unknown layer 'MLP'; one of QKV, O, FC1, FC2"):
+        sweep.make_cases(2, layers=["MLP"])
+    with pytest.raises(ValueError, match="tokens must be positive integers, got 0"):
+        sweep.make_cases(2, tokens=[0])
 
 
 def test_quick_case_list():
@@ -145,11 +158,13 @@ def test_real_plan_rejects_indivisible_steps():
 def _record(**over):
     rec = dict(case="70B/FC1/M8192/TP2", model="70B", layer="FC1", tokens=8192, tp=2,
                m=8192, n=57344, k=8192, status="ok", reason=None,
-               ms={"floor": 5.0, "baseline": 8.0, "symm_mem": 6.4, "dg_default": 5.2,
-                   "dg_S2": 5.2, "dg_S4": 5.5, "dg_best": 5.2},
-               rel_err={"baseline": 0.0, "symm_mem": 2e-3, "dg_default": 3e-3, "dg_S2": 3e-3,
-                        "dg_S4": 4e-3},
-               unavailable={}, dg_best_steps=2, rejected_steps={})
+               ms={"floor": 5.0, "floor_dg": 5.1, "baseline": 8.0, "symm_mem": 6.4,
+                   "dg_default": 5.2, "dg_S2": 5.2, "dg_S4": 5.5, "dg_best": 5.2, "dg_auto": 5.3},
+               rel_err={"baseline": 0.0, "floor_dg": 1e-3, "symm_mem": 2e-3, "dg_S2": 3e-3,
+                        "dg_S4": 4e-3, "dg_auto": 3e-3},
+               unavailable={}, dg_best_steps=2, dg_default_steps=2, rejected_steps={},
+               auto={"requested": "auto", "path": "overlap", "overlap_ms": 5.25,
+                     "collective_ms": 8.1})
     rec.update(over)
     return rec
 
@@ -162,6 +177,39 @@ def test_derived_numbers():
     assert d["eff_dg_best"] == pytest.approx(5.0 / 5.2)
     assert d["eff_floor"] == pytest.approx(1.0)
     assert d["dg_best_vs_symm_mem"] == pytest.approx(6.4 / 5.2)
+    assert d["eff_own_dg_best"] == pytest.approx(5.1 / 5.2)
+    assert d["eff_own_dg_auto"] == pytest.approx(5.1 / 5.3)
+    assert d["speedup_dg_auto"] == pytest.approx(8.0 / 5.3)
+    assert "speedup_floor_dg" not in d and "eff_own_symm_mem" not in d
+
+
+def test_targets_apply_to_big_models_at_large_m_only():
+    t = sweep.targets(_record())  # 70B, M=8192: 6.4/5.2 = 1.23x < 1.3x; 5.1/5.2 = 0.98 >= 0.97
+    assert t == {"vs_symm_mem": False, "eff_own": True, "auto_vs_baseline": True}
+    fast = _record(ms=dict(_record()["ms"], dg_best=4.9, floor_dg=4.8))  # 6.4/4.9 = 1.31x
+    assert sweep.targets(fast)["vs_symm_mem"] is True
+    small = sweep.targets(_record(model="8B"))
+    assert small["vs_symm_mem"] is None and small["eff_own"] is None
+    assert small["auto_vs_baseline"] is True
+    assert sweep.targets(_record(tokens=2048))["eff_own"] is None
+
+
+def test_auto_target_allows_two_percent_over_the_baseline():
+    at = lambda auto: sweep.targets(_record(ms=dict(_record()["ms"], dg_auto=auto)))  # noqa: E731
+    assert at(8.16)["auto_vs_baseline"] is True      # exactly 1.02x
+    assert at(8.17)["auto_vs_baseline"] is False
+    assert at(None)["auto_vs_baseline"] is None
+
+
+def test_target_summary_counts_and_names_misses():
+    recs = [_record(), _record(case="8B/O/M1024/TP2", model="8B", tokens=1024,
+                               ms=dict(_record()["ms"], dg_auto=9.0)),
+            _record(case="70B/O/M8192/TP2", status="skipped", ms={})]
+    lines = sweep.target_summary(recs).splitlines()
+    assert lines[0].startswith("target dg best >= 1.3x torch symm_mem") and \
+        lines[0].endswith("0/1 met; missed: 70B/FC1/M8192/TP2")
+    assert lines[1].endswith("1/1 met")
+    assert lines[2].endswith("1/2 met; missed: 8B/O/M1024/TP2")
 
 
 def test_derived_with_missing_variant():
@@ -212,9 +260,10 @@ def test_table_formatting():
     assert lines[0].startswith("case")
     assert set(lines[1]) <= {"-", "+"}
     cells = [c.strip() for c in lines[2].split("|")]
-    assert cells[:6] == ["70B/FC1/M8192/TP2", "5.000", "8.000", "6.400", "5.200", "5.200 (2)"]
-    assert cells[6:10] == ["1.25x", "1.54x", "1.23x", "0.962"]
-    assert cells[10] == "4.0e-03"
+    assert cells[:8] == ["70B/FC1/M8192/TP2", "5.000", "5.100", "8.000", "6.400", "5.200",
+                         "5.200 (2)", "5.300 (over)"]
+    assert cells[8:13] == ["1.25x", "1.54x", "1.23x", "1.51x", "0.981"]
+    assert cells[13] == "4.0e-03"
     assert "70B/O/M8192/TP2" in lines[3] and "failed: RuntimeError: x" in lines[3]
     # columns line up: every measured line has its separators where the header has them
     assert [i for i, ch in enumerate(lines[0]) if ch == "|"] == \
@@ -226,7 +275,7 @@ def test_table_marks_missing_variant_and_wrong():
     rec["ms"]["symm_mem"] = None
     line = sweep.format_table([rec]).splitlines()[2]
     cells = [c.strip() for c in line.split("|")]
-    assert cells[3] == "-" and cells[6] == "-" and cells[8] == "-"
+    assert cells[4] == "-" and cells[8] == "-" and cells[10] == "-"
     assert line.endswith("WRONG")
 
 
@@ -236,6 +285,31 @@ def test_output_stem_and_progress():
     line = sweep.progress_line(2, 8, "70B/FC1/M4096/TP2", 3.25, width=8)
     assert line == "[##......] 2/8 70B/FC1/M4096/TP2  3.2 s"
     assert sweep.progress_line(8, 8, "done", 0.0, width=4).startswith("[####] 8/8")
+
+
+def test_outputs_and_replot_round_trip(tmp_path, capsys):
+    recs = [_record(), _record(case="8B/O/M1024/TP2", model="8B", layer="O", tokens=1024,
+                               status="skipped", reason="why not", ms={}, rel_err={})]
+    stem = str(tmp_path / "2026-11-22-llama-sweep")
+    sweep.write_outputs(recs, stem, {"seconds": 1.0}, final=False)
+    assert capsys.readouterr().out == ""  # partial write: files only
+    with open(stem + ".json") as f:
+        data = json.load(f)
+    assert data["meta"]["complete"] is False
+    assert data["records"][0]["targets"]["eff_own"] is True
+    assert data["records"][0]["derived"]["eff_own_dg_best"] == pytest.approx(5.1 / 5.2)
+    rows = list(csv.DictReader(open(stem + ".csv")))
+    assert rows[0]["dg_auto_path"] == "overlap" and rows[0]["target_vs_symm_mem"] == "no"
+    assert float(rows[0]["auto_collective_ms"]) == 8.1
+    assert rows[1]["status"] == "skipped" and rows[1]["target_auto_vs_baseline"] == ""
+    rc = sweep.replot(stem + ".json", str(tmp_path / "re"))
+    out = capsys.readouterr().out
+    assert "70B/FC1/M8192/TP2" in out and "SKIPPED" not in out and "target dg best" in out
+    if rc == 0:
+        with open(tmp_path / "re" / "2026-11-22-llama-sweep.png", "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    else:
+        assert "matplotlib unavailable" in out
 
 
 def test_plot_written_or_reason(tmp_path):

@@ -26,6 +26,7 @@ __all__ = [
     "gemm_reduce_scatter",
     "gemm_all_reduce",
     "default_steps",
+    "path_choices",
     "Communicator",
     "close_all",
 ]
@@ -36,6 +37,7 @@ _LAZY = {
     "gemm_reduce_scatter": "ops",
     "gemm_all_reduce": "ops",
     "default_steps": "ops",
+    "path_choices": "ops",
     "Communicator": "comm",
     "close_all": "comm",
 }

@@ -112,7 +112,7 @@ def signature_mismatch(sigs: Sequence[Dict[str, Any]], what: str) -> Optional[st
             if s.get(key) != ref[key]:
                 return (f"{what}: ranks disagree at plan creation: rank {r} has {key}={s.get(key)!r}"
                         f" where rank 0 has {key}={ref[key]!r}; every rank must call the op with "
-                        "the same shapes, dtype, schedule and steps")
+                        "the same shapes, dtype, schedule, steps and path")
         extra = set(s) - set(ref)
         if extra:
             key = sorted(extra)[0]

@@ -9,7 +9,7 @@
 
 Weights are in nn.Linear layout ``[N, K]``; bf16 or fp16 (inputs, weight, bias, C and the output
 all in one dtype; fp32 accumulation). Every rank of the group calls the op with the same shapes,
-dtype, schedule and steps, in the same order (the usual SPMD contract of collectives).
+dtype, schedule, steps and path, in the same order (the usual SPMD contract of collectives).
 
 How a call runs. The first call with a new (op, shapes, dtype, schedule, steps, bias, beta)
 validates the inputs, exchanges a plan signature with the other ranks (any difference raises the
@@ -35,6 +35,16 @@ CUDA graph capture. The ops are themselves CUDA graph launches whose pointers ar
 calls; they cannot be captured into a user's graph (``torch.cuda.graph``): a call during capture
 raises RuntimeError before anything is enqueued. Capture the rest of the model around them.
 
+Paths. ``path="auto"`` (the default) lets the first call of a plan choose between the overlapped
+plan ("overlap") and the plain collective followed by one torch GEMM ("collective", the NCCL
+baseline itself): it times both on the call's tensors in alternating rounds, takes the maximum
+over the ranks per round and keeps the lower median, so every rank makes the same choice (a few
+ms and some host synchronisations, once per plan; ``path_choices()`` shows the choices and the
+numbers). Small problems, where a collective + GEMM is cheaper than the overlapped plan's extra
+steps, then cost what the baseline costs. ``path="overlap"`` / ``"collective"`` force one path
+(no measurement); the collective path needs a group whose backend runs collectives on CUDA
+tensors (NCCL).
+
 ``steps=None`` picks S = TP (one tile per shard; ``default_steps``). Measured on 2x H200 with
 Llama-70B FC1/FC2 (M=8192, bf16), S=TP vs S=2*TP: the C++ runtime's sweep found S=TP best or equal
 for FC1, FC2, QKV and O (benchmarks/results/2026-11-22-gpu-runtime.md), and of two Python-path
@@ -46,6 +56,7 @@ Pass ``steps`` to choose; ``python -m distgemm.simulate --timeline`` shows the p
 from __future__ import annotations
 
 import collections
+import statistics
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -54,7 +65,7 @@ import torch
 from . import _core
 from .comm import GRAPHS_PER_PLAN, MAX_PLANS, Communicator, get_communicator, signature_mismatch
 
-__all__ = ["all_gather_gemm", "gemm_reduce_scatter", "gemm_all_reduce"]
+__all__ = ["all_gather_gemm", "gemm_reduce_scatter", "gemm_all_reduce", "path_choices", "PATHS"]
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 _ALIGN = 16  # bytes: TMA needs 16-byte aligned bases and row strides
@@ -110,6 +121,16 @@ def check_placement(op: str, device: torch.device,
                              f"(offset {ptr % _ALIGN} bytes; TMA requires it): a view that starts "
                              "at an odd element offset is the usual cause; pass a fresh tensor "
                              "(.clone())")
+
+
+PATHS = ("auto", "overlap", "collective")
+
+
+def check_path(op: str, path) -> str:
+    """``path`` names one of PATHS (ValueError otherwise); returns it."""
+    if path not in PATHS:
+        raise ValueError(f"{op}: path={path!r} is not one of {', '.join(map(repr, PATHS))}")
+    return path
 
 
 @dataclass
@@ -226,6 +247,10 @@ class _Entry:
     slots: Optional[torch.Tensor] = None
     gather_shape: Optional[Tuple[int, int]] = None
     out_shape: Tuple[int, ...] = ()
+    path: Optional[str] = None  # "overlap" or "collective"; None: "auto", not chosen yet
+    want_gathered: bool = False  # all_gather_gemm(..., return_gathered=True)
+    requested: str = "auto"  # the path argument of the calls
+    tuning: Optional[Dict[str, Any]] = None  # the measurement behind an "auto" choice
 
 
 def _gather_recipe(spec: Spec, rank: int):
@@ -244,8 +269,8 @@ def _gather_recipe(spec: Spec, rank: int):
 
 
 def _signature(spec: Optional[Spec], key, error: Optional[str]) -> Dict[str, Any]:
-    op, schedule, steps, dtype, shapes, beta, has_bias, gathered = key
-    sig = {"op": op, "schedule": schedule, "steps": steps, "dtype": str(dtype)}
+    op, schedule, steps, dtype, shapes, beta, has_bias, gathered, path = key
+    sig = {"op": op, "schedule": schedule, "steps": steps, "dtype": str(dtype), "path": path}
     for name, shape in shapes:
         sig[f"{name}.shape"] = None if shape is None else list(shape)
     sig.update(beta=beta, return_gathered=gathered, error=error)
@@ -253,7 +278,7 @@ def _signature(spec: Optional[Spec], key, error: Optional[str]) -> Dict[str, Any
 
 
 def _create_entry(comm: Communicator, key, make) -> _Entry:
-    op, _, _, dtype, _, beta, has_bias, gathered = key
+    op, _, _, dtype, _, beta, has_bias, gathered, path = key
     spec, error, exc = None, None, None
     try:
         spec = make()
@@ -265,17 +290,24 @@ def _create_entry(comm: Communicator, key, make) -> _Entry:
     problem = signature_mismatch(sigs, op)
     if problem:
         raise ValueError(problem)
+    entry = _Entry(spec=spec, dtype=dtype, beta=beta, has_bias=has_bias, ws=None, bases=[],
+                   graphs=collections.OrderedDict(), out_shape=torch.Size(spec.shapes["out"]),
+                   path=None if path == "auto" else path, want_gathered=gathered,
+                   requested=path)
+    if entry.path == "collective":  # never launches a plan: no workspace, no graph
+        if len(comm.plans) >= MAX_PLANS:
+            comm.drop_plan(next(iter(comm.plans)))
+        comm.plans[key] = entry
+        return entry
     layout = _core.workspace_layout(spec.schedule, spec.tp, spec.steps, spec.m, spec.n, spec.k,
                                     1, 2)
-    ws, bases = comm.workspace_for(layout)
-    entry = _Entry(spec=spec, dtype=dtype, beta=beta, has_bias=has_bias, ws=ws, bases=bases,
-                   graphs=collections.OrderedDict(), out_shape=torch.Size(spec.shapes["out"]))
+    entry.ws, entry.bases = comm.workspace_for(layout)
     if gathered:
         entry.gather, entry.gather_shape = _gather_recipe(spec, comm.rank)
         slot_elems = int(spec.plan["slot_elems"])
         if slot_elems:
             # This rank's slots start at its shifted base (slots_offset is 0 in Plan::layout).
-            raw = _RawCuda(bases[comm.rank] + int(layout["slots_offset"]), slot_elems)
+            raw = _RawCuda(entry.bases[comm.rank] + int(layout["slots_offset"]), slot_elems)
             entry.slots = torch.as_tensor(raw, device=comm.device).view(dtype)
     if len(comm.plans) >= MAX_PLANS:
         comm.drop_plan(next(iter(comm.plans)))
@@ -343,6 +375,18 @@ def _run(op: str, group, key, make, tensors: Dict[str, Optional[torch.Tensor]],
         entry = _create_entry(comm, key, first)
     else:
         plans.move_to_end(key)  # LRU order (O(1), cheaper than checking whether it is needed)
+    if entry.path == "overlap":
+        return _launch(op, comm, entry, tensors, out)
+    if out is not None and out.shape != entry.out_shape:
+        raise ValueError(f"{op}: out has shape {_fmt(out.shape)}, expected "
+                         f"{_fmt(entry.out_shape)}")
+    if entry.path == "collective":
+        return _collective(op, comm, entry, tensors, out)
+    return _choose_path(op, comm, entry, tensors, out)
+
+
+def _launch(op: str, comm: Communicator, entry: _Entry, tensors, out):
+    """The overlapped path: replay this rank's CUDA graph of the plan."""
     device = comm.device
     a, w = tensors["a"], tensors["w"]
     c = tensors.get("c") if entry.beta != 0.0 else None
@@ -383,13 +427,144 @@ def _run(op: str, group, key, make, tensors: Dict[str, Optional[torch.Tensor]],
     return out, gathered
 
 
+def _collective(op: str, comm: Communicator, entry: _Entry, tensors, out):
+    """The plain path, the baseline the overlapped one must beat: the NCCL (or the group's
+    backend's) collective and one torch GEMM, in the op's dtype, on the current stream. Same
+    operands, shapes and result as the plan of ``entry.spec``."""
+    import torch.distributed as dist
+
+    spec, group = entry.spec, comm.group
+    a, w, bias = tensors["a"], tensors["w"], tensors.get("bias")
+    c = tensors.get("c") if entry.beta != 0.0 else None
+    check_placement(op, comm.device, {"a": a, "w": w, "c": c, "bias": bias, "out": out})
+    if out is None:
+        out = torch.empty(entry.out_shape, dtype=entry.dtype, device=comm.device)
+    for name, t in (("a", a), ("w", w), ("c", c), ("bias", bias)):
+        if t is not None and t.data_ptr() == out.data_ptr():
+            raise ValueError(f"{op}: out shares memory with {name}; pass a separate output")
+    if op == "all_gather_gemm":
+        rotate_a = spec.schedule == "ag_rotate_a"
+        part = a if rotate_a else w
+        gathered = torch.empty((spec.tp * part.shape[0], part.shape[1]), dtype=part.dtype,
+                               device=part.device)
+        dist.all_gather_into_tensor(gathered, part, group=group)
+        x, wf = (gathered, w) if rotate_a else (a, gathered)
+        if bias is None:
+            torch.mm(x, wf.t(), out=out)
+        else:
+            torch.addmm(bias, x, wf.t(), out=out)
+        return (out, gathered) if entry.want_gathered else out
+    if spec.schedule == "rs_tile_b":
+        # reduce_scatter_tensor splits dim 0: reduce D^T = W A^T and transpose this rank's rows.
+        part_t = torch.mm(w, a.t())
+        mine = torch.empty((part_t.shape[0] // spec.tp, part_t.shape[1]), dtype=part_t.dtype,
+                           device=part_t.device)
+        dist.reduce_scatter_tensor(mine, part_t, group=group)
+        out.copy_(mine.t())
+    elif spec.schedule == "rs_tile_a":
+        dist.reduce_scatter_tensor(out, torch.mm(a, w.t()), group=group)
+    else:  # gemm_allreduce
+        torch.mm(a, w.t(), out=out)
+        dist.all_reduce(out, group=group)
+    if c is not None:
+        out.add_(c, alpha=entry.beta)
+    if bias is not None:
+        out.add_(bias)
+    return out
+
+
+# "auto": how the first call measures both paths. Alternating rounds (overlap, collective,
+# collective, overlap, ...) so that clock ramp-up and other ranks' noise hit both alike.
+TUNE_ROUNDS = 6
+TUNE_ROUND_MS = 1.0     # calls per round: enough to keep ~1 ms of work queued ...
+TUNE_MAX_CALLS = 8      # ... at most this many
+
+
+def pick_path(everyone: Sequence[Dict[str, Sequence[float]]]) -> Tuple[str, Dict[str, float]]:
+    """The "auto" verdict from every rank's per-round ms of both paths (``everyone[r][path][i]``):
+    per round the maximum over ranks, then the median over rounds; "overlap" unless the
+    collective path is strictly faster. Pure, so that every rank computes the same verdict."""
+    rounds = min(len(t[p]) for t in everyone for p in ("overlap", "collective"))
+    if rounds < 1:
+        raise ValueError("pick_path needs at least one timed round of each path")
+    med = {p: statistics.median(max(t[p][i] for t in everyone) for i in range(rounds))
+           for p in ("overlap", "collective")}
+    return ("overlap" if med["overlap"] <= med["collective"] else "collective"), med
+
+
+def _choose_path(op: str, comm: Communicator, entry: _Entry, tensors, out):
+    """``path="auto"``, first call of a plan: time the overlapped and the collective path on
+    these very tensors, take every round's maximum over the ranks (the slowest rank sets a
+    collective's pace) and keep the path with the lower median. Every rank gets the same numbers
+    through the control group, hence the same choice. Costs ~2 x TUNE_ROUNDS rounds of calls and
+    host synchronisations, once per plan; the result of the last call of the chosen path is
+    returned (both paths compute the same thing)."""
+    runs = {"overlap": lambda: _launch(op, comm, entry, tensors, out),
+            "collective": lambda: _collective(op, comm, entry, tensors, out)}
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def timed(path: str, calls: int) -> float:
+        start.record()
+        for _ in range(calls):
+            runs[path]()
+        stop.record()
+        stop.synchronize()
+        return start.elapsed_time(stop) / calls
+
+    # One untimed call each (graph upload, NCCL's lazy communicator set-up), then one timed call
+    # to size the rounds; the count must be the same on every rank (collectives).
+    probe: Dict[str, Any] = {"overlap": (runs["overlap"](), timed("overlap", 1))[1]}
+    try:
+        probe["collective"] = (runs["collective"](), timed("collective", 1))[1]
+    except RuntimeError as e:  # e.g. a gloo group, which has no all_gather_into_tensor on CUDA
+        probe["collective"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    comm.check()
+    probe = comm.all_gather(probe, f"{op} path choice (probe)")
+    broken = [f"rank {r}: {pr['collective']}" for r, pr in enumerate(probe)
+              if isinstance(pr["collective"], str)]
+    if broken:
+        entry.path = "overlap"
+        entry.tuning = dict(collective_unavailable="; ".join(broken))
+        return runs["overlap"]()
+    slowest = max(max(pr.values()) for pr in probe)
+    calls = max(1, min(TUNE_MAX_CALLS, int(TUNE_ROUND_MS / max(slowest, 1e-3))))
+    times: Dict[str, List[float]] = {p: [] for p in runs}
+    for r in range(TUNE_ROUNDS):
+        order = ("overlap", "collective") if r % 2 == 0 else ("collective", "overlap")
+        for p in order:
+            times[p].append(timed(p, calls))
+    comm.check()
+    everyone = comm.all_gather(times, f"{op} path choice (timings)")
+    entry.path, med = pick_path(everyone)
+    entry.tuning = dict(overlap_ms=med["overlap"], collective_ms=med["collective"],
+                        rounds=TUNE_ROUNDS, calls_per_round=calls)
+    if entry.path == "collective":
+        entry.graphs.clear()  # synchronised above: nothing of them is in flight
+    return runs[entry.path]()
+
+
+def path_choices(group=None) -> List[Dict[str, Any]]:
+    """What the cached plans of ``group``'s communicator run: one dict per plan with the op,
+    schedule, steps, global M/N/K, ``requested`` (the calls' path argument), ``path`` (the path
+    it runs: "overlap" or "collective") and, for "auto" plans, the measured medians behind the
+    choice (``overlap_ms``, ``collective_ms``: per call, max over ranks), or
+    ``collective_unavailable`` with the reason when the collective path could not run."""
+    comm = get_communicator(group)
+    res = []
+    for e in comm.plans.values():
+        s = e.spec
+        res.append(dict(op=s.op, schedule=s.schedule, steps=s.steps, m=s.m, n=s.n, k=s.k,
+                        requested=e.requested, path=e.path, **(e.tuning or {})))
+    return res
+
+
 # ---------------------------------------------------------------------------------------------
 # The ops.
 
 def all_gather_gemm(a_shard: torch.Tensor, w: torch.Tensor, *, bias: Optional[torch.Tensor] = None,
                     schedule: str = "ag_rotate_a", steps: Optional[int] = None,
                     out: Optional[torch.Tensor] = None, return_gathered: bool = False,
-                    group=None):
+                    group=None, path: str = "auto"):
     """All-gather along dim 0 overlapped with a GEMM (column-parallel linear layer).
 
     Plain torch equivalent (``schedule="ag_rotate_a"``, the default)::
@@ -419,14 +594,17 @@ def all_gather_gemm(a_shard: torch.Tensor, w: torch.Tensor, *, bias: Optional[to
     resp. N/S for ag_rotate_b) a multiple of 8. ``steps``: S = k*TP pipeline steps; None:
     ``default_steps`` (S = TP, measured best or equal on 2x H200).
     ``group``: a ProcessGroup (default: the world group) or a ``distgemm.Communicator``.
+    ``path``: "auto" (measure both at the first call, keep the faster), "overlap" (the plan) or
+    "collective" (NCCL all-gather + torch GEMM); see the module docstring.
     M must be divisible by S (ag_rotate_a; N by S for ag_rotate_b).
     """
     op = "all_gather_gemm"
+    check_path(op, path)
     dtype = check_types(op, {"a_shard": a_shard, "w": w, "bias": bias, "out": out})
     key = (op, schedule, steps, dtype,
            (("a_shard", a_shard.shape), ("w", w.shape),
             ("bias", None if bias is None else bias.shape)),
-           0.0, bias is not None, bool(return_gathered))
+           0.0, bias is not None, bool(return_gathered), path)
 
     def make(comm):
         return make_spec(op, schedule, comm.tp, comm.rank, steps, a_shard, w, bias=bias, out=out)
@@ -437,7 +615,8 @@ def all_gather_gemm(a_shard: torch.Tensor, w: torch.Tensor, *, bias: Optional[to
 def gemm_reduce_scatter(a: torch.Tensor, w: torch.Tensor, *, bias: Optional[torch.Tensor] = None,
                         c: Optional[torch.Tensor] = None, beta: float = 0.0,
                         schedule: str = "rs_tile_a", steps: Optional[int] = None,
-                        out: Optional[torch.Tensor] = None, group=None) -> torch.Tensor:
+                        out: Optional[torch.Tensor] = None, group=None,
+                        path: str = "auto") -> torch.Tensor:
     """A GEMM overlapped with the reduce-scatter of its result (row-parallel linear layer).
 
     Plain torch equivalent (``schedule="rs_tile_a"``, the default: scatter along M)::
@@ -460,16 +639,17 @@ def gemm_reduce_scatter(a: torch.Tensor, w: torch.Tensor, *, bias: Optional[torc
     Args: bf16 or fp16 tensors on this rank's GPU, contiguous, 16-byte aligned; K_local and N
     (N/S for rs_tile_b) multiples of 8; M (rs_tile_a) resp. N (rs_tile_b) divisible by S.
     ``beta``: default 0.0. ``steps``: S = k*TP; None: ``default_steps``. ``group``: a
-    ProcessGroup (default: the world group) or a ``distgemm.Communicator``.
+    ProcessGroup (default: the world group) or a ``distgemm.Communicator``. ``path``: "auto",
+    "overlap" or "collective" (torch GEMM + NCCL reduce-scatter), as for ``all_gather_gemm``.
     """
     return _gemm_then_reduce("gemm_reduce_scatter", schedule, a, w, bias, c, beta, steps, out,
-                             group)
+                             group, path)
 
 
 def gemm_all_reduce(a: torch.Tensor, w: torch.Tensor, *, bias: Optional[torch.Tensor] = None,
                     c: Optional[torch.Tensor] = None, beta: float = 0.0,
                     steps: Optional[int] = None, out: Optional[torch.Tensor] = None,
-                    group=None) -> torch.Tensor:
+                    group=None, path: str = "auto") -> torch.Tensor:
     """A GEMM overlapped with the all-reduce of its result (schedule ``gemm_allreduce``:
     reduce-scatter of tiles along M, then all-gather of the finished tiles, in one plan).
 
@@ -490,20 +670,23 @@ def gemm_all_reduce(a: torch.Tensor, w: torch.Tensor, *, bias: Optional[torch.Te
     multiples of 8; M divisible by S. ``beta``: default 0.0. ``steps``: S = k*TP; None:
     ``default_steps``.
     ``group``: a ProcessGroup (default: the world group) or a ``distgemm.Communicator``.
+    ``path``: "auto", "overlap" or "collective" (torch GEMM + NCCL all-reduce), as for
+    ``all_gather_gemm``.
     """
     return _gemm_then_reduce("gemm_all_reduce", "gemm_allreduce", a, w, bias, c, beta, steps, out,
-                             group)
+                             group, path)
 
 
-def _gemm_then_reduce(op, schedule, a, w, bias, c, beta, steps, out, group):
+def _gemm_then_reduce(op, schedule, a, w, bias, c, beta, steps, out, group, path):
     """gemm_reduce_scatter and gemm_all_reduce: the same operands, only the plan differs."""
+    check_path(op, path)
     beta = float(beta)
     c_used = c if beta != 0.0 else None  # like torch.addmm: beta == 0 never reads c
     dtype = check_types(op, {"a": a, "w": w, "bias": bias, "c": c_used, "out": out})
     key = (op, schedule, steps, dtype,
            (("a", a.shape), ("w", w.shape), ("bias", None if bias is None else bias.shape),
             ("c", None if c_used is None else c_used.shape)),
-           beta, bias is not None, False)
+           beta, bias is not None, False, path)
 
     def make(comm):
         return make_spec(op, schedule, comm.tp, comm.rank, steps, a, w, bias=bias, c=c, beta=beta,

@@ -28,7 +28,7 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 print("checks", len(d["results"]), "failed", d["failed"], "skipped", [s["name"] for s in d["skipped"]])
 for e in d["results"]:
-    if not e["ok"] or e["name"].startswith(("overhead", "replays")) or e["name"].startswith("errors/missing"):
+    if not e["ok"] or e["name"].startswith(("overhead", "replays", "paths/auto", "errors/missing")):
         print(json.dumps(e)[:600])
 PY
 DISTGEMM_BENCH=1 DISTGEMM_BENCH_OUT="$OUT/bench.txt" DISTGEMM_TORCHRUN_TIMEOUT=120 python3 -m pytest -q \

@@ -5,6 +5,8 @@
 Started by tests/gpu/test_torchrun_api.py. Sections (each rank runs all of them, in the same
 order; rank 0 collects):
 
+  paths        path="collective" against the reference and the plan for every schedule;
+               path="auto" on small and Llama-sized shapes: one choice, the same on every rank
   correctness  every schedule x bf16/fp16 x random shapes (odd multiples of 8 for K and N where
                the schedule allows) x bias/beta/steps/out/return_gathered, against torch in fp32
                (all_gather_into_tensor + mm, mm + reduce_scatter_tensor / all_reduce); relative
@@ -167,14 +169,18 @@ def shapes_for(schedule, tp, steps, gen):
     return (m, kl), (n, kl), n, (m, n)
 
 
-def call(schedule, a, w, bias, c, beta, steps, out=None, gathered=False, group=None):
+def call(schedule, a, w, bias, c, beta, steps, out=None, gathered=False, group=None,
+         path="overlap"):
+    """One op call; path "overlap" by default so that the checks exercise the plan itself
+    (with "auto" a small shape may run the collective path)."""
     if schedule.startswith("ag_"):
         return ops.all_gather_gemm(a, w, bias=bias, schedule=schedule, steps=steps, out=out,
-                                   return_gathered=gathered, group=group)
+                                   return_gathered=gathered, group=group, path=path)
     if schedule.startswith("rs_"):
         return ops.gemm_reduce_scatter(a, w, bias=bias, c=c, beta=beta, schedule=schedule,
-                                       steps=steps, out=out, group=group)
-    return ops.gemm_all_reduce(a, w, bias=bias, c=c, beta=beta, steps=steps, out=out, group=group)
+                                       steps=steps, out=out, group=group, path=path)
+    return ops.gemm_all_reduce(a, w, bias=bias, c=c, beta=beta, steps=steps, out=out, group=group,
+                               path=path)
 
 
 def make_inputs(schedule, tp, steps, dtype, gen, dev, with_bias, with_c):
@@ -233,6 +239,84 @@ def test_correctness(dev):
                     traceback.print_exc()
 
 
+def test_paths(dev):
+    """path="collective" computes what the plan computes (every schedule, bias, beta, out,
+    return_gathered), and path="auto" picks one path per plan, the same on every rank, returns a
+    correct result at the first and later calls and reports its measurement."""
+    tp = dist.get_world_size()
+    if SHARED_GPU:
+        skip("paths", "the collective path needs a NCCL group; shared-GPU mode runs on gloo")
+        return
+    gen = torch.Generator(device="cpu").manual_seed(4242)
+    for schedule in ["ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "gemm_allreduce"]:
+        for with_bias, beta, use_out, gathered in [(False, 0.0, False, False),
+                                                   (True, 0.75, True, True)]:
+            if schedule.startswith("ag_"):
+                beta = 0.0
+            else:
+                gathered = False
+            dtype = torch.bfloat16
+            a, w, bias, c = make_inputs(schedule, tp, tp, dtype, gen, dev, with_bias, beta != 0.0)
+            ref32, _ = reference(schedule, a, w, bias, c, beta, dtype)
+            name = (f"paths/collective/{schedule}/a{list(a.shape)}w{list(w.shape)}"
+                    f"/bias{int(with_bias)}/beta{beta}/out{int(use_out)}/g{int(gathered)}")
+            try:
+                out = (torch.full(tuple(ref32.shape), float("nan"), dtype=dtype, device=dev)
+                       if use_out else None)
+                res = call(schedule, a, w, bias, c, beta, None, out=out, gathered=gathered,
+                           path="collective")
+                y, ga = res if gathered else (res, None)
+                res_o = call(schedule, a, w, bias, c, beta, None, gathered=gathered)
+                y_o = res_o[0] if gathered else res_o
+                torch.cuda.synchronize()
+                e, e_o = rel_err(y, ref32), rel_err(y, y_o.float())
+                ok = e < 1e-2 and e_o < 1e-2 and tuple(y.shape) == tuple(ref32.shape)
+                if use_out:
+                    ok = ok and y.data_ptr() == out.data_ptr()
+                extra = {}
+                if gathered:
+                    extra["gathered_equal"] = bool(torch.equal(ga, res_o[1]))
+                    ok = ok and extra["gathered_equal"]
+                record(name, ok, rel_err=e, rel_diff_vs_overlap=e_o, **extra)
+            except Exception as ex:  # noqa: BLE001
+                record(name, False, error=f"{type(ex).__name__}: {ex}")
+                traceback.print_exc()
+    # "auto" on a tiny and a Llama-sized problem of each collective: a choice, the same on every
+    # rank, with the medians behind it; correct at the first (measuring) call and the next one.
+    bf = torch.bfloat16
+    cases = [("ag_rotate_a", (64, 256), (128, 256)), ("ag_rotate_a", (4096, 8192), (4096, 8192)),
+             ("rs_tile_a", (64 * tp, 128), (256, 128)), ("rs_tile_a", (8192, 4096), (8192, 4096)),
+             ("gemm_allreduce", (64 * tp, 128), (256, 128))]
+    with dcomm.Communicator() as comm:
+        for schedule, a_shape, w_shape in cases:
+            name = f"paths/auto/{schedule}/a{list(a_shape)}w{list(w_shape)}"
+            try:
+                g = torch.Generator(device="cpu").manual_seed(99 + rank())
+                a = torch.randn(a_shape, generator=g).to(bf).to(dev)
+                w = (torch.randn(w_shape, generator=g) / w_shape[1] ** 0.5).to(bf).to(dev)
+                ref32, _ = reference(schedule, a, w, None, None, 0.0, bf)
+                t0 = time.perf_counter()
+                y1 = call(schedule, a, w, None, None, 0.0, None, group=comm, path="auto")
+                torch.cuda.synchronize()
+                first_ms = (time.perf_counter() - t0) * 1e3
+                y2 = call(schedule, a, w, None, None, 0.0, None, group=comm, path="auto")
+                torch.cuda.synchronize()
+                choice = [ch for ch in ops.path_choices(comm)
+                          if ch["schedule"] == schedule and ch["path"] is not None][-1]
+                everyone = same_on_all_ranks(choice)
+                agree = all(x["path"] == everyone[0]["path"] for x in everyone)
+                e1, e2 = rel_err(y1, ref32), rel_err(y2, ref32)
+                ok = (agree and choice["path"] in ("overlap", "collective") and e1 < 1e-2
+                      and e2 < 1e-2 and choice["overlap_ms"] > 0 and choice["collective_ms"] > 0
+                      and (choice["path"] == "overlap") == (choice["overlap_ms"] <= choice["collective_ms"]))
+                record(name, ok, chosen=choice["path"], overlap_ms=choice["overlap_ms"],
+                       collective_ms=choice["collective_ms"], ranks_agree=agree, rel_err=e1,
+                       rel_err_second_call=e2, first_call_ms=first_ms)
+            except Exception as ex:  # noqa: BLE001
+                record(name, False, error=f"{type(ex).__name__}: {ex}")
+                traceback.print_exc()
+
+
 # ---------------------------------------------------------------------------------------------
 
 def expect(name, exc_type, fn, pattern, same_everywhere=False):
@@ -269,7 +353,7 @@ def test_errors(dev):
                "rejected its inputs" if tp > 1 else "but this rank's device is", same_everywhere=True)
     else:
         skip("errors/wrong_device", "one visible GPU")
-    ops.all_gather_gemm(a, w)  # cache the plan: the next errors are per-call checks
+    ops.all_gather_gemm(a, w, path="overlap")  # cache the plan: the next errors are per-call checks
     expect("non_contiguous", ValueError,
            lambda: ops.all_gather_gemm(torch.randn(64, 64, device=dev).to(bf).t(), w),
            "is not contiguous")
@@ -292,10 +376,10 @@ def test_errors(dev):
     def capture():
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
-            ops.all_gather_gemm(a, w)
+            ops.all_gather_gemm(a, w, path="overlap")
     expect("cuda_graph_capture", RuntimeError, capture, "cannot be captured into a CUDA graph")
     try:
-        y = ops.all_gather_gemm(a, w)
+        y = ops.all_gather_gemm(a, w, path="overlap")
         e = rel_err(y, gather0(a).float() @ w.float().t())
         record("errors/works_after_capture_refusal", e < 1e-2, rel_err=e)
     except Exception as ex:  # noqa: BLE001
@@ -330,19 +414,19 @@ def cross_rank_errors(dev, a, w):
     # A rank that does not launch: the others report it (device, where) instead of hanging.
     c = dcomm.Communicator(wait_timeout_s=1.0, timeout_s=60.0)
     x = torch.randn(32, 64, device=dev).to(bf)
-    ops.all_gather_gemm(x, w, group=c)  # plan and graph on every rank
+    ops.all_gather_gemm(x, w, group=c, path="overlap")  # plan and graph on every rank
     c.check()
     dist.barrier()
     t0 = time.perf_counter()
     if r != tp - 1:
-        ops.all_gather_gemm(x, w, group=c)
+        ops.all_gather_gemm(x, w, group=c, path="overlap")
         expect("missing_rank_timeout", RuntimeError, c.check,
                f"entry barrier: barrier slot of device {tp - 1} did not reach generation")
         msg = RESULTS[-1].get("message") or ""
         record("errors/missing_rank_named", f"rank {r}: device {r}" in msg,
                seconds=time.perf_counter() - t0, message=msg)
         expect("broken_communicator_refuses_launch", RuntimeError,
-               lambda: ops.all_gather_gemm(x, w, group=c), "can no longer launch")
+               lambda: ops.all_gather_gemm(x, w, group=c, path="overlap"), "can no longer launch")
     dist.barrier()
     c.close()
 
@@ -410,11 +494,11 @@ def test_overhead(dev):
     # First call of a plan on a fresh communicator: signature exchange, workspace allocation and
     # IPC exchange, graph instantiation. Then a second plan that fits the same workspace.
     t0 = time.perf_counter()
-    ops.all_gather_gemm(torch.randn(320, 512, device=dev).to(bf), w, group=c2)
+    ops.all_gather_gemm(torch.randn(320, 512, device=dev).to(bf), w, group=c2, path="overlap")
     t_first = time.perf_counter() - t0
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    ops.all_gather_gemm(a, w, out=out, group=c2)
+    ops.all_gather_gemm(a, w, out=out, group=c2, path="overlap")
     t_first_reuse = time.perf_counter() - t0
     torch.cuda.synchronize()
 
@@ -429,10 +513,10 @@ def test_overhead(dev):
         torch.cuda.synchronize()
         return statistics.median(ts) * 1e6
 
-    same_out = timed(lambda i: ops.all_gather_gemm(a, w, out=out, group=c2))
-    same = timed(lambda i: ops.all_gather_gemm(a, w, group=c2))  # a fresh output each call
+    same_out = timed(lambda i: ops.all_gather_gemm(a, w, out=out, group=c2, path="overlap"))
+    same = timed(lambda i: ops.all_gather_gemm(a, w, group=c2, path="overlap"))  # a fresh output each call
     pool = [torch.randn(256, 512, device=dev).to(bf) for _ in range(8)]
-    changing = timed(lambda i: ops.all_gather_gemm(pool[i % 8], w, out=out, group=c2))
+    changing = timed(lambda i: ops.all_gather_gemm(pool[i % 8], w, out=out, group=c2, path="overlap"))
     entry = next(e for k, e in c2.plans.items() if k[4][0][1] == (256, 512))
     g = next(iter(entry.graphs.values()))
     stream = torch.cuda.current_stream().cuda_stream
@@ -462,8 +546,8 @@ def bench_one(name, schedule, m, n, k, steps, iters=50, warmup=10):
         a = torch.rand(m, k // tp, device=dev, generator=g).to(bf) - 0.5
         w = torch.rand(n, k // tp, device=dev, generator=g).to(bf) - 0.5
     out = None
-    fn = (lambda: ops.all_gather_gemm(a, w, steps=steps, out=out)) if schedule == "ag_rotate_a" \
-        else (lambda: ops.gemm_reduce_scatter(a, w, steps=steps, out=out, schedule=schedule))
+    fn = (lambda: ops.all_gather_gemm(a, w, steps=steps, out=out, path="overlap")) if schedule == "ag_rotate_a" \
+        else (lambda: ops.gemm_reduce_scatter(a, w, steps=steps, out=out, schedule=schedule, path="overlap"))
     out = fn()
     for _ in range(warmup):
         fn()
@@ -497,7 +581,7 @@ def main():
     ap.add_argument("--out", default="torchrun_api_results.json")
     ap.add_argument("--calls", type=int, default=10000)
     ap.add_argument("--bench", action="store_true")
-    ap.add_argument("--sections", default="correctness,errors,replays,overhead")
+    ap.add_argument("--sections", default="correctness,paths,errors,replays,overhead")
     args = ap.parse_args()
     local = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
     torch.cuda.set_device(local)
@@ -512,6 +596,8 @@ def main():
         try:
             if sec == "correctness":
                 test_correctness(dev)
+            elif sec == "paths":
+                test_paths(dev)
             elif sec == "errors":
                 test_errors(dev)
             elif sec == "replays":
