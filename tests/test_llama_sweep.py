@@ -181,6 +181,7 @@ def test_derived_numbers():
     assert d["eff_own_dg_auto"] == pytest.approx(5.1 / 5.3)
     assert d["speedup_dg_auto"] == pytest.approx(8.0 / 5.3)
     assert "speedup_floor_dg" not in d and "eff_own_symm_mem" not in d
+    assert d["bound_vs_symm_mem"] == pytest.approx(6.4 / 5.0)  # the faster floor counts
 
 
 def test_targets_apply_to_big_models_at_large_m_only():
@@ -208,8 +209,10 @@ def test_target_summary_counts_and_names_misses():
     lines = sweep.target_summary(recs).splitlines()
     assert lines[0].startswith("target dg best >= 1.3x torch symm_mem") and \
         lines[0].endswith("0/1 met; missed: 70B/FC1/M8192/TP2")
-    assert lines[1].endswith("1/1 met")
-    assert lines[2].endswith("1/2 met; missed: 8B/O/M1024/TP2")
+    assert lines[1] == ("  of these, 1 cannot reach it with any overlap: symm_mem / min(compute "
+                        "floors) < 1.3")
+    assert lines[2].endswith("1/1 met")
+    assert lines[3].endswith("1/2 met; missed: 8B/O/M1024/TP2")
 
 
 def test_derived_with_missing_variant():

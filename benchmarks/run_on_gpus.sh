@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Issue 5's measurements (and the GPU test suites) on one multi-GPU Hopper machine, in named
+# parts so that each fits a time limit; TP = every visible GPU:
+#
+#   OUT=dir bash benchmarks/run_on_gpus.sh api timeline sweep-quick cpp-sweep-quick cpp-tests
+#   OUT=dir bash benchmarks/run_on_gpus.sh sweep-full cpp-sweep-full
+#
+# Parts (each under its own timeout, logs in $OUT/<part>.log, files in $OUT/<part>/):
+#   api              tests/gpu/run_api_checks.sh (torchrun worker: correctness, paths, errors,
+#                    10,000 replays, host overhead; the Python-vs-C++ bench; examples/tp_mlp.py)
+#   cpp-tests        python3 -m pytest tests/gpu/test_cpp_bench.py (the C++ runtime grid)
+#   timeline         benchmarks/overlap_timeline.py (per-stream picture of one case)
+#   sweep-quick|full benchmarks/llama_sweep.py [--quick]
+#   cpp-sweep-quick|full  distgemm_bench --sweep quick|full
+# While the parts run, nvidia-smi samples SM clock, power and throttle reasons every 500 ms
+# ($OUT/smi.csv): the context for every TF/s number. At the end everything under $OUT is packed
+# into $OUT/gpu-session.tgz (the device tool returns at most 8 files).
+#
+# Uses a distgemm importable from PYTHONPATH (e.g. the prebuilt .whl/py312) and the binary
+# $BENCH (default build-gpu/distgemm_bench).
+set -u
+OUT=${OUT:-$PWD/gpu-logs}
+BENCH=${BENCH:-$PWD/build-gpu/distgemm_bench}
+NPROC=${NPROC:-$(nvidia-smi -L | wc -l)}
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+{ date -u; nvidia-smi --query-gpu=index,name,driver_version,power.limit,clocks.max.sm,memory.total \
+    --format=csv; nvidia-smi topo -m
+  python3 -c "import torch, distgemm; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'distgemm', distgemm.__file__)"
+} > "$OUT/env.txt" 2>&1
+nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw,temperature.gpu,utilization.gpu,clocks_event_reasons.active \
+  --format=csv -lms 500 > "$OUT/smi.csv" 2>&1 &
+SMI=$!
+trap 'kill $SMI 2>/dev/null' EXIT
+
+rc=0
+part() {  # part NAME TIMEOUT_S COMMAND...
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  echo "== $name (limit ${limit}s)"
+  mkdir -p "$OUT/$name"
+  timeout -k 10 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local r=$?
+  echo "== $name rc=$r in $((SECONDS - t0)) s"
+  [ $r -eq 0 ] || rc=1
+  return 0
+}
+sweep() { torchrun --nproc-per-node "$NPROC" benchmarks/llama_sweep.py "$@"; }
+
+for p in "$@"; do
+  case $p in
+    api) part api 300 env OUT="$OUT/api" API_TIMEOUT=240 bash tests/gpu/run_api_checks.sh ;;
+    cpp-tests) part cpp-tests 330 env DISTGEMM_BENCH="$BENCH" python3 -m pytest -q -x -rs tests/gpu/test_cpp_bench.py ;;
+    timeline) part timeline 150 torchrun --nproc-per-node "$NPROC" benchmarks/overlap_timeline.py --out "$OUT/timeline" ;;
+    sweep-quick) part sweep-quick 200 sweep --quick --out "$OUT/sweep-quick" ;;
+    sweep-full) part sweep-full 560 sweep --out "$OUT/sweep-full" ;;
+    cpp-sweep-quick) part cpp-sweep-quick 200 "$BENCH" --sweep quick --tp "$NPROC" --csv "$OUT/cpp-sweep-quick/cpp-sweep-quick.csv" ;;
+    cpp-sweep-full) part cpp-sweep-full 400 "$BENCH" --sweep full --tp "$NPROC" --csv "$OUT/cpp-sweep-full/cpp-sweep-full.csv" ;;
+    *) echo "unknown part '$p' (api, cpp-tests, timeline, sweep-quick, sweep-full, cpp-sweep-quick, cpp-sweep-full)"; rc=1 ;;
+  esac
+  tail -n 25 "$OUT/$p.log" 2>/dev/null | cut -c1-250
+done
+kill $SMI 2>/dev/null
+(cd "$OUT" && tar czf gpu-session.tgz --exclude gpu-session.tgz ./*) || rc=1
+exit $rc
