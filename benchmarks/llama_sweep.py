@@ -445,6 +445,40 @@ ERR_TOL = 1e-2
 CASE_TIMEOUT_S = 90  # a case that takes longer is hung: dump stacks and exit (torchrun ends the rest)
 
 
+def enable_symm_mem(group_name: str) -> Optional[str]:
+    """Turn on torch's symmetric memory for the group; the reason when that failed (the fused
+    ops are then reported unavailable per case), else None."""
+    try:
+        import warnings
+
+        from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # deprecated (a no-op need) in newer torch
+            enable_symm_mem_for_group(group_name)
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def baseline_call(torch, dist, ag: bool, a, wt, tmp, out):
+    """The plain baseline of one layer: NCCL all-gather of the activations into ``tmp`` then
+    the GEMM, or the GEMM into ``tmp`` then NCCL reduce-scatter of the partial sums."""
+    if ag:
+        dist.all_gather_into_tensor(tmp, a)
+        return torch.mm(tmp, wt, out=out)
+    torch.mm(a, wt, out=tmp)
+    dist.reduce_scatter_tensor(out, tmp)
+    return out
+
+
+def symm_mem_call(torch, ag: bool, a, wt, group_name: str):
+    """torch async-TP of one layer (symmetric-memory fused ops)."""
+    if ag:
+        return torch.ops.symm_mem.fused_all_gather_matmul(a, [wt], 0, group_name,
+                                                          return_A=False)[1][0]
+    return torch.ops.symm_mem.fused_matmul_reduce_scatter(a, wt, "sum", 0, group_name)
+
+
 class _Ctx:
     def __init__(self, torch, dist, ctrl, dev, rank, tp):
         self.torch, self.dist, self.ctrl, self.dev, self.rank, self.tp = torch, dist, ctrl, dev, rank, tp
@@ -523,15 +557,13 @@ def run_case(ctx: _Ctx, case: Case, rejected: Dict[int, str], group_name: str,
     ms: Dict[str, Optional[float]] = {}
     errs: Dict[str, Optional[float]] = {}
     unavailable: Dict[str, str] = {}
+    tmp = torch.empty(s["full_a"] if ag else s["partial"], device=dev, dtype=bf)
+    out = torch.empty(s["out"], device=dev, dtype=bf)
+
+    def baseline():
+        return baseline_call(torch, dist, ag, a, wt, tmp, out)
+
     if ag:
-        full_a = torch.empty(s["full_a"], device=dev, dtype=bf)
-        out = torch.empty(s["out"], device=dev, dtype=bf)
-
-        def baseline():
-            dist.all_gather_into_tensor(full_a, a)
-            torch.mm(full_a, wt, out=out)
-            return out
-
         floor_a = torch.randn(s["full_a"], device=dev, dtype=bf, generator=gen)
         floor_out = torch.empty(s["out"], device=dev, dtype=bf)
 
@@ -541,14 +573,6 @@ def run_case(ctx: _Ctx, case: Case, rejected: Dict[int, str], group_name: str,
         def floor_dg():  # TP=1: a_shard is the whole [M, K], the plan is one GEMM
             return ops.all_gather_gemm(floor_a, w, out=floor_out, group=solo, path="overlap")
     else:
-        partial = torch.empty(s["partial"], device=dev, dtype=bf)
-        out = torch.empty(s["out"], device=dev, dtype=bf)
-
-        def baseline():
-            torch.mm(a, wt, out=partial)
-            dist.reduce_scatter_tensor(out, partial)
-            return out
-
         floor_out = torch.empty(s["partial"], device=dev, dtype=bf)
 
         def floor():
@@ -577,10 +601,7 @@ def run_case(ctx: _Ctx, case: Case, rejected: Dict[int, str], group_name: str,
     # torch async-TP (symmetric memory). Failures here are recorded, never fatal; the verdict
     # is agreed so that no rank times a collective the other skipped.
     def symm():
-        if ag:
-            return torch.ops.symm_mem.fused_all_gather_matmul(a, [wt], 0, group_name,
-                                                              return_A=False)[1][0]
-        return torch.ops.symm_mem.fused_matmul_reduce_scatter(a, wt, "sum", 0, group_name)
+        return symm_mem_call(torch, ag, a, wt, group_name)
 
     why = None
     try:
@@ -724,16 +745,7 @@ def main(argv=None) -> int:
     ctrl = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=60))
     ctx = _Ctx(torch, dist, ctrl, dev, rank, tp)
     group_name = dist.group.WORLD.group_name
-    symm_setup = None
-    try:
-        import warnings
-
-        from torch.distributed._symmetric_memory import enable_symm_mem_for_group
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # deprecated (a no-op need) in newer torch
-            enable_symm_mem_for_group(group_name)
-    except Exception as e:  # noqa: BLE001 - the fused ops are then reported unavailable per case
-        symm_setup = f"{type(e).__name__}: {e}"
+    symm_setup = enable_symm_mem(group_name)
 
     # distgemm's own kernel floor runs the op on a one-rank group (a TP=1 plan: one GEMM).
     from distgemm import comm as dcomm

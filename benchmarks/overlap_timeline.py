@@ -577,22 +577,14 @@ def _make_variants(ctx, case, steps, comm, group_name) -> Tuple[Dict[str, Callab
     tmp = torch.empty(s["full_a"] if ag else s["partial"], device=dev, dtype=torch.bfloat16)
 
     def baseline():
-        if ag:  # NCCL all-gather of the activations, then the GEMM
-            dist.all_gather_into_tensor(tmp, a)
-            return torch.mm(tmp, wt, out=out)
-        torch.mm(a, wt, out=tmp)  # the GEMM, then NCCL reduce-scatter of the partial sums
-        dist.reduce_scatter_tensor(out, tmp)
-        return out
+        return sweep.baseline_call(torch, dist, ag, a, wt, tmp, out)
 
     def symm_mem():
-        if ag:
-            return torch.ops.symm_mem.fused_all_gather_matmul(a, [wt], 0, group_name,
-                                                              return_A=False)[1][0]
-        return torch.ops.symm_mem.fused_matmul_reduce_scatter(a, wt, "sum", 0, group_name)
+        return sweep.symm_mem_call(torch, ag, a, wt, group_name)
 
-    def distgemm():
+    def distgemm():  # the overlapped plan itself ("auto" could pick the collective path)
         op = ops.all_gather_gemm if ag else ops.gemm_reduce_scatter
-        return op(a, w, steps=steps, out=dg_out, group=comm)
+        return op(a, w, steps=steps, out=dg_out, group=comm, path="overlap")
 
     fns = dict(baseline=baseline, symm_mem=symm_mem, distgemm=distgemm)
     return fns, dict(out=out, dg_out=dg_out, a=a, w=w)
@@ -728,16 +720,7 @@ def main(argv=None) -> int:
     ctrl = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=CTRL_TIMEOUT_S))
     ctx = sweep._Ctx(torch, dist, ctrl, dev, rank, tp)
     group_name = dist.group.WORLD.group_name
-    symm_setup = None
-    try:
-        import warnings
-
-        from torch.distributed._symmetric_memory import enable_symm_mem_for_group
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            enable_symm_mem_for_group(group_name)
-    except Exception as e:  # noqa: BLE001 - symm_mem is then recorded unavailable per layer
-        symm_setup = f"{type(e).__name__}: {e}"
+    symm_setup = sweep.enable_symm_mem(group_name)
     from distgemm import ops as dops
 
     records: List[Dict[str, Any]] = []
