@@ -1,5 +1,5 @@
 """Type stubs of the compiled module distgemm._core (plan functions; see cpp/src/bindings.cpp)."""
-from typing import Any, Dict, List, Union
+from typing import Any, Dict, List, Tuple, Union
 
 cuda_runtime: bool
 
@@ -13,6 +13,24 @@ def build_plan(schedule: Union[str, ScheduleDef], tp: int, steps: int, m: int, n
 def workspace_layout(schedule: Union[str, ScheduleDef], tp: int, steps: int, m: int, n: int, k: int, l: int = 1,
                      slot_elem_bytes: int = 2) -> Dict[str, int]: ...
 def tile_map(schedule: Union[str, ScheduleDef], tp: int, steps: int) -> Dict[str, List[List[int]]]: ...
+
+# Llama-3 sweep shapes (cpp/include/distgemm/llama_shapes.hpp; distgemm_bench --sweep reads the same).
+def llama_models(quick: bool = False) -> Dict[str, Dict[str, int]]:
+    """{model: {"hidden", "ffn", "q_heads", "kv_heads", "head_dim"}} in sweep order (8B, 70B, 405B);
+    quick=True: the quick sweep's models only (70B)."""
+def llama_layers() -> Dict[str, Dict[str, str]]:
+    """{layer: {"collective": "all_gather" | "reduce_scatter", "schedule": default schedule}} for
+    QKV, O, FC1 (gate+up), FC2, in sweep order."""
+def llama_tokens(quick: bool = False) -> List[int]:
+    """Token counts M: [1024, 2048, 4096, 8192, 16384]; quick=True: [4096, 8192]."""
+def llama_gemm(model: str, layer: str, tokens: int) -> Tuple[int, int, int]:
+    """Global (M, N, K) of the layer, D[M, N] = X[M, K] @ W[N, K]^T, M = tokens. ValueError names
+    the valid models / layers."""
+def llama_cases(quick: bool = False) -> List[Tuple[str, str, int]]:
+    """(model, layer, tokens) of every sweep case in run order: model, then tokens, then layer."""
+def llama_sweep_timing() -> Dict[str, int]:
+    """{"warmup_ms", "timed_ms", "min_iterations", "max_iterations"}: at least warmup_ms of sustained
+    replays, then about timed_ms of timed replays within [min_iterations, max_iterations]; median."""
 
 # Runtime bindings (present when the package was built with nvcc; cuda_runtime is then True).
 def cuda_device_count() -> int: ...

@@ -5,6 +5,7 @@ Each test runs the binary in a subprocess and decides by its exit code and the n
 two, no Hopper GPU, or no built binary (set DISTGEMM_BENCH or build into build-gpu/).
 """
 
+import csv
 import os
 import pathlib
 import shutil
@@ -124,3 +125,35 @@ def test_replays_do_not_leak_and_still_verify():
                           "--warmup", "2", "--no-local", timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert float(res["rel_err_replays"]) < 1e-2
+
+
+def test_llama_sweep_subset(tmp_path):
+    """`--sweep` on two 70B layers at 4096 tokens: every (case, S) verified and timed beside the
+    local kernel; decided by the exit code and the CSV's numbers, the table read for its rows."""
+    out = tmp_path / "sweep.csv"
+    proc, _ = run_bench("--sweep", "quick", "--tp", "2", "--models", "70B", "--tokens", "4096",
+                        "--layers", "QKV,O", "--csv", str(out), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(out, newline="") as f:
+        rows = list(csv.DictReader(f))
+    # (M, N, K): QKV N = (64 + 2*8) * 128, K = 8192; O N = 8192, K = 64 * 128.
+    want = {"70B/QKV/M4096/TP2": (4096, 10240, 8192), "70B/O/M4096/TP2": (4096, 8192, 8192)}
+    assert [(r["case"], r["steps"]) for r in rows] == [(c, s) for c in want for s in ("2", "4")]
+    for r in rows:
+        assert (int(r["m"]), int(r["n"]), int(r["k"])) == want[r["case"]]
+        assert r["status"] == "ok", r
+        assert float(r["rel_err"]) < 1e-2
+        assert int(r["rows_checked"]) == 256
+        ms, local_ms = float(r["ms"]), float(r["local_ms"])
+        assert ms > 0 and local_ms > 0
+        assert float(r["overlap_eff"]) == pytest.approx(local_ms / ms, rel=1e-2)
+        flops = 2.0 * want[r["case"]][0] * want[r["case"]][1] * want[r["case"]][2]
+        assert float(r["tflops_per_gpu"]) == pytest.approx(flops / 2 / (ms * 1e-3) / 1e12, rel=1e-2)
+    for case in want:
+        times = {r["steps"]: float(r["ms"]) for r in rows if r["case"] == case}
+        assert {r["best_steps"] for r in rows if r["case"] == case} == {min(times, key=times.get)}
+    table = [line for line in proc.stdout.splitlines() if line.startswith("70B/")]
+    assert len(table) == 4 and all(line.rstrip().endswith("PASS") for line in table), proc.stdout
+    progress = [line for line in proc.stderr.splitlines() if line.startswith("[")]
+    assert [p.split()[0] for p in progress] == ["[1/2]", "[2/2]"], proc.stderr
+
