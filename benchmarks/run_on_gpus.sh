@@ -45,15 +45,14 @@ part() {  # part NAME TIMEOUT_S COMMAND...
   [ $r -eq 0 ] || rc=1
   return 0
 }
-sweep() { torchrun --nproc-per-node "$NPROC" benchmarks/llama_sweep.py "$@"; }
 
 for p in "$@"; do
   case $p in
     api) part api 300 env OUT="$OUT/api" API_TIMEOUT=240 bash tests/gpu/run_api_checks.sh ;;
     cpp-tests) part cpp-tests 330 env DISTGEMM_BENCH="$BENCH" python3 -m pytest -q -x -rs tests/gpu/test_cpp_bench.py ;;
     timeline) part timeline 150 torchrun --nproc-per-node "$NPROC" benchmarks/overlap_timeline.py --out "$OUT/timeline" ;;
-    sweep-quick) part sweep-quick 200 sweep --quick --out "$OUT/sweep-quick" ;;
-    sweep-full) part sweep-full 560 sweep --out "$OUT/sweep-full" ;;
+    sweep-quick) part sweep-quick 200 torchrun --nproc-per-node "$NPROC" benchmarks/llama_sweep.py --quick --out "$OUT/sweep-quick" ;;
+    sweep-full) part sweep-full 560 torchrun --nproc-per-node "$NPROC" benchmarks/llama_sweep.py --out "$OUT/sweep-full" ;;
     cpp-sweep-quick) part cpp-sweep-quick 200 "$BENCH" --sweep quick --tp "$NPROC" --csv "$OUT/cpp-sweep-quick/cpp-sweep-quick.csv" ;;
     cpp-sweep-full) part cpp-sweep-full 400 "$BENCH" --sweep full --tp "$NPROC" --csv "$OUT/cpp-sweep-full/cpp-sweep-full.csv" ;;
     *) echo "unknown part '$p' (api, cpp-tests, timeline, sweep-quick, sweep-full, cpp-sweep-quick, cpp-sweep-full)"; rc=1 ;;

@@ -459,6 +459,69 @@ def test_pick_path_a_slow_rank_decides_and_ties_keep_the_overlap():
 
 
 # ---------------------------------------------------------------------------------------------
+# The control exchange over the job's key-value store (two ranks as two threads).
+
+def _exchange_pair(store, timeout_s=5.0):
+    comm_mod._EXCHANGES_PER_RANKS.clear()  # both "processes" count from 1: the same prefix
+    a = comm_mod.ControlExchange(store, [3, 5], 0, timeout_s)
+    comm_mod._EXCHANGES_PER_RANKS.clear()
+    b = comm_mod.ControlExchange(store, [3, 5], 1, timeout_s)
+    return a, b
+
+
+def test_control_exchange_all_gathers_in_rank_order_and_cleans_up():
+    import threading
+
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    ex = _exchange_pair(store)
+    got = [[], []]
+    rng = random.Random(5)
+    payloads = [[{"r": r, "i": i, "x": rng.random()} for i in range(4)] for r in range(2)]
+
+    def run(r):
+        for obj in payloads[r]:
+            got[r].append(ex[r].all_gather(obj))
+
+    ts = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    for r in range(2):
+        assert got[r] == [[payloads[0][i], payloads[1][i]] for i in range(4)]
+    # Keys of exchanges 1-3 were deleted by their writers; only the last one's remain.
+    assert not any(store.check([f"distgemm/ctl/3-5/1/{s}/{r}"]) for s in (1, 2, 3) for r in (0, 1))
+    assert store.check(["distgemm/ctl/3-5/1/4/0", "distgemm/ctl/3-5/1/4/1"])
+
+
+def test_control_exchange_names_the_rank_that_did_not_arrive():
+    import time
+
+    import torch.distributed as dist
+
+    a, _ = _exchange_pair(dist.HashStore(), timeout_s=0.3)
+    t0 = time.perf_counter()
+    with pytest.raises(comm_mod.ExchangeTimeout) as e:
+        a.all_gather("hello")
+    assert e.value.missing == [1]
+    assert 0.25 < time.perf_counter() - t0 < 5.0
+
+
+def test_each_new_exchange_of_the_same_ranks_gets_a_fresh_prefix():
+    import torch.distributed as dist
+
+    comm_mod._EXCHANGES_PER_RANKS.clear()
+    store = dist.HashStore()
+    first = comm_mod.ControlExchange(store, [0, 1], 0, 1.0)
+    second = comm_mod.ControlExchange(store, [0, 1], 0, 1.0)
+    other = comm_mod.ControlExchange(store, [0, 2], 0, 1.0)
+    assert first.prefix == "distgemm/ctl/0-1/1" and second.prefix == "distgemm/ctl/0-1/2"
+    assert other.prefix == "distgemm/ctl/0-2/1"
+
+
+# ---------------------------------------------------------------------------------------------
 # Communicator setup errors that need no GPU.
 
 def test_communicator_needs_torch_distributed():

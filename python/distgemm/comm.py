@@ -7,10 +7,11 @@ their CUDA IPC handles through the group and opens the peers' mappings; it owns 
 the ops in ``distgemm.ops``. Everything is freed on ``close()``, on context-manager exit and at
 interpreter exit.
 
-Control traffic (host names, IPC handles, plan signatures) goes through a gloo group made from
-the user's group with a timeout, never through NCCL: it needs no CUDA stream, and a rank that
-does not arrive makes the others raise ``RuntimeError`` after ``timeout_s`` instead of hanging.
-Every check is computed from the all-gathered data, so all ranks raise the same exception.
+Control traffic (host names, IPC handles, plan signatures) goes through the job's key-value
+store (``ControlExchange``), never through NCCL: it needs no CUDA stream and no extra sockets,
+and a rank that does not arrive makes the others raise ``RuntimeError`` naming it after
+``timeout_s`` instead of hanging. Every check is computed from the all-gathered data, so all
+ranks raise the same exception.
 
 Workspace sharing. Plans share workspaces: a plan uses the biggest existing workspace whose
 control region (flags, barrier slots, epoch word) has its layout, and a new one is allocated
@@ -122,6 +123,71 @@ def signature_mismatch(sigs: Sequence[Dict[str, Any]], what: str) -> Optional[st
 
 
 # ---------------------------------------------------------------------------------------------
+# Control plane.
+
+class ExchangeTimeout(Exception):
+    """Some ranks did not reach a control exchange in time; ``missing``: their group ranks."""
+
+    def __init__(self, missing: List[int]):
+        super().__init__(f"ranks {missing} did not arrive")
+        self.missing = missing
+
+
+# Control exchanges created per set of global ranks in this process. Creating a Communicator is
+# collective over its members, so every member counts the same and the key prefixes agree.
+_EXCHANGES_PER_RANKS: Dict[Tuple[int, ...], int] = {}
+
+
+class ControlExchange:
+    """All-gather of small picklable objects among the members of one group, through the job's
+    key-value store (torchrun's TCPStore), every wait bounded.
+
+    Why not a gloo group: a gloo group made with ``use_local_synchronization`` is named after
+    its ranks and the number of live groups, so a group created after another was destroyed
+    reuses the old name, and a rank that arrives early can read the old group's addresses from
+    the store and fail to connect ("Connection refused"); seen on 2x H200 when the ranks reached
+    a new Communicator seconds apart. Store keys here are unique per exchange instead: a prefix
+    per (ranks, n-th exchange object for them in this process) and a sequence number. Each rank
+    deletes its key of the previous exchange once every rank has posted the next one (by then
+    every rank has read it), so the store holds at most two exchanges' keys per group.
+    """
+
+    def __init__(self, store, global_ranks: Sequence[int], rank: int, timeout_s: float):
+        ranks = tuple(int(r) for r in global_ranks)
+        n = _EXCHANGES_PER_RANKS[ranks] = _EXCHANGES_PER_RANKS.get(ranks, 0) + 1
+        self.store, self.size, self.rank, self.timeout_s = store, len(ranks), rank, timeout_s
+        self.prefix = f"distgemm/ctl/{'-'.join(map(str, ranks))}/{n}"
+        self.seq = 0
+
+    def _key(self, seq: int, rank: int) -> str:
+        return f"{self.prefix}/{seq}/{rank}"
+
+    def all_gather(self, obj: Any, timeout_s: Optional[float] = None) -> List[Any]:
+        import pickle
+
+        self.seq += 1
+        keys = [self._key(self.seq, r) for r in range(self.size)]
+        self.store.set(keys[self.rank], pickle.dumps(obj))
+        try:
+            self.store.wait(keys, datetime.timedelta(seconds=timeout_s or self.timeout_s))
+        except Exception:  # the store reports a timeout as RuntimeError / DistStoreError
+            missing = [r for r, k in enumerate(keys) if not self.store.check([k])]
+            raise ExchangeTimeout(missing) from None
+        out = [pickle.loads(self.store.get(k)) for k in keys]
+        if self.seq > 1:
+            try:
+                self.store.delete_key(self._key(self.seq - 1, self.rank))
+            except Exception:  # a store without deletion: the key just stays
+                pass
+        return out
+
+
+def _default_store(dist):
+    """The store the default process group was set up with (torchrun's TCPStore)."""
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d._get_default_store()
+
 
 @dataclass
 class _Workspace:
@@ -178,10 +244,9 @@ class Communicator:
         self._broken: Optional[str] = None
         self._exchange_seq = 0
         ranks = dist.get_process_group_ranks(self.group)
-        # Our own gloo group: bounded, CPU-only control exchanges (see the module docstring).
-        self._ctl = dist.new_group(ranks=ranks, backend="gloo",
-                                   timeout=datetime.timedelta(seconds=self.timeout_s),
-                                   use_local_synchronization=True)
+        # Bounded, CPU-only control exchanges through the job's key-value store (see the module
+        # docstring).
+        self._ctl = ControlExchange(_default_store(dist), ranks, self.rank, self.timeout_s)
         infos = self.all_gather(self._local_info(torch), "setup (host, GPU and peer-access check)")
         problem = check_group_info(infos, os.environ.get(SHARED_GPU_ENV) == "1")
         if problem:
@@ -192,17 +257,14 @@ class Communicator:
     def all_gather(self, obj: Any, what: str) -> List[Any]:
         """All-gather a picklable object over the control group; RuntimeError (naming ``what``)
         when a rank does not arrive within timeout_s."""
-        _, dist = _torch()
-        out: List[Any] = [None] * self.tp
         self._exchange_seq += 1
         try:
-            dist.all_gather_object(out, obj, group=self._ctl)
-        except Exception as e:  # gloo reports a timeout or a dead peer as RuntimeError/DistError
+            return self._ctl.all_gather(obj)
+        except ExchangeTimeout as e:
             raise RuntimeError(
                 f"rank {self.rank}: control exchange #{self._exchange_seq} ({what}) did not "
-                f"complete within {self.timeout_s:g} s: another rank raised an error, exited, or "
-                f"called a different op ({type(e).__name__}: {e})") from e
-        return out
+                f"complete within {self.timeout_s:g} s: rank(s) {e.missing} did not arrive "
+                "(another rank raised an error, exited, or called a different op)") from None
 
     def _local_info(self, torch) -> Dict[str, Any]:
         info: Dict[str, Any] = {"host": socket.gethostname(), "device": self.device.index}
@@ -333,13 +395,12 @@ class Communicator:
                 w.core.close_peers()
             except Exception:
                 pass
-        # Every rank has unmapped its peers before anyone frees: barrier on the control group
+        # Every rank has unmapped its peers before anyone frees: a barrier on the control store
         # (skipped when torch.distributed is already gone at interpreter exit). Bounded: a rank
         # that died must not hold the others' exit for the whole control timeout.
         try:
             if dist.is_initialized():
-                dist.monitored_barrier(group=self._ctl, timeout=datetime.timedelta(
-                    seconds=min(self.timeout_s, 10.0)), wait_all_ranks=True)
+                self._ctl.all_gather(None, timeout_s=min(self.timeout_s, 10.0))
         except Exception:
             pass
         for w in self._workspaces:
@@ -348,11 +409,6 @@ class Communicator:
             except Exception:
                 pass
         self._workspaces.clear()
-        try:
-            if dist.is_initialized():
-                dist.destroy_process_group(self._ctl)
-        except Exception:
-            pass
 
     def __enter__(self) -> "Communicator":
         return self
