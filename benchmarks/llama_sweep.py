@@ -25,7 +25,9 @@ Every variant's output is checked once per case against the baseline's (relative
 < 1e-2). Output: a table on stdout, ``<date>-llama-sweep[-quick].{csv,json,png}`` under --out.
 
 The pure parts (cases, shapes, skip logic, formatting) are module-level functions without
-torch.distributed or CUDA, tested by tests/test_llama_sweep.py on the CPU.
+torch.distributed or CUDA, tested by tests/test_llama_sweep.py on the CPU. The shapes and the
+timing rules come from distgemm._core (cpp/include/distgemm/llama_shapes.hpp), shared with
+``distgemm_bench --sweep``.
 """
 from __future__ import annotations
 
@@ -46,21 +48,20 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 # ---------------------------------------------------------------------------------------------
 # Pure part: cases, shapes, skip logic, formatting (no torch.distributed, no CUDA).
 
-MODELS: Dict[str, Dict[str, int]] = {
-    # hidden, ffn, query heads, kv heads, head dim (Llama-3 / 3.1 configs)
-    "8B": dict(hidden=4096, ffn=14336, q_heads=32, kv_heads=8, head_dim=128),
-    "70B": dict(hidden=8192, ffn=28672, q_heads=64, kv_heads=8, head_dim=128),
-    "405B": dict(hidden=16384, ffn=53248, q_heads=128, kv_heads=8, head_dim=128),
-}
-LAYERS = ("QKV", "O", "FC1", "FC2")
-TOKENS = (1024, 2048, 4096, 8192, 16384)
-QUICK_MODELS = ("70B",)
-QUICK_TOKENS = (4096, 8192)
+# The shapes live in one place, cpp/include/distgemm/llama_shapes.hpp, which distgemm_bench
+# --sweep reads too, so that the C++ and the torchrun numbers are of the same cases.
+from distgemm import _core  # noqa: E402
+
+MODELS: Dict[str, Dict[str, int]] = _core.llama_models()  # hidden, ffn, heads, kv heads, head dim
+_LAYERS = _core.llama_layers()
+LAYERS = tuple(_LAYERS)
+TOKENS = tuple(_core.llama_tokens())
+QUICK_MODELS = tuple(_core.llama_models(quick=True))
+QUICK_TOKENS = tuple(_core.llama_tokens(quick=True))
 # Column-parallel layers gather the activations before the GEMM, row-parallel ones scatter the
 # summed result after it (sequence parallelism on both sides).
-COLLECTIVE = {"QKV": "all_gather", "FC1": "all_gather", "O": "reduce_scatter",
-              "FC2": "reduce_scatter"}
-SCHEDULE = {"all_gather": "ag_rotate_a", "reduce_scatter": "rs_tile_a"}
+COLLECTIVE = {la: d["collective"] for la, d in _LAYERS.items()}
+SCHEDULE = {d["collective"]: d["schedule"] for d in _LAYERS.values()}
 VARIANTS = ("floor", "floor_dg", "baseline", "symm_mem", "dg_default", "dg_best", "dg_auto")
 FLOORS = ("floor", "floor_dg")
 DG = ("dg_default", "dg_best", "dg_auto")
@@ -104,18 +105,9 @@ def make_cases(tp: int, quick: bool = False, models: Optional[Sequence[str]] = N
 
 
 def global_gemm(model: str, layer: str, tokens: int) -> Tuple[int, int, int]:
-    """(M, N, K) of the whole layer, D[M, N] = X[M, K] @ W[N, K]^T."""
-    c = MODELS[model]
-    h, hd = c["hidden"], c["head_dim"]
-    if layer == "QKV":
-        return tokens, (c["q_heads"] + 2 * c["kv_heads"]) * hd, h
-    if layer == "O":
-        return tokens, h, c["q_heads"] * hd
-    if layer == "FC1":
-        return tokens, 2 * c["ffn"], h  # gate and up in one weight
-    if layer == "FC2":
-        return tokens, h, c["ffn"]
-    raise ValueError(f"unknown layer {layer!r}; one of {', '.join(LAYERS)}")
+    """(M, N, K) of the whole layer, D[M, N] = X[M, K] @ W[N, K]^T (ValueError naming the valid
+    models / layers)."""
+    return tuple(_core.llama_gemm(model, layer, tokens))
 
 
 def shapes(case: Case) -> Dict[str, Any]:
@@ -438,9 +430,10 @@ def plot(records: Sequence[Dict[str, Any]], path: str) -> Optional[str]:
 # ---------------------------------------------------------------------------------------------
 # GPU part (torchrun; not called by the CPU tests).
 
-WARMUP_S = 0.3       # at least this much sustained replay before timing (clock ramp)
-TIMED_S = 0.15       # aim for this much timed work per variant ...
-MIN_ITERS, MAX_ITERS = 10, 50   # ... within these iteration counts
+_TIMING = _core.llama_sweep_timing()  # the C++ sweep times the same way
+WARMUP_S = _TIMING["warmup_ms"] / 1e3  # at least this much sustained replay before timing (clocks)
+TIMED_S = _TIMING["timed_ms"] / 1e3    # aim for this much timed work per variant ...
+MIN_ITERS, MAX_ITERS = _TIMING["min_iterations"], _TIMING["max_iterations"]  # ... in these counts
 ERR_TOL = 1e-2
 CASE_TIMEOUT_S = 90  # a case that takes longer is hung: dump stacks and exit (torchrun ends the rest)
 

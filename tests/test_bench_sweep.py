@@ -88,8 +88,9 @@ def _load_llama_sweep():
 
 
 def test_python_sweep_measures_the_same_shapes():
-    """benchmarks/llama_sweep.py still has its own copy of the tables: until it reads _core, the
-    two must agree, or the C++ and torchrun numbers would not sit side by side."""
+    """benchmarks/llama_sweep.py reads its tables from _core: its cases, shapes and timing rules
+    are those of distgemm_bench --sweep, or the C++ and torchrun numbers would not sit side by
+    side."""
     sweep = _load_llama_sweep()
     assert _core.llama_models() == sweep.MODELS
     assert tuple(_core.llama_layers()) == sweep.LAYERS

@@ -65,7 +65,7 @@ def test_global_gemm(model, layer, mnk):
 
 
 def test_global_gemm_unknown_layer():
-    with pytest.raises(ValueError, match="unknown layer"):
+    with pytest.raises(ValueError, match="unknown Llama layer 'MLP'; valid layers: QKV, O, FC1, FC2"):
         sweep.global_gemm("8B", "MLP", 1024)
 
 
