@@ -724,7 +724,7 @@ def main(argv=None) -> int:
     from distgemm import ops as dops
 
     records: List[Dict[str, Any]] = []
-    status = 0
+    status, measured = 0, 0
     for layer in layers:
         case = sweep.Case(args.model, layer, args.tokens, tp)
         reason, rejected = sweep.skip_reason(case)
@@ -757,6 +757,7 @@ def main(argv=None) -> int:
             continue
         gathered = [None] * tp if rank == 0 else None
         dist.gather_object(res, gathered, dst=0, group=ctrl)
+        measured += 1
         faulthandler.cancel_dump_traceback_later()
         if rank == 0:
             rec = layer_record(case, tp, steps, dict(enumerate(gathered)))
@@ -793,7 +794,8 @@ def main(argv=None) -> int:
     from distgemm import comm as dcomm
     dcomm.close_all()
     dist.destroy_process_group()
-    return status if records else 1
+    # records are only kept on rank 0: every rank decides by the layers it measured
+    return status if measured else 1
 
 
 if __name__ == "__main__":
