@@ -202,6 +202,17 @@ def test_auto_target_allows_two_percent_over_the_baseline():
     assert at(None)["auto_vs_baseline"] is None
 
 
+def test_auto_target_prefers_the_alternating_pair():
+    ms = dict(_record()["ms"], dg_auto=8.5, baseline_pair=8.0, dg_auto_pair=8.1)
+    rec = _record(ms=ms)
+    assert sweep.targets(rec)["auto_vs_baseline"] is True  # 8.1 / 8.0, not 8.5 / 8.0
+    assert sweep.table_row(rec)[11] == f"{8.0 / 8.1:.2f}x"
+    row = sweep.csv_row(rec)
+    assert float(row["ms_dg_auto_pair"]) == 8.1 and float(row["ms_baseline_pair"]) == 8.0
+    ms["dg_auto_pair"] = 8.3
+    assert sweep.targets(_record(ms=ms))["auto_vs_baseline"] is False
+
+
 def test_target_summary_counts_and_names_misses():
     recs = [_record(), _record(case="8B/O/M1024/TP2", model="8B", tokens=1024,
                                ms=dict(_record()["ms"], dg_auto=9.0)),

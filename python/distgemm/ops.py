@@ -250,6 +250,7 @@ class _Entry:
     path: Optional[str] = None  # "overlap" or "collective"; None: "auto", not chosen yet
     want_gathered: bool = False  # all_gather_gemm(..., return_gathered=True)
     requested: str = "auto"  # the path argument of the calls
+    scratch: Dict[str, torch.Tensor] = field(default_factory=dict)  # collective path buffers
     tuning: Optional[Dict[str, Any]] = None  # the measurement behind an "auto" choice
 
 
@@ -445,8 +446,12 @@ def _collective(op: str, comm: Communicator, entry: _Entry, tensors, out):
     if op == "all_gather_gemm":
         rotate_a = spec.schedule == "ag_rotate_a"
         part = a if rotate_a else w
-        gathered = torch.empty((spec.tp * part.shape[0], part.shape[1]), dtype=part.dtype,
-                               device=part.device)
+        shape = (spec.tp * part.shape[0], part.shape[1])
+        # The gathered operand goes back to the caller only with return_gathered; otherwise one
+        # buffer per plan, as a hand-written baseline keeps it (a fresh allocation per call makes
+        # the caching allocator alternate blocks that NCCL's stream still holds).
+        gathered = (torch.empty(shape, dtype=part.dtype, device=part.device)
+                    if entry.want_gathered else _scratch(entry, "gathered", shape, part))
         dist.all_gather_into_tensor(gathered, part, group=group)
         x, wf = (gathered, w) if rotate_a else (a, gathered)
         if bias is None:
@@ -456,13 +461,13 @@ def _collective(op: str, comm: Communicator, entry: _Entry, tensors, out):
         return (out, gathered) if entry.want_gathered else out
     if spec.schedule == "rs_tile_b":
         # reduce_scatter_tensor splits dim 0: reduce D^T = W A^T and transpose this rank's rows.
-        part_t = torch.mm(w, a.t())
-        mine = torch.empty((part_t.shape[0] // spec.tp, part_t.shape[1]), dtype=part_t.dtype,
-                           device=part_t.device)
+        part_t = torch.mm(w, a.t(), out=_scratch(entry, "partial", (w.shape[0], a.shape[0]), a))
+        mine = _scratch(entry, "mine", (part_t.shape[0] // spec.tp, part_t.shape[1]), a)
         dist.reduce_scatter_tensor(mine, part_t, group=group)
         out.copy_(mine.t())
     elif spec.schedule == "rs_tile_a":
-        dist.reduce_scatter_tensor(out, torch.mm(a, w.t()), group=group)
+        partial = torch.mm(a, w.t(), out=_scratch(entry, "partial", (a.shape[0], w.shape[0]), a))
+        dist.reduce_scatter_tensor(out, partial, group=group)
     else:  # gemm_allreduce
         torch.mm(a, w.t(), out=out)
         dist.all_reduce(out, group=group)
@@ -473,11 +478,21 @@ def _collective(op: str, comm: Communicator, entry: _Entry, tensors, out):
     return out
 
 
+def _scratch(entry: _Entry, name: str, shape, like: torch.Tensor) -> torch.Tensor:
+    """A buffer of the collective path kept with the plan (calls of one plan run in stream
+    order, like its graph launches)."""
+    t = entry.scratch.get(name)
+    if t is None:
+        t = entry.scratch[name] = torch.empty(shape, dtype=like.dtype, device=like.device)
+    return t
+
+
 # "auto": how the first call measures both paths. Alternating rounds (overlap, collective,
 # collective, overlap, ...) so that clock ramp-up and other ranks' noise hit both alike.
 TUNE_ROUNDS = 6
-TUNE_ROUND_MS = 1.0     # calls per round: enough to keep ~1 ms of work queued ...
-TUNE_MAX_CALLS = 8      # ... at most this many
+TUNE_ROUNDS_LONG, TUNE_LONG_MS = 3, 5.0  # calls of >= 5 ms: 3 rounds
+TUNE_ROUND_MS = 2.0     # timed calls per round: enough for ~2 ms of work ...
+TUNE_MAX_CALLS = 16     # ... at most this many (plus one untimed call that fills the queue)
 
 
 def pick_path(everyone: Sequence[Dict[str, Sequence[float]]]) -> Tuple[str, Dict[str, float]]:
@@ -496,14 +511,20 @@ def _choose_path(op: str, comm: Communicator, entry: _Entry, tensors, out):
     """``path="auto"``, first call of a plan: time the overlapped and the collective path on
     these very tensors, take every round's maximum over the ranks (the slowest rank sets a
     collective's pace) and keep the path with the lower median. Every rank gets the same numbers
-    through the control group, hence the same choice. Costs ~2 x TUNE_ROUNDS rounds of calls and
-    host synchronisations, once per plan; the result of the last call of the chosen path is
-    returned (both paths compute the same thing)."""
+    through the control group, hence the same choice. Costs 2 x TUNE_ROUNDS rounds of calls (each
+    ~2 ms of work, 3 rounds for calls of 5 ms or more) and as many host synchronisations, once
+    per plan; the result of the last call of the chosen path is returned (both paths compute the
+    same thing)."""
     runs = {"overlap": lambda: _launch(op, comm, entry, tensors, out),
             "collective": lambda: _collective(op, comm, entry, tensors, out)}
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
     def timed(path: str, calls: int) -> float:
+        # An untimed call first keeps the GPU busy while the host enqueues the timed ones: the
+        # steady state of a model, where launch latency hides behind queued work. (Without it
+        # the collective path, whose host side is longer, was charged its launch latency:
+        # measured 0.146 ms where it runs at 0.078 ms, Llama-8B QKV at 1024 tokens on 2x H200.)
+        runs[path]()
         start.record()
         for _ in range(calls):
             runs[path]()
@@ -528,8 +549,10 @@ def _choose_path(op: str, comm: Communicator, entry: _Entry, tensors, out):
         return runs["overlap"]()
     slowest = max(max(pr.values()) for pr in probe)
     calls = max(1, min(TUNE_MAX_CALLS, int(TUNE_ROUND_MS / max(slowest, 1e-3))))
+    # Long calls: fewer rounds (their choice is rarely close, and each round costs 2 calls).
+    rounds = TUNE_ROUNDS if slowest < TUNE_LONG_MS else TUNE_ROUNDS_LONG
     times: Dict[str, List[float]] = {p: [] for p in runs}
-    for r in range(TUNE_ROUNDS):
+    for r in range(rounds):
         order = ("overlap", "collective") if r % 2 == 0 else ("collective", "overlap")
         for p in order:
             times[p].append(timed(p, calls))
@@ -537,7 +560,7 @@ def _choose_path(op: str, comm: Communicator, entry: _Entry, tensors, out):
     everyone = comm.all_gather(times, f"{op} path choice (timings)")
     entry.path, med = pick_path(everyone)
     entry.tuning = dict(overlap_ms=med["overlap"], collective_ms=med["collective"],
-                        rounds=TUNE_ROUNDS, calls_per_round=calls)
+                        rounds=rounds, calls_per_round=calls)
     if entry.path == "collective":
         entry.graphs.clear()  # synchronised above: nothing of them is in flight
     return runs[entry.path]()
