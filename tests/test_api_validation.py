@@ -458,6 +458,50 @@ def test_pick_path_a_slow_rank_decides_and_ties_keep_the_overlap():
         ops.pick_path([{"overlap": [], "collective": [1.0]}])
 
 
+@pytest.mark.parametrize("schedule,op", [("ag_rotate_a", "all_gather_gemm"),
+                                         ("ag_rotate_b", "all_gather_gemm"),
+                                         ("rs_tile_a", "gemm_reduce_scatter"),
+                                         ("rs_tile_b", "gemm_reduce_scatter"),
+                                         ("gemm_allreduce", "gemm_all_reduce")])
+def test_collective_path_computes_the_layer_on_a_one_rank_group(monkeypatch, schedule, op):
+    """The collective path's math (gather/scatter layout, bias, beta*c, the reused buffers) on a
+    one-rank gloo group with CPU tensors; the GPU worker checks it on 2 ranks with NCCL."""
+    import types
+
+    import torch.distributed as dist
+
+    monkeypatch.setattr(ops, "_ptr", lambda op_, name, t, device: t.data_ptr())  # CPU tensors
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        comm = types.SimpleNamespace(group=dist.group.WORLD, device=torch.device("cpu"))
+        ag = op == "all_gather_gemm"
+        g = torch.Generator().manual_seed(hash(schedule) % 1000)
+        beta = 0.0 if ag else -0.75
+        entry = None
+        for _ in range(2):  # fresh inputs per call; the second call reuses the plan's buffers
+            m, k, n = 8 * torch.randint(1, 9, (1,), generator=g).item(), 40, 24
+            a, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+            bias, c = torch.randn(n, generator=g), torch.randn(m, n, generator=g)
+            if entry is None or entry.spec.m != m:
+                spec = ops.make_spec(op, schedule, 1, 0, None, a, w, bias=bias, beta=beta,
+                                     c=None if ag else c)
+                entry = ops._Entry(spec=spec, dtype=torch.float32, beta=beta, has_bias=True,
+                                   ws=None, bases=[], graphs={}, out_shape=torch.Size(spec.shapes["out"]),
+                                   want_gathered=ag)
+            out = torch.full(tuple(entry.out_shape), float("nan"))
+            res = ops._collective(op, comm, entry, {"a": a, "w": w, "bias": bias, "c": c}, out)
+            y = res[0] if ag else res
+            ref = a @ w.t() + bias + beta * c
+            assert y.data_ptr() == out.data_ptr()
+            assert float((y - ref).norm() / ref.norm()) < 1e-5
+            if ag:  # return_gathered: the gathered operand itself
+                assert torch.equal(res[1], a if schedule == "ag_rotate_a" else w)
+        with pytest.raises(ValueError, match="out shares memory with a"):
+            ops._collective(op, comm, entry, {"a": a, "w": w, "bias": bias, "c": c}, a)
+    finally:
+        dist.destroy_process_group()
+
+
 # ---------------------------------------------------------------------------------------------
 # The control exchange over the job's key-value store (two ranks as two threads).
 

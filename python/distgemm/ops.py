@@ -429,20 +429,29 @@ def _launch(op: str, comm: Communicator, entry: _Entry, tensors, out):
 
 
 def _collective(op: str, comm: Communicator, entry: _Entry, tensors, out):
-    """The plain path, the baseline the overlapped one must beat: the NCCL (or the group's
-    backend's) collective and one torch GEMM, in the op's dtype, on the current stream. Same
-    operands, shapes and result as the plan of ``entry.spec``."""
-    import torch.distributed as dist
+    """The plain path, the baseline the overlapped one must beat: the group's collective (NCCL)
+    and one torch GEMM, in the op's dtype, on the current stream. Same operands, shapes and
+    result as the plan of ``entry.spec``.
 
-    spec, group = entry.spec, comm.group
+    Written for host time, since it is chosen for small problems whose calls take tens of us:
+    the process group's own methods (``_allgather_base`` etc., what ``torch.distributed``'s
+    wrappers call, without their per-call argument checks and deprecation shims), the plan's
+    buffers reused, and the tensor checks of the overlapped path's fast path."""
+    spec, pg, device = entry.spec, comm.group, comm.device
     a, w, bias = tensors["a"], tensors["w"], tensors.get("bias")
     c = tensors.get("c") if entry.beta != 0.0 else None
-    check_placement(op, comm.device, {"a": a, "w": w, "c": c, "bias": bias, "out": out})
+    ptrs = {"a": _ptr(op, "a", a, device), "w": _ptr(op, "w", w, device)}
+    if c is not None:
+        ptrs["c"] = _ptr(op, "c", c, device)
+    if bias is not None:
+        ptrs["bias"] = _ptr(op, "bias", bias, device)
     if out is None:
-        out = torch.empty(entry.out_shape, dtype=entry.dtype, device=comm.device)
-    for name, t in (("a", a), ("w", w), ("c", c), ("bias", bias)):
-        if t is not None and t.data_ptr() == out.data_ptr():
-            raise ValueError(f"{op}: out shares memory with {name}; pass a separate output")
+        out = torch.empty(entry.out_shape, dtype=entry.dtype, device=device)
+    else:
+        po = _ptr(op, "out", out, device)
+        for name, p in ptrs.items():
+            if p == po:
+                raise ValueError(f"{op}: out shares memory with {name}; pass a separate output")
     if op == "all_gather_gemm":
         rotate_a = spec.schedule == "ag_rotate_a"
         part = a if rotate_a else w
@@ -452,7 +461,7 @@ def _collective(op: str, comm: Communicator, entry: _Entry, tensors, out):
         # the caching allocator alternate blocks that NCCL's stream still holds).
         gathered = (torch.empty(shape, dtype=part.dtype, device=part.device)
                     if entry.want_gathered else _scratch(entry, "gathered", shape, part))
-        dist.all_gather_into_tensor(gathered, part, group=group)
+        pg._allgather_base(gathered, part).wait()  # wait(): the current stream waits for NCCL
         x, wf = (gathered, w) if rotate_a else (a, gathered)
         if bias is None:
             torch.mm(x, wf.t(), out=out)
@@ -460,17 +469,17 @@ def _collective(op: str, comm: Communicator, entry: _Entry, tensors, out):
             torch.addmm(bias, x, wf.t(), out=out)
         return (out, gathered) if entry.want_gathered else out
     if spec.schedule == "rs_tile_b":
-        # reduce_scatter_tensor splits dim 0: reduce D^T = W A^T and transpose this rank's rows.
+        # reduce-scatter splits dim 0: reduce D^T = W A^T and transpose this rank's rows.
         part_t = torch.mm(w, a.t(), out=_scratch(entry, "partial", (w.shape[0], a.shape[0]), a))
         mine = _scratch(entry, "mine", (part_t.shape[0] // spec.tp, part_t.shape[1]), a)
-        dist.reduce_scatter_tensor(mine, part_t, group=group)
+        pg._reduce_scatter_base(mine, part_t).wait()  # default op: sum
         out.copy_(mine.t())
     elif spec.schedule == "rs_tile_a":
         partial = torch.mm(a, w.t(), out=_scratch(entry, "partial", (a.shape[0], w.shape[0]), a))
-        dist.reduce_scatter_tensor(out, partial, group=group)
+        pg._reduce_scatter_base(out, partial).wait()
     else:  # gemm_allreduce
         torch.mm(a, w.t(), out=out)
-        dist.all_reduce(out, group=group)
+        pg.allreduce([out]).wait()
     if c is not None:
         out.add_(c, alpha=entry.beta)
     if bias is not None:
