@@ -49,7 +49,7 @@ part() {  # part NAME TIMEOUT_S COMMAND...
 for p in "$@"; do
   case $p in
     api) part api 300 env OUT="$OUT/api" API_TIMEOUT=240 bash tests/gpu/run_api_checks.sh ;;
-    cpp-tests) part cpp-tests 330 env DISTGEMM_BENCH="$BENCH" python3 -m pytest -q -x -rs tests/gpu/test_cpp_bench.py ;;
+    cpp-tests) part cpp-tests ${CPP_TESTS_S:-330} env DISTGEMM_BENCH="$BENCH" python3 -m pytest -q -x -rs tests/gpu/test_cpp_bench.py ;;
     timeline) part timeline 150 torchrun --nproc-per-node "$NPROC" benchmarks/overlap_timeline.py --out "$OUT/timeline" ;;
     sweep-quick) part sweep-quick 200 torchrun --nproc-per-node "$NPROC" benchmarks/llama_sweep.py --quick --out "$OUT/sweep-quick" ;;
     sweep-full) part sweep-full 560 torchrun --nproc-per-node "$NPROC" benchmarks/llama_sweep.py --out "$OUT/sweep-full" ;;
