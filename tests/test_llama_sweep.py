@@ -206,6 +206,7 @@ def test_auto_target_prefers_the_alternating_pair():
     ms = dict(_record()["ms"], dg_auto=8.5, baseline_pair=8.0, dg_auto_pair=8.1)
     rec = _record(ms=ms)
     assert sweep.targets(rec)["auto_vs_baseline"] is True  # 8.1 / 8.0, not 8.5 / 8.0
+    assert sweep.derived(rec)["speedup_dg_auto"] == pytest.approx(8.0 / 8.1)
     assert sweep.table_row(rec)[11] == f"{8.0 / 8.1:.2f}x"
     row = sweep.csv_row(rec)
     assert float(row["ms_dg_auto_pair"]) == 8.1 and float(row["ms_baseline_pair"]) == 8.0
@@ -317,6 +318,7 @@ def test_outputs_and_replot_round_trip(tmp_path, capsys):
     assert float(rows[0]["auto_collective_ms"]) == 8.1
     assert rows[1]["status"] == "skipped" and rows[1]["target_auto_vs_baseline"] == ""
     rc = sweep.replot(stem + ".json", str(tmp_path / "re"))
+    assert open(tmp_path / "re" / "2026-11-22-llama-sweep.csv").read() == sweep.to_csv(recs)
     out = capsys.readouterr().out
     assert "70B/FC1/M8192/TP2" in out and "SKIPPED" not in out and "target dg best" in out
     if rc == 0:
