@@ -757,7 +757,6 @@ def replot(path: str, out_dir: str) -> int:
         f.write(to_csv(records))
     print(format_table(records))
     print(target_summary(records))
-    os.makedirs(out_dir, exist_ok=True)
     png = os.path.join(out_dir, os.path.basename(path)[:-len(".json")] + ".png")
     why = plot(records, png)
     print(f"plot: {'skipped: ' + why if why else png}")

@@ -4,6 +4,7 @@ the gathered-operand recipe) that decide what every rank raises. The GPU paths a
 tests/gpu/test_torchrun_api.py."""
 import random
 import re
+import types
 
 import pytest
 
@@ -471,11 +472,13 @@ def test_collective_path_computes_the_layer_on_a_one_rank_group(monkeypatch, sch
     import torch.distributed as dist
 
     monkeypatch.setattr(ops, "_ptr", lambda op_, name, t, device: t.data_ptr())  # CPU tensors
+    stream = {"now": 7}
+    monkeypatch.setattr(ops, "_stream_ptr", lambda device: stream["now"])
     dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
     try:
         comm = types.SimpleNamespace(group=dist.group.WORLD, device=torch.device("cpu"))
         ag = op == "all_gather_gemm"
-        g = torch.Generator().manual_seed(hash(schedule) % 1000)
+        g = torch.Generator().manual_seed(sum(map(ord, schedule)))  # not hash(): PYTHONHASHSEED
         beta = 0.0 if ag else -0.75
         entry = None
         for _ in range(2):  # fresh inputs per call; the second call reuses the plan's buffers
@@ -498,8 +501,169 @@ def test_collective_path_computes_the_layer_on_a_one_rank_group(monkeypatch, sch
                 assert torch.equal(res[1], a if schedule == "ag_rotate_a" else w)
         with pytest.raises(ValueError, match="out shares memory with a"):
             ops._collective(op, comm, entry, {"a": a, "w": w, "bias": bias, "c": c}, a)
+        # A call on another stream gets its own buffers (none are needed by the all-reduce, and
+        # return_gathered hands the gathered operand over instead of keeping it).
+        before = dict(entry.scratch)
+        stream["now"] = 9
+        ops._collective(op, comm, entry, {"a": a, "w": w, "bias": bias, "c": c}, None)
+        names = {n for n, _ in before}
+        assert {k for k in entry.scratch if k[1] == 9} == {(n, 9) for n in names}
+        assert all(entry.scratch[k] is before[k] for k in before)
     finally:
         dist.destroy_process_group()
+
+
+def test_inputs_that_require_grad_are_refused_while_grad_mode_is_on():
+    w = torch.randn(24, 32, requires_grad=True)
+    a = torch.randn(64, 32)
+    with pytest.raises(RuntimeError, match=r"gemm_reduce_scatter: w requires grad, but distgemm "
+                                           r"ops have no backward \(autograd\) yet: call them under "
+                                           r"torch.no_grad\(\)"):
+        ops.check_no_grad("gemm_reduce_scatter", {"a": a, "w": w, "bias": None})
+    with torch.no_grad():
+        ops.check_no_grad("gemm_reduce_scatter", {"a": a, "w": w, "bias": None})
+    with torch.inference_mode():
+        ops.check_no_grad("gemm_reduce_scatter", {"a": a, "w": w})
+    ops.check_no_grad("gemm_reduce_scatter", {"a": a, "w": w.detach(), "bias": None})
+
+
+def test_path_none_takes_the_default_and_a_bad_default_is_named(monkeypatch):
+    assert ops.check_path("all_gather_gemm", None) == ops.DEFAULT_PATH
+    monkeypatch.setattr(ops, "DEFAULT_PATH", "collective")
+    assert ops.check_path("all_gather_gemm", None) == "collective"
+    assert ops.check_path("all_gather_gemm", "overlap") == "overlap"  # an explicit path wins
+    monkeypatch.setattr(ops, "DEFAULT_PATH", "fast")
+    with pytest.raises(ValueError, match=r"all_gather_gemm: DISTGEMM_PATH='fast' is not one of "
+                                         r"'auto', 'overlap', 'collective'"):
+        ops.check_path("all_gather_gemm", None)
+
+
+class _NeverDone:
+    def query(self):
+        return False
+
+
+class _BrokenComm:
+    rank = 1
+
+    def __init__(self):
+        self.broken = None
+
+    def mark_broken(self, msg):
+        self.broken = msg
+
+    def raise_if_broken(self):
+        raise RuntimeError(f"rank {self.rank}: {self.broken}. This communicator can no longer launch")
+
+
+def test_wait_event_is_bounded_and_marks_the_communicator_broken():
+    import time
+
+    t0 = time.perf_counter()
+    with pytest.raises(RuntimeError, match=r"x: the GPU work did not finish within 0.2 s"):
+        ops.wait_event(_NeverDone(), 0.2, "x")
+    assert 0.15 < time.perf_counter() - t0 < 5.0
+    comm = _BrokenComm()
+    with pytest.raises(RuntimeError, match=r"rank 1: all_gather_gemm path choice \(collective "
+                                           r"path\): the GPU work did not finish"):
+        ops.wait_event(_NeverDone(), 0.05, "all_gather_gemm path choice (collective path)", comm)
+    assert "did not join a collective" in comm.broken
+
+
+def test_collective_path_needs_nccl_every_rank_decides_from_the_group():
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        why = ops.collective_unavailable(dist.group.WORLD)
+        assert why == "the group's backend is 'gloo'; the collective path needs NCCL"
+    finally:
+        dist.destroy_process_group()
+
+
+class _FakeEvent:
+    """torch.cuda.Event on the CPU: records time.perf_counter()."""
+
+    def __init__(self, enable_timing=False):
+        self.t = None
+
+    def record(self, stream=None):
+        import time
+
+        self.t = time.perf_counter()
+
+    def query(self):
+        return True
+
+    def elapsed_time(self, end):
+        return (end.t - self.t) * 1e3
+
+
+@pytest.mark.parametrize("overlap_s,collective_s,expected", [(0.002, 0.0005, "collective"),
+                                                              (0.0005, 0.002, "overlap")])
+def test_choose_path_measures_both_alike_and_keeps_the_faster(monkeypatch, overlap_s, collective_s,
+                                                               expected):
+    import collections
+    import time
+
+    calls = collections.Counter()
+
+    def fake(path, seconds):
+        def run(op, comm, entry, tensors, out):
+            calls[path] += 1
+            time.sleep(seconds)
+            return path
+        return run
+
+    monkeypatch.setattr(ops, "_launch", fake("overlap", overlap_s))
+    monkeypatch.setattr(ops, "_collective", fake("collective", collective_s))
+    monkeypatch.setattr(ops, "collective_unavailable", lambda group: None)
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    exchanged = []
+
+    class TwoRanks:  # the peer reports what this rank measured, 10% slower
+        rank, timeout_s, group = 0, 5.0, None
+
+        def check(self):
+            pass
+
+        def all_gather(self, obj, what):
+            exchanged.append(what)
+            slower = {k: ([x * 1.1 for x in v] if isinstance(v, list) else v * 1.1)
+                      for k, v in obj.items()}
+            return [obj, slower]
+
+    entry = types.SimpleNamespace(path=None, tuning=None, graphs={"g": 1})
+    result = ops._choose_path("all_gather_gemm", TwoRanks(), entry, {}, None)
+    assert entry.path == expected and result == expected  # the last call ran the chosen path
+    assert exchanged == ["all_gather_gemm path choice (probe)",
+                         "all_gather_gemm path choice (timings)"]
+    t = entry.tuning
+    assert t["rounds"] == ops.TUNE_ROUNDS and 1 <= t["calls_per_round"] <= ops.TUNE_MAX_CALLS
+    assert (t["overlap_ms"] < t["collective_ms"]) == (expected == "overlap")
+    # Both paths ran the same number of calls before the choice (the chosen one once more).
+    other = "overlap" if expected == "collective" else "collective"
+    assert calls[expected] == calls[other] + 1
+    assert calls[other] == 3 + ops.TUNE_ROUNDS * (1 + t["calls_per_round"])
+    assert entry.graphs == ({} if expected == "collective" else {"g": 1})
+
+
+def test_choose_path_keeps_the_plan_when_the_group_has_no_nccl(monkeypatch):
+    monkeypatch.setattr(ops, "_launch", lambda *a: "overlap")
+    monkeypatch.setattr(ops, "_collective", lambda *a: pytest.fail("must not run"))
+    monkeypatch.setattr(ops, "collective_unavailable", lambda group: "the group's backend is 'gloo'")
+    entry = types.SimpleNamespace(path=None, tuning=None, graphs={})
+    comm = types.SimpleNamespace(group=None)
+    assert ops._choose_path("gemm_reduce_scatter", comm, entry, {}, None) == "overlap"
+    assert entry.path == "overlap"
+    assert entry.tuning == {"collective_unavailable": "the group's backend is 'gloo'"}
+
+
+def test_path_choices_never_creates_a_communicator():
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
+    assert ops.path_choices() == []  # no process group, no communicator: nothing to report
 
 
 # ---------------------------------------------------------------------------------------------
@@ -535,9 +699,12 @@ def test_control_exchange_all_gathers_in_rank_order_and_cleans_up():
         t.join(30)
     for r in range(2):
         assert got[r] == [[payloads[0][i], payloads[1][i]] for i in range(4)]
-    # Keys of exchanges 1-3 were deleted by their writers; only the last one's remain.
-    assert not any(store.check([f"distgemm/ctl/3-5/1/{s}/{r}"]) for s in (1, 2, 3) for r in (0, 1))
-    assert store.check(["distgemm/ctl/3-5/1/4/0", "distgemm/ctl/3-5/1/4/1"])
+    # Keys of exchanges 1-3 were deleted by their writers (the verdicts by rank 0); only the
+    # last exchange's remain.
+    assert not any(store.check([f"distgemm/ctl/3-5/1/{s}/{r}"]) for s in (1, 2, 3)
+                   for r in (0, 1, "verdict"))
+    assert store.check(["distgemm/ctl/3-5/1/4/0", "distgemm/ctl/3-5/1/4/1",
+                        "distgemm/ctl/3-5/1/4/verdict"])
 
 
 def test_control_exchange_names_the_rank_that_did_not_arrive():
@@ -551,6 +718,57 @@ def test_control_exchange_names_the_rank_that_did_not_arrive():
         a.all_gather("hello")
     assert e.value.missing == [1]
     assert 0.25 < time.perf_counter() - t0 < 5.0
+
+
+def test_control_exchange_a_late_rank_raises_too():
+    """Rank 0 gives up after 0.3 s; rank 1 arrives later and finds every key present, but the
+    exchange was settled as late: it raises as well instead of going on alone."""
+    import threading
+    import time
+
+    import torch.distributed as dist
+
+    a, b = _exchange_pair(dist.HashStore(), timeout_s=0.3)
+    errors = {}
+
+    def late():
+        time.sleep(0.6)
+        try:
+            b.all_gather("late", "setup")
+        except comm_mod.ExchangeTimeout as e:
+            errors[1] = e
+
+    t = threading.Thread(target=late)
+    t.start()
+    with pytest.raises(comm_mod.ExchangeTimeout) as first:
+        a.all_gather("early", "setup")
+    t.join(10)
+    assert first.value.missing == [1]
+    assert 1 in errors and errors[1].missing == []  # everyone had arrived, too late
+    assert "gave up waiting before this rank arrived" in str(errors[1])
+
+
+def test_control_exchange_out_of_step_ranks_raise_a_mismatch():
+    import threading
+
+    import torch.distributed as dist
+
+    ex = _exchange_pair(dist.HashStore())
+    errors = {}
+
+    def run(r, what):
+        try:
+            ex[r].all_gather({"r": r}, what)
+        except comm_mod.ExchangeMismatch as e:
+            errors[r] = e.whats
+
+    ts = [threading.Thread(target=run, args=(0, "plan signature")),
+          threading.Thread(target=run, args=(1, "close"))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(10)
+    assert errors == {0: ["plan signature", "close"], 1: ["plan signature", "close"]}
 
 
 def test_each_new_exchange_of_the_same_ranks_gets_a_fresh_prefix():

@@ -36,7 +36,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["Communicator", "get_communicator", "close_all"]
+__all__ = ["Communicator", "get_communicator", "find_communicator", "close_all"]
 
 # Cached plans per communicator; beyond it the least recently used plan and its graphs go.
 MAX_PLANS = 64
@@ -126,11 +126,22 @@ def signature_mismatch(sigs: Sequence[Dict[str, Any]], what: str) -> Optional[st
 # Control plane.
 
 class ExchangeTimeout(Exception):
-    """Some ranks did not reach a control exchange in time; ``missing``: their group ranks."""
+    """A control exchange did not complete in time. ``missing``: the group ranks whose entry is
+    absent; empty when every rank arrived but another had already given up waiting."""
 
     def __init__(self, missing: List[int]):
-        super().__init__(f"ranks {missing} did not arrive")
+        super().__init__(f"ranks {missing} did not arrive" if missing else
+                         "another rank gave up waiting before this rank arrived")
         self.missing = missing
+
+
+class ExchangeMismatch(Exception):
+    """The ranks reached different exchanges (``whats[r]``: what rank r exchanged): they are
+    out of step."""
+
+    def __init__(self, whats: List[str]):
+        super().__init__(f"ranks exchanged different things: {whats}")
+        self.whats = whats
 
 
 # Control exchanges created per set of global ranks in this process. Creating a Communicator is
@@ -159,27 +170,43 @@ class ControlExchange:
         self.prefix = f"distgemm/ctl/{'-'.join(map(str, ranks))}/{n}"
         self.seq = 0
 
-    def _key(self, seq: int, rank: int) -> str:
+    def _key(self, seq: int, rank) -> str:
         return f"{self.prefix}/{seq}/{rank}"
 
-    def all_gather(self, obj: Any, timeout_s: Optional[float] = None) -> List[Any]:
+    def all_gather(self, obj: Any, what: str = "", timeout_s: Optional[float] = None) -> List[Any]:
+        """Every rank's ``obj``, in rank order. ExchangeTimeout when a rank did not arrive in
+        time, on every rank that gets here (also one that arrives after another gave up);
+        ExchangeMismatch when the ranks exchanged different ``what``s."""
         import pickle
 
         self.seq += 1
         keys = [self._key(self.seq, r) for r in range(self.size)]
-        self.store.set(keys[self.rank], pickle.dumps(obj))
+        self.store.set(keys[self.rank], pickle.dumps((what, obj)))
         try:
             self.store.wait(keys, datetime.timedelta(seconds=timeout_s or self.timeout_s))
+            arrived = True
         except Exception:  # the store reports a timeout as RuntimeError / DistStoreError
-            missing = [r for r, k in enumerate(keys) if not self.store.check([k])]
-            raise ExchangeTimeout(missing) from None
-        out = [pickle.loads(self.store.get(k)) for k in keys]
-        if self.seq > 1:
-            try:
-                self.store.delete_key(self._key(self.seq - 1, self.rank))
-            except Exception:  # a store without deletion: the key just stays
-                pass
-        return out
+            arrived = False
+        # One outcome for every rank: the first rank past its wait settles the exchange with a
+        # compare-and-set ("ok": all arrived; "late": it timed out) and every rank follows it, so
+        # a rank arriving just after another gave up raises too instead of going on alone.
+        verdict = self.store.compare_set(self._key(self.seq, "verdict"), "",
+                                         "ok" if arrived else "late")
+        if verdict != b"ok":
+            raise ExchangeTimeout([r for r, k in enumerate(keys) if not self.store.check([k])])
+        got = [pickle.loads(self.store.get(k)) for k in keys]
+        if any(w != what for w, _ in got):
+            raise ExchangeMismatch([w for w, _ in got])
+        if self.seq > 1:  # every rank has read exchange seq-1: it posted to this one
+            stale = [self._key(self.seq - 1, self.rank)]
+            if self.rank == 0:
+                stale.append(self._key(self.seq - 1, "verdict"))
+            for k in stale:
+                try:
+                    self.store.delete_key(k)
+                except Exception:  # a store without deletion: the key just stays
+                    pass
+        return [o for _, o in got]
 
 
 def _default_store(dist):
@@ -242,7 +269,6 @@ class Communicator:
         self._workspaces: List[_Workspace] = []
         self.plans: "collections.OrderedDict[Any, Any]" = collections.OrderedDict()
         self._broken: Optional[str] = None
-        self._exchange_seq = 0
         ranks = dist.get_process_group_ranks(self.group)
         # Bounded, CPU-only control exchanges through the job's key-value store (see the module
         # docstring).
@@ -257,14 +283,22 @@ class Communicator:
     def all_gather(self, obj: Any, what: str) -> List[Any]:
         """All-gather a picklable object over the control group; RuntimeError (naming ``what``)
         when a rank does not arrive within timeout_s."""
-        self._exchange_seq += 1
         try:
-            return self._ctl.all_gather(obj)
+            return self._ctl.all_gather(obj, what)
         except ExchangeTimeout as e:
-            raise RuntimeError(
-                f"rank {self.rank}: control exchange #{self._exchange_seq} ({what}) did not "
-                f"complete within {self.timeout_s:g} s: rank(s) {e.missing} did not arrive "
-                "(another rank raised an error, exited, or called a different op)") from None
+            who = (f"rank(s) {e.missing} did not arrive" if e.missing else
+                   "this rank arrived after another rank had given up waiting")
+            msg = (f"rank {self.rank}: control exchange #{self._ctl.seq} ({what}) did not complete "
+                   f"within {self.timeout_s:g} s: {who} (another rank raised an error, exited, "
+                   "called a different op, or the ranks created a different number of "
+                   "Communicators for this group)")
+        except ExchangeMismatch as e:
+            msg = (f"rank {self.rank}: control exchange #{self._ctl.seq}: the ranks are out of step: "
+                   + ", ".join(f"rank {r} at '{w}'" for r, w in enumerate(e.whats))
+                   + "; every rank must make the same distgemm calls in the same order")
+        # The ranks' exchange sequences no longer match: nothing later could pair up.
+        self._broken = msg + ". This communicator can no longer be used; create a new one on every rank"
+        raise RuntimeError(msg)
 
     def _local_info(self, torch) -> Dict[str, Any]:
         info: Dict[str, Any] = {"host": socket.gethostname(), "device": self.device.index}
@@ -423,6 +457,18 @@ class Communicator:
 
 _LIVE: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
 _DEFAULT: Dict[Any, Communicator] = {}
+
+
+def find_communicator(group=None) -> Optional[Communicator]:
+    """The open communicator the ops use for ``group`` if one exists, else None (never creates
+    one: creating is a collective)."""
+    if isinstance(group, Communicator):
+        return None if group.closed else group
+    comm = _DEFAULT.get(group)
+    if comm is None and group is None:
+        _, dist = _torch()
+        comm = _DEFAULT.get(dist.group.WORLD) if dist.is_initialized() else None
+    return None if comm is None or comm.closed else comm
 
 
 def get_communicator(group=None) -> Communicator:

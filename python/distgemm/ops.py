@@ -35,35 +35,44 @@ CUDA graph capture. The ops are themselves CUDA graph launches whose pointers ar
 calls; they cannot be captured into a user's graph (``torch.cuda.graph``): a call during capture
 raises RuntimeError before anything is enqueued. Capture the rest of the model around them.
 
-Paths. ``path="auto"`` (the default) lets the first call of a plan choose between the overlapped
-plan ("overlap") and the plain collective followed by one torch GEMM ("collective", the NCCL
-baseline itself): it times both on the call's tensors in alternating rounds, takes the maximum
-over the ranks per round and keeps the lower median, so every rank makes the same choice (a few
-ms and some host synchronisations, once per plan; ``path_choices()`` shows the choices and the
-numbers). Small problems, where a collective + GEMM is cheaper than the overlapped plan's extra
-steps, then cost what the baseline costs. ``path="overlap"`` / ``"collective"`` force one path
-(no measurement); the collective path needs a group whose backend runs collectives on CUDA
-tensors (NCCL).
+Paths. ``path="auto"`` (the default; ``DISTGEMM_PATH`` sets another) lets the first call of a
+plan choose between the overlapped plan ("overlap") and the plain collective followed by one
+torch GEMM ("collective", the NCCL baseline itself): it times both on the call's tensors in
+alternating rounds, takes the maximum over the ranks per round and keeps the lower median, so
+every rank makes the same choice (``path_choices()`` shows the choices and the numbers). That
+costs 2 x 6 rounds of ~2 ms of calls, or 2 x 3 rounds of 2 calls when a call takes 5 ms or more
+(about 0.85 s for Llama-405B FC1 at 16k tokens), with host synchronisations, once per plan, i.e.
+again for every new shape. Small problems, where a collective + GEMM is cheaper than the
+overlapped plan's extra steps, then cost what the baseline costs. The choice rests on a
+measurement, so near-ties may go either way between runs. ``path="overlap"`` / ``"collective"``
+force one path (no measurement); the collective path needs a NCCL group (with another backend
+"auto" keeps the plan).
 
-``steps=None`` picks S = TP (one tile per shard; ``default_steps``). Measured on 2x H200 with
-Llama-70B FC1/FC2 (M=8192, bf16), S=TP vs S=2*TP: the C++ runtime's sweep found S=TP best or equal
-for FC1, FC2, QKV and O (benchmarks/results/2026-11-22-gpu-runtime.md), and of two Python-path
-calls one favoured S=4 by 3-4% and the later one, alternating rounds, S=2 by 1-2%
-(benchmarks/results/2026-11-22-python-api.md). Every extra step costs a wave tail and, for
-reduce-scatter, another partial across NVLink, while the transfers are already hidden at S=TP.
+No autograd: the ops have no backward. An input that requires grad while grad mode is on is
+refused (RuntimeError) rather than given a result without a gradient.
+
+``steps=None`` picks S = TP (one tile per shard; ``default_steps``). Measured on 2x H200 over the
+60 Llama-3 cases of benchmarks/results/2026-11-22-llama-sweep.md (TP=2, S=2 vs S=4): S=2 was
+faster in 52 cases in the torchrun sweep and in 52 in the C++ sweep. Where S=4 won, it won by
+0.5-3.4%: 405B FC1/FC2 at 4096-16384 tokens, and a few 8B cases. Every extra step
+costs a wave tail and, for reduce-scatter, another partial across NVLink, while the transfers are
+already hidden at S=TP.
 Pass ``steps`` to choose; ``python -m distgemm.simulate --timeline`` shows the predicted effect.
 """
 from __future__ import annotations
 
 import collections
+import os
 import statistics
+import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from . import _core
-from .comm import GRAPHS_PER_PLAN, MAX_PLANS, Communicator, get_communicator, signature_mismatch
+from .comm import (GRAPHS_PER_PLAN, MAX_PLANS, Communicator, find_communicator, get_communicator,
+                   signature_mismatch)
 
 __all__ = ["all_gather_gemm", "gemm_reduce_scatter", "gemm_all_reduce", "path_choices", "PATHS"]
 
@@ -124,13 +133,36 @@ def check_placement(op: str, device: torch.device,
 
 
 PATHS = ("auto", "overlap", "collective")
+# The path of calls that pass none: DISTGEMM_PATH at import, else "auto". Pinning it (e.g. to
+# "overlap") makes a job's choice reproducible and spares the first calls their measurement.
+PATH_ENV = "DISTGEMM_PATH"
+DEFAULT_PATH = os.environ.get(PATH_ENV, "auto")
 
 
 def check_path(op: str, path) -> str:
-    """``path`` names one of PATHS (ValueError otherwise); returns it."""
-    if path not in PATHS:
+    """``path`` (None: DEFAULT_PATH) names one of PATHS (ValueError otherwise); returns it."""
+    if path is None:
+        path = DEFAULT_PATH
+        if path not in PATHS:
+            raise ValueError(f"{op}: {PATH_ENV}={path!r} is not one of "
+                             f"{', '.join(map(repr, PATHS))}")
+    elif path not in PATHS:
         raise ValueError(f"{op}: path={path!r} is not one of {', '.join(map(repr, PATHS))}")
     return path
+
+
+def check_no_grad(op: str, tensors: Dict[str, Optional[torch.Tensor]]) -> None:
+    """The ops have no backward: refuse inputs that require grad while grad mode is on, rather
+    than return a result autograd cannot see (a training step would silently get no weight
+    gradient)."""
+    if not torch.is_grad_enabled():
+        return
+    for name, t in tensors.items():
+        if t is not None and t.requires_grad:
+            raise RuntimeError(
+                f"{op}: {name} requires grad, but distgemm ops have no backward (autograd) yet: "
+                "call them under torch.no_grad() or torch.inference_mode(), or pass "
+                f"{name}.detach() and compute the gradient yourself")
 
 
 @dataclass
@@ -250,7 +282,7 @@ class _Entry:
     path: Optional[str] = None  # "overlap" or "collective"; None: "auto", not chosen yet
     want_gathered: bool = False  # all_gather_gemm(..., return_gathered=True)
     requested: str = "auto"  # the path argument of the calls
-    scratch: Dict[str, torch.Tensor] = field(default_factory=dict)  # collective path buffers
+    scratch: Dict[Tuple[str, int], torch.Tensor] = field(default_factory=dict)  # (name, stream)
     tuning: Optional[Dict[str, Any]] = None  # the measurement behind an "auto" choice
 
 
@@ -438,6 +470,7 @@ def _collective(op: str, comm: Communicator, entry: _Entry, tensors, out):
     wrappers call, without their per-call argument checks and deprecation shims), the plan's
     buffers reused, and the tensor checks of the overlapped path's fast path."""
     spec, pg, device = entry.spec, comm.group, comm.device
+    stream = _stream_ptr(device)
     a, w, bias = tensors["a"], tensors["w"], tensors.get("bias")
     c = tensors.get("c") if entry.beta != 0.0 else None
     ptrs = {"a": _ptr(op, "a", a, device), "w": _ptr(op, "w", w, device)}
@@ -460,7 +493,7 @@ def _collective(op: str, comm: Communicator, entry: _Entry, tensors, out):
         # buffer per plan, as a hand-written baseline keeps it (a fresh allocation per call makes
         # the caching allocator alternate blocks that NCCL's stream still holds).
         gathered = (torch.empty(shape, dtype=part.dtype, device=part.device)
-                    if entry.want_gathered else _scratch(entry, "gathered", shape, part))
+                    if entry.want_gathered else _scratch(entry, "gathered", shape, part, stream))
         pg._allgather_base(gathered, part).wait()  # wait(): the current stream waits for NCCL
         x, wf = (gathered, w) if rotate_a else (a, gathered)
         if bias is None:
@@ -470,12 +503,14 @@ def _collective(op: str, comm: Communicator, entry: _Entry, tensors, out):
         return (out, gathered) if entry.want_gathered else out
     if spec.schedule == "rs_tile_b":
         # reduce-scatter splits dim 0: reduce D^T = W A^T and transpose this rank's rows.
-        part_t = torch.mm(w, a.t(), out=_scratch(entry, "partial", (w.shape[0], a.shape[0]), a))
-        mine = _scratch(entry, "mine", (part_t.shape[0] // spec.tp, part_t.shape[1]), a)
+        part_t = torch.mm(w, a.t(),
+                          out=_scratch(entry, "partial", (w.shape[0], a.shape[0]), a, stream))
+        mine = _scratch(entry, "mine", (part_t.shape[0] // spec.tp, part_t.shape[1]), a, stream)
         pg._reduce_scatter_base(mine, part_t).wait()  # default op: sum
         out.copy_(mine.t())
     elif spec.schedule == "rs_tile_a":
-        partial = torch.mm(a, w.t(), out=_scratch(entry, "partial", (a.shape[0], w.shape[0]), a))
+        partial = torch.mm(a, w.t(),
+                           out=_scratch(entry, "partial", (a.shape[0], w.shape[0]), a, stream))
         pg._reduce_scatter_base(out, partial).wait()
     else:  # gemm_allreduce
         torch.mm(a, w.t(), out=out)
@@ -487,12 +522,14 @@ def _collective(op: str, comm: Communicator, entry: _Entry, tensors, out):
     return out
 
 
-def _scratch(entry: _Entry, name: str, shape, like: torch.Tensor) -> torch.Tensor:
-    """A buffer of the collective path kept with the plan (calls of one plan run in stream
-    order, like its graph launches)."""
-    t = entry.scratch.get(name)
+def _scratch(entry: _Entry, name: str, shape, like: torch.Tensor, stream: int) -> torch.Tensor:
+    """A buffer of the collective path kept with the plan, one per CUDA stream: calls on one
+    stream are ordered, calls on two streams (e.g. overlapped micro-batches) must not share a
+    buffer that one's NCCL kernel writes while the other's GEMM reads it."""
+    key = (name, stream)
+    t = entry.scratch.get(key)
     if t is None:
-        t = entry.scratch[name] = torch.empty(shape, dtype=like.dtype, device=like.device)
+        t = entry.scratch[key] = torch.empty(shape, dtype=like.dtype, device=like.device)
     return t
 
 
@@ -526,6 +563,10 @@ def _choose_path(op: str, comm: Communicator, entry: _Entry, tensors, out):
     same thing)."""
     runs = {"overlap": lambda: _launch(op, comm, entry, tensors, out),
             "collective": lambda: _collective(op, comm, entry, tensors, out)}
+    why_not = collective_unavailable(comm.group)
+    if why_not:  # the same verdict on every rank: it depends on the group only
+        entry.path, entry.tuning = "overlap", dict(collective_unavailable=why_not)
+        return runs["overlap"]()
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
     def timed(path: str, calls: int) -> float:
@@ -538,24 +579,15 @@ def _choose_path(op: str, comm: Communicator, entry: _Entry, tensors, out):
         for _ in range(calls):
             runs[path]()
         stop.record()
-        stop.synchronize()
+        wait_event(stop, comm.timeout_s, f"{op} path choice ({path} path)", comm)
         return start.elapsed_time(stop) / calls
 
     # One untimed call each (graph upload, NCCL's lazy communicator set-up), then one timed call
-    # to size the rounds; the count must be the same on every rank (collectives).
-    probe: Dict[str, Any] = {"overlap": (runs["overlap"](), timed("overlap", 1))[1]}
-    try:
-        probe["collective"] = (runs["collective"](), timed("collective", 1))[1]
-    except RuntimeError as e:  # e.g. a gloo group, which has no all_gather_into_tensor on CUDA
-        probe["collective"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    # to size the rounds; the count must be the same on every rank (collectives). An error here
+    # propagates: it is a real failure, not a reason to pick the other path on this rank only.
+    probe = {p: (runs[p](), timed(p, 1))[1] for p in runs}
     comm.check()
     probe = comm.all_gather(probe, f"{op} path choice (probe)")
-    broken = [f"rank {r}: {pr['collective']}" for r, pr in enumerate(probe)
-              if isinstance(pr["collective"], str)]
-    if broken:
-        entry.path = "overlap"
-        entry.tuning = dict(collective_unavailable="; ".join(broken))
-        return runs["overlap"]()
     slowest = max(max(pr.values()) for pr in probe)
     calls = max(1, min(TUNE_MAX_CALLS, int(TUNE_ROUND_MS / max(slowest, 1e-3))))
     # Long calls: fewer rounds (their choice is rarely close, and each round costs 2 calls).
@@ -575,14 +607,47 @@ def _choose_path(op: str, comm: Communicator, entry: _Entry, tensors, out):
     return runs[entry.path]()
 
 
+def collective_unavailable(group) -> Optional[str]:
+    """Why the collective path cannot run on ``group`` (None: it can): it needs a backend that
+    runs collectives on CUDA tensors (NCCL). Depends on the group only, so every rank agrees."""
+    import torch.distributed as dist
+
+    try:
+        backend = str(dist.get_backend(group))
+    except Exception as e:  # noqa: BLE001 - an unusual group object: say so, keep the plan
+        return f"the group's backend is unknown ({type(e).__name__}: {e})"
+    if "nccl" not in backend.lower():
+        return f"the group's backend is {backend!r}; the collective path needs NCCL"
+    return None
+
+
+def wait_event(event, timeout_s: float, what: str, comm: Optional[Communicator] = None) -> None:
+    """Wait for a CUDA event with a bound (``torch.cuda.Event.synchronize`` has none): a
+    collective that a rank never joined would otherwise hold this rank until NCCL's watchdog.
+    RuntimeError after ``timeout_s``; the communicator is then marked broken."""
+    deadline = time.monotonic() + timeout_s
+    while not event.query():
+        if time.monotonic() > deadline:
+            msg = (f"{what}: the GPU work did not finish within {timeout_s:g} s (a rank did not "
+                   "join a collective, or a kernel hangs)")
+            if comm is None:
+                raise RuntimeError(msg)
+            comm.mark_broken(msg)
+            comm.raise_if_broken()  # the message with this rank and what to do next
+        time.sleep(2e-5)
+
+
 def path_choices(group=None) -> List[Dict[str, Any]]:
-    """What the cached plans of ``group``'s communicator run: one dict per plan with the op,
+    """What the cached plans of ``group``'s communicator run ([] when it has none yet; never
+    creates a communicator, so any rank may call it alone): one dict per plan with the op,
     schedule, steps, global M/N/K, ``requested`` (the calls' path argument), ``path`` (the path
     it runs: "overlap" or "collective") and, for "auto" plans, the measured medians behind the
     choice (``overlap_ms``, ``collective_ms``: per call, max over ranks), or
     ``collective_unavailable`` with the reason when the collective path could not run."""
-    comm = get_communicator(group)
-    res = []
+    comm = find_communicator(group)  # a lookup: creating a communicator is a collective
+    res: List[Dict[str, Any]] = []
+    if comm is None:
+        return res
     for e in comm.plans.values():
         s = e.spec
         res.append(dict(op=s.op, schedule=s.schedule, steps=s.steps, m=s.m, n=s.n, k=s.k,
@@ -596,7 +661,7 @@ def path_choices(group=None) -> List[Dict[str, Any]]:
 def all_gather_gemm(a_shard: torch.Tensor, w: torch.Tensor, *, bias: Optional[torch.Tensor] = None,
                     schedule: str = "ag_rotate_a", steps: Optional[int] = None,
                     out: Optional[torch.Tensor] = None, return_gathered: bool = False,
-                    group=None, path: str = "auto"):
+                    group=None, path: Optional[str] = None):
     """All-gather along dim 0 overlapped with a GEMM (column-parallel linear layer).
 
     Plain torch equivalent (``schedule="ag_rotate_a"``, the default)::
@@ -624,15 +689,18 @@ def all_gather_gemm(a_shard: torch.Tensor, w: torch.Tensor, *, bias: Optional[to
 
     Args: bf16 or fp16 tensors on this rank's GPU, contiguous, 16-byte aligned; K (and N_local,
     resp. N/S for ag_rotate_b) a multiple of 8. ``steps``: S = k*TP pipeline steps; None:
-    ``default_steps`` (S = TP, measured best or equal on 2x H200).
+    ``default_steps`` (S = TP: the faster S in 52 of 60 Llama-3 cases on 2x H200).
     ``group``: a ProcessGroup (default: the world group) or a ``distgemm.Communicator``.
     ``path``: "auto" (measure both at the first call, keep the faster), "overlap" (the plan) or
-    "collective" (NCCL all-gather + torch GEMM); see the module docstring.
+    "collective" (NCCL all-gather + torch GEMM); None: ``DEFAULT_PATH`` (env DISTGEMM_PATH, else
+    "auto"); see the module docstring. No autograd: inputs that require grad are refused while
+    grad mode is on.
     M must be divisible by S (ag_rotate_a; N by S for ag_rotate_b).
     """
     op = "all_gather_gemm"
-    check_path(op, path)
+    path = check_path(op, path)
     dtype = check_types(op, {"a_shard": a_shard, "w": w, "bias": bias, "out": out})
+    check_no_grad(op, {"a_shard": a_shard, "w": w, "bias": bias})
     key = (op, schedule, steps, dtype,
            (("a_shard", a_shard.shape), ("w", w.shape),
             ("bias", None if bias is None else bias.shape)),
@@ -648,7 +716,7 @@ def gemm_reduce_scatter(a: torch.Tensor, w: torch.Tensor, *, bias: Optional[torc
                         c: Optional[torch.Tensor] = None, beta: float = 0.0,
                         schedule: str = "rs_tile_a", steps: Optional[int] = None,
                         out: Optional[torch.Tensor] = None, group=None,
-                        path: str = "auto") -> torch.Tensor:
+                        path: Optional[str] = None) -> torch.Tensor:
     """A GEMM overlapped with the reduce-scatter of its result (row-parallel linear layer).
 
     Plain torch equivalent (``schedule="rs_tile_a"``, the default: scatter along M)::
@@ -681,7 +749,7 @@ def gemm_reduce_scatter(a: torch.Tensor, w: torch.Tensor, *, bias: Optional[torc
 def gemm_all_reduce(a: torch.Tensor, w: torch.Tensor, *, bias: Optional[torch.Tensor] = None,
                     c: Optional[torch.Tensor] = None, beta: float = 0.0,
                     steps: Optional[int] = None, out: Optional[torch.Tensor] = None,
-                    group=None, path: str = "auto") -> torch.Tensor:
+                    group=None, path: Optional[str] = None) -> torch.Tensor:
     """A GEMM overlapped with the all-reduce of its result (schedule ``gemm_allreduce``:
     reduce-scatter of tiles along M, then all-gather of the finished tiles, in one plan).
 
@@ -711,10 +779,11 @@ def gemm_all_reduce(a: torch.Tensor, w: torch.Tensor, *, bias: Optional[torch.Te
 
 def _gemm_then_reduce(op, schedule, a, w, bias, c, beta, steps, out, group, path):
     """gemm_reduce_scatter and gemm_all_reduce: the same operands, only the plan differs."""
-    check_path(op, path)
+    path = check_path(op, path)
     beta = float(beta)
     c_used = c if beta != 0.0 else None  # like torch.addmm: beta == 0 never reads c
     dtype = check_types(op, {"a": a, "w": w, "bias": bias, "c": c_used, "out": out})
+    check_no_grad(op, {"a": a, "w": w, "bias": bias, "c": c_used})
     key = (op, schedule, steps, dtype,
            (("a", a.shape), ("w", w.shape), ("bias", None if bias is None else bias.shape),
             ("c", None if c_used is None else c_used.shape)),
