@@ -707,6 +707,44 @@ def test_control_exchange_all_gathers_in_rank_order_and_cleans_up():
                         "distgemm/ctl/3-5/1/4/verdict"])
 
 
+def test_control_exchange_over_torchruns_tcp_store():
+    """The store torchrun gives the ranks (a TCPStore server and a client): exchanges in order,
+    stale keys deleted, a timeout bounded and naming the absent rank."""
+    import datetime
+    import threading
+    import time
+
+    import torch.distributed as dist
+
+    server = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=datetime.timedelta(seconds=10),
+                           wait_for_workers=False)
+    client = dist.TCPStore("127.0.0.1", server.port, 2, False,
+                           timeout=datetime.timedelta(seconds=10))
+    comm_mod._EXCHANGES_PER_RANKS.clear()
+    ex = [comm_mod.ControlExchange(server, [0, 1], 0, 5.0)]
+    comm_mod._EXCHANGES_PER_RANKS.clear()
+    ex.append(comm_mod.ControlExchange(client, [0, 1], 1, 5.0))
+    rng = random.Random(11)
+    sent = [[rng.random() for _ in range(3)] for _ in range(2)]
+    got = {}
+
+    def run(r):
+        got[r] = [ex[r].all_gather(x, "plan signature") for x in sent[r]]
+
+    ts = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    assert got[0] == got[1] == [[sent[0][i], sent[1][i]] for i in range(3)]
+    assert not any(server.check([f"distgemm/ctl/0-1/1/{s}/{k}"]) for s in (1, 2)
+                   for k in (0, 1, "verdict"))
+    t0 = time.perf_counter()
+    with pytest.raises(comm_mod.ExchangeTimeout) as e:
+        ex[0].all_gather("alone", "close", timeout_s=0.4)
+    assert e.value.missing == [1] and time.perf_counter() - t0 < 5.0
+
+
 def test_control_exchange_names_the_rank_that_did_not_arrive():
     import time
 
