@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 5's measurements (and the GPU test suites) on one multi-GPU Hopper machine, in named
-# parts so that each fits a time limit; TP = every visible GPU:
+# parts so that each fits a time limit; TP = every visible GPU (issues 6/7: on 4 or 8 GPUs,
+# `api cpp-tests sweep-quick sweep-fc` is the whole TP=4/8 run):
 #
 #   OUT=dir bash benchmarks/run_on_gpus.sh api timeline sweep-quick cpp-sweep-quick cpp-tests
 #   OUT=dir bash benchmarks/run_on_gpus.sh sweep-full cpp-sweep-full
@@ -11,6 +12,7 @@
 #   cpp-tests        python3 -m pytest tests/gpu/test_cpp_bench.py (the C++ runtime grid)
 #   timeline         benchmarks/overlap_timeline.py (per-stream picture of one case)
 #   sweep-quick|full benchmarks/llama_sweep.py [--quick]
+#   sweep-fc         benchmarks/llama_sweep.py --models 70B --layers FC1,FC2 (every token count)
 #   cpp-sweep-quick|full  distgemm_bench --sweep quick|full
 # While the parts run, nvidia-smi samples SM clock, power and throttle reasons every 500 ms
 # ($OUT/smi.csv): the context for every TF/s number. At the end everything under $OUT is packed
@@ -23,6 +25,7 @@ OUT=${OUT:-$PWD/gpu-logs}
 BENCH=${BENCH:-$PWD/build-gpu/distgemm_bench}
 NPROC=${NPROC:-$(nvidia-smi -L | wc -l)}
 mkdir -p "$OUT"
+export DISTGEMM_TEST_TP=$NPROC   # the GPU tests run at TP = every visible GPU
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 { date -u; nvidia-smi --query-gpu=index,name,driver_version,power.limit,clocks.max.sm,memory.total \
     --format=csv; nvidia-smi topo -m
@@ -53,9 +56,10 @@ for p in "$@"; do
     timeline) part timeline 150 torchrun --nproc-per-node "$NPROC" benchmarks/overlap_timeline.py --out "$OUT/timeline" ;;
     sweep-quick) part sweep-quick 200 torchrun --nproc-per-node "$NPROC" benchmarks/llama_sweep.py --quick --out "$OUT/sweep-quick" ;;
     sweep-full) part sweep-full 560 torchrun --nproc-per-node "$NPROC" benchmarks/llama_sweep.py --out "$OUT/sweep-full" ;;
+    sweep-fc) part sweep-fc 300 torchrun --nproc-per-node "$NPROC" benchmarks/llama_sweep.py --models 70B --layers FC1,FC2 --out "$OUT/sweep-fc" ;;
     cpp-sweep-quick) part cpp-sweep-quick 200 "$BENCH" --sweep quick --tp "$NPROC" --csv "$OUT/cpp-sweep-quick/cpp-sweep-quick.csv" ;;
     cpp-sweep-full) part cpp-sweep-full 400 "$BENCH" --sweep full --tp "$NPROC" --csv "$OUT/cpp-sweep-full/cpp-sweep-full.csv" ;;
-    *) echo "unknown part '$p' (api, cpp-tests, timeline, sweep-quick, sweep-full, cpp-sweep-quick, cpp-sweep-full)"; rc=1 ;;
+    *) echo "unknown part '$p' (api, cpp-tests, timeline, sweep-quick, sweep-full, sweep-fc, cpp-sweep-quick, cpp-sweep-full)"; rc=1 ;;
   esac
   tail -n 25 "$OUT/$p.log" 2>/dev/null | cut -c1-250
 done

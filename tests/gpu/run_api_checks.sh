@@ -34,6 +34,6 @@ PY
 DISTGEMM_BENCH=1 DISTGEMM_BENCH_OUT="$OUT/bench.txt" DISTGEMM_TORCHRUN_TIMEOUT=120 python3 -m pytest -q \
   tests/gpu/test_torchrun_api.py::test_python_path_within_2_percent_of_cpp > "$OUT/pytest_bench.log" 2>&1 || rc=1
 tail -4 "$OUT/pytest_bench.log"; cut -c1-200 "$OUT/bench.txt" 2>/dev/null
-timeout 120 torchrun --nproc-per-node 2 examples/tp_mlp.py > "$OUT/tp_mlp.log" 2>&1; echo "tp_mlp rc=$?"
+timeout 120 torchrun --nproc-per-node "${DISTGEMM_TEST_TP:-2}" examples/tp_mlp.py > "$OUT/tp_mlp.log" 2>&1; echo "tp_mlp rc=$?"
 grep tp_mlp: "$OUT/tp_mlp.log"
 exit $rc

@@ -42,12 +42,14 @@ def _gpus():
 
 BENCH = _bench_path()
 NGPU, CAPS = _gpus()
+# TP of these tests (default 2; DISTGEMM_TEST_TP=4 or 8 on a machine with that many GPUs).
+TP = int(os.environ.get("DISTGEMM_TEST_TP", "2"))
 
 pytestmark = [
     pytest.mark.skipif(NGPU == 0, reason="no CUDA GPU (nvidia-smi finds none)"),
-    pytest.mark.skipif(0 < NGPU < 2, reason=f"needs 2 GPUs, found {NGPU}"),
-    pytest.mark.skipif(NGPU >= 2 and not all(c.startswith("9.") for c in CAPS[:2]),
-                       reason=f"needs Hopper (sm_90a) GPUs, found compute capability {CAPS[:2]}"),
+    pytest.mark.skipif(0 < NGPU < TP, reason=f"needs {TP} GPUs (DISTGEMM_TEST_TP), found {NGPU}"),
+    pytest.mark.skipif(NGPU >= TP and not all(c.startswith("9.") for c in CAPS[:TP]),
+                       reason=f"needs Hopper (sm_90a) GPUs, found compute capability {CAPS[:TP]}"),
     pytest.mark.skipif(BENCH is None or not BENCH.exists(),
                        reason="distgemm_bench is not built: cmake -S . -B build-gpu -G Ninja && "
                               "cmake --build build-gpu (or set DISTGEMM_BENCH)"),
@@ -69,7 +71,7 @@ def run_bench(*args, timeout=180):
 
 
 SCHEDULES = ["ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "gemm_allreduce"]
-CASES = [(s, steps, dt, beta, bias) for s in SCHEDULES for steps in (2, 4, 8)
+CASES = [(s, steps, dt, beta, bias) for s in SCHEDULES for steps in (TP, 2 * TP, 4 * TP)
          for dt in ("bf16", "fp16") for beta in ("0", "0.5") for bias in (False, True)]
 
 
@@ -80,7 +82,7 @@ def _case_param(s, st, dt, b, bi):
 
 @pytest.mark.parametrize("schedule,steps,dtype,beta,bias", [_case_param(*c) for c in CASES])
 def test_verifies(schedule, steps, dtype, beta, bias):
-    args = ["--schedule", schedule, "--tp", "2", "--steps", str(steps), "--dtype", dtype,
+    args = ["--schedule", schedule, "--tp", str(TP), "--steps", str(steps), "--dtype", dtype,
             "--beta", beta, *SMALL] + (["--bias"] if bias else [])
     proc, res = run_bench(*args)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -90,7 +92,7 @@ def test_verifies(schedule, steps, dtype, beta, bias):
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_batched_and_graph_update(schedule):
-    proc, res = run_bench("--schedule", schedule, "--tp", "2", "--steps", "4", "--m", "1024",
+    proc, res = run_bench("--schedule", schedule, "--tp", str(TP), "--steps", str(2 * TP), "--m", "1024",
                           "--n", "1024", "--k", "512", "--l", "3", "--beta", "0.5", "--bias",
                           "--alpha", "0.75", "--check-update", "--iterations", "3",
                           "--warmup", "1", "--no-local")
@@ -103,7 +105,7 @@ def test_batched_and_graph_update(schedule):
 @pytest.mark.parametrize("schedule,missing", [("ag_rotate_a", 1), ("rs_tile_a", 0),
                                               ("gemm_allreduce", 1)])
 def test_missing_device_reports_timeout(schedule, missing):
-    proc, res = run_bench("--schedule", schedule, "--tp", "2", "--steps", "2", *SMALL,
+    proc, res = run_bench("--schedule", schedule, "--tp", str(TP), "--steps", str(TP), *SMALL,
                           "--timeout-s", "2", "--simulate-missing-device", str(missing),
                           timeout=60)
     assert proc.returncode == 1
@@ -113,14 +115,14 @@ def test_missing_device_reports_timeout(schedule, missing):
 
 
 def test_misaligned_shape_rejected_before_launch():
-    proc, _ = run_bench("--schedule", "ag_rotate_a", "--tp", "2", "--steps", "2", "--m", "512",
+    proc, _ = run_bench("--schedule", "ag_rotate_a", "--tp", str(TP), "--steps", str(TP), "--m", "512",
                         "--n", "512", "--k", "516")
     assert proc.returncode == 2
     assert "rejected before launch" in proc.stderr and "K=516" in proc.stderr
 
 
 def test_replays_do_not_leak_and_still_verify():
-    proc, res = run_bench("--schedule", "rs_tile_a", "--tp", "2", "--steps", "2", "--m", "4096",
+    proc, res = run_bench("--schedule", "rs_tile_a", "--tp", str(TP), "--steps", str(TP), "--m", "4096",
                           "--n", "4096", "--k", "4096", "--replays", "2000", "--iterations", "5",
                           "--warmup", "2", "--no-local", timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -131,14 +133,15 @@ def test_llama_sweep_subset(tmp_path):
     """`--sweep` on two 70B layers at 4096 tokens: every (case, S) verified and timed beside the
     local kernel; decided by the exit code and the CSV's numbers, the table read for its rows."""
     out = tmp_path / "sweep.csv"
-    proc, _ = run_bench("--sweep", "quick", "--tp", "2", "--models", "70B", "--tokens", "4096",
+    proc, _ = run_bench("--sweep", "quick", "--tp", str(TP), "--models", "70B", "--tokens", "4096",
                         "--layers", "QKV,O", "--csv", str(out), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(out, newline="") as f:
         rows = list(csv.DictReader(f))
     # (M, N, K): QKV N = (64 + 2*8) * 128, K = 8192; O N = 8192, K = 64 * 128.
-    want = {"70B/QKV/M4096/TP2": (4096, 10240, 8192), "70B/O/M4096/TP2": (4096, 8192, 8192)}
-    assert [(r["case"], r["steps"]) for r in rows] == [(c, s) for c in want for s in ("2", "4")]
+    want = {f"70B/QKV/M4096/TP{TP}": (4096, 10240, 8192), f"70B/O/M4096/TP{TP}": (4096, 8192, 8192)}
+    assert [(r["case"], r["steps"]) for r in rows] == [(c, str(s)) for c in want
+                                                       for s in (TP, 2 * TP)]
     for r in rows:
         assert (int(r["m"]), int(r["n"]), int(r["k"])) == want[r["case"]]
         assert r["status"] == "ok", r
@@ -148,7 +151,7 @@ def test_llama_sweep_subset(tmp_path):
         assert ms > 0 and local_ms > 0
         assert float(r["overlap_eff"]) == pytest.approx(local_ms / ms, rel=1e-2)
         flops = 2.0 * want[r["case"]][0] * want[r["case"]][1] * want[r["case"]][2]
-        assert float(r["tflops_per_gpu"]) == pytest.approx(flops / 2 / (ms * 1e-3) / 1e12, rel=1e-2)
+        assert float(r["tflops_per_gpu"]) == pytest.approx(flops / TP / (ms * 1e-3) / 1e12, rel=1e-2)
     for case in want:
         times = {r["steps"]: float(r["ms"]) for r in rows if r["case"] == case}
         assert {r["best_steps"] for r in rows if r["case"] == case} == {min(times, key=times.get)}

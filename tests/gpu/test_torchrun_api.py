@@ -1,4 +1,5 @@
-"""The Python API on 2 Hopper GPUs under torchrun (tests/gpu/torchrun_worker.py does the work).
+"""The Python API on 2 Hopper GPUs under torchrun (tests/gpu/torchrun_worker.py does the work);
+DISTGEMM_TEST_TP=4 (or 8) runs it on that many.
 
     python3 -m pytest -q tests/gpu/test_torchrun_api.py            # correctness, errors, 10k calls
     DISTGEMM_BENCH=1 python3 -m pytest -q tests/gpu/test_torchrun_api.py   # + FC1/FC2 vs the C++ binary
@@ -24,15 +25,17 @@ WORKER = HERE / "torchrun_worker.py"
 SCHEDULES = ["ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "gemm_allreduce"]
 ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
        "PYTHONUNBUFFERED": "1"}
+# Ranks of the torchrun launch = TP (default 2; DISTGEMM_TEST_TP=4 or 8 with that many GPUs).
+TP = int(os.environ.get("DISTGEMM_TEST_TP", "2"))
 
 
 def _skip_reason():
     if not getattr(_core, "cuda_runtime", False):
         return "distgemm was built without the CUDA runtime (no nvcc at build time)"
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if n < 2:
-        return f"needs 2 CUDA GPUs, this machine has {n}"
-    caps = {torch.cuda.get_device_capability(i) for i in range(2)}
+    if n < TP:
+        return f"needs {TP} CUDA GPUs (DISTGEMM_TEST_TP), this machine has {n}"
+    caps = {torch.cuda.get_device_capability(i) for i in range(TP)}
     if any(c[0] != 9 for c in caps):
         return f"needs Hopper GPUs (sm_90), found compute capability {sorted(caps)}"
     return None
@@ -43,7 +46,7 @@ pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_rea
 
 def torchrun(tmp_path, *args, name="api"):
     out = tmp_path / f"{name}.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(WORKER),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(TP), str(WORKER),
            "--out", str(out), *args]
     timeout = float(os.environ.get("DISTGEMM_TORCHRUN_TIMEOUT", "900"))
     try:
@@ -105,7 +108,7 @@ def test_api_under_torchrun(tmp_path):
 
 
 def _cpp_ms(binary, schedule, m, n, k, steps):
-    cmd = [str(binary), "--schedule", schedule, "--tp", "2", "--steps", str(steps), "--m", str(m),
+    cmd = [str(binary), "--schedule", schedule, "--tp", str(TP), "--steps", str(steps), "--m", str(m),
            "--n", str(n), "--k", str(k), "--iterations", "50", "--warmup", "10", "--no-verify",
            "--no-local"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
@@ -128,7 +131,7 @@ def test_python_path_within_2_percent_of_cpp(tmp_path):
     cpp, py, cmds = {}, {}, {}
     for rnd in range(2):
         for name, (sch, m, n, k) in shapes.items():
-            for steps in (2, 4):
+            for steps in (TP, 2 * TP):
                 ms, cmds[(name, steps)] = _cpp_ms(binary, sch, m, n, k, steps)
                 cpp.setdefault((name, steps), []).append(ms)
         proc, data = torchrun(tmp_path, "--sections", "", "--bench", name=f"bench{rnd}")
