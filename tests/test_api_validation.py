@@ -179,26 +179,50 @@ def test_weight_shape_mismatch_is_explained():
         ops.make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, None, t(64, 32), t(24, 16))
 
 
+@pytest.mark.parametrize("mnk,problem", [
+    ((8, 8, 8), ""),
+    ((1, 4096, 8192), ""),
+    ((64, 64, 12), "K=12 of a sub-GEMM is not a multiple of 8 elements: TMA needs 16-byte rows "
+                   "of A and B; pad K"),
+    ((64, 20, 64), "N=20 of a sub-GEMM is not a multiple of 8 elements: TMA needs 16-byte rows "
+                   "of D; pad N or pick S so that N/S is"),
+    ((0, 8, 8), "GEMM extents must be positive, got m=0 n=8 k=8 l=1"),
+    ((1 << 31, 8, 8), "GEMM extents must fit in int32 (CUTLASS problem shape), got m=2147483648 "
+                      "n=8 k=8 l=1"),
+])
+def test_gemm_extent_rule_is_the_kernels(mnk, problem):
+    """The C++ rule the runtime checks before launch, seen from Python (one definition)."""
+    from distgemm import _core
+
+    assert _core.gemm_extent_problem(*mnk) == problem
+    if mnk == (64, 64, 12):  # fp32-sized elements would need multiples of 4
+        assert _core.gemm_extent_problem(64, 64, 12, 1, 4) == ""
+
+
 def test_odd_k_is_rejected_with_the_tma_reason():
-    with pytest.raises(ValueError, match=r"a sub-GEMM of ag_rotate_a has K=12, not a multiple of 8 "
-                                         r"elements: TMA needs 16-byte rows; pad K"):
+    with pytest.raises(ValueError, match=r"all_gather_gemm: K=12 of a sub-GEMM is not a multiple of 8 "
+                                         r"elements: TMA needs 16-byte rows of A and B; pad K \(a "
+                                         r"sub-GEMM of ag_rotate_a; global M=128 N=48 K=12, TP=2, "
+                                         r"S=2\)"):
         ops.make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, None, t(64, 12), t(24, 12))
 
 
 def test_local_k_of_reduce_scatter_must_be_a_multiple_of_8():
-    with pytest.raises(ValueError, match=r"sub-GEMM of rs_tile_a has K=20"):
+    with pytest.raises(ValueError, match=r"K=20 of a sub-GEMM is not a multiple of 8 .* \(a "
+                                         r"sub-GEMM of rs_tile_a;"):
         ops.make_spec("gemm_reduce_scatter", "rs_tile_a", 2, 0, None, t(64, 20), t(48, 20))
 
 
 def test_column_tile_of_rs_tile_b_must_be_a_multiple_of_8():
     # N = 48 split into S = 4 column tiles of 12.
-    with pytest.raises(ValueError, match=r"sub-GEMM of rs_tile_b has N=12, .* pad N or choose S "
-                                         r"\(global M=64 N=48 K=32, TP=2, S=4\)"):
+    with pytest.raises(ValueError, match=r"N=12 of a sub-GEMM is not a multiple of 8 elements: .* "
+                                         r"pad N or pick S so that N/S is \(a sub-GEMM of "
+                                         r"rs_tile_b; global M=64 N=48 K=32, TP=2, S=4\)"):
         ops.make_spec("gemm_reduce_scatter", "rs_tile_b", 2, 0, 4, t(64, 16), t(48, 16))
 
 
 def test_odd_n_local_of_all_gather_is_rejected():
-    with pytest.raises(ValueError, match=r"sub-GEMM of ag_rotate_a has N=20, not a multiple of 8"):
+    with pytest.raises(ValueError, match=r"N=20 of a sub-GEMM is not a multiple of 8"):
         ops.make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, None, t(64, 32), t(20, 32))
 
 

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "all.hpp"
+#include "distgemm/kernel/gemm_extents.hpp"
 #include "distgemm/llama_shapes.hpp"
 #include "distgemm/schedule/plan.hpp"
 
@@ -265,6 +266,10 @@ PYBIND11_MODULE(_core, m) {
 #endif
   register_llama(m);
 
+  m.def("gemm_extent_problem", &distgemm::kernel::gemm_extent_problem, py::arg("m"), py::arg("n"),
+        py::arg("k"), py::arg("l") = 1, py::arg("elem_bytes") = 2,
+        "'' when the GEMM kernel's extent rule (16-byte TMA rows of A, B and D; int32 extents) "
+        "admits a sub-GEMM of m x n x k, else the reason with the values and the fix");
   m.def("schedules", []() {
     py::list out;
     for (const ScheduleDef* s : distgemm::schedules::kAll) out.append(def_dict(*s));

@@ -231,13 +231,13 @@ def make_spec(op: str, schedule: str, tp: int, rank: int, steps: Optional[int],
         raise ValueError(f"{op}: w has shape {_fmt(w.shape)} but {a_name} {_fmt(a.shape)} with "
                          f"{schedule} on TP={tp} needs w of shape {_fmt(local['B'])} "
                          f"(nn.Linear layout [N, K], K={ka} per rank)")
-    # TMA: 16-byte rows and 16-byte aligned tile starts in every sub-GEMM of this rank.
+    # The kernel's extent rule (16-byte TMA rows), from the C++ definition the runtime checks
+    # again before launch, for every sub-GEMM of this rank.
     for g in plan["devices"][rank]["gemms"]:
-        for what, v in (("K", g["k"]), ("N", g["n"])):
-            if (v * 2) % _ALIGN:
-                raise ValueError(f"{op}: a sub-GEMM of {schedule} has {what}={v}, not a multiple "
-                                 f"of 8 elements: TMA needs 16-byte rows; pad {what} or choose S "
-                                 f"(global M={m} N={n} K={k}, TP={tp}, S={steps})")
+        why = _core.gemm_extent_problem(g["m"], g["n"], g["k"], 1, 2)
+        if why:
+            raise ValueError(f"{op}: {why} (a sub-GEMM of {schedule}; global M={m} N={n} K={k}, "
+                             f"TP={tp}, S={steps})")
     shapes: Dict[str, Tuple[int, ...]] = {"a": tuple(local["A"]), "w": tuple(local["B"]),
                                           "out": tuple(local["D"])}
     if bias is not None:

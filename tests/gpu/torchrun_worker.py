@@ -365,7 +365,7 @@ def test_errors(dev):
     expect("odd_k", ValueError,
            lambda: ops.all_gather_gemm(torch.randn(64, 60, device=dev).to(bf),
                                        torch.randn(32, 60, device=dev).to(bf)),
-           "has K=60, not a multiple of 8", same_everywhere=True)
+           "K=60 of a sub-GEMM is not a multiple of 8", same_everywhere=True)
     if tp > 1:
         cross_rank_errors(dev, a, w)
     else:

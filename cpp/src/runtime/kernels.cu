@@ -7,6 +7,7 @@
 #include <string>
 
 #include "distgemm/kernel/gemm.hpp"
+#include "distgemm/kernel/gemm_extents.hpp"
 #include "distgemm/kernel/leading_barrier.cuh"
 
 namespace distgemm::kernel {
@@ -51,21 +52,9 @@ std::string check_operand(const char* name, const void* p, int64_t ld, int64_t b
 
 std::string gemm_can_implement(const GemmDesc& g) {
   const int eb = dtype_bytes(g.dtype);
-  if (g.m < 1 || g.n < 1 || g.k < 1 || g.l < 1)
-    return "GEMM extents must be positive, got m=" + s(g.m) + " n=" + s(g.n) + " k=" + s(g.k) +
-           " l=" + s(g.l);
-  const int64_t lim = (int64_t(1) << 31) - 1;
-  if (g.m > lim || g.n > lim || g.k > lim || g.l > lim)
-    return "GEMM extents must fit in int32 (CUTLASS problem shape), got m=" + s(g.m) +
-           " n=" + s(g.n) + " k=" + s(g.k) + " l=" + s(g.l);
+  std::string e = gemm_extent_problem(g.m, g.n, g.k, g.l, eb);
+  if (!e.empty()) return e;
   if (!g.a || !g.b || !g.d) return "internal: GEMM without A, B or D pointer";
-  if (g.k % (16 / eb) != 0)
-    return "K=" + s(g.k) + " of a sub-GEMM is not a multiple of " + s(16 / eb) +
-           " elements: TMA needs 16-byte rows of A and B; pad K";
-  if (g.n % (16 / eb) != 0)
-    return "N=" + s(g.n) + " of a sub-GEMM is not a multiple of " + s(16 / eb) +
-           " elements: TMA needs 16-byte rows of D; pad N or pick S so that N/S is";
-  std::string e;
   if (!(e = check_operand("A", g.a, g.lda, g.batch_a, g.l, eb)).empty()) return e;
   if (!(e = check_operand("B", g.b, g.ldb, g.batch_b, g.l, eb)).empty()) return e;
   if (!(e = check_operand("D", g.d, g.ldd, g.batch_d, g.l, eb)).empty()) return e;
