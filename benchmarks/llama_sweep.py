@@ -729,10 +729,17 @@ def write_outputs(records: Sequence[Dict[str, Any]], stem: str, meta: Dict[str, 
         json.dump(dict(meta=dict(meta, complete=final),
                        records=[dict(r, derived=derived(r), targets=targets(r)) for r in records]),
                   f, indent=1)
-    if not final:
-        return
+    if final:
+        _report(records, stem, statuses=True)
+        print(f"wrote {stem}.csv, {stem}.json in {meta['seconds']} s", flush=True)
+
+
+def _report(records: Sequence[Dict[str, Any]], stem: str, statuses: bool) -> Optional[str]:
+    """The stdout table (with a line per case that was not measured and per unavailable
+    variant when ``statuses``), the acceptance summary and ``stem``.png. Returns why the PNG was
+    not drawn, or None."""
     print(format_table(records), flush=True)
-    for r in records:
+    for r in records if statuses else ():
         if r["status"] != "ok":
             print(f"{r['status'].upper()} {r['case']}: {r['reason']}", flush=True)
         for k_, v in r.get("unavailable", {}).items():
@@ -743,7 +750,7 @@ def write_outputs(records: Sequence[Dict[str, Any]], stem: str, meta: Dict[str, 
     except Exception as e:  # noqa: BLE001 - never lose the numbers or hang rank 1 over a plot
         why = f"plot failed: {type(e).__name__}: {e}"
     print(f"plot: {'skipped: ' + why if why else stem + '.png'}", flush=True)
-    print(f"wrote {stem}.csv, {stem}.json in {meta['seconds']} s", flush=True)
+    return why
 
 
 def replot(path: str, out_dir: str) -> int:
@@ -753,14 +760,10 @@ def replot(path: str, out_dir: str) -> int:
         data = json.load(f)
     records = data["records"]
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, os.path.basename(path)[:-len(".json")] + ".csv"), "w") as f:
+    stem = os.path.join(out_dir, os.path.basename(path)[:-len(".json")])
+    with open(stem + ".csv", "w") as f:
         f.write(to_csv(records))
-    print(format_table(records))
-    print(target_summary(records))
-    png = os.path.join(out_dir, os.path.basename(path)[:-len(".json")] + ".png")
-    why = plot(records, png)
-    print(f"plot: {'skipped: ' + why if why else png}")
-    return 0 if why is None else 1
+    return 0 if _report(records, stem, statuses=False) is None else 1
 
 
 def main(argv=None) -> int:

@@ -209,7 +209,7 @@ class ControlExchange:
         return [o for _, o in got]
 
 
-def _default_store(dist):
+def _default_store():
     """The store the default process group was set up with (torchrun's TCPStore)."""
     from torch.distributed import distributed_c10d
 
@@ -272,7 +272,7 @@ class Communicator:
         ranks = dist.get_process_group_ranks(self.group)
         # Bounded, CPU-only control exchanges through the job's key-value store (see the module
         # docstring).
-        self._ctl = ControlExchange(_default_store(dist), ranks, self.rank, self.timeout_s)
+        self._ctl = ControlExchange(_default_store(), ranks, self.rank, self.timeout_s)
         infos = self.all_gather(self._local_info(torch), "setup (host, GPU and peer-access check)")
         problem = check_group_info(infos, os.environ.get(SHARED_GPU_ENV) == "1")
         if problem:
@@ -463,32 +463,27 @@ def find_communicator(group=None) -> Optional[Communicator]:
     """The open communicator the ops use for ``group`` if one exists, else None (never creates
     one: creating is a collective)."""
     if isinstance(group, Communicator):
-        return None if group.closed else group
-    comm = _DEFAULT.get(group)
+        return None if group._closed else group
+    comm = _DEFAULT.get(group)  # group None: the world group's, found without asking torch
     if comm is None and group is None:
         _, dist = _torch()
         comm = _DEFAULT.get(dist.group.WORLD) if dist.is_initialized() else None
-    return None if comm is None or comm.closed else comm
+    return None if comm is None or comm._closed else comm
 
 
 def get_communicator(group=None) -> Communicator:
     """The communicator the ops use for ``group``: a Communicator passes through; a process group
     (default: the world group) gets one, created on first use (a collective)."""
-    if group is None:
-        comm = _DEFAULT.get(None)
-        if comm is not None and not comm._closed:
-            return comm
     if isinstance(group, Communicator):
         group._require_open()
         return group
-    _, dist = _torch()
-    key = group if group is not None else (dist.group.WORLD if dist.is_initialized() else None)
-    comm = _DEFAULT.get(key)
-    if comm is None or comm.closed:
-        comm = Communicator(group)
-        _DEFAULT[key] = comm
-    if group is None:
-        _DEFAULT[None] = comm  # the world group's communicator, found without asking torch
+    comm = find_communicator(group)
+    if comm is None:
+        _, dist = _torch()
+        key = group if group is not None else (dist.group.WORLD if dist.is_initialized() else None)
+        comm = _DEFAULT[key] = Communicator(group)
+        if group is None:
+            _DEFAULT[None] = comm
     return comm
 
 

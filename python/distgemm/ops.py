@@ -281,7 +281,6 @@ class _Entry:
     out_shape: Tuple[int, ...] = ()
     path: Optional[str] = None  # "overlap" or "collective"; None: "auto", not chosen yet
     want_gathered: bool = False  # all_gather_gemm(..., return_gathered=True)
-    requested: str = "auto"  # the path argument of the calls
     scratch: Dict[Tuple[str, int], torch.Tensor] = field(default_factory=dict)  # (name, stream)
     tuning: Optional[Dict[str, Any]] = None  # the measurement behind an "auto" choice
 
@@ -325,13 +324,18 @@ def _create_entry(comm: Communicator, key, make) -> _Entry:
         raise ValueError(problem)
     entry = _Entry(spec=spec, dtype=dtype, beta=beta, has_bias=has_bias, ws=None, bases=[],
                    graphs=collections.OrderedDict(), out_shape=torch.Size(spec.shapes["out"]),
-                   path=None if path == "auto" else path, want_gathered=gathered,
-                   requested=path)
-    if entry.path == "collective":  # never launches a plan: no workspace, no graph
-        if len(comm.plans) >= MAX_PLANS:
-            comm.drop_plan(next(iter(comm.plans)))
-        comm.plans[key] = entry
-        return entry
+                   path=None if path == "auto" else path, want_gathered=gathered)
+    if entry.path != "collective":  # the collective path launches no plan: no workspace
+        _attach_workspace(comm, entry, gathered)
+    if len(comm.plans) >= MAX_PLANS:
+        comm.drop_plan(next(iter(comm.plans)))
+    comm.plans[key] = entry
+    return entry
+
+
+def _attach_workspace(comm: Communicator, entry: _Entry, gathered: bool) -> None:
+    """The symmetric workspace of a plan that launches, and the recipe of its gathered operand."""
+    spec = entry.spec
     layout = _core.workspace_layout(spec.schedule, spec.tp, spec.steps, spec.m, spec.n, spec.k,
                                     1, 2)
     entry.ws, entry.bases = comm.workspace_for(layout)
@@ -341,11 +345,7 @@ def _create_entry(comm: Communicator, key, make) -> _Entry:
         if slot_elems:
             # This rank's slots start at its shifted base (slots_offset is 0 in Plan::layout).
             raw = _RawCuda(entry.bases[comm.rank] + int(layout["slots_offset"]), slot_elems)
-            entry.slots = torch.as_tensor(raw, device=comm.device).view(dtype)
-    if len(comm.plans) >= MAX_PLANS:
-        comm.drop_plan(next(iter(comm.plans)))
-    comm.plans[key] = entry
-    return entry
+            entry.slots = torch.as_tensor(raw, device=comm.device).view(entry.dtype)
 
 
 def _graph(comm: Communicator, entry: _Entry, ptrs: Tuple[int, int, int, int, int]):
@@ -410,17 +410,15 @@ def _run(op: str, group, key, make, tensors: Dict[str, Optional[torch.Tensor]],
         plans.move_to_end(key)  # LRU order (O(1), cheaper than checking whether it is needed)
     if entry.path == "overlap":
         return _launch(op, comm, entry, tensors, out)
-    if out is not None and out.shape != entry.out_shape:
-        raise ValueError(f"{op}: out has shape {_fmt(out.shape)}, expected "
-                         f"{_fmt(entry.out_shape)}")
     if entry.path == "collective":
         return _collective(op, comm, entry, tensors, out)
     return _choose_path(op, comm, entry, tensors, out)
 
 
-def _launch(op: str, comm: Communicator, entry: _Entry, tensors, out):
-    """The overlapped path: replay this rank's CUDA graph of the plan."""
-    device = comm.device
+def _user_ptrs(op: str, entry: _Entry, tensors, out, device):
+    """The per-call checks of both paths (the fast path of check_placement, the output's shape,
+    no aliasing with an input) and the output, allocated when not given. Returns
+    ((a, w, c, out, bias) data pointers, 0 where absent; out)."""
     a, w = tensors["a"], tensors["w"]
     c = tensors.get("c") if entry.beta != 0.0 else None
     bias = tensors.get("bias")
@@ -430,16 +428,22 @@ def _launch(op: str, comm: Communicator, entry: _Entry, tensors, out):
     pb = 0 if bias is None else _ptr(op, "bias", bias, device)
     if out is None:
         out = torch.empty(entry.out_shape, dtype=entry.dtype, device=device)
-        po = out.data_ptr()
-    else:
-        if out.shape != entry.out_shape:
-            raise ValueError(f"{op}: out has shape {_fmt(out.shape)}, expected "
-                             f"{_fmt(entry.out_shape)}")
-        po = _ptr(op, "out", out, device)
-        if po in (pa, pw, pc, pb):
-            name = {pa: "a", pw: "w", pc: "c", pb: "bias"}[po]
-            raise ValueError(f"{op}: out shares memory with {name}; pass a separate output")
-    ptrs = (pa, pw, pc, po, pb)
+        return (pa, pw, pc, out.data_ptr(), pb), out
+    po = _ptr(op, "out", out, device)
+    if po in (pa, pw, pc, pb):
+        name = {pa: "a", pw: "w", pc: "c", pb: "bias"}[po]
+        raise ValueError(f"{op}: out shares memory with {name}; pass a separate output")
+    if out.shape != entry.out_shape:
+        raise ValueError(f"{op}: out has shape {_fmt(out.shape)}, expected "
+                         f"{_fmt(entry.out_shape)}")
+    return (pa, pw, pc, po, pb), out
+
+
+def _launch(op: str, comm: Communicator, entry: _Entry, tensors, out):
+    """The overlapped path: replay this rank's CUDA graph of the plan."""
+    device = comm.device
+    a, w = tensors["a"], tensors["w"]
+    ptrs, out = _user_ptrs(op, entry, tensors, out, device)
     g = _graph(comm, entry, ptrs)
     err = g.error()
     if err:
@@ -468,23 +472,12 @@ def _collective(op: str, comm: Communicator, entry: _Entry, tensors, out):
     Written for host time, since it is chosen for small problems whose calls take tens of us:
     the process group's own methods (``_allgather_base`` etc., what ``torch.distributed``'s
     wrappers call, without their per-call argument checks and deprecation shims), the plan's
-    buffers reused, and the tensor checks of the overlapped path's fast path."""
+    buffers reused, and the overlapped path's per-call checks (``_user_ptrs``)."""
     spec, pg, device = entry.spec, comm.group, comm.device
     stream = _stream_ptr(device)
     a, w, bias = tensors["a"], tensors["w"], tensors.get("bias")
     c = tensors.get("c") if entry.beta != 0.0 else None
-    ptrs = {"a": _ptr(op, "a", a, device), "w": _ptr(op, "w", w, device)}
-    if c is not None:
-        ptrs["c"] = _ptr(op, "c", c, device)
-    if bias is not None:
-        ptrs["bias"] = _ptr(op, "bias", bias, device)
-    if out is None:
-        out = torch.empty(entry.out_shape, dtype=entry.dtype, device=device)
-    else:
-        po = _ptr(op, "out", out, device)
-        for name, p in ptrs.items():
-            if p == po:
-                raise ValueError(f"{op}: out shares memory with {name}; pass a separate output")
+    _, out = _user_ptrs(op, entry, tensors, out, device)
     if op == "all_gather_gemm":
         rotate_a = spec.schedule == "ag_rotate_a"
         part = a if rotate_a else w
@@ -648,10 +641,10 @@ def path_choices(group=None) -> List[Dict[str, Any]]:
     res: List[Dict[str, Any]] = []
     if comm is None:
         return res
-    for e in comm.plans.values():
+    for key, e in comm.plans.items():
         s = e.spec
         res.append(dict(op=s.op, schedule=s.schedule, steps=s.steps, m=s.m, n=s.n, k=s.k,
-                        requested=e.requested, path=e.path, **(e.tuning or {})))
+                        requested=key[-1], path=e.path, **(e.tuning or {})))
     return res
 
 
