@@ -14,6 +14,9 @@
 #   sweep-quick|full benchmarks/llama_sweep.py [--quick]
 #   sweep-fc         benchmarks/llama_sweep.py --models 70B --layers FC1,FC2 (every token count)
 #   cpp-sweep-quick|full  distgemm_bench --sweep quick|full
+#   cpp-variants     the quick C++ sweep per (reduce-scatter partial transport, PDL) pair, twice,
+#                    at TP = every GPU and TP = 2 (benchmarks/compare_variants.py summarises)
+# CPP_TESTS_K narrows cpp-tests to a pytest -k expression.
 # While the parts run, nvidia-smi samples SM clock, power and throttle reasons every 500 ms
 # ($OUT/smi.csv): the context for every TF/s number. At the end everything under $OUT is packed
 # into $OUT/gpu-session.tgz (the device tool returns at most 8 files).
@@ -52,14 +55,29 @@ part() {  # part NAME TIMEOUT_S COMMAND...
 for p in "$@"; do
   case $p in
     api) part api 300 env OUT="$OUT/api" API_TIMEOUT=240 bash tests/gpu/run_api_checks.sh ;;
-    cpp-tests) part cpp-tests ${CPP_TESTS_S:-330} env DISTGEMM_BENCH="$BENCH" python3 -m pytest -q -x -rs tests/gpu/test_cpp_bench.py ;;
+    cpp-tests) part cpp-tests ${CPP_TESTS_S:-330} env DISTGEMM_BENCH="$BENCH" python3 -m pytest -q -x -rs \
+                 ${CPP_TESTS_K:+-k "$CPP_TESTS_K"} tests/gpu/test_cpp_bench.py ;;
+    cpp-variants) part cpp-variants ${CPP_VARIANTS_S:-300} bash -c '
+        # The quick C++ sweep (70B x 4 layers x 4096/8192 tokens, S = TP and 2TP, verified) under
+        # each (partial transport, PDL) pair, in two interleaved rounds (drift shows as the
+        # round-to-round spread), at TP = every GPU and at TP = 2; one CSV per run.
+        set -u; rc=0
+        for tp in $(echo "$0 2" | tr " " "\n" | sort -un); do
+          for round in 1 2; do
+            for via in epilogue copy; do for pdl in pdl no-pdl; do
+              "$1" --sweep quick --tp $tp --partial-via $via --$pdl \
+                --csv "$2/tp$tp-$via-$pdl-r$round.csv" > "$2/tp$tp-$via-$pdl-r$round.log" 2>&1 || rc=1
+              echo "tp=$tp round=$round $via $pdl rc=$?"
+            done; done
+          done
+        done; exit $rc' "$NPROC" "$BENCH" "$OUT/cpp-variants" ;;
     timeline) part timeline 150 torchrun --nproc-per-node "$NPROC" benchmarks/overlap_timeline.py --out "$OUT/timeline" ;;
     sweep-quick) part sweep-quick 200 torchrun --nproc-per-node "$NPROC" benchmarks/llama_sweep.py --quick --out "$OUT/sweep-quick" ;;
     sweep-full) part sweep-full 560 torchrun --nproc-per-node "$NPROC" benchmarks/llama_sweep.py --out "$OUT/sweep-full" ;;
     sweep-fc) part sweep-fc 300 torchrun --nproc-per-node "$NPROC" benchmarks/llama_sweep.py --models 70B --layers FC1,FC2 --out "$OUT/sweep-fc" ;;
     cpp-sweep-quick) part cpp-sweep-quick 200 "$BENCH" --sweep quick --tp "$NPROC" --csv "$OUT/cpp-sweep-quick/cpp-sweep-quick.csv" ;;
     cpp-sweep-full) part cpp-sweep-full 400 "$BENCH" --sweep full --tp "$NPROC" --csv "$OUT/cpp-sweep-full/cpp-sweep-full.csv" ;;
-    *) echo "unknown part '$p' (api, cpp-tests, timeline, sweep-quick, sweep-full, sweep-fc, cpp-sweep-quick, cpp-sweep-full)"; rc=1 ;;
+    *) echo "unknown part '$p' (api, cpp-tests, cpp-variants, timeline, sweep-quick, sweep-full, sweep-fc, cpp-sweep-quick, cpp-sweep-full)"; rc=1 ;;
   esac
   tail -n 25 "$OUT/$p.log" 2>/dev/null | cut -c1-250
 done

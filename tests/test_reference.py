@@ -28,6 +28,21 @@ def test_reference_matches_full_gemm(schedule, tp, steps, l):
     assert err < TOL, f"relative Frobenius error {err} (alpha={alpha}, beta={beta})"
 
 
+RING = ["rs_tile_a", "rs_tile_b", "gemm_allreduce"]
+RING_CASES = [(tp, tp * k, l) for tp in (1, 2, 3, 4, 8) for k in (1, 2) for l in (1, 2)]
+
+
+@pytest.mark.parametrize("schedule", RING)
+@pytest.mark.parametrize("tp,steps,l", RING_CASES, ids=[f"tp{t}-S{s}-L{l}" for t, s, l in RING_CASES])
+def test_reference_matches_with_partials_by_copy_engine(schedule, tp, steps, l):
+    rng = random.Random(hash(("copy", schedule, tp, steps, l)) & 0xFFFF)
+    plan = build_plan(schedule, tp, steps, l=l, partial_via="copy", **random_shape(rng, tp, steps))
+    alpha, beta = rng.choice([1.0, -1.25]), rng.choice([0.0, 0.75])
+    err = run_reference(plan, alpha=alpha, beta=beta, use_bias=rng.random() < 0.5,
+                        seed=rng.randint(0, 10**6))
+    assert err < TOL, f"relative Frobenius error {err} (alpha={alpha}, beta={beta})"
+
+
 def test_outputs_are_fully_written_and_nan_poisoned_otherwise():
     plan = build_plan("ag_rotate_b", 2, 4, m=16, n=32, k=8)
     inputs = reference_inputs(plan, seed=3)

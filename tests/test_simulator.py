@@ -30,6 +30,64 @@ def test_invariants_hold(schedule, tp, steps, l):
     assert all(len(dev["gemms"]) == steps for dev in plan["devices"])
 
 
+RING = ["rs_tile_a", "rs_tile_b", "gemm_allreduce"]  # schedules with partials
+
+
+@pytest.mark.parametrize("schedule", RING)
+@pytest.mark.parametrize("tp,steps", GRID, ids=[f"tp{t}-S{s}" for t, s in GRID])
+@pytest.mark.parametrize("l", [1, 2], ids=["L1", "L2"])
+def test_invariants_hold_with_partials_by_copy_engine(schedule, tp, steps, l):
+    plan = build_plan(schedule, tp, steps, partial_via="copy", **shape_for(tp, steps, l))
+    assert plan["partial_via"] == "copy"
+    violations = check_plan(plan)
+    assert violations == [], "\n".join(map(str, violations))
+
+
+def test_partials_by_copy_engine_stage_locally_then_push_and_signal():
+    tp, S = 4, 8
+    shape = dict(m=64, n=16, k=32)
+    by_epi = build_plan("rs_tile_a", tp, S, partial_via="epilogue", **shape)
+    by_copy = build_plan("rs_tile_a", tp, S, partial_via="copy", **shape)
+    k = S // tp
+    slot = (64 // S) * 16  # one slot: a tile of D, [M/S][N]
+    # Staging doubles the partial slots; the receive slots and flags stay where they were.
+    assert by_copy["slot_elems"] == 2 * by_epi["slot_elems"] == 2 * (S - k) * slot
+    assert by_copy["num_flags"] == by_epi["num_flags"] == S - k
+    for d, (de, dc) in enumerate(zip(by_epi["devices"], by_copy["devices"])):
+        assert de["copies"] == []
+        assert len(dc["copies"]) == S - k
+        for i, (ge, gc) in enumerate(zip(de["gemms"], dc["gemms"])):
+            assert gc["partial"] == ge["partial"] and gc["waits"] == ge["waits"]
+            if i >= S - k:  # final visits: unchanged
+                assert gc == ge
+                continue
+            # The GEMM writes its own staging slot and signals nothing ...
+            assert gc["d"] == {**ge["d"], "device": d, "offset": (S - k + i) * slot}
+            assert gc["signals"] == []
+            # ... and a copy after it pushes the slot to where the epilogue wrote, then signals.
+            cp = dc["copies"][i]
+            assert cp["after_gemm"] == i and cp["waits"] == []
+            assert cp["src"] == gc["d"] and cp["dst"] == ge["d"] and cp["dst"]["device"] == (d - 1) % tp
+            assert cp["signals"] == ge["signals"]
+            assert (cp["rows"], cp["cols"]) == (64 // S, 16)
+    assert distgemm.workspace_bytes(by_copy) > distgemm.workspace_bytes(by_epi)
+
+
+def test_partial_via_is_validated_and_ignored_by_all_gather():
+    with pytest.raises(ValueError, match="partial_via='smem' is not one of 'epilogue', 'copy'"):
+        build_plan("rs_tile_a", 2, 2, m=64, n=64, k=64, partial_via="smem")
+    ag = build_plan("ag_rotate_a", 2, 2, m=64, n=64, k=64, partial_via="copy")
+    assert ag["partial_via"] == "epilogue"
+    assert ag == build_plan("ag_rotate_a", 2, 2, m=64, n=64, k=64)
+
+
+def test_cli_partial_via_copy(capsys):
+    rc, out, _ = run_cli(capsys, "--schedule", "rs_tile_a", "--tp", "2", "--steps", "4",
+                         "--partial-via", "copy", "--m", "64", "--n", "64", "--k", "64", "--timeline")
+    assert rc == 0, out
+    assert "partials travel by the copy engine" in out and "all invariants hold" in out
+
+
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_invariants_at_llama_shape(schedule):
     """The checker works on region labels, not elements: a Llama-70B-sized plan checks quickly."""

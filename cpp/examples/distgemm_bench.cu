@@ -8,10 +8,14 @@
 //                  --l 1 --dtype bf16 --iterations 50 --warmup 10 [--beta 0.5] [--bias]
 //                  [--timeout-s 5] [--replays 10000] [--simulate-missing-device D]
 //                  [--check-update] [--no-verify] [--no-local] [--warmup-ms 1000]
-//                  [--swizzle 8] [--raster 0] [--pdl] [--verify-rows R]
+//                  [--swizzle 8] [--raster 0] [--pdl|--no-pdl] [--partial-via epilogue|copy]
+//                  [--verify-rows R]
 //   distgemm_bench --sweep [quick|full] [--tp T] [--models 8B,70B] [--tokens 4096,8192]
 //                  [--layers QKV,O] [--csv PATH] [--dry-run] [--verify-rows 256]
-//                  [--warmup-ms 300] [--iterations auto] [--dtype bf16] [--pdl] ...
+//                  [--warmup-ms 300] [--iterations auto] [--dtype bf16] [--pdl|--no-pdl] ...
+// --pdl/--no-pdl: programmatic dependent launch between the GEMM steps (default: where it pays,
+// device::pdl_by_default); --partial-via: how reduce-scatter partials reach the next device
+// (default: schedule::default_plan_options).
 //
 // Single case: prints one line `RESULT key=value ...` (parsed by tests/gpu/test_cpp_bench.py).
 // Exit code: 0 verified (and timed), 1 verification failure or runtime error (a timeout report
@@ -94,7 +98,8 @@ struct Args {
   int missing = -1;
   bool check_update = false, verify = true, local = true;
   int swizzle = device::GraphOptions{}.swizzle, raster = device::GraphOptions{}.raster;
-  bool pdl = false;
+  device::GraphOptions::Pdl pdl = device::GraphOptions::Pdl::Auto;  // --pdl / --no-pdl
+  std::string partial_via;  // --partial-via epilogue|copy; empty: the library default
   uint64_t seed = 1234;
   int64_t verify_rows = 0;  // rows of D checked against the reference; 0: all
   // Sweep mode (sweep non-empty: "quick" or "full").
@@ -110,11 +115,13 @@ struct Args {
                "--k K [--l L] [--dtype bf16|fp16] [--iterations I|auto] [--warmup W] "
                "[--warmup-ms T] [--alpha A] [--beta B] [--bias] [--timeout-s T] [--replays R] "
                "[--simulate-missing-device D] [--check-update] [--no-verify] [--no-local] "
-               "[--seed X] [--swizzle 1|2|4|8] [--raster 0|1|2] [--pdl] [--verify-rows R]\n"
+               "[--seed X] [--swizzle 1|2|4|8] [--raster 0|1|2] [--pdl|--no-pdl] "
+               "[--partial-via epilogue|copy] [--verify-rows R]\n"
                "       distgemm_bench --sweep [quick|full] [--tp T] [--models 8B,70B,405B] "
                "[--tokens 1024,...,16384] [--layers QKV,O,FC1,FC2] [--csv PATH] [--dry-run] "
                "[--dtype bf16|fp16] [--iterations I|auto] [--warmup W] [--warmup-ms T>=200] "
-               "[--timeout-s T] [--seed X] [--swizzle 1|2|4|8] [--raster 0|1|2] [--pdl] "
+               "[--timeout-s T] [--seed X] [--swizzle 1|2|4|8] [--raster 0|1|2] [--pdl|--no-pdl] "
+               "[--partial-via epilogue|copy] "
                "[--verify-rows R]\n",
                why.c_str());
   std::exit(2);
@@ -204,7 +211,13 @@ Args parse(int argc, char** argv) {
       else if (k == "--seed") a.seed = std::stoull(val());
       else if (k == "--swizzle") a.swizzle = std::stoi(val());
       else if (k == "--raster") a.raster = std::stoi(val());
-      else if (k == "--pdl") a.pdl = true;
+      else if (k == "--pdl") a.pdl = device::GraphOptions::Pdl::On;
+      else if (k == "--no-pdl") a.pdl = device::GraphOptions::Pdl::Off;
+      else if (k == "--partial-via") {
+        a.partial_via = val();
+        if (a.partial_via != "epilogue" && a.partial_via != "copy")
+          usage("--partial-via takes epilogue or copy, got " + a.partial_via);
+      }
       else if (k == "--verify-rows") a.verify_rows = std::stoll(val());
       else if (k == "--sweep") {
         // The kind is optional: `--sweep` alone is the full sweep.
@@ -448,7 +461,11 @@ std::unique_ptr<Setup> make_setup(const Args& a, const schedule::ScheduleDef& de
                                   int tp, int steps, const std::vector<int>& devs,
                                   kernel::DType dt) {
   auto s = std::make_unique<Setup>();
-  s->plan = schedule::build_plan(def, prob, tp, steps);
+  schedule::PlanOptions popt = schedule::default_plan_options(def, tp, steps);
+  if (!a.partial_via.empty())
+    popt.partial_via = a.partial_via == "copy" ? schedule::PartialVia::CopyEngine
+                                               : schedule::PartialVia::Epilogue;
+  s->plan = schedule::build_plan(def, prob, tp, steps, popt);
   s->devs = devs;
   const auto& pt = s->plan.partition();
   const Extent2 la = pt.local_a(prob, tp), lb = pt.local_b(prob, tp), ld = pt.local_d(prob, tp);
@@ -786,9 +803,10 @@ int run(Args a) {
   }
   const auto st = s->graphs[0]->stats();
   std::printf("plan: %s tp=%d S=%d workspace %.1f MiB/device; graph dev0: %d GEMM, %d copy, %d "
-              "signal nodes, %d wait kernels\n",
+              "signal nodes, %d wait kernels; pdl=%d partial_via=%s\n",
               a.schedule.c_str(), a.tp, a.steps, s->plan.extra_bytes(2) / 1048576.0,
-              st.gemm_nodes, st.copy_nodes, st.signal_nodes, st.wait_kernels);
+              st.gemm_nodes, st.copy_nodes, st.signal_nodes, st.wait_kernels, st.pdl ? 1 : 0,
+              schedule::partial_via_name(s->plan.partial_via));
   std::fflush(stdout);
 
   // Missing device: launch every graph but one; the others must report the timeout and the
@@ -910,12 +928,13 @@ int run(Args a) {
       "RESULT schedule=%s tp=%d steps=%d m=%lld n=%lld k=%lld l=%lld dtype=%s beta=%g bias=%d "
       "rel_err=%.3e rel_err_update=%.3e rel_err_replays=%.3e verify=%s ms=%.4f "
       "tflops_per_gpu=%.1f local_ms=%.4f local_tflops=%.1f overlap_eff=%.4f update_ms=%.3f "
-      "rebuild_ms=%.3f swizzle=%d raster=%d pdl=%d verify_rows=%lld\n",
+      "rebuild_ms=%.3f swizzle=%d raster=%d pdl=%d partial_via=%s verify_rows=%lld\n",
       a.schedule.c_str(), a.tp, a.steps, (long long)a.m, (long long)a.n, (long long)a.k,
       (long long)a.l, a.dtype.c_str(), a.beta, a.bias ? 1 : 0, rel_err, rel_err_update,
       rel_err_replays, a.verify ? (ok ? "PASS" : "FAIL") : "SKIP", ms, tflops, local_ms,
       local_ms > 0 ? tflops_per_gpu(prob, a.tp, local_ms) : -1.0, eff, update_ms, rebuild_ms,
-      a.swizzle, a.raster, a.pdl ? 1 : 0, (long long)(g ? g->checked : 0));
+      a.swizzle, a.raster, st.pdl ? 1 : 0, schedule::partial_via_name(s->plan.partial_via),
+      (long long)(g ? g->checked : 0));
   if (!ok)
     std::fprintf(stderr, "error: verification failed (relative error >= %.0e or NaN)\n", kTolerance);
   return ok ? 0 : 1;

@@ -110,6 +110,17 @@ ScheduleDef resolve(const py::object& schedule) {
   throw std::invalid_argument("schedule must be a name or a definition dict");
 }
 
+// None: the library default for this plan; otherwise "epilogue" or "copy".
+PlanOptions plan_options(const ScheduleDef& def, int tp, int steps, const py::object& partial_via) {
+  PlanOptions opt = default_plan_options(def, tp, steps);
+  if (partial_via.is_none()) return opt;
+  const std::string v = py::str(partial_via);
+  if (v == "epilogue") opt.partial_via = PartialVia::Epilogue;
+  else if (v == "copy") opt.partial_via = PartialVia::CopyEngine;
+  else throw std::invalid_argument("partial_via='" + v + "' is not one of 'epilogue', 'copy'");
+  return opt;
+}
+
 py::dict plan_dict(const Plan& p) {
   py::dict out;
   out["schedule"] = p.schedule;
@@ -117,6 +128,7 @@ py::dict plan_dict(const Plan& p) {
   out["tp"] = p.tp;
   out["steps"] = p.steps;
   out["chunks_per_shard"] = p.steps / p.tp;
+  out["partial_via"] = partial_via_name(p.partial_via);
   py::dict prob;
   prob["m"] = p.problem.m;
   prob["n"] = p.problem.n;
@@ -284,22 +296,26 @@ PYBIND11_MODULE(_core, m) {
   }, py::arg("schedule"), py::arg("tp"), py::arg("steps"), py::arg("m"), py::arg("n"), py::arg("k"),
      py::arg("l") = 1, "Empty string if the plan can be built, else the violated constraint.");
 
-  m.def("build_plan", [](const py::object& schedule, int tp, int steps, int64_t m, int64_t n, int64_t k, int64_t l) {
+  m.def("build_plan", [](const py::object& schedule, int tp, int steps, int64_t m, int64_t n, int64_t k, int64_t l,
+                         const py::object& partial_via) {
     ScheduleDef def = resolve(schedule);
+    const PlanOptions opt = plan_options(def, tp, steps, partial_via);
     Plan p;
     {
       py::gil_scoped_release release;
-      p = build_plan(def, Problem{m, n, k, l}, tp, steps);
+      p = build_plan(def, Problem{m, n, k, l}, tp, steps, opt);
     }
     return plan_dict(p);
   }, py::arg("schedule"), py::arg("tp"), py::arg("steps"), py::arg("m"), py::arg("n"), py::arg("k"),
-     py::arg("l") = 1,
-     "Build the Plan of a schedule (name or definition dict). Raises ValueError naming the "
-     "violated constraint.");
+     py::arg("l") = 1, py::arg("partial_via") = py::none(),
+     "Build the Plan of a schedule (name or definition dict). partial_via: 'epilogue' or 'copy' "
+     "(how reduce-scatter partials travel), None for the library default. Raises ValueError "
+     "naming the violated constraint.");
 
   m.def("workspace_layout", [](const py::object& schedule, int tp, int steps, int64_t m, int64_t n, int64_t k,
-                               int64_t l, int slot_elem_bytes) {
-    Plan p = build_plan(resolve(schedule), Problem{m, n, k, l}, tp, steps);
+                               int64_t l, int slot_elem_bytes, const py::object& partial_via) {
+    ScheduleDef def = resolve(schedule);
+    Plan p = build_plan(def, Problem{m, n, k, l}, tp, steps, plan_options(def, tp, steps, partial_via));
     WorkspaceLayout w = p.layout(slot_elem_bytes);
     py::dict d;
     d["slots_offset"] = w.slots_offset;
@@ -312,7 +328,7 @@ PYBIND11_MODULE(_core, m) {
     d["total_bytes"] = w.total_bytes;
     return d;
   }, py::arg("schedule"), py::arg("tp"), py::arg("steps"), py::arg("m"), py::arg("n"), py::arg("k"),
-     py::arg("l") = 1, py::arg("slot_elem_bytes") = 2,
+     py::arg("l") = 1, py::arg("slot_elem_bytes") = 2, py::arg("partial_via") = py::none(),
      "Byte layout of each device's symmetric workspace (extra memory per device).");
 
   m.def("tile_map", [](const py::object& schedule, int tp, int steps) {

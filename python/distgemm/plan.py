@@ -28,11 +28,14 @@ def schedule_definition(name: str) -> dict:
 
 
 def build_plan(schedule: Union[str, dict], tp: int, steps: Optional[int] = None, *, m: int, n: int,
-               k: int, l: int = 1) -> Plan:
+               k: int, l: int = 1, partial_via: Optional[str] = None) -> Plan:
     """Build the Plan of ``schedule`` (a name or a definition dict) for ``tp`` devices.
 
-    ``steps`` defaults to ``tp`` (one tile per device shard). Raises ``ValueError`` naming the
-    violated constraint and the values, e.g. ``M=8190 is not divisible by S=8``.
+    ``steps`` defaults to ``tp`` (one tile per device shard). ``partial_via`` ("epilogue" or
+    "copy"; None: the library default) says how a reduce-scatter partial reaches the next device:
+    written into the peer's slot by the GEMM's epilogue, or staged locally and pushed by the copy
+    engine (see ``PartialVia`` in plan.hpp). Raises ``ValueError`` naming the violated constraint
+    and the values, e.g. ``M=8190 is not divisible by S=8``.
     """
     for name, v in (("tp", tp), ("m", m), ("n", n), ("k", k), ("l", l)):
         if not isinstance(v, int) or isinstance(v, bool):
@@ -41,7 +44,7 @@ def build_plan(schedule: Union[str, dict], tp: int, steps: Optional[int] = None,
         steps = tp
     if not isinstance(steps, int) or isinstance(steps, bool):
         raise ValueError(f"steps must be an int, got {steps!r}")
-    return _core.build_plan(schedule, tp, steps, m, n, k, l)
+    return _core.build_plan(schedule, tp, steps, m, n, k, l, partial_via)
 
 
 def tile_map(schedule: Union[str, dict], tp: int, steps: Optional[int] = None) -> dict:
@@ -53,7 +56,8 @@ def workspace_bytes(plan: Plan, slot_elem_bytes: int = 2) -> int:
     """Extra device memory per device (receive slots, flags, barrier, epoch) of a plan."""
     p = plan["problem"]
     return _core.workspace_layout(plan["definition"], plan["tp"], plan["steps"], p["m"], p["n"],
-                                  p["k"], p["l"], slot_elem_bytes)["total_bytes"]
+                                  p["k"], p["l"], slot_elem_bytes,
+                                  plan.get("partial_via"))["total_bytes"]
 
 
 def clone_plan(plan: Plan) -> Plan:

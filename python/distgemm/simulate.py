@@ -144,7 +144,9 @@ def describe(plan: dict) -> str:
         f"per device: A{list(ls['A'])} B{list(ls['B'])} D{list(ls['D'])} bias[{ls['bias']}]; "
         f"extra memory {workspace_bytes(plan, elem) / 2**20:.2f} MiB at 2-byte elements "
         f"({plan['num_flags']} flags, slots of {plan['slot_operand']})",
-        "each launch starts with an entry barrier across all devices",
+        "each launch starts with an entry barrier across all devices"
+        + ("" if dfn["collective"] == "all_gather" else
+           f"; partials travel by {'the copy engine (staged locally)' if plan['partial_via'] == 'copy' else 'the epilogue (peer writes)'}"),
     ])
 
 
@@ -157,6 +159,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         ap.add_argument(f"--{dim}", type=int, default=None,
                         help=f"problem {dim.upper()} (default {DEFAULT_SHAPE[dim]}, Llama-3-70B FC1 at 8192 "
                              "tokens, rounded down to a multiple of S*TP when that does not divide it)")
+    ap.add_argument("--partial-via", choices=("epilogue", "copy"), default=None,
+                    help="reduce-scatter partials: written to the peer by the epilogue, or staged "
+                         "locally and pushed by the copy engine (default: the library's choice)")
     ap.add_argument("--check", dest="check", action="store_true", default=True, help="prove the invariants (default)")
     ap.add_argument("--no-check", dest="check", action="store_false", help="print the table only")
     ap.add_argument("--json", action="store_true", help="print plan, table and check result as JSON")
@@ -168,7 +173,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         shape = default_shape(args.tp, args.steps)
         shape.update({d: getattr(args, d) for d in shape if getattr(args, d) is not None})
-        plan = build_plan(args.schedule, args.tp, args.steps, **shape)
+        plan = build_plan(args.schedule, args.tp, args.steps, partial_via=args.partial_via, **shape)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -90,6 +90,38 @@ def test_verifies(schedule, steps, dtype, beta, bias):
     assert float(res["rel_err"]) < 1e-2
 
 
+RING = ["rs_tile_a", "rs_tile_b", "gemm_allreduce"]  # the schedules with partials
+TRANSPORT = [(s, steps, via, pdl) for s in RING for steps in (TP, 2 * TP)
+             for via in ("epilogue", "copy") for pdl in ("--pdl", "--no-pdl")]
+
+
+@pytest.mark.parametrize("schedule,steps,via,pdl", TRANSPORT,
+                         ids=[f"{s}-S{st}-{v}{p.replace('--', '-')}" for s, st, v, p in TRANSPORT])
+def test_partial_transport_and_pdl_verify(schedule, steps, via, pdl):
+    """Partials by the epilogue (peer writes) or by the copy engine (staged, pushed), each with
+    and without programmatic launch between the steps: beta, bias and batches on, every element
+    checked; the run reports what it used."""
+    proc, res = run_bench("--schedule", schedule, "--tp", str(TP), "--steps", str(steps),
+                          "--partial-via", via, pdl, "--m", "1024", "--n", "1024", "--k", "512",
+                          "--l", "2", "--beta", "0.5", "--bias", "--check-update",
+                          "--iterations", "3", "--warmup", "1", "--no-local")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert res["verify"] == "PASS" and float(res["rel_err"]) < 1e-2
+    assert 0 <= float(res["rel_err_update"]) < 1e-2
+    assert res["partial_via"] == via and res["pdl"] == ("1" if pdl == "--pdl" else "0")
+
+
+def test_defaults_reported():
+    """Without --pdl/--partial-via the library defaults apply (device::pdl_by_default,
+    schedule::default_plan_options) and the RESULT line says which."""
+    for schedule in ("ag_rotate_a", "rs_tile_a"):
+        proc, res = run_bench("--schedule", schedule, "--tp", str(TP), "--steps", str(2 * TP), *SMALL)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert res["pdl"] in ("0", "1") and res["partial_via"] in ("epilogue", "copy")
+        if schedule == "ag_rotate_a":
+            assert res["pdl"] == "1" and res["partial_via"] == "epilogue"
+
+
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_batched_and_graph_update(schedule):
     proc, res = run_bench("--schedule", schedule, "--tp", str(TP), "--steps", str(2 * TP), "--m", "1024",
@@ -102,12 +134,14 @@ def test_batched_and_graph_update(schedule):
     assert float(res["update_ms"]) >= 0 and float(res["rebuild_ms"]) >= 0
 
 
-@pytest.mark.parametrize("schedule,missing", [("ag_rotate_a", 1), ("rs_tile_a", 0),
-                                              ("gemm_allreduce", 1)])
-def test_missing_device_reports_timeout(schedule, missing):
+@pytest.mark.parametrize("schedule,missing,via", [("ag_rotate_a", 1, "epilogue"),
+                                                  ("rs_tile_a", 0, "epilogue"),
+                                                  ("rs_tile_a", 0, "copy"),
+                                                  ("gemm_allreduce", 1, "copy")])
+def test_missing_device_reports_timeout(schedule, missing, via):
     proc, res = run_bench("--schedule", schedule, "--tp", str(TP), "--steps", str(TP), *SMALL,
                           "--timeout-s", "2", "--simulate-missing-device", str(missing),
-                          timeout=60)
+                          "--partial-via", via, timeout=60)
     assert proc.returncode == 1
     assert res.get("timeout_reported") == "1"
     assert "did not reach generation" in proc.stderr

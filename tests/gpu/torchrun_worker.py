@@ -360,8 +360,10 @@ def test_errors(dev):
     buf = torch.empty(64 * 64 + 8, device=dev, dtype=bf)
     expect("misaligned", ValueError,
            lambda: ops.all_gather_gemm(buf[1:1 + 64 * 64].view(64, 64), w), "is not 16-byte aligned")
-    expect("m_not_divisible", ValueError, lambda: ops.all_gather_gemm(a[:63].clone(), w, steps=4),
-           "is not divisible by S=4", same_everywhere=True)
+    # 63 rows per rank: M = 63*TP is odd times TP, so S = 2*TP cannot split it (S = TP could).
+    expect("m_not_divisible", ValueError,
+           lambda: ops.all_gather_gemm(a[:63].clone(), w, steps=2 * tp),
+           f"M={63 * tp} is not divisible by S={2 * tp}", same_everywhere=True)
     expect("odd_k", ValueError,
            lambda: ops.all_gather_gemm(torch.randn(64, 60, device=dev).to(bf),
                                        torch.randn(32, 60, device=dev).to(bf)),

@@ -230,10 +230,13 @@ cudaGraph_t DeviceGraph::capture(const UserBuffers& user) {
     DISTGEMM_CUDA_CHECK(cudaStreamWaitEvent(s_copy_, ev_barrier_, 0));
 
     // Compute chain.
+    const bool use_pdl = opt_.pdl == GraphOptions::Pdl::On ||
+                         (opt_.pdl == GraphOptions::Pdl::Auto && pdl_by_default(plan_));
+    st.pdl = use_pdl && prog.gemms.size() > 1;
     for (size_t i = 0; i < prog.gemms.size(); ++i) {
       const auto& op = prog.gemms[i];
       kernel::GemmDesc desc = gemm_desc(op, user);
-      desc.pdl = opt_.pdl && i > 0;  // GEMM 0 follows the entry barrier: a full edge
+      desc.pdl = use_pdl && i > 0;  // GEMM 0 follows the entry barrier: a full edge
       kernel::gemm_launch(desc, wait_spec(op.waits, op.iteration, kernel::kWaitGemm),
                           cuda_device_, s_gemm_);
       ++st.gemm_nodes;

@@ -94,11 +94,22 @@ struct GraphOptions {
   // GEMM i+1 launched with programmatic dependent launch after GEMM i (tail filling: the next
   // step's tiles start on SMs freed by the last wave of the previous step). Safe because the
   // plan's GEMMs of one device share no data; signals and copies keep full edges.
-  bool pdl = false;
+  // Auto: pdl_by_default(plan).
+  enum class Pdl : uint8_t { Auto, On, Off };
+  Pdl pdl = Pdl::Auto;
 };
+
+// Where tail filling pays, measured on 2x H200 (benchmarks/results/2026-11-22-gpu-runtime.md,
+// run 4): all-gather plans gain (QKV S=4 0.861 -> 0.951 overlap efficiency, S=8 0.705 -> 0.948;
+// FC1 S=2 0.984 -> 0.993), reduce-scatter plans whose epilogues write the peer's slots lose 1-2%
+// (a GEMM's tail then overlaps another GEMM's NVLink-bound epilogue).
+inline bool pdl_by_default(const schedule::Plan& plan) {
+  return plan.def.collective == schedule::Collective::AllGather;
+}
 
 struct GraphStats {
   int gemm_nodes = 0, copy_nodes = 0, signal_nodes = 0, wait_kernels = 0;
+  bool pdl = false;  // GEMM i+1 follows GEMM i by a programmatic edge
 };
 
 class DeviceGraph {

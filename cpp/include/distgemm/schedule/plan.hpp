@@ -94,12 +94,33 @@ struct WorkspaceLayout {
 
 inline int64_t round_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
+// How a reduce-scatter partial reaches the device that continues it (the ring of rs_tile_a,
+// rs_tile_b and gemm_allreduce; all-gather plans have no partials).
+//   Epilogue:   the GEMM's epilogue stores the partial straight into the peer's receive slot
+//               (a peer write over NVLink from the SMs) and a signal follows the GEMM. No extra
+//               memory; the epilogue's stores cross NVLink, which lengthens GEMMs with short K.
+//   CopyEngine: the epilogue stores it into a local staging slot; a memcpy node pushes the slot
+//               into the peer's receive slot after the GEMM, then signals. The epilogue stays
+//               local and the transfer runs on the copy engine, but it is on the consumer's
+//               critical path unless S > TP gives it steps of slack; one staging slot per
+//               non-final iteration doubles the slots.
+enum class PartialVia : uint8_t { Epilogue = 0, CopyEngine = 1 };
+
+inline const char* partial_via_name(PartialVia v) {
+  return v == PartialVia::CopyEngine ? "copy" : "epilogue";
+}
+
+struct PlanOptions {
+  PartialVia partial_via = PartialVia::Epilogue;
+};
+
 struct Plan {
   std::string schedule;
   ScheduleDef def;
   Problem problem;
   int tp = 1;
   int steps = 1;
+  PartialVia partial_via = PartialVia::Epilogue;  // reduce-scatter plans only
   Buffer slot_operand = Buffer::A;  // the slots hold elements of this operand's dtype
   int64_t slot_elems = 0;           // per device
   int num_flags = 0;                // per device
@@ -293,11 +314,14 @@ inline void build_reduce_scatter(Plan& plan, const DistributedTileScheduler& sch
   const int64_t tile_rows = split_m ? T : M, tile_cols = split_m ? N : T;
   const int64_t slot_stride = L * tile_rows * tile_cols;
   const int partial_slots = S - kc;
+  const bool via_copy = plan.partial_via == PartialVia::CopyEngine;
   // All-reduce: after the partial slots, one receive slot per foreign finished tile (S - k), each
-  // guarded by its own flag.
+  // guarded by its own flag. Partials by copy engine: then one local staging slot per non-final
+  // iteration (no flag: the copy follows its GEMM on the same device).
+  const int recv_slots = partial_slots + (all_reduce ? S - kc : 0);
   plan.slot_operand = Buffer::D;
-  plan.slot_elems = int64_t(partial_slots + (all_reduce ? S - kc : 0)) * slot_stride;
-  plan.num_flags = partial_slots + (all_reduce ? S - kc : 0);
+  plan.slot_elems = int64_t(recv_slots + (via_copy ? partial_slots : 0)) * slot_stride;
+  plan.num_flags = recv_slots;
   auto slot_ref = [&](int dev, int slot) {
     return ref(Buffer::Slots, dev, slot * slot_stride, tile_cols, tile_rows * tile_cols);
   };
@@ -341,8 +365,22 @@ inline void build_reduce_scatter(Plan& plan, const DistributedTileScheduler& sch
       }
       if (!sch.is_final(i)) {
         const int e = sch.destination_device(d, i);
-        g.d = slot_ref(e, i);  // consumed by e at iteration i + k, slot (i + k) - k
-        g.signals.push_back({e, i});
+        if (!via_copy) {
+          g.d = slot_ref(e, i);  // consumed by e at iteration i + k, slot (i + k) - k
+          g.signals.push_back({e, i});
+        } else {
+          // Staging slot i (after the receive slots), pushed into e's slot i once GEMM i is done.
+          g.d = slot_ref(d, recv_slots + i);
+          CopyOp cp;
+          cp.step = i;
+          cp.src = g.d;
+          cp.dst = slot_ref(e, i);
+          cp.rows = tile_rows;  // per batch; slots are dense, so one 1-D memcpy moves all L
+          cp.cols = tile_cols;
+          cp.after_gemm = i;
+          cp.signals.push_back({e, i});
+          prog.copies.push_back(cp);
+        }
       } else {
         const int c = sch.chunk(t);
         final_iter[d][t] = i;
@@ -419,7 +457,8 @@ inline void build_reduce_scatter(Plan& plan, const DistributedTileScheduler& sch
 
 // Build the plan of `def` for `tp` devices and `steps` iterations. Throws std::invalid_argument
 // naming the violated constraint.
-inline Plan build_plan(const ScheduleDef& def, const Problem& problem, int tp, int steps) {
+inline Plan build_plan(const ScheduleDef& def, const Problem& problem, int tp, int steps,
+                       const PlanOptions& options) {
   std::string err = validate(def, problem, tp, steps);
   if (!err.empty()) throw std::invalid_argument(err);
   Plan plan;
@@ -428,6 +467,8 @@ inline Plan build_plan(const ScheduleDef& def, const Problem& problem, int tp, i
   plan.problem = problem;
   plan.tp = tp;
   plan.steps = steps;
+  plan.partial_via =
+      def.collective == Collective::AllGather ? PartialVia::Epilogue : options.partial_via;
   plan.devices.resize(tp);
   DistributedTileScheduler sch(def, tp, steps);
   if (def.collective == Collective::AllGather)
@@ -435,6 +476,17 @@ inline Plan build_plan(const ScheduleDef& def, const Problem& problem, int tp, i
   else
     detail::build_reduce_scatter(plan, sch);
   return plan;
+}
+
+// The options every consumer gets unless it asks for others (the Python ops, distgemm_bench
+// without --partial-via).
+inline PlanOptions default_plan_options(const ScheduleDef& def, int tp, int steps) {
+  (void)def, (void)tp, (void)steps;
+  return PlanOptions{};
+}
+
+inline Plan build_plan(const ScheduleDef& def, const Problem& problem, int tp, int steps) {
+  return build_plan(def, problem, tp, steps, default_plan_options(def, tp, steps));
 }
 
 }  // namespace distgemm::schedule
