@@ -127,6 +127,29 @@ def test_spec_reduce_scatter_shapes(schedule, out):
     assert s.shapes["out"] == out and s.shapes["c"] == out
 
 
+@pytest.mark.parametrize("schedule,tp,a,w,want", [
+    ("ag_rotate_a", 2, (64, 32), (24, 32), 2),        # all-gather: S = TP
+    ("ag_rotate_a", 4, (64, 32), (24, 32), 4),
+    ("rs_tile_a", 2, (64, 16), (48, 16), 4),          # reduce-scatter: S = 2*TP ...
+    ("rs_tile_a", 4, (64, 16), (48, 16), 8),
+    ("rs_tile_a", 2, (34, 16), (48, 16), 2),          # ... unless M=34 cannot split in 4
+    ("rs_tile_b", 2, (64, 16), (64, 16), 4),
+    ("rs_tile_b", 2, (64, 16), (48, 16), 2),          # N/4 = 12 columns: not 16-byte rows
+    ("gemm_allreduce", 2, (64, 16), (48, 16), 2),
+    ("rs_tile_a", 1, (64, 16), (48, 16), 1),          # TP=1: nothing to overlap
+])
+def test_default_steps(schedule, tp, a, w, want):
+    assert ops.default_steps(schedule, tp, t(*a), t(*w)) == want
+    op = {"ag": "all_gather_gemm", "rs": "gemm_reduce_scatter", "ge": "gemm_all_reduce"}[schedule[:2]]
+    assert ops.make_spec(op, schedule, tp, 0, None, t(*a), t(*w)).steps == want
+
+
+def test_default_steps_of_a_bad_operand_leaves_the_error_to_validation():
+    assert ops.default_steps("rs_tile_a", 2, t(64), t(48, 16)) == 2
+    with pytest.raises(ValueError, match="a must be 2-D"):
+        ops.make_spec("gemm_reduce_scatter", "rs_tile_a", 2, 0, None, t(64), t(48, 16))
+
+
 def test_spec_all_reduce_shapes():
     s = ops.make_spec("gemm_all_reduce", "gemm_allreduce", 4, 3, 8, t(64, 16), t(40, 16),
                       bias=t(40))
@@ -961,11 +984,6 @@ def test_a_peer_ipc_open_failure_raises_on_every_rank():
 # ---------------------------------------------------------------------------------------------
 # steps=None
 
-def test_default_steps_is_tp():
-    # FC1 (ag_rotate_a, per rank a_shard [4096, 8192], w [28672, 8192]) and small problems alike:
-    # S = TP was measured best or equal on 2x H200.
-    assert ops.default_steps("ag_rotate_a", 2, t(4096, 8), t(16, 8)) == 2
-    assert ops.default_steps("rs_tile_a", 4, t(8192, 8), t(16, 8)) == 4
-    assert ops.default_steps("ag_rotate_a", 1, t(8192, 8), t(16, 8)) == 1
-    assert ops.make_spec("gemm_reduce_scatter", "rs_tile_a", 2, 0, None, t(8192, 16), t(64, 16)).steps == 2
-    assert ops.make_spec("gemm_reduce_scatter", "rs_tile_a", 2, 0, 4, t(8192, 16), t(64, 16)).steps == 4
+def test_explicit_steps_are_kept():
+    assert ops.make_spec("gemm_reduce_scatter", "rs_tile_a", 2, 0, 2, t(8192, 16), t(64, 16)).steps == 2
+    assert ops.make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, 4, t(4096, 16), t(64, 16)).steps == 4

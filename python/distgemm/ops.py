@@ -51,12 +51,13 @@ force one path (no measurement); the collective path needs a NCCL group (with an
 No autograd: the ops have no backward. An input that requires grad while grad mode is on is
 refused (RuntimeError) rather than given a result without a gradient.
 
-``steps=None`` picks S = TP (one tile per shard; ``default_steps``). Measured on 2x H200 over the
-60 Llama-3 cases of benchmarks/results/2026-11-22-llama-sweep.md (TP=2, S=2 vs S=4): S=2 was
-faster in 52 cases in the torchrun sweep and in 52 in the C++ sweep. Where S=4 won, it won by
-0.5-3.4%: 405B FC1/FC2 at 4096-16384 tokens, and a few 8B cases. Every extra step
-costs a wave tail and, for reduce-scatter, another partial across NVLink, while the transfers are
-already hidden at S=TP.
+``steps=None`` (``default_steps``): S = TP for the all-gather schedules and gemm_allreduce, S = 2*TP
+for rs_tile_a/rs_tile_b. All-gather: S=2 was faster than S=4 in 52 of the 60 Llama-3 cases at
+TP=2 (benchmarks/results/2026-11-22-llama-sweep.md), and GEMM i+1 follows GEMM i by programmatic
+dependent launch, which fills the steps' wave tails. Reduce-scatter: at S = 2*TP each partial is
+staged locally and pushed by the copy engine with a step of slack (at S = TP the epilogue writes
+it into the peer), which beat the best S = TP plan in 7 of 8 quick-sweep cases on 2x and 4x H200
+(Llama-70B O at TP=4, 8192 tokens: 0.512 vs 0.613 ms; benchmarks/results/2026-11-22-tp4.md).
 Pass ``steps`` to choose; ``python -m distgemm.simulate --timeline`` shows the predicted effect.
 """
 from __future__ import annotations
@@ -181,10 +182,29 @@ class Spec:
 
 
 def default_steps(schedule: str, tp: int, a: torch.Tensor, w: torch.Tensor) -> int:
-    """S for ``steps=None``: TP, one tile per shard (measured; see the module docstring). The
-    arguments are those of the op so that a shape-dependent rule can replace this one."""
-    del schedule, a, w
-    return tp
+    """S for ``steps=None`` (measured; see the module docstring): TP for the all-gather schedules
+    and gemm_allreduce; 2*TP for rs_tile_a/rs_tile_b where the plan accepts it (their partials
+    then travel by copy engine with a step of slack), else TP. Shapes only, so every rank agrees;
+    an operand that is not 2-D gets TP and the op's validation names the problem."""
+    if schedule not in _RS_TWO_STEPS_PER_SHARD or tp < 2 or a.dim() != 2 or w.dim() != 2:
+        return tp
+    part = _core.schedule_definition(schedule)["partition"]
+    (ma, ka), nb = tuple(a.shape), int(w.shape[0])
+    m = ma * tp if part["a"] == "M" else ma
+    k = ka * tp if part["a"] == "K" else ka
+    n = nb * tp if part["b"] == "N" else nb
+    steps = 2 * tp
+    if min(m, n, k) < 1 or _core.validate(schedule, tp, steps, m, n, k, 1):
+        return tp
+    plan = _core.build_plan(schedule, tp, steps, m, n, k, 1)
+    if any(_core.gemm_extent_problem(g["m"], g["n"], g["k"], 1, 2)
+           for dev in plan["devices"] for g in dev["gemms"]):
+        return tp
+    return steps
+
+
+# Reduce-scatter schedules whose default S is 2*TP (see default_steps).
+_RS_TWO_STEPS_PER_SHARD = ("rs_tile_a", "rs_tile_b")
 
 
 def _fmt(s) -> str:
@@ -682,7 +702,7 @@ def all_gather_gemm(a_shard: torch.Tensor, w: torch.Tensor, *, bias: Optional[to
 
     Args: bf16 or fp16 tensors on this rank's GPU, contiguous, 16-byte aligned; K (and N_local,
     resp. N/S for ag_rotate_b) a multiple of 8. ``steps``: S = k*TP pipeline steps; None:
-    ``default_steps`` (S = TP: the faster S in 52 of 60 Llama-3 cases on 2x H200).
+    ``default_steps`` (S = TP for all-gather: the faster S in 52 of 60 Llama-3 cases on 2x H200).
     ``group``: a ProcessGroup (default: the world group) or a ``distgemm.Communicator``.
     ``path``: "auto" (measure both at the first call, keep the faster), "overlap" (the plan) or
     "collective" (NCCL all-gather + torch GEMM); None: ``DEFAULT_PATH`` (env DISTGEMM_PATH, else

@@ -114,12 +114,12 @@ def test_partial_transport_and_pdl_verify(schedule, steps, via, pdl):
 def test_defaults_reported():
     """Without --pdl/--partial-via the library defaults apply (device::pdl_by_default,
     schedule::default_plan_options) and the RESULT line says which."""
-    for schedule in ("ag_rotate_a", "rs_tile_a"):
-        proc, res = run_bench("--schedule", schedule, "--tp", str(TP), "--steps", str(2 * TP), *SMALL)
+    want = {("ag_rotate_a", TP): ("1", "epilogue"), ("ag_rotate_a", 2 * TP): ("1", "epilogue"),
+            ("rs_tile_a", TP): ("0", "epilogue"), ("rs_tile_a", 2 * TP): ("1", "copy")}
+    for (schedule, steps), (pdl, via) in want.items():
+        proc, res = run_bench("--schedule", schedule, "--tp", str(TP), "--steps", str(steps), *SMALL)
         assert proc.returncode == 0, proc.stderr[-2000:]
-        assert res["pdl"] in ("0", "1") and res["partial_via"] in ("epilogue", "copy")
-        if schedule == "ag_rotate_a":
-            assert res["pdl"] == "1" and res["partial_via"] == "epilogue"
+        assert (res["pdl"], res["partial_via"]) == (pdl, via), (schedule, steps)
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)

@@ -100,11 +100,14 @@ struct GraphOptions {
 };
 
 // Where tail filling pays, measured on 2x H200 (benchmarks/results/2026-11-22-gpu-runtime.md,
-// run 4): all-gather plans gain (QKV S=4 0.861 -> 0.951 overlap efficiency, S=8 0.705 -> 0.948;
-// FC1 S=2 0.984 -> 0.993), reduce-scatter plans whose epilogues write the peer's slots lose 1-2%
-// (a GEMM's tail then overlaps another GEMM's NVLink-bound epilogue).
+// run 4) and on 4x H200 (benchmarks/results/2026-11-22-tp4.md): all-gather plans gain (QKV S=4
+// 0.861 -> 0.951 overlap efficiency at TP=2; at TP=4, 8192 tokens, 0.737 -> 0.559 ms), and so
+// do reduce-scatter plans with partials by copy engine (up to 2%); those whose epilogues write
+// the peer's slots lose up to 3% (a GEMM's tail then overlaps another GEMM's NVLink-bound
+// epilogue).
 inline bool pdl_by_default(const schedule::Plan& plan) {
-  return plan.def.collective == schedule::Collective::AllGather;
+  return plan.def.collective == schedule::Collective::AllGather ||
+         plan.partial_via == schedule::PartialVia::CopyEngine;
 }
 
 struct GraphStats {
