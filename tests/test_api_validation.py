@@ -128,15 +128,18 @@ def test_spec_reduce_scatter_shapes(schedule, out):
 
 
 @pytest.mark.parametrize("schedule,tp,a,w,want", [
-    ("ag_rotate_a", 2, (64, 32), (24, 32), 2),        # all-gather: S = TP
-    ("ag_rotate_a", 4, (64, 32), (24, 32), 4),
-    ("rs_tile_a", 2, (64, 16), (48, 16), 4),          # reduce-scatter: S = 2*TP ...
-    ("rs_tile_a", 4, (64, 16), (48, 16), 8),
-    ("rs_tile_a", 2, (34, 16), (48, 16), 2),          # ... unless M=34 cannot split in 4
-    ("rs_tile_b", 2, (64, 16), (64, 16), 4),
-    ("rs_tile_b", 2, (64, 16), (48, 16), 2),          # N/4 = 12 columns: not 16-byte rows
-    ("gemm_allreduce", 2, (64, 16), (48, 16), 2),
-    ("rs_tile_a", 1, (64, 16), (48, 16), 1),          # TP=1: nothing to overlap
+    ("ag_rotate_a", 2, (4096, 32), (24, 32), 2),      # all-gather: S = TP
+    ("ag_rotate_a", 4, (4096, 32), (24, 32), 4),
+    ("rs_tile_a", 2, (4096, 16), (48, 16), 4),        # reduce-scatter from 4096 tokens: 2*TP ...
+    ("rs_tile_a", 4, (8192, 16), (48, 16), 8),
+    ("rs_tile_a", 2, (2048, 16), (48, 16), 2),        # ... below: TP
+    ("rs_tile_a", 2, (4098, 16), (48, 16), 2),        # ... M=4098 cannot split in 4: TP
+    ("rs_tile_a", 2, (4096, 8192), (48, 8192), 4),    # K/TP = 8192: still 2*TP
+    ("rs_tile_a", 2, (4096, 8200), (48, 8200), 2),    # longer K per rank: TP
+    ("rs_tile_b", 2, (4096, 16), (64, 16), 4),
+    ("rs_tile_b", 2, (4096, 16), (48, 16), 2),        # N/4 = 12 columns: not 16-byte rows
+    ("gemm_allreduce", 2, (4096, 16), (48, 16), 2),
+    ("rs_tile_a", 1, (4096, 16), (48, 16), 1),        # TP=1: nothing to overlap
 ])
 def test_default_steps(schedule, tp, a, w, want):
     assert ops.default_steps(schedule, tp, t(*a), t(*w)) == want

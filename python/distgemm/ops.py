@@ -51,13 +51,15 @@ force one path (no measurement); the collective path needs a NCCL group (with an
 No autograd: the ops have no backward. An input that requires grad while grad mode is on is
 refused (RuntimeError) rather than given a result without a gradient.
 
-``steps=None`` (``default_steps``): S = TP for the all-gather schedules and gemm_allreduce, S = 2*TP
-for rs_tile_a/rs_tile_b. All-gather: S=2 was faster than S=4 in 52 of the 60 Llama-3 cases at
-TP=2 (benchmarks/results/2026-11-22-llama-sweep.md), and GEMM i+1 follows GEMM i by programmatic
+``steps=None`` (``default_steps``): S = TP for the all-gather schedules and gemm_allreduce; for
+rs_tile_a/rs_tile_b S = 2*TP from 4096 tokens on with K/TP <= 8192 (O; FC2 from TP=4), else TP. All-gather: S = TP was faster than
+2*TP in 13 of 15 QKV and 8 of 15 FC1 cases at TP=2, and GEMM i+1 follows GEMM i by programmatic
 dependent launch, which fills the steps' wave tails. Reduce-scatter: at S = 2*TP each partial is
 staged locally and pushed by the copy engine with a step of slack (at S = TP the epilogue writes
-it into the peer), which beat the best S = TP plan in 7 of 8 quick-sweep cases on 2x and 4x H200
-(Llama-70B O at TP=4, 8192 tokens: 0.512 vs 0.613 ms; benchmarks/results/2026-11-22-tp4.md).
+it into the peer); with many tokens and a short K per rank that was 2-26% faster than the best
+S = TP plan at TP=4 (Llama-70B O at 8192 tokens: 0.512 vs 0.613 ms) and within 3% or faster at
+TP=2; with few tokens the extra step costs more than it hides, with a long K the epilogue's
+peer writes cost little (benchmarks/results/2026-11-22-tp4.md).
 Pass ``steps`` to choose; ``python -m distgemm.simulate --timeline`` shows the predicted effect.
 """
 from __future__ import annotations
@@ -183,9 +185,10 @@ class Spec:
 
 def default_steps(schedule: str, tp: int, a: torch.Tensor, w: torch.Tensor) -> int:
     """S for ``steps=None`` (measured; see the module docstring): TP for the all-gather schedules
-    and gemm_allreduce; 2*TP for rs_tile_a/rs_tile_b where the plan accepts it (their partials
-    then travel by copy engine with a step of slack), else TP. Shapes only, so every rank agrees;
-    an operand that is not 2-D gets TP and the op's validation names the problem."""
+    and gemm_allreduce; for rs_tile_a/rs_tile_b, 2*TP from ``RS_TWO_STEPS_MIN_TOKENS`` tokens (M)
+    on with at most ``RS_TWO_STEPS_MAX_K_PER_RANK`` of K per rank, where the plan accepts it
+    (partials then travel by copy engine with a step of slack), else TP. Shapes only, so every rank agrees; an operand that is not 2-D gets TP and the op's
+    validation names the problem."""
     if schedule not in _RS_TWO_STEPS_PER_SHARD or tp < 2 or a.dim() != 2 or w.dim() != 2:
         return tp
     part = _core.schedule_definition(schedule)["partition"]
@@ -194,7 +197,8 @@ def default_steps(schedule: str, tp: int, a: torch.Tensor, w: torch.Tensor) -> i
     k = ka * tp if part["a"] == "K" else ka
     n = nb * tp if part["b"] == "N" else nb
     steps = 2 * tp
-    if min(m, n, k) < 1 or _core.validate(schedule, tp, steps, m, n, k, 1):
+    if (m < RS_TWO_STEPS_MIN_TOKENS or ka > RS_TWO_STEPS_MAX_K_PER_RANK or min(n, k) < 1
+            or _core.validate(schedule, tp, steps, m, n, k, 1)):
         return tp
     plan = _core.build_plan(schedule, tp, steps, m, n, k, 1)
     if any(_core.gemm_extent_problem(g["m"], g["n"], g["k"], 1, 2)
@@ -203,8 +207,17 @@ def default_steps(schedule: str, tp: int, a: torch.Tensor, w: torch.Tensor) -> i
     return steps
 
 
-# Reduce-scatter schedules whose default S is 2*TP (see default_steps).
+# Reduce-scatter schedules whose default S is 2*TP (see default_steps): from this many tokens on,
+# with at most this much K per rank (benchmarks/results/2026-11-22-tp4.md, 2x and 4x H200).
+# Fewer tokens: the extra step costs more than the slack gains (at 1024-2048 tokens S=2TP was
+# slower than S=TP in 10 of 12 Llama-3 O/FC2 cases at TP=2, by up to 8.7%). Longer K: the
+# epilogue's peer writes are a small part of a long mainloop, so S=TP loses little to them and
+# saves a step (FC2 at TP=2, K/TP=14336-26624: S=2TP 0-2% slower in the torchrun sweep, 5-16% in
+# the C++ one). Short K with many tokens, S=2TP wins: O at TP=4 0.512 vs 0.613 ms (8192 tokens),
+# FC2 at TP=4 (K/TP=7168) 1.542 vs 1.616 ms.
 _RS_TWO_STEPS_PER_SHARD = ("rs_tile_a", "rs_tile_b")
+RS_TWO_STEPS_MIN_TOKENS = 4096
+RS_TWO_STEPS_MAX_K_PER_RANK = 8192
 
 
 def _fmt(s) -> str:
