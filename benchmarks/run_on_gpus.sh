@@ -66,8 +66,9 @@ for p in "$@"; do
           for round in 1 2; do
             for via in epilogue copy; do for pdl in pdl no-pdl; do
               "$1" --sweep quick --tp $tp --partial-via $via --$pdl \
-                --csv "$2/tp$tp-$via-$pdl-r$round.csv" > "$2/tp$tp-$via-$pdl-r$round.log" 2>&1 || rc=1
-              echo "tp=$tp round=$round $via $pdl rc=$?"
+                --csv "$2/tp$tp-$via-$pdl-r$round.csv" > "$2/tp$tp-$via-$pdl-r$round.log" 2>&1
+              r=$?; [ $r -eq 0 ] || rc=1
+              echo "tp=$tp round=$round $via $pdl rc=$r"
             done; done
           done
         done; exit $rc' "$NPROC" "$BENCH" "$OUT/cpp-variants" ;;

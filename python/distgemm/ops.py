@@ -52,14 +52,16 @@ No autograd: the ops have no backward. An input that requires grad while grad mo
 refused (RuntimeError) rather than given a result without a gradient.
 
 ``steps=None`` (``default_steps``): S = TP for the all-gather schedules and gemm_allreduce; for
-rs_tile_a/rs_tile_b S = 2*TP from 4096 tokens on with K/TP <= 8192 (O; FC2 from TP=4), else TP. All-gather: S = TP was faster than
+rs_tile_a/rs_tile_b S = 2*TP from 4096 tokens on with K/TP <= 8192, else TP (Llama-3: O from
+TP=2; FC2 of 8B from TP=2, of 70B from TP=4, of 405B from TP=8). All-gather: S = TP was faster than
 2*TP in 13 of 15 QKV and 8 of 15 FC1 cases at TP=2, and GEMM i+1 follows GEMM i by programmatic
 dependent launch, which fills the steps' wave tails. Reduce-scatter: at S = 2*TP each partial is
 staged locally and pushed by the copy engine with a step of slack (at S = TP the epilogue writes
 it into the peer); with many tokens and a short K per rank that was 2-26% faster than the best
 S = TP plan at TP=4 (Llama-70B O at 8192 tokens: 0.512 vs 0.613 ms) and within 3% or faster at
 TP=2; with few tokens the extra step costs more than it hides, with a long K the epilogue's
-peer writes cost little (benchmarks/results/2026-11-22-tp4.md).
+peer writes cost little (benchmarks/results/2026-11-22-tp4.md). The staging slots double the
+plan's workspace (Llama-70B O at 8192 tokens, TP=2: 128 instead of 64 MiB per rank).
 Pass ``steps`` to choose; ``python -m distgemm.simulate --timeline`` shows the predicted effect.
 """
 from __future__ import annotations
@@ -715,7 +717,8 @@ def all_gather_gemm(a_shard: torch.Tensor, w: torch.Tensor, *, bias: Optional[to
 
     Args: bf16 or fp16 tensors on this rank's GPU, contiguous, 16-byte aligned; K (and N_local,
     resp. N/S for ag_rotate_b) a multiple of 8. ``steps``: S = k*TP pipeline steps; None:
-    ``default_steps`` (S = TP for all-gather: the faster S in 52 of 60 Llama-3 cases on 2x H200).
+    ``default_steps`` (S = TP for all-gather: the faster S in 21 of 30 Llama-3 QKV/FC1 cases on
+    2x H200).
     ``group``: a ProcessGroup (default: the world group) or a ``distgemm.Communicator``.
     ``path``: "auto" (measure both at the first call, keep the faster), "overlap" (the plan) or
     "collective" (NCCL all-gather + torch GEMM); None: ``DEFAULT_PATH`` (env DISTGEMM_PATH, else

@@ -10,8 +10,12 @@
 //   legend: EB entry barrier kernel (1 block); w = the GEMM's leading barrier (in-kernel spin on
 //           its flag, acquire.sys); side = the side chain: copy-engine memcpy nodes (no SMs);
 //           sig = 4-byte memcpy of this device's epoch word into a peer's flag.
-//   rs_tile_a, S=4: the side chain is sig(after GEMM0), sig(after GEMM1): the GEMMs write the
-//           partials straight into the peer's slots (NVLink stores from the epilogue).
+//   rs_tile_a, S=TP (partials by epilogue): the side chain is sig(after GEMM0), sig(after
+//           GEMM1), ...: the GEMMs write the partials straight into the peer's slots (NVLink
+//           stores from the epilogue).
+//   rs_tile_a, S>=2TP (partials by copy engine, the default there): per non-final GEMM i,
+//           [push staging slot i -> peer slot i, sig] after GEMM i; the push has k-1 steps of
+//           slack before the peer's GEMM i+k needs it.
 //   gemm_allreduce: side chain = signals of GEMM i, then the local copy of the tile GEMM i
 //           finished, in GEMM order; after the last GEMM: [wait kernel, pull] per peer tile.
 //   ideal:    every transfer lands before the GEMM that needs it starts, so each leading barrier
@@ -28,8 +32,9 @@
 //                           and signal of this launch reads (so the graph needs no per-launch
 //                           update).
 //   GEMM i -> GEMM i+1    : the compute stream is in order (one GEMM fills the chip). With
-//                           GraphOptions::pdl the edge is programmatic (GEMM i+1 starts on SMs
-//                           that GEMM i's finished CTAs free). Cross-device data is ordered by
+//                           PDL (GraphOptions::pdl On, or Auto where pdl_by_default) the edge is
+//                           programmatic (GEMM i+1 starts on SMs that GEMM i's finished CTAs
+//                           free). Cross-device data is ordered by
 //                           flags only, never by edges into the side chain: a GEMM never waits
 //                           for a side-chain node.
 //   GEMM i -> side chain  : a GEMM's signals, and a copy with after_gemm = i, wait for GEMM i.
@@ -102,9 +107,9 @@ struct GraphOptions {
 // Where tail filling pays, measured on 2x H200 (benchmarks/results/2026-11-22-gpu-runtime.md,
 // run 4) and on 4x H200 (benchmarks/results/2026-11-22-tp4.md): all-gather plans gain (QKV S=4
 // 0.861 -> 0.951 overlap efficiency at TP=2; at TP=4, 8192 tokens, 0.737 -> 0.559 ms), and so
-// do reduce-scatter plans with partials by copy engine (up to 2%); those whose epilogues write
-// the peer's slots lose up to 3% (a GEMM's tail then overlaps another GEMM's NVLink-bound
-// epilogue).
+// do reduce-scatter plans with partials by copy engine (up to 2%); for those whose epilogues
+// write the peer's slots it is a toss-up, within about 3% either way (a GEMM's tail then
+// overlaps another GEMM's NVLink-bound epilogue), so it stays off there.
 inline bool pdl_by_default(const schedule::Plan& plan) {
   return plan.def.collective == schedule::Collective::AllGather ||
          plan.partial_via == schedule::PartialVia::CopyEngine;

@@ -6,7 +6,10 @@
 //   ag_rotate_a / ag_rotate_b : (S - S/TP) slots of L*(M/S)*K resp. L*(N/S)*K elements
 //                               = (TP-1)/TP of the gathered operand
 //   rs_tile_a / rs_tile_b     : (S - S/TP) slots of one D tile = (S - S/TP) * L*M*N/S elements
-//   gemm_allreduce            : S slots of one D tile (partials + the owner's staging chunks)
+//                               with partials by epilogue; 2(S - S/TP) with partials by copy
+//                               engine (a local staging slot per non-final step)
+//   gemm_allreduce            : 2(S - S/TP) slots of one D tile (partials + the finished tiles
+//                               pushed by their owners); 3(S - S/TP) with partials by copy engine
 // plus 4 bytes per flag, 4 per device (barrier) and the epoch word, rounded to 256 bytes.
 //
 // Single process: cudaMalloc on each device and peer access between every pair, so a base

@@ -103,7 +103,8 @@ inline int64_t round_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 //               into the peer's receive slot after the GEMM, then signals. The epilogue stays
 //               local and the transfer runs on the copy engine, but it is on the consumer's
 //               critical path unless S > TP gives it steps of slack; one staging slot per
-//               non-final iteration doubles the slots.
+//               non-final iteration doubles the partial slots (rs_tile_a/b: all the slots;
+//               gemm_allreduce: 1.5x, its all-gather slots stay).
 enum class PartialVia : uint8_t { Epilogue = 0, CopyEngine = 1 };
 
 inline const char* partial_via_name(PartialVia v) {
@@ -296,10 +297,12 @@ inline void build_all_gather(Plan& plan, const DistributedTileScheduler& sch) {
   }
 }
 
-// Reduce-scatter (and the ring of all-reduce): the partial of tile t visits every device; the
-// epilogue of (d, i) writes it straight into the receive slot of the device that continues it at
-// i + k (a peer write over NVLink), then sets that device's flag. Slot j on every device receives
-// the partial consumed at iteration j + k; flag j guards it.
+// Reduce-scatter (and the ring of all-reduce): the partial of tile t visits every device. With
+// PartialVia::Epilogue the epilogue of (d, i) writes it straight into the receive slot of the
+// device that continues it at i + k (a peer write over NVLink), then sets that device's flag;
+// with PartialVia::CopyEngine it writes local staging slot i, and a copy after GEMM i pushes it
+// there and sets the flag. Slot j on every device receives the partial consumed at iteration
+// j + k; flag j guards it.
 inline void build_reduce_scatter(Plan& plan, const DistributedTileScheduler& sch) {
   const ScheduleDef& def = plan.def;
   const Problem& p = plan.problem;
@@ -484,7 +487,8 @@ inline Plan build_plan(const ScheduleDef& def, const Problem& problem, int tp, i
 // Measured with the quick C++ sweep (Llama-3 70B, 4096/8192 tokens; 2x and 4x H200, two
 // interleaved rounds; benchmarks/results/2026-11-22-tp4.md): at S = 2*TP the copy engine beat
 // the epilogue in 7 of 8 reduce-scatter cases (O at TP=4: 0.655 -> 0.512 ms at 8192 tokens),
-// at S = TP the epilogue won 7 of 8 (O at TP=4: 0.613 vs 0.724 ms).
+// at S = TP the epilogue won 6 of 8 (O at TP=4: 0.613 vs 0.724 ms; the two it lost, FC2 at
+// TP=2, by 1%).
 inline PlanOptions default_plan_options(const ScheduleDef& def, int tp, int steps) {
   PlanOptions o;
   if (def.collective != Collective::AllGather && steps >= 2 * tp)
