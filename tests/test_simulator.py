@@ -88,6 +88,20 @@ def test_workspace_layout_defaults_agree_with_the_plan(schedule, tp, steps):
     assert _core.workspace_layout(*args)["slots_bytes"] >= plan["slot_elems"] * 2
 
 
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("tp,steps", [(2, 2), (2, 4), (3, 6), (4, 4), (4, 8), (8, 16)])
+@pytest.mark.parametrize("via", ["epilogue", "copy"])
+def test_copies_come_in_side_chain_order(schedule, tp, steps, via):
+    """The graph runs each device's copies in one chain keyed by the GEMM each follows (-1 none,
+    S for copies that wait for a flag; device/graph.hpp). The plan lists them in that order, so
+    check_plan, the simulator and the reference executor follow the order that runs."""
+    plan = build_plan(schedule, tp, steps, partial_via=via, **shape_for(tp, steps))
+    for dev in plan["devices"]:
+        keys = [steps if c["waits"] else c["after_gemm"] for c in dev["copies"]]
+        assert keys == sorted(keys)
+    assert check_plan(plan) == []
+
+
 def test_partial_via_is_validated_and_ignored_by_all_gather():
     with pytest.raises(ValueError, match="partial_via='smem' is not one of 'epilogue', 'copy'"):
         build_plan("rs_tile_a", 2, 2, m=64, n=64, k=64, partial_via="smem")

@@ -259,7 +259,7 @@ cudaGraph_t DeviceGraph::capture(const UserBuffers& user) {
     for (int c = 0; c < static_cast<int>(prog.copies.size()); ++c) {
       const auto& cp = prog.copies[c];
       if (cp.after_gemm >= S) throw std::logic_error("internal: copy after a GEMM the plan lacks");
-      const int key = !cp.waits.empty() ? S : cp.after_gemm;
+      const int key = schedule::side_chain_key(cp, S);  // the plan's copies come in this order
       side.push_back({key, 1 + c, c});
     }
     std::stable_sort(side.begin(), side.end(), [](const SideOp& x, const SideOp& y) {

@@ -460,6 +460,15 @@ inline void build_reduce_scatter(Plan& plan, const DistributedTileScheduler& sch
 
 // Build the plan of `def` for `tp` devices and `steps` iterations. Throws std::invalid_argument
 // naming the violated constraint.
+// Where a copy sits in its device's side chain (device/graph.hpp): after GEMM `after_gemm`;
+// -1 (first) for a copy that follows no GEMM (all-gather pushes); `steps` (after the last GEMM)
+// for a copy that waits for a flag (gemm_allreduce's local copies of the tiles peers pushed).
+// build_plan emits every device's copies sorted by this key (stable), so the order that the
+// checker, the simulator and the reference executor follow is the order the graph runs.
+inline int side_chain_key(const CopyOp& cp, int steps) {
+  return !cp.waits.empty() ? steps : cp.after_gemm;
+}
+
 inline Plan build_plan(const ScheduleDef& def, const Problem& problem, int tp, int steps,
                        const PlanOptions& options) {
   std::string err = validate(def, problem, tp, steps);
@@ -478,6 +487,11 @@ inline Plan build_plan(const ScheduleDef& def, const Problem& problem, int tp, i
     detail::build_all_gather(plan, sch);
   else
     detail::build_reduce_scatter(plan, sch);
+  for (DeviceProgram& prog : plan.devices)
+    std::stable_sort(prog.copies.begin(), prog.copies.end(),
+                     [steps](const CopyOp& x, const CopyOp& y) {
+                       return side_chain_key(x, steps) < side_chain_key(y, steps);
+                     });
   return plan;
 }
 
