@@ -60,6 +60,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
@@ -99,7 +100,7 @@ struct Args {
   bool check_update = false, verify = true, local = true;
   int swizzle = device::GraphOptions{}.swizzle, raster = device::GraphOptions{}.raster;
   device::GraphOptions::Pdl pdl = device::GraphOptions::Pdl::Auto;  // --pdl / --no-pdl
-  std::string partial_via;  // --partial-via epilogue|copy; empty: the library default
+  std::optional<schedule::PartialVia> partial_via;  // --partial-via; none: the library default
   uint64_t seed = 1234;
   int64_t verify_rows = 0;  // rows of D checked against the reference; 0: all
   // Sweep mode (sweep non-empty: "quick" or "full").
@@ -214,9 +215,12 @@ Args parse(int argc, char** argv) {
       else if (k == "--pdl") a.pdl = device::GraphOptions::Pdl::On;
       else if (k == "--no-pdl") a.pdl = device::GraphOptions::Pdl::Off;
       else if (k == "--partial-via") {
-        a.partial_via = val();
-        if (a.partial_via != "epilogue" && a.partial_via != "copy")
-          usage("--partial-via takes epilogue or copy, got " + a.partial_via);
+        const std::string v = val();
+        try {
+          a.partial_via = schedule::parse_partial_via(v);
+        } catch (const std::invalid_argument&) {
+          usage("--partial-via takes epilogue or copy, got " + v);
+        }
       }
       else if (k == "--verify-rows") a.verify_rows = std::stoll(val());
       else if (k == "--sweep") {
@@ -462,9 +466,7 @@ std::unique_ptr<Setup> make_setup(const Args& a, const schedule::ScheduleDef& de
                                   kernel::DType dt) {
   auto s = std::make_unique<Setup>();
   schedule::PlanOptions popt = schedule::default_plan_options(def, tp, steps);
-  if (!a.partial_via.empty())
-    popt.partial_via = a.partial_via == "copy" ? schedule::PartialVia::CopyEngine
-                                               : schedule::PartialVia::Epilogue;
+  if (a.partial_via) popt.partial_via = *a.partial_via;
   s->plan = schedule::build_plan(def, prob, tp, steps, popt);
   s->devs = devs;
   const auto& pt = s->plan.partition();

@@ -114,10 +114,7 @@ ScheduleDef resolve(const py::object& schedule) {
 PlanOptions plan_options(const ScheduleDef& def, int tp, int steps, const py::object& partial_via) {
   PlanOptions opt = default_plan_options(def, tp, steps);
   if (partial_via.is_none()) return opt;
-  const std::string v = py::str(partial_via);
-  if (v == "epilogue") opt.partial_via = PartialVia::Epilogue;
-  else if (v == "copy") opt.partial_via = PartialVia::CopyEngine;
-  else throw std::invalid_argument("partial_via='" + v + "' is not one of 'epilogue', 'copy'");
+  opt.partial_via = parse_partial_via(py::str(partial_via));
   return opt;
 }
 

@@ -189,24 +189,38 @@ def default_steps(schedule: str, tp: int, a: torch.Tensor, w: torch.Tensor) -> i
     """S for ``steps=None`` (measured; see the module docstring): TP for the all-gather schedules
     and gemm_allreduce; for rs_tile_a/rs_tile_b, 2*TP from ``RS_TWO_STEPS_MIN_TOKENS`` tokens (M)
     on with at most ``RS_TWO_STEPS_MAX_K_PER_RANK`` of K per rank, where the plan accepts it
-    (partials then travel by copy engine with a step of slack), else TP. Shapes only, so every rank agrees; an operand that is not 2-D gets TP and the op's
-    validation names the problem."""
+    (partials then travel by copy engine with a step of slack), else TP. Shapes only, so every
+    rank agrees; an operand that is not 2-D gets TP and the op's validation names the problem."""
     if schedule not in _RS_TWO_STEPS_PER_SHARD or tp < 2 or a.dim() != 2 or w.dim() != 2:
         return tp
-    part = _core.schedule_definition(schedule)["partition"]
-    (ma, ka), nb = tuple(a.shape), int(w.shape[0])
-    m = ma * tp if part["a"] == "M" else ma
-    k = ka * tp if part["a"] == "K" else ka
-    n = nb * tp if part["b"] == "N" else nb
+    m, n, k = _global_problem(_core.schedule_definition(schedule)["partition"], tp, a, w)
     steps = 2 * tp
-    if (m < RS_TWO_STEPS_MIN_TOKENS or ka > RS_TWO_STEPS_MAX_K_PER_RANK or min(n, k) < 1
+    if (m < RS_TWO_STEPS_MIN_TOKENS or a.shape[1] > RS_TWO_STEPS_MAX_K_PER_RANK or min(n, k) < 1
             or _core.validate(schedule, tp, steps, m, n, k, 1)):
         return tp
     plan = _core.build_plan(schedule, tp, steps, m, n, k, 1)
-    if any(_core.gemm_extent_problem(g["m"], g["n"], g["k"], 1, 2)
-           for dev in plan["devices"] for g in dev["gemms"]):
+    if any(_extent_problem(dev["gemms"]) for dev in plan["devices"]):
         return tp
     return steps
+
+
+def _global_problem(partition: dict, tp: int, a: torch.Tensor, w: torch.Tensor) -> Tuple[int, int, int]:
+    """Global (M, N, K) from the per-rank A [rows, K_a] and W [N_w, K] and the Partition (read
+    from the C++ definition): a sharded mode is TP times the local extent."""
+    (ma, ka), nb = tuple(a.shape), int(w.shape[0])
+    return (ma * tp if partition["a"] == "M" else ma,
+            nb * tp if partition["b"] == "N" else nb,
+            ka * tp if partition["a"] == "K" else ka)
+
+
+def _extent_problem(gemms) -> str:
+    """The kernel's extent rule (16-byte TMA rows, int32 extents; the C++ definition the runtime
+    checks again before launch) for these sub-GEMMs: '' or the first reason."""
+    for g in gemms:
+        why = _core.gemm_extent_problem(g["m"], g["n"], g["k"], 1, 2)
+        if why:
+            return why
+    return ""
 
 
 # Reduce-scatter schedules whose default S is 2*TP (see default_steps): from this many tokens on,
@@ -248,12 +262,8 @@ def make_spec(op: str, schedule: str, tp: int, rank: int, steps: Optional[int],
     for name, t in (("a" if op != "all_gather_gemm" else "a_shard", a), ("w", w)):
         if t.dim() != 2:
             raise ValueError(f"{op}: {name} must be 2-D, got shape {_fmt(t.shape)}")
-    part = defs[schedule]["partition"]
-    (ma, ka), (nb, kb) = tuple(a.shape), tuple(w.shape)
-    # Global extents from A's local shape and the Partition (read from the C++ definition).
-    m = ma * tp if part["a"] == "M" else ma
-    k = ka * tp if part["a"] == "K" else ka
-    n = nb * tp if part["b"] == "N" else nb
+    m, n, k = _global_problem(defs[schedule]["partition"], tp, a, w)
+    ka = a.shape[1]
     if min(m, n, k) < 1:
         raise ValueError(f"{op}: empty operands: a {_fmt(a.shape)}, w {_fmt(w.shape)}")
     try:
@@ -266,13 +276,10 @@ def make_spec(op: str, schedule: str, tp: int, rank: int, steps: Optional[int],
         raise ValueError(f"{op}: w has shape {_fmt(w.shape)} but {a_name} {_fmt(a.shape)} with "
                          f"{schedule} on TP={tp} needs w of shape {_fmt(local['B'])} "
                          f"(nn.Linear layout [N, K], K={ka} per rank)")
-    # The kernel's extent rule (16-byte TMA rows), from the C++ definition the runtime checks
-    # again before launch, for every sub-GEMM of this rank.
-    for g in plan["devices"][rank]["gemms"]:
-        why = _core.gemm_extent_problem(g["m"], g["n"], g["k"], 1, 2)
-        if why:
-            raise ValueError(f"{op}: {why} (a sub-GEMM of {schedule}; global M={m} N={n} K={k}, "
-                             f"TP={tp}, S={steps})")
+    why = _extent_problem(plan["devices"][rank]["gemms"])  # every sub-GEMM of this rank
+    if why:
+        raise ValueError(f"{op}: {why} (a sub-GEMM of {schedule}; global M={m} N={n} K={k}, "
+                         f"TP={tp}, S={steps})")
     shapes: Dict[str, Tuple[int, ...]] = {"a": tuple(local["A"]), "w": tuple(local["B"]),
                                           "out": tuple(local["D"])}
     if bias is not None:

@@ -111,6 +111,13 @@ inline const char* partial_via_name(PartialVia v) {
   return v == PartialVia::CopyEngine ? "copy" : "epilogue";
 }
 
+// The inverse of partial_via_name; throws std::invalid_argument naming the valid names.
+inline PartialVia parse_partial_via(const std::string& name) {
+  for (PartialVia v : {PartialVia::Epilogue, PartialVia::CopyEngine})
+    if (name == partial_via_name(v)) return v;
+  throw std::invalid_argument("partial_via='" + name + "' is not one of 'epilogue', 'copy'");
+}
+
 struct PlanOptions {
   PartialVia partial_via = PartialVia::Epilogue;
 };
@@ -417,21 +424,21 @@ inline void build_reduce_scatter(Plan& plan, const DistributedTileScheduler& sch
   // by the peer's copy engine, queued behind (or ahead of) that peer's own transfers, which
   // couples the two devices' copy queues and deadlocked S=8 on two H200s.
   for (int e = 0; e < tp; ++e) {
-    struct Item { int ready, push_first, dist, t; };
+    struct Item { int ready; bool take_in; int dist, t; };  // take_in: a peer's tile, else a push
     std::vector<Item> items;
     for (int t = 0; t < S; ++t) {
       const int owner = sch.owner(t);
       if (owner == e) {
-        for (int p_ = 1; p_ < tp; ++p_) items.push_back({final_iter[e][t], 0, p_, t});
+        for (int p_ = 1; p_ < tp; ++p_) items.push_back({final_iter[e][t], false, p_, t});
       } else {
-        items.push_back({final_iter[owner][t], 1, (owner - e + tp) % tp, t});
+        items.push_back({final_iter[owner][t], true, (owner - e + tp) % tp, t});
       }
     }
-    // Within one finishing step: push own tiles first, then take in the peers' (every device
-    // pushes before it waits, so no device waits for a push queued behind its own wait).
+    // In finishing order. The copies that take in a peer's tile wait for its flag, so
+    // side_chain_key (build_plan) puts them after every push: each device pushes before it
+    // waits, and no device waits for a push queued behind its own wait.
     std::sort(items.begin(), items.end(), [](const Item& x, const Item& y) {
       if (x.ready != y.ready) return x.ready < y.ready;
-      if (x.push_first != y.push_first) return x.push_first < y.push_first;
       if (x.t != y.t) return x.t < y.t;
       return x.dist < y.dist;
     });
@@ -440,7 +447,7 @@ inline void build_reduce_scatter(Plan& plan, const DistributedTileScheduler& sch
       cp.step = u.ready;
       cp.rows = T;
       cp.cols = N;
-      if (u.push_first == 0) {
+      if (!u.take_in) {
         const int peer = (e + u.dist) % tp;
         cp.src = ref(Buffer::D, e, u.t * T * N, N, M * N);
         cp.dst = slot_ref(peer, recv_of[peer][u.t]);
