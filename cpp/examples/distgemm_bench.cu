@@ -1208,7 +1208,7 @@ int run_sweep(Args a) {
     r.sc = &cases[i];
     if (r.sc->skip.empty()) {
       try {
-        a.dtype == "bf16" ? run_case<__nv_bfloat16>(a, devs, r) : run_case<__half>(a, devs, r);
+        run_case<T>(a, devs, r);
       } catch (const std::exception& e) {  // a timeout report or CUDA error: on to the next case
         r.failed = e.what();
       }

@@ -249,22 +249,25 @@ cudaGraph_t DeviceGraph::capture(const UserBuffers& user) {
     // (all-gather pushes, first); S: after the last GEMM (copies with flag waits).
     struct SideOp {
       int key;
-      int order;  // GEMM signals before copies of the same key, then plan order
-      int copy;   // -1: the signals of GEMM `key`
+      int copy;  // -1: the signals of GEMM `key`
     };
     const int S = static_cast<int>(prog.gemms.size());
     std::vector<SideOp> side;
     for (int i = 0; i < S; ++i)
-      if (!prog.gemms[i].signals.empty()) side.push_back({i, 0, -1});
+      if (!prog.gemms[i].signals.empty()) side.push_back({i, -1});
     for (int c = 0; c < static_cast<int>(prog.copies.size()); ++c) {
       const auto& cp = prog.copies[c];
       if (cp.after_gemm >= S) throw std::logic_error("internal: copy after a GEMM the plan lacks");
       const int key = schedule::side_chain_key(cp, S);  // the plan's copies come in this order
-      side.push_back({key, 1 + c, c});
+      side.push_back({key, c});
     }
-    std::stable_sort(side.begin(), side.end(), [](const SideOp& x, const SideOp& y) {
-      return x.key != y.key ? x.key < y.key : x.order < y.order;
-    });
+    // Stable: within a key, GEMM signals (pushed first) before copies, copies in plan order.
+    std::stable_sort(side.begin(), side.end(),
+                     [](const SideOp& x, const SideOp& y) { return x.key < y.key; });
+    auto signal = [&](const schedule::FlagRef& f) {
+      DISTGEMM_CUDA_CHECK(cudaMemcpyAsync(flag_of(f), epoch, 4, cudaMemcpyDefault, s_copy_));
+      ++st.signal_nodes;
+    };
     int waited = -1;  // the chain is in order: waiting for the latest GEMM so far is enough
     for (const SideOp& so : side) {
       const int target = std::min(so.key, S - 1);
@@ -273,10 +276,7 @@ cudaGraph_t DeviceGraph::capture(const UserBuffers& user) {
         waited = target;
       }
       if (so.copy < 0) {
-        for (const auto& f : prog.gemms[so.key].signals) {
-          DISTGEMM_CUDA_CHECK(cudaMemcpyAsync(flag_of(f), epoch, 4, cudaMemcpyDefault, s_copy_));
-          ++st.signal_nodes;
-        }
+        for (const auto& f : prog.gemms[so.key].signals) signal(f);
         continue;
       }
       const auto& cp = prog.copies[so.copy];
@@ -312,10 +312,7 @@ cudaGraph_t DeviceGraph::capture(const UserBuffers& user) {
           ++st.copy_nodes;
         }
       }
-      for (const auto& f : cp.signals) {
-        DISTGEMM_CUDA_CHECK(cudaMemcpyAsync(flag_of(f), epoch, 4, cudaMemcpyDefault, s_copy_));
-        ++st.signal_nodes;
-      }
+      for (const auto& f : cp.signals) signal(f);
     }
 
     // Join: the launch ends after the side chain too.

@@ -15,12 +15,10 @@ namespace distgemm::kernel {
 namespace detail {
 std::string can_implement_bf16(const GemmDesc& g);
 void launch_bf16(const GemmDesc& g, const WaitSpec& w, int device, cudaStream_t s);
-GemmLaunchInfo info_bf16(int device);
 void prepare_bf16(int device);
 void prepare_fp16(int device);
 std::string can_implement_fp16(const GemmDesc& g);
 void launch_fp16(const GemmDesc& g, const WaitSpec& w, int device, cudaStream_t s);
-GemmLaunchInfo info_fp16(int device);
 }  // namespace detail
 
 namespace {
@@ -80,10 +78,6 @@ void gemm_prepare(DType dtype, int device) {
     detail::prepare_bf16(device);
   else
     detail::prepare_fp16(device);
-}
-
-GemmLaunchInfo gemm_launch_info(DType dtype, int device) {
-  return dtype == DType::BF16 ? detail::info_bf16(device) : detail::info_fp16(device);
 }
 
 // Entry barrier of a launch: bump this device's generation, publish it into every device's

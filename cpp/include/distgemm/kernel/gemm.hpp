@@ -67,12 +67,6 @@ void gemm_prepare(DType dtype, int device);
 // that gemm_can_implement rejects.
 void gemm_launch(const GemmDesc& g, const WaitSpec& wait, int device, cudaStream_t stream);
 
-// Launch shape of the GEMM on this device (for reports): CTAs, threads, dynamic shared memory.
-struct GemmLaunchInfo {
-  int ctas = 0, threads = 0, smem_bytes = 0, cluster_m = 0, tile_m = 0, tile_n = 0, tile_k = 0;
-};
-GemmLaunchInfo gemm_launch_info(DType dtype, int device);
-
 // The single-block kernels of the runtime (entry barrier, wait before a copy).
 void entry_barrier_launch(const EntryBarrierSpec& spec, cudaStream_t stream);
 void copy_wait_launch(const WaitSpec& wait, cudaStream_t stream);

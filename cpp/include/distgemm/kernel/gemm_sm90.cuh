@@ -322,19 +322,6 @@ struct Runner {
     if (e != cudaSuccess)
       throw std::runtime_error(std::string("GEMM launch failed: ") + cudaGetErrorString(e));
   }
-
-  static GemmLaunchInfo info(int device) {
-    GemmLaunchInfo i;
-    const DeviceInfo dev = prepare(device);
-    i.ctas = dev.max_active_clusters * cute::size(typename Cfg::ClusterShape{});
-    i.threads = Kernel::MaxThreadsPerBlock;
-    i.smem_bytes = smem_bytes();
-    i.cluster_m = cute::size<0>(typename Cfg::ClusterShape{});
-    i.tile_m = cute::size<0>(typename Cfg::TileShape{});
-    i.tile_n = cute::size<1>(typename Cfg::TileShape{});
-    i.tile_k = cute::size<2>(typename Cfg::TileShape{});
-    return i;
-  }
 };
 
 }  // namespace distgemm::kernel::sm90
@@ -348,6 +335,5 @@ struct Runner {
   void launch_##SUFFIX(const GemmDesc& g, const WaitSpec& w, int device, cudaStream_t s) {     \
     sm90::Runner<ELEMENT>::launch(g, w, device, s);                                            \
   }                                                                                            \
-  GemmLaunchInfo info_##SUFFIX(int device) { return sm90::Runner<ELEMENT>::info(device); }     \
   void prepare_##SUFFIX(int device) { (void)sm90::Runner<ELEMENT>::prepare(device); }          \
   }
