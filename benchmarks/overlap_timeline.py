@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import math
 import os
@@ -86,8 +87,8 @@ class GpuEvent:
     def end(self) -> float:
         return self.start + self.dur
 
-    @property
-    def cls(self) -> str:
+    @functools.cached_property
+    def cls(self) -> str:  # asked several times per event by summarize(): classify once
         return classify(self.name, self.kind, self.nbytes)
 
 

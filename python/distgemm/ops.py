@@ -379,7 +379,7 @@ def _attach_workspace(comm: Communicator, entry: _Entry, gathered: bool) -> None
     """The symmetric workspace of a plan that launches, and the recipe of its gathered operand."""
     spec = entry.spec
     layout = _core.workspace_layout(spec.schedule, spec.tp, spec.steps, spec.m, spec.n, spec.k,
-                                    1, 2)
+                                    1, 2, spec.plan["partial_via"])  # the plan's own options
     entry.ws, entry.bases = comm.workspace_for(layout)
     if gathered:
         entry.gather, entry.gather_shape = _gather_recipe(spec, comm.rank)
@@ -462,7 +462,7 @@ def _user_ptrs(op: str, entry: _Entry, tensors, out, device):
     no aliasing with an input) and the output, allocated when not given. Returns
     ((a, w, c, out, bias) data pointers, 0 where absent; out)."""
     a, w = tensors["a"], tensors["w"]
-    c = tensors.get("c") if entry.beta != 0.0 else None
+    c = tensors.get("c")  # only passed when beta != 0 (_gemm_then_reduce)
     bias = tensors.get("bias")
     pa = _ptr(op, "a_shard" if op == "all_gather_gemm" else "a", a, device)
     pw = _ptr(op, "w", w, device)
@@ -517,11 +517,11 @@ def _collective(op: str, comm: Communicator, entry: _Entry, tensors, out):
     buffers reused, and the overlapped path's per-call checks (``_user_ptrs``)."""
     spec, pg, device = entry.spec, comm.group, comm.device
     stream = _stream_ptr(device)
-    a, w, bias = tensors["a"], tensors["w"], tensors.get("bias")
-    c = tensors.get("c") if entry.beta != 0.0 else None
+    a, w, bias, c = tensors["a"], tensors["w"], tensors.get("bias"), tensors.get("c")
     _, out = _user_ptrs(op, entry, tensors, out, device)
+    definition = spec.plan["definition"]  # the branch follows the C++ definition, not the name
     if op == "all_gather_gemm":
-        rotate_a = spec.schedule == "ag_rotate_a"
+        rotate_a = definition["rotating"] == "A"
         part = a if rotate_a else w
         shape = (spec.tp * part.shape[0], part.shape[1])
         # The gathered operand goes back to the caller only with return_gathered; otherwise one
@@ -536,20 +536,20 @@ def _collective(op: str, comm: Communicator, entry: _Entry, tensors, out):
         else:
             torch.addmm(bias, x, wf.t(), out=out)
         return (out, gathered) if entry.want_gathered else out
-    if spec.schedule == "rs_tile_b":
+    if definition["collective"] == "all_reduce":
+        torch.mm(a, w.t(), out=out)
+        pg.allreduce([out]).wait()
+    elif definition["partition"]["d"] == "N":  # rs_tile_b
         # reduce-scatter splits dim 0: reduce D^T = W A^T and transpose this rank's rows.
         part_t = torch.mm(w, a.t(),
                           out=_scratch(entry, "partial", (w.shape[0], a.shape[0]), a, stream))
         mine = _scratch(entry, "mine", (part_t.shape[0] // spec.tp, part_t.shape[1]), a, stream)
         pg._reduce_scatter_base(mine, part_t).wait()  # default op: sum
         out.copy_(mine.t())
-    elif spec.schedule == "rs_tile_a":
+    else:  # D sharded on M: rs_tile_a
         partial = torch.mm(a, w.t(),
                            out=_scratch(entry, "partial", (a.shape[0], w.shape[0]), a, stream))
         pg._reduce_scatter_base(out, partial).wait()
-    else:  # gemm_allreduce
-        torch.mm(a, w.t(), out=out)
-        pg.allreduce([out]).wait()
     if c is not None:
         out.add_(c, alpha=entry.beta)
     if bias is not None:

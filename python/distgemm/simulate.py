@@ -20,14 +20,15 @@ import json
 import sys
 from typing import List, Optional
 
+from . import _core
 from .check import check_plan
 from .plan import build_plan, schedule_names, workspace_bytes
 from .timeline import CostModel, format_timeline, predict
 
 __all__ = ["step_table", "format_table", "main"]
 
-# Llama-3-70B FC1 at 8192 tokens: the default problem when none is given.
-DEFAULT_SHAPE = dict(m=8192, n=57344, k=8192, l=1)
+# Llama-3-70B FC1 at 8192 tokens (the sweep's shape table): the default problem when none is given.
+DEFAULT_SHAPE = dict(zip("mnk", _core.llama_gemm("70B", "FC1", 8192)), l=1)
 
 
 def default_shape(tp: int, steps: Optional[int]) -> dict:
