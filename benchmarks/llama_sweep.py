@@ -155,17 +155,11 @@ def skip_reason(case: Case, plan_check=_plan_rejects) -> Tuple[Optional[str], Di
     """(why the whole case is skipped or None, {S: why that S is rejected}). The case is skipped
     when the tensor-parallel split itself is inexact or distgemm rejects S = TP (the default);
     an S = 2*TP rejection only narrows distgemm's best-S search."""
+    why = _core.llama_tp_split_reason(case.model, case.layer, case.tokens, case.tp)
+    if why:  # the same rule as distgemm_bench --sweep
+        return why, {}
     s = shapes(case)
     tp = case.tp
-    m, n, k = s["m"], s["n"], s["k"]
-    if tp < 1:
-        return f"TP={tp}: needs at least one rank", {}
-    if m % tp:
-        return f"M={m} is not divisible by TP={tp} (sequence-parallel activations)", {}
-    if s["collective"] == "all_gather" and n % tp:
-        return f"N={n} is not divisible by TP={tp} (column-parallel weight)", {}
-    if s["collective"] == "reduce_scatter" and k % tp:
-        return f"K={k} is not divisible by TP={tp} (row-parallel weight)", {}
     # The baselines are plain torch; the rows of a per-rank operand must still be 16-byte
     # multiples for every variant to see the same dense layout distgemm requires.
     for what, shape in (("a", s["a"]), ("w", s["w"])):

@@ -84,7 +84,7 @@ using schedule::Problem;
 namespace {
 
 constexpr double kTolerance = 1e-2;  // relative Frobenius error, bf16/fp16 out, fp32 accumulate
-constexpr int kMaxTp = 8;            // schedule::validate's limit
+constexpr int kMaxTp = schedule::kMaxTp;
 
 struct Args {
   std::string schedule = "ag_rotate_a";
@@ -239,7 +239,7 @@ Args parse(int argc, char** argv) {
       usage("bad value for " + k);
     }
   }
-  if (a.dtype != "bf16" && a.dtype != "fp16") usage("--dtype must be bf16 or fp16");
+  if (a.dtype != "bf16" && a.dtype != "fp16") usage("--dtype must be bf16 or fp16");  // no aliases
   if (a.iterations < 0 || a.warmup < 0) usage("--iterations must be >= 1 and --warmup >= 0");
   if (a.verify_rows < 0) usage("--verify-rows must be >= 0 (0: every row)");
   if (!a.sweep.empty()) {
@@ -697,7 +697,7 @@ double verify(const Args& a, Global& g, Setup& s, Problem p) {
 // The steps of a measurement, shared by the single-case run and the sweep.
 
 kernel::DType dtype_of(const Args& a) {
-  return a.dtype == "bf16" ? kernel::DType::BF16 : kernel::DType::FP16;
+  return kernel::parse_dtype(a.dtype);
 }
 
 bool passes(double rel_err) { return std::isfinite(rel_err) && rel_err < kTolerance; }
@@ -1248,8 +1248,9 @@ int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
   try {
     if (a.dry_run) return dry_run(a);
-    if (!a.sweep.empty()) return a.dtype == "bf16" ? run_sweep<__nv_bfloat16>(a) : run_sweep<__half>(a);
-    return a.dtype == "bf16" ? run<__nv_bfloat16>(a) : run<__half>(a);
+    const bool bf16 = dtype_of(a) == kernel::DType::BF16;
+    if (!a.sweep.empty()) return bf16 ? run_sweep<__nv_bfloat16>(a) : run_sweep<__half>(a);
+    return bf16 ? run<__nv_bfloat16>(a) : run<__half>(a);
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "error: rejected: %s\n", e.what());
     return 2;

@@ -202,10 +202,7 @@ py::dict llama_models_dict(bool quick) {
     d["head_dim"] = c.head_dim;
     out[c.name] = d;
   };
-  if (quick)
-    for (const char* n : L::kQuickModels) add(L::find_model(n));
-  else
-    for (const L::Model& c : L::kModels) add(c);
+  for (const L::Model* c : L::models(quick)) add(*c);
   return out;
 }
 
@@ -225,14 +222,14 @@ void register_llama(py::module_& m) {
     return out;
   }, "The tensor-parallel layers, in sweep order: {name: {'collective': 'all_gather' or "
      "'reduce_scatter', 'schedule': the default distgemm schedule}}.");
-  m.def("llama_tokens", [](bool quick) {
-    py::list out;
-    if (quick)
-      for (int64_t t : L::kQuickTokens) out.append(t);
-    else
-      for (int64_t t : L::kTokens) out.append(t);
-    return out;
-  }, py::arg("quick") = false, "Token counts M of the full sweep (quick=True: the quick sweep's).");
+  m.def("llama_tokens", [](bool quick) { return py::cast(L::tokens(quick)); },
+        py::arg("quick") = false, "Token counts M of the full sweep (quick=True: the quick sweep's).");
+  m.def("llama_tp_split_reason", [](const std::string& model, const std::string& layer,
+                                     int64_t tokens, int tp) {
+    return L::tp_split_reason(L::Case{&L::find_model(model), &L::find_layer(layer), tokens}, tp);
+  }, py::arg("model"), py::arg("layer"), py::arg("tokens"), py::arg("tp"),
+     "'' when TP ranks split the layer exactly (M; N of a column-parallel, K of a row-parallel "
+     "weight), else the reason with the values (the rule distgemm_bench --sweep skips by).");
   m.def("llama_gemm", [](const std::string& model, const std::string& layer, int64_t tokens) {
     const L::Gemm g = L::global_gemm(model, layer, tokens);
     return py::make_tuple(g.m, g.n, g.k);

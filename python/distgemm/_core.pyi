@@ -24,6 +24,8 @@ def llama_layers() -> Dict[str, Dict[str, str]]:
     QKV, O, FC1 (gate+up), FC2, in sweep order."""
 def llama_tokens(quick: bool = False) -> List[int]:
     """Token counts M: [1024, 2048, 4096, 8192, 16384]; quick=True: [4096, 8192]."""
+def llama_tp_split_reason(model: str, layer: str, tokens: int, tp: int) -> str:
+    """'' when TP ranks split the layer exactly, else the reason (distgemm_bench --sweep's rule)."""
 def llama_gemm(model: str, layer: str, tokens: int) -> Tuple[int, int, int]:
     """Global (M, N, K) of the layer, D[M, N] = X[M, K] @ W[N, K]^T, M = tokens. ValueError names
     the valid models / layers."""

@@ -120,23 +120,28 @@ struct Case {
   }
 };
 
+// The models and the token counts of the full or the quick sweep, in sweep order.
+inline std::vector<const Model*> models(bool quick) {
+  std::vector<const Model*> out;
+  if (quick)
+    for (const char* n : kQuickModels) out.push_back(&find_model(n));
+  else
+    for (const Model& mo : kModels) out.push_back(&mo);
+  return out;
+}
+
+inline std::vector<int64_t> tokens(bool quick) {
+  return quick ? std::vector<int64_t>(std::begin(kQuickTokens), std::end(kQuickTokens))
+               : std::vector<int64_t>(std::begin(kTokens), std::end(kTokens));
+}
+
 // Every case of the full or quick sweep, in the order the sweeps run them: model, then tokens,
 // then layer (the four layers of one forward pass at one size side by side).
 inline std::vector<Case> cases(bool quick) {
   std::vector<Case> out;
-  auto add_model = [&](const Model& mo) {
-    auto add = [&](int64_t t) {
-      for (const Layer& la : kLayers) out.push_back({&mo, &la, t});
-    };
-    if (quick)
-      for (int64_t t : kQuickTokens) add(t);
-    else
-      for (int64_t t : kTokens) add(t);
-  };
-  if (quick)
-    for (const char* n : kQuickModels) add_model(find_model(n));
-  else
-    for (const Model& mo : kModels) add_model(mo);
+  for (const Model* mo : models(quick))
+    for (int64_t t : tokens(quick))
+      for (const Layer& la : kLayers) out.push_back({mo, &la, t});
   return out;
 }
 

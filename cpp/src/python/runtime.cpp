@@ -211,12 +211,6 @@ class LaunchOrder {
   bool used_ = false;
 };
 
-DType dtype_from(const std::string& s) {
-  if (s == "bf16" || s == "bfloat16") return DType::BF16;
-  if (s == "fp16" || s == "float16") return DType::FP16;
-  throw std::invalid_argument("dtype '" + s + "' is not supported: use bf16 or fp16");
-}
-
 UserBuffers user_from(uint64_t a, uint64_t b, uint64_t c, uint64_t d, uint64_t bias) {
   UserBuffers u;
   u.a = as_ptr(a);
@@ -241,7 +235,7 @@ class PyGraph {
     if (order_->device() != cuda_device)
       throw std::invalid_argument("LaunchOrder of CUDA device " + std::to_string(order_->device()) +
                                   " used for a graph on CUDA device " + std::to_string(cuda_device));
-    const DType dt = dtype_from(dtype);
+    const DType dt = distgemm::kernel::parse_dtype(dtype);
     std::vector<void*> bases;
     for (uint64_t p : workspace_bases) bases.push_back(as_ptr(p));
     EpilogueArgs epi;

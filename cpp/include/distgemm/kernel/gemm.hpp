@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 
 #include "distgemm/kernel/wait_spec.hpp"
@@ -21,6 +22,13 @@ namespace distgemm::kernel {
 enum class DType : uint8_t { BF16 = 0, FP16 = 1 };
 
 inline const char* dtype_name(DType t) { return t == DType::BF16 ? "bf16" : "fp16"; }
+
+// The inverse of dtype_name, also taking torch's names; std::invalid_argument otherwise.
+inline DType parse_dtype(const std::string& s) {
+  if (s == "bf16" || s == "bfloat16") return DType::BF16;
+  if (s == "fp16" || s == "float16") return DType::FP16;
+  throw std::invalid_argument("dtype '" + s + "' is not supported: use bf16 or fp16");
+}
 inline int dtype_bytes(DType) { return 2; }
 
 struct GemmDesc {

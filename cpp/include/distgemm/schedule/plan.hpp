@@ -155,9 +155,12 @@ struct Plan {
 // ---------------------------------------------------------------------------------------------
 // Validation: every constraint in words, with the values.
 
+inline constexpr int kMaxTp = 8;  // devices of one plan (the runtime's kernel::kMaxDevices)
+
 inline std::string validate(const ScheduleDef& def, const Problem& p, int tp, int steps) {
   auto s = [](int64_t v) { return std::to_string(v); };
-  if (tp < 1 || tp > 8) return "TP=" + s(tp) + " is out of range: distgemm supports 1 <= TP <= 8";
+  if (tp < 1 || tp > kMaxTp)
+    return "TP=" + s(tp) + " is out of range: distgemm supports 1 <= TP <= " + s(kMaxTp);
   if (steps < tp || steps % tp != 0)
     return "S=" + s(steps) + " is not a positive multiple of TP=" + s(tp) + " (S = k*TP, k >= 1)";
   if (p.m < 1 || p.n < 1 || p.k < 1 || p.l < 1)
