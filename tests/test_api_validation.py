@@ -420,12 +420,12 @@ class FakeComm:
 
 def _key(a_shape, path="auto"):
     return ("all_gather_gemm", "ag_rotate_a", None, BF16,
-            (("a_shard", a_shape), ("w", (24, 32)), ("bias", None)), 0.0, False, False, path)
+            (("a_shard", a_shape), ("w", (24, 32)), ("bias", None)), 0.0, False, path)
 
 
 def test_create_entry_raises_the_same_value_error_for_a_peer_mismatch():
     a, w = t(64, 32), t(24, 32)
-    peer = ops._signature(None, _key((32, 32)), None)
+    peer = ops._signature(_key((32, 32)), None)
     fake = FakeComm([peer])
     with pytest.raises(ValueError, match=r"rank 1 has a_shard.shape=\[32, 32\] where rank 0 has "
                                          r"a_shard.shape=\[64, 32\]"):
@@ -439,7 +439,7 @@ def test_create_entry_reraises_an_error_every_rank_shares():
     make = lambda: ops.make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, 4, a, w)  # noqa: E731
     with pytest.raises(ValueError) as first:
         make()
-    peer = ops._signature(None, _key((63, 32)), f"ValueError: {first.value}")
+    peer = ops._signature(_key((63, 32)), f"ValueError: {first.value}")
     with pytest.raises(ValueError, match=r"M=126 is not divisible by S=4") as e:
         ops._create_entry(FakeComm([peer]), _key((63, 32)), make)
     assert "rank" not in str(e.value)  # the plain error, not the cross-rank report
@@ -447,7 +447,7 @@ def test_create_entry_reraises_an_error_every_rank_shares():
 
 def test_create_entry_reports_a_peer_only_error_on_this_rank():
     a, w = t(64, 32), t(24, 32)
-    peer = ops._signature(None, _key((64, 32)), "ValueError: w is on cuda:0 but this rank's device is cuda:1")
+    peer = ops._signature(_key((64, 32)), "ValueError: w is on cuda:0 but this rank's device is cuda:1")
     with pytest.raises(ValueError, match=r"all_gather_gemm: rank 1 rejected its inputs: ValueError: "
                                          r"w is on cuda:0"):
         ops._create_entry(FakeComm([peer]), _key((64, 32)), lambda: ops.make_spec(
@@ -456,7 +456,7 @@ def test_create_entry_reports_a_peer_only_error_on_this_rank():
 
 def test_create_entry_for_the_collective_path_allocates_no_workspace():
     a, w = t(64, 32), t(24, 32)
-    fake = FakeComm([ops._signature(None, _key((64, 32), "collective"), None)])
+    fake = FakeComm([ops._signature(_key((64, 32), "collective"), None)])
     entry = ops._create_entry(fake, _key((64, 32), "collective"), lambda: ops.make_spec(
         "all_gather_gemm", "ag_rotate_a", 2, 0, None, a, w))
     assert entry.path == "collective" and entry.ws is None and entry.graphs == {}
@@ -466,7 +466,7 @@ def test_create_entry_for_the_collective_path_allocates_no_workspace():
 
 def test_ranks_asking_for_different_paths_get_the_same_value_error():
     a, w = t(64, 32), t(24, 32)
-    fake = FakeComm([ops._signature(None, _key((64, 32), "overlap"), None)])
+    fake = FakeComm([ops._signature(_key((64, 32), "overlap"), None)])
     with pytest.raises(ValueError, match=r"rank 1 has path='overlap' where rank 0 has path='auto'"):
         ops._create_entry(fake, _key((64, 32), "auto"), lambda: ops.make_spec(
             "all_gather_gemm", "ag_rotate_a", 2, 0, None, a, w))
@@ -538,7 +538,7 @@ def test_collective_path_computes_the_layer_on_a_one_rank_group(monkeypatch, sch
             if entry is None or entry.spec.m != m:
                 spec = ops.make_spec(op, schedule, 1, 0, None, a, w, bias=bias, beta=beta,
                                      c=None if ag else c)
-                entry = ops._Entry(spec=spec, dtype=torch.float32, beta=beta, has_bias=True,
+                entry = ops._Entry(spec=spec, dtype=torch.float32, beta=beta,
                                    ws=None, bases=[], graphs={}, out_shape=torch.Size(spec.shapes["out"]),
                                    want_gathered=ag)
             out = torch.full(tuple(entry.out_shape), float("nan"))

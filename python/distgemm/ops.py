@@ -313,7 +313,6 @@ class _Entry:
     spec: Spec
     dtype: torch.dtype
     beta: float
-    has_bias: bool
     ws: Any
     bases: List[int]
     graphs: "collections.OrderedDict[Tuple[int, ...], Any]"
@@ -325,6 +324,10 @@ class _Entry:
     want_gathered: bool = False  # all_gather_gemm(..., return_gathered=True)
     scratch: Dict[Tuple[str, int], torch.Tensor] = field(default_factory=dict)  # (name, stream)
     tuning: Optional[Dict[str, Any]] = None  # the measurement behind an "auto" choice
+
+    @property
+    def has_bias(self) -> bool:
+        return "bias" in self.spec.shapes
 
 
 def _gather_recipe(spec: Spec, rank: int):
@@ -342,8 +345,8 @@ def _gather_recipe(spec: Spec, rank: int):
     return recipe, (total, spec.k)
 
 
-def _signature(spec: Optional[Spec], key, error: Optional[str]) -> Dict[str, Any]:
-    op, schedule, steps, dtype, shapes, beta, has_bias, gathered, path = key
+def _signature(key, error: Optional[str]) -> Dict[str, Any]:
+    op, schedule, steps, dtype, shapes, beta, gathered, path = key
     sig = {"op": op, "schedule": schedule, "steps": steps, "dtype": str(dtype), "path": path}
     for name, shape in shapes:
         sig[f"{name}.shape"] = None if shape is None else list(shape)
@@ -352,19 +355,19 @@ def _signature(spec: Optional[Spec], key, error: Optional[str]) -> Dict[str, Any
 
 
 def _create_entry(comm: Communicator, key, make) -> _Entry:
-    op, _, _, dtype, _, beta, has_bias, gathered, path = key
+    op, _, _, dtype, _, beta, gathered, path = key
     spec, error, exc = None, None, None
     try:
         spec = make()
     except (ValueError, TypeError) as e:
         error, exc = f"{type(e).__name__}: {e}", e
-    sigs = comm.all_gather(_signature(spec, key, error), f"{op} plan signature")
+    sigs = comm.all_gather(_signature(key, error), f"{op} plan signature")
     if exc is not None and all(s["error"] == error for s in sigs):
         raise exc  # every rank rejected the same inputs the same way: the plain error
     problem = signature_mismatch(sigs, op)
     if problem:
         raise ValueError(problem)
-    entry = _Entry(spec=spec, dtype=dtype, beta=beta, has_bias=has_bias, ws=None, bases=[],
+    entry = _Entry(spec=spec, dtype=dtype, beta=beta, ws=None, bases=[],
                    graphs=collections.OrderedDict(), out_shape=torch.Size(spec.shapes["out"]),
                    path=None if path == "auto" else path, want_gathered=gathered)
     if entry.path != "collective":  # the collective path launches no plan: no workspace
@@ -740,7 +743,7 @@ def all_gather_gemm(a_shard: torch.Tensor, w: torch.Tensor, *, bias: Optional[to
     key = (op, schedule, steps, dtype,
            (("a_shard", a_shard.shape), ("w", w.shape),
             ("bias", None if bias is None else bias.shape)),
-           0.0, bias is not None, bool(return_gathered), path)
+           0.0, bool(return_gathered), path)
 
     def make(comm):
         return make_spec(op, schedule, comm.tp, comm.rank, steps, a_shard, w, bias=bias, out=out)
@@ -823,7 +826,7 @@ def _gemm_then_reduce(op, schedule, a, w, bias, c, beta, steps, out, group, path
     key = (op, schedule, steps, dtype,
            (("a", a.shape), ("w", w.shape), ("bias", None if bias is None else bias.shape),
             ("c", None if c_used is None else c_used.shape)),
-           beta, bias is not None, False, path)
+           beta, False, path)
 
     def make(comm):
         return make_spec(op, schedule, comm.tp, comm.rank, steps, a, w, bias=bias, c=c, beta=beta,
