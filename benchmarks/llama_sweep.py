@@ -573,6 +573,31 @@ def _rel_err(torch, x, ref) -> float:
     return float((x - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
+@dataclass
+class LayerOperands:
+    """One rank's operands of a case: fresh random bf16 (never zeros: zeros run faster on these
+    GPUs), the weight scaled by 1/sqrt(K); `gen` continues the same stream for further inputs."""
+    ag: bool     # all-gather layer (else reduce-scatter)
+    a: Any
+    w: Any
+    wt: Any      # [K_rank, N_rank] view of w for the torch ops (B of A @ B)
+    tmp: Any     # the baseline's gathered A or partial D
+    out: Any     # the baseline's output
+    gen: Any
+
+
+def layer_operands(torch, dev, case: Case, seed: int) -> LayerOperands:
+    s = shapes(case)
+    bf = torch.bfloat16
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    a = torch.randn(s["a"], device=dev, dtype=bf, generator=gen)
+    w = torch.randn(s["w"], device=dev, dtype=bf, generator=gen) / math.sqrt(s["w"][1])
+    ag = s["collective"] == "all_gather"
+    tmp = torch.empty(s["full_a"] if ag else s["partial"], device=dev, dtype=bf)
+    out = torch.empty(s["out"], device=dev, dtype=bf)
+    return LayerOperands(ag, a, w, w.t(), tmp, out, gen)
+
+
 def run_case(ctx: _Ctx, case: Case, rejected: Dict[int, str], group_name: str,
              solo) -> Dict[str, Any]:
     """Measure every variant of one case on this rank. Returns this rank's record; raises on
@@ -583,17 +608,11 @@ def run_case(ctx: _Ctx, case: Case, rejected: Dict[int, str], group_name: str,
 
     s = shapes(case)
     bf = torch.bfloat16
-    gen = torch.Generator(device=dev).manual_seed(1234 + 7919 * ctx.rank + case.tokens)
-    # Fresh random data per case and rank (never zeros: zeros run faster on these GPUs).
-    a = torch.randn(s["a"], device=dev, dtype=bf, generator=gen)
-    w = (torch.randn(s["w"], device=dev, dtype=bf, generator=gen) / math.sqrt(s["w"][1]))
-    wt = w.t()  # [K_rank, N_rank] view for the torch ops (B of A @ B)
-    ag = s["collective"] == "all_gather"
+    lo = layer_operands(torch, dev, case, 1234 + 7919 * ctx.rank + case.tokens)
+    ag, a, w, wt, tmp, out, gen = lo.ag, lo.a, lo.w, lo.wt, lo.tmp, lo.out, lo.gen
     ms: Dict[str, Optional[float]] = {}
     errs: Dict[str, Optional[float]] = {}
     unavailable: Dict[str, str] = {}
-    tmp = torch.empty(s["full_a"] if ag else s["partial"], device=dev, dtype=bf)
-    out = torch.empty(s["out"], device=dev, dtype=bf)
 
     def baseline():
         return baseline_call(torch, dist, ag, a, wt, tmp, out)

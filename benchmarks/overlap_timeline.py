@@ -562,20 +562,14 @@ CTRL_TIMEOUT_S = 40    # gloo control group: every barrier / agreement / gather
 
 
 def _make_variants(ctx, case, steps, comm, group_name) -> Tuple[Dict[str, Callable], Dict[str, Any]]:
-    """(variant name -> one call, {"ref": baseline output, "out": distgemm's output buffer}) for
-    one layer on this rank: fresh random bf16 operands as in llama_sweep."""
+    """(variant name -> one call, {"dg_out": distgemm's output buffer}) for one layer on this
+    rank: fresh random bf16 operands as in llama_sweep (its layer_operands, another seed)."""
     torch, dist, dev = ctx.torch, ctx.dist, ctx.dev
     from distgemm import ops
 
-    s = sweep.shapes(case)
-    gen = torch.Generator(device=dev).manual_seed(4321 + 7919 * ctx.rank + case.tokens)
-    a = torch.randn(s["a"], device=dev, dtype=torch.bfloat16, generator=gen)
-    w = torch.randn(s["w"], device=dev, dtype=torch.bfloat16, generator=gen) / math.sqrt(s["w"][1])
-    wt = w.t()
-    out = torch.empty(s["out"], device=dev, dtype=torch.bfloat16)
+    x = sweep.layer_operands(torch, dev, case, 4321 + 7919 * ctx.rank + case.tokens)
+    ag, a, w, wt, tmp, out = x.ag, x.a, x.w, x.wt, x.tmp, x.out
     dg_out = torch.empty_like(out)
-    ag = s["collective"] == "all_gather"
-    tmp = torch.empty(s["full_a"] if ag else s["partial"], device=dev, dtype=torch.bfloat16)
 
     def baseline():
         return sweep.baseline_call(torch, dist, ag, a, wt, tmp, out)
@@ -588,7 +582,7 @@ def _make_variants(ctx, case, steps, comm, group_name) -> Tuple[Dict[str, Callab
         return op(a, w, steps=steps, out=dg_out, group=comm, path="overlap")
 
     fns = dict(baseline=baseline, symm_mem=symm_mem, distgemm=distgemm)
-    return fns, dict(out=out, dg_out=dg_out, a=a, w=w)
+    return fns, dict(dg_out=dg_out)
 
 
 def _profile(ctx, fns: Dict[str, Callable], ref_ms: Dict[str, float], tag: str, calls: int):
