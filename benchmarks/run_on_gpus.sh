@@ -16,6 +16,8 @@
 #   cpp-sweep-quick|full  distgemm_bench --sweep quick|full
 #   cpp-variants     the quick C++ sweep per (reduce-scatter partial transport, PDL) pair, twice,
 #                    at TP = every GPU and TP = 2 (benchmarks/compare_variants.py summarises)
+#   cpp-tiles        benchmarks/compare_tiles.py (the GEMM's two tiles per shape, one GPU), then the
+#                    C++ sweep at 1024/2048 tokens with --tile-n auto and 256, two rounds each
 # CPP_TESTS_K narrows cpp-tests to a pytest -k expression.
 # While the parts run, nvidia-smi samples SM clock, power and throttle reasons every 500 ms
 # ($OUT/smi.csv): the context for every TF/s number. At the end everything under $OUT is packed
@@ -72,13 +74,22 @@ for p in "$@"; do
             done; done
           done
         done; exit $rc' "$NPROC" "$BENCH" "$OUT/cpp-variants" ;;
+    cpp-tiles) part cpp-tiles ${CPP_TILES_S:-300} bash -c '
+        set -u; rc=0
+        python3 benchmarks/compare_tiles.py --bench "$0" --csv "$1/tiles.csv" || rc=1
+        for run in auto-r1 256-r1 256-r2 auto-r2; do  # interleaved: drift hits both alike
+          "$0" --sweep full --tokens 1024,2048 --tile-n ${run%-*} --csv "$1/small-$run.csv" \
+            > "$1/small-$run.log" 2>&1
+          r=$?; [ $r -eq 0 ] || rc=1
+          echo "small-token sweep --tile-n $run rc=$r"; tail -n 1 "$1/small-$run.log"
+        done; exit $rc' "$BENCH" "$OUT/cpp-tiles" ;;
     timeline) part timeline 150 torchrun --nproc-per-node "$NPROC" benchmarks/overlap_timeline.py --out "$OUT/timeline" ;;
     sweep-quick) part sweep-quick 200 torchrun --nproc-per-node "$NPROC" benchmarks/llama_sweep.py --quick --out "$OUT/sweep-quick" ;;
     sweep-full) part sweep-full 560 torchrun --nproc-per-node "$NPROC" benchmarks/llama_sweep.py --out "$OUT/sweep-full" ;;
     sweep-fc) part sweep-fc 300 torchrun --nproc-per-node "$NPROC" benchmarks/llama_sweep.py --models 70B --layers FC1,FC2 --out "$OUT/sweep-fc" ;;
     cpp-sweep-quick) part cpp-sweep-quick 200 "$BENCH" --sweep quick --tp "$NPROC" --csv "$OUT/cpp-sweep-quick/cpp-sweep-quick.csv" ;;
     cpp-sweep-full) part cpp-sweep-full 400 "$BENCH" --sweep full --tp "$NPROC" --csv "$OUT/cpp-sweep-full/cpp-sweep-full.csv" ;;
-    *) echo "unknown part '$p' (api, cpp-tests, cpp-variants, timeline, sweep-quick, sweep-full, sweep-fc, cpp-sweep-quick, cpp-sweep-full)"; rc=1 ;;
+    *) echo "unknown part '$p' (api, cpp-tests, cpp-variants, cpp-tiles, timeline, sweep-quick, sweep-full, sweep-fc, cpp-sweep-quick, cpp-sweep-full)"; rc=1 ;;
   esac
   tail -n 25 "$OUT/$p.log" 2>/dev/null | cut -c1-250
 done

@@ -9,13 +9,14 @@
 //                  [--timeout-s 5] [--replays 10000] [--simulate-missing-device D]
 //                  [--check-update] [--no-verify] [--no-local] [--warmup-ms 1000]
 //                  [--swizzle 8] [--raster 0] [--pdl|--no-pdl] [--partial-via epilogue|copy]
-//                  [--verify-rows R]
+//                  [--tile-n auto|128|256] [--verify-rows R]
 //   distgemm_bench --sweep [quick|full] [--tp T] [--models 8B,70B] [--tokens 4096,8192]
 //                  [--layers QKV,O] [--csv PATH] [--dry-run] [--verify-rows 256]
 //                  [--warmup-ms 300] [--iterations auto] [--dtype bf16] [--pdl|--no-pdl] ...
 // --pdl/--no-pdl: programmatic dependent launch between the GEMM steps (default: where it pays,
 // device::pdl_by_default); --partial-via: how reduce-scatter partials reach the next device
-// (default: schedule::default_plan_options).
+// (default: schedule::default_plan_options); --tile-n: the GEMM output tile 128 x 128 or
+// 128 x 256 for every GEMM (default auto: per GEMM, kernel::choose_tile_n).
 //
 // Single case: prints one line `RESULT key=value ...` (parsed by tests/gpu/test_cpp_bench.py).
 // Exit code: 0 verified (and timed), 1 verification failure or runtime error (a timeout report
@@ -101,6 +102,7 @@ struct Args {
   int swizzle = device::GraphOptions{}.swizzle, raster = device::GraphOptions{}.raster;
   device::GraphOptions::Pdl pdl = device::GraphOptions::Pdl::Auto;  // --pdl / --no-pdl
   std::optional<schedule::PartialVia> partial_via;  // --partial-via; none: the library default
+  int tile_n = device::GraphOptions{}.tile_n;  // --tile-n auto|128|256 (0: auto)
   uint64_t seed = 1234;
   int64_t verify_rows = 0;  // rows of D checked against the reference; 0: all
   // Sweep mode (sweep non-empty: "quick" or "full").
@@ -117,12 +119,12 @@ struct Args {
                "[--warmup-ms T] [--alpha A] [--beta B] [--bias] [--timeout-s T] [--replays R] "
                "[--simulate-missing-device D] [--check-update] [--no-verify] [--no-local] "
                "[--seed X] [--swizzle 1|2|4|8] [--raster 0|1|2] [--pdl|--no-pdl] "
-               "[--partial-via epilogue|copy] [--verify-rows R]\n"
+               "[--partial-via epilogue|copy] [--tile-n auto|128|256] [--verify-rows R]\n"
                "       distgemm_bench --sweep [quick|full] [--tp T] [--models 8B,70B,405B] "
                "[--tokens 1024,...,16384] [--layers QKV,O,FC1,FC2] [--csv PATH] [--dry-run] "
                "[--dtype bf16|fp16] [--iterations I|auto] [--warmup W] [--warmup-ms T>=200] "
                "[--timeout-s T] [--seed X] [--swizzle 1|2|4|8] [--raster 0|1|2] [--pdl|--no-pdl] "
-               "[--partial-via epilogue|copy] "
+               "[--partial-via epilogue|copy] [--tile-n auto|128|256] "
                "[--verify-rows R]\n",
                why.c_str());
   std::exit(2);
@@ -221,6 +223,12 @@ Args parse(int argc, char** argv) {
         } catch (const std::invalid_argument&) {
           usage("--partial-via takes epilogue or copy, got " + v);
         }
+      }
+      else if (k == "--tile-n") {
+        const std::string v = val();
+        a.tile_n = v == "auto" ? 0 : std::stoi(v);
+        if (!kernel::tile_n_problem(a.tile_n).empty())
+          usage("--tile-n takes auto, 128 or 256, got " + v);
       }
       else if (k == "--verify-rows") a.verify_rows = std::stoll(val());
       else if (k == "--sweep") {
@@ -485,6 +493,7 @@ std::unique_ptr<Setup> make_setup(const Args& a, const schedule::ScheduleDef& de
   opt.swizzle = a.swizzle;
   opt.raster = a.raster;
   opt.pdl = a.pdl;
+  opt.tile_n = a.tile_n;
   for (int d = 0; d < tp; ++d) {
     // Rejects misaligned shapes here, before anything is launched.
     s->graphs.push_back(std::make_unique<device::DeviceGraph>(
@@ -805,10 +814,11 @@ int run(Args a) {
   }
   const auto st = s->graphs[0]->stats();
   std::printf("plan: %s tp=%d S=%d workspace %.1f MiB/device; graph dev0: %d GEMM, %d copy, %d "
-              "signal nodes, %d wait kernels; pdl=%d partial_via=%s\n",
+              "signal nodes, %d wait kernels; pdl=%d partial_via=%s; %d of %d GEMMs with 128x128 "
+              "tiles\n",
               a.schedule.c_str(), a.tp, a.steps, s->plan.extra_bytes(2) / 1048576.0,
               st.gemm_nodes, st.copy_nodes, st.signal_nodes, st.wait_kernels, st.pdl ? 1 : 0,
-              schedule::partial_via_name(s->plan.partial_via));
+              schedule::partial_via_name(s->plan.partial_via), st.gemm_n128, st.gemm_nodes);
   std::fflush(stdout);
 
   // Missing device: launch every graph but one; the others must report the timeout and the
@@ -930,12 +940,14 @@ int run(Args a) {
       "RESULT schedule=%s tp=%d steps=%d m=%lld n=%lld k=%lld l=%lld dtype=%s beta=%g bias=%d "
       "rel_err=%.3e rel_err_update=%.3e rel_err_replays=%.3e verify=%s ms=%.4f "
       "tflops_per_gpu=%.1f local_ms=%.4f local_tflops=%.1f overlap_eff=%.4f update_ms=%.3f "
-      "rebuild_ms=%.3f swizzle=%d raster=%d pdl=%d partial_via=%s verify_rows=%lld\n",
+      "rebuild_ms=%.3f swizzle=%d raster=%d pdl=%d partial_via=%s tile_n=%s gemm_n128=%d "
+      "verify_rows=%lld\n",
       a.schedule.c_str(), a.tp, a.steps, (long long)a.m, (long long)a.n, (long long)a.k,
       (long long)a.l, a.dtype.c_str(), a.beta, a.bias ? 1 : 0, rel_err, rel_err_update,
       rel_err_replays, a.verify ? (ok ? "PASS" : "FAIL") : "SKIP", ms, tflops, local_ms,
       local_ms > 0 ? tflops_per_gpu(prob, a.tp, local_ms) : -1.0, eff, update_ms, rebuild_ms,
       a.swizzle, a.raster, st.pdl ? 1 : 0, schedule::partial_via_name(s->plan.partial_via),
+      a.tile_n ? std::to_string(a.tile_n).c_str() : "auto", st.gemm_n128,
       (long long)(g ? g->checked : 0));
   if (!ok)
     std::fprintf(stderr, "error: verification failed (relative error >= %.0e or NaN)\n", kTolerance);

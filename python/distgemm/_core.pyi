@@ -24,6 +24,12 @@ def llama_layers() -> Dict[str, Dict[str, str]]:
     QKV, O, FC1 (gate+up), FC2, in sweep order."""
 def llama_tokens(quick: bool = False) -> List[int]:
     """Token counts M: [1024, 2048, 4096, 8192, 16384]; quick=True: [4096, 8192]."""
+def choose_tile_n(m: int, n: int, l: int = 1, slots_n256: int = 132,
+                  slots_n128: int = 132) -> Dict[str, Any]:
+    """The GEMM kernel's output tile width for an m x n (x l) GEMM: {'tile_n': 128 or 256,
+    'n256': {'tiles', 'waves', 'cost'}, 'n128': {...}} (kernel/tile_choice.hpp)."""
+TILE128_RELATIVE_COST: float
+TILE128_MIN_GAIN: float
 def llama_tp_split_reason(model: str, layer: str, tokens: int, tp: int) -> str:
     """'' when TP ranks split the layer exactly, else the reason (distgemm_bench --sweep's rule)."""
 def llama_gemm(model: str, layer: str, tokens: int) -> Tuple[int, int, int]:

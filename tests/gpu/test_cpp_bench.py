@@ -122,6 +122,47 @@ def test_defaults_reported():
         assert (res["pdl"], res["partial_via"]) == (pdl, via), (schedule, steps)
 
 
+TILES = [(s, t, dt) for s in SCHEDULES for t in ("128", "256") for dt in ("bf16", "fp16")]
+
+
+@pytest.mark.parametrize("schedule,tile,dtype", TILES,
+                         ids=[f"{s}-n{t}-{dt}" for s, t, dt in TILES])
+def test_each_tile_kernel_verifies(schedule, tile, dtype):
+    """Both GEMM kernels (output tile 128x128 and 128x256) forced on every GEMM of the plan:
+    beta, bias, batches and a pointer update on, every element checked."""
+    proc, res = run_bench("--schedule", schedule, "--tp", str(TP), "--steps", str(2 * TP),
+                          "--tile-n", tile, "--dtype", dtype, "--m", "1024", "--n", "1024",
+                          "--k", "512", "--l", "2", "--beta", "0.5", "--bias", "--check-update",
+                          "--iterations", "3", "--warmup", "1", "--no-local")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert res["verify"] == "PASS" and float(res["rel_err"]) < 1e-2
+    assert 0 <= float(res["rel_err_update"]) < 1e-2
+    assert res["tile_n"] == tile
+    assert res["gemm_n128"] == (str(2 * TP) if tile == "128" else "0")
+
+
+def test_tile_choice_follows_the_wave_model():
+    """Without --tile-n each GEMM's tile comes from kernel::choose_tile_n: the 1024-token O
+    projection's steps (M/S rows x 4096) underfill the GPU with 128x256 tiles and get 128x128;
+    8192-row steps of an 8192-wide output fill it and keep 128x256. The RESULT line reports it."""
+    proc, res = run_bench("--schedule", "rs_tile_a", "--tp", str(TP), "--steps", str(TP),
+                          "--m", "1024", "--n", "4096", "--k", str(2048 * TP), *SMALL[6:])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert res["verify"] == "PASS" and res["tile_n"] == "auto"
+    assert res["gemm_n128"] == str(TP)
+    proc, res = run_bench("--schedule", "rs_tile_a", "--tp", str(TP), "--steps", str(TP),
+                          "--m", str(8192 * TP), "--n", "8192", "--k", str(256 * TP), *SMALL[6:])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert res["verify"] == "PASS" and res["gemm_n128"] == "0"
+
+
+def test_bad_tile_n_rejected():
+    proc, _ = run_bench("--schedule", "rs_tile_a", "--tp", str(TP), "--steps", str(TP),
+                        "--tile-n", "64", *SMALL)
+    assert proc.returncode == 2
+    assert "--tile-n takes auto, 128 or 256, got 64" in proc.stderr
+
+
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_batched_and_graph_update(schedule):
     proc, res = run_bench("--schedule", schedule, "--tp", str(TP), "--steps", str(2 * TP), "--m", "1024",

@@ -307,6 +307,8 @@ class PyGraph {
     d["copy_nodes"] = s.copy_nodes;
     d["signal_nodes"] = s.signal_nodes;
     d["wait_kernels"] = s.wait_kernels;
+    d["pdl"] = s.pdl;
+    d["gemm_n128"] = s.gemm_n128;
     return d;
   }
 

@@ -155,6 +155,7 @@ kernel::GemmDesc DeviceGraph::gemm_desc(const schedule::GemmOp& op, const UserBu
   g.beta = epi_.beta;
   g.swizzle = opt_.swizzle;
   g.raster = opt_.raster;
+  g.tile_n = opt_.tile_n;
   return g;
 }
 
@@ -237,6 +238,7 @@ cudaGraph_t DeviceGraph::capture(const UserBuffers& user) {
       const auto& op = prog.gemms[i];
       kernel::GemmDesc desc = gemm_desc(op, user);
       desc.pdl = use_pdl && i > 0;  // GEMM 0 follows the entry barrier: a full edge
+      if (kernel::gemm_tile_n(desc, cuda_device_) == 128) ++st.gemm_n128;
       kernel::gemm_launch(desc, wait_spec(op.waits, op.iteration, kernel::kWaitGemm),
                           cuda_device_, s_gemm_);
       ++st.gemm_nodes;

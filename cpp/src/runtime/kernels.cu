@@ -9,16 +9,35 @@
 #include "distgemm/kernel/gemm.hpp"
 #include "distgemm/kernel/gemm_extents.hpp"
 #include "distgemm/kernel/leading_barrier.cuh"
+#include "distgemm/kernel/tile_choice.hpp"
 
 namespace distgemm::kernel {
 
 namespace detail {
-std::string can_implement_bf16(const GemmDesc& g);
-void launch_bf16(const GemmDesc& g, const WaitSpec& w, int device, cudaStream_t s);
-void prepare_bf16(int device);
-void prepare_fp16(int device);
-std::string can_implement_fp16(const GemmDesc& g);
-void launch_fp16(const GemmDesc& g, const WaitSpec& w, int device, cudaStream_t s);
+// One set per kernel (gemm_<dtype>_n<tile>.cu).
+#define DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(SUFFIX)                                   \
+  std::string can_implement_##SUFFIX(const GemmDesc& g);                             \
+  void launch_##SUFFIX(const GemmDesc& g, const WaitSpec& w, int device, cudaStream_t s); \
+  int prepare_##SUFFIX(int device);
+DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(bf16_n256)
+DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(bf16_n128)
+DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(fp16_n256)
+DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(fp16_n128)
+#undef DISTGEMM_DECLARE_GEMM_ENTRY_POINTS
+
+struct Kernels {
+  std::string (*can_implement)(const GemmDesc&);
+  void (*launch)(const GemmDesc&, const WaitSpec&, int, cudaStream_t);
+  int (*prepare)(int);
+};
+
+Kernels kernels(DType dtype, int tile_n) {
+  if (dtype == DType::BF16)
+    return tile_n == 128 ? Kernels{can_implement_bf16_n128, launch_bf16_n128, prepare_bf16_n128}
+                         : Kernels{can_implement_bf16_n256, launch_bf16_n256, prepare_bf16_n256};
+  return tile_n == 128 ? Kernels{can_implement_fp16_n128, launch_fp16_n128, prepare_fp16_n128}
+                       : Kernels{can_implement_fp16_n256, launch_fp16_n256, prepare_fp16_n256};
+}
 }  // namespace detail
 
 namespace {
@@ -61,23 +80,27 @@ std::string gemm_can_implement(const GemmDesc& g) {
     return e;
   if (g.user_c && !(e = check_operand("C", g.user_c, g.ldc, g.batch_c, g.l, eb)).empty()) return e;
   if (g.bias && !(e = check_operand("bias", g.bias, 0, 0, 1, eb, true)).empty()) return e;
-  return g.dtype == DType::BF16 ? detail::can_implement_bf16(g) : detail::can_implement_fp16(g);
+  if (!(e = tile_n_problem(g.tile_n)).empty()) return e;
+  // Both kernels take the same shapes (TMA alignment); ask the one a forced tile names.
+  return detail::kernels(g.dtype, g.tile_n).can_implement(g);
+}
+
+int gemm_tile_n(const GemmDesc& g, int device) {
+  if (g.tile_n != 0) return g.tile_n;
+  // prepare_* is set up once per device and cached: two table lookups after the first call.
+  return choose_tile_n(g.m, g.n, g.l, detail::kernels(g.dtype, 256).prepare(device),
+                       detail::kernels(g.dtype, 128).prepare(device));
 }
 
 void gemm_launch(const GemmDesc& g, const WaitSpec& wait, int device, cudaStream_t stream) {
   const std::string why = gemm_can_implement(g);
   if (!why.empty()) throw std::invalid_argument("GEMM rejected before launch: " + why);
-  if (g.dtype == DType::BF16)
-    detail::launch_bf16(g, wait, device, stream);
-  else
-    detail::launch_fp16(g, wait, device, stream);
+  detail::kernels(g.dtype, gemm_tile_n(g, device)).launch(g, wait, device, stream);
 }
 
 void gemm_prepare(DType dtype, int device) {
-  if (dtype == DType::BF16)
-    detail::prepare_bf16(device);
-  else
-    detail::prepare_fp16(device);
+  (void)detail::kernels(dtype, 256).prepare(device);
+  (void)detail::kernels(dtype, 128).prepare(device);
 }
 
 // Entry barrier of a launch: bump this device's generation, publish it into every device's

@@ -68,6 +68,7 @@
 #include <vector>
 
 #include "distgemm/kernel/gemm.hpp"
+#include "distgemm/kernel/tile_choice.hpp"
 #include "distgemm/kernel/wait_spec.hpp"
 #include "distgemm/schedule/plan.hpp"
 
@@ -102,6 +103,9 @@ struct GraphOptions {
   // Auto: pdl_by_default(plan).
   enum class Pdl : uint8_t { Auto, On, Off };
   Pdl pdl = Pdl::Auto;
+  // GEMM output tile 128 x tile_n: 0 = per GEMM from its shape (kernel::choose_tile_n), 128 or
+  // 256 = that kernel for every GEMM (for comparisons).
+  int tile_n = 0;
 };
 
 // Where tail filling pays, measured on 2x H200 (benchmarks/results/2026-11-22-gpu-runtime.md,
@@ -118,6 +122,7 @@ inline bool pdl_by_default(const schedule::Plan& plan) {
 struct GraphStats {
   int gemm_nodes = 0, copy_nodes = 0, signal_nodes = 0, wait_kernels = 0;
   bool pdl = false;  // GEMM i+1 follows GEMM i by a programmatic edge
+  int gemm_n128 = 0;  // GEMM nodes that run the 128x128-tile kernel (the rest: 128x256)
 };
 
 class DeviceGraph {

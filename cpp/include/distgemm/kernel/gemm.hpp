@@ -1,6 +1,7 @@
 // Host API of the GEMM with a leading barrier. No CUTLASS in this header: the kernels are
-// compiled once into distgemm_runtime (one instantiation per dtype) and reached through these
-// functions, so the graph builder, the examples and the bindings build fast.
+// compiled once into distgemm_runtime (per dtype, one instantiation per output tile width) and
+// reached through these functions, so the graph builder, the examples and the bindings build
+// fast.
 //
 // The GEMM (per batch l < L, row-major views, `ld*` = elements between rows):
 //   D[m, n] = alpha * sum_k A[m, k] * B[n, k] + partial[m, n] + beta * user_c[m, n] + bias[n]
@@ -60,15 +61,22 @@ struct GemmDesc {
   // griddepcontrol.launch_dependents on entry). Only for a previous kernel this GEMM has no data
   // dependence on: the runtime's GEMMs exchange data only through flags.
   bool pdl = false;
+  // Output tile 128 x tile_n: 0 = chosen from the shape (choose_tile_n, kernel/tile_choice.hpp),
+  // 128 or 256 = that kernel.
+  int tile_n = 0;
 };
 
 // "" when the kernel can run `g`; otherwise the reason, in words, with the values and the fix.
 std::string gemm_can_implement(const GemmDesc& g);
 
-// Per-device setup of the kernel (its dynamic shared-memory limit). Call before capturing a
+// Per-device setup of the kernels (their dynamic shared-memory limit). Call before capturing a
 // graph on `device`: gemm_launch calls it too, but function attributes are better set outside a
 // stream capture.
 void gemm_prepare(DType dtype, int device);
+
+// The output tile width gemm_launch runs `g` with on `device`: g.tile_n when set, else
+// choose_tile_n with both kernels' resident CTAs on that device.
+int gemm_tile_n(const GemmDesc& g, int device);
 
 // Enqueues the GEMM on `stream` (capturable). `device` is the CUDA device the stream belongs to.
 // Throws std::runtime_error (with the CUDA/CUTLASS error) on failure; never launches a GEMM

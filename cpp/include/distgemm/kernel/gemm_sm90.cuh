@@ -3,7 +3,8 @@
 //
 // Kernel: TMA warp-specialized, cooperative (two consumer warpgroups share a 128x256 tile, so the
 // fp32 accumulators of both wgmma streams stay in flight; pingpong at 128x256 serialises them),
-// tile 128x256x64, cluster 2x1 (A tile multicast to the pair), persistent grid.
+// tile 128 x TileN x 64, cluster 2x1 (A tile multicast to the pair), persistent grid. TileN is
+// 256, or 128 for GEMMs whose 128x256 tiles would leave SMs idle (kernel/tile_choice.hpp).
 //
 // Epilogue, an EVT tree computing in fp32:
 //     D = beta * user_c + ((alpha * acc + bias[n]) + partial)
@@ -108,9 +109,10 @@ struct OptionalSrcFetch {
   }
 };
 
-template <class Element>
+template <class Element, int TileN>
 struct Config {
-  using TileShape = Shape<_128, _256, _64>;
+  static_assert(TileN == 128 || TileN == 256, "tile width 128 or 256");
+  using TileShape = Shape<_128, Int<TileN>, _64>;
   using ClusterShape = Shape<_2, _1, _1>;
   static constexpr int kAlign = 128 / cutlass::sizeof_bits<Element>::value;  // 16 bytes
   using LayoutA = cutlass::layout::RowMajor;     // A [m, k], K contiguous
@@ -166,9 +168,9 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock,
   op(params, smem);
 }
 
-template <class Element>
+template <class Element, int TileN>
 struct Runner {
-  using Cfg = Config<Element>;
+  using Cfg = Config<Element, TileN>;
   using Kernel = typename Cfg::Kernel;
   using Arguments = typename Kernel::Arguments;
 
@@ -326,14 +328,20 @@ struct Runner {
 
 }  // namespace distgemm::kernel::sm90
 
-// One dtype's entry points, defined by a translation unit that instantiates Runner<Element>.
-#define DISTGEMM_DEFINE_GEMM_ENTRY_POINTS(SUFFIX, ELEMENT)                                     \
+// One kernel's entry points (dtype x tile width), defined by a translation unit that
+// instantiates Runner<ELEMENT, TILE_N>. prepare_* returns the kernel's resident CTAs (the
+// persistent grid size), the input of choose_tile_n.
+#define DISTGEMM_DEFINE_GEMM_ENTRY_POINTS(SUFFIX, ELEMENT, TILE_N)                             \
   namespace distgemm::kernel::detail {                                                         \
   std::string can_implement_##SUFFIX(const GemmDesc& g) {                                      \
-    return sm90::Runner<ELEMENT>::can_implement(g);                                            \
+    return sm90::Runner<ELEMENT, TILE_N>::can_implement(g);                                    \
   }                                                                                            \
   void launch_##SUFFIX(const GemmDesc& g, const WaitSpec& w, int device, cudaStream_t s) {     \
-    sm90::Runner<ELEMENT>::launch(g, w, device, s);                                            \
+    sm90::Runner<ELEMENT, TILE_N>::launch(g, w, device, s);                                    \
   }                                                                                            \
-  void prepare_##SUFFIX(int device) { (void)sm90::Runner<ELEMENT>::prepare(device); }          \
+  int prepare_##SUFFIX(int device) {                                                           \
+    const auto d = sm90::Runner<ELEMENT, TILE_N>::prepare(device);                             \
+    using Cluster = typename sm90::Runner<ELEMENT, TILE_N>::Cfg::ClusterShape;                 \
+    return d.max_active_clusters * int(cute::size(Cluster{}));                                 \
+  }                                                                                            \
   }

@@ -1,0 +1,6 @@
+// fp16 in/out, fp32 accumulate, output tile 128x256: one kernel instantiation (see
+// kernel/gemm_sm90.cuh; kernel/tile_choice.hpp says which tile runs a GEMM). One translation
+// unit per kernel, so that the build compiles them in parallel.
+#include "distgemm/kernel/gemm_sm90.cuh"
+
+DISTGEMM_DEFINE_GEMM_ENTRY_POINTS(fp16_n256, cutlass::half_t, 256)
