@@ -815,10 +815,12 @@ int run(Args a) {
   const auto st = s->graphs[0]->stats();
   std::printf("plan: %s tp=%d S=%d workspace %.1f MiB/device; graph dev0: %d GEMM, %d copy, %d "
               "signal nodes, %d wait kernels; pdl=%d partial_via=%s; %d of %d GEMMs with 128x128 "
-              "tiles\n",
+              "tiles (resident CTAs: %d with 128x256 tiles, %d with 128x128)\n",
               a.schedule.c_str(), a.tp, a.steps, s->plan.extra_bytes(2) / 1048576.0,
               st.gemm_nodes, st.copy_nodes, st.signal_nodes, st.wait_kernels, st.pdl ? 1 : 0,
-              schedule::partial_via_name(s->plan.partial_via), st.gemm_n128, st.gemm_nodes);
+              schedule::partial_via_name(s->plan.partial_via), st.gemm_n128, st.gemm_nodes,
+              kernel::gemm_resident_ctas(dt, 256, devs[0]),
+              kernel::gemm_resident_ctas(dt, 128, devs[0]));
   std::fflush(stdout);
 
   // Missing device: launch every graph but one; the others must report the timeout and the

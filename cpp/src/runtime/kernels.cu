@@ -85,11 +85,19 @@ std::string gemm_can_implement(const GemmDesc& g) {
   return detail::kernels(g.dtype, g.tile_n).can_implement(g);
 }
 
+int gemm_resident_ctas(DType dtype, int tile_n, int device) {
+  const std::string why = tile_n_problem(tile_n);
+  if (!why.empty() || tile_n == 0) throw std::invalid_argument("gemm_resident_ctas: tile_n=" +
+                                                               std::to_string(tile_n) +
+                                                               " is not 128 or 256");
+  // prepare_* is set up once per device and cached: a table lookup after the first call.
+  return detail::kernels(dtype, tile_n).prepare(device);
+}
+
 int gemm_tile_n(const GemmDesc& g, int device) {
   if (g.tile_n != 0) return g.tile_n;
-  // prepare_* is set up once per device and cached: two table lookups after the first call.
-  return choose_tile_n(g.m, g.n, g.l, detail::kernels(g.dtype, 256).prepare(device),
-                       detail::kernels(g.dtype, 128).prepare(device));
+  return choose_tile_n(g.m, g.n, g.l, gemm_resident_ctas(g.dtype, 256, device),
+                       gemm_resident_ctas(g.dtype, 128, device));
 }
 
 void gemm_launch(const GemmDesc& g, const WaitSpec& wait, int device, cudaStream_t stream) {

@@ -78,6 +78,10 @@ void gemm_prepare(DType dtype, int device);
 // choose_tile_n with both kernels' resident CTAs on that device.
 int gemm_tile_n(const GemmDesc& g, int device);
 
+// Resident CTAs (the persistent grid size) of the kernel with output tile 128 x tile_n (128 or
+// 256) on `device`: the slot counts choose_tile_n works with.
+int gemm_resident_ctas(DType dtype, int tile_n, int device);
+
 // Enqueues the GEMM on `stream` (capturable). `device` is the CUDA device the stream belongs to.
 // Throws std::runtime_error (with the CUDA/CUTLASS error) on failure; never launches a GEMM
 // that gemm_can_implement rejects.
