@@ -16,7 +16,8 @@
 // (benchmarks/results/2026-11-22-tile-n128.md): steps the model rated 2-7% cheaper with 128x128
 // tiles (70B QKV at 4096 tokens, S=2; FC1 steps of 3-4 waves) ran 4-9% slower in their PDL
 // chains than with 128x256; those rated 16% or more cheaper (one-wave steps, 2-vs-3-wave
-// floors) ran 3-31% faster.
+// GEMMs) ran 5-30% faster, but for one 6% loss (70B FC2 at 1024 tokens, S=4, whose half-GPU
+// steps PDL already runs two at a time).
 #pragma once
 
 #include <cstdint>
