@@ -494,6 +494,7 @@ std::unique_ptr<Setup> make_setup(const Args& a, const schedule::ScheduleDef& de
   opt.raster = a.raster;
   opt.pdl = a.pdl;
   opt.tile_n = a.tile_n;
+  opt.workspace_bytes = s->plan.extra_bytes(2);  // what LocalSymmetricWorkspace allocated
   for (int d = 0; d < tp; ++d) {
     // Rejects misaligned shapes here, before anything is launched.
     s->graphs.push_back(std::make_unique<device::DeviceGraph>(

@@ -324,6 +324,7 @@ class _Entry:
     want_gathered: bool = False  # all_gather_gemm(..., return_gathered=True)
     scratch: Dict[Tuple[str, int], torch.Tensor] = field(default_factory=dict)  # (name, stream)
     tuning: Optional[Dict[str, Any]] = None  # the measurement behind an "auto" choice
+    ws_bytes: int = 0  # bytes addressable from each base (the plan's layout total)
 
     @property
     def has_bias(self) -> bool:
@@ -384,6 +385,9 @@ def _attach_workspace(comm: Communicator, entry: _Entry, gathered: bool) -> None
     layout = _core.workspace_layout(spec.schedule, spec.tp, spec.steps, spec.m, spec.n, spec.k,
                                     1, 2, spec.plan["partial_via"])  # the plan's own options
     entry.ws, entry.bases = comm.workspace_for(layout)
+    # workspace_for shifts each base so that exactly the layout's bytes follow it: the graph
+    # checks its own plan's layout against this.
+    entry.ws_bytes = int(layout["total_bytes"])
     if gathered:
         entry.gather, entry.gather_shape = _gather_recipe(spec, comm.rank)
         slot_elems = int(spec.plan["slot_elems"])
@@ -403,7 +407,7 @@ def _graph(comm: Communicator, entry: _Entry, ptrs: Tuple[int, int, int, int, in
         g = _core.DeviceGraph(s.schedule, s.tp, s.steps, s.m, s.n, s.k, 1, comm.rank,
                               comm.device.index, _DTYPES[entry.dtype], 1.0, entry.beta,
                               entry.has_bias, entry.bases, *ptrs, comm.wait_timeout_s,
-                              entry.ws.order)
+                              entry.ws.order, s.plan["partial_via"], entry.ws_bytes)
     else:
         _, g = entry.graphs.popitem(last=False)
         g.update(*ptrs)

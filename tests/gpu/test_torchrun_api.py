@@ -94,7 +94,7 @@ def test_api_under_torchrun(tmp_path):
               "misaligned", "m_not_divisible", "odd_k", "rank_shape_mismatch",
               "rank_dtype_mismatch", "rank_steps_mismatch", "cuda_graph_capture",
               "works_after_capture_refusal", "missing_rank_timeout", "missing_rank_named",
-              "broken_communicator_refuses_launch", "closed_communicator"]:
+              "broken_communicator_refuses_launch", "workspace_too_small", "closed_communicator"]:
         assert f"errors/{n}" in names, f"error path {n} did not run"
     for e in by_prefix(data, "errors/rank_"):
         assert e["same_on_every_rank"] and e["exception"] == "ValueError"

@@ -37,6 +37,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
+from distgemm import _core
 from distgemm import comm as dcomm
 from distgemm import ops
 
@@ -386,6 +387,26 @@ def test_errors(dev):
         record("errors/works_after_capture_refusal", e < 1e-2, rel_err=e)
     except Exception as ex:  # noqa: BLE001
         record("errors/works_after_capture_refusal", False, error=str(ex))
+    # A graph refuses a workspace sized for another plan: rs_tile_a at S=2TP stages partials for
+    # the copy engine (twice the slots); a workspace sized for epilogue partials is too small.
+    m2, k2 = 256 * tp, 64 * tp
+    a2 = torch.randn(m2, 64, device=dev).to(bf)
+    w2 = torch.randn(64, 64, device=dev).to(bf)
+    out2 = torch.empty(m2 // tp, 64, device=dev, dtype=bf)
+    sized = {via: _core.workspace_layout("rs_tile_a", tp, 2 * tp, m2, 64, k2, 1, 2, via)["total_bytes"]
+             for via in ("epilogue", "copy")}
+
+    def graph_on_small_workspace():
+        fake_bases = [(1 << 40) + (r << 32) for r in range(tp)]  # never used: refused first
+        _core.DeviceGraph("rs_tile_a", tp, 2 * tp, m2, 64, k2, 1, r, dev.index, "bf16", 1.0, 0.0,
+                          False, fake_bases, a2.data_ptr(), w2.data_ptr(), 0, out2.data_ptr(), 0,
+                          5.0, _core.LaunchOrder(dev.index), "copy", sized["epilogue"])
+    if sized["copy"] > sized["epilogue"]:
+        expect("workspace_too_small", ValueError, graph_on_small_workspace,
+               f"needs a workspace of {sized['copy']} bytes per rank")
+    else:
+        record("errors/workspace_too_small", False, sized=sized,
+               error="copy-engine partials should need more workspace than epilogue ones")
     c = dcomm.Communicator()
     c.close()
     expect("closed_communicator", RuntimeError, lambda: ops.all_gather_gemm(a, w, group=c),

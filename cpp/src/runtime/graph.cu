@@ -53,6 +53,16 @@ DeviceGraph::DeviceGraph(const schedule::Plan& plan, int rank, int cuda_device, 
   for (int r = 0; r < plan.tp; ++r)
     if (!bases_[r])
       throw std::invalid_argument("workspace base of rank " + std::to_string(r) + " is null");
+  if (opt_.workspace_bytes > 0 && layout_.total_bytes > opt_.workspace_bytes)
+    throw std::invalid_argument(
+        plan_.schedule + " (TP=" + std::to_string(plan_.tp) + ", S=" +
+        std::to_string(plan_.steps) + ", partials by " +
+        schedule::partial_via_name(plan_.partial_via) + ") needs a workspace of " +
+        std::to_string(layout_.total_bytes) + " bytes per rank (slots " +
+        std::to_string(layout_.slots_bytes) + ", flags " + std::to_string(layout_.flags_bytes) +
+        ", barrier " + std::to_string(layout_.barrier_bytes) + "); the workspace has " +
+        std::to_string(opt_.workspace_bytes) +
+        ": size it from this plan's own layout (same partial_via)");
   (void)timeout_ns(opt_.timeout_s);
   validate(user);  // before any CUDA work: a rejected shape never reaches a launch
 

@@ -106,6 +106,11 @@ struct GraphOptions {
   // GEMM output tile 128 x tile_n: 0 = per GEMM from its shape (kernel::choose_tile_n), 128 or
   // 256 = that kernel for every GEMM (for comparisons).
   int tile_n = 0;
+  // Bytes addressable from each workspace base (the same on every rank). When set, the
+  // constructor refuses a plan whose layout needs more: a workspace sized for another plan (e.g.
+  // for epilogue partials, while this plan stages them for the copy engine) would otherwise be
+  // written past its end. 0: not checked (the caller sized it from this very plan).
+  int64_t workspace_bytes = 0;
 };
 
 // Where tail filling pays, measured on 2x H200 (benchmarks/results/2026-11-22-gpu-runtime.md,
