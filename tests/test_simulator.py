@@ -246,3 +246,33 @@ def test_cli_default_shape_fits_tp3_s6(capsys, schedule):
     assert "problem M=8190 N=57330 K=8190" in out and "all invariants hold" in out
     rc, out, _ = run_cli(capsys, "--schedule", schedule, "--tp", "4", "--steps", "8")
     assert rc == 0 and "problem M=8192 N=57344 K=8192" in out
+
+
+def test_cli_marks_the_gemms_that_run_narrow_tiles(capsys):
+    """The step table marks the sub-GEMMs the runtime's wave model gives 128x128 tiles: the
+    512-row steps of 8B O at 1024 tokens (64 wide tiles for 132 SMs), none of 70B O's
+    2048-row steps at 8192 tokens; fewer resident CTAs (--slots) change the verdict."""
+    def marked(*argv):
+        rc, out, _ = run_cli(capsys, "--schedule", "rs_tile_a", "--tp", "2", *argv)
+        assert rc == 0, out
+        rows = [ln for ln in out.splitlines() if "| GEMM" in ln or "| wait" in ln]
+        return sum("[128x128]" in r for r in rows), len(rows)
+
+    assert marked("--steps", "2", "--m", "1024", "--n", "4096", "--k", "4096") == (4, 4)
+    assert marked("--steps", "4", "--m", "8192", "--n", "8192", "--k", "8192") == (0, 8)
+    # 64 wide tiles fill 64 slots in one wave; 128 narrow ones then need two: no gain.
+    assert marked("--steps", "2", "--m", "1024", "--n", "4096", "--k", "4096",
+                  "--slots", "64") == (0, 4)
+
+
+def test_gemm_tile_follows_the_core_model():
+    plan = distgemm.build_plan("ag_rotate_a", 2, 2, m=1024, n=6144, k=4096)
+    for dev in plan["devices"]:
+        for g in dev["gemms"]:
+            want = distgemm._core.choose_tile_n(g["m"], g["n"], 1, 100, 100)["tile_n"]
+            assert simulate.gemm_tile(g, 1, 100) == want
+
+
+def test_cli_bad_slots_exits_2(capsys):
+    rc, _, err = run_cli(capsys, "--schedule", "rs_tile_a", "--tp", "2", "--slots", "0")
+    assert rc == 2 and "--slots=0 must be at least 1" in err

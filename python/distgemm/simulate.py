@@ -75,9 +75,22 @@ def _signals(sigs: List[dict]) -> str:
     return ", ".join(f"f{s['flag']}@{s['device']}" for s in sigs)
 
 
-def step_table(plan: dict) -> List[dict]:
-    """Rows of the step table: one per (step, device), with 'compute' and 'copy' cells."""
+# Resident CTAs of either GEMM kernel on an H200 (132 SMs, one CTA each; distgemm_bench prints
+# the device's own counts): the default for the tile annotation of the step table.
+H200_RESIDENT_CTAS = 132
+
+
+def gemm_tile(g: dict, l: int, slots: int) -> int:
+    """The output tile width (128 or 256) the runtime's wave model (kernel/tile_choice.hpp) picks
+    for sub-GEMM ``g`` with ``slots`` resident CTAs per kernel."""
+    return int(_core.choose_tile_n(g["m"], g["n"], l, slots, slots)["tile_n"])
+
+
+def step_table(plan: dict, slots: int = H200_RESIDENT_CTAS) -> List[dict]:
+    """Rows of the step table: one per (step, device), with 'compute' and 'copy' cells. A GEMM
+    the 128x128-tile kernel would run (with ``slots`` resident CTAs) is marked [128x128]."""
     rows = []
+    l = plan["problem"]["l"]
     per_slot = _slot_size(plan)
     split = plan["definition"]["split"]
     for i in range(plan["steps"]):
@@ -92,6 +105,8 @@ def step_table(plan: dict) -> List[dict]:
                 lo = g["m0"] if split == "M" else g["n0"]
                 ext = g["m"] if split == "M" else g["n"]
                 parts.append(f"GEMM {split}[{lo}:{lo + ext}] K[{g['k0']}:{g['k0'] + g['k']}]")
+                if gemm_tile(g, l, slots) == 128:
+                    parts.append("[128x128]")
                 rot = plan["definition"]["rotating"]
                 if rot in ("A", "B"):
                     ext = (g["m"], g["k"]) if rot == "A" else (g["n"], g["k"])
@@ -163,6 +178,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--partial-via", choices=("epilogue", "copy"), default=None,
                     help="reduce-scatter partials: written to the peer by the epilogue, or staged "
                          "locally and pushed by the copy engine (default: the library's choice)")
+    ap.add_argument("--slots", type=int, default=H200_RESIDENT_CTAS,
+                    help="resident CTAs per GEMM kernel for the [128x128] tile marks (default "
+                         f"{H200_RESIDENT_CTAS}, an H200)")
     ap.add_argument("--check", dest="check", action="store_true", default=True, help="prove the invariants (default)")
     ap.add_argument("--no-check", dest="check", action="store_false", help="print the table only")
     ap.add_argument("--json", action="store_true", help="print plan, table and check result as JSON")
@@ -175,10 +193,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         shape = default_shape(args.tp, args.steps)
         shape.update({d: getattr(args, d) for d in shape if getattr(args, d) is not None})
         plan = build_plan(args.schedule, args.tp, args.steps, partial_via=args.partial_via, **shape)
+        if args.slots < 1:
+            raise ValueError(f"--slots={args.slots} must be at least 1")
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    rows = step_table(plan)
+    rows = step_table(plan, args.slots)
     violations = check_plan(plan) if args.check else []
     if args.json:
         json.dump({"plan": plan, "table": rows, "checked": args.check, "ok": not violations,
@@ -186,6 +206,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         print()
     else:
         print(describe(plan))
+        print(f"GEMMs marked [128x128] run the 128x128-tile kernel, the others 128x256 (wave model of "
+              f"kernel/tile_choice.hpp at {args.slots} resident CTAs)")
         print()
         print(format_table(plan, rows))
         print()
