@@ -473,9 +473,8 @@ std::unique_ptr<Setup> make_setup(const Args& a, const schedule::ScheduleDef& de
                                   int tp, int steps, const std::vector<int>& devs,
                                   kernel::DType dt) {
   auto s = std::make_unique<Setup>();
-  schedule::PlanOptions popt = schedule::default_plan_options(def, tp, steps);
-  if (a.partial_via) popt.partial_via = *a.partial_via;
-  s->plan = schedule::build_plan(def, prob, tp, steps, popt);
+  s->plan = schedule::build_plan(def, prob, tp, steps,
+                                 schedule::plan_options(def, tp, steps, a.partial_via));
   s->devs = devs;
   const auto& pt = s->plan.partition();
   const Extent2 la = pt.local_a(prob, tp), lb = pt.local_b(prob, tp), ld = pt.local_d(prob, tp);
@@ -494,7 +493,7 @@ std::unique_ptr<Setup> make_setup(const Args& a, const schedule::ScheduleDef& de
   opt.raster = a.raster;
   opt.pdl = a.pdl;
   opt.tile_n = a.tile_n;
-  opt.workspace_bytes = s->plan.extra_bytes(2);  // what LocalSymmetricWorkspace allocated
+  opt.workspace_bytes = s->ws->bytes();
   for (int d = 0; d < tp; ++d) {
     // Rejects misaligned shapes here, before anything is launched.
     s->graphs.push_back(std::make_unique<device::DeviceGraph>(
@@ -780,10 +779,11 @@ double checked_launch(const Args& a, Global& g, Setup& s, Problem p) {
 }
 
 // The "own kernel floor": the same runtime and kernel on device `dev` alone, for the problem one
-// device of the distributed GEMM computes (a TP=1, S=1 plan of the schedule).
+// device of the distributed GEMM computes (`local`, from local_problem: a TP=1, S=1 plan of the
+// schedule).
 template <class T>
-double time_local(const Args& a, const schedule::ScheduleDef& def, Problem prob, int tp, int dev) {
-  auto ls = make_setup<T>(a, def, local_problem(def, prob, tp), 1, 1, {dev}, dtype_of(a));
+double time_local(const Args& a, const schedule::ScheduleDef& def, Problem local, int dev) {
+  auto ls = make_setup<T>(a, def, local, 1, 1, {dev}, dtype_of(a));
   fill_inputs<T>(*ls, a.seed + 100);
   return time_replays(*ls, a.warmup, a.iterations, a.warmup_ms);
 }
@@ -902,7 +902,7 @@ int run(Args a) {
 
   double local_ms = -1.0, eff = -1.0;
   if (a.local) {
-    local_ms = time_local<T>(a, *def, prob, a.tp, devs[0]);
+    local_ms = time_local<T>(a, *def, local_problem(*def, prob, a.tp), devs[0]);
     eff = local_ms / ms;
   }
 
@@ -1105,7 +1105,7 @@ void run_case(const Args& a, const std::vector<int>& devs, CaseResult& r) {
     st.ms = time_replays(*s, a.warmup, a.iterations, a.warmup_ms);
   }
   g.reset();
-  r.local_ms = time_local<T>(a, *sc.def, sc.prob, tp, devs[0]);
+  r.local_ms = time_local<T>(a, *sc.def, sc.local, devs[0]);
 }
 
 std::string fmt(const char* f, double v) {

@@ -112,13 +112,6 @@ ScheduleDef resolve(const py::object& schedule) {
 }
 
 // None: the library default for this plan; otherwise "epilogue" or "copy".
-PlanOptions plan_options(const ScheduleDef& def, int tp, int steps, const py::object& partial_via) {
-  PlanOptions opt = default_plan_options(def, tp, steps);
-  if (partial_via.is_none()) return opt;
-  opt.partial_via = parse_partial_via(py::str(partial_via));
-  return opt;
-}
-
 py::dict plan_dict(const Plan& p) {
   py::dict out;
   out["schedule"] = p.schedule;
@@ -313,9 +306,9 @@ PYBIND11_MODULE(_core, m) {
      py::arg("l") = 1, "Empty string if the plan can be built, else the violated constraint.");
 
   m.def("build_plan", [](const py::object& schedule, int tp, int steps, int64_t m, int64_t n, int64_t k, int64_t l,
-                         const py::object& partial_via) {
+                         const std::optional<std::string>& partial_via) {
     ScheduleDef def = resolve(schedule);
-    const PlanOptions opt = plan_options(def, tp, steps, partial_via);
+    const PlanOptions opt = plan_options(def, tp, steps, parse_optional_partial_via(partial_via));
     Plan p;
     {
       py::gil_scoped_release release;
@@ -329,9 +322,11 @@ PYBIND11_MODULE(_core, m) {
      "naming the violated constraint.");
 
   m.def("workspace_layout", [](const py::object& schedule, int tp, int steps, int64_t m, int64_t n, int64_t k,
-                               int64_t l, int slot_elem_bytes, const py::object& partial_via) {
+                               int64_t l, int slot_elem_bytes,
+                               const std::optional<std::string>& partial_via) {
     ScheduleDef def = resolve(schedule);
-    Plan p = build_plan(def, Problem{m, n, k, l}, tp, steps, plan_options(def, tp, steps, partial_via));
+    Plan p = build_plan(def, Problem{m, n, k, l}, tp, steps,
+                        plan_options(def, tp, steps, parse_optional_partial_via(partial_via)));
     WorkspaceLayout w = p.layout(slot_elem_bytes);
     py::dict d;
     d["slots_offset"] = w.slots_offset;

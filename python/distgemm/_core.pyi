@@ -68,8 +68,9 @@ class DeviceGraph:
     def __init__(self, schedule: str, tp: int, steps: int, m: int, n: int, k: int, l: int, rank: int,
                  cuda_device: int, dtype: str, alpha: float, beta: float, bias: bool,
                  workspace_bases: List[int], a: int, b: int, c: int, d: int, bias_ptr: int, timeout_s: float,
-                 order: LaunchOrder, partial_via: str = "", workspace_bytes: int = 0) -> None:
-        """partial_via: the plan's partial transport ("" = the default); workspace_bytes: bytes
+                 order: LaunchOrder, partial_via: Optional[str] = None,
+                 workspace_bytes: int = 0) -> None:
+        """partial_via: the plan's partial transport (None = the default); workspace_bytes: bytes
         addressable from each base (0 = not checked; more needed raises ValueError)."""
     def update(self, a: int, b: int, c: int, d: int, bias_ptr: int) -> bool: ...
     @property

@@ -228,7 +228,7 @@ class PyGraph {
           int64_t l, int rank, int cuda_device, const std::string& dtype, float alpha, float beta,
           bool bias, const std::vector<uint64_t>& workspace_bases, uint64_t a, uint64_t b,
           uint64_t c, uint64_t d, uint64_t bias_ptr, double timeout_s,
-          std::shared_ptr<LaunchOrder> order, const std::string& partial_via,
+          std::shared_ptr<LaunchOrder> order, const std::optional<std::string>& partial_via,
           int64_t workspace_bytes)
       : order_(std::move(order)) {
     const distgemm::schedule::ScheduleDef* def = &distgemm::schedules::find_or_throw(schedule);
@@ -250,8 +250,8 @@ class PyGraph {
                                   " is negative (0: not checked)");
     opt.workspace_bytes = workspace_bytes;
     // The plan the caller sized its workspace for: its partial transport, else the default.
-    distgemm::schedule::PlanOptions plan_opt = distgemm::schedule::default_plan_options(*def, tp, steps);
-    if (!partial_via.empty()) plan_opt.partial_via = distgemm::schedule::parse_partial_via(partial_via);
+    const distgemm::schedule::PlanOptions plan_opt = distgemm::schedule::plan_options(
+        *def, tp, steps, distgemm::schedule::parse_optional_partial_via(partial_via));
     const UserBuffers user = user_from(a, b, c, d, bias_ptr);
     py::gil_scoped_release nogil;
     const distgemm::schedule::Plan plan = distgemm::schedule::build_plan(
@@ -361,12 +361,12 @@ void register_runtime(py::module_& m) {
       .def(py::init<const std::string&, int, int, int64_t, int64_t, int64_t, int64_t, int, int,
                     const std::string&, float, float, bool, const std::vector<uint64_t>&, uint64_t,
                     uint64_t, uint64_t, uint64_t, uint64_t, double, std::shared_ptr<LaunchOrder>,
-                    const std::string&, int64_t>(),
+                    const std::optional<std::string>&, int64_t>(),
            py::arg("schedule"), py::arg("tp"), py::arg("steps"), py::arg("m"), py::arg("n"),
            py::arg("k"), py::arg("l"), py::arg("rank"), py::arg("cuda_device"), py::arg("dtype"),
            py::arg("alpha"), py::arg("beta"), py::arg("bias"), py::arg("workspace_bases"),
            py::arg("a"), py::arg("b"), py::arg("c"), py::arg("d"), py::arg("bias_ptr"),
-           py::arg("timeout_s"), py::arg("order"), py::arg("partial_via") = "",
+           py::arg("timeout_s"), py::arg("order"), py::arg("partial_via") = py::none(),
            py::arg("workspace_bytes") = 0)
       .def("update", &PyGraph::update, py::arg("a"), py::arg("b"), py::arg("c"), py::arg("d"),
            py::arg("bias_ptr"),

@@ -47,7 +47,9 @@ DeviceGraph::DeviceGraph(const schedule::Plan& plan, int rank, int cuda_device, 
     throw std::invalid_argument("workspace_bases has " + std::to_string(bases_.size()) +
                                 " entries; the plan has TP=" + std::to_string(plan.tp) +
                                 ": pass every rank's workspace base as seen from this device");
-  if (plan.tp > kernel::kMaxDevices)
+  static_assert(schedule::kMaxTp <= kernel::kMaxDevices,
+                "every TP a plan accepts must fit the runtime's per-device arrays");
+  if (plan.tp > kernel::kMaxDevices)  // a Plan assembled by hand, not by build_plan
     throw std::invalid_argument("TP=" + std::to_string(plan.tp) + " exceeds " +
                                 std::to_string(kernel::kMaxDevices));
   for (int r = 0; r < plan.tp; ++r)
@@ -248,7 +250,8 @@ cudaGraph_t DeviceGraph::capture(const UserBuffers& user) {
       const auto& op = prog.gemms[i];
       kernel::GemmDesc desc = gemm_desc(op, user);
       desc.pdl = use_pdl && i > 0;  // GEMM 0 follows the entry barrier: a full edge
-      if (kernel::gemm_tile_n(desc, cuda_device_) == 128) ++st.gemm_n128;
+      desc.tile_n = kernel::gemm_tile_n(desc, cuda_device_);  // resolved once: launch and stats
+      if (desc.tile_n == 128) ++st.gemm_n128;
       kernel::gemm_launch(desc, wait_spec(op.waits, op.iteration, kernel::kWaitGemm),
                           cuda_device_, s_gemm_);
       ++st.gemm_nodes;

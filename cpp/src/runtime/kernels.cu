@@ -86,10 +86,9 @@ std::string gemm_can_implement(const GemmDesc& g) {
 }
 
 int gemm_resident_ctas(DType dtype, int tile_n, int device) {
-  const std::string why = tile_n_problem(tile_n);
-  if (!why.empty() || tile_n == 0) throw std::invalid_argument("gemm_resident_ctas: tile_n=" +
-                                                               std::to_string(tile_n) +
-                                                               " is not 128 or 256");
+  if (tile_n != 128 && tile_n != 256)
+    throw std::invalid_argument("gemm_resident_ctas: tile_n=" + std::to_string(tile_n) +
+                                " is not 128 or 256");
   // prepare_* is set up once per device and cached: a table lookup after the first call.
   return detail::kernels(dtype, tile_n).prepare(device);
 }

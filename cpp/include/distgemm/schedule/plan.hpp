@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -517,6 +518,21 @@ inline PlanOptions default_plan_options(const ScheduleDef& def, int tp, int step
   PlanOptions o;
   if (def.collective != Collective::AllGather && steps >= 2 * tp)
     o.partial_via = PartialVia::CopyEngine;
+  return o;
+}
+
+// parse_partial_via of an optional name (none: none), for the bindings' optional arguments.
+inline std::optional<PartialVia> parse_optional_partial_via(const std::optional<std::string>& name) {
+  if (!name) return std::nullopt;
+  return parse_partial_via(*name);
+}
+
+// The defaults with the partial transport a caller chose (none: the default's). The one rule
+// for the bindings, the Python runtime's graphs and distgemm_bench.
+inline PlanOptions plan_options(const ScheduleDef& def, int tp, int steps,
+                                std::optional<PartialVia> partial_via) {
+  PlanOptions o = default_plan_options(def, tp, steps);
+  if (partial_via) o.partial_via = *partial_via;
   return o;
 }
 
