@@ -474,6 +474,9 @@ def find_communicator(group=None) -> Optional[Communicator]:
 def get_communicator(group=None) -> Communicator:
     """The communicator the ops use for ``group``: a Communicator passes through; a process group
     (default: the world group) gets one, created on first use (a collective)."""
+    comm = _DEFAULT.get(group)  # the per-call case: a known group (None: the world's), one lookup
+    if comm is not None and not comm._closed:
+        return comm
     if isinstance(group, Communicator):
         group._require_open()
         return group

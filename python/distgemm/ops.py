@@ -67,6 +67,7 @@ Pass ``steps`` to choose; ``python -m distgemm.simulate --timeline`` shows the p
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import statistics
 import time
@@ -146,13 +147,10 @@ DEFAULT_PATH = os.environ.get(PATH_ENV, "auto")
 
 def check_path(op: str, path) -> str:
     """``path`` (None: DEFAULT_PATH) names one of PATHS (ValueError otherwise); returns it."""
-    if path is None:
-        path = DEFAULT_PATH
-        if path not in PATHS:
-            raise ValueError(f"{op}: {PATH_ENV}={path!r} is not one of "
-                             f"{', '.join(map(repr, PATHS))}")
-    elif path not in PATHS:
-        raise ValueError(f"{op}: path={path!r} is not one of {', '.join(map(repr, PATHS))}")
+    name = f"{PATH_ENV}=" if path is None else "path="
+    path = DEFAULT_PATH if path is None else path
+    if path not in PATHS:
+        raise ValueError(f"{op}: {name}{path!r} is not one of {', '.join(map(repr, PATHS))}")
     return path
 
 
@@ -330,6 +328,27 @@ class _Entry:
     def has_bias(self) -> bool:
         return "bias" in self.spec.shapes
 
+    @functools.cached_property
+    def collective_kind(self) -> str:
+        """The collective path's branch, read from the C++ definition once per plan (not per
+        call): "gather_a" / "gather_w" (all-gather of the activations or of the weight),
+        "all_reduce", "scatter_n" (D sharded on N: rs_tile_b), "scatter_m" (D sharded on M)."""
+        d = self.spec.plan["definition"]
+        if d["collective"] == "all_gather":
+            return "gather_a" if d["rotating"] == "A" else "gather_w"
+        if d["collective"] == "all_reduce":
+            return "all_reduce"
+        return "scatter_n" if d["partition"]["d"] == "N" else "scatter_m"
+
+    @functools.cached_property
+    def gathered_shape(self) -> Tuple[int, int]:
+        """The whole all-gathered operand's shape (all-gather plans)."""
+        return _gathered_shape(self.spec)
+
+
+def _gathered_shape(spec: Spec) -> Tuple[int, int]:
+    return (spec.m if spec.plan["definition"]["rotating"] == "A" else spec.n, spec.k)
+
 
 def _gather_recipe(spec: Spec, rank: int):
     """How to assemble the gathered operand of an all-gather plan on ``rank`` after a launch:
@@ -342,8 +361,7 @@ def _gather_recipe(spec: Spec, rank: int):
         r = g[rot]
         row0, rows = (g["m0"], g["m"]) if rot == "a" else (g["n0"], g["n"])
         recipe.append(("slots" if r["buffer"] == "slots" else rot, r["offset"], row0, rows))
-    total = spec.m if rot == "a" else spec.n
-    return recipe, (total, spec.k)
+    return recipe, _gathered_shape(spec)
 
 
 def _signature(key, error: Optional[str]) -> Dict[str, Any]:
@@ -522,40 +540,41 @@ def _collective(op: str, comm: Communicator, entry: _Entry, tensors, out):
     the process group's own methods (``_allgather_base`` etc., what ``torch.distributed``'s
     wrappers call, without their per-call argument checks and deprecation shims), the plan's
     buffers reused, and the overlapped path's per-call checks (``_user_ptrs``)."""
-    spec, pg, device = entry.spec, comm.group, comm.device
-    stream = _stream_ptr(device)
+    pg, device = comm.group, comm.device
     a, w, bias, c = tensors["a"], tensors["w"], tensors.get("bias"), tensors.get("c")
     _, out = _user_ptrs(op, entry, tensors, out, device)
-    definition = spec.plan["definition"]  # the branch follows the C++ definition, not the name
-    if op == "all_gather_gemm":
-        rotate_a = definition["rotating"] == "A"
-        part = a if rotate_a else w
-        shape = (spec.tp * part.shape[0], part.shape[1])
+    kind = entry.collective_kind  # the branch follows the C++ definition, not the name
+    if kind in ("gather_a", "gather_w"):
+        part = a if kind == "gather_a" else w
+        shape = entry.gathered_shape
         # The gathered operand goes back to the caller only with return_gathered; otherwise one
         # buffer per plan, as a hand-written baseline keeps it (a fresh allocation per call makes
         # the caching allocator alternate blocks that NCCL's stream still holds).
         gathered = (torch.empty(shape, dtype=part.dtype, device=part.device)
-                    if entry.want_gathered else _scratch(entry, "gathered", shape, part, stream))
+                    if entry.want_gathered
+                    else _scratch(entry, "gathered", shape, part, _stream_ptr(device)))
         pg._allgather_base(gathered, part).wait()  # wait(): the current stream waits for NCCL
-        x, wf = (gathered, w) if rotate_a else (a, gathered)
+        x, wf = (gathered, w) if kind == "gather_a" else (a, gathered)
         if bias is None:
             torch.mm(x, wf.t(), out=out)
         else:
             torch.addmm(bias, x, wf.t(), out=out)
         return (out, gathered) if entry.want_gathered else out
-    if definition["collective"] == "all_reduce":
+    if kind == "all_reduce":
         torch.mm(a, w.t(), out=out)
         pg.allreduce([out]).wait()
-    elif definition["partition"]["d"] == "N":  # rs_tile_b
+    elif kind == "scatter_n":  # rs_tile_b
         # reduce-scatter splits dim 0: reduce D^T = W A^T and transpose this rank's rows.
+        stream = _stream_ptr(device)
         part_t = torch.mm(w, a.t(),
                           out=_scratch(entry, "partial", (w.shape[0], a.shape[0]), a, stream))
-        mine = _scratch(entry, "mine", (part_t.shape[0] // spec.tp, part_t.shape[1]), a, stream)
+        mine = _scratch(entry, "mine", (part_t.shape[0] // entry.spec.tp, part_t.shape[1]), a,
+                        stream)
         pg._reduce_scatter_base(mine, part_t).wait()  # default op: sum
         out.copy_(mine.t())
-    else:  # D sharded on M: rs_tile_a
-        partial = torch.mm(a, w.t(),
-                           out=_scratch(entry, "partial", (a.shape[0], w.shape[0]), a, stream))
+    else:  # scatter_m: rs_tile_a
+        partial = torch.mm(a, w.t(), out=_scratch(entry, "partial", (a.shape[0], w.shape[0]), a,
+                                                  _stream_ptr(device)))
         pg._reduce_scatter_base(out, partial).wait()
     if c is not None:
         out.add_(c, alpha=entry.beta)
@@ -826,7 +845,8 @@ def _gemm_then_reduce(op, schedule, a, w, bias, c, beta, steps, out, group, path
     beta = float(beta)
     c_used = c if beta != 0.0 else None  # like torch.addmm: beta == 0 never reads c
     dtype = check_types(op, {"a": a, "w": w, "bias": bias, "c": c_used, "out": out})
-    check_no_grad(op, {"a": a, "w": w, "bias": bias, "c": c_used})
+    tensors = {"a": a, "w": w, "bias": bias, "c": c_used}
+    check_no_grad(op, tensors)
     key = (op, schedule, steps, dtype,
            (("a", a.shape), ("w", w.shape), ("bias", None if bias is None else bias.shape),
             ("c", None if c_used is None else c_used.shape)),
@@ -836,4 +856,4 @@ def _gemm_then_reduce(op, schedule, a, w, bias, c, beta, steps, out, group, path
         return make_spec(op, schedule, comm.tp, comm.rank, steps, a, w, bias=bias, c=c, beta=beta,
                          out=out)
 
-    return _run(op, group, key, make, {"a": a, "w": w, "bias": bias, "c": c_used}, out)
+    return _run(op, group, key, make, tensors, out)
