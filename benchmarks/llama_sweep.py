@@ -1,4 +1,4 @@
-"""Llama-3 tensor-parallel layer sweep (issue 5): distgemm against the plain NCCL-collective-
+"""Llama-3 tensor-parallel layer sweep: distgemm against the plain NCCL-collective-
 then-torch.mm baseline and torch's symmetric-memory fused ops (async-TP).
 
     torchrun --nproc-per-node N benchmarks/llama_sweep.py [--quick] [--out DIR]
@@ -6,9 +6,12 @@ then-torch.mm baseline and torch's symmetric-memory fused ops (async-TP).
 
 Cases: models Llama-3 8B / 70B / 405B x layers QKV, O, FC1 (gate+up), FC2 x tokens M in
 {1024, ..., 16384}, TP = world size (``--quick``: 70B, M in {4096, 8192}). Per case, in this one
-process group run, each variant is timed with CUDA events per iteration after a time-based
-warm-up (clocks ramp up under sustained load, see benchmarks/results/2026-11-22-gpu-runtime.md),
-the per-iteration maximum over ranks is taken and its median reported:
+process group run, each variant is timed at steady state (the power-capped clocks of these GPUs
+settle under sustained load): all ranks idle and aligned first (device sync + barrier), then at
+least warmup_ms of the variant's own calls (the case's first variant) or rewarm_ms (the others),
+then one window of at least timed_ms with CUDA events around every call; the per-call maximum
+over ranks is taken and its median reported. A time more than 1% below the case's compute floor
+is marked suspect and fails its targets (``suspect``). The variants:
 
   floor      torch.mm of the per-rank GEMM alone (the compute floor; no communication)
   floor_dg   distgemm's own kernel on the per-rank GEMM alone: the same op on a one-rank group
@@ -19,9 +22,8 @@ the per-iteration maximum over ranks is taken and its median reported:
              "dg_default" is the S of steps=None (ops.default_steps), "dg_best" the faster S
   dg_auto    the public op as a user calls it: steps=None, path="auto" (its first call times
              the overlapped plan against collective + GEMM and keeps the faster; the chosen
-             path is reported). For the "at most 2% slower than the baseline" rule, dg_auto and
-             the baseline are also timed in alternating rounds (``*_pair``): sequential timings
-             of one variant after another drift by a few % with the power-capped clocks
+             path is reported). It is timed between two baseline windows (A B A) and the
+             baseline is their mean, so that a slow clock drift hits both alike
 
 Every variant's output is checked once per case against the baseline's (relative Frobenius error
 < 1e-2). Output: a table on stdout, ``<date>-llama-sweep[-quick].{csv,json,png}`` under --out.
@@ -72,6 +74,9 @@ DG = ("dg_default", "dg_best", "dg_auto")
 # (dg_auto) at most 2% slower than the plain baseline.
 TARGET_MODELS, TARGET_MIN_TOKENS = ("70B", "405B"), 4096
 TARGET_VS_SYMM, TARGET_EFF_OWN, TARGET_AUTO_SLACK = 1.3, 0.97, 1.02
+# A variant timed more than 1% below the case's compute floor is a measurement error: marked
+# suspect in the table, the CSV and the plot, and it fails every target it takes part in.
+SUSPECT_SLACK = 0.01
 
 
 @dataclass(frozen=True)
@@ -186,17 +191,13 @@ def tflops(m: int, n: int, k: int, ms: Optional[float]) -> Optional[float]:
 def derived(rec: Dict[str, Any]) -> Dict[str, Any]:
     """Speedups over the plain baseline, overlap efficiencies against the torch.mm floor
     (``eff_*``) and against distgemm's own kernel (``eff_own_*``) of a result record
-    ({"ms": {variant: ms or None}, ...}); None where a time is missing. The public op's speedup
-    (``speedup_dg_auto``) is from its alternating timing with the baseline when present."""
+    ({"ms": {variant: ms or None}, ...}); None where a time is missing."""
     ms = rec.get("ms", {})
     floor, own, base = ms.get("floor"), ms.get("floor_dg"), ms.get("baseline")
     out: Dict[str, Any] = {}
     for v in VARIANTS:
         t = ms.get(v)
-        if v == "dg_auto":  # the 2% rule's pair, timed alternating with the baseline
-            auto, base_pair = _auto_and_base(ms)
-            out["speedup_dg_auto"] = (base_pair / auto) if (auto and base_pair) else None
-        elif v not in FLOORS:
+        if v not in FLOORS:
             out[f"speedup_{v}"] = (base / t) if (t and base) else None
         out[f"eff_{v}"] = (floor / t) if (t and floor) else None
         if v in DG:
@@ -210,12 +211,16 @@ def derived(rec: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
-def _auto_and_base(ms: Dict[str, Optional[float]]) -> Tuple[Optional[float], Optional[float]]:
-    """(public op, baseline) ms for the 2% rule: the alternating pair when it was timed, else
-    the variants' own timings."""
-    if ms.get("dg_auto_pair") and ms.get("baseline_pair"):
-        return ms["dg_auto_pair"], ms["baseline_pair"]
-    return ms.get("dg_auto"), ms.get("baseline")
+def suspect(rec: Dict[str, Any]) -> List[str]:
+    """The variants timed faster than the case's compute floor (the faster of torch.mm and
+    distgemm's own kernel on the per-rank GEMM) by more than SUSPECT_SLACK: every variant does
+    at least that GEMM, so such a time is a measurement error, not a result."""
+    ms = rec.get("ms", {})
+    floors = [ms[f] for f in FLOORS if ms.get(f)]
+    if not floors:
+        return []
+    bound = min(floors) * (1.0 - SUSPECT_SLACK)
+    return [v for v in VARIANTS if v not in FLOORS and ms.get(v) and ms[v] < bound]
 
 
 def targets(rec: Dict[str, Any]) -> Dict[str, Optional[bool]]:
@@ -225,16 +230,23 @@ def targets(rec: Dict[str, Any]) -> Dict[str, Optional[bool]]:
     applies to every case."""
     d, ms = derived(rec), rec.get("ms", {})
     big = rec.get("model") in TARGET_MODELS and rec.get("tokens", 0) >= TARGET_MIN_TOKENS
+    bad = set(suspect(rec))
     vs, eff = d["dg_best_vs_symm_mem"], d["eff_own_dg_best"]
-    auto, base = _auto_and_base(ms)
-    return {"vs_symm_mem": (vs >= TARGET_VS_SYMM) if (big and vs) else None,
-            "eff_own": (eff >= TARGET_EFF_OWN) if (big and eff) else None,
-            "auto_vs_baseline": (auto <= TARGET_AUTO_SLACK * base) if (auto and base) else None}
+    auto, base = ms.get("dg_auto"), ms.get("baseline")
+
+    def verdict(applies: bool, ok: Optional[bool], uses: Sequence[str]) -> Optional[bool]:
+        if not applies or ok is None:
+            return None
+        return False if bad & set(uses) else ok  # a time below its floor fails its target
+
+    return {"vs_symm_mem": verdict(big, vs and vs >= TARGET_VS_SYMM, ("dg_best", "symm_mem")),
+            "eff_own": verdict(big, eff and eff >= TARGET_EFF_OWN, ("dg_best",)),
+            "auto_vs_baseline": verdict(True, (auto <= TARGET_AUTO_SLACK * base)
+                                        if (auto and base) else None, ("dg_auto", "baseline"))}
 
 
 CSV_FIELDS = (["case", "model", "layer", "tokens", "tp", "m", "n", "k", "status", "reason"]
-              + [f"ms_{v}" for v in VARIANTS] + ["ms_baseline_pair", "ms_dg_auto_pair",
-                                                  "ms_dg_S_tp", "ms_dg_S_2tp", "dg_default_steps",
+              + [f"ms_{v}" for v in VARIANTS] + ["suspect", "ms_dg_S_tp", "ms_dg_S_2tp", "dg_default_steps",
                                                   "dg_best_steps", "dg_auto_path",
                                                   "auto_overlap_ms", "auto_collective_ms"]
               + [f"speedup_{v}" for v in VARIANTS if v not in FLOORS]
@@ -284,8 +296,7 @@ def csv_row(rec: Dict[str, Any]) -> Dict[str, str]:
            # the local GEMM does 1/TP of the layer's flops: the same per-GPU formula
            "tflops_per_gpu_floor_dg": _num(_per_gpu(rec, "floor_dg"), 1),
            "ms_dg_S_tp": _num(ms.get(f"dg_S{rec['tp']}")),
-           "ms_baseline_pair": _num(ms.get("baseline_pair")),
-           "ms_dg_auto_pair": _num(ms.get("dg_auto_pair")),
+           "suspect": " ".join(suspect(rec)),
            "ms_dg_S_2tp": _num(ms.get(f"dg_S{2 * rec['tp']}")),
            "target_vs_symm_mem": _flag(tg["vs_symm_mem"]), "target_eff_own": _flag(tg["eff_own"]),
            "target_auto_vs_baseline": _flag(tg["auto_vs_baseline"]),
@@ -314,9 +325,10 @@ TABLE_HEADER = ("case", "floor ms", "own floor", "NCCL+mm ms", "symm_mem ms", "d
 def table_row(rec: Dict[str, Any]) -> List[str]:
     """The stdout table's cells for one measured record ('-' where a variant has no time)."""
     ms, d = rec["ms"], derived(rec)
+    bad = suspect(rec)
 
-    def t(v):
-        return f"{ms[v]:.3f}" if ms.get(v) else "-"
+    def t(v):  # a time below the case's compute floor carries a '!'
+        return (f"{ms[v]:.3f}" + ("!" if v in bad else "")) if ms.get(v) else "-"
 
     def x(v):
         return f"{v:.2f}x" if v else "-"
@@ -336,8 +348,8 @@ def format_table(records: Sequence[Dict[str, Any]]) -> str:
     """Aligned text table; cases that were not measured get one line with their status and
     reason. (own floor: distgemm's kernel alone on one GPU; dg/base: speedup of distgemm's best S
     over NCCL + torch.mm; auto: the public op with path="auto" and its chosen path; eff own:
-    own floor / distgemm's best time; auto/base: baseline / public op, from their alternating
-    timing when present; err: the worst relative error of any variant vs the baseline.)"""
+    own floor / distgemm's best time; auto/base: baseline / public op; err: the worst relative
+    error of any variant vs the baseline; '!': a time below the case's compute floor.)"""
     measured = [table_row(r) for r in records if r["status"] in ("ok", "wrong")]
     widths = [max([len(h)] + [len(r[i]) for r in measured]) for i, h in enumerate(TABLE_HEADER)]
     lines = [" | ".join(h.ljust(widths[i]) for i, h in enumerate(TABLE_HEADER)).rstrip(),
@@ -346,7 +358,9 @@ def format_table(records: Sequence[Dict[str, Any]]) -> str:
         if rec["status"] in ("ok", "wrong"):
             cells = table_row(rec)
             line = " | ".join(c.ljust(widths[i]) for i, c in enumerate(cells)).rstrip()
-            lines.append(line + ("  WRONG" if rec["status"] == "wrong" else ""))
+            bad = suspect(rec)
+            lines.append(line + ("  WRONG" if rec["status"] == "wrong" else "")
+                         + (f"  SUSPECT (below floor: {', '.join(bad)})" if bad else ""))
         else:
             lines.append(f"{rec['case'].ljust(widths[0])} | {rec['status']}: {rec.get('reason')}")
     return "\n".join(lines)
@@ -410,7 +424,13 @@ def plot(records: Sequence[Dict[str, Any]], path: str) -> Optional[str]:
     wbar = 0.8 / len(series)
     for j, (v, label) in enumerate(series):
         ys = [derived(r)[f"speedup_{v}"] or 0.0 for r in ok]  # 0: variant not measured
-        axes[0].bar([x + (j - 1) * wbar for x in xs], ys, wbar, label=label, color=colors[v])
+        bars = axes[0].bar([x + (j - 1) * wbar for x in xs], ys, wbar, label=label,
+                           color=colors[v])
+        for bar, r in zip(bars, ok):  # below its compute floor: a measurement error, marked
+            if v in suspect(r):
+                bar.set(hatch="xx", edgecolor="k")
+                axes[0].annotate("suspect", (bar.get_x(), bar.get_height()), fontsize=6,
+                                 rotation=90, va="bottom")
     axes[0].axhline(1.0, color="k", lw=0.8)
     axes[0].axhline(1.0 / TARGET_AUTO_SLACK, color="k", lw=0.6, ls=":")
     axes[0].set_ylabel("speedup over NCCL + torch.mm")
@@ -441,8 +461,9 @@ def plot(records: Sequence[Dict[str, Any]], path: str) -> Optional[str]:
 # GPU part (torchrun; not called by the CPU tests).
 
 _TIMING = _core.llama_sweep_timing()  # the C++ sweep times the same way
-WARMUP_S = _TIMING["warmup_ms"] / 1e3  # at least this much sustained replay before timing (clocks)
-TIMED_S = _TIMING["timed_ms"] / 1e3    # aim for this much timed work per variant ...
+WARMUP_S = _TIMING["warmup_ms"] / 1e3  # sustained replay before a case's first timing (clocks)
+REWARM_S = _TIMING["rewarm_ms"] / 1e3  # ... and before each further variant's window
+TIMED_S = _TIMING["timed_ms"] / 1e3    # timed work per variant, one window ...
 MIN_ITERS, MAX_ITERS = _TIMING["min_iterations"], _TIMING["max_iterations"]  # ... in these counts
 ERR_TOL = 1e-2
 CASE_TIMEOUT_S = 90  # a case that takes longer is hung: dump stacks and exit (torchrun ends the rest)
@@ -494,13 +515,22 @@ class _Ctx:
         return t.tolist()
 
 
-def _time_variant(ctx: _Ctx, fn) -> float:
-    """Median over iterations of the per-iteration max over ranks of CUDA-event time (ms).
+def settle(ctx: _Ctx) -> None:
+    """Nothing of an earlier variant is in flight on any rank: a device synchronisation, then a
+    barrier of the control group. Each timed window starts from here, so no variant's work (or
+    a peer's skew) falls into another variant's window."""
+    ctx.torch.cuda.synchronize()
+    ctx.dist.barrier(group=ctx.ctrl)
+
+
+def _time_variant(ctx: _Ctx, fn, warm_s: float = REWARM_S) -> float:
+    """Steady-state time of one variant (ms): settle, replay ``fn`` for at least ``warm_s``
+    (power-capped clocks settle to this variant's load), then one timed window of at least
+    TIMED_S with CUDA events around every call; the per-call maximum over ranks, median.
     Every rank makes the same number of calls (agreed via the control group), since most
     variants are collectives."""
     torch = ctx.torch
-    fn()
-    torch.cuda.synchronize()
+    settle(ctx)
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     s.record()
     for _ in range(3):
@@ -508,18 +538,18 @@ def _time_variant(ctx: _Ctx, fn) -> float:
     e.record()
     torch.cuda.synchronize()
     per_call_ms = max(ctx.agree_max([s.elapsed_time(e) / 3])[0], 1e-3)
-    # Warm-up by time: chunks of ~0.1 s until every rank has replayed >= WARMUP_S (the count per
+    # Warm-up by time: chunks of ~0.1 s until every rank has replayed >= warm_s (the count per
     # chunk is the same on every rank; the stop decision is agreed after each chunk).
     chunk = min(2000, max(2, math.ceil(100.0 / per_call_ms)))
     warmed_ms = 0.0
-    for _ in range(50):  # bounded: 50 chunks of >= 2 calls
+    for _ in range(max(1, math.ceil(warm_s * 20))):  # bounded: chunks of >= 2 calls, ~0.1 s each
         s.record()
         for _ in range(chunk):
             fn()
         e.record()
         torch.cuda.synchronize()
         warmed_ms += s.elapsed_time(e)
-        if ctx.agree_max([0.0 if warmed_ms >= WARMUP_S * 1e3 else 1.0])[0] == 0.0:
+        if ctx.agree_max([0.0 if warmed_ms >= warm_s * 1e3 else 1.0])[0] == 0.0:
             break
     per_call_ms = max(ctx.agree_max([s.elapsed_time(e) / chunk])[0], 1e-3)
     iters = min(MAX_ITERS, max(MIN_ITERS, math.ceil(TIMED_S * 1e3 / per_call_ms)))
@@ -532,38 +562,6 @@ def _time_variant(ctx: _Ctx, fn) -> float:
     torch.cuda.synchronize()
     per_iter = ctx.agree_max([a.elapsed_time(b) for a, b in ev])
     return statistics.median(per_iter)
-
-
-PAIR_ROUNDS = 6     # auto vs baseline: alternating rounds ...
-PAIR_ROUND_MS = 25.0  # ... of about this much work each
-
-
-def _time_alternating(ctx: _Ctx, fns: Dict[str, Any]) -> Dict[str, float]:
-    """Median ms per call of each (already warm) function, timed in alternating rounds (A B,
-    B A, ...), each round's time the maximum over ranks. Clocks drift with the power cap over
-    a sweep; alternating puts both under the same drift, which sequential timing does not."""
-    torch = ctx.torch
-    names = list(fns)
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-    def chunk(fn, n):
-        fn()  # fills the queue: the timed calls start back to back
-        s.record()
-        for _ in range(n):
-            fn()
-        e.record()
-        e.synchronize()
-        return s.elapsed_time(e) / n
-
-    per = ctx.agree_max([chunk(fns[k], 2) for k in names])
-    n = min(50, max(2, math.ceil(PAIR_ROUND_MS / max(max(per), 1e-3))))
-    times: Dict[str, List[float]] = {k: [] for k in names}
-    for r in range(PAIR_ROUNDS):
-        order = names if r % 2 == 0 else names[::-1]
-        got = ctx.agree_max([chunk(fns[k], n) for k in order])
-        for k, t in zip(order, got):
-            times[k].append(t)
-    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def _rel_err(torch, x, ref) -> float:
@@ -635,7 +633,7 @@ def run_case(ctx: _Ctx, case: Case, rejected: Dict[int, str], group_name: str,
         def floor_dg():  # TP=1: the reduce-scatter of one rank is the [M, N] product itself
             return ops.gemm_reduce_scatter(a, w, out=floor_out, group=solo, path="overlap")
 
-    ms["floor"] = _time_variant(ctx, floor)
+    ms["floor"] = _time_variant(ctx, floor, warm_s=WARMUP_S)  # the case's first window
     floor_ref = floor().clone()
     floor_dg()
     torch.cuda.synchronize()
@@ -646,7 +644,6 @@ def run_case(ctx: _Ctx, case: Case, rejected: Dict[int, str], group_name: str,
     solo.check()
     ref = baseline().clone()
     torch.cuda.synchronize()
-    ms["baseline"] = _time_variant(ctx, baseline)
     errs["baseline"] = 0.0
     del floor_out
     if ag:
@@ -698,14 +695,17 @@ def run_case(ctx: _Ctx, case: Case, rejected: Dict[int, str], group_name: str,
             torch.cuda.synchronize()
             comm.check()
             errs[key] = _rel_err(torch, y, ref)
-            ms[key] = _time_variant(ctx, f)
-            comm.check()
             if steps is not None:
-                per_s[steps] = ms[key]
+                ms[key] = per_s[steps] = _time_variant(ctx, f)
+                comm.check()
         auto = next((c_ for c_ in ops.path_choices(comm) if c_["requested"] == "auto"), {})
-        # The 2% rule compares the public op with the baseline: time that pair alternating.
-        pair = _time_alternating(ctx, {"baseline": baseline, "dg_auto": dg(None, "auto")})
-        ms["baseline_pair"], ms["dg_auto_pair"] = pair["baseline"], pair["dg_auto"]
+        # The 2% rule compares the public op with the baseline: the op's window between two
+        # baseline windows (A B A), so that a linear clock drift hits both alike.
+        before = _time_variant(ctx, baseline)
+        ms["dg_auto"] = _time_variant(ctx, dg(None, "auto"))
+        comm.check()
+        after = _time_variant(ctx, baseline)
+        ms["baseline"] = (before + after) / 2
         best = min(per_s, key=per_s.get) if per_s else None
         ms["dg_best"] = per_s.get(best) if best else None
         default_s = ops.default_steps(s["schedule"], ctx.tp, a, w)
@@ -725,7 +725,8 @@ def _meta(torch, dev, args, tp, symm_setup, t_start) -> Dict[str, Any]:
     return dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 tp=tp, quick=args.quick, torch=torch.__version__,
                 device=torch.cuda.get_device_name(dev), cuda=torch.version.cuda,
-                warmup_s=WARMUP_S, timed_s=TIMED_S, iters=[MIN_ITERS, MAX_ITERS],
+                warmup_s=WARMUP_S, rewarm_s=REWARM_S, timed_s=TIMED_S,
+                iters=[MIN_ITERS, MAX_ITERS], installed_by=os.environ.get("INSTALLED_BY"),
                 symm_mem_setup_error=symm_setup, argv=sys.argv,
                 seconds=round(time.perf_counter() - t_start, 1))
 
@@ -765,14 +766,22 @@ def _report(records: Sequence[Dict[str, Any]], stem: str, statuses: bool) -> Opt
     return why
 
 
-def replot(path: str, out_dir: str) -> int:
-    """Table, acceptance summary, CSV and PNG from a sweep's JSON, without a GPU (derived
-    numbers recomputed from the stored times)."""
-    with open(path) as f:
-        data = json.load(f)
-    records = data["records"]
+def replot(paths: Sequence[str], out_dir: str, stem: Optional[str] = None) -> int:
+    """Table, acceptance summary, CSV, JSON and PNG from one or more sweep JSONs (the records of
+    runs split over several calls, in the order given), without a GPU; derived numbers are
+    recomputed from the stored times."""
+    runs = []
+    for path in paths:
+        with open(path) as f:
+            runs.append(json.load(f))
+    records = [r for run in runs for r in run["records"]]
     os.makedirs(out_dir, exist_ok=True)
-    stem = os.path.join(out_dir, os.path.basename(path)[:-len(".json")])
+    stem = os.path.join(out_dir, stem or os.path.basename(paths[0])[:-len(".json")])
+    meta = runs[0]["meta"] if len(runs) == 1 else dict(parts=[run["meta"] for run in runs])
+    if len(runs) > 1 or not os.path.exists(stem + ".json"):
+        with open(stem + ".json", "w") as f:
+            json.dump(dict(meta=meta, records=[dict(r, derived=derived(r), targets=targets(r))
+                                               for r in records]), f, indent=1)
     with open(stem + ".csv", "w") as f:
         f.write(to_csv(records))
     return 0 if _report(records, stem, statuses=False) is None else 1
@@ -786,12 +795,13 @@ def main(argv=None) -> int:
     ap.add_argument("--models", help="comma-separated subset of " + ",".join(MODELS))
     ap.add_argument("--tokens", help="comma-separated token counts (M) instead of the list")
     ap.add_argument("--layers", help="comma-separated subset of " + ",".join(LAYERS))
-    ap.add_argument("--replot", metavar="JSON",
-                    help="no GPU: rewrite the CSV, redraw the PNG and reprint the table from a "
-                         "sweep's JSON")
+    ap.add_argument("--replot", metavar="JSON", nargs="+",
+                    help="no GPU: rewrite the CSV, redraw the PNG and reprint the table from "
+                         "sweep JSONs (several: their records joined, written as --stem)")
+    ap.add_argument("--stem", help="with --replot: the output files' name (no extension)")
     args = ap.parse_args(argv)
     if args.replot:
-        return replot(args.replot, args.out)
+        return replot(args.replot, args.out, args.stem)
     split = (lambda v, f=str: None if v is None else [f(x) for x in v.split(",") if x])
     models, tokens, layers = split(args.models), split(args.tokens, int), split(args.layers)
     make_cases(1, args.quick, models, tokens, layers)  # unknown names: fail before torchrun work

@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# Issue 5's measurements (and the GPU test suites) on one multi-GPU Hopper machine, in named
-# parts so that each fits a time limit; TP = every visible GPU (issues 6/7: on 4 or 8 GPUs,
-# `api cpp-tests sweep-quick sweep-fc` is the whole TP=4/8 run):
+# The GPU measurements and test suites on one multi-GPU Hopper machine, in named parts so that
+# each fits a time limit; TP = every visible GPU. Everything runs on the package that the
+# README's install builds on that machine (part `install`, first):
 #
-#   OUT=dir bash benchmarks/run_on_gpus.sh api timeline sweep-quick cpp-sweep-quick cpp-tests
-#   OUT=dir bash benchmarks/run_on_gpus.sh sweep-full cpp-sweep-full
+#   OUT=dir bash benchmarks/run_on_gpus.sh install first-run timing-study sweep-full
+#   OUT=dir bash benchmarks/run_on_gpus.sh install api timeline sweep-quick cpp-sweep-quick cpp-tests
 #
 # Parts (each under its own timeout, logs in $OUT/<part>.log, files in $OUT/<part>/):
+#   install          the README's install on a machine without network: the nvidia-cutlass wheel
+#                    from .whl/, then DISTGEMM_OFFLINE=1 bash scripts/install.sh "[test]"
+#   first-run        tests/gpu/test_first_run.py (main job, import orders, quick sweep, tp_mlp)
+#   timing-study     benchmarks/timing_study.py (short alternating chunks vs steady windows)
 #   api              tests/gpu/run_api_checks.sh (torchrun worker: correctness, paths, errors,
 #                    10,000 replays, host overhead; the Python-vs-C++ bench; examples/tp_mlp.py)
 #   cpp-tests        python3 -m pytest tests/gpu/test_cpp_bench.py (the C++ runtime grid)
 #   timeline         benchmarks/overlap_timeline.py (per-stream picture of one case)
-#   sweep-quick|full benchmarks/llama_sweep.py [--quick]
+#   sweep-quick|full benchmarks/llama_sweep.py [--quick] $SWEEP_ARGS (e.g. "--models 405B")
 #   sweep-fc         benchmarks/llama_sweep.py --models 70B --layers FC1,FC2 (every token count)
 #   cpp-sweep-quick|full  distgemm_bench --sweep quick|full
 #   cpp-variants     the quick C++ sweep per (reduce-scatter partial transport, PDL) pair, twice,
@@ -23,19 +27,25 @@
 # ($OUT/smi.csv): the context for every TF/s number. At the end everything under $OUT is packed
 # into $OUT/gpu-session.tgz (the device tool returns at most 8 files).
 #
-# Uses a distgemm importable from PYTHONPATH (e.g. the prebuilt .whl/py312) and the binary
-# $BENCH (default build-gpu/distgemm_bench).
+# $BENCH defaults to the installed package's distgemm/bin/distgemm_bench.
 set -u
 OUT=${OUT:-$PWD/gpu-logs}
-BENCH=${BENCH:-$PWD/build-gpu/distgemm_bench}
+installed_bench() {
+  python3 -c "import distgemm, pathlib; print(pathlib.Path(distgemm.__file__).parent / 'bin' / 'distgemm_bench')" 2>/dev/null
+}
 NPROC=${NPROC:-$(nvidia-smi -L | wc -l)}
 mkdir -p "$OUT"
 export DISTGEMM_TEST_TP=$NPROC   # the GPU tests run at TP = every visible GPU
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+env_report() {
 { date -u; nvidia-smi --query-gpu=index,name,driver_version,power.limit,clocks.max.sm,memory.total \
     --format=csv; nvidia-smi topo -m
   python3 -c "import torch, distgemm; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'distgemm', distgemm.__file__)"
+  echo "installed by: ${INSTALLED_BY:-whatever was importable (no install part in this run)}"
+  python3 -m pip show distgemm nvidia-cutlass 2>/dev/null | grep -E "^(Name|Version|Location)"
 } > "$OUT/env.txt" 2>&1
+}
+env_report
 nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw,temperature.gpu,utilization.gpu,clocks_event_reasons.active \
   --format=csv -lms 500 > "$OUT/smi.csv" 2>&1 &
 SMI=$!
@@ -51,11 +61,20 @@ part() {  # part NAME TIMEOUT_S COMMAND...
   local r=$?
   echo "== $name rc=$r in $((SECONDS - t0)) s"
   [ $r -eq 0 ] || rc=1
-  return 0
+  return $r
 }
 
 for p in "$@"; do
+  BENCH=${BENCH:-$(installed_bench)}
   case $p in
+    install) part install 600 bash -c 'set -e
+        python3 -m pip install -q --no-index --no-deps .whl/nvidia_cutlass-*.whl
+        time DISTGEMM_OFFLINE=1 bash scripts/install.sh "[test]"' &&
+        INSTALLED_BY='README install: pip install .whl/nvidia_cutlass-*.whl; DISTGEMM_OFFLINE=1 bash scripts/install.sh "[test]" (this run)'
+        export INSTALLED_BY; env_report; unset BENCH ;;
+    first-run) part first-run 600 env DISTGEMM_TEST_LOG="$OUT/first-run/commands.log" \
+                 python3 -m pytest -q -rs tests/gpu/test_first_run.py ;;
+    timing-study) part timing-study 200 torchrun --nproc-per-node "$NPROC" benchmarks/timing_study.py --out "$OUT/timing-study" ;;
     api) part api 300 env OUT="$OUT/api" API_TIMEOUT=240 bash tests/gpu/run_api_checks.sh ;;
     cpp-tests) part cpp-tests ${CPP_TESTS_S:-330} env DISTGEMM_BENCH="$BENCH" python3 -m pytest -q -x -rs \
                  ${CPP_TESTS_K:+-k "$CPP_TESTS_K"} tests/gpu/test_cpp_bench.py ;;
@@ -84,12 +103,12 @@ for p in "$@"; do
           echo "small-token sweep --tile-n $run rc=$r"; tail -n 1 "$1/small-$run.log"
         done; exit $rc' "$BENCH" "$OUT/cpp-tiles" ;;
     timeline) part timeline 150 torchrun --nproc-per-node "$NPROC" benchmarks/overlap_timeline.py --out "$OUT/timeline" ;;
-    sweep-quick) part sweep-quick 200 torchrun --nproc-per-node "$NPROC" benchmarks/llama_sweep.py --quick --out "$OUT/sweep-quick" ;;
-    sweep-full) part sweep-full 560 torchrun --nproc-per-node "$NPROC" benchmarks/llama_sweep.py --out "$OUT/sweep-full" ;;
+    sweep-quick) part sweep-quick 300 torchrun --nproc-per-node "$NPROC" benchmarks/llama_sweep.py --quick ${SWEEP_ARGS:-} --out "$OUT/sweep-quick" ;;
+    sweep-full) part sweep-full ${SWEEP_S:-590} torchrun --nproc-per-node "$NPROC" benchmarks/llama_sweep.py ${SWEEP_ARGS:-} --out "$OUT/sweep-full" ;;
     sweep-fc) part sweep-fc 300 torchrun --nproc-per-node "$NPROC" benchmarks/llama_sweep.py --models 70B --layers FC1,FC2 --out "$OUT/sweep-fc" ;;
     cpp-sweep-quick) part cpp-sweep-quick 200 "$BENCH" --sweep quick --tp "$NPROC" --csv "$OUT/cpp-sweep-quick/cpp-sweep-quick.csv" ;;
     cpp-sweep-full) part cpp-sweep-full 400 "$BENCH" --sweep full --tp "$NPROC" --csv "$OUT/cpp-sweep-full/cpp-sweep-full.csv" ;;
-    *) echo "unknown part '$p' (api, cpp-tests, cpp-variants, cpp-tiles, timeline, sweep-quick, sweep-full, sweep-fc, cpp-sweep-quick, cpp-sweep-full)"; rc=1 ;;
+    *) echo "unknown part '$p' (install, first-run, timing-study, api, cpp-tests, cpp-variants, cpp-tiles, timeline, sweep-quick, sweep-full, sweep-fc, cpp-sweep-quick, cpp-sweep-full)"; rc=1 ;;
   esac
   tail -n 25 "$OUT/$p.log" 2>/dev/null | cut -c1-250
 done

@@ -22,7 +22,14 @@ set_target_properties(distgemm_runtime PROPERTIES
   CUDA_ARCHITECTURES OFF CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)
 target_compile_options(distgemm_runtime PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${DISTGEMM_CUDA_FLAGS}>)
 target_include_directories(distgemm_runtime PRIVATE ${CUTLASS_INCLUDE_DIR})
-target_link_libraries(distgemm_runtime PUBLIC distgemm_schedule CUDA::cudart)
+# The CUDA runtime is linked statically and its symbols stay hidden: a shared libcudart.so.13
+# from the toolkit would share its soname with the one torch loads from its own wheel, and the
+# first loaded wins for both (a SIGSEGV inside `import torch` when distgemm came first). The
+# two static copies (this library and _core) and torch's share the driver's primary context,
+# so streams, events and device pointers pass between them as handles.
+set_target_properties(distgemm_runtime PROPERTIES CUDA_RUNTIME_LIBRARY Static)
+target_link_libraries(distgemm_runtime PUBLIC distgemm_schedule CUDA::cudart_static)
+target_link_options(distgemm_runtime PRIVATE "LINKER:--exclude-libs,ALL")
 # CUTLASS reaches cuTensorMapEncodeTiled through cudaGetDriverEntryPoint, so libcuda is not
 # needed at link time; link it where the toolkit has it (CPU-only CI machines have no driver
 # and, in some images, no stub either).
@@ -32,7 +39,7 @@ endif()
 
 add_executable(distgemm_bench cpp/examples/distgemm_bench.cu)
 set_target_properties(distgemm_bench PROPERTIES
-  CUDA_ARCHITECTURES OFF CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON
+  CUDA_ARCHITECTURES OFF CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON CUDA_RUNTIME_LIBRARY Static
   BUILD_RPATH "$<TARGET_FILE_DIR:distgemm_runtime>")
 target_compile_options(distgemm_bench PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${DISTGEMM_CUDA_FLAGS}>)
 target_link_libraries(distgemm_bench PRIVATE distgemm_runtime)

@@ -262,11 +262,13 @@ void register_llama(py::module_& m) {
   m.def("llama_sweep_timing", []() {
     py::dict d;
     d["warmup_ms"] = L::kSweepTiming.warmup_ms;
+    d["rewarm_ms"] = L::kSweepTiming.rewarm_ms;
     d["timed_ms"] = L::kSweepTiming.timed_ms;
     d["min_iterations"] = L::kSweepTiming.min_iterations;
     d["max_iterations"] = L::kSweepTiming.max_iterations;
     return d;
-  }, "How the sweeps time a variant: at least 'warmup_ms' of sustained replays, then about "
+  }, "How the sweeps time a variant: at least 'warmup_ms' (a case's first) or 'rewarm_ms' (the "
+     "others) of sustained replays, then about "
      "'timed_ms' of timed replays within ['min_iterations', 'max_iterations']; the median counts.");
 }
 

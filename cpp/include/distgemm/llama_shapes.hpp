@@ -58,15 +58,17 @@ struct Gemm {
   int64_t m = 0, n = 0, k = 0;
 };
 
-// How the sweeps time one variant of a case: at least warmup_ms of sustained replays first (an
-// idle GPU needs a few hundred ms of load to reach its steady boost clock; shorter warm-ups made
-// the same kernel vary by +-5%), then enough timed replays for about timed_ms of work, within
-// [min_iterations, max_iterations]; the median is reported. With it the C++ full sweep (60 cases,
-// 3 timings each, verification included) ran in 77 s on 2x H200.
+// How the sweeps time one variant of a case, at the steady state of power-capped GPUs (a short
+// burst, or a window right after lighter work, runs faster than the same kernel under sustained
+// load): at least warmup_ms of sustained replays before a case's first timing, rewarm_ms of the
+// variant's own replays before each further one, then one window of about timed_ms with an
+// event pair per replay, within [min_iterations, max_iterations]; the median is reported.
+// docs/tuning.md has the measurements behind the windows.
 struct SweepTiming {
-  int warmup_ms = 300;
-  int timed_ms = 150;
-  int min_iterations = 10, max_iterations = 50;
+  int warmup_ms = 1000;
+  int rewarm_ms = 250;
+  int timed_ms = 1000;
+  int min_iterations = 10, max_iterations = 20000;
 };
 inline constexpr SweepTiming kSweepTiming{};
 
