@@ -79,7 +79,10 @@ def run_gpu(args, gpus: int, exe: pathlib.Path) -> int:
     shape = {d: getattr(args, d) or GPU_DEFAULT[d] for d in ("m", "n", "k")}
     tp = min(args.tp or gpus, gpus)
     cmd = [str(exe), "--schedule", args.schedule, "--tp", str(tp), "--steps", str(args.steps or tp),
-           "--m", str(shape["m"]), "--n", str(shape["n"]), "--k", str(shape["k"]), "--dtype", "bf16"]
+           "--m", str(shape["m"]), "--n", str(shape["n"]), "--k", str(shape["k"]), "--dtype", "bf16",
+           # steady state on power-capped GPUs: 1 s timed windows after 1 s of warm load, for the
+           # distributed GEMM and for the local GEMM it is compared with
+           "--iterations", "auto"]
     print("running:", " ".join(cmd), flush=True)
     return subprocess.call(cmd)
 
