@@ -8,16 +8,16 @@ with --tile-n 256 or 128, in interleaved rounds (256, 128, 128, 256, ...) so tha
 under the power cap hits both alike; the median over rounds is reported. The default shapes are
 per-GPU GEMMs and sub-GEMM steps of the Llama sweep at TP=2 where the choice matters, and large
 ones where both tiles run at full occupancy (the model's relative tile cost is fitted there)."""
+
 import argparse
 import csv
-import math
 import statistics
 import subprocess
 import sys
-from typing import Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 # (m, n, k, what): per-GPU GEMM shapes.
-SHAPES: List[Tuple[int, int, int, str]] = [
+SHAPES: list[tuple[int, int, int, str]] = [
     (8192, 8192, 8192, "full occupancy"),
     (4096, 28672, 8192, "70B FC1 per rank, 4096 tokens (full occupancy)"),
     (512, 4096, 2048, "8B O step, 1024 tokens, TP=2 S=2"),
@@ -33,31 +33,54 @@ SHAPES: List[Tuple[int, int, int, str]] = [
 ]
 
 
-def bench_args(bench: str, m: int, n: int, k: int, tile: int) -> List[str]:
-    return [bench, "--schedule", "ag_rotate_a", "--tp", "1", "--steps", "1", "--m", str(m),
-            "--n", str(n), "--k", str(k), "--tile-n", str(tile), "--verify-rows", "64",
-            "--no-local", "--warmup-ms", "300", "--iterations", "auto"]
+def bench_args(bench: str, m: int, n: int, k: int, tile: int) -> list[str]:
+    return [
+        bench,
+        "--schedule",
+        "ag_rotate_a",
+        "--tp",
+        "1",
+        "--steps",
+        "1",
+        "--m",
+        str(m),
+        "--n",
+        str(n),
+        "--k",
+        str(k),
+        "--tile-n",
+        str(tile),
+        "--verify-rows",
+        "64",
+        "--no-local",
+        "--warmup-ms",
+        "300",
+        "--iterations",
+        "auto",
+    ]
 
 
-def parse_result(stdout: str) -> Dict[str, str]:
+def parse_result(stdout: str) -> dict[str, str]:
     for line in stdout.splitlines():
         if line.startswith("RESULT "):
             return dict(tok.split("=", 1) for tok in line.split()[1:])
     return {}
 
 
-def run_one(bench: str, m: int, n: int, k: int, tile: int) -> Tuple[Optional[float], str]:
+def run_one(bench: str, m: int, n: int, k: int, tile: int) -> tuple[float | None, str]:
     """(ms, '') for a verified run, else (None, why)."""
-    p = subprocess.run(bench_args(bench, m, n, k, tile), capture_output=True, text=True,
-                       timeout=120)
+    p = subprocess.run(
+        bench_args(bench, m, n, k, tile), capture_output=True, text=True, timeout=120
+    )
     res = parse_result(p.stdout)
     if p.returncode != 0 or res.get("verify") != "PASS":
         return None, f"rc={p.returncode} verify={res.get('verify')} {p.stderr.strip()[-300:]}"
     return float(res["ms"]), ""
 
 
-def summarise(times: Dict[Tuple[int, int, int, int], List[float]], shapes: Sequence,
-              choose, slots: int) -> List[Dict[str, object]]:
+def summarise(
+    times: dict[tuple[int, int, int, int], list[float]], shapes: Sequence, choose, slots: int
+) -> list[dict[str, object]]:
     """One row per shape: median ms per tile, the measured ratio 128/256, the model's choice and
     whether it picked the faster tile; the relative cost of one 128x128 tile implied by the
     timings (ratio x waves256 / waves128)."""
@@ -69,11 +92,23 @@ def summarise(times: Dict[Tuple[int, int, int, int], List[float]], shapes: Seque
         ms256, ms128 = statistics.median(t256), statistics.median(t128)
         model = choose(m, n, 1, slots, slots)
         ratio = ms128 / ms256
-        rows.append(dict(m=m, n=n, k=k, what=what, ms_n256=ms256, ms_n128=ms128, ratio=ratio,
-                         waves_n256=model["n256"]["waves"], waves_n128=model["n128"]["waves"],
-                         implied_cost=ratio * model["n256"]["waves"] / model["n128"]["waves"],
-                         model_tile=model["tile_n"], faster_tile=128 if ms128 < ms256 else 256,
-                         rounds=min(len(t256), len(t128))))
+        rows.append(
+            dict(
+                m=m,
+                n=n,
+                k=k,
+                what=what,
+                ms_n256=ms256,
+                ms_n128=ms128,
+                ratio=ratio,
+                waves_n256=model["n256"]["waves"],
+                waves_n128=model["n128"]["waves"],
+                implied_cost=ratio * model["n256"]["waves"] / model["n128"]["waves"],
+                model_tile=model["tile_n"],
+                faster_tile=128 if ms128 < ms256 else 256,
+                rounds=min(len(t256), len(t128)),
+            )
+        )
     return rows
 
 
@@ -81,31 +116,39 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bench", default="build-gpu/distgemm_bench")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--slots", type=int, default=132, help="resident CTAs for the model (H200: 132)")
+    ap.add_argument(
+        "--slots", type=int, default=132, help="resident CTAs for the model (H200: 132)"
+    )
     ap.add_argument("--csv", default=None)
     args = ap.parse_args(argv)
     from distgemm import _core
 
-    times: Dict[Tuple[int, int, int, int], List[float]] = {}
+    times: dict[tuple[int, int, int, int], list[float]] = {}
     failed = []
     for r in range(args.rounds):
         for m, n, k, what in SHAPES:
-            for tile in ((256, 128) if r % 2 == 0 else (128, 256)):
+            for tile in (256, 128) if r % 2 == 0 else (128, 256):
                 ms, why = run_one(args.bench, m, n, k, tile)
                 if ms is None:
                     failed.append(f"{m}x{n}x{k} tile {tile}: {why}")
                     continue
                 times.setdefault((m, n, k, tile), []).append(ms)
     rows = summarise(times, SHAPES, _core.choose_tile_n, args.slots)
-    print(f"{'m x n x k':>20} {'ms 128x256':>11} {'ms 128x128':>11} {'128/256':>8} "
-          f"{'waves':>7} {'cost':>6} model faster  what")
+    print(
+        f"{'m x n x k':>20} {'ms 128x256':>11} {'ms 128x128':>11} {'128/256':>8} "
+        f"{'waves':>7} {'cost':>6} model faster  what"
+    )
     for r in rows:
-        print(f"{r['m']:>6}x{r['n']:>6}x{r['k']:>6} {r['ms_n256']:11.4f} {r['ms_n128']:11.4f} "
-              f"{r['ratio']:8.3f} {r['waves_n256']:>3}/{r['waves_n128']:<3} "
-              f"{r['implied_cost']:6.3f} {r['model_tile']:>5} {r['faster_tile']:>6}  {r['what']}")
+        print(
+            f"{r['m']:>6}x{r['n']:>6}x{r['k']:>6} {r['ms_n256']:11.4f} {r['ms_n128']:11.4f} "
+            f"{r['ratio']:8.3f} {r['waves_n256']:>3}/{r['waves_n128']:<3} "
+            f"{r['implied_cost']:6.3f} {r['model_tile']:>5} {r['faster_tile']:>6}  {r['what']}"
+        )
     agree = sum(r["model_tile"] == r["faster_tile"] for r in rows)
-    print(f"model picks the faster tile on {agree}/{len(rows)} shapes; relative cost in the model "
-          f"{_core.TILE128_RELATIVE_COST}")
+    print(
+        f"model picks the faster tile on {agree}/{len(rows)} shapes; relative cost in the model "
+        f"{_core.TILE128_RELATIVE_COST}"
+    )
     if args.csv and rows:
         with open(args.csv, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))

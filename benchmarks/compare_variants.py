@@ -9,6 +9,7 @@ kernel's local floor measured in the same run) and the spread between rounds, th
 which variant is fastest how often. All-gather plans have no partials: for them the transport
 columns repeat the same plan and show run-to-run noise.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,11 +47,14 @@ def summarise(folder: pathlib.Path) -> str:
     runs, layer = load(folder)
     if not runs:
         raise SystemExit(f"no tp*-{{epilogue,copy}}-{{pdl,no-pdl}}-r*.csv in {folder}")
-    head = "| TP | case | S | " + " | ".join(f"{v}/{p} ms (eff)" for v, p in VARIANTS) + \
-        " | best | spread |"
+    head = (
+        "| TP | case | S | "
+        + " | ".join(f"{v}/{p} ms (eff)" for v, p in VARIANTS)
+        + " | best | spread |"
+    )
     lines = [head, "|" + " --- |" * (len(VARIANTS) + 5)]
     wins = collections.Counter()
-    for (tp, case, steps) in sorted(runs, key=lambda k: (k[0], k[1], k[2])):
+    for tp, case, steps in sorted(runs, key=lambda k: (k[0], k[1], k[2])):
         per = runs[(tp, case, steps)]
         cells, med = [], {}
         spread = 0.0
@@ -67,8 +71,11 @@ def summarise(folder: pathlib.Path) -> str:
         best = min(med, key=med.get)
         lyr, sched = layer[case]
         wins[(tp, not sched.startswith("ag_"), best)] += 1  # gemm_allreduce has partials too
-        lines.append(f"| {tp} | {case} | {steps} | " + " | ".join(cells) +
-                     f" | {best[0]}/{best[1]} | {spread * 100:.1f}% |")
+        lines.append(
+            f"| {tp} | {case} | {steps} | "
+            + " | ".join(cells)
+            + f" | {best[0]}/{best[1]} | {spread * 100:.1f}% |"
+        )
     lines.append("")
     for (tp, rs, best), n in sorted(wins.items()):
         kind = "reduce-scatter" if rs else "all-gather"

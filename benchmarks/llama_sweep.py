@@ -33,6 +33,7 @@ torch.distributed or CUDA, tested by tests/test_llama_sweep.py on the CPU. The s
 timing rules come from distgemm._core (cpp/include/distgemm/llama_shapes.hpp), shared with
 ``distgemm_bench --sweep``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,17 +47,17 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
 # ---------------------------------------------------------------------------------------------
 # Pure part: cases, shapes, skip logic, formatting (no torch.distributed, no CUDA).
-
 # The shapes live in one place, cpp/include/distgemm/llama_shapes.hpp, which distgemm_bench
 # --sweep reads too, so that the C++ and the torchrun numbers are of the same cases.
 from distgemm import _core  # noqa: E402
 
-MODELS: Dict[str, Dict[str, int]] = _core.llama_models()  # hidden, ffn, heads, kv heads, head dim
+MODELS: dict[str, dict[str, int]] = _core.llama_models()  # hidden, ffn, heads, kv heads, head dim
 _LAYERS = _core.llama_layers()
 LAYERS = tuple(_LAYERS)
 TOKENS = tuple(_core.llama_tokens())
@@ -91,9 +92,13 @@ class Case:
         return f"{self.model}/{self.layer}/M{self.tokens}/TP{self.tp}"
 
 
-def make_cases(tp: int, quick: bool = False, models: Optional[Sequence[str]] = None,
-               tokens: Optional[Sequence[int]] = None,
-               layers: Optional[Sequence[str]] = None) -> List[Case]:
+def make_cases(
+    tp: int,
+    quick: bool = False,
+    models: Sequence[str] | None = None,
+    tokens: Sequence[int] | None = None,
+    layers: Sequence[str] | None = None,
+) -> list[Case]:
     """Every (model, layer, tokens) case for TP ranks, in the order they are run; ``models``,
     ``tokens``, ``layers`` narrow the (full or quick) list. ValueError names unknown values."""
     mo_all = QUICK_MODELS if quick else tuple(MODELS)
@@ -111,13 +116,13 @@ def make_cases(tp: int, quick: bool = False, models: Optional[Sequence[str]] = N
     return [Case(m_, l_, t_, tp) for m_ in mo for t_ in to for l_ in la]
 
 
-def global_gemm(model: str, layer: str, tokens: int) -> Tuple[int, int, int]:
+def global_gemm(model: str, layer: str, tokens: int) -> tuple[int, int, int]:
     """(M, N, K) of the whole layer, D[M, N] = X[M, K] @ W[N, K]^T (ValueError naming the valid
     models / layers)."""
     return tuple(_core.llama_gemm(model, layer, tokens))
 
 
-def shapes(case: Case) -> Dict[str, Any]:
+def shapes(case: Case) -> dict[str, Any]:
     """Per-rank operand shapes of every variant (integer division; skip_reason says whether
     the division is exact). a: the op's activation input, w: nn.Linear weight [N_rank, K_rank],
     out: the op's output, full_a: the all-gathered activations (all-gather only), partial: the
@@ -125,20 +130,23 @@ def shapes(case: Case) -> Dict[str, Any]:
     m, n, k = global_gemm(case.model, case.layer, case.tokens)
     tp = case.tp
     coll = COLLECTIVE[case.layer]
-    d: Dict[str, Any] = dict(collective=coll, schedule=SCHEDULE[coll], m=m, n=n, k=k)
+    d: dict[str, Any] = dict(collective=coll, schedule=SCHEDULE[coll], m=m, n=n, k=k)
     if coll == "all_gather":
-        d.update(a=(m // tp, k), w=(n // tp, k), out=(m, n // tp), full_a=(m, k),
-                 floor=(m, n // tp, k))
+        d.update(
+            a=(m // tp, k), w=(n // tp, k), out=(m, n // tp), full_a=(m, k), floor=(m, n // tp, k)
+        )
     else:
-        d.update(a=(m, k // tp), w=(n, k // tp), out=(m // tp, n), partial=(m, n),
-                 floor=(m, n, k // tp))
+        d.update(
+            a=(m, k // tp), w=(n, k // tp), out=(m // tp, n), partial=(m, n), floor=(m, n, k // tp)
+        )
     return d
 
 
-def _plan_rejects(op: str, schedule: str, tp: int, steps: int, a_shape, w_shape) -> Optional[str]:
+def _plan_rejects(op: str, schedule: str, tp: int, steps: int, a_shape, w_shape) -> str | None:
     """distgemm's own verdict on one S (the op's make_spec on meta tensors, every rank's
     sub-GEMMs): None when accepted, else the message."""
     import torch  # CPU-only use; imported here so that case generation needs no torch
+
     from distgemm import ops
 
     a = torch.empty(a_shape, device="meta", dtype=torch.bfloat16)
@@ -151,12 +159,12 @@ def _plan_rejects(op: str, schedule: str, tp: int, steps: int, a_shape, w_shape)
     return None
 
 
-def step_options(tp: int) -> List[int]:
+def step_options(tp: int) -> list[int]:
     """The S values searched for distgemm's best: TP and 2*TP."""
     return [tp, 2 * tp]
 
 
-def skip_reason(case: Case, plan_check=_plan_rejects) -> Tuple[Optional[str], Dict[int, str]]:
+def skip_reason(case: Case, plan_check=_plan_rejects) -> tuple[str | None, dict[int, str]]:
     """(why the whole case is skipped or None, {S: why that S is rejected}). The case is skipped
     when the tensor-parallel split itself is inexact or distgemm rejects S = TP (the default);
     an S = 2*TP rejection only narrows distgemm's best-S search."""
@@ -169,10 +177,12 @@ def skip_reason(case: Case, plan_check=_plan_rejects) -> Tuple[Optional[str], Di
     # multiples for every variant to see the same dense layout distgemm requires.
     for what, shape in (("a", s["a"]), ("w", s["w"])):
         if shape[1] % 8:
-            return (f"per-rank {what} {list(shape)}: {shape[1]} columns is not a multiple of 8 "
-                    f"elements (16-byte rows)"), {}
+            return (
+                f"per-rank {what} {list(shape)}: {shape[1]} columns is not a multiple of 8 "
+                f"elements (16-byte rows)"
+            ), {}
     op = "all_gather_gemm" if s["collective"] == "all_gather" else "gemm_reduce_scatter"
-    bad: Dict[int, str] = {}
+    bad: dict[int, str] = {}
     for steps in step_options(tp):
         why = plan_check(op, s["schedule"], tp, steps, s["a"], s["w"])
         if why:
@@ -182,19 +192,19 @@ def skip_reason(case: Case, plan_check=_plan_rejects) -> Tuple[Optional[str], Di
     return None, bad
 
 
-def tflops(m: int, n: int, k: int, ms: Optional[float]) -> Optional[float]:
+def tflops(m: int, n: int, k: int, ms: float | None) -> float | None:
     if not ms or ms <= 0:
         return None
     return 2.0 * m * n * k / (ms * 1e-3) / 1e12
 
 
-def derived(rec: Dict[str, Any]) -> Dict[str, Any]:
+def derived(rec: dict[str, Any]) -> dict[str, Any]:
     """Speedups over the plain baseline, overlap efficiencies against the torch.mm floor
     (``eff_*``) and against distgemm's own kernel (``eff_own_*``) of a result record
     ({"ms": {variant: ms or None}, ...}); None where a time is missing."""
     ms = rec.get("ms", {})
     floor, own, base = ms.get("floor"), ms.get("floor_dg"), ms.get("baseline")
-    out: Dict[str, Any] = {}
+    out: dict[str, Any] = {}
     for v in VARIANTS:
         t = ms.get(v)
         if v not in FLOORS:
@@ -211,7 +221,7 @@ def derived(rec: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
-def suspect(rec: Dict[str, Any]) -> List[str]:
+def suspect(rec: dict[str, Any]) -> list[str]:
     """The variants timed faster than the case's compute floor (the faster of torch.mm and
     distgemm's own kernel on the per-rank GEMM) by more than SUSPECT_SLACK: every variant does
     at least that GEMM, so such a time is a measurement error, not a result."""
@@ -223,7 +233,7 @@ def suspect(rec: Dict[str, Any]) -> List[str]:
     return [v for v in VARIANTS if v not in FLOORS and ms.get(v) and ms[v] < bound]
 
 
-def targets(rec: Dict[str, Any]) -> Dict[str, Optional[bool]]:
+def targets(rec: dict[str, Any]) -> dict[str, bool | None]:
     """Issue 5's acceptance for one measured record: ``vs_symm_mem`` (dg_best >= 1.3x symm_mem)
     and ``eff_own`` (dg_best >= 0.97 of floor_dg) apply to 70B/405B at M >= 4096 (None
     elsewhere or when a time is missing); ``auto_vs_baseline`` (dg_auto <= 1.02 x baseline)
@@ -234,26 +244,50 @@ def targets(rec: Dict[str, Any]) -> Dict[str, Optional[bool]]:
     vs, eff = d["dg_best_vs_symm_mem"], d["eff_own_dg_best"]
     auto, base = ms.get("dg_auto"), ms.get("baseline")
 
-    def verdict(applies: bool, ok: Optional[bool], uses: Sequence[str]) -> Optional[bool]:
+    def verdict(applies: bool, ok: bool | None, uses: Sequence[str]) -> bool | None:
         if not applies or ok is None:
             return None
         return False if bad & set(uses) else ok  # a time below its floor fails its target
 
-    return {"vs_symm_mem": verdict(big, vs and vs >= TARGET_VS_SYMM, ("dg_best", "symm_mem")),
-            "eff_own": verdict(big, eff and eff >= TARGET_EFF_OWN, ("dg_best",)),
-            "auto_vs_baseline": verdict(True, (auto <= TARGET_AUTO_SLACK * base)
-                                        if (auto and base) else None, ("dg_auto", "baseline"))}
+    return {
+        "vs_symm_mem": verdict(big, vs and vs >= TARGET_VS_SYMM, ("dg_best", "symm_mem")),
+        "eff_own": verdict(big, eff and eff >= TARGET_EFF_OWN, ("dg_best",)),
+        "auto_vs_baseline": verdict(
+            True,
+            (auto <= TARGET_AUTO_SLACK * base) if (auto and base) else None,
+            ("dg_auto", "baseline"),
+        ),
+    }
 
 
-CSV_FIELDS = (["case", "model", "layer", "tokens", "tp", "m", "n", "k", "status", "reason"]
-              + [f"ms_{v}" for v in VARIANTS] + ["suspect", "ms_dg_S_tp", "ms_dg_S_2tp", "dg_default_steps",
-                                                  "dg_best_steps", "dg_auto_path",
-                                                  "auto_overlap_ms", "auto_collective_ms"]
-              + [f"speedup_{v}" for v in VARIANTS if v not in FLOORS]
-              + [f"eff_{v}" for v in VARIANTS] + [f"eff_own_{v}" for v in DG]
-              + ["dg_best_vs_symm_mem", "bound_vs_symm_mem", "tflops_per_gpu_dg_best", "tflops_per_gpu_floor_dg",
-                 "target_vs_symm_mem", "target_eff_own", "target_auto_vs_baseline",
-                 "max_rel_err", "notes"])
+CSV_FIELDS = (
+    ["case", "model", "layer", "tokens", "tp", "m", "n", "k", "status", "reason"]
+    + [f"ms_{v}" for v in VARIANTS]
+    + [
+        "suspect",
+        "ms_dg_S_tp",
+        "ms_dg_S_2tp",
+        "dg_default_steps",
+        "dg_best_steps",
+        "dg_auto_path",
+        "auto_overlap_ms",
+        "auto_collective_ms",
+    ]
+    + [f"speedup_{v}" for v in VARIANTS if v not in FLOORS]
+    + [f"eff_{v}" for v in VARIANTS]
+    + [f"eff_own_{v}" for v in DG]
+    + [
+        "dg_best_vs_symm_mem",
+        "bound_vs_symm_mem",
+        "tflops_per_gpu_dg_best",
+        "tflops_per_gpu_floor_dg",
+        "target_vs_symm_mem",
+        "target_eff_own",
+        "target_auto_vs_baseline",
+        "max_rel_err",
+        "notes",
+    ]
+)
 
 
 def _num(x, nd=4) -> str:
@@ -264,17 +298,17 @@ def _num(x, nd=4) -> str:
     return str(x)
 
 
-def _per_gpu(rec: Dict[str, Any], variant: str = "dg_best") -> Optional[float]:
+def _per_gpu(rec: dict[str, Any], variant: str = "dg_best") -> float | None:
     """TF/s per GPU of a variant's time (the whole layer's flops / TP)."""
     t = tflops(rec.get("m", 0), rec.get("n", 0), rec.get("k", 0), rec.get("ms", {}).get(variant))
     return t / rec["tp"] if t else None
 
 
-def _flag(x: Optional[bool]) -> str:
+def _flag(x: bool | None) -> str:
     return "" if x is None else ("yes" if x else "no")
 
 
-def csv_row(rec: Dict[str, Any]) -> Dict[str, str]:
+def csv_row(rec: dict[str, Any]) -> dict[str, str]:
     """One CSV row (strings) from a result record."""
     d = derived(rec)
     ms = rec.get("ms", {})
@@ -283,24 +317,34 @@ def csv_row(rec: Dict[str, Any]) -> Dict[str, str]:
     notes.update({f"S{s}": why for s, why in rec.get("rejected_steps", {}).items()})
     auto = rec.get("auto") or {}
     tg = targets(rec)
-    row = {"case": rec["case"], "model": rec["model"], "layer": rec["layer"],
-           "tokens": str(rec["tokens"]), "tp": str(rec["tp"]), "m": str(rec.get("m", "")),
-           "n": str(rec.get("n", "")), "k": str(rec.get("k", "")), "status": rec["status"],
-           "reason": rec.get("reason") or "", "dg_best_steps": _num(rec.get("dg_best_steps")),
-           "dg_default_steps": _num(rec.get("dg_default_steps")),
-           "dg_auto_path": auto.get("path") or "",
-           "auto_overlap_ms": _num(auto.get("overlap_ms")),
-           "auto_collective_ms": _num(auto.get("collective_ms")),
-           "max_rel_err": _num(max(errs) if errs else None, 3),
-           "tflops_per_gpu_dg_best": _num(_per_gpu(rec), 1),
-           # the local GEMM does 1/TP of the layer's flops: the same per-GPU formula
-           "tflops_per_gpu_floor_dg": _num(_per_gpu(rec, "floor_dg"), 1),
-           "ms_dg_S_tp": _num(ms.get(f"dg_S{rec['tp']}")),
-           "suspect": " ".join(suspect(rec)),
-           "ms_dg_S_2tp": _num(ms.get(f"dg_S{2 * rec['tp']}")),
-           "target_vs_symm_mem": _flag(tg["vs_symm_mem"]), "target_eff_own": _flag(tg["eff_own"]),
-           "target_auto_vs_baseline": _flag(tg["auto_vs_baseline"]),
-           "notes": "; ".join(f"{k}: {v}" for k, v in notes.items())}
+    row = {
+        "case": rec["case"],
+        "model": rec["model"],
+        "layer": rec["layer"],
+        "tokens": str(rec["tokens"]),
+        "tp": str(rec["tp"]),
+        "m": str(rec.get("m", "")),
+        "n": str(rec.get("n", "")),
+        "k": str(rec.get("k", "")),
+        "status": rec["status"],
+        "reason": rec.get("reason") or "",
+        "dg_best_steps": _num(rec.get("dg_best_steps")),
+        "dg_default_steps": _num(rec.get("dg_default_steps")),
+        "dg_auto_path": auto.get("path") or "",
+        "auto_overlap_ms": _num(auto.get("overlap_ms")),
+        "auto_collective_ms": _num(auto.get("collective_ms")),
+        "max_rel_err": _num(max(errs) if errs else None, 3),
+        "tflops_per_gpu_dg_best": _num(_per_gpu(rec), 1),
+        # the local GEMM does 1/TP of the layer's flops: the same per-GPU formula
+        "tflops_per_gpu_floor_dg": _num(_per_gpu(rec, "floor_dg"), 1),
+        "ms_dg_S_tp": _num(ms.get(f"dg_S{rec['tp']}")),
+        "suspect": " ".join(suspect(rec)),
+        "ms_dg_S_2tp": _num(ms.get(f"dg_S{2 * rec['tp']}")),
+        "target_vs_symm_mem": _flag(tg["vs_symm_mem"]),
+        "target_eff_own": _flag(tg["eff_own"]),
+        "target_auto_vs_baseline": _flag(tg["auto_vs_baseline"]),
+        "notes": "; ".join(f"{k}: {v}" for k, v in notes.items()),
+    }
     for v in VARIANTS:
         row[f"ms_{v}"] = _num(ms.get(v))
     for key, val in d.items():
@@ -308,7 +352,7 @@ def csv_row(rec: Dict[str, Any]) -> Dict[str, str]:
     return row
 
 
-def to_csv(records: Sequence[Dict[str, Any]]) -> str:
+def to_csv(records: Sequence[dict[str, Any]]) -> str:
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
     w.writeheader()
@@ -317,12 +361,25 @@ def to_csv(records: Sequence[Dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-TABLE_HEADER = ("case", "floor ms", "own floor", "NCCL+mm ms", "symm_mem ms", "dg S=def ms",
-                "dg best ms (S)", "dg auto ms (path)", "symm/base", "dg/base", "dg/symm",
-                "auto/base", "eff own", "err")
+TABLE_HEADER = (
+    "case",
+    "floor ms",
+    "own floor",
+    "NCCL+mm ms",
+    "symm_mem ms",
+    "dg S=def ms",
+    "dg best ms (S)",
+    "dg auto ms (path)",
+    "symm/base",
+    "dg/base",
+    "dg/symm",
+    "auto/base",
+    "eff own",
+    "err",
+)
 
 
-def table_row(rec: Dict[str, Any]) -> List[str]:
+def table_row(rec: dict[str, Any]) -> list[str]:
     """The stdout table's cells for one measured record ('-' where a variant has no time)."""
     ms, d = rec["ms"], derived(rec)
     bad = suspect(rec)
@@ -337,14 +394,25 @@ def table_row(rec: Dict[str, Any]) -> List[str]:
     path = (rec.get("auto") or {}).get("path")
     auto = t("dg_auto") + (f" ({path[:4]})" if path else "")
     errs = [e for e in rec.get("rel_err", {}).values() if e is not None]
-    return [rec["case"], t("floor"), t("floor_dg"), t("baseline"), t("symm_mem"), t("dg_default"),
-            best, auto, x(d["speedup_symm_mem"]), x(d["speedup_dg_best"]),
-            x(d["dg_best_vs_symm_mem"]), x(d["speedup_dg_auto"]),
-            f"{d['eff_own_dg_best']:.3f}" if d["eff_own_dg_best"] else "-",
-            f"{max(errs):.1e}" if errs else "-"]
+    return [
+        rec["case"],
+        t("floor"),
+        t("floor_dg"),
+        t("baseline"),
+        t("symm_mem"),
+        t("dg_default"),
+        best,
+        auto,
+        x(d["speedup_symm_mem"]),
+        x(d["speedup_dg_best"]),
+        x(d["dg_best_vs_symm_mem"]),
+        x(d["speedup_dg_auto"]),
+        f"{d['eff_own_dg_best']:.3f}" if d["eff_own_dg_best"] else "-",
+        f"{max(errs):.1e}" if errs else "-",
+    ]
 
 
-def format_table(records: Sequence[Dict[str, Any]]) -> str:
+def format_table(records: Sequence[dict[str, Any]]) -> str:
     """Aligned text table; cases that were not measured get one line with their status and
     reason. (own floor: distgemm's kernel alone on one GPU; dg/base: speedup of distgemm's best S
     over NCCL + torch.mm; auto: the public op with path="auto" and its chosen path; eff own:
@@ -352,46 +420,61 @@ def format_table(records: Sequence[Dict[str, Any]]) -> str:
     error of any variant vs the baseline; '!': a time below the case's compute floor.)"""
     measured = [table_row(r) for r in records if r["status"] in ("ok", "wrong")]
     widths = [max([len(h)] + [len(r[i]) for r in measured]) for i, h in enumerate(TABLE_HEADER)]
-    lines = [" | ".join(h.ljust(widths[i]) for i, h in enumerate(TABLE_HEADER)).rstrip(),
-             "-+-".join("-" * w_ for w_ in widths)]
+    lines = [
+        " | ".join(h.ljust(widths[i]) for i, h in enumerate(TABLE_HEADER)).rstrip(),
+        "-+-".join("-" * w_ for w_ in widths),
+    ]
     for rec in records:
         if rec["status"] in ("ok", "wrong"):
             cells = table_row(rec)
             line = " | ".join(c.ljust(widths[i]) for i, c in enumerate(cells)).rstrip()
             bad = suspect(rec)
-            lines.append(line + ("  WRONG" if rec["status"] == "wrong" else "")
-                         + (f"  SUSPECT (below floor: {', '.join(bad)})" if bad else ""))
+            lines.append(
+                line
+                + ("  WRONG" if rec["status"] == "wrong" else "")
+                + (f"  SUSPECT (below floor: {', '.join(bad)})" if bad else "")
+            )
         else:
             lines.append(f"{rec['case'].ljust(widths[0])} | {rec['status']}: {rec.get('reason')}")
     return "\n".join(lines)
 
 
-def target_summary(records: Sequence[Dict[str, Any]]) -> str:
+def target_summary(records: Sequence[dict[str, Any]]) -> str:
     """One line per acceptance target: how many measured cases it applies to and meets, and
     the cases that miss it."""
     lines = []
-    names = {"vs_symm_mem": f"dg best >= {TARGET_VS_SYMM}x torch symm_mem (70B/405B, M >= "
-                            f"{TARGET_MIN_TOKENS})",
-             "eff_own": f"dg best >= {TARGET_EFF_OWN} of its own kernel floor (70B/405B, M >= "
-                        f"{TARGET_MIN_TOKENS})",
-             "auto_vs_baseline": f"public op (auto) <= {TARGET_AUTO_SLACK}x NCCL + torch.mm "
-                                 "(every case)"}
+    names = {
+        "vs_symm_mem": f"dg best >= {TARGET_VS_SYMM}x torch symm_mem (70B/405B, M >= "
+        f"{TARGET_MIN_TOKENS})",
+        "eff_own": f"dg best >= {TARGET_EFF_OWN} of its own kernel floor (70B/405B, M >= "
+        f"{TARGET_MIN_TOKENS})",
+        "auto_vs_baseline": f"public op (auto) <= {TARGET_AUTO_SLACK}x NCCL + torch.mm "
+        "(every case)",
+    }
     ok = [r for r in records if r["status"] == "ok"]
     for key, text in names.items():
         verdicts = [(r["case"], targets(r)[key]) for r in ok]
         applies = [(c, v) for c, v in verdicts if v is not None]
         miss = [c for c, v in applies if not v]
-        lines.append(f"target {text}: {len(applies) - len(miss)}/{len(applies)} met"
-                     + (f"; missed: {', '.join(miss)}" if miss else ""))
+        lines.append(
+            f"target {text}: {len(applies) - len(miss)}/{len(applies)} met"
+            + (f"; missed: {', '.join(miss)}" if miss else "")
+        )
         if key == "vs_symm_mem" and applies:
-            out_of_reach = [r["case"] for r in ok if targets(r)[key] is not None
-                            and (derived(r)["bound_vs_symm_mem"] or 0.0) < TARGET_VS_SYMM]
-            lines.append(f"  of these, {len(out_of_reach)} cannot reach it with any overlap: "
-                         f"symm_mem / min(compute floors) < {TARGET_VS_SYMM}")
+            out_of_reach = [
+                r["case"]
+                for r in ok
+                if targets(r)[key] is not None
+                and (derived(r)["bound_vs_symm_mem"] or 0.0) < TARGET_VS_SYMM
+            ]
+            lines.append(
+                f"  of these, {len(out_of_reach)} cannot reach it with any overlap: "
+                f"symm_mem / min(compute floors) < {TARGET_VS_SYMM}"
+            )
     return "\n".join(lines)
 
 
-def output_stem(quick: bool, date: Optional[str] = None) -> str:
+def output_stem(quick: bool, date: str | None = None) -> str:
     date = date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     return f"{date}-llama-sweep" + ("-quick" if quick else "")
 
@@ -402,11 +485,12 @@ def progress_line(i: int, n: int, name: str, elapsed: float, width: int = 24) ->
     return f"[{'#' * done}{'.' * (width - done)}] {i}/{n} {name}  {elapsed:.1f} s"
 
 
-def plot(records: Sequence[Dict[str, Any]], path: str) -> Optional[str]:
+def plot(records: Sequence[dict[str, Any]], path: str) -> str | None:
     """Speedup over the plain baseline and overlap efficiency per case, PNG. Returns None when
     written, else the reason it was not (matplotlib missing, nothing measured)."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except Exception as e:  # noqa: BLE001 - the sweep's numbers matter more than the picture
@@ -415,29 +499,39 @@ def plot(records: Sequence[Dict[str, Any]], path: str) -> Optional[str]:
     if not ok:
         return "no measured case"
     names = [r["case"].rsplit("/TP", 1)[0] for r in ok]
-    colors = {"baseline": "tab:gray", "symm_mem": "tab:blue", "dg_default": "tab:orange",
-              "dg_best": "tab:green", "dg_auto": "tab:red"}
-    series = (("symm_mem", "torch symm_mem"), ("dg_best", "distgemm best S"),
-              ("dg_auto", "distgemm public op (auto path)"))
+    colors = {
+        "baseline": "tab:gray",
+        "symm_mem": "tab:blue",
+        "dg_default": "tab:orange",
+        "dg_best": "tab:green",
+        "dg_auto": "tab:red",
+    }
+    series = (
+        ("symm_mem", "torch symm_mem"),
+        ("dg_best", "distgemm best S"),
+        ("dg_auto", "distgemm public op (auto path)"),
+    )
     fig, axes = plt.subplots(2, 1, figsize=(max(8, 0.35 * len(ok) + 3), 8), sharex=True)
     xs = list(range(len(ok)))
     wbar = 0.8 / len(series)
     for j, (v, label) in enumerate(series):
         ys = [derived(r)[f"speedup_{v}"] or 0.0 for r in ok]  # 0: variant not measured
-        bars = axes[0].bar([x + (j - 1) * wbar for x in xs], ys, wbar, label=label,
-                           color=colors[v])
+        bars = axes[0].bar([x + (j - 1) * wbar for x in xs], ys, wbar, label=label, color=colors[v])
         for bar, r in zip(bars, ok):  # below its compute floor: a measurement error, marked
             if v in suspect(r):
                 bar.set(hatch="xx", edgecolor="k")
-                axes[0].annotate("suspect", (bar.get_x(), bar.get_height()), fontsize=6,
-                                 rotation=90, va="bottom")
+                axes[0].annotate(
+                    "suspect", (bar.get_x(), bar.get_height()), fontsize=6, rotation=90, va="bottom"
+                )
     axes[0].axhline(1.0, color="k", lw=0.8)
     axes[0].axhline(1.0 / TARGET_AUTO_SLACK, color="k", lw=0.6, ls=":")
     axes[0].set_ylabel("speedup over NCCL + torch.mm")
     axes[0].legend(fontsize=8)
-    effs = (("baseline", "eff", "NCCL + torch.mm / torch.mm floor"),
-            ("symm_mem", "eff", "torch symm_mem / torch.mm floor"),
-            ("dg_best", "eff_own", "distgemm best S / own kernel floor"))
+    effs = (
+        ("baseline", "eff", "NCCL + torch.mm / torch.mm floor"),
+        ("symm_mem", "eff", "torch symm_mem / torch.mm floor"),
+        ("dg_best", "eff_own", "distgemm best S / own kernel floor"),
+    )
     wbar = 0.8 / len(effs)
     for j, (v, kind, label) in enumerate(effs):
         ys = [derived(r)[f"{kind}_{v}"] or 0.0 for r in ok]
@@ -463,19 +557,22 @@ def plot(records: Sequence[Dict[str, Any]], path: str) -> Optional[str]:
 _TIMING = _core.llama_sweep_timing()  # the C++ sweep times the same way
 WARMUP_S = _TIMING["warmup_ms"] / 1e3  # sustained replay before a case's first timing (clocks)
 REWARM_S = _TIMING["rewarm_ms"] / 1e3  # ... and before each further variant's window
-TIMED_S = _TIMING["timed_ms"] / 1e3    # timed work per variant, one window ...
+TIMED_S = _TIMING["timed_ms"] / 1e3  # timed work per variant, one window ...
 MIN_ITERS, MAX_ITERS = _TIMING["min_iterations"], _TIMING["max_iterations"]  # ... in these counts
 ERR_TOL = 1e-2
-CASE_TIMEOUT_S = 90  # a case that takes longer is hung: dump stacks and exit (torchrun ends the rest)
+CASE_TIMEOUT_S = (
+    90  # a case that takes longer is hung: dump stacks and exit (torchrun ends the rest)
+)
 
 
-def enable_symm_mem(group_name: str) -> Optional[str]:
+def enable_symm_mem(group_name: str) -> str | None:
     """Turn on torch's symmetric memory for the group; the reason when that failed (the fused
     ops are then reported unavailable per case), else None."""
     try:
         import warnings
 
         from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # deprecated (a no-op need) in newer torch
             enable_symm_mem_for_group(group_name)
@@ -498,16 +595,24 @@ def baseline_call(torch, dist, ag: bool, a, wt, tmp, out):
 def symm_mem_call(torch, ag: bool, a, wt, group_name: str):
     """torch async-TP of one layer (symmetric-memory fused ops)."""
     if ag:
-        return torch.ops.symm_mem.fused_all_gather_matmul(a, [wt], 0, group_name,
-                                                          return_A=False)[1][0]
+        return torch.ops.symm_mem.fused_all_gather_matmul(a, [wt], 0, group_name, return_A=False)[
+            1
+        ][0]
     return torch.ops.symm_mem.fused_matmul_reduce_scatter(a, wt, "sum", 0, group_name)
 
 
 class _Ctx:
     def __init__(self, torch, dist, ctrl, dev, rank, tp):
-        self.torch, self.dist, self.ctrl, self.dev, self.rank, self.tp = torch, dist, ctrl, dev, rank, tp
+        self.torch, self.dist, self.ctrl, self.dev, self.rank, self.tp = (
+            torch,
+            dist,
+            ctrl,
+            dev,
+            rank,
+            tp,
+        )
 
-    def agree_max(self, values: Sequence[float]) -> List[float]:
+    def agree_max(self, values: Sequence[float]) -> list[float]:
         """Element-wise max over ranks through the gloo control group (its timeout bounds the
         wait, and it is independent of the NCCL stream order)."""
         t = self.torch.tensor(list(values), dtype=self.torch.float64)
@@ -553,8 +658,10 @@ def _time_variant(ctx: _Ctx, fn, warm_s: float = REWARM_S) -> float:
             break
     per_call_ms = max(ctx.agree_max([s.elapsed_time(e) / chunk])[0], 1e-3)
     iters = min(MAX_ITERS, max(MIN_ITERS, math.ceil(TIMED_S * 1e3 / per_call_ms)))
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-          for _ in range(iters)]
+    ev = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        for _ in range(iters)
+    ]
     for a, b in ev:
         a.record()
         fn()
@@ -575,12 +682,13 @@ def _rel_err(torch, x, ref) -> float:
 class LayerOperands:
     """One rank's operands of a case: fresh random bf16 (never zeros: zeros run faster on these
     GPUs), the weight scaled by 1/sqrt(K); `gen` continues the same stream for further inputs."""
-    ag: bool     # all-gather layer (else reduce-scatter)
+
+    ag: bool  # all-gather layer (else reduce-scatter)
     a: Any
     w: Any
-    wt: Any      # [K_rank, N_rank] view of w for the torch ops (B of A @ B)
-    tmp: Any     # the baseline's gathered A or partial D
-    out: Any     # the baseline's output
+    wt: Any  # [K_rank, N_rank] view of w for the torch ops (B of A @ B)
+    tmp: Any  # the baseline's gathered A or partial D
+    out: Any  # the baseline's output
     gen: Any
 
 
@@ -596,8 +704,9 @@ def layer_operands(torch, dev, case: Case, seed: int) -> LayerOperands:
     return LayerOperands(ag, a, w, w.t(), tmp, out, gen)
 
 
-def run_case(ctx: _Ctx, case: Case, rejected: Dict[int, str], group_name: str,
-             solo) -> Dict[str, Any]:
+def run_case(
+    ctx: _Ctx, case: Case, rejected: dict[int, str], group_name: str, solo
+) -> dict[str, Any]:
     """Measure every variant of one case on this rank. Returns this rank's record; raises on
     a failure that makes the case meaningless (the caller agrees with the other ranks)."""
     torch, dist, dev = ctx.torch, ctx.dist, ctx.dev
@@ -608,9 +717,9 @@ def run_case(ctx: _Ctx, case: Case, rejected: Dict[int, str], group_name: str,
     bf = torch.bfloat16
     lo = layer_operands(torch, dev, case, 1234 + 7919 * ctx.rank + case.tokens)
     ag, a, w, wt, tmp, out, gen = lo.ag, lo.a, lo.w, lo.wt, lo.tmp, lo.out, lo.gen
-    ms: Dict[str, Optional[float]] = {}
-    errs: Dict[str, Optional[float]] = {}
-    unavailable: Dict[str, str] = {}
+    ms: dict[str, float | None] = {}
+    errs: dict[str, float | None] = {}
+    unavailable: dict[str, str] = {}
 
     def baseline():
         return baseline_call(torch, dist, ag, a, wt, tmp, out)
@@ -672,20 +781,22 @@ def run_case(ctx: _Ctx, case: Case, rejected: Dict[int, str], group_name: str,
 
     # distgemm: a communicator per case so that its workspaces are freed with the case.
     default_s = None
-    auto: Dict[str, Any] = {}
+    auto: dict[str, Any] = {}
     with dcomm.Communicator(timeout_s=60.0, wait_timeout_s=5.0) as comm:
         dg_out = torch.empty(s["out"], device=dev, dtype=bf)
 
         def dg(steps, path):
             if ag:
-                return lambda: ops.all_gather_gemm(a, w, steps=steps, out=dg_out, group=comm,
-                                                   path=path)
-            return lambda: ops.gemm_reduce_scatter(a, w, steps=steps, out=dg_out, group=comm,
-                                                   path=path)
+                return lambda: ops.all_gather_gemm(
+                    a, w, steps=steps, out=dg_out, group=comm, path=path
+                )
+            return lambda: ops.gemm_reduce_scatter(
+                a, w, steps=steps, out=dg_out, group=comm, path=path
+            )
 
         runs = [(f"dg_S{x}", x, "overlap") for x in step_options(ctx.tp) if x not in rejected]
         runs.append(("dg_auto", None, "auto"))
-        per_s: Dict[int, float] = {}
+        per_s: dict[int, float] = {}
         for key, steps, path in runs:
             f = dg(steps, path)
             # Poisoned output: a call that wrote nothing cannot pass the check by leaving an
@@ -717,37 +828,59 @@ def run_case(ctx: _Ctx, case: Case, rejected: Dict[int, str], group_name: str,
     worst = ctx.agree_max([errs[k] if errs[k] == errs[k] else math.inf for k in keys])
     errs = dict(zip(keys, worst))
     bad_err = {k: v for k, v in errs.items() if not v < ERR_TOL}
-    return dict(ms=ms, rel_err=errs, unavailable=unavailable, dg_best_steps=best,
-                dg_default_steps=default_s, auto=auto, wrong=bad_err)
+    return dict(
+        ms=ms,
+        rel_err=errs,
+        unavailable=unavailable,
+        dg_best_steps=best,
+        dg_default_steps=default_s,
+        auto=auto,
+        wrong=bad_err,
+    )
 
 
-def _meta(torch, dev, args, tp, symm_setup, t_start) -> Dict[str, Any]:
-    return dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                tp=tp, quick=args.quick, torch=torch.__version__,
-                device=torch.cuda.get_device_name(dev), cuda=torch.version.cuda,
-                warmup_s=WARMUP_S, rewarm_s=REWARM_S, timed_s=TIMED_S,
-                iters=[MIN_ITERS, MAX_ITERS], installed_by=os.environ.get("INSTALLED_BY"),
-                symm_mem_setup_error=symm_setup, argv=sys.argv,
-                seconds=round(time.perf_counter() - t_start, 1))
+def _meta(torch, dev, args, tp, symm_setup, t_start) -> dict[str, Any]:
+    return dict(
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        tp=tp,
+        quick=args.quick,
+        torch=torch.__version__,
+        device=torch.cuda.get_device_name(dev),
+        cuda=torch.version.cuda,
+        warmup_s=WARMUP_S,
+        rewarm_s=REWARM_S,
+        timed_s=TIMED_S,
+        iters=[MIN_ITERS, MAX_ITERS],
+        installed_by=os.environ.get("INSTALLED_BY"),
+        symm_mem_setup_error=symm_setup,
+        argv=sys.argv,
+        seconds=round(time.perf_counter() - t_start, 1),
+    )
 
 
-def write_outputs(records: Sequence[Dict[str, Any]], stem: str, meta: Dict[str, Any],
-                  final: bool) -> None:
+def write_outputs(
+    records: Sequence[dict[str, Any]], stem: str, meta: dict[str, Any], final: bool
+) -> None:
     """CSV and JSON (every time: a cut-short sweep keeps what it measured); at the end also the
     table, the notes, the acceptance summary and the PNG."""
     os.makedirs(os.path.dirname(stem) or ".", exist_ok=True)
     with open(stem + ".csv", "w") as f:
         f.write(to_csv(records))
     with open(stem + ".json", "w") as f:
-        json.dump(dict(meta=dict(meta, complete=final),
-                       records=[dict(r, derived=derived(r), targets=targets(r)) for r in records]),
-                  f, indent=1)
+        json.dump(
+            dict(
+                meta=dict(meta, complete=final),
+                records=[dict(r, derived=derived(r), targets=targets(r)) for r in records],
+            ),
+            f,
+            indent=1,
+        )
     if final:
         _report(records, stem, statuses=True)
         print(f"wrote {stem}.csv, {stem}.json in {meta['seconds']} s", flush=True)
 
 
-def _report(records: Sequence[Dict[str, Any]], stem: str, statuses: bool) -> Optional[str]:
+def _report(records: Sequence[dict[str, Any]], stem: str, statuses: bool) -> str | None:
     """The stdout table (with a line per case that was not measured and per unavailable
     variant when ``statuses``), the acceptance summary and ``stem``.png. Returns why the PNG was
     not drawn, or None."""
@@ -766,7 +899,7 @@ def _report(records: Sequence[Dict[str, Any]], stem: str, statuses: bool) -> Opt
     return why
 
 
-def replot(paths: Sequence[str], out_dir: str, stem: Optional[str] = None) -> int:
+def replot(paths: Sequence[str], out_dir: str, stem: str | None = None) -> int:
     """Table, acceptance summary, CSV, JSON and PNG from one or more sweep JSONs (the records of
     runs split over several calls, in the order given), without a GPU; derived numbers are
     recomputed from the stored times."""
@@ -776,12 +909,18 @@ def replot(paths: Sequence[str], out_dir: str, stem: Optional[str] = None) -> in
             runs.append(json.load(f))
     records = [r for run in runs for r in run["records"]]
     os.makedirs(out_dir, exist_ok=True)
-    stem = os.path.join(out_dir, stem or os.path.basename(paths[0])[:-len(".json")])
+    stem = os.path.join(out_dir, stem or os.path.basename(paths[0])[: -len(".json")])
     meta = runs[0]["meta"] if len(runs) == 1 else dict(parts=[run["meta"] for run in runs])
     if len(runs) > 1 or not os.path.exists(stem + ".json"):
         with open(stem + ".json", "w") as f:
-            json.dump(dict(meta=meta, records=[dict(r, derived=derived(r), targets=targets(r))
-                                               for r in records]), f, indent=1)
+            json.dump(
+                dict(
+                    meta=meta,
+                    records=[dict(r, derived=derived(r), targets=targets(r)) for r in records],
+                ),
+                f,
+                indent=1,
+            )
     with open(stem + ".csv", "w") as f:
         f.write(to_csv(records))
     return 0 if _report(records, stem, statuses=False) is None else 1
@@ -790,19 +929,24 @@ def replot(paths: Sequence[str], out_dir: str, stem: Optional[str] = None) -> in
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="70B only, M in {4096, 8192}")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                  "results"))
+    ap.add_argument(
+        "--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+    )
     ap.add_argument("--models", help="comma-separated subset of " + ",".join(MODELS))
     ap.add_argument("--tokens", help="comma-separated token counts (M) instead of the list")
     ap.add_argument("--layers", help="comma-separated subset of " + ",".join(LAYERS))
-    ap.add_argument("--replot", metavar="JSON", nargs="+",
-                    help="no GPU: rewrite the CSV, redraw the PNG and reprint the table from "
-                         "sweep JSONs (several: their records joined, written as --stem)")
+    ap.add_argument(
+        "--replot",
+        metavar="JSON",
+        nargs="+",
+        help="no GPU: rewrite the CSV, redraw the PNG and reprint the table from "
+        "sweep JSONs (several: their records joined, written as --stem)",
+    )
     ap.add_argument("--stem", help="with --replot: the output files' name (no extension)")
     args = ap.parse_args(argv)
     if args.replot:
         return replot(args.replot, args.out, args.stem)
-    split = (lambda v, f=str: None if v is None else [f(x) for x in v.split(",") if x])
+    split = lambda v, f=str: None if v is None else [f(x) for x in v.split(",") if x]
     models, tokens, layers = split(args.models), split(args.tokens, int), split(args.layers)
     make_cases(1, args.quick, models, tokens, layers)  # unknown names: fail before torchrun work
 
@@ -823,21 +967,35 @@ def main(argv=None) -> int:
 
     # distgemm's own kernel floor runs the op on a one-rank group (a TP=1 plan: one GEMM).
     from distgemm import comm as dcomm
+
     solo_pg, _ = dist.new_subgroups(group_size=1)
     solo = dcomm.Communicator(solo_pg, timeout_s=60.0, wait_timeout_s=5.0)
 
     cases = make_cases(tp, args.quick, models, tokens, layers)
     partial = bool(models or tokens or layers)
     stem = os.path.join(args.out, output_stem(args.quick) + ("-subset" if partial else ""))
-    records: List[Dict[str, Any]] = []
+    records: list[dict[str, Any]] = []
     t_start = time.perf_counter()
     for i, case in enumerate(cases):
         if rank == 0:
-            print(progress_line(i, len(cases), case.name, time.perf_counter() - t_start),
-                  file=sys.stderr, flush=True)
+            print(
+                progress_line(i, len(cases), case.name, time.perf_counter() - t_start),
+                file=sys.stderr,
+                flush=True,
+            )
         m, n, k = global_gemm(case.model, case.layer, case.tokens)
-        rec: Dict[str, Any] = dict(case=case.name, model=case.model, layer=case.layer,
-                                   tokens=case.tokens, tp=tp, m=m, n=n, k=k, ms={}, rel_err={})
+        rec: dict[str, Any] = dict(
+            case=case.name,
+            model=case.model,
+            layer=case.layer,
+            tokens=case.tokens,
+            tp=tp,
+            m=m,
+            n=n,
+            k=k,
+            ms={},
+            rel_err={},
+        )
         reason, rejected = skip_reason(case)
         rec["rejected_steps"] = {str(s_): w for s_, w in rejected.items()}
         if reason:
@@ -857,21 +1015,34 @@ def main(argv=None) -> int:
         if failed:
             rec.update(status="failed", reason=err or "failed on another rank")
         else:
-            rec.update(status="ok", reason=None, ms=res["ms"], rel_err=res["rel_err"],
-                       unavailable=res["unavailable"], dg_best_steps=res["dg_best_steps"],
-                       dg_default_steps=res["dg_default_steps"], auto=res["auto"])
+            rec.update(
+                status="ok",
+                reason=None,
+                ms=res["ms"],
+                rel_err=res["rel_err"],
+                unavailable=res["unavailable"],
+                dg_best_steps=res["dg_best_steps"],
+                dg_default_steps=res["dg_default_steps"],
+                auto=res["auto"],
+            )
             if symm_setup and "symm_mem" in rec["unavailable"]:
                 rec["unavailable"]["symm_mem"] += f" (setup: {symm_setup})"
             if res["wrong"]:
-                rec.update(status="wrong", reason="rel. err >= 1e-2 vs baseline: " + ", ".join(
-                    f"{k_}={v:.2e}" for k_, v in res["wrong"].items()))
+                rec.update(
+                    status="wrong",
+                    reason="rel. err >= 1e-2 vs baseline: "
+                    + ", ".join(f"{k_}={v:.2e}" for k_, v in res["wrong"].items()),
+                )
         records.append(rec)
         torch.cuda.empty_cache()
         if rank == 0:  # after every case: a sweep cut short still leaves its numbers
             write_outputs(records, stem, _meta(torch, dev, args, tp, symm_setup, t_start), False)
     if rank == 0:
-        print(progress_line(len(cases), len(cases), "done", time.perf_counter() - t_start),
-              file=sys.stderr, flush=True)
+        print(
+            progress_line(len(cases), len(cases), "done", time.perf_counter() - t_start),
+            file=sys.stderr,
+            flush=True,
+        )
         write_outputs(records, stem, _meta(torch, dev, args, tp, symm_setup, t_start), True)
     dist.barrier(group=ctrl)
     dcomm.close_all()

@@ -27,6 +27,7 @@ The pure parts (trace parsing, classification, lanes, alignment, busy and overla
 JSON encoding, plotting) are module-level functions without torch.distributed or CUDA, tested by
 tests/test_overlap_timeline.py on the CPU.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,9 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import llama_sweep as sweep  # noqa: E402  (cases, shapes, skip logic, warm-up/timing helpers)
@@ -50,11 +52,22 @@ import llama_sweep as sweep  # noqa: E402  (cases, shapes, skip logic, warm-up/t
 # Pure part: parsing, classification, lanes, alignment, overlap, summary, JSON, plot.
 
 CLASSES = ("gemm", "nccl", "copy", "signal", "other", "call")
-CLASS_LABEL = {"gemm": "GEMM compute", "nccl": "NCCL kernel", "copy": "copy engine (memcpy)",
-               "signal": "signal/flag (memcpy <= 64 B, memset)", "other": "other kernel",
-               "call": "whole call (CUDA events)"}
-CLASS_COLOR = {"gemm": "tab:blue", "nccl": "tab:red", "copy": "tab:orange", "signal": "black",
-               "other": "tab:gray", "call": "tab:purple"}
+CLASS_LABEL = {
+    "gemm": "GEMM compute",
+    "nccl": "NCCL kernel",
+    "copy": "copy engine (memcpy)",
+    "signal": "signal/flag (memcpy <= 64 B, memset)",
+    "other": "other kernel",
+    "call": "whole call (CUDA events)",
+}
+CLASS_COLOR = {
+    "gemm": "tab:blue",
+    "nccl": "tab:red",
+    "copy": "tab:orange",
+    "signal": "black",
+    "other": "tab:gray",
+    "call": "tab:purple",
+}
 OVERLAP_COLOR = "tab:green"
 SIGNAL_MAX_BYTES = 64
 # chrome-trace categories of the GPU activities -> event kind
@@ -64,8 +77,11 @@ MARKER_PREFIX = "overlap_timeline:"
 _GEMM_RE = re.compile(r"gemm|gemv|cutlass|cublas|nvjet|xmma|wgmma|matmul", re.I)
 _NCCL_RE = re.compile(r"nccl", re.I)
 VARIANTS = ("baseline", "symm_mem", "distgemm")
-VARIANT_LABEL = {"baseline": "NCCL + torch.mm", "symm_mem": "torch symm_mem (async-TP)",
-                 "distgemm": "distgemm"}
+VARIANT_LABEL = {
+    "baseline": "NCCL + torch.mm",
+    "symm_mem": "torch symm_mem (async-TP)",
+    "distgemm": "distgemm",
+}
 SOURCE_PROFILER = "torch.profiler (CUPTI) GPU events"
 SOURCE_CUDA_EVENTS = "CUDA events around each call (call spans only)"
 ALIGN_TOL_US = 5000.0  # host-clock alignment is kept while the ranks' markers agree this well
@@ -74,13 +90,14 @@ ALIGN_TOL_US = 5000.0  # host-clock alignment is kept while the ranks' markers a
 @dataclass(frozen=True)
 class GpuEvent:
     """One GPU activity (or, in the fallback, one call span). Times in microseconds."""
+
     rank: int
     device: int
     stream: int
     start: float
     dur: float
     name: str
-    kind: str          # kernel | memcpy | memset | call
+    kind: str  # kernel | memcpy | memset | call
     nbytes: int = 0
 
     @property
@@ -92,7 +109,7 @@ class GpuEvent:
         return classify(self.name, self.kind, self.nbytes)
 
 
-def kind_of(category: Optional[str], name: str) -> str:
+def kind_of(category: str | None, name: str) -> str:
     """Event kind from a chrome-trace category, or from the name where the category is missing."""
     k = GPU_CATEGORIES.get((category or "").lower())
     if k:
@@ -104,7 +121,7 @@ def kind_of(category: Optional[str], name: str) -> str:
     return "kernel"
 
 
-def classify(name: str, kind: Optional[str] = None, nbytes: int = 0) -> str:
+def classify(name: str, kind: str | None = None, nbytes: int = 0) -> str:
     """One of CLASSES. Memcpys of at most SIGNAL_MAX_BYTES (distgemm's 4-byte flag writes) and
     memsets are signals; other memcpys are copy-engine traffic; kernels are NCCL, GEMM or other
     by name (CUTLASS, cuBLAS incl. nvjet/xmma, anything called gemm)."""
@@ -134,17 +151,17 @@ def _as_int(x: Any, default: int = -1) -> int:
 
 @dataclass
 class ParsedTrace:
-    base_ns: int                                  # the trace's baseTimeNanoseconds (0 if absent)
-    events: List[GpuEvent]                        # GPU activities, start = trace ts (us)
-    markers: Dict[str, Tuple[float, float]]       # marker name -> (start, end) in trace ts (us)
+    base_ns: int  # the trace's baseTimeNanoseconds (0 if absent)
+    events: list[GpuEvent]  # GPU activities, start = trace ts (us)
+    markers: dict[str, tuple[float, float]]  # marker name -> (start, end) in trace ts (us)
 
 
-def parse_chrome_trace(trace: Dict[str, Any], rank: int = 0) -> ParsedTrace:
+def parse_chrome_trace(trace: dict[str, Any], rank: int = 0) -> ParsedTrace:
     """GPU activities and this script's record_function markers of a torch.profiler chrome
     trace (``prof.export_chrome_trace``). Kernel/memcpy/memset events carry device and stream in
     their args (peer memcpys: inDevice); pid/tid are the fallback."""
-    events: List[GpuEvent] = []
-    markers: Dict[str, Tuple[float, float]] = {}
+    events: list[GpuEvent] = []
+    markers: dict[str, tuple[float, float]] = {}
     for e in trace.get("traceEvents", []):
         if not isinstance(e, dict) or e.get("ph") != "X":
             continue
@@ -154,29 +171,38 @@ def parse_chrome_trace(trace: Dict[str, Any], rank: int = 0) -> ParsedTrace:
         if cat in GPU_CATEGORIES:
             args = e.get("args") or {}
             dev = args.get("device", args.get("inDevice", e.get("pid")))
-            events.append(GpuEvent(rank, _as_int(dev), _as_int(args.get("stream", e.get("tid"))),
-                                   ts, dur, name, GPU_CATEGORIES[cat],
-                                   max(0, _as_int(args.get("bytes"), 0))))
+            events.append(
+                GpuEvent(
+                    rank,
+                    _as_int(dev),
+                    _as_int(args.get("stream", e.get("tid"))),
+                    ts,
+                    dur,
+                    name,
+                    GPU_CATEGORIES[cat],
+                    max(0, _as_int(args.get("bytes"), 0)),
+                )
+            )
         elif name.startswith(MARKER_PREFIX) and not cat.startswith("gpu"):
             markers.setdefault(name, (ts, ts + dur))  # the CPU-side range, not the GPU echo
     events.sort(key=lambda ev: (ev.start, ev.device, ev.stream))
     return ParsedTrace(_as_int(trace.get("baseTimeNanoseconds"), 0), events, markers)
 
 
-def in_window(events: Sequence[GpuEvent], start: float, end: float) -> List[GpuEvent]:
+def in_window(events: Sequence[GpuEvent], start: float, end: float) -> list[GpuEvent]:
     """The events that start inside [start, end] (the marker: GPU work before it was finished
     by a synchronize, the marker ends after a synchronize)."""
     return [e for e in events if start <= e.start <= end]
 
 
-def class_counts(events: Sequence[GpuEvent]) -> Dict[str, int]:
-    out: Dict[str, int] = {}
+def class_counts(events: Sequence[GpuEvent]) -> dict[str, int]:
+    out: dict[str, int] = {}
     for e in events:
         out[e.cls] = out.get(e.cls, 0) + 1
     return out
 
 
-def choose_source(variant: str, per_rank: Dict[int, Sequence[GpuEvent]]) -> Tuple[str, str]:
+def choose_source(variant: str, per_rank: dict[int, Sequence[GpuEvent]]) -> tuple[str, str]:
     """("profiler" or "cuda-events", note). The profiler's events are used unless a rank has none
     in the window, or distgemm shows no GEMM kernel (graph nodes not reported one by one)."""
     notes = []
@@ -186,20 +212,26 @@ def choose_source(variant: str, per_rank: Dict[int, Sequence[GpuEvent]]) -> Tupl
             return "cuda-events", f"rank {r}: the profiler reported no GPU event in the window"
         if not cnt.get("gemm"):
             if variant == "distgemm":
-                return "cuda-events", (f"rank {r}: no GEMM kernel among the {len(per_rank[r])} GPU "
-                                       f"events of the window ({cnt}); CUDA graph nodes were not "
-                                       f"reported individually")
+                return "cuda-events", (
+                    f"rank {r}: no GEMM kernel among the {len(per_rank[r])} GPU "
+                    f"events of the window ({cnt}); CUDA graph nodes were not "
+                    f"reported individually"
+                )
             notes.append(f"rank {r}: no kernel recognised as a GEMM")
     return "profiler", "; ".join(notes)
 
 
-def spans_to_events(spans_ms: Sequence[Tuple[float, float]], rank: int, device: int) -> List[GpuEvent]:
+def spans_to_events(
+    spans_ms: Sequence[tuple[float, float]], rank: int, device: int
+) -> list[GpuEvent]:
     """Fallback events: one 'call' event per (start, end) CUDA-event span (ms, relative)."""
-    return [GpuEvent(rank, device, -1, s * 1e3, (e - s) * 1e3, f"call {i}", "call")
-            for i, (s, e) in enumerate(spans_ms)]
+    return [
+        GpuEvent(rank, device, -1, s * 1e3, (e - s) * 1e3, f"call {i}", "call")
+        for i, (s, e) in enumerate(spans_ms)
+    ]
 
 
-def align(per_rank: Dict[int, Dict[str, Any]]) -> Tuple[List[GpuEvent], Dict[str, Any]]:
+def align(per_rank: dict[int, dict[str, Any]]) -> tuple[list[GpuEvent], dict[str, Any]]:
     """Merge the ranks' window events onto one time axis, 0 = the first event of any rank.
     per_rank[r] = {"base_ns": int, "marker": (start, end), "events": [GpuEvent]} in that rank's
     trace time. Traces of one host share the clock once each rank's base time is added back; if
@@ -215,10 +247,13 @@ def align(per_rank: Dict[int, Dict[str, Any]]) -> Tuple[List[GpuEvent], Dict[str
     if skew > ALIGN_TOL_US:
         mode = "window markers"
         shift = {r: -p["marker"][0] for r, p in per_rank.items()}
-    merged = [replace(e, start=e.start + shift[r]) for r, p in per_rank.items() for e in p["events"]]
+    merged = [
+        replace(e, start=e.start + shift[r]) for r, p in per_rank.items() for e in p["events"]
+    ]
     t0 = min((e.start for e in merged), default=0.0)
-    merged = sorted((replace(e, start=e.start - t0) for e in merged),
-                    key=lambda e: (e.start, e.rank, e.stream))
+    merged = sorted(
+        (replace(e, start=e.start - t0) for e in merged), key=lambda e: (e.start, e.rank, e.stream)
+    )
     return merged, {"alignment": mode, "marker_skew_us": round(skew, 3)}
 
 
@@ -231,20 +266,20 @@ def gpu_label(rank: int, device: int) -> str:
     return f"GPU{device}" + ("" if rank == device else f" (rank {rank})")
 
 
-def assign_lanes(events: Sequence[GpuEvent]) -> Tuple[List[str], List[int]]:
+def assign_lanes(events: Sequence[GpuEvent]) -> tuple[list[str], list[int]]:
     """(lane labels top to bottom, lane index of each event). One lane per (GPU, engine, stream):
     CUPTI may report all nodes of a CUDA graph on the stream it was launched on, so kernels and
     copies get separate lanes; events that still overlap within a lane go to extra rows."""
     order = {"calls": 0, "kernels": 1, "memcpy": 2}
-    groups: Dict[Tuple[int, int, int, int], List[int]] = {}
+    groups: dict[tuple[int, int, int, int], list[int]] = {}
     for i, e in enumerate(events):
         groups.setdefault((e.rank, e.device, order[engine(e)], e.stream), []).append(i)
-    labels: List[str] = []
+    labels: list[str] = []
     lane_of = [0] * len(events)
     names = {v: k for k, v in order.items()}
     for key in sorted(groups):
         rank, dev, eng, stream = key
-        rows_end: List[float] = []
+        rows_end: list[float] = []
         first = len(labels)
         for i in sorted(groups[key], key=lambda j: (events[j].start, events[j].end)):
             e = events[i]
@@ -259,9 +294,9 @@ def assign_lanes(events: Sequence[GpuEvent]) -> Tuple[List[str], List[int]]:
     return labels, lane_of
 
 
-def merge(intervals: Sequence[Tuple[float, float]]) -> List[Tuple[float, float]]:
+def merge(intervals: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
     """Sorted disjoint union of [start, end) intervals."""
-    out: List[Tuple[float, float]] = []
+    out: list[tuple[float, float]] = []
     for s, e in sorted(intervals):
         if e <= s:
             continue
@@ -272,10 +307,10 @@ def merge(intervals: Sequence[Tuple[float, float]]) -> List[Tuple[float, float]]
     return out
 
 
-Intervals = Sequence[Tuple[float, float]]
+Intervals = Sequence[tuple[float, float]]
 
 
-def intersect(a: Intervals, b: Intervals) -> List[Tuple[float, float]]:
+def intersect(a: Intervals, b: Intervals) -> list[tuple[float, float]]:
     """Intersection of two unions of intervals (each merged first)."""
     a, b = merge(a), merge(b)
     out, i, j = [], 0, 0
@@ -290,44 +325,50 @@ def intersect(a: Intervals, b: Intervals) -> List[Tuple[float, float]]:
     return out
 
 
-def length(intervals: Sequence[Tuple[float, float]]) -> float:
+def length(intervals: Sequence[tuple[float, float]]) -> float:
     return sum(e - s for s, e in merge(intervals))
 
 
-def _spans(events: Sequence[GpuEvent], classes: Sequence[str]) -> List[Tuple[float, float]]:
+def _spans(events: Sequence[GpuEvent], classes: Sequence[str]) -> list[tuple[float, float]]:
     return [(e.start, e.end) for e in events if e.cls in classes]
 
 
-def overlap_intervals(events: Sequence[GpuEvent]) -> List[Tuple[float, float]]:
+def overlap_intervals(events: Sequence[GpuEvent]) -> list[tuple[float, float]]:
     """When a copy-engine memcpy and a GEMM kernel run at the same time (events of one GPU)."""
     return intersect(_spans(events, ("gemm",)), _spans(events, ("copy",)))
 
 
-def per_gpu(events: Sequence[GpuEvent]) -> Dict[Tuple[int, int], List[GpuEvent]]:
-    out: Dict[Tuple[int, int], List[GpuEvent]] = {}
+def per_gpu(events: Sequence[GpuEvent]) -> dict[tuple[int, int], list[GpuEvent]]:
+    out: dict[tuple[int, int], list[GpuEvent]] = {}
     for e in events:
         out.setdefault((e.rank, e.device), []).append(e)
     return dict(sorted(out.items()))
 
 
-def summarize(events: Sequence[GpuEvent]) -> Dict[str, Dict[str, Any]]:
+def summarize(events: Sequence[GpuEvent]) -> dict[str, dict[str, Any]]:
     """Per GPU (label -> numbers, ms): window (first to last event of any GPU), span of this GPU,
     busy time of GEMM compute, copy engine, NCCL kernels (unions over streams), overlap of copy and
     GEMM, communication (copy + NCCL) and the part of it not under a GEMM, event counts."""
     window = (max(e.end for e in events) - min(e.start for e in events)) if events else 0.0
-    out: Dict[str, Dict[str, Any]] = {}
+    out: dict[str, dict[str, Any]] = {}
     for (rank, dev), evs in per_gpu(events).items():
         gemm, copy = _spans(evs, ("gemm",)), _spans(evs, ("copy",))
         comm = _spans(evs, ("copy", "nccl"))
         hidden = length(intersect(gemm, comm))
         out[gpu_label(rank, dev)] = dict(
-            rank=rank, device=dev, window_ms=window / 1e3,
+            rank=rank,
+            device=dev,
+            window_ms=window / 1e3,
             span_ms=(max(e.end for e in evs) - min(e.start for e in evs)) / 1e3,
-            compute_ms=length(gemm) / 1e3, copy_ms=length(copy) / 1e3,
+            compute_ms=length(gemm) / 1e3,
+            copy_ms=length(copy) / 1e3,
             nccl_ms=length(_spans(evs, ("nccl",))) / 1e3,
             overlap_ms=length(intersect(gemm, copy)) / 1e3,
-            comm_ms=length(comm) / 1e3, exposed_comm_ms=(length(comm) - hidden) / 1e3,
-            calls_ms=length(_spans(evs, ("call",))) / 1e3, counts=class_counts(evs))
+            comm_ms=length(comm) / 1e3,
+            exposed_comm_ms=(length(comm) - hidden) / 1e3,
+            calls_ms=length(_spans(evs, ("call",))) / 1e3,
+            counts=class_counts(evs),
+        )
     return out
 
 
@@ -335,18 +376,22 @@ def _pct(x: float, of: float) -> str:
     return f"{100.0 * x / of:.0f}%" if of > 0 else "-"
 
 
-def summary_lines(layer: Dict[str, Any]) -> List[str]:
+def summary_lines(layer: dict[str, Any]) -> list[str]:
     """Text summary of one layer record: one line per variant and GPU."""
-    lines = [f"{layer['model']}/{layer['layer']}/M{layer['tokens']}/TP{layer['tp']} "
-             f"({layer['m']}x{layer['n']}x{layer['k']}, {layer['schedule']} S={layer['steps']})"]
+    lines = [
+        f"{layer['model']}/{layer['layer']}/M{layer['tokens']}/TP{layer['tp']} "
+        f"({layer['m']}x{layer['n']}x{layer['k']}, {layer['schedule']} S={layer['steps']})"
+    ]
     for v, rec in layer["variants"].items():
         head = f"  {v:9s}"
         if rec.get("status") != "ok":
             lines.append(f"{head} {rec.get('status')}: {rec.get('reason')}")
             continue
-        lines.append(f"{head} {_ms(rec.get('ms_per_call_window'))} ms/call in the window "
-                     f"({rec['calls']} calls; unprofiled {_ms(rec.get('ms_per_call_ref'))}), "
-                     f"source: {rec['source']}" + (f" [{rec['note']}]" if rec.get("note") else ""))
+        lines.append(
+            f"{head} {_ms(rec.get('ms_per_call_window'))} ms/call in the window "
+            f"({rec['calls']} calls; unprofiled {_ms(rec.get('ms_per_call_ref'))}), "
+            f"source: {rec['source']}" + (f" [{rec['note']}]" if rec.get("note") else "")
+        )
         for g, s in rec["summary"].items():
             w = s["window_ms"]
             if rec["source"] != "profiler":
@@ -357,34 +402,57 @@ def summary_lines(layer: Dict[str, Any]) -> List[str]:
                 f"    {g}: window {w:.3f} ms | GEMM {s['compute_ms']:.3f} ({_pct(s['compute_ms'], w)})"
                 f" | copy {s['copy_ms']:.3f} ({_pct(s['copy_ms'], w)}) | NCCL {s['nccl_ms']:.3f}"
                 f" | copy||GEMM overlap {s['overlap_ms']:.3f} ({_pct(s['overlap_ms'], s['copy_ms'])}"
-                f" of copy) | exposed comm {s['exposed_comm_ms']:.3f} | events: {counts}")
+                f" of copy) | exposed comm {s['exposed_comm_ms']:.3f} | events: {counts}"
+            )
     return lines
 
 
-def _ms(x: Optional[float]) -> str:
+def _ms(x: float | None) -> str:
     return f"{x:.3f}" if isinstance(x, (int, float)) else "-"
 
 
-def encode_events(events: Sequence[GpuEvent], names: Dict[str, int]) -> List[list]:
+def encode_events(events: Sequence[GpuEvent], names: dict[str, int]) -> list[list]:
     """Compact rows [rank, device, stream, start_us, dur_us, kind, name index, bytes, class];
     `names` (name -> index) is extended with new names."""
     rows = []
     for e in events:
         idx = names.setdefault(e.name, len(names))
-        rows.append([e.rank, e.device, e.stream, round(e.start, 3), round(e.dur, 3),
-                     KINDS.index(e.kind), idx, e.nbytes, e.cls])
+        rows.append(
+            [
+                e.rank,
+                e.device,
+                e.stream,
+                round(e.start, 3),
+                round(e.dur, 3),
+                KINDS.index(e.kind),
+                idx,
+                e.nbytes,
+                e.cls,
+            ]
+        )
     return rows
 
 
-def decode_events(rows: Sequence[Sequence[Any]], names: Sequence[str]) -> List[GpuEvent]:
-    return [GpuEvent(int(r[0]), int(r[1]), int(r[2]), float(r[3]), float(r[4]), names[int(r[6])],
-                     KINDS[int(r[5])], int(r[7])) for r in rows]
+def decode_events(rows: Sequence[Sequence[Any]], names: Sequence[str]) -> list[GpuEvent]:
+    return [
+        GpuEvent(
+            int(r[0]),
+            int(r[1]),
+            int(r[2]),
+            float(r[3]),
+            float(r[4]),
+            names[int(r[6])],
+            KINDS[int(r[5])],
+            int(r[7]),
+        )
+        for r in rows
+    ]
 
 
-def encode_run(meta: Dict[str, Any], layers: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+def encode_run(meta: dict[str, Any], layers: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The JSON document: meta, a shared table of event names (CUTLASS names are long), layers
     with each variant's events as compact rows."""
-    names: Dict[str, int] = {}
+    names: dict[str, int] = {}
     out_layers = []
     for layer in layers:
         variants = {}
@@ -393,46 +461,66 @@ def encode_run(meta: Dict[str, Any], layers: Sequence[Dict[str, Any]]) -> Dict[s
             rec["events"] = encode_events(rec.get("events", []), names)
             variants[v] = rec
         out_layers.append(dict(layer, variants=variants))
-    return dict(meta=meta, event_fields=["rank", "device", "stream", "start_us", "dur_us",
-                                         "kind (index into kinds)", "name (index into names)",
-                                         "bytes", "class"],
-                kinds=list(KINDS), names=sorted(names, key=names.get), layers=out_layers)
+    return dict(
+        meta=meta,
+        event_fields=[
+            "rank",
+            "device",
+            "stream",
+            "start_us",
+            "dur_us",
+            "kind (index into kinds)",
+            "name (index into names)",
+            "bytes",
+            "class",
+        ],
+        kinds=list(KINDS),
+        names=sorted(names, key=names.get),
+        layers=out_layers,
+    )
 
 
-def decode_run(doc: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
+def decode_run(doc: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     names = doc["names"]
     layers = []
     for layer in doc["layers"]:
-        variants = {v: dict(rec, events=decode_events(rec.get("events", []), names))
-                    for v, rec in layer["variants"].items()}
+        variants = {
+            v: dict(rec, events=decode_events(rec.get("events", []), names))
+            for v, rec in layer["variants"].items()
+        }
         layers.append(dict(layer, variants=variants))
     return doc.get("meta", {}), layers
 
 
-def output_stem(model: str, layers: Sequence[str], date: Optional[str] = None) -> str:
+def output_stem(model: str, layers: Sequence[str], date: str | None = None) -> str:
     date = date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     return f"{date}-overlap-timeline-{model}-" + "-".join(layers)
 
 
-def layer_title(layer: Dict[str, Any]) -> str:
+def layer_title(layer: dict[str, Any]) -> str:
     sh = layer.get("shapes", {})
-    return (f"Llama-3 {layer['model']} {layer['layer']}, {layer['tokens']} tokens, TP={layer['tp']}: "
-            f"{layer['collective'].replace('_', '-')} + GEMM {layer['m']}x{layer['n']}x{layer['k']} "
-            f"(per rank A {sh.get('a')} W {sh.get('w')} -> {sh.get('out')}), bf16; "
-            f"distgemm {layer['schedule']} S={layer['steps']}")
+    return (
+        f"Llama-3 {layer['model']} {layer['layer']}, {layer['tokens']} tokens, TP={layer['tp']}: "
+        f"{layer['collective'].replace('_', '-')} + GEMM {layer['m']}x{layer['n']}x{layer['k']} "
+        f"(per rank A {sh.get('a')} W {sh.get('w')} -> {sh.get('out')}), bf16; "
+        f"distgemm {layer['schedule']} S={layer['steps']}"
+    )
 
 
-def plot_layer(layer: Dict[str, Any], path: str) -> Optional[str]:
+def plot_layer(layer: dict[str, Any], path: str) -> str | None:
     """One panel per variant (same time scale), one lane per (GPU, engine, stream), plus one lane
     per GPU marking when a copy and a GEMM run at once. Returns None when written, else why not."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         from matplotlib.patches import Patch
     except Exception as e:  # noqa: BLE001 - the JSON is written anyway; --replot renders later
         return f"matplotlib unavailable ({type(e).__name__}: {e})"
-    shown = [(v, r) for v, r in layer["variants"].items() if r.get("status") == "ok" and r.get("events")]
+    shown = [
+        (v, r) for v, r in layer["variants"].items() if r.get("status") == "ok" and r.get("events")
+    ]
     if not shown:
         return "no variant with events"
     panels = []
@@ -444,59 +532,95 @@ def plot_layer(layer: Dict[str, Any], path: str) -> Optional[str]:
     xmax = max(max(e.end for e in rec["events"]) for _, rec in shown) / 1e3
     min_w = 0.002 * xmax  # drawing only: a 4-byte signal would be invisible at this scale
     heights = [len(p[2]) + len(p[4]) + 1.5 for p in panels]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(15, 1.2 + 0.32 * sum(heights)), sharex=True,
-                             gridspec_kw=dict(height_ratios=heights), squeeze=False)
+    fig, axes = plt.subplots(
+        len(panels),
+        1,
+        figsize=(15, 1.2 + 0.32 * sum(heights)),
+        sharex=True,
+        gridspec_kw=dict(height_ratios=heights),
+        squeeze=False,
+    )
     used = set()
     for ax, (v, rec, labels, lane_of, ovl) in zip(axes[:, 0], panels):
-        bars: Dict[Tuple[int, str], List[Tuple[float, float]]] = {}
+        bars: dict[tuple[int, str], list[tuple[float, float]]] = {}
         for e, lane in zip(rec["events"], lane_of):
             bars.setdefault((lane, e.cls), []).append((e.start / 1e3, max(e.dur / 1e3, min_w)))
         draw_order = ("call", "gemm", "nccl", "copy", "other", "signal")  # small ones on top
         for (lane, c), xr in sorted(bars.items(), key=lambda kv: draw_order.index(kv[0][1])):
-            ax.broken_barh(xr, (lane - 0.4, 0.8), facecolors=CLASS_COLOR[c],
-                           edgecolors="white", linewidth=0.8 if c == "call" else 0)
+            ax.broken_barh(
+                xr,
+                (lane - 0.4, 0.8),
+                facecolors=CLASS_COLOR[c],
+                edgecolors="white",
+                linewidth=0.8 if c == "call" else 0,
+            )
             used.add(c)
         ylabels = list(labels)
         for (rank, dev), iv in ovl.items():
             ylabels.append(f"{gpu_label(rank, dev)} copy || GEMM")
-            ax.broken_barh([(s / 1e3, max((e - s) / 1e3, min_w)) for s, e in iv],
-                           (len(ylabels) - 1 - 0.3, 0.6), facecolors=OVERLAP_COLOR, linewidth=0)
+            ax.broken_barh(
+                [(s / 1e3, max((e - s) / 1e3, min_w)) for s, e in iv],
+                (len(ylabels) - 1 - 0.3, 0.6),
+                facecolors=OVERLAP_COLOR,
+                linewidth=0,
+            )
         ax.set_yticks(range(len(ylabels)))
         ax.set_yticklabels(ylabels, fontsize=7)
         ax.set_ylim(len(ylabels) - 0.4, -0.6)
         ax.grid(axis="x", lw=0.3, alpha=0.5)
         label = VARIANT_LABEL.get(v, v) + (f" (S={layer['steps']})" if v == "distgemm" else "")
         src = "" if rec["source"] == "profiler" else f"  [fallback: {SOURCE_CUDA_EVENTS}]"
-        ax.set_title(f"{label}: {_ms(rec.get('ms_per_call_window'))} ms/call over {rec['calls']} "
-                     f"profiled calls (unprofiled {_ms(rec.get('ms_per_call_ref'))} ms){src}",
-                     fontsize=9, loc="left")
+        ax.set_title(
+            f"{label}: {_ms(rec.get('ms_per_call_window'))} ms/call over {rec['calls']} "
+            f"profiled calls (unprofiled {_ms(rec.get('ms_per_call_ref'))} ms){src}",
+            fontsize=9,
+            loc="left",
+        )
         if rec["source"] == "profiler":
-            txt = "\n".join(f"{g}: GEMM {_pct(s['compute_ms'], s['window_ms'])}, copy "
-                            f"{_pct(s['copy_ms'], s['window_ms'])}, overlap {s['overlap_ms']:.2f} ms, "
-                            f"exposed comm {s['exposed_comm_ms']:.2f} ms"
-                            for g, s in rec["summary"].items())
+            txt = "\n".join(
+                f"{g}: GEMM {_pct(s['compute_ms'], s['window_ms'])}, copy "
+                f"{_pct(s['copy_ms'], s['window_ms'])}, overlap {s['overlap_ms']:.2f} ms, "
+                f"exposed comm {s['exposed_comm_ms']:.2f} ms"
+                for g, s in rec["summary"].items()
+            )
             ax.text(1.0, 1.0, txt, transform=ax.transAxes, ha="right", va="bottom", fontsize=7)
     axes[-1, 0].set_xlim(0, xmax * 1.01)
     axes[-1, 0].set_xlabel("time in the profiled window (ms; 0 = first GPU event of the variant)")
     handles = [Patch(color=CLASS_COLOR[c], label=CLASS_LABEL[c]) for c in CLASSES if c in used]
     handles.append(Patch(color=OVERLAP_COLOR, label="copy and GEMM at the same time"))
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8,
-               bbox_to_anchor=(0.5, 0.0))
+    fig.legend(
+        handles=handles,
+        loc="lower center",
+        ncol=len(handles),
+        fontsize=8,
+        bbox_to_anchor=(0.5, 0.0),
+    )
     fallback = [v for v, r in shown if r["source"] != "profiler"]
-    src = SOURCE_PROFILER + (f"; fallback for {', '.join(fallback)}: {SOURCE_CUDA_EVENTS}"
-                             if fallback else "")
-    missing = "; ".join(f"{v} {r.get('status')}: {str(r.get('reason'))[:100]}"
-                        for v, r in layer["variants"].items() if (v, r) not in shown)
-    fig.suptitle(f"{layer_title(layer)}\nsource: {src}; events narrower than {min_w:.3f} ms drawn "
-                 f"at that width" + (f"\nnot shown: {missing}" if missing else ""), fontsize=9)
+    src = SOURCE_PROFILER + (
+        f"; fallback for {', '.join(fallback)}: {SOURCE_CUDA_EVENTS}" if fallback else ""
+    )
+    missing = "; ".join(
+        f"{v} {r.get('status')}: {str(r.get('reason'))[:100]}"
+        for v, r in layer["variants"].items()
+        if (v, r) not in shown
+    )
+    fig.suptitle(
+        f"{layer_title(layer)}\nsource: {src}; events narrower than {min_w:.3f} ms drawn "
+        f"at that width" + (f"\nnot shown: {missing}" if missing else ""),
+        fontsize=9,
+    )
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return None
 
 
-def write_outputs(meta: Dict[str, Any], layers: Sequence[Dict[str, Any]], out: str,
-                  from_json: Optional[str] = None) -> List[str]:
+def write_outputs(
+    meta: dict[str, Any],
+    layers: Sequence[dict[str, Any]],
+    out: str,
+    from_json: str | None = None,
+) -> list[str]:
     """Under `out`: the JSON and the text summary (unless re-plotting `from_json`), and one PNG
     per layer where matplotlib is there. Returns one line per thing written or skipped."""
     os.makedirs(out, exist_ok=True)
@@ -515,9 +639,12 @@ def write_outputs(meta: Dict[str, Any], layers: Sequence[Dict[str, Any]], out: s
             why = plot_layer(la, png)
         except Exception as e:  # noqa: BLE001 - never lose the JSON over a picture
             why = f"plot failed: {type(e).__name__}: {e}"
-        said.append(f"plot {la['layer']}: {png}" if not why else
-                    f"plot {la['layer']}: skipped: {why}; render it elsewhere with: python3 "
-                    f"benchmarks/overlap_timeline.py --replot {from_json or stem + '.json'} --out DIR")
+        said.append(
+            f"plot {la['layer']}: {png}"
+            if not why
+            else f"plot {la['layer']}: skipped: {why}; render it elsewhere with: python3 "
+            f"benchmarks/overlap_timeline.py --replot {from_json or stem + '.json'} --out DIR"
+        )
     return said
 
 
@@ -530,8 +657,9 @@ def replot(json_path: str, out: str) -> int:
     return 0 if all("skipped" not in s for s in said) else 1
 
 
-def build_variant(variant: str, payloads: Dict[int, Dict[str, Any]], calls: int,
-                  ref_ms: Optional[float]) -> Dict[str, Any]:
+def build_variant(
+    variant: str, payloads: dict[int, dict[str, Any]], calls: int, ref_ms: float | None
+) -> dict[str, Any]:
     """A variant's record from every rank's payload {"base_ns", "marker", "events", "spans_ms",
     "device"}: source choice, alignment, per-call times, summary."""
     per_rank = {r: p["events"] for r, p in payloads.items()}
@@ -539,29 +667,47 @@ def build_variant(variant: str, payloads: Dict[int, Dict[str, Any]], calls: int,
     if source == "profiler":
         events, al = align(payloads)
     else:
-        events, al = align({r: dict(base_ns=0, marker=(0.0, 0.0),
-                                    events=spans_to_events(p["spans_ms"], r, p["device"]))
-                            for r, p in payloads.items()})
+        events, al = align(
+            {
+                r: dict(
+                    base_ns=0,
+                    marker=(0.0, 0.0),
+                    events=spans_to_events(p["spans_ms"], r, p["device"]),
+                )
+                for r, p in payloads.items()
+            }
+        )
         al["alignment"] = "ranks' first calls (after a common gloo barrier)"
     window = (max(e.end for e in events) - min(e.start for e in events)) / 1e3 if events else None
     per_call = [p["spans_ms"][-1][1] / calls for p in payloads.values() if p.get("spans_ms")]
-    return dict(status="ok", reason=None, source=source, note=note, calls=calls,
-                ms_per_call_window=max(per_call) if per_call else None,
-                ms_per_call_trace=(window / calls) if window else None, ms_per_call_ref=ref_ms,
-                counts={str(r): class_counts(evs) for r, evs in per_rank.items()},
-                events=events, summary=summarize(events), **al)
+    return dict(
+        status="ok",
+        reason=None,
+        source=source,
+        note=note,
+        calls=calls,
+        ms_per_call_window=max(per_call) if per_call else None,
+        ms_per_call_trace=(window / calls) if window else None,
+        ms_per_call_ref=ref_ms,
+        counts={str(r): class_counts(evs) for r, evs in per_rank.items()},
+        events=events,
+        summary=summarize(events),
+        **al,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # GPU part (torchrun; not called by the CPU tests).
 
-FIRST_REWARM_S = 0.3   # sustained calls inside the profiler before the first window (clock ramp)
-REWARM_S = 0.1         # ... before each later window (the GPUs were busy until just before)
-LAYER_TIMEOUT_S = 45   # a layer that takes longer is hung: dump stacks and exit
-CTRL_TIMEOUT_S = 40    # gloo control group: every barrier / agreement / gather
+FIRST_REWARM_S = 0.3  # sustained calls inside the profiler before the first window (clock ramp)
+REWARM_S = 0.1  # ... before each later window (the GPUs were busy until just before)
+LAYER_TIMEOUT_S = 45  # a layer that takes longer is hung: dump stacks and exit
+CTRL_TIMEOUT_S = 40  # gloo control group: every barrier / agreement / gather
 
 
-def _make_variants(ctx, case, steps, comm, group_name) -> Tuple[Dict[str, Callable], Dict[str, Any]]:
+def _make_variants(
+    ctx, case, steps, comm, group_name
+) -> tuple[dict[str, Callable], dict[str, Any]]:
     """(variant name -> one call, {"dg_out": distgemm's output buffer}) for one layer on this
     rank: fresh random bf16 operands as in llama_sweep (its layer_operands, another seed)."""
     torch, dist, dev = ctx.torch, ctx.dist, ctx.dev
@@ -585,23 +731,27 @@ def _make_variants(ctx, case, steps, comm, group_name) -> Tuple[Dict[str, Callab
     return fns, dict(dg_out=dg_out)
 
 
-def _profile(ctx, fns: Dict[str, Callable], ref_ms: Dict[str, float], tag: str, calls: int):
+def _profile(ctx, fns: dict[str, Callable], ref_ms: dict[str, float], tag: str, calls: int):
     """One profiler session over every variant: re-warm, barrier, `calls` calls in a marker.
     Returns (this rank's chrome trace as a dict, {variant: [(start, end) ms of each call]})."""
     torch = ctx.torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    spans: Dict[str, List[Tuple[float, float]]] = {}
+    spans: dict[str, list[tuple[float, float]]] = {}
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for i, (v, fn) in enumerate(fns.items()):
             # ref_ms is the max over ranks: every rank makes the same number of calls.
-            n = max(2, math.ceil((FIRST_REWARM_S if i == 0 else REWARM_S) * 1e3 / max(ref_ms[v], 1e-3)))
+            n = max(
+                2, math.ceil((FIRST_REWARM_S if i == 0 else REWARM_S) * 1e3 / max(ref_ms[v], 1e-3))
+            )
             for _ in range(min(n, 5000)):
                 fn()
             torch.cuda.synchronize()
             ctx.dist.barrier(group=ctx.ctrl)
-            ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                  for _ in range(calls)]
+            ev = [
+                (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                for _ in range(calls)
+            ]
             with record_function(f"{MARKER_PREFIX}{tag}:{v}"):
                 for s_, e_ in ev:
                     s_.record()
@@ -617,13 +767,13 @@ def _profile(ctx, fns: Dict[str, Callable], ref_ms: Dict[str, float], tag: str, 
     return trace, spans
 
 
-def run_layer(ctx, case, steps: Optional[int], calls: int, group_name: str) -> Dict[str, Any]:
+def run_layer(ctx, case, steps: int | None, calls: int, group_name: str) -> dict[str, Any]:
     """This rank's part of one layer: warm-up and unprofiled timing per variant (llama_sweep's
     helper), output checks, the profiled windows, and this rank's payload per variant."""
     torch = ctx.torch
     from distgemm import comm as dcomm
 
-    res: Dict[str, Any] = dict(ref_ms={}, rel_err={}, unavailable={}, payloads={})
+    res: dict[str, Any] = dict(ref_ms={}, rel_err={}, unavailable={}, payloads={})
     with dcomm.Communicator(timeout_s=30.0, wait_timeout_s=5.0) as comm:
         fns, bufs = _make_variants(ctx, case, steps, comm, group_name)
         ref = fns["baseline"]().clone()
@@ -652,24 +802,40 @@ def run_layer(ctx, case, steps: Optional[int], calls: int, group_name: str) -> D
     for v in fns:
         marker = parsed.markers.get(f"{MARKER_PREFIX}{case.layer}:{v}")
         events = in_window(parsed.events, *marker) if marker else []
-        res["payloads"][v] = dict(base_ns=parsed.base_ns, marker=marker or (0.0, 0.0),
-                                  events=events, spans_ms=spans[v], device=ctx.dev.index,
-                                  marker_found=marker is not None,
-                                  trace_gpu_events=len(parsed.events))
+        res["payloads"][v] = dict(
+            base_ns=parsed.base_ns,
+            marker=marker or (0.0, 0.0),
+            events=events,
+            spans_ms=spans[v],
+            device=ctx.dev.index,
+            marker_found=marker is not None,
+            trace_gpu_events=len(parsed.events),
+        )
     keys = sorted(res["rel_err"])
     worst = ctx.agree_max([x if x == x else math.inf for x in (res["rel_err"][k] for k in keys)])
     res["rel_err"] = dict(zip(keys, worst))
     return res
 
 
-def layer_record(case, tp: int, steps: int, per_rank: Dict[int, Dict[str, Any]]) -> Dict[str, Any]:
+def layer_record(case, tp: int, steps: int, per_rank: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """Rank 0: the layer's record from every rank's run_layer result."""
     s = sweep.shapes(case)
     r0 = per_rank[min(per_rank)]
-    rec = dict(model=case.model, layer=case.layer, tokens=case.tokens, tp=tp, m=s["m"], n=s["n"],
-               k=s["k"], collective=s["collective"], schedule=s["schedule"], steps=steps,
-               shapes={x: list(s[x]) for x in ("a", "w", "out")}, rel_err=r0["rel_err"],
-               variants={})
+    rec = dict(
+        model=case.model,
+        layer=case.layer,
+        tokens=case.tokens,
+        tp=tp,
+        m=s["m"],
+        n=s["n"],
+        k=s["k"],
+        collective=s["collective"],
+        schedule=s["schedule"],
+        steps=steps,
+        shapes={x: list(s[x]) for x in ("a", "w", "out")},
+        rel_err=r0["rel_err"],
+        variants={},
+    )
     for v in VARIANTS:
         if v in r0["unavailable"]:
             rec["variants"][v] = dict(status="unavailable", reason=r0["unavailable"][v], events=[])
@@ -685,14 +851,16 @@ def layer_record(case, tp: int, steps: int, per_rank: Dict[int, Dict[str, Any]])
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="70B", choices=sorted(sweep.MODELS))
-    ap.add_argument("--layer", default="FC1,O",
-                    help="comma-separated, of " + ", ".join(sweep.LAYERS))
+    ap.add_argument(
+        "--layer", default="FC1,O", help="comma-separated, of " + ", ".join(sweep.LAYERS)
+    )
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--steps", type=int, default=None, help="distgemm S (default: its own, TP)")
     ap.add_argument("--calls", type=int, default=3, help="profiled consecutive calls per variant")
     ap.add_argument("--replot", metavar="FILE.json", help="only render the PNGs of a JSON")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                  "results"))
+    ap.add_argument(
+        "--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+    )
     args = ap.parse_args(argv)
     if args.replot:
         return replot(args.replot, args.out)
@@ -718,7 +886,7 @@ def main(argv=None) -> int:
     symm_setup = sweep.enable_symm_mem(group_name)
     from distgemm import ops as dops
 
-    records: List[Dict[str, Any]] = []
+    records: list[dict[str, Any]] = []
     status, measured = 0, 0
     for layer in layers:
         case = sweep.Case(args.model, layer, args.tokens, tp)
@@ -734,8 +902,11 @@ def main(argv=None) -> int:
             status = 1
             continue
         if rank == 0:
-            print(f"[{time.perf_counter() - t_start:5.1f} s] {case.name}: warm-up, timing, "
-                  f"profiling", file=sys.stderr, flush=True)
+            print(
+                f"[{time.perf_counter() - t_start:5.1f} s] {case.name}: warm-up, timing, profiling",
+                file=sys.stderr,
+                flush=True,
+            )
         faulthandler.dump_traceback_later(LAYER_TIMEOUT_S, exit=True)
         err, res = None, None
         try:
@@ -761,13 +932,17 @@ def main(argv=None) -> int:
             records.append(rec)
             for v, vr in rec["variants"].items():
                 if vr["status"] == "ok":
-                    print(f"  {v}: source {vr['source']}; GPU events per rank and class "
-                          f"{vr['counts']}" + (f"; NOTE {vr['note']}" if vr["note"] else ""),
-                          flush=True)
+                    print(
+                        f"  {v}: source {vr['source']}; GPU events per rank and class "
+                        f"{vr['counts']}" + (f"; NOTE {vr['note']}" if vr["note"] else ""),
+                        flush=True,
+                    )
                     if vr["source"] != "profiler":
-                        print(f"WARNING {case.name} {v}: the profiler did not show this variant's "
-                              f"kernels ({vr['note']}); its panel shows CUDA-event call spans only",
-                              flush=True)
+                        print(
+                            f"WARNING {case.name} {v}: the profiler did not show this variant's "
+                            f"kernels ({vr['note']}); its panel shows CUDA-event call spans only",
+                            flush=True,
+                        )
             bad_err = {k: x for k, x in rec["rel_err"].items() if not x < sweep.ERR_TOL}
             if bad_err:
                 print(f"WRONG {case.name}: rel. err vs baseline {bad_err}", flush=True)
@@ -775,18 +950,28 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
 
     if rank == 0 and records:
-        meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                    model=args.model, tokens=args.tokens, tp=tp, calls=args.calls,
-                    torch=torch.__version__, cuda=torch.version.cuda,
-                    device=torch.cuda.get_device_name(dev), symm_mem_setup_error=symm_setup,
-                    first_rewarm_s=FIRST_REWARM_S, rewarm_s=REWARM_S, argv=sys.argv,
-                    seconds=round(time.perf_counter() - t_start, 1))
+        meta = dict(
+            date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            model=args.model,
+            tokens=args.tokens,
+            tp=tp,
+            calls=args.calls,
+            torch=torch.__version__,
+            cuda=torch.version.cuda,
+            device=torch.cuda.get_device_name(dev),
+            symm_mem_setup_error=symm_setup,
+            first_rewarm_s=FIRST_REWARM_S,
+            rewarm_s=REWARM_S,
+            argv=sys.argv,
+            seconds=round(time.perf_counter() - t_start, 1),
+        )
         print("\n".join(ln for r in records for ln in summary_lines(r)), flush=True)
         for line in write_outputs(meta, records, args.out):
             print(line, flush=True)
         print(f"done in {time.perf_counter() - t_start:.1f} s", flush=True)
     dist.barrier(group=ctrl)
     from distgemm import comm as dcomm
+
     dcomm.close_all()
     dist.destroy_process_group()
     # records are only kept on rank 0: every rank decides by the layers it measured

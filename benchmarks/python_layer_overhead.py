@@ -9,6 +9,7 @@ left is exactly the per-call Python path: plan and graph lookup, tensor checks, 
 GPU the extension adds the graph launch (cudaGraphLaunch plus one event record) and torch's
 capture/stream queries; tests/gpu/torchrun_worker.py (section overhead) measures the whole.
 """
+
 import collections
 import statistics
 import time
@@ -61,8 +62,9 @@ def main(n=20000):
     ops.get_communicator = lambda group: comm
     ops.check_types = _cpu_check_types
     ops._raw_stream = lambda index: 0
-    core = types.SimpleNamespace(**{k: getattr(ops._core, k) for k in dir(ops._core)
-                                    if not k.startswith("__")})
+    core = types.SimpleNamespace(
+        **{k: getattr(ops._core, k) for k in dir(ops._core) if not k.startswith("__")}
+    )
     core.DeviceGraph = lambda *args: _Graph()
     ops._core = core
     torch.cuda.is_current_stream_capturing = lambda: False
@@ -86,7 +88,9 @@ def main(n=20000):
     same = timed(lambda: ops.all_gather_gemm(a, w, out=out, path="overlap"))
     fresh = timed(lambda: ops.all_gather_gemm(a, w, path="overlap"))
     print(f"python layer per call, cached plan, same pointers, out given: {same:.2f} us")
-    print(f"python layer per call, cached plan, fresh output tensor (CPU allocator): {fresh:.2f} us")
+    print(
+        f"python layer per call, cached plan, fresh output tensor (CPU allocator): {fresh:.2f} us"
+    )
 
 
 if __name__ == "__main__":

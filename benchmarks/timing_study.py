@@ -12,6 +12,7 @@ plus torch.mm alone in a steady window (the compute floor). After each window th
 this rank's GPU is read (NVML), so a method whose chunks run at a higher clock shows it. Rank 0
 prints a table and writes JSON to --out.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,8 +62,9 @@ def short_chunks(ctx, fns, settled: bool, rounds: int = 6, chunk_ms: float = 25.
         for k, t, g in zip(order, worst, got):
             times[k].append(t)
             clocks[k].append(g[1])
-    return {k: dict(ms=statistics.median(times[k]), mhz=statistics.median(clocks[k]))
-            for k in names}
+    return {
+        k: dict(ms=statistics.median(times[k]), mhz=statistics.median(clocks[k])) for k in names
+    }
 
 
 def steady(ctx, fns, rounds: int = 2):
@@ -73,8 +75,7 @@ def steady(ctx, fns, rounds: int = 2):
         for k, fn in fns.items():
             times[k].append(sweep._time_variant(ctx, fn))
             clocks[k].append(_clock_mhz(ctx.torch, ctx.dev))
-    return {k: dict(ms=statistics.median(times[k]), mhz=statistics.median(clocks[k]))
-            for k in fns}
+    return {k: dict(ms=statistics.median(times[k]), mhz=statistics.median(clocks[k])) for k in fns}
 
 
 def main(argv=None) -> int:
@@ -120,26 +121,34 @@ def main(argv=None) -> int:
             public()  # the auto path's choice happens here, before any timing
             sweep.settle(ctx)
             fns = {"baseline": baseline, "public": public}
-            rec = dict(case=case.name,
-                       floor=dict(ms=sweep._time_variant(ctx, floor, warm_s=sweep.WARMUP_S),
-                                  mhz=_clock_mhz(torch, dev)),
-                       short_alt=short_chunks(ctx, fns, settled=False),
-                       short_settled=short_chunks(ctx, fns, settled=True),
-                       steady=steady(ctx, fns),
-                       path=(ops.path_choices(comm) or [{}])[0].get("path"))
+            rec = dict(
+                case=case.name,
+                floor=dict(
+                    ms=sweep._time_variant(ctx, floor, warm_s=sweep.WARMUP_S),
+                    mhz=_clock_mhz(torch, dev),
+                ),
+                short_alt=short_chunks(ctx, fns, settled=False),
+                short_settled=short_chunks(ctx, fns, settled=True),
+                steady=steady(ctx, fns),
+                path=(ops.path_choices(comm) or [{}])[0].get("path"),
+            )
             comm.check()
         results.append(rec)
         del lo, floor_out
     if rank == 0:
-        print(f"{'case':22} {'method':14} {'public ms':>10} {'MHz':>6} {'NCCL+mm ms':>11} "
-              f"{'MHz':>6} {'base/public':>11}   floor ms (MHz)")
+        print(
+            f"{'case':22} {'method':14} {'public ms':>10} {'MHz':>6} {'NCCL+mm ms':>11} "
+            f"{'MHz':>6} {'base/public':>11}   floor ms (MHz)"
+        )
         for r in results:
             for m in ("short_alt", "short_settled", "steady"):
                 p, b = r[m]["public"], r[m]["baseline"]
                 below = "  BELOW FLOOR" if p["ms"] < r["floor"]["ms"] * 0.99 else ""
-                print(f"{r['case']:22} {m:14} {p['ms']:10.4f} {p['mhz']:6.0f} {b['ms']:11.4f} "
-                      f"{b['mhz']:6.0f} {b['ms'] / p['ms']:10.3f}x   {r['floor']['ms']:.4f} "
-                      f"({r['floor']['mhz']:.0f}){below}")
+                print(
+                    f"{r['case']:22} {m:14} {p['ms']:10.4f} {p['mhz']:6.0f} {b['ms']:11.4f} "
+                    f"{b['mhz']:6.0f} {b['ms'] / p['ms']:10.3f}x   {r['floor']['ms']:.4f} "
+                    f"({r['floor']['mhz']:.0f}){below}"
+                )
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "timing-study.json"), "w") as f:
             json.dump(dict(tp=tp, torch=torch.__version__, results=results), f, indent=1)

@@ -12,6 +12,7 @@ The all-gather of x and the reduce-scatter of the output run under the GEMMs.
 Exit code 0 when the relative Frobenius error against the single-GPU computation (fp32) is below
 1e-2 on every rank.
 """
+
 import argparse
 import os
 
@@ -40,31 +41,33 @@ def main():
     # The full model and input, identical on every rank (same seed); each rank keeps its shards.
     g = torch.Generator(device=dev).manual_seed(0)
     x = torch.randn(T, H, device=dev, generator=g).to(dt)
-    w_gate = (torch.randn(Fd, H, device=dev, generator=g) / H ** 0.5).to(dt)
-    w_up = (torch.randn(Fd, H, device=dev, generator=g) / H ** 0.5).to(dt)
-    w_down = (torch.randn(H, Fd, device=dev, generator=g) / Fd ** 0.5).to(dt)
+    w_gate = (torch.randn(Fd, H, device=dev, generator=g) / H**0.5).to(dt)
+    w_up = (torch.randn(Fd, H, device=dev, generator=g) / H**0.5).to(dt)
+    w_down = (torch.randn(H, Fd, device=dev, generator=g) / Fd**0.5).to(dt)
     f = Fd // tp
     rows = slice(rank * f, (rank + 1) * f)
-    x_shard = x[rank * T // tp:(rank + 1) * T // tp].contiguous()             # [T/TP, H]
-    w_gate_up = torch.cat([w_gate[rows], w_up[rows]]).contiguous()              # [2F/TP, H]
-    w_down_shard = w_down[:, rows].contiguous()                                  # [H, F/TP]
+    x_shard = x[rank * T // tp : (rank + 1) * T // tp].contiguous()  # [T/TP, H]
+    w_gate_up = torch.cat([w_gate[rows], w_up[rows]]).contiguous()  # [2F/TP, H]
+    w_down_shard = w_down[:, rows].contiguous()  # [H, F/TP]
 
     # The tensor-parallel forward: two distgemm calls.
-    gate_up = all_gather_gemm(x_shard, w_gate_up)                                # [T, 2F/TP]
+    gate_up = all_gather_gemm(x_shard, w_gate_up)  # [T, 2F/TP]
     gate, up = gate_up[:, :f], gate_up[:, f:]
-    h = (F.silu(gate.float()) * up.float()).to(dt)                               # [T, F/TP]
-    y_shard = gemm_reduce_scatter(h, w_down_shard)                               # [T/TP, H]
+    h = (F.silu(gate.float()) * up.float()).to(dt)  # [T, F/TP]
+    y_shard = gemm_reduce_scatter(h, w_down_shard)  # [T/TP, H]
 
     # The same MLP on this one GPU, in fp32.
     xf = x.float()
     ref = (F.silu(xf @ w_gate.float().t()) * (xf @ w_up.float().t())) @ w_down.float().t()
-    ref_shard = ref[rank * T // tp:(rank + 1) * T // tp]
+    ref_shard = ref[rank * T // tp : (rank + 1) * T // tp]
     err = float((y_shard.float() - ref_shard).norm() / ref_shard.norm())
     errs = [None] * tp
     dist.all_gather_object(errs, err)
     if rank == 0:
-        print(f"tp_mlp: T={T} H={H} F={Fd} TP={tp} bf16; relative error vs one GPU (fp32) per "
-              f"rank: {', '.join(f'{e:.2e}' for e in errs)}")
+        print(
+            f"tp_mlp: T={T} H={H} F={Fd} TP={tp} bf16; relative error vs one GPU (fp32) per "
+            f"rank: {', '.join(f'{e:.2e}' for e in errs)}"
+        )
     close_all()  # distgemm's workspaces (collective), before the process group goes
     dist.destroy_process_group()
     raise SystemExit(0 if max(errs) < 1e-2 else 1)

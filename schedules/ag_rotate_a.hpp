@@ -22,8 +22,11 @@
 namespace distgemm::schedules {
 using namespace distgemm::schedule;
 inline constexpr ScheduleDef ag_rotate_a{
-    "ag_rotate_a", "all-gather of A (sharded on M) overlapped with GEMM; D sharded on N",
-    Collective::AllGather, Operand::A, Mode::M,
+    "ag_rotate_a",
+    "all-gather of A (sharded on M) overlapped with GEMM; D sharded on N",
+    Collective::AllGather,
+    Operand::A,
+    Mode::M,
     Partition{Mode::M, Mode::N, Mode::N},
     AffineTileMap{1, 1, 0}};
 }  // namespace distgemm::schedules

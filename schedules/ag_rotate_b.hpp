@@ -21,8 +21,11 @@
 namespace distgemm::schedules {
 using namespace distgemm::schedule;
 inline constexpr ScheduleDef ag_rotate_b{
-    "ag_rotate_b", "all-gather of B (sharded on N) overlapped with GEMM; D sharded on M",
-    Collective::AllGather, Operand::B, Mode::N,
+    "ag_rotate_b",
+    "all-gather of B (sharded on N) overlapped with GEMM; D sharded on M",
+    Collective::AllGather,
+    Operand::B,
+    Mode::N,
     Partition{Mode::M, Mode::N, Mode::M},
     AffineTileMap{1, 1, 0}};
 }  // namespace distgemm::schedules

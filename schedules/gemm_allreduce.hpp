@@ -25,8 +25,11 @@
 namespace distgemm::schedules {
 using namespace distgemm::schedule;
 inline constexpr ScheduleDef gemm_allreduce{
-    "gemm_allreduce", "GEMM overlapped with reduce-scatter of D, then all-gather of D (all-reduce)",
-    Collective::AllReduce, Operand::C, Mode::M,
+    "gemm_allreduce",
+    "GEMM overlapped with reduce-scatter of D, then all-gather of D (all-reduce)",
+    Collective::AllReduce,
+    Operand::C,
+    Mode::M,
     Partition{Mode::K, Mode::K, Mode::None},
     AffineTileMap{1, 1, 1}};
 }  // namespace distgemm::schedules

@@ -23,8 +23,11 @@
 namespace distgemm::schedules {
 using namespace distgemm::schedule;
 inline constexpr ScheduleDef rs_tile_a{
-    "rs_tile_a", "GEMM overlapped with reduce-scatter of D along M (rotating partial C)",
-    Collective::ReduceScatter, Operand::C, Mode::M,
+    "rs_tile_a",
+    "GEMM overlapped with reduce-scatter of D along M (rotating partial C)",
+    Collective::ReduceScatter,
+    Operand::C,
+    Mode::M,
     Partition{Mode::K, Mode::K, Mode::M},
     AffineTileMap{1, 1, 1}};
 }  // namespace distgemm::schedules

@@ -21,8 +21,11 @@
 namespace distgemm::schedules {
 using namespace distgemm::schedule;
 inline constexpr ScheduleDef rs_tile_b{
-    "rs_tile_b", "GEMM overlapped with reduce-scatter of D along N (rotating partial C)",
-    Collective::ReduceScatter, Operand::C, Mode::N,
+    "rs_tile_b",
+    "GEMM overlapped with reduce-scatter of D along N (rotating partial C)",
+    Collective::ReduceScatter,
+    Operand::C,
+    Mode::N,
     Partition{Mode::K, Mode::K, Mode::N},
     AffineTileMap{1, 1, 1}};
 }  // namespace distgemm::schedules

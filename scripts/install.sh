@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs distgemm into the current python3 with everything it needs. Used by run.sh and test.sh.
+# Installs distgemm into the current python3 with everything it needs (used by run.sh, CI and the
+# README's test command).
 #   - torch: a machine without torch gets the pinned CPU build (torch==2.13.0) before anything else,
 #     so no dependency range can pull a multi-GB CUDA build; a GPU machine keeps its own torch.
 #   - the build runs without isolation, from build tools installed here first (scikit-build-core,

@@ -1,33 +1,42 @@
 """Bad input is rejected with ValueError naming the constraint and the values."""
+
 import pytest
 
 import distgemm
 from distgemm import build_plan
 
 
-@pytest.mark.parametrize("schedule,tp,steps,shape,message", [
-    ("ag_rotate_a", 2, 8, dict(m=8190, n=64, k=64), "M=8190 is not divisible by S=8"),
-    ("ag_rotate_a", 2, 2, dict(m=64, n=63, k=64), "N=63 is not divisible by TP=2"),
-    ("ag_rotate_b", 2, 4, dict(m=64, n=66, k=64), "N=66 is not divisible by S=4"),
-    ("ag_rotate_b", 3, 3, dict(m=64, n=63, k=64), "M=64 is not divisible by TP=3"),
-    ("rs_tile_a", 4, 4, dict(m=64, n=64, k=66), "K=66 is not divisible by TP=4"),
-    ("rs_tile_a", 2, 4, dict(m=66, n=64, k=64), "M=66 is not divisible by S=4"),
-    ("rs_tile_b", 2, 4, dict(m=64, n=66, k=64), "N=66 is not divisible by S=4"),
-    ("gemm_allreduce", 2, 2, dict(m=63, n=64, k=64), "M=63 is not divisible by S=2"),
-], ids=lambda v: v if isinstance(v, str) and " " not in v else None)
+@pytest.mark.parametrize(
+    "schedule,tp,steps,shape,message",
+    [
+        ("ag_rotate_a", 2, 8, dict(m=8190, n=64, k=64), "M=8190 is not divisible by S=8"),
+        ("ag_rotate_a", 2, 2, dict(m=64, n=63, k=64), "N=63 is not divisible by TP=2"),
+        ("ag_rotate_b", 2, 4, dict(m=64, n=66, k=64), "N=66 is not divisible by S=4"),
+        ("ag_rotate_b", 3, 3, dict(m=64, n=63, k=64), "M=64 is not divisible by TP=3"),
+        ("rs_tile_a", 4, 4, dict(m=64, n=64, k=66), "K=66 is not divisible by TP=4"),
+        ("rs_tile_a", 2, 4, dict(m=66, n=64, k=64), "M=66 is not divisible by S=4"),
+        ("rs_tile_b", 2, 4, dict(m=64, n=66, k=64), "N=66 is not divisible by S=4"),
+        ("gemm_allreduce", 2, 2, dict(m=63, n=64, k=64), "M=63 is not divisible by S=2"),
+    ],
+    ids=lambda v: v if isinstance(v, str) and " " not in v else None,
+)
 def test_shapes_the_partition_cannot_split(schedule, tp, steps, shape, message):
     with pytest.raises(ValueError, match=message):
         build_plan(schedule, tp, steps, **shape)
 
 
 def test_unknown_schedule_lists_known_ones():
-    with pytest.raises(ValueError, match=r"unknown schedule 'ag_rotate_c'; known schedules: ag_rotate_a, "):
+    with pytest.raises(
+        ValueError, match=r"unknown schedule 'ag_rotate_c'; known schedules: ag_rotate_a, "
+    ):
         build_plan("ag_rotate_c", 2, m=64, n=64, k=64)
 
 
 @pytest.mark.parametrize("tp", [0, -1, 9, 16])
 def test_tp_out_of_range(tp):
-    with pytest.raises(ValueError, match=rf"TP={tp} is out of range: distgemm supports 1 <= TP <= 8"):
+    with pytest.raises(
+        ValueError, match=rf"TP={tp} is out of range: distgemm supports 1 <= TP <= 8"
+    ):
         build_plan("rs_tile_a", tp, max(tp, 1) * 2 if tp > 0 else 2, m=64, n=64, k=64)
 
 
@@ -62,10 +71,12 @@ def test_torch_ops_are_exported_lazily():
     import sys
 
     # The planning tools do not import torch; the ops do, on first use.
-    code = ("import sys, distgemm; assert 'torch' not in sys.modules; "
-            "f = distgemm.all_gather_gemm; assert 'torch' in sys.modules; "
-            "assert f is __import__('distgemm.ops', fromlist=['x']).all_gather_gemm; "
-            "assert distgemm.Communicator.__name__ == 'Communicator'")
+    code = (
+        "import sys, distgemm; assert 'torch' not in sys.modules; "
+        "f = distgemm.all_gather_gemm; assert 'torch' in sys.modules; "
+        "assert f is __import__('distgemm.ops', fromlist=['x']).all_gather_gemm; "
+        "assert distgemm.Communicator.__name__ == 'Communicator'"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     with pytest.raises(AttributeError, match="no attribute 'nope'"):

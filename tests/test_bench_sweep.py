@@ -2,6 +2,7 @@
 `distgemm_bench --sweep ... --dry-run`, which lists the sweep's cases without calling into CUDA.
 The binary is the installed distgemm/bin/distgemm_bench (or DISTGEMM_BENCH); its tests skip, with
 the reason, where the package was built without the CUDA runtime."""
+
 import importlib.util
 import os
 import pathlib
@@ -43,16 +44,19 @@ def test_layer_schedules_do_their_collective():
         assert _core.schedule_definition(d["schedule"])["collective"] == d["collective"], layer
 
 
-@pytest.mark.parametrize("model,layer,tokens,mnk", [
-    ("70B", "FC1", 8192, (8192, 57344, 8192)),       # N = 2 * 28672 (gate and up)
-    ("70B", "QKV", 1024, (1024, 10240, 8192)),       # N = (64 + 2*8) * 128
-    ("70B", "FC2", 4096, (4096, 8192, 28672)),
-    ("8B", "QKV", 2048, (2048, 6144, 4096)),         # N = (32 + 2*8) * 128
-    ("8B", "O", 16384, (16384, 4096, 4096)),         # K = 32 * 128
-    ("405B", "O", 1024, (1024, 16384, 16384)),       # K = 128 * 128
-    ("405B", "FC1", 16384, (16384, 106496, 16384)),  # the largest case
-    ("405B", "FC2", 2048, (2048, 16384, 53248)),
-])
+@pytest.mark.parametrize(
+    "model,layer,tokens,mnk",
+    [
+        ("70B", "FC1", 8192, (8192, 57344, 8192)),  # N = 2 * 28672 (gate and up)
+        ("70B", "QKV", 1024, (1024, 10240, 8192)),  # N = (64 + 2*8) * 128
+        ("70B", "FC2", 4096, (4096, 8192, 28672)),
+        ("8B", "QKV", 2048, (2048, 6144, 4096)),  # N = (32 + 2*8) * 128
+        ("8B", "O", 16384, (16384, 4096, 4096)),  # K = 32 * 128
+        ("405B", "O", 1024, (1024, 16384, 16384)),  # K = 128 * 128
+        ("405B", "FC1", 16384, (16384, 106496, 16384)),  # the largest case
+        ("405B", "FC2", 2048, (2048, 16384, 53248)),
+    ],
+)
 def test_gemm_shapes(model, layer, tokens, mnk):
     assert _core.llama_gemm(model, layer, tokens) == mnk
     assert _core.llama_gemm(model=model, layer=layer, tokens=tokens) == mnk
@@ -61,18 +65,27 @@ def test_gemm_shapes(model, layer, tokens, mnk):
 def test_cases_in_sweep_order():
     full = _core.llama_cases()
     assert len(full) == 60 and len(set(full)) == 60
-    assert full[:5] == [("8B", "QKV", 1024), ("8B", "O", 1024), ("8B", "FC1", 1024),
-                        ("8B", "FC2", 1024), ("8B", "QKV", 2048)]
+    assert full[:5] == [
+        ("8B", "QKV", 1024),
+        ("8B", "O", 1024),
+        ("8B", "FC1", 1024),
+        ("8B", "FC2", 1024),
+        ("8B", "QKV", 2048),
+    ]
     assert full[-1] == ("405B", "FC2", 16384)
-    assert _core.llama_cases(quick=True) == [("70B", la, m) for m in (4096, 8192)
-                                             for la in ("QKV", "O", "FC1", "FC2")]
+    assert _core.llama_cases(quick=True) == [
+        ("70B", la, m) for m in (4096, 8192) for la in ("QKV", "O", "FC1", "FC2")
+    ]
 
 
-@pytest.mark.parametrize("args,message", [
-    (("7B", "QKV", 1024), "unknown Llama model '7B'; valid models: 8B, 70B, 405B"),
-    (("70B", "MLP", 1024), "unknown Llama layer 'MLP'; valid layers: QKV, O, FC1, FC2"),
-    (("70B", "QKV", 0), "tokens=0 must be positive"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (("7B", "QKV", 1024), "unknown Llama model '7B'; valid models: 8B, 70B, 405B"),
+        (("70B", "MLP", 1024), "unknown Llama layer 'MLP'; valid layers: QKV, O, FC1, FC2"),
+        (("70B", "QKV", 0), "tokens=0 must be positive"),
+    ],
+)
 def test_unknown_names_raise_value_error(args, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         _core.llama_gemm(*args)
@@ -80,7 +93,8 @@ def test_unknown_names_raise_value_error(args, message):
 
 def _load_llama_sweep():
     spec = importlib.util.spec_from_file_location(
-        "llama_sweep_vs_core", ROOT / "benchmarks" / "llama_sweep.py")
+        "llama_sweep_vs_core", ROOT / "benchmarks" / "llama_sweep.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
@@ -95,21 +109,26 @@ def test_python_sweep_measures_the_same_shapes():
     assert _core.llama_models() == sweep.MODELS
     assert tuple(_core.llama_layers()) == sweep.LAYERS
     assert {la: d["collective"] for la, d in _core.llama_layers().items()} == sweep.COLLECTIVE
-    assert all(sweep.SCHEDULE[d["collective"]] == d["schedule"]
-               for d in _core.llama_layers().values())
+    assert all(
+        sweep.SCHEDULE[d["collective"]] == d["schedule"] for d in _core.llama_layers().values()
+    )
     assert tuple(_core.llama_tokens()) == sweep.TOKENS
     assert tuple(_core.llama_tokens(quick=True)) == sweep.QUICK_TOKENS
     assert tuple(_core.llama_models(quick=True)) == sweep.QUICK_MODELS
     for quick in (False, True):
-        assert _core.llama_cases(quick) == [(c.model, c.layer, c.tokens)
-                                            for c in sweep.make_cases(2, quick)]
+        assert _core.llama_cases(quick) == [
+            (c.model, c.layer, c.tokens) for c in sweep.make_cases(2, quick)
+        ]
     for model, layer, tokens in _core.llama_cases():
         assert _core.llama_gemm(model, layer, tokens) == sweep.global_gemm(model, layer, tokens)
     timing = _core.llama_sweep_timing()
-    assert timing == dict(warmup_ms=round(sweep.WARMUP_S * 1000),
-                          rewarm_ms=round(sweep.REWARM_S * 1000),
-                          timed_ms=round(sweep.TIMED_S * 1000),
-                          min_iterations=sweep.MIN_ITERS, max_iterations=sweep.MAX_ITERS)
+    assert timing == dict(
+        warmup_ms=round(sweep.WARMUP_S * 1000),
+        rewarm_ms=round(sweep.REWARM_S * 1000),
+        timed_ms=round(sweep.TIMED_S * 1000),
+        min_iterations=sweep.MIN_ITERS,
+        max_iterations=sweep.MAX_ITERS,
+    )
     # steady state on power-capped GPUs: at least 1 s of warm load and 1 s timed windows
     assert timing["warmup_ms"] >= 1000 and timing["timed_ms"] >= 1000
 
@@ -118,11 +137,26 @@ def test_header_compiles_alone_without_cuda(tmp_path):
     cxx = shutil.which("g++") or shutil.which("c++")
     assert cxx, "a host C++ compiler (g++) is required"
     src = tmp_path / "one.cpp"
-    src.write_text('#include "distgemm/llama_shapes.hpp"\n'
-                   "int main() { return distgemm::llama::cases(true).size() == 8 ? 0 : 1; }\n")
+    src.write_text(
+        '#include "distgemm/llama_shapes.hpp"\n'
+        "int main() { return distgemm::llama::cases(true).size() == 8 ? 0 : 1; }\n"
+    )
     exe = tmp_path / "one"
-    r = subprocess.run([cxx, "-std=c++17", "-Wall", "-Wextra", "-Werror", f"-I{ROOT / 'cpp/include'}",
-                        str(src), "-o", str(exe)], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            cxx,
+            "-std=c++17",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            f"-I{ROOT / 'cpp/include'}",
+            str(src),
+            "-o",
+            str(exe),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     assert subprocess.run([str(exe)]).returncode == 0
 
@@ -141,8 +175,10 @@ def _bench():
 
 BENCH = _bench()
 needs_bench = pytest.mark.skipif(
-    BENCH is None, reason="distgemm/bin/distgemm_bench is not installed: the package was built "
-                          "without the CUDA runtime (no nvcc); set DISTGEMM_BENCH to a built binary")
+    BENCH is None,
+    reason="distgemm/bin/distgemm_bench is not installed: the package was built "
+    "without the CUDA runtime (no nvcc); set DISTGEMM_BENCH to a built binary",
+)
 
 
 def bench(*args):
@@ -183,16 +219,24 @@ def test_dry_run_lists_the_sweep(kind, tp):
         m, n, k = _core.llama_gemm(model, layer, tokens)
         assert (f["model"], f["layer"], int(f["tokens"])) == (model, layer, tokens)
         assert (int(f["m"]), int(f["n"]), int(f["k"])) == (m, n, k)
-        assert (f["collective"], f["schedule"]) == (layers[layer]["collective"],
-                                                    layers[layer]["schedule"])
+        assert (f["collective"], f["schedule"]) == (
+            layers[layer]["collective"],
+            layers[layer]["schedule"],
+        )
         assert f["status"] == "run" and f["steps"] == f"{tp},{2 * tp}"
         if f["collective"] == "all_gather":  # A and W sharded on rows, D on N
-            assert (dims(f["a"]), dims(f["b"]), dims(f["d"])) == ((m // tp, k), (n // tp, k),
-                                                                  (m, n // tp))
+            assert (dims(f["a"]), dims(f["b"]), dims(f["d"])) == (
+                (m // tp, k),
+                (n // tp, k),
+                (m, n // tp),
+            )
             assert dims(f["local"]) == (m, n // tp, k)
         else:  # A and W sharded on K, D on M
-            assert (dims(f["a"]), dims(f["b"]), dims(f["d"])) == ((m, k // tp), (n, k // tp),
-                                                                  (m // tp, n))
+            assert (dims(f["a"]), dims(f["b"]), dims(f["d"])) == (
+                (m, k // tp),
+                (n, k // tp),
+                (m // tp, n),
+            )
             assert dims(f["local"]) == (m, n, k // tp)
     assert f"{len(want)} case(s) ({len(want)} to run, 0 skipped)" in proc.stdout
     assert "nothing was launched" in proc.stdout
@@ -200,15 +244,33 @@ def test_dry_run_lists_the_sweep(kind, tp):
 
 @needs_bench
 def test_dry_run_filters():
-    proc = bench("--sweep", "full", "--tp", "8", "--dry-run", "--models", "405B,8B", "--layers",
-                 "FC1", "--tokens", "16384,1024")
+    proc = bench(
+        "--sweep",
+        "full",
+        "--tp",
+        "8",
+        "--dry-run",
+        "--models",
+        "405B,8B",
+        "--layers",
+        "FC1",
+        "--tokens",
+        "16384,1024",
+    )
     assert proc.returncode == 0, proc.stderr
     cases = dry_cases(proc)
-    assert list(cases) == ["8B/FC1/M1024/TP8", "8B/FC1/M16384/TP8", "405B/FC1/M1024/TP8",
-                           "405B/FC1/M16384/TP8"]  # sweep order, not filter order
+    assert list(cases) == [
+        "8B/FC1/M1024/TP8",
+        "8B/FC1/M16384/TP8",
+        "405B/FC1/M1024/TP8",
+        "405B/FC1/M16384/TP8",
+    ]  # sweep order, not filter order
     big = cases["405B/FC1/M16384/TP8"]
-    assert (dims(big["a"]), dims(big["b"]), dims(big["d"])) == ((2048, 16384), (13312, 16384),
-                                                                (16384, 13312))
+    assert (dims(big["a"]), dims(big["b"]), dims(big["d"])) == (
+        (2048, 16384),
+        (13312, 16384),
+        (16384, 13312),
+    )
 
 
 @needs_bench
@@ -219,21 +281,27 @@ def test_dry_run_skips_what_tp_cannot_split():
     assert len(cases) == 8
     for name, f in cases.items():
         assert f["status"] == "skipped", name
-        assert f["reason"] == (f"M={f['tokens']} is not divisible by TP=3 "
-                               "(sequence-parallel activations)")
+        assert f["reason"] == (
+            f"M={f['tokens']} is not divisible by TP=3 (sequence-parallel activations)"
+        )
     assert "8 case(s) (0 to run, 8 skipped)" in proc.stdout
 
 
 @needs_bench
-@pytest.mark.parametrize("args,message", [
-    (("--models", "7B"), "unknown Llama model '7B'; valid models: 8B, 70B, 405B"),
-    (("--layers", "MLP"), "unknown Llama layer 'MLP'; valid layers: QKV, O, FC1, FC2"),
-    (("--tokens", "3000"), "--tokens 3000 is not a sweep size; valid tokens: 1024, 2048, 4096, "
-                           "8192, 16384"),
-    (("--tokens", "1024"), "leave no case of the quick sweep"),
-    (("--m", "4096"), "--m does not apply to --sweep"),
-    (("--warmup-ms", "100"), "--warmup-ms 100 is below 200 in --sweep mode"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (("--models", "7B"), "unknown Llama model '7B'; valid models: 8B, 70B, 405B"),
+        (("--layers", "MLP"), "unknown Llama layer 'MLP'; valid layers: QKV, O, FC1, FC2"),
+        (
+            ("--tokens", "3000"),
+            "--tokens 3000 is not a sweep size; valid tokens: 1024, 2048, 4096, 8192, 16384",
+        ),
+        (("--tokens", "1024"), "leave no case of the quick sweep"),
+        (("--m", "4096"), "--m does not apply to --sweep"),
+        (("--warmup-ms", "100"), "--warmup-ms 100 is below 200 in --sweep mode"),
+    ],
+)
 def test_bad_sweep_arguments_exit_2(args, message):
     proc = bench("--sweep", "quick", "--tp", "2", "--dry-run", *args)
     assert proc.returncode == 2

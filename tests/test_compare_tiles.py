@@ -1,5 +1,6 @@
 """benchmarks/compare_tiles.py: the per-shape summary of the two GEMM tiles, on synthetic timings
 (the GPU part, running distgemm_bench, is run_on_gpus.sh's cpp-tiles)."""
+
 import importlib.util
 import pathlib
 import random
@@ -9,7 +10,9 @@ import pytest
 from distgemm import _core
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("compare_tiles", ROOT / "benchmarks" / "compare_tiles.py")
+spec = importlib.util.spec_from_file_location(
+    "compare_tiles", ROOT / "benchmarks" / "compare_tiles.py"
+)
 ct = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(ct)
 

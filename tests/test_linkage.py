@@ -7,6 +7,7 @@ wheel; whichever a process loads first then serves both, and ``import distgemm._
 machine that built the CUDA runtime, GPU or not (tests/gpu/test_first_run.py runs both import
 orders on the GPUs).
 """
+
 import pathlib
 import shutil
 import subprocess
@@ -27,14 +28,17 @@ def _binaries():
 
 needs_runtime = pytest.mark.skipif(
     not getattr(_core, "cuda_runtime", False),
-    reason="distgemm was built without the CUDA runtime (no nvcc at build time): nothing to check")
-needs_binutils = pytest.mark.skipif(not (shutil.which("readelf") and shutil.which("nm")),
-                                    reason="readelf/nm (binutils) not on PATH")
+    reason="distgemm was built without the CUDA runtime (no nvcc at build time): nothing to check",
+)
+needs_binutils = pytest.mark.skipif(
+    not (shutil.which("readelf") and shutil.which("nm")), reason="readelf/nm (binutils) not on PATH"
+)
 
 
 def _needed(path):
-    out = subprocess.run(["readelf", "-d", str(path)], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        ["readelf", "-d", str(path)], capture_output=True, text=True, check=True
+    ).stdout
     return [line.split("[", 1)[1].rstrip("]") for line in out.splitlines() if "(NEEDED)" in line]
 
 
@@ -56,11 +60,13 @@ def test_no_shared_cuda_runtime(path):
 
 @needs_runtime
 @needs_binutils
-@pytest.mark.parametrize("path", [p for p in _binaries() if p.suffix == ".so"],
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", [p for p in _binaries() if p.suffix == ".so"], ids=lambda p: p.name
+)
 def test_no_exported_cuda_runtime_symbols(path):
-    out = subprocess.run(["nm", "-D", "--defined-only", str(path)], capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        ["nm", "-D", "--defined-only", str(path)], capture_output=True, text=True, check=True
+    ).stdout
     exported = [line.split()[-1] for line in out.splitlines() if line.strip()]
     leaked = [s for s in exported if s.startswith(("cuda", "__cuda"))]
     assert not leaked, (path.name, leaked[:10])
@@ -70,8 +76,14 @@ def test_no_exported_cuda_runtime_symbols(path):
 def test_either_import_order_loads(first):
     pytest.importorskip("torch")
     second = "torch" if first == "distgemm._core" else "distgemm._core"
-    code = f"import {first}; import {second}; import distgemm._core as c; print(c.cuda_device_count())"
-    proc = subprocess.run([sys.executable, "-X", "faulthandler", "-c", code], capture_output=True,
-                          text=True, timeout=120)
+    code = (
+        f"import {first}; import {second}; import distgemm._core as c; print(c.cuda_device_count())"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-X", "faulthandler", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert int(proc.stdout.split()[-1]) >= 0

@@ -1,5 +1,6 @@
 """CPU tests of the pure parts of benchmarks/llama_sweep.py: cases, shapes, skip logic,
 formatting. The torch.distributed / CUDA part (run_case, main) is not called here."""
+
 import csv
 import importlib.util
 import io
@@ -42,30 +43,36 @@ def test_case_filters_narrow_the_list_and_name_bad_values():
 def test_quick_case_list():
     cases = sweep.make_cases(4, quick=True)
     assert [(c.model, c.layer, c.tokens) for c in cases] == [
-        ("70B", la, m) for m in (4096, 8192) for la in ("QKV", "O", "FC1", "FC2")]
+        ("70B", la, m) for m in (4096, 8192) for la in ("QKV", "O", "FC1", "FC2")
+    ]
     assert all(c.tp == 4 for c in cases)
 
 
-@pytest.mark.parametrize("model,layer,mnk", [
-    ("8B", "QKV", (2048, 6144, 4096)),      # (32 + 2*8) * 128
-    ("8B", "O", (2048, 4096, 4096)),
-    ("8B", "FC1", (2048, 28672, 4096)),
-    ("8B", "FC2", (2048, 4096, 14336)),
-    ("70B", "QKV", (2048, 10240, 8192)),    # (64 + 16) * 128
-    ("70B", "O", (2048, 8192, 8192)),
-    ("70B", "FC1", (2048, 57344, 8192)),
-    ("70B", "FC2", (2048, 8192, 28672)),
-    ("405B", "QKV", (2048, 18432, 16384)),  # (128 + 16) * 128
-    ("405B", "O", (2048, 16384, 16384)),
-    ("405B", "FC1", (2048, 106496, 16384)),
-    ("405B", "FC2", (2048, 16384, 53248)),
-])
+@pytest.mark.parametrize(
+    "model,layer,mnk",
+    [
+        ("8B", "QKV", (2048, 6144, 4096)),  # (32 + 2*8) * 128
+        ("8B", "O", (2048, 4096, 4096)),
+        ("8B", "FC1", (2048, 28672, 4096)),
+        ("8B", "FC2", (2048, 4096, 14336)),
+        ("70B", "QKV", (2048, 10240, 8192)),  # (64 + 16) * 128
+        ("70B", "O", (2048, 8192, 8192)),
+        ("70B", "FC1", (2048, 57344, 8192)),
+        ("70B", "FC2", (2048, 8192, 28672)),
+        ("405B", "QKV", (2048, 18432, 16384)),  # (128 + 16) * 128
+        ("405B", "O", (2048, 16384, 16384)),
+        ("405B", "FC1", (2048, 106496, 16384)),
+        ("405B", "FC2", (2048, 16384, 53248)),
+    ],
+)
 def test_global_gemm(model, layer, mnk):
     assert sweep.global_gemm(model, layer, 2048) == mnk
 
 
 def test_global_gemm_unknown_layer():
-    with pytest.raises(ValueError, match="unknown Llama layer 'MLP'; valid layers: QKV, O, FC1, FC2"):
+    with pytest.raises(
+        ValueError, match="unknown Llama layer 'MLP'; valid layers: QKV, O, FC1, FC2"
+    ):
         sweep.global_gemm("8B", "MLP", 1024)
 
 
@@ -142,7 +149,8 @@ def test_skip_when_plan_rejects_default_steps():
 def test_2tp_rejection_only_narrows_the_search():
     reason, rejected = sweep.skip_reason(
         sweep.Case("70B", "FC2", 4096, 2),
-        plan_check=lambda op, sch, tp, steps, a, w: "no" if steps == 4 else None)
+        plan_check=lambda op, sch, tp, steps, a, w: "no" if steps == 4 else None,
+    )
     assert reason is None and rejected == {4: "no"}
 
 
@@ -151,20 +159,49 @@ def test_real_plan_rejects_indivisible_steps():
     # split into S=4 tiles; Llama-70B QKV at M=4096 is accepted.
     why = sweep._plan_rejects("all_gather_gemm", "ag_rotate_a", 2, 4, (7, 64), (8, 64))
     assert why is not None and "not divisible by S=4" in why
-    assert sweep._plan_rejects("all_gather_gemm", "ag_rotate_a", 2, 2, (1024, 8192),
-                               (5120, 8192)) is None
+    assert (
+        sweep._plan_rejects("all_gather_gemm", "ag_rotate_a", 2, 2, (1024, 8192), (5120, 8192))
+        is None
+    )
 
 
 def _record(**over):
-    rec = dict(case="70B/FC1/M8192/TP2", model="70B", layer="FC1", tokens=8192, tp=2,
-               m=8192, n=57344, k=8192, status="ok", reason=None,
-               ms={"floor": 5.0, "floor_dg": 5.1, "baseline": 8.0, "symm_mem": 6.4,
-                   "dg_default": 5.2, "dg_S2": 5.2, "dg_S4": 5.5, "dg_best": 5.2, "dg_auto": 5.3},
-               rel_err={"baseline": 0.0, "floor_dg": 1e-3, "symm_mem": 2e-3, "dg_S2": 3e-3,
-                        "dg_S4": 4e-3, "dg_auto": 3e-3},
-               unavailable={}, dg_best_steps=2, dg_default_steps=2, rejected_steps={},
-               auto={"requested": "auto", "path": "overlap", "overlap_ms": 5.25,
-                     "collective_ms": 8.1})
+    rec = dict(
+        case="70B/FC1/M8192/TP2",
+        model="70B",
+        layer="FC1",
+        tokens=8192,
+        tp=2,
+        m=8192,
+        n=57344,
+        k=8192,
+        status="ok",
+        reason=None,
+        ms={
+            "floor": 5.0,
+            "floor_dg": 5.1,
+            "baseline": 8.0,
+            "symm_mem": 6.4,
+            "dg_default": 5.2,
+            "dg_S2": 5.2,
+            "dg_S4": 5.5,
+            "dg_best": 5.2,
+            "dg_auto": 5.3,
+        },
+        rel_err={
+            "baseline": 0.0,
+            "floor_dg": 1e-3,
+            "symm_mem": 2e-3,
+            "dg_S2": 3e-3,
+            "dg_S4": 4e-3,
+            "dg_auto": 3e-3,
+        },
+        unavailable={},
+        dg_best_steps=2,
+        dg_default_steps=2,
+        rejected_steps={},
+        auto={"requested": "auto", "path": "overlap", "overlap_ms": 5.25, "collective_ms": 8.1},
+    )
     rec.update(over)
     return rec
 
@@ -197,7 +234,7 @@ def test_targets_apply_to_big_models_at_large_m_only():
 
 def test_auto_target_allows_two_percent_over_the_baseline():
     at = lambda auto: sweep.targets(_record(ms=dict(_record()["ms"], dg_auto=auto)))  # noqa: E731
-    assert at(8.16)["auto_vs_baseline"] is True      # exactly 1.02x
+    assert at(8.16)["auto_vs_baseline"] is True  # exactly 1.02x
     assert at(8.17)["auto_vs_baseline"] is False
     assert at(None)["auto_vs_baseline"] is None
 
@@ -231,14 +268,20 @@ def test_suspect_bars_are_hatched(tmp_path):
 
 
 def test_target_summary_counts_and_names_misses():
-    recs = [_record(), _record(case="8B/O/M1024/TP2", model="8B", tokens=1024,
-                               ms=dict(_record()["ms"], dg_auto=9.0)),
-            _record(case="70B/O/M8192/TP2", status="skipped", ms={})]
+    recs = [
+        _record(),
+        _record(
+            case="8B/O/M1024/TP2", model="8B", tokens=1024, ms=dict(_record()["ms"], dg_auto=9.0)
+        ),
+        _record(case="70B/O/M8192/TP2", status="skipped", ms={}),
+    ]
     lines = sweep.target_summary(recs).splitlines()
-    assert lines[0].startswith("target dg best >= 1.3x torch symm_mem") and \
-        lines[0].endswith("0/1 met; missed: 70B/FC1/M8192/TP2")
-    assert lines[1] == ("  of these, 1 cannot reach it with any overlap: symm_mem / min(compute "
-                        "floors) < 1.3")
+    assert lines[0].startswith("target dg best >= 1.3x torch symm_mem") and lines[0].endswith(
+        "0/1 met; missed: 70B/FC1/M8192/TP2"
+    )
+    assert lines[1] == (
+        "  of these, 1 cannot reach it with any overlap: symm_mem / min(compute floors) < 1.3"
+    )
     assert lines[2].endswith("1/1 met")
     assert lines[3].endswith("1/2 met; missed: 8B/O/M1024/TP2")
 
@@ -253,8 +296,13 @@ def test_derived_with_missing_variant():
 
 def test_csv_from_record():
     rec = _record()
-    skipped = _record(case="8B/QKV/M1024/TP3", status="skipped",
-                      reason="M=1024 is not divisible by TP=3", ms={}, rel_err={})
+    skipped = _record(
+        case="8B/QKV/M1024/TP3",
+        status="skipped",
+        reason="M=1024 is not divisible by TP=3",
+        ms={},
+        rel_err={},
+    )
     rows = list(csv.DictReader(io.StringIO(sweep.to_csv([rec, skipped]))))
     assert list(rows[0].keys()) == sweep.CSV_FIELDS
     r = rows[0]
@@ -267,15 +315,18 @@ def test_csv_from_record():
     assert float(r["max_rel_err"]) == pytest.approx(4e-3)
     # 2*M*N*K / TP / time
     assert float(r["tflops_per_gpu_dg_best"]) == pytest.approx(
-        2 * 8192 * 57344 * 8192 / 2 / 5.2e-3 / 1e12, abs=0.1)
+        2 * 8192 * 57344 * 8192 / 2 / 5.2e-3 / 1e12, abs=0.1
+    )
     s = rows[1]
     assert s["status"] == "skipped" and "not divisible" in s["reason"]
     assert s["ms_floor"] == "" and s["speedup_dg_best"] == ""
 
 
 def test_csv_notes_name_unavailable_and_rejected():
-    rec = _record(unavailable={"symm_mem": "unavailable: RuntimeError: boom"},
-                  rejected_steps={"4": "N=12 is not divisible by S=4"})
+    rec = _record(
+        unavailable={"symm_mem": "unavailable: RuntimeError: boom"},
+        rejected_steps={"4": "N=12 is not divisible by S=4"},
+    )
     rec["ms"]["symm_mem"] = None
     row = sweep.csv_row(rec)
     assert "symm_mem: unavailable: RuntimeError: boom" in row["notes"]
@@ -284,21 +335,34 @@ def test_csv_notes_name_unavailable_and_rejected():
 
 
 def test_table_formatting():
-    recs = [_record(), _record(case="70B/O/M8192/TP2", status="failed", reason="RuntimeError: x",
-                               ms={}, rel_err={})]
+    recs = [
+        _record(),
+        _record(
+            case="70B/O/M8192/TP2", status="failed", reason="RuntimeError: x", ms={}, rel_err={}
+        ),
+    ]
     text = sweep.format_table(recs)
     lines = text.splitlines()
     assert lines[0].startswith("case")
     assert set(lines[1]) <= {"-", "+"}
     cells = [c.strip() for c in lines[2].split("|")]
-    assert cells[:8] == ["70B/FC1/M8192/TP2", "5.000", "5.100", "8.000", "6.400", "5.200",
-                         "5.200 (2)", "5.300 (over)"]
+    assert cells[:8] == [
+        "70B/FC1/M8192/TP2",
+        "5.000",
+        "5.100",
+        "8.000",
+        "6.400",
+        "5.200",
+        "5.200 (2)",
+        "5.300 (over)",
+    ]
     assert cells[8:13] == ["1.25x", "1.54x", "1.23x", "1.51x", "0.981"]
     assert cells[13] == "4.0e-03"
     assert "70B/O/M8192/TP2" in lines[3] and "failed: RuntimeError: x" in lines[3]
     # columns line up: every measured line has its separators where the header has them
-    assert [i for i, ch in enumerate(lines[0]) if ch == "|"] == \
-        [i for i, ch in enumerate(lines[2]) if ch == "|"]
+    assert [i for i, ch in enumerate(lines[0]) if ch == "|"] == [
+        i for i, ch in enumerate(lines[2]) if ch == "|"
+    ]
 
 
 def test_table_marks_missing_variant_and_wrong():
@@ -319,8 +383,19 @@ def test_output_stem_and_progress():
 
 
 def test_outputs_and_replot_round_trip(tmp_path, capsys):
-    recs = [_record(), _record(case="8B/O/M1024/TP2", model="8B", layer="O", tokens=1024,
-                               status="skipped", reason="why not", ms={}, rel_err={})]
+    recs = [
+        _record(),
+        _record(
+            case="8B/O/M1024/TP2",
+            model="8B",
+            layer="O",
+            tokens=1024,
+            status="skipped",
+            reason="why not",
+            ms={},
+            rel_err={},
+        ),
+    ]
     stem = str(tmp_path / "2026-11-22-llama-sweep")
     sweep.write_outputs(recs, stem, {"seconds": 1.0}, final=False)
     assert capsys.readouterr().out == ""  # partial write: files only
@@ -357,12 +432,15 @@ def test_plot_written_or_reason(tmp_path):
 
 
 def test_replot_joins_split_runs(tmp_path, capsys):
-    first, second = [_record()], [_record(case="405B/O/M4096/TP2", model="405B", layer="O",
-                                           tokens=4096)]
+    first, second = (
+        [_record()],
+        [_record(case="405B/O/M4096/TP2", model="405B", layer="O", tokens=4096)],
+    )
     sweep.write_outputs(first, str(tmp_path / "a"), {"seconds": 1.0, "argv": ["a"]}, final=False)
     sweep.write_outputs(second, str(tmp_path / "b"), {"seconds": 2.0, "argv": ["b"]}, final=False)
-    sweep.replot([str(tmp_path / "a.json"), str(tmp_path / "b.json")], str(tmp_path / "re"),
-                 stem="joined")
+    sweep.replot(
+        [str(tmp_path / "a.json"), str(tmp_path / "b.json")], str(tmp_path / "re"), stem="joined"
+    )
     data = json.loads((tmp_path / "re" / "joined.json").read_text())
     assert [r["case"] for r in data["records"]] == ["70B/FC1/M8192/TP2", "405B/O/M4096/TP2"]
     assert [m["argv"] for m in data["meta"]["parts"]] == [["a"], ["b"]]

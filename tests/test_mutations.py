@@ -1,9 +1,10 @@
 """The checks can fail: corrupt a scheduler coefficient, drop a copy, swap a signal, misdirect a
 partial — the invariant checker AND the reference executor must both reject each mutant."""
+
 import pytest
 
 import distgemm
-from distgemm import ExecutionError, build_plan, check_plan, clone_plan, run_reference
+from distgemm import ExecutionError, build_plan, check_plan, run_reference
 
 SCHEDULES = distgemm.schedule_names()
 CONFIGS = [(2, 2), (3, 6), (4, 8)]
@@ -98,7 +99,9 @@ def test_cyclic_wait_is_reported():
     plan["devices"][0]["gemms"][0]["signals"] = []
     plan["devices"][0]["gemms"][1]["signals"] = [{"device": 1, "flag": 0}]
     violations = check_plan(plan)
-    assert any(v.invariant == "progress" and "cyclic wait" in v.message for v in violations), violations
+    assert any(v.invariant == "progress" and "cyclic wait" in v.message for v in violations), (
+        violations
+    )
     with pytest.raises(ExecutionError, match="deadlock"):
         run_reference(plan)
 

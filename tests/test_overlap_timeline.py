@@ -1,6 +1,7 @@
 """CPU tests of the pure parts of benchmarks/overlap_timeline.py: chrome-trace parsing, event
 classification, lanes, alignment, overlap, summary, JSON round trip, plotting and --replot. The
 torch.distributed / CUDA part (run_layer, main) is not called here."""
+
 import importlib.util
 import json
 import os
@@ -18,18 +19,24 @@ _spec.loader.exec_module(ot)
 
 try:
     import matplotlib  # noqa: F401
+
     HAVE_MPL = True
 except Exception:  # noqa: BLE001
     HAVE_MPL = False
-NEEDS_MPL = pytest.mark.skipif(not HAVE_MPL, reason="matplotlib is not installed here: the PNG "
-                               "is optional (the JSON is always written; --replot renders later)")
+NEEDS_MPL = pytest.mark.skipif(
+    not HAVE_MPL,
+    reason="matplotlib is not installed here: the PNG "
+    "is optional (the JSON is always written; --replot renders later)",
+)
 
-CUTLASS = ("void distgemm::kernel::waiting_gemm_kernel<cutlass::gemm::kernel::GemmUniversal<cute::"
-           "tuple<int, int, int, int>, cutlass::gemm::collective::CollectiveMma<cutlass::gemm::"
-           "MainloopSm90TmaGmmaWarpSpecialized<7, cute::tuple<cute::C<2>, cute::C<1>, cute::C<1>>, "
-           "cutlass::gemm::KernelTmaWarpSpecializedCooperative>, cute::tuple<cute::C<256>, cute::C"
-           "<128>, cute::C<64>>, cutlass::bfloat16_t>, void>>(cutlass::gemm::kernel::GemmUniversal"
-           "<...>::Params, distgemm::kernel::WaitSpec)")
+CUTLASS = (
+    "void distgemm::kernel::waiting_gemm_kernel<cutlass::gemm::kernel::GemmUniversal<cute::"
+    "tuple<int, int, int, int>, cutlass::gemm::collective::CollectiveMma<cutlass::gemm::"
+    "MainloopSm90TmaGmmaWarpSpecialized<7, cute::tuple<cute::C<2>, cute::C<1>, cute::C<1>>, "
+    "cutlass::gemm::KernelTmaWarpSpecializedCooperative>, cute::tuple<cute::C<256>, cute::C"
+    "<128>, cute::C<64>>, cutlass::bfloat16_t>, void>>(cutlass::gemm::kernel::GemmUniversal"
+    "<...>::Params, distgemm::kernel::WaitSpec)"
+)
 NCCL_AG = "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 PTOP = "Memcpy PtoP (Device -> Device)"
 DTOD = "Memcpy DtoD (Device -> Device)"
@@ -38,8 +45,16 @@ BARRIER = "distgemm::kernel::entry_barrier_kernel(distgemm::kernel::EntryBarrier
 
 def X(cat, name, ts, dur, **args):
     """A chrome-trace complete event as torch.profiler writes it (GPU: pid device, tid stream)."""
-    return {"ph": "X", "cat": cat, "name": name, "pid": args.get("device", 4242),
-            "tid": args.get("stream", 4242), "ts": ts, "dur": dur, "args": args}
+    return {
+        "ph": "X",
+        "cat": cat,
+        "name": name,
+        "pid": args.get("device", 4242),
+        "tid": args.get("stream", 4242),
+        "ts": ts,
+        "dur": dur,
+        "args": args,
+    }
 
 
 def rank_trace(rank, base_ns=1_790_000_000_000_000_000, t=1000.0, gemm_name=CUTLASS):
@@ -48,50 +63,94 @@ def rank_trace(rank, base_ns=1_790_000_000_000_000_000, t=1000.0, gemm_name=CUTL
     right after, GEMM 1 [t+515, t+1015]; plus an event before the marker, CPU ops, metadata."""
     d, s = rank, 7
     return {
-        "schemaVersion": 1, "baseTimeNanoseconds": base_ns, "displayTimeUnit": "ms",
+        "schemaVersion": 1,
+        "baseTimeNanoseconds": base_ns,
+        "displayTimeUnit": "ms",
         "traceEvents": [
-            {"ph": "M", "name": "process_name", "pid": d, "tid": 0, "ts": 0.0,
-             "args": {"name": "python3"}},
+            {
+                "ph": "M",
+                "name": "process_name",
+                "pid": d,
+                "tid": 0,
+                "ts": 0.0,
+                "args": {"name": "python3"},
+            },
             X("kernel", gemm_name, t - 400.0, 300.0, device=d, stream=s),  # re-warm, not windowed
             X("user_annotation", f"{ot.MARKER_PREFIX}FC1:distgemm", t, 1100.0),
-            X("gpu_user_annotation", f"{ot.MARKER_PREFIX}FC1:distgemm", t + 5.0, 1000.0,
-              device=d, stream=s),
+            X(
+                "gpu_user_annotation",
+                f"{ot.MARKER_PREFIX}FC1:distgemm",
+                t + 5.0,
+                1000.0,
+                device=d,
+                stream=s,
+            ),
             X("cpu_op", "aten::empty", t + 1.0, 2.0),
             X("cuda_runtime", "cudaGraphLaunch", t + 3.0, 5.0, correlation=11),
             X("kernel", BARRIER, t + 5.0, 4.0, device=d, stream=s, correlation=11),
             X("kernel", gemm_name, t + 10.0, 500.0, device=d, stream=s, correlation=11),
-            {"ph": "X", "cat": "gpu_memcpy", "name": PTOP, "pid": d, "tid": f"stream {s}",
-             "ts": t + 20.0, "dur": 300.0,
-             "args": {"fromDevice": d, "inDevice": d, "toDevice": 1 - d, "stream": s,
-                      "correlation": 11, "bytes": 64 << 20}},
+            {
+                "ph": "X",
+                "cat": "gpu_memcpy",
+                "name": PTOP,
+                "pid": d,
+                "tid": f"stream {s}",
+                "ts": t + 20.0,
+                "dur": 300.0,
+                "args": {
+                    "fromDevice": d,
+                    "inDevice": d,
+                    "toDevice": 1 - d,
+                    "stream": s,
+                    "correlation": 11,
+                    "bytes": 64 << 20,
+                },
+            },
             X("gpu_memcpy", DTOD, t + 321.0, 1.5, device=d, stream=s, bytes=4),
             X("kernel", gemm_name, t + 515.0, 500.0, device=d, stream=s, correlation=11),
-        ]}
+        ],
+    }
 
 
 # ------------------------------------------------------------------ classification
 
-@pytest.mark.parametrize("name,kind,nbytes,cls", [
-    (CUTLASS, "kernel", 0, "gemm"),
-    ("void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<int>>(Params)", None, 0,
-     "gemm"),
-    ("nvjet_tst_256x128_64x4_1x2_h_bz_coopA_NNT", "kernel", 0, "gemm"),  # cuBLAS on Hopper
-    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_cublas", "kernel", 0, "gemm"),
-    (NCCL_AG, "kernel", 0, "nccl"),
-    ("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", None, 0,
-     "nccl"),
-    (PTOP, "memcpy", 64 << 20, "copy"),
-    (PTOP, None, 64 << 20, "copy"),           # kind inferred from the name
-    (DTOD, "memcpy", 4, "signal"),            # distgemm's flag write
-    (DTOD, "memcpy", 64, "signal"),
-    (DTOD, "memcpy", 65, "copy"),
-    ("Memset (Device)", "memset", 4096, "signal"),
-    (BARRIER, "kernel", 0, "other"),          # 'distgemm' in the name is no GEMM
-    ("void distgemm::kernel::copy_wait_kernel(distgemm::kernel::WaitSpec)", None, 0, "other"),
-    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", None, 0,
-     "other"),
-    ("call 0", "call", 0, "call"),
-])
+
+@pytest.mark.parametrize(
+    "name,kind,nbytes,cls",
+    [
+        (CUTLASS, "kernel", 0, "gemm"),
+        (
+            "void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<int>>(Params)",
+            None,
+            0,
+            "gemm",
+        ),
+        ("nvjet_tst_256x128_64x4_1x2_h_bz_coopA_NNT", "kernel", 0, "gemm"),  # cuBLAS on Hopper
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_cublas", "kernel", 0, "gemm"),
+        (NCCL_AG, "kernel", 0, "nccl"),
+        (
+            "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+            None,
+            0,
+            "nccl",
+        ),
+        (PTOP, "memcpy", 64 << 20, "copy"),
+        (PTOP, None, 64 << 20, "copy"),  # kind inferred from the name
+        (DTOD, "memcpy", 4, "signal"),  # distgemm's flag write
+        (DTOD, "memcpy", 64, "signal"),
+        (DTOD, "memcpy", 65, "copy"),
+        ("Memset (Device)", "memset", 4096, "signal"),
+        (BARRIER, "kernel", 0, "other"),  # 'distgemm' in the name is no GEMM
+        ("void distgemm::kernel::copy_wait_kernel(distgemm::kernel::WaitSpec)", None, 0, "other"),
+        (
+            "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>",
+            None,
+            0,
+            "other",
+        ),
+        ("call 0", "call", 0, "call"),
+    ],
+)
 def test_classify(name, kind, nbytes, cls):
     assert ot.classify(name, kind, nbytes) == cls
 
@@ -99,13 +158,14 @@ def test_classify(name, kind, nbytes, cls):
 def test_kind_of():
     assert ot.kind_of("gpu_memcpy", "x") == "memcpy"
     assert ot.kind_of("GPU_MEMSET", "x") == "memset"
-    assert ot.kind_of("kernel", PTOP) == "kernel"    # the category wins
+    assert ot.kind_of("kernel", PTOP) == "kernel"  # the category wins
     assert ot.kind_of(None, PTOP) == "memcpy"
     assert ot.kind_of("", "Memset (Device)") == "memset"
     assert ot.kind_of(None, NCCL_AG) == "kernel"
 
 
 # ------------------------------------------------------------------ intervals and overlap
+
 
 def test_interval_algebra():
     assert ot.merge([(3, 4), (1, 2), (1.5, 2.5), (5, 5)]) == [(1, 2.5), (3, 4)]
@@ -118,8 +178,10 @@ def test_interval_algebra():
 
 def test_copy_overlapping_kernel_two_lanes():
     # a copy on the copy lane [1, 3] ms and a GEMM kernel on the compute lane [2, 5] ms
-    evs = [ot.GpuEvent(0, 0, 7, 2000.0, 3000.0, CUTLASS, "kernel"),
-           ot.GpuEvent(0, 0, 9, 1000.0, 2000.0, PTOP, "memcpy", 1 << 20)]
+    evs = [
+        ot.GpuEvent(0, 0, 7, 2000.0, 3000.0, CUTLASS, "kernel"),
+        ot.GpuEvent(0, 0, 9, 1000.0, 2000.0, PTOP, "memcpy", 1 << 20),
+    ]
     labels, lane_of = ot.assign_lanes(evs)
     assert len(labels) == 2 and lane_of[0] != lane_of[1]
     assert ot.overlap_intervals(evs) == [(2000.0, 3000.0)]
@@ -129,16 +191,18 @@ def test_copy_overlapping_kernel_two_lanes():
     assert s["copy_ms"] == pytest.approx(2.0)
     assert s["window_ms"] == pytest.approx(4.0)
     assert s["comm_ms"] == pytest.approx(2.0)
-    assert s["exposed_comm_ms"] == pytest.approx(1.0)   # [1, 2] ran before the GEMM started
+    assert s["exposed_comm_ms"] == pytest.approx(1.0)  # [1, 2] ran before the GEMM started
     assert s["counts"] == {"gemm": 1, "copy": 1}
 
 
 def test_summary_unions_streams_and_ignores_signals_and_nccl_for_copy_overlap():
-    evs = [ot.GpuEvent(0, 0, 7, 0.0, 1000.0, CUTLASS, "kernel"),
-           ot.GpuEvent(0, 0, 8, 500.0, 1000.0, CUTLASS, "kernel"),      # union 0..1500
-           ot.GpuEvent(0, 0, 9, 100.0, 2.0, DTOD, "memcpy", 4),          # signal: not a copy
-           ot.GpuEvent(0, 0, 10, 1400.0, 600.0, NCCL_AG, "kernel"),      # NCCL 1400..2000
-           ot.GpuEvent(1, 1, 7, 0.0, 100.0, CUTLASS, "kernel")]
+    evs = [
+        ot.GpuEvent(0, 0, 7, 0.0, 1000.0, CUTLASS, "kernel"),
+        ot.GpuEvent(0, 0, 8, 500.0, 1000.0, CUTLASS, "kernel"),  # union 0..1500
+        ot.GpuEvent(0, 0, 9, 100.0, 2.0, DTOD, "memcpy", 4),  # signal: not a copy
+        ot.GpuEvent(0, 0, 10, 1400.0, 600.0, NCCL_AG, "kernel"),  # NCCL 1400..2000
+        ot.GpuEvent(1, 1, 7, 0.0, 100.0, CUTLASS, "kernel"),
+    ]
     s = ot.summarize(evs)
     assert set(s) == {"GPU0", "GPU1"}
     g0 = s["GPU0"]
@@ -153,16 +217,24 @@ def test_summary_unions_streams_and_ignores_signals_and_nccl_for_copy_overlap():
 
 # ------------------------------------------------------------------ lanes
 
+
 def test_lanes_split_engines_and_overlapping_rows():
-    evs = [ot.GpuEvent(0, 0, 7, 0.0, 10.0, CUTLASS, "kernel"),
-           ot.GpuEvent(0, 0, 7, 2.0, 3.0, PTOP, "memcpy", 1 << 20),   # same stream, copy engine
-           ot.GpuEvent(0, 0, 7, 5.0, 10.0, BARRIER, "kernel"),        # overlaps the GEMM: row 2
-           ot.GpuEvent(0, 0, 7, 10.0, 5.0, CUTLASS, "kernel"),        # after the GEMM: row 1
-           ot.GpuEvent(1, 1, 3, 0.0, 1.0, NCCL_AG, "kernel"),
-           ot.GpuEvent(1, 1, -1, 0.0, 1.0, "call 0", "call")]
+    evs = [
+        ot.GpuEvent(0, 0, 7, 0.0, 10.0, CUTLASS, "kernel"),
+        ot.GpuEvent(0, 0, 7, 2.0, 3.0, PTOP, "memcpy", 1 << 20),  # same stream, copy engine
+        ot.GpuEvent(0, 0, 7, 5.0, 10.0, BARRIER, "kernel"),  # overlaps the GEMM: row 2
+        ot.GpuEvent(0, 0, 7, 10.0, 5.0, CUTLASS, "kernel"),  # after the GEMM: row 1
+        ot.GpuEvent(1, 1, 3, 0.0, 1.0, NCCL_AG, "kernel"),
+        ot.GpuEvent(1, 1, -1, 0.0, 1.0, "call 0", "call"),
+    ]
     labels, lane_of = ot.assign_lanes(evs)
-    assert labels == ["GPU0 s7 kernels", "GPU0 s7 kernels #2", "GPU0 s7 memcpy",
-                      "GPU1 calls", "GPU1 s3 kernels"]
+    assert labels == [
+        "GPU0 s7 kernels",
+        "GPU0 s7 kernels #2",
+        "GPU0 s7 memcpy",
+        "GPU1 calls",
+        "GPU1 s3 kernels",
+    ]
     assert lane_of == [0, 2, 1, 0, 4, 3]
     # no two events of one lane overlap
     for lane in set(lane_of):
@@ -173,13 +245,20 @@ def test_lanes_split_engines_and_overlapping_rows():
 
 # ------------------------------------------------------------------ chrome trace parsing
 
+
 def test_parse_chrome_trace_round_trip():
     trace = rank_trace(1)
     parsed = ot.parse_chrome_trace(json.loads(json.dumps(trace)), rank=1)
     assert parsed.base_ns == 1_790_000_000_000_000_000
     assert parsed.markers == {f"{ot.MARKER_PREFIX}FC1:distgemm": (1000.0, 2100.0)}  # CPU side
-    assert [e.kind for e in parsed.events] == ["kernel", "kernel", "kernel", "memcpy", "memcpy",
-                                               "kernel"]
+    assert [e.kind for e in parsed.events] == [
+        "kernel",
+        "kernel",
+        "kernel",
+        "memcpy",
+        "memcpy",
+        "kernel",
+    ]
     assert all(e.rank == 1 and e.device == 1 and e.stream == 7 for e in parsed.events)
     ptop = next(e for e in parsed.events if e.name == PTOP)
     assert (ptop.nbytes, ptop.start, ptop.dur, ptop.cls) == (64 << 20, 1020.0, 300.0, "copy")
@@ -189,11 +268,23 @@ def test_parse_chrome_trace_round_trip():
 
 
 def test_parse_tolerates_missing_fields():
-    parsed = ot.parse_chrome_trace({"traceEvents": [
-        {"ph": "X", "cat": "Kernel", "name": NCCL_AG, "pid": 3, "tid": "stream 12", "ts": 5,
-         "dur": -1},
-        {"ph": "i", "cat": "kernel", "name": "instant", "ts": 1},
-        "garbage"]})
+    parsed = ot.parse_chrome_trace(
+        {
+            "traceEvents": [
+                {
+                    "ph": "X",
+                    "cat": "Kernel",
+                    "name": NCCL_AG,
+                    "pid": 3,
+                    "tid": "stream 12",
+                    "ts": 5,
+                    "dur": -1,
+                },
+                {"ph": "i", "cat": "kernel", "name": "instant", "ts": 1},
+                "garbage",
+            ]
+        }
+    )
     assert parsed.base_ns == 0 and parsed.markers == {}
     (e,) = parsed.events
     assert (e.device, e.stream, e.dur, e.cls) == (3, 12, 0.0, "nccl")
@@ -201,12 +292,19 @@ def test_parse_tolerates_missing_fields():
 
 # ------------------------------------------------------------------ alignment and sources
 
+
 def _payload(rank, base_ns, t, gemm_name=CUTLASS):
     p = ot.parse_chrome_trace(rank_trace(rank, base_ns, t, gemm_name), rank)
     marker = p.markers[f"{ot.MARKER_PREFIX}FC1:distgemm"]
-    return dict(base_ns=p.base_ns, marker=marker, events=ot.in_window(p.events, *marker),
-                spans_ms=[(0.0, 0.5), (0.5, 1.0), (1.0, 1.02)], device=rank, marker_found=True,
-                trace_gpu_events=len(p.events))
+    return dict(
+        base_ns=p.base_ns,
+        marker=marker,
+        events=ot.in_window(p.events, *marker),
+        spans_ms=[(0.0, 0.5), (0.5, 1.0), (1.0, 1.02)],
+        device=rank,
+        marker_found=True,
+        trace_gpu_events=len(p.events),
+    )
 
 
 def test_align_host_clock():
@@ -252,8 +350,9 @@ def test_build_variant_profiler_and_fallback():
     assert g["compute_ms"] == pytest.approx(1.0) and g["exposed_comm_ms"] == pytest.approx(0.0)
 
     # distgemm without GEMM kernels in the trace: call spans from the CUDA events instead
-    bad = {r: dict(p, events=[e for e in p["events"] if e.cls != "gemm"])
-           for r, p in payloads.items()}
+    bad = {
+        r: dict(p, events=[e for e in p["events"] if e.cls != "gemm"]) for r, p in payloads.items()
+    }
     fb = ot.build_variant("distgemm", bad, 3, 0.33)
     assert fb["source"] == "cuda-events" and "no GEMM kernel" in fb["note"]
     assert {e.cls for e in fb["events"]} == {"call"} and len(fb["events"]) == 6
@@ -263,16 +362,19 @@ def test_build_variant_profiler_and_fallback():
 
 # ------------------------------------------------------------------ records, JSON, pictures
 
+
 def _layer(fallback=False):
     case = ot.sweep.Case("70B", "FC1", 8192, 2)
     per_rank = {}
     for r in (0, 1):
         p = _payload(r, 10_000_000, 5000.0 + 30 * r)
         bad = dict(p, events=[e for e in p["events"] if e.cls != "gemm"])
-        per_rank[r] = dict(ref_ms={"baseline": 0.4, "distgemm": 0.33},
-                           rel_err={"distgemm": 3e-3},
-                           unavailable={"symm_mem": "RuntimeError: no symmetric memory"},
-                           payloads={"baseline": p, "distgemm": bad if fallback else p})
+        per_rank[r] = dict(
+            ref_ms={"baseline": 0.4, "distgemm": 0.33},
+            rel_err={"distgemm": 3e-3},
+            unavailable={"symm_mem": "RuntimeError: no symmetric memory"},
+            payloads={"baseline": p, "distgemm": bad if fallback else p},
+        )
     return ot.layer_record(case, 2, 2, per_rank)
 
 
@@ -299,14 +401,18 @@ def test_json_round_trip():
     for a, b in zip(layers, layers2):
         for v in a["variants"]:
             ea, eb = a["variants"][v]["events"], b["variants"][v]["events"]
-            assert [(e.rank, e.device, e.stream, e.name, e.kind, e.nbytes, e.cls) for e in ea] == \
-                [(e.rank, e.device, e.stream, e.name, e.kind, e.nbytes, e.cls) for e in eb]
+            assert [(e.rank, e.device, e.stream, e.name, e.kind, e.nbytes, e.cls) for e in ea] == [
+                (e.rank, e.device, e.stream, e.name, e.kind, e.nbytes, e.cls) for e in eb
+            ]
             assert [x for e in eb for x in (e.start, e.dur)] == pytest.approx(
-                [x for e in ea for x in (e.start, e.dur)], abs=1e-3)  # ns resolution kept
+                [x for e in ea for x in (e.start, e.dur)], abs=1e-3
+            )  # ns resolution kept
             assert a["variants"][v].get("summary") == b["variants"][v].get("summary")
     row = doc["layers"][0]["variants"]["distgemm"]["events"][0]
     assert len(row) == len(doc["event_fields"]) and row[-1] in ot.CLASSES
-    assert ot.output_stem("70B", ["FC1", "O"], "2026-11-23") == "2026-11-23-overlap-timeline-70B-FC1-O"
+    assert (
+        ot.output_stem("70B", ["FC1", "O"], "2026-11-23") == "2026-11-23-overlap-timeline-70B-FC1-O"
+    )
 
 
 @NEEDS_MPL
@@ -346,12 +452,17 @@ def test_replot_cli_without_torch(tmp_path):
     doc.write_text(json.dumps(ot.encode_run(meta, layers)))
     out = tmp_path / "pics"
     # torch made unimportable: --replot must need neither torch nor a GPU
-    code = ("import runpy, sys; sys.modules['torch'] = None; "
-            f"sys.argv = ['overlap_timeline.py', '--replot', {str(doc)!r}, '--out', {str(out)!r}]; "
-            f"runpy.run_path({_PATH!r}, run_name='__main__')")
+    code = (
+        "import runpy, sys; sys.modules['torch'] = None; "
+        f"sys.argv = ['overlap_timeline.py', '--replot', {str(doc)!r}, '--out', {str(out)!r}]; "
+        f"runpy.run_path({_PATH!r}, run_name='__main__')"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     pngs = sorted(p.name for p in out.glob("*.png"))
-    assert pngs == ["2026-11-23-overlap-timeline-70B-FC1.png", "2026-11-23-overlap-timeline-70B-O.png"]
+    assert pngs == [
+        "2026-11-23-overlap-timeline-70B-FC1.png",
+        "2026-11-23-overlap-timeline-70B-O.png",
+    ]
     assert not list(out.glob("*.json"))  # re-plotting writes pictures only
     assert all((out / p).read_bytes()[:4] == b"\x89PNG" for p in pngs)

@@ -1,4 +1,5 @@
 """The CPU reference executor runs every plan on simulated devices and matches the full GEMM."""
+
 import random
 
 import numpy as np
@@ -14,7 +15,9 @@ TOL = 1e-9  # float64 end to end: only summation-order rounding
 
 
 def random_shape(rng, tp, steps):
-    return dict(m=steps * tp * rng.randint(1, 3), n=steps * tp * rng.randint(1, 3), k=tp * rng.randint(1, 5))
+    return dict(
+        m=steps * tp * rng.randint(1, 3), n=steps * tp * rng.randint(1, 3), k=tp * rng.randint(1, 5)
+    )
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
@@ -24,23 +27,30 @@ def test_reference_matches_full_gemm(schedule, tp, steps, l):
     plan = build_plan(schedule, tp, steps, l=l, **random_shape(rng, tp, steps))
     alpha = rng.choice([1.0, 0.5, -1.25])
     beta = rng.choice([0.0, 1.0, 0.75])
-    err = run_reference(plan, alpha=alpha, beta=beta, use_bias=rng.random() < 0.5, seed=rng.randint(0, 10**6))
+    err = run_reference(
+        plan, alpha=alpha, beta=beta, use_bias=rng.random() < 0.5, seed=rng.randint(0, 10**6)
+    )
     assert err < TOL, f"relative Frobenius error {err} (alpha={alpha}, beta={beta})"
 
 
 RING = ["rs_tile_a", "rs_tile_b", "gemm_allreduce"]
-RING_CASES = [(tp, tp * k, l) for tp in (2, 3, 4, 8) for k in (1, 2) for l in (1, 2)]  # TP=1: no partials
+RING_CASES = [
+    (tp, tp * k, l) for tp in (2, 3, 4, 8) for k in (1, 2) for l in (1, 2)
+]  # TP=1: no partials
 
 
 @pytest.mark.parametrize("schedule", RING)
-@pytest.mark.parametrize("tp,steps,l", RING_CASES, ids=[f"tp{t}-S{s}-L{l}" for t, s, l in RING_CASES])
+@pytest.mark.parametrize(
+    "tp,steps,l", RING_CASES, ids=[f"tp{t}-S{s}-L{l}" for t, s, l in RING_CASES]
+)
 def test_reference_matches_with_partials_by_copy_engine(schedule, tp, steps, l):
     rng = random.Random(hash(("copy", schedule, tp, steps, l)) & 0xFFFF)
     plan = build_plan(schedule, tp, steps, l=l, partial_via="copy", **random_shape(rng, tp, steps))
     assert all(dev["copies"] for dev in plan["devices"])  # the partials do travel by copy
     alpha, beta = rng.choice([1.0, -1.25]), rng.choice([0.0, 0.75])
-    err = run_reference(plan, alpha=alpha, beta=beta, use_bias=rng.random() < 0.5,
-                        seed=rng.randint(0, 10**6))
+    err = run_reference(
+        plan, alpha=alpha, beta=beta, use_bias=rng.random() < 0.5, seed=rng.randint(0, 10**6)
+    )
     assert err < TOL, f"relative Frobenius error {err} (alpha={alpha}, beta={beta})"
 
 

@@ -1,11 +1,11 @@
 """Invariants of every schedule's plan over a grid of TP and S, and the simulate CLI."""
+
 import json
 
 import pytest
 
 import distgemm
-from distgemm import build_plan, check_plan
-from distgemm import simulate
+from distgemm import build_plan, check_plan, simulate
 
 SCHEDULES = distgemm.schedule_names()
 GRID = [(tp, tp * k) for tp in (1, 2, 3, 4, 5, 8) for k in (1, 2, 4)]
@@ -17,7 +17,13 @@ def shape_for(tp, steps, l=1, scale=1):
 
 
 def test_all_five_schedules_registered():
-    assert set(SCHEDULES) == {"ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "gemm_allreduce"}
+    assert set(SCHEDULES) == {
+        "ag_rotate_a",
+        "ag_rotate_b",
+        "rs_tile_a",
+        "rs_tile_b",
+        "gemm_allreduce",
+    }
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
@@ -67,7 +73,11 @@ def test_partials_by_copy_engine_stage_locally_then_push_and_signal():
             # ... and a copy after it pushes the slot to where the epilogue wrote, then signals.
             cp = dc["copies"][i]
             assert cp["after_gemm"] == i and cp["waits"] == []
-            assert cp["src"] == gc["d"] and cp["dst"] == ge["d"] and cp["dst"]["device"] == (d - 1) % tp
+            assert (
+                cp["src"] == gc["d"]
+                and cp["dst"] == ge["d"]
+                and cp["dst"]["device"] == (d - 1) % tp
+            )
             assert cp["signals"] == ge["signals"]
             assert (cp["rows"], cp["cols"]) == (64 // S, 16)
     assert distgemm.workspace_bytes(by_copy) > distgemm.workspace_bytes(by_epi)
@@ -80,6 +90,7 @@ def test_workspace_layout_defaults_agree_with_the_plan(schedule, tp, steps):
     workspace layout the ops allocate, the graph's own build_plan in C++) all use
     default_plan_options: the layout for the plan's own partial_via equals the default layout."""
     from distgemm import _core
+
     shape = shape_for(tp, steps)
     plan = build_plan(schedule, tp, steps, **shape)
     assert plan["partial_via"] == ("copy" if steps >= 2 * tp else "epilogue")
@@ -111,8 +122,24 @@ def test_partial_via_is_validated_and_ignored_by_all_gather():
 
 
 def test_cli_partial_via_copy(capsys):
-    rc, out, _ = run_cli(capsys, "--schedule", "rs_tile_a", "--tp", "2", "--steps", "4",
-                         "--partial-via", "copy", "--m", "64", "--n", "64", "--k", "64", "--timeline")
+    rc, out, _ = run_cli(
+        capsys,
+        "--schedule",
+        "rs_tile_a",
+        "--tp",
+        "2",
+        "--steps",
+        "4",
+        "--partial-via",
+        "copy",
+        "--m",
+        "64",
+        "--n",
+        "64",
+        "--k",
+        "64",
+        "--timeline",
+    )
     assert rc == 0, out
     assert "partials travel by the copy engine" in out and "all invariants hold" in out
 
@@ -141,7 +168,13 @@ def test_ag_rotate_a_starts_on_own_rows_and_receives_pushes_from_owner():
     # Device 1's copy engine pushes its rows into device 0's slot 0 and sets device 0's flag 0.
     (cp,) = d1["copies"]
     assert cp["src"]["buffer"] == "A" and cp["src"]["device"] == 1
-    assert cp["dst"] == {"buffer": "slots", "device": 0, "offset": 0, "ld": 32, "batch_stride": 32 * 32}
+    assert cp["dst"] == {
+        "buffer": "slots",
+        "device": 0,
+        "offset": 0,
+        "ld": 32,
+        "batch_stride": 32 * 32,
+    }
     assert cp["signals"] == [{"device": 0, "flag": 0}]
 
 
@@ -178,8 +211,21 @@ def test_cli_ag_rotate_a_tp4_s8(capsys):
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_cli_every_schedule_tp3_s6(capsys, schedule):
-    rc, out, _ = run_cli(capsys, "--schedule", schedule, "--tp", "3", "--steps", "6", "--m", "6144",
-                         "--n", "6144", "--k", "6144")
+    rc, out, _ = run_cli(
+        capsys,
+        "--schedule",
+        schedule,
+        "--tp",
+        "3",
+        "--steps",
+        "6",
+        "--m",
+        "6144",
+        "--n",
+        "6144",
+        "--k",
+        "6144",
+    )
     assert rc == 0, out
     assert "all invariants hold" in out
 
@@ -201,13 +247,20 @@ def test_cli_reports_violation_and_exits_1(capsys, monkeypatch):
         return plan
 
     monkeypatch.setattr(simulate, "build_plan", broken)
-    rc, out, _ = run_cli(capsys, "--schedule", "ag_rotate_a", "--tp", "2", "--m", "64", "--n", "64", "--k", "64")
+    rc, out, _ = run_cli(
+        capsys, "--schedule", "ag_rotate_a", "--tp", "2", "--m", "64", "--n", "64", "--k", "64"
+    )
     assert rc == 1
-    assert "VIOLATION [progress] device 0, step 1: waits for flag 0 on device 0, which nothing sets" in out
+    assert (
+        "VIOLATION [progress] device 0, step 1: waits for flag 0 on device 0, which nothing sets"
+        in out
+    )
 
 
 def test_cli_bad_input_exits_2(capsys):
-    rc, _, err = run_cli(capsys, "--schedule", "ag_rotate_a", "--tp", "2", "--steps", "8", "--m", "8190")
+    rc, _, err = run_cli(
+        capsys, "--schedule", "ag_rotate_a", "--tp", "2", "--steps", "8", "--m", "8190"
+    )
     assert rc == 2
     assert "M=8190 is not divisible by S=8" in err
 
@@ -232,7 +285,9 @@ def test_timeline_prediction_bounds_and_finer_steps_shrink_the_allreduce_tail():
 
 
 def test_cli_timeline(capsys):
-    rc, out, _ = run_cli(capsys, "--schedule", "ag_rotate_a", "--tp", "2", "--steps", "4", "--timeline")
+    rc, out, _ = run_cli(
+        capsys, "--schedule", "ag_rotate_a", "--tp", "2", "--steps", "4", "--timeline"
+    )
     assert rc == 0
     assert "dev1 CE |=" in out  # the copy engine starts pushing at once
     assert "overlap efficiency" in out
@@ -252,6 +307,7 @@ def test_cli_marks_the_gemms_that_run_narrow_tiles(capsys):
     """The step table marks the sub-GEMMs the runtime's wave model gives 128x128 tiles: the
     512-row steps of 8B O at 1024 tokens (64 wide tiles for 132 SMs), none of 70B O's
     2048-row steps at 8192 tokens; fewer resident CTAs (--slots) change the verdict."""
+
     def marked(*argv):
         rc, out, _ = run_cli(capsys, "--schedule", "rs_tile_a", "--tp", "2", *argv)
         assert rc == 0, out
@@ -261,8 +317,10 @@ def test_cli_marks_the_gemms_that_run_narrow_tiles(capsys):
     assert marked("--steps", "2", "--m", "1024", "--n", "4096", "--k", "4096") == (4, 4)
     assert marked("--steps", "4", "--m", "8192", "--n", "8192", "--k", "8192") == (0, 8)
     # 64 wide tiles fill 64 slots in one wave; 128 narrow ones then need two: no gain.
-    assert marked("--steps", "2", "--m", "1024", "--n", "4096", "--k", "4096",
-                  "--slots", "64") == (0, 4)
+    assert marked("--steps", "2", "--m", "1024", "--n", "4096", "--k", "4096", "--slots", "64") == (
+        0,
+        4,
+    )
 
 
 def test_gemm_tile_follows_the_core_model():

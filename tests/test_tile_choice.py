@@ -1,6 +1,7 @@
 """The GEMM kernel's tile choice (kernel/tile_choice.hpp through _core.choose_tile_n): a pure
 wave model, so the same on every rank and checkable without a GPU. The runtime runs the tile it
 returns (tests/gpu/test_cpp_bench.py checks that on the GPUs)."""
+
 import math
 import random
 
@@ -17,17 +18,20 @@ def _model(m, n, l, tile, slots):
     return tiles, waves, waves * (_core.TILE128_RELATIVE_COST if tile == 128 else 1.0)
 
 
-@pytest.mark.parametrize("m,n,want", [
-    (512, 4096, 128),     # a step of 8B O at 1024 tokens, TP=2 S=2: 64 wide tiles, half the GPU
-    (1024, 5120, 128),    # 70B QKV's own floor at 1024 tokens: 160 wide tiles = 2 waves
-    (8192, 8192, 256),    # 70B O at 8192 tokens: 2048 wide tiles, 15.5 waves either way
-    (2048, 8192, 256),    # an S=4 step of it: 3.9 waves of wide tiles
-    (8192, 28672, 256),   # 70B FC1's per-rank output
-    (2048, 5120, 256),    # 70B QKV step at 4096 tokens, S=2: rated 7% cheaper, not enough
-    (512, 28672, 256),    # 70B FC1 step at 1024 tokens, S=2: rated 2% cheaper
-    (1024, 9216, 256),    # 405B QKV step at 2048 tokens, S=2: rated 7% cheaper
-    (512, 9216, 128),     # 405B QKV step at 1024 tokens, S=2: rated 16% cheaper
-])
+@pytest.mark.parametrize(
+    "m,n,want",
+    [
+        (512, 4096, 128),  # a step of 8B O at 1024 tokens, TP=2 S=2: 64 wide tiles, half the GPU
+        (1024, 5120, 128),  # 70B QKV's own floor at 1024 tokens: 160 wide tiles = 2 waves
+        (8192, 8192, 256),  # 70B O at 8192 tokens: 2048 wide tiles, 15.5 waves either way
+        (2048, 8192, 256),  # an S=4 step of it: 3.9 waves of wide tiles
+        (8192, 28672, 256),  # 70B FC1's per-rank output
+        (2048, 5120, 256),  # 70B QKV step at 4096 tokens, S=2: rated 7% cheaper, not enough
+        (512, 28672, 256),  # 70B FC1 step at 1024 tokens, S=2: rated 2% cheaper
+        (1024, 9216, 256),  # 405B QKV step at 2048 tokens, S=2: rated 7% cheaper
+        (512, 9216, 128),  # 405B QKV step at 1024 tokens, S=2: rated 16% cheaper
+    ],
+)
 def test_llama_shapes(m, n, want):
     got = _core.choose_tile_n(m, n, 1, H200_SLOTS, H200_SLOTS)
     assert got["tile_n"] == want, got
@@ -57,11 +61,14 @@ def test_fewer_resident_ctas_can_flip_the_choice():
     assert _core.choose_tile_n(128 * 66, 256, 1, 66, 66)["tile_n"] == 256
 
 
-@pytest.mark.parametrize("kwargs,needle", [
-    (dict(m=0, n=4096), "m=0"),
-    (dict(m=512, n=4096, l=0), "l=0"),
-    (dict(m=512, n=4096, slots_n128=0), "slots_n128=0"),
-])
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        (dict(m=0, n=4096), "m=0"),
+        (dict(m=512, n=4096, l=0), "l=0"),
+        (dict(m=512, n=4096, slots_n128=0), "slots_n128=0"),
+    ],
+)
 def test_bad_arguments_name_the_values(kwargs, needle):
     with pytest.raises(ValueError, match=needle):
         _core.choose_tile_n(**kwargs)

@@ -102,7 +102,7 @@ struct Args {
   int swizzle = device::GraphOptions{}.swizzle, raster = device::GraphOptions{}.raster;
   device::GraphOptions::Pdl pdl = device::GraphOptions::Pdl::Auto;  // --pdl / --no-pdl
   std::optional<schedule::PartialVia> partial_via;  // --partial-via; none: the library default
-  int tile_n = device::GraphOptions{}.tile_n;  // --tile-n auto|128|256 (0: auto)
+  int tile_n = device::GraphOptions{}.tile_n;       // --tile-n auto|128|256 (0: auto)
   uint64_t seed = 1234;
   int64_t verify_rows = 0;  // rows of D checked against the reference; 0: all
   // Sweep mode (sweep non-empty: "quick" or "full").
@@ -141,13 +141,14 @@ std::vector<std::string> split_list(const std::string& v) {
 // Sweep mode: the filters are names of llama_shapes.hpp; single-case options do not apply.
 void finish_sweep_args(Args& a, const std::set<std::string>& given) {
   if (a.sweep != "quick" && a.sweep != "full") usage("--sweep takes quick or full, got " + a.sweep);
-  for (const char* k : {"--schedule", "--steps", "--m", "--n", "--k", "--l", "--alpha", "--beta",
-                        "--bias", "--replays", "--simulate-missing-device", "--check-update",
-                        "--no-verify", "--no-local"})
+  for (const char* k :
+       {"--schedule", "--steps", "--m", "--n", "--k", "--l", "--alpha", "--beta", "--bias",
+        "--replays", "--simulate-missing-device", "--check-update", "--no-verify", "--no-local"})
     if (given.count(k))
-      usage(std::string(k) + " does not apply to --sweep (each case's shape, schedule and S come "
-                             "from the sweep; every case is verified and compared with its local "
-                             "GEMM)");
+      usage(std::string(k) +
+            " does not apply to --sweep (each case's shape, schedule and S come "
+            "from the sweep; every case is verified and compared with its local "
+            "GEMM)");
   try {
     for (const std::string& m : a.models) (void)llama::find_model(m);
     for (const std::string& l : a.layers) (void)llama::find_layer(l);
@@ -169,7 +170,8 @@ void finish_sweep_args(Args& a, const std::set<std::string>& given) {
   }
   if (!given.count("--warmup-ms")) a.warmup_ms = llama::kSweepTiming.warmup_ms;
   if (a.warmup_ms < 200)
-    usage("--warmup-ms " + std::to_string(a.warmup_ms) + " is below 200 in --sweep mode: an idle "
+    usage("--warmup-ms " + std::to_string(a.warmup_ms) +
+          " is below 200 in --sweep mode: an idle "
           "GPU needs a few hundred ms of load to reach its steady clock");
   if (!given.count("--iterations")) a.iterations = 0;
   if (!given.count("--warmup")) a.warmup = 2;  // the time-based warm-up does the real work
@@ -187,35 +189,58 @@ Args parse(int argc, char** argv) {
       return argv[++i];
     };
     try {
-      if (k == "--schedule") a.schedule = val();
-      else if (k == "--tp") a.tp = std::stoi(val());
-      else if (k == "--steps") a.steps = std::stoi(val());
-      else if (k == "--m") a.m = std::stoll(val());
-      else if (k == "--n") a.n = std::stoll(val());
-      else if (k == "--k") a.k = std::stoll(val());
-      else if (k == "--l") a.l = std::stoll(val());
-      else if (k == "--dtype") a.dtype = val();
+      if (k == "--schedule")
+        a.schedule = val();
+      else if (k == "--tp")
+        a.tp = std::stoi(val());
+      else if (k == "--steps")
+        a.steps = std::stoi(val());
+      else if (k == "--m")
+        a.m = std::stoll(val());
+      else if (k == "--n")
+        a.n = std::stoll(val());
+      else if (k == "--k")
+        a.k = std::stoll(val());
+      else if (k == "--l")
+        a.l = std::stoll(val());
+      else if (k == "--dtype")
+        a.dtype = val();
       else if (k == "--iterations") {
         const std::string v = val();
         a.iterations = v == "auto" ? 0 : std::stoi(v);
         if (a.iterations < 1 && v != "auto") usage("--iterations must be >= 1 or auto");
-      }
-      else if (k == "--warmup") a.warmup = std::stoi(val());
-      else if (k == "--warmup-ms") a.warmup_ms = std::stoi(val());
-      else if (k == "--alpha") a.alpha = std::stof(val());
-      else if (k == "--beta") a.beta = std::stof(val());
-      else if (k == "--bias") a.bias = true;
-      else if (k == "--timeout-s") a.timeout_s = std::stod(val());
-      else if (k == "--replays") a.replays = std::stol(val());
-      else if (k == "--simulate-missing-device") a.missing = std::stoi(val());
-      else if (k == "--check-update") a.check_update = true;
-      else if (k == "--no-verify") a.verify = false;
-      else if (k == "--no-local") a.local = false;
-      else if (k == "--seed") a.seed = std::stoull(val());
-      else if (k == "--swizzle") a.swizzle = std::stoi(val());
-      else if (k == "--raster") a.raster = std::stoi(val());
-      else if (k == "--pdl") a.pdl = device::GraphOptions::Pdl::On;
-      else if (k == "--no-pdl") a.pdl = device::GraphOptions::Pdl::Off;
+      } else if (k == "--warmup")
+        a.warmup = std::stoi(val());
+      else if (k == "--warmup-ms")
+        a.warmup_ms = std::stoi(val());
+      else if (k == "--alpha")
+        a.alpha = std::stof(val());
+      else if (k == "--beta")
+        a.beta = std::stof(val());
+      else if (k == "--bias")
+        a.bias = true;
+      else if (k == "--timeout-s")
+        a.timeout_s = std::stod(val());
+      else if (k == "--replays")
+        a.replays = std::stol(val());
+      else if (k == "--simulate-missing-device")
+        a.missing = std::stoi(val());
+      else if (k == "--check-update")
+        a.check_update = true;
+      else if (k == "--no-verify")
+        a.verify = false;
+      else if (k == "--no-local")
+        a.local = false;
+      else if (k == "--seed")
+        a.seed = std::stoull(val());
+      else if (k == "--swizzle")
+        a.swizzle = std::stoi(val());
+      else if (k == "--raster")
+        a.raster = std::stoi(val());
+      else if (k == "--pdl")
+        a.pdl = device::GraphOptions::Pdl::On;
+      else if (k == "--no-pdl")
+        a.pdl = device::GraphOptions::Pdl::Off;
       else if (k == "--partial-via") {
         const std::string v = val();
         try {
@@ -223,26 +248,28 @@ Args parse(int argc, char** argv) {
         } catch (const std::invalid_argument&) {
           usage("--partial-via takes epilogue or copy, got " + v);
         }
-      }
-      else if (k == "--tile-n") {
+      } else if (k == "--tile-n") {
         const std::string v = val();
         a.tile_n = v == "auto" ? 0 : std::stoi(v);
         if (!kernel::tile_n_problem(a.tile_n).empty())
           usage("--tile-n takes auto, 128 or 256, got " + v);
-      }
-      else if (k == "--verify-rows") a.verify_rows = std::stoll(val());
+      } else if (k == "--verify-rows")
+        a.verify_rows = std::stoll(val());
       else if (k == "--sweep") {
         // The kind is optional: `--sweep` alone is the full sweep.
         a.sweep = (i + 1 < argc && std::strncmp(argv[i + 1], "--", 2) != 0) ? val() : "full";
-      }
-      else if (k == "--csv") a.csv = val();
-      else if (k == "--models") a.models = split_list(val());
-      else if (k == "--layers") a.layers = split_list(val());
+      } else if (k == "--csv")
+        a.csv = val();
+      else if (k == "--models")
+        a.models = split_list(val());
+      else if (k == "--layers")
+        a.layers = split_list(val());
       else if (k == "--tokens") {
         for (const std::string& t : split_list(val())) a.tokens.push_back(std::stoll(t));
-      }
-      else if (k == "--dry-run") a.dry_run = true;
-      else usage("unknown argument " + k);
+      } else if (k == "--dry-run")
+        a.dry_run = true;
+      else
+        usage("unknown argument " + k);
     } catch (const std::logic_error&) {
       usage("bad value for " + k);
     }
@@ -264,12 +291,23 @@ Args parse(int argc, char** argv) {
 
 __device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
-template <class T> __device__ __forceinline__ T from_f(float v);
-template <> __device__ __forceinline__ __nv_bfloat16 from_f(float v) { return __float2bfloat16(v); }
-template <> __device__ __forceinline__ __half from_f(float v) { return __float2half(v); }
+template <class T>
+__device__ __forceinline__ T from_f(float v);
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f(float v) {
+  return __float2bfloat16(v);
+}
+template <>
+__device__ __forceinline__ __half from_f(float v) {
+  return __float2half(v);
+}
 
 __device__ __forceinline__ uint64_t mix(uint64_t x) {
-  x ^= x >> 33; x *= 0xff51afd7ed558ccdull; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ull; x ^= x >> 33;
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
   return x;
 }
 
@@ -287,9 +325,9 @@ __global__ void fill_random(T* p, int64_t n, uint64_t seed) {
 // (rows == nullptr: every row, R == M), a plain shared-memory tiled SIMT kernel (deliberately
 // unrelated to the CUTLASS path it checks). 64x64 tile, 4x4 per thread.
 template <class T>
-__global__ void __launch_bounds__(256) ref_gemm(const T* A, const T* B, float* D,
-                                                const int64_t* rows, int64_t R, int64_t M,
-                                                int64_t N, int64_t K) {
+__global__ void __launch_bounds__(256)
+    ref_gemm(const T* A, const T* B, float* D, const int64_t* rows, int64_t R, int64_t M, int64_t N,
+             int64_t K) {
   __shared__ float As[16][64 + 1];
   __shared__ float Bs[16][64 + 1];
   const int64_t l = blockIdx.z;
@@ -335,8 +373,8 @@ __global__ void __launch_bounds__(256) ref_gemm(const T* A, const T* B, float* D
 // ref = alpha * acc + beta * C + bias.
 template <class T>
 __global__ void compare(const T* out, const float* acc, const T* C, const T* bias, float alpha,
-                        float beta, const int64_t* rows, int64_t L, int64_t R, int64_t M,
-                        int64_t N, double* err) {
+                        float beta, const int64_t* rows, int64_t L, int64_t R, int64_t M, int64_t N,
+                        double* err) {
   double e = 0.0, r = 0.0, bad = 0.0;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < L * R * N;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -346,8 +384,10 @@ __global__ void compare(const T* out, const float* acc, const T* C, const T* bia
     if (C) ref += beta * to_f(C[o_i]);
     if (bias) ref += to_f(bias[n]);
     const float o = to_f(out[o_i]);
-    if (!isfinite(o)) bad += 1.0;
-    else e += double(o - ref) * double(o - ref);
+    if (!isfinite(o))
+      bad += 1.0;
+    else
+      e += double(o - ref) * double(o - ref);
     r += double(ref) * double(ref);
   }
   for (int off = 16; off > 0; off /= 2) {
@@ -391,11 +431,16 @@ struct DevBuf {
   }
   DevBuf(DevBuf&& o) noexcept : p(o.p), dev(o.dev), bytes(o.bytes) { o.p = nullptr; }
   DevBuf& operator=(DevBuf&& o) noexcept {
-    std::swap(p, o.p); std::swap(dev, o.dev); std::swap(bytes, o.bytes);
+    std::swap(p, o.p);
+    std::swap(dev, o.dev);
+    std::swap(bytes, o.bytes);
     return *this;
   }
   ~DevBuf() {
-    if (p) { cudaSetDevice(dev); cudaFree(p); }
+    if (p) {
+      cudaSetDevice(dev);
+      cudaFree(p);
+    }
   }
 };
 
@@ -415,11 +460,11 @@ void copy_window(void* local, const void* global, Extent2 g, int64_t row0, int64
     char* gp = (char*)global + (l * g.rows * g.cols + row0 * g.cols + col0) * eb;
     char* lp = (char*)local + l * rows * cols * eb;
     if (to_local)
-      DISTGEMM_CUDA_CHECK(cudaMemcpy2D(lp, cols * eb, gp, g.cols * eb, cols * eb, rows,
-                                       cudaMemcpyDefault));
+      DISTGEMM_CUDA_CHECK(
+          cudaMemcpy2D(lp, cols * eb, gp, g.cols * eb, cols * eb, rows, cudaMemcpyDefault));
     else
-      DISTGEMM_CUDA_CHECK(cudaMemcpy2D(gp, g.cols * eb, lp, cols * eb, cols * eb, rows,
-                                       cudaMemcpyDefault));
+      DISTGEMM_CUDA_CHECK(
+          cudaMemcpy2D(gp, g.cols * eb, lp, cols * eb, cols * eb, rows, cudaMemcpyDefault));
   }
 }
 
@@ -427,9 +472,18 @@ void copy_window(void* local, const void* global, Extent2 g, int64_t row0, int64
 // mode `cm`, sharded on `sh`.
 void shard_window(Extent2 g, Mode rm, Mode cm, Mode sh, int tp, int d, int64_t& r0, int64_t& c0,
                   int64_t& rows, int64_t& cols) {
-  r0 = 0; c0 = 0; rows = g.rows; cols = g.cols;
-  if (sh != Mode::None && sh == rm) { rows = g.rows / tp; r0 = d * rows; }
-  if (sh != Mode::None && sh == cm) { cols = g.cols / tp; c0 = d * cols; }
+  r0 = 0;
+  c0 = 0;
+  rows = g.rows;
+  cols = g.cols;
+  if (sh != Mode::None && sh == rm) {
+    rows = g.rows / tp;
+    r0 = d * rows;
+  }
+  if (sh != Mode::None && sh == cm) {
+    cols = g.cols / tp;
+    c0 = d * cols;
+  }
 }
 
 double host_rss_mib() {
@@ -496,8 +550,8 @@ std::unique_ptr<Setup> make_setup(const Args& a, const schedule::ScheduleDef& de
   opt.workspace_bytes = s->ws->bytes();
   for (int d = 0; d < tp; ++d) {
     // Rejects misaligned shapes here, before anything is launched.
-    s->graphs.push_back(std::make_unique<device::DeviceGraph>(
-        s->plan, d, devs[d], dt, epi, s->ws->bases(), s->user(d), opt));
+    s->graphs.push_back(std::make_unique<device::DeviceGraph>(s->plan, d, devs[d], dt, epi,
+                                                              s->ws->bases(), s->user(d), opt));
     cudaStream_t st;
     DISTGEMM_CUDA_CHECK(cudaSetDevice(devs[d]));
     DISTGEMM_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -546,8 +600,8 @@ double time_replays(Setup& s, int warmup, int iters, int warmup_ms) {
   }
   if (iters <= 0) {
     const llama::SweepTiming& st = llama::kSweepTiming;
-    iters = std::clamp(int(std::ceil(st.timed_ms / std::max(replay_ms, 1e-3))),
-                       st.min_iterations, st.max_iterations);
+    iters = std::clamp(int(std::ceil(st.timed_ms / std::max(replay_ms, 1e-3))), st.min_iterations,
+                       st.max_iterations);
   }
   std::vector<std::vector<cudaEvent_t>> ev(tp, std::vector<cudaEvent_t>(2 * iters));
   for (int d = 0; d < tp; ++d) {
@@ -582,8 +636,8 @@ double time_replays(Setup& s, int warmup, int iters, int warmup_ms) {
 struct Global {
   DevBuf A, B, C, bias, acc, Dg;
   DevBuf err;
-  DevBuf rows;            // the checked rows (int64, ascending); empty: every row
-  int64_t checked = 0;    // how many rows of each batch are compared (R)
+  DevBuf rows;          // the checked rows (int64, ascending); empty: every row
+  int64_t checked = 0;  // how many rows of each batch are compared (R)
 };
 
 // The rows checked when only `want` of M are: one random row in each of `want` equal bands of M,
@@ -705,9 +759,7 @@ double verify(const Args& a, Global& g, Setup& s, Problem p) {
 // ---------------------------------------------------------------------------------------------
 // The steps of a measurement, shared by the single-case run and the sweep.
 
-kernel::DType dtype_of(const Args& a) {
-  return kernel::parse_dtype(a.dtype);
-}
+kernel::DType dtype_of(const Args& a) { return kernel::parse_dtype(a.dtype); }
 
 bool passes(double rel_err) { return std::isfinite(rel_err) && rel_err < kTolerance; }
 
@@ -742,7 +794,10 @@ std::vector<int> open_devices(int& tp) {
 // rotating operand gathered, the other sharded; reduce-scatter: K sharded).
 Problem local_problem(const schedule::ScheduleDef& def, Problem p, int tp) {
   if (def.collective == schedule::Collective::AllGather) {
-    if (def.partition.d == Mode::M) p.m /= tp; else p.n /= tp;
+    if (def.partition.d == Mode::M)
+      p.m /= tp;
+    else
+      p.n /= tp;
   } else {
     p.k /= tp;
   }
@@ -814,14 +869,14 @@ int run(Args a) {
     return 2;
   }
   const auto st = s->graphs[0]->stats();
-  std::printf("plan: %s tp=%d S=%d workspace %.1f MiB/device; graph dev0: %d GEMM, %d copy, %d "
-              "signal nodes, %d wait kernels; pdl=%d partial_via=%s; %d of %d GEMMs with 128x128 "
-              "tiles (resident CTAs: %d with 128x256 tiles, %d with 128x128)\n",
-              a.schedule.c_str(), a.tp, a.steps, s->plan.extra_bytes(2) / 1048576.0,
-              st.gemm_nodes, st.copy_nodes, st.signal_nodes, st.wait_kernels, st.pdl ? 1 : 0,
-              schedule::partial_via_name(s->plan.partial_via), st.gemm_n128, st.gemm_nodes,
-              kernel::gemm_resident_ctas(dt, 256, devs[0]),
-              kernel::gemm_resident_ctas(dt, 128, devs[0]));
+  std::printf(
+      "plan: %s tp=%d S=%d workspace %.1f MiB/device; graph dev0: %d GEMM, %d copy, %d "
+      "signal nodes, %d wait kernels; pdl=%d partial_via=%s; %d of %d GEMMs with 128x128 "
+      "tiles (resident CTAs: %d with 128x256 tiles, %d with 128x128)\n",
+      a.schedule.c_str(), a.tp, a.steps, s->plan.extra_bytes(2) / 1048576.0, st.gemm_nodes,
+      st.copy_nodes, st.signal_nodes, st.wait_kernels, st.pdl ? 1 : 0,
+      schedule::partial_via_name(s->plan.partial_via), st.gemm_n128, st.gemm_nodes,
+      kernel::gemm_resident_ctas(dt, 256, devs[0]), kernel::gemm_resident_ctas(dt, 128, devs[0]));
   std::fflush(stdout);
 
   // Missing device: launch every graph but one; the others must report the timeout and the
@@ -872,7 +927,8 @@ int run(Args a) {
     for (int d = 0; d < a.tp; ++d) {
       auto t0 = std::chrono::steady_clock::now();
       s->graphs[d]->update(s->user(d));
-      up += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      up +=
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     }
     for (int d = 0; d < a.tp; ++d) {
       DISTGEMM_CUDA_CHECK(cudaSetDevice(devs[d]));
@@ -889,7 +945,8 @@ int run(Args a) {
     for (int d = 0; d < a.tp; ++d) {
       auto t0 = std::chrono::steady_clock::now();
       s->graphs[d]->rebuild(s->user(d));
-      rb += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      rb +=
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     }
     update_ms = up / a.tp;
     rebuild_ms = rb / a.tp;
@@ -953,10 +1010,10 @@ int run(Args a) {
       a.tile_n ? std::to_string(a.tile_n).c_str() : "auto", st.gemm_n128,
       (long long)(g ? g->checked : 0));
   if (!ok)
-    std::fprintf(stderr, "error: verification failed (relative error >= %.0e or NaN)\n", kTolerance);
+    std::fprintf(stderr, "error: verification failed (relative error >= %.0e or NaN)\n",
+                 kTolerance);
   return ok ? 0 : 1;
 }
-
 
 // ---------------------------------------------------------------------------------------------
 // Sweep: the Llama-3 layer cases of llama_shapes.hpp.
@@ -1006,10 +1063,12 @@ std::vector<SweepCase> sweep_cases(const Args& a, int tp) {
   if (out.empty()) {
     std::string quick;
     for (const llama::Case& c : llama::cases(true))
-      if (c.layer == &llama::kLayers[0]) quick += " " + std::string(c.model->name) + "/M" +
-                                                  std::to_string(c.tokens);
-    usage("--models/--tokens/--layers leave no case of the " + a.sweep + " sweep (the quick "
-          "sweep has" + quick + ")");
+      if (c.layer == &llama::kLayers[0])
+        quick += " " + std::string(c.model->name) + "/M" + std::to_string(c.tokens);
+    usage("--models/--tokens/--layers leave no case of the " + a.sweep +
+          " sweep (the quick "
+          "sweep has" +
+          quick + ")");
   }
   return out;
 }
@@ -1023,11 +1082,11 @@ int dry_run(const Args& a) {
   int skipped = 0;
   for (const SweepCase& sc : cases) {
     const Problem& p = sc.prob;
-    std::printf("CASE %s model=%s layer=%s tokens=%lld m=%lld n=%lld k=%lld collective=%s "
-                "schedule=%s",
-                sc.name.c_str(), sc.c.model->name, sc.c.layer->name, (long long)sc.c.tokens,
-                (long long)p.m, (long long)p.n, (long long)p.k, sc.c.layer->collective,
-                sc.def->name);
+    std::printf(
+        "CASE %s model=%s layer=%s tokens=%lld m=%lld n=%lld k=%lld collective=%s "
+        "schedule=%s",
+        sc.name.c_str(), sc.c.model->name, sc.c.layer->name, (long long)sc.c.tokens, (long long)p.m,
+        (long long)p.n, (long long)p.k, sc.c.layer->collective, sc.def->name);
     if (sc.local.m > 0) {
       const schedule::Partition& pt = sc.def->partition;
       std::printf(" a=%s b=%s d=%s local=%lldx%lldx%lld", shape(pt.local_a(p, a.tp)).c_str(),
@@ -1047,10 +1106,10 @@ int dry_run(const Args& a) {
     for (const auto& [s, why] : sc.steps)
       if (!why.empty()) std::printf("REJECT %s S=%d: %s\n", sc.name.c_str(), s, why.c_str());
   }
-  std::printf("dry run: %s sweep, TP=%d, %zu case(s) (%zu to run, %d skipped), S in {%d, %d}; "
-              "nothing was launched\n",
-              a.sweep.c_str(), a.tp, cases.size(), cases.size() - skipped, skipped, a.tp,
-              2 * a.tp);
+  std::printf(
+      "dry run: %s sweep, TP=%d, %zu case(s) (%zu to run, %d skipped), S in {%d, %d}; "
+      "nothing was launched\n",
+      a.sweep.c_str(), a.tp, cases.size(), cases.size() - skipped, skipped, a.tp, 2 * a.tp);
   return 0;
 }
 
@@ -1126,8 +1185,10 @@ std::vector<Row> rows_of(const std::vector<CaseResult>& results) {
   for (const CaseResult& cr : results) {
     if (!cr.sc->skip.empty()) rows.push_back({&cr, nullptr, "skipped", cr.sc->skip});
     for (const StepResult& st : cr.runs) {
-      if (!st.rejected.empty()) rows.push_back({&cr, &st, "rejected", st.rejected});
-      else if (st.ms > 0) rows.push_back({&cr, &st, passes(st.rel_err) ? "ok" : "wrong", ""});
+      if (!st.rejected.empty())
+        rows.push_back({&cr, &st, "rejected", st.rejected});
+      else if (st.ms > 0)
+        rows.push_back({&cr, &st, passes(st.rel_err) ? "ok" : "wrong", ""});
     }
     if (!cr.failed.empty()) rows.push_back({&cr, nullptr, "failed", cr.failed});
   }
@@ -1166,8 +1227,7 @@ void write_csv(const std::string& path, const std::vector<Row>& rows, int tp) {
 
 void print_table(const std::vector<Row>& rows, int tp) {
   std::vector<std::vector<std::string>> cells;
-  cells.push_back({"case", "S", "ms", "TF/s/GPU", "local ms", "eff", "best S", "rel err",
-                   "check"});
+  cells.push_back({"case", "S", "ms", "TF/s/GPU", "local ms", "eff", "best S", "rel err", "check"});
   std::vector<std::string> notes;  // rows whose cells are one reason
   for (const Row& r : rows) {
     const SweepCase& sc = *r.cr->sc;
@@ -1205,16 +1265,18 @@ template <class T>
 int run_sweep(Args a) {
   const std::vector<int> devs = open_devices(a.tp);
   const std::vector<SweepCase> cases = sweep_cases(a, a.tp);
-  std::printf("sweep: %s, TP=%d, %s, %zu cases, S in {%d, %d}; timing: >= %d ms warm-up, then %s "
-              "replays, median; check: relative Frobenius error < %.0e against an fp32 reference "
-              "on %s, every element of D checked for being written\n",
-              a.sweep.c_str(), a.tp, a.dtype.c_str(), cases.size(), a.tp, 2 * a.tp, a.warmup_ms,
-              a.iterations > 0 ? std::to_string(a.iterations).c_str() : "~150 ms (10..50) of",
-              kTolerance,
-              a.verify_rows > 0 ? (std::to_string(a.verify_rows) +
-                                   " rows of D (one random row in each of as many equal bands of "
-                                   "M, seed " + std::to_string(a.seed) + ")").c_str()
-                                : "every row of D");
+  std::printf(
+      "sweep: %s, TP=%d, %s, %zu cases, S in {%d, %d}; timing: >= %d ms warm-up, then %s "
+      "replays, median; check: relative Frobenius error < %.0e against an fp32 reference "
+      "on %s, every element of D checked for being written\n",
+      a.sweep.c_str(), a.tp, a.dtype.c_str(), cases.size(), a.tp, 2 * a.tp, a.warmup_ms,
+      a.iterations > 0 ? std::to_string(a.iterations).c_str() : "~150 ms (10..50) of", kTolerance,
+      a.verify_rows > 0 ? (std::to_string(a.verify_rows) +
+                           " rows of D (one random row in each of as many equal bands of "
+                           "M, seed " +
+                           std::to_string(a.seed) + ")")
+                              .c_str()
+                        : "every row of D");
   std::fflush(stdout);
   std::vector<CaseResult> results(cases.size());
   const auto t0 = std::chrono::steady_clock::now();
@@ -1232,14 +1294,17 @@ int run_sweep(Args a) {
     if (!r.sc->skip.empty()) line = "skipped: " + r.sc->skip;
     for (const StepResult& st : r.runs) {
       line += (line.empty() ? "" : "; ") + std::string("S=") + std::to_string(st.steps) + " ";
-      if (!st.rejected.empty()) line += "rejected: " + st.rejected;
+      if (!st.rejected.empty())
+        line += "rejected: " + st.rejected;
       else if (st.ms > 0)
-        line += fmt("%.3f ms", st.ms) + fmt(" %.0f TF/s/GPU", tflops_per_gpu(r.sc->prob, a.tp, st.ms)) +
+        line += fmt("%.3f ms", st.ms) +
+                fmt(" %.0f TF/s/GPU", tflops_per_gpu(r.sc->prob, a.tp, st.ms)) +
                 fmt(" err %.1e ", st.rel_err) + (passes(st.rel_err) ? "PASS" : "FAIL");
     }
     if (r.local_ms > 0) line += fmt("; local %.3f ms", r.local_ms);
     if (!r.failed.empty()) line += "; FAILED: " + r.failed;
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::fprintf(stderr, "[%zu/%zu] %s: %s (%.1f s)\n", i + 1, cases.size(), r.sc->name.c_str(),
                  line.c_str(), secs);
   }
@@ -1249,8 +1314,8 @@ int run_sweep(Args a) {
     write_csv(a.csv, rows, a.tp);
     std::printf("wrote %s\n", a.csv.c_str());
   }
-  const bool ok = std::all_of(results.begin(), results.end(),
-                              [](const CaseResult& r) { return r.ok(); });
+  const bool ok =
+      std::all_of(results.begin(), results.end(), [](const CaseResult& r) { return r.ok(); });
   std::printf("sweep done in %.1f s: %s\n",
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
               ok ? "every check passed" : "FAILED (see FAIL / failed rows)");

@@ -87,10 +87,14 @@ ScheduleDef def_from(const py::dict& d) {
   s.name = intern(d["name"].cast<std::string>());
   s.summary = intern(d.contains("summary") ? d["summary"].cast<std::string>() : "");
   std::string coll = d["collective"].cast<std::string>();
-  if (coll == "all_gather") s.collective = Collective::AllGather;
-  else if (coll == "reduce_scatter") s.collective = Collective::ReduceScatter;
-  else if (coll == "all_reduce") s.collective = Collective::AllReduce;
-  else throw std::invalid_argument("unknown collective '" + coll + "'");
+  if (coll == "all_gather")
+    s.collective = Collective::AllGather;
+  else if (coll == "reduce_scatter")
+    s.collective = Collective::ReduceScatter;
+  else if (coll == "all_reduce")
+    s.collective = Collective::AllReduce;
+  else
+    throw std::invalid_argument("unknown collective '" + coll + "'");
   std::string rot = d["rotating"].cast<std::string>();
   s.rotating = rot == "A" ? Operand::A : rot == "B" ? Operand::B : Operand::C;
   s.split = mode_from(d["split"].cast<std::string>());
@@ -106,7 +110,8 @@ ScheduleDef def_from(const py::dict& d) {
 }
 
 ScheduleDef resolve(const py::object& schedule) {
-  if (py::isinstance<py::str>(schedule)) return distgemm::schedules::find_or_throw(schedule.cast<std::string>());
+  if (py::isinstance<py::str>(schedule))
+    return distgemm::schedules::find_or_throw(schedule.cast<std::string>());
   if (py::isinstance<py::dict>(schedule)) return def_from(schedule.cast<py::dict>());
   throw std::invalid_argument("schedule must be a name or a definition dict");
 }
@@ -205,71 +210,93 @@ void register_llama(py::module_& m) {
   m.def("llama_models", &llama_models_dict, py::arg("quick") = false,
         "Llama-3 model configs of the sweep, in sweep order: {name: {'hidden', 'ffn', 'q_heads', "
         "'kv_heads', 'head_dim'}}. quick=True: only the quick sweep's models (70B).");
-  m.def("llama_layers", []() {
-    py::dict out;
-    for (const L::Layer& l : L::kLayers) {
-      py::dict d;
-      d["collective"] = l.collective;
-      d["schedule"] = l.schedule;
-      out[l.name] = d;
-    }
-    return out;
-  }, "The tensor-parallel layers, in sweep order: {name: {'collective': 'all_gather' or "
-     "'reduce_scatter', 'schedule': the default distgemm schedule}}.");
-  m.def("llama_tokens", [](bool quick) { return py::cast(L::tokens(quick)); },
-        py::arg("quick") = false, "Token counts M of the full sweep (quick=True: the quick sweep's).");
-  m.def("choose_tile_n", [](int64_t m_, int64_t n, int64_t l, int slots_n256, int slots_n128) {
-    if (m_ < 1 || n < 1 || l < 1 || slots_n256 < 1 || slots_n128 < 1)
-      throw py::value_error("choose_tile_n needs m, n, l and both slot counts >= 1, got m=" +
-                            std::to_string(m_) + " n=" + std::to_string(n) + " l=" +
-                            std::to_string(l) + " slots_n256=" + std::to_string(slots_n256) +
-                            " slots_n128=" + std::to_string(slots_n128));
-    py::dict d;
-    d["tile_n"] = distgemm::kernel::choose_tile_n(m_, n, l, slots_n256, slots_n128);
-    for (int t : {256, 128}) {
-      const auto e = distgemm::kernel::estimate_tiles(m_, n, l, t, t == 256 ? slots_n256 : slots_n128);
-      d[py::str("n" + std::to_string(t))] =
-          py::dict(py::arg("tiles") = e.tiles, py::arg("waves") = e.waves, py::arg("cost") = e.cost);
-    }
-    return d;
-  }, py::arg("m"), py::arg("n"), py::arg("l") = 1, py::arg("slots_n256") = 132,
-     py::arg("slots_n128") = 132,
-     "The GEMM kernel's output tile width (128 or 256) for an m x n (x l) GEMM, given each "
-     "kernel's resident CTAs: {'tile_n', 'n256': {'tiles', 'waves', 'cost'}, 'n128': {...}} "
-     "(kernel/tile_choice.hpp; the runtime passes the device's real slot counts).");
+  m.def(
+      "llama_layers",
+      []() {
+        py::dict out;
+        for (const L::Layer& l : L::kLayers) {
+          py::dict d;
+          d["collective"] = l.collective;
+          d["schedule"] = l.schedule;
+          out[l.name] = d;
+        }
+        return out;
+      },
+      "The tensor-parallel layers, in sweep order: {name: {'collective': 'all_gather' or "
+      "'reduce_scatter', 'schedule': the default distgemm schedule}}.");
+  m.def(
+      "llama_tokens", [](bool quick) { return py::cast(L::tokens(quick)); },
+      py::arg("quick") = false,
+      "Token counts M of the full sweep (quick=True: the quick sweep's).");
+  m.def(
+      "choose_tile_n",
+      [](int64_t m_, int64_t n, int64_t l, int slots_n256, int slots_n128) {
+        if (m_ < 1 || n < 1 || l < 1 || slots_n256 < 1 || slots_n128 < 1)
+          throw py::value_error(
+              "choose_tile_n needs m, n, l and both slot counts >= 1, got m=" + std::to_string(m_) +
+              " n=" + std::to_string(n) + " l=" + std::to_string(l) + " slots_n256=" +
+              std::to_string(slots_n256) + " slots_n128=" + std::to_string(slots_n128));
+        py::dict d;
+        d["tile_n"] = distgemm::kernel::choose_tile_n(m_, n, l, slots_n256, slots_n128);
+        for (int t : {256, 128}) {
+          const auto e =
+              distgemm::kernel::estimate_tiles(m_, n, l, t, t == 256 ? slots_n256 : slots_n128);
+          d[py::str("n" + std::to_string(t))] = py::dict(
+              py::arg("tiles") = e.tiles, py::arg("waves") = e.waves, py::arg("cost") = e.cost);
+        }
+        return d;
+      },
+      py::arg("m"), py::arg("n"), py::arg("l") = 1, py::arg("slots_n256") = 132,
+      py::arg("slots_n128") = 132,
+      "The GEMM kernel's output tile width (128 or 256) for an m x n (x l) GEMM, given each "
+      "kernel's resident CTAs: {'tile_n', 'n256': {'tiles', 'waves', 'cost'}, 'n128': {...}} "
+      "(kernel/tile_choice.hpp; the runtime passes the device's real slot counts).");
   m.attr("TILE128_RELATIVE_COST") = distgemm::kernel::kTile128RelativeCost;
   m.attr("TILE128_MIN_GAIN") = distgemm::kernel::kTile128MinGain;
-  m.def("llama_tp_split_reason", [](const std::string& model, const std::string& layer,
-                                     int64_t tokens, int tp) {
-    return L::tp_split_reason(L::Case{&L::find_model(model), &L::find_layer(layer), tokens}, tp);
-  }, py::arg("model"), py::arg("layer"), py::arg("tokens"), py::arg("tp"),
-     "'' when TP ranks split the layer exactly (M; N of a column-parallel, K of a row-parallel "
-     "weight), else the reason with the values (the rule distgemm_bench --sweep skips by).");
-  m.def("llama_gemm", [](const std::string& model, const std::string& layer, int64_t tokens) {
-    const L::Gemm g = L::global_gemm(model, layer, tokens);
-    return py::make_tuple(g.m, g.n, g.k);
-  }, py::arg("model"), py::arg("layer"), py::arg("tokens"),
-     "Global (M, N, K) of a layer, D[M, N] = X[M, K] @ W[N, K]^T with M = tokens. Raises "
-     "ValueError naming the valid models / layers, or for tokens < 1.");
-  m.def("llama_cases", [](bool quick) {
-    py::list out;
-    for (const L::Case& c : L::cases(quick))
-      out.append(py::make_tuple(c.model->name, c.layer->name, c.tokens));
-    return out;
-  }, py::arg("quick") = false,
-     "(model, layer, tokens) of every sweep case, in the order the sweeps run them (model, then "
-     "tokens, then layer).");
-  m.def("llama_sweep_timing", []() {
-    py::dict d;
-    d["warmup_ms"] = L::kSweepTiming.warmup_ms;
-    d["rewarm_ms"] = L::kSweepTiming.rewarm_ms;
-    d["timed_ms"] = L::kSweepTiming.timed_ms;
-    d["min_iterations"] = L::kSweepTiming.min_iterations;
-    d["max_iterations"] = L::kSweepTiming.max_iterations;
-    return d;
-  }, "How the sweeps time a variant: at least 'warmup_ms' (a case's first) or 'rewarm_ms' (the "
-     "others) of sustained replays, then about "
-     "'timed_ms' of timed replays within ['min_iterations', 'max_iterations']; the median counts.");
+  m.def(
+      "llama_tp_split_reason",
+      [](const std::string& model, const std::string& layer, int64_t tokens, int tp) {
+        return L::tp_split_reason(L::Case{&L::find_model(model), &L::find_layer(layer), tokens},
+                                  tp);
+      },
+      py::arg("model"), py::arg("layer"), py::arg("tokens"), py::arg("tp"),
+      "'' when TP ranks split the layer exactly (M; N of a column-parallel, K of a row-parallel "
+      "weight), else the reason with the values (the rule distgemm_bench --sweep skips by).");
+  m.def(
+      "llama_gemm",
+      [](const std::string& model, const std::string& layer, int64_t tokens) {
+        const L::Gemm g = L::global_gemm(model, layer, tokens);
+        return py::make_tuple(g.m, g.n, g.k);
+      },
+      py::arg("model"), py::arg("layer"), py::arg("tokens"),
+      "Global (M, N, K) of a layer, D[M, N] = X[M, K] @ W[N, K]^T with M = tokens. Raises "
+      "ValueError naming the valid models / layers, or for tokens < 1.");
+  m.def(
+      "llama_cases",
+      [](bool quick) {
+        py::list out;
+        for (const L::Case& c : L::cases(quick))
+          out.append(py::make_tuple(c.model->name, c.layer->name, c.tokens));
+        return out;
+      },
+      py::arg("quick") = false,
+      "(model, layer, tokens) of every sweep case, in the order the sweeps run them (model, then "
+      "tokens, then layer).");
+  m.def(
+      "llama_sweep_timing",
+      []() {
+        py::dict d;
+        d["warmup_ms"] = L::kSweepTiming.warmup_ms;
+        d["rewarm_ms"] = L::kSweepTiming.rewarm_ms;
+        d["timed_ms"] = L::kSweepTiming.timed_ms;
+        d["min_iterations"] = L::kSweepTiming.min_iterations;
+        d["max_iterations"] = L::kSweepTiming.max_iterations;
+        return d;
+      },
+      "How the sweeps time a variant: at least 'warmup_ms' (a case's first) or 'rewarm_ms' (the "
+      "others) of sustained replays, then about "
+      "'timed_ms' of timed replays within ['min_iterations', 'max_iterations']; the median "
+      "counts.");
 }
 
 }  // namespace
@@ -293,78 +320,97 @@ PYBIND11_MODULE(_core, m) {
         py::arg("k"), py::arg("l") = 1, py::arg("elem_bytes") = 2,
         "'' when the GEMM kernel's extent rule (16-byte TMA rows of A, B and D; int32 extents) "
         "admits a sub-GEMM of m x n x k, else the reason with the values and the fix");
-  m.def("schedules", []() {
-    py::list out;
-    for (const ScheduleDef* s : distgemm::schedules::kAll) out.append(def_dict(*s));
-    return out;
-  }, "Definitions of every built-in schedule.");
+  m.def(
+      "schedules",
+      []() {
+        py::list out;
+        for (const ScheduleDef* s : distgemm::schedules::kAll) out.append(def_dict(*s));
+        return out;
+      },
+      "Definitions of every built-in schedule.");
 
-  m.def("schedule_definition", [](const std::string& name) { return def_dict(distgemm::schedules::find_or_throw(name)); },
-        py::arg("name"), "The definition of one schedule, as a dict.");
+  m.def(
+      "schedule_definition",
+      [](const std::string& name) { return def_dict(distgemm::schedules::find_or_throw(name)); },
+      py::arg("name"), "The definition of one schedule, as a dict.");
 
-  m.def("validate", [](const py::object& schedule, int tp, int steps, int64_t m, int64_t n, int64_t k, int64_t l) {
-    return validate(resolve(schedule), Problem{m, n, k, l}, tp, steps);
-  }, py::arg("schedule"), py::arg("tp"), py::arg("steps"), py::arg("m"), py::arg("n"), py::arg("k"),
-     py::arg("l") = 1, "Empty string if the plan can be built, else the violated constraint.");
+  m.def(
+      "validate",
+      [](const py::object& schedule, int tp, int steps, int64_t m, int64_t n, int64_t k,
+         int64_t l) { return validate(resolve(schedule), Problem{m, n, k, l}, tp, steps); },
+      py::arg("schedule"), py::arg("tp"), py::arg("steps"), py::arg("m"), py::arg("n"),
+      py::arg("k"), py::arg("l") = 1,
+      "Empty string if the plan can be built, else the violated constraint.");
 
-  m.def("build_plan", [](const py::object& schedule, int tp, int steps, int64_t m, int64_t n, int64_t k, int64_t l,
-                         const std::optional<std::string>& partial_via) {
-    ScheduleDef def = resolve(schedule);
-    const PlanOptions opt = plan_options(def, tp, steps, parse_optional_partial_via(partial_via));
-    Plan p;
-    {
-      py::gil_scoped_release release;
-      p = build_plan(def, Problem{m, n, k, l}, tp, steps, opt);
-    }
-    return plan_dict(p);
-  }, py::arg("schedule"), py::arg("tp"), py::arg("steps"), py::arg("m"), py::arg("n"), py::arg("k"),
-     py::arg("l") = 1, py::arg("partial_via") = py::none(),
-     "Build the Plan of a schedule (name or definition dict). partial_via: 'epilogue' or 'copy' "
-     "(how reduce-scatter partials travel), None for the library default. Raises ValueError "
-     "naming the violated constraint.");
+  m.def(
+      "build_plan",
+      [](const py::object& schedule, int tp, int steps, int64_t m, int64_t n, int64_t k, int64_t l,
+         const std::optional<std::string>& partial_via) {
+        ScheduleDef def = resolve(schedule);
+        const PlanOptions opt =
+            plan_options(def, tp, steps, parse_optional_partial_via(partial_via));
+        Plan p;
+        {
+          py::gil_scoped_release release;
+          p = build_plan(def, Problem{m, n, k, l}, tp, steps, opt);
+        }
+        return plan_dict(p);
+      },
+      py::arg("schedule"), py::arg("tp"), py::arg("steps"), py::arg("m"), py::arg("n"),
+      py::arg("k"), py::arg("l") = 1, py::arg("partial_via") = py::none(),
+      "Build the Plan of a schedule (name or definition dict). partial_via: 'epilogue' or 'copy' "
+      "(how reduce-scatter partials travel), None for the library default. Raises ValueError "
+      "naming the violated constraint.");
 
-  m.def("workspace_layout", [](const py::object& schedule, int tp, int steps, int64_t m, int64_t n, int64_t k,
-                               int64_t l, int slot_elem_bytes,
-                               const std::optional<std::string>& partial_via) {
-    ScheduleDef def = resolve(schedule);
-    Plan p = build_plan(def, Problem{m, n, k, l}, tp, steps,
-                        plan_options(def, tp, steps, parse_optional_partial_via(partial_via)));
-    WorkspaceLayout w = p.layout(slot_elem_bytes);
-    py::dict d;
-    d["slots_offset"] = w.slots_offset;
-    d["slots_bytes"] = w.slots_bytes;
-    d["flags_offset"] = w.flags_offset;
-    d["flags_bytes"] = w.flags_bytes;
-    d["barrier_offset"] = w.barrier_offset;
-    d["barrier_bytes"] = w.barrier_bytes;
-    d["epoch_offset"] = w.epoch_offset;
-    d["total_bytes"] = w.total_bytes;
-    return d;
-  }, py::arg("schedule"), py::arg("tp"), py::arg("steps"), py::arg("m"), py::arg("n"), py::arg("k"),
-     py::arg("l") = 1, py::arg("slot_elem_bytes") = 2, py::arg("partial_via") = py::none(),
-     "Byte layout of each device's symmetric workspace (extra memory per device).");
+  m.def(
+      "workspace_layout",
+      [](const py::object& schedule, int tp, int steps, int64_t m, int64_t n, int64_t k, int64_t l,
+         int slot_elem_bytes, const std::optional<std::string>& partial_via) {
+        ScheduleDef def = resolve(schedule);
+        Plan p = build_plan(def, Problem{m, n, k, l}, tp, steps,
+                            plan_options(def, tp, steps, parse_optional_partial_via(partial_via)));
+        WorkspaceLayout w = p.layout(slot_elem_bytes);
+        py::dict d;
+        d["slots_offset"] = w.slots_offset;
+        d["slots_bytes"] = w.slots_bytes;
+        d["flags_offset"] = w.flags_offset;
+        d["flags_bytes"] = w.flags_bytes;
+        d["barrier_offset"] = w.barrier_offset;
+        d["barrier_bytes"] = w.barrier_bytes;
+        d["epoch_offset"] = w.epoch_offset;
+        d["total_bytes"] = w.total_bytes;
+        return d;
+      },
+      py::arg("schedule"), py::arg("tp"), py::arg("steps"), py::arg("m"), py::arg("n"),
+      py::arg("k"), py::arg("l") = 1, py::arg("slot_elem_bytes") = 2,
+      py::arg("partial_via") = py::none(),
+      "Byte layout of each device's symmetric workspace (extra memory per device).");
 
-  m.def("tile_map", [](const py::object& schedule, int tp, int steps) {
-    ScheduleDef def = resolve(schedule);
-    if (tp < 1 || steps < tp || steps % tp) throw std::invalid_argument("need 1 <= TP and S a multiple of TP");
-    DistributedTileScheduler sch(def, tp, steps);
-    py::list tiles, src, dst;
-    for (int d = 0; d < tp; ++d) {
-      py::list t, s, e;
-      for (int i = 0; i < steps; ++i) {
-        t.append(sch.tile(d, i));
-        s.append(sch.source_device(d, i));
-        e.append(sch.destination_device(d, i));
-      }
-      tiles.append(t);
-      src.append(s);
-      dst.append(e);
-    }
-    py::dict out;
-    out["tile"] = tiles;
-    out["source"] = src;
-    out["destination"] = dst;
-    return out;
-  }, py::arg("schedule"), py::arg("tp"), py::arg("steps"),
-     "DistributedTileScheduler tables (device x iteration): tile, source device, destination.");
+  m.def(
+      "tile_map",
+      [](const py::object& schedule, int tp, int steps) {
+        ScheduleDef def = resolve(schedule);
+        if (tp < 1 || steps < tp || steps % tp)
+          throw std::invalid_argument("need 1 <= TP and S a multiple of TP");
+        DistributedTileScheduler sch(def, tp, steps);
+        py::list tiles, src, dst;
+        for (int d = 0; d < tp; ++d) {
+          py::list t, s, e;
+          for (int i = 0; i < steps; ++i) {
+            t.append(sch.tile(d, i));
+            s.append(sch.source_device(d, i));
+            e.append(sch.destination_device(d, i));
+          }
+          tiles.append(t);
+          src.append(s);
+          dst.append(e);
+        }
+        py::dict out;
+        out["tile"] = tiles;
+        out["source"] = src;
+        out["destination"] = dst;
+        return out;
+      },
+      py::arg("schedule"), py::arg("tp"), py::arg("steps"),
+      "DistributedTileScheduler tables (device x iteration): tile, source device, destination.");
 }

@@ -35,36 +35,38 @@ static void test_tile_maps() {
           // Every device visits every tile exactly once over the S iterations.
           std::set<int> seen;
           for (int i = 0; i < S; ++i) seen.insert(sch.tile(d, i));
-          CHECK(int(seen.size()) == S, "%s TP=%d S=%d dev %d visits %zu distinct tiles", def->name, tp, S, d,
-                seen.size());
+          CHECK(int(seen.size()) == S, "%s TP=%d S=%d dev %d visits %zu distinct tiles", def->name,
+                tp, S, d, seen.size());
         }
         for (int i = 0; i < S; ++i) {
           // At each iteration the devices work on distinct tiles (no two write one partial).
           std::set<int> at_i;
           for (int d = 0; d < tp; ++d) at_i.insert(sch.tile(d, i));
-          CHECK(int(at_i.size()) == tp, "%s TP=%d S=%d iteration %d: tiles collide", def->name, tp, S, i);
+          CHECK(int(at_i.size()) == tp, "%s TP=%d S=%d iteration %d: tiles collide", def->name, tp,
+                S, i);
         }
         if (def->collective == Collective::AllGather) {
           for (int d = 0; d < tp; ++d)
             for (int i = 0; i < kc; ++i)
-              CHECK(sch.source_device(d, i) == d, "%s TP=%d S=%d: dev %d starts on a peer's data", def->name, tp,
-                    S, d);
+              CHECK(sch.source_device(d, i) == d, "%s TP=%d S=%d: dev %d starts on a peer's data",
+                    def->name, tp, S, d);
           continue;
         }
         for (int d = 0; d < tp; ++d) {
           for (int i = 0; i < S; ++i) {
             const int t = sch.tile(d, i);
             if (sch.is_final(i)) {
-              CHECK(sch.owner(t) == d, "%s TP=%d S=%d: final tile %d of dev %d belongs to %d", def->name, tp, S,
-                    t, d, sch.owner(t));
+              CHECK(sch.owner(t) == d, "%s TP=%d S=%d: final tile %d of dev %d belongs to %d",
+                    def->name, tp, S, t, d, sch.owner(t));
             } else {
               const int e = sch.destination_device(d, i);
-              CHECK(e >= 0 && sch.tile(e, i + kc) == t, "%s TP=%d S=%d: partial of dev %d iteration %d lost",
-                    def->name, tp, S, d, i);
-              CHECK(e >= 0 && sch.source_device(e, i + kc) == d, "%s TP=%d S=%d: source/destination disagree",
-                    def->name, tp, S);
+              CHECK(e >= 0 && sch.tile(e, i + kc) == t,
+                    "%s TP=%d S=%d: partial of dev %d iteration %d lost", def->name, tp, S, d, i);
+              CHECK(e >= 0 && sch.source_device(e, i + kc) == d,
+                    "%s TP=%d S=%d: source/destination disagree", def->name, tp, S);
             }
-            if (i < kc) CHECK(sch.source_device(d, i) == -1, "%s: first visit has a partial", def->name);
+            if (i < kc)
+              CHECK(sch.source_device(d, i) == -1, "%s: first visit has a partial", def->name);
           }
         }
       }
@@ -79,7 +81,8 @@ static void test_plans() {
         const int S = tp * kc;
         Problem p{int64_t(S) * tp * 8, int64_t(S) * tp * 8, int64_t(tp) * 16, 2};
         Plan plan = build_plan(*def, p, tp, S);
-        CHECK(int(plan.devices.size()) == tp, "%s: %zu device programs", def->name, plan.devices.size());
+        CHECK(int(plan.devices.size()) == tp, "%s: %zu device programs", def->name,
+              plan.devices.size());
         // Every waited flag is set exactly once by some op of the plan.
         std::vector<std::vector<int>> sets(tp, std::vector<int>(plan.num_flags, 0));
         for (const DeviceProgram& dp : plan.devices) {
@@ -90,13 +93,14 @@ static void test_plans() {
         }
         for (int d = 0; d < tp; ++d) {
           const DeviceProgram& dp = plan.devices[d];
-          CHECK(int(dp.gemms.size()) == S, "%s: dev %d has %zu GEMMs, want S=%d", def->name, d, dp.gemms.size(), S);
+          CHECK(int(dp.gemms.size()) == S, "%s: dev %d has %zu GEMMs, want S=%d", def->name, d,
+                dp.gemms.size(), S);
           int64_t flops = 0;
           for (const GemmOp& g : dp.gemms) {
             flops += g.m * g.n * g.k;
             for (int f : g.waits)
-              CHECK(sets[d][f] == 1, "%s TP=%d S=%d: flag %d on dev %d set %d times", def->name, tp, S, f, d,
-                    sets[d][f]);
+              CHECK(sets[d][f] == 1, "%s TP=%d S=%d: flag %d on dev %d set %d times", def->name, tp,
+                    S, f, d, sets[d][f]);
             // User buffers are only referenced on their own device.
             for (const BufRef* r : {&g.a, &g.b, &g.d, &g.partial, &g.user_c, &g.bias})
               if (r->valid() && r->buffer != Buffer::Slots)
@@ -104,10 +108,11 @@ static void test_plans() {
                       buffer_name(r->buffer), r->device);
           }
           // Work is balanced: each device does 1/TP of the GEMM.
-          CHECK(flops == p.m * p.n * p.k / tp, "%s TP=%d: dev %d does %lld MNK, want %lld", def->name, tp, d,
-                (long long)flops, (long long)(p.m * p.n * p.k / tp));
+          CHECK(flops == p.m * p.n * p.k / tp, "%s TP=%d: dev %d does %lld MNK, want %lld",
+                def->name, tp, d, (long long)flops, (long long)(p.m * p.n * p.k / tp));
         }
-        CHECK(plan.extra_bytes(2) >= plan.slot_elems * 2, "%s: workspace smaller than its slots", def->name);
+        CHECK(plan.extra_bytes(2) >= plan.slot_elems * 2, "%s: workspace smaller than its slots",
+              def->name);
       }
     }
   }
@@ -116,8 +121,8 @@ static void test_plans() {
 static void expect_error(const ScheduleDef& def, Problem p, int tp, int S, const char* needle) {
   try {
     build_plan(def, p, tp, S);
-    CHECK(false, "%s TP=%d S=%d M=%lld accepted, want an error containing '%s'", def.name, tp, S, (long long)p.m,
-          needle);
+    CHECK(false, "%s TP=%d S=%d M=%lld accepted, want an error containing '%s'", def.name, tp, S,
+          (long long)p.m, needle);
   } catch (const std::invalid_argument& e) {
     CHECK(std::strstr(e.what(), needle) != nullptr, "message '%s' lacks '%s'", e.what(), needle);
   }

@@ -5,8 +5,17 @@ reference executor (``distgemm.reference``) and the CUDA graph runtime. The torc
 (``all_gather_gemm``, ``gemm_reduce_scatter``, ``gemm_all_reduce``) and ``Communicator`` are
 imported on first use, so that the planning tools work without importing torch.
 """
+
 from .check import Violation, check_plan
-from .plan import Plan, build_plan, clone_plan, schedule_definition, schedule_names, tile_map, workspace_bytes
+from .plan import (
+    Plan,
+    build_plan,
+    clone_plan,
+    schedule_definition,
+    schedule_names,
+    tile_map,
+    workspace_bytes,
+)
 from .reference import ExecutionError, run_reference
 
 __all__ = [

@@ -6,6 +6,7 @@ single-GPU reference, timings, overlap efficiency). Without a GPU it builds the 
 its invariants and executes it on the CPU reference executor (simulated devices, float64), at a
 Llama-3-8B shape small enough for a laptop CPU.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,7 +16,6 @@ import shutil
 import subprocess
 import sys
 import time
-from typing import List, Optional
 
 from .check import check_plan
 from .plan import build_plan, schedule_names
@@ -37,7 +37,7 @@ def _gpu_count() -> int:
         return 0
 
 
-def _bench_binary() -> Optional[pathlib.Path]:
+def _bench_binary() -> pathlib.Path | None:
     here = pathlib.Path(__file__).resolve().parent
     for cand in (here / "bin" / "distgemm_bench", shutil.which("distgemm_bench")):
         if cand and os.access(str(cand), os.X_OK):
@@ -48,7 +48,9 @@ def _bench_binary() -> Optional[pathlib.Path]:
 def run_cpu(args) -> int:
     shape = {d: getattr(args, d) or CPU_DEFAULT[d] for d in ("m", "n", "k")}
     plan = build_plan(args.schedule, args.tp, args.steps, l=1, **shape)
-    print("no CUDA GPU found: running the plan on the CPU reference executor (simulated devices, float64)\n")
+    print(
+        "no CUDA GPU found: running the plan on the CPU reference executor (simulated devices, float64)\n"
+    )
     print(describe(plan))
     print()
     print(format_table(plan, step_table(plan)))
@@ -67,43 +69,71 @@ def run_cpu(args) -> int:
 
     errs = [float(np.linalg.norm(g - w) / np.linalg.norm(w)) for g, w in zip(got, want)]
     flops = 2.0 * shape["m"] * shape["n"] * shape["k"]
-    print(f"executed {args.tp} simulated devices x {plan['steps']} steps in {elapsed:.2f} s "
-          f"({flops / elapsed / 1e9:.1f} GFLOP/s on this CPU)")
+    print(
+        f"executed {args.tp} simulated devices x {plan['steps']} steps in {elapsed:.2f} s "
+        f"({flops / elapsed / 1e9:.1f} GFLOP/s on this CPU)"
+    )
     ok = all(e < 1e-9 for e in errs)
-    print("relative Frobenius error per device vs the full GEMM: " + ", ".join(f"{e:.2e}" for e in errs)
-          + (" (< 1e-9: OK)" if ok else " FAILED"))
+    print(
+        "relative Frobenius error per device vs the full GEMM: "
+        + ", ".join(f"{e:.2e}" for e in errs)
+        + (" (< 1e-9: OK)" if ok else " FAILED")
+    )
     return 0 if ok else 1
 
 
 def run_gpu(args, gpus: int, exe: pathlib.Path) -> int:
     shape = {d: getattr(args, d) or GPU_DEFAULT[d] for d in ("m", "n", "k")}
     tp = min(args.tp or gpus, gpus)
-    cmd = [str(exe), "--schedule", args.schedule, "--tp", str(tp), "--steps", str(args.steps or tp),
-           "--m", str(shape["m"]), "--n", str(shape["n"]), "--k", str(shape["k"]), "--dtype", "bf16",
-           # steady state on power-capped GPUs: 1 s timed windows after 1 s of warm load, for the
-           # distributed GEMM and for the local GEMM it is compared with
-           "--iterations", "auto"]
+    cmd = [
+        str(exe),
+        "--schedule",
+        args.schedule,
+        "--tp",
+        str(tp),
+        "--steps",
+        str(args.steps or tp),
+        "--m",
+        str(shape["m"]),
+        "--n",
+        str(shape["n"]),
+        "--k",
+        str(shape["k"]),
+        "--dtype",
+        "bf16",
+        # steady state on power-capped GPUs: 1 s timed windows after 1 s of warm load, for the
+        # distributed GEMM and for the local GEMM it is compared with
+        "--iterations",
+        "auto",
+    ]
     print("running:", " ".join(cmd), flush=True)
     return subprocess.call(cmd)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m distgemm", description=__doc__.split("\n")[0])
     ap.add_argument("--schedule", default="ag_rotate_a", choices=schedule_names())
-    ap.add_argument("--tp", type=int, default=None, help="devices (default: GPUs present, or 2 on the CPU)")
+    ap.add_argument(
+        "--tp", type=int, default=None, help="devices (default: GPUs present, or 2 on the CPU)"
+    )
     ap.add_argument("--steps", type=int, default=None, help="S, a multiple of TP (default TP)")
     ap.add_argument("--m", type=int, default=None)
     ap.add_argument("--n", type=int, default=None)
     ap.add_argument("--k", type=int, default=None)
-    ap.add_argument("--cpu", action="store_true", help="use the CPU reference executor even with GPUs")
+    ap.add_argument(
+        "--cpu", action="store_true", help="use the CPU reference executor even with GPUs"
+    )
     args = ap.parse_args(argv)
     gpus = 0 if args.cpu else _gpu_count()
     exe = _bench_binary() if gpus else None
     if gpus and exe is not None:
         return run_gpu(args, gpus, exe)
     if gpus:
-        print(f"{gpus} GPU(s) present but the CUDA runtime was not built (no nvcc at install time): "
-              "falling back to the CPU reference executor", file=sys.stderr)
+        print(
+            f"{gpus} GPU(s) present but the CUDA runtime was not built (no nvcc at install time): "
+            "falling back to the CPU reference executor",
+            file=sys.stderr,
+        )
     args.tp = args.tp or 2
     try:
         return run_cpu(args)

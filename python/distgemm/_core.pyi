@@ -1,43 +1,74 @@
 """Type stubs of the compiled module distgemm._core (plan functions; see cpp/src/bindings.cpp)."""
-from typing import Any, Dict, List, Optional, Tuple, Union
+
+from typing import Any
 
 cuda_runtime: bool
 
-ScheduleDef = Dict[str, Any]
+ScheduleDef = dict[str, Any]
 
-def schedules() -> List[ScheduleDef]: ...
+def schedules() -> list[ScheduleDef]: ...
 def gemm_extent_problem(m: int, n: int, k: int, l: int = 1, elem_bytes: int = 2) -> str: ...
 def schedule_definition(name: str) -> ScheduleDef: ...
-def validate(schedule: Union[str, ScheduleDef], tp: int, steps: int, m: int, n: int, k: int, l: int = 1) -> str: ...
-def build_plan(schedule: Union[str, ScheduleDef], tp: int, steps: int, m: int, n: int, k: int,
-               l: int = 1, partial_via: Optional[str] = None) -> Dict[str, Any]: ...
-def workspace_layout(schedule: Union[str, ScheduleDef], tp: int, steps: int, m: int, n: int, k: int, l: int = 1,
-                     slot_elem_bytes: int = 2, partial_via: Optional[str] = None) -> Dict[str, int]: ...
-def tile_map(schedule: Union[str, ScheduleDef], tp: int, steps: int) -> Dict[str, List[List[int]]]: ...
+def validate(
+    schedule: str | ScheduleDef, tp: int, steps: int, m: int, n: int, k: int, l: int = 1
+) -> str: ...
+def build_plan(
+    schedule: str | ScheduleDef,
+    tp: int,
+    steps: int,
+    m: int,
+    n: int,
+    k: int,
+    l: int = 1,
+    partial_via: str | None = None,
+) -> dict[str, Any]: ...
+def workspace_layout(
+    schedule: str | ScheduleDef,
+    tp: int,
+    steps: int,
+    m: int,
+    n: int,
+    k: int,
+    l: int = 1,
+    slot_elem_bytes: int = 2,
+    partial_via: str | None = None,
+) -> dict[str, int]: ...
+def tile_map(
+    schedule: str | ScheduleDef, tp: int, steps: int
+) -> dict[str, list[list[int]]]: ...
 
 # Llama-3 sweep shapes (cpp/include/distgemm/llama_shapes.hpp; distgemm_bench --sweep reads the same).
-def llama_models(quick: bool = False) -> Dict[str, Dict[str, int]]:
+def llama_models(quick: bool = False) -> dict[str, dict[str, int]]:
     """{model: {"hidden", "ffn", "q_heads", "kv_heads", "head_dim"}} in sweep order (8B, 70B, 405B);
     quick=True: the quick sweep's models only (70B)."""
-def llama_layers() -> Dict[str, Dict[str, str]]:
+
+def llama_layers() -> dict[str, dict[str, str]]:
     """{layer: {"collective": "all_gather" | "reduce_scatter", "schedule": default schedule}} for
     QKV, O, FC1 (gate+up), FC2, in sweep order."""
-def llama_tokens(quick: bool = False) -> List[int]:
+
+def llama_tokens(quick: bool = False) -> list[int]:
     """Token counts M: [1024, 2048, 4096, 8192, 16384]; quick=True: [4096, 8192]."""
-def choose_tile_n(m: int, n: int, l: int = 1, slots_n256: int = 132,
-                  slots_n128: int = 132) -> Dict[str, Any]:
+
+def choose_tile_n(
+    m: int, n: int, l: int = 1, slots_n256: int = 132, slots_n128: int = 132
+) -> dict[str, Any]:
     """The GEMM kernel's output tile width for an m x n (x l) GEMM: {'tile_n': 128 or 256,
     'n256': {'tiles', 'waves', 'cost'}, 'n128': {...}} (kernel/tile_choice.hpp)."""
+
 TILE128_RELATIVE_COST: float
 TILE128_MIN_GAIN: float
+
 def llama_tp_split_reason(model: str, layer: str, tokens: int, tp: int) -> str:
     """'' when TP ranks split the layer exactly, else the reason (distgemm_bench --sweep's rule)."""
-def llama_gemm(model: str, layer: str, tokens: int) -> Tuple[int, int, int]:
+
+def llama_gemm(model: str, layer: str, tokens: int) -> tuple[int, int, int]:
     """Global (M, N, K) of the layer, D[M, N] = X[M, K] @ W[N, K]^T, M = tokens. ValueError names
     the valid models / layers."""
-def llama_cases(quick: bool = False) -> List[Tuple[str, str, int]]:
+
+def llama_cases(quick: bool = False) -> list[tuple[str, str, int]]:
     """(model, layer, tokens) of every sweep case in run order: model, then tokens, then layer."""
-def llama_sweep_timing() -> Dict[str, int]:
+
+def llama_sweep_timing() -> dict[str, int]:
     """{"warmup_ms", "timed_ms", "min_iterations", "max_iterations"}: at least warmup_ms of sustained
     replays, then about timed_ms of timed replays within [min_iterations, max_iterations]; median."""
 
@@ -47,8 +78,8 @@ def cuda_device_count() -> int: ...
 class IpcWorkspace:
     def __init__(self, cuda_device: int, nbytes: int) -> None: ...
     def handle(self) -> bytes: ...
-    def open_peers(self, handles: List[bytes], rank: int) -> None: ...
-    def bases(self) -> List[int]: ...
+    def open_peers(self, handles: list[bytes], rank: int) -> None: ...
+    def bases(self) -> list[int]: ...
     def close_peers(self) -> None: ...
     def free(self) -> None: ...
     @property
@@ -65,11 +96,32 @@ class LaunchOrder:
     def record(self, stream: int) -> None: ...
 
 class DeviceGraph:
-    def __init__(self, schedule: str, tp: int, steps: int, m: int, n: int, k: int, l: int, rank: int,
-                 cuda_device: int, dtype: str, alpha: float, beta: float, bias: bool,
-                 workspace_bases: List[int], a: int, b: int, c: int, d: int, bias_ptr: int, timeout_s: float,
-                 order: LaunchOrder, partial_via: Optional[str] = None,
-                 workspace_bytes: int = 0) -> None:
+    def __init__(
+        self,
+        schedule: str,
+        tp: int,
+        steps: int,
+        m: int,
+        n: int,
+        k: int,
+        l: int,
+        rank: int,
+        cuda_device: int,
+        dtype: str,
+        alpha: float,
+        beta: float,
+        bias: bool,
+        workspace_bases: list[int],
+        a: int,
+        b: int,
+        c: int,
+        d: int,
+        bias_ptr: int,
+        timeout_s: float,
+        order: LaunchOrder,
+        partial_via: str | None = None,
+        workspace_bytes: int = 0,
+    ) -> None:
         """partial_via: the plan's partial transport (None = the default); workspace_bytes: bytes
         addressable from each base (0 = not checked; more needed raises ValueError)."""
     def update(self, a: int, b: int, c: int, d: int, bias_ptr: int) -> bool: ...
@@ -82,4 +134,4 @@ class DeviceGraph:
     def rank(self) -> int: ...
     @property
     def cuda_device(self) -> int: ...
-    def stats(self) -> Dict[str, Union[int, bool]]: ...
+    def stats(self) -> dict[str, int | bool]: ...

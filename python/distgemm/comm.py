@@ -24,6 +24,7 @@ never overlap (same stream, or ``LaunchOrder`` makes a new stream wait), and eac
 barrier waits until every peer has finished its previous launch, so plans can reuse each other's
 slots.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -33,8 +34,9 @@ import os
 import socket
 import threading
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
 __all__ = ["Communicator", "get_communicator", "find_communicator", "close_all"]
 
@@ -61,7 +63,10 @@ def _torch():
 # Checks on all-gathered data: pure functions (no torch.distributed), so that every rank computes
 # the same verdict and the CPU tests can exercise every message.
 
-def check_group_info(infos: Sequence[Dict[str, Any]], allow_shared_gpu: bool = False) -> Optional[str]:
+
+def check_group_info(
+    infos: Sequence[dict[str, Any]], allow_shared_gpu: bool = False
+) -> str | None:
     """The setup problem of a group, or None. ``infos[r]`` is what rank r reported: host name,
     GPU uuid, compute capability, CUDA ordinal, and ``peer_ok`` (uuid -> bool or None).
     ``allow_shared_gpu`` lets several ranks use one GPU (functional tests only, see
@@ -72,34 +77,42 @@ def check_group_info(infos: Sequence[Dict[str, Any]], allow_shared_gpu: bool = F
     hosts = [i["host"] for i in infos]
     if len(set(hosts)) > 1:
         where = ", ".join(f"rank {r} on '{h}'" for r, h in enumerate(hosts))
-        return ("distgemm needs every rank of the group on one host (CUDA IPC and NVLink peer "
-                f"access): {where}")
-    seen: Dict[str, int] = {}
+        return (
+            "distgemm needs every rank of the group on one host (CUDA IPC and NVLink peer "
+            f"access): {where}"
+        )
+    seen: dict[str, int] = {}
     for r, i in enumerate(infos):
         if i.get("error"):
             return f"rank {r}: {i['error']}"
         if i["uuid"] in seen and not allow_shared_gpu:
-            return (f"ranks {seen[i['uuid']]} and {r} use the same GPU (cuda:{i['device']}): each "
-                    "rank needs its own GPU; call torch.cuda.set_device(local_rank) before "
-                    "creating the Communicator or calling an op")
+            return (
+                f"ranks {seen[i['uuid']]} and {r} use the same GPU (cuda:{i['device']}): each "
+                "rank needs its own GPU; call torch.cuda.set_device(local_rank) before "
+                "creating the Communicator or calling an op"
+            )
         seen[i["uuid"]] = r
     for r, i in enumerate(infos):
         cap = tuple(i["capability"])
         if cap[0] != 9:
-            return (f"rank {r}: GPU '{i['name']}' has compute capability {cap[0]}.{cap[1]}; the "
-                    "distgemm kernels are built for Hopper (sm_90a)")
+            return (
+                f"rank {r}: GPU '{i['name']}' has compute capability {cap[0]}.{cap[1]}; the "
+                "distgemm kernels are built for Hopper (sm_90a)"
+            )
     for r, i in enumerate(infos):
         for q, j in enumerate(infos):
             if q == r:
                 continue
             ok = i["peer_ok"].get(j["uuid"])
             if ok is False:
-                return (f"rank {r} (cuda:{i['device']}) has no peer access to rank {q}'s GPU: "
-                        "distgemm needs NVLink/PCIe peer access between every pair of ranks")
+                return (
+                    f"rank {r} (cuda:{i['device']}) has no peer access to rank {q}'s GPU: "
+                    "distgemm needs NVLink/PCIe peer access between every pair of ranks"
+                )
     return None
 
 
-def signature_mismatch(sigs: Sequence[Dict[str, Any]], what: str) -> Optional[str]:
+def signature_mismatch(sigs: Sequence[dict[str, Any]], what: str) -> str | None:
     """The first field in which a rank's plan signature differs from rank 0's, in words, or
     None. A rank's own validation error (``error`` key) is reported first."""
     for r, s in enumerate(sigs):
@@ -111,27 +124,35 @@ def signature_mismatch(sigs: Sequence[Dict[str, Any]], what: str) -> Optional[st
             if key == "error":
                 continue
             if s.get(key) != ref[key]:
-                return (f"{what}: ranks disagree at plan creation: rank {r} has {key}={s.get(key)!r}"
-                        f" where rank 0 has {key}={ref[key]!r}; every rank must call the op with "
-                        "the same shapes, dtype, schedule, steps and path")
+                return (
+                    f"{what}: ranks disagree at plan creation: rank {r} has {key}={s.get(key)!r}"
+                    f" where rank 0 has {key}={ref[key]!r}; every rank must call the op with "
+                    "the same shapes, dtype, schedule, steps and path"
+                )
         extra = set(s) - set(ref)
         if extra:
             key = sorted(extra)[0]
-            return (f"{what}: ranks disagree at plan creation: rank {r} has {key}={s[key]!r} "
-                    "which rank 0 does not have")
+            return (
+                f"{what}: ranks disagree at plan creation: rank {r} has {key}={s[key]!r} "
+                "which rank 0 does not have"
+            )
     return None
 
 
 # ---------------------------------------------------------------------------------------------
 # Control plane.
 
+
 class ExchangeTimeout(Exception):
     """A control exchange did not complete in time. ``missing``: the group ranks whose entry is
     absent; empty when every rank arrived but another had already given up waiting."""
 
-    def __init__(self, missing: List[int]):
-        super().__init__(f"ranks {missing} did not arrive" if missing else
-                         "another rank gave up waiting before this rank arrived")
+    def __init__(self, missing: list[int]):
+        super().__init__(
+            f"ranks {missing} did not arrive"
+            if missing
+            else "another rank gave up waiting before this rank arrived"
+        )
         self.missing = missing
 
 
@@ -139,14 +160,14 @@ class ExchangeMismatch(Exception):
     """The ranks reached different exchanges (``whats[r]``: what rank r exchanged): they are
     out of step."""
 
-    def __init__(self, whats: List[str]):
+    def __init__(self, whats: list[str]):
         super().__init__(f"ranks exchanged different things: {whats}")
         self.whats = whats
 
 
 # Control exchanges created per set of global ranks in this process. Creating a Communicator is
 # collective over its members, so every member counts the same and the key prefixes agree.
-_EXCHANGES_PER_RANKS: Dict[Tuple[int, ...], int] = {}
+_EXCHANGES_PER_RANKS: dict[tuple[int, ...], int] = {}
 
 
 class ControlExchange:
@@ -173,7 +194,7 @@ class ControlExchange:
     def _key(self, seq: int, rank) -> str:
         return f"{self.prefix}/{seq}/{rank}"
 
-    def all_gather(self, obj: Any, what: str = "", timeout_s: Optional[float] = None) -> List[Any]:
+    def all_gather(self, obj: Any, what: str = "", timeout_s: float | None = None) -> list[Any]:
         """Every rank's ``obj``, in rank order. ExchangeTimeout when a rank did not arrive in
         time, on every rank that gets here (also one that arrives after another gave up);
         ExchangeMismatch when the ranks exchanged different ``what``s."""
@@ -190,8 +211,9 @@ class ControlExchange:
         # One outcome for every rank: the first rank past its wait settles the exchange with a
         # compare-and-set ("ok": all arrived; "late": it timed out) and every rank follows it, so
         # a rank arriving just after another gave up raises too instead of going on alone.
-        verdict = self.store.compare_set(self._key(self.seq, "verdict"), "",
-                                         "ok" if arrived else "late")
+        verdict = self.store.compare_set(
+            self._key(self.seq, "verdict"), "", "ok" if arrived else "late"
+        )
         if verdict != b"ok":
             raise ExchangeTimeout([r for r, k in enumerate(keys) if not self.store.check([k])])
         got = [pickle.loads(self.store.get(k)) for k in keys]
@@ -218,11 +240,11 @@ def _default_store():
 
 @dataclass
 class _Workspace:
-    core: Any              # _core.IpcWorkspace
-    slot_capacity: int     # bytes before the control region
-    control: Tuple[int, int, int]  # (flags_bytes, barrier_bytes, control bytes)
-    bases: List[int] = field(default_factory=list)  # every rank's base, as seen from this device
-    order: Any = None      # _core.LaunchOrder shared by every graph on this workspace
+    core: Any  # _core.IpcWorkspace
+    slot_capacity: int  # bytes before the control region
+    control: tuple[int, int, int]  # (flags_bytes, barrier_bytes, control bytes)
+    bases: list[int] = field(default_factory=list)  # every rank's base, as seen from this device
+    order: Any = None  # _core.LaunchOrder shared by every graph on this workspace
 
 
 class Communicator:
@@ -243,18 +265,24 @@ class Communicator:
     def __init__(self, group=None, *, timeout_s: float = 60.0, wait_timeout_s: float = 5.0):
         torch, dist = _torch()
         if not dist.is_available() or not dist.is_initialized():
-            raise RuntimeError("distgemm.Communicator needs torch.distributed: call "
-                               "torch.distributed.init_process_group() first (e.g. under torchrun)")
+            raise RuntimeError(
+                "distgemm.Communicator needs torch.distributed: call "
+                "torch.distributed.init_process_group() first (e.g. under torchrun)"
+            )
         if not torch.cuda.is_available():
             raise RuntimeError("distgemm.Communicator needs CUDA GPUs; torch sees none")
         from . import _core
 
         if not getattr(_core, "cuda_runtime", False):
-            raise RuntimeError("distgemm was built without the CUDA runtime (no nvcc at build time "
-                               "or DISTGEMM_CUDA=OFF): reinstall with nvcc on PATH")
+            raise RuntimeError(
+                "distgemm was built without the CUDA runtime (no nvcc at build time "
+                "or DISTGEMM_CUDA=OFF): reinstall with nvcc on PATH"
+            )
         if not (0 < timeout_s <= 3600) or not (0 < wait_timeout_s <= 3600):
-            raise ValueError(f"timeouts must be in (0, 3600] s, got timeout_s={timeout_s} "
-                             f"wait_timeout_s={wait_timeout_s}")
+            raise ValueError(
+                f"timeouts must be in (0, 3600] s, got timeout_s={timeout_s} "
+                f"wait_timeout_s={wait_timeout_s}"
+            )
         self._core = _core
         self.group = group if group is not None else dist.group.WORLD
         self.rank = dist.get_rank(self.group)
@@ -266,9 +294,9 @@ class Communicator:
         self.device = torch.device("cuda", torch.cuda.current_device())
         self._closed = False
         self._lock = threading.RLock()
-        self._workspaces: List[_Workspace] = []
-        self.plans: "collections.OrderedDict[Any, Any]" = collections.OrderedDict()
-        self._broken: Optional[str] = None
+        self._workspaces: list[_Workspace] = []
+        self.plans: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+        self._broken: str | None = None
         ranks = dist.get_process_group_ranks(self.group)
         # Bounded, CPU-only control exchanges through the job's key-value store (see the module
         # docstring).
@@ -280,33 +308,43 @@ class Communicator:
         _LIVE.add(self)
 
     # -- control plane ---------------------------------------------------------------------
-    def all_gather(self, obj: Any, what: str) -> List[Any]:
+    def all_gather(self, obj: Any, what: str) -> list[Any]:
         """All-gather a picklable object over the control group; RuntimeError (naming ``what``)
         when a rank does not arrive within timeout_s."""
         try:
             return self._ctl.all_gather(obj, what)
         except ExchangeTimeout as e:
-            who = (f"rank(s) {e.missing} did not arrive" if e.missing else
-                   "this rank arrived after another rank had given up waiting")
-            msg = (f"rank {self.rank}: control exchange #{self._ctl.seq} ({what}) did not complete "
-                   f"within {self.timeout_s:g} s: {who} (another rank raised an error, exited, "
-                   "called a different op, or the ranks created a different number of "
-                   "Communicators for this group)")
+            who = (
+                f"rank(s) {e.missing} did not arrive"
+                if e.missing
+                else "this rank arrived after another rank had given up waiting"
+            )
+            msg = (
+                f"rank {self.rank}: control exchange #{self._ctl.seq} ({what}) did not complete "
+                f"within {self.timeout_s:g} s: {who} (another rank raised an error, exited, "
+                "called a different op, or the ranks created a different number of "
+                "Communicators for this group)"
+            )
         except ExchangeMismatch as e:
-            msg = (f"rank {self.rank}: control exchange #{self._ctl.seq}: the ranks are out of step: "
-                   + ", ".join(f"rank {r} at '{w}'" for r, w in enumerate(e.whats))
-                   + "; every rank must make the same distgemm calls in the same order")
+            msg = (
+                f"rank {self.rank}: control exchange #{self._ctl.seq}: the ranks are out of step: "
+                + ", ".join(f"rank {r} at '{w}'" for r, w in enumerate(e.whats))
+                + "; every rank must make the same distgemm calls in the same order"
+            )
         # The ranks' exchange sequences no longer match: nothing later could pair up.
-        self._broken = msg + ". This communicator can no longer be used; create a new one on every rank"
+        self._broken = (
+            msg + ". This communicator can no longer be used; create a new one on every rank"
+        )
         raise RuntimeError(msg)
 
-    def _local_info(self, torch) -> Dict[str, Any]:
-        info: Dict[str, Any] = {"host": socket.gethostname(), "device": self.device.index}
+    def _local_info(self, torch) -> dict[str, Any]:
+        info: dict[str, Any] = {"host": socket.gethostname(), "device": self.device.index}
         try:
             props = torch.cuda.get_device_properties(self.device)
-            info.update(uuid=str(props.uuid), name=props.name,
-                        capability=(props.major, props.minor))
-            peer_ok: Dict[str, Optional[bool]] = {}
+            info.update(
+                uuid=str(props.uuid), name=props.name, capability=(props.major, props.minor)
+            )
+            peer_ok: dict[str, bool | None] = {}
             for d in range(torch.cuda.device_count()):
                 if d == self.device.index:
                     continue
@@ -314,19 +352,27 @@ class Communicator:
                 peer_ok[uuid] = bool(torch.cuda.can_device_access_peer(self.device.index, d))
             info["peer_ok"] = peer_ok
         except Exception as e:  # reported through the exchange so that every rank raises
-            info.update(error=f"querying cuda:{self.device.index} failed: {e}", uuid="?",
-                        name="?", capability=(0, 0), peer_ok={})
+            info.update(
+                error=f"querying cuda:{self.device.index} failed: {e}",
+                uuid="?",
+                name="?",
+                capability=(0, 0),
+                peer_ok={},
+            )
         return info
 
     # -- workspaces --------------------------------------------------------------------------
-    def workspace_for(self, layout: Dict[str, int]) -> Tuple[_Workspace, List[int]]:
+    def workspace_for(self, layout: dict[str, int]) -> tuple[_Workspace, list[int]]:
         """A workspace for a plan with this ``_core.workspace_layout``, and the plan's bases (one
         per rank, shifted so that its control region is the workspace's). Collective when a new
         workspace has to be allocated."""
         self._require_open()
         slots = int(layout["slots_bytes"])
-        control = (int(layout["flags_bytes"]), int(layout["barrier_bytes"]),
-                   int(layout["total_bytes"]) - slots)
+        control = (
+            int(layout["flags_bytes"]),
+            int(layout["barrier_bytes"]),
+            int(layout["total_bytes"]) - slots,
+        )
         fits = [w for w in self._workspaces if w.control == control and w.slot_capacity >= slots]
         if fits:
             ws = max(fits, key=lambda w: w.slot_capacity)
@@ -335,7 +381,7 @@ class Communicator:
         shift = ws.slot_capacity - slots
         return ws, [b + shift for b in ws.bases]
 
-    def _allocate(self, slots: int, control: Tuple[int, int, int]) -> _Workspace:
+    def _allocate(self, slots: int, control: tuple[int, int, int]) -> _Workspace:
         core = None
         err = None
         try:
@@ -357,8 +403,13 @@ class Communicator:
                 core.free()
             r, e = failed[0]
             raise RuntimeError(f"distgemm workspace setup failed on rank {r}: {e}")
-        ws = _Workspace(core=core, slot_capacity=slots, control=control, bases=core.bases(),
-                        order=self._core.LaunchOrder(self.device.index))
+        ws = _Workspace(
+            core=core,
+            slot_capacity=slots,
+            control=control,
+            bases=core.bases(),
+            order=self._core.LaunchOrder(self.device.index),
+        )
         self._workspaces.append(ws)
         return ws
 
@@ -373,9 +424,11 @@ class Communicator:
             raise RuntimeError(self._broken)
 
     def mark_broken(self, message: str) -> None:
-        self._broken = (f"rank {self.rank}: {message}. This communicator can no longer launch "
-                        "(the ranks' launch generations are out of step); close it and create a "
-                        "new one after fixing the cause")
+        self._broken = (
+            f"rank {self.rank}: {message}. This communicator can no longer launch "
+            "(the ranks' launch generations are out of step); close it and create a "
+            "new one after fixing the cause"
+        )
 
     def check(self) -> None:
         """Synchronise this rank's device and raise RuntimeError if any launch timed out (a rank
@@ -444,22 +497,26 @@ class Communicator:
                 pass
         self._workspaces.clear()
 
-    def __enter__(self) -> "Communicator":
+    def __enter__(self) -> Communicator:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"{len(self.plans)} plans, {self.workspace_bytes} workspace bytes"
+        state = (
+            "closed"
+            if self._closed
+            else f"{len(self.plans)} plans, {self.workspace_bytes} workspace bytes"
+        )
         return f"Communicator(rank={self.rank}, tp={self.tp}, device={self.device}, {state})"
 
 
-_LIVE: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
-_DEFAULT: Dict[Any, Communicator] = {}
+_LIVE: weakref.WeakSet[Communicator] = weakref.WeakSet()
+_DEFAULT: dict[Any, Communicator] = {}
 
 
-def find_communicator(group=None) -> Optional[Communicator]:
+def find_communicator(group=None) -> Communicator | None:
     """The open communicator the ops use for ``group`` if one exists, else None (never creates
     one: creating is a collective)."""
     if isinstance(group, Communicator):

@@ -64,6 +64,7 @@ peer writes cost little (benchmarks/results/2026-11-22-tp4.md). The staging slot
 plan's workspace (Llama-70B O at 8192 tokens, TP=2: 128 instead of 64 MiB per rank).
 Pass ``steps`` to choose; ``python -m distgemm.simulate --timeline`` shows the predicted effect.
 """
+
 from __future__ import annotations
 
 import collections
@@ -71,27 +72,38 @@ import functools
 import os
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
 import torch
 
 from . import _core
-from .comm import (GRAPHS_PER_PLAN, MAX_PLANS, Communicator, find_communicator, get_communicator,
-                   signature_mismatch)
+from .comm import (
+    GRAPHS_PER_PLAN,
+    MAX_PLANS,
+    Communicator,
+    find_communicator,
+    get_communicator,
+    signature_mismatch,
+)
 
 __all__ = ["all_gather_gemm", "gemm_reduce_scatter", "gemm_all_reduce", "path_choices", "PATHS"]
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 _ALIGN = 16  # bytes: TMA needs 16-byte aligned bases and row strides
-_COLLECTIVE = {"all_gather_gemm": "all_gather", "gemm_reduce_scatter": "reduce_scatter",
-               "gemm_all_reduce": "all_reduce"}
+_COLLECTIVE = {
+    "all_gather_gemm": "all_gather",
+    "gemm_reduce_scatter": "reduce_scatter",
+    "gemm_all_reduce": "all_reduce",
+}
 
 
 # ---------------------------------------------------------------------------------------------
 # Validation (pure: no communicator, no CUDA; the CPU tests call these directly).
 
-def check_types(op: str, tensors: Dict[str, Optional[torch.Tensor]]) -> torch.dtype:
+
+def check_types(op: str, tensors: dict[str, torch.Tensor | None]) -> torch.dtype:
     """Every given operand is a tensor, bf16 or fp16, all in one dtype, on a CUDA device.
     Returns the dtype. (Runs on every call: attribute reads only, ~1 us.)"""
     dtype = None
@@ -105,21 +117,27 @@ def check_types(op: str, tensors: Dict[str, Optional[torch.Tensor]]) -> torch.dt
         if dt is dtype:
             continue
         if dt not in _DTYPES:
-            raise TypeError(f"{op}: {name} has dtype {dt}; distgemm supports torch.bfloat16 "
-                            "and torch.float16")
+            raise TypeError(
+                f"{op}: {name} has dtype {dt}; distgemm supports torch.bfloat16 and torch.float16"
+            )
         if dtype is not None:
-            raise TypeError(f"{op}: mixed dtypes: {first} is {dtype} but {name} is {dt}; "
-                            "pass every operand in one dtype")
+            raise TypeError(
+                f"{op}: mixed dtypes: {first} is {dtype} but {name} is {dt}; "
+                "pass every operand in one dtype"
+            )
         dtype, first = dt, name
     for name, t in tensors.items():
         if t is not None and not t.is_cuda:
-            raise ValueError(f"{op}: {name} is on {t.device}; distgemm ops need CUDA tensors on "
-                             "this rank's GPU (torch.cuda.current_device())")
+            raise ValueError(
+                f"{op}: {name} is on {t.device}; distgemm ops need CUDA tensors on "
+                "this rank's GPU (torch.cuda.current_device())"
+            )
     return dtype
 
 
-def check_placement(op: str, device: torch.device,
-                    tensors: Dict[str, Optional[torch.Tensor]]) -> None:
+def check_placement(
+    op: str, device: torch.device, tensors: dict[str, torch.Tensor | None]
+) -> None:
     """Every given operand lives on ``device``, is contiguous and 16-byte aligned."""
     for name, t in tensors.items():
         if t is None:
@@ -127,15 +145,19 @@ def check_placement(op: str, device: torch.device,
         if t.device != device:
             raise ValueError(f"{op}: {name} is on {t.device} but this rank's device is {device}")
         if not t.is_contiguous():
-            raise ValueError(f"{op}: {name} is not contiguous (shape {list(t.shape)}, strides "
-                             f"{list(t.stride())}); distgemm takes dense row-major tensors: pass "
-                             f"{name}.contiguous()")
+            raise ValueError(
+                f"{op}: {name} is not contiguous (shape {list(t.shape)}, strides "
+                f"{list(t.stride())}); distgemm takes dense row-major tensors: pass "
+                f"{name}.contiguous()"
+            )
         ptr = t.data_ptr()
         if ptr % _ALIGN:
-            raise ValueError(f"{op}: {name}'s data pointer {ptr:#x} is not {_ALIGN}-byte aligned "
-                             f"(offset {ptr % _ALIGN} bytes; TMA requires it): a view that starts "
-                             "at an odd element offset is the usual cause; pass a fresh tensor "
-                             "(.clone())")
+            raise ValueError(
+                f"{op}: {name}'s data pointer {ptr:#x} is not {_ALIGN}-byte aligned "
+                f"(offset {ptr % _ALIGN} bytes; TMA requires it): a view that starts "
+                "at an odd element offset is the usual cause; pass a fresh tensor "
+                "(.clone())"
+            )
 
 
 PATHS = ("auto", "overlap", "collective")
@@ -154,7 +176,7 @@ def check_path(op: str, path) -> str:
     return path
 
 
-def check_no_grad(op: str, tensors: Dict[str, Optional[torch.Tensor]]) -> None:
+def check_no_grad(op: str, tensors: dict[str, torch.Tensor | None]) -> None:
     """The ops have no backward: refuse inputs that require grad while grad mode is on, rather
     than return a result autograd cannot see (a training step would silently get no weight
     gradient)."""
@@ -165,7 +187,8 @@ def check_no_grad(op: str, tensors: Dict[str, Optional[torch.Tensor]]) -> None:
             raise RuntimeError(
                 f"{op}: {name} requires grad, but distgemm ops have no backward (autograd) yet: "
                 "call them under torch.no_grad() or torch.inference_mode(), or pass "
-                f"{name}.detach() and compute the gradient yourself")
+                f"{name}.detach() and compute the gradient yourself"
+            )
 
 
 @dataclass
@@ -179,8 +202,8 @@ class Spec:
     m: int
     n: int
     k: int
-    shapes: Dict[str, Tuple[int, ...]]  # expected per-rank shape of every operand the plan uses
-    plan: Dict[str, Any] = field(repr=False, default_factory=dict)
+    shapes: dict[str, tuple[int, ...]]  # expected per-rank shape of every operand the plan uses
+    plan: dict[str, Any] = field(repr=False, default_factory=dict)
 
 
 def default_steps(schedule: str, tp: int, a: torch.Tensor, w: torch.Tensor) -> int:
@@ -193,8 +216,12 @@ def default_steps(schedule: str, tp: int, a: torch.Tensor, w: torch.Tensor) -> i
         return tp
     m, n, k = _global_problem(_core.schedule_definition(schedule)["partition"], tp, a, w)
     steps = 2 * tp
-    if (m < RS_TWO_STEPS_MIN_TOKENS or a.shape[1] > RS_TWO_STEPS_MAX_K_PER_RANK or min(n, k) < 1
-            or _core.validate(schedule, tp, steps, m, n, k, 1)):
+    if (
+        m < RS_TWO_STEPS_MIN_TOKENS
+        or a.shape[1] > RS_TWO_STEPS_MAX_K_PER_RANK
+        or min(n, k) < 1
+        or _core.validate(schedule, tp, steps, m, n, k, 1)
+    ):
         return tp
     plan = _core.build_plan(schedule, tp, steps, m, n, k, 1)
     if any(_extent_problem(dev["gemms"]) for dev in plan["devices"]):
@@ -202,13 +229,17 @@ def default_steps(schedule: str, tp: int, a: torch.Tensor, w: torch.Tensor) -> i
     return steps
 
 
-def _global_problem(partition: dict, tp: int, a: torch.Tensor, w: torch.Tensor) -> Tuple[int, int, int]:
+def _global_problem(
+    partition: dict, tp: int, a: torch.Tensor, w: torch.Tensor
+) -> tuple[int, int, int]:
     """Global (M, N, K) from the per-rank A [rows, K_a] and W [N_w, K] and the Partition (read
     from the C++ definition): a sharded mode is TP times the local extent."""
     (ma, ka), nb = tuple(a.shape), int(w.shape[0])
-    return (ma * tp if partition["a"] == "M" else ma,
-            nb * tp if partition["b"] == "N" else nb,
-            ka * tp if partition["a"] == "K" else ka)
+    return (
+        ma * tp if partition["a"] == "M" else ma,
+        nb * tp if partition["b"] == "N" else nb,
+        ka * tp if partition["a"] == "K" else ka,
+    )
 
 
 def _extent_problem(gemms) -> str:
@@ -238,21 +269,34 @@ def _fmt(s) -> str:
     return "[" + ", ".join(str(x) for x in s) + "]"
 
 
-def make_spec(op: str, schedule: str, tp: int, rank: int, steps: Optional[int],
-              a: torch.Tensor, w: torch.Tensor, *, bias=None, c=None, beta: float = 0.0,
-              out=None) -> Spec:
+def make_spec(
+    op: str,
+    schedule: str,
+    tp: int,
+    rank: int,
+    steps: int | None,
+    a: torch.Tensor,
+    w: torch.Tensor,
+    *,
+    bias=None,
+    c=None,
+    beta: float = 0.0,
+    out=None,
+) -> Spec:
     """Global problem, steps and every operand's expected shape for ``op`` with ``schedule`` on
     ``tp`` ranks; ValueError naming the constraint and the values. Shapes only: no device, no
     communicator."""
     if not isinstance(schedule, str):
-        raise TypeError(f"{op}: schedule must be a schedule name (str), got "
-                        f"{type(schedule).__name__}")
+        raise TypeError(
+            f"{op}: schedule must be a schedule name (str), got {type(schedule).__name__}"
+        )
     defs = {d["name"]: d for d in _core.schedules()}
     want = _COLLECTIVE[op]
     if schedule not in defs or defs[schedule]["collective"] != want:
         fits = sorted(n for n, d in defs.items() if d["collective"] == want)
-        raise ValueError(f"{op}: schedule '{schedule}' is not a {want} schedule; use one of "
-                         f"{', '.join(fits)}")
+        raise ValueError(
+            f"{op}: schedule '{schedule}' is not a {want} schedule; use one of {', '.join(fits)}"
+        )
     if steps is None:
         steps = default_steps(schedule, tp, a, w)
     if not isinstance(steps, int) or isinstance(steps, bool):
@@ -267,43 +311,60 @@ def make_spec(op: str, schedule: str, tp: int, rank: int, steps: Optional[int],
     try:
         plan = _core.build_plan(schedule, tp, steps, m, n, k, 1)  # validates; raises ValueError
     except ValueError as e:
-        raise ValueError(f"{op} ({schedule}, TP={tp}, S={steps}, global M={m} N={n} K={k}): {e}") from None
+        raise ValueError(
+            f"{op} ({schedule}, TP={tp}, S={steps}, global M={m} N={n} K={k}): {e}"
+        ) from None
     local = plan["local_shapes"]
     a_name = "a_shard" if op == "all_gather_gemm" else "a"
     if tuple(w.shape) != tuple(local["B"]):
-        raise ValueError(f"{op}: w has shape {_fmt(w.shape)} but {a_name} {_fmt(a.shape)} with "
-                         f"{schedule} on TP={tp} needs w of shape {_fmt(local['B'])} "
-                         f"(nn.Linear layout [N, K], K={ka} per rank)")
+        raise ValueError(
+            f"{op}: w has shape {_fmt(w.shape)} but {a_name} {_fmt(a.shape)} with "
+            f"{schedule} on TP={tp} needs w of shape {_fmt(local['B'])} "
+            f"(nn.Linear layout [N, K], K={ka} per rank)"
+        )
     why = _extent_problem(plan["devices"][rank]["gemms"])  # every sub-GEMM of this rank
     if why:
-        raise ValueError(f"{op}: {why} (a sub-GEMM of {schedule}; global M={m} N={n} K={k}, "
-                         f"TP={tp}, S={steps})")
-    shapes: Dict[str, Tuple[int, ...]] = {"a": tuple(local["A"]), "w": tuple(local["B"]),
-                                          "out": tuple(local["D"])}
+        raise ValueError(
+            f"{op}: {why} (a sub-GEMM of {schedule}; global M={m} N={n} K={k}, TP={tp}, S={steps})"
+        )
+    shapes: dict[str, tuple[int, ...]] = {
+        "a": tuple(local["A"]),
+        "w": tuple(local["B"]),
+        "out": tuple(local["D"]),
+    }
     if bias is not None:
         shapes["bias"] = (int(local["bias"]),)
     if beta != 0.0:
         if c is None:
-            raise ValueError(f"{op}: beta={beta} but c is None: pass c (shape {_fmt(local['C'])}) "
-                             "or beta=0")
+            raise ValueError(
+                f"{op}: beta={beta} but c is None: pass c (shape {_fmt(local['C'])}) or beta=0"
+            )
         shapes["c"] = tuple(local["C"])
     for name, t in (("bias", bias), ("c", c if beta != 0.0 else None), ("out", out)):
         if t is not None and tuple(t.shape) != shapes[name]:
-            raise ValueError(f"{op}: {name} has shape {_fmt(t.shape)}, expected "
-                             f"{_fmt(shapes[name])} (per rank; {schedule}, TP={tp}, global M={m} "
-                             f"N={n} K={k})")
+            raise ValueError(
+                f"{op}: {name} has shape {_fmt(t.shape)}, expected "
+                f"{_fmt(shapes[name])} (per rank; {schedule}, TP={tp}, global M={m} "
+                f"N={n} K={k})"
+            )
     return Spec(op, schedule, tp, steps, m, n, k, shapes, plan)
 
 
 # ---------------------------------------------------------------------------------------------
 # Plan cache entries.
 
+
 class _RawCuda:
     """A device buffer for torch.as_tensor via __cuda_array_interface__ (no ownership)."""
 
     def __init__(self, ptr: int, numel: int):
-        self.__cuda_array_interface__ = {"shape": (numel,), "typestr": "<i2", "data": (ptr, False),
-                                         "version": 3, "strides": None}
+        self.__cuda_array_interface__ = {
+            "shape": (numel,),
+            "typestr": "<i2",
+            "data": (ptr, False),
+            "version": 3,
+            "strides": None,
+        }
 
 
 @dataclass
@@ -312,16 +373,16 @@ class _Entry:
     dtype: torch.dtype
     beta: float
     ws: Any
-    bases: List[int]
-    graphs: "collections.OrderedDict[Tuple[int, ...], Any]"
-    gather: Optional[List[Tuple[str, int, int, int]]] = None  # (src, offset, row0, rows)
-    slots: Optional[torch.Tensor] = None
-    gather_shape: Optional[Tuple[int, int]] = None
-    out_shape: Tuple[int, ...] = ()
-    path: Optional[str] = None  # "overlap" or "collective"; None: "auto", not chosen yet
+    bases: list[int]
+    graphs: collections.OrderedDict[tuple[int, ...], Any]
+    gather: list[tuple[str, int, int, int]] | None = None  # (src, offset, row0, rows)
+    slots: torch.Tensor | None = None
+    gather_shape: tuple[int, int] | None = None
+    out_shape: tuple[int, ...] = ()
+    path: str | None = None  # "overlap" or "collective"; None: "auto", not chosen yet
     want_gathered: bool = False  # all_gather_gemm(..., return_gathered=True)
-    scratch: Dict[Tuple[str, int], torch.Tensor] = field(default_factory=dict)  # (name, stream)
-    tuning: Optional[Dict[str, Any]] = None  # the measurement behind an "auto" choice
+    scratch: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)  # (name, stream)
+    tuning: dict[str, Any] | None = None  # the measurement behind an "auto" choice
     ws_bytes: int = 0  # bytes addressable from each base (the plan's layout total)
 
     @property
@@ -341,12 +402,12 @@ class _Entry:
         return "scatter_n" if d["partition"]["d"] == "N" else "scatter_m"
 
     @functools.cached_property
-    def gathered_shape(self) -> Tuple[int, int]:
+    def gathered_shape(self) -> tuple[int, int]:
         """The whole all-gathered operand's shape (all-gather plans)."""
         return _gathered_shape(self.spec)
 
 
-def _gathered_shape(spec: Spec) -> Tuple[int, int]:
+def _gathered_shape(spec: Spec) -> tuple[int, int]:
     return (spec.m if spec.plan["definition"]["rotating"] == "A" else spec.n, spec.k)
 
 
@@ -364,7 +425,7 @@ def _gather_recipe(spec: Spec, rank: int):
     return recipe, _gathered_shape(spec)
 
 
-def _signature(key, error: Optional[str]) -> Dict[str, Any]:
+def _signature(key, error: str | None) -> dict[str, Any]:
     op, schedule, steps, dtype, shapes, beta, gathered, path = key
     sig = {"op": op, "schedule": schedule, "steps": steps, "dtype": str(dtype), "path": path}
     for name, shape in shapes:
@@ -386,9 +447,17 @@ def _create_entry(comm: Communicator, key, make) -> _Entry:
     problem = signature_mismatch(sigs, op)
     if problem:
         raise ValueError(problem)
-    entry = _Entry(spec=spec, dtype=dtype, beta=beta, ws=None, bases=[],
-                   graphs=collections.OrderedDict(), out_shape=torch.Size(spec.shapes["out"]),
-                   path=None if path == "auto" else path, want_gathered=gathered)
+    entry = _Entry(
+        spec=spec,
+        dtype=dtype,
+        beta=beta,
+        ws=None,
+        bases=[],
+        graphs=collections.OrderedDict(),
+        out_shape=torch.Size(spec.shapes["out"]),
+        path=None if path == "auto" else path,
+        want_gathered=gathered,
+    )
     if entry.path != "collective":  # the collective path launches no plan: no workspace
         _attach_workspace(comm, entry, gathered)
     if len(comm.plans) >= MAX_PLANS:
@@ -400,8 +469,9 @@ def _create_entry(comm: Communicator, key, make) -> _Entry:
 def _attach_workspace(comm: Communicator, entry: _Entry, gathered: bool) -> None:
     """The symmetric workspace of a plan that launches, and the recipe of its gathered operand."""
     spec = entry.spec
-    layout = _core.workspace_layout(spec.schedule, spec.tp, spec.steps, spec.m, spec.n, spec.k,
-                                    1, 2, spec.plan["partial_via"])  # the plan's own options
+    layout = _core.workspace_layout(
+        spec.schedule, spec.tp, spec.steps, spec.m, spec.n, spec.k, 1, 2, spec.plan["partial_via"]
+    )  # the plan's own options
     entry.ws, entry.bases = comm.workspace_for(layout)
     # workspace_for shifts each base so that exactly the layout's bytes follow it: the graph
     # checks its own plan's layout against this.
@@ -415,17 +485,34 @@ def _attach_workspace(comm: Communicator, entry: _Entry, gathered: bool) -> None
             entry.slots = torch.as_tensor(raw, device=comm.device).view(entry.dtype)
 
 
-def _graph(comm: Communicator, entry: _Entry, ptrs: Tuple[int, int, int, int, int]):
+def _graph(comm: Communicator, entry: _Entry, ptrs: tuple[int, int, int, int, int]):
     g = entry.graphs.get(ptrs)
     if g is not None:
         entry.graphs.move_to_end(ptrs)  # LRU order
         return g
     if len(entry.graphs) < GRAPHS_PER_PLAN:
         s = entry.spec
-        g = _core.DeviceGraph(s.schedule, s.tp, s.steps, s.m, s.n, s.k, 1, comm.rank,
-                              comm.device.index, _DTYPES[entry.dtype], 1.0, entry.beta,
-                              entry.has_bias, entry.bases, *ptrs, comm.wait_timeout_s,
-                              entry.ws.order, s.plan["partial_via"], entry.ws_bytes)
+        g = _core.DeviceGraph(
+            s.schedule,
+            s.tp,
+            s.steps,
+            s.m,
+            s.n,
+            s.k,
+            1,
+            comm.rank,
+            comm.device.index,
+            _DTYPES[entry.dtype],
+            1.0,
+            entry.beta,
+            entry.has_bias,
+            entry.bases,
+            *ptrs,
+            comm.wait_timeout_s,
+            entry.ws.order,
+            s.plan["partial_via"],
+            entry.ws_bytes,
+        )
     else:
         _, g = entry.graphs.popitem(last=False)
         g.update(*ptrs)
@@ -452,20 +539,29 @@ def _ptr(op: str, name: str, t: torch.Tensor, device: torch.device) -> int:
     return p
 
 
-def _run(op: str, group, key, make, tensors: Dict[str, Optional[torch.Tensor]],
-         out: Optional[torch.Tensor]):
+def _run(
+    op: str,
+    group,
+    key,
+    make,
+    tensors: dict[str, torch.Tensor | None],
+    out: torch.Tensor | None,
+):
     # The per-call path is written for host time (goal: under 20 us per call with a cached plan):
     # one dict lookup for the plan, one for the graph, a handful of tensor attribute reads.
     if torch.cuda.is_current_stream_capturing():
-        raise RuntimeError(f"{op} cannot be captured into a CUDA graph (torch.cuda.graph / stream "
-                           "capture): the op already replays its own CUDA graph and updates its "
-                           "pointers between calls; call it outside the capture")
+        raise RuntimeError(
+            f"{op} cannot be captured into a CUDA graph (torch.cuda.graph / stream "
+            "capture): the op already replays its own CUDA graph and updates its "
+            "pointers between calls; call it outside the capture"
+        )
     comm = get_communicator(group)
     if comm._broken:
         comm.raise_if_broken()
     plans = comm.plans
     entry = plans.get(key)
     if entry is None:
+
         def first():
             # Device, contiguity and alignment errors of the first call are exchanged with the
             # shapes, so that every rank raises the same exception.
@@ -501,8 +597,7 @@ def _user_ptrs(op: str, entry: _Entry, tensors, out, device):
         name = {pa: "a", pw: "w", pc: "c", pb: "bias"}[po]
         raise ValueError(f"{op}: out shares memory with {name}; pass a separate output")
     if out.shape != entry.out_shape:
-        raise ValueError(f"{op}: out has shape {_fmt(out.shape)}, expected "
-                         f"{_fmt(entry.out_shape)}")
+        raise ValueError(f"{op}: out has shape {_fmt(out.shape)}, expected {_fmt(entry.out_shape)}")
     return (pa, pw, pc, po, pb), out
 
 
@@ -524,7 +619,7 @@ def _launch(op: str, comm: Communicator, entry: _Entry, tensors, out):
     kdim = entry.gather_shape[1]
     for src, off, row0, rows in entry.gather:
         base = entry.slots if src == "slots" else (a if src == "a" else w).view(-1)
-        gathered[row0:row0 + rows].copy_(base[off:off + rows * kdim].view(rows, kdim))
+        gathered[row0 : row0 + rows].copy_(base[off : off + rows * kdim].view(rows, kdim))
     # The slots are rewritten by the peers after this rank's next entry barrier: a launch on
     # another stream must wait for these copies too, not only for the graph.
     entry.ws.order.record(stream)
@@ -550,9 +645,11 @@ def _collective(op: str, comm: Communicator, entry: _Entry, tensors, out):
         # The gathered operand goes back to the caller only with return_gathered; otherwise one
         # buffer per plan, as a hand-written baseline keeps it (a fresh allocation per call makes
         # the caching allocator alternate blocks that NCCL's stream still holds).
-        gathered = (torch.empty(shape, dtype=part.dtype, device=part.device)
-                    if entry.want_gathered
-                    else _scratch(entry, "gathered", shape, part, _stream_ptr(device)))
+        gathered = (
+            torch.empty(shape, dtype=part.dtype, device=part.device)
+            if entry.want_gathered
+            else _scratch(entry, "gathered", shape, part, _stream_ptr(device))
+        )
         pg._allgather_base(gathered, part).wait()  # wait(): the current stream waits for NCCL
         x, wf = (gathered, w) if kind == "gather_a" else (a, gathered)
         if bias is None:
@@ -566,15 +663,20 @@ def _collective(op: str, comm: Communicator, entry: _Entry, tensors, out):
     elif kind == "scatter_n":  # rs_tile_b
         # reduce-scatter splits dim 0: reduce D^T = W A^T and transpose this rank's rows.
         stream = _stream_ptr(device)
-        part_t = torch.mm(w, a.t(),
-                          out=_scratch(entry, "partial", (w.shape[0], a.shape[0]), a, stream))
-        mine = _scratch(entry, "mine", (part_t.shape[0] // entry.spec.tp, part_t.shape[1]), a,
-                        stream)
+        part_t = torch.mm(
+            w, a.t(), out=_scratch(entry, "partial", (w.shape[0], a.shape[0]), a, stream)
+        )
+        mine = _scratch(
+            entry, "mine", (part_t.shape[0] // entry.spec.tp, part_t.shape[1]), a, stream
+        )
         pg._reduce_scatter_base(mine, part_t).wait()  # default op: sum
         out.copy_(mine.t())
     else:  # scatter_m: rs_tile_a
-        partial = torch.mm(a, w.t(), out=_scratch(entry, "partial", (a.shape[0], w.shape[0]), a,
-                                                  _stream_ptr(device)))
+        partial = torch.mm(
+            a,
+            w.t(),
+            out=_scratch(entry, "partial", (a.shape[0], w.shape[0]), a, _stream_ptr(device)),
+        )
         pg._reduce_scatter_base(out, partial).wait()
     if c is not None:
         out.add_(c, alpha=entry.beta)
@@ -598,19 +700,21 @@ def _scratch(entry: _Entry, name: str, shape, like: torch.Tensor, stream: int) -
 # collective, overlap, ...) so that clock ramp-up and other ranks' noise hit both alike.
 TUNE_ROUNDS = 6
 TUNE_ROUNDS_LONG, TUNE_LONG_MS = 3, 5.0  # calls of >= 5 ms: 3 rounds
-TUNE_ROUND_MS = 2.0     # timed calls per round: enough for ~2 ms of work ...
-TUNE_MAX_CALLS = 16     # ... at most this many (plus one untimed call that fills the queue)
+TUNE_ROUND_MS = 2.0  # timed calls per round: enough for ~2 ms of work ...
+TUNE_MAX_CALLS = 16  # ... at most this many (plus one untimed call that fills the queue)
 
 
-def pick_path(everyone: Sequence[Dict[str, Sequence[float]]]) -> Tuple[str, Dict[str, float]]:
+def pick_path(everyone: Sequence[dict[str, Sequence[float]]]) -> tuple[str, dict[str, float]]:
     """The "auto" verdict from every rank's per-round ms of both paths (``everyone[r][path][i]``):
     per round the maximum over ranks, then the median over rounds; "overlap" unless the
     collective path is strictly faster. Pure, so that every rank computes the same verdict."""
     rounds = min(len(t[p]) for t in everyone for p in ("overlap", "collective"))
     if rounds < 1:
         raise ValueError("pick_path needs at least one timed round of each path")
-    med = {p: statistics.median(max(t[p][i] for t in everyone) for i in range(rounds))
-           for p in ("overlap", "collective")}
+    med = {
+        p: statistics.median(max(t[p][i] for t in everyone) for i in range(rounds))
+        for p in ("overlap", "collective")
+    }
     return ("overlap" if med["overlap"] <= med["collective"] else "collective"), med
 
 
@@ -622,8 +726,10 @@ def _choose_path(op: str, comm: Communicator, entry: _Entry, tensors, out):
     ~2 ms of work, 3 rounds for calls of 5 ms or more) and as many host synchronisations, once
     per plan; the result of the last call of the chosen path is returned (both paths compute the
     same thing)."""
-    runs = {"overlap": lambda: _launch(op, comm, entry, tensors, out),
-            "collective": lambda: _collective(op, comm, entry, tensors, out)}
+    runs = {
+        "overlap": lambda: _launch(op, comm, entry, tensors, out),
+        "collective": lambda: _collective(op, comm, entry, tensors, out),
+    }
     why_not = collective_unavailable(comm.group)
     if why_not:  # the same verdict on every rank: it depends on the group only
         entry.path, entry.tuning = "overlap", dict(collective_unavailable=why_not)
@@ -653,7 +759,7 @@ def _choose_path(op: str, comm: Communicator, entry: _Entry, tensors, out):
     calls = max(1, min(TUNE_MAX_CALLS, int(TUNE_ROUND_MS / max(slowest, 1e-3))))
     # Long calls: fewer rounds (their choice is rarely close, and each round costs 2 calls).
     rounds = TUNE_ROUNDS if slowest < TUNE_LONG_MS else TUNE_ROUNDS_LONG
-    times: Dict[str, List[float]] = {p: [] for p in runs}
+    times: dict[str, list[float]] = {p: [] for p in runs}
     for r in range(rounds):
         order = ("overlap", "collective") if r % 2 == 0 else ("collective", "overlap")
         for p in order:
@@ -661,14 +767,18 @@ def _choose_path(op: str, comm: Communicator, entry: _Entry, tensors, out):
     comm.check()
     everyone = comm.all_gather(times, f"{op} path choice (timings)")
     entry.path, med = pick_path(everyone)
-    entry.tuning = dict(overlap_ms=med["overlap"], collective_ms=med["collective"],
-                        rounds=rounds, calls_per_round=calls)
+    entry.tuning = dict(
+        overlap_ms=med["overlap"],
+        collective_ms=med["collective"],
+        rounds=rounds,
+        calls_per_round=calls,
+    )
     if entry.path == "collective":
         entry.graphs.clear()  # synchronised above: nothing of them is in flight
     return runs[entry.path]()
 
 
-def collective_unavailable(group) -> Optional[str]:
+def collective_unavailable(group) -> str | None:
     """Why the collective path cannot run on ``group`` (None: it can): it needs a backend that
     runs collectives on CUDA tensors (NCCL). Depends on the group only, so every rank agrees."""
     import torch.distributed as dist
@@ -682,15 +792,17 @@ def collective_unavailable(group) -> Optional[str]:
     return None
 
 
-def wait_event(event, timeout_s: float, what: str, comm: Optional[Communicator] = None) -> None:
+def wait_event(event, timeout_s: float, what: str, comm: Communicator | None = None) -> None:
     """Wait for a CUDA event with a bound (``torch.cuda.Event.synchronize`` has none): a
     collective that a rank never joined would otherwise hold this rank until NCCL's watchdog.
     RuntimeError after ``timeout_s``; the communicator is then marked broken."""
     deadline = time.monotonic() + timeout_s
     while not event.query():
         if time.monotonic() > deadline:
-            msg = (f"{what}: the GPU work did not finish within {timeout_s:g} s (a rank did not "
-                   "join a collective, or a kernel hangs)")
+            msg = (
+                f"{what}: the GPU work did not finish within {timeout_s:g} s (a rank did not "
+                "join a collective, or a kernel hangs)"
+            )
             if comm is None:
                 raise RuntimeError(msg)
             comm.mark_broken(msg)
@@ -698,7 +810,7 @@ def wait_event(event, timeout_s: float, what: str, comm: Optional[Communicator] 
         time.sleep(2e-5)
 
 
-def path_choices(group=None) -> List[Dict[str, Any]]:
+def path_choices(group=None) -> list[dict[str, Any]]:
     """What the cached plans of ``group``'s communicator run ([] when it has none yet; never
     creates a communicator, so any rank may call it alone): one dict per plan with the op,
     schedule, steps, global M/N/K, ``requested`` (the calls' path argument), ``path`` (the path
@@ -706,23 +818,43 @@ def path_choices(group=None) -> List[Dict[str, Any]]:
     choice (``overlap_ms``, ``collective_ms``: per call, max over ranks), or
     ``collective_unavailable`` with the reason when the collective path could not run."""
     comm = find_communicator(group)  # a lookup: creating a communicator is a collective
-    res: List[Dict[str, Any]] = []
+    res: list[dict[str, Any]] = []
     if comm is None:
         return res
     for key, e in comm.plans.items():
         s = e.spec
-        res.append(dict(op=s.op, schedule=s.schedule, steps=s.steps, m=s.m, n=s.n, k=s.k,
-                        requested=key[-1], path=e.path, **(e.tuning or {})))
+        res.append(
+            dict(
+                op=s.op,
+                schedule=s.schedule,
+                steps=s.steps,
+                m=s.m,
+                n=s.n,
+                k=s.k,
+                requested=key[-1],
+                path=e.path,
+                **(e.tuning or {}),
+            )
+        )
     return res
 
 
 # ---------------------------------------------------------------------------------------------
 # The ops.
 
-def all_gather_gemm(a_shard: torch.Tensor, w: torch.Tensor, *, bias: Optional[torch.Tensor] = None,
-                    schedule: str = "ag_rotate_a", steps: Optional[int] = None,
-                    out: Optional[torch.Tensor] = None, return_gathered: bool = False,
-                    group=None, path: Optional[str] = None):
+
+def all_gather_gemm(
+    a_shard: torch.Tensor,
+    w: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    schedule: str = "ag_rotate_a",
+    steps: int | None = None,
+    out: torch.Tensor | None = None,
+    return_gathered: bool = False,
+    group=None,
+    path: str | None = None,
+):
     """All-gather along dim 0 overlapped with a GEMM (column-parallel linear layer).
 
     Plain torch equivalent (``schedule="ag_rotate_a"``, the default)::
@@ -763,10 +895,20 @@ def all_gather_gemm(a_shard: torch.Tensor, w: torch.Tensor, *, bias: Optional[to
     path = check_path(op, path)
     dtype = check_types(op, {"a_shard": a_shard, "w": w, "bias": bias, "out": out})
     check_no_grad(op, {"a_shard": a_shard, "w": w, "bias": bias})
-    key = (op, schedule, steps, dtype,
-           (("a_shard", a_shard.shape), ("w", w.shape),
-            ("bias", None if bias is None else bias.shape)),
-           0.0, bool(return_gathered), path)
+    key = (
+        op,
+        schedule,
+        steps,
+        dtype,
+        (
+            ("a_shard", a_shard.shape),
+            ("w", w.shape),
+            ("bias", None if bias is None else bias.shape),
+        ),
+        0.0,
+        bool(return_gathered),
+        path,
+    )
 
     def make(comm):
         return make_spec(op, schedule, comm.tp, comm.rank, steps, a_shard, w, bias=bias, out=out)
@@ -774,11 +916,19 @@ def all_gather_gemm(a_shard: torch.Tensor, w: torch.Tensor, *, bias: Optional[to
     return _run(op, group, key, make, {"a": a_shard, "w": w, "bias": bias}, out)
 
 
-def gemm_reduce_scatter(a: torch.Tensor, w: torch.Tensor, *, bias: Optional[torch.Tensor] = None,
-                        c: Optional[torch.Tensor] = None, beta: float = 0.0,
-                        schedule: str = "rs_tile_a", steps: Optional[int] = None,
-                        out: Optional[torch.Tensor] = None, group=None,
-                        path: Optional[str] = None) -> torch.Tensor:
+def gemm_reduce_scatter(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    c: torch.Tensor | None = None,
+    beta: float = 0.0,
+    schedule: str = "rs_tile_a",
+    steps: int | None = None,
+    out: torch.Tensor | None = None,
+    group=None,
+    path: str | None = None,
+) -> torch.Tensor:
     """A GEMM overlapped with the reduce-scatter of its result (row-parallel linear layer).
 
     Plain torch equivalent (``schedule="rs_tile_a"``, the default: scatter along M)::
@@ -804,14 +954,23 @@ def gemm_reduce_scatter(a: torch.Tensor, w: torch.Tensor, *, bias: Optional[torc
     ProcessGroup (default: the world group) or a ``distgemm.Communicator``. ``path``: "auto",
     "overlap" or "collective" (torch GEMM + NCCL reduce-scatter), as for ``all_gather_gemm``.
     """
-    return _gemm_then_reduce("gemm_reduce_scatter", schedule, a, w, bias, c, beta, steps, out,
-                             group, path)
+    return _gemm_then_reduce(
+        "gemm_reduce_scatter", schedule, a, w, bias, c, beta, steps, out, group, path
+    )
 
 
-def gemm_all_reduce(a: torch.Tensor, w: torch.Tensor, *, bias: Optional[torch.Tensor] = None,
-                    c: Optional[torch.Tensor] = None, beta: float = 0.0,
-                    steps: Optional[int] = None, out: Optional[torch.Tensor] = None,
-                    group=None, path: Optional[str] = None) -> torch.Tensor:
+def gemm_all_reduce(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    c: torch.Tensor | None = None,
+    beta: float = 0.0,
+    steps: int | None = None,
+    out: torch.Tensor | None = None,
+    group=None,
+    path: str | None = None,
+) -> torch.Tensor:
     """A GEMM overlapped with the all-reduce of its result (schedule ``gemm_allreduce``:
     reduce-scatter of tiles along M, then all-gather of the finished tiles, in one plan).
 
@@ -835,8 +994,9 @@ def gemm_all_reduce(a: torch.Tensor, w: torch.Tensor, *, bias: Optional[torch.Te
     ``path``: "auto", "overlap" or "collective" (torch GEMM + NCCL all-reduce), as for
     ``all_gather_gemm``.
     """
-    return _gemm_then_reduce("gemm_all_reduce", "gemm_allreduce", a, w, bias, c, beta, steps, out,
-                             group, path)
+    return _gemm_then_reduce(
+        "gemm_all_reduce", "gemm_allreduce", a, w, bias, c, beta, steps, out, group, path
+    )
 
 
 def _gemm_then_reduce(op, schedule, a, w, bias, c, beta, steps, out, group, path):
@@ -847,13 +1007,25 @@ def _gemm_then_reduce(op, schedule, a, w, bias, c, beta, steps, out, group, path
     dtype = check_types(op, {"a": a, "w": w, "bias": bias, "c": c_used, "out": out})
     tensors = {"a": a, "w": w, "bias": bias, "c": c_used}
     check_no_grad(op, tensors)
-    key = (op, schedule, steps, dtype,
-           (("a", a.shape), ("w", w.shape), ("bias", None if bias is None else bias.shape),
-            ("c", None if c_used is None else c_used.shape)),
-           beta, False, path)
+    key = (
+        op,
+        schedule,
+        steps,
+        dtype,
+        (
+            ("a", a.shape),
+            ("w", w.shape),
+            ("bias", None if bias is None else bias.shape),
+            ("c", None if c_used is None else c_used.shape),
+        ),
+        beta,
+        False,
+        path,
+    )
 
     def make(comm):
-        return make_spec(op, schedule, comm.tp, comm.rank, steps, a, w, bias=bias, c=c, beta=beta,
-                         out=out)
+        return make_spec(
+            op, schedule, comm.tp, comm.rank, steps, a, w, bias=bias, c=c, beta=beta, out=out
+        )
 
     return _run(op, group, key, make, tensors, out)

@@ -4,17 +4,25 @@ A plan is a plain dict (see ``cpp/include/distgemm/schedule/plan.hpp`` for the m
 field). Tests and tools may copy and mutate it; the simulator and the reference executor take
 any such dict.
 """
+
 from __future__ import annotations
 
 import copy as _copy
-from typing import Any, Dict, Optional, Union
+from typing import Any
 
 from . import _core
 
-Plan = Dict[str, Any]
+Plan = dict[str, Any]
 
-__all__ = ["Plan", "build_plan", "schedule_names", "schedule_definition", "workspace_bytes",
-           "clone_plan", "tile_map"]
+__all__ = [
+    "Plan",
+    "build_plan",
+    "schedule_names",
+    "schedule_definition",
+    "workspace_bytes",
+    "clone_plan",
+    "tile_map",
+]
 
 
 def schedule_names() -> list[str]:
@@ -27,8 +35,17 @@ def schedule_definition(name: str) -> dict:
     return _core.schedule_definition(name)
 
 
-def build_plan(schedule: Union[str, dict], tp: int, steps: Optional[int] = None, *, m: int, n: int,
-               k: int, l: int = 1, partial_via: Optional[str] = None) -> Plan:
+def build_plan(
+    schedule: str | dict,
+    tp: int,
+    steps: int | None = None,
+    *,
+    m: int,
+    n: int,
+    k: int,
+    l: int = 1,
+    partial_via: str | None = None,
+) -> Plan:
     """Build the Plan of ``schedule`` (a name or a definition dict) for ``tp`` devices.
 
     ``steps`` defaults to ``tp`` (one tile per device shard). ``partial_via`` ("epilogue" or
@@ -47,7 +64,7 @@ def build_plan(schedule: Union[str, dict], tp: int, steps: Optional[int] = None,
     return _core.build_plan(schedule, tp, steps, m, n, k, l, partial_via)
 
 
-def tile_map(schedule: Union[str, dict], tp: int, steps: Optional[int] = None) -> dict:
+def tile_map(schedule: str | dict, tp: int, steps: int | None = None) -> dict:
     """DistributedTileScheduler tables (device x iteration): tile, source and destination device."""
     return _core.tile_map(schedule, tp, tp if steps is None else steps)
 
@@ -55,9 +72,17 @@ def tile_map(schedule: Union[str, dict], tp: int, steps: Optional[int] = None) -
 def workspace_bytes(plan: Plan, slot_elem_bytes: int = 2) -> int:
     """Extra device memory per device (receive slots, flags, barrier, epoch) of a plan."""
     p = plan["problem"]
-    return _core.workspace_layout(plan["definition"], plan["tp"], plan["steps"], p["m"], p["n"],
-                                  p["k"], p["l"], slot_elem_bytes,
-                                  plan.get("partial_via"))["total_bytes"]
+    return _core.workspace_layout(
+        plan["definition"],
+        plan["tp"],
+        plan["steps"],
+        p["m"],
+        p["n"],
+        p["k"],
+        p["l"],
+        slot_elem_bytes,
+        plan.get("partial_via"),
+    )["total_bytes"]
 
 
 def clone_plan(plan: Plan) -> Plan:

@@ -11,17 +11,31 @@ flag holds the launch generation. Among ready ops the executor picks with a *pol
 interleavings. A plan that is missing a wait therefore reads a slot before it is written in at
 least one order; a plan whose waits can never be satisfied raises ``ExecutionError`` (deadlock).
 """
+
 from __future__ import annotations
 
 import random
-from typing import Dict, List, Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["ExecutionError", "execute_plan", "run_reference", "reference_inputs", "expected_outputs",
-           "POLICIES"]
+__all__ = [
+    "ExecutionError",
+    "execute_plan",
+    "run_reference",
+    "reference_inputs",
+    "expected_outputs",
+    "POLICIES",
+]
 
-POLICIES = ("compute_first_low", "compute_first_high", "copies_first", "random:1", "random:2", "random:3")
+POLICIES = (
+    "compute_first_low",
+    "compute_first_high",
+    "copies_first",
+    "random:1",
+    "random:2",
+    "random:3",
+)
 
 
 class ExecutionError(RuntimeError):
@@ -32,14 +46,14 @@ def _shard(x: np.ndarray, mode: str, row_mode: str, col_mode: str, d: int, tp: i
     """Device d's shard of a [L, rows, cols] array."""
     if mode == row_mode:
         r = x.shape[1] // tp
-        return x[:, d * r:(d + 1) * r, :]
+        return x[:, d * r : (d + 1) * r, :]
     if mode == col_mode:
         c = x.shape[2] // tp
-        return x[:, :, d * c:(d + 1) * c]
+        return x[:, :, d * c : (d + 1) * c]
     return x
 
 
-def reference_inputs(plan: dict, seed: int = 0, dtype=np.float64) -> Dict[str, np.ndarray]:
+def reference_inputs(plan: dict, seed: int = 0, dtype=np.float64) -> dict[str, np.ndarray]:
     """Global random inputs A[L,M,K], B[L,N,K], C[L,M,N], bias[N] (never zeros)."""
     p = plan["problem"]
     rng = np.random.default_rng(seed)
@@ -52,8 +66,9 @@ def reference_inputs(plan: dict, seed: int = 0, dtype=np.float64) -> Dict[str, n
     }
 
 
-def expected_outputs(plan: dict, inputs: Dict[str, np.ndarray], alpha: float, beta: float,
-                     use_bias: bool) -> List[np.ndarray]:
+def expected_outputs(
+    plan: dict, inputs: dict[str, np.ndarray], alpha: float, beta: float, use_bias: bool
+) -> list[np.ndarray]:
     """Each device's D per the Partition, from the full un-distributed GEMM."""
     full = alpha * np.matmul(inputs["A"], np.swapaxes(inputs["B"], 1, 2))
     if beta != 0.0:
@@ -61,27 +76,34 @@ def expected_outputs(plan: dict, inputs: Dict[str, np.ndarray], alpha: float, be
     if use_bias:
         full = full + inputs["bias"][None, None, :]
     mode = plan["definition"]["partition"]["d"]
-    return [np.ascontiguousarray(_shard(full, mode, "M", "N", d, plan["tp"])) for d in range(plan["tp"])]
+    return [
+        np.ascontiguousarray(_shard(full, mode, "M", "N", d, plan["tp"])) for d in range(plan["tp"])
+    ]
 
 
 class _Device:
-    def __init__(self, plan: dict, d: int, inputs: Dict[str, np.ndarray], dtype):
+    def __init__(self, plan: dict, d: int, inputs: dict[str, np.ndarray], dtype):
         part = plan["definition"]["partition"]
         tp = plan["tp"]
-        self.buf: Dict[str, np.ndarray] = {
+        self.buf: dict[str, np.ndarray] = {
             "A": np.ascontiguousarray(_shard(inputs["A"], part["a"], "M", "K", d, tp)).ravel(),
             "B": np.ascontiguousarray(_shard(inputs["B"], part["b"], "N", "K", d, tp)).ravel(),
             "C": np.ascontiguousarray(_shard(inputs["C"], part["d"], "M", "N", d, tp)).ravel(),
-            "D": np.full(int(np.prod(plan["local_shapes"]["D"])) * plan["problem"]["l"], np.nan, dtype=dtype),
+            "D": np.full(
+                int(np.prod(plan["local_shapes"]["D"])) * plan["problem"]["l"], np.nan, dtype=dtype
+            ),
             "slots": np.full(plan["slot_elems"], np.nan, dtype=dtype),
         }
         nb = plan["local_shapes"]["bias"]
-        self.buf["bias"] = np.ascontiguousarray(inputs["bias"][d * nb:(d + 1) * nb] if part["d"] == "N"
-                                                else inputs["bias"])
+        self.buf["bias"] = np.ascontiguousarray(
+            inputs["bias"][d * nb : (d + 1) * nb] if part["d"] == "N" else inputs["bias"]
+        )
         self.flags = np.zeros(plan["num_flags"], dtype=np.int64)
 
 
-def _view(devs: List[_Device], ref: dict, rows: int, cols: int, batches: int, what: str) -> np.ndarray:
+def _view(
+    devs: list[_Device], ref: dict, rows: int, cols: int, batches: int, what: str
+) -> np.ndarray:
     """A [batches, rows, cols] strided view of a device buffer, bounds-checked."""
     if not 0 <= ref["device"] < len(devs):
         raise ExecutionError(f"{what}: device {ref['device']} does not exist")
@@ -89,15 +111,26 @@ def _view(devs: List[_Device], ref: dict, rows: int, cols: int, batches: int, wh
     off, ld, bs = ref["offset"], ref["ld"], ref["batch_stride"]
     last = off + (batches - 1) * bs + (rows - 1) * ld + cols
     if off < 0 or last > arr.size:
-        raise ExecutionError(f"{what}: {ref['buffer']} of device {ref['device']} accessed out of bounds "
-                             f"(offset {off}, ld {ld}, batch stride {bs}, {batches}x{rows}x{cols} of {arr.size})")
+        raise ExecutionError(
+            f"{what}: {ref['buffer']} of device {ref['device']} accessed out of bounds "
+            f"(offset {off}, ld {ld}, batch stride {bs}, {batches}x{rows}x{cols} of {arr.size})"
+        )
     it = arr.itemsize
-    return np.lib.stride_tricks.as_strided(arr[off:], shape=(batches, rows, cols), strides=(bs * it, ld * it, it),
-                                           writeable=True)
+    return np.lib.stride_tricks.as_strided(
+        arr[off:], shape=(batches, rows, cols), strides=(bs * it, ld * it, it), writeable=True
+    )
 
 
-def execute_plan(plan: dict, inputs: Dict[str, np.ndarray], *, alpha: float = 1.0, beta: float = 0.0,
-                 use_bias: bool = False, policy: str = "compute_first_low", dtype=np.float64) -> List[np.ndarray]:
+def execute_plan(
+    plan: dict,
+    inputs: dict[str, np.ndarray],
+    *,
+    alpha: float = 1.0,
+    beta: float = 0.0,
+    use_bias: bool = False,
+    policy: str = "compute_first_low",
+    dtype=np.float64,
+) -> list[np.ndarray]:
     """Run one launch of ``plan`` on simulated devices; returns each device's D as [L, rows, cols]."""
     tp, L = plan["tp"], plan["problem"]["l"]
     devs = [_Device(plan, d, inputs, dtype) for d in range(tp)]
@@ -110,7 +143,9 @@ def execute_plan(plan: dict, inputs: Dict[str, np.ndarray], *, alpha: float = 1.
     def flags_ok(d: int, waits: Sequence[int]) -> bool:
         for f in waits:
             if not 0 <= f < len(devs[d].flags):
-                raise ExecutionError(f"device {d} waits for flag {f}, outside the plan's {len(devs[d].flags)} flags")
+                raise ExecutionError(
+                    f"device {d} waits for flag {f}, outside the plan's {len(devs[d].flags)} flags"
+                )
             if devs[d].flags[f] != epoch:
                 return False
         return True
@@ -118,23 +153,29 @@ def execute_plan(plan: dict, inputs: Dict[str, np.ndarray], *, alpha: float = 1.
     def signal(sigs) -> None:
         for s in sigs:
             if not (0 <= s["device"] < tp and 0 <= s["flag"] < len(devs[s["device"]].flags)):
-                raise ExecutionError(f"signal to flag {s['flag']} on device {s['device']} is out of range")
+                raise ExecutionError(
+                    f"signal to flag {s['flag']} on device {s['device']} is out of range"
+                )
             devs[s["device"]].flags[s["flag"]] = epoch
 
-    def ready() -> List[tuple]:
+    def ready() -> list[tuple]:
         out = []
         for d in range(tp):
             gi = next_gemm[d]
-            if gi < len(plan["devices"][d]["gemms"]) and flags_ok(d, plan["devices"][d]["gemms"][gi]["waits"]):
+            if gi < len(plan["devices"][d]["gemms"]) and flags_ok(
+                d, plan["devices"][d]["gemms"][gi]["waits"]
+            ):
                 out.append(("gemm", d, gi))
             ci = next_copy[d]
             if ci < len(plan["devices"][d]["copies"]):
                 c = plan["devices"][d]["copies"][ci]
-                if (c["after_gemm"] < 0 or gemm_done[d][c["after_gemm"]]) and flags_ok(d, c["waits"]):
+                if (c["after_gemm"] < 0 or gemm_done[d][c["after_gemm"]]) and flags_ok(
+                    d, c["waits"]
+                ):
                     out.append(("copy", d, ci))
         return out
 
-    def pick(cands: List[tuple]) -> tuple:
+    def pick(cands: list[tuple]) -> tuple:
         if policy == "compute_first_low":
             return min(cands, key=lambda e: (e[0] != "gemm", e[1]))
         if policy == "compute_first_high":
@@ -151,7 +192,9 @@ def execute_plan(plan: dict, inputs: Dict[str, np.ndarray], *, alpha: float = 1.
             for d in range(tp):
                 gi = next_gemm[d]
                 if gi < len(plan["devices"][d]["gemms"]):
-                    stuck.append(f"device {d} GEMM step {gi} waits for flags {plan['devices'][d]['gemms'][gi]['waits']}")
+                    stuck.append(
+                        f"device {d} GEMM step {gi} waits for flags {plan['devices'][d]['gemms'][gi]['waits']}"
+                    )
                 ci = next_copy[d]
                 if ci < len(plan["devices"][d]["copies"]):
                     stuck.append(f"device {d} copy #{ci} waits")
@@ -160,7 +203,9 @@ def execute_plan(plan: dict, inputs: Dict[str, np.ndarray], *, alpha: float = 1.
         if kind == "copy":
             c = plan["devices"][d]["copies"][j]
             src = _view(devs, c["src"], c["rows"], c["cols"], L, f"device {d} copy #{j} source")
-            dst = _view(devs, c["dst"], c["rows"], c["cols"], L, f"device {d} copy #{j} destination")
+            dst = _view(
+                devs, c["dst"], c["rows"], c["cols"], L, f"device {d} copy #{j} destination"
+            )
             dst[...] = src
             next_copy[d] += 1
             signal(c["signals"])
@@ -175,7 +220,9 @@ def execute_plan(plan: dict, inputs: Dict[str, np.ndarray], *, alpha: float = 1.
             if g["user_c"] is not None and beta != 0.0:
                 acc = acc + beta * _view(devs, g["user_c"], g["m"], g["n"], L, what + " C")
             if g["bias"] is not None and use_bias:
-                acc = acc + _view(devs, g["bias"], 1, g["n"], 1, what + " bias")[0, 0][None, None, :]
+                acc = (
+                    acc + _view(devs, g["bias"], 1, g["n"], 1, what + " bias")[0, 0][None, None, :]
+                )
             _view(devs, g["d"], g["m"], g["n"], L, what + " D")[...] = acc
             gemm_done[d][j] = True
             next_gemm[d] += 1
@@ -184,8 +231,15 @@ def execute_plan(plan: dict, inputs: Dict[str, np.ndarray], *, alpha: float = 1.
     return [devs[d].buf["D"].reshape(L, shape[0], shape[1]) for d in range(tp)]
 
 
-def run_reference(plan: dict, *, alpha: float = 1.0, beta: float = 0.0, use_bias: bool = False, seed: int = 0,
-                  policies: Optional[Sequence[str]] = None) -> float:
+def run_reference(
+    plan: dict,
+    *,
+    alpha: float = 1.0,
+    beta: float = 0.0,
+    use_bias: bool = False,
+    seed: int = 0,
+    policies: Sequence[str] | None = None,
+) -> float:
     """Run ``plan`` under every policy with fresh random inputs; return the worst relative
     Frobenius error against the full GEMM in float64 (``inf`` if any output element is NaN).
     Raises ``ExecutionError`` if the plan cannot complete."""

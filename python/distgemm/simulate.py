@@ -13,12 +13,12 @@ with it. Every launch begins with an entry barrier across all devices (not shown
 invariant, device and step in words and exits 1. ``--json`` prints the plan, the table and the
 check result as JSON instead.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from typing import List, Optional
 
 from . import _core
 from .check import check_plan
@@ -31,7 +31,7 @@ __all__ = ["step_table", "format_table", "main"]
 DEFAULT_SHAPE = dict(zip("mnk", _core.llama_gemm("70B", "FC1", 8192)), l=1)
 
 
-def default_shape(tp: int, steps: Optional[int]) -> dict:
+def default_shape(tp: int, steps: int | None) -> dict:
     """The default problem for TP and S: the Llama shape, each of M, N, K rounded down to a
     multiple of S*TP (which every schedule can split) when it is not one already."""
     unit = max(1, tp) * max(1, steps if steps is not None else tp)
@@ -42,8 +42,13 @@ def default_shape(tp: int, steps: Optional[int]) -> dict:
     return shape
 
 
-def _ref(ref: Optional[dict], here: int, slot_elems_per_slot: Optional[int] = None,
-         rows: Optional[int] = None, cols: Optional[int] = None) -> str:
+def _ref(
+    ref: dict | None,
+    here: int,
+    slot_elems_per_slot: int | None = None,
+    rows: int | None = None,
+    cols: int | None = None,
+) -> str:
     """Short label of an operand: `A`, `D[512:1024, :]`, `slot0@dev1`."""
     if ref is None:
         return "-"
@@ -59,7 +64,7 @@ def _ref(ref: Optional[dict], here: int, slot_elems_per_slot: Optional[int] = No
     return f"{name}[{rs}, {cs}]{where}"
 
 
-def _slot_size(plan: dict) -> Optional[int]:
+def _slot_size(plan: dict) -> int | None:
     """Elements per receive slot (all slots of a plan have one size)."""
     sizes = set()
     for dev in plan["devices"]:
@@ -71,7 +76,7 @@ def _slot_size(plan: dict) -> Optional[int]:
     return min(sizes) if len(sizes) == 1 else None
 
 
-def _signals(sigs: List[dict]) -> str:
+def _signals(sigs: list[dict]) -> str:
     return ", ".join(f"f{s['flag']}@{s['device']}" for s in sigs)
 
 
@@ -86,7 +91,7 @@ def gemm_tile(g: dict, l: int, slots: int) -> int:
     return int(_core.choose_tile_n(g["m"], g["n"], l, slots, slots)["tile_n"])
 
 
-def step_table(plan: dict, slots: int = H200_RESIDENT_CTAS) -> List[dict]:
+def step_table(plan: dict, slots: int = H200_RESIDENT_CTAS) -> list[dict]:
     """Rows of the step table: one per (step, device), with 'compute' and 'copy' cells. A GEMM
     the 128x128-tile kernel would run (with ``slots`` resident CTAs) is marked [128x128]."""
     rows = []
@@ -128,16 +133,20 @@ def step_table(plan: dict, slots: int = H200_RESIDENT_CTAS) -> List[dict]:
                     s += "wait " + ",".join(f"f{f}" for f in c["waits"]) + "; "
                 if c["after_gemm"] >= 0:
                     s += f"after step{c['after_gemm']}; "
-                s += (f"{_ref(c['src'], d, per_slot, c['rows'], c['cols'])} -> "
-                      f"{_ref(c['dst'], d, per_slot, c['rows'], c['cols'])}")
+                s += (
+                    f"{_ref(c['src'], d, per_slot, c['rows'], c['cols'])} -> "
+                    f"{_ref(c['dst'], d, per_slot, c['rows'], c['cols'])}"
+                )
                 if c["signals"]:
                     s += f", set {_signals(c['signals'])}"
                 copies.append(s)
-            rows.append({"step": i, "device": d, "compute": " ".join(cells), "copy": " | ".join(copies)})
+            rows.append(
+                {"step": i, "device": d, "compute": " ".join(cells), "copy": " | ".join(copies)}
+            )
     return rows
 
 
-def format_table(plan: dict, rows: List[dict]) -> str:
+def format_table(plan: dict, rows: list[dict]) -> str:
     wc = max([len("compute")] + [len(r["compute"]) for r in rows])
     head = f"step dev | {'compute'.ljust(wc)} | copy engine"
     lines = [head, "-" * len(head)]
@@ -151,43 +160,77 @@ def describe(plan: dict) -> str:
     p, dfn = plan["problem"], plan["definition"]
     ls = plan["local_shapes"]
     elem = 2
-    return "\n".join([
-        f"schedule {plan['schedule']}: {dfn['summary']}",
-        f"problem M={p['m']} N={p['n']} K={p['k']} L={p['l']}, TP={plan['tp']}, S={plan['steps']} "
-        f"(k={plan['chunks_per_shard']} chunk(s) per shard)",
-        f"tile map: tile(d, i) = ({dfn['tile']['a']}*k*d + {dfn['tile']['b']}*i + {dfn['tile']['c']}*k) mod S "
-        f"over {dfn['split']}",
-        f"per device: A{list(ls['A'])} B{list(ls['B'])} D{list(ls['D'])} bias[{ls['bias']}]; "
-        f"extra memory {workspace_bytes(plan, elem) / 2**20:.2f} MiB at 2-byte elements "
-        f"({plan['num_flags']} flags, slots of {plan['slot_operand']})",
-        "each launch starts with an entry barrier across all devices"
-        + ("" if dfn["collective"] == "all_gather" else
-           f"; partials travel by {'the copy engine (staged locally)' if plan['partial_via'] == 'copy' else 'the epilogue (peer writes)'}"),
-    ])
+    return "\n".join(
+        [
+            f"schedule {plan['schedule']}: {dfn['summary']}",
+            f"problem M={p['m']} N={p['n']} K={p['k']} L={p['l']}, TP={plan['tp']}, S={plan['steps']} "
+            f"(k={plan['chunks_per_shard']} chunk(s) per shard)",
+            f"tile map: tile(d, i) = ({dfn['tile']['a']}*k*d + {dfn['tile']['b']}*i + {dfn['tile']['c']}*k) mod S "
+            f"over {dfn['split']}",
+            f"per device: A{list(ls['A'])} B{list(ls['B'])} D{list(ls['D'])} bias[{ls['bias']}]; "
+            f"extra memory {workspace_bytes(plan, elem) / 2**20:.2f} MiB at 2-byte elements "
+            f"({plan['num_flags']} flags, slots of {plan['slot_operand']})",
+            "each launch starts with an entry barrier across all devices"
+            + (
+                ""
+                if dfn["collective"] == "all_gather"
+                else f"; partials travel by {'the copy engine (staged locally)' if plan['partial_via'] == 'copy' else 'the epilogue (peer writes)'}"
+            ),
+        ]
+    )
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m distgemm.simulate", description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m distgemm.simulate", description=__doc__.split("\n")[0]
+    )
     ap.add_argument("--schedule", required=True, help="one of: " + ", ".join(schedule_names()))
     ap.add_argument("--tp", type=int, required=True, help="number of devices (1..8)")
     ap.add_argument("--steps", type=int, default=None, help="S, a multiple of TP (default TP)")
     for dim in ("m", "n", "k", "l"):
-        ap.add_argument(f"--{dim}", type=int, default=None,
-                        help=f"problem {dim.upper()} (default {DEFAULT_SHAPE[dim]}, Llama-3-70B FC1 at 8192 "
-                             "tokens, rounded down to a multiple of S*TP when that does not divide it)")
-    ap.add_argument("--partial-via", choices=("epilogue", "copy"), default=None,
-                    help="reduce-scatter partials: written to the peer by the epilogue, or staged "
-                         "locally and pushed by the copy engine (default: the library's choice)")
-    ap.add_argument("--slots", type=int, default=H200_RESIDENT_CTAS,
-                    help="resident CTAs per GEMM kernel for the [128x128] tile marks (default "
-                         f"{H200_RESIDENT_CTAS}, an H200)")
-    ap.add_argument("--check", dest="check", action="store_true", default=True, help="prove the invariants (default)")
+        ap.add_argument(
+            f"--{dim}",
+            type=int,
+            default=None,
+            help=f"problem {dim.upper()} (default {DEFAULT_SHAPE[dim]}, Llama-3-70B FC1 at 8192 "
+            "tokens, rounded down to a multiple of S*TP when that does not divide it)",
+        )
+    ap.add_argument(
+        "--partial-via",
+        choices=("epilogue", "copy"),
+        default=None,
+        help="reduce-scatter partials: written to the peer by the epilogue, or staged "
+        "locally and pushed by the copy engine (default: the library's choice)",
+    )
+    ap.add_argument(
+        "--slots",
+        type=int,
+        default=H200_RESIDENT_CTAS,
+        help="resident CTAs per GEMM kernel for the [128x128] tile marks (default "
+        f"{H200_RESIDENT_CTAS}, an H200)",
+    )
+    ap.add_argument(
+        "--check",
+        dest="check",
+        action="store_true",
+        default=True,
+        help="prove the invariants (default)",
+    )
     ap.add_argument("--no-check", dest="check", action="store_false", help="print the table only")
-    ap.add_argument("--json", action="store_true", help="print plan, table and check result as JSON")
-    ap.add_argument("--timeline", action="store_true",
-                    help="also print the predicted per-stream timeline (cost model in distgemm.timeline)")
-    ap.add_argument("--tflops", type=float, default=CostModel.tflops, help="GEMM rate per GPU for --timeline")
-    ap.add_argument("--link-gbs", type=float, default=CostModel.link_gbs, help="peer bandwidth for --timeline")
+    ap.add_argument(
+        "--json", action="store_true", help="print plan, table and check result as JSON"
+    )
+    ap.add_argument(
+        "--timeline",
+        action="store_true",
+        help="also print the predicted per-stream timeline (cost model in distgemm.timeline)",
+    )
+    ap.add_argument(
+        "--tflops", type=float, default=CostModel.tflops, help="GEMM rate per GPU for --timeline"
+    )
+    ap.add_argument(
+        "--link-gbs", type=float, default=CostModel.link_gbs, help="peer bandwidth for --timeline"
+    )
     args = ap.parse_args(argv)
     try:
         shape = default_shape(args.tp, args.steps)
@@ -201,25 +244,42 @@ def main(argv: Optional[List[str]] = None) -> int:
     rows = step_table(plan, args.slots)
     violations = check_plan(plan) if args.check else []
     if args.json:
-        json.dump({"plan": plan, "table": rows, "checked": args.check, "ok": not violations,
-                   "violations": [v.__dict__ for v in violations]}, sys.stdout, indent=1)
+        json.dump(
+            {
+                "plan": plan,
+                "table": rows,
+                "checked": args.check,
+                "ok": not violations,
+                "violations": [v.__dict__ for v in violations],
+            },
+            sys.stdout,
+            indent=1,
+        )
         print()
     else:
         print(describe(plan))
-        print(f"GEMMs marked [128x128] run the 128x128-tile kernel, the others 128x256 (wave model of "
-              f"kernel/tile_choice.hpp at {args.slots} resident CTAs)")
+        print(
+            f"GEMMs marked [128x128] run the 128x128-tile kernel, the others 128x256 (wave model of "
+            f"kernel/tile_choice.hpp at {args.slots} resident CTAs)"
+        )
         print()
         print(format_table(plan, rows))
         print()
         if args.check and not violations:
-            print("all invariants hold: coverage (each D element once, K summed exactly once), ordering "
-                  "(no read before arrival, no race), slot reuse, ownership (D per Partition, user tensors "
-                  "local), progress (each flag set once, no cyclic wait)")
+            print(
+                "all invariants hold: coverage (each D element once, K summed exactly once), ordering "
+                "(no read before arrival, no race), slot reuse, ownership (D per Partition, user tensors "
+                "local), progress (each flag set once, no cyclic wait)"
+            )
         for v in violations:
             print(f"VIOLATION {v}")
         if args.timeline and not violations:
             print()
-            print(format_timeline(plan, predict(plan, CostModel(tflops=args.tflops, link_gbs=args.link_gbs))))
+            print(
+                format_timeline(
+                    plan, predict(plan, CostModel(tflops=args.tflops, link_gbs=args.link_gbs))
+                )
+            )
     return 1 if violations else 0
 
 

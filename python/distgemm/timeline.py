@@ -9,10 +9,10 @@ with an entry barrier of `barrier_us`. Defaults are H200 numbers measured on thi
 machine: ~790 TFLOP/s dense bf16, ~370 GB/s one-way copy-engine peer copies. The model ignores
 wave quantisation and the efficiency loss of small tiles, so it is optimistic for small problems.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
 
 from .check import happens_before_order
 
@@ -21,8 +21,8 @@ __all__ = ["CostModel", "predict", "format_timeline"]
 
 @dataclass
 class CostModel:
-    tflops: float = 790.0        # per GPU
-    link_gbs: float = 370.0      # one-way peer bandwidth per GPU
+    tflops: float = 790.0  # per GPU
+    link_gbs: float = 370.0  # one-way peer bandwidth per GPU
     elem_bytes: int = 2
     flag_us: float = 2.0
     barrier_us: float = 5.0
@@ -34,9 +34,9 @@ def predict(plan: dict, cost: CostModel = CostModel()) -> dict:
     if order is None:
         raise ValueError("the plan has a cyclic wait; no timeline exists")
     L = plan["problem"]["l"]
-    end: Dict[Tuple[str, int, int], float] = {}
-    start: Dict[Tuple[str, int, int], float] = {}
-    flag_time: Dict[Tuple[int, int], float] = {}
+    end: dict[tuple[str, int, int], float] = {}
+    start: dict[tuple[str, int, int], float] = {}
+    flag_time: dict[tuple[int, int], float] = {}
     for ev in order:
         kind, d, j = ev
         dev = plan["devices"][d]
@@ -62,16 +62,23 @@ def predict(plan: dict, cost: CostModel = CostModel()) -> dict:
     total = max(end.values()) if end else 0.0
     p = plan["problem"]
     floor = 2.0 * p["m"] * p["n"] * p["k"] * L / plan["tp"] / (cost.tflops * 1e6)
-    return {"start": start, "end": end, "total_us": total, "local_gemm_us": floor,
-            "overlap_efficiency": floor / total if total else 0.0}
+    return {
+        "start": start,
+        "end": end,
+        "total_us": total,
+        "local_gemm_us": floor,
+        "overlap_efficiency": floor / total if total else 0.0,
+    }
 
 
 def format_timeline(plan: dict, pred: dict, width: int = 72) -> str:
     """ASCII Gantt chart: per device a compute row (GEMM steps as digits) and a copy-engine row."""
     total = pred["total_us"] or 1.0
     scale = width / total
-    lines = [f"predicted timeline ({total:.0f} us; each column {total / width:.1f} us; digits = GEMM step "
-             "mod 10, '=' = copy engine busy, '.' = idle)"]
+    lines = [
+        f"predicted timeline ({total:.0f} us; each column {total / width:.1f} us; digits = GEMM step "
+        "mod 10, '=' = copy engine busy, '.' = idle)"
+    ]
     for d in range(plan["tp"]):
         for kind, label in (("gemm", "SM"), ("copy", "CE")):
             row = ["."] * width
@@ -83,6 +90,8 @@ def format_timeline(plan: dict, pred: dict, width: int = 72) -> str:
                 for x in range(a, min(b, width)):
                     row[x] = str(j % 10) if kind == "gemm" else "="
             lines.append(f"dev{d} {label} |{''.join(row)}|")
-    lines.append(f"local GEMM alone {pred['local_gemm_us']:.0f} us, predicted launch {total:.0f} us, "
-                 f"overlap efficiency {pred['overlap_efficiency']:.3f}")
+    lines.append(
+        f"local GEMM alone {pred['local_gemm_us']:.0f} us, predicted launch {total:.0f} us, "
+        f"overlap efficiency {pred['overlap_efficiency']:.3f}"
+    )
     return "\n".join(lines)

@@ -33,7 +33,11 @@ def _gpus():
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=30, check=True).stdout
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
     except (subprocess.SubprocessError, OSError):
         return 0, []
     caps = [line.strip() for line in out.splitlines() if line.strip()]
@@ -48,21 +52,39 @@ TP = int(os.environ.get("DISTGEMM_TEST_TP", "2"))
 pytestmark = [
     pytest.mark.skipif(NGPU == 0, reason="no CUDA GPU (nvidia-smi finds none)"),
     pytest.mark.skipif(0 < NGPU < TP, reason=f"needs {TP} GPUs (DISTGEMM_TEST_TP), found {NGPU}"),
-    pytest.mark.skipif(NGPU >= TP and not all(c.startswith("9.") for c in CAPS[:TP]),
-                       reason=f"needs Hopper (sm_90a) GPUs, found compute capability {CAPS[:TP]}"),
-    pytest.mark.skipif(BENCH is None or not BENCH.exists(),
-                       reason="distgemm_bench is not built: cmake -S . -B build-gpu -G Ninja && "
-                              "cmake --build build-gpu (or set DISTGEMM_BENCH)"),
+    pytest.mark.skipif(
+        NGPU >= TP and not all(c.startswith("9.") for c in CAPS[:TP]),
+        reason=f"needs Hopper (sm_90a) GPUs, found compute capability {CAPS[:TP]}",
+    ),
+    pytest.mark.skipif(
+        BENCH is None or not BENCH.exists(),
+        reason="distgemm_bench is not built: cmake -S . -B build-gpu -G Ninja && "
+        "cmake --build build-gpu (or set DISTGEMM_BENCH)",
+    ),
 ]
 
-SMALL = ["--m", "2048", "--n", "1024", "--k", "1024", "--iterations", "3", "--warmup", "1", "--warmup-ms", "0",
-         "--no-local"]
+SMALL = [
+    "--m",
+    "2048",
+    "--n",
+    "1024",
+    "--k",
+    "1024",
+    "--iterations",
+    "3",
+    "--warmup",
+    "1",
+    "--warmup-ms",
+    "0",
+    "--no-local",
+]
 
 
 def run_bench(*args, timeout=180):
     env = dict(os.environ, NCCL_NVLS_ENABLE="0")
-    proc = subprocess.run([str(BENCH), *args], capture_output=True, text=True, timeout=timeout,
-                          env=env)
+    proc = subprocess.run(
+        [str(BENCH), *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
     result = {}
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -71,19 +93,35 @@ def run_bench(*args, timeout=180):
 
 
 SCHEDULES = ["ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "gemm_allreduce"]
-CASES = [(s, steps, dt, beta, bias) for s in SCHEDULES for steps in (TP, 2 * TP, 4 * TP)
-         for dt in ("bf16", "fp16") for beta in ("0", "0.5") for bias in (False, True)]
+CASES = [
+    (s, steps, dt, beta, bias)
+    for s in SCHEDULES
+    for steps in (TP, 2 * TP, 4 * TP)
+    for dt in ("bf16", "fp16")
+    for beta in ("0", "0.5")
+    for bias in (False, True)
+]
 
 
 def _case_param(s, st, dt, b, bi):
-    return pytest.param(s, st, dt, b, bi,
-                        id=f"{s}-S{st}-{dt}-beta{b}-{'bias' if bi else 'nobias'}")
+    return pytest.param(s, st, dt, b, bi, id=f"{s}-S{st}-{dt}-beta{b}-{'bias' if bi else 'nobias'}")
 
 
 @pytest.mark.parametrize("schedule,steps,dtype,beta,bias", [_case_param(*c) for c in CASES])
 def test_verifies(schedule, steps, dtype, beta, bias):
-    args = ["--schedule", schedule, "--tp", str(TP), "--steps", str(steps), "--dtype", dtype,
-            "--beta", beta, *SMALL] + (["--bias"] if bias else [])
+    args = [
+        "--schedule",
+        schedule,
+        "--tp",
+        str(TP),
+        "--steps",
+        str(steps),
+        "--dtype",
+        dtype,
+        "--beta",
+        beta,
+        *SMALL,
+    ] + (["--bias"] if bias else [])
     proc, res = run_bench(*args)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert res.get("verify") == "PASS"
@@ -91,20 +129,52 @@ def test_verifies(schedule, steps, dtype, beta, bias):
 
 
 RING = ["rs_tile_a", "rs_tile_b", "gemm_allreduce"]  # the schedules with partials
-TRANSPORT = [(s, steps, via, pdl) for s in RING for steps in (TP, 2 * TP)
-             for via in ("epilogue", "copy") for pdl in ("--pdl", "--no-pdl")]
+TRANSPORT = [
+    (s, steps, via, pdl)
+    for s in RING
+    for steps in (TP, 2 * TP)
+    for via in ("epilogue", "copy")
+    for pdl in ("--pdl", "--no-pdl")
+]
 
 
-@pytest.mark.parametrize("schedule,steps,via,pdl", TRANSPORT,
-                         ids=[f"{s}-S{st}-{v}{p.replace('--', '-')}" for s, st, v, p in TRANSPORT])
+@pytest.mark.parametrize(
+    "schedule,steps,via,pdl",
+    TRANSPORT,
+    ids=[f"{s}-S{st}-{v}{p.replace('--', '-')}" for s, st, v, p in TRANSPORT],
+)
 def test_partial_transport_and_pdl_verify(schedule, steps, via, pdl):
     """Partials by the epilogue (peer writes) or by the copy engine (staged, pushed), each with
     and without programmatic launch between the steps: beta, bias and batches on, every element
     checked; the run reports what it used."""
-    proc, res = run_bench("--schedule", schedule, "--tp", str(TP), "--steps", str(steps),
-                          "--partial-via", via, pdl, "--m", "1024", "--n", "1024", "--k", "512",
-                          "--l", "2", "--beta", "0.5", "--bias", "--check-update",
-                          "--iterations", "3", "--warmup", "1", "--no-local")
+    proc, res = run_bench(
+        "--schedule",
+        schedule,
+        "--tp",
+        str(TP),
+        "--steps",
+        str(steps),
+        "--partial-via",
+        via,
+        pdl,
+        "--m",
+        "1024",
+        "--n",
+        "1024",
+        "--k",
+        "512",
+        "--l",
+        "2",
+        "--beta",
+        "0.5",
+        "--bias",
+        "--check-update",
+        "--iterations",
+        "3",
+        "--warmup",
+        "1",
+        "--no-local",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert res["verify"] == "PASS" and float(res["rel_err"]) < 1e-2
     assert 0 <= float(res["rel_err_update"]) < 1e-2
@@ -114,10 +184,16 @@ def test_partial_transport_and_pdl_verify(schedule, steps, via, pdl):
 def test_defaults_reported():
     """Without --pdl/--partial-via the library defaults apply (device::pdl_by_default,
     schedule::default_plan_options) and the RESULT line says which."""
-    want = {("ag_rotate_a", TP): ("1", "epilogue"), ("ag_rotate_a", 2 * TP): ("1", "epilogue"),
-            ("rs_tile_a", TP): ("0", "epilogue"), ("rs_tile_a", 2 * TP): ("1", "copy")}
+    want = {
+        ("ag_rotate_a", TP): ("1", "epilogue"),
+        ("ag_rotate_a", 2 * TP): ("1", "epilogue"),
+        ("rs_tile_a", TP): ("0", "epilogue"),
+        ("rs_tile_a", 2 * TP): ("1", "copy"),
+    }
     for (schedule, steps), (pdl, via) in want.items():
-        proc, res = run_bench("--schedule", schedule, "--tp", str(TP), "--steps", str(steps), *SMALL)
+        proc, res = run_bench(
+            "--schedule", schedule, "--tp", str(TP), "--steps", str(steps), *SMALL
+        )
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert (res["pdl"], res["partial_via"]) == (pdl, via), (schedule, steps)
 
@@ -125,15 +201,39 @@ def test_defaults_reported():
 TILES = [(s, t, dt) for s in SCHEDULES for t in ("128", "256") for dt in ("bf16", "fp16")]
 
 
-@pytest.mark.parametrize("schedule,tile,dtype", TILES,
-                         ids=[f"{s}-n{t}-{dt}" for s, t, dt in TILES])
+@pytest.mark.parametrize("schedule,tile,dtype", TILES, ids=[f"{s}-n{t}-{dt}" for s, t, dt in TILES])
 def test_each_tile_kernel_verifies(schedule, tile, dtype):
     """Both GEMM kernels (output tile 128x128 and 128x256) forced on every GEMM of the plan:
     beta, bias, batches and a pointer update on, every element checked."""
-    proc, res = run_bench("--schedule", schedule, "--tp", str(TP), "--steps", str(2 * TP),
-                          "--tile-n", tile, "--dtype", dtype, "--m", "1024", "--n", "1024",
-                          "--k", "512", "--l", "2", "--beta", "0.5", "--bias", "--check-update",
-                          "--iterations", "3", "--warmup", "1", "--no-local")
+    proc, res = run_bench(
+        "--schedule",
+        schedule,
+        "--tp",
+        str(TP),
+        "--steps",
+        str(2 * TP),
+        "--tile-n",
+        tile,
+        "--dtype",
+        dtype,
+        "--m",
+        "1024",
+        "--n",
+        "1024",
+        "--k",
+        "512",
+        "--l",
+        "2",
+        "--beta",
+        "0.5",
+        "--bias",
+        "--check-update",
+        "--iterations",
+        "3",
+        "--warmup",
+        "1",
+        "--no-local",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert res["verify"] == "PASS" and float(res["rel_err"]) < 1e-2
     assert 0 <= float(res["rel_err_update"]) < 1e-2
@@ -145,44 +245,112 @@ def test_tile_choice_follows_the_wave_model():
     """Without --tile-n each GEMM's tile comes from kernel::choose_tile_n: the 1024-token O
     projection's steps (M/S rows x 4096) underfill the GPU with 128x256 tiles and get 128x128;
     8192-row steps of an 8192-wide output fill it and keep 128x256. The RESULT line reports it."""
-    proc, res = run_bench("--schedule", "rs_tile_a", "--tp", str(TP), "--steps", str(TP),
-                          "--m", "1024", "--n", "4096", "--k", str(2048 * TP), *SMALL[6:])
+    proc, res = run_bench(
+        "--schedule",
+        "rs_tile_a",
+        "--tp",
+        str(TP),
+        "--steps",
+        str(TP),
+        "--m",
+        "1024",
+        "--n",
+        "4096",
+        "--k",
+        str(2048 * TP),
+        *SMALL[6:],
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert res["verify"] == "PASS" and res["tile_n"] == "auto"
     assert res["gemm_n128"] == str(TP)
-    proc, res = run_bench("--schedule", "rs_tile_a", "--tp", str(TP), "--steps", str(TP),
-                          "--m", str(8192 * TP), "--n", "8192", "--k", str(256 * TP), *SMALL[6:])
+    proc, res = run_bench(
+        "--schedule",
+        "rs_tile_a",
+        "--tp",
+        str(TP),
+        "--steps",
+        str(TP),
+        "--m",
+        str(8192 * TP),
+        "--n",
+        "8192",
+        "--k",
+        str(256 * TP),
+        *SMALL[6:],
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert res["verify"] == "PASS" and res["gemm_n128"] == "0"
 
 
 def test_bad_tile_n_rejected():
-    proc, _ = run_bench("--schedule", "rs_tile_a", "--tp", str(TP), "--steps", str(TP),
-                        "--tile-n", "64", *SMALL)
+    proc, _ = run_bench(
+        "--schedule", "rs_tile_a", "--tp", str(TP), "--steps", str(TP), "--tile-n", "64", *SMALL
+    )
     assert proc.returncode == 2
     assert "--tile-n takes auto, 128 or 256, got 64" in proc.stderr
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_batched_and_graph_update(schedule):
-    proc, res = run_bench("--schedule", schedule, "--tp", str(TP), "--steps", str(2 * TP), "--m", "1024",
-                          "--n", "1024", "--k", "512", "--l", "3", "--beta", "0.5", "--bias",
-                          "--alpha", "0.75", "--check-update", "--iterations", "3",
-                          "--warmup", "1", "--no-local")
+    proc, res = run_bench(
+        "--schedule",
+        schedule,
+        "--tp",
+        str(TP),
+        "--steps",
+        str(2 * TP),
+        "--m",
+        "1024",
+        "--n",
+        "1024",
+        "--k",
+        "512",
+        "--l",
+        "3",
+        "--beta",
+        "0.5",
+        "--bias",
+        "--alpha",
+        "0.75",
+        "--check-update",
+        "--iterations",
+        "3",
+        "--warmup",
+        "1",
+        "--no-local",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert float(res["rel_err"]) < 1e-2
     assert 0 <= float(res["rel_err_update"]) < 1e-2  # new buffers via graph-exec update
     assert float(res["update_ms"]) >= 0 and float(res["rebuild_ms"]) >= 0
 
 
-@pytest.mark.parametrize("schedule,missing,via", [("ag_rotate_a", 1, "epilogue"),
-                                                  ("rs_tile_a", 0, "epilogue"),
-                                                  ("rs_tile_a", 0, "copy"),
-                                                  ("gemm_allreduce", 1, "copy")])
+@pytest.mark.parametrize(
+    "schedule,missing,via",
+    [
+        ("ag_rotate_a", 1, "epilogue"),
+        ("rs_tile_a", 0, "epilogue"),
+        ("rs_tile_a", 0, "copy"),
+        ("gemm_allreduce", 1, "copy"),
+    ],
+)
 def test_missing_device_reports_timeout(schedule, missing, via):
-    proc, res = run_bench("--schedule", schedule, "--tp", str(TP), "--steps", str(TP), *SMALL,
-                          "--timeout-s", "2", "--simulate-missing-device", str(missing),
-                          "--partial-via", via, timeout=60)
+    proc, res = run_bench(
+        "--schedule",
+        schedule,
+        "--tp",
+        str(TP),
+        "--steps",
+        str(TP),
+        *SMALL,
+        "--timeout-s",
+        "2",
+        "--simulate-missing-device",
+        str(missing),
+        "--partial-via",
+        via,
+        timeout=60,
+    )
     assert proc.returncode == 1
     assert res.get("timeout_reported") == "1"
     assert "did not reach generation" in proc.stderr
@@ -190,16 +358,47 @@ def test_missing_device_reports_timeout(schedule, missing, via):
 
 
 def test_misaligned_shape_rejected_before_launch():
-    proc, _ = run_bench("--schedule", "ag_rotate_a", "--tp", str(TP), "--steps", str(TP), "--m", "512",
-                        "--n", "512", "--k", "516")
+    proc, _ = run_bench(
+        "--schedule",
+        "ag_rotate_a",
+        "--tp",
+        str(TP),
+        "--steps",
+        str(TP),
+        "--m",
+        "512",
+        "--n",
+        "512",
+        "--k",
+        "516",
+    )
     assert proc.returncode == 2
     assert "rejected before launch" in proc.stderr and "K=516" in proc.stderr
 
 
 def test_replays_do_not_leak_and_still_verify():
-    proc, res = run_bench("--schedule", "rs_tile_a", "--tp", str(TP), "--steps", str(TP), "--m", "4096",
-                          "--n", "4096", "--k", "4096", "--replays", "2000", "--iterations", "5",
-                          "--warmup", "2", "--no-local", timeout=300)
+    proc, res = run_bench(
+        "--schedule",
+        "rs_tile_a",
+        "--tp",
+        str(TP),
+        "--steps",
+        str(TP),
+        "--m",
+        "4096",
+        "--n",
+        "4096",
+        "--k",
+        "4096",
+        "--replays",
+        "2000",
+        "--iterations",
+        "5",
+        "--warmup",
+        "2",
+        "--no-local",
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert float(res["rel_err_replays"]) < 1e-2
 
@@ -208,15 +407,29 @@ def test_llama_sweep_subset(tmp_path):
     """`--sweep` on two 70B layers at 4096 tokens: every (case, S) verified and timed beside the
     local kernel; decided by the exit code and the CSV's numbers, the table read for its rows."""
     out = tmp_path / "sweep.csv"
-    proc, _ = run_bench("--sweep", "quick", "--tp", str(TP), "--models", "70B", "--tokens", "4096",
-                        "--layers", "QKV,O", "--csv", str(out), timeout=600)
+    proc, _ = run_bench(
+        "--sweep",
+        "quick",
+        "--tp",
+        str(TP),
+        "--models",
+        "70B",
+        "--tokens",
+        "4096",
+        "--layers",
+        "QKV,O",
+        "--csv",
+        str(out),
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(out, newline="") as f:
         rows = list(csv.DictReader(f))
     # (M, N, K): QKV N = (64 + 2*8) * 128, K = 8192; O N = 8192, K = 64 * 128.
     want = {f"70B/QKV/M4096/TP{TP}": (4096, 10240, 8192), f"70B/O/M4096/TP{TP}": (4096, 8192, 8192)}
-    assert [(r["case"], r["steps"]) for r in rows] == [(c, str(s)) for c in want
-                                                       for s in (TP, 2 * TP)]
+    assert [(r["case"], r["steps"]) for r in rows] == [
+        (c, str(s)) for c in want for s in (TP, 2 * TP)
+    ]
     for r in rows:
         assert (int(r["m"]), int(r["n"]), int(r["k"])) == want[r["case"]]
         assert r["status"] == "ok", r
@@ -226,7 +439,9 @@ def test_llama_sweep_subset(tmp_path):
         assert ms > 0 and local_ms > 0
         assert float(r["overlap_eff"]) == pytest.approx(local_ms / ms, rel=1e-2)
         flops = 2.0 * want[r["case"]][0] * want[r["case"]][1] * want[r["case"]][2]
-        assert float(r["tflops_per_gpu"]) == pytest.approx(flops / TP / (ms * 1e-3) / 1e12, rel=1e-2)
+        assert float(r["tflops_per_gpu"]) == pytest.approx(
+            flops / TP / (ms * 1e-3) / 1e12, rel=1e-2
+        )
     for case in want:
         times = {r["steps"]: float(r["ms"]) for r in rows if r["case"] == case}
         assert {r["best_steps"] for r in rows if r["case"] == case} == {min(times, key=times.get)}
@@ -234,4 +449,3 @@ def test_llama_sweep_subset(tmp_path):
     assert len(table) == 4 and all(line.rstrip().endswith("PASS") for line in table), proc.stdout
     progress = [line for line in proc.stderr.splitlines() if line.startswith("[")]
     assert [p.split()[0] for p in progress] == ["[1/2]", "[2/2]"], proc.stderr
-

@@ -11,6 +11,7 @@
 Decides by exit codes and parsed output (the RESULT line, the sweep's JSON). Skips, with the
 reason, without 2 Hopper GPUs or without the CUDA runtime in the installed package.
 """
+
 import json
 import os
 import pathlib
@@ -24,8 +25,12 @@ torch = pytest.importorskip("torch")
 from distgemm import _core  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
-       "PYTHONUNBUFFERED": "1"}
+ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+    "PYTHONUNBUFFERED": "1",
+}
 TP = 2
 
 
@@ -47,13 +52,16 @@ pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_rea
 def run(args, timeout_s, cwd=ROOT):
     """A fresh interpreter (or torchrun) from a neutral directory unless told otherwise, so that
     the installed package is what runs, not the source tree."""
-    proc = subprocess.run(args, cwd=cwd, env={**os.environ, **ENV}, capture_output=True,
-                          text=True, timeout=timeout_s)
+    proc = subprocess.run(
+        args, cwd=cwd, env={**os.environ, **ENV}, capture_output=True, text=True, timeout=timeout_s
+    )
     log = os.environ.get("DISTGEMM_TEST_LOG")
     if log:
         with open(log, "a") as f:
-            f.write(f"$ {' '.join(map(str, args))}\nrc={proc.returncode}\n{proc.stdout}\n"
-                    f"{proc.stderr}\n")
+            f.write(
+                f"$ {' '.join(map(str, args))}\nrc={proc.returncode}\n{proc.stdout}\n"
+                f"{proc.stderr}\n"
+            )
     return proc
 
 
@@ -64,8 +72,11 @@ def explain(proc) -> str:
 def test_main_job_verifies(tmp_path):
     proc = run([sys.executable, "-m", "distgemm"], 300, cwd=tmp_path)
     assert proc.returncode == 0, explain(proc)
-    results = [dict(kv.split("=", 1) for kv in line.split()[1:])
-               for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    results = [
+        dict(kv.split("=", 1) for kv in line.split()[1:])
+        for line in proc.stdout.splitlines()
+        if line.startswith("RESULT ")
+    ]
     assert len(results) == 1, explain(proc)
     assert results[0]["verify"] == "PASS", explain(proc)
     assert float(results[0]["rel_err"]) < 1e-2
@@ -87,22 +98,37 @@ _USE_BOTH = (
 
 @pytest.mark.parametrize("order", sorted(_IMPORT_ORDERS))
 def test_import_order(order, tmp_path):
-    proc = run([sys.executable, "-X", "faulthandler", "-c", _IMPORT_ORDERS[order] + _USE_BOTH],
-               120, cwd=tmp_path)
+    proc = run(
+        [sys.executable, "-X", "faulthandler", "-c", _IMPORT_ORDERS[order] + _USE_BOTH],
+        120,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, explain(proc)
     words = proc.stdout.split()
     assert words[0] == "ok" and int(words[1]) == int(words[2]) >= TP, explain(proc)
 
 
 def test_quick_sweep(tmp_path):
-    proc = run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(TP),
-                str(ROOT / "benchmarks" / "llama_sweep.py"), "--quick", "--out", str(tmp_path)],
-               900)
+    proc = run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            str(TP),
+            str(ROOT / "benchmarks" / "llama_sweep.py"),
+            "--quick",
+            "--out",
+            str(tmp_path),
+        ],
+        900,
+    )
     assert proc.returncode == 0, explain(proc)
     [path] = list(tmp_path.glob("*-llama-sweep-quick.json"))
     records = json.loads(path.read_text())["records"]
     assert records and all(r["status"] == "ok" for r in records), [
-        (r["case"], r["status"], r.get("reason")) for r in records if r["status"] != "ok"]
+        (r["case"], r["status"], r.get("reason")) for r in records if r["status"] != "ok"
+    ]
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         import llama_sweep
@@ -113,8 +139,17 @@ def test_quick_sweep(tmp_path):
 
 
 def test_tp_mlp_example():
-    proc = run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(TP),
-                str(ROOT / "examples" / "tp_mlp.py")], 300)
+    proc = run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            str(TP),
+            str(ROOT / "examples" / "tp_mlp.py"),
+        ],
+        300,
+    )
     assert proc.returncode == 0, explain(proc)
     m = re.search(r"relative error vs one GPU \(fp32\) per rank: (.*)", proc.stdout)
     assert m, explain(proc)

@@ -8,6 +8,7 @@ Decides by the worker's exit code and the numbers it writes (JSON), never by gre
 Skips, with the reason, without 2 CUDA GPUs, without Hopper, or when distgemm was built without
 its CUDA runtime.
 """
+
 import json
 import os
 import pathlib
@@ -23,8 +24,12 @@ from distgemm import _core  # noqa: E402
 HERE = pathlib.Path(__file__).resolve().parent
 WORKER = HERE / "torchrun_worker.py"
 SCHEDULES = ["ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "gemm_allreduce"]
-ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
-       "PYTHONUNBUFFERED": "1"}
+ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+    "PYTHONUNBUFFERED": "1",
+}
 # Ranks of the torchrun launch = TP (default 2; DISTGEMM_TEST_TP=4 or 8 with that many GPUs).
 TP = int(os.environ.get("DISTGEMM_TEST_TP", "2"))
 
@@ -46,17 +51,30 @@ pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_rea
 
 def torchrun(tmp_path, *args, name="api"):
     out = tmp_path / f"{name}.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(TP), str(WORKER),
-           "--out", str(out), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(TP),
+        str(WORKER),
+        "--out",
+        str(out),
+        *args,
+    ]
     timeout = float(os.environ.get("DISTGEMM_TORCHRUN_TIMEOUT", "900"))
     try:
-        proc = subprocess.run(cmd, env={**os.environ, **ENV}, capture_output=True, text=True,
-                              timeout=timeout)
+        proc = subprocess.run(
+            cmd, env={**os.environ, **ENV}, capture_output=True, text=True, timeout=timeout
+        )
     except subprocess.TimeoutExpired as e:
+
         def text(b):
             return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
-        proc = subprocess.CompletedProcess(cmd, -9, text(e.stdout), text(e.stderr)
-                                           + f"\ntorchrun killed after {timeout:g} s")
+
+        proc = subprocess.CompletedProcess(
+            cmd, -9, text(e.stdout), text(e.stderr) + f"\ntorchrun killed after {timeout:g} s"
+        )
     log = os.environ.get("DISTGEMM_TEST_LOG")
     if log:
         with open(log, "a") as f:
@@ -74,27 +92,47 @@ def by_prefix(data, prefix):
 
 def test_api_under_torchrun(tmp_path):
     proc, data = torchrun(tmp_path, "--calls", os.environ.get("DISTGEMM_CALLS", "10000"))
-    assert data is not None, f"worker wrote no results (rc={proc.returncode}):\n{proc.stderr[-4000:]}"
+    assert data is not None, (
+        f"worker wrote no results (rc={proc.returncode}):\n{proc.stderr[-4000:]}"
+    )
     bad = [e for e in data["results"] if not e["ok"]]
     assert proc.returncode == 0 and data["failed"] == 0 and not bad, (
-        f"rc={proc.returncode}, failed checks:\n" + "\n".join(json.dumps(e) for e in bad[:20])
-        + f"\n{proc.stderr[-3000:]}")
+        f"rc={proc.returncode}, failed checks:\n"
+        + "\n".join(json.dumps(e) for e in bad[:20])
+        + f"\n{proc.stderr[-3000:]}"
+    )
     # Correctness: every schedule, both dtypes, every variant, checked on every rank.
     corr = by_prefix(data, "correctness/")
     for sch in SCHEDULES:
         for dt in ("bfloat16", "float16"):
             mine = [e for e in corr if e["name"].startswith(f"correctness/{sch}/{dt}/")]
-            assert len(mine) == TP * 4, (f"{sch} {dt}: {len(mine)} results, expected 4 variants x "
-                                         f"{TP} ranks")
+            assert len(mine) == TP * 4, (
+                f"{sch} {dt}: {len(mine)} results, expected 4 variants x {TP} ranks"
+            )
             assert all(e["rel_err"] < 1e-2 and e["rel_err_replay"] < 1e-2 for e in mine)
     assert any("/g1" in e["name"] and e.get("gathered_equal") for e in corr)
     # Every error path ran and raised what it should, the cross-rank ones identically.
     names = {e["name"] for e in by_prefix(data, "errors/")}
-    for n in ["cpu_tensor", "float32", "mixed_dtypes", "wrong_device", "non_contiguous",
-              "misaligned", "m_not_divisible", "odd_k", "rank_shape_mismatch",
-              "rank_dtype_mismatch", "rank_steps_mismatch", "cuda_graph_capture",
-              "works_after_capture_refusal", "missing_rank_timeout", "missing_rank_named",
-              "broken_communicator_refuses_launch", "workspace_too_small", "closed_communicator"]:
+    for n in [
+        "cpu_tensor",
+        "float32",
+        "mixed_dtypes",
+        "wrong_device",
+        "non_contiguous",
+        "misaligned",
+        "m_not_divisible",
+        "odd_k",
+        "rank_shape_mismatch",
+        "rank_dtype_mismatch",
+        "rank_steps_mismatch",
+        "cuda_graph_capture",
+        "works_after_capture_refusal",
+        "missing_rank_timeout",
+        "missing_rank_named",
+        "broken_communicator_refuses_launch",
+        "workspace_too_small",
+        "closed_communicator",
+    ]:
         assert f"errors/{n}" in names, f"error path {n} did not run"
     for e in by_prefix(data, "errors/rank_"):
         assert e["same_on_every_rank"] and e["exception"] == "ValueError"
@@ -109,19 +147,41 @@ def test_api_under_torchrun(tmp_path):
 
 
 def _cpp_ms(binary, schedule, m, n, k, steps):
-    cmd = [str(binary), "--schedule", schedule, "--tp", str(TP), "--steps", str(steps), "--m", str(m),
-           "--n", str(n), "--k", str(k), "--iterations", "50", "--warmup", "10", "--no-verify",
-           "--no-local"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **ENV})
+    cmd = [
+        str(binary),
+        "--schedule",
+        schedule,
+        "--tp",
+        str(TP),
+        "--steps",
+        str(steps),
+        "--m",
+        str(m),
+        "--n",
+        str(n),
+        "--k",
+        str(k),
+        "--iterations",
+        "50",
+        "--warmup",
+        "10",
+        "--no-verify",
+        "--no-local",
+    ]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=300, env={**os.environ, **ENV}
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
-    fields = dict(kv.split("=", 1) for kv in line[len("RESULT "):].split())
+    fields = dict(kv.split("=", 1) for kv in line[len("RESULT ") :].split())
     return float(fields["ms"]), " ".join(cmd)
 
 
-@pytest.mark.skipif(os.environ.get("DISTGEMM_BENCH") != "1", reason="set DISTGEMM_BENCH=1 to run "
-                    "the FC1/FC2 comparison with the C++ binary (about a minute)")
+@pytest.mark.skipif(
+    os.environ.get("DISTGEMM_BENCH") != "1",
+    reason="set DISTGEMM_BENCH=1 to run "
+    "the FC1/FC2 comparison with the C++ binary (about a minute)",
+)
 def test_python_path_within_2_percent_of_cpp(tmp_path):
     """FC1/FC2 of Llama-70B: the Python path against the single-process C++ binary. The two
     alternate twice (C++, Python, C++, Python) so that clock and thermal drift hit both; each
@@ -148,9 +208,13 @@ def test_python_path_within_2_percent_of_cpp(tmp_path):
     if report:
         with open(report, "w") as f:
             for r in rows:
-                f.write(f"{r[0]} S={r[1]} python_ms={r[2]:.4f} cpp_ms={r[3]:.4f} diff={100 * r[4]:+.2f}% "
-                        f"python_rounds={[round(x, 4) for x in r[5]]} cpp_rounds={[round(x, 4) for x in r[6]]} "
-                        f"cpp_cmd={r[7]}\n")
+                f.write(
+                    f"{r[0]} S={r[1]} python_ms={r[2]:.4f} cpp_ms={r[3]:.4f} diff={100 * r[4]:+.2f}% "
+                    f"python_rounds={[round(x, 4) for x in r[5]]} cpp_rounds={[round(x, 4) for x in r[6]]} "
+                    f"cpp_cmd={r[7]}\n"
+                )
     assert len(rows) == 4
     for name, steps, p, c, diff, *_ in rows:
-        assert diff < 0.02, f"{name} S={steps}: Python {p:.4f} ms vs C++ {c:.4f} ms ({100 * diff:+.2f}%)"
+        assert diff < 0.02, (
+            f"{name} S={steps}: Python {p:.4f} ms vs C++ {c:.4f} ms ({100 * diff:+.2f}%)"
+        )

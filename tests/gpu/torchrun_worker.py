@@ -23,6 +23,7 @@ order; rank 0 collects):
 Exit code 0 when every check passed on every rank, 1 otherwise. Rank 0 writes every number to
 --out (JSON) and prints one ``RESULT <json>`` line per check.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,9 +38,8 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from distgemm import _core
+from distgemm import _core, ops
 from distgemm import comm as dcomm
-from distgemm import ops
 
 RESULTS = []
 FAILED = []
@@ -109,7 +109,7 @@ def reduce_scatter0(x: torch.Tensor) -> torch.Tensor:
     tp = dist.get_world_size()
     if SHARED_GPU:
         rows = x.shape[0] // tp
-        return all_reduce_(x.contiguous().clone())[rank() * rows:(rank() + 1) * rows]
+        return all_reduce_(x.contiguous().clone())[rank() * rows : (rank() + 1) * rows]
     out = torch.empty((x.shape[0] // tp,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
     dist.reduce_scatter_tensor(out, x.contiguous())
     return out
@@ -143,6 +143,7 @@ def reference(schedule, a, w, bias, c, beta, dtype):
 def shapes_for(schedule, tp, steps, gen):
     """Random per-rank shapes that the schedule can split (K, N multiples of 8, often odd ones).
     Returns (a_shape, w_shape, bias_len, c_shape)."""
+
     def r8(lo, hi):  # an odd multiple of 8 in [lo, hi)
         v = int(torch.randint(lo // 8, hi // 8, (1,), generator=gen)) * 8
         return v if (v // 8) % 2 else v + 8
@@ -151,43 +152,66 @@ def shapes_for(schedule, tp, steps, gen):
         return int(torch.randint(lo, hi, (1,), generator=gen))
 
     if schedule == "ag_rotate_a":
-        m = steps * ri(3, 40)            # M/S rows per tile: any count
+        m = steps * ri(3, 40)  # M/S rows per tile: any count
         k, nl = r8(8, 520), r8(8, 400)
         return (m // tp, k), (nl, k), nl, None
     if schedule == "ag_rotate_b":
         m = tp * ri(3, 90)
-        n = steps * r8(8, 200)           # N/S must be a multiple of 8 (column tiles of D)
+        n = steps * r8(8, 200)  # N/S must be a multiple of 8 (column tiles of D)
         k = r8(8, 520)
         return (m // tp, k), (n // tp, k), n, None
-    kl = r8(8, 300)                      # K per rank
+    kl = r8(8, 300)  # K per rank
     if schedule == "rs_tile_a":
         m, n = steps * ri(3, 40), r8(8, 400)
         return (m, kl), (n, kl), n, (m // tp, n)
     if schedule == "rs_tile_b":
         m, n = ri(5, 300), steps * r8(8, 150)
         return (m, kl), (n, kl), n // tp, (m, n // tp)
-    m, n = steps * ri(3, 40), r8(8, 400)   # gemm_allreduce
+    m, n = steps * ri(3, 40), r8(8, 400)  # gemm_allreduce
     return (m, kl), (n, kl), n, (m, n)
 
 
-def call(schedule, a, w, bias, c, beta, steps, out=None, gathered=False, group=None,
-         path="overlap"):
+def call(
+    schedule, a, w, bias, c, beta, steps, out=None, gathered=False, group=None, path="overlap"
+):
     """One op call; path "overlap" by default so that the checks exercise the plan itself
     (with "auto" a small shape may run the collective path)."""
     if schedule.startswith("ag_"):
-        return ops.all_gather_gemm(a, w, bias=bias, schedule=schedule, steps=steps, out=out,
-                                   return_gathered=gathered, group=group, path=path)
+        return ops.all_gather_gemm(
+            a,
+            w,
+            bias=bias,
+            schedule=schedule,
+            steps=steps,
+            out=out,
+            return_gathered=gathered,
+            group=group,
+            path=path,
+        )
     if schedule.startswith("rs_"):
-        return ops.gemm_reduce_scatter(a, w, bias=bias, c=c, beta=beta, schedule=schedule,
-                                       steps=steps, out=out, group=group, path=path)
-    return ops.gemm_all_reduce(a, w, bias=bias, c=c, beta=beta, steps=steps, out=out, group=group,
-                               path=path)
+        return ops.gemm_reduce_scatter(
+            a,
+            w,
+            bias=bias,
+            c=c,
+            beta=beta,
+            schedule=schedule,
+            steps=steps,
+            out=out,
+            group=group,
+            path=path,
+        )
+    return ops.gemm_all_reduce(
+        a, w, bias=bias, c=c, beta=beta, steps=steps, out=out, group=group, path=path
+    )
 
 
 def make_inputs(schedule, tp, steps, dtype, gen, dev, with_bias, with_c):
     a_shape, w_shape, blen, c_shape = shapes_for(schedule, tp, steps, gen)
     # Different data per rank (seeded by rank), shapes identical on every rank (shared gen).
-    g = torch.Generator(device="cpu").manual_seed(1000 + 17 * rank() + int(torch.randint(0, 1 << 20, (1,), generator=gen)))
+    g = torch.Generator(device="cpu").manual_seed(
+        1000 + 17 * rank() + int(torch.randint(0, 1 << 20, (1,), generator=gen))
+    )
     a = torch.randn(a_shape, generator=g).to(dtype).to(dev)
     w = (torch.randn(w_shape, generator=g) / w_shape[1] ** 0.5).to(dtype).to(dev)
     # bias and c of the all-reduce are read from the rank that finishes each tile: the same on
@@ -203,20 +227,31 @@ def test_correctness(dev):
     gen = torch.Generator(device="cpu").manual_seed(2026)
     for schedule in ["ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "gemm_allreduce"]:
         for dtype in (torch.bfloat16, torch.float16):
-            variants = [(None, False, 0.0, False, False), (2 * tp, True, 0.0, True, False),
-                        (tp, True, 0.5, False, True), (None, False, -1.25, True, True)]
+            variants = [
+                (None, False, 0.0, False, False),
+                (2 * tp, True, 0.0, True, False),
+                (tp, True, 0.5, False, True),
+                (None, False, -1.25, True, True),
+            ]
             for steps, with_bias, beta, use_out, gathered in variants:
                 s = steps or tp
                 if not schedule.startswith("ag_"):
                     gathered = False
                 else:
                     beta = 0.0
-                a, w, bias, c = make_inputs(schedule, tp, s, dtype, gen, dev, with_bias, beta != 0.0)
+                a, w, bias, c = make_inputs(
+                    schedule, tp, s, dtype, gen, dev, with_bias, beta != 0.0
+                )
                 ref32, ref_dt = reference(schedule, a, w, bias, c, beta, dtype)
-                out = (torch.full(tuple(ref32.shape), float("nan"), dtype=dtype, device=dev)
-                       if use_out else None)
-                name = (f"correctness/{schedule}/{str(dtype)[6:]}/a{list(a.shape)}w{list(w.shape)}"
-                        f"/S{s}/bias{int(with_bias)}/beta{beta}/out{int(use_out)}/g{int(gathered)}")
+                out = (
+                    torch.full(tuple(ref32.shape), float("nan"), dtype=dtype, device=dev)
+                    if use_out
+                    else None
+                )
+                name = (
+                    f"correctness/{schedule}/{str(dtype)[6:]}/a{list(a.shape)}w{list(w.shape)}"
+                    f"/S{s}/bias{int(with_bias)}/beta{beta}/out{int(use_out)}/g{int(gathered)}"
+                )
                 try:
                     res = call(schedule, a, w, bias, c, beta, steps, out=out, gathered=gathered)
                     y, ga = res if gathered else (res, None)
@@ -233,8 +268,14 @@ def test_correctness(dev):
                         full = gather0(a) if schedule == "ag_rotate_a" else gather0(w)
                         extra["gathered_equal"] = bool(torch.equal(ga, full))
                         ok = ok and extra["gathered_equal"]
-                    record(name, ok, rel_err=e, rel_err_replay=e2, torch_same_dtype_rel_err=base,
-                           **extra)
+                    record(
+                        name,
+                        ok,
+                        rel_err=e,
+                        rel_err_replay=e2,
+                        torch_same_dtype_rel_err=base,
+                        **extra,
+                    )
                 except Exception as ex:  # noqa: BLE001 - recorded, the run goes on
                     record(name, False, error=f"{type(ex).__name__}: {ex}")
                     traceback.print_exc()
@@ -250,8 +291,10 @@ def test_paths(dev):
         return
     gen = torch.Generator(device="cpu").manual_seed(4242)
     for schedule in ["ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "gemm_allreduce"]:
-        for with_bias, beta, use_out, gathered in [(False, 0.0, False, False),
-                                                   (True, 0.75, True, True)]:
+        for with_bias, beta, use_out, gathered in [
+            (False, 0.0, False, False),
+            (True, 0.75, True, True),
+        ]:
             if schedule.startswith("ag_"):
                 beta = 0.0
             else:
@@ -259,13 +302,28 @@ def test_paths(dev):
             dtype = torch.bfloat16
             a, w, bias, c = make_inputs(schedule, tp, tp, dtype, gen, dev, with_bias, beta != 0.0)
             ref32, _ = reference(schedule, a, w, bias, c, beta, dtype)
-            name = (f"paths/collective/{schedule}/a{list(a.shape)}w{list(w.shape)}"
-                    f"/bias{int(with_bias)}/beta{beta}/out{int(use_out)}/g{int(gathered)}")
+            name = (
+                f"paths/collective/{schedule}/a{list(a.shape)}w{list(w.shape)}"
+                f"/bias{int(with_bias)}/beta{beta}/out{int(use_out)}/g{int(gathered)}"
+            )
             try:
-                out = (torch.full(tuple(ref32.shape), float("nan"), dtype=dtype, device=dev)
-                       if use_out else None)
-                res = call(schedule, a, w, bias, c, beta, None, out=out, gathered=gathered,
-                           path="collective")
+                out = (
+                    torch.full(tuple(ref32.shape), float("nan"), dtype=dtype, device=dev)
+                    if use_out
+                    else None
+                )
+                res = call(
+                    schedule,
+                    a,
+                    w,
+                    bias,
+                    c,
+                    beta,
+                    None,
+                    out=out,
+                    gathered=gathered,
+                    path="collective",
+                )
                 y, ga = res if gathered else (res, None)
                 res_o = call(schedule, a, w, bias, c, beta, None, gathered=gathered)
                 y_o = res_o[0] if gathered else res_o
@@ -285,9 +343,13 @@ def test_paths(dev):
     # "auto" on a tiny and a Llama-sized problem of each collective: a choice, the same on every
     # rank, with the medians behind it; correct at the first (measuring) call and the next one.
     bf = torch.bfloat16
-    cases = [("ag_rotate_a", (64, 256), (128, 256)), ("ag_rotate_a", (4096, 8192), (4096, 8192)),
-             ("rs_tile_a", (64 * tp, 128), (256, 128)), ("rs_tile_a", (8192, 4096), (8192, 4096)),
-             ("gemm_allreduce", (64 * tp, 128), (256, 128))]
+    cases = [
+        ("ag_rotate_a", (64, 256), (128, 256)),
+        ("ag_rotate_a", (4096, 8192), (4096, 8192)),
+        ("rs_tile_a", (64 * tp, 128), (256, 128)),
+        ("rs_tile_a", (8192, 4096), (8192, 4096)),
+        ("gemm_allreduce", (64 * tp, 128), (256, 128)),
+    ]
     with dcomm.Communicator() as comm:
         for schedule, a_shape, w_shape in cases:
             name = f"paths/auto/{schedule}/a{list(a_shape)}w{list(w_shape)}"
@@ -302,23 +364,42 @@ def test_paths(dev):
                 first_ms = (time.perf_counter() - t0) * 1e3
                 y2 = call(schedule, a, w, None, None, 0.0, None, group=comm, path="auto")
                 torch.cuda.synchronize()
-                choice = [ch for ch in ops.path_choices(comm)
-                          if ch["schedule"] == schedule and ch["path"] is not None][-1]
+                choice = [
+                    ch
+                    for ch in ops.path_choices(comm)
+                    if ch["schedule"] == schedule and ch["path"] is not None
+                ][-1]
                 everyone = same_on_all_ranks(choice)
                 agree = all(x["path"] == everyone[0]["path"] for x in everyone)
                 e1, e2 = rel_err(y1, ref32), rel_err(y2, ref32)
-                ok = (agree and choice["path"] in ("overlap", "collective") and e1 < 1e-2
-                      and e2 < 1e-2 and choice["overlap_ms"] > 0 and choice["collective_ms"] > 0
-                      and (choice["path"] == "overlap") == (choice["overlap_ms"] <= choice["collective_ms"]))
-                record(name, ok, chosen=choice["path"], overlap_ms=choice["overlap_ms"],
-                       collective_ms=choice["collective_ms"], ranks_agree=agree, rel_err=e1,
-                       rel_err_second_call=e2, first_call_ms=first_ms)
+                ok = (
+                    agree
+                    and choice["path"] in ("overlap", "collective")
+                    and e1 < 1e-2
+                    and e2 < 1e-2
+                    and choice["overlap_ms"] > 0
+                    and choice["collective_ms"] > 0
+                    and (choice["path"] == "overlap")
+                    == (choice["overlap_ms"] <= choice["collective_ms"])
+                )
+                record(
+                    name,
+                    ok,
+                    chosen=choice["path"],
+                    overlap_ms=choice["overlap_ms"],
+                    collective_ms=choice["collective_ms"],
+                    ranks_agree=agree,
+                    rel_err=e1,
+                    rel_err_second_call=e2,
+                    first_call_ms=first_ms,
+                )
             except Exception as ex:  # noqa: BLE001
                 record(name, False, error=f"{type(ex).__name__}: {ex}")
                 traceback.print_exc()
 
 
 # ---------------------------------------------------------------------------------------------
+
 
 def expect(name, exc_type, fn, pattern, same_everywhere=False):
     """fn() must raise exc_type with `pattern` in the message (on every rank the same message
@@ -344,42 +425,74 @@ def test_errors(dev):
     w = torch.randn(32, 64, device=dev).to(bf)
     other = torch.device("cuda", (dev.index + 1) % torch.cuda.device_count())
     expect("cpu_tensor", ValueError, lambda: ops.all_gather_gemm(a.cpu(), w), "a_shard is on cpu")
-    expect("float32", TypeError, lambda: ops.all_gather_gemm(a.float(), w.float()),
-           "distgemm supports torch.bfloat16 and torch.float16")
+    expect(
+        "float32",
+        TypeError,
+        lambda: ops.all_gather_gemm(a.float(), w.float()),
+        "distgemm supports torch.bfloat16 and torch.float16",
+    )
     expect("mixed_dtypes", TypeError, lambda: ops.all_gather_gemm(a, w.half()), "mixed dtypes")
     # First call with these shapes: the device error is exchanged, every rank raises it.
     if torch.cuda.device_count() > 1:
-        expect("wrong_device", ValueError,
-               lambda: ops.all_gather_gemm(torch.randn(40, 64, device=other).to(bf), w),
-               "rejected its inputs" if tp > 1 else "but this rank's device is", same_everywhere=True)
+        expect(
+            "wrong_device",
+            ValueError,
+            lambda: ops.all_gather_gemm(torch.randn(40, 64, device=other).to(bf), w),
+            "rejected its inputs" if tp > 1 else "but this rank's device is",
+            same_everywhere=True,
+        )
     else:
         skip("errors/wrong_device", "one visible GPU")
     ops.all_gather_gemm(a, w, path="overlap")  # cache the plan: the next errors are per-call checks
-    expect("non_contiguous", ValueError,
-           lambda: ops.all_gather_gemm(torch.randn(64, 64, device=dev).to(bf).t(), w),
-           "is not contiguous")
+    expect(
+        "non_contiguous",
+        ValueError,
+        lambda: ops.all_gather_gemm(torch.randn(64, 64, device=dev).to(bf).t(), w),
+        "is not contiguous",
+    )
     buf = torch.empty(64 * 64 + 8, device=dev, dtype=bf)
-    expect("misaligned", ValueError,
-           lambda: ops.all_gather_gemm(buf[1:1 + 64 * 64].view(64, 64), w), "is not 16-byte aligned")
+    expect(
+        "misaligned",
+        ValueError,
+        lambda: ops.all_gather_gemm(buf[1 : 1 + 64 * 64].view(64, 64), w),
+        "is not 16-byte aligned",
+    )
     # 63 rows per rank: M = 63*TP is odd times TP, so S = 2*TP cannot split it (S = TP could).
-    expect("m_not_divisible", ValueError,
-           lambda: ops.all_gather_gemm(a[:63].clone(), w, steps=2 * tp),
-           f"M={63 * tp} is not divisible by S={2 * tp}", same_everywhere=True)
-    expect("odd_k", ValueError,
-           lambda: ops.all_gather_gemm(torch.randn(64, 60, device=dev).to(bf),
-                                       torch.randn(32, 60, device=dev).to(bf)),
-           "K=60 of a sub-GEMM is not a multiple of 8", same_everywhere=True)
+    expect(
+        "m_not_divisible",
+        ValueError,
+        lambda: ops.all_gather_gemm(a[:63].clone(), w, steps=2 * tp),
+        f"M={63 * tp} is not divisible by S={2 * tp}",
+        same_everywhere=True,
+    )
+    expect(
+        "odd_k",
+        ValueError,
+        lambda: ops.all_gather_gemm(
+            torch.randn(64, 60, device=dev).to(bf), torch.randn(32, 60, device=dev).to(bf)
+        ),
+        "K=60 of a sub-GEMM is not a multiple of 8",
+        same_everywhere=True,
+    )
     if tp > 1:
         cross_rank_errors(dev, a, w)
     else:
-        for n in ("rank_shape_mismatch", "rank_dtype_mismatch", "rank_steps_mismatch",
-                  "missing_rank_timeout", "missing_rank_named", "broken_communicator_refuses_launch"):
+        for n in (
+            "rank_shape_mismatch",
+            "rank_dtype_mismatch",
+            "rank_steps_mismatch",
+            "missing_rank_timeout",
+            "missing_rank_named",
+            "broken_communicator_refuses_launch",
+        ):
             skip(f"errors/{n}", "needs 2 ranks")
+
     # torch.cuda.graph capture: refused before anything is enqueued; the op works afterwards.
     def capture():
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             ops.all_gather_gemm(a, w, path="overlap")
+
     expect("cuda_graph_capture", RuntimeError, capture, "cannot be captured into a CUDA graph")
     try:
         y = ops.all_gather_gemm(a, w, path="overlap")
@@ -393,24 +506,61 @@ def test_errors(dev):
     a2 = torch.randn(m2, 64, device=dev).to(bf)
     w2 = torch.randn(64, 64, device=dev).to(bf)
     out2 = torch.empty(m2 // tp, 64, device=dev, dtype=bf)
-    sized = {via: _core.workspace_layout("rs_tile_a", tp, 2 * tp, m2, 64, k2, 1, 2, via)["total_bytes"]
-             for via in ("epilogue", "copy")}
+    sized = {
+        via: _core.workspace_layout("rs_tile_a", tp, 2 * tp, m2, 64, k2, 1, 2, via)["total_bytes"]
+        for via in ("epilogue", "copy")
+    }
 
     def graph_on_small_workspace():
         fake_bases = [(1 << 40) + (r << 32) for r in range(tp)]  # never used: refused first
-        _core.DeviceGraph("rs_tile_a", tp, 2 * tp, m2, 64, k2, 1, r, dev.index, "bf16", 1.0, 0.0,
-                          False, fake_bases, a2.data_ptr(), w2.data_ptr(), 0, out2.data_ptr(), 0,
-                          5.0, _core.LaunchOrder(dev.index), "copy", sized["epilogue"])
+        _core.DeviceGraph(
+            "rs_tile_a",
+            tp,
+            2 * tp,
+            m2,
+            64,
+            k2,
+            1,
+            r,
+            dev.index,
+            "bf16",
+            1.0,
+            0.0,
+            False,
+            fake_bases,
+            a2.data_ptr(),
+            w2.data_ptr(),
+            0,
+            out2.data_ptr(),
+            0,
+            5.0,
+            _core.LaunchOrder(dev.index),
+            "copy",
+            sized["epilogue"],
+        )
+
     if sized["copy"] > sized["epilogue"]:
-        expect("workspace_too_small", ValueError, graph_on_small_workspace,
-               f"needs a workspace of {sized['copy']} bytes per rank")
+        expect(
+            "workspace_too_small",
+            ValueError,
+            graph_on_small_workspace,
+            f"needs a workspace of {sized['copy']} bytes per rank",
+        )
     else:
-        record("errors/workspace_too_small", False, sized=sized,
-               error="copy-engine partials should need more workspace than epilogue ones")
+        record(
+            "errors/workspace_too_small",
+            False,
+            sized=sized,
+            error="copy-engine partials should need more workspace than epilogue ones",
+        )
     c = dcomm.Communicator()
     c.close()
-    expect("closed_communicator", RuntimeError, lambda: ops.all_gather_gemm(a, w, group=c),
-           "was closed")
+    expect(
+        "closed_communicator",
+        RuntimeError,
+        lambda: ops.all_gather_gemm(a, w, group=c),
+        "was closed",
+    )
 
 
 def cross_rank_errors(dev, a, w):
@@ -418,22 +568,37 @@ def cross_rank_errors(dev, a, w):
     bf = torch.bfloat16
     # Cross-rank mismatches at plan creation: the same ValueError on every rank.
     rows = 48 if r == tp - 1 else 64
-    expect("rank_shape_mismatch", ValueError,
-           lambda: ops.all_gather_gemm(torch.randn(rows, 64, device=dev).to(bf),
-                                       torch.randn(40, 64, device=dev).to(bf)),
-           f"rank {tp - 1} has a_shard.shape=[48, 64] where rank 0 has a_shard.shape=[64, 64]",
-           same_everywhere=True)
+    expect(
+        "rank_shape_mismatch",
+        ValueError,
+        lambda: ops.all_gather_gemm(
+            torch.randn(rows, 64, device=dev).to(bf), torch.randn(40, 64, device=dev).to(bf)
+        ),
+        f"rank {tp - 1} has a_shard.shape=[48, 64] where rank 0 has a_shard.shape=[64, 64]",
+        same_everywhere=True,
+    )
     dt = torch.float16 if r == tp - 1 else bf
-    expect("rank_dtype_mismatch", ValueError,
-           lambda: ops.gemm_reduce_scatter(torch.randn(64, 64, device=dev).to(dt),
-                                           torch.randn(56, 64, device=dev).to(dt)),
-           f"rank {tp - 1} has dtype='torch.float16' where rank 0 has dtype='torch.bfloat16'",
-           same_everywhere=True)
+    expect(
+        "rank_dtype_mismatch",
+        ValueError,
+        lambda: ops.gemm_reduce_scatter(
+            torch.randn(64, 64, device=dev).to(dt), torch.randn(56, 64, device=dev).to(dt)
+        ),
+        f"rank {tp - 1} has dtype='torch.float16' where rank 0 has dtype='torch.bfloat16'",
+        same_everywhere=True,
+    )
     steps = 2 * tp if r == tp - 1 else tp
-    expect("rank_steps_mismatch", ValueError,
-           lambda: ops.gemm_all_reduce(torch.randn(64, 64, device=dev).to(bf),
-                                       torch.randn(56, 64, device=dev).to(bf), steps=steps),
-           f"rank {tp - 1} has steps={2 * tp} where rank 0 has steps={tp}", same_everywhere=True)
+    expect(
+        "rank_steps_mismatch",
+        ValueError,
+        lambda: ops.gemm_all_reduce(
+            torch.randn(64, 64, device=dev).to(bf),
+            torch.randn(56, 64, device=dev).to(bf),
+            steps=steps,
+        ),
+        f"rank {tp - 1} has steps={2 * tp} where rank 0 has steps={tp}",
+        same_everywhere=True,
+    )
     # A rank that does not launch: the others report it (device, where) instead of hanging.
     c = dcomm.Communicator(wait_timeout_s=1.0, timeout_s=60.0)
     x = torch.randn(32, 64, device=dev).to(bf)
@@ -443,18 +608,31 @@ def cross_rank_errors(dev, a, w):
     t0 = time.perf_counter()
     if r != tp - 1:
         ops.all_gather_gemm(x, w, group=c, path="overlap")
-        expect("missing_rank_timeout", RuntimeError, c.check,
-               f"entry barrier: barrier slot of device {tp - 1} did not reach generation")
+        expect(
+            "missing_rank_timeout",
+            RuntimeError,
+            c.check,
+            f"entry barrier: barrier slot of device {tp - 1} did not reach generation",
+        )
         msg = RESULTS[-1].get("message") or ""
-        record("errors/missing_rank_named", f"rank {r}: device {r}" in msg,
-               seconds=time.perf_counter() - t0, message=msg)
-        expect("broken_communicator_refuses_launch", RuntimeError,
-               lambda: ops.all_gather_gemm(x, w, group=c, path="overlap"), "can no longer launch")
+        record(
+            "errors/missing_rank_named",
+            f"rank {r}: device {r}" in msg,
+            seconds=time.perf_counter() - t0,
+            message=msg,
+        )
+        expect(
+            "broken_communicator_refuses_launch",
+            RuntimeError,
+            lambda: ops.all_gather_gemm(x, w, group=c, path="overlap"),
+            "can no longer launch",
+        )
     dist.barrier()
     c.close()
 
 
 # ---------------------------------------------------------------------------------------------
+
 
 def used_mib(dev):
     free, total = torch.cuda.mem_get_info(dev)
@@ -474,8 +652,14 @@ def test_replays(dev, calls):
     pool = 6
     gen = torch.Generator(device="cpu").manual_seed(5 + rank())
     cases = {
-        "ag_rotate_a": (lambda: torch.randn(512, 1024, generator=gen), torch.randn(768, 1024, generator=gen) / 32),
-        "rs_tile_a": (lambda: torch.randn(1024, 512, generator=gen), torch.randn(1024, 512, generator=gen) / 23),
+        "ag_rotate_a": (
+            lambda: torch.randn(512, 1024, generator=gen),
+            torch.randn(768, 1024, generator=gen) / 32,
+        ),
+        "rs_tile_a": (
+            lambda: torch.randn(1024, 512, generator=gen),
+            torch.randn(1024, 512, generator=gen) / 23,
+        ),
     }
     for schedule, (mk_a, w) in cases.items():
         w = w.to(bf).to(dev)
@@ -497,8 +681,16 @@ def test_replays(dev, calls):
         del y
         m1, r1, a1 = used_mib(dev), rss_mib(), torch.cuda.memory_allocated(dev) / 2**20
         ok = worst < 1e-2 and (m1 - m0) < 8 and (r1 - r0) < 32 and (a1 - a0) < 1
-        record(f"replays/{schedule}", ok, calls=calls, seconds=secs, worst_rel_err=worst,
-               device_used_mib=[m0, m1], torch_allocated_mib=[a0, a1], host_rss_mib=[r0, r1])
+        record(
+            f"replays/{schedule}",
+            ok,
+            calls=calls,
+            seconds=secs,
+            worst_rel_err=worst,
+            device_used_mib=[m0, m1],
+            torch_allocated_mib=[a0, a1],
+            host_rss_mib=[r0, r1],
+        )
 
 
 def test_overhead(dev):
@@ -537,25 +729,41 @@ def test_overhead(dev):
         return statistics.median(ts) * 1e6
 
     same_out = timed(lambda i: ops.all_gather_gemm(a, w, out=out, group=c2, path="overlap"))
-    same = timed(lambda i: ops.all_gather_gemm(a, w, group=c2, path="overlap"))  # a fresh output each call
+    same = timed(
+        lambda i: ops.all_gather_gemm(a, w, group=c2, path="overlap")
+    )  # a fresh output each call
     pool = [torch.randn(256, 512, device=dev).to(bf) for _ in range(8)]
-    changing = timed(lambda i: ops.all_gather_gemm(pool[i % 8], w, out=out, group=c2, path="overlap"))
+    changing = timed(
+        lambda i: ops.all_gather_gemm(pool[i % 8], w, out=out, group=c2, path="overlap")
+    )
     entry = next(e for k, e in c2.plans.items() if k[4][0][1] == (256, 512))
     g = next(iter(entry.graphs.values()))
     stream = torch.cuda.current_stream().cuda_stream
     raw = timed(lambda i: g.launch(stream))
-    upd = timed(lambda i: g.update(pool[i % 8].data_ptr(), w.data_ptr(), 0, out.data_ptr(), 0), n=200)
+    upd = timed(
+        lambda i: g.update(pool[i % 8].data_ptr(), w.data_ptr(), 0, out.data_ptr(), 0), n=200
+    )
     rebuilt = g.rebuilds > 0  # the driver refused the graph-exec update: re-instantiated
     c2.close()  # g was retargeted behind the plan cache's back: never launched again
     # The goal is < 20 us per call on a cached plan; the hard bound only catches regressions.
-    record("overhead/all_gather_gemm", same_out < 100.0, goal_20us_met=same_out < 20.0,
-           us_per_call_same_pointers=same_out, us_per_call_new_output=same,
-           us_per_call_changing_pointers=changing, us_raw_graph_launch=raw,
-           us_graph_update=upd, update_needed_rebuild=rebuilt, communicator_setup_ms=t_comm * 1e3,
-           first_call_ms=t_first * 1e3, first_call_workspace_reused_ms=t_first_reuse * 1e3)
+    record(
+        "overhead/all_gather_gemm",
+        same_out < 100.0,
+        goal_20us_met=same_out < 20.0,
+        us_per_call_same_pointers=same_out,
+        us_per_call_new_output=same,
+        us_per_call_changing_pointers=changing,
+        us_raw_graph_launch=raw,
+        us_graph_update=upd,
+        update_needed_rebuild=rebuilt,
+        communicator_setup_ms=t_comm * 1e3,
+        first_call_ms=t_first * 1e3,
+        first_call_workspace_reused_ms=t_first_reuse * 1e3,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
+
 
 def bench_one(name, schedule, m, n, k, steps, iters=50, warmup=10):
     tp = dist.get_world_size()
@@ -569,13 +777,23 @@ def bench_one(name, schedule, m, n, k, steps, iters=50, warmup=10):
         a = torch.rand(m, k // tp, device=dev, generator=g).to(bf) - 0.5
         w = torch.rand(n, k // tp, device=dev, generator=g).to(bf) - 0.5
     out = None
-    fn = (lambda: ops.all_gather_gemm(a, w, steps=steps, out=out, path="overlap")) if schedule == "ag_rotate_a" \
-        else (lambda: ops.gemm_reduce_scatter(a, w, steps=steps, out=out, schedule=schedule, path="overlap"))
+    fn = (
+        (lambda: ops.all_gather_gemm(a, w, steps=steps, out=out, path="overlap"))
+        if schedule == "ag_rotate_a"
+        else (
+            lambda: ops.gemm_reduce_scatter(
+                a, w, steps=steps, out=out, schedule=schedule, path="overlap"
+            )
+        )
+    )
     out = fn()
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    ev = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        for _ in range(iters)
+    ]
     for s, e in ev:
         s.record()
         fn()
@@ -586,8 +804,17 @@ def bench_one(name, schedule, m, n, k, steps, iters=50, warmup=10):
     per_iter = [max(r[i] for r in all_ms) for i in range(iters)]
     med = statistics.median(per_iter)
     tflops = 2.0 * m * n * k / tp / (med * 1e-3) / 1e12
-    record(f"bench/{name}/S{steps}", True, schedule=schedule, m=m, n=n, k=k, steps=steps, ms=med,
-           tflops_per_gpu=tflops)
+    record(
+        f"bench/{name}/S{steps}",
+        True,
+        schedule=schedule,
+        m=m,
+        n=n,
+        k=k,
+        steps=steps,
+        ms=med,
+        tflops_per_gpu=tflops,
+    )
     del a, w, out
     torch.cuda.empty_cache()
 

@@ -47,7 +47,8 @@ uint64_t as_int(const void* p) { return static_cast<uint64_t>(reinterpret_cast<u
 class IpcWorkspace {
  public:
   IpcWorkspace(int cuda_device, int64_t bytes) : device_(cuda_device), bytes_(bytes) {
-    if (bytes < 1) throw std::invalid_argument("workspace size must be positive, got " + std::to_string(bytes));
+    if (bytes < 1)
+      throw std::invalid_argument("workspace size must be positive, got " + std::to_string(bytes));
     py::gil_scoped_release nogil;
     DISTGEMM_CUDA_CHECK(cudaSetDevice(device_));
     DISTGEMM_CUDA_CHECK(cudaMalloc(&base_, static_cast<size_t>(bytes_)));
@@ -80,7 +81,8 @@ class IpcWorkspace {
   // is rank r's workspace as addressable from this device.
   void open_peers(const std::vector<std::string>& handles, int rank) {
     require_open("open_peers()");
-    if (!peers_.empty()) throw std::runtime_error("open_peers() was already called on this workspace");
+    if (!peers_.empty())
+      throw std::runtime_error("open_peers() was already called on this workspace");
     if (rank < 0 || rank >= static_cast<int>(handles.size()))
       throw std::invalid_argument("rank " + std::to_string(rank) + " is outside the " +
                                   std::to_string(handles.size()) + " handles");
@@ -235,7 +237,8 @@ class PyGraph {
     if (!order_) throw std::invalid_argument("DeviceGraph needs a LaunchOrder");
     if (order_->device() != cuda_device)
       throw std::invalid_argument("LaunchOrder of CUDA device " + std::to_string(order_->device()) +
-                                  " used for a graph on CUDA device " + std::to_string(cuda_device));
+                                  " used for a graph on CUDA device " +
+                                  std::to_string(cuda_device));
     const DType dt = distgemm::kernel::parse_dtype(dtype);
     std::vector<void*> bases;
     for (uint64_t p : workspace_bases) bases.push_back(as_ptr(p));
@@ -330,9 +333,10 @@ class PyGraph {
 }  // namespace
 
 void register_runtime(py::module_& m) {
-  py::class_<IpcWorkspace>(m, "IpcWorkspace",
-                           "One rank's symmetric workspace: zeroed device memory exported as a CUDA "
-                           "IPC handle; opens the peers' handles.")
+  py::class_<IpcWorkspace>(
+      m, "IpcWorkspace",
+      "One rank's symmetric workspace: zeroed device memory exported as a CUDA "
+      "IPC handle; opens the peers' handles.")
       .def(py::init<int, int64_t>(), py::arg("cuda_device"), py::arg("nbytes"))
       .def("handle", &IpcWorkspace::handle, "This rank's cudaIpcMemHandle_t, as bytes.")
       .def("open_peers", &IpcWorkspace::open_peers, py::arg("handles"), py::arg("rank"),
@@ -349,11 +353,14 @@ void register_runtime(py::module_& m) {
   py::class_<LaunchOrder, std::shared_ptr<LaunchOrder>>(
       m, "LaunchOrder", "Orders the launches of the graphs sharing one workspace on one device.")
       .def(py::init<int>(), py::arg("cuda_device"))
-      .def("record", [](LaunchOrder& o, uint64_t stream) {
-        o.after(reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(stream)));
-      }, py::arg("stream"),
-           "Mark `stream`'s current position as the end of the last launch (work issued after a "
-           "launch that still reads the workspace, e.g. copying out the gathered operand).");
+      .def(
+          "record",
+          [](LaunchOrder& o, uint64_t stream) {
+            o.after(reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(stream)));
+          },
+          py::arg("stream"),
+          "Mark `stream`'s current position as the end of the last launch (work issued after a "
+          "launch that still reads the workspace, e.g. copying out the gathered operand).");
 
   py::class_<PyGraph>(m, "DeviceGraph",
                       "One rank's CUDA graph of a plan (device::DeviceGraph). Pointers and streams "
@@ -382,13 +389,16 @@ void register_runtime(py::module_& m) {
       .def_property_readonly("cuda_device", &PyGraph::cuda_device)
       .def("stats", &PyGraph::stats, "Node counts of the graph.");
 
-  m.def("cuda_device_count", []() {
-    int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess) {
-      (void)cudaGetLastError();
-      return 0;
-    }
-    return n;
-  }, "CUDA devices visible to this process (0 when there is no driver).");
+  m.def(
+      "cuda_device_count",
+      []() {
+        int n = 0;
+        cudaError_t e = cudaGetDeviceCount(&n);
+        if (e != cudaSuccess) {
+          (void)cudaGetLastError();
+          return 0;
+        }
+        return n;
+      },
+      "CUDA devices visible to this process (0 when there is no driver).");
 }

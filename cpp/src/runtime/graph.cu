@@ -41,8 +41,8 @@ DeviceGraph::DeviceGraph(const schedule::Plan& plan, int rank, int cuda_device, 
       bases_(workspace_bases),
       opt_(options) {
   if (rank < 0 || rank >= plan.tp)
-    throw std::invalid_argument("rank " + std::to_string(rank) + " is outside the plan's TP=" +
-                                std::to_string(plan.tp));
+    throw std::invalid_argument("rank " + std::to_string(rank) +
+                                " is outside the plan's TP=" + std::to_string(plan.tp));
   if (static_cast<int>(bases_.size()) != plan.tp)
     throw std::invalid_argument("workspace_bases has " + std::to_string(bases_.size()) +
                                 " entries; the plan has TP=" + std::to_string(plan.tp) +
@@ -57,13 +57,12 @@ DeviceGraph::DeviceGraph(const schedule::Plan& plan, int rank, int cuda_device, 
       throw std::invalid_argument("workspace base of rank " + std::to_string(r) + " is null");
   if (opt_.workspace_bytes > 0 && layout_.total_bytes > opt_.workspace_bytes)
     throw std::invalid_argument(
-        plan_.schedule + " (TP=" + std::to_string(plan_.tp) + ", S=" +
-        std::to_string(plan_.steps) + ", partials by " +
-        schedule::partial_via_name(plan_.partial_via) + ") needs a workspace of " +
-        std::to_string(layout_.total_bytes) + " bytes per rank (slots " +
-        std::to_string(layout_.slots_bytes) + ", flags " + std::to_string(layout_.flags_bytes) +
-        ", barrier " + std::to_string(layout_.barrier_bytes) + "); the workspace has " +
-        std::to_string(opt_.workspace_bytes) +
+        plan_.schedule + " (TP=" + std::to_string(plan_.tp) + ", S=" + std::to_string(plan_.steps) +
+        ", partials by " + schedule::partial_via_name(plan_.partial_via) +
+        ") needs a workspace of " + std::to_string(layout_.total_bytes) +
+        " bytes per rank (slots " + std::to_string(layout_.slots_bytes) + ", flags " +
+        std::to_string(layout_.flags_bytes) + ", barrier " + std::to_string(layout_.barrier_bytes) +
+        "); the workspace has " + std::to_string(opt_.workspace_bytes) +
         ": size it from this plan's own layout (same partial_via)");
   (void)timeout_ns(opt_.timeout_s);
   validate(user);  // before any CUDA work: a rejected shape never reaches a launch
@@ -76,7 +75,8 @@ DeviceGraph::DeviceGraph(const schedule::Plan& plan, int rank, int cuda_device, 
   DISTGEMM_CUDA_CHECK(cudaEventCreateWithFlags(&ev_copy_end_, cudaEventDisableTiming));
   const auto& prog = plan_.devices[rank_];
   ev_gemm_.resize(prog.gemms.size());
-  for (auto& e : ev_gemm_) DISTGEMM_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  for (auto& e : ev_gemm_)
+    DISTGEMM_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   DISTGEMM_CUDA_CHECK(cudaMalloc(&abort_, 256));
   DISTGEMM_CUDA_CHECK(cudaMemset(abort_, 0, 256));
   DISTGEMM_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&record_host_),
@@ -122,12 +122,23 @@ void* DeviceGraph::resolve(const BufRef& r, const UserBuffers& user, const char*
                            std::to_string(r.device));
   const void* base = nullptr;
   switch (r.buffer) {
-    case Buffer::A: base = user.a; break;
-    case Buffer::B: base = user.b; break;
-    case Buffer::C: base = user.c; break;
-    case Buffer::D: base = user.d; break;
-    case Buffer::Bias: base = user.bias; break;
-    default: break;
+    case Buffer::A:
+      base = user.a;
+      break;
+    case Buffer::B:
+      base = user.b;
+      break;
+    case Buffer::C:
+      base = user.c;
+      break;
+    case Buffer::D:
+      base = user.d;
+      break;
+    case Buffer::Bias:
+      base = user.bias;
+      break;
+    default:
+      break;
   }
   if (!base)
     throw std::invalid_argument(std::string("UserBuffers.") + schedule::buffer_name(r.buffer) +
@@ -178,11 +189,10 @@ void DeviceGraph::validate(const UserBuffers& user) const {
       throw std::logic_error("internal: GEMM waits on more than kMaxWaits flags");
     const std::string why = kernel::gemm_can_implement(gemm_desc(op, user));
     if (!why.empty())
-      throw std::invalid_argument(plan_.schedule + " on device " + std::to_string(rank_) +
-                                  ", iteration " + std::to_string(op.iteration) +
-                                  " (sub-GEMM m=" + std::to_string(op.m) + " n=" +
-                                  std::to_string(op.n) + " k=" + std::to_string(op.k) +
-                                  "): " + why);
+      throw std::invalid_argument(
+          plan_.schedule + " on device " + std::to_string(rank_) + ", iteration " +
+          std::to_string(op.iteration) + " (sub-GEMM m=" + std::to_string(op.m) +
+          " n=" + std::to_string(op.n) + " k=" + std::to_string(op.k) + "): " + why);
   }
   for (const auto& cp : prog.copies) {
     // See graph.hpp, "no peer reads": a memcpy reading a peer may run on the peer's copy engine.
@@ -252,8 +262,8 @@ cudaGraph_t DeviceGraph::capture(const UserBuffers& user) {
       desc.pdl = use_pdl && i > 0;  // GEMM 0 follows the entry barrier: a full edge
       desc.tile_n = kernel::gemm_tile_n(desc, cuda_device_);  // resolved once: launch and stats
       if (desc.tile_n == 128) ++st.gemm_n128;
-      kernel::gemm_launch(desc, wait_spec(op.waits, op.iteration, kernel::kWaitGemm),
-                          cuda_device_, s_gemm_);
+      kernel::gemm_launch(desc, wait_spec(op.waits, op.iteration, kernel::kWaitGemm), cuda_device_,
+                          s_gemm_);
       ++st.gemm_nodes;
       DISTGEMM_CUDA_CHECK(cudaEventRecord(ev_gemm_[i], s_gemm_));
     }
@@ -304,13 +314,13 @@ cudaGraph_t DeviceGraph::capture(const UserBuffers& user) {
       // 1-D memcpy nodes wherever the data is contiguous (all current plans): a graph-exec update
       // may retarget only 1-D memcpy nodes, so user-pointer updates stay updates.
       const bool rows_dense = cp.src.ld == cp.cols && cp.dst.ld == cp.cols;
-      const bool all_dense = rows_dense && (plan_.problem.l == 1 ||
-                                            (cp.src.batch_stride == cp.rows * cp.cols &&
-                                             cp.dst.batch_stride == cp.rows * cp.cols));
+      const bool all_dense =
+          rows_dense && (plan_.problem.l == 1 || (cp.src.batch_stride == cp.rows * cp.cols &&
+                                                  cp.dst.batch_stride == cp.rows * cp.cols));
       if (all_dense) {
-        DISTGEMM_CUDA_CHECK(cudaMemcpyAsync(
-            dst, src, static_cast<size_t>(plan_.problem.l * cp.rows * cp.cols * eb),
-            cudaMemcpyDefault, s_copy_));
+        DISTGEMM_CUDA_CHECK(
+            cudaMemcpyAsync(dst, src, static_cast<size_t>(plan_.problem.l * cp.rows * cp.cols * eb),
+                            cudaMemcpyDefault, s_copy_));
         ++st.copy_nodes;
       } else {
         for (int64_t l = 0; l < plan_.problem.l; ++l) {
@@ -322,8 +332,8 @@ cudaGraph_t DeviceGraph::capture(const UserBuffers& user) {
           else
             DISTGEMM_CUDA_CHECK(cudaMemcpy2DAsync(
                 d, static_cast<size_t>(cp.dst.ld * eb), sp, static_cast<size_t>(cp.src.ld * eb),
-                static_cast<size_t>(cp.cols * eb), static_cast<size_t>(cp.rows),
-                cudaMemcpyDefault, s_copy_));
+                static_cast<size_t>(cp.cols * eb), static_cast<size_t>(cp.rows), cudaMemcpyDefault,
+                s_copy_));
           ++st.copy_nodes;
         }
       }
@@ -389,8 +399,8 @@ std::string DeviceGraph::error() const {
   if (r->kind == kernel::kWaitEntryBarrier) {
     what = dev + ", entry barrier: barrier slot of device " + std::to_string(r->flag) +
            " did not reach generation " + std::to_string(r->expected) + " within " + secs +
-           " s (last value " + std::to_string(r->observed) + "; device " +
-           std::to_string(r->flag) + " did not start this launch)";
+           " s (last value " + std::to_string(r->observed) + "; device " + std::to_string(r->flag) +
+           " did not start this launch)";
   } else {
     what = dev + (r->kind == kernel::kWaitCopy ? ", copy " : ", iteration ") +
            std::to_string(r->iteration) + ": flag " + std::to_string(r->flag) +

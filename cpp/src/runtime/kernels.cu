@@ -15,8 +15,8 @@ namespace distgemm::kernel {
 
 namespace detail {
 // One set per kernel (gemm_<dtype>_n<tile>.cu).
-#define DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(SUFFIX)                                   \
-  std::string can_implement_##SUFFIX(const GemmDesc& g);                             \
+#define DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(SUFFIX)                                        \
+  std::string can_implement_##SUFFIX(const GemmDesc& g);                                  \
   void launch_##SUFFIX(const GemmDesc& g, const WaitSpec& w, int device, cudaStream_t s); \
   int prepare_##SUFFIX(int device);
 DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(bf16_n256)
@@ -52,12 +52,14 @@ std::string check_operand(const char* name, const void* p, int64_t ld, int64_t b
   if (addr % 16 != 0)
     return std::string("operand ") + name + ": address " + s(static_cast<int64_t>(addr)) +
            " is not 16-byte aligned (TMA requires it): start the tensor and every shard or tile "
-           "offset on a multiple of " + s(16 / eb) + " elements";
+           "offset on a multiple of " +
+           s(16 / eb) + " elements";
   if (row_vector) return "";
   if ((ld * eb) % 16 != 0)
     return std::string("operand ") + name + ": row stride " + s(ld) + " elements (" + s(ld * eb) +
            " bytes) is not a multiple of 16 bytes (TMA requires it): make the contiguous "
-           "extent a multiple of " + s(16 / eb) + " elements (e.g. " + s(ld) + " -> " +
+           "extent a multiple of " +
+           s(16 / eb) + " elements (e.g. " + s(ld) + " -> " +
            s((ld + 16 / eb - 1) / (16 / eb) * (16 / eb)) + ")";
   if (l > 1 && (batch * eb) % 16 != 0)
     return std::string("operand ") + name + ": batch stride " + s(batch) +
@@ -127,8 +129,7 @@ __global__ void entry_barrier_kernel(const EntryBarrierSpec s) {
       if (start == 0) {
         start = now;
       } else if (now - start > s.timeout_ns) {
-        report_timeout(s.abort, s.record, kWaitEntryBarrier, s.device, -1, r, gen, v,
-                       s.timeout_ns);
+        report_timeout(s.abort, s.record, kWaitEntryBarrier, s.device, -1, r, gen, v, s.timeout_ns);
         return;
       }
       __nanosleep(64);
@@ -137,12 +138,12 @@ __global__ void entry_barrier_kernel(const EntryBarrierSpec s) {
   }
 }
 
-// Wait before a copy-engine transfer (only gemm_allreduce's local copies of pushed tiles need one). One thread; it never
-// blocks a GEMM's progress (GEMMs never depend on the copy branch), see device/graph.hpp.
+// Wait before a copy-engine transfer (only gemm_allreduce's local copies of pushed tiles need one).
+// One thread; it never blocks a GEMM's progress (GEMMs never depend on the copy branch), see
+// device/graph.hpp.
 __global__ void copy_wait_kernel(const WaitSpec w) {
   if (threadIdx.x == 0) (void)wait_flags(w);
 }
-
 
 void entry_barrier_launch(const EntryBarrierSpec& spec, cudaStream_t stream) {
   entry_barrier_kernel<<<1, 32, 0, stream>>>(spec);

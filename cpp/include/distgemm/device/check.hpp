@@ -7,12 +7,12 @@
 #include <stdexcept>
 #include <string>
 
-#define DISTGEMM_CUDA_CHECK(expr)                                                          \
-  do {                                                                                     \
-    cudaError_t distgemm_err_ = (expr);                                                    \
-    if (distgemm_err_ != cudaSuccess)                                                      \
-      throw std::runtime_error(std::string(#expr) + " failed: " +                         \
-                               cudaGetErrorName(distgemm_err_) + " (" +                    \
-                               cudaGetErrorString(distgemm_err_) + ") at " + __FILE__ +    \
-                               ":" + std::to_string(__LINE__));                            \
+#define DISTGEMM_CUDA_CHECK(expr)                                                             \
+  do {                                                                                        \
+    cudaError_t distgemm_err_ = (expr);                                                       \
+    if (distgemm_err_ != cudaSuccess)                                                         \
+      throw std::runtime_error(std::string(#expr) +                                           \
+                               " failed: " + cudaGetErrorName(distgemm_err_) + " (" +         \
+                               cudaGetErrorString(distgemm_err_) + ") at " + __FILE__ + ":" + \
+                               std::to_string(__LINE__));                                     \
   } while (0)

@@ -88,8 +88,8 @@ struct UserBuffers {
 
 struct EpilogueArgs {
   float alpha = 1.0f;
-  float beta = 0.0f;   // beta * C is added at each tile's last visit when beta != 0
-  bool bias = false;   // bias[n] is added at each tile's last visit
+  float beta = 0.0f;  // beta * C is added at each tile's last visit when beta != 0
+  bool bias = false;  // bias[n] is added at each tile's last visit
 };
 
 struct GraphOptions {
@@ -126,7 +126,7 @@ inline bool pdl_by_default(const schedule::Plan& plan) {
 
 struct GraphStats {
   int gemm_nodes = 0, copy_nodes = 0, signal_nodes = 0, wait_kernels = 0;
-  bool pdl = false;  // GEMM i+1 follows GEMM i by a programmatic edge
+  bool pdl = false;   // GEMM i+1 follows GEMM i by a programmatic edge
   int gemm_n128 = 0;  // GEMM nodes that run the 128x128-tile kernel (the rest: 128x256)
 };
 
@@ -179,7 +179,7 @@ class DeviceGraph {
   cudaStream_t s_gemm_ = nullptr, s_copy_ = nullptr;  // GEMM chain, side chain
   cudaEvent_t ev_barrier_ = nullptr, ev_copy_end_ = nullptr;
   std::vector<cudaEvent_t> ev_gemm_;
-  uint32_t* abort_ = nullptr;               // device memory
+  uint32_t* abort_ = nullptr;                   // device memory
   kernel::ErrorRecord* record_host_ = nullptr;  // mapped host memory
   kernel::ErrorRecord* record_dev_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;

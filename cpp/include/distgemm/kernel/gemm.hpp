@@ -43,9 +43,9 @@ struct GemmDesc {
   int64_t ldd = 0, batch_d = 0;
   const void* partial = nullptr;  // added with scale 1; null: absent
   int64_t ld_partial = 0, batch_partial = 0;
-  const void* user_c = nullptr;   // added with scale beta; null: absent
+  const void* user_c = nullptr;  // added with scale beta; null: absent
   int64_t ldc = 0, batch_c = 0;
-  const void* bias = nullptr;     // [n], broadcast over rows and batches; null: absent
+  const void* bias = nullptr;  // [n], broadcast over rows and batches; null: absent
   float alpha = 1.0f;
   float beta = 0.0f;
   // Persistent tile scheduler (runtime arguments of the one kernel, no extra instantiation):

@@ -12,8 +12,7 @@ namespace distgemm::kernel {
 
 // "" when a sub-GEMM of m x n x k (batch l, elements of `elem_bytes`) is within the rule;
 // otherwise the reason with the values and the fix.
-inline std::string gemm_extent_problem(int64_t m, int64_t n, int64_t k, int64_t l,
-                                       int elem_bytes) {
+inline std::string gemm_extent_problem(int64_t m, int64_t n, int64_t k, int64_t l, int elem_bytes) {
   const auto s = [](int64_t v) { return std::to_string(v); };
   if (m < 1 || n < 1 || k < 1 || l < 1)
     return "GEMM extents must be positive, got m=" + s(m) + " n=" + s(n) + " k=" + s(k) +

@@ -126,12 +126,12 @@ struct Config {
   using UserC = fusion::Sm90AuxLoad<0, void, Element, LayoutC, void, void, kAlign, true>;
   using Partial = OptionalSrcFetch<Element>;
   // alpha * acc + bias
-  using ScaledAcc = fusion::Sm90EVT<
-      fusion::Sm90Compute<cutlass::homogeneous_multiply_add, float, float, kRound>, Alpha,
-      fusion::Sm90AccFetch, Bias>;
+  using ScaledAcc =
+      fusion::Sm90EVT<fusion::Sm90Compute<cutlass::homogeneous_multiply_add, float, float, kRound>,
+                      Alpha, fusion::Sm90AccFetch, Bias>;
   // ... + partial
-  using WithPartial = fusion::Sm90EVT<fusion::Sm90Compute<cutlass::plus, float, float, kRound>,
-                                      ScaledAcc, Partial>;
+  using WithPartial =
+      fusion::Sm90EVT<fusion::Sm90Compute<cutlass::plus, float, float, kRound>, ScaledAcc, Partial>;
   // beta * user_c + ...
   using Root = fusion::Sm90EVT<
       fusion::Sm90Compute<cutlass::homogeneous_multiply_add, Element, float, kRound>, Beta, UserC,
@@ -206,7 +206,7 @@ struct Runner {
     beta.scalars[0] = g.user_c ? g.beta : 0.0f;
     typename Cfg::Bias::Arguments bias{static_cast<E const*>(g.bias), E(0), {}};
     typename Cfg::UserC::Arguments user_c{static_cast<E const*>(g.user_c), E(0),
-                                           stride(g.ldc, g.batch_c)};
+                                          stride(g.ldc, g.batch_c)};
     typename Cfg::Partial::Arguments partial{g.partial != nullptr};
 
     typename Cfg::ScaledAcc::Arguments scaled{alpha, {}, bias, {}};
@@ -223,8 +223,9 @@ struct Runner {
     using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
     typename Kernel::TileSchedulerArguments sched{};
     sched.max_swizzle_size = effective_swizzle(g);
-    sched.raster_order =
-        g.raster == 1 ? Raster::AlongM : g.raster == 2 ? Raster::AlongN : Raster::Heuristic;
+    sched.raster_order = g.raster == 1   ? Raster::AlongM
+                         : g.raster == 2 ? Raster::AlongN
+                                         : Raster::Heuristic;
     return Arguments{cutlass::gemm::GemmUniversalMode::kGemm,
                      {static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k),
                       static_cast<int>(g.l)},
@@ -288,8 +289,7 @@ struct Runner {
     attr[0].val.clusterDim.z = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    check(cudaOccupancyMaxActiveClusters(&d.max_active_clusters,
-                                         waiting_gemm_kernel<Kernel>, &cfg),
+    check(cudaOccupancyMaxActiveClusters(&d.max_active_clusters, waiting_gemm_kernel<Kernel>, &cfg),
           "cudaOccupancyMaxActiveClusters");
     check(cudaSetDevice(current), "cudaSetDevice");
     d.ready = true;
@@ -331,17 +331,17 @@ struct Runner {
 // One kernel's entry points (dtype x tile width), defined by a translation unit that
 // instantiates Runner<ELEMENT, TILE_N>. prepare_* returns the kernel's resident CTAs (the
 // persistent grid size), the input of choose_tile_n.
-#define DISTGEMM_DEFINE_GEMM_ENTRY_POINTS(SUFFIX, ELEMENT, TILE_N)                             \
-  namespace distgemm::kernel::detail {                                                         \
-  std::string can_implement_##SUFFIX(const GemmDesc& g) {                                      \
-    return sm90::Runner<ELEMENT, TILE_N>::can_implement(g);                                    \
-  }                                                                                            \
-  void launch_##SUFFIX(const GemmDesc& g, const WaitSpec& w, int device, cudaStream_t s) {     \
-    sm90::Runner<ELEMENT, TILE_N>::launch(g, w, device, s);                                    \
-  }                                                                                            \
-  int prepare_##SUFFIX(int device) {                                                           \
-    const auto d = sm90::Runner<ELEMENT, TILE_N>::prepare(device);                             \
-    using Cluster = typename sm90::Runner<ELEMENT, TILE_N>::Cfg::ClusterShape;                 \
-    return d.max_active_clusters * int(cute::size(Cluster{}));                                 \
-  }                                                                                            \
+#define DISTGEMM_DEFINE_GEMM_ENTRY_POINTS(SUFFIX, ELEMENT, TILE_N)                         \
+  namespace distgemm::kernel::detail {                                                     \
+  std::string can_implement_##SUFFIX(const GemmDesc& g) {                                  \
+    return sm90::Runner<ELEMENT, TILE_N>::can_implement(g);                                \
+  }                                                                                        \
+  void launch_##SUFFIX(const GemmDesc& g, const WaitSpec& w, int device, cudaStream_t s) { \
+    sm90::Runner<ELEMENT, TILE_N>::launch(g, w, device, s);                                \
+  }                                                                                        \
+  int prepare_##SUFFIX(int device) {                                                       \
+    const auto d = sm90::Runner<ELEMENT, TILE_N>::prepare(device);                         \
+    using Cluster = typename sm90::Runner<ELEMENT, TILE_N>::Cfg::ClusterShape;             \
+    return d.max_active_clusters * int(cute::size(Cluster{}));                             \
+  }                                                                                        \
   }

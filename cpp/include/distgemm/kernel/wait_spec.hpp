@@ -17,12 +17,12 @@ enum WaitKind : uint32_t {
 // reads it after synchronising. `valid` is stored last (after a system fence).
 struct ErrorRecord {
   uint32_t valid;
-  uint32_t kind;       // WaitKind
-  int32_t device;      // plan rank that timed out
-  int32_t iteration;   // GEMM iteration, copy index, or -1 for the entry barrier
-  int32_t flag;        // flag index (entry barrier: the rank whose barrier slot stayed behind)
-  uint32_t expected;   // generation waited for
-  uint32_t observed;   // last value read
+  uint32_t kind;      // WaitKind
+  int32_t device;     // plan rank that timed out
+  int32_t iteration;  // GEMM iteration, copy index, or -1 for the entry barrier
+  int32_t flag;       // flag index (entry barrier: the rank whose barrier slot stayed behind)
+  uint32_t expected;  // generation waited for
+  uint32_t observed;  // last value read
   uint32_t pad;
   uint64_t timeout_ns;
 };
@@ -50,12 +50,11 @@ struct EntryBarrierSpec {
   uint32_t* epoch = nullptr;
   uint32_t* abort = nullptr;
   ErrorRecord* record = nullptr;
-  const uint32_t* local_barrier = nullptr;       // this device's barrier slots [tp]
-  uint32_t* peer_barrier[kMaxDevices] = {};      // every rank's barrier slots, as seen from here
+  const uint32_t* local_barrier = nullptr;   // this device's barrier slots [tp]
+  uint32_t* peer_barrier[kMaxDevices] = {};  // every rank's barrier slots, as seen from here
   int32_t tp = 1;
   int32_t device = 0;
   uint64_t timeout_ns = 5000000000ull;
 };
-
 
 }  // namespace distgemm::kernel

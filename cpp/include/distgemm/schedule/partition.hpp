@@ -23,10 +23,14 @@ enum class Mode : uint8_t { None = 0, M = 1, N = 2, K = 3 };
 
 inline const char* mode_name(Mode m) {
   switch (m) {
-    case Mode::M: return "M";
-    case Mode::N: return "N";
-    case Mode::K: return "K";
-    default: return "none";
+    case Mode::M:
+      return "M";
+    case Mode::N:
+      return "N";
+    case Mode::K:
+      return "K";
+    default:
+      return "none";
   }
 }
 

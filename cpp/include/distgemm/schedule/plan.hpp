@@ -34,18 +34,24 @@ enum class Buffer : uint8_t { A = 0, B = 1, C = 2, D = 3, Bias = 4, Slots = 5 };
 
 inline const char* buffer_name(Buffer b) {
   switch (b) {
-    case Buffer::A: return "A";
-    case Buffer::B: return "B";
-    case Buffer::C: return "C";
-    case Buffer::D: return "D";
-    case Buffer::Bias: return "bias";
-    default: return "slots";
+    case Buffer::A:
+      return "A";
+    case Buffer::B:
+      return "B";
+    case Buffer::C:
+      return "C";
+    case Buffer::D:
+      return "D";
+    case Buffer::Bias:
+      return "bias";
+    default:
+      return "slots";
   }
 }
 
 struct BufRef {
   Buffer buffer = Buffer::A;
-  int device = -1;  // -1: no operand
+  int device = -1;           // -1: no operand
   int64_t offset = 0;        // elements
   int64_t ld = 0;            // elements between rows
   int64_t batch_stride = 0;  // elements between batches
@@ -59,15 +65,15 @@ struct FlagRef {
 
 struct GemmOp {
   int iteration = 0;
-  int tile = 0;                 // tile of the split mode
+  int tile = 0;                    // tile of the split mode
   int64_t m0 = 0, n0 = 0, k0 = 0;  // global coordinates of the sub-GEMM
   int64_t m = 0, n = 0, k = 0;     // extents; the batch count is the problem's L
   BufRef a, b, d;
   BufRef partial;  // epilogue source added with scale 1 (the rotating partial C); may be invalid
   BufRef user_c;   // the user's C, added with beta when the call passes beta != 0; may be invalid
   BufRef bias;     // bias slice for this tile's N range, used when the call passes a bias
-  std::vector<int> waits;         // flags on this device, waited for before the mainloop
-  std::vector<FlagRef> signals;   // flags set after the GEMM has completed
+  std::vector<int> waits;        // flags on this device, waited for before the mainloop
+  std::vector<FlagRef> signals;  // flags set after the GEMM has completed
 };
 
 struct CopyOp {
@@ -130,9 +136,9 @@ struct Plan {
   int tp = 1;
   int steps = 1;
   PartialVia partial_via = PartialVia::Epilogue;  // reduce-scatter plans only
-  Buffer slot_operand = Buffer::A;  // the slots hold elements of this operand's dtype
-  int64_t slot_elems = 0;           // per device
-  int num_flags = 0;                // per device
+  Buffer slot_operand = Buffer::A;                // the slots hold elements of this operand's dtype
+  int64_t slot_elems = 0;                         // per device
+  int num_flags = 0;                              // per device
   std::vector<DeviceProgram> devices;
 
   const Partition& partition() const { return def.partition; }
@@ -172,14 +178,15 @@ inline std::string validate(const ScheduleDef& def, const Problem& p, int tp, in
   // The split mode is cut into S tiles.
   if (extent(def.split) % steps != 0)
     return std::string(mode_name(def.split)) + "=" + s(extent(def.split)) +
-           " is not divisible by S=" + s(steps) + ": " + who + " splits " +
-           mode_name(def.split) + " into S = k*TP tiles";
+           " is not divisible by S=" + s(steps) + ": " + who + " splits " + mode_name(def.split) +
+           " into S = k*TP tiles";
   const Partition& pt = def.partition;
   for (auto [mode, what] : {std::pair{pt.a, "A"}, std::pair{pt.b, "B"}, std::pair{pt.d, "C/D"}}) {
     if (mode == Mode::None) continue;
     if (extent(mode) % tp != 0)
-      return std::string(mode_name(mode)) + "=" + s(extent(mode)) + " is not divisible by TP=" +
-             s(tp) + ": " + who + " shards " + what + " on " + mode_name(mode);
+      return std::string(mode_name(mode)) + "=" + s(extent(mode)) +
+             " is not divisible by TP=" + s(tp) + ": " + who + " shards " + what + " on " +
+             mode_name(mode);
   }
   if (def.collective != Collective::AllGather) {
     DistributedTileScheduler sch(def, tp, steps);
@@ -246,9 +253,9 @@ inline void build_all_gather(Plan& plan, const DistributedTileScheduler& sch) {
       g.tile = t;
       g.k0 = 0;
       g.k = K;
-      BufRef rot = owner == d
-                       ? ref(rot_a ? Buffer::A : Buffer::B, d, c * T * K, K, (rot_a ? la : lb).rows * K)
-                       : ref(Buffer::Slots, d, slot_of[d][t] * slot_stride, K, T * K);
+      BufRef rot = owner == d ? ref(rot_a ? Buffer::A : Buffer::B, d, c * T * K, K,
+                                    (rot_a ? la : lb).rows * K)
+                              : ref(Buffer::Slots, d, slot_of[d][t] * slot_stride, K, T * K);
       if (owner != d) g.waits.push_back(slot_of[d][t]);
       if (rot_a) {
         // D_d[M, N/TP]: rows of tile t, all local columns.
@@ -279,7 +286,9 @@ inline void build_all_gather(Plan& plan, const DistributedTileScheduler& sch) {
 
   // Pushes: owner p copies each of its chunks into every consumer's slot, earliest need first.
   for (int p_ = 0; p_ < tp; ++p_) {
-    struct Push { int need, dist, dev, t; };
+    struct Push {
+      int need, dist, dev, t;
+    };
     std::vector<Push> pushes;
     for (int d = 0; d < tp; ++d) {
       if (d == p_) continue;
@@ -428,7 +437,11 @@ inline void build_reduce_scatter(Plan& plan, const DistributedTileScheduler& sch
   // by the peer's copy engine, queued behind (or ahead of) that peer's own transfers, which
   // couples the two devices' copy queues and deadlocked S=8 on two H200s.
   for (int e = 0; e < tp; ++e) {
-    struct Item { int ready; bool take_in; int dist, t; };  // take_in: a peer's tile, else a push
+    struct Item {
+      int ready;
+      bool take_in;
+      int dist, t;
+    };  // take_in: a peer's tile, else a push
     std::vector<Item> items;
     for (int t = 0; t < S; ++t) {
       const int owner = sch.owner(t);
@@ -522,7 +535,8 @@ inline PlanOptions default_plan_options(const ScheduleDef& def, int tp, int step
 }
 
 // parse_partial_via of an optional name (none: none), for the bindings' optional arguments.
-inline std::optional<PartialVia> parse_optional_partial_via(const std::optional<std::string>& name) {
+inline std::optional<PartialVia> parse_optional_partial_via(
+    const std::optional<std::string>& name) {
   if (!name) return std::nullopt;
   return parse_partial_via(*name);
 }

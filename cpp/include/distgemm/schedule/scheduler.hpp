@@ -26,16 +26,22 @@ enum class Operand : uint8_t { A = 0, B = 1, C = 2 };
 
 inline const char* collective_name(Collective c) {
   switch (c) {
-    case Collective::AllGather: return "all_gather";
-    case Collective::ReduceScatter: return "reduce_scatter";
-    default: return "all_reduce";
+    case Collective::AllGather:
+      return "all_gather";
+    case Collective::ReduceScatter:
+      return "reduce_scatter";
+    default:
+      return "all_reduce";
   }
 }
 inline const char* operand_name(Operand o) {
   switch (o) {
-    case Operand::A: return "A";
-    case Operand::B: return "B";
-    default: return "C";
+    case Operand::A:
+      return "A";
+    case Operand::B:
+      return "B";
+    default:
+      return "C";
   }
 }
 
@@ -68,7 +74,8 @@ class DistributedTileScheduler {
   // Tile of the split mode that device d computes at iteration i.
   DISTGEMM_HD int tile(int d, int i) const {
     const AffineTileMap& t = def_.tile;
-    long v = static_cast<long>(t.a) * k_ * d + static_cast<long>(t.b) * i + static_cast<long>(t.c) * k_;
+    long v =
+        static_cast<long>(t.a) * k_ * d + static_cast<long>(t.b) * i + static_cast<long>(t.c) * k_;
     long r = v % steps_;
     return static_cast<int>(r < 0 ? r + steps_ : r);
   }
