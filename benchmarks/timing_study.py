@@ -2,11 +2,10 @@
 
     torchrun --nproc-per-node 2 benchmarks/timing_study.py [--cases 70B/QKV/4096,70B/O/4096]
 
-  short-alt     25 ms chunks, baseline and public op alternating, 6 rounds (the sweep's former
-                pair timing)
+  short-alt     25 ms chunks, baseline and public op alternating, 6 rounds
   short-settled the same chunks with a device sync and a barrier before each chunk (no work of
                 one variant can fall into the other's window)
-  steady        1 s windows after a re-warm, A B A B (the sweep's timing now)
+  steady        1 s windows after a re-warm, A B A B (the sweep's timing, gpu_timing.py)
 
 plus torch.mm alone in a steady window (the compute floor). After each window the SM clock of
 this rank's GPU is read (NVML), so a method whose chunks run at a higher clock shows it. Rank 0
@@ -16,13 +15,25 @@ prints a table and writes JSON to --out.
 from __future__ import annotations
 
 import argparse
-import datetime
+import functools
 import json
 import math
 import os
 import statistics
+import sys
 
-import llama_sweep as sweep
+if __package__ in (None, ""):  # run as a file: make the benchmarks package importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.gpu_timing import (
+    WARMUP_S,
+    RankContext,
+    baseline_call,
+    layer_operands,
+    settle,
+    time_variant,
+)
+from benchmarks.llama_cases import Case
 
 
 def _clock_mhz(torch, dev) -> float:
@@ -41,7 +52,7 @@ def short_chunks(ctx, fns, settled: bool, rounds: int = 6, chunk_ms: float = 25.
 
     def chunk(fn, n):
         if settled:
-            sweep.settle(ctx)
+            settle(ctx)
         fn()
         s.record()
         for _ in range(n):
@@ -68,14 +79,65 @@ def short_chunks(ctx, fns, settled: bool, rounds: int = 6, chunk_ms: float = 25.
 
 
 def steady(ctx, fns, rounds: int = 2):
-    """A B A B ... of steady-state windows (sweep._time_variant); median per function."""
+    """A B A B ... of steady-state windows (gpu_timing.time_variant); median per function."""
     times = {k: [] for k in fns}
     clocks = {k: [] for k in fns}
     for _ in range(rounds):
         for k, fn in fns.items():
-            times[k].append(sweep._time_variant(ctx, fn))
+            times[k].append(time_variant(ctx, fn))
             clocks[k].append(_clock_mhz(ctx.torch, ctx.dev))
     return {k: dict(ms=statistics.median(times[k]), mhz=statistics.median(clocks[k])) for k in fns}
+
+
+def study_case(ctx: RankContext, case: Case) -> dict:
+    """The floor, the three methods for NCCL + torch.mm and the public op (path="auto", its
+    choice made before any timing) of one case on this rank."""
+    torch = ctx.torch
+    from distgemm import comm as dcomm
+    from distgemm import ops
+
+    lo = layer_operands(torch, ctx.dev, case, 1234 + 7919 * ctx.rank)
+    floor_out = torch.empty_like(lo.tmp) if not lo.ag else torch.empty_like(lo.out)
+    floor_a = lo.tmp.normal_(generator=lo.gen) if lo.ag else lo.a
+    floor = functools.partial(torch.mm, floor_a, lo.wt, out=floor_out)
+    baseline = functools.partial(baseline_call, torch, ctx.dist, lo.ag, lo.a, lo.wt, lo.tmp, lo.out)
+    with dcomm.Communicator(timeout_s=60.0, wait_timeout_s=5.0) as comm:
+        op = ops.all_gather_gemm if lo.ag else ops.gemm_reduce_scatter
+        public = functools.partial(
+            op, lo.a, lo.w, out=torch.empty_like(lo.out), group=comm, path="auto"
+        )
+        public()  # the auto path's choice happens here, before any timing
+        settle(ctx)
+        fns = {"baseline": baseline, "public": public}
+        rec = dict(
+            case=case.name,
+            floor=dict(
+                ms=time_variant(ctx, floor, warm_s=WARMUP_S),
+                mhz=_clock_mhz(torch, ctx.dev),
+            ),
+            short_alt=short_chunks(ctx, fns, settled=False),
+            short_settled=short_chunks(ctx, fns, settled=True),
+            steady=steady(ctx, fns),
+            path=(ops.path_choices(comm) or [{}])[0].get("path"),
+        )
+        comm.check()
+    return rec
+
+
+def print_table(results) -> None:
+    print(
+        f"{'case':22} {'method':14} {'public ms':>10} {'MHz':>6} {'NCCL+mm ms':>11} "
+        f"{'MHz':>6} {'base/public':>11}   floor ms (MHz)"
+    )
+    for r in results:
+        for m in ("short_alt", "short_settled", "steady"):
+            p, b = r[m]["public"], r[m]["baseline"]
+            below = "  BELOW FLOOR" if p["ms"] < r["floor"]["ms"] * 0.99 else ""
+            print(
+                f"{r['case']:22} {m:14} {p['ms']:10.4f} {p['mhz']:6.0f} {b['ms']:11.4f} "
+                f"{b['mhz']:6.0f} {b['ms'] / p['ms']:10.3f}x   {r['floor']['ms']:.4f} "
+                f"({r['floor']['mhz']:.0f}){below}"
+            )
 
 
 def main(argv=None) -> int:
@@ -84,77 +146,21 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=".")
     args = ap.parse_args(argv)
 
-    import torch
-    import torch.distributed as dist
-
-    from distgemm import comm as dcomm
-    from distgemm import ops
-
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local)
-    dev = torch.device("cuda", local)
-    dist.init_process_group("nccl", device_id=dev, timeout=datetime.timedelta(seconds=60))
-    rank, tp = dist.get_rank(), dist.get_world_size()
-    ctrl = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=60))
-    ctx = sweep._Ctx(torch, dist, ctrl, dev, rank, tp)
+    ctx = RankContext.from_torchrun(ctrl_timeout_s=60.0)
     results = []
     for spec in args.cases.split(","):
         model, layer, tokens = spec.split("/")
-        case = sweep.Case(model, layer, int(tokens), tp)
-        lo = sweep.layer_operands(torch, dev, case, 1234 + 7919 * rank)
-        floor_out = torch.empty_like(lo.tmp) if not lo.ag else torch.empty_like(lo.out)
-        floor_a = lo.tmp.normal_(generator=lo.gen) if lo.ag else lo.a
-
-        def floor():
-            return torch.mm(floor_a, lo.wt, out=floor_out)
-
-        def baseline():
-            return sweep.baseline_call(torch, dist, lo.ag, lo.a, lo.wt, lo.tmp, lo.out)
-
-        with dcomm.Communicator(timeout_s=60.0, wait_timeout_s=5.0) as comm:
-            dg_out = torch.empty_like(lo.out)
-            op = ops.all_gather_gemm if lo.ag else ops.gemm_reduce_scatter
-
-            def public():
-                return op(lo.a, lo.w, out=dg_out, group=comm, path="auto")
-
-            public()  # the auto path's choice happens here, before any timing
-            sweep.settle(ctx)
-            fns = {"baseline": baseline, "public": public}
-            rec = dict(
-                case=case.name,
-                floor=dict(
-                    ms=sweep._time_variant(ctx, floor, warm_s=sweep.WARMUP_S),
-                    mhz=_clock_mhz(torch, dev),
-                ),
-                short_alt=short_chunks(ctx, fns, settled=False),
-                short_settled=short_chunks(ctx, fns, settled=True),
-                steady=steady(ctx, fns),
-                path=(ops.path_choices(comm) or [{}])[0].get("path"),
-            )
-            comm.check()
-        results.append(rec)
-        del lo, floor_out
-    if rank == 0:
-        print(
-            f"{'case':22} {'method':14} {'public ms':>10} {'MHz':>6} {'NCCL+mm ms':>11} "
-            f"{'MHz':>6} {'base/public':>11}   floor ms (MHz)"
-        )
-        for r in results:
-            for m in ("short_alt", "short_settled", "steady"):
-                p, b = r[m]["public"], r[m]["baseline"]
-                below = "  BELOW FLOOR" if p["ms"] < r["floor"]["ms"] * 0.99 else ""
-                print(
-                    f"{r['case']:22} {m:14} {p['ms']:10.4f} {p['mhz']:6.0f} {b['ms']:11.4f} "
-                    f"{b['mhz']:6.0f} {b['ms'] / p['ms']:10.3f}x   {r['floor']['ms']:.4f} "
-                    f"({r['floor']['mhz']:.0f}){below}"
-                )
+        results.append(study_case(ctx, Case(model, layer, int(tokens), ctx.tp)))
+    if ctx.rank == 0:
+        print_table(results)
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "timing-study.json"), "w") as f:
-            json.dump(dict(tp=tp, torch=torch.__version__, results=results), f, indent=1)
-    dist.barrier(group=ctrl)
+            json.dump(dict(tp=ctx.tp, torch=ctx.torch.__version__, results=results), f, indent=1)
+    ctx.dist.barrier(group=ctx.ctrl)
+    from distgemm import comm as dcomm
+
     dcomm.close_all()
-    dist.destroy_process_group()
+    ctx.dist.destroy_process_group()
     return 0
 
 

@@ -1,24 +1,22 @@
-"""CPU tests of the pure parts of benchmarks/llama_sweep.py: cases, shapes, skip logic,
-formatting. The torch.distributed / CUDA part (run_case, main) is not called here."""
+"""CPU tests of the pure parts of the Llama sweep: cases, shapes, skip logic
+(benchmarks/llama_cases.py), derived numbers, targets, CSV, table, plot, replot
+(benchmarks/sweep_report.py) and the progress bar of benchmarks/llama_sweep.py. The
+torch.distributed / CUDA part (run_case, main) is not called here."""
 
 import csv
-import importlib.util
 import io
 import json
-import os
 import sys
 
 import pytest
 
-_PATH = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "llama_sweep.py")
-_spec = importlib.util.spec_from_file_location("llama_sweep", _PATH)
-sweep = importlib.util.module_from_spec(_spec)
-sys.modules["llama_sweep"] = sweep  # dataclasses look their module up there
-_spec.loader.exec_module(sweep)
+from benchmarks import llama_cases as cases_mod
+from benchmarks import llama_sweep
+from benchmarks import sweep_report as report
 
 
 def test_full_case_list():
-    cases = sweep.make_cases(2)
+    cases = cases_mod.make_cases(2)
     assert len(cases) == 3 * 4 * 5
     assert len(set(cases)) == len(cases)
     assert {c.model for c in cases} == {"8B", "70B", "405B"}
@@ -29,19 +27,19 @@ def test_full_case_list():
 
 
 def test_case_filters_narrow_the_list_and_name_bad_values():
-    cases = sweep.make_cases(2, models=["405B"], tokens=[4096], layers=["FC1", "FC2"])
+    cases = cases_mod.make_cases(2, models=["405B"], tokens=[4096], layers=["FC1", "FC2"])
     assert [c.name for c in cases] == ["405B/FC1/M4096/TP2", "405B/FC2/M4096/TP2"]
-    assert len(sweep.make_cases(2, quick=True, layers=["O"])) == 2
+    assert len(cases_mod.make_cases(2, quick=True, layers=["O"])) == 2
     with pytest.raises(ValueError, match="unknown model '7B'; one of 8B, 70B, 405B"):
-        sweep.make_cases(2, models=["7B"])
+        cases_mod.make_cases(2, models=["7B"])
     with pytest.raises(ValueError, match="unknown layer 'MLP'; one of QKV, O, FC1, FC2"):
-        sweep.make_cases(2, layers=["MLP"])
+        cases_mod.make_cases(2, layers=["MLP"])
     with pytest.raises(ValueError, match="tokens must be positive integers, got 0"):
-        sweep.make_cases(2, tokens=[0])
+        cases_mod.make_cases(2, tokens=[0])
 
 
 def test_quick_case_list():
-    cases = sweep.make_cases(4, quick=True)
+    cases = cases_mod.make_cases(4, quick=True)
     assert [(c.model, c.layer, c.tokens) for c in cases] == [
         ("70B", la, m) for m in (4096, 8192) for la in ("QKV", "O", "FC1", "FC2")
     ]
@@ -66,18 +64,18 @@ def test_quick_case_list():
     ],
 )
 def test_global_gemm(model, layer, mnk):
-    assert sweep.global_gemm(model, layer, 2048) == mnk
+    assert cases_mod.global_gemm(model, layer, 2048) == mnk
 
 
 def test_global_gemm_unknown_layer():
     with pytest.raises(
         ValueError, match="unknown Llama layer 'MLP'; valid layers: QKV, O, FC1, FC2"
     ):
-        sweep.global_gemm("8B", "MLP", 1024)
+        cases_mod.global_gemm("8B", "MLP", 1024)
 
 
 def test_per_rank_shapes_all_gather():
-    s = sweep.shapes(sweep.Case("70B", "FC1", 8192, 2))
+    s = cases_mod.shapes(cases_mod.Case("70B", "FC1", 8192, 2))
     assert s["collective"] == "all_gather" and s["schedule"] == "ag_rotate_a"
     assert s["a"] == (4096, 8192)
     assert s["w"] == (28672, 8192)
@@ -87,7 +85,7 @@ def test_per_rank_shapes_all_gather():
 
 
 def test_per_rank_shapes_reduce_scatter_tp4():
-    s = sweep.shapes(sweep.Case("405B", "FC2", 4096, 4))
+    s = cases_mod.shapes(cases_mod.Case("405B", "FC2", 4096, 4))
     assert s["collective"] == "reduce_scatter" and s["schedule"] == "rs_tile_a"
     assert s["a"] == (4096, 53248 // 4)
     assert s["w"] == (16384, 13312)
@@ -97,7 +95,7 @@ def test_per_rank_shapes_reduce_scatter_tp4():
 
 
 def test_o_layer_scatters_and_k_is_q_heads():
-    s = sweep.shapes(sweep.Case("8B", "O", 1024, 8))
+    s = cases_mod.shapes(cases_mod.Case("8B", "O", 1024, 8))
     assert s["collective"] == "reduce_scatter"
     assert (s["m"], s["n"], s["k"]) == (1024, 4096, 32 * 128)
     assert s["a"] == (1024, 512) and s["w"] == (4096, 512) and s["out"] == (128, 4096)
@@ -105,30 +103,34 @@ def test_o_layer_scatters_and_k_is_q_heads():
 
 def test_no_skip_for_real_llama_shapes_tp2():
     # distgemm's own plan check (make_spec on meta tensors) accepts all quick cases at S=2, 4.
-    for case in sweep.make_cases(2, quick=True):
-        reason, rejected = sweep.skip_reason(case)
+    for case in cases_mod.make_cases(2, quick=True):
+        reason, rejected = cases_mod.skip_reason(case)
         assert reason is None, (case, reason)
         assert rejected == {}
 
 
 def test_skip_tp_not_dividing_m():
-    reason, _ = sweep.skip_reason(sweep.Case("8B", "QKV", 1024, 3))
+    reason, _ = cases_mod.skip_reason(cases_mod.Case("8B", "QKV", 1024, 3))
     assert reason is not None and "M=1024 is not divisible by TP=3" in reason
 
 
 def test_skip_tp_not_dividing_k_or_n():
     # K of 8B FC2 = 14336 = 2^11 * 7 and N of 8B QKV = 6144 = 2^11 * 3: TP=4096 divides M=16384
     # but not them.
-    reason, _ = sweep.skip_reason(sweep.Case("8B", "FC2", 16384, 4096), plan_check=lambda *a: None)
+    reason, _ = cases_mod.skip_reason(
+        cases_mod.Case("8B", "FC2", 16384, 4096), plan_check=lambda *a: None
+    )
     assert reason == "K=14336 is not divisible by TP=4096 (row-parallel weight)"
-    reason, _ = sweep.skip_reason(sweep.Case("8B", "QKV", 16384, 4096), plan_check=lambda *a: None)
+    reason, _ = cases_mod.skip_reason(
+        cases_mod.Case("8B", "QKV", 16384, 4096), plan_check=lambda *a: None
+    )
     assert reason == "N=6144 is not divisible by TP=4096 (column-parallel weight)"
 
 
 def test_skip_unaligned_rows():
     # 8B FC2 at TP=512: 14336 / 512 = 28 elements of K per rank, not a 16-byte row.
-    case = sweep.Case("8B", "FC2", 16384, 512)
-    reason, _ = sweep.skip_reason(case, plan_check=lambda *a: None)
+    case = cases_mod.Case("8B", "FC2", 16384, 512)
+    reason, _ = cases_mod.skip_reason(case, plan_check=lambda *a: None)
     assert reason is not None and "28 columns is not a multiple of 8" in reason
 
 
@@ -139,7 +141,9 @@ def test_skip_when_plan_rejects_default_steps():
         calls.append((op, schedule, tp, steps, a, w))
         return "M=8190 is not divisible by S=2" if steps == 2 else None
 
-    reason, rejected = sweep.skip_reason(sweep.Case("70B", "QKV", 4096, 2), plan_check=check)
+    reason, rejected = cases_mod.skip_reason(
+        cases_mod.Case("70B", "QKV", 4096, 2), plan_check=check
+    )
     assert reason is not None and reason.startswith("distgemm rejects the default S=2")
     assert set(rejected) == {2}
     assert calls[0] == ("all_gather_gemm", "ag_rotate_a", 2, 2, (2048, 8192), (5120, 8192))
@@ -147,8 +151,8 @@ def test_skip_when_plan_rejects_default_steps():
 
 
 def test_2tp_rejection_only_narrows_the_search():
-    reason, rejected = sweep.skip_reason(
-        sweep.Case("70B", "FC2", 4096, 2),
+    reason, rejected = cases_mod.skip_reason(
+        cases_mod.Case("70B", "FC2", 4096, 2),
         plan_check=lambda op, sch, tp, steps, a, w: "no" if steps == 4 else None,
     )
     assert reason is None and rejected == {4: "no"}
@@ -157,10 +161,10 @@ def test_2tp_rejection_only_narrows_the_search():
 def test_real_plan_rejects_indivisible_steps():
     # distgemm's own check (make_spec on meta tensors): global M = 2 * 7 = 14 rows cannot be
     # split into S=4 tiles; Llama-70B QKV at M=4096 is accepted.
-    why = sweep._plan_rejects("all_gather_gemm", "ag_rotate_a", 2, 4, (7, 64), (8, 64))
+    why = cases_mod.plan_rejects("all_gather_gemm", "ag_rotate_a", 2, 4, (7, 64), (8, 64))
     assert why is not None and "not divisible by S=4" in why
     assert (
-        sweep._plan_rejects("all_gather_gemm", "ag_rotate_a", 2, 2, (1024, 8192), (5120, 8192))
+        cases_mod.plan_rejects("all_gather_gemm", "ag_rotate_a", 2, 2, (1024, 8192), (5120, 8192))
         is None
     )
 
@@ -207,7 +211,7 @@ def _record(**over):
 
 
 def test_derived_numbers():
-    d = sweep.derived(_record())
+    d = report.derived(_record())
     assert d["speedup_baseline"] == pytest.approx(1.0)
     assert d["speedup_symm_mem"] == pytest.approx(8.0 / 6.4)
     assert d["speedup_dg_best"] == pytest.approx(8.0 / 5.2)
@@ -222,18 +226,18 @@ def test_derived_numbers():
 
 
 def test_targets_apply_to_big_models_at_large_m_only():
-    t = sweep.targets(_record())  # 70B, M=8192: 6.4/5.2 = 1.23x < 1.3x; 5.1/5.2 = 0.98 >= 0.97
+    t = report.targets(_record())  # 70B, M=8192: 6.4/5.2 = 1.23x < 1.3x; 5.1/5.2 = 0.98 >= 0.97
     assert t == {"vs_symm_mem": False, "eff_own": True, "auto_vs_baseline": True}
     fast = _record(ms=dict(_record()["ms"], dg_best=4.9, floor_dg=4.8))  # 6.4/4.9 = 1.31x
-    assert sweep.targets(fast)["vs_symm_mem"] is True
-    small = sweep.targets(_record(model="8B"))
+    assert report.targets(fast)["vs_symm_mem"] is True
+    small = report.targets(_record(model="8B"))
     assert small["vs_symm_mem"] is None and small["eff_own"] is None
     assert small["auto_vs_baseline"] is True
-    assert sweep.targets(_record(tokens=2048))["eff_own"] is None
+    assert report.targets(_record(tokens=2048))["eff_own"] is None
 
 
 def test_auto_target_allows_two_percent_over_the_baseline():
-    at = lambda auto: sweep.targets(_record(ms=dict(_record()["ms"], dg_auto=auto)))  # noqa: E731
+    at = lambda auto: report.targets(_record(ms=dict(_record()["ms"], dg_auto=auto)))  # noqa: E731
     assert at(8.16)["auto_vs_baseline"] is True  # exactly 1.02x
     assert at(8.17)["auto_vs_baseline"] is False
     assert at(None)["auto_vs_baseline"] is None
@@ -241,29 +245,29 @@ def test_auto_target_allows_two_percent_over_the_baseline():
 
 def test_a_time_below_the_floor_is_suspect():
     # floors 5.0 (torch.mm) and 5.1 (own kernel): 1% below the faster one is 4.95
-    assert sweep.suspect(_record()) == []
-    assert sweep.suspect(_record(ms=dict(_record()["ms"], dg_auto=4.96))) == []
+    assert report.suspect(_record()) == []
+    assert report.suspect(_record(ms=dict(_record()["ms"], dg_auto=4.96))) == []
     rec = _record(ms=dict(_record()["ms"], dg_auto=4.9, baseline=4.0))
-    assert sweep.suspect(rec) == ["baseline", "dg_auto"]
-    assert sweep.suspect(_record(ms={"dg_auto": 1.0})) == []  # no floor measured: nothing to say
+    assert report.suspect(rec) == ["baseline", "dg_auto"]
+    assert report.suspect(_record(ms={"dg_auto": 1.0})) == []  # no floor measured: nothing to say
 
 
 def test_a_suspect_time_fails_its_targets_and_is_marked():
     rec = _record(model="405B", ms=dict(_record()["ms"], dg_auto=4.5, dg_best=4.6))
-    tg = sweep.targets(rec)
+    tg = report.targets(rec)
     # 4.5 ms would meet the 2% rule and 4.6 the efficiency target, but both are below the floor
     assert tg == {"vs_symm_mem": False, "eff_own": False, "auto_vs_baseline": False}
-    row = sweep.table_row(rec)
+    row = report.table_row(rec)
     assert row[7].startswith("4.500!") and row[6].startswith("4.600!")
-    assert sweep.csv_row(rec)["suspect"] == "dg_best dg_auto"
-    assert "SUSPECT (below floor: dg_best, dg_auto)" in sweep.format_table([rec])
-    assert "missed: 70B/FC1/M8192/TP2" in sweep.target_summary([rec])
+    assert report.csv_row(rec)["suspect"] == "dg_best dg_auto"
+    assert "SUSPECT (below floor: dg_best, dg_auto)" in report.format_table([rec])
+    assert "missed: 70B/FC1/M8192/TP2" in report.target_summary([rec])
 
 
 def test_suspect_bars_are_hatched(tmp_path):
     pytest.importorskip("matplotlib")
     rec = _record(ms=dict(_record()["ms"], dg_auto=4.5))
-    assert sweep.plot([rec, _record(case="70B/O/M8192/TP2")], str(tmp_path / "p.png")) is None
+    assert report.plot([rec, _record(case="70B/O/M8192/TP2")], str(tmp_path / "p.png")) is None
     assert (tmp_path / "p.png").stat().st_size > 0
 
 
@@ -275,7 +279,7 @@ def test_target_summary_counts_and_names_misses():
         ),
         _record(case="70B/O/M8192/TP2", status="skipped", ms={}),
     ]
-    lines = sweep.target_summary(recs).splitlines()
+    lines = report.target_summary(recs).splitlines()
     assert lines[0].startswith("target dg best >= 1.3x torch symm_mem") and lines[0].endswith(
         "0/1 met; missed: 70B/FC1/M8192/TP2"
     )
@@ -289,7 +293,7 @@ def test_target_summary_counts_and_names_misses():
 def test_derived_with_missing_variant():
     rec = _record()
     rec["ms"]["symm_mem"] = None
-    d = sweep.derived(rec)
+    d = report.derived(rec)
     assert d["speedup_symm_mem"] is None and d["dg_best_vs_symm_mem"] is None
     assert d["speedup_dg_best"] == pytest.approx(8.0 / 5.2)
 
@@ -303,8 +307,8 @@ def test_csv_from_record():
         ms={},
         rel_err={},
     )
-    rows = list(csv.DictReader(io.StringIO(sweep.to_csv([rec, skipped]))))
-    assert list(rows[0].keys()) == sweep.CSV_FIELDS
+    rows = list(csv.DictReader(io.StringIO(report.to_csv([rec, skipped]))))
+    assert list(rows[0].keys()) == report.CSV_FIELDS
     r = rows[0]
     assert r["case"] == "70B/FC1/M8192/TP2" and r["status"] == "ok"
     assert float(r["ms_baseline"]) == 8.0 and float(r["ms_dg_best"]) == 5.2
@@ -328,7 +332,7 @@ def test_csv_notes_name_unavailable_and_rejected():
         rejected_steps={"4": "N=12 is not divisible by S=4"},
     )
     rec["ms"]["symm_mem"] = None
-    row = sweep.csv_row(rec)
+    row = report.csv_row(rec)
     assert "symm_mem: unavailable: RuntimeError: boom" in row["notes"]
     assert "S4: N=12 is not divisible by S=4" in row["notes"]
     assert row["ms_symm_mem"] == "" and row["speedup_symm_mem"] == ""
@@ -341,7 +345,7 @@ def test_table_formatting():
             case="70B/O/M8192/TP2", status="failed", reason="RuntimeError: x", ms={}, rel_err={}
         ),
     ]
-    text = sweep.format_table(recs)
+    text = report.format_table(recs)
     lines = text.splitlines()
     assert lines[0].startswith("case")
     assert set(lines[1]) <= {"-", "+"}
@@ -368,18 +372,33 @@ def test_table_formatting():
 def test_table_marks_missing_variant_and_wrong():
     rec = _record(status="wrong", reason="rel. err >= 1e-2 vs baseline: symm_mem=5.00e-01")
     rec["ms"]["symm_mem"] = None
-    line = sweep.format_table([rec]).splitlines()[2]
+    line = report.format_table([rec]).splitlines()[2]
     cells = [c.strip() for c in line.split("|")]
     assert cells[4] == "-" and cells[8] == "-" and cells[10] == "-"
     assert line.endswith("WRONG")
 
 
-def test_output_stem_and_progress():
-    assert sweep.output_stem(True, "2026-11-22") == "2026-11-22-llama-sweep-quick"
-    assert sweep.output_stem(False, "2026-11-22") == "2026-11-22-llama-sweep"
-    line = sweep.progress_line(2, 8, "70B/FC1/M4096/TP2", 3.25, width=8)
-    assert line == "[##......] 2/8 70B/FC1/M4096/TP2  3.2 s"
-    assert sweep.progress_line(8, 8, "done", 0.0, width=4).startswith("[####] 8/8")
+def test_output_stem():
+    assert report.output_stem(True, "2026-11-22") == "2026-11-22-llama-sweep-quick"
+    assert report.output_stem(False, "2026-11-22") == "2026-11-22-llama-sweep"
+
+
+def test_progress_bar_shows_every_case(capsys):
+    pytest.importorskip("tqdm")
+    cases = cases_mod.make_cases(2, quick=True)
+    assert list(llama_sweep.progress(cases, enabled=True)) == cases
+    err = capsys.readouterr().err
+    assert f"{len(cases)}/{len(cases)}" in err and cases[-1].name in err
+
+
+@pytest.mark.parametrize("tqdm_importable", [True, False])
+def test_progress_without_bar_yields_the_cases_silently(capsys, monkeypatch, tqdm_importable):
+    if not tqdm_importable:
+        monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm -> ImportError
+    cases = cases_mod.make_cases(2, quick=True)
+    enabled = not tqdm_importable  # no tqdm: no bar even where asked for one
+    assert list(llama_sweep.progress(cases, enabled=enabled)) == cases
+    assert capsys.readouterr().err == ""
 
 
 def test_outputs_and_replot_round_trip(tmp_path, capsys):
@@ -397,7 +416,7 @@ def test_outputs_and_replot_round_trip(tmp_path, capsys):
         ),
     ]
     stem = str(tmp_path / "2026-11-22-llama-sweep")
-    sweep.write_outputs(recs, stem, {"seconds": 1.0}, final=False)
+    report.write_outputs(recs, stem, {"seconds": 1.0}, final=False)
     assert capsys.readouterr().out == ""  # partial write: files only
     with open(stem + ".json") as f:
         data = json.load(f)
@@ -408,8 +427,8 @@ def test_outputs_and_replot_round_trip(tmp_path, capsys):
     assert rows[0]["dg_auto_path"] == "overlap" and rows[0]["target_vs_symm_mem"] == "no"
     assert float(rows[0]["auto_collective_ms"]) == 8.1
     assert rows[1]["status"] == "skipped" and rows[1]["target_auto_vs_baseline"] == ""
-    rc = sweep.replot([stem + ".json"], str(tmp_path / "re"))
-    assert open(tmp_path / "re" / "2026-11-22-llama-sweep.csv").read() == sweep.to_csv(recs)
+    rc = report.replot([stem + ".json"], str(tmp_path / "re"))
+    assert open(tmp_path / "re" / "2026-11-22-llama-sweep.csv").read() == report.to_csv(recs)
     out = capsys.readouterr().out
     assert "70B/FC1/M8192/TP2" in out and "SKIPPED" not in out and "target dg best" in out
     if rc == 0:
@@ -421,13 +440,13 @@ def test_outputs_and_replot_round_trip(tmp_path, capsys):
 
 def test_plot_written_or_reason(tmp_path):
     path = str(tmp_path / "p.png")
-    why = sweep.plot([_record(), _record(case="70B/O/M8192/TP2", status="skipped", ms={})], path)
+    why = report.plot([_record(), _record(case="70B/O/M8192/TP2", status="skipped", ms={})], path)
     if why is None:
         with open(path, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     else:
         assert "matplotlib unavailable" in why
-    empty = sweep.plot([], path)
+    empty = report.plot([], path)
     assert empty == "no measured case" or "matplotlib unavailable" in empty
 
 
@@ -436,13 +455,13 @@ def test_replot_joins_split_runs(tmp_path, capsys):
         [_record()],
         [_record(case="405B/O/M4096/TP2", model="405B", layer="O", tokens=4096)],
     )
-    sweep.write_outputs(first, str(tmp_path / "a"), {"seconds": 1.0, "argv": ["a"]}, final=False)
-    sweep.write_outputs(second, str(tmp_path / "b"), {"seconds": 2.0, "argv": ["b"]}, final=False)
-    sweep.replot(
+    report.write_outputs(first, str(tmp_path / "a"), {"seconds": 1.0, "argv": ["a"]}, final=False)
+    report.write_outputs(second, str(tmp_path / "b"), {"seconds": 2.0, "argv": ["b"]}, final=False)
+    report.replot(
         [str(tmp_path / "a.json"), str(tmp_path / "b.json")], str(tmp_path / "re"), stem="joined"
     )
     data = json.loads((tmp_path / "re" / "joined.json").read_text())
     assert [r["case"] for r in data["records"]] == ["70B/FC1/M8192/TP2", "405B/O/M4096/TP2"]
     assert [m["argv"] for m in data["meta"]["parts"]] == [["a"], ["b"]]
-    assert (tmp_path / "re" / "joined.csv").read_text() == sweep.to_csv(first + second)
+    assert (tmp_path / "re" / "joined.csv").read_text() == report.to_csv(first + second)
     assert "405B/O/M4096/TP2" in capsys.readouterr().out
