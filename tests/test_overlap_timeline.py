@@ -1,8 +1,8 @@
-"""CPU tests of the pure parts of benchmarks/overlap_timeline.py: chrome-trace parsing, event
-classification, lanes, alignment, overlap, summary, JSON round trip, plotting and --replot. The
+"""CPU tests of the pure parts of the overlap timeline: chrome-trace parsing, event
+classification, alignment, overlap, summary (benchmarks/timeline_events.py), lanes, JSON round
+trip, plotting and --replot (benchmarks/timeline_report.py, benchmarks/overlap_timeline.py). The
 torch.distributed / CUDA part (run_layer, main) is not called here."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -10,12 +10,13 @@ import sys
 
 import pytest
 
-_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "benchmarks")
-_PATH = os.path.join(_DIR, "overlap_timeline.py")
-_spec = importlib.util.spec_from_file_location("overlap_timeline", _PATH)
-ot = importlib.util.module_from_spec(_spec)
-sys.modules["overlap_timeline"] = ot  # dataclasses look their module up there
-_spec.loader.exec_module(ot)
+from benchmarks import timeline_events as ev
+from benchmarks import timeline_report as rep
+from benchmarks.llama_cases import Case
+
+_PATH = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), os.pardir, "benchmarks", "overlap_timeline.py"
+)
 
 try:
     import matplotlib  # noqa: F401
@@ -76,10 +77,10 @@ def rank_trace(rank, base_ns=1_790_000_000_000_000_000, t=1000.0, gemm_name=CUTL
                 "args": {"name": "python3"},
             },
             X("kernel", gemm_name, t - 400.0, 300.0, device=d, stream=s),  # re-warm, not windowed
-            X("user_annotation", f"{ot.MARKER_PREFIX}FC1:distgemm", t, 1100.0),
+            X("user_annotation", f"{ev.MARKER_PREFIX}FC1:distgemm", t, 1100.0),
             X(
                 "gpu_user_annotation",
-                f"{ot.MARKER_PREFIX}FC1:distgemm",
+                f"{ev.MARKER_PREFIX}FC1:distgemm",
                 t + 5.0,
                 1000.0,
                 device=d,
@@ -152,40 +153,40 @@ def rank_trace(rank, base_ns=1_790_000_000_000_000_000, t=1000.0, gemm_name=CUTL
     ],
 )
 def test_classify(name, kind, nbytes, cls):
-    assert ot.classify(name, kind, nbytes) == cls
+    assert ev.classify(name, kind, nbytes) == cls
 
 
 def test_kind_of():
-    assert ot.kind_of("gpu_memcpy", "x") == "memcpy"
-    assert ot.kind_of("GPU_MEMSET", "x") == "memset"
-    assert ot.kind_of("kernel", PTOP) == "kernel"  # the category wins
-    assert ot.kind_of(None, PTOP) == "memcpy"
-    assert ot.kind_of("", "Memset (Device)") == "memset"
-    assert ot.kind_of(None, NCCL_AG) == "kernel"
+    assert ev.kind_of("gpu_memcpy", "x") == "memcpy"
+    assert ev.kind_of("GPU_MEMSET", "x") == "memset"
+    assert ev.kind_of("kernel", PTOP) == "kernel"  # the category wins
+    assert ev.kind_of(None, PTOP) == "memcpy"
+    assert ev.kind_of("", "Memset (Device)") == "memset"
+    assert ev.kind_of(None, NCCL_AG) == "kernel"
 
 
 # ------------------------------------------------------------------ intervals and overlap
 
 
 def test_interval_algebra():
-    assert ot.merge([(3, 4), (1, 2), (1.5, 2.5), (5, 5)]) == [(1, 2.5), (3, 4)]
-    assert ot.intersect([(1, 3)], [(2, 5)]) == [(2, 3)]
-    assert ot.length(ot.intersect([(1, 3)], [(2, 5)])) == 1.0
-    assert ot.intersect([(0, 10)], [(1, 2), (3, 4), (9, 12)]) == [(1, 2), (3, 4), (9, 10)]
-    assert ot.intersect([(0, 1)], [(1, 2)]) == []  # touching is not overlapping
-    assert ot.length([(0, 2), (1, 3), (10, 11)]) == 4.0
+    assert ev.merge([(3, 4), (1, 2), (1.5, 2.5), (5, 5)]) == [(1, 2.5), (3, 4)]
+    assert ev.intersect([(1, 3)], [(2, 5)]) == [(2, 3)]
+    assert ev.length(ev.intersect([(1, 3)], [(2, 5)])) == 1.0
+    assert ev.intersect([(0, 10)], [(1, 2), (3, 4), (9, 12)]) == [(1, 2), (3, 4), (9, 10)]
+    assert ev.intersect([(0, 1)], [(1, 2)]) == []  # touching is not overlapping
+    assert ev.length([(0, 2), (1, 3), (10, 11)]) == 4.0
 
 
 def test_copy_overlapping_kernel_two_lanes():
     # a copy on the copy lane [1, 3] ms and a GEMM kernel on the compute lane [2, 5] ms
     evs = [
-        ot.GpuEvent(0, 0, 7, 2000.0, 3000.0, CUTLASS, "kernel"),
-        ot.GpuEvent(0, 0, 9, 1000.0, 2000.0, PTOP, "memcpy", 1 << 20),
+        ev.GpuEvent(0, 0, 7, 2000.0, 3000.0, CUTLASS, "kernel"),
+        ev.GpuEvent(0, 0, 9, 1000.0, 2000.0, PTOP, "memcpy", 1 << 20),
     ]
-    labels, lane_of = ot.assign_lanes(evs)
+    labels, lane_of = rep.assign_lanes(evs)
     assert len(labels) == 2 and lane_of[0] != lane_of[1]
-    assert ot.overlap_intervals(evs) == [(2000.0, 3000.0)]
-    s = ot.summarize(evs)["GPU0"]
+    assert ev.overlap_intervals(evs) == [(2000.0, 3000.0)]
+    s = ev.summarize(evs)["GPU0"]
     assert s["overlap_ms"] == pytest.approx(1.0)
     assert s["compute_ms"] == pytest.approx(3.0)
     assert s["copy_ms"] == pytest.approx(2.0)
@@ -197,13 +198,13 @@ def test_copy_overlapping_kernel_two_lanes():
 
 def test_summary_unions_streams_and_ignores_signals_and_nccl_for_copy_overlap():
     evs = [
-        ot.GpuEvent(0, 0, 7, 0.0, 1000.0, CUTLASS, "kernel"),
-        ot.GpuEvent(0, 0, 8, 500.0, 1000.0, CUTLASS, "kernel"),  # union 0..1500
-        ot.GpuEvent(0, 0, 9, 100.0, 2.0, DTOD, "memcpy", 4),  # signal: not a copy
-        ot.GpuEvent(0, 0, 10, 1400.0, 600.0, NCCL_AG, "kernel"),  # NCCL 1400..2000
-        ot.GpuEvent(1, 1, 7, 0.0, 100.0, CUTLASS, "kernel"),
+        ev.GpuEvent(0, 0, 7, 0.0, 1000.0, CUTLASS, "kernel"),
+        ev.GpuEvent(0, 0, 8, 500.0, 1000.0, CUTLASS, "kernel"),  # union 0..1500
+        ev.GpuEvent(0, 0, 9, 100.0, 2.0, DTOD, "memcpy", 4),  # signal: not a copy
+        ev.GpuEvent(0, 0, 10, 1400.0, 600.0, NCCL_AG, "kernel"),  # NCCL 1400..2000
+        ev.GpuEvent(1, 1, 7, 0.0, 100.0, CUTLASS, "kernel"),
     ]
-    s = ot.summarize(evs)
+    s = ev.summarize(evs)
     assert set(s) == {"GPU0", "GPU1"}
     g0 = s["GPU0"]
     assert g0["compute_ms"] == pytest.approx(1.5)
@@ -220,14 +221,14 @@ def test_summary_unions_streams_and_ignores_signals_and_nccl_for_copy_overlap():
 
 def test_lanes_split_engines_and_overlapping_rows():
     evs = [
-        ot.GpuEvent(0, 0, 7, 0.0, 10.0, CUTLASS, "kernel"),
-        ot.GpuEvent(0, 0, 7, 2.0, 3.0, PTOP, "memcpy", 1 << 20),  # same stream, copy engine
-        ot.GpuEvent(0, 0, 7, 5.0, 10.0, BARRIER, "kernel"),  # overlaps the GEMM: row 2
-        ot.GpuEvent(0, 0, 7, 10.0, 5.0, CUTLASS, "kernel"),  # after the GEMM: row 1
-        ot.GpuEvent(1, 1, 3, 0.0, 1.0, NCCL_AG, "kernel"),
-        ot.GpuEvent(1, 1, -1, 0.0, 1.0, "call 0", "call"),
+        ev.GpuEvent(0, 0, 7, 0.0, 10.0, CUTLASS, "kernel"),
+        ev.GpuEvent(0, 0, 7, 2.0, 3.0, PTOP, "memcpy", 1 << 20),  # same stream, copy engine
+        ev.GpuEvent(0, 0, 7, 5.0, 10.0, BARRIER, "kernel"),  # overlaps the GEMM: row 2
+        ev.GpuEvent(0, 0, 7, 10.0, 5.0, CUTLASS, "kernel"),  # after the GEMM: row 1
+        ev.GpuEvent(1, 1, 3, 0.0, 1.0, NCCL_AG, "kernel"),
+        ev.GpuEvent(1, 1, -1, 0.0, 1.0, "call 0", "call"),
     ]
-    labels, lane_of = ot.assign_lanes(evs)
+    labels, lane_of = rep.assign_lanes(evs)
     assert labels == [
         "GPU0 s7 kernels",
         "GPU0 s7 kernels #2",
@@ -240,7 +241,7 @@ def test_lanes_split_engines_and_overlapping_rows():
     for lane in set(lane_of):
         iv = sorted((e.start, e.end) for e, ln in zip(evs, lane_of) if ln == lane)
         assert all(a[1] <= b[0] for a, b in zip(iv, iv[1:]))
-    assert ot.gpu_label(1, 0) == "GPU0 (rank 1)"
+    assert ev.gpu_label(1, 0) == "GPU0 (rank 1)"
 
 
 # ------------------------------------------------------------------ chrome trace parsing
@@ -248,9 +249,9 @@ def test_lanes_split_engines_and_overlapping_rows():
 
 def test_parse_chrome_trace_round_trip():
     trace = rank_trace(1)
-    parsed = ot.parse_chrome_trace(json.loads(json.dumps(trace)), rank=1)
+    parsed = ev.parse_chrome_trace(json.loads(json.dumps(trace)), rank=1)
     assert parsed.base_ns == 1_790_000_000_000_000_000
-    assert parsed.markers == {f"{ot.MARKER_PREFIX}FC1:distgemm": (1000.0, 2100.0)}  # CPU side
+    assert parsed.markers == {f"{ev.MARKER_PREFIX}FC1:distgemm": (1000.0, 2100.0)}  # CPU side
     assert [e.kind for e in parsed.events] == [
         "kernel",
         "kernel",
@@ -262,13 +263,13 @@ def test_parse_chrome_trace_round_trip():
     assert all(e.rank == 1 and e.device == 1 and e.stream == 7 for e in parsed.events)
     ptop = next(e for e in parsed.events if e.name == PTOP)
     assert (ptop.nbytes, ptop.start, ptop.dur, ptop.cls) == (64 << 20, 1020.0, 300.0, "copy")
-    win = ot.in_window(parsed.events, *parsed.markers[f"{ot.MARKER_PREFIX}FC1:distgemm"])
+    win = ev.in_window(parsed.events, *parsed.markers[f"{ev.MARKER_PREFIX}FC1:distgemm"])
     assert len(win) == 5  # the re-warm GEMM before the marker is out
-    assert ot.class_counts(win) == {"other": 1, "gemm": 2, "copy": 1, "signal": 1}
+    assert ev.class_counts(win) == {"other": 1, "gemm": 2, "copy": 1, "signal": 1}
 
 
 def test_parse_tolerates_missing_fields():
-    parsed = ot.parse_chrome_trace(
+    parsed = ev.parse_chrome_trace(
         {
             "traceEvents": [
                 {
@@ -294,12 +295,12 @@ def test_parse_tolerates_missing_fields():
 
 
 def _payload(rank, base_ns, t, gemm_name=CUTLASS):
-    p = ot.parse_chrome_trace(rank_trace(rank, base_ns, t, gemm_name), rank)
-    marker = p.markers[f"{ot.MARKER_PREFIX}FC1:distgemm"]
+    p = ev.parse_chrome_trace(rank_trace(rank, base_ns, t, gemm_name), rank)
+    marker = p.markers[f"{ev.MARKER_PREFIX}FC1:distgemm"]
     return dict(
         base_ns=p.base_ns,
         marker=marker,
-        events=ot.in_window(p.events, *marker),
+        events=ev.in_window(p.events, *marker),
         spans_ms=[(0.0, 0.5), (0.5, 1.0), (1.0, 1.02)],
         device=rank,
         marker_found=True,
@@ -310,7 +311,7 @@ def _payload(rank, base_ns, t, gemm_name=CUTLASS):
 def test_align_host_clock():
     # rank 1's base time is 2 ms later and its ts 1.9 ms smaller: the same host time + 100 us
     p0, p1 = _payload(0, 10_000_000, 5000.0), _payload(1, 12_000_000, 3100.0)
-    events, info = ot.align({0: p0, 1: p1})
+    events, info = ev.align({0: p0, 1: p1})
     assert info["alignment"] == "host clock"
     assert info["marker_skew_us"] == pytest.approx(100.0)
     assert events[0].start == 0.0 and events[0].rank == 0
@@ -320,27 +321,27 @@ def test_align_host_clock():
 
 def test_align_falls_back_to_markers_when_clocks_disagree():
     p0, p1 = _payload(0, 10_000_000, 5000.0), _payload(1, 10_000_000, 900_000.0)
-    events, info = ot.align({0: p0, 1: p1})
+    events, info = ev.align({0: p0, 1: p1})
     assert info["alignment"] == "window markers"
     firsts = [min(e.start for e in events if e.rank == r) for r in (0, 1)]
     assert firsts == [pytest.approx(0.0), pytest.approx(0.0)]
 
 
 def test_choose_source():
-    ok = ot.parse_chrome_trace(rank_trace(0)).events
+    ok = ev.parse_chrome_trace(rank_trace(0)).events
     no_gemm = [e for e in ok if e.cls != "gemm"]
-    assert ot.choose_source("distgemm", {0: ok, 1: ok}) == ("profiler", "")
-    src, note = ot.choose_source("distgemm", {0: ok, 1: no_gemm})
+    assert ev.choose_source("distgemm", {0: ok, 1: ok}) == ("profiler", "")
+    src, note = ev.choose_source("distgemm", {0: ok, 1: no_gemm})
     assert src == "cuda-events" and "rank 1" in note and "no GEMM kernel" in note
-    src, note = ot.choose_source("baseline", {0: ok, 1: []})
+    src, note = ev.choose_source("baseline", {0: ok, 1: []})
     assert src == "cuda-events" and "no GPU event" in note
-    src, note = ot.choose_source("baseline", {0: no_gemm, 1: ok})
+    src, note = ev.choose_source("baseline", {0: no_gemm, 1: ok})
     assert src == "profiler" and "rank 0: no kernel recognised as a GEMM" in note
 
 
 def test_build_variant_profiler_and_fallback():
     payloads = {0: _payload(0, 10_000_000, 5000.0), 1: _payload(1, 10_000_000, 5040.0)}
-    rec = ot.build_variant("distgemm", payloads, 3, 0.33)
+    rec = ev.build_variant("distgemm", payloads, 3, 0.33)
     assert rec["source"] == "profiler" and rec["alignment"] == "host clock"
     assert rec["ms_per_call_window"] == pytest.approx(1.02 / 3)
     assert rec["ms_per_call_trace"] == pytest.approx((1040.0 + 1015.0 - 1005.0) / 1e3 / 3)
@@ -353,7 +354,7 @@ def test_build_variant_profiler_and_fallback():
     bad = {
         r: dict(p, events=[e for e in p["events"] if e.cls != "gemm"]) for r, p in payloads.items()
     }
-    fb = ot.build_variant("distgemm", bad, 3, 0.33)
+    fb = ev.build_variant("distgemm", bad, 3, 0.33)
     assert fb["source"] == "cuda-events" and "no GEMM kernel" in fb["note"]
     assert {e.cls for e in fb["events"]} == {"call"} and len(fb["events"]) == 6
     assert fb["summary"]["GPU1"]["calls_ms"] == pytest.approx(1.02)
@@ -364,7 +365,7 @@ def test_build_variant_profiler_and_fallback():
 
 
 def _layer(fallback=False):
-    case = ot.sweep.Case("70B", "FC1", 8192, 2)
+    case = Case("70B", "FC1", 8192, 2)
     per_rank = {}
     for r in (0, 1):
         p = _payload(r, 10_000_000, 5000.0 + 30 * r)
@@ -375,7 +376,7 @@ def _layer(fallback=False):
             unavailable={"symm_mem": "RuntimeError: no symmetric memory"},
             payloads={"baseline": p, "distgemm": bad if fallback else p},
         )
-    return ot.layer_record(case, 2, 2, per_rank)
+    return ev.layer_record(case, 2, 2, per_rank)
 
 
 def test_layer_record_and_summary_lines():
@@ -384,7 +385,7 @@ def test_layer_record_and_summary_lines():
     assert la["shapes"] == {"a": [4096, 8192], "w": [28672, 8192], "out": [8192, 28672]}
     assert la["variants"]["symm_mem"]["status"] == "unavailable"
     assert la["variants"]["distgemm"]["markers_found"] is True
-    text = "\n".join(ot.summary_lines(la))
+    text = "\n".join(rep.summary_lines(la))
     assert "70B/FC1/M8192/TP2 (8192x57344x8192, ag_rotate_a S=2)" in text
     assert "symm_mem  unavailable: RuntimeError: no symmetric memory" in text
     assert "GPU0: window" in text and "copy||GEMM overlap 0.300 (100% of copy)" in text
@@ -394,9 +395,9 @@ def test_layer_record_and_summary_lines():
 def test_json_round_trip():
     layers = [_layer(), _layer(fallback=True)]
     meta = {"model": "70B", "date": "2026-11-23T10:00:00+00:00"}
-    doc = json.loads(json.dumps(ot.encode_run(meta, layers)))
+    doc = json.loads(json.dumps(rep.encode_run(meta, layers)))
     assert doc["names"].count(CUTLASS) == 1  # long names stored once
-    meta2, layers2 = ot.decode_run(doc)
+    meta2, layers2 = rep.decode_run(doc)
     assert meta2 == meta
     for a, b in zip(layers, layers2):
         for v in a["variants"]:
@@ -409,34 +410,35 @@ def test_json_round_trip():
             )  # ns resolution kept
             assert a["variants"][v].get("summary") == b["variants"][v].get("summary")
     row = doc["layers"][0]["variants"]["distgemm"]["events"][0]
-    assert len(row) == len(doc["event_fields"]) and row[-1] in ot.CLASSES
+    assert len(row) == len(doc["event_fields"]) and row[-1] in ev.CLASSES
     assert (
-        ot.output_stem("70B", ["FC1", "O"], "2026-11-23") == "2026-11-23-overlap-timeline-70B-FC1-O"
+        rep.output_stem("70B", ["FC1", "O"], "2026-11-23")
+        == "2026-11-23-overlap-timeline-70B-FC1-O"
     )
 
 
 @NEEDS_MPL
 def test_plot_writes_png(tmp_path):
     path = tmp_path / "t.png"
-    assert ot.plot_layer(_layer(), str(path)) is None
+    assert rep.plot_layer(_layer(), str(path)) is None
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
     fb = tmp_path / "fb.png"  # the fallback panel renders too
-    assert ot.plot_layer(_layer(fallback=True), str(fb)) is None and fb.stat().st_size > 10_000
+    assert rep.plot_layer(_layer(fallback=True), str(fb)) is None and fb.stat().st_size > 10_000
 
 
 def test_plot_without_events_says_why(tmp_path):
     la = _layer()
     for rec in la["variants"].values():
         rec["status"] = "unavailable"
-    why = ot.plot_layer(la, str(tmp_path / "x.png"))
+    why = rep.plot_layer(la, str(tmp_path / "x.png"))
     assert why and not (tmp_path / "x.png").exists()
 
 
 def test_outputs_without_matplotlib(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     meta = {"model": "70B", "date": "2026-11-23T10:00:00+00:00"}
-    said = ot.write_outputs(meta, [_layer()], str(tmp_path))
+    said = rep.write_outputs(meta, [_layer()], str(tmp_path))
     stem = tmp_path / "2026-11-23-overlap-timeline-70B-FC1"
     assert (stem.with_suffix(".json")).exists() and (stem.with_suffix(".txt")).exists()
     assert not list(tmp_path.glob("*.png"))
@@ -449,7 +451,7 @@ def test_replot_cli_without_torch(tmp_path):
     meta = {"model": "70B", "date": "2026-11-23T10:00:00+00:00"}
     layers = [_layer(), dict(_layer(fallback=True), layer="O")]
     doc = tmp_path / "run.json"
-    doc.write_text(json.dumps(ot.encode_run(meta, layers)))
+    doc.write_text(json.dumps(rep.encode_run(meta, layers)))
     out = tmp_path / "pics"
     # torch made unimportable: --replot must need neither torch nor a GPU
     code = (
