@@ -7,37 +7,60 @@ Each run is distgemm_bench on a TP=1, S=1 plan (one GEMM, the "own kernel floor"
 with --tile-n 256 or 128, in interleaved rounds (256, 128, 128, 256, ...) so that clock drift
 under the power cap hits both alike; the median over rounds is reported. The default shapes are
 per-GPU GEMMs and sub-GEMM steps of the Llama sweep at TP=2 where the choice matters, and large
-ones where both tiles run at full occupancy (the model's relative tile cost is fitted there)."""
+ones where both tiles run at full occupancy (the model's relative tile cost is fitted there);
+their (M, N, K) come from distgemm._core's Llama tables (benchmarks/llama_cases.py)."""
 
 import argparse
 import csv
+import os
 import statistics
 import subprocess
 import sys
 from collections.abc import Sequence
 
-# (m, n, k, what): per-GPU GEMM shapes.
-SHAPES: list[tuple[int, int, int, str]] = [
-    (8192, 8192, 8192, "full occupancy"),
-    (4096, 28672, 8192, "70B FC1 per rank, 4096 tokens (full occupancy)"),
-    (512, 4096, 2048, "8B O step, 1024 tokens, TP=2 S=2"),
-    (512, 4096, 7168, "8B FC2 step, 1024 tokens, TP=2 S=2"),
-    (512, 3072, 4096, "8B QKV step, 1024 tokens, TP=2 S=2"),
-    (1024, 3072, 4096, "8B QKV floor, 1024 tokens, TP=2"),
-    (1024, 5120, 8192, "70B QKV floor, 1024 tokens, TP=2"),
-    (2048, 5120, 8192, "70B QKV step, 4096 tokens, TP=2 S=2"),
-    (1024, 8192, 8192, "70B O step, 2048 tokens, TP=2 S=2"),
-    (512, 28672, 8192, "70B FC1 step, 1024 tokens, TP=2 S=2"),
-    (1024, 9216, 16384, "405B QKV step, 2048 tokens, TP=2 S=2"),
-    (4096, 4096, 4096, "8B O floor, 4096 tokens"),
+if __package__ in (None, ""):  # run as a file: make the benchmarks package importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.llama_cases import SCHEDULE, Case, shapes
+from distgemm.simulate import H200_RESIDENT_CTAS
+
+# (model, layer, tokens, TP, S): S=None for a rank's whole GEMM (the sweep's floor), else one
+# step of an S-step plan (1/S of its rows).
+TILE_CASES: list[tuple[str, str, int, int, int | None]] = [
+    ("70B", "O", 8192, 1, None),  # full occupancy
+    ("70B", "FC1", 4096, 2, None),  # full occupancy
+    ("8B", "O", 1024, 2, 2),
+    ("8B", "FC2", 1024, 2, 2),
+    ("8B", "QKV", 1024, 2, 2),
+    ("8B", "QKV", 1024, 2, None),
+    ("70B", "QKV", 1024, 2, None),
+    ("70B", "QKV", 4096, 2, 2),
+    ("70B", "O", 2048, 2, 2),
+    ("70B", "FC1", 1024, 2, 2),
+    ("405B", "QKV", 2048, 2, 2),
+    ("8B", "O", 4096, 1, None),
 ]
+
+
+def tile_shape(model: str, layer: str, tokens: int, tp: int, steps: int | None):
+    """(m, n, k, what) of one GEMM that a rank runs: its whole per-rank GEMM, or one step of the
+    layer's schedule (both schedules of the sweep split the rows of the output into S steps)."""
+    m, n, k = shapes(Case(model, layer, tokens, tp))["floor"]
+    what = f"{model} {layer} {'step' if steps else 'floor'}, {tokens} tokens, TP={tp}"
+    if steps:
+        return m // steps, n, k, what + f" S={steps}"
+    return m, n, k, what
+
+
+# (m, n, k, what): per-GPU GEMM shapes.
+SHAPES: list[tuple[int, int, int, str]] = [tile_shape(*c) for c in TILE_CASES]
 
 
 def bench_args(bench: str, m: int, n: int, k: int, tile: int) -> list[str]:
     return [
         bench,
         "--schedule",
-        "ag_rotate_a",
+        SCHEDULE["all_gather"],  # at TP=1, S=1 every schedule is the one GEMM
         "--tp",
         "1",
         "--steps",
@@ -117,7 +140,10 @@ def main(argv=None) -> int:
     ap.add_argument("--bench", default="build-gpu/distgemm_bench")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument(
-        "--slots", type=int, default=132, help="resident CTAs for the model (H200: 132)"
+        "--slots",
+        type=int,
+        default=H200_RESIDENT_CTAS,
+        help=f"resident CTAs for the model (H200: {H200_RESIDENT_CTAS})",
     )
     ap.add_argument("--csv", default=None)
     args = ap.parse_args(argv)
@@ -126,7 +152,7 @@ def main(argv=None) -> int:
     times: dict[tuple[int, int, int, int], list[float]] = {}
     failed = []
     for r in range(args.rounds):
-        for m, n, k, what in SHAPES:
+        for m, n, k, _what in SHAPES:
             for tile in (256, 128) if r % 2 == 0 else (128, 256):
                 ms, why = run_one(args.bench, m, n, k, tile)
                 if ms is None:

@@ -20,8 +20,16 @@ import re
 import statistics
 import sys
 
+from distgemm import _core
+
 NAME = re.compile(r"tp(\d+)-(epilogue|copy)-(pdl|no-pdl)-r(\d+)\.csv$")
 VARIANTS = [("epilogue", "no-pdl"), ("epilogue", "pdl"), ("copy", "no-pdl"), ("copy", "pdl")]
+
+
+def has_partials(schedule: str) -> bool:
+    """Whether a schedule passes partial results between devices (its rotating operand is C),
+    which the partial transport applies to."""
+    return _core.schedule_definition(schedule)["rotating"] == "C"
 
 
 def load(folder: pathlib.Path):
@@ -70,7 +78,7 @@ def summarise(folder: pathlib.Path) -> str:
             cells.append(f"{ms:.3f} ({eff:.3f})")
         best = min(med, key=med.get)
         lyr, sched = layer[case]
-        wins[(tp, not sched.startswith("ag_"), best)] += 1  # gemm_allreduce has partials too
+        wins[(tp, has_partials(sched), best)] += 1
         lines.append(
             f"| {tp} | {case} | {steps} | "
             + " | ".join(cells)

@@ -1,24 +1,16 @@
 """benchmarks/compare_tiles.py: the per-shape summary of the two GEMM tiles, on synthetic timings
 (the GPU part, running distgemm_bench, is run_on_gpus.sh's cpp-tiles)."""
 
-import importlib.util
-import pathlib
 import random
 
 import pytest
 
+from benchmarks import compare_tiles as ct
 from distgemm import _core
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location(
-    "compare_tiles", ROOT / "benchmarks" / "compare_tiles.py"
-)
-ct = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(ct)
 
 
 def test_summary_medians_ratio_and_implied_cost():
-    rng = random.Random()
+    rng = random.Random(1234)
     shapes = [(512, 4096, 2048, "small"), (8192, 8192, 8192, "large")]
     t = {}
     for m, n, k, _ in shapes:
@@ -51,3 +43,15 @@ def test_bench_command_is_one_gemm_with_the_tile_forced():
     assert (args[i("--m") + 1], args[i("--n") + 1], args[i("--k") + 1]) == ("512", "4096", "2048")
     assert ct.parse_result("x\nRESULT ms=0.5 verify=PASS\n") == {"ms": "0.5", "verify": "PASS"}
     assert ct.parse_result("no result") == {}
+
+
+def test_default_shapes_are_the_sweeps_per_rank_gemms():
+    shapes = {what: (m, n, k) for m, n, k, what in ct.SHAPES}
+    assert len(shapes) == len(ct.TILE_CASES) == 12
+    assert shapes["70B O floor, 8192 tokens, TP=1"] == (8192, 8192, 8192)
+    assert shapes["70B FC1 floor, 4096 tokens, TP=2"] == (4096, 57344 // 2, 8192)
+    # a step of S=2: half the rows; reduce-scatter layers split K over the ranks
+    assert shapes["8B O step, 1024 tokens, TP=2 S=2"] == (512, 4096, 4096 // 2)
+    assert shapes["70B O step, 2048 tokens, TP=2 S=2"] == (1024, 8192, 8192 // 2)
+    # all-gather layers split N over the ranks
+    assert shapes["405B QKV step, 2048 tokens, TP=2 S=2"] == (1024, 18432 // 2, 16384)

@@ -2,17 +2,13 @@
 cpp-variants part, on synthetic CSVs and on the committed 4x H200 run."""
 
 import csv
-import importlib.util
 import pathlib
 
 import pytest
 
+from benchmarks import compare_variants as cv
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location(
-    "compare_variants", ROOT / "benchmarks" / "compare_variants.py"
-)
-cv = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(cv)
 
 FIELDS = [
     "case",
@@ -86,3 +82,11 @@ def test_committed_run_has_every_pair():
     rows = [x for x in text.splitlines() if x.startswith("| 2 |") or x.startswith("| 4 |")]
     assert len(rows) == 32  # 2 TP x 8 cases x 2 S
     assert all(x.count("(") == 4 for x in rows)  # every variant present in every row
+
+
+def test_partials_are_the_schedules_that_rotate_c():
+    from distgemm.plan import schedule_names
+
+    names = schedule_names()
+    assert {s for s in names if cv.has_partials(s)} == {"rs_tile_a", "rs_tile_b", "gemm_allreduce"}
+    assert not cv.has_partials("ag_rotate_a") and not cv.has_partials("ag_rotate_b")

@@ -129,12 +129,9 @@ def test_quick_sweep(tmp_path):
     assert records and all(r["status"] == "ok" for r in records), [
         (r["case"], r["status"], r.get("reason")) for r in records if r["status"] != "ok"
     ]
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import llama_sweep
-    finally:
-        sys.path.pop(0)
-    below = {r["case"]: llama_sweep.suspect(r) for r in records if llama_sweep.suspect(r)}
+    from benchmarks.sweep_report import suspect
+
+    below = {r["case"]: suspect(r) for r in records if suspect(r)}
     assert not below, f"times below their compute floor: {below}"
 
 
