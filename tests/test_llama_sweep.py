@@ -6,6 +6,7 @@ torch.distributed / CUDA part (run_case, main) is not called here."""
 import csv
 import io
 import json
+import subprocess
 import sys
 
 import pytest
@@ -465,3 +466,34 @@ def test_replot_joins_split_runs(tmp_path, capsys):
     assert [m["argv"] for m in data["meta"]["parts"]] == [["a"], ["b"]]
     assert (tmp_path / "re" / "joined.csv").read_text() == report.to_csv(first + second)
     assert "405B/O/M4096/TP2" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("how", ["file", "module"])
+def test_script_runs_as_a_file_and_as_a_module(tmp_path, repo_root, how):
+    """`python3 benchmarks/llama_sweep.py` (as torchrun runs it, from any directory) and
+    `python3 -m benchmarks.llama_sweep` (from the repository root) both find their modules."""
+    stem = str(tmp_path / "2026-11-22-llama-sweep")
+    report.write_outputs([_record()], stem, {"seconds": 1.0}, final=False)
+    if how == "file":
+        cmd, cwd = [sys.executable, str(repo_root / "benchmarks" / "llama_sweep.py")], tmp_path
+    else:
+        cmd, cwd = [sys.executable, "-m", "benchmarks.llama_sweep"], repo_root
+    args = ["--replot", stem + ".json", "--out", str(tmp_path / "re")]
+    r = subprocess.run(cmd + args, cwd=cwd, capture_output=True, text=True, timeout=120)
+    assert r.returncode in (0, 1), r.stderr  # 1: no matplotlib for the PNG
+    assert (tmp_path / "re" / "2026-11-22-llama-sweep.csv").read_text() == report.to_csv(
+        [_record()]
+    )
+    assert "70B/FC1/M8192/TP2" in r.stdout
+
+
+@pytest.mark.parametrize("script", ["timing_study.py", "overlap_timeline.py", "compare_tiles.py"])
+def test_other_scripts_import_as_files(tmp_path, repo_root, script):
+    r = subprocess.run(
+        [sys.executable, str(repo_root / "benchmarks" / script), "--help"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0 and r.stdout.startswith("usage:"), r.stderr
