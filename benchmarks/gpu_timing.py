@@ -50,6 +50,15 @@ class RankContext:
         ctrl = dist.new_group(backend="gloo", timeout=timeout)
         return cls(torch, dist, ctrl, dev, dist.get_rank(), dist.get_world_size())
 
+    def close(self) -> None:
+        """Every rank done: meet at the control group, close distgemm's communicators, end the
+        process group."""
+        from distgemm import comm as dcomm
+
+        self.dist.barrier(group=self.ctrl)
+        dcomm.close_all()
+        self.dist.destroy_process_group()
+
     def agree_max(self, values: Sequence[float]) -> list[float]:
         """Element-wise max over ranks through the control group."""
         t = self.torch.tensor(list(values), dtype=self.torch.float64)
@@ -71,6 +80,29 @@ def enable_symm_mem(group_name: str) -> str | None:
     except Exception as e:  # noqa: BLE001
         return f"{type(e).__name__}: {e}"
     return None
+
+
+def short_error(e: BaseException) -> str:
+    """The exception's type and the first line of its message (at most 200 characters)."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+
+
+def try_symm_mem(ctx: RankContext, symm, ref) -> tuple[float | None, str | None]:
+    """One call of torch async-TP (``symm``) checked against ``ref``: (its relative error, None),
+    or (None, why) where it failed on any rank. A failure is recorded, never fatal; the verdict
+    is agreed so that no rank times a collective another skipped."""
+    torch = ctx.torch
+    err, why = None, None
+    try:
+        y = symm()
+        torch.cuda.synchronize()
+        err = rel_err(torch, y, ref)
+        del y
+    except Exception as e:  # noqa: BLE001 - symmetric memory may be unavailable here
+        why = short_error(e)
+    if ctx.agree_max([1.0 if why else 0.0])[0]:
+        return None, why or "failed on another rank"
+    return err, None
 
 
 def baseline_call(torch, dist, ag: bool, a, wt, tmp, out):

@@ -68,6 +68,7 @@ from benchmarks.gpu_timing import (
     rel_err,
     symm_mem_call,
     time_variant,
+    try_symm_mem,
 )
 from benchmarks.llama_cases import (
     COLLECTIVE,
@@ -163,23 +164,14 @@ def _time_floors(ctx: RankContext, case: Case, lo: LayerOperands, solo, ms, errs
 
 
 def _time_symm_mem(ctx: RankContext, lo: LayerOperands, ref, group_name, ms, errs, unavailable):
-    """torch async-TP (symmetric memory). A failure is recorded, never fatal; the verdict is
-    agreed so that no rank times a collective the other skipped."""
-    torch = ctx.torch
-    symm = functools.partial(symm_mem_call, torch, lo.ag, lo.a, lo.wt, group_name)
-    why = None
-    try:
-        y = symm()
-        torch.cuda.synchronize()
-        errs["symm_mem"] = rel_err(torch, y, ref)
-        del y
-    except Exception as e:  # noqa: BLE001
-        why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-    if ctx.agree_max([1.0 if why else 0.0])[0]:
-        unavailable["symm_mem"] = f"unavailable: {why or 'failed on another rank'}"
+    """torch async-TP (symmetric memory): checked, then timed where every rank has it."""
+    symm = functools.partial(symm_mem_call, ctx.torch, lo.ag, lo.a, lo.wt, group_name)
+    err, why = try_symm_mem(ctx, symm, ref)
+    if why:
+        unavailable["symm_mem"] = f"unavailable: {why}"
         ms["symm_mem"] = None
-        errs.pop("symm_mem", None)
     else:
+        errs["symm_mem"] = err
         ms["symm_mem"] = time_variant(ctx, symm)
 
 
@@ -377,9 +369,7 @@ def main(argv=None) -> int:
             write_outputs(records, stem, _meta(ctx, args, symm_setup, t_start), False)
     if ctx.rank == 0:
         write_outputs(records, stem, _meta(ctx, args, symm_setup, t_start), True)
-    dist.barrier(group=ctx.ctrl)
-    dcomm.close_all()
-    dist.destroy_process_group()
+    ctx.close()
     return 1 if any(r["status"] in ("failed", "wrong") for r in records) else 0
 
 

@@ -54,6 +54,7 @@ from benchmarks.gpu_timing import (
     rel_err,
     symm_mem_call,
     time_variant,
+    try_symm_mem,
 )
 from benchmarks.llama_cases import LAYERS, MODELS, Case, shapes, skip_reason
 from benchmarks.timeline_events import (
@@ -144,16 +145,12 @@ def run_layer(ctx, case, steps: int | None, calls: int, group_name: str) -> dict
         fns, bufs = _make_variants(ctx, case, steps, comm, group_name)
         ref = fns["baseline"]().clone()
         torch.cuda.synchronize()
-        why = None
-        try:  # torch async-TP: unavailable is recorded, never fatal; the verdict is agreed
-            res["rel_err"]["symm_mem"] = rel_err(torch, fns["symm_mem"](), ref)
-            torch.cuda.synchronize()
-        except Exception as e:  # noqa: BLE001
-            why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-        if ctx.agree_max([1.0 if why else 0.0])[0]:
-            res["unavailable"]["symm_mem"] = why or "failed on another rank"
-            res["rel_err"].pop("symm_mem", None)
+        err, why = try_symm_mem(ctx, fns["symm_mem"], ref)
+        if why:
+            res["unavailable"]["symm_mem"] = why
             del fns["symm_mem"]
+        else:
+            res["rel_err"]["symm_mem"] = err
         bufs["dg_out"].fill_(float("nan"))  # a call that writes nothing cannot pass the check
         res["rel_err"]["distgemm"] = rel_err(torch, fns["distgemm"](), ref)
         torch.cuda.synchronize()
@@ -297,11 +294,7 @@ def main(argv=None) -> int:
         for line in write_outputs(meta, records, args.out):
             print(line, flush=True)
         print(f"done in {time.perf_counter() - t_start:.1f} s", flush=True)
-    dist.barrier(group=ctrl)
-    from distgemm import comm as dcomm
-
-    dcomm.close_all()
-    dist.destroy_process_group()
+    ctx.close()
     # records are only kept on rank 0: every rank decides by the layers it measured
     return status if measured else 1
 

@@ -156,11 +156,7 @@ def main(argv=None) -> int:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "timing-study.json"), "w") as f:
             json.dump(dict(tp=ctx.tp, torch=ctx.torch.__version__, results=results), f, indent=1)
-    ctx.dist.barrier(group=ctx.ctrl)
-    from distgemm import comm as dcomm
-
-    dcomm.close_all()
-    ctx.dist.destroy_process_group()
+    ctx.close()
     return 0
 
 
