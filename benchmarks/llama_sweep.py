@@ -108,19 +108,18 @@ __all__ = [
     "run_case",
 ]
 
-CASE_TIMEOUT_S = (
-    90  # a case that takes longer is hung: dump stacks and exit (torchrun ends the rest)
-)
+# A case that takes longer is hung: dump stacks and exit (torchrun ends the rest).
+CASE_TIMEOUT_S = 90
 
 
 def progress(cases: Sequence[Case], enabled: bool) -> Iterable[Case]:
     """The cases in order, shown on a tqdm bar on stderr (count, case, elapsed, estimate) where
     ``enabled`` and tqdm is installed; without tqdm the sweep runs without a bar."""
+    if not enabled:
+        return iter(cases)
     try:
         from tqdm import tqdm
-    except ImportError:
-        return iter(cases)
-    if not enabled:
+    except ImportError:  # optional: the GPU machine's image has it, a bare install may not
         return iter(cases)
 
     def shown() -> Iterable[Case]:
