@@ -72,6 +72,7 @@ def test_no_exported_cuda_runtime_symbols(path):
     assert not leaked, (path.name, leaked[:10])
 
 
+@needs_runtime
 @pytest.mark.parametrize("first", ["distgemm._core", "torch"])
 def test_either_import_order_loads(first):
     pytest.importorskip("torch")
