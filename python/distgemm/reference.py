@@ -131,7 +131,8 @@ def execute_plan(
     policy: str = "compute_first_low",
     dtype=np.float64,
 ) -> list[np.ndarray]:
-    """Run one launch of ``plan`` on simulated devices; returns each device's D as [L, rows, cols]."""
+    """Run one launch of ``plan`` on simulated devices; returns each device's D as
+    [L, rows, cols]."""
     tp, L = plan["tp"], plan["problem"]["l"]
     devs = [_Device(plan, d, inputs, dtype) for d in range(tp)]
     epoch = 1
@@ -192,9 +193,8 @@ def execute_plan(
             for d in range(tp):
                 gi = next_gemm[d]
                 if gi < len(plan["devices"][d]["gemms"]):
-                    stuck.append(
-                        f"device {d} GEMM step {gi} waits for flags {plan['devices'][d]['gemms'][gi]['waits']}"
-                    )
+                    waits = plan["devices"][d]["gemms"][gi]["waits"]
+                    stuck.append(f"device {d} GEMM step {gi} waits for flags {waits}")
                 ci = next_copy[d]
                 if ci < len(plan["devices"][d]["copies"]):
                     stuck.append(f"device {d} copy #{ci} waits")

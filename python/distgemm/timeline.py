@@ -28,8 +28,11 @@ class CostModel:
     barrier_us: float = 5.0
 
 
-def predict(plan: dict, cost: CostModel = CostModel()) -> dict:
-    """Start/end (µs) of every op, the launch time, the local-GEMM floor and overlap efficiency."""
+def predict(plan: dict, cost: CostModel | None = None) -> dict:
+    """Start/end (µs) of every op, the launch time, the local-GEMM floor and overlap efficiency,
+    under ``cost`` (default ``CostModel()``)."""
+    if cost is None:
+        cost = CostModel()
     order = happens_before_order(plan)
     if order is None:
         raise ValueError("the plan has a cyclic wait; no timeline exists")
@@ -76,8 +79,8 @@ def format_timeline(plan: dict, pred: dict, width: int = 72) -> str:
     total = pred["total_us"] or 1.0
     scale = width / total
     lines = [
-        f"predicted timeline ({total:.0f} us; each column {total / width:.1f} us; digits = GEMM step "
-        "mod 10, '=' = copy engine busy, '.' = idle)"
+        f"predicted timeline ({total:.0f} us; each column {total / width:.1f} us; "
+        "digits = GEMM step mod 10, '=' = copy engine busy, '.' = idle)"
     ]
     for d in range(plan["tp"]):
         for kind, label in (("gemm", "SM"), ("copy", "CE")):
