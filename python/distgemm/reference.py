@@ -25,6 +25,7 @@ __all__ = [
     "run_reference",
     "reference_inputs",
     "expected_outputs",
+    "shard_outputs",
     "POLICIES",
 ]
 
@@ -75,6 +76,11 @@ def expected_outputs(
         full = full + beta * inputs["C"]
     if use_bias:
         full = full + inputs["bias"][None, None, :]
+    return shard_outputs(plan, full)
+
+
+def shard_outputs(plan: dict, full: np.ndarray) -> list[np.ndarray]:
+    """Each device's shard of a full D[L, M, N], per the plan's Partition."""
     mode = plan["definition"]["partition"]["d"]
     return [
         np.ascontiguousarray(_shard(full, mode, "M", "N", d, plan["tp"])) for d in range(plan["tp"])
