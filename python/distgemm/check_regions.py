@@ -1,9 +1,9 @@
-"""Buffer regions for the plan checker: each region's bounds and content label, and reads and
-writes of them with the ordering, slot-reuse and coverage checks they make.
+"""Buffer regions for the plan checker: their bounds and contents, and checked reads and writes.
 
-A region is a rectangle of a buffer's 2-D view (rows per batch stacked over batches). Its
-*content* label says which global rows/cols of A, B, C or bias it holds, or, for D, which K ranges
-have been summed into it and how often beta*C and bias were added.
+Reads and writes make the ordering, slot-reuse and coverage checks. A region is a rectangle of a
+buffer's 2-D view (rows per batch stacked over batches). Its *content* label says which global
+rows/cols of A, B, C or bias it holds, or, for D, which K ranges have been summed into it and how
+often beta*C and bias were added.
 """
 
 from __future__ import annotations
