@@ -130,24 +130,16 @@ class _Checker:
             a = self.regions.read(ev, g["a"], ra[l], "GEMM operand A")
             b = self.regions.read(ev, g["b"], rb[l], "GEMM operand B")
             ok = True
-            if a != ("A", l, g["m0"], g["k0"]):
-                ok = False
-                if a is not None:
-                    self.fail(
-                        "coverage",
-                        ev,
-                        f"GEMM needs A[batch {l}] rows {g['m0']}.. cols {g['k0']}.. but "
-                        f"reads A[batch {a[1]}] rows {a[2]}.. cols {a[3]}..",
-                    )
-            if b != ("B", l, g["n0"], g["k0"]):
-                ok = False
-                if b is not None:
-                    self.fail(
-                        "coverage",
-                        ev,
-                        f"GEMM needs B[batch {l}] rows {g['n0']}.. cols {g['k0']}.. but "
-                        f"reads B[batch {b[1]}] rows {b[2]}.. cols {b[3]}..",
-                    )
+            for name, got, row0 in (("A", a, g["m0"]), ("B", b, g["n0"])):
+                if got != (name, l, row0, g["k0"]):
+                    ok = False
+                    if got is not None:
+                        self.fail(
+                            "coverage",
+                            ev,
+                            f"GEMM needs {name}[batch {l}] rows {row0}.. cols {g['k0']}.. but "
+                            f"reads {name}[batch {got[1]}] rows {got[2]}.. cols {got[3]}..",
+                        )
             ks: tuple[tuple[int, int], ...] = ()
             nc = nb = 0
             if rp is not None:
