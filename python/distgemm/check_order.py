@@ -10,13 +10,24 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Event", "HappensBefore", "Violation", "build_happens_before", "event_name"]
+__all__ = [
+    "Event",
+    "Fail",
+    "HappensBefore",
+    "Violation",
+    "build_happens_before",
+    "event_name",
+    "event_step",
+]
 
 Event = tuple[str, int, int]  # ("gemm" | "copy", device, index)
 
 
 @dataclass
 class Violation:
+    """One broken invariant: which, where (device and step, None where it is not tied to one)
+    and what, in words."""
+
     invariant: str
     device: int | None
     step: int | None
@@ -36,7 +47,7 @@ class Violation:
 
 
 # fail(invariant, event or None, message): records one violation.
-Fail = Callable[[str, "Event | None", str], None]
+Fail = Callable[[str, Event | None, str], None]
 
 
 def event_name(plan: dict, ev: Event) -> str:
