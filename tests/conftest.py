@@ -1,3 +1,5 @@
+"""Shared pytest fixtures: the repository root."""
+
 import pathlib
 
 import pytest

@@ -107,8 +107,8 @@ def test_cyclic_wait_is_reported():
 
 
 def test_pull_copy_is_rejected():
-    """A copy that reads a peer's memory (a pull) is refused: on 2x H200 such pulls coupled the two
-    devices' copy-engine queues and gemm_allreduce timed out at S=8; plans push instead."""
+    """A copy that reads a peer's memory (a pull) is refused: a peer read may run on the peer's
+    copy engine, coupling the two devices' copy queues so that a wait can time out; plans push."""
     plan = fresh("ag_rotate_a", 2, 2)
     cp = plan["devices"][1]["copies"][0]  # device 1 pushes its rows into device 0's slot 0
     plan["devices"][1]["copies"].clear()

@@ -8,8 +8,9 @@ import random
 import pytest
 
 from distgemm import _core
+from distgemm.simulate import H200_RESIDENT_CTAS as H200_SLOTS
 
-H200_SLOTS = 132  # resident CTAs of either kernel on an H200 (one per SM, clusters of 2)
+SEED = 14  # of the random shapes and slot counts
 
 
 def _model(m, n, l, tile, slots):
@@ -38,9 +39,9 @@ def test_llama_shapes(m, n, want):
 
 
 def test_matches_the_wave_model_on_random_shapes():
-    """Fresh random shapes and slot counts: the tile counts, waves and costs are the model's, and
-    the choice is 128x128 only where it is rated TILE128_MIN_GAIN cheaper."""
-    rng = random.Random()
+    """Random shapes and slot counts (seeded): the tile counts, waves and costs are the model's,
+    and the choice is 128x128 only where it is rated TILE128_MIN_GAIN cheaper."""
+    rng = random.Random(SEED)
     for _ in range(500):
         m, n, l = rng.randint(1, 40000), rng.randint(1, 60000), rng.randint(1, 4)
         s256, s128 = rng.randint(1, 140), rng.randint(1, 140)

@@ -25,6 +25,7 @@ __all__ = [
     "run_reference",
     "reference_inputs",
     "expected_outputs",
+    "shard_outputs",
     "POLICIES",
 ]
 
@@ -75,6 +76,11 @@ def expected_outputs(
         full = full + beta * inputs["C"]
     if use_bias:
         full = full + inputs["bias"][None, None, :]
+    return shard_outputs(plan, full)
+
+
+def shard_outputs(plan: dict, full: np.ndarray) -> list[np.ndarray]:
+    """Each device's shard of a full D[L, M, N], per the plan's Partition."""
     mode = plan["definition"]["partition"]["d"]
     return [
         np.ascontiguousarray(_shard(full, mode, "M", "N", d, plan["tp"])) for d in range(plan["tp"])
@@ -131,7 +137,8 @@ def execute_plan(
     policy: str = "compute_first_low",
     dtype=np.float64,
 ) -> list[np.ndarray]:
-    """Run one launch of ``plan`` on simulated devices; returns each device's D as [L, rows, cols]."""
+    """Run one launch of ``plan`` on simulated devices; returns each device's D as
+    [L, rows, cols]."""
     tp, L = plan["tp"], plan["problem"]["l"]
     devs = [_Device(plan, d, inputs, dtype) for d in range(tp)]
     epoch = 1
@@ -192,9 +199,8 @@ def execute_plan(
             for d in range(tp):
                 gi = next_gemm[d]
                 if gi < len(plan["devices"][d]["gemms"]):
-                    stuck.append(
-                        f"device {d} GEMM step {gi} waits for flags {plan['devices'][d]['gemms'][gi]['waits']}"
-                    )
+                    waits = plan["devices"][d]["gemms"][gi]["waits"]
+                    stuck.append(f"device {d} GEMM step {gi} waits for flags {waits}")
                 ci = next_copy[d]
                 if ci < len(plan["devices"][d]["copies"]):
                     stuck.append(f"device {d} copy #{ci} waits")

@@ -159,23 +159,25 @@ def format_table(plan: dict, rows: list[dict]) -> str:
 def describe(plan: dict) -> str:
     p, dfn = plan["problem"], plan["definition"]
     ls = plan["local_shapes"]
+    tile = dfn["tile"]
+    transport = (
+        "the copy engine (staged locally)"
+        if plan["partial_via"] == "copy"
+        else "the epilogue (peer writes)"
+    )
     elem = 2
     return "\n".join(
         [
             f"schedule {plan['schedule']}: {dfn['summary']}",
-            f"problem M={p['m']} N={p['n']} K={p['k']} L={p['l']}, TP={plan['tp']}, S={plan['steps']} "
-            f"(k={plan['chunks_per_shard']} chunk(s) per shard)",
-            f"tile map: tile(d, i) = ({dfn['tile']['a']}*k*d + {dfn['tile']['b']}*i + {dfn['tile']['c']}*k) mod S "
+            f"problem M={p['m']} N={p['n']} K={p['k']} L={p['l']}, TP={plan['tp']}, "
+            f"S={plan['steps']} (k={plan['chunks_per_shard']} chunk(s) per shard)",
+            f"tile map: tile(d, i) = ({tile['a']}*k*d + {tile['b']}*i + {tile['c']}*k) mod S "
             f"over {dfn['split']}",
             f"per device: A{list(ls['A'])} B{list(ls['B'])} D{list(ls['D'])} bias[{ls['bias']}]; "
             f"extra memory {workspace_bytes(plan, elem) / 2**20:.2f} MiB at 2-byte elements "
             f"({plan['num_flags']} flags, slots of {plan['slot_operand']})",
             "each launch starts with an entry barrier across all devices"
-            + (
-                ""
-                if dfn["collective"] == "all_gather"
-                else f"; partials travel by {'the copy engine (staged locally)' if plan['partial_via'] == 'copy' else 'the epilogue (peer writes)'}"
-            ),
+            + ("" if dfn["collective"] == "all_gather" else f"; partials travel by {transport}"),
         ]
     )
 
@@ -259,17 +261,17 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(describe(plan))
         print(
-            f"GEMMs marked [128x128] run the 128x128-tile kernel, the others 128x256 (wave model of "
-            f"kernel/tile_choice.hpp at {args.slots} resident CTAs)"
+            "GEMMs marked [128x128] run the 128x128-tile kernel, the others 128x256 (wave model "
+            f"of kernel/tile_choice.hpp at {args.slots} resident CTAs)"
         )
         print()
         print(format_table(plan, rows))
         print()
         if args.check and not violations:
             print(
-                "all invariants hold: coverage (each D element once, K summed exactly once), ordering "
-                "(no read before arrival, no race), slot reuse, ownership (D per Partition, user tensors "
-                "local), progress (each flag set once, no cyclic wait)"
+                "all invariants hold: coverage (each D element once, K summed exactly once), "
+                "ordering (no read before arrival, no race), slot reuse, ownership (D per "
+                "Partition, user tensors local), progress (each flag set once, no cyclic wait)"
             )
         for v in violations:
             print(f"VIOLATION {v}")

@@ -1,13 +1,15 @@
-"""Predicted per-stream timeline of a Plan: when each device's compute stream and copy engine are
-busy, under a simple cost model. It explains a schedule's overlap (and why S > TP shrinks the
-first bubble) before anything runs on a GPU; measured timelines come from the benchmarks.
+"""Predicted per-stream timeline of a Plan under a simple cost model.
+
+When each device's compute stream and copy engine are busy: it explains a schedule's overlap (and
+why S > TP shrinks the first bubble) before anything runs on a GPU; measured timelines come from
+the benchmarks.
 
 Cost model (all overridable): a sub-GEMM takes 2*m*n*k*L / rate, or longer if its epilogue writes
 more bytes across NVLink than the link moves in that time (reduce-scatter partials); a copy takes
 bytes / link bandwidth; a flag becomes visible `flag_us` after its setter ends; every launch starts
-with an entry barrier of `barrier_us`. Defaults are H200 numbers measured on this project's
-machine: ~790 TFLOP/s dense bf16, ~370 GB/s one-way copy-engine peer copies. The model ignores
-wave quantisation and the efficiency loss of small tiles, so it is optimistic for small problems.
+with an entry barrier of `barrier_us`. Defaults are an H200's rates: ~790 TFLOP/s dense bf16
+GEMM, ~370 GB/s one-way copy-engine peer copies. The model ignores wave quantisation and the
+efficiency loss of small tiles, so it is optimistic for small problems.
 """
 
 from __future__ import annotations
@@ -28,8 +30,11 @@ class CostModel:
     barrier_us: float = 5.0
 
 
-def predict(plan: dict, cost: CostModel = CostModel()) -> dict:
-    """Start/end (µs) of every op, the launch time, the local-GEMM floor and overlap efficiency."""
+def predict(plan: dict, cost: CostModel | None = None) -> dict:
+    """Start/end (µs) of every op, the launch time, the local-GEMM floor and overlap efficiency,
+    under ``cost`` (default ``CostModel()``)."""
+    if cost is None:
+        cost = CostModel()
     order = happens_before_order(plan)
     if order is None:
         raise ValueError("the plan has a cyclic wait; no timeline exists")
@@ -76,8 +81,8 @@ def format_timeline(plan: dict, pred: dict, width: int = 72) -> str:
     total = pred["total_us"] or 1.0
     scale = width / total
     lines = [
-        f"predicted timeline ({total:.0f} us; each column {total / width:.1f} us; digits = GEMM step "
-        "mod 10, '=' = copy engine busy, '.' = idle)"
+        f"predicted timeline ({total:.0f} us; each column {total / width:.1f} us; "
+        "digits = GEMM step mod 10, '=' = copy engine busy, '.' = idle)"
     ]
     for d in range(plan["tp"]):
         for kind, label in (("gemm", "SM"), ("copy", "CE")):
