@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "distgemm/schedule/plan.hpp"
+
 namespace distgemm::kernel {
 
 // What a bounded wait was doing when it gave up (ErrorRecord::kind).
@@ -43,7 +45,8 @@ struct WaitSpec {
   uint64_t timeout_ns = 5000000000ull;
 };
 
-inline constexpr int kMaxDevices = 8;
+// Per-device arrays hold every TP a plan accepts.
+inline constexpr int kMaxDevices = schedule::kMaxTp;
 
 // The entry barrier of one launch on one device (see device/graph.hpp for why it exists).
 struct EntryBarrierSpec {

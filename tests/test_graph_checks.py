@@ -1,0 +1,192 @@
+"""The CUDA-graph checks of tests/gpu/graph_checks.py on hand-written graphs: two correct ones
+(ag_rotate_a and gemm_allreduce at TP=2, S=2, as the runtime captures them) pass, and each broken
+copy fails with the problem named."""
+
+import copy
+import importlib.util
+import pathlib
+
+import pytest
+
+_SPEC = importlib.util.spec_from_file_location(
+    "graph_checks", pathlib.Path(__file__).resolve().parent / "gpu" / "graph_checks.py"
+)
+graph_checks = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(graph_checks)
+
+
+def node(kind, role, gemm=-1, copy=-1, peer=-1, flag=-1, waits=()):
+    return dict(kind=kind, role=role, gemm=gemm, copy=copy, peer=peer, flag=flag, waits=list(waits))
+
+
+def ref(buffer, device, offset=0):
+    return dict(buffer=buffer, device=device, offset=offset)
+
+
+def edges(*pairs, programmatic=()):
+    return [dict(zip(("from", "to"), p), programmatic=p in programmatic) for p in pairs]
+
+
+def stats(gemm, copy, signal, wait, pdl):
+    return dict(
+        gemm_nodes=gemm,
+        copy_nodes=copy,
+        signal_nodes=signal,
+        wait_kernels=wait,
+        pdl=pdl,
+        gemm_n128=0,
+    )
+
+
+def gemm(it, a, d, waits=(), signals=(), partial=None, elems=8):
+    return dict(
+        iteration=it,
+        waits=list(waits),
+        signals=[list(s) for s in signals],
+        a=a,
+        b=ref("B", a["device"]),
+        partial=partial,
+        d=d,
+        elems=elems,
+    )
+
+
+def copy_op(src, dst, after_gemm=-1, waits=(), signals=(), elems=8):
+    return dict(
+        src=src,
+        dst=dst,
+        elems=elems,
+        after_gemm=after_gemm,
+        waits=list(waits),
+        signals=[list(s) for s in signals],
+    )
+
+
+def ag_rotate_a():
+    """Each device pushes its A rows into the peer's slot 0 (copy, then signal of flag 0); GEMM 1
+    reads slot 0 after waiting for flag 0; the GEMMs chained by PDL."""
+    devices = []
+    for r in range(2):
+        e = 1 - r
+        devices.append(
+            dict(
+                rank=r,
+                stats=stats(2, 1, 1, 0, True),
+                nodes=[
+                    node("kernel", "barrier"),
+                    node("kernel", "gemm", gemm=0),
+                    node("kernel", "gemm", gemm=1, waits=[0]),
+                    node("memcpy", "copy", copy=0),
+                    node("memcpy", "signal", copy=0, peer=e, flag=0),
+                ],
+                edges=edges((0, 1), (1, 2), (0, 3), (3, 4), programmatic=[(1, 2)]),
+                gemms=[
+                    gemm(0, ref("A", r), ref("D", r)),
+                    gemm(1, ref("slots", r), ref("D", r, 8), waits=[0]),
+                ],
+                copies=[copy_op(ref("A", r), ref("slots", e), signals=[(e, 0)])],
+            )
+        )
+    return dict(schedule="ag_rotate_a", tp=2, steps=2, partial_via="epilogue", devices=devices)
+
+
+def gemm_allreduce():
+    """GEMM 0 writes its partial into the peer's slot 0 and signals flag 0; GEMM 1 adds it and
+    finishes a tile, which copy 0 pushes into the peer's slot 1 (flag 1); after every signal,
+    a wait kernel on flag 1 and copy 1 takes the peer's finished tile into D."""
+    devices = []
+    for r in range(2):
+        e = 1 - r
+        devices.append(
+            dict(
+                rank=r,
+                stats=stats(2, 2, 2, 1, False),
+                nodes=[
+                    node("kernel", "barrier"),
+                    node("kernel", "gemm", gemm=0),
+                    node("kernel", "gemm", gemm=1, waits=[0]),
+                    node("memcpy", "signal", gemm=0, peer=e, flag=0),
+                    node("memcpy", "copy", copy=0),
+                    node("memcpy", "signal", copy=0, peer=e, flag=1),
+                    node("kernel", "wait", copy=1, waits=[1]),
+                    node("memcpy", "copy", copy=1),
+                ],
+                edges=edges((0, 1), (1, 2), (0, 3), (1, 3), (3, 4), (2, 4), (4, 5), (5, 6), (6, 7)),
+                gemms=[
+                    gemm(0, ref("A", r), ref("slots", e), signals=[(e, 0)]),
+                    gemm(1, ref("A", r), ref("D", r), waits=[0], partial=ref("slots", r)),
+                ],
+                copies=[
+                    copy_op(ref("D", r), ref("slots", e, 8), after_gemm=1, signals=[(e, 1)]),
+                    copy_op(ref("slots", r, 8), ref("D", r, 8), waits=[1]),
+                ],
+            )
+        )
+    return dict(schedule="gemm_allreduce", tp=2, steps=2, partial_via="epilogue", devices=devices)
+
+
+@pytest.mark.parametrize("make", [ag_rotate_a, gemm_allreduce], ids=lambda f: f.__name__)
+def test_correct_graphs_pass(make):
+    assert graph_checks.check_graphs(make()) == []
+
+
+def test_reaches_follows_edges_only_forward():
+    dev = ag_rotate_a()["devices"][0]
+    assert graph_checks.reaches(dev, 0, 4) and graph_checks.reaches(dev, 1, 2)
+    assert not graph_checks.reaches(dev, 4, 0) and not graph_checks.reaches(dev, 2, 3)
+
+
+def _drop_edge(dev, a, b):
+    dev["edges"] = [e for e in dev["edges"] if (e["from"], e["to"]) != (a, b)]
+
+
+def _break(make, mutate):
+    doc = copy.deepcopy(make())
+    mutate(doc["devices"][0])
+    return graph_checks.check_graphs(doc)
+
+
+@pytest.mark.parametrize(
+    "make,mutate,message",
+    [
+        (ag_rotate_a, lambda d: _drop_edge(d, 1, 2), "device 0: no edge into GEMM 1"),
+        (ag_rotate_a, lambda d: d["edges"][1].update(programmatic=False), "is programmatic=False"),
+        (gemm_allreduce, lambda d: d["edges"][1].update(programmatic=True), "stats pdl=False"),
+        (
+            ag_rotate_a,
+            lambda d: d["edges"].append(dict(programmatic=False, **{"from": 4, "to": 2})),
+            "GEMM 1 waits for a signal",
+        ),
+        (ag_rotate_a, lambda d: _drop_edge(d, 3, 4), "does not follow copy 0"),
+        (ag_rotate_a, lambda d: _drop_edge(d, 3, 4), "copy 0 does not lead to gemm 1 of device 1"),
+        (ag_rotate_a, lambda d: d["nodes"][4].update(flag=5), "set by 0 signal nodes"),
+        (ag_rotate_a, lambda d: d["stats"].update(copy_nodes=2), "1 copy nodes, the stats say 2"),
+        (ag_rotate_a, lambda d: d["nodes"][3].update(role=""), "node(s) without a role"),
+        (ag_rotate_a, lambda d: d["nodes"][2].update(waits=[]), "GEMM 1 waits for []"),
+        (gemm_allreduce, lambda d: _drop_edge(d, 5, 6), "does not precede the wait kernel"),
+        (gemm_allreduce, lambda d: _drop_edge(d, 6, 7), "wait kernel of copy 1 does not precede"),
+        (
+            gemm_allreduce,
+            lambda d: d["gemms"][1].update(partial=None),
+            "device 1: GEMM 0 writes a slot of device 0 nobody reads",
+        ),
+    ],
+    ids=[
+        "chain-edge-missing",
+        "pdl-edge-not-programmatic",
+        "programmatic-without-pdl",
+        "gemm-waits-for-side-chain",
+        "signal-before-its-copy",
+        "copy-not-reaching-consumer",
+        "signal-sets-wrong-flag",
+        "count-differs-from-stats",
+        "untagged-node",
+        "gemm-waits-differ-from-plan",
+        "signal-after-wait-kernel",
+        "wait-kernel-after-copy",
+        "slot-never-read",
+    ],
+)
+def test_broken_graphs_are_named(make, mutate, message):
+    problems = _break(make, mutate)
+    assert any(message in p for p in problems), problems
