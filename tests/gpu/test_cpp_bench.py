@@ -295,27 +295,20 @@ def test_captured_graph_matches_the_plan(schedule, steps, tmp_path):
     each slot write leading to its reader through edges or the flag it waits for
     (tests/gpu/graph_checks.py)."""
     out = tmp_path / "graph.json"
+    plan = dict(schedule=schedule, tp=TP, steps=steps, graph_json=out)
     proc, res = run_bench(
-        "--schedule",
-        schedule,
-        "--tp",
-        str(TP),
-        "--steps",
-        str(steps),
-        "--graph-json",
-        str(out),
-        *SMALL,
+        *[x for k, v in plan.items() for x in (f"--{k.replace('_', '-')}", str(v))], *SMALL
     )
     assert proc.returncode == 0 and res["verify"] == "PASS", proc.stderr[-2000:]
     doc = json.loads(out.read_text())
     assert (doc["schedule"], doc["tp"], doc["steps"]) == (schedule, TP, steps)
     assert doc["partial_via"] == res["partial_via"]
     assert check_graphs(doc) == []
-    plan = re.search(
+    line = re.search(
         r"graph dev0: (\d+) GEMM, (\d+) copy, (\d+) signal nodes, (\d+) wait kernels", proc.stdout
     )
     st = doc["devices"][0]["stats"]
-    assert plan and [int(x) for x in plan.groups()] == [
+    assert line and [int(x) for x in line.groups()] == [
         st["gemm_nodes"],
         st["copy_nodes"],
         st["signal_nodes"],

@@ -29,6 +29,23 @@ uint64_t timeout_ns(double s) {
   return static_cast<uint64_t>(s * 1e9);
 }
 
+// The node the last call captured on `stream`: the stream's one capture dependency right after
+// that call (null when it has several).
+cudaGraphNode_t last_captured_node(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaGraphNode_t* deps = nullptr;
+  const cudaGraphEdgeData* edge_data = nullptr;  // asked for: a lossy query would be an error
+  size_t num_deps = 0;
+#if CUDART_VERSION >= 13000
+  DISTGEMM_CUDA_CHECK(
+      cudaStreamGetCaptureInfo(stream, &status, nullptr, nullptr, &deps, &edge_data, &num_deps));
+#else
+  DISTGEMM_CUDA_CHECK(
+      cudaStreamGetCaptureInfo_v3(stream, &status, nullptr, nullptr, &deps, &edge_data, &num_deps));
+#endif
+  return num_deps == 1 ? deps[0] : nullptr;
+}
+
 }  // namespace
 
 DeviceGraph::DeviceGraph(const schedule::Plan& plan, int rank, int cuda_device, DType dtype,
@@ -235,21 +252,11 @@ cudaGraph_t DeviceGraph::capture(const UserBuffers& user) {
     return w;
   };
 
-  // Records what the node the last call captured on `stream` does (the stream's one capture
-  // dependency right after that call), for topology().
+  // Records what the node the last call captured on `stream` does, for topology().
   captured_roles_.clear();
   auto tag = [&](cudaStream_t stream, GraphNode role) {
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    const cudaGraphNode_t* deps = nullptr;
-    size_t num_deps = 0;
-#if CUDART_VERSION >= 13000
-    DISTGEMM_CUDA_CHECK(
-        cudaStreamGetCaptureInfo(stream, &status, nullptr, nullptr, &deps, nullptr, &num_deps));
-#else
-    DISTGEMM_CUDA_CHECK(
-        cudaStreamGetCaptureInfo(stream, &status, nullptr, nullptr, &deps, &num_deps));
-#endif
-    if (num_deps == 1) captured_roles_.emplace_back(deps[0], std::move(role));
+    if (cudaGraphNode_t node = last_captured_node(stream))
+      captured_roles_.emplace_back(node, std::move(role));
   };
   auto role = [](const char* name, int gemm, int copy, const std::vector<int>& waits = {}) {
     GraphNode n;

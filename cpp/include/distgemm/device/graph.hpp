@@ -95,7 +95,7 @@ struct EpilogueArgs {
 };
 
 struct GraphOptions {
-  double timeout_s = 5.0;  // bound of every in-kernel wait
+  double timeout_s = kernel::kDefaultTimeoutS;  // bound of every in-kernel wait
   // GEMM tile order (see kernel::GemmDesc): swizzle 1/2/4/8, raster 0 heuristic / 1 M / 2 N.
   int swizzle = kernel::kDefaultSwizzle;
   int raster = kernel::kDefaultRaster;
