@@ -62,31 +62,36 @@ def copy_op(src, dst, after_gemm=-1, waits=(), signals=(), elems=8):
     )
 
 
+def device(r, stats, side_nodes, edges, gemms, copies):
+    """Device r of a TP=2, S=2 graph: the entry barrier and two chained GEMMs (GEMM 1 waits for
+    flag 0), then `side_nodes`."""
+    chain = [
+        node("kernel", "barrier"),
+        node("kernel", "gemm", gemm=0),
+        node("kernel", "gemm", gemm=1, waits=[0]),
+    ]
+    return dict(
+        rank=r, stats=stats, nodes=chain + side_nodes, edges=edges, gemms=gemms, copies=copies
+    )
+
+
 def ag_rotate_a():
     """Each device pushes its A rows into the peer's slot 0 (copy, then signal of flag 0); GEMM 1
     reads slot 0 after waiting for flag 0; the GEMMs chained by PDL."""
-    devices = []
-    for r in range(2):
-        e = 1 - r
-        devices.append(
-            dict(
-                rank=r,
-                stats=stats(2, 1, 1, 0, True),
-                nodes=[
-                    node("kernel", "barrier"),
-                    node("kernel", "gemm", gemm=0),
-                    node("kernel", "gemm", gemm=1, waits=[0]),
-                    node("memcpy", "copy", copy=0),
-                    node("memcpy", "signal", copy=0, peer=e, flag=0),
-                ],
-                edges=edges((0, 1), (1, 2), (0, 3), (3, 4), programmatic=[(1, 2)]),
-                gemms=[
-                    gemm(0, ref("A", r), ref("D", r)),
-                    gemm(1, ref("slots", r), ref("D", r, 8), waits=[0]),
-                ],
-                copies=[copy_op(ref("A", r), ref("slots", e), signals=[(e, 0)])],
-            )
+    devices = [
+        device(
+            r,
+            stats(2, 1, 1, 0, True),
+            [node("memcpy", "copy", copy=0), node("memcpy", "signal", copy=0, peer=1 - r, flag=0)],
+            edges((0, 1), (1, 2), (0, 3), (3, 4), programmatic=[(1, 2)]),
+            [
+                gemm(0, ref("A", r), ref("D", r)),
+                gemm(1, ref("slots", r), ref("D", r, 8), waits=[0]),
+            ],
+            [copy_op(ref("A", r), ref("slots", 1 - r), signals=[(1 - r, 0)])],
         )
+        for r in range(2)
+    ]
     return dict(schedule="ag_rotate_a", tp=2, steps=2, partial_via="epilogue", devices=devices)
 
 
@@ -97,31 +102,23 @@ def gemm_allreduce():
     devices = []
     for r in range(2):
         e = 1 - r
-        devices.append(
-            dict(
-                rank=r,
-                stats=stats(2, 2, 2, 1, False),
-                nodes=[
-                    node("kernel", "barrier"),
-                    node("kernel", "gemm", gemm=0),
-                    node("kernel", "gemm", gemm=1, waits=[0]),
-                    node("memcpy", "signal", gemm=0, peer=e, flag=0),
-                    node("memcpy", "copy", copy=0),
-                    node("memcpy", "signal", copy=0, peer=e, flag=1),
-                    node("kernel", "wait", copy=1, waits=[1]),
-                    node("memcpy", "copy", copy=1),
-                ],
-                edges=edges((0, 1), (1, 2), (0, 3), (1, 3), (3, 4), (2, 4), (4, 5), (5, 6), (6, 7)),
-                gemms=[
-                    gemm(0, ref("A", r), ref("slots", e), signals=[(e, 0)]),
-                    gemm(1, ref("A", r), ref("D", r), waits=[0], partial=ref("slots", r)),
-                ],
-                copies=[
-                    copy_op(ref("D", r), ref("slots", e, 8), after_gemm=1, signals=[(e, 1)]),
-                    copy_op(ref("slots", r, 8), ref("D", r, 8), waits=[1]),
-                ],
-            )
-        )
+        side = [
+            node("memcpy", "signal", gemm=0, peer=e, flag=0),
+            node("memcpy", "copy", copy=0),
+            node("memcpy", "signal", copy=0, peer=e, flag=1),
+            node("kernel", "wait", copy=1, waits=[1]),
+            node("memcpy", "copy", copy=1),
+        ]
+        gemms = [
+            gemm(0, ref("A", r), ref("slots", e), signals=[(e, 0)]),
+            gemm(1, ref("A", r), ref("D", r), waits=[0], partial=ref("slots", r)),
+        ]
+        copies = [
+            copy_op(ref("D", r), ref("slots", e, 8), after_gemm=1, signals=[(e, 1)]),
+            copy_op(ref("slots", r, 8), ref("D", r, 8), waits=[1]),
+        ]
+        ring = edges((0, 1), (1, 2), (0, 3), (1, 3), (3, 4), (2, 4), (4, 5), (5, 6), (6, 7))
+        devices.append(device(r, stats(2, 2, 2, 1, False), side, ring, gemms, copies))
     return dict(schedule="gemm_allreduce", tp=2, steps=2, partial_via="epilogue", devices=devices)
 
 
