@@ -1,6 +1,7 @@
-"""The CUDA-graph checks of tests/gpu/graph_checks.py on hand-written graphs: two correct ones
-(ag_rotate_a and gemm_allreduce at TP=2, S=2, as the runtime captures them) pass, and each broken
-copy fails with the problem named."""
+"""The CUDA-graph checks of tests/gpu/graph_checks.py on the CPU: two hand-written graphs
+(ag_rotate_a and gemm_allreduce at TP=2, S=2, as the runtime captures them) pass and each broken
+copy fails with the problem named; the graph every schedule's plan gives when issued as the
+runtime issues it passes."""
 
 import copy
 import importlib.util
@@ -187,3 +188,80 @@ def _break(make, mutate):
 def test_broken_graphs_are_named(make, mutate, message):
     problems = _break(make, mutate)
     assert any(message in p for p in problems), problems
+
+
+def capture_model(plan, r):
+    """The graph device r's runtime captures for `plan` (a _core.build_plan dict), the way
+    cpp/src/runtime/graph.cu issues it: entry barrier, the GEMM chain (PDL where
+    device::pdl_by_default says), then ONE side chain ordered by the GEMM each node follows,
+    a wait kernel before each copy that waits for a flag. Every node depends on its stream's
+    previous node and on the GEMMs the stream waited for."""
+    prog = plan["devices"][r]
+    gemms, copies, steps = prog["gemms"], prog["copies"], len(prog["gemms"])
+    pdl = plan["definition"]["collective"] == "all_gather" or plan["partial_via"] == "copy"
+    dev = dict(rank=r, nodes=[node("kernel", "barrier")], edges=[], gemms=[], copies=[])
+
+    def add(deps, n, programmatic=False):
+        dev["nodes"].append(n)
+        i = len(dev["nodes"]) - 1
+        dev["edges"] += [dict(programmatic=programmatic, **{"from": d, "to": i}) for d in deps]
+        return [i]
+
+    gemm_deps, side_deps, gemm_node = [0], [0], []
+    for i, g in enumerate(gemms):
+        gemm_deps = add(gemm_deps, node("kernel", "gemm", gemm=i, waits=g["waits"]), pdl and i > 0)
+        gemm_node += gemm_deps
+    side = [(i, -1) for i, g in enumerate(gemms) if g["signals"]]
+    side += [(steps if c["waits"] else c["after_gemm"], j) for j, c in enumerate(copies)]
+    waited = -1
+    for key, j in sorted(side, key=lambda s: s[0]):  # stable: signals first within a key
+        if min(key, steps - 1) > waited:
+            waited = min(key, steps - 1)
+            side_deps = side_deps + [gemm_node[waited]]
+        signals = gemms[key]["signals"] if j < 0 else copies[j]["signals"]
+        if j >= 0:
+            if copies[j]["waits"]:
+                side_deps = add(side_deps, node("kernel", "wait", copy=j, waits=copies[j]["waits"]))
+            side_deps = add(side_deps, node("memcpy", "copy", copy=j))
+        for f in signals:
+            publishes = dict(gemm=key) if j < 0 else dict(copy=j)
+            n = node("memcpy", "signal", peer=f["device"], flag=f["flag"], **publishes)
+            side_deps = add(side_deps, n)
+    count = {
+        role: sum(n["role"] == role for n in dev["nodes"])
+        for role in graph_checks.SIDE_ROLES + ("gemm",)
+    }
+    dev["stats"] = stats(
+        count["gemm"], count["copy"], count["signal"], count["wait"], pdl and steps > 1
+    )
+    l = plan["problem"]["l"]
+    dev["gemms"] = [dict(g, elems=l * g["m"] * g["n"]) for g in gemms]
+    dev["copies"] = [dict(c, elems=l * c["rows"] * c["cols"]) for c in copies]
+    return dev
+
+
+PLANS = [
+    (s, tp, steps, via)
+    for s in ("ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "gemm_allreduce")
+    for tp in (2, 4)
+    for steps in (tp, 2 * tp)
+    for via in (None, "epilogue", "copy")
+    if via is None or not s.startswith("ag_")
+]
+
+
+@pytest.mark.parametrize(
+    "schedule,tp,steps,via",
+    PLANS,
+    ids=[f"{s}-tp{t}-S{st}-{v or 'default'}" for s, t, st, v in PLANS],
+)
+def test_the_plans_captured_graphs_pass(schedule, tp, steps, via):
+    """Every schedule's plan, issued as the runtime issues it, passes every check: the checks
+    hold for correct graphs, so a GPU failure points at the captured graph, not at them."""
+    from distgemm import _core
+
+    plan = _core.build_plan(schedule, tp, steps, 256 * tp, 256 * tp, 128 * tp, 2, partial_via=via)
+    plan = plan.to_dict() if hasattr(plan, "to_dict") else plan
+    doc = dict(schedule=schedule, tp=tp, steps=steps, partial_via=plan["partial_via"])
+    doc["devices"] = [capture_model(plan, r) for r in range(tp)]
+    assert graph_checks.check_graphs(doc) == []
