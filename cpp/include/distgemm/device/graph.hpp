@@ -126,6 +126,12 @@ inline bool pdl_by_default(const schedule::Plan& plan) {
          plan.partial_via == schedule::PartialVia::CopyEngine;
 }
 
+struct GraphStats {
+  int gemm_nodes = 0, copy_nodes = 0, signal_nodes = 0, wait_kernels = 0;
+  bool pdl = false;   // GEMM i+1 follows GEMM i by a programmatic edge
+  int gemm_n128 = 0;  // GEMM nodes that run the 128x128-tile kernel (the rest: 128x256)
+};
+
 // The captured graph of one device as plain data, for inspection (tests, distgemm_bench
 // --graph-json). `kind` is read from the graph (cudaGraphNodeGetType); `role` and its fields are
 // recorded during capture, naming what the plan asked that node to do.
@@ -147,12 +153,6 @@ struct GraphEdge {
 struct GraphTopology {
   std::vector<GraphNode> nodes;
   std::vector<GraphEdge> edges;
-};
-
-struct GraphStats {
-  int gemm_nodes = 0, copy_nodes = 0, signal_nodes = 0, wait_kernels = 0;
-  bool pdl = false;   // GEMM i+1 follows GEMM i by a programmatic edge
-  int gemm_n128 = 0;  // GEMM nodes that run the 128x128-tile kernel (the rest: 128x256)
 };
 
 class DeviceGraph {
