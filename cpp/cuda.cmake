@@ -17,6 +17,7 @@ add_library(distgemm_runtime SHARED
   cpp/src/runtime/gemm_fp16_n128.cu
   cpp/src/runtime/kernels.cu
   cpp/src/runtime/graph.cu
+  cpp/src/runtime/graph_topology.cpp
   cpp/src/runtime/workspace.cu)
 set_target_properties(distgemm_runtime PROPERTIES
   CUDA_ARCHITECTURES OFF CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)
@@ -37,7 +38,17 @@ if(TARGET CUDA::cuda_driver)
   target_link_libraries(distgemm_runtime PRIVATE CUDA::cuda_driver)
 endif()
 
-add_executable(distgemm_bench cpp/examples/distgemm_bench.cu)
+# distgemm_bench: one job per file in cpp/examples/bench/ (main.cpp lists them); only
+# reference.cu holds kernels.
+add_executable(distgemm_bench
+  cpp/examples/bench/main.cpp
+  cpp/examples/bench/args.cpp
+  cpp/examples/bench/reference.cu
+  cpp/examples/bench/harness.cpp
+  cpp/examples/bench/single_case.cpp
+  cpp/examples/bench/faults.cpp
+  cpp/examples/bench/graph_json.cpp
+  cpp/examples/bench/sweep.cpp)
 set_target_properties(distgemm_bench PROPERTIES
   CUDA_ARCHITECTURES OFF CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON CUDA_RUNTIME_LIBRARY Static
   BUILD_RPATH "$<TARGET_FILE_DIR:distgemm_runtime>")

@@ -61,7 +61,8 @@ def _nvcc():
     _nvcc() is None, reason="nvcc not found: the device-code compile check needs the CUDA compiler"
 )
 def test_scheduler_is_usable_in_device_code(repo_root, tmp_path):
-    """DistributedTileScheduler is host+device: a kernel can ask it for tiles (compile check, no GPU)."""
+    """DistributedTileScheduler is host+device: a kernel can ask it for tiles (a compile check,
+    no GPU)."""
     src = tmp_path / "dev.cu"
     src.write_text(
         '#include "distgemm/schedule/scheduler.hpp"\n#include "all.hpp"\n'
@@ -69,7 +70,8 @@ def test_scheduler_is_usable_in_device_code(repo_root, tmp_path):
         "__global__ void tiles(ScheduleDef def, int tp, int steps, int* out) {\n"
         "  DistributedTileScheduler s(def, tp, steps);\n"
         "  int d = threadIdx.x / steps, i = threadIdx.x % steps;\n"
-        "  out[threadIdx.x] = s.tile(d, i) * 16 + s.source_device(d, i) + s.destination_device(d, i);\n"
+        "  out[threadIdx.x] = s.tile(d, i) * 16 + s.source_device(d, i) +\n"
+        "                     s.destination_device(d, i);\n"
         "}\n"
     )
     r = subprocess.run(

@@ -27,7 +27,7 @@ static int g_pass = 0, g_fail = 0;
 
 static void test_tile_maps() {
   for (const ScheduleDef* def : distgemm::schedules::kAll) {
-    for (int tp = 1; tp <= 8; ++tp) {
+    for (int tp = 1; tp <= kMaxTp; ++tp) {
       for (int kc = 1; kc <= 4; ++kc) {
         const int S = tp * kc;
         DistributedTileScheduler sch(*def, tp, S);
@@ -76,7 +76,7 @@ static void test_tile_maps() {
 
 static void test_plans() {
   for (const ScheduleDef* def : distgemm::schedules::kAll) {
-    for (int tp = 1; tp <= 8; ++tp) {
+    for (int tp = 1; tp <= kMaxTp; ++tp) {
       for (int kc : {1, 2, 4}) {
         const int S = tp * kc;
         Problem p{int64_t(S) * tp * 8, int64_t(S) * tp * 8, int64_t(tp) * 16, 2};

@@ -6,12 +6,15 @@ two, no Hopper GPU, or no built binary (set DISTGEMM_BENCH or build into build-g
 """
 
 import csv
+import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 
 import pytest
+from graph_checks import check_graphs
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -280,6 +283,38 @@ def test_tile_choice_follows_the_wave_model():
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert res["verify"] == "PASS" and res["gemm_n128"] == "0"
+
+
+GRAPHS = [(s, steps) for s in SCHEDULES for steps in (TP, 2 * TP)]
+
+
+@pytest.mark.parametrize("schedule,steps", GRAPHS, ids=[f"{s}-S{st}" for s, st in GRAPHS])
+def test_captured_graph_matches_the_plan(schedule, steps, tmp_path):
+    """The graphs the runtime captured (--graph-json, every device): node counts as the stats
+    say, the GEMMs a chain, each signal after what it publishes and before the wait kernels, and
+    each slot write leading to its reader through edges or the flag it waits for
+    (tests/gpu/graph_checks.py)."""
+    out = tmp_path / "graph.json"
+    plan = dict(schedule=schedule, tp=TP, steps=steps, graph_json=out)
+    proc, res = run_bench(
+        *[x for k, v in plan.items() for x in (f"--{k.replace('_', '-')}", str(v))], *SMALL
+    )
+    assert proc.returncode == 0 and res["verify"] == "PASS", proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert (doc["schedule"], doc["tp"], doc["steps"]) == (schedule, TP, steps)
+    assert doc["partial_via"] == res["partial_via"]
+    assert check_graphs(doc) == []
+    line = re.search(
+        r"graph dev0: (\d+) GEMM, (\d+) copy, (\d+) signal nodes, (\d+) wait kernels", proc.stdout
+    )
+    st = doc["devices"][0]["stats"]
+    assert line and [int(x) for x in line.groups()] == [
+        st["gemm_nodes"],
+        st["copy_nodes"],
+        st["signal_nodes"],
+        st["wait_kernels"],
+    ]
+    assert st["gemm_nodes"] == steps and st["pdl"] == (res["pdl"] == "1")
 
 
 def test_bad_tile_n_rejected():

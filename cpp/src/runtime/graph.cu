@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "distgemm/device/check.hpp"
 #include "distgemm/device/graph.hpp"
@@ -25,6 +27,23 @@ uint64_t timeout_ns(double s) {
     throw std::invalid_argument("timeout_s=" + std::to_string(s) +
                                 " is out of range: use 0 < timeout_s <= 3600");
   return static_cast<uint64_t>(s * 1e9);
+}
+
+// The node the last call captured on `stream`: the stream's one capture dependency right after
+// that call (null when it has several).
+cudaGraphNode_t last_captured_node(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaGraphNode_t* deps = nullptr;
+  const cudaGraphEdgeData* edge_data = nullptr;  // asked for: a lossy query would be an error
+  size_t num_deps = 0;
+#if CUDART_VERSION >= 13000
+  DISTGEMM_CUDA_CHECK(
+      cudaStreamGetCaptureInfo(stream, &status, nullptr, nullptr, &deps, &edge_data, &num_deps));
+#else
+  DISTGEMM_CUDA_CHECK(
+      cudaStreamGetCaptureInfo_v3(stream, &status, nullptr, nullptr, &deps, &edge_data, &num_deps));
+#endif
+  return num_deps == 1 ? deps[0] : nullptr;
 }
 
 }  // namespace
@@ -47,8 +66,6 @@ DeviceGraph::DeviceGraph(const schedule::Plan& plan, int rank, int cuda_device, 
     throw std::invalid_argument("workspace_bases has " + std::to_string(bases_.size()) +
                                 " entries; the plan has TP=" + std::to_string(plan.tp) +
                                 ": pass every rank's workspace base as seen from this device");
-  static_assert(schedule::kMaxTp <= kernel::kMaxDevices,
-                "every TP a plan accepts must fit the runtime's per-device arrays");
   if (plan.tp > kernel::kMaxDevices)  // a Plan assembled by hand, not by build_plan
     throw std::invalid_argument("TP=" + std::to_string(plan.tp) + " exceeds " +
                                 std::to_string(kernel::kMaxDevices));
@@ -87,15 +104,17 @@ DeviceGraph::DeviceGraph(const schedule::Plan& plan, int rank, int cuda_device, 
   DISTGEMM_CUDA_CHECK(cudaDeviceSynchronize());
 
   cudaGraph_t g = capture(user);
-  cudaError_t e = cudaGraphInstantiate(&exec_, g, 0);
-  cudaGraphDestroy(g);
-  DISTGEMM_CUDA_CHECK(e);
+  const cudaError_t instantiated = cudaGraphInstantiate(&exec_, g, 0);
+  if (instantiated != cudaSuccess) cudaGraphDestroy(g);
+  DISTGEMM_CUDA_CHECK(instantiated);
+  keep_graph(g);
 }
 
 DeviceGraph::~DeviceGraph() {
   // Destructor: best effort, nothing to report to.
   cudaSetDevice(cuda_device_);
   if (exec_) cudaGraphExecDestroy(exec_);
+  if (graph_) cudaGraphDestroy(graph_);
   for (auto e : ev_gemm_) cudaEventDestroy(e);
   if (ev_barrier_) cudaEventDestroy(ev_barrier_);
   if (ev_copy_end_) cudaEventDestroy(ev_copy_end_);
@@ -233,6 +252,21 @@ cudaGraph_t DeviceGraph::capture(const UserBuffers& user) {
     return w;
   };
 
+  // Records what the node the last call captured on `stream` does, for topology().
+  captured_roles_.clear();
+  auto tag = [&](cudaStream_t stream, GraphNode role) {
+    if (cudaGraphNode_t node = last_captured_node(stream))
+      captured_roles_.emplace_back(node, std::move(role));
+  };
+  auto role = [](const char* name, int gemm, int copy, const std::vector<int>& waits = {}) {
+    GraphNode n;
+    n.role = name;
+    n.gemm = gemm;
+    n.copy = copy;
+    n.waits = waits;
+    return n;
+  };
+
   GraphStats st;
   DISTGEMM_CUDA_CHECK(cudaSetDevice(cuda_device_));
   DISTGEMM_CUDA_CHECK(cudaStreamBeginCapture(s_gemm_, cudaStreamCaptureModeThreadLocal));
@@ -249,6 +283,7 @@ cudaGraph_t DeviceGraph::capture(const UserBuffers& user) {
     eb_spec.device = rank_;
     eb_spec.timeout_ns = tmo;
     kernel::entry_barrier_launch(eb_spec, s_gemm_);
+    tag(s_gemm_, role("barrier", -1, -1));
     DISTGEMM_CUDA_CHECK(cudaEventRecord(ev_barrier_, s_gemm_));
     DISTGEMM_CUDA_CHECK(cudaStreamWaitEvent(s_copy_, ev_barrier_, 0));
 
@@ -264,6 +299,7 @@ cudaGraph_t DeviceGraph::capture(const UserBuffers& user) {
       if (desc.tile_n == 128) ++st.gemm_n128;
       kernel::gemm_launch(desc, wait_spec(op.waits, op.iteration, kernel::kWaitGemm), cuda_device_,
                           s_gemm_);
+      tag(s_gemm_, role("gemm", static_cast<int>(i), -1, op.waits));
       ++st.gemm_nodes;
       DISTGEMM_CUDA_CHECK(cudaEventRecord(ev_gemm_[i], s_gemm_));
     }
@@ -289,8 +325,13 @@ cudaGraph_t DeviceGraph::capture(const UserBuffers& user) {
     // Stable: within a key, GEMM signals (pushed first) before copies, copies in plan order.
     std::stable_sort(side.begin(), side.end(),
                      [](const SideOp& x, const SideOp& y) { return x.key < y.key; });
-    auto signal = [&](const schedule::FlagRef& f) {
+    // gemm: the GEMM whose result the signal publishes, or -1; copy: likewise the copy.
+    auto signal = [&](const schedule::FlagRef& f, int gemm, int copy) {
       DISTGEMM_CUDA_CHECK(cudaMemcpyAsync(flag_of(f), epoch, 4, cudaMemcpyDefault, s_copy_));
+      GraphNode n = role("signal", gemm, copy);
+      n.peer = f.device;
+      n.flag = f.flag;
+      tag(s_copy_, std::move(n));
       ++st.signal_nodes;
     };
     int waited = -1;  // the chain is in order: waiting for the latest GEMM so far is enough
@@ -301,12 +342,13 @@ cudaGraph_t DeviceGraph::capture(const UserBuffers& user) {
         waited = target;
       }
       if (so.copy < 0) {
-        for (const auto& f : prog.gemms[so.key].signals) signal(f);
+        for (const auto& f : prog.gemms[so.key].signals) signal(f, so.key, -1);
         continue;
       }
       const auto& cp = prog.copies[so.copy];
       if (!cp.waits.empty()) {
         kernel::copy_wait_launch(wait_spec(cp.waits, so.copy, kernel::kWaitCopy), s_copy_);
+        tag(s_copy_, role("wait", -1, so.copy, cp.waits));
         ++st.wait_kernels;
       }
       char* src = byte_ptr(resolve(cp.src, user, "copy source"));
@@ -321,6 +363,7 @@ cudaGraph_t DeviceGraph::capture(const UserBuffers& user) {
         DISTGEMM_CUDA_CHECK(
             cudaMemcpyAsync(dst, src, static_cast<size_t>(plan_.problem.l * cp.rows * cp.cols * eb),
                             cudaMemcpyDefault, s_copy_));
+        tag(s_copy_, role("copy", -1, so.copy));
         ++st.copy_nodes;
       } else {
         for (int64_t l = 0; l < plan_.problem.l; ++l) {
@@ -334,10 +377,11 @@ cudaGraph_t DeviceGraph::capture(const UserBuffers& user) {
                 d, static_cast<size_t>(cp.dst.ld * eb), sp, static_cast<size_t>(cp.src.ld * eb),
                 static_cast<size_t>(cp.cols * eb), static_cast<size_t>(cp.rows), cudaMemcpyDefault,
                 s_copy_));
+          tag(s_copy_, role("copy", -1, so.copy));
           ++st.copy_nodes;
         }
       }
-      for (const auto& f : cp.signals) signal(f);
+      for (const auto& f : cp.signals) signal(f, -1, so.copy);
     }
 
     // Join: the launch ends after the side chain too.
@@ -360,28 +404,38 @@ void DeviceGraph::update(const UserBuffers& user) {
   validate(user);
   cudaGraph_t g = capture(user);
   cudaGraphExecUpdateResultInfo info{};
-  cudaError_t e = cudaGraphExecUpdate(exec_, g, &info);
-  cudaGraphDestroy(g);
-  if (e != cudaSuccess) {
+  const cudaError_t updated = cudaGraphExecUpdate(exec_, g, &info);
+  if (updated != cudaSuccess) cudaGraphDestroy(g);  // exec_ and graph_ stay as they were
+  if (updated == cudaErrorGraphExecUpdateFailure) {
     (void)cudaGetLastError();
-    throw std::runtime_error(std::string("cudaGraphExecUpdate failed (") + cudaGetErrorString(e) +
-                             ", result " + std::to_string(static_cast<int>(info.result)) +
+    throw std::runtime_error("cudaGraphExecUpdate refused the new graph (result " +
+                             std::to_string(static_cast<int>(info.result)) +
                              "): the new buffers must live on the same devices as the old "
                              "ones, and strided (2-D) copies cannot be retargeted; use "
                              "rebuild() for those");
   }
+  DISTGEMM_CUDA_CHECK(updated);
+  keep_graph(g);
 }
 
 void DeviceGraph::rebuild(const UserBuffers& user) {
   validate(user);
   cudaGraph_t g = capture(user);
   cudaGraphExec_t fresh = nullptr;
-  cudaError_t e = cudaGraphInstantiate(&fresh, g, 0);
-  cudaGraphDestroy(g);
-  DISTGEMM_CUDA_CHECK(e);
+  const cudaError_t instantiated = cudaGraphInstantiate(&fresh, g, 0);
+  if (instantiated != cudaSuccess) cudaGraphDestroy(g);  // exec_ and graph_ stay as they were
+  DISTGEMM_CUDA_CHECK(instantiated);
   DISTGEMM_CUDA_CHECK(cudaSetDevice(cuda_device_));
   DISTGEMM_CUDA_CHECK(cudaGraphExecDestroy(exec_));
   exec_ = fresh;
+  keep_graph(g);
+}
+
+void DeviceGraph::keep_graph(cudaGraph_t graph) {
+  if (graph_) cudaGraphDestroy(graph_);
+  graph_ = graph;
+  roles_ = std::move(captured_roles_);
+  captured_roles_.clear();
 }
 
 void DeviceGraph::launch(cudaStream_t stream) {

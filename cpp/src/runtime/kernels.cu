@@ -1,11 +1,13 @@
-// Dtype dispatch and shape checks of the GEMM, and the two single-block runtime kernels
-// (entry barrier, wait before a copy). The CUTLASS instantiations live in gemm_<dtype>.cu.
+// Dtype and tile dispatch and shape checks of the GEMM, and the two single-block runtime kernels
+// (entry barrier, wait before a copy). The CUTLASS instantiations live in
+// gemm_<dtype>_n<tile>.cu, one kernel per translation unit.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 
+#include "distgemm/device/check.hpp"
 #include "distgemm/kernel/gemm.hpp"
 #include "distgemm/kernel/gemm_extents.hpp"
 #include "distgemm/kernel/leading_barrier.cuh"
@@ -147,16 +149,12 @@ __global__ void copy_wait_kernel(const WaitSpec w) {
 
 void entry_barrier_launch(const EntryBarrierSpec& spec, cudaStream_t stream) {
   entry_barrier_kernel<<<1, 32, 0, stream>>>(spec);
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string("entry barrier launch failed: ") + cudaGetErrorString(e));
+  DISTGEMM_CUDA_CHECK(cudaGetLastError());
 }
 
 void copy_wait_launch(const WaitSpec& wait, cudaStream_t stream) {
   copy_wait_kernel<<<1, 32, 0, stream>>>(wait);
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string("copy wait launch failed: ") + cudaGetErrorString(e));
+  DISTGEMM_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace distgemm::kernel

@@ -1,3 +1,5 @@
+// Single-process symmetric workspace: peer access between every pair of devices and one
+// zeroed allocation per device (device/workspace.hpp).
 #include <cuda_runtime.h>
 
 #include <stdexcept>
@@ -20,13 +22,12 @@ void enable_peer_access(const std::vector<int>& devices) {
                                  std::to_string(e) +
                                  " directly (no NVLink/PCIe peer path): distgemm's single-process "
                                  "runtime needs peer access between all TP devices");
-      cudaError_t err = cudaDeviceEnablePeerAccess(e, 0);
-      if (err == cudaErrorPeerAccessAlreadyEnabled) {
-        (void)cudaGetLastError();  // clear the sticky-free "already enabled" status
-      } else if (err != cudaSuccess) {
-        throw std::runtime_error("cudaDeviceEnablePeerAccess(" + std::to_string(d) + " -> " +
-                                 std::to_string(e) + ") failed: " + cudaGetErrorString(err));
-      }
+      // "Already enabled" is success here (another runtime of this process enabled it).
+      const cudaError_t enabled = cudaDeviceEnablePeerAccess(e, 0);
+      if (enabled == cudaErrorPeerAccessAlreadyEnabled)
+        (void)cudaGetLastError();  // clear the non-sticky "already enabled" status
+      else
+        DISTGEMM_CUDA_CHECK(enabled);
     }
   }
 }

@@ -16,8 +16,11 @@
 //   rs_tile_a, S>=2TP (partials by copy engine, the default there): per non-final GEMM i,
 //           [push staging slot i -> peer slot i, sig] after GEMM i; the push has k-1 steps of
 //           slack before the peer's GEMM i+k needs it.
-//   gemm_allreduce: side chain = signals of GEMM i, then the local copy of the tile GEMM i
-//           finished, in GEMM order; after the last GEMM: [wait kernel, pull] per peer tile.
+//   gemm_allreduce: the ring as rs_tile_a (partial signals, or staging pushes), then per tile
+//           this device finishes: [push tile -> peer.recv slot, sig peer] for every peer, in GEMM
+//           order; after the last GEMM, per tile a peer finished: [wait kernel on its flag, local
+//           copy recv slot -> own D]. Every transfer is a push; the only memcpy that reads
+//           a receive slot reads this device's own.
 //   ideal:    every transfer lands before the GEMM that needs it starts, so each leading barrier
 //             costs one flag load and the device runs its GEMMs back to back: time = local GEMM
 //             time + EB + the last step's tail (reduce-scatter: + the last partial's hop).
@@ -44,18 +47,16 @@
 //                           a node only ever waits behind nodes that follow earlier GEMMs, so by
 //                           induction over the steps no node waits (through the chain) for
 //                           anything that depends on itself, whatever hardware queues the graph
-//                           executor maps branches to. (It replaced separate signal and copy
-//                           branches while chasing the gemm_allreduce S=8 timeout, which it did
-//                           NOT fix; see benchmarks/results/2026-11-22-gpu-runtime.md.)
+//                           executor maps branches to.
 //   last GEMM -> wait kernel -> copy : gemm_allreduce's local copies of a finished tile that a
 //                           peer pushed into this device's slot wait for its flag in a 1-block
 //                           kernel placed after every signal of this device, so a spinning node
 //                           never holds back something a peer needs.
 //   no peer reads         : every memcpy node writes to a peer at most, never reads one. A memcpy
 //                           whose source is a peer's memory may be executed by the peer's copy
-//                           engine, queued with that peer's own transfers: gemm_allreduce with
-//                           such pulls timed out at S=8 on 2x H200 and passes with pushes. The
-//                           builder rejects a plan with a peer-read copy.
+//                           engine, queued with that peer's own transfers, which couples the two
+//                           devices' copy queues and can deadlock them. The builder rejects a
+//                           plan with a peer-read copy.
 //   copy -> its signals   : the data lands before the flag that publishes it (same chain).
 //   side chain -> end     : the graph ends after every copy and signal (join), so the next
 //                           launch's EB really means "this device is done".
@@ -65,6 +66,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "distgemm/kernel/gemm.hpp"
@@ -93,10 +95,10 @@ struct EpilogueArgs {
 };
 
 struct GraphOptions {
-  double timeout_s = 5.0;  // bound of every in-kernel wait
+  double timeout_s = kernel::kDefaultTimeoutS;  // bound of every in-kernel wait
   // GEMM tile order (see kernel::GemmDesc): swizzle 1/2/4/8, raster 0 heuristic / 1 M / 2 N.
-  int swizzle = 8;
-  int raster = 0;
+  int swizzle = kernel::kDefaultSwizzle;
+  int raster = kernel::kDefaultRaster;
   // GEMM i+1 launched with programmatic dependent launch after GEMM i (tail filling: the next
   // step's tiles start on SMs freed by the last wave of the previous step). Safe because the
   // plan's GEMMs of one device share no data; signals and copies keep full edges.
@@ -130,6 +132,29 @@ struct GraphStats {
   int gemm_n128 = 0;  // GEMM nodes that run the 128x128-tile kernel (the rest: 128x256)
 };
 
+// The captured graph of one device as plain data, for inspection (tests, distgemm_bench
+// --graph-json). `kind` is read from the graph (cudaGraphNodeGetType); `role` and its fields are
+// recorded during capture, naming what the plan asked that node to do.
+struct GraphNode {
+  std::string kind;  // "kernel", "memcpy", "memset", "event_record", "event_wait", "empty", ...
+  std::string role;  // "barrier", "gemm", "wait", "copy", "signal"; "" for an untagged node
+  int gemm = -1;     // gemm: its position in the chain; signal: the GEMM it publishes, or -1
+  int copy = -1;     // copy, wait: the plan copy's index; signal: the copy it publishes, or -1
+  int peer = -1;     // signal: the rank whose flag it sets
+  int flag = -1;     // signal: that flag's index
+  std::vector<int> waits;  // gemm, wait: the flags of this device it waits for
+};
+
+struct GraphEdge {
+  int from = 0, to = 0;       // indices into GraphTopology::nodes
+  bool programmatic = false;  // a programmatic (PDL) dependency
+};
+
+struct GraphTopology {
+  std::vector<GraphNode> nodes;
+  std::vector<GraphEdge> edges;
+};
+
 class DeviceGraph {
  public:
   // rank: this device's index in the plan; cuda_device: its CUDA ordinal in this process;
@@ -160,9 +185,13 @@ class DeviceGraph {
   int cuda_device() const { return cuda_device_; }
   int rank() const { return rank_; }
   const GraphStats& stats() const { return stats_; }
+  // The nodes and edges of the graph the current executable was instantiated from.
+  GraphTopology topology() const;
 
  private:
   cudaGraph_t capture(const UserBuffers& user);
+  // Makes `graph` (the capture behind the current executable) the one topology() reads.
+  void keep_graph(cudaGraph_t graph);
   void* resolve(const schedule::BufRef& r, const UserBuffers& user, const char* what) const;
   kernel::GemmDesc gemm_desc(const schedule::GemmOp& op, const UserBuffers& user) const;
   void validate(const UserBuffers& user) const;
@@ -183,6 +212,9 @@ class DeviceGraph {
   kernel::ErrorRecord* record_host_ = nullptr;  // mapped host memory
   kernel::ErrorRecord* record_dev_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
+  cudaGraph_t graph_ = nullptr;  // the capture exec_ was made from (or last updated with)
+  // Roles of the nodes, recorded by capture(): those of graph_, and of the capture in progress.
+  std::vector<std::pair<cudaGraphNode_t, GraphNode>> roles_, captured_roles_;
 };
 
 }  // namespace distgemm::device

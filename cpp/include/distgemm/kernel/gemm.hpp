@@ -32,6 +32,12 @@ inline DType parse_dtype(const std::string& s) {
 }
 inline int dtype_bytes(DType) { return 2; }
 
+// The persistent tile scheduler's order unless a caller sets one (GemmDesc::swizzle, raster):
+// groups of 8 tiles along CUTLASS's heuristic raster, the fastest order on the Llama per-device
+// shapes (docs/tuning.md). A larger group keeps more of A and B in L2 between neighbouring tiles.
+inline constexpr int kDefaultSwizzle = 8;
+inline constexpr int kDefaultRaster = 0;
+
 struct GemmDesc {
   DType dtype = DType::BF16;
   int64_t m = 0, n = 0, k = 0, l = 1;
@@ -50,12 +56,10 @@ struct GemmDesc {
   float beta = 0.0f;
   // Persistent tile scheduler (runtime arguments of the one kernel, no extra instantiation):
   // tiles are walked in groups of `swizzle` (1, 2, 4, 8) along the raster order,
-  // 0 = CUTLASS heuristic, 1 = along M, 2 = along N. Default: the best of the 12 orders on the
-  // Llama-70B per-device shapes on an H200 (benchmarks/results/2026-11-22-gpu-runtime.md):
-  // swizzle 8 gave +5% (FC1) to +21% (FC2) over CUTLASS's default swizzle 1. A maximum: the
-  // kernel lowers it until it divides the tile grid (padding tiles would cost full mainloops).
-  int swizzle = 8;
-  int raster = 0;
+  // 0 = CUTLASS heuristic, 1 = along M, 2 = along N. A maximum: the kernel lowers it until it
+  // divides the tile grid (padding tiles would cost full mainloops).
+  int swizzle = kDefaultSwizzle;
+  int raster = kDefaultRaster;
   // Programmatic dependent launch: this GEMM may start on SMs freed by the previous kernel of the
   // stream while that kernel's last tiles still run (every GEMM CTA signals
   // griddepcontrol.launch_dependents on entry). Only for a previous kernel this GEMM has no data

@@ -29,6 +29,7 @@
 #include "cutlass/gemm/collective/collective_builder.hpp"
 #include "cutlass/gemm/dispatch_policy.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "distgemm/device/check.hpp"
 #include "distgemm/kernel/gemm.hpp"
 #include "distgemm/kernel/leading_barrier.cuh"
 
@@ -184,8 +185,8 @@ struct Runner {
   // free SMs) to run their tiles after everyone else, a tail of up to a few percent.
   // The largest swizzle <= g.swizzle that divides the tile grid. CUTLASS rounds the grid of
   // output tiles up to a multiple of swizzle * cluster in both modes and runs the padding tiles
-  // through the full mainloop (zero-filled loads): measured, swizzle 8 on a 1024-row sub-GEMM
-  // (8 M tiles, padded to 16) made every S=8 step take 1.8x as long.
+  // through the full mainloop (zero-filled loads), so a swizzle that does not divide the grid
+  // costs whole mainloops of padding (swizzle 8 on 8 M tiles would pad them to 16).
   static int effective_swizzle(const GemmDesc& g) {
     const int64_t tm = (g.m + cute::size<0>(typename Cfg::TileShape{}) - 1) /
                        cute::size<0>(typename Cfg::TileShape{});
@@ -242,7 +243,8 @@ struct Runner {
       return "swizzle=" + std::to_string(g.swizzle) + " is not one of 1, 2, 4, 8";
     if (g.raster < 0 || g.raster > 2)
       return "raster=" + std::to_string(g.raster) + " is not 0 (heuristic), 1 (M) or 2 (N)";
-    Arguments args = make_arguments(g, 132, 0);
+    // The hardware info only sizes the persistent grid; can_implement checks shapes and strides.
+    Arguments args = make_arguments(g, kShapeCheckSmCount, 0);
     if (!Kernel::can_implement(args))
       return "CUTLASS can_implement rejected the GEMM (m=" + std::to_string(g.m) +
              " n=" + std::to_string(g.n) + " k=" + std::to_string(g.k) +
@@ -251,6 +253,9 @@ struct Runner {
       return "internal: the GEMM kernel asks for a workspace, which the runtime does not provide";
     return "";
   }
+
+  // Any positive SM count: make_arguments needs one, can_implement does not depend on it.
+  static constexpr int kShapeCheckSmCount = 1;
 
   static int smem_bytes() { return static_cast<int>(Kernel::SharedStorageSize); }
 
@@ -269,14 +274,13 @@ struct Runner {
     if (device < 0 || device >= 64) throw std::runtime_error("device index out of range");
     if (info[device].ready) return info[device];
     int current = -1;
-    check(cudaGetDevice(&current), "cudaGetDevice");
-    check(cudaSetDevice(device), "cudaSetDevice");
-    check(cudaFuncSetAttribute(waiting_gemm_kernel<Kernel>,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes()),
-          "cudaFuncSetAttribute(max dynamic shared memory)");
+    DISTGEMM_CUDA_CHECK(cudaGetDevice(&current));
+    DISTGEMM_CUDA_CHECK(cudaSetDevice(device));
+    DISTGEMM_CUDA_CHECK(cudaFuncSetAttribute(
+        waiting_gemm_kernel<Kernel>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes()));
     DeviceInfo d;
-    check(cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, device),
-          "cudaDeviceGetAttribute(SM count)");
+    DISTGEMM_CUDA_CHECK(
+        cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, device));
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(cute::size<0>(typename Cfg::ClusterShape{}),
                        cute::size<1>(typename Cfg::ClusterShape{}), 1);
@@ -289,17 +293,12 @@ struct Runner {
     attr[0].val.clusterDim.z = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    check(cudaOccupancyMaxActiveClusters(&d.max_active_clusters, waiting_gemm_kernel<Kernel>, &cfg),
-          "cudaOccupancyMaxActiveClusters");
-    check(cudaSetDevice(current), "cudaSetDevice");
+    DISTGEMM_CUDA_CHECK(
+        cudaOccupancyMaxActiveClusters(&d.max_active_clusters, waiting_gemm_kernel<Kernel>, &cfg));
+    DISTGEMM_CUDA_CHECK(cudaSetDevice(current));
     d.ready = true;
     info[device] = d;
     return d;
-  }
-
-  static void check(cudaError_t e, const char* what) {
-    if (e != cudaSuccess)
-      throw std::runtime_error(std::string(what) + " failed: " + cudaGetErrorString(e));
   }
 
   static void launch(const GemmDesc& g, const WaitSpec& wait, int device, cudaStream_t stream) {
@@ -320,9 +319,7 @@ struct Runner {
     attr[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = g.pdl ? 2 : 1;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, waiting_gemm_kernel<Kernel>, params, wait);
-    if (e != cudaSuccess)
-      throw std::runtime_error(std::string("GEMM launch failed: ") + cudaGetErrorString(e));
+    DISTGEMM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, waiting_gemm_kernel<Kernel>, params, wait));
   }
 };
 

@@ -4,20 +4,16 @@
 //
 // Why two tiles: the persistent kernel runs its output tiles in waves of one tile per resident
 // CTA. A GEMM with few tiles leaves SMs idle for its whole duration: a 512x4096 step (one of two
-// steps of Llama-8B's O projection at 1024 tokens, TP=2) has 64 tiles of 128x256 for 132 SMs, so
-// each step takes as long as the undivided GEMM and the overlapped call loses to NCCL + torch.mm.
-// Halving the tile doubles the tiles; each one costs about half. Where the 128x256 grid is full,
-// the larger tile wins: it reads less operand data per flop.
+// steps of Llama-8B's O projection at 1024 tokens, TP=2) has 64 tiles of 128x256 for an H200's
+// 132 SMs, so each step takes as long as the undivided GEMM. Halving the tile doubles the
+// tiles; each one costs about half. Where the 128x256 grid is full, the larger tile wins: it
+// reads less operand data per flop.
 //
 // The model: time ~ waves x cost of one tile, waves = ceil(tiles / resident CTAs), the cost of a
-// 128x128 tile relative to a 128x256 one kTile128RelativeCost (measured, see below). The narrow
-// tile must win by kTile128MinGain: inside a plan, programmatic dependent launch lets the next
-// step's GEMM fill the last wave's idle SMs, which the model does not see. Measured on 2x H200
-// (benchmarks/results/2026-11-22-tile-n128.md): steps the model rated 2-7% cheaper with 128x128
-// tiles (70B QKV at 4096 tokens, S=2; FC1 steps of 3-4 waves) ran 4-9% slower in their PDL
-// chains than with 128x256; those rated 16% or more cheaper (one-wave steps, 2-vs-3-wave
-// GEMMs) ran 5-30% faster, but for one 6% loss (70B FC2 at 1024 tokens, S=4, whose half-GPU
-// steps PDL already runs two at a time).
+// 128x128 tile relative to a 128x256 one kTile128RelativeCost. The narrow tile must win by
+// kTile128MinGain: inside a plan, programmatic dependent launch lets the next step's GEMM fill
+// the last wave's idle SMs, which the model does not see, so a small modelled gain is not a real
+// one. The measurements behind both constants are in docs/tuning.md.
 #pragma once
 
 #include <cstdint>
@@ -25,9 +21,8 @@
 
 namespace distgemm::kernel {
 
-// The cost of a 128x128 output tile relative to a 128x256 one, same K: time ratio x waves ratio
-// on one H200 was 0.53 at full occupancy (8192^3, 4096x28672x8192) and 0.57-0.70 for GEMMs of
-// one to five waves (benchmarks/results/2026-11-22-tile-n128.md, 12 shapes).
+// The cost of a 128x128 output tile relative to a 128x256 one, same K (time ratio x waves ratio
+// of single-GPU GEMMs; docs/tuning.md).
 inline constexpr double kTile128RelativeCost = 0.56;
 // 128x128 only where the model rates it at least this much cheaper (see above).
 inline constexpr double kTile128MinGain = 0.10;

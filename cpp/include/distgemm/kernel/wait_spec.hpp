@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "distgemm/schedule/plan.hpp"
+
 namespace distgemm::kernel {
 
 // What a bounded wait was doing when it gave up (ErrorRecord::kind).
@@ -27,6 +29,10 @@ struct ErrorRecord {
   uint64_t timeout_ns;
 };
 
+// Bound of every in-kernel wait unless the caller sets one (device::GraphOptions::timeout_s):
+// far above any transfer's time, short enough that a missing peer is reported in seconds.
+inline constexpr double kDefaultTimeoutS = 5.0;
+
 inline constexpr int kMaxWaits = 4;  // the plans wait on at most one flag per op; headroom
 
 // A kernel's leading barrier: wait until flags[flag_ids[j]] reaches *epoch for every j.
@@ -40,10 +46,11 @@ struct WaitSpec {
   int32_t device = 0;
   int32_t iteration = 0;
   uint32_t kind = kWaitGemm;
-  uint64_t timeout_ns = 5000000000ull;
+  uint64_t timeout_ns = static_cast<uint64_t>(kDefaultTimeoutS * 1e9);
 };
 
-inline constexpr int kMaxDevices = 8;
+// Per-device arrays hold every TP a plan accepts.
+inline constexpr int kMaxDevices = schedule::kMaxTp;
 
 // The entry barrier of one launch on one device (see device/graph.hpp for why it exists).
 struct EntryBarrierSpec {
@@ -54,7 +61,7 @@ struct EntryBarrierSpec {
   uint32_t* peer_barrier[kMaxDevices] = {};  // every rank's barrier slots, as seen from here
   int32_t tp = 1;
   int32_t device = 0;
-  uint64_t timeout_ns = 5000000000ull;
+  uint64_t timeout_ns = static_cast<uint64_t>(kDefaultTimeoutS * 1e9);
 };
 
 }  // namespace distgemm::kernel

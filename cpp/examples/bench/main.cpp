@@ -1,0 +1,51 @@
+// distgemm_bench: runs one schedule on TP GPUs of this process, verifies it against a
+// single-GPU reference GEMM of the full problem and times it; with --sweep, the Llama-3
+// tensor-parallel layer sweep of benchmarks/llama_sweep.py from one process, on the same shapes
+// (both read cpp/include/distgemm/llama_shapes.hpp), so single-process numbers sit beside the
+// torchrun ones.
+//
+//   distgemm_bench --schedule ag_rotate_a --tp 2 --steps 2 --m 8192 --n 57344 --k 8192
+//                  --l 1 --dtype bf16 --iterations 50 --warmup 10 [--beta 0.5] [--bias]
+//                  [--timeout-s 5] [--replays 10000] [--simulate-missing-device D]
+//                  [--check-update] [--no-verify] [--no-local] [--warmup-ms 1000]
+//                  [--swizzle 8] [--raster 0] [--pdl|--no-pdl] [--partial-via epilogue|copy]
+//                  [--tile-n auto|128|256] [--verify-rows R] [--graph-json PATH]
+//   distgemm_bench --sweep [quick|full] [--tp T] [--models 8B,70B] [--tokens 4096,8192]
+//                  [--layers QKV,O] [--csv PATH] [--dry-run] [--verify-rows 256]
+//                  [--warmup-ms 300] [--iterations auto] [--dtype bf16] [--pdl|--no-pdl] ...
+// --pdl/--no-pdl: programmatic dependent launch between the GEMM steps (default: where it pays,
+// device::pdl_by_default); --partial-via: how reduce-scatter partials reach the next device
+// (default: schedule::default_plan_options); --tile-n: the GEMM output tile 128 x 128 or
+// 128 x 256 for every GEMM (default auto: per GEMM, kernel::choose_tile_n); --graph-json: every
+// device's captured graph as JSON (graph_json.cpp).
+//
+// Single case (single_case.cpp): prints one line `RESULT key=value ...`. Exit code: 0 verified
+// (and timed), 1 verification failure or runtime error (a timeout report included), 2 bad
+// arguments or a shape rejected before launch.
+// Sweep (sweep.cpp): a table on stdout, the same rows in --csv; exit code 1 when any check fails
+// or a case fails at run time, 2 for bad arguments. --dry-run lists the cases, their per-device
+// shapes and skip reasons without calling into CUDA (it needs --tp: it does not count the GPUs).
+// TP defaults to every visible GPU (at most schedule::kMaxTp).
+#include <cstdio>
+#include <exception>
+#include <stdexcept>
+
+#include "args.hpp"
+#include "single_case.hpp"
+#include "sweep.hpp"
+
+int main(int argc, char** argv) {
+  using namespace distgemm::bench;
+  const Args a = parse(argc, argv);
+  try {
+    if (a.dry_run) return dry_run(a);
+    if (!a.sweep.empty()) return run_sweep(a);
+    return run_single_case(a);
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "error: rejected: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
