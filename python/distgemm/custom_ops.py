@@ -1,0 +1,215 @@
+"""The torch.library ops behind the tensor-parallel layers: ``distgemm::all_gather_linear`` and
+``distgemm::linear_reduce_scatter``, with fake (shape) implementations and autograd, so that
+``torch.compile`` sees each as one node, forward and backward.
+
+Per-rank shapes, TP ranks in the group named ``group_name``:
+
+- ``all_gather_linear(x_shard [M/TP, K], w [N, K], bias [N] | None, group_name)``
+  returns ``(out [M, N], x [M, K])``: ``x = all_gather(x_shard, dim 0)``,
+  ``out = x @ w.T + bias``. ``x`` is returned for the weight gradient and has no gradient of
+  its own (a gradient flowing into it is ignored).
+- ``linear_reduce_scatter(x [M, K], w [N, K], bias [N] | None, group_name)``
+  returns ``out [M/TP, N] = reduce_scatter(x @ w.T, dim 0) + bias`` (bias added once).
+
+Backward:
+
+- ``all_gather_linear``: ``grad_x_shard = linear_reduce_scatter(grad_out, w.T)`` (the GEMM under
+  the reduce-scatter), ``grad_w = grad_out.T @ x`` with ``x`` kept from forward,
+  ``grad_bias = grad_out.sum(0)``.
+- ``linear_reduce_scatter``: ``(grad_x, grad_out_full) = all_gather_linear(grad_out, w.T)``
+  (the all-gather under the dgrad GEMM), ``grad_w = grad_out_full.T @ x``,
+  ``grad_bias = grad_out_full.sum(0)`` (the full bias gradient on every rank).
+
+Where the work runs is decided in one place, ``uses_distgemm``: CUDA tensors in bf16/fp16 go to
+``distgemm.all_gather_gemm`` / ``distgemm.gemm_reduce_scatter``; anything else (CPU tensors on a
+gloo group, fp32) runs the plain collective and ``torch.mm`` in the tensors' dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+NAMESPACE = "distgemm"
+DISTGEMM_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def group_size(group_name: str) -> int:
+    """The number of ranks in the process group named ``group_name``."""
+    return c10d._resolve_process_group(group_name).size()
+
+
+def group_name_of(group) -> str:
+    """The name of ``group`` (a ProcessGroup, or None for the world group) for the ops."""
+    if group is None:
+        group = dist.group.WORLD
+    if group is None:
+        raise RuntimeError("no default process group: call torch.distributed.init_process_group")
+    return group.group_name
+
+
+def uses_distgemm(*tensors: torch.Tensor) -> bool:
+    """Whether distgemm's overlapped ops run these tensors (CUDA, bf16/fp16); else the plain
+    collective + torch.mm runs."""
+    return all(t.is_cuda and t.dtype in DISTGEMM_DTYPES for t in tensors)
+
+
+def _all_gather_rows(x: torch.Tensor, group) -> torch.Tensor:
+    out = x.new_empty((group.size() * x.shape[0], *x.shape[1:]))
+    dist.all_gather_single(out, x, group=group)
+    return out
+
+
+def _reduce_scatter_rows(x: torch.Tensor, group) -> torch.Tensor:
+    out = x.new_empty((x.shape[0] // group.size(), *x.shape[1:]))
+    dist.reduce_scatter_single(out, x, group=group)
+    return out
+
+
+def check_all_gather_linear(x_shard, w, bias) -> None:
+    """ValueError naming the values when the operands of all_gather_linear do not fit."""
+    if x_shard.dim() != 2 or w.dim() != 2:
+        raise ValueError(
+            f"all_gather_linear takes 2-D x_shard and w, got x_shard.shape={list(x_shard.shape)}"
+            f" and w.shape={list(w.shape)}"
+        )
+    if x_shard.shape[1] != w.shape[1]:
+        raise ValueError(
+            f"all_gather_linear: x_shard.shape[1]={x_shard.shape[1]} must equal "
+            f"w.shape[1]={w.shape[1]} (K)"
+        )
+    if bias is not None and tuple(bias.shape) != (w.shape[0],):
+        raise ValueError(
+            f"all_gather_linear: bias.shape={list(bias.shape)} must be [w.shape[0]]=[{w.shape[0]}]"
+        )
+    dtypes = {t.dtype for t in (x_shard, w, bias) if t is not None}
+    if len(dtypes) != 1:
+        raise ValueError(
+            f"all_gather_linear: operands must share one dtype, got {sorted(map(str, dtypes))}"
+        )
+
+
+def check_linear_reduce_scatter(x, w, bias, tp: int) -> None:
+    """ValueError naming the values when the operands of linear_reduce_scatter do not fit."""
+    if x.dim() != 2 or w.dim() != 2:
+        raise ValueError(
+            f"linear_reduce_scatter takes 2-D x and w, got x.shape={list(x.shape)} and "
+            f"w.shape={list(w.shape)}"
+        )
+    if x.shape[1] != w.shape[1]:
+        raise ValueError(
+            f"linear_reduce_scatter: x.shape[1]={x.shape[1]} must equal w.shape[1]={w.shape[1]}"
+            " (K_local)"
+        )
+    if x.shape[0] % tp:
+        raise ValueError(
+            f"linear_reduce_scatter: M=x.shape[0]={x.shape[0]} is not divisible by tp={tp}"
+        )
+    if bias is not None and tuple(bias.shape) != (w.shape[0],):
+        raise ValueError(
+            f"linear_reduce_scatter: bias.shape={list(bias.shape)} must be "
+            f"[w.shape[0]]=[{w.shape[0]}]"
+        )
+    dtypes = {t.dtype for t in (x, w, bias) if t is not None}
+    if len(dtypes) != 1:
+        raise ValueError(
+            f"linear_reduce_scatter: operands must share one dtype, got {sorted(map(str, dtypes))}"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# all_gather_linear
+
+
+@torch.library.custom_op(f"{NAMESPACE}::all_gather_linear", mutates_args=())
+def all_gather_linear(
+    x_shard: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, group_name: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    check_all_gather_linear(x_shard, w, bias)
+    group = c10d._resolve_process_group(group_name)
+    x_shard, w = x_shard.detach().contiguous(), w.detach().contiguous()
+    bias = None if bias is None else bias.detach().contiguous()
+    if uses_distgemm(x_shard, w):
+        import distgemm
+
+        return distgemm.all_gather_gemm(x_shard, w, bias=bias, return_gathered=True, group=group)
+    x = _all_gather_rows(x_shard, group)
+    out = torch.mm(x, w.t()) if bias is None else torch.addmm(bias, x, w.t())
+    return out, x
+
+
+@all_gather_linear.register_fake
+def _(x_shard, w, bias, group_name):
+    check_all_gather_linear(x_shard, w, bias)
+    rows = group_size(group_name) * x_shard.shape[0]
+    return x_shard.new_empty((rows, w.shape[0])), x_shard.new_empty((rows, x_shard.shape[1]))
+
+
+def _all_gather_linear_setup(ctx, inputs, output):
+    _, w, bias, group_name = inputs
+    ctx.save_for_backward(w, output[1])
+    ctx.group_name = group_name
+    ctx.has_bias = bias is not None
+
+
+def _all_gather_linear_backward(ctx, grad_out, _grad_gathered):
+    w, x = ctx.saved_tensors
+    grad_x_shard = linear_reduce_scatter(grad_out, w.t().contiguous(), None, ctx.group_name)
+    grad_w = torch.mm(grad_out.t(), x)
+    grad_bias = grad_out.sum(0) if ctx.has_bias else None
+    return grad_x_shard, grad_w, grad_bias, None
+
+
+all_gather_linear.register_autograd(
+    _all_gather_linear_backward, setup_context=_all_gather_linear_setup
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# linear_reduce_scatter
+
+
+@torch.library.custom_op(f"{NAMESPACE}::linear_reduce_scatter", mutates_args=())
+def linear_reduce_scatter(
+    x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, group_name: str
+) -> torch.Tensor:
+    group = c10d._resolve_process_group(group_name)
+    check_linear_reduce_scatter(x, w, bias, group.size())
+    x, w = x.detach().contiguous(), w.detach().contiguous()
+    bias = None if bias is None else bias.detach().contiguous()
+    if uses_distgemm(x, w):
+        import distgemm
+
+        return distgemm.gemm_reduce_scatter(x, w, bias=bias, group=group)
+    out = _reduce_scatter_rows(torch.mm(x, w.t()), group)
+    return out if bias is None else out + bias
+
+
+@linear_reduce_scatter.register_fake
+def _(x, w, bias, group_name):
+    tp = group_size(group_name)
+    check_linear_reduce_scatter(x, w, bias, tp)
+    return x.new_empty((x.shape[0] // tp, w.shape[0]))
+
+
+def _linear_reduce_scatter_setup(ctx, inputs, output):
+    x, w, bias, group_name = inputs
+    ctx.save_for_backward(x, w)
+    ctx.group_name = group_name
+    ctx.has_bias = bias is not None
+
+
+def _linear_reduce_scatter_backward(ctx, grad_out):
+    x, w = ctx.saved_tensors
+    grad_x, grad_out_full = all_gather_linear(
+        grad_out.contiguous(), w.t().contiguous(), None, ctx.group_name
+    )
+    grad_w = torch.mm(grad_out_full.t(), x)
+    grad_bias = grad_out_full.sum(0) if ctx.has_bias else None
+    return grad_x, grad_w, grad_bias, None
+
+
+linear_reduce_scatter.register_autograd(
+    _linear_reduce_scatter_backward, setup_context=_linear_reduce_scatter_setup
+)
