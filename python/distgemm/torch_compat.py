@@ -1,0 +1,177 @@
+"""Drop-ins for ``torch.ops.symm_mem.fused_all_gather_matmul`` and
+``torch.ops.symm_mem.fused_matmul_reduce_scatter``: the same signatures, results, shapes and
+strides, backed by distgemm where the layout maps to a distgemm schedule.
+
+Plain torch equivalents (``group`` the process group named ``group_name``, TP its size)::
+
+    A = all_gather(A_shard, dim=gather_dim)                    # A_shard [..., K]
+    fused_all_gather_matmul(...) == (A if return_A else None, [A @ B for B in Bs])  # B [K, N]
+    fused_matmul_reduce_scatter(A, B, op, dim, ...) == reduce_scatter(A @ B, op, dim)
+
+Where distgemm runs (CUDA, bf16/fp16, the extents distgemm needs): a gather or scatter along
+any dim but the last moves that dim to the front (one copy unless it is already first), runs
+``all_gather_gemm`` (``ag_rotate_a``) or ``gemm_reduce_scatter`` (``rs_tile_a``) on the rows, and
+moves it back; a scatter along the last dim (N) runs ``gemm_reduce_scatter`` with
+``schedule="rs_tile_b"``. Several ``Bs`` share one all-gather: they are concatenated along N.
+Everything else runs the plain collective + ``torch.matmul``; ``fallback_reason`` says why.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+from .custom_ops import DISTGEMM_DTYPES
+
+REDUCE_OPS = ("sum", "avg")
+ALIGN_ELEMENTS = 8  # distgemm's contiguous GEMM extents are multiples of 8 elements
+
+
+def fallback_reason(tensors, extents: dict[str, int], dim: int, ndim: int, what: str):
+    """Why distgemm cannot serve this call (None when it can): CPU tensors, a dtype it lacks,
+    a gather/scatter of the contracted dim K, or an extent that is not a multiple of 8."""
+    if not all(t.is_cuda for t in tensors):
+        return "CPU tensors: distgemm runs on CUDA GPUs only"
+    dtypes = {t.dtype for t in tensors}
+    if len(dtypes) != 1 or not dtypes <= set(DISTGEMM_DTYPES):
+        return f"dtypes {sorted(map(str, dtypes))}: distgemm takes one dtype, bf16 or fp16"
+    if what == "gather" and dim == ndim - 1:
+        return "gather_dim is the contracted dim K: no distgemm schedule gathers K"
+    for name, value in extents.items():
+        if value % ALIGN_ELEMENTS:
+            return f"{name}={value} is not a multiple of {ALIGN_ELEMENTS}"
+    return None
+
+
+def _normalise_dim(dim: int, ndim: int, name: str) -> int:
+    if not -ndim <= dim < ndim:
+        raise ValueError(f"{name}={dim} is out of range for a {ndim}-D A")
+    return dim % ndim
+
+
+def _check_bs(A: torch.Tensor, Bs, op: str) -> None:
+    for i, B in enumerate(Bs):
+        if B.dim() != 2:
+            raise ValueError(f"{op}: Bs[{i}] must be 2-D [K, N], got shape {list(B.shape)}")
+
+
+def fused_all_gather_matmul(
+    A_shard: torch.Tensor,
+    Bs: list[torch.Tensor],
+    gather_dim: int,
+    group_name: str,
+    *,
+    return_A: bool = True,
+) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+    """``all_gather(A_shard, gather_dim) @ B`` for each ``B`` in ``Bs``.
+
+    Per-rank shapes: ``A_shard``: ``[..., K]`` with dim ``gather_dim`` this rank's slice (rank r
+    holds slice r); ``Bs``: ``[K, N_i]`` each (for ``gather_dim`` the last dim, ``[TP*K, N_i]``).
+    Returns ``(A, [A @ B_i])`` with ``A`` the gathered ``A_shard`` (None when ``return_A`` is
+    False), strides as torch's op returns them.
+    """
+    op = "fused_all_gather_matmul"
+    if A_shard.dim() < 2:
+        raise ValueError(f"{op}: A_shard must have at least 2 dims, got {list(A_shard.shape)}")
+    _check_bs(A_shard, Bs, op)
+    gather_dim = _normalise_dim(gather_dim, A_shard.dim(), "gather_dim")
+    group = c10d._resolve_process_group(group_name)
+    tp = group.size()
+    k = A_shard.shape[-1]
+    k_mm = tp * k if gather_dim == A_shard.dim() - 1 else k
+    for i, B in enumerate(Bs):
+        if B.shape[0] != k_mm:
+            raise ValueError(f"{op}: Bs[{i}].shape[0]={B.shape[0]} must equal K={k_mm}")
+    n_total = sum(B.shape[1] for B in Bs)
+    reason = fallback_reason(
+        [A_shard, *Bs], {"K": k, "sum of N": n_total}, gather_dim, A_shard.dim(), "gather"
+    )
+    if reason is not None:
+        return _all_gather_matmul_collective(A_shard, Bs, gather_dim, group, return_A)
+    import distgemm
+
+    # Rows of A_shard with the gathered dim first: rank r's rows follow rank r-1's.
+    a_rows = A_shard.movedim(gather_dim, 0).contiguous()
+    moved_shape = (tp * a_rows.shape[0], *a_rows.shape[1:-1])
+    w = torch.cat([B.t() for B in Bs]) if len(Bs) > 1 else Bs[0].t().contiguous()
+    out, a = distgemm.all_gather_gemm(a_rows.view(-1, k), w, return_gathered=True, group=group)
+    outs = out.split([B.shape[1] for B in Bs], dim=1) if len(Bs) > 1 else (out,)
+    results = [o.contiguous().view(*moved_shape, o.shape[1]).movedim(0, gather_dim) for o in outs]
+    A = a.view(*moved_shape, k).movedim(0, gather_dim) if return_A else None
+    return A, results
+
+
+def _all_gather_matmul_collective(A_shard, Bs, gather_dim, group, return_A):
+    """The plain all-gather along dim 0 + matmul, laid out as torch's op lays it out."""
+    tp = group.size()
+    gathered = A_shard.new_empty((tp * A_shard.shape[0], *A_shard.shape[1:]))
+    dist.all_gather_single(gathered, A_shard.contiguous(), group=group)
+    if gather_dim == A_shard.dim() - 1:
+        A = torch.cat(gathered.chunk(tp), dim=-1)
+        results = [torch.matmul(A, B) for B in Bs]
+        return (A if return_A else None), results
+    A = gathered.view(tp, *A_shard.shape).movedim(gather_dim + 1, 1).flatten(0, 1)
+    results = [torch.matmul(A, B).movedim(0, gather_dim) for B in Bs]
+    return (A.movedim(0, gather_dim) if return_A else None), results
+
+
+def fused_matmul_reduce_scatter(
+    A: torch.Tensor, B: torch.Tensor, reduce_op: str, scatter_dim: int, group_name: str
+) -> torch.Tensor:
+    """``reduce_scatter(A @ B, reduce_op, scatter_dim)``.
+
+    Per-rank shapes: ``A``: ``[..., K]`` (this rank's partial operand), ``B``: ``[K, N]``;
+    returns ``A @ B`` reduced over the ranks (``"sum"`` or ``"avg"``) and split along
+    ``scatter_dim`` (rank r gets slice r), contiguous, e.g. ``[BATCH, M/TP, N]`` for
+    ``scatter_dim=1`` and ``A: [BATCH, M, K]``.
+    """
+    op = "fused_matmul_reduce_scatter"
+    if reduce_op not in REDUCE_OPS:
+        raise ValueError(f"{op}: reduce_op={reduce_op!r} is not one of {REDUCE_OPS}")
+    if A.dim() < 2:
+        raise ValueError(f"{op}: A must have at least 2 dims, got {list(A.shape)}")
+    _check_bs(A, [B], op)
+    if B.shape[0] != A.shape[-1]:
+        raise ValueError(f"{op}: B.shape[0]={B.shape[0]} must equal K=A.shape[-1]={A.shape[-1]}")
+    ndim = A.dim()
+    scatter_dim = _normalise_dim(scatter_dim, ndim, "scatter_dim")
+    group = c10d._resolve_process_group(group_name)
+    tp = group.size()
+    out_shape = [*A.shape[:-1], B.shape[1]]
+    if out_shape[scatter_dim] % tp:
+        raise ValueError(
+            f"{op}: dim {scatter_dim} of A @ B ({out_shape[scatter_dim]}) is not divisible by "
+            f"tp={tp}"
+        )
+    last = scatter_dim == ndim - 1
+    n_extent = B.shape[1] // tp if last else B.shape[1]
+    reason = fallback_reason(
+        [A, B], {"K": A.shape[-1], "N": n_extent}, scatter_dim, ndim, "scatter"
+    )
+    if reason is not None:
+        return _matmul_reduce_scatter_collective(A, B, reduce_op, scatter_dim, group)
+    import distgemm
+
+    w = B.t().contiguous()
+    if last:
+        out = distgemm.gemm_reduce_scatter(
+            A.reshape(-1, A.shape[-1]).contiguous(), w, schedule="rs_tile_b", group=group
+        )
+        out = out.view(*A.shape[:-1], out.shape[-1])
+    else:
+        a_rows = A.movedim(scatter_dim, 0).contiguous()
+        out = distgemm.gemm_reduce_scatter(a_rows.view(-1, A.shape[-1]), w, group=group)
+        out = out.view(a_rows.shape[0] // tp, *a_rows.shape[1:-1], out.shape[-1])
+        out = out.movedim(0, scatter_dim).contiguous()
+    return out.div_(tp) if reduce_op == "avg" else out
+
+
+def _matmul_reduce_scatter_collective(A, B, reduce_op, scatter_dim, group):
+    """The plain matmul + reduce-scatter along ``scatter_dim``, contiguous result."""
+    tp = group.size()
+    partial = torch.matmul(A, B).movedim(scatter_dim, 0).contiguous()
+    out = partial.new_empty((partial.shape[0] // tp, *partial.shape[1:]))
+    dist.reduce_scatter_single(out, partial, group=group)
+    out = out.movedim(0, scatter_dim).contiguous()
+    return out.div_(tp) if reduce_op == "avg" else out

@@ -1,0 +1,171 @@
+"""distgemm.torch_compat on 2 gloo ranks against torch: the cases of torch's own tests of
+torch.ops.symm_mem.fused_all_gather_matmul / fused_matmul_reduce_scatter
+(test/distributed/test_symmetric_memory.py: BATCH=8, M=64, N=16, K=32 resp. 1024, every gather and
+scatter dim, three Bs, "avg"), with their assertions: values allclose to torch's reference
+implementation and the same strides. Also against a plain all_gather + matmul written here, the
+fallback reasons, and the ValueErrors.
+"""
+
+import itertools
+import re
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+from test_nn import run_ranks  # noqa: E402
+from torch.distributed._symmetric_memory import (  # noqa: E402
+    _fused_all_gather_matmul_fallback,
+    _fused_matmul_reduce_scatter_fallback,
+)
+
+from distgemm import torch_compat  # noqa: E402
+
+BATCH, M, N = 8, 64, 16
+K_GATHER, K_SCATTER = 32, 1024
+DTYPES = ["float32", "bfloat16", "float16"]
+GATHER_CASES = list(itertools.product([0, 1, 2], DTYPES, [True, False]))
+SCATTER_CASES = list(itertools.product([0, 1, 2], DTYPES, ["avg", "sum"]))
+
+
+def _close(a, b, dtype) -> bool:
+    # torch's tests use allclose's defaults in fp32; rounding of a K-term sum in 16 bits needs more.
+    tol = {
+        "float32": {},
+        "float16": {"rtol": 2e-3, "atol": 1e-2},
+        "bfloat16": {"rtol": 1.6e-2, "atol": 5e-2},
+    }
+    return torch.allclose(a.float(), b.float(), **tol[dtype])
+
+
+def _plain_all_gather_matmul(A_shard, Bs, gather_dim, group):
+    """all_gather along gather_dim, then matmul: the semantics, written out."""
+    parts = [torch.empty_like(A_shard) for _ in range(group.size())]
+    dist.all_gather(parts, A_shard.contiguous(), group=group)
+    A = torch.cat(parts, dim=gather_dim)
+    return A, [A @ B for B in Bs]
+
+
+def _compat_worker(rank, tp):
+    group = dist.group.WORLD
+    name = group.group_name
+    results = {}
+    for gather_dim, dtype_name, return_A in GATHER_CASES:
+        dtype = getattr(torch, dtype_name)
+        torch.manual_seed(42 + rank)
+        shape = [BATCH, M, K_GATHER]
+        shape[gather_dim] //= tp
+        A_shard = torch.rand(shape, dtype=dtype)
+        Bs = [torch.rand(K_GATHER, N, dtype=dtype) for _ in range(3)]
+        ref_A, ref_mm = _fused_all_gather_matmul_fallback(
+            A_shard, Bs, gather_dim=gather_dim, group_name=name, return_A=return_A
+        )
+        plain_A, plain_mm = _plain_all_gather_matmul(A_shard, Bs, gather_dim, group)
+        A, mm = torch_compat.fused_all_gather_matmul(
+            A_shard, Bs, gather_dim=gather_dim, group_name=name, return_A=return_A
+        )
+        results[("gather", gather_dim, dtype_name, return_A)] = {
+            "A": (A is None)
+            if not return_A
+            else (
+                torch.equal(A, ref_A) and torch.equal(A, plain_A) and A.stride() == ref_A.stride()
+            ),
+            "count": len(mm) == len(Bs),
+            "values": all(_close(a, b, dtype_name) for a, b in zip(mm, ref_mm)),
+            "plain": all(_close(a, b, dtype_name) for a, b in zip(mm, plain_mm)),
+            "strides": [a.stride() == b.stride() for a, b in zip(mm, ref_mm)] == [True] * 3,
+            "shapes": [list(a.shape) for a in mm],
+        }
+    for scatter_dim, dtype_name, reduce_op in SCATTER_CASES:
+        dtype = getattr(torch, dtype_name)
+        torch.manual_seed(42 + rank)
+        A = torch.rand(BATCH, M, K_SCATTER, dtype=dtype)
+        B = torch.rand(K_SCATTER, N, dtype=dtype)
+        ref = _fused_matmul_reduce_scatter_fallback(
+            A, B, reduce_op, scatter_dim=scatter_dim, group_name=name
+        )
+        full = (A @ B).float()
+        dist.all_reduce(full, group=group)
+        if reduce_op == "avg":
+            full /= tp
+        plain = full.chunk(tp, dim=scatter_dim)[rank]
+        out = torch_compat.fused_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, name)
+        results[("scatter", scatter_dim, dtype_name, reduce_op)] = {
+            "values": _close(out, ref, dtype_name),
+            "plain": _close(out, plain, dtype_name),
+            "strides": out.stride() == ref.stride(),
+            "shape": list(out.shape),
+        }
+    return results
+
+
+@pytest.fixture(scope="module")
+def compat_results(tmp_path_factory):
+    return run_ranks(_compat_worker, tmp_path_factory.mktemp("compat"))
+
+
+@pytest.mark.parametrize("gather_dim, dtype_name, return_A", GATHER_CASES)
+def test_fused_all_gather_matmul(compat_results, gather_dim, dtype_name, return_A):
+    expected_shape = [BATCH, M, N]
+    for result in compat_results:
+        r = result[("gather", gather_dim, dtype_name, return_A)]
+        assert r["A"] and r["count"] and r["strides"], r
+        assert r["values"] and r["plain"], r
+        assert r["shapes"] == [expected_shape] * 3, r
+
+
+@pytest.mark.parametrize("scatter_dim, dtype_name, reduce_op", SCATTER_CASES)
+def test_fused_matmul_reduce_scatter(compat_results, scatter_dim, dtype_name, reduce_op):
+    expected_shape = [BATCH, M, N]
+    expected_shape[scatter_dim] //= 2
+    for result in compat_results:
+        r = result[("scatter", scatter_dim, dtype_name, reduce_op)]
+        assert r["values"] and r["plain"] and r["strides"], r
+        assert r["shape"] == expected_shape, r
+
+
+def _fake(shape, dtype=torch.bfloat16, is_cuda=True):
+    return types.SimpleNamespace(shape=shape, dtype=dtype, is_cuda=is_cuda)
+
+
+@pytest.mark.parametrize(
+    "tensors, extents, dim, what, reason",
+    [
+        ([_fake([8, 32]), _fake([32, 16])], {"K": 32}, 0, "gather", None),
+        ([_fake([8, 32], is_cuda=False)], {"K": 32}, 0, "gather", "CPU tensors"),
+        ([_fake([8, 32], torch.float32)], {"K": 32}, 0, "gather", "dtypes \\['torch.float32'\\]"),
+        ([_fake([8, 32]), _fake([32, 16], torch.float16)], {}, 0, "gather", "one dtype"),
+        ([_fake([8, 32])], {"K": 32}, 1, "gather", "gather_dim is the contracted dim K"),
+        ([_fake([8, 32])], {"K": 32, "N": 12}, 1, "scatter", "N=12 is not a multiple of 8"),
+    ],
+)
+def test_fallback_reason(tensors, extents, dim, what, reason):
+    got = torch_compat.fallback_reason(tensors, extents, dim, 2, what)
+    if reason is None:
+        assert got is None
+    else:
+        assert got is not None and re.search(reason, got), got
+
+
+@pytest.fixture
+def group_name():
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    yield dist.group.WORLD.group_name
+    dist.destroy_process_group()
+
+
+def test_errors_name_the_values(group_name):
+    A, B = torch.rand(4, 8, 32), torch.rand(32, 16)
+    with pytest.raises(ValueError, match=r"reduce_op='max' is not one of \('sum', 'avg'\)"):
+        torch_compat.fused_matmul_reduce_scatter(A, B, "max", 0, group_name)
+    with pytest.raises(ValueError, match=r"scatter_dim=3 is out of range for a 3-D A"):
+        torch_compat.fused_matmul_reduce_scatter(A, B, "sum", 3, group_name)
+    with pytest.raises(ValueError, match=r"B.shape\[0\]=31 must equal K=A.shape\[-1\]=32"):
+        torch_compat.fused_matmul_reduce_scatter(A, torch.rand(31, 16), "sum", 0, group_name)
+    with pytest.raises(ValueError, match=r"gather_dim=-4 is out of range for a 3-D A"):
+        torch_compat.fused_all_gather_matmul(A, [B], -4, group_name)
+    with pytest.raises(ValueError, match=r"Bs\[1\].shape\[0\]=16 must equal K=32"):
+        torch_compat.fused_all_gather_matmul(A, [B, torch.rand(16, 16)], 0, group_name)
+    with pytest.raises(ValueError, match=r"Bs\[0\] must be 2-D \[K, N\], got shape \[32\]"):
+        torch_compat.fused_all_gather_matmul(A, [torch.rand(32)], 0, group_name)
