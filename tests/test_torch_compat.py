@@ -130,18 +130,18 @@ def _fake(shape, dtype=torch.bfloat16, is_cuda=True):
 
 
 @pytest.mark.parametrize(
-    "tensors, extents, dim, what, reason",
+    "tensors, extents, divisible, reason",
     [
-        ([_fake([8, 32]), _fake([32, 16])], {"K": 32}, 0, "gather", None),
-        ([_fake([8, 32], is_cuda=False)], {"K": 32}, 0, "gather", "CPU tensors"),
-        ([_fake([8, 32], torch.float32)], {"K": 32}, 0, "gather", "dtypes \\['torch.float32'\\]"),
-        ([_fake([8, 32]), _fake([32, 16], torch.float16)], {}, 0, "gather", "one dtype"),
-        ([_fake([8, 32])], {"K": 32}, 1, "gather", "gather_dim is the contracted dim K"),
-        ([_fake([8, 32])], {"K": 32, "N": 12}, 1, "scatter", "N=12 is not a multiple of 8"),
+        ([_fake([8, 32]), _fake([32, 16])], {"K": 32}, {"M": (8, 4)}, None),
+        ([_fake([8, 32], is_cuda=False)], {"K": 32}, {}, "CPU tensors"),
+        ([_fake([8, 32], torch.float32)], {"K": 32}, {}, "dtypes \\['torch.float32'\\]"),
+        ([_fake([8, 32]), _fake([32, 16], torch.float16)], {}, {}, "one dtype"),
+        ([_fake([8, 32])], {"K": 32, "N": 12}, {}, "N=12 is not a multiple of 8"),
+        ([_fake([6, 32])], {"K": 32}, {"M": (6, 4)}, "M=6 is not divisible by 4"),
     ],
 )
-def test_fallback_reason(tensors, extents, dim, what, reason):
-    got = torch_compat.fallback_reason(tensors, extents, dim, 2, what)
+def test_fallback_reason(tensors, extents, divisible, reason):
+    got = torch_compat.fallback_reason(tensors, extents, divisible)
     if reason is None:
         assert got is None
     else:

@@ -55,6 +55,15 @@ def uses_distgemm(*tensors: torch.Tensor) -> bool:
     return all(t.is_cuda and t.dtype in DISTGEMM_DTYPES for t in tensors)
 
 
+def dense(t: torch.Tensor | None) -> torch.Tensor | None:
+    """``t`` as the distgemm ops take it: detached (the op's autograd is registered here),
+    contiguous, and on CUDA 16-byte aligned (a view at an odd offset is copied)."""
+    if t is None:
+        return None
+    t = t.detach().contiguous()
+    return t.clone() if t.is_cuda and t.data_ptr() % 16 else t
+
+
 def _all_gather_rows(x: torch.Tensor, group) -> torch.Tensor:
     out = x.new_empty((group.size() * x.shape[0], *x.shape[1:]))
     dist.all_gather_single(out, x, group=group)
@@ -128,8 +137,7 @@ def all_gather_linear(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     check_all_gather_linear(x_shard, w, bias)
     group = c10d._resolve_process_group(group_name)
-    x_shard, w = x_shard.detach().contiguous(), w.detach().contiguous()
-    bias = None if bias is None else bias.detach().contiguous()
+    x_shard, w, bias = dense(x_shard), dense(w), dense(bias)
     if uses_distgemm(x_shard, w):
         import distgemm
 
@@ -176,8 +184,7 @@ def linear_reduce_scatter(
 ) -> torch.Tensor:
     group = c10d._resolve_process_group(group_name)
     check_linear_reduce_scatter(x, w, bias, group.size())
-    x, w = x.detach().contiguous(), w.detach().contiguous()
-    bias = None if bias is None else bias.detach().contiguous()
+    x, w, bias = dense(x), dense(w), dense(bias)
     if uses_distgemm(x, w):
         import distgemm
 

@@ -12,8 +12,8 @@ Where distgemm runs (CUDA, bf16/fp16, the extents distgemm needs): a gather or s
 any dim but the last moves that dim to the front (one copy unless it is already first), runs
 ``all_gather_gemm`` (``ag_rotate_a``) or ``gemm_reduce_scatter`` (``rs_tile_a``) on the rows, and
 moves it back; a scatter along the last dim (N) runs ``gemm_reduce_scatter`` with
-``schedule="rs_tile_b"``. Several ``Bs`` share one all-gather: they are concatenated along N.
-Everything else runs the plain collective + ``torch.matmul``; ``fallback_reason`` says why.
+``schedule="rs_tile_b", steps=TP``. Several ``Bs`` share one all-gather: they are concatenated
+along N. Everything else runs the plain collective + ``torch.matmul``; ``fallback_reason`` says why.
 """
 
 from __future__ import annotations
@@ -28,19 +28,23 @@ REDUCE_OPS = ("sum", "avg")
 ALIGN_ELEMENTS = 8  # distgemm's contiguous GEMM extents are multiples of 8 elements
 
 
-def fallback_reason(tensors, extents: dict[str, int], dim: int, ndim: int, what: str):
-    """Why distgemm cannot serve this call (None when it can): CPU tensors, a dtype it lacks,
-    a gather/scatter of the contracted dim K, or an extent that is not a multiple of 8."""
+def fallback_reason(
+    tensors, extents: dict[str, int], divisible: dict[str, tuple[int, int]] | None = None
+) -> str | None:
+    """Why distgemm cannot serve this call, None when it can: CPU tensors, a dtype it lacks, a
+    GEMM extent that is not a multiple of 8 elements (``extents``: name -> value), or a split
+    mode its pipeline steps do not divide (``divisible``: name -> (value, divisor))."""
     if not all(t.is_cuda for t in tensors):
         return "CPU tensors: distgemm runs on CUDA GPUs only"
     dtypes = {t.dtype for t in tensors}
     if len(dtypes) != 1 or not dtypes <= set(DISTGEMM_DTYPES):
         return f"dtypes {sorted(map(str, dtypes))}: distgemm takes one dtype, bf16 or fp16"
-    if what == "gather" and dim == ndim - 1:
-        return "gather_dim is the contracted dim K: no distgemm schedule gathers K"
     for name, value in extents.items():
         if value % ALIGN_ELEMENTS:
             return f"{name}={value} is not a multiple of {ALIGN_ELEMENTS}"
+    for name, (value, divisor) in (divisible or {}).items():
+        if value % divisor:
+            return f"{name}={value} is not divisible by {divisor} (the most pipeline steps)"
     return None
 
 
@@ -84,9 +88,10 @@ def fused_all_gather_matmul(
         if B.shape[0] != k_mm:
             raise ValueError(f"{op}: Bs[{i}].shape[0]={B.shape[0]} must equal K={k_mm}")
     n_total = sum(B.shape[1] for B in Bs)
-    reason = fallback_reason(
-        [A_shard, *Bs], {"K": k, "sum of N": n_total}, gather_dim, A_shard.dim(), "gather"
-    )
+    if gather_dim == A_shard.dim() - 1:
+        reason = "gather_dim is the contracted dim K: no distgemm schedule gathers K"
+    else:
+        reason = fallback_reason([A_shard, *Bs], {"K": k, "sum of N": n_total})
     if reason is not None:
         return _all_gather_matmul_collective(A_shard, Bs, gather_dim, group, return_A)
     import distgemm
@@ -145,10 +150,11 @@ def fused_matmul_reduce_scatter(
             f"tp={tp}"
         )
     last = scatter_dim == ndim - 1
-    n_extent = B.shape[1] // tp if last else B.shape[1]
-    reason = fallback_reason(
-        [A, B], {"K": A.shape[-1], "N": n_extent}, scatter_dim, ndim, "scatter"
-    )
+    rows = A.numel() // A.shape[-1]
+    if last:  # rs_tile_b at S = TP: each step's N/TP columns are one contiguous GEMM extent
+        reason = fallback_reason([A, B], {"K": A.shape[-1], "N/tp": B.shape[1] // tp})
+    else:  # rs_tile_a: S is TP or 2*TP (default_steps), and M must split into S steps
+        reason = fallback_reason([A, B], {"K": A.shape[-1], "N": B.shape[1]}, {"M": (rows, 2 * tp)})
     if reason is not None:
         return _matmul_reduce_scatter_collective(A, B, reduce_op, scatter_dim, group)
     import distgemm
@@ -156,12 +162,16 @@ def fused_matmul_reduce_scatter(
     w = B.t().contiguous()
     if last:
         out = distgemm.gemm_reduce_scatter(
-            A.reshape(-1, A.shape[-1]).contiguous(), w, schedule="rs_tile_b", group=group
+            A.reshape(rows, A.shape[-1]).contiguous(),
+            w,
+            schedule="rs_tile_b",
+            steps=tp,
+            group=group,
         )
         out = out.view(*A.shape[:-1], out.shape[-1])
     else:
         a_rows = A.movedim(scatter_dim, 0).contiguous()
-        out = distgemm.gemm_reduce_scatter(a_rows.view(-1, A.shape[-1]), w, group=group)
+        out = distgemm.gemm_reduce_scatter(a_rows.view(rows, A.shape[-1]), w, group=group)
         out = out.view(a_rows.shape[0] // tp, *a_rows.shape[1:-1], out.shape[-1])
         out = out.movedim(0, scatter_dim).contiguous()
     return out.div_(tp) if reduce_op == "avg" else out
