@@ -136,23 +136,31 @@ class _Mlp(nn.Module):
         return self.down(F.gelu(self.up(x)))
 
 
-def _compile_worker(rank, tp):
+def compile_worker(rank, tp, device="cpu", dtype_name="float32", sizes=(8, 32, 48), backend=None):
+    """A column- then row-parallel MLP, eager and under torch.compile(fullgraph=True): graph
+    breaks, the ops of the forward and backward graphs (``backend=None``: aot_eager's graphs,
+    recorded; else that backend, e.g. "inductor", unrecorded) and the largest relative difference
+    between eager and compiled output and gradients."""
+    from test_nn import rel_err
     from torch._dynamo.backends.common import aot_autograd
     from torch._dynamo.utils import counters
 
+    tokens, hidden, ffn = sizes
+    dtype = getattr(torch, dtype_name)
     graphs = []
 
     def record(gm, example_inputs):
-        graphs.append(sorted({str(n.target) for n in gm.graph.nodes if n.op == "call_function"}))
+        graphs.append(sorted(str(n.target) for n in gm.graph.nodes if n.op == "call_function"))
         return gm.forward
 
     torch.manual_seed(0)
-    model = _Mlp(32, 48)
+    model = _Mlp(hidden, ffn)
     for p in model.parameters():  # each rank's shard differs; the full layer is the same
         p.data.add_(0.01 * rank)
+    model.to(device=device, dtype=dtype)
     torch.manual_seed(1 + rank)
-    x = torch.randn(8, 32)
-    grad = torch.randn(8, 32)
+    x = torch.randn(tokens // tp, hidden).to(device, dtype)
+    grad = torch.randn(tokens // tp, hidden).to(device, dtype)
 
     def step(fn):
         model.zero_grad()
@@ -164,36 +172,47 @@ def _compile_worker(rank, tp):
     eager = step(model)
     torch._dynamo.reset()
     counters.clear()
-    backend = aot_autograd(fw_compiler=record, bw_compiler=record)  # aot_eager, recording
+    if backend is None:
+        backend = aot_autograd(fw_compiler=record, bw_compiler=record)  # aot_eager, recording
     compiled = step(torch.compile(model, fullgraph=True, backend=backend))
     return {
         "graph breaks": sum(counters["graph_break"].values()),
         "graphs": graphs,
-        "max diff": max((a - b).abs().max().item() for a, b in zip(eager, compiled)),
+        "max rel diff": max(rel_err(a, b) for a, b in zip(compiled, eager)),
         "grads nonzero": all(t.abs().sum().item() > 0 for t in eager[1:]),
     }
 
 
+def compile_failures(results, tolerance, recorded=True) -> list[str]:
+    """What compile_worker's results on every rank get wrong: a graph break, a graph where a
+    distgemm op is not one node (or a collective shows), compiled differing from eager."""
+    failures = []
+    for rank, r in enumerate(results):
+        if r["graph breaks"]:
+            failures.append(f"rank {rank}: {r['graph breaks']} graph breaks")
+        if recorded and len(r["graphs"]) != 2:
+            failures.append(f"rank {rank}: {len(r['graphs'])} graphs, not forward + backward")
+        for graph in r["graphs"] if recorded else []:
+            ops = [t for t in graph if t.startswith("distgemm.")]
+            if ops != [
+                "distgemm.all_gather_linear.default",
+                "distgemm.linear_reduce_scatter.default",
+            ]:
+                failures.append(f"rank {rank}: distgemm ops {ops} in a graph")
+            if any("c10d" in t for t in graph):
+                failures.append(f"rank {rank}: a collective outside the distgemm ops: {graph}")
+        if not r["grads nonzero"]:
+            failures.append(f"rank {rank}: a gradient is zero")
+        if r["max rel diff"] > tolerance:
+            failures.append(f"rank {rank}: compiled differs from eager by {r['max rel diff']:.2e}")
+    return failures
+
+
 @pytest.fixture(scope="module")
 def compile_results(tmp_path_factory):
-    return run_ranks(_compile_worker, tmp_path_factory.mktemp("compile"))
+    return run_ranks(compile_worker, tmp_path_factory.mktemp("compile"))
 
 
-def test_compiled_model_has_no_graph_break(compile_results):
-    for result in compile_results:
-        assert result["graph breaks"] == 0
-
-
-def test_each_op_is_one_node_forward_and_backward(compile_results):
-    for result in compile_results:
-        forward, backward = result["graphs"]
-        for graph in (forward, backward):
-            assert "distgemm.all_gather_linear.default" in graph, graph
-            assert "distgemm.linear_reduce_scatter.default" in graph, graph
-            assert not any("c10d" in target for target in graph), graph
-
-
-def test_compiled_equals_eager(compile_results):
-    for result in compile_results:
-        assert result["grads nonzero"]
-        assert result["max diff"] <= 1e-6
+def test_compiled_fullgraph_one_node_per_op_equal_to_eager(compile_results):
+    failures = compile_failures(compile_results, tolerance=1e-6)
+    assert not failures, failures
