@@ -47,7 +47,21 @@ def _plain_all_gather_matmul(A_shard, Bs, gather_dim, group):
     return A, [A @ B for B in Bs]
 
 
-def _compat_worker(rank, tp):
+def compat_worker(rank, tp, device="cpu"):
+    """Every ported case: torch_compat's results against torch's reference and a plain
+    all_gather/all_reduce, their strides and shapes, and how many distgemm calls served it."""
+    import distgemm
+
+    calls = {"n": 0}
+    if device != "cpu":  # count the distgemm ops torch_compat reaches (looked up at call time)
+        for name in ("all_gather_gemm", "gemm_reduce_scatter"):
+            op = getattr(distgemm, name)
+
+            def counted(*args, _op=op, **kwargs):
+                calls["n"] += 1
+                return _op(*args, **kwargs)
+
+            setattr(distgemm, name, counted)
     group = dist.group.WORLD
     name = group.group_name
     results = {}
@@ -56,12 +70,13 @@ def _compat_worker(rank, tp):
         torch.manual_seed(42 + rank)
         shape = [BATCH, M, K_GATHER]
         shape[gather_dim] //= tp
-        A_shard = torch.rand(shape, dtype=dtype)
-        Bs = [torch.rand(K_GATHER, N, dtype=dtype) for _ in range(3)]
+        A_shard = torch.rand(shape, dtype=dtype, device=device)
+        Bs = [torch.rand(K_GATHER, N, dtype=dtype, device=device) for _ in range(3)]
         ref_A, ref_mm = _fused_all_gather_matmul_fallback(
             A_shard, Bs, gather_dim=gather_dim, group_name=name, return_A=return_A
         )
         plain_A, plain_mm = _plain_all_gather_matmul(A_shard, Bs, gather_dim, group)
+        before = calls["n"]
         A, mm = torch_compat.fused_all_gather_matmul(
             A_shard, Bs, gather_dim=gather_dim, group_name=name, return_A=return_A
         )
@@ -76,12 +91,13 @@ def _compat_worker(rank, tp):
             "plain": all(_close(a, b, dtype_name) for a, b in zip(mm, plain_mm)),
             "strides": [a.stride() == b.stride() for a, b in zip(mm, ref_mm)] == [True] * 3,
             "shapes": [list(a.shape) for a in mm],
+            "distgemm calls": calls["n"] - before,
         }
     for scatter_dim, dtype_name, reduce_op in SCATTER_CASES:
         dtype = getattr(torch, dtype_name)
         torch.manual_seed(42 + rank)
-        A = torch.rand(BATCH, M, K_SCATTER, dtype=dtype)
-        B = torch.rand(K_SCATTER, N, dtype=dtype)
+        A = torch.rand(BATCH, M, K_SCATTER, dtype=dtype, device=device)
+        B = torch.rand(K_SCATTER, N, dtype=dtype, device=device)
         ref = _fused_matmul_reduce_scatter_fallback(
             A, B, reduce_op, scatter_dim=scatter_dim, group_name=name
         )
@@ -90,39 +106,57 @@ def _compat_worker(rank, tp):
         if reduce_op == "avg":
             full /= tp
         plain = full.chunk(tp, dim=scatter_dim)[rank]
+        before = calls["n"]
         out = torch_compat.fused_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, name)
         results[("scatter", scatter_dim, dtype_name, reduce_op)] = {
             "values": _close(out, ref, dtype_name),
             "plain": _close(out, plain, dtype_name),
             "strides": out.stride() == ref.stride(),
             "shape": list(out.shape),
+            "distgemm calls": calls["n"] - before,
         }
     return results
 
 
 @pytest.fixture(scope="module")
 def compat_results(tmp_path_factory):
-    return run_ranks(_compat_worker, tmp_path_factory.mktemp("compat"))
+    return run_ranks(compat_worker, tmp_path_factory.mktemp("compat"))
+
+
+def case_failures(results, key, on_cuda: bool) -> list[str]:
+    """What compat_worker got wrong on any rank for one case (``key``): values, strides or
+    shapes against torch, or distgemm serving a case it should not (or not serving one it
+    should: on CUDA every bf16/fp16 case but a gather of K)."""
+    kind, dim, dtype_name = key[:3]
+    shape = [BATCH, M, N]
+    if kind == "scatter":
+        shape[dim] //= len(results)
+    served = on_cuda and dtype_name != "float32" and not (kind == "gather" and dim == 2)
+    failures = []
+    for rank, result in enumerate(results):
+        r = result[key]
+        checks = ["values", "plain", "strides"] + (["A", "count"] if kind == "gather" else [])
+        failures += [f"rank {rank} {key}: {c}" for c in checks if not r[c]]
+        shapes = r["shapes"] if kind == "gather" else [r["shape"]]
+        if shapes != [shape] * len(shapes):
+            failures.append(f"rank {rank} {key}: shapes {shapes}, expected {shape}")
+        if r["distgemm calls"] != int(served):
+            failures.append(f"rank {rank} {key}: {r['distgemm calls']} distgemm calls")
+    return failures
 
 
 @pytest.mark.parametrize("gather_dim, dtype_name, return_A", GATHER_CASES)
 def test_fused_all_gather_matmul(compat_results, gather_dim, dtype_name, return_A):
-    expected_shape = [BATCH, M, N]
-    for result in compat_results:
-        r = result[("gather", gather_dim, dtype_name, return_A)]
-        assert r["A"] and r["count"] and r["strides"], r
-        assert r["values"] and r["plain"], r
-        assert r["shapes"] == [expected_shape] * 3, r
+    key = ("gather", gather_dim, dtype_name, return_A)
+    failures = case_failures(compat_results, key, on_cuda=False)
+    assert not failures, failures
 
 
 @pytest.mark.parametrize("scatter_dim, dtype_name, reduce_op", SCATTER_CASES)
 def test_fused_matmul_reduce_scatter(compat_results, scatter_dim, dtype_name, reduce_op):
-    expected_shape = [BATCH, M, N]
-    expected_shape[scatter_dim] //= 2
-    for result in compat_results:
-        r = result[("scatter", scatter_dim, dtype_name, reduce_op)]
-        assert r["values"] and r["plain"] and r["strides"], r
-        assert r["shape"] == expected_shape, r
+    key = ("scatter", scatter_dim, dtype_name, reduce_op)
+    failures = case_failures(compat_results, key, on_cuda=False)
+    assert not failures, failures
 
 
 def _fake(shape, dtype=torch.bfloat16, is_cuda=True):
