@@ -187,6 +187,8 @@ def test_indivisible_features_name_the_values():
         ColumnParallelLinear(32, 33, group=group)
     with pytest.raises(ValueError, match=r"in_features=33 is not divisible by tp=2"):
         RowParallelLinear(33, 32, group=group)
+    with pytest.raises(ValueError, match=r"tokens=7 \(input dim 0\) is not divisible by tp=2"):
+        RowParallelLinear(32, 16, group=group)(torch.randn(7, 16))
 
 
 def test_sequence_first_3d_input(one_rank_group):
