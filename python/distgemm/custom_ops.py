@@ -76,55 +76,26 @@ def _reduce_scatter_rows(x: torch.Tensor, group) -> torch.Tensor:
     return out
 
 
-def check_all_gather_linear(x_shard, w, bias) -> None:
-    """ValueError naming the values when the operands of all_gather_linear do not fit."""
-    if x_shard.dim() != 2 or w.dim() != 2:
-        raise ValueError(
-            f"all_gather_linear takes 2-D x_shard and w, got x_shard.shape={list(x_shard.shape)}"
-            f" and w.shape={list(w.shape)}"
-        )
-    if x_shard.shape[1] != w.shape[1]:
-        raise ValueError(
-            f"all_gather_linear: x_shard.shape[1]={x_shard.shape[1]} must equal "
-            f"w.shape[1]={w.shape[1]} (K)"
-        )
-    if bias is not None and tuple(bias.shape) != (w.shape[0],):
-        raise ValueError(
-            f"all_gather_linear: bias.shape={list(bias.shape)} must be [w.shape[0]]=[{w.shape[0]}]"
-        )
-    dtypes = {t.dtype for t in (x_shard, w, bias) if t is not None}
-    if len(dtypes) != 1:
-        raise ValueError(
-            f"all_gather_linear: operands must share one dtype, got {sorted(map(str, dtypes))}"
-        )
-
-
-def check_linear_reduce_scatter(x, w, bias, tp: int) -> None:
-    """ValueError naming the values when the operands of linear_reduce_scatter do not fit."""
+def check_operands(op: str, x_name: str, x, w, bias, tp: int | None = None) -> None:
+    """ValueError naming the values when the operands of ``op`` do not fit: 2-D ``x`` and ``w``
+    sharing K, a bias of ``[w.shape[0]]``, one dtype, and (``tp`` given) ``x``'s rows divisible by
+    tp."""
     if x.dim() != 2 or w.dim() != 2:
         raise ValueError(
-            f"linear_reduce_scatter takes 2-D x and w, got x.shape={list(x.shape)} and "
+            f"{op} takes 2-D {x_name} and w, got {x_name}.shape={list(x.shape)} and "
             f"w.shape={list(w.shape)}"
         )
     if x.shape[1] != w.shape[1]:
         raise ValueError(
-            f"linear_reduce_scatter: x.shape[1]={x.shape[1]} must equal w.shape[1]={w.shape[1]}"
-            " (K_local)"
+            f"{op}: {x_name}.shape[1]={x.shape[1]} must equal w.shape[1]={w.shape[1]} (K)"
         )
-    if x.shape[0] % tp:
-        raise ValueError(
-            f"linear_reduce_scatter: M=x.shape[0]={x.shape[0]} is not divisible by tp={tp}"
-        )
+    if tp is not None and x.shape[0] % tp:
+        raise ValueError(f"{op}: M={x_name}.shape[0]={x.shape[0]} is not divisible by tp={tp}")
     if bias is not None and tuple(bias.shape) != (w.shape[0],):
-        raise ValueError(
-            f"linear_reduce_scatter: bias.shape={list(bias.shape)} must be "
-            f"[w.shape[0]]=[{w.shape[0]}]"
-        )
+        raise ValueError(f"{op}: bias.shape={list(bias.shape)} must be [w.shape[0]]=[{w.shape[0]}]")
     dtypes = {t.dtype for t in (x, w, bias) if t is not None}
     if len(dtypes) != 1:
-        raise ValueError(
-            f"linear_reduce_scatter: operands must share one dtype, got {sorted(map(str, dtypes))}"
-        )
+        raise ValueError(f"{op}: operands must share one dtype, got {sorted(map(str, dtypes))}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -135,7 +106,12 @@ def check_linear_reduce_scatter(x, w, bias, tp: int) -> None:
 def all_gather_linear(
     x_shard: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, group_name: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    check_all_gather_linear(x_shard, w, bias)
+    """``x = all_gather(x_shard, dim 0); out = F.linear(x, w, bias)``; returns ``(out, x)``.
+
+    Per rank: ``x_shard [M/TP, K]``, ``w [N, K]``, ``bias [N]`` or None; ``out [M, N]``,
+    ``x [M, K]``. One dtype; on CUDA in bf16/fp16 distgemm's constraints apply (K and N multiples
+    of 8)."""
+    check_operands("all_gather_linear", "x_shard", x_shard, w, bias)
     group = c10d._resolve_process_group(group_name)
     x_shard, w, bias = dense(x_shard), dense(w), dense(bias)
     if uses_distgemm(x_shard, w):
@@ -149,7 +125,7 @@ def all_gather_linear(
 
 @all_gather_linear.register_fake
 def _(x_shard, w, bias, group_name):
-    check_all_gather_linear(x_shard, w, bias)
+    check_operands("all_gather_linear", "x_shard", x_shard, w, bias)
     rows = group_size(group_name) * x_shard.shape[0]
     return x_shard.new_empty((rows, w.shape[0])), x_shard.new_empty((rows, x_shard.shape[1]))
 
@@ -182,8 +158,13 @@ all_gather_linear.register_autograd(
 def linear_reduce_scatter(
     x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, group_name: str
 ) -> torch.Tensor:
+    """``out = reduce_scatter(x @ w.T, dim 0) + bias``, the bias added once.
+
+    Per rank: ``x [M, K_local]``, ``w [N, K_local]``, ``bias [N]`` or None (the same on every
+    rank); ``out [M/TP, N]``, rank r's rows. One dtype; M divisible by TP; on CUDA in bf16/fp16
+    distgemm's constraints apply (K_local and N multiples of 8)."""
     group = c10d._resolve_process_group(group_name)
-    check_linear_reduce_scatter(x, w, bias, group.size())
+    check_operands("linear_reduce_scatter", "x", x, w, bias, group.size())
     x, w, bias = dense(x), dense(w), dense(bias)
     if uses_distgemm(x, w):
         import distgemm
@@ -196,7 +177,7 @@ def linear_reduce_scatter(
 @linear_reduce_scatter.register_fake
 def _(x, w, bias, group_name):
     tp = group_size(group_name)
-    check_linear_reduce_scatter(x, w, bias, tp)
+    check_operands("linear_reduce_scatter", "x", x, w, bias, tp)
     return x.new_empty((x.shape[0] // tp, w.shape[0]))
 
 
