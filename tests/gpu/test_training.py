@@ -23,33 +23,12 @@ import sys
 import pytest
 
 torch = pytest.importorskip("torch")
-from distgemm import _core  # noqa: E402
+from test_first_run import ENV, TP, _skip_reason  # noqa: E402  (the same 2 Hopper GPUs)
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # tests/: the CPU tests' checks
 WORKER = HERE / "training_worker.py"
-ENV = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-    "PYTHONUNBUFFERED": "1",
-}
-TP = 2
-LAYER_TOLERANCE = {"bfloat16": 1e-2, "float16": 2e-3}  # as tests/test_nn.py
 COMPILED_TOLERANCE = 1e-2  # bf16: compiled kernels may round an intermediate differently
-
-
-def _skip_reason():
-    if not getattr(_core, "cuda_runtime", False):
-        return "distgemm was built without the CUDA runtime (no nvcc at build time)"
-    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if n < TP:
-        return f"needs {TP} CUDA GPUs, this machine has {n}"
-    caps = {torch.cuda.get_device_capability(i) for i in range(TP)}
-    if any(c[0] != 9 for c in caps):
-        return f"needs Hopper GPUs (sm_90), found compute capability {sorted(caps)}"
-    return None
-
 
 pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
 
@@ -78,13 +57,13 @@ def results(tmp_path_factory):
     return [torch.load(out / f"result{r}.pt") for r in range(TP)]
 
 
-@pytest.mark.parametrize("dtype_name", list(LAYER_TOLERANCE))
+@pytest.mark.parametrize("dtype_name", ["bfloat16", "float16"])
 def test_layers_match_fp32(results, dtype_name):
-    from test_nn import layer_failures
+    from test_nn import TOLERANCE, layer_failures
     from training_worker import SIZES
 
     layers = [r["layers"] for r in results]
-    failures = layer_failures(layers, dtype_name, LAYER_TOLERANCE[dtype_name], SIZES, TP)
+    failures = layer_failures(layers, dtype_name, TOLERANCE[dtype_name], SIZES, TP)
     assert not failures, failures
 
 
