@@ -25,6 +25,8 @@ from distgemm import torch_compat  # noqa: E402
 BATCH, M, N = 8, 64, 16
 K_GATHER, K_SCATTER = 32, 1024
 DTYPES = ["float32", "bfloat16", "float16"]
+# torch's op has no autograd, nor has ours: opcheck's autograd registration check does not apply.
+OPCHECK_TESTS = ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
 GATHER_CASES = list(itertools.product([0, 1, 2], DTYPES, [True, False]))
 SCATTER_CASES = list(itertools.product([0, 1, 2], DTYPES, ["avg", "sum"]))
 
@@ -164,18 +166,19 @@ def _fake(shape, dtype=torch.bfloat16, is_cuda=True):
 
 
 @pytest.mark.parametrize(
-    "tensors, extents, divisible, reason",
+    "tensors, tp, extents, divisible, reason",
     [
-        ([_fake([8, 32]), _fake([32, 16])], {"K": 32}, {"M": (8, 4)}, None),
-        ([_fake([8, 32], is_cuda=False)], {"K": 32}, {}, "CPU tensors"),
-        ([_fake([8, 32], torch.float32)], {"K": 32}, {}, "dtypes \\['torch.float32'\\]"),
-        ([_fake([8, 32]), _fake([32, 16], torch.float16)], {}, {}, "one dtype"),
-        ([_fake([8, 32])], {"K": 32, "N": 12}, {}, "N=12 is not a multiple of 8"),
-        ([_fake([6, 32])], {"K": 32}, {"M": (6, 4)}, "M=6 is not divisible by 4"),
+        ([_fake([8, 32]), _fake([32, 16])], 2, {"K": 32}, {"M": (8, 4)}, None),
+        ([_fake([8, 32])], 1, {"K": 32}, {}, "tp=1: one rank has nothing"),
+        ([_fake([8, 32], is_cuda=False)], 2, {"K": 32}, {}, "CPU tensors"),
+        ([_fake([8, 32], torch.float32)], 2, {"K": 32}, {}, "dtypes \\['torch.float32'\\]"),
+        ([_fake([8, 32]), _fake([32, 16], torch.float16)], 2, {}, {}, "one dtype"),
+        ([_fake([8, 32])], 2, {"K": 32, "N": 12}, {}, "N=12 is not a multiple of 8"),
+        ([_fake([6, 32])], 2, {"K": 32}, {"M": (6, 4)}, "M=6 is not divisible by 4"),
     ],
 )
-def test_fallback_reason(tensors, extents, divisible, reason):
-    got = torch_compat.fallback_reason(tensors, extents, divisible)
+def test_fallback_reason(tensors, tp, extents, divisible, reason):
+    got = torch_compat.fallback_reason(tensors, tp, extents, divisible)
     if reason is None:
         assert got is None
     else:
@@ -203,3 +206,45 @@ def test_errors_name_the_values(group_name):
         torch_compat.fused_all_gather_matmul(A, [B, torch.rand(16, 16)], 0, group_name)
     with pytest.raises(ValueError, match=r"Bs\[0\] must be 2-D \[K, N\], got shape \[32\]"):
         torch_compat.fused_all_gather_matmul(A, [torch.rand(32)], 0, group_name)
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2, -1])
+def test_opcheck_and_fake_strides(group_name, dim):
+    g = torch.Generator().manual_seed(5)
+    A = torch.rand(4, 8, 16, generator=g)
+    Bs = [torch.rand(16, 8, generator=g), torch.rand(16, 24, generator=g)]
+    cases = [
+        (torch_compat.fused_all_gather_matmul, (A, Bs, dim, group_name), {"return_A": True}),
+        (torch_compat.fused_all_gather_matmul, (A, Bs, dim, group_name), {"return_A": False}),
+        (torch_compat.fused_matmul_reduce_scatter, (A, Bs[1], "avg", dim, group_name), {}),
+    ]
+    for op, args, kwargs in cases:
+        result = torch.library.opcheck(op, args, kwargs, test_utils=OPCHECK_TESTS)
+        assert set(result.values()) == {"SUCCESS"}, result
+
+
+def test_compiled_call_is_one_node(group_name):
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append([str(n.target) for n in gm.graph.nodes if n.op == "call_function"])
+        return gm.forward
+
+    def f(A, B0, B1):
+        A_full, (y0, y1) = torch_compat.fused_all_gather_matmul(A, [B0, B1], 1, group_name)
+        return torch_compat.fused_matmul_reduce_scatter(A_full, B0, "sum", 0, group_name) + y0
+
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(6)
+    args = (torch.rand(4, 8, 16, generator=g), torch.rand(16, 8, generator=g))
+    args = (*args, torch.rand(16, 24, generator=g))
+    compiled = torch.compile(f, fullgraph=True, backend=aot_autograd(fw_compiler=record))
+    torch.testing.assert_close(compiled(*args), f(*args), rtol=0, atol=0)
+    assert len(graphs) == 1
+    ops = [t for t in graphs[0] if t.startswith("distgemm.")]
+    assert ops == [
+        "distgemm.fused_all_gather_matmul.default",
+        "distgemm.fused_matmul_reduce_scatter.default",
+    ], graphs[0]
