@@ -199,3 +199,19 @@ def test_sequence_first_3d_input(one_rank_group):
     torch.testing.assert_close(col(x), fc(x), rtol=1e-5, atol=1e-5)
     row = RowParallelLinear.from_linear(nn.Linear(FFN, HIDDEN))
     assert row(torch.randn(4, 3, FFN)).shape == (4, 3, HIDDEN)
+
+
+def test_autocast_computes_in_its_dtype_and_grads_reach_fp32_params(one_rank_group):
+    torch.manual_seed(2)
+    fc1, fc2 = nn.Linear(HIDDEN, FFN), nn.Linear(FFN, HIDDEN)
+    col, row = ColumnParallelLinear.from_linear(fc1), RowParallelLinear.from_linear(fc2)
+    x = torch.randn(TOKENS, HIDDEN)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = row(col(x))
+    assert y.dtype == torch.bfloat16
+    y.float().sum().backward()
+    fc2(fc1(x)).sum().backward()
+    assert col.weight.dtype == torch.float32 and col.weight.grad.dtype == torch.float32
+    for got, ref in [(col.weight.grad, fc1.weight.grad), (row.bias.grad, fc2.bias.grad)]:
+        assert rel_err(got, ref) <= TOLERANCE["bfloat16"]
+    assert rel_err(y, fc2(fc1(x))) <= TOLERANCE["bfloat16"]

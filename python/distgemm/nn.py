@@ -117,6 +117,17 @@ class _ParallelLinear(nn.Module):
                 linear.bias.copy_(bias)
         return linear
 
+    def _operands(self, x: torch.Tensor):
+        """Input, weight and bias in the dtype the op computes in: under ``torch.autocast`` the
+        autocast dtype (the parameters stay in theirs and get gradients through the cast), else
+        as they are."""
+        device = x.device.type
+        if not torch.is_autocast_enabled(device):
+            return x, self.weight, self.bias
+        dtype = torch.get_autocast_dtype(device)
+        bias = None if self.bias is None else self.bias.to(dtype)
+        return x.to(dtype), self.weight.to(dtype), bias
+
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -133,9 +144,8 @@ class ColumnParallelLinear(_ParallelLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_input("ColumnParallelLinear", x, self.in_features, "in_features")
-        out, _ = custom_ops.all_gather_linear(
-            x.reshape(-1, x.shape[-1]), self.weight, self.bias, self.group_name
-        )
+        x2d, weight, bias = self._operands(x.reshape(-1, x.shape[-1]))
+        out, _ = custom_ops.all_gather_linear(x2d, weight, bias, self.group_name)
         return out.view(self.tp * x.shape[0], *x.shape[1:-1], out.shape[-1])
 
 
@@ -153,7 +163,6 @@ class RowParallelLinear(_ParallelLinear):
                 f"RowParallelLinear: tokens={x.shape[0]} (input dim 0) is not divisible by "
                 f"tp={self.tp}"
             )
-        out = custom_ops.linear_reduce_scatter(
-            x.reshape(-1, x.shape[-1]), self.weight, self.bias, self.group_name
-        )
+        x2d, weight, bias = self._operands(x.reshape(-1, x.shape[-1]))
+        out = custom_ops.linear_reduce_scatter(x2d, weight, bias, self.group_name)
         return out.view(x.shape[0] // self.tp, *x.shape[1:-1], out.shape[-1])
