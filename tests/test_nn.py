@@ -28,6 +28,7 @@ TP = 2
 TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}
 TOKENS, HIDDEN, FFN = 16, 32, 48
 BASELINE_RATIO = 3  # our error may be at most this multiple of one process's in the same dtype
+REGATHER = "(keep_gathered_input=False)"  # marks the column layer that gathers x again
 
 
 def _rank_entry(rank, fn, tp, tmp, args):
@@ -62,13 +63,14 @@ def _full_layers(sizes, device):
     return fc1.to(device), fc2.to(device), [t.to(device) for t in data]
 
 
-def _layer_values(fc1, fc2, data, rows, cols, dtype, sharded):
+def _layer_values(fc1, fc2, data, rows, cols, dtype, sharded, keep_gathered_input=True):
     """Forward output and every gradient of fc1 (column-parallel) and fc2 (row-parallel), this
     rank's slice of each: through the distgemm layers (``sharded``) or the full nn.Linear."""
     x, grad1, h, grad2 = data
     fc1, fc2 = copy.deepcopy(fc1).to(dtype), copy.deepcopy(fc2).to(dtype)
     if sharded:
-        fc1, fc2 = ColumnParallelLinear.from_linear(fc1), RowParallelLinear.from_linear(fc2)
+        fc1 = ColumnParallelLinear.from_linear(fc1, keep_gathered_input=keep_gathered_input)
+        fc2 = RowParallelLinear.from_linear(fc2)
         x, h = x[rows], h[:, cols]
         grad1, grad2 = grad1[:, cols], grad2[rows]
     x, h = (t.to(dtype, copy=True).requires_grad_() for t in (x, h))
@@ -101,8 +103,9 @@ def _layer_values(fc1, fc2, data, rows, cols, dtype, sharded):
 
 def layers_worker(rank, tp, dtype_names, device="cpu", sizes=(TOKENS, HIDDEN, FFN)):
     """Per dtype: relative errors against the full fp32 layers of the forward output and every
-    gradient of both layers (``quantity``) and of the full layers in that dtype on one process
-    (``single quantity``, the baseline), the shapes, and whether gathering back is exact."""
+    gradient of both layers (``quantity``; the column layer also with keep_gathered_input=False)
+    and of the full layers in that dtype on one process (``single quantity``, the baseline), the
+    shapes, and whether gathering back is exact."""
     tokens, _, ffn = sizes
     rows = slice(rank * tokens // tp, (rank + 1) * tokens // tp)
     cols = slice(rank * ffn // tp, (rank + 1) * ffn // tp)
@@ -114,6 +117,10 @@ def layers_worker(rank, tp, dtype_names, device="cpu", sizes=(TOKENS, HIDDEN, FF
         got, (col, row) = _layer_values(fc1, fc2, data, rows, cols, dtype, sharded=True)
         single, _ = _layer_values(fc1, fc2, data, rows, cols, dtype, sharded=False)
         out[dtype_name] = {q: rel_err(got[q], ref[q]) for q in ref}
+        regathered, _ = _layer_values(fc1, fc2, data, rows, cols, dtype, True, False)
+        out[dtype_name].update(
+            {f"{q} {REGATHER}": rel_err(regathered[q], ref[q]) for q in ref if "column" in q}
+        )
         out[dtype_name].update({f"single {q}": rel_err(single[q], ref[q]) for q in ref})
         out[dtype_name]["shapes"] = [list(got[q].shape) for q in ref]
         fc1_back, fc2_back = col.to_linear(), row.to_linear()
@@ -146,7 +153,7 @@ def layer_failures(results, dtype_name, tolerance, sizes, tp) -> list[str]:
     for rank, result in enumerate(results):
         r = result[dtype_name]
         for q in [k for k in r if k.startswith(("column ", "row "))]:
-            err, single = r[q], r[f"single {q}"]
+            err, single = r[q], r[f"single {q.removesuffix(' ' + REGATHER)}"]
             if err > tolerance or err > BASELINE_RATIO * single + 1e-6:
                 failures.append(f"rank {rank} {q}: {err:.2e} (one process: {single:.2e})")
         if r["shapes"] != expected_shapes(sizes, tp):
@@ -215,3 +222,29 @@ def test_autocast_computes_in_its_dtype_and_grads_reach_fp32_params(one_rank_gro
     for got, ref in [(col.weight.grad, fc1.weight.grad), (row.bias.grad, fc2.bias.grad)]:
         assert rel_err(got, ref) <= TOLERANCE["bfloat16"]
     assert rel_err(y, fc2(fc1(x))) <= TOLERANCE["bfloat16"]
+
+
+def test_regathering_column_layer_keeps_only_the_shard_and_compiles(one_rank_group):
+    torch.manual_seed(3)
+    fc = nn.Linear(HIDDEN, FFN)
+    kept = ColumnParallelLinear.from_linear(fc)
+    regather = ColumnParallelLinear.from_linear(fc, keep_gathered_input=False)
+    x = torch.randn(TOKENS, HIDDEN)
+    for layer, saves_input in [(kept, False), (regather, True)]:
+        saved = []
+
+        def pack(t, saved=saved):
+            saved.append(t.data_ptr())
+            return t
+
+        xi = x.clone().requires_grad_()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            layer(xi)
+        assert (xi.data_ptr() in saved) == saves_input  # the shard itself, not a gathered copy
+    grads = []
+    for layer in (kept, torch.compile(regather, fullgraph=True, backend="aot_eager")):
+        xi = x.clone().requires_grad_()
+        layer(xi).square().sum().backward()
+        grads.append(xi.grad)
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(regather.weight.grad, kept.weight.grad, rtol=1e-6, atol=1e-6)

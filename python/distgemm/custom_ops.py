@@ -14,7 +14,8 @@ Per-rank shapes, TP ranks in the group named ``group_name``:
 Backward:
 
 - ``all_gather_linear``: ``grad_x_shard = linear_reduce_scatter(grad_out, w.T)`` (the GEMM under
-  the reduce-scatter), ``grad_w = grad_out.T @ x`` with ``x`` kept from forward,
+  the reduce-scatter), ``grad_w = grad_out.T @ x`` with ``x`` kept from forward (or, with
+  ``return_gathered=False``, gathered again while the dgrad GEMM runs),
   ``grad_bias = grad_out.sum(0)``.
 - ``linear_reduce_scatter``: ``(grad_x, grad_out_full) = all_gather_linear(grad_out, w.T)``
   (the all-gather under the dgrad GEMM), ``grad_w = grad_out_full.T @ x``,
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 from torch.distributed import distributed_c10d as c10d
 
 NAMESPACE = "distgemm"
@@ -104,45 +106,59 @@ def check_operands(op: str, x_name: str, x, w, bias, tp: int | None = None) -> N
 
 @torch.library.custom_op(f"{NAMESPACE}::all_gather_linear", mutates_args=())
 def all_gather_linear(
-    x_shard: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, group_name: str
+    x_shard: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor | None,
+    group_name: str,
+    return_gathered: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``x = all_gather(x_shard, dim 0); out = F.linear(x, w, bias)``; returns ``(out, x)``.
 
     Per rank: ``x_shard [M/TP, K]``, ``w [N, K]``, ``bias [N]`` or None; ``out [M, N]``,
-    ``x [M, K]``. One dtype; on CUDA in bf16/fp16 distgemm's constraints apply (K and N multiples
-    of 8)."""
+    ``x [M, K]``, or ``[0, K]`` with ``return_gathered=False`` (the backward then gathers
+    ``x_shard`` again, under the dgrad GEMM). One dtype; on CUDA in bf16/fp16 distgemm's
+    constraints apply (K and N multiples of 8)."""
     check_operands("all_gather_linear", "x_shard", x_shard, w, bias)
     group = c10d._resolve_process_group(group_name)
     x_shard, w, bias = dense(x_shard), dense(w), dense(bias)
     if uses_distgemm(x_shard, w):
         import distgemm
 
+        if not return_gathered:
+            out = distgemm.all_gather_gemm(x_shard, w, bias=bias, group=group)
+            return out, x_shard.new_empty((0, x_shard.shape[1]))
         return distgemm.all_gather_gemm(x_shard, w, bias=bias, return_gathered=True, group=group)
     x = _all_gather_rows(x_shard, group)
     out = torch.mm(x, w.t()) if bias is None else torch.addmm(bias, x, w.t())
-    return out, x
+    return out, (x if return_gathered else x.new_empty((0, x.shape[1])))
 
 
 @all_gather_linear.register_fake
-def _(x_shard, w, bias, group_name):
+def _(x_shard, w, bias, group_name, return_gathered=True):
     check_operands("all_gather_linear", "x_shard", x_shard, w, bias)
     rows = group_size(group_name) * x_shard.shape[0]
-    return x_shard.new_empty((rows, w.shape[0])), x_shard.new_empty((rows, x_shard.shape[1]))
+    gathered_rows = rows if return_gathered else 0
+    return x_shard.new_empty((rows, w.shape[0])), x_shard.new_empty(
+        (gathered_rows, x_shard.shape[1])
+    )
 
 
 def _all_gather_linear_setup(ctx, inputs, output):
-    _, w, bias, group_name = inputs
-    ctx.save_for_backward(w, output[1])
+    x_shard, w, bias, group_name, return_gathered = inputs
+    ctx.save_for_backward(w, output[1] if return_gathered else x_shard)
+    ctx.regather = not return_gathered
     ctx.group_name = group_name
     ctx.has_bias = bias is not None
 
 
 def _all_gather_linear_backward(ctx, grad_out, _grad_gathered):
     w, x = ctx.saved_tensors
+    if ctx.regather:  # asynchronous: the dgrad GEMM below runs while it is in flight
+        x = funcol.all_gather_single(x.contiguous(), 0, ctx.group_name)
     grad_x_shard = linear_reduce_scatter(grad_out, w.t().contiguous(), None, ctx.group_name)
     grad_w = torch.mm(grad_out.t(), x)
     grad_bias = grad_out.sum(0) if ctx.has_bias else None
-    return grad_x_shard, grad_w, grad_bias, None
+    return grad_x_shard, grad_w, grad_bias, None, None
 
 
 all_gather_linear.register_autograd(

@@ -65,8 +65,9 @@ class _ParallelLinear(nn.Module):
                 self.bias.uniform_(-bound, bound)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, group=None):
-        """This rank's shard of ``linear`` (the same full layer on every rank)."""
+    def from_linear(cls, linear: nn.Linear, group=None, **options):
+        """This rank's shard of ``linear`` (the same full layer on every rank); ``options``: the
+        layer's own keyword arguments (``keep_gathered_input``)."""
         layer = cls(
             linear.in_features,
             linear.out_features,
@@ -74,6 +75,7 @@ class _ParallelLinear(nn.Module):
             group=group,
             device=linear.weight.device,
             dtype=linear.weight.dtype,
+            **options,
         )
         with torch.no_grad():
             layer.weight.copy_(linear.weight.chunk(layer.tp, layer.shard_dim)[layer.rank])
@@ -137,15 +139,31 @@ class _ParallelLinear(nn.Module):
 
 class ColumnParallelLinear(_ParallelLinear):
     """``y = all_gather(x, dim 0) @ w.T + b`` with ``w`` this rank's ``[F/TP, H]`` rows:
-    ``[T/TP, ..., H]`` in, ``[T, ..., F/TP]`` out."""
+    ``[T/TP, ..., H]`` in, ``[T, ..., F/TP]`` out.
 
-    def __init__(self, in_features, out_features, bias=True, group=None, device=None, dtype=None):
+    ``keep_gathered_input``: True keeps the gathered ``[T, H]`` input from forward for the weight
+    gradient; False keeps only this rank's shard and gathers it again in backward, while the
+    dgrad GEMM runs (less memory, one more all-gather)."""
+
+    def __init__(
+        self,
+        in_features,
+        out_features,
+        bias=True,
+        group=None,
+        device=None,
+        dtype=None,
+        keep_gathered_input=True,
+    ):
         super().__init__(in_features, out_features, bias, group, device, dtype, shard_dim=0)
+        self.keep_gathered_input = keep_gathered_input
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_input("ColumnParallelLinear", x, self.in_features, "in_features")
         x2d, weight, bias = self._operands(x.reshape(-1, x.shape[-1]))
-        out, _ = custom_ops.all_gather_linear(x2d, weight, bias, self.group_name)
+        out, _ = custom_ops.all_gather_linear(
+            x2d, weight, bias, self.group_name, self.keep_gathered_input
+        )
         return out.view(self.tp * x.shape[0], *x.shape[1:-1], out.shape[-1])
 
 
