@@ -198,6 +198,14 @@ def test_indivisible_features_name_the_values():
         RowParallelLinear(32, 16, group=group)(torch.randn(7, 16))
 
 
+def test_layers_deep_copy(one_rank_group):
+    torch.manual_seed(4)
+    col = ColumnParallelLinear(HIDDEN, FFN)
+    twin = copy.deepcopy(col)
+    x = torch.randn(TOKENS, HIDDEN)
+    assert torch.equal(twin(x), col(x)) and twin.group_name == col.group_name
+
+
 def test_sequence_first_3d_input(one_rank_group):
     torch.manual_seed(1)
     fc = nn.Linear(HIDDEN, FFN)

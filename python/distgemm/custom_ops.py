@@ -37,9 +37,14 @@ NAMESPACE = "distgemm"
 DISTGEMM_DTYPES = (torch.bfloat16, torch.float16)
 
 
+def group_of(group_name: str):
+    """The process group named ``group_name``."""
+    return c10d._resolve_process_group(group_name)
+
+
 def group_size(group_name: str) -> int:
     """The number of ranks in the process group named ``group_name``."""
-    return c10d._resolve_process_group(group_name).size()
+    return group_of(group_name).size()
 
 
 def group_name_of(group) -> str:
@@ -119,7 +124,7 @@ def all_gather_linear(
     ``x_shard`` again, under the dgrad GEMM). One dtype; on CUDA in bf16/fp16 distgemm's
     constraints apply (K and N multiples of 8)."""
     check_operands("all_gather_linear", "x_shard", x_shard, w, bias)
-    group = c10d._resolve_process_group(group_name)
+    group = group_of(group_name)
     x_shard, w, bias = dense(x_shard), dense(w), dense(bias)
     if uses_distgemm(x_shard, w):
         import distgemm
@@ -179,7 +184,7 @@ def linear_reduce_scatter(
     Per rank: ``x [M, K_local]``, ``w [N, K_local]``, ``bias [N]`` or None (the same on every
     rank); ``out [M/TP, N]``, rank r's rows. One dtype; M divisible by TP; on CUDA in bf16/fp16
     distgemm's constraints apply (K_local and N multiples of 8)."""
-    group = c10d._resolve_process_group(group_name)
+    group = group_of(group_name)
     check_operands("linear_reduce_scatter", "x", x, w, bias, group.size())
     x, w, bias = dense(x), dense(w), dense(bias)
     if uses_distgemm(x, w):

@@ -39,10 +39,12 @@ class _ParallelLinear(nn.Module):
 
     def __init__(self, in_features, out_features, bias, group, device, dtype, shard_dim):
         super().__init__()
-        self.group = group if group is not None else dist.group.WORLD
-        self.group_name = custom_ops.group_name_of(self.group)
-        self.tp = self.group.size()
-        self.rank = self.group.rank()
+        group = group if group is not None else dist.group.WORLD
+        # The group by name only, as the ops take it: a module holding no ProcessGroup object
+        # can be deep-copied and pickled.
+        self.group_name = custom_ops.group_name_of(group)
+        self.tp = group.size()
+        self.rank = group.rank()
         self.in_features = in_features
         self.out_features = out_features
         self.shard_dim = shard_dim  # the dim of the nn.Linear weight [out, in] that is sharded
@@ -88,11 +90,12 @@ class _ParallelLinear(nn.Module):
 
     def gather_weight(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The full ``nn.Linear`` weight ``[out, in]`` and bias ``[out]`` (a collective)."""
+        group = custom_ops.group_of(self.group_name)
         weight = self.weight.detach()
         if self.shard_dim == 1:
             weight = weight.t()
         full = weight.new_empty((self.tp * weight.shape[0], weight.shape[1]))
-        dist.all_gather_single(full, weight.contiguous(), group=self.group)
+        dist.all_gather_single(full, weight.contiguous(), group=group)
         if self.shard_dim == 1:
             full = full.t()
         bias = None
@@ -100,7 +103,7 @@ class _ParallelLinear(nn.Module):
             bias = self.bias.detach().clone()
             if self.shard_dim == 0:
                 bias = bias.new_empty(self.out_features)
-                dist.all_gather_single(bias, self.bias.detach().contiguous(), group=self.group)
+                dist.all_gather_single(bias, self.bias.detach().contiguous(), group=group)
         return full.contiguous(), bias
 
     def to_linear(self) -> nn.Linear:

@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch.distributed import distributed_c10d as c10d
 
-from .custom_ops import DISTGEMM_DTYPES
+from .custom_ops import DISTGEMM_DTYPES, group_of
 
 REDUCE_OPS = ("sum", "avg")
 ALIGN_ELEMENTS = 8  # distgemm's contiguous GEMM extents are multiples of 8 elements
@@ -99,7 +98,7 @@ def fused_all_gather_matmul(
     False), strides as torch's op returns them. A torch.library op (``distgemm::``), so
     ``torch.compile`` keeps it as one node; no autograd, as torch's op.
     """
-    group = c10d._resolve_process_group(group_name)
+    group = group_of(group_name)
     tp = group.size()
     gather_dim = _check_all_gather(A_shard, Bs, gather_dim, tp)
     k = A_shard.shape[-1]
@@ -125,7 +124,7 @@ def fused_all_gather_matmul(
 
 @fused_all_gather_matmul.register_fake
 def _(A_shard, Bs, gather_dim, group_name, *, return_A=True):
-    tp = c10d._resolve_process_group(group_name).size()
+    tp = group_of(group_name).size()
     gather_dim = _check_all_gather(A_shard, Bs, gather_dim, tp)
     gathered = A_shard.new_empty((tp * A_shard.shape[0], *A_shard.shape[1:]))
     return _torch_layout(gathered, A_shard.shape, Bs, gather_dim, tp, return_A)
@@ -178,7 +177,7 @@ def fused_matmul_reduce_scatter(
     ``scatter_dim=1`` and ``A: [BATCH, M, K]``. A torch.library op (``distgemm::``); no
     autograd, as torch's op.
     """
-    group = c10d._resolve_process_group(group_name)
+    group = group_of(group_name)
     tp = group.size()
     scatter_dim = _check_reduce_scatter(A, B, reduce_op, scatter_dim, tp)
     ndim = A.dim()
@@ -214,7 +213,7 @@ def fused_matmul_reduce_scatter(
 
 @fused_matmul_reduce_scatter.register_fake
 def _(A, B, reduce_op, scatter_dim, group_name):
-    tp = c10d._resolve_process_group(group_name).size()
+    tp = group_of(group_name).size()
     scatter_dim = _check_reduce_scatter(A, B, reduce_op, scatter_dim, tp)
     shape = [*A.shape[:-1], B.shape[1]]
     shape[scatter_dim] //= tp
