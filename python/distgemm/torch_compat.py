@@ -1,0 +1,230 @@
+"""Drop-ins for ``torch.ops.symm_mem.fused_all_gather_matmul`` and
+``torch.ops.symm_mem.fused_matmul_reduce_scatter``: the same signatures, results, shapes and
+strides, backed by distgemm where the layout maps to a distgemm schedule.
+
+Plain torch equivalents (``group`` the process group named ``group_name``, TP its size)::
+
+    A = all_gather(A_shard, dim=gather_dim)                    # A_shard [..., K]
+    fused_all_gather_matmul(...) == (A if return_A else None, [A @ B for B in Bs])  # B [K, N]
+    fused_matmul_reduce_scatter(A, B, op, dim, ...) == reduce_scatter(A @ B, op, dim)
+
+Where distgemm runs (CUDA, bf16/fp16, the extents distgemm needs): a gather or scatter along
+any dim but the last moves that dim to the front (one copy unless it is already first), runs
+``all_gather_gemm`` (``ag_rotate_a``) or ``gemm_reduce_scatter`` (``rs_tile_a``) on the rows, and
+moves it back; a scatter along the last dim (N) runs ``gemm_reduce_scatter`` with
+``schedule="rs_tile_b", steps=TP``. Several ``Bs`` share one all-gather: they are concatenated
+along N. Everything else runs the plain collective + ``torch.matmul``; ``fallback_reason`` says why.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .custom_ops import DISTGEMM_DTYPES, group_of
+
+REDUCE_OPS = ("sum", "avg")
+ALIGN_ELEMENTS = 8  # distgemm's contiguous GEMM extents are multiples of 8 elements
+
+
+def fallback_reason(
+    tensors, tp: int, extents: dict[str, int], divisible: dict[str, tuple[int, int]] | None = None
+) -> str | None:
+    """Why distgemm cannot serve this call, None when it can: CPU tensors, a dtype it lacks, a
+    GEMM extent that is not a multiple of 8 elements (``extents``: name -> value), or a split
+    mode its pipeline steps do not divide (``divisible``: name -> (value, divisor)), or a group
+    of one rank."""
+    if not all(t.is_cuda for t in tensors):
+        return "CPU tensors: distgemm runs on CUDA GPUs only"
+    if tp < 2:
+        return f"tp={tp}: one rank has nothing to gather or scatter"
+    dtypes = {t.dtype for t in tensors}
+    if len(dtypes) != 1 or not dtypes <= set(DISTGEMM_DTYPES):
+        return f"dtypes {sorted(map(str, dtypes))}: distgemm takes one dtype, bf16 or fp16"
+    for name, value in extents.items():
+        if value % ALIGN_ELEMENTS:
+            return f"{name}={value} is not a multiple of {ALIGN_ELEMENTS}"
+    for name, (value, divisor) in (divisible or {}).items():
+        if value % divisor:
+            return f"{name}={value} is not divisible by {divisor} (the most pipeline steps)"
+    return None
+
+
+def _normalise_dim(dim: int, ndim: int, name: str) -> int:
+    if not -ndim <= dim < ndim:
+        raise ValueError(f"{name}={dim} is out of range for a {ndim}-D A")
+    return dim % ndim
+
+
+def _check_bs(A: torch.Tensor, Bs, op: str) -> None:
+    for i, B in enumerate(Bs):
+        if B.dim() != 2:
+            raise ValueError(f"{op}: Bs[{i}] must be 2-D [K, N], got shape {list(B.shape)}")
+
+
+def _check_all_gather(A_shard, Bs, gather_dim: int, tp: int) -> int:
+    """ValueError naming the values for operands torch's op refuses; the gather dim >= 0."""
+    op = "fused_all_gather_matmul"
+    if A_shard.dim() < 2:
+        raise ValueError(f"{op}: A_shard must have at least 2 dims, got {list(A_shard.shape)}")
+    _check_bs(A_shard, Bs, op)
+    gather_dim = _normalise_dim(gather_dim, A_shard.dim(), "gather_dim")
+    k_mm = A_shard.shape[-1] * (tp if gather_dim == A_shard.dim() - 1 else 1)
+    for i, B in enumerate(Bs):
+        if B.shape[0] != k_mm:
+            raise ValueError(f"{op}: Bs[{i}].shape[0]={B.shape[0]} must equal K={k_mm}")
+    return gather_dim
+
+
+@torch.library.custom_op(
+    "distgemm::fused_all_gather_matmul",
+    mutates_args=(),
+    schema="(Tensor A_shard, Tensor[] Bs, int gather_dim, str group_name, *, "
+    "bool return_A=True) -> (Tensor?, Tensor[])",
+)
+def fused_all_gather_matmul(
+    A_shard: torch.Tensor,
+    Bs: list[torch.Tensor],
+    gather_dim: int,
+    group_name: str,
+    *,
+    return_A: bool = True,
+) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+    """``all_gather(A_shard, gather_dim) @ B`` for each ``B`` in ``Bs``.
+
+    Per-rank shapes: ``A_shard``: ``[..., K]`` with dim ``gather_dim`` this rank's slice (rank r
+    holds slice r); ``Bs``: ``[K, N_i]`` each (for ``gather_dim`` the last dim, ``[TP*K, N_i]``).
+    Returns ``(A, [A @ B_i])`` with ``A`` the gathered ``A_shard`` (None when ``return_A`` is
+    False), strides as torch's op returns them. A torch.library op (``distgemm::``), so
+    ``torch.compile`` keeps it as one node; no autograd, as torch's op.
+    """
+    group = group_of(group_name)
+    tp = group.size()
+    gather_dim = _check_all_gather(A_shard, Bs, gather_dim, tp)
+    k = A_shard.shape[-1]
+    n_total = sum(B.shape[1] for B in Bs)
+    if gather_dim == A_shard.dim() - 1:
+        reason = "gather_dim is the contracted dim K: no distgemm schedule gathers K"
+    else:
+        reason = fallback_reason([A_shard, *Bs], tp, {"K": k, "sum of N": n_total})
+    if reason is not None:
+        return _all_gather_matmul_collective(A_shard, Bs, gather_dim, group, return_A)
+    import distgemm
+
+    # Rows of A_shard with the gathered dim first: rank r's rows follow rank r-1's.
+    a_rows = A_shard.movedim(gather_dim, 0).contiguous()
+    moved_shape = (tp * a_rows.shape[0], *a_rows.shape[1:-1])
+    w = torch.cat([B.t() for B in Bs]) if len(Bs) > 1 else Bs[0].t().contiguous()
+    out, a = distgemm.all_gather_gemm(a_rows.view(-1, k), w, return_gathered=True, group=group)
+    outs = out.split([B.shape[1] for B in Bs], dim=1) if len(Bs) > 1 else (out,)
+    results = [o.contiguous().view(*moved_shape, o.shape[1]).movedim(0, gather_dim) for o in outs]
+    A = a.view(*moved_shape, k).movedim(0, gather_dim) if return_A else None
+    return A, results
+
+
+@fused_all_gather_matmul.register_fake
+def _(A_shard, Bs, gather_dim, group_name, *, return_A=True):
+    tp = group_of(group_name).size()
+    gather_dim = _check_all_gather(A_shard, Bs, gather_dim, tp)
+    gathered = A_shard.new_empty((tp * A_shard.shape[0], *A_shard.shape[1:]))
+    return _torch_layout(gathered, A_shard.shape, Bs, gather_dim, tp, return_A)
+
+
+def _all_gather_matmul_collective(A_shard, Bs, gather_dim, group, return_A):
+    """The plain all-gather along dim 0 + matmul, laid out as torch's op lays it out."""
+    gathered = A_shard.new_empty((group.size() * A_shard.shape[0], *A_shard.shape[1:]))
+    dist.all_gather_single(gathered, A_shard.contiguous(), group=group)
+    return _torch_layout(gathered, A_shard.shape, Bs, gather_dim, group.size(), return_A)
+
+
+def _torch_layout(gathered, shard_shape, Bs, gather_dim, tp, return_A):
+    """torch's reference steps from the ranks' stacked shards to ``(A, [A @ B])``: the same
+    shapes and strides on real tensors (the collective path) and fake ones (the fake kernel)."""
+    if gather_dim == len(shard_shape) - 1:
+        A = torch.cat(gathered.chunk(tp), dim=-1)
+        return (A if return_A else None), [torch.matmul(A, B) for B in Bs]
+    A = gathered.view(tp, *shard_shape).movedim(gather_dim + 1, 1).flatten(0, 1)
+    results = [torch.matmul(A, B).movedim(0, gather_dim) for B in Bs]
+    return (A.movedim(0, gather_dim) if return_A else None), results
+
+
+def _check_reduce_scatter(A, B, reduce_op: str, scatter_dim: int, tp: int) -> int:
+    """ValueError naming the values for operands torch's op refuses; the scatter dim >= 0."""
+    op = "fused_matmul_reduce_scatter"
+    if reduce_op not in REDUCE_OPS:
+        raise ValueError(f"{op}: reduce_op={reduce_op!r} is not one of {REDUCE_OPS}")
+    if A.dim() < 2:
+        raise ValueError(f"{op}: A must have at least 2 dims, got {list(A.shape)}")
+    _check_bs(A, [B], op)
+    if B.shape[0] != A.shape[-1]:
+        raise ValueError(f"{op}: B.shape[0]={B.shape[0]} must equal K=A.shape[-1]={A.shape[-1]}")
+    scatter_dim = _normalise_dim(scatter_dim, A.dim(), "scatter_dim")
+    extent = B.shape[1] if scatter_dim == A.dim() - 1 else A.shape[scatter_dim]
+    if extent % tp:
+        raise ValueError(f"{op}: dim {scatter_dim} of A @ B ({extent}) is not divisible by tp={tp}")
+    return scatter_dim
+
+
+@torch.library.custom_op("distgemm::fused_matmul_reduce_scatter", mutates_args=())
+def fused_matmul_reduce_scatter(
+    A: torch.Tensor, B: torch.Tensor, reduce_op: str, scatter_dim: int, group_name: str
+) -> torch.Tensor:
+    """``reduce_scatter(A @ B, reduce_op, scatter_dim)``.
+
+    Per-rank shapes: ``A``: ``[..., K]`` (this rank's partial operand), ``B``: ``[K, N]``;
+    returns ``A @ B`` reduced over the ranks (``"sum"`` or ``"avg"``) and split along
+    ``scatter_dim`` (rank r gets slice r), contiguous, e.g. ``[BATCH, M/TP, N]`` for
+    ``scatter_dim=1`` and ``A: [BATCH, M, K]``. A torch.library op (``distgemm::``); no
+    autograd, as torch's op.
+    """
+    group = group_of(group_name)
+    tp = group.size()
+    scatter_dim = _check_reduce_scatter(A, B, reduce_op, scatter_dim, tp)
+    ndim = A.dim()
+    last = scatter_dim == ndim - 1
+    rows = A.numel() // A.shape[-1]
+    if last:  # rs_tile_b at S = TP: each step's N/TP columns are one contiguous GEMM extent
+        reason = fallback_reason([A, B], tp, {"K": A.shape[-1], "N/tp": B.shape[1] // tp})
+    else:  # rs_tile_a: S is TP or 2*TP (default_steps), and M must split into S steps
+        reason = fallback_reason(
+            [A, B], tp, {"K": A.shape[-1], "N": B.shape[1]}, {"M": (rows, 2 * tp)}
+        )
+    if reason is not None:
+        return _matmul_reduce_scatter_collective(A, B, reduce_op, scatter_dim, group)
+    import distgemm
+
+    w = B.t().contiguous()
+    if last:
+        out = distgemm.gemm_reduce_scatter(
+            A.reshape(rows, A.shape[-1]).contiguous(),
+            w,
+            schedule="rs_tile_b",
+            steps=tp,
+            group=group,
+        )
+        out = out.view(*A.shape[:-1], out.shape[-1])
+    else:
+        a_rows = A.movedim(scatter_dim, 0).contiguous()
+        out = distgemm.gemm_reduce_scatter(a_rows.view(rows, A.shape[-1]), w, group=group)
+        out = out.view(a_rows.shape[0] // tp, *a_rows.shape[1:-1], out.shape[-1])
+        out = out.movedim(0, scatter_dim).contiguous()
+    return out.div_(tp) if reduce_op == "avg" else out
+
+
+@fused_matmul_reduce_scatter.register_fake
+def _(A, B, reduce_op, scatter_dim, group_name):
+    tp = group_of(group_name).size()
+    scatter_dim = _check_reduce_scatter(A, B, reduce_op, scatter_dim, tp)
+    shape = [*A.shape[:-1], B.shape[1]]
+    shape[scatter_dim] //= tp
+    return A.new_empty(shape)
+
+
+def _matmul_reduce_scatter_collective(A, B, reduce_op, scatter_dim, group):
+    """The plain matmul + reduce-scatter along ``scatter_dim``, contiguous result."""
+    tp = group.size()
+    partial = torch.matmul(A, B).movedim(scatter_dim, 0).contiguous()
+    out = partial.new_empty((partial.shape[0] // tp, *partial.shape[1:]))
+    dist.reduce_scatter_single(out, partial, group=group)
+    out = out.movedim(0, scatter_dim).contiguous()
+    return out.div_(tp) if reduce_op == "avg" else out

@@ -1,0 +1,250 @@
+"""distgemm.torch_compat on 2 gloo ranks against torch: the cases of torch's own tests of
+torch.ops.symm_mem.fused_all_gather_matmul / fused_matmul_reduce_scatter
+(test/distributed/test_symmetric_memory.py: BATCH=8, M=64, N=16, K=32 resp. 1024, every gather and
+scatter dim, three Bs, "avg"), with their assertions: values allclose to torch's reference
+implementation and the same strides. Also against a plain all_gather + matmul written here, the
+fallback reasons, and the ValueErrors.
+"""
+
+import itertools
+import re
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+from test_nn import run_ranks  # noqa: E402
+from torch.distributed._symmetric_memory import (  # noqa: E402
+    _fused_all_gather_matmul_fallback,
+    _fused_matmul_reduce_scatter_fallback,
+)
+
+from distgemm import torch_compat  # noqa: E402
+
+BATCH, M, N = 8, 64, 16
+K_GATHER, K_SCATTER = 32, 1024
+DTYPES = ["float32", "bfloat16", "float16"]
+# torch's op has no autograd, nor has ours: opcheck's autograd registration check does not apply.
+OPCHECK_TESTS = ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
+GATHER_CASES = list(itertools.product([0, 1, 2], DTYPES, [True, False]))
+SCATTER_CASES = list(itertools.product([0, 1, 2], DTYPES, ["avg", "sum"]))
+
+
+def _close(a, b, dtype) -> bool:
+    # torch's tests use allclose's defaults in fp32; rounding of a K-term sum in 16 bits needs more.
+    tol = {
+        "float32": {},
+        "float16": {"rtol": 2e-3, "atol": 1e-2},
+        "bfloat16": {"rtol": 1.6e-2, "atol": 5e-2},
+    }
+    return torch.allclose(a.float(), b.float(), **tol[dtype])
+
+
+def _plain_all_gather_matmul(A_shard, Bs, gather_dim, group):
+    """all_gather along gather_dim, then matmul: the semantics, written out."""
+    parts = [torch.empty_like(A_shard) for _ in range(group.size())]
+    dist.all_gather(parts, A_shard.contiguous(), group=group)
+    A = torch.cat(parts, dim=gather_dim)
+    return A, [A @ B for B in Bs]
+
+
+def compat_worker(rank, tp, device="cpu"):
+    """Every ported case: torch_compat's results against torch's reference and a plain
+    all_gather/all_reduce, their strides and shapes, and how many distgemm calls served it."""
+    import distgemm
+
+    calls = {"n": 0}
+    if device != "cpu":  # count the distgemm ops torch_compat reaches (looked up at call time)
+        for name in ("all_gather_gemm", "gemm_reduce_scatter"):
+            op = getattr(distgemm, name)
+
+            def counted(*args, _op=op, **kwargs):
+                calls["n"] += 1
+                return _op(*args, **kwargs)
+
+            setattr(distgemm, name, counted)
+    group = dist.group.WORLD
+    name = group.group_name
+    results = {}
+    for gather_dim, dtype_name, return_A in GATHER_CASES:
+        dtype = getattr(torch, dtype_name)
+        torch.manual_seed(42 + rank)
+        shape = [BATCH, M, K_GATHER]
+        shape[gather_dim] //= tp
+        A_shard = torch.rand(shape, dtype=dtype, device=device)
+        Bs = [torch.rand(K_GATHER, N, dtype=dtype, device=device) for _ in range(3)]
+        ref_A, ref_mm = _fused_all_gather_matmul_fallback(
+            A_shard, Bs, gather_dim=gather_dim, group_name=name, return_A=return_A
+        )
+        plain_A, plain_mm = _plain_all_gather_matmul(A_shard, Bs, gather_dim, group)
+        before = calls["n"]
+        A, mm = torch_compat.fused_all_gather_matmul(
+            A_shard, Bs, gather_dim=gather_dim, group_name=name, return_A=return_A
+        )
+        results[("gather", gather_dim, dtype_name, return_A)] = {
+            "A": (A is None)
+            if not return_A
+            else (
+                torch.equal(A, ref_A) and torch.equal(A, plain_A) and A.stride() == ref_A.stride()
+            ),
+            "count": len(mm) == len(Bs),
+            "values": all(_close(a, b, dtype_name) for a, b in zip(mm, ref_mm)),
+            "plain": all(_close(a, b, dtype_name) for a, b in zip(mm, plain_mm)),
+            "strides": [a.stride() == b.stride() for a, b in zip(mm, ref_mm)] == [True] * 3,
+            "shapes": [list(a.shape) for a in mm],
+            "distgemm calls": calls["n"] - before,
+        }
+    for scatter_dim, dtype_name, reduce_op in SCATTER_CASES:
+        dtype = getattr(torch, dtype_name)
+        torch.manual_seed(42 + rank)
+        A = torch.rand(BATCH, M, K_SCATTER, dtype=dtype, device=device)
+        B = torch.rand(K_SCATTER, N, dtype=dtype, device=device)
+        ref = _fused_matmul_reduce_scatter_fallback(
+            A, B, reduce_op, scatter_dim=scatter_dim, group_name=name
+        )
+        full = (A @ B).float()
+        dist.all_reduce(full, group=group)
+        if reduce_op == "avg":
+            full /= tp
+        plain = full.chunk(tp, dim=scatter_dim)[rank]
+        before = calls["n"]
+        out = torch_compat.fused_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, name)
+        results[("scatter", scatter_dim, dtype_name, reduce_op)] = {
+            "values": _close(out, ref, dtype_name),
+            "plain": _close(out, plain, dtype_name),
+            "strides": out.stride() == ref.stride(),
+            "shape": list(out.shape),
+            "distgemm calls": calls["n"] - before,
+        }
+    return results
+
+
+@pytest.fixture(scope="module")
+def compat_results(tmp_path_factory):
+    return run_ranks(compat_worker, tmp_path_factory.mktemp("compat"))
+
+
+def case_failures(results, key, on_cuda: bool) -> list[str]:
+    """What compat_worker got wrong on any rank for one case (``key``): values, strides or
+    shapes against torch, or distgemm serving a case it should not (or not serving one it
+    should: on CUDA every bf16/fp16 case but a gather of K)."""
+    kind, dim, dtype_name = key[:3]
+    shape = [BATCH, M, N]
+    if kind == "scatter":
+        shape[dim] //= len(results)
+    served = on_cuda and dtype_name != "float32" and not (kind == "gather" and dim == 2)
+    failures = []
+    for rank, result in enumerate(results):
+        r = result[key]
+        checks = ["values", "plain", "strides"] + (["A", "count"] if kind == "gather" else [])
+        failures += [f"rank {rank} {key}: {c}" for c in checks if not r[c]]
+        shapes = r["shapes"] if kind == "gather" else [r["shape"]]
+        if shapes != [shape] * len(shapes):
+            failures.append(f"rank {rank} {key}: shapes {shapes}, expected {shape}")
+        if r["distgemm calls"] != int(served):
+            failures.append(f"rank {rank} {key}: {r['distgemm calls']} distgemm calls")
+    return failures
+
+
+@pytest.mark.parametrize("gather_dim, dtype_name, return_A", GATHER_CASES)
+def test_fused_all_gather_matmul(compat_results, gather_dim, dtype_name, return_A):
+    key = ("gather", gather_dim, dtype_name, return_A)
+    failures = case_failures(compat_results, key, on_cuda=False)
+    assert not failures, failures
+
+
+@pytest.mark.parametrize("scatter_dim, dtype_name, reduce_op", SCATTER_CASES)
+def test_fused_matmul_reduce_scatter(compat_results, scatter_dim, dtype_name, reduce_op):
+    key = ("scatter", scatter_dim, dtype_name, reduce_op)
+    failures = case_failures(compat_results, key, on_cuda=False)
+    assert not failures, failures
+
+
+def _fake(shape, dtype=torch.bfloat16, is_cuda=True):
+    return types.SimpleNamespace(shape=shape, dtype=dtype, is_cuda=is_cuda)
+
+
+@pytest.mark.parametrize(
+    "tensors, tp, extents, divisible, reason",
+    [
+        ([_fake([8, 32]), _fake([32, 16])], 2, {"K": 32}, {"M": (8, 4)}, None),
+        ([_fake([8, 32])], 1, {"K": 32}, {}, "tp=1: one rank has nothing"),
+        ([_fake([8, 32], is_cuda=False)], 2, {"K": 32}, {}, "CPU tensors"),
+        ([_fake([8, 32], torch.float32)], 2, {"K": 32}, {}, "dtypes \\['torch.float32'\\]"),
+        ([_fake([8, 32]), _fake([32, 16], torch.float16)], 2, {}, {}, "one dtype"),
+        ([_fake([8, 32])], 2, {"K": 32, "N": 12}, {}, "N=12 is not a multiple of 8"),
+        ([_fake([6, 32])], 2, {"K": 32}, {"M": (6, 4)}, "M=6 is not divisible by 4"),
+    ],
+)
+def test_fallback_reason(tensors, tp, extents, divisible, reason):
+    got = torch_compat.fallback_reason(tensors, tp, extents, divisible)
+    if reason is None:
+        assert got is None
+    else:
+        assert got is not None and re.search(reason, got), got
+
+
+@pytest.fixture
+def group_name():
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    yield dist.group.WORLD.group_name
+    dist.destroy_process_group()
+
+
+def test_errors_name_the_values(group_name):
+    A, B = torch.rand(4, 8, 32), torch.rand(32, 16)
+    with pytest.raises(ValueError, match=r"reduce_op='max' is not one of \('sum', 'avg'\)"):
+        torch_compat.fused_matmul_reduce_scatter(A, B, "max", 0, group_name)
+    with pytest.raises(ValueError, match=r"scatter_dim=3 is out of range for a 3-D A"):
+        torch_compat.fused_matmul_reduce_scatter(A, B, "sum", 3, group_name)
+    with pytest.raises(ValueError, match=r"B.shape\[0\]=31 must equal K=A.shape\[-1\]=32"):
+        torch_compat.fused_matmul_reduce_scatter(A, torch.rand(31, 16), "sum", 0, group_name)
+    with pytest.raises(ValueError, match=r"gather_dim=-4 is out of range for a 3-D A"):
+        torch_compat.fused_all_gather_matmul(A, [B], -4, group_name)
+    with pytest.raises(ValueError, match=r"Bs\[1\].shape\[0\]=16 must equal K=32"):
+        torch_compat.fused_all_gather_matmul(A, [B, torch.rand(16, 16)], 0, group_name)
+    with pytest.raises(ValueError, match=r"Bs\[0\] must be 2-D \[K, N\], got shape \[32\]"):
+        torch_compat.fused_all_gather_matmul(A, [torch.rand(32)], 0, group_name)
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2, -1])
+def test_opcheck_and_fake_strides(group_name, dim):
+    g = torch.Generator().manual_seed(5)
+    A = torch.rand(4, 8, 16, generator=g)
+    Bs = [torch.rand(16, 8, generator=g), torch.rand(16, 24, generator=g)]
+    cases = [
+        (torch_compat.fused_all_gather_matmul, (A, Bs, dim, group_name), {"return_A": True}),
+        (torch_compat.fused_all_gather_matmul, (A, Bs, dim, group_name), {"return_A": False}),
+        (torch_compat.fused_matmul_reduce_scatter, (A, Bs[1], "avg", dim, group_name), {}),
+    ]
+    for op, args, kwargs in cases:
+        result = torch.library.opcheck(op, args, kwargs, test_utils=OPCHECK_TESTS)
+        assert set(result.values()) == {"SUCCESS"}, result
+
+
+def test_compiled_call_is_one_node(group_name):
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append([str(n.target) for n in gm.graph.nodes if n.op == "call_function"])
+        return gm.forward
+
+    def f(A, B0, B1):
+        A_full, (y0, y1) = torch_compat.fused_all_gather_matmul(A, [B0, B1], 1, group_name)
+        return torch_compat.fused_matmul_reduce_scatter(A_full, B0, "sum", 0, group_name) + y0
+
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(6)
+    args = (torch.rand(4, 8, 16, generator=g), torch.rand(16, 8, generator=g))
+    args = (*args, torch.rand(16, 24, generator=g))
+    compiled = torch.compile(f, fullgraph=True, backend=aot_autograd(fw_compiler=record))
+    torch.testing.assert_close(compiled(*args), f(*args), rtol=0, atol=0)
+    assert len(graphs) == 1
+    ops = [t for t in graphs[0] if t.startswith("distgemm.")]
+    assert ops == [
+        "distgemm.fused_all_gather_matmul.default",
+        "distgemm.fused_matmul_reduce_scatter.default",
+    ], graphs[0]
