@@ -253,12 +253,10 @@ class PyGraph {
                                            user, opt);
   }
 
-  // New user pointers. The graph-exec update is tried first; where the driver refuses it the
-  // graph is re-instantiated instead. Seen on 2x H200 with 2-D memcpy nodes reading a user
-  // buffer (the all-gather pushes): cudaGraphExecUpdate returned
-  // cudaGraphExecUpdateErrorParametersChanged (result 5). The runtime now captures contiguous
-  // copies as 1-D memcpys (updatable); the fallback keeps any other refusal from surfacing as an
-  // error in the middle of a model.
+  // New user pointers. The graph-exec update is tried first; where the driver refuses it (it
+  // may, e.g. for memcpy nodes whose parameters it will not change in place) the graph is
+  // re-instantiated instead, so that a refusal never surfaces as an error in the middle of a
+  // model.
   // Returns true when it had to rebuild. Shape errors (std::invalid_argument) propagate as they
   // are.
   bool update(uint64_t a, uint64_t b, uint64_t c, uint64_t d, uint64_t bias) {
