@@ -388,6 +388,7 @@ PYBIND11_MODULE(_core, m) {
 #endif
   );
 
+  register_plan(m);  // before the runtime, whose DeviceGraph takes a Plan and a GraphSetup
 #ifdef DISTGEMM_WITH_CUDA
   register_runtime(m);
 #endif
@@ -419,7 +420,6 @@ PYBIND11_MODULE(_core, m) {
       py::arg("k"), py::arg("l") = 1,
       "Empty string if the plan can be built, else the violated constraint.");
 
-  register_plan(m);
   m.def(
       "build_plan",
       [](const py::object& schedule, int tp, int steps, int64_t m, int64_t n, int64_t k, int64_t l,
