@@ -83,3 +83,17 @@ def test_schedule_header_compiles_alone(tmp_path, repo_root, header):
         [cxx, "-std=c++17", "-fsyntax-only", "-Wall", f"-I{repo_root / 'cpp/include'}", str(src)],
         check=True,
     )
+
+
+@pytest.mark.parametrize("schedule", ["rs_tile_a", "rs_tile_b", "gemm_allreduce"])
+@pytest.mark.parametrize("tp,steps", [(2, 2), (2, 4), (4, 4), (4, 8), (8, 16)])
+def test_a_plans_layout_is_the_default_layout_for_its_options(schedule, tp, steps):
+    """The op entry allocates Plan.layout() of the plan it built; the tools' workspace_layout
+    resolves the same default options, and the slots hold the plan's slot elements."""
+    m, n, k = 64 * steps, 16 * steps, 16 * tp
+    plan = _core.build_plan(schedule, tp, steps, m, n, k)
+    assert plan.partial_via == ("copy" if steps >= 2 * tp else "epilogue")
+    args = (schedule, tp, steps, m, n, k, 1, 2)
+    assert plan.layout(2) == _core.workspace_layout(*args)
+    assert plan.layout(2) == _core.workspace_layout(*args, plan.partial_via)
+    assert plan.layout(2)["slots_bytes"] >= plan.slot_elems * 2
