@@ -431,3 +431,9 @@ def test_explicit_steps_are_kept():
         ).steps
         == 4
     )
+
+
+def test_default_steps_of_an_unknown_schedule_leaves_the_error_to_validation():
+    assert distgemm.default_steps("nope", 2, t(8192, 16), t(48, 16)) == 2
+    with pytest.raises(ValueError, match="schedule 'nope' is not a reduce_scatter schedule"):
+        validation.make_spec("gemm_reduce_scatter", "nope", 2, 0, None, t(8192, 16), t(48, 16))

@@ -14,6 +14,8 @@ from . import _core
 
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 ALIGN = 16  # bytes: TMA needs 16-byte aligned bases and row strides
+# The built-in schedules' definitions (fixed at build time), by name.
+_DEFINITIONS = {d["name"]: d for d in _core.schedules()}
 _COLLECTIVE = {
     "all_gather_gemm": "all_gather",
     "gemm_reduce_scatter": "reduce_scatter",
@@ -128,10 +130,11 @@ def default_steps(schedule: str, tp: int, a: torch.Tensor, w: torch.Tensor) -> i
     ``_core.RS_TWO_STEPS_MAX_K_PER_RANK`` of K per rank, where the plan accepts it (partials then
     travel by copy engine with a step of slack), else TP. The rule is the C++ one
     (schedule/defaults.hpp). Shapes only, so every rank agrees; an operand that is not 2-D gets
-    TP and the op's validation names the problem."""
-    if tp < 2 or a.dim() != 2 or w.dim() != 2:
+    TP and the op's validation names the problem, as it does an unknown schedule."""
+    defn = _DEFINITIONS.get(schedule) if isinstance(schedule, str) else None
+    if tp < 2 or defn is None or a.dim() != 2 or w.dim() != 2:
         return tp
-    m, n, k = _global_problem(_core.schedule_definition(schedule)["partition"], tp, a, w)
+    m, n, k = _global_problem(defn["partition"], tp, a, w)
     return _core.default_steps(schedule, tp, m, n, k, 1)
 
 
@@ -173,7 +176,7 @@ def make_spec(
         raise TypeError(
             f"{op}: schedule must be a schedule name (str), got {type(schedule).__name__}"
         )
-    defs = {d["name"]: d for d in _core.schedules()}
+    defs = _DEFINITIONS
     want = _COLLECTIVE[op]
     if schedule not in defs or defs[schedule]["collective"] != want:
         fits = sorted(n for n, d in defs.items() if d["collective"] == want)
