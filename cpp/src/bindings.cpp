@@ -1,6 +1,7 @@
-// distgemm._core: build and inspect Plans from Python. Plans cross the boundary as plain
-// dicts/lists so that the simulator, the reference executor and the tests (which mutate plans
-// on purpose) work on ordinary Python data. Tuning facts live in C++; Python reads them here.
+// distgemm._core: build and inspect Plans from Python. A Plan crosses the boundary as an object
+// (_core.Plan, built once per op entry and handed to the DeviceGraph); to_dict() gives the plain
+// dicts/lists that the simulator, the reference executor and the tests (which mutate plans on
+// purpose) work on. Tuning facts and defaults live in C++; Python reads them here.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -12,6 +13,7 @@
 #include "distgemm/kernel/tile_choice.hpp"
 #include "distgemm/llama_shapes.hpp"
 #include "distgemm/schedule/plan.hpp"
+#include "python/graph_setup.hpp"
 
 namespace py = pybind11;
 using namespace distgemm::schedule;
@@ -116,24 +118,17 @@ ScheduleDef resolve(const py::object& schedule) {
   throw std::invalid_argument("schedule must be a name or a definition dict");
 }
 
-// None: the library default for this plan; otherwise "epilogue" or "copy".
-py::dict plan_dict(const Plan& p) {
-  py::dict out;
-  out["schedule"] = p.schedule;
-  out["definition"] = def_dict(p.def);
-  out["tp"] = p.tp;
-  out["steps"] = p.steps;
-  out["chunks_per_shard"] = p.steps / p.tp;
-  out["partial_via"] = partial_via_name(p.partial_via);
-  py::dict prob;
-  prob["m"] = p.problem.m;
-  prob["n"] = p.problem.n;
-  prob["k"] = p.problem.k;
-  prob["l"] = p.problem.l;
-  out["problem"] = prob;
-  out["slot_operand"] = buffer_name(p.slot_operand);
-  out["slot_elems"] = p.slot_elems;
-  out["num_flags"] = p.num_flags;
+py::dict problem_dict(const Problem& p) {
+  py::dict d;
+  d["m"] = p.m;
+  d["n"] = p.n;
+  d["k"] = p.k;
+  d["l"] = p.l;
+  return d;
+}
+
+// Every operand's per-device shape: {"A": (rows, cols), "B", "C", "D", "bias": elements}.
+py::dict local_shapes_dict(const Plan& p) {
   const Partition& pt = p.partition();
   py::dict local;
   auto ext = [](Extent2 e) { return py::make_tuple(e.rows, e.cols); };
@@ -142,7 +137,36 @@ py::dict plan_dict(const Plan& p) {
   local["C"] = ext(pt.local_d(p.problem, p.tp));
   local["D"] = ext(pt.local_d(p.problem, p.tp));
   local["bias"] = pt.local_bias(p.problem, p.tp);
-  out["local_shapes"] = local;
+  return local;
+}
+
+py::dict layout_dict(const WorkspaceLayout& w) {
+  py::dict d;
+  d["slots_offset"] = w.slots_offset;
+  d["slots_bytes"] = w.slots_bytes;
+  d["flags_offset"] = w.flags_offset;
+  d["flags_bytes"] = w.flags_bytes;
+  d["barrier_offset"] = w.barrier_offset;
+  d["barrier_bytes"] = w.barrier_bytes;
+  d["epoch_offset"] = w.epoch_offset;
+  d["total_bytes"] = w.total_bytes;
+  return d;
+}
+
+// The plan as plain Python data (Plan.to_dict()).
+py::dict plan_dict(const Plan& p) {
+  py::dict out;
+  out["schedule"] = p.schedule;
+  out["definition"] = def_dict(p.def);
+  out["tp"] = p.tp;
+  out["steps"] = p.steps;
+  out["chunks_per_shard"] = p.steps / p.tp;
+  out["partial_via"] = partial_via_name(p.partial_via);
+  out["problem"] = problem_dict(p.problem);
+  out["slot_operand"] = buffer_name(p.slot_operand);
+  out["slot_elems"] = p.slot_elems;
+  out["num_flags"] = p.num_flags;
+  out["local_shapes"] = local_shapes_dict(p);
   py::list devs;
   for (const DeviceProgram& dp : p.devices) {
     py::list gemms, copies;
@@ -299,6 +323,59 @@ void register_llama(py::module_& m) {
       "counts.");
 }
 
+void register_plan(py::module_& m) {
+  py::class_<Plan>(m, "Plan",
+                   "A built plan (schedule::Plan): built once by build_plan, read by the op "
+                   "entry and handed to DeviceGraph as it is. to_dict() gives the plain dict "
+                   "that the simulator, the checker and the reference executor take.")
+      .def_readonly("schedule", &Plan::schedule)
+      .def_property_readonly("definition", [](const Plan& p) { return def_dict(p.def); })
+      .def_readonly("tp", &Plan::tp)
+      .def_readonly("steps", &Plan::steps)
+      .def_property_readonly("problem", [](const Plan& p) { return problem_dict(p.problem); })
+      .def_property_readonly("partial_via",
+                             [](const Plan& p) { return partial_via_name(p.partial_via); })
+      .def_readonly("slot_elems", &Plan::slot_elems)
+      .def_readonly("num_flags", &Plan::num_flags)
+      .def_property_readonly("local_shapes", &local_shapes_dict,
+                             "Per-device shapes: {'A', 'B', 'C', 'D': (rows, cols), 'bias': n}.")
+      .def(
+          "layout",
+          [](const Plan& p, int slot_elem_bytes) { return layout_dict(p.layout(slot_elem_bytes)); },
+          py::arg("slot_elem_bytes") = 2,
+          "Byte layout of each device's symmetric workspace for this very plan.")
+      .def("extent_problem", &plan_extent_problem, py::arg("device") = -1,
+           py::arg("elem_bytes") = 2,
+           "'' when the GEMM kernel's extent rule admits every sub-GEMM of `device` (-1: of "
+           "every device), else the first reason.")
+      .def("to_dict", &plan_dict, "The plan as plain Python data (dicts and lists).")
+      .def("__repr__", [](const Plan& p) {
+        return "Plan(" + p.schedule + ", tp=" + std::to_string(p.tp) +
+               ", steps=" + std::to_string(p.steps) + ", M=" + std::to_string(p.problem.m) +
+               " N=" + std::to_string(p.problem.n) + " K=" + std::to_string(p.problem.k) +
+               ", partial_via=" + partial_via_name(p.partial_via) + ")";
+      });
+
+  using distgemm::python::GraphSetup;
+  py::class_<GraphSetup>(m, "GraphSetup",
+                         "What one rank's DeviceGraph needs besides the Plan and the user "
+                         "pointers; built once per op entry.")
+      .def(py::init<int, int, std::string, std::vector<uint64_t>, int64_t, double, float, float,
+                    bool>(),
+           py::arg("rank"), py::arg("cuda_device"), py::arg("dtype"), py::arg("workspace_bases"),
+           py::arg("workspace_bytes"), py::arg("timeout_s"), py::arg("alpha") = 1.0f,
+           py::arg("beta") = 0.0f, py::arg("bias") = false)
+      .def_readonly("rank", &GraphSetup::rank)
+      .def_readonly("cuda_device", &GraphSetup::cuda_device)
+      .def_readonly("dtype", &GraphSetup::dtype)
+      .def_readonly("alpha", &GraphSetup::alpha)
+      .def_readonly("beta", &GraphSetup::beta)
+      .def_readonly("bias", &GraphSetup::bias)
+      .def_readonly("workspace_bases", &GraphSetup::workspace_bases)
+      .def_readonly("workspace_bytes", &GraphSetup::workspace_bytes)
+      .def_readonly("timeout_s", &GraphSetup::timeout_s);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -311,6 +388,7 @@ PYBIND11_MODULE(_core, m) {
 #endif
   );
 
+  register_plan(m);  // before the runtime, whose DeviceGraph takes a Plan and a GraphSetup
 #ifdef DISTGEMM_WITH_CUDA
   register_runtime(m);
 #endif
@@ -349,12 +427,8 @@ PYBIND11_MODULE(_core, m) {
         ScheduleDef def = resolve(schedule);
         const PlanOptions opt =
             plan_options(def, tp, steps, parse_optional_partial_via(partial_via));
-        Plan p;
-        {
-          py::gil_scoped_release release;
-          p = build_plan(def, Problem{m, n, k, l}, tp, steps, opt);
-        }
-        return plan_dict(p);
+        py::gil_scoped_release release;
+        return build_plan(def, Problem{m, n, k, l}, tp, steps, opt);
       },
       py::arg("schedule"), py::arg("tp"), py::arg("steps"), py::arg("m"), py::arg("n"),
       py::arg("k"), py::arg("l") = 1, py::arg("partial_via") = py::none(),
@@ -369,22 +443,26 @@ PYBIND11_MODULE(_core, m) {
         ScheduleDef def = resolve(schedule);
         Plan p = build_plan(def, Problem{m, n, k, l}, tp, steps,
                             plan_options(def, tp, steps, parse_optional_partial_via(partial_via)));
-        WorkspaceLayout w = p.layout(slot_elem_bytes);
-        py::dict d;
-        d["slots_offset"] = w.slots_offset;
-        d["slots_bytes"] = w.slots_bytes;
-        d["flags_offset"] = w.flags_offset;
-        d["flags_bytes"] = w.flags_bytes;
-        d["barrier_offset"] = w.barrier_offset;
-        d["barrier_bytes"] = w.barrier_bytes;
-        d["epoch_offset"] = w.epoch_offset;
-        d["total_bytes"] = w.total_bytes;
-        return d;
+        return layout_dict(p.layout(slot_elem_bytes));
       },
       py::arg("schedule"), py::arg("tp"), py::arg("steps"), py::arg("m"), py::arg("n"),
       py::arg("k"), py::arg("l") = 1, py::arg("slot_elem_bytes") = 2,
       py::arg("partial_via") = py::none(),
-      "Byte layout of each device's symmetric workspace (extra memory per device).");
+      "Byte layout of each device's symmetric workspace (extra memory per device); builds the "
+      "plan (an op entry reads Plan.layout() of the plan it already has).");
+
+  m.def(
+      "default_steps",
+      [](const py::object& schedule, int tp, int64_t m, int64_t n, int64_t k, int64_t l) {
+        return default_steps(resolve(schedule), tp, Problem{m, n, k, l});
+      },
+      py::arg("schedule"), py::arg("tp"), py::arg("m"), py::arg("n"), py::arg("k"),
+      py::arg("l") = 1,
+      "S for steps=None (schedule/defaults.hpp): TP, or 2*TP for reduce-scatter plans from "
+      "RS_TWO_STEPS_MIN_TOKENS tokens with at most RS_TWO_STEPS_MAX_K_PER_RANK of K per rank "
+      "where the plan and the kernel's extent rule accept it.");
+  m.attr("RS_TWO_STEPS_MIN_TOKENS") = kRsTwoStepsMinTokens;
+  m.attr("RS_TWO_STEPS_MAX_K_PER_RANK") = kRsTwoStepsMaxKPerRank;
 
   m.def(
       "tile_map",

@@ -12,6 +12,32 @@ def schedule_definition(name: str) -> ScheduleDef: ...
 def validate(
     schedule: str | ScheduleDef, tp: int, steps: int, m: int, n: int, k: int, l: int = 1
 ) -> str: ...
+
+class Plan:
+    """schedule::Plan, built once by build_plan; to_dict() gives the plain dict of plan.py."""
+
+    @property
+    def schedule(self) -> str: ...
+    @property
+    def definition(self) -> ScheduleDef: ...
+    @property
+    def tp(self) -> int: ...
+    @property
+    def steps(self) -> int: ...
+    @property
+    def problem(self) -> dict[str, int]: ...
+    @property
+    def partial_via(self) -> str: ...
+    @property
+    def slot_elems(self) -> int: ...
+    @property
+    def num_flags(self) -> int: ...
+    @property
+    def local_shapes(self) -> dict[str, Any]: ...
+    def layout(self, slot_elem_bytes: int = 2) -> dict[str, int]: ...
+    def extent_problem(self, device: int = -1, elem_bytes: int = 2) -> str: ...
+    def to_dict(self) -> dict[str, Any]: ...
+
 def build_plan(
     schedule: str | ScheduleDef,
     tp: int,
@@ -21,7 +47,39 @@ def build_plan(
     k: int,
     l: int = 1,
     partial_via: str | None = None,
-) -> dict[str, Any]: ...
+) -> Plan: ...
+def default_steps(
+    schedule: str | ScheduleDef, tp: int, m: int, n: int, k: int, l: int = 1
+) -> int: ...
+
+RS_TWO_STEPS_MIN_TOKENS: int
+RS_TWO_STEPS_MAX_K_PER_RANK: int
+
+class GraphSetup:
+    """What one rank's DeviceGraph needs besides the Plan and the user pointers."""
+
+    def __init__(
+        self,
+        rank: int,
+        cuda_device: int,
+        dtype: str,
+        workspace_bases: list[int],
+        workspace_bytes: int,
+        timeout_s: float,
+        alpha: float = 1.0,
+        beta: float = 0.0,
+        bias: bool = False,
+    ) -> None: ...
+    rank: int
+    cuda_device: int
+    dtype: str
+    alpha: float
+    beta: float
+    bias: bool
+    workspace_bases: list[int]
+    workspace_bytes: int
+    timeout_s: float
+
 def workspace_layout(
     schedule: str | ScheduleDef,
     tp: int,
@@ -33,11 +91,10 @@ def workspace_layout(
     slot_elem_bytes: int = 2,
     partial_via: str | None = None,
 ) -> dict[str, int]: ...
-def tile_map(
-    schedule: str | ScheduleDef, tp: int, steps: int
-) -> dict[str, list[list[int]]]: ...
+def tile_map(schedule: str | ScheduleDef, tp: int, steps: int) -> dict[str, list[list[int]]]: ...
 
-# Llama-3 sweep shapes (cpp/include/distgemm/llama_shapes.hpp; distgemm_bench --sweep reads the same).
+# Llama-3 sweep shapes (cpp/include/distgemm/llama_shapes.hpp; distgemm_bench --sweep reads the
+# same).
 def llama_models(quick: bool = False) -> dict[str, dict[str, int]]:
     """{model: {"hidden", "ffn", "q_heads", "kv_heads", "head_dim"}} in sweep order (8B, 70B, 405B);
     quick=True: the quick sweep's models only (70B)."""
@@ -69,8 +126,9 @@ def llama_cases(quick: bool = False) -> list[tuple[str, str, int]]:
     """(model, layer, tokens) of every sweep case in run order: model, then tokens, then layer."""
 
 def llama_sweep_timing() -> dict[str, int]:
-    """{"warmup_ms", "timed_ms", "min_iterations", "max_iterations"}: at least warmup_ms of sustained
-    replays, then about timed_ms of timed replays within [min_iterations, max_iterations]; median."""
+    """{"warmup_ms", "rewarm_ms", "timed_ms", "min_iterations", "max_iterations"}: at least
+    warmup_ms (a case's first) or rewarm_ms of sustained replays, then about timed_ms of timed
+    replays within [min_iterations, max_iterations]; the median counts."""
 
 # Runtime bindings (present when the package was built with nvcc; cuda_runtime is then True).
 def cuda_device_count() -> int: ...
@@ -98,32 +156,17 @@ class LaunchOrder:
 class DeviceGraph:
     def __init__(
         self,
-        schedule: str,
-        tp: int,
-        steps: int,
-        m: int,
-        n: int,
-        k: int,
-        l: int,
-        rank: int,
-        cuda_device: int,
-        dtype: str,
-        alpha: float,
-        beta: float,
-        bias: bool,
-        workspace_bases: list[int],
+        plan: Plan,
+        setup: GraphSetup,
+        order: LaunchOrder,
         a: int,
         b: int,
         c: int,
         d: int,
         bias_ptr: int,
-        timeout_s: float,
-        order: LaunchOrder,
-        partial_via: str | None = None,
-        workspace_bytes: int = 0,
     ) -> None:
-        """partial_via: the plan's partial transport (None = the default); workspace_bytes: bytes
-        addressable from each base (0 = not checked; more needed raises ValueError)."""
+        """The graph of ``plan`` as built (partial transport, PDL, layout) for setup.rank;
+        ValueError when setup.workspace_bytes (if set) is less than the plan's layout needs."""
     def update(self, a: int, b: int, c: int, d: int, bias_ptr: int) -> bool: ...
     @property
     def rebuilds(self) -> int: ...

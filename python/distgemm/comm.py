@@ -4,14 +4,14 @@ Built from the group the program already has (``torchrun`` + ``init_process_grou
 that every rank runs on one host, on its own Hopper GPU, with peer access to the others; it
 allocates the symmetric workspaces (receive slots, flags, entry barrier, epoch word), exchanges
 their CUDA IPC handles through the group and opens the peers' mappings; it owns the plan cache of
-the ops in ``distgemm.ops``. Everything is freed on ``close()``, on context-manager exit and at
-interpreter exit.
+the ops (``distgemm.entries.PlanCache``). Everything is freed on ``close()``, on context-manager
+exit and at interpreter exit.
 
 Control traffic (host names, IPC handles, plan signatures) goes through the job's key-value
-store (``ControlExchange``), never through NCCL: it needs no CUDA stream and no extra sockets,
-and a rank that does not arrive makes the others raise ``RuntimeError`` naming it after
-``timeout_s`` instead of hanging. Every check is computed from the all-gathered data, so all
-ranks raise the same exception.
+store (``distgemm.control.ControlExchange``), never through NCCL: it needs no CUDA stream and no
+extra sockets, and a rank that does not arrive makes the others raise ``RuntimeError`` naming it
+after ``timeout_s`` instead of hanging. Every check is computed from the all-gathered data, so
+all ranks raise the same exception.
 
 Workspace sharing. Plans share workspaces: a plan uses the biggest existing workspace whose
 control region (flags, barrier slots, epoch word) has its layout, and a new one is allocated
@@ -28,8 +28,6 @@ slots.
 from __future__ import annotations
 
 import atexit
-import collections
-import datetime
 import os
 import socket
 import threading
@@ -38,18 +36,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .control import ControlExchange, ExchangeMismatch, ExchangeTimeout, _default_store
+
 __all__ = ["Communicator", "get_communicator", "find_communicator", "close_all"]
 
-# Cached plans per communicator; beyond it the least recently used plan and its graphs go.
-MAX_PLANS = 64
 # Set to 1 to let several ranks share one GPU: a functional test of the multi-rank paths (CUDA
 # IPC, flags, entry barrier, cross-rank errors) on a one-GPU machine. The ranks' kernels then
 # time-slice the GPU while they spin on each other's flags: correct but slow, never for timing.
 SHARED_GPU_ENV = "DISTGEMM_ALLOW_SHARED_GPU"
-# Instantiated graphs per plan, keyed by the user pointers. Activations from torch's caching
-# allocator tend to come back at a few addresses, so a small set of graphs turns most calls into
-# a plain replay; a miss retargets the least recently used graph (cudaGraphExecUpdate).
-GRAPHS_PER_PLAN = 4
 
 
 def _torch():
@@ -64,9 +58,7 @@ def _torch():
 # the same verdict and the CPU tests can exercise every message.
 
 
-def check_group_info(
-    infos: Sequence[dict[str, Any]], allow_shared_gpu: bool = False
-) -> str | None:
+def check_group_info(infos: Sequence[dict[str, Any]], allow_shared_gpu: bool = False) -> str | None:
     """The setup problem of a group, or None. ``infos[r]`` is what rank r reported: host name,
     GPU uuid, compute capability, CUDA ordinal, and ``peer_ok`` (uuid -> bool or None).
     ``allow_shared_gpu`` lets several ranks use one GPU (functional tests only, see
@@ -112,132 +104,6 @@ def check_group_info(
     return None
 
 
-def signature_mismatch(sigs: Sequence[dict[str, Any]], what: str) -> str | None:
-    """The first field in which a rank's plan signature differs from rank 0's, in words, or
-    None. A rank's own validation error (``error`` key) is reported first."""
-    for r, s in enumerate(sigs):
-        if s.get("error"):
-            return f"{what}: rank {r} rejected its inputs: {s['error']}"
-    ref = sigs[0]
-    for r, s in enumerate(sigs[1:], start=1):
-        for key in ref:
-            if key == "error":
-                continue
-            if s.get(key) != ref[key]:
-                return (
-                    f"{what}: ranks disagree at plan creation: rank {r} has {key}={s.get(key)!r}"
-                    f" where rank 0 has {key}={ref[key]!r}; every rank must call the op with "
-                    "the same shapes, dtype, schedule, steps and path"
-                )
-        extra = set(s) - set(ref)
-        if extra:
-            key = sorted(extra)[0]
-            return (
-                f"{what}: ranks disagree at plan creation: rank {r} has {key}={s[key]!r} "
-                "which rank 0 does not have"
-            )
-    return None
-
-
-# ---------------------------------------------------------------------------------------------
-# Control plane.
-
-
-class ExchangeTimeout(Exception):
-    """A control exchange did not complete in time. ``missing``: the group ranks whose entry is
-    absent; empty when every rank arrived but another had already given up waiting."""
-
-    def __init__(self, missing: list[int]):
-        super().__init__(
-            f"ranks {missing} did not arrive"
-            if missing
-            else "another rank gave up waiting before this rank arrived"
-        )
-        self.missing = missing
-
-
-class ExchangeMismatch(Exception):
-    """The ranks reached different exchanges (``whats[r]``: what rank r exchanged): they are
-    out of step."""
-
-    def __init__(self, whats: list[str]):
-        super().__init__(f"ranks exchanged different things: {whats}")
-        self.whats = whats
-
-
-# Control exchanges created per set of global ranks in this process. Creating a Communicator is
-# collective over its members, so every member counts the same and the key prefixes agree.
-_EXCHANGES_PER_RANKS: dict[tuple[int, ...], int] = {}
-
-
-class ControlExchange:
-    """All-gather of small picklable objects among the members of one group, through the job's
-    key-value store (torchrun's TCPStore), every wait bounded.
-
-    Why not a gloo group: a gloo group made with ``use_local_synchronization`` is named after
-    its ranks and the number of live groups, so a group created after another was destroyed
-    reuses the old name, and a rank that arrives early can read the old group's addresses from
-    the store and fail to connect ("Connection refused"); seen on 2x H200 when the ranks reached
-    a new Communicator seconds apart. Store keys here are unique per exchange instead: a prefix
-    per (ranks, n-th exchange object for them in this process) and a sequence number. Each rank
-    deletes its key of the previous exchange once every rank has posted the next one (by then
-    every rank has read it), so the store holds at most two exchanges' keys per group.
-    """
-
-    def __init__(self, store, global_ranks: Sequence[int], rank: int, timeout_s: float):
-        ranks = tuple(int(r) for r in global_ranks)
-        n = _EXCHANGES_PER_RANKS[ranks] = _EXCHANGES_PER_RANKS.get(ranks, 0) + 1
-        self.store, self.size, self.rank, self.timeout_s = store, len(ranks), rank, timeout_s
-        self.prefix = f"distgemm/ctl/{'-'.join(map(str, ranks))}/{n}"
-        self.seq = 0
-
-    def _key(self, seq: int, rank) -> str:
-        return f"{self.prefix}/{seq}/{rank}"
-
-    def all_gather(self, obj: Any, what: str = "", timeout_s: float | None = None) -> list[Any]:
-        """Every rank's ``obj``, in rank order. ExchangeTimeout when a rank did not arrive in
-        time, on every rank that gets here (also one that arrives after another gave up);
-        ExchangeMismatch when the ranks exchanged different ``what``s."""
-        import pickle
-
-        self.seq += 1
-        keys = [self._key(self.seq, r) for r in range(self.size)]
-        self.store.set(keys[self.rank], pickle.dumps((what, obj)))
-        try:
-            self.store.wait(keys, datetime.timedelta(seconds=timeout_s or self.timeout_s))
-            arrived = True
-        except Exception:  # the store reports a timeout as RuntimeError / DistStoreError
-            arrived = False
-        # One outcome for every rank: the first rank past its wait settles the exchange with a
-        # compare-and-set ("ok": all arrived; "late": it timed out) and every rank follows it, so
-        # a rank arriving just after another gave up raises too instead of going on alone.
-        verdict = self.store.compare_set(
-            self._key(self.seq, "verdict"), "", "ok" if arrived else "late"
-        )
-        if verdict != b"ok":
-            raise ExchangeTimeout([r for r, k in enumerate(keys) if not self.store.check([k])])
-        got = [pickle.loads(self.store.get(k)) for k in keys]
-        if any(w != what for w, _ in got):
-            raise ExchangeMismatch([w for w, _ in got])
-        if self.seq > 1:  # every rank has read exchange seq-1: it posted to this one
-            stale = [self._key(self.seq - 1, self.rank)]
-            if self.rank == 0:
-                stale.append(self._key(self.seq - 1, "verdict"))
-            for k in stale:
-                try:
-                    self.store.delete_key(k)
-                except Exception:  # a store without deletion: the key just stays
-                    pass
-        return [o for _, o in got]
-
-
-def _default_store():
-    """The store the default process group was set up with (torchrun's TCPStore)."""
-    from torch.distributed import distributed_c10d
-
-    return distributed_c10d._get_default_store()
-
-
 @dataclass
 class _Workspace:
     core: Any  # _core.IpcWorkspace
@@ -272,6 +138,7 @@ class Communicator:
         if not torch.cuda.is_available():
             raise RuntimeError("distgemm.Communicator needs CUDA GPUs; torch sees none")
         from . import _core
+        from .entries import PlanCache
 
         if not getattr(_core, "cuda_runtime", False):
             raise RuntimeError(
@@ -295,7 +162,7 @@ class Communicator:
         self._closed = False
         self._lock = threading.RLock()
         self._workspaces: list[_Workspace] = []
-        self.plans: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+        self.plans = PlanCache()  # the ops' entries (distgemm.entries)
         self._broken: str | None = None
         ranks = dist.get_process_group_ranks(self.group)
         # Bounded, CPU-only control exchanges through the job's key-value store (see the module
@@ -437,12 +304,10 @@ class Communicator:
         self.raise_if_broken()
         self._require_open()
         torch.cuda.synchronize(self.device)
-        for entry in list(self.plans.values()):
-            for g in entry.graphs.values():
-                e = g.error()
-                if e:
-                    self.mark_broken(e)
-                    self.raise_if_broken()
+        e = self.plans.graph_error()
+        if e:
+            self.mark_broken(e)
+            self.raise_if_broken()
 
     # -- lifetime ----------------------------------------------------------------------------
     def _require_open(self) -> None:
@@ -455,12 +320,7 @@ class Communicator:
 
     def drop_plan(self, key) -> None:
         torch, _ = _torch()
-        entry = self.plans.pop(key, None)
-        if entry is not None:
-            # The graphs may still run on the GPU; destroying an executable graph mid-flight is
-            # not allowed, so wait for the device first (eviction is rare: MAX_PLANS).
-            torch.cuda.synchronize(self.device)
-            entry.graphs.clear()
+        self.plans.drop(key, lambda: torch.cuda.synchronize(self.device))
 
     def close(self) -> None:
         """Free every graph and workspace of this rank. Collective: call it on every rank (the
@@ -474,9 +334,7 @@ class Communicator:
             torch.cuda.synchronize(self.device)
         except Exception:
             pass  # a broken context: still release what can be released
-        for entry in self.plans.values():
-            entry.graphs.clear()
-        self.plans.clear()
+        self.plans.release()
         for w in self._workspaces:
             try:
                 w.core.close_peers()

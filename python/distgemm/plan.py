@@ -1,8 +1,9 @@
 """Plans from Python: a thin layer over the C++ builder in ``distgemm._core``.
 
-A plan is a plain dict (see ``cpp/include/distgemm/schedule/plan.hpp`` for the meaning of every
-field). Tests and tools may copy and mutate it; the simulator and the reference executor take
-any such dict.
+A plan here is a plain dict (``_core.Plan.to_dict()``; see
+``cpp/include/distgemm/schedule/plan_types.hpp`` for the meaning of every field). Tests and tools
+may copy and mutate it; the simulator and the reference executor take any such dict. The ops
+keep the ``_core.Plan`` object itself (``distgemm.validation.make_spec``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ def schedule_names() -> list[str]:
 
 
 def schedule_definition(name: str) -> dict:
-    """The definition (collective, rotating operand, split mode, partition, tile map) of a schedule."""
+    """The definition (collective, rotating operand, split mode, partition, tile map) of a
+    schedule."""
     return _core.schedule_definition(name)
 
 
@@ -61,7 +63,7 @@ def build_plan(
         steps = tp
     if not isinstance(steps, int) or isinstance(steps, bool):
         raise ValueError(f"steps must be an int, got {steps!r}")
-    return _core.build_plan(schedule, tp, steps, m, n, k, l, partial_via)
+    return _core.build_plan(schedule, tp, steps, m, n, k, l, partial_via).to_dict()
 
 
 def tile_map(schedule: str | dict, tp: int, steps: int | None = None) -> dict:

@@ -513,31 +513,17 @@ def test_errors(dev):
 
     def graph_on_small_workspace():
         fake_bases = [(1 << 40) + (r << 32) for r in range(tp)]  # never used: refused first
-        _core.DeviceGraph(
-            "rs_tile_a",
-            tp,
-            2 * tp,
-            m2,
-            64,
-            k2,
-            1,
-            r,
-            dev.index,
-            "bf16",
-            1.0,
-            0.0,
-            False,
-            fake_bases,
-            a2.data_ptr(),
-            w2.data_ptr(),
-            0,
-            out2.data_ptr(),
-            0,
-            5.0,
-            _core.LaunchOrder(dev.index),
-            "copy",
-            sized["epilogue"],
+        plan = _core.build_plan("rs_tile_a", tp, 2 * tp, m2, 64, k2, 1, "copy")
+        setup = _core.GraphSetup(
+            rank=r,
+            cuda_device=dev.index,
+            dtype="bf16",
+            workspace_bases=fake_bases,
+            workspace_bytes=sized["epilogue"],
+            timeout_s=5.0,
         )
+        order = _core.LaunchOrder(dev.index)
+        _core.DeviceGraph(plan, setup, order, a2.data_ptr(), w2.data_ptr(), 0, out2.data_ptr(), 0)
 
     if sized["copy"] > sized["epilogue"]:
         expect(

@@ -6,8 +6,8 @@
 //                 it opened or allocated on close()/destruction.
 //   LaunchOrder   the launch order of every graph that shares one workspace on this device
 //                 (see below why it exists).
-//   DeviceGraph   device::DeviceGraph of one rank for a plan rebuilt in C++ from
-//                 (schedule, tp, steps, m, n, k, l): update(pointers), launch(stream), error().
+//   DeviceGraph   device::DeviceGraph of one rank for a _core.Plan as it was built, with a
+//                 GraphSetup (graph_setup.hpp): update(pointers), launch(stream), error().
 //
 // The GIL is released around everything that talks to the driver for longer than a few
 // microseconds (allocation, IPC open, graph build/update, launch), so other Python threads (a
@@ -29,6 +29,7 @@
 #include "distgemm/device/check.hpp"
 #include "distgemm/device/graph.hpp"
 #include "distgemm/schedule/plan.hpp"
+#include "graph_setup.hpp"
 
 namespace py = pybind11;
 
@@ -226,48 +227,36 @@ UserBuffers user_from(uint64_t a, uint64_t b, uint64_t c, uint64_t d, uint64_t b
 // A rank's graph for one plan, plus its launch order.
 class PyGraph {
  public:
-  PyGraph(const std::string& schedule, int tp, int steps, int64_t m, int64_t n, int64_t k,
-          int64_t l, int rank, int cuda_device, const std::string& dtype, float alpha, float beta,
-          bool bias, const std::vector<uint64_t>& workspace_bases, uint64_t a, uint64_t b,
-          uint64_t c, uint64_t d, uint64_t bias_ptr, double timeout_s,
-          std::shared_ptr<LaunchOrder> order, const std::optional<std::string>& partial_via,
-          int64_t workspace_bytes)
+  PyGraph(const distgemm::schedule::Plan& plan, const distgemm::python::GraphSetup& setup,
+          std::shared_ptr<LaunchOrder> order, uint64_t a, uint64_t b, uint64_t c, uint64_t d,
+          uint64_t bias_ptr)
       : order_(std::move(order)) {
-    const distgemm::schedule::ScheduleDef* def = &distgemm::schedules::find_or_throw(schedule);
     if (!order_) throw std::invalid_argument("DeviceGraph needs a LaunchOrder");
-    if (order_->device() != cuda_device)
+    if (order_->device() != setup.cuda_device)
       throw std::invalid_argument("LaunchOrder of CUDA device " + std::to_string(order_->device()) +
                                   " used for a graph on CUDA device " +
-                                  std::to_string(cuda_device));
-    const DType dt = distgemm::kernel::parse_dtype(dtype);
+                                  std::to_string(setup.cuda_device));
+    const DType dt = distgemm::kernel::parse_dtype(setup.dtype);
     std::vector<void*> bases;
-    for (uint64_t p : workspace_bases) bases.push_back(as_ptr(p));
+    for (uint64_t p : setup.workspace_bases) bases.push_back(as_ptr(p));
     EpilogueArgs epi;
-    epi.alpha = alpha;
-    epi.beta = beta;
-    epi.bias = bias;
+    epi.alpha = setup.alpha;
+    epi.beta = setup.beta;
+    epi.bias = setup.bias;
     GraphOptions opt;
-    opt.timeout_s = timeout_s;
-    if (workspace_bytes < 0)
-      throw std::invalid_argument("workspace_bytes=" + std::to_string(workspace_bytes) +
-                                  " is negative (0: not checked)");
-    opt.workspace_bytes = workspace_bytes;
-    // The plan the caller sized its workspace for: its partial transport, else the default.
-    const distgemm::schedule::PlanOptions plan_opt = distgemm::schedule::plan_options(
-        *def, tp, steps, distgemm::schedule::parse_optional_partial_via(partial_via));
+    opt.timeout_s = setup.timeout_s;
+    // The graph checks the plan's own layout (its partial transport included) against this.
+    opt.workspace_bytes = setup.workspace_bytes;
     const UserBuffers user = user_from(a, b, c, d, bias_ptr);
     py::gil_scoped_release nogil;
-    const distgemm::schedule::Plan plan = distgemm::schedule::build_plan(
-        *def, distgemm::schedule::Problem{m, n, k, l}, tp, steps, plan_opt);
-    graph_ = std::make_unique<DeviceGraph>(plan, rank, cuda_device, dt, epi, bases, user, opt);
+    graph_ = std::make_unique<DeviceGraph>(plan, setup.rank, setup.cuda_device, dt, epi, bases,
+                                           user, opt);
   }
 
-  // New user pointers. The graph-exec update is tried first; where the driver refuses it the
-  // graph is re-instantiated instead. Seen on 2x H200 with 2-D memcpy nodes reading a user
-  // buffer (the all-gather pushes): cudaGraphExecUpdate returned
-  // cudaGraphExecUpdateErrorParametersChanged (result 5). The runtime now captures contiguous
-  // copies as 1-D memcpys (updatable); the fallback keeps any other refusal from surfacing as an
-  // error in the middle of a model.
+  // New user pointers. The graph-exec update is tried first; where the driver refuses it (it
+  // may, e.g. for memcpy nodes whose parameters it will not change in place) the graph is
+  // re-instantiated instead, so that a refusal never surfaces as an error in the middle of a
+  // model.
   // Returns true when it had to rebuild. Shape errors (std::invalid_argument) propagate as they
   // are.
   bool update(uint64_t a, uint64_t b, uint64_t c, uint64_t d, uint64_t bias) {
@@ -365,16 +354,14 @@ void register_runtime(py::module_& m) {
   py::class_<PyGraph>(m, "DeviceGraph",
                       "One rank's CUDA graph of a plan (device::DeviceGraph). Pointers and streams "
                       "are integers (tensor.data_ptr(), stream.cuda_stream); 0 means absent.")
-      .def(py::init<const std::string&, int, int, int64_t, int64_t, int64_t, int64_t, int, int,
-                    const std::string&, float, float, bool, const std::vector<uint64_t>&, uint64_t,
-                    uint64_t, uint64_t, uint64_t, uint64_t, double, std::shared_ptr<LaunchOrder>,
-                    const std::optional<std::string>&, int64_t>(),
-           py::arg("schedule"), py::arg("tp"), py::arg("steps"), py::arg("m"), py::arg("n"),
-           py::arg("k"), py::arg("l"), py::arg("rank"), py::arg("cuda_device"), py::arg("dtype"),
-           py::arg("alpha"), py::arg("beta"), py::arg("bias"), py::arg("workspace_bases"),
-           py::arg("a"), py::arg("b"), py::arg("c"), py::arg("d"), py::arg("bias_ptr"),
-           py::arg("timeout_s"), py::arg("order"), py::arg("partial_via") = py::none(),
-           py::arg("workspace_bytes") = 0)
+      .def(py::init<const distgemm::schedule::Plan&, const distgemm::python::GraphSetup&,
+                    std::shared_ptr<LaunchOrder>, uint64_t, uint64_t, uint64_t, uint64_t,
+                    uint64_t>(),
+           py::arg("plan"), py::arg("setup"), py::arg("order"), py::arg("a"), py::arg("b"),
+           py::arg("c"), py::arg("d"), py::arg("bias_ptr"),
+           "The graph of `plan` (a _core.Plan, used as built: its partial transport, PDL and "
+           "workspace layout) for setup.rank; ValueError when setup.workspace_bytes (if set) is "
+           "smaller than the plan's layout.")
       .def("update", &PyGraph::update, py::arg("a"), py::arg("b"), py::arg("c"), py::arg("d"),
            py::arg("bias_ptr"),
            "Retarget the graph at new user buffers: a graph-exec update, or a re-instantiation "

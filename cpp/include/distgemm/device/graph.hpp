@@ -115,16 +115,8 @@ struct GraphOptions {
   int64_t workspace_bytes = 0;
 };
 
-// Where tail filling pays, measured on 2x H200 (benchmarks/results/2026-11-22-gpu-runtime.md,
-// run 4) and on 4x H200 (benchmarks/results/2026-11-22-tp4.md): all-gather plans gain (QKV S=4
-// 0.861 -> 0.951 overlap efficiency at TP=2; at TP=4, 8192 tokens, 0.737 -> 0.559 ms), and so
-// do reduce-scatter plans with partials by copy engine (up to 2%); for those whose epilogues
-// write the peer's slots it is a toss-up, within about 3% either way (a GEMM's tail then
-// overlaps another GEMM's NVLink-bound epilogue), so it stays off there.
-inline bool pdl_by_default(const schedule::Plan& plan) {
-  return plan.def.collective == schedule::Collective::AllGather ||
-         plan.partial_via == schedule::PartialVia::CopyEngine;
-}
+// GraphOptions::Pdl::Auto follows pdl_by_default (schedule/defaults.hpp, with the other defaults).
+using schedule::pdl_by_default;
 
 struct GraphStats {
   int gemm_nodes = 0, copy_nodes = 0, signal_nodes = 0, wait_kernels = 0;

@@ -1,0 +1,75 @@
+// The library's defaults, each in one place: S for steps=None (default_steps), how reduce-scatter
+// partials travel (default_plan_options) and whether GEMMs chain by programmatic dependent launch
+// (pdl_by_default). Host-only. How each was measured: docs/tuning.md.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "distgemm/kernel/gemm_extents.hpp"
+#include "distgemm/schedule/plan_builder.hpp"
+#include "distgemm/schedule/plan_types.hpp"
+
+namespace distgemm::schedule {
+
+// Partials by copy engine where S >= 2*TP gives each push a step of slack; by the epilogue at
+// S = TP, where a push would sit on the consumer's critical path.
+inline PlanOptions default_plan_options(const ScheduleDef& def, int tp, int steps) {
+  PlanOptions o;
+  if (def.collective != Collective::AllGather && steps >= 2 * tp)
+    o.partial_via = PartialVia::CopyEngine;
+  return o;
+}
+
+// The defaults with the partial transport a caller chose (none: the default's). The one rule
+// for the bindings, the Python runtime's graphs and distgemm_bench.
+inline PlanOptions plan_options(const ScheduleDef& def, int tp, int steps,
+                                std::optional<PartialVia> partial_via) {
+  PlanOptions o = default_plan_options(def, tp, steps);
+  if (partial_via) o.partial_via = *partial_via;
+  return o;
+}
+
+// GEMM i+1 follows GEMM i by programmatic dependent launch where the step's tail has work to
+// fill without an NVLink-bound epilogue beside it: all-gather plans and partials by copy engine.
+inline bool pdl_by_default(const Plan& plan) {
+  return plan.def.collective == Collective::AllGather || plan.partial_via == PartialVia::CopyEngine;
+}
+
+// '' when the GEMM kernel's extent rule (kernel/gemm_extents.hpp) admits every sub-GEMM of
+// `device` (-1: of every device), else the first reason.
+inline std::string plan_extent_problem(const Plan& plan, int device, int elem_bytes = 2) {
+  for (int d = 0; d < plan.tp; ++d) {
+    if (device >= 0 && d != device) continue;
+    for (const GemmOp& g : plan.devices[d].gemms) {
+      std::string why = kernel::gemm_extent_problem(g.m, g.n, g.k, 1, elem_bytes);
+      if (!why.empty()) return why;
+    }
+  }
+  return "";
+}
+
+// Reduce-scatter plans take S = 2*TP from this many tokens (M) on: with fewer, the extra step
+// costs more than its slack hides.
+inline constexpr int64_t kRsTwoStepsMinTokens = 4096;
+// ... and with at most this much K per rank: with a longer K the epilogue's peer writes are a
+// small part of the mainloop, so S = TP loses little to them and saves a step.
+inline constexpr int64_t kRsTwoStepsMaxKPerRank = 8192;
+
+// S for steps=None: TP, except reduce-scatter plans (rs_tile_a, rs_tile_b) with at least
+// kRsTwoStepsMinTokens tokens and at most kRsTwoStepsMaxKPerRank of K per rank, which take
+// S = 2*TP (partials staged for the copy engine with a step of slack) where the plan and the
+// kernel's extent rule accept it. Shapes only, so every rank agrees.
+inline int default_steps(const ScheduleDef& def, int tp, const Problem& problem) {
+  if (def.collective != Collective::ReduceScatter || tp < 2) return tp;
+  const int steps = 2 * tp;
+  if (problem.m < kRsTwoStepsMinTokens || problem.n < 1 || problem.k < 1 ||
+      def.partition.local_a(problem, tp).cols > kRsTwoStepsMaxKPerRank ||
+      !validate(def, problem, tp, steps).empty())
+    return tp;
+  const Plan plan = build_plan(def, problem, tp, steps, default_plan_options(def, tp, steps));
+  return plan_extent_problem(plan, -1).empty() ? steps : tp;
+}
+
+}  // namespace distgemm::schedule

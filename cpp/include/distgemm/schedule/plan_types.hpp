@@ -1,0 +1,209 @@
+// Plan's data: the ops of every device, the buffers they name, the workspace layout, and the
+// validation of a (schedule, problem, TP, S) before a plan is built. Host-only.
+//
+//
+// Per device there are two in-order streams:
+//   gemms  — the S sub-GEMMs, in iteration order (the compute stream; one kernel each);
+//   copies — copy-engine transfers (the copy stream; memcpy nodes, no SMs).
+// Cross-device ordering only goes through flags. A flag is a uint32 in the destination
+// device's symmetric workspace; "set" writes the launch generation into it, "wait" spins until
+// it reaches the launch generation (wrap-safe compare). Each flag is set exactly once per launch,
+// so nothing is ever reset. Every launch starts with an entry barrier across all devices: a
+// device only writes a peer's workspace after that peer has finished the previous launch, so
+// receive slots are never overwritten while a previous launch still reads them. Within a
+// launch every slot is written at most once.
+//
+// Buffers: the user's A, B, C, D, bias of each device (local shapes from the Partition, dense
+// row-major per batch), and `Slots`, the data part of the symmetric workspace. A BufRef names a
+// buffer on some device plus an element offset, a row stride and a batch stride. A BufRef on
+// another device than the one executing the op is a peer access (NVLink).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "distgemm/schedule/partition.hpp"
+#include "distgemm/schedule/scheduler.hpp"
+
+namespace distgemm::schedule {
+
+enum class Buffer : uint8_t { A = 0, B = 1, C = 2, D = 3, Bias = 4, Slots = 5 };
+
+inline const char* buffer_name(Buffer b) {
+  switch (b) {
+    case Buffer::A:
+      return "A";
+    case Buffer::B:
+      return "B";
+    case Buffer::C:
+      return "C";
+    case Buffer::D:
+      return "D";
+    case Buffer::Bias:
+      return "bias";
+    default:
+      return "slots";
+  }
+}
+
+struct BufRef {
+  Buffer buffer = Buffer::A;
+  int device = -1;           // -1: no operand
+  int64_t offset = 0;        // elements
+  int64_t ld = 0;            // elements between rows
+  int64_t batch_stride = 0;  // elements between batches
+  bool valid() const { return device >= 0; }
+};
+
+struct FlagRef {
+  int device = 0;
+  int flag = 0;
+};
+
+struct GemmOp {
+  int iteration = 0;
+  int tile = 0;                    // tile of the split mode
+  int64_t m0 = 0, n0 = 0, k0 = 0;  // global coordinates of the sub-GEMM
+  int64_t m = 0, n = 0, k = 0;     // extents; the batch count is the problem's L
+  BufRef a, b, d;
+  BufRef partial;  // epilogue source added with scale 1 (the rotating partial C); may be invalid
+  BufRef user_c;   // the user's C, added with beta when the call passes beta != 0; may be invalid
+  BufRef bias;     // bias slice for this tile's N range, used when the call passes a bias
+  std::vector<int> waits;        // flags on this device, waited for before the mainloop
+  std::vector<FlagRef> signals;  // flags set after the GEMM has completed
+};
+
+struct CopyOp {
+  int step = 0;  // iteration during which the copy is expected to run (display only)
+  BufRef src, dst;
+  int64_t rows = 0, cols = 0;  // per batch: `rows` rows of `cols` contiguous elements
+  int after_gemm = -1;         // index of a local GEMM that must complete first, -1 if none
+  std::vector<int> waits;      // flags on this device, waited for before the copy
+  std::vector<FlagRef> signals;
+};
+
+struct DeviceProgram {
+  std::vector<GemmOp> gemms;
+  std::vector<CopyOp> copies;
+};
+
+// Byte layout of one device's symmetric workspace (identical on every device).
+struct WorkspaceLayout {
+  int64_t slots_offset = 0, slots_bytes = 0;
+  int64_t flags_offset = 0, flags_bytes = 0;      // uint32 per plan flag
+  int64_t barrier_offset = 0, barrier_bytes = 0;  // uint32 per device (entry barrier)
+  int64_t epoch_offset = 0;                       // uint32 launch generation of this device
+  int64_t total_bytes = 0;
+};
+
+inline int64_t round_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+// How a reduce-scatter partial reaches the device that continues it (the ring of rs_tile_a,
+// rs_tile_b and gemm_allreduce; all-gather plans have no partials).
+//   Epilogue:   the GEMM's epilogue stores the partial straight into the peer's receive slot
+//               (a peer write over NVLink from the SMs) and a signal follows the GEMM. No extra
+//               memory; the epilogue's stores cross NVLink, which lengthens GEMMs with short K.
+//   CopyEngine: the epilogue stores it into a local staging slot; a memcpy node pushes the slot
+//               into the peer's receive slot after the GEMM, then signals. The epilogue stays
+//               local and the transfer runs on the copy engine, but it is on the consumer's
+//               critical path unless S > TP gives it steps of slack; one staging slot per
+//               non-final iteration doubles the partial slots (rs_tile_a/b: all the slots;
+//               gemm_allreduce: 1.5x, its all-gather slots stay).
+enum class PartialVia : uint8_t { Epilogue = 0, CopyEngine = 1 };
+
+inline const char* partial_via_name(PartialVia v) {
+  return v == PartialVia::CopyEngine ? "copy" : "epilogue";
+}
+
+// The inverse of partial_via_name; throws std::invalid_argument naming the valid names.
+inline PartialVia parse_partial_via(const std::string& name) {
+  for (PartialVia v : {PartialVia::Epilogue, PartialVia::CopyEngine})
+    if (name == partial_via_name(v)) return v;
+  throw std::invalid_argument("partial_via='" + name + "' is not one of 'epilogue', 'copy'");
+}
+
+// parse_partial_via of an optional name (none: none), for the bindings' optional arguments.
+inline std::optional<PartialVia> parse_optional_partial_via(
+    const std::optional<std::string>& name) {
+  if (!name) return std::nullopt;
+  return parse_partial_via(*name);
+}
+
+struct PlanOptions {
+  PartialVia partial_via = PartialVia::Epilogue;
+};
+
+struct Plan {
+  std::string schedule;
+  ScheduleDef def;
+  Problem problem;
+  int tp = 1;
+  int steps = 1;
+  PartialVia partial_via = PartialVia::Epilogue;  // reduce-scatter plans only
+  Buffer slot_operand = Buffer::A;                // the slots hold elements of this operand's dtype
+  int64_t slot_elems = 0;                         // per device
+  int num_flags = 0;                              // per device
+  std::vector<DeviceProgram> devices;
+
+  const Partition& partition() const { return def.partition; }
+
+  WorkspaceLayout layout(int slot_elem_bytes) const {
+    WorkspaceLayout w;
+    w.slots_offset = 0;
+    w.slots_bytes = round_up(slot_elems * slot_elem_bytes, 256);
+    w.flags_offset = w.slots_bytes;
+    w.flags_bytes = round_up(int64_t(num_flags) * 4, 128);
+    w.barrier_offset = w.flags_offset + w.flags_bytes;
+    w.barrier_bytes = round_up(int64_t(tp) * 4, 128);
+    w.epoch_offset = w.barrier_offset + w.barrier_bytes;
+    w.total_bytes = round_up(w.epoch_offset + 4, 256);
+    return w;
+  }
+  // Extra device memory per device beyond the user's tensors.
+  int64_t extra_bytes(int slot_elem_bytes) const { return layout(slot_elem_bytes).total_bytes; }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Validation: every constraint in words, with the values.
+
+inline constexpr int kMaxTp = 8;  // devices of one plan (the runtime's kernel::kMaxDevices)
+
+inline std::string validate(const ScheduleDef& def, const Problem& p, int tp, int steps) {
+  auto s = [](int64_t v) { return std::to_string(v); };
+  if (tp < 1 || tp > kMaxTp)
+    return "TP=" + s(tp) + " is out of range: distgemm supports 1 <= TP <= " + s(kMaxTp);
+  if (steps < tp || steps % tp != 0)
+    return "S=" + s(steps) + " is not a positive multiple of TP=" + s(tp) + " (S = k*TP, k >= 1)";
+  if (p.m < 1 || p.n < 1 || p.k < 1 || p.l < 1)
+    return "problem sizes must be positive, got M=" + s(p.m) + " N=" + s(p.n) + " K=" + s(p.k) +
+           " L=" + s(p.l);
+  const std::string who = std::string(def.name);
+  auto extent = [&](Mode m) { return m == Mode::M ? p.m : m == Mode::N ? p.n : p.k; };
+  // The split mode is cut into S tiles.
+  if (extent(def.split) % steps != 0)
+    return std::string(mode_name(def.split)) + "=" + s(extent(def.split)) +
+           " is not divisible by S=" + s(steps) + ": " + who + " splits " + mode_name(def.split) +
+           " into S = k*TP tiles";
+  const Partition& pt = def.partition;
+  for (auto [mode, what] : {std::pair{pt.a, "A"}, std::pair{pt.b, "B"}, std::pair{pt.d, "C/D"}}) {
+    if (mode == Mode::None) continue;
+    if (extent(mode) % tp != 0)
+      return std::string(mode_name(mode)) + "=" + s(extent(mode)) +
+             " is not divisible by TP=" + s(tp) + ": " + who + " shards " + what + " on " +
+             mode_name(mode);
+  }
+  if (def.collective != Collective::AllGather) {
+    DistributedTileScheduler sch(def, tp, steps);
+    for (int d = 0; d < tp; ++d)
+      for (int i = 0; i < steps; ++i)
+        if (sch.source_device(d, i) == -2 || sch.destination_device(d, i) == -2)
+          return "internal: schedule " + who + " does not pass the partial of device " + s(d) +
+                 " iteration " + s(i) + " to any device (its tile map is not a ring)";
+  }
+  return "";
+}
+
+}  // namespace distgemm::schedule

@@ -1,0 +1,98 @@
+"""The collective path of one call, the baseline the overlapped one must beat: the group's NCCL
+collective and one torch GEMM, on the current stream."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from .entries import Entry
+from .launch import stream_ptr, user_ptrs
+
+if TYPE_CHECKING:
+    from .comm import Communicator
+
+
+def run_collective(op: str, comm: Communicator, entry: Entry, tensors, out):
+    """The plain path, the baseline the overlapped one must beat: the group's collective (NCCL)
+    and one torch GEMM, in the op's dtype, on the current stream. Same operands, shapes and
+    result as the plan of ``entry.spec``.
+
+    Written for host time, since it is chosen for small problems whose calls take tens of us:
+    the process group's own methods (``_allgather_base`` etc., what ``torch.distributed``'s
+    wrappers call, without their per-call argument checks and deprecation shims), the plan's
+    buffers reused, and the overlapped path's per-call checks (``user_ptrs``)."""
+    pg, device = comm.group, comm.device
+    a, w, bias, c = tensors["a"], tensors["w"], tensors.get("bias"), tensors.get("c")
+    _, out = user_ptrs(op, entry, tensors, out, device)
+    kind = entry.collective_kind  # the branch follows the C++ definition, not the name
+    if kind in ("gather_a", "gather_w"):
+        part = a if kind == "gather_a" else w
+        shape = entry.gathered_shape
+        # The gathered operand goes back to the caller only with return_gathered; otherwise one
+        # buffer per plan, as a hand-written baseline keeps it (a fresh allocation per call makes
+        # the caching allocator alternate blocks that NCCL's stream still holds).
+        gathered = (
+            torch.empty(shape, dtype=part.dtype, device=part.device)
+            if entry.want_gathered
+            else _scratch(entry, "gathered", shape, part, stream_ptr(device))
+        )
+        pg._allgather_base(gathered, part).wait()  # wait(): the current stream waits for NCCL
+        x, wf = (gathered, w) if kind == "gather_a" else (a, gathered)
+        if bias is None:
+            torch.mm(x, wf.t(), out=out)
+        else:
+            torch.addmm(bias, x, wf.t(), out=out)
+        return (out, gathered) if entry.want_gathered else out
+    if kind == "all_reduce":
+        torch.mm(a, w.t(), out=out)
+        pg.allreduce([out]).wait()
+    elif kind == "scatter_n":  # rs_tile_b
+        # reduce-scatter splits dim 0: reduce D^T = W A^T and transpose this rank's rows.
+        stream = stream_ptr(device)
+        part_t = torch.mm(
+            w, a.t(), out=_scratch(entry, "partial", (w.shape[0], a.shape[0]), a, stream)
+        )
+        mine = _scratch(
+            entry, "mine", (part_t.shape[0] // entry.spec.tp, part_t.shape[1]), a, stream
+        )
+        pg._reduce_scatter_base(mine, part_t).wait()  # default op: sum
+        out.copy_(mine.t())
+    else:  # scatter_m: rs_tile_a
+        partial = torch.mm(
+            a,
+            w.t(),
+            out=_scratch(entry, "partial", (a.shape[0], w.shape[0]), a, stream_ptr(device)),
+        )
+        pg._reduce_scatter_base(out, partial).wait()
+    if c is not None:
+        out.add_(c, alpha=entry.beta)
+    if bias is not None:
+        out.add_(bias)
+    return out
+
+
+def _scratch(entry: Entry, name: str, shape, like: torch.Tensor, stream: int) -> torch.Tensor:
+    """A buffer of the collective path kept with the plan, one per CUDA stream: calls on one
+    stream are ordered, calls on two streams (e.g. overlapped micro-batches) must not share a
+    buffer that one's NCCL kernel writes while the other's GEMM reads it."""
+    key = (name, stream)
+    t = entry.scratch.get(key)
+    if t is None:
+        t = entry.scratch[key] = torch.empty(shape, dtype=like.dtype, device=like.device)
+    return t
+
+
+def collective_unavailable(group) -> str | None:
+    """Why the collective path cannot run on ``group`` (None: it can): it needs a backend that
+    runs collectives on CUDA tensors (NCCL). Depends on the group only, so every rank agrees."""
+    import torch.distributed as dist
+
+    try:
+        backend = str(dist.get_backend(group))
+    except Exception as e:  # noqa: BLE001 - an unusual group object: say so, keep the plan
+        return f"the group's backend is unknown ({type(e).__name__}: {e})"
+    if "nccl" not in backend.lower():
+        return f"the group's backend is {backend!r}; the collective path needs NCCL"
+    return None

@@ -1,0 +1,246 @@
+"""The plan cache of a Communicator: one entry per (op, shapes, dtype, schedule, steps, path),
+created once at an op's first call (signature exchange, the Plan, its workspace and graph setup)
+and holding the CUDA graphs instantiated for it, one per set of user pointers."""
+
+from __future__ import annotations
+
+import collections
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from . import _core
+from .validation import DTYPES, Spec
+
+if TYPE_CHECKING:
+    from .comm import Communicator
+
+# Cached plans per communicator; beyond it the least recently used plan and its graphs go.
+MAX_PLANS = 64
+# Instantiated graphs per plan, keyed by the user pointers. Activations from torch's caching
+# allocator tend to come back at a few addresses, so a small set of graphs turns most calls into
+# a plain replay; a miss retargets the least recently used graph (cudaGraphExecUpdate).
+GRAPHS_PER_PLAN = 4
+
+
+class _RawCuda:
+    """A device buffer for torch.as_tensor via __cuda_array_interface__ (no ownership)."""
+
+    def __init__(self, ptr: int, numel: int):
+        self.__cuda_array_interface__ = {
+            "shape": (numel,),
+            "typestr": "<i2",
+            "data": (ptr, False),
+            "version": 3,
+            "strides": None,
+        }
+
+
+@dataclass
+class Entry:
+    spec: Spec
+    dtype: torch.dtype
+    beta: float
+    ws: Any
+    bases: list[int]
+    graphs: collections.OrderedDict[tuple[int, ...], Any]
+    gather: list[tuple[str, int, int, int]] | None = None  # (src, offset, row0, rows)
+    slots: torch.Tensor | None = None
+    gather_shape: tuple[int, int] | None = None
+    out_shape: tuple[int, ...] = ()
+    path: str | None = None  # "overlap" or "collective"; None: "auto", not chosen yet
+    want_gathered: bool = False  # all_gather_gemm(..., return_gathered=True)
+    scratch: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)  # (name, stream)
+    tuning: dict[str, Any] | None = None  # the measurement behind an "auto" choice
+    ws_bytes: int = 0  # bytes addressable from each base (the plan's layout total)
+    setup: Any = None  # _core.GraphSetup of this rank's graphs (plans that launch)
+
+    @property
+    def has_bias(self) -> bool:
+        return "bias" in self.spec.shapes
+
+    @functools.cached_property
+    def collective_kind(self) -> str:
+        """The collective path's branch, read from the C++ definition once per plan (not per
+        call): "gather_a" / "gather_w" (all-gather of the activations or of the weight),
+        "all_reduce", "scatter_n" (D sharded on N: rs_tile_b), "scatter_m" (D sharded on M)."""
+        d = self.spec.plan.definition
+        if d["collective"] == "all_gather":
+            return "gather_a" if d["rotating"] == "A" else "gather_w"
+        if d["collective"] == "all_reduce":
+            return "all_reduce"
+        return "scatter_n" if d["partition"]["d"] == "N" else "scatter_m"
+
+    @functools.cached_property
+    def gathered_shape(self) -> tuple[int, int]:
+        """The whole all-gathered operand's shape (all-gather plans)."""
+        return _gathered_shape(self.spec)
+
+
+class PlanCache(collections.OrderedDict):
+    """A communicator's op entries in least-recently-used order, at most MAX_PLANS."""
+
+    def insert(self, key, entry: Entry, synchronize: Callable[[], None]) -> None:
+        if len(self) >= MAX_PLANS:
+            self.drop(next(iter(self)), synchronize)
+        self[key] = entry
+
+    def drop(self, key, synchronize: Callable[[], None]) -> None:
+        entry = self.pop(key, None)
+        if entry is not None:
+            # The graphs may still run on the GPU; destroying an executable graph mid-flight is
+            # not allowed, so wait for the device first (eviction is rare: MAX_PLANS).
+            synchronize()
+            entry.graphs.clear()
+
+    def graph_error(self) -> str:
+        """'' or the first timeout report of a graph of this cache (read after synchronising)."""
+        for entry in list(self.values()):
+            for g in entry.graphs.values():
+                e = g.error()
+                if e:
+                    return e
+        return ""
+
+    def release(self) -> None:
+        """Drop every entry and its graphs (the device is synchronised by the caller)."""
+        for entry in self.values():
+            entry.graphs.clear()
+        self.clear()
+
+
+def _gathered_shape(spec: Spec) -> tuple[int, int]:
+    return (spec.m if spec.plan.definition["rotating"] == "A" else spec.n, spec.k)
+
+
+def gather_recipe(spec: Spec, rank: int):
+    """How to assemble the gathered operand of an all-gather plan on ``rank`` after a launch:
+    per sub-GEMM, the rotating operand's rows come from the user tensor (own chunks) or from a
+    receive slot (the peers' chunks, still valid until this rank's next launch)."""
+    plan = spec.plan.to_dict()
+    rot = "a" if plan["definition"]["rotating"] == "A" else "b"
+    recipe = []
+    for g in plan["devices"][rank]["gemms"]:
+        r = g[rot]
+        row0, rows = (g["m0"], g["m"]) if rot == "a" else (g["n0"], g["n"])
+        recipe.append(("slots" if r["buffer"] == "slots" else rot, r["offset"], row0, rows))
+    return recipe, _gathered_shape(spec)
+
+
+def signature(key, error: str | None) -> dict[str, Any]:
+    """What a rank exchanges at plan creation: the cache key in words, and its own error."""
+    op, schedule, steps, dtype, shapes, beta, gathered, path = key
+    sig = {"op": op, "schedule": schedule, "steps": steps, "dtype": str(dtype), "path": path}
+    for name, shape in shapes:
+        sig[f"{name}.shape"] = None if shape is None else list(shape)
+    sig.update(beta=beta, return_gathered=gathered, error=error)
+    return sig
+
+
+def signature_mismatch(sigs: Sequence[dict[str, Any]], what: str) -> str | None:
+    """The first field in which a rank's plan signature differs from rank 0's, in words, or
+    None. A rank's own validation error (``error`` key) is reported first. Pure, so that every
+    rank computes the same verdict."""
+    for r, s in enumerate(sigs):
+        if s.get("error"):
+            return f"{what}: rank {r} rejected its inputs: {s['error']}"
+    ref = sigs[0]
+    for r, s in enumerate(sigs[1:], start=1):
+        for key in ref:
+            if key == "error":
+                continue
+            if s.get(key) != ref[key]:
+                return (
+                    f"{what}: ranks disagree at plan creation: rank {r} has {key}={s.get(key)!r}"
+                    f" where rank 0 has {key}={ref[key]!r}; every rank must call the op with "
+                    "the same shapes, dtype, schedule, steps and path"
+                )
+        extra = set(s) - set(ref)
+        if extra:
+            key = sorted(extra)[0]
+            return (
+                f"{what}: ranks disagree at plan creation: rank {r} has {key}={s[key]!r} "
+                "which rank 0 does not have"
+            )
+    return None
+
+
+def create_entry(comm: Communicator, key, make: Callable[[], Spec]) -> Entry:
+    """The entry of a first call: ``make()`` validates and builds the Plan (once), the ranks
+    exchange their signatures (the same error on every rank), then a plan that launches gets
+    its workspace and graph setup. Cached in ``comm.plans``."""
+    op, _, _, dtype, _, beta, gathered, path = key
+    spec, error, exc = None, None, None
+    try:
+        spec = make()
+    except (ValueError, TypeError) as e:
+        error, exc = f"{type(e).__name__}: {e}", e
+    sigs = comm.all_gather(signature(key, error), f"{op} plan signature")
+    if exc is not None and all(s["error"] == error for s in sigs):
+        raise exc  # every rank rejected the same inputs the same way: the plain error
+    problem = signature_mismatch(sigs, op)
+    if problem:
+        raise ValueError(problem)
+    entry = Entry(
+        spec=spec,
+        dtype=dtype,
+        beta=beta,
+        ws=None,
+        bases=[],
+        graphs=collections.OrderedDict(),
+        out_shape=torch.Size(spec.shapes["out"]),
+        path=None if path == "auto" else path,
+        want_gathered=gathered,
+    )
+    if entry.path != "collective":  # the collective path launches no plan: no workspace
+        attach_workspace(comm, entry, gathered)
+    comm.plans.insert(key, entry, lambda: torch.cuda.synchronize(comm.device))
+    return entry
+
+
+def attach_workspace(comm: Communicator, entry: Entry, gathered: bool) -> None:
+    """The symmetric workspace of a plan that launches, its graphs' setup and the recipe of its
+    gathered operand."""
+    spec = entry.spec
+    layout = spec.plan.layout(2)  # the entry's own plan: its partial transport included
+    entry.ws, entry.bases = comm.workspace_for(layout)
+    # workspace_for shifts each base so that exactly the layout's bytes follow it: the graph
+    # checks its own plan's layout against this.
+    entry.ws_bytes = int(layout["total_bytes"])
+    entry.setup = _core.GraphSetup(
+        rank=comm.rank,
+        cuda_device=comm.device.index,
+        dtype=DTYPES[entry.dtype],
+        workspace_bases=entry.bases,
+        workspace_bytes=entry.ws_bytes,
+        timeout_s=comm.wait_timeout_s,
+        alpha=1.0,
+        beta=entry.beta,
+        bias=entry.has_bias,
+    )
+    if gathered:
+        entry.gather, entry.gather_shape = gather_recipe(spec, comm.rank)
+        slot_elems = int(spec.plan.slot_elems)
+        if slot_elems:
+            # This rank's slots start at its shifted base (slots_offset is 0 in Plan::layout).
+            raw = _RawCuda(entry.bases[comm.rank] + int(layout["slots_offset"]), slot_elems)
+            entry.slots = torch.as_tensor(raw, device=comm.device).view(entry.dtype)
+
+
+def graph_for(entry: Entry, ptrs: tuple[int, int, int, int, int]):
+    """This rank's graph of the entry's plan for these user pointers: a cached one, a new one
+    (up to GRAPHS_PER_PLAN), or the least recently used one retargeted."""
+    g = entry.graphs.get(ptrs)
+    if g is not None:
+        entry.graphs.move_to_end(ptrs)  # LRU order
+        return g
+    if len(entry.graphs) < GRAPHS_PER_PLAN:
+        g = _core.DeviceGraph(entry.spec.plan, entry.setup, entry.ws.order, *ptrs)
+    else:
+        _, g = entry.graphs.popitem(last=False)
+        g.update(*ptrs)
+    entry.graphs[ptrs] = g
+    return g

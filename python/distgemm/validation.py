@@ -1,0 +1,237 @@
+"""Checks of an op call before anything reaches the extension: operand types, placement, path,
+grad mode, and the plan spec of a first call (``make_spec``: global problem, S, the Plan and
+every operand's expected shape)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from . import _core
+
+DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+ALIGN = 16  # bytes: TMA needs 16-byte aligned bases and row strides
+# The built-in schedules' definitions (fixed at build time), by name.
+_DEFINITIONS = {d["name"]: d for d in _core.schedules()}
+_COLLECTIVE = {
+    "all_gather_gemm": "all_gather",
+    "gemm_reduce_scatter": "reduce_scatter",
+    "gemm_all_reduce": "all_reduce",
+}
+
+
+def check_types(op: str, tensors: dict[str, torch.Tensor | None]) -> torch.dtype:
+    """Every given operand is a tensor, bf16 or fp16, all in one dtype, on a CUDA device.
+    Returns the dtype. (Runs on every call: attribute reads only, ~1 us.)"""
+    dtype = None
+    first = None
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        dt = t.dtype
+        if dt is dtype:
+            continue
+        if dt not in DTYPES:
+            raise TypeError(
+                f"{op}: {name} has dtype {dt}; distgemm supports torch.bfloat16 and torch.float16"
+            )
+        if dtype is not None:
+            raise TypeError(
+                f"{op}: mixed dtypes: {first} is {dtype} but {name} is {dt}; "
+                "pass every operand in one dtype"
+            )
+        dtype, first = dt, name
+    for name, t in tensors.items():
+        if t is not None and not t.is_cuda:
+            raise ValueError(
+                f"{op}: {name} is on {t.device}; distgemm ops need CUDA tensors on "
+                "this rank's GPU (torch.cuda.current_device())"
+            )
+    return dtype
+
+
+def check_placement(op: str, device: torch.device, tensors: dict[str, torch.Tensor | None]) -> None:
+    """Every given operand lives on ``device``, is contiguous and 16-byte aligned."""
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if t.device != device:
+            raise ValueError(f"{op}: {name} is on {t.device} but this rank's device is {device}")
+        if not t.is_contiguous():
+            raise ValueError(
+                f"{op}: {name} is not contiguous (shape {list(t.shape)}, strides "
+                f"{list(t.stride())}); distgemm takes dense row-major tensors: pass "
+                f"{name}.contiguous()"
+            )
+        ptr = t.data_ptr()
+        if ptr % ALIGN:
+            raise ValueError(
+                f"{op}: {name}'s data pointer {ptr:#x} is not {ALIGN}-byte aligned "
+                f"(offset {ptr % ALIGN} bytes; TMA requires it): a view that starts "
+                "at an odd element offset is the usual cause; pass a fresh tensor "
+                "(.clone())"
+            )
+
+
+PATHS = ("auto", "overlap", "collective")
+# The path of calls that pass none: DISTGEMM_PATH at import, else "auto". Pinning it (e.g. to
+# "overlap") makes a job's choice reproducible and spares the first calls their measurement.
+PATH_ENV = "DISTGEMM_PATH"
+DEFAULT_PATH = os.environ.get(PATH_ENV, "auto")
+
+
+def check_path(op: str, path) -> str:
+    """``path`` (None: DEFAULT_PATH) names one of PATHS (ValueError otherwise); returns it."""
+    name = f"{PATH_ENV}=" if path is None else "path="
+    path = DEFAULT_PATH if path is None else path
+    if path not in PATHS:
+        raise ValueError(f"{op}: {name}{path!r} is not one of {', '.join(map(repr, PATHS))}")
+    return path
+
+
+def check_no_grad(op: str, tensors: dict[str, torch.Tensor | None]) -> None:
+    """The ops have no backward: refuse inputs that require grad while grad mode is on, rather
+    than return a result autograd cannot see (a training step would silently get no weight
+    gradient)."""
+    if not torch.is_grad_enabled():
+        return
+    for name, t in tensors.items():
+        if t is not None and t.requires_grad:
+            raise RuntimeError(
+                f"{op}: {name} requires grad, but distgemm ops have no backward (autograd) yet: "
+                "call them under torch.no_grad() or torch.inference_mode(), or pass "
+                f"{name}.detach() and compute the gradient yourself"
+            )
+
+
+@dataclass
+class Spec:
+    """What a plan needs from the tensors of one call (same on every rank)."""
+
+    op: str
+    schedule: str
+    tp: int
+    steps: int
+    m: int
+    n: int
+    k: int
+    shapes: dict[str, tuple[int, ...]]  # expected per-rank shape of every operand the plan uses
+    plan: Any = field(repr=False, default=None)  # the _core.Plan, built once per op entry
+
+
+def default_steps(schedule: str, tp: int, a: torch.Tensor, w: torch.Tensor) -> int:
+    """S for ``steps=None``: TP for the all-gather schedules and gemm_allreduce; for rs_tile_a /
+    rs_tile_b, 2*TP from ``_core.RS_TWO_STEPS_MIN_TOKENS`` tokens (M) on with at most
+    ``_core.RS_TWO_STEPS_MAX_K_PER_RANK`` of K per rank, where the plan accepts it (partials then
+    travel by copy engine with a step of slack), else TP. The rule is the C++ one
+    (schedule/defaults.hpp). Shapes only, so every rank agrees; an operand that is not 2-D gets
+    TP and the op's validation names the problem, as it does an unknown schedule."""
+    defn = _DEFINITIONS.get(schedule) if isinstance(schedule, str) else None
+    if tp < 2 or defn is None or a.dim() != 2 or w.dim() != 2:
+        return tp
+    m, n, k = _global_problem(defn["partition"], tp, a, w)
+    return _core.default_steps(schedule, tp, m, n, k, 1)
+
+
+def _global_problem(
+    partition: dict, tp: int, a: torch.Tensor, w: torch.Tensor
+) -> tuple[int, int, int]:
+    """Global (M, N, K) from the per-rank A [rows, K_a] and W [N_w, K] and the Partition (read
+    from the C++ definition): a sharded mode is TP times the local extent."""
+    (ma, ka), nb = tuple(a.shape), int(w.shape[0])
+    return (
+        ma * tp if partition["a"] == "M" else ma,
+        nb * tp if partition["b"] == "N" else nb,
+        ka * tp if partition["a"] == "K" else ka,
+    )
+
+
+def fmt_shape(s) -> str:
+    return "[" + ", ".join(str(x) for x in s) + "]"
+
+
+def make_spec(
+    op: str,
+    schedule: str,
+    tp: int,
+    rank: int,
+    steps: int | None,
+    a: torch.Tensor,
+    w: torch.Tensor,
+    *,
+    bias=None,
+    c=None,
+    beta: float = 0.0,
+    out=None,
+) -> Spec:
+    """Global problem, steps and every operand's expected shape for ``op`` with ``schedule`` on
+    ``tp`` ranks; ValueError naming the constraint and the values. Shapes only: no device, no
+    communicator."""
+    if not isinstance(schedule, str):
+        raise TypeError(
+            f"{op}: schedule must be a schedule name (str), got {type(schedule).__name__}"
+        )
+    defs = _DEFINITIONS
+    want = _COLLECTIVE[op]
+    if schedule not in defs or defs[schedule]["collective"] != want:
+        fits = sorted(n for n, d in defs.items() if d["collective"] == want)
+        raise ValueError(
+            f"{op}: schedule '{schedule}' is not a {want} schedule; use one of {', '.join(fits)}"
+        )
+    if steps is None:
+        steps = default_steps(schedule, tp, a, w)
+    if not isinstance(steps, int) or isinstance(steps, bool):
+        raise TypeError(f"{op}: steps must be an int or None, got {steps!r}")
+    for name, t in (("a" if op != "all_gather_gemm" else "a_shard", a), ("w", w)):
+        if t.dim() != 2:
+            raise ValueError(f"{op}: {name} must be 2-D, got shape {fmt_shape(t.shape)}")
+    m, n, k = _global_problem(defs[schedule]["partition"], tp, a, w)
+    ka = a.shape[1]
+    if min(m, n, k) < 1:
+        raise ValueError(f"{op}: empty operands: a {fmt_shape(a.shape)}, w {fmt_shape(w.shape)}")
+    try:
+        # The op entry's one plan build (validates; raises ValueError).
+        plan = _core.build_plan(schedule, tp, steps, m, n, k, 1)
+    except ValueError as e:
+        raise ValueError(
+            f"{op} ({schedule}, TP={tp}, S={steps}, global M={m} N={n} K={k}): {e}"
+        ) from None
+    local = plan.local_shapes
+    a_name = "a_shard" if op == "all_gather_gemm" else "a"
+    if tuple(w.shape) != tuple(local["B"]):
+        raise ValueError(
+            f"{op}: w has shape {fmt_shape(w.shape)} but {a_name} {fmt_shape(a.shape)} with "
+            f"{schedule} on TP={tp} needs w of shape {fmt_shape(local['B'])} "
+            f"(nn.Linear layout [N, K], K={ka} per rank)"
+        )
+    why = plan.extent_problem(rank)  # every sub-GEMM of this rank
+    if why:
+        raise ValueError(
+            f"{op}: {why} (a sub-GEMM of {schedule}; global M={m} N={n} K={k}, TP={tp}, S={steps})"
+        )
+    shapes: dict[str, tuple[int, ...]] = {
+        "a": tuple(local["A"]),
+        "w": tuple(local["B"]),
+        "out": tuple(local["D"]),
+    }
+    if bias is not None:
+        shapes["bias"] = (int(local["bias"]),)
+    if beta != 0.0:
+        if c is None:
+            raise ValueError(
+                f"{op}: beta={beta} but c is None: pass c (shape {fmt_shape(local['C'])}) or beta=0"
+            )
+        shapes["c"] = tuple(local["C"])
+    for name, t in (("bias", bias), ("c", c if beta != 0.0 else None), ("out", out)):
+        if t is not None and tuple(t.shape) != shapes[name]:
+            raise ValueError(
+                f"{op}: {name} has shape {fmt_shape(t.shape)}, expected "
+                f"{fmt_shape(shapes[name])} (per rank; {schedule}, TP={tp}, global M={m} "
+                f"N={n} K={k})"
+            )
+    return Spec(op, schedule, tp, steps, m, n, k, shapes, plan)

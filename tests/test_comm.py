@@ -1,0 +1,384 @@
+"""CPU checks of distgemm.comm and distgemm.control: the group checks every rank computes from
+all-gathered data, the control exchange over the job's key-value store, Communicator setup
+errors and workspace sharing (CUDA parts replaced)."""
+
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from distgemm import comm as comm_mod  # noqa: E402
+from distgemm import control  # noqa: E402
+
+# ---------------------------------------------------------------------------------------------
+# What every rank raises: pure functions over all-gathered data.
+
+
+def info(host="h", uuid="u0", cap=(9, 0), peer_ok=None, device=0, name="NVIDIA H200"):
+    return {
+        "host": host,
+        "uuid": uuid,
+        "capability": cap,
+        "device": device,
+        "name": name,
+        "peer_ok": peer_ok if peer_ok is not None else {},
+    }
+
+
+def test_group_info_ok():
+    assert (
+        comm_mod.check_group_info(
+            [info(uuid="a", peer_ok={"b": True}), info(uuid="b", device=1, peer_ok={"a": True})]
+        )
+        is None
+    )
+
+
+def test_group_on_two_hosts_is_rejected():
+    msg = comm_mod.check_group_info([info(host="n1", uuid="a"), info(host="n2", uuid="b")])
+    assert msg == (
+        "distgemm needs every rank of the group on one host (CUDA IPC and NVLink peer "
+        "access): rank 0 on 'n1', rank 1 on 'n2'"
+    )
+
+
+def test_two_ranks_on_one_gpu_are_rejected():
+    msg = comm_mod.check_group_info([info(uuid="a"), info(uuid="a")])
+    assert msg.startswith("ranks 0 and 1 use the same GPU (cuda:0)")
+    assert "torch.cuda.set_device(local_rank)" in msg
+
+
+def test_shared_gpu_only_when_allowed():
+    # DISTGEMM_ALLOW_SHARED_GPU=1: functional tests of the multi-rank paths on one GPU.
+    assert (
+        comm_mod.check_group_info([info(uuid="a"), info(uuid="a")], allow_shared_gpu=True) is None
+    )
+
+
+def test_non_hopper_is_rejected():
+    msg = comm_mod.check_group_info([info(uuid="a"), info(uuid="b", cap=(8, 0), name="A100")])
+    assert msg == (
+        "rank 1: GPU 'A100' has compute capability 8.0; the distgemm kernels are built "
+        "for Hopper (sm_90a)"
+    )
+
+
+def test_missing_peer_access_is_rejected():
+    msg = comm_mod.check_group_info(
+        [info(uuid="a", peer_ok={"b": False}), info(uuid="b", device=1, peer_ok={"a": True})]
+    )
+    assert msg.startswith("rank 0 (cuda:0) has no peer access to rank 1's GPU")
+
+
+def test_unknown_peer_access_is_left_to_the_ipc_open():
+    # A GPU hidden by CUDA_VISIBLE_DEVICES cannot be queried; cudaIpcOpenMemHandle decides.
+    assert comm_mod.check_group_info([info(uuid="a"), info(uuid="b", device=0)]) is None
+
+
+def test_group_size_limit_and_query_errors():
+    assert comm_mod.check_group_info([info(uuid=str(i)) for i in range(9)]) == (
+        "distgemm supports groups of 1 to 8 ranks (TP), this group has 9"
+    )
+    bad = info(uuid="b")
+    bad["error"] = "querying cuda:1 failed: boom"
+    assert (
+        comm_mod.check_group_info([info(uuid="a"), bad]) == "rank 1: querying cuda:1 failed: boom"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The control exchange over the job's key-value store (two ranks as two threads).
+
+
+def _exchange_pair(store, timeout_s=5.0):
+    control._EXCHANGES_PER_RANKS.clear()  # both "processes" count from 1: the same prefix
+    a = control.ControlExchange(store, [3, 5], 0, timeout_s)
+    control._EXCHANGES_PER_RANKS.clear()
+    b = control.ControlExchange(store, [3, 5], 1, timeout_s)
+    return a, b
+
+
+def test_control_exchange_all_gathers_in_rank_order_and_cleans_up():
+    import threading
+
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    ex = _exchange_pair(store)
+    got = [[], []]
+    rng = random.Random(5)
+    payloads = [[{"r": r, "i": i, "x": rng.random()} for i in range(4)] for r in range(2)]
+
+    def run(r):
+        for obj in payloads[r]:
+            got[r].append(ex[r].all_gather(obj))
+
+    ts = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    for r in range(2):
+        assert got[r] == [[payloads[0][i], payloads[1][i]] for i in range(4)]
+    # Keys of exchanges 1-3 were deleted by their writers (the verdicts by rank 0); only the
+    # last exchange's remain.
+    assert not any(
+        store.check([f"distgemm/ctl/3-5/1/{s}/{r}"]) for s in (1, 2, 3) for r in (0, 1, "verdict")
+    )
+    assert store.check(
+        ["distgemm/ctl/3-5/1/4/0", "distgemm/ctl/3-5/1/4/1", "distgemm/ctl/3-5/1/4/verdict"]
+    )
+
+
+def test_control_exchange_over_torchruns_tcp_store():
+    """The store torchrun gives the ranks (a TCPStore server and a client): exchanges in order,
+    stale keys deleted, a timeout bounded and naming the absent rank."""
+    import datetime
+    import threading
+    import time
+
+    import torch.distributed as dist
+
+    server = dist.TCPStore(
+        "127.0.0.1", 0, 2, True, timeout=datetime.timedelta(seconds=10), wait_for_workers=False
+    )
+    client = dist.TCPStore(
+        "127.0.0.1", server.port, 2, False, timeout=datetime.timedelta(seconds=10)
+    )
+    control._EXCHANGES_PER_RANKS.clear()
+    ex = [control.ControlExchange(server, [0, 1], 0, 5.0)]
+    control._EXCHANGES_PER_RANKS.clear()
+    ex.append(control.ControlExchange(client, [0, 1], 1, 5.0))
+    rng = random.Random(11)
+    sent = [[rng.random() for _ in range(3)] for _ in range(2)]
+    got = {}
+
+    def run(r):
+        got[r] = [ex[r].all_gather(x, "plan signature") for x in sent[r]]
+
+    ts = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    assert got[0] == got[1] == [[sent[0][i], sent[1][i]] for i in range(3)]
+    assert not any(
+        server.check([f"distgemm/ctl/0-1/1/{s}/{k}"]) for s in (1, 2) for k in (0, 1, "verdict")
+    )
+    t0 = time.perf_counter()
+    with pytest.raises(control.ExchangeTimeout) as e:
+        ex[0].all_gather("alone", "close", timeout_s=0.4)
+    assert e.value.missing == [1] and time.perf_counter() - t0 < 5.0
+
+
+def test_control_exchange_names_the_rank_that_did_not_arrive():
+    import time
+
+    import torch.distributed as dist
+
+    a, _ = _exchange_pair(dist.HashStore(), timeout_s=0.3)
+    t0 = time.perf_counter()
+    with pytest.raises(control.ExchangeTimeout) as e:
+        a.all_gather("hello")
+    assert e.value.missing == [1]
+    assert 0.25 < time.perf_counter() - t0 < 5.0
+
+
+def test_control_exchange_a_late_rank_raises_too():
+    """Rank 0 gives up after 0.3 s; rank 1 arrives later and finds every key present, but the
+    exchange was settled as late: it raises as well instead of going on alone."""
+    import threading
+    import time
+
+    import torch.distributed as dist
+
+    a, b = _exchange_pair(dist.HashStore(), timeout_s=0.3)
+    errors = {}
+
+    def late():
+        time.sleep(0.6)
+        try:
+            b.all_gather("late", "setup")
+        except control.ExchangeTimeout as e:
+            errors[1] = e
+
+    t = threading.Thread(target=late)
+    t.start()
+    with pytest.raises(control.ExchangeTimeout) as first:
+        a.all_gather("early", "setup")
+    t.join(10)
+    assert first.value.missing == [1]
+    assert 1 in errors and errors[1].missing == []  # everyone had arrived, too late
+    assert "gave up waiting before this rank arrived" in str(errors[1])
+
+
+def test_control_exchange_out_of_step_ranks_raise_a_mismatch():
+    import threading
+
+    import torch.distributed as dist
+
+    ex = _exchange_pair(dist.HashStore())
+    errors = {}
+
+    def run(r, what):
+        try:
+            ex[r].all_gather({"r": r}, what)
+        except control.ExchangeMismatch as e:
+            errors[r] = e.whats
+
+    ts = [
+        threading.Thread(target=run, args=(0, "plan signature")),
+        threading.Thread(target=run, args=(1, "close")),
+    ]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(10)
+    assert errors == {0: ["plan signature", "close"], 1: ["plan signature", "close"]}
+
+
+def test_each_new_exchange_of_the_same_ranks_gets_a_fresh_prefix():
+    import torch.distributed as dist
+
+    control._EXCHANGES_PER_RANKS.clear()
+    store = dist.HashStore()
+    first = control.ControlExchange(store, [0, 1], 0, 1.0)
+    second = control.ControlExchange(store, [0, 1], 0, 1.0)
+    other = control.ControlExchange(store, [0, 2], 0, 1.0)
+    assert first.prefix == "distgemm/ctl/0-1/1" and second.prefix == "distgemm/ctl/0-1/2"
+    assert other.prefix == "distgemm/ctl/0-2/1"
+
+
+# ---------------------------------------------------------------------------------------------
+# Communicator setup errors that need no GPU.
+
+
+def test_communicator_needs_torch_distributed():
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.fail("a test left torch.distributed initialised")
+    with pytest.raises(RuntimeError, match=r"call torch.distributed.init_process_group\(\) first"):
+        comm_mod.Communicator()
+
+
+def test_communicator_needs_cuda(monkeypatch):
+    import torch.distributed as dist
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # also on a GPU machine
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        with pytest.raises(
+            RuntimeError, match=r"distgemm.Communicator needs CUDA GPUs; torch sees none"
+        ):
+            comm_mod.Communicator()
+    finally:
+        dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------------
+# Workspace sharing (Communicator.workspace_for) with the CUDA parts replaced: which workspace a
+# plan gets, and the base shift that puts every plan's control region on the same addresses.
+
+
+class FakeIpcWorkspace:
+    allocated = []
+
+    def __init__(self, device, nbytes):
+        self.device, self.nbytes, self.freed = device, nbytes, False
+        self.base = 0x10000000 * (len(FakeIpcWorkspace.allocated) + 1)
+        FakeIpcWorkspace.allocated.append(self)
+
+    def handle(self):
+        return b"h" * 64
+
+    def open_peers(self, handles, rank):
+        self.peer_bases = [self.base + 0x1000000 * r for r in range(len(handles))]
+        self.peer_bases[rank] = self.base
+
+    def bases(self):
+        return self.peer_bases
+
+    def free(self):
+        self.freed = True
+
+
+def fake_comm(peer_errors=None):
+    import types
+
+    FakeIpcWorkspace.allocated = []
+    c = object.__new__(comm_mod.Communicator)
+    c.rank, c.tp, c._closed, c._workspaces = 0, 2, False, []
+    c._core = types.SimpleNamespace(IpcWorkspace=FakeIpcWorkspace, LaunchOrder=lambda dev: "order")
+    sent = []
+
+    def all_gather(obj, what):
+        sent.append(what)
+        peer = (peer_errors or {}).get(
+            what, obj if not isinstance(obj, tuple) else (b"p" * 64, None)
+        )
+        return [obj, peer]
+
+    c.all_gather = all_gather
+    c.device = types.SimpleNamespace(index=0)
+    return c, sent
+
+
+def layout(slots, flags_bytes=128):
+    control = flags_bytes + 128 + 256
+    return {
+        "slots_offset": 0,
+        "slots_bytes": slots,
+        "flags_offset": slots,
+        "flags_bytes": flags_bytes,
+        "barrier_offset": slots + flags_bytes,
+        "barrier_bytes": 128,
+        "epoch_offset": 0,
+        "total_bytes": slots + control,
+    }
+
+
+def test_plans_share_the_biggest_workspace_with_aligned_control_regions():
+    c, sent = fake_comm()
+    ws1, bases1 = c.workspace_for(layout(4096))
+    assert len(FakeIpcWorkspace.allocated) == 1 and sent == [
+        "workspace IPC handle exchange",
+        "workspace IPC open",
+    ]
+    assert ws1.core.nbytes == 4096 + 512
+    # A smaller plan reuses it: its slots end where the big plan's end, so its flags, barrier
+    # slots and epoch word (after the slots) are at the same addresses as the big plan's.
+    ws2, bases2 = c.workspace_for(layout(1024))
+    assert ws2 is ws1 and len(FakeIpcWorkspace.allocated) == 1
+    assert [b2 + 1024 for b2 in bases2] == [b1 + 4096 for b1 in bases1]
+    # A bigger plan needs a new workspace; later small plans use the biggest one.
+    ws3, _ = c.workspace_for(layout(8192))
+    assert ws3 is not ws1 and len(FakeIpcWorkspace.allocated) == 2
+    ws4, bases4 = c.workspace_for(layout(512))
+    assert ws4 is ws3 and bases4[0] == ws3.bases[0] + 8192 - 512
+    # A different control layout (more flags) never shares one.
+    ws5, _ = c.workspace_for(layout(512, flags_bytes=256))
+    assert ws5 not in (ws1, ws3) and len(FakeIpcWorkspace.allocated) == 3
+
+
+def test_a_peer_allocation_failure_raises_on_every_rank_and_frees():
+    c, _ = fake_comm(
+        peer_errors={
+            "workspace IPC handle exchange": (b"", "allocating 4608 bytes on cuda:1: out of memory")
+        }
+    )
+    with pytest.raises(
+        RuntimeError,
+        match=r"distgemm workspace setup failed on rank 1: allocating "
+        r"4608 bytes on cuda:1: out of memory",
+    ):
+        c.workspace_for(layout(4096))
+    assert FakeIpcWorkspace.allocated[0].freed and c._workspaces == []
+
+
+def test_a_peer_ipc_open_failure_raises_on_every_rank():
+    c, _ = fake_comm(peer_errors={"workspace IPC open": "cudaIpcOpenMemHandle failed"})
+    with pytest.raises(RuntimeError, match=r"failed on rank 1: cudaIpcOpenMemHandle failed"):
+        c.workspace_for(layout(4096))
+    assert FakeIpcWorkspace.allocated[0].freed
