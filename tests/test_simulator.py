@@ -83,22 +83,6 @@ def test_partials_by_copy_engine_stage_locally_then_push_and_signal():
     assert distgemm.workspace_bytes(by_copy) > distgemm.workspace_bytes(by_epi)
 
 
-@pytest.mark.parametrize("schedule", RING)
-@pytest.mark.parametrize("tp,steps", [(2, 2), (2, 4), (4, 4), (4, 8), (8, 16)])
-def test_workspace_layout_defaults_agree_with_the_plan(schedule, tp, steps):
-    """The three places that derive a plan's options without being told (the plan dict, the
-    workspace layout the ops allocate, the graph's own build_plan in C++) all use
-    default_plan_options: the layout for the plan's own partial_via equals the default layout."""
-    from distgemm import _core
-
-    shape = shape_for(tp, steps)
-    plan = build_plan(schedule, tp, steps, **shape)
-    assert plan["partial_via"] == ("copy" if steps >= 2 * tp else "epilogue")
-    args = (schedule, tp, steps, shape["m"], shape["n"], shape["k"], 1, 2)
-    assert _core.workspace_layout(*args) == _core.workspace_layout(*args, plan["partial_via"])
-    assert _core.workspace_layout(*args)["slots_bytes"] >= plan["slot_elems"] * 2
-
-
 @pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("tp,steps", [(2, 2), (2, 4), (3, 6), (4, 4), (4, 8), (8, 16)])
 @pytest.mark.parametrize("via", ["epilogue", "copy"])

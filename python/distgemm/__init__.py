@@ -2,8 +2,9 @@
 
 One Plan per distributed GEMM, three consumers: the simulator (``distgemm.simulate``), the CPU
 reference executor (``distgemm.reference``) and the CUDA graph runtime. The torch-facing ops
-(``all_gather_gemm``, ``gemm_reduce_scatter``, ``gemm_all_reduce``) and ``Communicator`` are
-imported on first use, so that the planning tools work without importing torch.
+(``all_gather_gemm``, ``gemm_reduce_scatter``, ``gemm_all_reduce``), ``Communicator``, the
+training layers (``distgemm.nn``) and the drop-ins for torch's fused ops (``distgemm.torch_compat``)
+are imported on first use, so that the planning tools work without importing torch.
 """
 
 from .check import Violation, check_plan
@@ -38,7 +39,10 @@ __all__ = [
     "path_choices",
     "Communicator",
     "close_all",
+    "ColumnParallelLinear",
+    "RowParallelLinear",
 ]
+# The one home of the version: pyproject.toml reads it from here (scikit-build-core's regex).
 __version__ = "0.1.0"
 
 _LAZY = {
@@ -49,10 +53,17 @@ _LAZY = {
     "path_choices": "ops",
     "Communicator": "comm",
     "close_all": "comm",
+    "ColumnParallelLinear": "nn",
+    "RowParallelLinear": "nn",
 }
+_SUBMODULES = ("nn", "custom_ops", "torch_compat")  # torch-facing, imported on first use
 
 
 def __getattr__(name):
+    if name in _SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
     if name in _LAZY:
         import importlib
 

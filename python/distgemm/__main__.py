@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 
+from . import _core
 from .check import check_plan
 from .plan import build_plan, schedule_names
 from .reference import execute_plan, expected_outputs, reference_inputs
@@ -47,7 +48,10 @@ def _bench_binary() -> pathlib.Path | None:
 
 def run_cpu(args) -> int:
     shape = {d: getattr(args, d) or CPU_DEFAULT[d] for d in ("m", "n", "k")}
-    plan = build_plan(args.schedule, args.tp, args.steps, l=1, **shape)
+    steps = args.steps or _core.default_steps(
+        args.schedule, args.tp, shape["m"], shape["n"], shape["k"], 1
+    )
+    plan = build_plan(args.schedule, args.tp, steps, l=1, **shape)
     print(
         "no CUDA GPU found: running the plan on the CPU reference executor "
         "(simulated devices, float64)\n"
@@ -94,7 +98,7 @@ def run_gpu(args, gpus: int, exe: pathlib.Path) -> int:
         "--tp",
         str(tp),
         "--steps",
-        str(args.steps or tp),
+        str(args.steps) if args.steps else "auto",  # auto: the library's default S
         "--m",
         str(shape["m"]),
         "--n",
@@ -118,7 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--tp", type=int, default=None, help="devices (default: GPUs present, or 2 on the CPU)"
     )
-    ap.add_argument("--steps", type=int, default=None, help="S, a multiple of TP (default TP)")
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="S, a multiple of TP (default: the library's rule, as steps=None)",
+    )
     ap.add_argument("--m", type=int, default=None)
     ap.add_argument("--n", type=int, default=None)
     ap.add_argument("--k", type=int, default=None)

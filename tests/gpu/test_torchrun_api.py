@@ -2,7 +2,8 @@
 DISTGEMM_TEST_TP=4 (or 8) runs it on that many.
 
     python3 -m pytest -q tests/gpu/test_torchrun_api.py            # correctness, errors, 10k calls
-    DISTGEMM_BENCH=1 python3 -m pytest -q tests/gpu/test_torchrun_api.py   # + FC1/FC2 vs the C++ binary
+    # + FC1/FC2 against the C++ binary:
+    DISTGEMM_BENCH=1 python3 -m pytest -q tests/gpu/test_torchrun_api.py
 
 Decides by the worker's exit code and the numbers it writes (JSON), never by grepping output.
 Skips, with the reason, without 2 CUDA GPUs, without Hopper, or when distgemm was built without
@@ -208,10 +209,12 @@ def test_python_path_within_2_percent_of_cpp(tmp_path):
     if report:
         with open(report, "w") as f:
             for r in rows:
+                python_rounds = [round(x, 4) for x in r[5]]
+                cpp_rounds = [round(x, 4) for x in r[6]]
                 f.write(
-                    f"{r[0]} S={r[1]} python_ms={r[2]:.4f} cpp_ms={r[3]:.4f} diff={100 * r[4]:+.2f}% "
-                    f"python_rounds={[round(x, 4) for x in r[5]]} cpp_rounds={[round(x, 4) for x in r[6]]} "
-                    f"cpp_cmd={r[7]}\n"
+                    f"{r[0]} S={r[1]} python_ms={r[2]:.4f} cpp_ms={r[3]:.4f} "
+                    f"diff={100 * r[4]:+.2f}% python_rounds={python_rounds} "
+                    f"cpp_rounds={cpp_rounds} cpp_cmd={r[7]}\n"
                 )
     assert len(rows) == 4
     for name, steps, p, c, diff, *_ in rows:

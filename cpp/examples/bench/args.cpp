@@ -77,7 +77,7 @@ void finish_sweep_args(Args& a, const std::set<std::string>& given) {
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
-               "error: %s\nusage: distgemm_bench --schedule NAME --tp T --steps S --m M --n N "
+               "error: %s\nusage: distgemm_bench --schedule NAME --tp T --steps S|auto --m M --n N "
                "--k K [--l L] [--dtype bf16|fp16] [--iterations I|auto] [--warmup W] "
                "[--warmup-ms T] [--alpha A] [--beta B] [--bias] [--timeout-s T] [--replays R] "
                "[--simulate-missing-device D] [--check-update] [--no-verify] [--no-local] "
@@ -109,8 +109,11 @@ Args parse(int argc, char** argv) {
         a.schedule = val();
       else if (k == "--tp")
         a.tp = std::stoi(val());
-      else if (k == "--steps")
-        a.steps = std::stoi(val());
+      else if (k == "--steps") {
+        const std::string v = val();
+        a.steps = v == "auto" ? 0 : std::stoi(v);
+        if (a.steps < 1 && v != "auto") usage("--steps must be >= 1 or auto");
+      }
       else if (k == "--m")
         a.m = std::stoll(val());
       else if (k == "--n")

@@ -14,7 +14,7 @@ namespace distgemm::bench {
 
 struct Args {
   std::string schedule = "ag_rotate_a";
-  int tp = 2, steps = 2;
+  int tp = 2, steps = 0;  // steps 0 (--steps auto, the default): schedule::default_steps
   int64_t m = 8192, n = 8192, k = 8192, l = 1;
   std::string dtype = "bf16";
   int iterations = 50, warmup = 10, warmup_ms = 1000;  // iterations 0: time-based ("auto")

@@ -26,6 +26,7 @@ int run_single_case(Args a) {
   if (!def) usage("unknown schedule " + a.schedule);
   const kernel::DType dt = dtype_of(a);
   const Problem prob{a.m, a.n, a.k, a.l};
+  if (a.steps == 0) a.steps = schedule::default_steps(*def, a.tp, prob);  // what steps=None gives
   {
     const std::string why = schedule::validate(*def, prob, a.tp, a.steps);
     if (!why.empty()) {
