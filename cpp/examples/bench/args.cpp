@@ -113,8 +113,7 @@ Args parse(int argc, char** argv) {
         const std::string v = val();
         a.steps = v == "auto" ? 0 : std::stoi(v);
         if (a.steps < 1 && v != "auto") usage("--steps must be >= 1 or auto");
-      }
-      else if (k == "--m")
+      } else if (k == "--m")
         a.m = std::stoll(val());
       else if (k == "--n")
         a.n = std::stoll(val());
