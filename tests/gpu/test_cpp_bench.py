@@ -2,7 +2,7 @@
 
 Each test runs the binary in a subprocess and decides by its exit code and the numbers of its
 `RESULT key=value ...` line. Skipped, with the reason, where there is no CUDA GPU, fewer than
-two, no Hopper GPU, or no built binary (set DISTGEMM_BENCH or build into build-gpu/).
+two, no Hopper GPU, or no built binary (the installed package's, DISTGEMM_BENCH, or build-gpu/).
 """
 
 import csv
@@ -20,10 +20,22 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _bench_path():
+    """DISTGEMM_BENCH, else the binary of the installed package (what the README's install
+    builds), else a development build in build-gpu/ or build/."""
     env = os.environ.get("DISTGEMM_BENCH")
     if env:
         return pathlib.Path(env)
-    for cand in (ROOT / "build-gpu" / "distgemm_bench", ROOT / "build" / "distgemm_bench"):
+    try:
+        import distgemm
+
+        installed = [pathlib.Path(distgemm.__file__).resolve().parent / "bin" / "distgemm_bench"]
+    except ImportError:
+        installed = []
+    for cand in (
+        *installed,
+        ROOT / "build-gpu" / "distgemm_bench",
+        ROOT / "build" / "distgemm_bench",
+    ):
         if cand.exists():
             return cand
     return None
@@ -61,8 +73,8 @@ pytestmark = [
     ),
     pytest.mark.skipif(
         BENCH is None or not BENCH.exists(),
-        reason="distgemm_bench is not built: cmake -S . -B build-gpu -G Ninja && "
-        "cmake --build build-gpu (or set DISTGEMM_BENCH)",
+        reason="distgemm_bench is not built: bash scripts/install.sh installs it with the "
+        "package (or set DISTGEMM_BENCH)",
     ),
 ]
 
