@@ -33,6 +33,12 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch.distributed import distributed_c10d as c10d
 
+# The collectives under the names of the running torch: newer releases call them *_single and
+# deprecate the older names, which torch 2.11 (the GPU machine's) still needs.
+all_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_into = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_funcol_all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+
 NAMESPACE = "distgemm"
 DISTGEMM_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -73,13 +79,13 @@ def dense(t: torch.Tensor | None) -> torch.Tensor | None:
 
 def _all_gather_rows(x: torch.Tensor, group) -> torch.Tensor:
     out = x.new_empty((group.size() * x.shape[0], *x.shape[1:]))
-    dist.all_gather_into_tensor(out, x, group=group)
+    all_gather_into(out, x, group=group)
     return out
 
 
 def _reduce_scatter_rows(x: torch.Tensor, group) -> torch.Tensor:
     out = x.new_empty((x.shape[0] // group.size(), *x.shape[1:]))
-    dist.reduce_scatter_tensor(out, x, group=group)
+    reduce_scatter_into(out, x, group=group)
     return out
 
 
@@ -159,7 +165,7 @@ def _all_gather_linear_setup(ctx, inputs, output):
 def _all_gather_linear_backward(ctx, grad_out, _grad_gathered):
     w, x = ctx.saved_tensors
     if ctx.regather:  # asynchronous: the dgrad GEMM below runs while it is in flight
-        x = funcol.all_gather_tensor(x.contiguous(), 0, ctx.group_name)
+        x = _funcol_all_gather(x.contiguous(), 0, ctx.group_name)
     grad_x_shard = linear_reduce_scatter(grad_out, w.t().contiguous(), None, ctx.group_name)
     grad_w = torch.mm(grad_out.t(), x)
     grad_bias = grad_out.sum(0) if ctx.has_bias else None

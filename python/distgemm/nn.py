@@ -95,7 +95,7 @@ class _ParallelLinear(nn.Module):
         if self.shard_dim == 1:
             weight = weight.t()
         full = weight.new_empty((self.tp * weight.shape[0], weight.shape[1]))
-        dist.all_gather_into_tensor(full, weight.contiguous(), group=group)
+        custom_ops.all_gather_into(full, weight.contiguous(), group=group)
         if self.shard_dim == 1:
             full = full.t()
         bias = None
@@ -103,7 +103,7 @@ class _ParallelLinear(nn.Module):
             bias = self.bias.detach().clone()
             if self.shard_dim == 0:
                 bias = bias.new_empty(self.out_features)
-                dist.all_gather_into_tensor(bias, self.bias.detach().contiguous(), group=group)
+                custom_ops.all_gather_into(bias, self.bias.detach().contiguous(), group=group)
         return full.contiguous(), bias
 
     def to_linear(self) -> nn.Linear:

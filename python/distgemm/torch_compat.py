@@ -19,9 +19,8 @@ along N. Everything else runs the plain collective + ``torch.matmul``; ``fallbac
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
-from .custom_ops import DISTGEMM_DTYPES, group_of
+from .custom_ops import DISTGEMM_DTYPES, all_gather_into, group_of, reduce_scatter_into
 
 REDUCE_OPS = ("sum", "avg")
 ALIGN_ELEMENTS = 8  # distgemm's contiguous GEMM extents are multiples of 8 elements
@@ -133,7 +132,7 @@ def _(A_shard, Bs, gather_dim, group_name, *, return_A=True):
 def _all_gather_matmul_collective(A_shard, Bs, gather_dim, group, return_A):
     """The plain all-gather along dim 0 + matmul, laid out as torch's op lays it out."""
     gathered = A_shard.new_empty((group.size() * A_shard.shape[0], *A_shard.shape[1:]))
-    dist.all_gather_into_tensor(gathered, A_shard.contiguous(), group=group)
+    all_gather_into(gathered, A_shard.contiguous(), group=group)
     return _torch_layout(gathered, A_shard.shape, Bs, gather_dim, group.size(), return_A)
 
 
@@ -225,6 +224,6 @@ def _matmul_reduce_scatter_collective(A, B, reduce_op, scatter_dim, group):
     tp = group.size()
     partial = torch.matmul(A, B).movedim(scatter_dim, 0).contiguous()
     out = partial.new_empty((partial.shape[0] // tp, *partial.shape[1:]))
-    dist.reduce_scatter_tensor(out, partial, group=group)
+    reduce_scatter_into(out, partial, group=group)
     out = out.movedim(0, scatter_dim).contiguous()
     return out.div_(tp) if reduce_op == "avg" else out
