@@ -42,8 +42,8 @@ class ControlExchange:
     Why not a gloo group: a gloo group made with ``use_local_synchronization`` is named after
     its ranks and the number of live groups, so a group created after another was destroyed
     reuses the old name, and a rank that arrives early can read the old group's addresses from
-    the store and fail to connect ("Connection refused"); seen on 2x H200 when the ranks reached
-    a new Communicator seconds apart. Store keys here are unique per exchange instead: a prefix
+    the store and fail to connect ("Connection refused") when the ranks reach a new
+    Communicator seconds apart. Store keys here are unique per exchange instead: a prefix
     per (ranks, n-th exchange object for them in this process) and a sequence number. Each rank
     deletes its key of the previous exchange once every rank has posted the next one (by then
     every rank has read it), so the store holds at most two exchanges' keys per group.
