@@ -22,31 +22,13 @@ import sys
 import pytest
 
 torch = pytest.importorskip("torch")
-from distgemm import _core  # noqa: E402
+from gpu_requirements import ENV, skip_reason  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-ENV = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-    "PYTHONUNBUFFERED": "1",
-}
 TP = 2
+_SKIP = skip_reason(TP)
 
-
-def _skip_reason():
-    if not getattr(_core, "cuda_runtime", False):
-        return "distgemm was built without the CUDA runtime (no nvcc at build time)"
-    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if n < TP:
-        return f"needs {TP} CUDA GPUs, this machine has {n}"
-    caps = {torch.cuda.get_device_capability(i) for i in range(TP)}
-    if any(c[0] != 9 for c in caps):
-        return f"needs Hopper GPUs (sm_90), found compute capability {sorted(caps)}"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
+pytestmark = pytest.mark.skipif(_SKIP is not None, reason=str(_SKIP))
 
 
 def run(args, timeout_s, cwd=ROOT):

@@ -19,35 +19,18 @@ import sys
 import pytest
 
 torch = pytest.importorskip("torch")
+from gpu_requirements import ENV, skip_reason  # noqa: E402
+
 import distgemm  # noqa: E402
-from distgemm import _core  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
 WORKER = HERE / "torchrun_worker.py"
 SCHEDULES = ["ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "gemm_allreduce"]
-ENV = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-    "PYTHONUNBUFFERED": "1",
-}
 # Ranks of the torchrun launch = TP (default 2; DISTGEMM_TEST_TP=4 or 8 with that many GPUs).
 TP = int(os.environ.get("DISTGEMM_TEST_TP", "2"))
+_SKIP = skip_reason(TP, " (DISTGEMM_TEST_TP)")
 
-
-def _skip_reason():
-    if not getattr(_core, "cuda_runtime", False):
-        return "distgemm was built without the CUDA runtime (no nvcc at build time)"
-    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if n < TP:
-        return f"needs {TP} CUDA GPUs (DISTGEMM_TEST_TP), this machine has {n}"
-    caps = {torch.cuda.get_device_capability(i) for i in range(TP)}
-    if any(c[0] != 9 for c in caps):
-        return f"needs Hopper GPUs (sm_90), found compute capability {sorted(caps)}"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
+pytestmark = pytest.mark.skipif(_SKIP is not None, reason=str(_SKIP))
 
 
 def torchrun(tmp_path, *args, name="api"):

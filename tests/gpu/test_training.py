@@ -23,14 +23,17 @@ import sys
 import pytest
 
 torch = pytest.importorskip("torch")
-from test_first_run import ENV, TP, _skip_reason  # noqa: E402  (the same 2 Hopper GPUs)
+from gpu_requirements import ENV, skip_reason  # noqa: E402
+
+TP = 2
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # tests/: the CPU tests' checks
 WORKER = HERE / "training_worker.py"
 COMPILED_TOLERANCE = 1e-2  # bf16: compiled kernels may round an intermediate differently
 
-pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
+_SKIP = skip_reason(TP)
+pytestmark = pytest.mark.skipif(_SKIP is not None, reason=str(_SKIP))
 
 
 @pytest.fixture(scope="module")

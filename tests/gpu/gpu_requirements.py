@@ -1,0 +1,27 @@
+"""What the torchrun GPU tests need and how they launch: the environment (NVLink multicast off)
+and the reason to skip on this machine (None: the tests can run)."""
+
+import torch
+
+from distgemm import _core
+
+ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+def skip_reason(tp: int, what: str = "") -> str | None:
+    """Why tests needing `tp` Hopper GPUs and the CUDA runtime cannot run here (None: they can).
+    `what` names where tp came from, for the message."""
+    if not getattr(_core, "cuda_runtime", False):
+        return "distgemm was built without the CUDA runtime (no nvcc at build time)"
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if n < tp:
+        return f"needs {tp} CUDA GPUs{what}, this machine has {n}"
+    caps = {torch.cuda.get_device_capability(i) for i in range(tp)}
+    if any(c[0] != 9 for c in caps):
+        return f"needs Hopper GPUs (sm_90), found compute capability {sorted(caps)}"
+    return None
