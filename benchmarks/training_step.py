@@ -1,0 +1,431 @@
+"""Training-step benchmark: one Llama-70B MLP block with sequence parallelism, forward +
+backward + weight gradients (no optimizer), ms per step, distgemm against Megatron-style NCCL +
+torch.mm and torch async-TP, all in one torchrun run.
+
+    torchrun --nproc-per-node N benchmarks/training_step.py [--tokens 8192] [--out DIR]
+    torchrun --nproc-per-node 2 benchmarks/training_step.py --cpu-smoke   # gloo, tiny, no timing
+    python3 benchmarks/training_step.py --replot RUN.json --out DIR       # no GPU
+
+The block, TP = world size, per rank: gate+up as one column-parallel linear ``[2F/TP, H]``
+(this rank's gate rows, then its up rows), ``silu(gate) * up``, down as a row-parallel linear
+``[H, F/TP]``; input and output ``[T/TP, H]``, bf16, no bias. The variants
+(benchmarks/training_report.py describes them) are each checked once against ``megatron``
+(output and every gradient) and then timed with benchmarks/gpu_timing.py's steady-state windows:
+the floor first with the long warm-up, then megatron, async_tp, distgemm_keep,
+distgemm_regather, megatron again (its figure is the mean of both windows; their ratio is the
+drift). A variant that fails (async-TP on a torch without symmetric memory, for instance) is
+recorded with its reason and the run goes on. Output: ``<date>-training-step-tp<N>-t<T>``
+.json/.csv/.txt/.png under --out, each naming torch, the device and ``INSTALLED_BY``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import faulthandler
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+if __package__ in (None, ""):  # run as a file: make the benchmarks package importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+import torch.nn.functional as F
+
+from benchmarks import training_report as report
+from distgemm import custom_ops
+from distgemm.nn import ColumnParallelLinear, RowParallelLinear
+
+# The functional collectives with autograd under the names of the running torch (newer releases
+# add *_single and deprecate *_tensor).
+_ag_autograd = (
+    getattr(funcol, "all_gather_single_autograd", None) or funcol.all_gather_tensor_autograd
+)
+_rs_autograd = (
+    getattr(funcol, "reduce_scatter_single_autograd", None) or funcol.reduce_scatter_tensor_autograd
+)
+SMOKE_SIZES = (16, 32, 48)  # tokens, hidden, ffn of --cpu-smoke
+RUN_TIMEOUT_S = 300  # a run that takes longer is hung: dump stacks and exit
+
+
+@dataclass
+class BlockOperands:
+    """One rank's shards of the block: the input and output-gradient rows ``[T/TP, H]``, the
+    gate+up weight ``[2F/TP, H]`` and the down weight ``[H, F/TP]``."""
+
+    x: torch.Tensor
+    grad_out: torch.Tensor
+    w_gate_up: torch.Tensor
+    w_down: torch.Tensor
+
+
+def full_block(tokens, hidden, ffn, device, dtype, seed=1234):
+    """The full block's tensors, the same on every rank (one seed): x [T, H], grad_out [T, H],
+    gate [F, H], up [F, H], down [H, F], the weights scaled by 1/sqrt(fan-in)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(shape, device=device, generator=gen) * scale).to(dtype)
+
+    return (
+        randn(tokens, hidden),
+        randn(tokens, hidden),
+        randn(ffn, hidden, scale=hidden**-0.5),
+        randn(ffn, hidden, scale=hidden**-0.5),
+        randn(hidden, ffn, scale=ffn**-0.5),
+    )
+
+
+def shard_block(full, rank: int, tp: int) -> BlockOperands:
+    """This rank's shards of ``full_block``'s tensors."""
+    x, grad_out, gate, up, down = full
+    rows = slice(rank * x.shape[0] // tp, (rank + 1) * x.shape[0] // tp)
+    cols = slice(rank * gate.shape[0] // tp, (rank + 1) * gate.shape[0] // tp)
+    return BlockOperands(
+        x[rows].contiguous(),
+        grad_out[rows].contiguous(),
+        torch.cat([gate[cols], up[cols]]).contiguous(),
+        down[:, cols].contiguous(),
+    )
+
+
+def swiglu(y: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` of the column layer's ``[T, 2F/TP]`` output (gate columns first)."""
+    gate, up = y.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+class GatherMatmul(torch.autograd.Function):
+    """Megatron's column-parallel linear: ``all_gather(x_shard) @ w.T``; backward: the dgrad
+    GEMM, its reduce-scatter in flight while the wgrad GEMM runs on the kept gathered input."""
+
+    @staticmethod
+    def forward(ctx, x_shard, w, group):
+        x = x_shard.new_empty((group.size() * x_shard.shape[0], x_shard.shape[1]))
+        custom_ops.all_gather_into(x, x_shard.contiguous(), group=group)
+        ctx.save_for_backward(x, w)
+        ctx.group = group
+        return torch.mm(x, w.t())
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, w = ctx.saved_tensors
+        grad_out = grad_out.contiguous()
+        grad_x = torch.mm(grad_out, w)
+        grad_shard = grad_x.new_empty((grad_x.shape[0] // ctx.group.size(), grad_x.shape[1]))
+        work = custom_ops.reduce_scatter_into(grad_shard, grad_x, group=ctx.group, async_op=True)
+        grad_w = torch.mm(grad_out.t(), x)
+        work.wait()
+        return grad_shard, grad_w, None
+
+
+class MatmulScatter(torch.autograd.Function):
+    """Megatron's row-parallel linear: ``reduce_scatter(h @ w.T)``; backward: all-gather of the
+    output gradient, then the dgrad and wgrad GEMMs."""
+
+    @staticmethod
+    def forward(ctx, h, w, group):
+        partial = torch.mm(h, w.t())
+        out = partial.new_empty((partial.shape[0] // group.size(), partial.shape[1]))
+        custom_ops.reduce_scatter_into(out, partial, group=group)
+        ctx.save_for_backward(h, w)
+        ctx.group = group
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        h, w = ctx.saved_tensors
+        grad_shard = grad_out.contiguous()
+        grad = grad_shard.new_empty((ctx.group.size() * grad_shard.shape[0], grad_shard.shape[1]))
+        custom_ops.all_gather_into(grad, grad_shard, group=ctx.group)
+        return torch.mm(grad, w), torch.mm(grad.t(), h), None
+
+
+def functional_block(x_shard, w_gate_up, w_down, group_name: str):
+    """The block in functional collectives (with autograd) + torch.mm, the form torch's
+    micro-pipeline TP pass rewrites into its fused symmetric-memory ops under torch.compile."""
+    x = _ag_autograd(x_shard, 0, group_name)
+    h = swiglu(torch.mm(x, w_gate_up.t()))
+    return _rs_autograd(torch.mm(h, w_down.t()), "sum", 0, group_name)
+
+
+@dataclass
+class Variant:
+    """A timed block: ``forward(x)``, the leaves whose gradients a step computes (the input
+    and the weights) and the output gradient it backpropagates."""
+
+    name: str
+    forward: Any
+    x: torch.Tensor
+    weights: tuple
+    grad_out: torch.Tensor
+
+    def step(self) -> torch.Tensor:
+        """One training step: gradients cleared (set to None, as zero_grad does), forward,
+        backward of the fixed output gradient; returns the output."""
+        for t in (self.x, *self.weights):
+            t.grad = None
+        y = self.forward(self.x)
+        y.backward(self.grad_out)
+        return y
+
+    def values(self) -> dict[str, torch.Tensor]:
+        """The output and every gradient of one step (copies)."""
+        y = self.step()
+        grads = [t.grad for t in (self.x, *self.weights)]
+        return {q: v.detach().clone() for q, v in zip(report.QUANTITIES, [y, *grads])}
+
+
+def _leaf(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().clone().requires_grad_()
+
+
+def make_variant(name: str, ops: BlockOperands, group) -> Variant:
+    """The variant ``name`` of the block on ``ops`` (its own copies of the leaves)."""
+    x = _leaf(ops.x)
+    if name.startswith("distgemm"):
+        hidden, ffn2 = ops.x.shape[1], ops.w_gate_up.shape[0] * group.size()
+        dev, dtype = ops.x.device, ops.x.dtype
+        col = ColumnParallelLinear(
+            hidden, ffn2, bias=False, group=group, device=dev, dtype=dtype,
+            keep_gathered_input=name == "distgemm_keep",
+        )  # fmt: skip
+        row = RowParallelLinear(ffn2 // 2, hidden, bias=False, group=group, device=dev, dtype=dtype)
+        with torch.no_grad():
+            col.weight.copy_(ops.w_gate_up)
+            row.weight.copy_(ops.w_down)
+        return Variant(
+            name, lambda t: row(swiglu(col(t))), x, (col.weight, row.weight), ops.grad_out
+        )
+    w1, w2 = _leaf(ops.w_gate_up), _leaf(ops.w_down)
+    group_name = group.group_name
+    if name == "megatron":
+
+        def forward(t):
+            return MatmulScatter.apply(swiglu(GatherMatmul.apply(t, w1, group)), w2, group)
+
+    elif name == "async_tp":
+        compiled = torch.compile(functional_block, fullgraph=True)
+
+        def forward(t):
+            return compiled(t, w1, w2, group_name)
+
+    elif name == "async_tp_eager":  # the same math without the compiler (--cpu-smoke)
+
+        def forward(t):
+            return functional_block(t, w1, w2, group_name)
+
+    else:
+        raise ValueError(f"unknown variant {name!r}")
+    return Variant(name, forward, x, (w1, w2), ops.grad_out)
+
+
+def floor_step(ops: BlockOperands, tp: int):
+    """The block's six GEMMs on one GPU with this rank's shapes, into preallocated outputs (no
+    communication, no elementwise work): returns ``(step, outputs)``."""
+    tokens, hidden = tp * ops.x.shape[0], ops.x.shape[1]
+    ffn_local = ops.w_down.shape[1]
+    like = ops.x
+
+    def empty(*shape):
+        return like.new_empty(shape)
+
+    x, g2 = empty(tokens, hidden).normal_(), empty(tokens, hidden).normal_()
+    h, g1 = empty(tokens, ffn_local).normal_(), empty(tokens, 2 * ffn_local).normal_()
+    w1, w2 = ops.w_gate_up, ops.w_down
+    outs = [
+        empty(tokens, 2 * ffn_local),
+        empty(tokens, hidden),
+        empty(tokens, ffn_local),
+        empty(*w2.shape),
+        empty(tokens, hidden),
+        empty(*w1.shape),
+    ]
+
+    def step():
+        torch.mm(x, w1.t(), out=outs[0])  # forward gate+up
+        torch.mm(h, w2.t(), out=outs[1])  # forward down (partial sums)
+        torch.mm(g2, w2, out=outs[2])  # down dgrad
+        torch.mm(g2.t(), h, out=outs[3])  # down wgrad
+        torch.mm(g1, w1, out=outs[4])  # gate+up dgrad
+        torch.mm(g1.t(), x, out=outs[5])  # gate+up wgrad
+
+    return step, outs
+
+
+def check_floor(ops: BlockOperands, tp: int):
+    """The floor's step after its outputs are poisoned with NaN: every output written and
+    finite (the GEMMs are torch.mm itself, so nothing else to compare); returns the step."""
+    step, outs = floor_step(ops, tp)
+    for o in outs:
+        o.fill_(float("nan"))
+    step()
+    if not all(bool(torch.isfinite(o).all()) for o in outs):
+        raise RuntimeError("floor: a GEMM output kept its NaN poison")
+    return step
+
+
+def rel_errors(got: dict, ref: dict) -> dict[str, float]:
+    """Relative Frobenius error of every quantity (NaN where ``got`` is not finite)."""
+    out = {}
+    for q, r in ref.items():
+        g = got[q].float()
+        finite = bool(torch.isfinite(g).all())
+        err = (g - r.float()).norm() / r.float().norm().clamp_min(1e-30)
+        out[q] = float(err) if finite else math.nan
+    return out
+
+
+def cpu_smoke(rank: int, tp: int, sizes=SMOKE_SIZES) -> dict[str, Any]:
+    """Every variant's step once on CPU in bf16 (the layers' gloo path; async-TP eagerly, since
+    the compiled fused ops need CUDA symmetric memory) and the floor's; no timing. Returns the
+    errors against megatron and megatron's values (for a check against a full reference)."""
+    report.check_sizes(*sizes, tp)
+    ops = shard_block(full_block(*sizes, "cpu", torch.bfloat16), rank, tp)
+    group = dist.group.WORLD
+    ref = make_variant("megatron", ops, group).values()
+    errs = {}
+    for name in ("async_tp_eager", "distgemm_keep", "distgemm_regather"):
+        errs[name] = rel_errors(make_variant(name, ops, group).values(), ref)
+    check_floor(ops, tp)
+    return dict(rel_err=errs, megatron=ref)
+
+
+def _agreed(ctx, why: str | None) -> bool:
+    """Whether every rank succeeded (the control group's max of the failure flags)."""
+    return ctx.agree_max([1.0 if why else 0.0])[0] == 0.0
+
+
+def _try_check(ctx, name, ops, ref, rec) -> Variant | None:
+    """Build and check one variant against megatron's ``ref``; on a failure on any rank, record
+    the reason under ``unavailable`` and return None (never fatal)."""
+    from benchmarks.gpu_timing import short_error
+
+    variant, why = None, None
+    try:
+        variant = make_variant(name, ops, ctx.dist.group.WORLD)
+        errs = rel_errors(variant.values(), ref)
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - e.g. async-TP without symmetric memory
+        why = short_error(e)
+    if not _agreed(ctx, why):
+        rec["unavailable"][name] = why or "failed on another rank"
+        return None
+    keys = sorted(errs)
+    worst = ctx.agree_max([errs[k] if errs[k] == errs[k] else math.inf for k in keys])
+    rec["rel_err"][name] = dict(zip(keys, worst))
+    return variant
+
+
+def _meta(ctx, args, symm_setup, t_start, counters) -> dict[str, Any]:
+    from benchmarks.gpu_timing import REWARM_S, TIMED_S, WARMUP_S
+
+    return dict(
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        tp=ctx.tp,
+        torch=torch.__version__,
+        device=torch.cuda.get_device_name(ctx.dev),
+        cuda=torch.version.cuda,
+        installed_by=os.environ.get("INSTALLED_BY"),
+        warmup_s=WARMUP_S,
+        rewarm_s=REWARM_S,
+        timed_s=TIMED_S,
+        symm_mem_setup_error=symm_setup,
+        inductor_counters=counters,
+        argv=sys.argv,
+        seconds=round(time.perf_counter() - t_start, 1),
+    )
+
+
+def run(args) -> int:
+    """The GPU run: check, time, write (rank 0). Returns 1 when a variant is wrong."""
+    from benchmarks.gpu_timing import WARMUP_S, RankContext, enable_symm_mem, time_variant
+
+    ctx = RankContext.from_torchrun(ctrl_timeout_s=120.0)
+    report.check_sizes(args.tokens, args.hidden, args.ffn, ctx.tp)
+    t_start = time.perf_counter()
+    faulthandler.dump_traceback_later(RUN_TIMEOUT_S, exit=True)
+    group_name = ctx.dist.group.WORLD.group_name
+    symm_setup = enable_symm_mem(group_name)
+    import torch._inductor.config as inductor_config
+
+    inductor_config._micro_pipeline_tp = True
+    sizes = (args.tokens, args.hidden, args.ffn)
+    ops = shard_block(full_block(*sizes, ctx.dev, torch.bfloat16), ctx.rank, ctx.tp)
+    torch.cuda.empty_cache()  # the full tensors are gone; keep only this rank's shards
+    rec: dict[str, Any] = dict(
+        tokens=args.tokens, hidden=args.hidden, ffn=args.ffn, tp=ctx.tp,
+        ms={}, rel_err={}, unavailable={},
+    )  # fmt: skip
+    megatron = make_variant("megatron", ops, ctx.dist.group.WORLD)
+    ref = megatron.values()
+    rec["rel_err"]["megatron"] = {q: 0.0 for q in ref}
+    variants = {"megatron": megatron}
+    for name in report.TIMED_ORDER[1:]:
+        if symm_setup and name == "async_tp":
+            rec["unavailable"][name] = f"symmetric memory setup: {symm_setup}"
+            continue
+        variant = _try_check(ctx, name, ops, ref, rec)
+        if variant is not None:
+            variants[name] = variant
+    del ref
+    floor = check_floor(ops, ctx.tp)
+    rec["ms"]["floor"] = time_variant(ctx, floor, warm_s=WARMUP_S)
+    for name in report.TIMED_ORDER:
+        if name in variants:
+            rec["ms"][name] = time_variant(ctx, variants[name].step)
+    last = time_variant(ctx, megatron.step)
+    first = rec["ms"][report.RETIMED]
+    rec["retimed"] = dict(variant=report.RETIMED, first=first, last=last)
+    rec["ms"][report.RETIMED] = (first + last) / 2
+    faulthandler.cancel_dump_traceback_later()
+    from torch._dynamo.utils import counters
+
+    inductor = {k: v for k, v in counters["inductor"].items() if v}
+    bad = report.wrong(rec)
+    rec["status"] = "wrong" if bad else "ok"
+    if ctx.rank == 0:
+        stem = os.path.join(args.out, report.output_stem(ctx.tp, args.tokens))
+        report.write_outputs(rec, _meta(ctx, args, symm_setup, t_start, inductor), stem)
+    ctx.close()
+    return 1 if bad else 0
+
+
+def smoke_main() -> int:
+    """--cpu-smoke under torchrun: gloo, the tiny sizes, errors printed; 1 when one is off."""
+    dist.init_process_group("gloo")
+    try:
+        res = cpu_smoke(dist.get_rank(), dist.get_world_size())
+    finally:
+        dist.destroy_process_group()
+    worst = {v: max(e.values()) for v, e in res["rel_err"].items()}
+    print(f"rank {os.environ.get('RANK')}: rel. err vs megatron {worst}", flush=True)
+    return 0 if all(e < report.ERR_TOL for e in worst.values()) else 1
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokens", type=int, default=report.TOKENS)
+    ap.add_argument("--hidden", type=int, default=report.HIDDEN)
+    ap.add_argument("--ffn", type=int, default=report.FFN)
+    ap.add_argument(
+        "--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+    )
+    ap.add_argument("--cpu-smoke", action="store_true", help="gloo, tiny shapes, no timing")
+    ap.add_argument("--replot", metavar="JSON", help="no GPU: table, CSV and PNG of a stored run")
+    args = ap.parse_args(argv)
+    if args.replot:
+        return report.replot(args.replot, args.out)
+    if args.cpu_smoke:
+        return smoke_main()
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""The training-step benchmark without a GPU: benchmarks/training_report.py's derived ratios,
+suspect and wrong variants, targets, table, CSV and JSON round trips and the plot's clean skip
+without matplotlib; and benchmarks/training_step.py's variants on 2 gloo ranks (--cpu-smoke's
+math) against one process's fp32 block.
+
+Tolerances: the variants' output and gradients against megatron's, and megatron's against the
+fp32 block computed from the same bf16 operands, both at the benchmark's bf16 tolerance
+(relative Frobenius error < 2e-2, a few times bf16's rounding of 2^-8 = 3.9e-3)."""
+
+import json
+import math
+import sys
+
+import pytest
+
+from benchmarks import training_report as rep
+
+META = {"torch": "2.11.0+cu128", "device": "NVIDIA H200", "installed_by": "README install"}
+
+
+def _record(**ms):
+    """A measured run at TP=2 with megatron re-timed (first 29, last 31 ms) and clean numerics."""
+    times = dict(floor=22.0, megatron=30.0, async_tp=28.0, distgemm_keep=25.0)
+    times.update(distgemm_regather=26.0)
+    times.update(ms)
+    errs = {q: 4e-3 for q in rep.QUANTITIES}
+    return dict(
+        tokens=8192,
+        hidden=8192,
+        ffn=28672,
+        tp=2,
+        ms=times,
+        retimed=dict(variant="megatron", first=29.0, last=31.0),
+        rel_err={v: dict(errs) for v in rep.VARIANTS if v != "floor"},
+        unavailable={},
+        status="ok",
+    )
+
+
+def test_derived_ratios():
+    d = rep.derived(_record())
+    assert d["distgemm_best"] == "distgemm_keep"
+    assert d["distgemm_vs_megatron"] == pytest.approx(30.0 / 25.0)
+    assert d["distgemm_vs_async_tp"] == pytest.approx(28.0 / 25.0)
+    assert d["speedup_vs_megatron_distgemm_regather"] == pytest.approx(30.0 / 26.0)
+    assert d["eff_megatron"] == pytest.approx(22.0 / 30.0)
+    assert d["drift"] == pytest.approx(31.0 / 29.0)
+    flops = 3 * (2 * 8192 * 8192 * 28672 + 2 * 8192 * 14336 * 8192)
+    assert rep.step_flops_per_rank(8192, 8192, 28672, 2) == flops
+    assert d["tflops_per_gpu_floor"] == pytest.approx(flops / 22e-3 / 1e12)
+    # regather the faster: it becomes the choice
+    assert rep.derived(_record(distgemm_regather=24.0))["distgemm_best"] == "distgemm_regather"
+
+
+def test_targets_met_missed_and_missing():
+    assert rep.targets(_record()) == {"vs_async_tp": True, "vs_megatron": True}
+    # 28/27 = 1.037 < 1.05 and 30/27 = 1.11 >= 1.10
+    tg = rep.targets(_record(distgemm_keep=27.0, distgemm_regather=27.5))
+    assert tg == {"vs_async_tp": False, "vs_megatron": True}
+    rec = _record(async_tp=None)
+    rec["unavailable"]["async_tp"] = "RuntimeError: no symmetric memory"
+    assert rep.targets(rec)["vs_async_tp"] is None
+    assert rep.variant_status(rec, "async_tp") == "unavailable"
+
+
+def test_suspect_below_floor_fails_its_targets():
+    # bound = 22 * 0.99 = 21.78: 21.7 is suspect, 21.8 is not
+    assert rep.suspect(_record(distgemm_keep=21.8)) == []
+    rec = _record(distgemm_keep=21.7)
+    assert rep.suspect(rec) == ["distgemm_keep"]
+    assert rep.targets(rec) == {"vs_async_tp": False, "vs_megatron": False}
+    assert rep.suspect(_record(floor=None)) == []
+
+
+def test_wrong_numerics_fail_the_targets():
+    rec = _record()
+    rec["rel_err"]["distgemm_keep"]["grad_w_down"] = 0.03
+    rec["rel_err"]["async_tp"]["out"] = math.nan
+    assert rep.wrong(rec) == ["async_tp", "distgemm_keep"]
+    assert rep.targets(rec) == {"vs_async_tp": False, "vs_megatron": False}
+    assert rep.variant_status(rec, "distgemm_keep") == "wrong"
+
+
+def test_check_sizes_names_the_values():
+    rep.check_sizes(8192, 8192, 28672, 2)
+    with pytest.raises(ValueError, match="tokens=8191 must be a positive multiple of tp=2"):
+        rep.check_sizes(8191, 8192, 28672, 2)
+    with pytest.raises(ValueError, match="ffn=28672 must be a positive multiple of tp=3"):
+        rep.check_sizes(8190, 8192, 28672, 3)
+
+
+def test_csv_and_table_round_trip():
+    rec = _record(distgemm_regather=21.0)
+    rec["unavailable"]["async_tp"] = "why"
+    rows = rep.read_csv(rep.to_csv(rec, META))
+    assert [r["variant"] for r in rows] == list(rep.VARIANTS)
+    by = {r["variant"]: r for r in rows}
+    assert float(by["distgemm_keep"]["ms"]) == 25.0
+    assert float(by["distgemm_keep"]["speedup_vs_megatron"]) == pytest.approx(1.2)
+    assert by["distgemm_regather"]["suspect"] == "yes"
+    assert by["async_tp"]["status"] == "unavailable" and by["async_tp"]["note"] == "why"
+    assert "first 29.0000 and last 31.0000" in by["megatron"]["note"]
+    assert {(r["torch"], r["device"], r["installed_by"]) for r in rows} == {tuple(META.values())}
+    table = rep.format_table(rec, META)
+    for text in (*META.values(), "21.0000!", "SUSPECT", "UNAVAILABLE", "drift of megatron"):
+        assert text in table
+    assert "target distgemm vs_megatron >= 1.1x: 1.429x MISSED" in table  # suspect: fails
+
+
+def test_outputs_without_matplotlib_and_replot(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as when not installed
+    stem = str(tmp_path / "run" / rep.output_stem(2, 8192, date="2026-11-24"))
+    why = rep.write_outputs(_record(), META, stem)
+    assert why.startswith("matplotlib unavailable")
+    assert stem.endswith("2026-11-24-training-step-tp2-t8192")
+    doc = json.loads(open(stem + ".json").read())
+    assert doc["meta"] == META and doc["targets"] == {"vs_async_tp": True, "vs_megatron": True}
+    assert not (tmp_path / "run" / (stem + ".png")).exists()
+    assert rep.replot(stem + ".json", str(tmp_path / "again")) == 1  # still no matplotlib
+    again = tmp_path / "again" / "2026-11-24-training-step-tp2-t8192"
+    assert open(str(again) + ".csv").read() == open(stem + ".csv").read()
+    assert open(str(again) + ".txt").read() == open(stem + ".txt").read()
+
+
+def test_plot_written_with_matplotlib(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "run.png"
+    assert rep.plot(_record(), META, str(path)) is None
+    assert path.stat().st_size > 1000
+    untimed = dict.fromkeys(("megatron", "async_tp", "distgemm_keep", "distgemm_regather"))
+    assert rep.plot(_record(**untimed), META, str(path)) == "no variant timed"
+
+
+def _fp32_block(sizes):
+    """The full block in fp32 from the benchmark's bf16 operands: output and gradients."""
+    import torch
+    import torch.nn.functional as F
+
+    from benchmarks import training_step as ts
+
+    x, grad_out, gate, up, down = (
+        t.float().requires_grad_() for t in ts.full_block(*sizes, "cpu", torch.bfloat16)
+    )
+    y = (F.silu(x @ gate.t()) * (x @ up.t())) @ down.t()
+    y.backward(grad_out.detach())
+    return y.detach(), x.grad, gate.grad, up.grad, down.grad
+
+
+def test_cpu_smoke_variants_against_megatron_and_fp32(tmp_path):
+    torch = pytest.importorskip("torch")
+    from test_nn import run_ranks
+
+    from benchmarks import training_step as ts
+
+    tp = 2
+    results = run_ranks(ts.cpu_smoke, tmp_path, tp=tp)
+    for res in results:
+        assert set(res["rel_err"]) == {"async_tp_eager", "distgemm_keep", "distgemm_regather"}
+        for errs in res["rel_err"].values():
+            assert set(errs) == set(rep.QUANTITIES)
+            assert max(errs.values()) < rep.ERR_TOL
+    y, gx, ggate, gup, gdown = _fp32_block(ts.SMOKE_SIZES)
+    tokens, ffn = ts.SMOKE_SIZES[0], ts.SMOKE_SIZES[2]
+    for rank, res in enumerate(results):
+        got = res["megatron"]
+        rows = slice(rank * tokens // tp, (rank + 1) * tokens // tp)
+        cols = slice(rank * ffn // tp, (rank + 1) * ffn // tp)
+        ref = {
+            "out": y[rows],
+            "grad_input": gx[rows],
+            "grad_w_gate_up": torch.cat([ggate[cols], gup[cols]]),
+            "grad_w_down": gdown[:, cols],
+        }
+        for q, r in ref.items():
+            assert got[q].shape == r.shape, q
+            err = ((got[q].float() - r).norm() / r.norm()).item()
+            assert err < rep.ERR_TOL, (rank, q, err)
+
+
+def test_rel_errors_flags_nan():
+    torch = pytest.importorskip("torch")
+    from benchmarks import training_step as ts
+
+    ref = {"out": torch.ones(4)}
+    assert ts.rel_errors({"out": torch.ones(4)}, ref) == {"out": 0.0}
+    assert math.isnan(ts.rel_errors({"out": torch.full((4,), math.nan)}, ref)["out"])
