@@ -26,6 +26,8 @@ DESCRIPTION = {
     "distgemm_keep": "distgemm.nn layers, keep_gathered_input=True",
     "distgemm_regather": "distgemm.nn layers, keep_gathered_input=False",
 }
+# torch's fused ops that the micro-pipeline TP pass puts in async_tp's compiled code.
+FUSED_OPS = ("fused_all_gather_matmul", "fused_matmul_reduce_scatter")
 QUANTITIES = ("out", "grad_input", "grad_w_gate_up", "grad_w_down")
 # Every variant's output and gradients against megatron's: relative Frobenius error in bf16.
 ERR_TOL = 2e-2
@@ -173,6 +175,13 @@ def csv_rows(rec: dict[str, Any], meta: dict[str, Any]) -> list[dict[str, str]]:
     rows = []
     for v in VARIANTS:
         note = rec.get("unavailable", {}).get(v, "")
+        if v == "async_tp" and not note and rec.get("async_tp_fused") is not None:
+            fused = rec["async_tp_fused"]
+            note = "fused ops named in compiled code: " + ", ".join(
+                f"{op}={fused.get(op, 0)}" for op in FUSED_OPS
+            )
+            if not any(fused.values()):
+                note += " (micro-pipeline TP matched nothing: compiled NCCL + mm)"
         if v == RETIMED and rec.get("retimed"):
             r = rec["retimed"]
             note = f"mean of first {_num(r['first'])} and last {_num(r['last'])} ms windows"

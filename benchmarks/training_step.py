@@ -51,7 +51,7 @@ _rs_autograd = (
     getattr(funcol, "reduce_scatter_single_autograd", None) or funcol.reduce_scatter_tensor_autograd
 )
 SMOKE_SIZES = (16, 32, 48)  # tokens, hidden, ffn of --cpu-smoke
-RUN_TIMEOUT_S = 300  # a run that takes longer is hung: dump stacks and exit
+RUN_TIMEOUT_S = 400  # a run that takes longer is hung (async-TP compiles ~1-2 min): dump stacks
 
 
 @dataclass
@@ -302,6 +302,17 @@ def _agreed(ctx, why: str | None) -> bool:
     return ctx.agree_max([1.0 if why else 0.0])[0] == 0.0
 
 
+def _values_and_fused_ops(variant: Variant):
+    """The compiled variant's first step (it compiles forward and backward) and how often the
+    code inductor generated names each of torch's fused symmetric-memory ops: zero means the
+    micro-pipeline TP pass matched nothing, and async_tp ran as compiled NCCL + mm."""
+    from torch._inductor.utils import run_and_get_code
+
+    values, codes = run_and_get_code(variant.values)
+    code = "\n".join(codes)
+    return values, {op: code.count(f"symm_mem.{op}") for op in report.FUSED_OPS}
+
+
 def _try_check(ctx, name, ops, ref, rec) -> Variant | None:
     """Build and check one variant against megatron's ``ref``; on a failure on any rank, record
     the reason under ``unavailable`` and return None (never fatal)."""
@@ -310,7 +321,11 @@ def _try_check(ctx, name, ops, ref, rec) -> Variant | None:
     variant, why = None, None
     try:
         variant = make_variant(name, ops, ctx.dist.group.WORLD)
-        errs = rel_errors(variant.values(), ref)
+        if name == "async_tp":
+            values, rec["async_tp_fused"] = _values_and_fused_ops(variant)
+        else:
+            values = variant.values()
+        errs = rel_errors(values, ref)
         torch.cuda.synchronize()
     except Exception as e:  # noqa: BLE001 - e.g. async-TP without symmetric memory
         why = short_error(e)

@@ -184,3 +184,15 @@ def test_rel_errors_flags_nan():
     ref = {"out": torch.ones(4)}
     assert ts.rel_errors({"out": torch.ones(4)}, ref) == {"out": 0.0}
     assert math.isnan(ts.rel_errors({"out": torch.full((4,), math.nan)}, ref)["out"])
+
+
+def test_async_tp_fused_ops_note():
+    rec = _record()
+    rec["async_tp_fused"] = {"fused_all_gather_matmul": 2, "fused_matmul_reduce_scatter": 2}
+    note = {r["variant"]: r["note"] for r in rep.csv_rows(rec, META)}["async_tp"]
+    assert note == (
+        "fused ops named in compiled code: fused_all_gather_matmul=2, fused_matmul_reduce_scatter=2"
+    )
+    rec["async_tp_fused"] = dict.fromkeys(rep.FUSED_OPS, 0)
+    table = rep.format_table(rec, META)
+    assert "micro-pipeline TP matched nothing: compiled NCCL + mm" in table
