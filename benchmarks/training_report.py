@@ -12,6 +12,8 @@ import math
 import os
 from typing import Any
 
+from benchmarks.sweep_report import _num  # the sweep's number format: CSV cells alike
+
 # The case: one Llama-3 70B MLP block (gate+up column-parallel, SiLU * up, down row-parallel).
 HIDDEN, FFN, TOKENS = 8192, 28672, 8192
 # Timed in this order, interleaved; the first is re-timed last so that a clock drift shows.
@@ -129,14 +131,6 @@ def targets(rec: dict[str, Any]) -> dict[str, bool | None]:
         "vs_async_tp": verdict(d["distgemm_vs_async_tp"], TARGET_VS_ASYNC_TP, (best, "async_tp")),
         "vs_megatron": verdict(d["distgemm_vs_megatron"], TARGET_VS_MEGATRON, (best, "megatron")),
     }
-
-
-def _num(x, nd=4) -> str:
-    if x is None:
-        return ""
-    if isinstance(x, float):
-        return f"{x:.{nd}g}" if abs(x) < 1e-2 else f"{x:.{nd}f}"
-    return str(x)
 
 
 CSV_FIELDS = (
