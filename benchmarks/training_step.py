@@ -175,6 +175,20 @@ class Variant:
         y.backward(self.grad_out)
         return y
 
+    def poisoned_step(self) -> None:
+        """One step on a NaN input, the input restored and the gradients dropped after: the
+        memory the caching allocator hands out next holds NaN, so a variant checked after this
+        cannot pass by leaving an earlier variant's (right) result in an output it never
+        wrote."""
+        with torch.no_grad():
+            saved = self.x.detach().clone()
+            self.x.fill_(math.nan)
+        self.step()
+        with torch.no_grad():
+            self.x.copy_(saved)
+        for t in (self.x, *self.weights):
+            t.grad = None
+
     def values(self) -> dict[str, torch.Tensor]:
         """The output and every gradient of one step (copies)."""
         y = self.step()
@@ -285,14 +299,18 @@ def rel_errors(got: dict, ref: dict) -> dict[str, float]:
 def cpu_smoke(rank: int, tp: int, sizes=SMOKE_SIZES) -> dict[str, Any]:
     """Every variant's step once on CPU in bf16 (the layers' gloo path; async-TP eagerly, since
     the compiled fused ops need CUDA symmetric memory) and the floor's; no timing. Returns the
-    errors against megatron and megatron's values (for a check against a full reference)."""
+    errors against megatron (and of megatron itself after its poisoned steps) and megatron's
+    values (for a check against a full reference)."""
     report.check_sizes(*sizes, tp)
     ops = shard_block(full_block(*sizes, "cpu", torch.bfloat16), rank, tp)
     group = dist.group.WORLD
     ref = make_variant("megatron", ops, group).values()
     errs = {}
+    megatron = make_variant("megatron", ops, group)
     for name in ("async_tp_eager", "distgemm_keep", "distgemm_regather"):
+        megatron.poisoned_step()
         errs[name] = rel_errors(make_variant(name, ops, group).values(), ref)
+    errs["megatron_after_poison"] = rel_errors(megatron.values(), ref)  # input restored
     check_floor(ops, tp)
     return dict(rel_err=errs, megatron=ref)
 
@@ -313,14 +331,16 @@ def _values_and_fused_ops(variant: Variant):
     return values, {op: code.count(f"symm_mem.{op}") for op in report.FUSED_OPS}
 
 
-def _try_check(ctx, name, ops, ref, rec) -> Variant | None:
-    """Build and check one variant against megatron's ``ref``; on a failure on any rank, record
-    the reason under ``unavailable`` and return None (never fatal)."""
+def _try_check(ctx, name, ops, megatron, ref, rec) -> Variant | None:
+    """Build and check one variant against megatron's ``ref`` (after a poisoned megatron step);
+    on a failure on any rank, record the reason under ``unavailable`` and return None (never
+    fatal)."""
     from benchmarks.gpu_timing import short_error
 
     variant, why = None, None
     try:
         variant = make_variant(name, ops, ctx.dist.group.WORLD)
+        megatron.poisoned_step()
         if name == "async_tp":
             values, rec["async_tp_fused"] = _values_and_fused_ops(variant)
         else:
@@ -386,7 +406,7 @@ def run(args) -> int:
         if symm_setup and name == "async_tp":
             rec["unavailable"][name] = f"symmetric memory setup: {symm_setup}"
             continue
-        variant = _try_check(ctx, name, ops, ref, rec)
+        variant = _try_check(ctx, name, ops, megatron, ref, rec)
         if variant is not None:
             variants[name] = variant
     del ref
