@@ -20,6 +20,8 @@
 #   cpp-sweep-quick|full  distgemm_bench --sweep quick|full
 #   cpp-variants     the quick C++ sweep per (reduce-scatter partial transport, PDL) pair, twice,
 #                    at TP = every GPU and TP = 2 (benchmarks/compare_variants.py summarises)
+#   training         benchmarks/training_step.py $TRAINING_ARGS (Llama-70B MLP block fwd+bwd: distgemm
+#                    keep/regather vs NCCL + torch.mm vs torch async-TP vs the GEMM floor)
 #   cpp-tiles        benchmarks/compare_tiles.py (the GEMM's two tiles per shape, one GPU), then the
 #                    C++ sweep at 1024/2048 tokens with --tile-n auto and 256, two rounds each
 # CPP_TESTS_K narrows cpp-tests to a pytest -k expression.
@@ -106,9 +108,10 @@ for p in "$@"; do
     sweep-quick) part sweep-quick 300 torchrun --nproc-per-node "$NPROC" benchmarks/llama_sweep.py --quick ${SWEEP_ARGS:-} --out "$OUT/sweep-quick" ;;
     sweep-full) part sweep-full ${SWEEP_S:-590} torchrun --nproc-per-node "$NPROC" benchmarks/llama_sweep.py ${SWEEP_ARGS:-} --out "$OUT/sweep-full" ;;
     sweep-fc) part sweep-fc 300 torchrun --nproc-per-node "$NPROC" benchmarks/llama_sweep.py --models 70B --layers FC1,FC2 --out "$OUT/sweep-fc" ;;
+    training) part training ${TRAINING_S:-450} torchrun --nproc-per-node "$NPROC" benchmarks/training_step.py ${TRAINING_ARGS:-} --out "$OUT/training" ;;
     cpp-sweep-quick) part cpp-sweep-quick 200 "$BENCH" --sweep quick --tp "$NPROC" --csv "$OUT/cpp-sweep-quick/cpp-sweep-quick.csv" ;;
     cpp-sweep-full) part cpp-sweep-full 400 "$BENCH" --sweep full --tp "$NPROC" --csv "$OUT/cpp-sweep-full/cpp-sweep-full.csv" ;;
-    *) echo "unknown part '$p' (install, first-run, timing-study, api, cpp-tests, cpp-variants, cpp-tiles, timeline, sweep-quick, sweep-full, sweep-fc, cpp-sweep-quick, cpp-sweep-full)"; rc=1 ;;
+    *) echo "unknown part '$p' (install, first-run, timing-study, training, api, cpp-tests, cpp-variants, cpp-tiles, timeline, sweep-quick, sweep-full, sweep-fc, cpp-sweep-quick, cpp-sweep-full)"; rc=1 ;;
   esac
   tail -n 25 "$OUT/$p.log" 2>/dev/null | cut -c1-250
 done
