@@ -94,6 +94,12 @@ SMALL = [
     "--no-local",
 ]
 
+# L=2 batches with beta, bias and a graph-exec update to new buffers, in a few short replays.
+BATCHED_WITH_UPDATE = (
+    *("--m", "1024", "--n", "1024", "--k", "512", "--l", "2", "--beta", "0.5", "--bias"),
+    *("--check-update", "--iterations", "3", "--warmup", "1", "--no-local"),
+)
+
 
 def run_bench(*args, timeout=180):
     env = dict(os.environ, NCCL_NVLS_ENABLE="0")
@@ -172,23 +178,7 @@ def test_partial_transport_and_pdl_verify(schedule, steps, via, pdl):
         "--partial-via",
         via,
         pdl,
-        "--m",
-        "1024",
-        "--n",
-        "1024",
-        "--k",
-        "512",
-        "--l",
-        "2",
-        "--beta",
-        "0.5",
-        "--bias",
-        "--check-update",
-        "--iterations",
-        "3",
-        "--warmup",
-        "1",
-        "--no-local",
+        *BATCHED_WITH_UPDATE,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert res["verify"] == "PASS" and float(res["rel_err"]) < 1e-2
@@ -231,23 +221,7 @@ def test_each_tile_kernel_verifies(schedule, tile, dtype):
         tile,
         "--dtype",
         dtype,
-        "--m",
-        "1024",
-        "--n",
-        "1024",
-        "--k",
-        "512",
-        "--l",
-        "2",
-        "--beta",
-        "0.5",
-        "--bias",
-        "--check-update",
-        "--iterations",
-        "3",
-        "--warmup",
-        "1",
-        "--no-local",
+        *BATCHED_WITH_UPDATE,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert res["verify"] == "PASS" and float(res["rel_err"]) < 1e-2
