@@ -5,6 +5,7 @@ torch.mm and torch async-TP, all in one torchrun run.
     torchrun --nproc-per-node N benchmarks/training_step.py [--tokens 8192] [--out DIR]
     torchrun --nproc-per-node 2 benchmarks/training_step.py --cpu-smoke   # gloo, tiny, no timing
     python3 benchmarks/training_step.py --replot RUN.json --out DIR       # no GPU
+    torchrun --nproc-per-node N benchmarks/training_step.py --profile     # + per-kernel tables
 
 The block, TP = world size, per rank: gate+up as one column-parallel linear ``[2F/TP, H]``
 (this rank's gate rows, then its up rows), ``silu(gate) * up``, down as a row-parallel linear
@@ -378,6 +379,31 @@ def _meta(ctx, args, symm_setup, t_start, counters) -> dict[str, Any]:
     )
 
 
+PROFILED_STEPS = 3  # steps per variant under torch.profiler (--profile), after the timing
+
+
+def profile_variants(ctx, steps: dict[str, Any], out_dir: str) -> None:
+    """Every variant's PROFILED_STEPS steps under torch.profiler on every rank (the ranks'
+    collectives must pair up); rank 0 writes ``profile-<variant>.txt``: the CUDA kernels and
+    copies by total device time, per step, so that a variant's lost milliseconds can be placed
+    (a slower GEMM, an exposed collective, a copy)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for name, step in steps.items():
+        step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(PROFILED_STEPS):
+                step()
+            torch.cuda.synchronize()
+        if ctx.rank == 0:
+            table = prof.key_averages().table(sort_by="device_time_total", row_limit=25)
+            path = os.path.join(out_dir, f"profile-{name}.txt")
+            with open(path, "w") as f:
+                f.write(f"{name}: {PROFILED_STEPS} steps, rank 0, device time totals\n{table}\n")
+            print(f"wrote {path}", flush=True)
+
+
 def run(args) -> int:
     """The GPU run: check, time, write (rank 0). Returns 1 when a variant is wrong."""
     from benchmarks.gpu_timing import WARMUP_S, RankContext, enable_symm_mem, time_variant
@@ -419,6 +445,9 @@ def run(args) -> int:
     first = rec["ms"][report.RETIMED]
     rec["retimed"] = dict(variant=report.RETIMED, first=first, last=last)
     rec["ms"][report.RETIMED] = (first + last) / 2
+    if args.profile:
+        steps = {"floor": floor, **{n: v.step for n, v in variants.items()}}
+        profile_variants(ctx, steps, args.out)
     faulthandler.cancel_dump_traceback_later()
     from torch._dynamo.utils import counters
 
@@ -453,6 +482,9 @@ def main(argv=None) -> int:
         "--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
     )
     ap.add_argument("--cpu-smoke", action="store_true", help="gloo, tiny shapes, no timing")
+    ap.add_argument(
+        "--profile", action="store_true", help="after the timing: per-kernel tables per variant"
+    )
     ap.add_argument("--replot", metavar="JSON", help="no GPU: table, CSV and PNG of a stored run")
     args = ap.parse_args(argv)
     if args.replot:
