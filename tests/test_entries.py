@@ -108,6 +108,8 @@ class FakeComm:
     """Just enough of a Communicator for _create_entry's exchange: all_gather returns what the
     other ranks would have sent."""
 
+    group = None  # no process group: "auto" entries are decided by the model
+
     def __init__(self, others, rank=0):
         self.others, self.rank, self.tp = others, rank, len(others) + 1
         self.plans = entries.PlanCache()
@@ -212,7 +214,7 @@ class OneRankComm:
     """A Communicator for create_entry on one rank: the exchange echoes, the workspace is fake
     (bases only), the device a CUDA ordinal that is never touched."""
 
-    rank, tp, wait_timeout_s = 0, 1, 3.5
+    rank, tp, wait_timeout_s, group = 0, 1, 3.5, None
     device = torch.device("cuda", 0)
 
     def __init__(self):
@@ -239,17 +241,20 @@ def test_an_entry_builds_its_plan_once_and_its_graph_takes_that_plan(
     monkeypatch, op, schedule, a, w, kw
 ):
     built, graphs = [], []
-    real_build = _core.build_plan
 
-    def counting_build(*args, **kwargs):
-        plan = real_build(*args, **kwargs)
-        built.append(plan)
-        return plan
+    def counting(real):
+        def build(*args, **kwargs):
+            plan = real(*args, **kwargs)
+            built.append(plan)
+            return plan
+
+        return build
 
     def never(*args, **kwargs):
         raise AssertionError("an entry reads its own Plan's layout, it builds no other plan")
 
-    monkeypatch.setattr(_core, "build_plan", counting_build)
+    monkeypatch.setattr(_core, "build_plan", counting(_core.build_plan))
+    monkeypatch.setattr(_core, "default_plan", counting(_core.default_plan))  # steps=None
     monkeypatch.setattr(_core, "workspace_layout", never)
     monkeypatch.setattr(
         _core, "DeviceGraph", lambda *args: graphs.append(args) or len(graphs), raising=False

@@ -1,8 +1,7 @@
 """CPU checks of the two ways a call runs besides the plan's graph: the collective path
-(distgemm.collective) on a one-rank gloo group, the "auto" choice between the paths
-(distgemm.autopath) and path_choices."""
+(distgemm.collective) on a one-rank gloo group, the "auto" choice between the paths at entry
+creation (distgemm.autopath: requested, table, model, a group without NCCL) and path_choices."""
 
-import random
 import types
 
 import pytest
@@ -10,41 +9,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from distgemm import autopath, collective, entries, launch, ops  # noqa: E402
-
-
-def _rounds(rng, n, lo, hi):
-    return [lo + (hi - lo) * rng.random() for _ in range(n)]
-
-
-def test_pick_path_takes_the_per_round_maximum_over_ranks_then_the_median():
-    rng = random.Random(7)
-    for _ in range(50):
-        n = rng.randint(1, 9)
-        ranks = [
-            {"overlap": _rounds(rng, n, 0.5, 2.0), "collective": _rounds(rng, n, 0.5, 2.0)}
-            for _ in range(rng.randint(1, 8))
-        ]
-        path, med = autopath.pick_path(ranks)
-        for p in ("overlap", "collective"):
-            per_round = sorted(max(r[p][i] for r in ranks) for i in range(n))
-            mid = (per_round[(n - 1) // 2] + per_round[n // 2]) / 2
-            assert med[p] == pytest.approx(mid)
-        assert path == ("overlap" if med["overlap"] <= med["collective"] else "collective")
-
-
-def test_pick_path_a_slow_rank_decides_and_ties_keep_the_overlap():
-    # rank 0 sees the overlap faster, but rank 1 waits longer in it: the slowest rank counts.
-    ranks = [
-        {"overlap": [1.0, 1.0, 1.0], "collective": [1.2, 1.2, 1.2]},
-        {"overlap": [1.5, 1.4, 1.6], "collective": [1.3, 1.3, 1.3]},
-    ]
-    assert autopath.pick_path(ranks)[0] == "collective"
-    assert autopath.pick_path([{"overlap": [2.0], "collective": [2.0]}]) == (
-        "overlap",
-        {"overlap": 2.0, "collective": 2.0},
-    )
-    with pytest.raises(ValueError, match="at least one timed round"):
-        autopath.pick_path([{"overlap": [], "collective": [1.0]}])
 
 
 @pytest.mark.parametrize(
@@ -60,7 +24,6 @@ def test_pick_path_a_slow_rank_decides_and_ties_keep_the_overlap():
 def test_collective_path_computes_the_layer_on_a_one_rank_group(monkeypatch, schedule, op):
     """The collective path's math (gather/scatter layout, bias, beta*c, the reused buffers) on a
     one-rank gloo group with CPU tensors; the GPU worker checks it on 2 ranks with NCCL."""
-    import types
 
     import torch.distributed as dist
 
@@ -116,45 +79,6 @@ def test_collective_path_computes_the_layer_on_a_one_rank_group(monkeypatch, sch
         dist.destroy_process_group()
 
 
-class _NeverDone:
-    def query(self):
-        return False
-
-
-class _BrokenComm:
-    rank = 1
-
-    def __init__(self):
-        self.broken = None
-
-    def mark_broken(self, msg):
-        self.broken = msg
-
-    def raise_if_broken(self):
-        raise RuntimeError(
-            f"rank {self.rank}: {self.broken}. This communicator can no longer launch"
-        )
-
-
-def test_wait_event_is_bounded_and_marks_the_communicator_broken():
-    import time
-
-    t0 = time.perf_counter()
-    with pytest.raises(RuntimeError, match=r"x: the GPU work did not finish within 0.2 s"):
-        autopath.wait_event(_NeverDone(), 0.2, "x")
-    assert 0.15 < time.perf_counter() - t0 < 5.0
-    comm = _BrokenComm()
-    with pytest.raises(
-        RuntimeError,
-        match=r"rank 1: all_gather_gemm path choice \(collective "
-        r"path\): the GPU work did not finish",
-    ):
-        autopath.wait_event(
-            _NeverDone(), 0.05, "all_gather_gemm path choice (collective path)", comm
-        )
-    assert "did not join a collective" in comm.broken
-
-
 def test_collective_path_needs_nccl_every_rank_decides_from_the_group():
     import torch.distributed as dist
 
@@ -166,97 +90,94 @@ def test_collective_path_needs_nccl_every_rank_decides_from_the_group():
         dist.destroy_process_group()
 
 
-class _FakeEvent:
-    """torch.cuda.Event on the CPU: records time.perf_counter()."""
-
-    def __init__(self, enable_timing=False):
-        self.t = None
-
-    def record(self, stream=None):
-        import time
-
-        self.t = time.perf_counter()
-
-    def query(self):
-        return True
-
-    def elapsed_time(self, end):
-        return (end.t - self.t) * 1e3
-
-
-@pytest.mark.parametrize(
-    "overlap_s,collective_s,expected", [(0.002, 0.0005, "collective"), (0.0005, 0.002, "overlap")]
-)
-def test_choose_path_measures_both_alike_and_keeps_the_faster(
-    monkeypatch, overlap_s, collective_s, expected
-):
-    import collections
-    import time
-
-    calls = collections.Counter()
-
-    def fake(path, seconds):
-        def run(op, comm, entry, tensors, out):
-            calls[path] += 1
-            time.sleep(seconds)
-            return path
-
-        return run
-
-    monkeypatch.setattr(autopath, "launch", fake("overlap", overlap_s))
-    monkeypatch.setattr(autopath, "run_collective", fake("collective", collective_s))
-    monkeypatch.setattr(autopath, "collective_unavailable", lambda group: None)
-    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
-    exchanged = []
-
-    class TwoRanks:  # the peer reports what this rank measured, 10% slower
-        rank, timeout_s, group = 0, 5.0, None
-
-        def check(self):
-            pass
-
-        def all_gather(self, obj, what):
-            exchanged.append(what)
-            slower = {
-                k: ([x * 1.1 for x in v] if isinstance(v, list) else v * 1.1)
-                for k, v in obj.items()
-            }
-            return [obj, slower]
-
-    entry = types.SimpleNamespace(path=None, tuning=None, graphs={"g": 1})
-    result = autopath.choose_path("all_gather_gemm", TwoRanks(), entry, {}, None)
-    assert entry.path == expected and result == expected  # the last call ran the chosen path
-    assert exchanged == [
-        "all_gather_gemm path choice (probe)",
-        "all_gather_gemm path choice (timings)",
-    ]
-    t = entry.tuning
-    assert (
-        t["rounds"] == autopath.TUNE_ROUNDS and 1 <= t["calls_per_round"] <= autopath.TUNE_MAX_CALLS
-    )
-    assert (t["overlap_ms"] < t["collective_ms"]) == (expected == "overlap")
-    # Both paths ran the same number of calls before the choice (the chosen one once more).
-    other = "overlap" if expected == "collective" else "collective"
-    assert calls[expected] == calls[other] + 1
-    assert calls[other] == 3 + autopath.TUNE_ROUNDS * (1 + t["calls_per_round"])
-    assert entry.graphs == ({} if expected == "collective" else {"g": 1})
-
-
-def test_choose_path_keeps_the_plan_when_the_group_has_no_nccl(monkeypatch):
-    monkeypatch.setattr(autopath, "launch", lambda *a: "overlap")
-    monkeypatch.setattr(autopath, "run_collective", lambda *a: pytest.fail("must not run"))
-    monkeypatch.setattr(
-        autopath, "collective_unavailable", lambda group: "the group's backend is 'gloo'"
-    )
-    entry = types.SimpleNamespace(path=None, tuning=None, graphs={})
-    comm = types.SimpleNamespace(group=None)
-    assert autopath.choose_path("gemm_reduce_scatter", comm, entry, {}, None) == "overlap"
-    assert entry.path == "overlap"
-    assert entry.tuning == {"collective_unavailable": "the group's backend is 'gloo'"}
-
-
 def test_path_choices_never_creates_a_communicator():
     import torch.distributed as dist
 
     assert not dist.is_initialized()
     assert ops.path_choices() == []  # no process group, no communicator: nothing to report
+
+
+def _meta(*shape):
+    return torch.empty(shape, device="meta", dtype=torch.bfloat16)
+
+
+def _spec(op, tokens, model="70B", layer=None, tp=2, steps=None):
+    """make_spec of a Llama layer at ``tokens`` on ``tp`` ranks (meta tensors: shapes only)."""
+    from distgemm import _core
+
+    layer = layer or ("QKV" if op == "all_gather_gemm" else "O")
+    m, n, k = _core.llama_gemm(model, layer, tokens)
+    schedule = "ag_rotate_a" if op == "all_gather_gemm" else "rs_tile_a"
+    a, w = (
+        (_meta(m // tp, k), _meta(n // tp, k))
+        if op == "all_gather_gemm"
+        else (
+            _meta(m, k // tp),
+            _meta(n, k // tp),
+        )
+    )
+    return ops.make_spec(op, schedule, tp, 0, steps, a, w)
+
+
+@pytest.mark.parametrize("requested", ["overlap", "collective"])
+def test_a_requested_path_is_taken_as_it_is(requested):
+    spec = _spec("all_gather_gemm", 64)
+    assert autopath.decide_path(spec, requested, None) == (
+        requested,
+        {"source": "requested", "tile_n": 0},
+    )
+
+
+def test_auto_takes_the_models_path_with_its_prediction(monkeypatch):
+    from distgemm import pathmodel
+
+    monkeypatch.setattr(autopath, "collective_unavailable", lambda group: None)
+    big = _spec("all_gather_gemm", 8192)  # 70B QKV: the overlap wins by ~13% in the sweep
+    path, info = autopath.decide_path(big, "auto", None)
+    assert path == "overlap" and info["source"] == "model"
+    assert (info["overlap_ms"], info["collective_ms"]) == pytest.approx(
+        tuple(pathmodel.predict(big.plan).values())
+    )
+    assert info["overlap_ms"] < info["collective_ms"] - pathmodel.MIN_GAIN_MS
+    assert info["why"].startswith("model: predicted overlap")
+    for tokens in (2, 64, 256, 512):  # decode sizes: the collective path
+        path, info = autopath.decide_path(_spec("gemm_reduce_scatter", tokens), "auto", None)
+        assert (
+            path == "collective" and info["why"] == "model: below 1024 tokens the collective path"
+        )
+
+
+def test_auto_keeps_the_plan_where_the_group_cannot_run_the_collective(monkeypatch):
+    monkeypatch.setattr(
+        autopath, "collective_unavailable", lambda group: "the group's backend is 'gloo'"
+    )
+    path, info = autopath.decide_path(_spec("gemm_reduce_scatter", 64), "auto", None)
+    assert path == "overlap" and info["source"] == "model"
+    assert info["collective_unavailable"] == "the group's backend is 'gloo'"
+    path, _ = autopath.decide_path(_spec("gemm_reduce_scatter", 8192), "auto", None)
+    assert path == "overlap"
+
+
+def test_create_entry_decides_the_path_once_with_nothing_measured(monkeypatch):
+    """An "auto" entry leaves create_entry with its path and the reason: the op never runs
+    a path choice at a later call (launch and run_collective are all ops._run calls)."""
+    monkeypatch.setattr(autopath, "collective_unavailable", lambda group: None)
+
+    class OneRank:
+        rank, tp, group = 0, 1, None
+
+        def __init__(self):
+            self.plans = entries.PlanCache()
+
+        def all_gather(self, obj, what):
+            return [obj]
+
+    a, w = _meta(64, 32), _meta(24, 32)
+    key = ("all_gather_gemm", "ag_rotate_a", None, torch.bfloat16, (("a", (64, 32)),), 0.0, False)
+    entry = entries.create_entry(
+        OneRank(),
+        (*key, "auto"),
+        lambda: ops.make_spec("all_gather_gemm", "ag_rotate_a", 1, 0, None, a, w),
+    )
+    assert entry.path == "collective" and entry.ws is None  # 64 tokens: no workspace either
+    assert entry.tuning["source"] == "model" and entry.tuning["tile_n"] == 0

@@ -348,6 +348,9 @@ void register_plan(py::module_& m) {
            py::arg("elem_bytes") = 2,
            "'' when the GEMM kernel's extent rule admits every sub-GEMM of `device` (-1: of "
            "every device), else the first reason.")
+      .def_property_readonly("pdl_by_default", &pdl_by_default,
+                             "Whether its GEMMs chain by programmatic dependent launch by default "
+                             "(schedule/defaults.hpp).")
       .def("to_dict", &plan_dict, "The plan as plain Python data (dicts and lists).")
       .def("__repr__", [](const Plan& p) {
         return "Plan(" + p.schedule + ", tp=" + std::to_string(p.tp) +
@@ -361,10 +364,10 @@ void register_plan(py::module_& m) {
                          "What one rank's DeviceGraph needs besides the Plan and the user "
                          "pointers; built once per op entry.")
       .def(py::init<int, int, std::string, std::vector<uint64_t>, int64_t, double, float, float,
-                    bool>(),
+                    bool, int>(),
            py::arg("rank"), py::arg("cuda_device"), py::arg("dtype"), py::arg("workspace_bases"),
            py::arg("workspace_bytes"), py::arg("timeout_s"), py::arg("alpha") = 1.0f,
-           py::arg("beta") = 0.0f, py::arg("bias") = false)
+           py::arg("beta") = 0.0f, py::arg("bias") = false, py::arg("tile_n") = 0)
       .def_readonly("rank", &GraphSetup::rank)
       .def_readonly("cuda_device", &GraphSetup::cuda_device)
       .def_readonly("dtype", &GraphSetup::dtype)
@@ -373,7 +376,8 @@ void register_plan(py::module_& m) {
       .def_readonly("bias", &GraphSetup::bias)
       .def_readonly("workspace_bases", &GraphSetup::workspace_bases)
       .def_readonly("workspace_bytes", &GraphSetup::workspace_bytes)
-      .def_readonly("timeout_s", &GraphSetup::timeout_s);
+      .def_readonly("timeout_s", &GraphSetup::timeout_s)
+      .def_readonly("tile_n", &GraphSetup::tile_n);
 }
 
 }  // namespace
@@ -461,6 +465,17 @@ PYBIND11_MODULE(_core, m) {
       "S for steps=None (schedule/defaults.hpp): TP, or 2*TP for reduce-scatter plans from "
       "RS_TWO_STEPS_MIN_TOKENS tokens with at most RS_TWO_STEPS_MAX_K_PER_RANK of K per rank "
       "where the plan and the kernel's extent rule accept it.");
+  m.def(
+      "default_plan",
+      [](const py::object& schedule, int tp, int64_t m, int64_t n, int64_t k, int64_t l) {
+        ScheduleDef def = resolve(schedule);
+        py::gil_scoped_release release;
+        return default_plan(def, tp, Problem{m, n, k, l});
+      },
+      py::arg("schedule"), py::arg("tp"), py::arg("m"), py::arg("n"), py::arg("k"),
+      py::arg("l") = 1,
+      "The Plan of steps=None, built once: S = default_steps(...) with the default options; "
+      "ValueError naming the violated constraint, as build_plan.");
   m.attr("RS_TWO_STEPS_MIN_TOKENS") = kRsTwoStepsMinTokens;
   m.attr("RS_TWO_STEPS_MAX_K_PER_RANK") = kRsTwoStepsMaxKPerRank;
 

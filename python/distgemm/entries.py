@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from . import _core
+from . import _core, tuning
 from .validation import DTYPES, Spec
 
 if TYPE_CHECKING:
@@ -51,10 +51,10 @@ class Entry:
     slots: torch.Tensor | None = None
     gather_shape: tuple[int, int] | None = None
     out_shape: tuple[int, ...] = ()
-    path: str | None = None  # "overlap" or "collective"; None: "auto", not chosen yet
+    path: str | None = None  # "overlap" or "collective", decided at creation (autopath)
     want_gathered: bool = False  # all_gather_gemm(..., return_gathered=True)
     scratch: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)  # (name, stream)
-    tuning: dict[str, Any] | None = None  # the measurement behind an "auto" choice
+    tuning: dict[str, Any] | None = None  # why the path: table or model (autopath.decide_path)
     ws_bytes: int = 0  # bytes addressable from each base (the plan's layout total)
     setup: Any = None  # _core.GraphSetup of this rank's graphs (plans that launch)
 
@@ -131,12 +131,15 @@ def gather_recipe(spec: Spec, rank: int):
 
 
 def signature(key, error: str | None) -> dict[str, Any]:
-    """What a rank exchanges at plan creation: the cache key in words, and its own error."""
+    """What a rank exchanges at plan creation: the cache key in words, the digest of its tuning
+    table (the table decides S, tile and path) and its own error."""
     op, schedule, steps, dtype, shapes, beta, gathered, path = key
     sig = {"op": op, "schedule": schedule, "steps": steps, "dtype": str(dtype), "path": path}
     for name, shape in shapes:
         sig[f"{name}.shape"] = None if shape is None else list(shape)
-    sig.update(beta=beta, return_gathered=gathered, error=error)
+    sig.update(
+        beta=beta, return_gathered=gathered, tuning_table=tuning.active_digest(), error=error
+    )
     return sig
 
 
@@ -153,10 +156,16 @@ def signature_mismatch(sigs: Sequence[dict[str, Any]], what: str) -> str | None:
             if key == "error":
                 continue
             if s.get(key) != ref[key]:
+                fix = (
+                    f"every rank must load the same tuning table ({tuning.TABLE_ENV} or "
+                    "distgemm.load_tuning_table)"
+                    if key == "tuning_table"
+                    else "every rank must call the op with the same shapes, dtype, schedule, "
+                    "steps and path"
+                )
                 return (
                     f"{what}: ranks disagree at plan creation: rank {r} has {key}={s.get(key)!r}"
-                    f" where rank 0 has {key}={ref[key]!r}; every rank must call the op with "
-                    "the same shapes, dtype, schedule, steps and path"
+                    f" where rank 0 has {key}={ref[key]!r}; {fix}"
                 )
         extra = set(s) - set(ref)
         if extra:
@@ -169,9 +178,12 @@ def signature_mismatch(sigs: Sequence[dict[str, Any]], what: str) -> str | None:
 
 
 def create_entry(comm: Communicator, key, make: Callable[[], Spec]) -> Entry:
-    """The entry of a first call: ``make()`` validates and builds the Plan (once), the ranks
-    exchange their signatures (the same error on every rank), then a plan that launches gets
-    its workspace and graph setup. Cached in ``comm.plans``."""
+    """The entry of a first call: ``make()`` validates and builds the Plan (once; S and tile from
+    the tuning table or the defaults), the ranks exchange their signatures (the same error on
+    every rank), the path is decided (``autopath.decide_path``: the same on every rank), then a
+    plan that launches gets its workspace and graph setup. Cached in ``comm.plans``."""
+    from .autopath import decide_path  # autopath imports collective, which imports this module
+
     op, _, _, dtype, _, beta, gathered, path = key
     spec, error, exc = None, None, None
     try:
@@ -184,6 +196,7 @@ def create_entry(comm: Communicator, key, make: Callable[[], Spec]) -> Entry:
     problem = signature_mismatch(sigs, op)
     if problem:
         raise ValueError(problem)
+    chosen, why = decide_path(spec, path, comm.group)
     entry = Entry(
         spec=spec,
         dtype=dtype,
@@ -192,8 +205,9 @@ def create_entry(comm: Communicator, key, make: Callable[[], Spec]) -> Entry:
         bases=[],
         graphs=collections.OrderedDict(),
         out_shape=torch.Size(spec.shapes["out"]),
-        path=None if path == "auto" else path,
+        path=chosen,
         want_gathered=gathered,
+        tuning=why,
     )
     if entry.path != "collective":  # the collective path launches no plan: no workspace
         attach_workspace(comm, entry, gathered)
@@ -220,6 +234,7 @@ def attach_workspace(comm: Communicator, entry: Entry, gathered: bool) -> None:
         alpha=1.0,
         beta=entry.beta,
         bias=entry.has_bias,
+        tile_n=spec.tile_n,
     )
     if gathered:
         entry.gather, entry.gather_shape = gather_recipe(spec, comm.rank)

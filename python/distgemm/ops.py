@@ -35,18 +35,21 @@ CUDA graph capture. The ops are themselves CUDA graph launches whose pointers ar
 calls; they cannot be captured into a user's graph (``torch.cuda.graph``): a call during capture
 raises RuntimeError before anything is enqueued. Capture the rest of the model around them.
 
-Paths. ``path="auto"`` (the default; ``DISTGEMM_PATH`` sets another) lets the first call of a
-plan choose between the overlapped plan ("overlap") and the plain collective followed by one
-torch GEMM ("collective", the NCCL baseline itself): it times both on the call's tensors in
-alternating rounds, takes the maximum over the ranks per round and keeps the lower median, so
-every rank makes the same choice (``path_choices()`` shows the choices and the numbers). That
-costs 2 x 6 rounds of ~2 ms of calls, or 2 x 3 rounds of 2 calls when a call takes 5 ms or more
-(about 0.85 s for Llama-405B FC1 at 16k tokens), with host synchronisations, once per plan, i.e.
-again for every new shape. Small problems, where a collective + GEMM is cheaper than the
-overlapped plan's extra steps, then cost what the baseline costs. The choice rests on a
-measurement, so near-ties may go either way between runs. ``path="overlap"`` / ``"collective"``
-force one path (no measurement); the collective path needs a NCCL group (with another backend
-"auto" keeps the plan).
+Paths. ``path="auto"`` (the default; ``DISTGEMM_PATH`` sets another) runs either the overlapped
+plan ("overlap") or the plain collective followed by one torch GEMM ("collective", the NCCL
+baseline itself), decided when the plan is created, from the shapes, never by measuring the
+call. With ``steps=None`` a tuning table decides where it has an entry for the call's shape
+bucket (op, schedule, TP, dtype, N, K, and M in power-of-two buckets): its path, S and GEMM tile,
+measured ahead of time by ``python -m distgemm.tune`` and loaded from ``DISTGEMM_TUNING_TABLE``
+or with ``distgemm.load_tuning_table(path)``; every rank must load the same table (the plan
+signature carries its digest). Otherwise a cost model (``distgemm.pathmodel``, calibrated on the
+Llama sweep, docs/tuning.md) predicts both paths at the default S and keeps the overlapped one
+where it is faster by at least 5 us; below 1024 tokens (decode sizes, never measured on the
+overlapped path) it keeps the collective path. ``path_choices()`` shows each choice, its source
+("table" / "model") and the ms behind it. ``path="overlap"`` / ``"collective"`` force one path;
+the collective path needs a NCCL group (with another backend "auto" keeps the plan). A first
+call then costs the signature exchange, the plan build and, for the overlapped path, workspace
+and graph setup (``benchmarks/first_call.py`` times each).
 
 No autograd: the ops have no backward. An input that requires grad while grad mode is on is
 refused (RuntimeError) rather than given a result without a gradient.
@@ -67,7 +70,6 @@ from typing import Any
 
 import torch
 
-from .autopath import choose_path
 from .collective import run_collective
 from .comm import find_communicator, get_communicator
 from .entries import create_entry
@@ -97,8 +99,9 @@ def path_choices(group=None) -> list[dict[str, Any]]:
     """What the cached plans of ``group``'s communicator run ([] when it has none yet; never
     creates a communicator, so any rank may call it alone): one dict per plan with the op,
     schedule, steps, global M/N/K, ``requested`` (the calls' path argument), ``path`` (the path
-    it runs: "overlap" or "collective") and, for "auto" plans, the measured medians behind the
-    choice (``overlap_ms``, ``collective_ms``: per call, max over ranks), or
+    it runs: "overlap" or "collective"), ``source`` ("requested", "table" or "model"),
+    ``tile_n`` (0: per GEMM) and, for "auto" plans, ``overlap_ms`` / ``collective_ms`` (the
+    table's measured or the model's predicted ms per call) with ``why`` in words, or
     ``collective_unavailable`` with the reason when the collective path could not run."""
     comm = find_communicator(group)  # a lookup: creating a communicator is a collective
     res: list[dict[str, Any]] = []
@@ -156,9 +159,7 @@ def _run(
         plans.move_to_end(key)  # LRU order (O(1), cheaper than checking whether it is needed)
     if entry.path == "overlap":
         return launch(op, comm, entry, tensors, out)
-    if entry.path == "collective":
-        return run_collective(op, comm, entry, tensors, out)
-    return choose_path(op, comm, entry, tensors, out)
+    return run_collective(op, comm, entry, tensors, out)
 
 
 def all_gather_gemm(
@@ -200,9 +201,9 @@ def all_gather_gemm(
 
     Args: bf16 or fp16 tensors on this rank's GPU, contiguous, 16-byte aligned; K (and N_local,
     resp. N/S for ag_rotate_b) a multiple of 8. ``steps``: S = k*TP pipeline steps; None:
-    ``default_steps`` (S = TP for all-gather).
+    the tuning table's, else ``default_steps`` (S = TP for all-gather).
     ``group``: a ProcessGroup (default: the world group) or a ``distgemm.Communicator``.
-    ``path``: "auto" (measure both at the first call, keep the faster), "overlap" (the plan) or
+    ``path``: "auto" (the tuning table or the cost model decides), "overlap" (the plan) or
     "collective" (NCCL all-gather + torch GEMM); None: ``DEFAULT_PATH`` (env DISTGEMM_PATH, else
     "auto"); see the module docstring. No autograd: inputs that require grad are refused while
     grad mode is on.

@@ -1,6 +1,6 @@
 """Checks of an op call before anything reaches the extension: operand types, placement, path,
-grad mode, and the plan spec of a first call (``make_spec``: global problem, S, the Plan and
-every operand's expected shape)."""
+grad mode, and the plan spec of a first call (``make_spec``: global problem, S and GEMM tile (from
+the tuning table or the defaults), the Plan and every operand's expected shape)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from . import _core
+from . import _core, tuning
 
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 ALIGN = 16  # bytes: TMA needs 16-byte aligned bases and row strides
@@ -122,15 +122,19 @@ class Spec:
     k: int
     shapes: dict[str, tuple[int, ...]]  # expected per-rank shape of every operand the plan uses
     plan: Any = field(repr=False, default=None)  # the _core.Plan, built once per op entry
+    tile_n: int = 0  # GEMM output tile 128 x tile_n for every GEMM; 0: per GEMM (wave model)
+    table: tuning.TableEntry | None = None  # the tuning-table entry behind steps and tile_n
 
 
 def default_steps(schedule: str, tp: int, a: torch.Tensor, w: torch.Tensor) -> int:
-    """S for ``steps=None``: TP for the all-gather schedules and gemm_allreduce; for rs_tile_a /
-    rs_tile_b, 2*TP from ``_core.RS_TWO_STEPS_MIN_TOKENS`` tokens (M) on with at most
-    ``_core.RS_TWO_STEPS_MAX_K_PER_RANK`` of K per rank, where the plan accepts it (partials then
-    travel by copy engine with a step of slack), else TP. The rule is the C++ one
-    (schedule/defaults.hpp). Shapes only, so every rank agrees; an operand that is not 2-D gets
-    TP and the op's validation names the problem, as it does an unknown schedule."""
+    """S for ``steps=None`` where the tuning table has no entry for the call's bucket
+    (``make_spec`` takes the table's S where it has one): TP for the all-gather schedules and
+    gemm_allreduce; for rs_tile_a / rs_tile_b, 2*TP from ``_core.RS_TWO_STEPS_MIN_TOKENS``
+    tokens (M) on with at most ``_core.RS_TWO_STEPS_MAX_K_PER_RANK`` of K per rank, where the
+    plan accepts it (partials then travel by copy engine with a step of slack), else TP. The rule
+    is the C++ one (schedule/defaults.hpp). Shapes only, so every rank agrees; an operand that is
+    not 2-D gets TP and the op's validation names the problem, as it does an unknown
+    schedule."""
     defn = _DEFINITIONS.get(schedule) if isinstance(schedule, str) else None
     if tp < 2 or defn is None or a.dim() != 2 or w.dim() != 2:
         return tp
@@ -168,10 +172,13 @@ def make_spec(
     c=None,
     beta: float = 0.0,
     out=None,
+    tile_n: int = 0,
 ) -> Spec:
-    """Global problem, steps and every operand's expected shape for ``op`` with ``schedule`` on
-    ``tp`` ranks; ValueError naming the constraint and the values. Shapes only: no device, no
-    communicator."""
+    """Global problem, steps, GEMM tile and every operand's expected shape for ``op`` with
+    ``schedule`` on ``tp`` ranks; ValueError naming the constraint and the values. Shapes only:
+    no device, no communicator. ``steps=None``: the active tuning table's S and tile for the
+    call's bucket where its entry fits, else the default S. ``tile_n`` (128 or 256) forces the
+    GEMM tile (``python -m distgemm.tune`` measures each); 0: the table's, else per GEMM."""
     if not isinstance(schedule, str):
         raise TypeError(
             f"{op}: schedule must be a schedule name (str), got {type(schedule).__name__}"
@@ -183,10 +190,10 @@ def make_spec(
         raise ValueError(
             f"{op}: schedule '{schedule}' is not a {want} schedule; use one of {', '.join(fits)}"
         )
-    if steps is None:
-        steps = default_steps(schedule, tp, a, w)
-    if not isinstance(steps, int) or isinstance(steps, bool):
+    if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool)):
         raise TypeError(f"{op}: steps must be an int or None, got {steps!r}")
+    if tile_n not in tuning.TILES:
+        raise ValueError(f"{op}: tile_n={tile_n!r} is not 0 (per GEMM), 128 or 256")
     for name, t in (("a" if op != "all_gather_gemm" else "a_shard", a), ("w", w)):
         if t.dim() != 2:
             raise ValueError(f"{op}: {name} must be 2-D, got shape {fmt_shape(t.shape)}")
@@ -194,13 +201,26 @@ def make_spec(
     ka = a.shape[1]
     if min(m, n, k) < 1:
         raise ValueError(f"{op}: empty operands: a {fmt_shape(a.shape)}, w {fmt_shape(w.shape)}")
+    # steps=None: the tuning table's S and tile for this bucket where it has a fitting entry,
+    # else the default S; either way the op entry's one plan build.
+    entry = None
+    if steps is None and a.dtype in DTYPES:
+        entry = tuning.lookup(op, schedule, tp, DTYPES[a.dtype], n, k, m)
+    plan = _table_plan(entry, schedule, tp, m, n, k) if entry is not None else None
+    entry = entry if plan is not None else None
     try:
-        # The op entry's one plan build (validates; raises ValueError).
-        plan = _core.build_plan(schedule, tp, steps, m, n, k, 1)
+        if plan is None:
+            plan = (
+                _core.default_plan(schedule, tp, m, n, k, 1)
+                if steps is None
+                else _core.build_plan(schedule, tp, steps, m, n, k, 1)
+            )
     except ValueError as e:
         raise ValueError(
-            f"{op} ({schedule}, TP={tp}, S={steps}, global M={m} N={n} K={k}): {e}"
+            f"{op} ({schedule}, TP={tp}, S={tp if steps is None else steps}, global M={m} N={n} "
+            f"K={k}): {e}"
         ) from None
+    steps = plan.steps
     local = plan.local_shapes
     a_name = "a_shard" if op == "all_gather_gemm" else "a"
     if tuple(w.shape) != tuple(local["B"]):
@@ -234,4 +254,20 @@ def make_spec(
                 f"{fmt_shape(shapes[name])} (per rank; {schedule}, TP={tp}, global M={m} "
                 f"N={n} K={k})"
             )
-    return Spec(op, schedule, tp, steps, m, n, k, shapes, plan)
+    tile_n = tile_n or (entry.tile_n if entry else 0)
+    return Spec(op, schedule, tp, steps, m, n, k, shapes, plan, tile_n, entry)
+
+
+def _table_plan(entry: tuning.TableEntry, schedule: str, tp: int, m: int, n: int, k: int):
+    """The plan of a tuning-table entry's S, or None (with a warning, once per entry) where that
+    S does not fit this M; the defaults then decide."""
+    try:
+        plan = _core.build_plan(schedule, tp, entry.steps, m, n, k, 1)
+    except ValueError as e:
+        tuning.warn_unusable(entry, m, str(e))
+        return None
+    why = plan.extent_problem(-1)  # every rank's sub-GEMMs: the same verdict on every rank
+    if why:
+        tuning.warn_unusable(entry, m, why)
+        return None
+    return plan

@@ -245,6 +245,7 @@ class PyGraph {
     epi.bias = setup.bias;
     GraphOptions opt;
     opt.timeout_s = setup.timeout_s;
+    opt.tile_n = setup.tile_n;
     // The graph checks the plan's own layout (its partial transport included) against this.
     opt.workspace_bytes = setup.workspace_bytes;
     const UserBuffers user = user_from(a, b, c, d, bias_ptr);

@@ -1,11 +1,12 @@
-// The library's defaults, each in one place: S for steps=None (default_steps), how reduce-scatter
-// partials travel (default_plan_options) and whether GEMMs chain by programmatic dependent launch
-// (pdl_by_default). Host-only. How each was measured: docs/tuning.md.
+// The library's defaults, each in one place: S for steps=None (default_steps, default_plan), how
+// reduce-scatter partials travel (default_plan_options) and whether GEMMs chain by programmatic
+// dependent launch (pdl_by_default). Host-only. How each was measured: docs/tuning.md.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "distgemm/kernel/gemm_extents.hpp"
 #include "distgemm/schedule/plan_builder.hpp"
@@ -57,19 +58,33 @@ inline constexpr int64_t kRsTwoStepsMinTokens = 4096;
 // small part of the mainloop, so S = TP loses little to them and saves a step.
 inline constexpr int64_t kRsTwoStepsMaxKPerRank = 8192;
 
-// S for steps=None: TP, except reduce-scatter plans (rs_tile_a, rs_tile_b) with at least
-// kRsTwoStepsMinTokens tokens and at most kRsTwoStepsMaxKPerRank of K per rank, which take
-// S = 2*TP (partials staged for the copy engine with a step of slack) where the plan and the
-// kernel's extent rule accept it. Shapes only, so every rank agrees.
-inline int default_steps(const ScheduleDef& def, int tp, const Problem& problem) {
-  if (def.collective != Collective::ReduceScatter || tp < 2) return tp;
+// The plan steps=None takes where it is S = 2*TP: reduce-scatter plans (rs_tile_a, rs_tile_b)
+// with at least kRsTwoStepsMinTokens tokens and at most kRsTwoStepsMaxKPerRank of K per rank
+// (partials staged for the copy engine with a step of slack), where the plan and the kernel's
+// extent rule accept it; nullopt where the rule keeps S = TP. Shapes only, so every rank agrees.
+inline std::optional<Plan> two_step_default_plan(const ScheduleDef& def, int tp,
+                                                 const Problem& problem) {
+  if (def.collective != Collective::ReduceScatter || tp < 2) return std::nullopt;
   const int steps = 2 * tp;
   if (problem.m < kRsTwoStepsMinTokens || problem.n < 1 || problem.k < 1 ||
       def.partition.local_a(problem, tp).cols > kRsTwoStepsMaxKPerRank ||
       !validate(def, problem, tp, steps).empty())
-    return tp;
-  const Plan plan = build_plan(def, problem, tp, steps, default_plan_options(def, tp, steps));
-  return plan_extent_problem(plan, -1).empty() ? steps : tp;
+    return std::nullopt;
+  Plan plan = build_plan(def, problem, tp, steps, default_plan_options(def, tp, steps));
+  if (!plan_extent_problem(plan, -1).empty()) return std::nullopt;
+  return plan;
+}
+
+// S for steps=None: 2*TP where two_step_default_plan takes it, else TP.
+inline int default_steps(const ScheduleDef& def, int tp, const Problem& problem) {
+  return two_step_default_plan(def, tp, problem) ? 2 * tp : tp;
+}
+
+// The plan of steps=None, built once: the S = 2*TP plan of the rule, else the S = TP plan
+// (build_plan's std::invalid_argument where the problem does not split into TP steps).
+inline Plan default_plan(const ScheduleDef& def, int tp, const Problem& problem) {
+  if (std::optional<Plan> plan = two_step_default_plan(def, tp, problem)) return std::move(*plan);
+  return build_plan(def, problem, tp, tp, default_plan_options(def, tp, tp));
 }
 
 }  // namespace distgemm::schedule
