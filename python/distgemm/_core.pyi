@@ -35,6 +35,8 @@ class Plan:
     @property
     def local_shapes(self) -> dict[str, Any]: ...
     def layout(self, slot_elem_bytes: int = 2) -> dict[str, int]: ...
+    @property
+    def pdl_by_default(self) -> bool: ...
     def extent_problem(self, device: int = -1, elem_bytes: int = 2) -> str: ...
     def to_dict(self) -> dict[str, Any]: ...
 
@@ -51,6 +53,9 @@ def build_plan(
 def default_steps(
     schedule: str | ScheduleDef, tp: int, m: int, n: int, k: int, l: int = 1
 ) -> int: ...
+def default_plan(
+    schedule: str | ScheduleDef, tp: int, m: int, n: int, k: int, l: int = 1
+) -> Plan: ...
 
 RS_TWO_STEPS_MIN_TOKENS: int
 RS_TWO_STEPS_MAX_K_PER_RANK: int
@@ -69,6 +74,7 @@ class GraphSetup:
         alpha: float = 1.0,
         beta: float = 0.0,
         bias: bool = False,
+        tile_n: int = 0,
     ) -> None: ...
     rank: int
     cuda_device: int
@@ -79,6 +85,7 @@ class GraphSetup:
     workspace_bases: list[int]
     workspace_bytes: int
     timeout_s: float
+    tile_n: int
 
 def workspace_layout(
     schedule: str | ScheduleDef,
