@@ -81,7 +81,10 @@ class ControlExchange:
         )
         if verdict != b"ok":
             raise ExchangeTimeout([r for r, k in enumerate(keys) if not self.store.check([k])])
-        got = [pickle.loads(self.store.get(k)) for k in keys]
+        # One round trip for every rank's entry where the store has multi_get (TCPStore does).
+        multi_get = getattr(self.store, "multi_get", None)
+        raw = multi_get(keys) if multi_get is not None else [self.store.get(k) for k in keys]
+        got = [pickle.loads(v) for v in raw]
         if any(w != what for w, _ in got):
             raise ExchangeMismatch([w for w, _ in got])
         if self.seq > 1:  # every rank has read exchange seq-1: it posted to this one

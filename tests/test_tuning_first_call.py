@@ -1,0 +1,51 @@
+"""CPU checks of benchmarks/first_call.py's bookkeeping: the 96 token counts, the phase timer
+(wraps and restores the library's functions, times only what it is told to, names what it could
+not wrap), disjoint phases and the summary statistics."""
+
+import time
+import types
+
+import pytest
+
+from benchmarks import first_call
+
+
+def test_the_token_counts_are_96_multiples_of_64_up_to_6144():
+    assert len(first_call.TOKENS) == 96
+    assert first_call.TOKENS[0] == 64 and first_call.TOKENS[-1] == 6144
+    assert all(t % 64 == 0 for t in first_call.TOKENS)
+
+
+def test_the_phase_timer_wraps_times_and_restores():
+    calls = []
+
+    def slow(x, what="plan signature"):
+        calls.append((x, what))
+        time.sleep(0.01)
+        return x + 1
+
+    owner = types.SimpleNamespace(slow=slow, fast=lambda: 3)
+    timer = first_call.PhaseTimer()
+    timer.wrap(owner, "slow", "exchange", when=lambda x, what="plan signature": "signature" in what)
+    timer.wrap(owner, "absent", "graph")
+    assert owner.slow is not slow and timer.missing == ["SimpleNamespace.absent"]
+    assert owner.slow(1) == 2 and owner.slow(2, what="settle") == 3
+    took = timer.take()
+    assert set(took) == {"exchange"} and 8.0 < took["exchange"] < 200.0  # one 10 ms call
+    assert timer.take() == {}
+    timer.restore()
+    assert owner.slow is slow and calls == [(1, "plan signature"), (2, "settle")]
+
+
+def test_phases_are_made_disjoint_and_the_rest_is_other():
+    raw = {"validate+plan": 0.1, "workspace+setup": 0.5, "workspace": 0.4, "graph": 0.3}
+    out = first_call.phases_of(raw, 1.5)
+    assert out == pytest.approx(
+        {"validate+plan": 0.1, "workspace": 0.4, "graph setup": 0.1, "graph": 0.3, "other": 0.6}
+    )
+    assert sum(out.values()) == pytest.approx(1.5)
+
+
+def test_summary_statistics():
+    s = first_call.summarize([float(x) for x in range(1, 11)])
+    assert s == {"median": 5.5, "p90": 10.0, "max": 10.0, "total": 55.0}
