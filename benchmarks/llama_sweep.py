@@ -20,9 +20,9 @@ is marked suspect and fails its targets (``suspect``). The variants:
   symm_mem   torch.ops.symm_mem.fused_all_gather_matmul / fused_matmul_reduce_scatter
   dg_S<s>    distgemm all_gather_gemm / gemm_reduce_scatter, path="overlap", S = TP and 2*TP;
              "dg_default" is the S of steps=None (ops.default_steps), "dg_best" the faster S
-  dg_auto    the public op as a user calls it: steps=None, path="auto" (its first call times
-             the overlapped plan against collective + GEMM and keeps the faster; the chosen
-             path is reported). It is timed between two baseline windows (A B A) and the
+  dg_auto    the public op as a user calls it: steps=None, path="auto" (the tuning table or
+             the cost model decides the path when the plan is created; the chosen path and the
+             ms behind it are reported). It is timed between two baseline windows (A B A) and the
              baseline is their mean, so that a slow clock drift hits both alike
 
 Every variant's output is checked once per case against the baseline's (relative Frobenius error
@@ -199,7 +199,7 @@ def _time_distgemm(
             # Poisoned output: a call that wrote nothing cannot pass the check by leaving an
             # earlier variant's (identical) result in recycled memory.
             dg_out.fill_(float("nan"))
-            y = f()  # with path="auto" this first call measures both paths and chooses
+            y = f()  # with path="auto" this first call decides the path (table or model)
             torch.cuda.synchronize()
             comm.check()
             errs[key] = rel_err(torch, y, ref)

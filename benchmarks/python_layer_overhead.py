@@ -83,8 +83,8 @@ def main(n=20000):
             ts.append(time.perf_counter() - t)
         return statistics.median(ts) * 1e6
 
-    # path="overlap": the cached-plan path of the plan itself ("auto" would first time the
-    # collective path, which needs NCCL; once chosen it adds no per-call work).
+    # path="overlap": the cached-plan path of the plan itself ("auto" may choose the collective
+    # path, which needs NCCL; once chosen it adds no per-call work).
     same = timed(lambda: ops.all_gather_gemm(a, w, out=out, path="overlap"))
     fresh = timed(lambda: ops.all_gather_gemm(a, w, path="overlap"))
     print(f"python layer per call, cached plan, same pointers, out given: {same:.2f} us")

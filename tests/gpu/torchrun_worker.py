@@ -39,7 +39,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from distgemm import _core, ops
+from distgemm import _core, ops, pathmodel
 from distgemm import comm as dcomm
 
 RESULTS = []
@@ -341,8 +341,9 @@ def test_paths(dev):
             except Exception as ex:  # noqa: BLE001
                 record(name, False, error=f"{type(ex).__name__}: {ex}")
                 traceback.print_exc()
-    # "auto" on a tiny and a Llama-sized problem of each collective: a choice, the same on every
-    # rank, with the medians behind it; correct at the first (measuring) call and the next one.
+    # "auto" on a tiny and a Llama-sized problem of each collective: the cost model's choice
+    # (no table loaded), the same on every rank, with the predictions behind it; correct at the
+    # first call and the next one.
     bf = torch.bfloat16
     cases = [
         ("ag_rotate_a", (64, 256), (128, 256)),
@@ -378,10 +379,14 @@ def test_paths(dev):
                     and choice["path"] in ("overlap", "collective")
                     and e1 < 1e-2
                     and e2 < 1e-2
+                    and choice["source"] == "model"
                     and choice["overlap_ms"] > 0
                     and choice["collective_ms"] > 0
                     and (choice["path"] == "overlap")
-                    == (choice["overlap_ms"] <= choice["collective_ms"])
+                    == (
+                        choice["m"] >= pathmodel.MIN_TOKENS
+                        and choice["collective_ms"] - choice["overlap_ms"] >= pathmodel.MIN_GAIN_MS
+                    )
                 )
                 record(
                     name,
