@@ -12,27 +12,15 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 from test_nn import run_ranks  # noqa: E402
+from test_tuning_table import _doc, _raw  # noqa: E402
 
 from distgemm import _core, control, entries, ops, reference, tuning  # noqa: E402
 
 M, N, K = 64, 48, 32  # global; all-gather of A (ag_rotate_a) on 2 ranks
 
 
-def _table(steps: int, tile_n: int, path: str = "overlap") -> dict:
-    entry = dict(
-        op="all_gather_gemm",
-        schedule="ag_rotate_a",
-        tp=2,
-        dtype="bf16",
-        n=N,
-        k=K,
-        tokens=M,
-        path=path,
-        steps=steps,
-        tile_n=tile_n,
-        ms={"collective": 0.02, "overlap/S4/n128": 0.01},
-    )
-    return {"format": "distgemm-tuning-table", "version": 1, "entries": [entry]}
+def _table(steps: int, tile_n: int) -> dict:
+    return _doc(_raw(n=N, k=K, tokens=M, steps=steps, tile_n=tile_n))
 
 
 class _Comm:
@@ -114,22 +102,9 @@ def test_a_plan_from_a_table_entry_computes_what_torch_does(tmp_path, schedule, 
         _core.schedule_definition(schedule)["collective"], "gemm_all_reduce"
     )
     tp, m, n, k = 2, 64, 48, 32
-    entry = dict(
-        op=op,
-        schedule=schedule,
-        tp=tp,
-        dtype="bf16",
-        n=n,
-        k=k,
-        tokens=64,
-        path="overlap",
-        steps=steps,
-        tile_n=0,
-    )
+    entry = _raw(op=op, schedule=schedule, n=n, k=k, tokens=64, steps=steps, tile_n=0)
     path = tmp_path / "t.json"
-    path.write_text(
-        json.dumps({"format": "distgemm-tuning-table", "version": 1, "entries": [entry]})
-    )
+    path.write_text(json.dumps(_doc(entry)))
     local = _core.build_plan(schedule, tp, tp, m, n, k).local_shapes
     a = torch.empty(local["A"], device="meta", dtype=torch.bfloat16)
     w = torch.empty(local["B"], device="meta", dtype=torch.bfloat16)

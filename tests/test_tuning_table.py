@@ -246,3 +246,17 @@ def test_default_plan_is_the_plan_of_default_steps():
         assert plan.to_dict() == _core.build_plan(schedule, tp, steps, m, n, k).to_dict()
     with pytest.raises(ValueError, match="M=1023 is not divisible by S=2"):
         _core.default_plan("ag_rotate_a", 2, 1023, 64, 32)
+
+
+def test_a_broken_table_file_is_every_first_calls_error_and_the_exchange_still_runs(
+    tmp_path, monkeypatch
+):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(_doc(_raw(path="fast"))))
+    monkeypatch.setenv(tuning.TABLE_ENV, str(bad))
+    monkeypatch.setattr(tuning, "_active", None)  # as in a fresh process
+    with pytest.raises(ValueError, match=rf"tuning table {bad}: entries\[0\]: path='fast'"):
+        _qkv(4096)
+    key = ("all_gather_gemm", "ag_rotate_a", None, "bf16", (), 0.0, False, "auto")
+    digest = entries.signature(key, "ValueError: ...")["tuning_table"]
+    assert digest.startswith(f"unreadable: tuning table {bad}: entries[0]: path='fast'")

@@ -233,8 +233,13 @@ def active_table() -> TuningTable | None:
 
 
 def active_digest() -> str | None:
-    """The active table's digest (None without a table): part of every plan signature."""
-    table = active_table()
+    """The active table's digest (None without a table): part of every plan signature. A table
+    file that cannot be loaded gives its error instead of raising: the plan creation that read
+    it has the same error as this rank's own, which every rank then reports."""
+    try:
+        table = active_table()
+    except ValueError as e:
+        return f"unreadable: {e}"
     return None if table is None else table.digest
 
 
