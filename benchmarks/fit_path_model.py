@@ -152,7 +152,7 @@ def validation_rows(path: pathlib.Path = DEFAULT_CSV) -> list[dict]:
     for r, coll, _ in _cases(path):
         tp, m, n, k = (int(r[c]) for c in ("tp", "m", "n", "k"))
         plan = _core.default_plan(SCHEDULE[coll], tp, m, n, k)
-        path_, pred = pathmodel.choose(plan)
+        path_, pred, _ = pathmodel.choose(plan)
         overlap = float(r["ms_dg_S_tp" if plan.steps == tp else "ms_dg_S_2tp"])
         base = float(r["ms_baseline"])
         chosen = overlap if path_ == "overlap" else base

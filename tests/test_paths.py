@@ -142,9 +142,8 @@ def test_auto_takes_the_models_path_with_its_prediction(monkeypatch):
     assert info["why"].startswith("model: predicted overlap")
     for tokens in (2, 64, 256, 512):  # decode sizes: the collective path
         path, info = autopath.decide_path(_spec("gemm_reduce_scatter", tokens), "auto", None)
-        assert (
-            path == "collective" and info["why"] == "model: below 1024 tokens the collective path"
-        )
+        assert path == "collective"
+        assert info["why"] == "model: below 1024 tokens: no overlap measurement"
 
 
 def test_auto_keeps_the_plan_where_the_group_cannot_run_the_collective(monkeypatch):
@@ -181,3 +180,12 @@ def test_create_entry_decides_the_path_once_with_nothing_measured(monkeypatch):
     )
     assert entry.path == "collective" and entry.ws is None  # 64 tokens: no workspace either
     assert entry.tuning["source"] == "model" and entry.tuning["tile_n"] == 0
+
+
+def test_auto_keeps_the_collective_path_where_the_model_is_not_calibrated(monkeypatch):
+    monkeypatch.setattr(autopath, "collective_unavailable", lambda group: None)
+    for tp in (4, 8):
+        path, info = autopath.decide_path(_spec("all_gather_gemm", 8192, tp=tp), "auto", None)
+        assert path == "collective" and info["source"] == "model"
+        assert info["why"] == f"model: TP={tp}: the model is calibrated at TP=(2,)"
+        assert info["overlap_ms"] > 0 and info["collective_ms"] > 0  # still predicted

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from .collective import collective_unavailable
-from .pathmodel import MIN_TOKENS, choose
+from .pathmodel import choose
 from .tuning import candidate_name
 from .validation import Spec
 
@@ -33,14 +33,8 @@ def decide_path(spec: Spec, requested: str, group) -> tuple[str, dict[str, Any]]
             why=f"tuning table bucket of {entry.tokens}..{2 * entry.tokens - 1} tokens",
         )
     else:
-        path, pred = choose(spec.plan, spec.tile_n)
-        info.update(source="model", **pred)
-        info["why"] = (
-            f"model: below {MIN_TOKENS} tokens the collective path"
-            if spec.m < MIN_TOKENS
-            else f"model: predicted overlap {pred['overlap_ms']:.4g} ms, collective "
-            f"{pred['collective_ms']:.4g} ms"
-        )
+        path, pred, why = choose(spec.plan, spec.tile_n)
+        info.update(source="model", **pred, why=f"model: {why}")
     if path == "collective":
         why_not = collective_unavailable(group)  # the group only: every rank agrees
         if why_not:

@@ -35,21 +35,21 @@ CUDA graph capture. The ops are themselves CUDA graph launches whose pointers ar
 calls; they cannot be captured into a user's graph (``torch.cuda.graph``): a call during capture
 raises RuntimeError before anything is enqueued. Capture the rest of the model around them.
 
-Paths. ``path="auto"`` (the default; ``DISTGEMM_PATH`` sets another) runs either the overlapped
-plan ("overlap") or the plain collective followed by one torch GEMM ("collective", the NCCL
-baseline itself), decided when the plan is created, from the shapes, never by measuring the
-call. With ``steps=None`` a tuning table decides where it has an entry for the call's shape
-bucket (op, schedule, TP, dtype, N, K, and M in power-of-two buckets): its path, S and GEMM tile,
-measured ahead of time by ``python -m distgemm.tune`` and loaded from ``DISTGEMM_TUNING_TABLE``
-or with ``distgemm.load_tuning_table(path)``; every rank must load the same table (the plan
-signature carries its digest). Otherwise a cost model (``distgemm.pathmodel``, calibrated on the
-Llama sweep, docs/tuning.md) predicts both paths at the default S and keeps the overlapped one
-where it is faster by at least 5 us; below 1024 tokens (decode sizes, never measured on the
-overlapped path) it keeps the collective path. ``path_choices()`` shows each choice, its source
-("table" / "model") and the ms behind it. ``path="overlap"`` / ``"collective"`` force one path;
-the collective path needs a NCCL group (with another backend "auto" keeps the plan). A first
-call then costs the signature exchange, the plan build and, for the overlapped path, workspace
-and graph setup (``benchmarks/first_call.py`` times each).
+Paths. ``path="auto"`` (the default; ``DISTGEMM_PATH`` sets another) runs either the overlapped plan
+("overlap") or the plain collective followed by one torch GEMM ("collective", the NCCL baseline
+itself), decided when the plan is created, from the shapes, never by measuring the call. With
+``steps=None`` a tuning table decides where it has an entry for the call's shape bucket (op,
+schedule, TP, dtype, N, K, and M in power-of-two buckets): its path, S and GEMM tile, measured ahead
+of time by ``python -m distgemm.tune`` and loaded from ``DISTGEMM_TUNING_TABLE`` or with
+``distgemm.load_tuning_table(path)``; every rank must load the same table (the plan signature
+carries its digest). Otherwise a cost model (``distgemm.pathmodel``, calibrated on the Llama sweep,
+docs/tuning.md) predicts both paths at the default S and keeps the overlapped one where it is faster
+by at least 5 us; below 1024 tokens (decode sizes, never measured on the overlapped path) and at TP
+other than 2 (where it is not calibrated) it keeps the collective path. ``path_choices()`` shows
+each choice, its source ("table" / "model") and the ms behind it. ``path="overlap"`` /
+``"collective"`` force one path; the collective path needs a NCCL group (with another backend "auto"
+keeps the plan). A first call then costs the signature exchange, the plan build and, for the
+overlapped path, workspace and graph setup (``benchmarks/first_call.py`` times each).
 
 No autograd: the ops have no backward. An input that requires grad while grad mode is on is
 refused (RuntimeError) rather than given a result without a gradient.

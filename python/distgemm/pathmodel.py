@@ -23,7 +23,10 @@ of ``benchmarks/results/2026-11-23-llama-sweep.csv`` (Llama-3 8B/70B/405B, TP=2,
 tokens, 2x H200, steady-state windows); ``benchmarks/fit_path_model.py`` refits them and prints
 this table. ``tests/test_tuning_model.py`` checks the choice against every case of that sweep.
 Outside what the sweep covers the model keeps the collective path: below ``MIN_TOKENS`` tokens
-(decode sizes) there is no overlap measurement at all. docs/tuning.md has the validation table.
+(decode sizes) there is no overlap measurement at all, and at a TP other than
+``CALIBRATED_TP`` the model's terms are not calibrated (the older TP=4 runs show it optimistic
+about the overlapped plan there); a tuning table measured there decides instead.
+docs/tuning.md has the validation table.
 """
 
 from __future__ import annotations
@@ -69,6 +72,8 @@ OVERLAP = {
 # Below this many tokens (M) the model keeps the collective path: the sweep's smallest token
 # count; nothing smaller was ever measured on the overlapped path.
 MIN_TOKENS = 1024
+# The TP the constants were fitted at (the sweep's); at any other TP the collective path.
+CALIBRATED_TP = (2,)
 # The overlapped path only where the model predicts it faster by at least this many ms: the
 # largest error of a predicted gain over the sweep's small calls (8B FC2 at 1024 tokens: 3 us
 # predicted, 6 us lost).
@@ -139,12 +144,18 @@ def predict(plan: Any, tile_n: int = 0) -> dict[str, float]:
     return {"overlap_ms": overlap, "collective_ms": collective}
 
 
-def choose(plan: Any, tile_n: int = 0) -> tuple[str, dict[str, float]]:
-    """The model's path for ``plan`` ("overlap" or "collective") and its prediction: the
-    collective path below MIN_TOKENS tokens, else the overlapped one where it is predicted
-    faster by at least MIN_GAIN_MS. Shapes only, so every rank picks the same."""
+def choose(plan: Any, tile_n: int = 0) -> tuple[str, dict[str, float], str]:
+    """The model's path for ``plan`` ("overlap" or "collective"), its prediction and why in
+    words: the collective path below MIN_TOKENS tokens and at a TP outside CALIBRATED_TP, else
+    the overlapped one where it is predicted faster by at least MIN_GAIN_MS. Shapes only, so
+    every rank picks the same."""
     pred = predict(plan, tile_n)
     if plan.problem["m"] < MIN_TOKENS:
-        return "collective", pred
+        return "collective", pred, f"below {MIN_TOKENS} tokens: no overlap measurement"
+    if plan.tp not in CALIBRATED_TP:
+        return "collective", pred, f"TP={plan.tp}: the model is calibrated at TP={CALIBRATED_TP}"
     gain = pred["collective_ms"] - pred["overlap_ms"]
-    return ("overlap" if gain >= MIN_GAIN_MS else "collective"), pred
+    why = (
+        f"predicted overlap {pred['overlap_ms']:.4g} ms, collective {pred['collective_ms']:.4g} ms"
+    )
+    return ("overlap" if gain >= MIN_GAIN_MS else "collective"), pred, why

@@ -384,7 +384,7 @@ def test_paths(dev):
                     and choice["collective_ms"] > 0
                     and (choice["path"] == "overlap")
                     == (
-                        choice["m"] >= pathmodel.MIN_TOKENS
+                        choice["why"].startswith("model: predicted")
                         and choice["collective_ms"] - choice["overlap_ms"] >= pathmodel.MIN_GAIN_MS
                     )
                 )
