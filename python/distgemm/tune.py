@@ -267,7 +267,7 @@ def run_measurement(cases: list[Case], args) -> tuning.TuningTable | None:
     import torch
     import torch.distributed as dist
 
-    from .comm import get_communicator
+    from .comm import close_all, get_communicator
 
     local = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local)
@@ -291,8 +291,11 @@ def run_measurement(cases: list[Case], args) -> tuning.TuningTable | None:
         "seconds": round(time.time() - t0, 1),
     }
     table = tuning.TuningTable(entries, "measured", meta)
+    rank = comm.rank
     comm.all_gather(None, "tune done")
-    return table if comm.rank == 0 else None
+    close_all()
+    dist.destroy_process_group()
+    return table if rank == 0 else None
 
 
 def _ints(text: str) -> list[int]:
