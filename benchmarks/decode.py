@@ -86,6 +86,8 @@ def one_call(variant: str, ops: LayerOperands, tokens: int, symm_buf, group_name
     """One call of ``variant`` at ``tokens`` into its output buffer (a callable)."""
     import distgemm
 
+    if variant not in report.VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; one of {', '.join(report.VARIANTS)}")
     a, o = ops.a[:tokens], ops.outs[variant][:tokens]
     if variant == "mm":
         return lambda: torch.mm(a, ops.wt, out=o)
@@ -98,9 +100,7 @@ def one_call(variant: str, ops: LayerOperands, tokens: int, symm_buf, group_name
         return call
     if variant == "one_shot":
         return lambda: common.mm_one_shot_all_reduce(torch, a, ops.wt, symm_buf, group_name, o)
-    if variant == "distgemm":
-        return lambda: distgemm.gemm_all_reduce(a, ops.w, out=o)
-    raise ValueError(f"unknown variant {variant!r}")
+    return lambda: distgemm.gemm_all_reduce(a, ops.w, out=o)
 
 
 def build(ctx, ops, tokens, symm_buf, symm_why, group_name, rec) -> dict[str, Any]:

@@ -274,7 +274,9 @@ def plot(records: Sequence[dict[str, Any]], meta: dict[str, Any], path: str) -> 
         for v in VARIANTS:
             pts = [(r["tokens"], r["us"][v]) for r in recs if r.get("us", {}).get(v)]
             if pts:
-                style = dict(color="k", ls="--") if v == "mm" else dict(marker="o", ms=3)
+                style = dict(marker="o", ms=3)
+                if v == "mm":
+                    style.update(color="k", ls="--")
                 ax.plot(*zip(*pts), label=DESCRIPTION[v].split(",")[0][:40], **style)
             bad = [(r["tokens"], r["us"][v]) for r in recs if v in suspect(r)]
             if bad:

@@ -373,7 +373,9 @@ def plot(run: dict[str, Any], meta: dict[str, Any], path: str) -> str | None:
             pts = [(r["tokens"], r["ms"][v]) for r in recs if r.get("ms", {}).get(v)]
             if not pts:
                 continue
-            style = dict(color="k", ls="--") if v == "floor" else dict(marker="o", ms=3)
+            style = dict(marker="o", ms=3, ls=":" if LAYOUT[v] == "sp" else "-")
+            if v == "floor":
+                style.update(color="k", ls="--")
             ax.plot(*zip(*pts), label=v, **style)
             bad = [(r["tokens"], r["ms"][v]) for r in recs if v in suspect(r)]
             if bad:
