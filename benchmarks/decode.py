@@ -41,7 +41,8 @@ from benchmarks import serving_output as out
 from benchmarks.llama_cases import global_gemm
 from benchmarks.serving_stack import cols_of, max_rel_err
 
-RUN_TIMEOUT_S = 900  # a run that takes longer is hung: dump every thread's stack and exit
+# A run longer than this is hung (a case takes ~6 s): dump every thread's stack and exit.
+HANG_BASE_S, HANG_PER_CASE_S = 60, 8
 SMOKE_DIMS = {"O": (64, 128), "FC2": (64, 256)}  # (N, K) of --cpu-smoke's layers
 SMOKE_TOKENS = (1, 2, 3, 8)
 PLAN_TOL = 1e-9  # the reference executor against float64: rounding of float64 sums only
@@ -163,7 +164,8 @@ def run(args) -> int:
 
     ctx = RankContext.from_torchrun(ctrl_timeout_s=120.0)
     t_start = time.perf_counter()
-    faulthandler.dump_traceback_later(RUN_TIMEOUT_S, exit=True)
+    cases = len(args.models) * len(args.layers) * len(args.tokens)
+    faulthandler.dump_traceback_later(HANG_BASE_S + HANG_PER_CASE_S * cases, exit=True)
     group_name = dist.group.WORLD.group_name
     symm_setup = enable_symm_mem(group_name)
     max_tokens = max(args.tokens)
