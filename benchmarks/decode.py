@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
-import json
 import math
 import os
 import sys
@@ -154,13 +153,7 @@ def check(ctx, ops, tokens, graphs, rec) -> None:
 def run(args) -> int:
     """The GPU run: build, check, time every case, write (rank 0). Returns 1 when a variant is
     wrong."""
-    from benchmarks.gpu_timing import (
-        REWARM_S,
-        WARMUP_S,
-        RankContext,
-        enable_symm_mem,
-        time_variant,
-    )
+    from benchmarks.gpu_timing import REWARM_S, WARMUP_S, RankContext, enable_symm_mem
 
     ctx = RankContext.from_torchrun(ctrl_timeout_s=120.0)
     t_start = time.perf_counter()
@@ -195,8 +188,11 @@ def run(args) -> int:
             check(ctx, ops, t, graphs, rec)
             warm = WARMUP_S
             for v, g in graphs.items():
-                ms = time_variant(ctx, g.replay, warm_s=warm)
-                rec["us"][v] = ms * 1e3 / report.CALLS_PER_GRAPH
+                ms, why = common.timed(ctx, g.replay, warm)
+                if why:
+                    rec["unavailable"][v] = why
+                else:
+                    rec["us"][v] = ms * 1e3 / report.CALLS_PER_GRAPH
                 warm = REWARM_S
             print(f"{report.case_name(rec)}: us {rec['us']}", flush=True)
             records.append(rec)
@@ -213,6 +209,7 @@ def run(args) -> int:
             time.perf_counter() - t_start,
             symm_mem_setup_error=symm_setup,
             calls_per_graph=report.CALLS_PER_GRAPH,
+            distgemm_paths=common.distgemm_paths(),
         )
         report.write_outputs(
             records, meta, os.path.join(args.out, out.output_stem("decode", ctx.tp))
@@ -255,23 +252,6 @@ def smoke_failures(res: dict[str, Any]) -> list[str]:
     return bad
 
 
-def smoke_main(out_dir: str) -> int:
-    """--cpu-smoke under torchrun: gloo, ``decode-cpu-smoke-rank<r>.json`` per rank under
-    ``out_dir``; 1 when something is off."""
-    dist.init_process_group("gloo")
-    try:
-        rank = dist.get_rank()
-        res = cpu_smoke(rank, dist.get_world_size())
-    finally:
-        dist.destroy_process_group()
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, f"decode-cpu-smoke-rank{rank}.json"), "w") as f:
-        json.dump(res, f, indent=1)
-    bad = smoke_failures(res)
-    print(f"rank {rank}: rel. err {res['rel_err']}; off: {bad or 'nothing'}", flush=True)
-    return 1 if bad else 0
-
-
 def _names(valid):
     def parse(text: str) -> list[str]:
         vals = [x.strip() for x in text.split(",") if x.strip()]
@@ -283,28 +263,19 @@ def _names(valid):
     return parse
 
 
-def _tokens(text: str) -> list[int]:
-    vals = [int(x) for x in text.split(",") if x.strip()]
-    if not vals or any(v < 1 for v in vals):
-        raise argparse.ArgumentTypeError(f"token counts must be positive, got {text!r}")
-    return vals
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", type=_names(report.MODELS), default=list(report.MODELS))
     ap.add_argument("--layers", type=_names(report.LAYERS), default=list(report.LAYERS))
-    ap.add_argument("--tokens", type=_tokens, default=list(report.TOKENS))
-    ap.add_argument(
-        "--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-    )
-    ap.add_argument("--cpu-smoke", action="store_true", help="gloo, tiny shapes, no timing")
-    ap.add_argument("--replot", metavar="JSON", help="no GPU: table, CSV and PNG of a stored run")
+    ap.add_argument("--tokens", type=common.parse_tokens, default=list(report.TOKENS))
+    common.add_output_options(ap)
     args = ap.parse_args(argv)
     if args.replot:
         return report.replot(args.replot, args.out)
     if args.cpu_smoke:
-        return smoke_main(args.out)
+        return common.run_smoke("decode", cpu_smoke, smoke_failures, args.out)
+    if not args.tokens:
+        ap.error("--tokens: give at least one token count")
     return run(args)
 
 

@@ -50,18 +50,13 @@ def case_name(rec: dict[str, Any]) -> str:
 
 def wrong(rec: dict[str, Any]) -> list[str]:
     """The variants whose output is off mm + NCCL's by ERR_TOL or more (NaN counts)."""
-    errs = rec.get("rel_err", {})
-    return [v for v in VARIANTS if v in errs and not (errs[v] == errs[v] and errs[v] < ERR_TOL)]
+    return out.off_tolerance(rec.get("rel_err", {}), VARIANTS, ERR_TOL)
 
 
 def suspect(rec: dict[str, Any]) -> list[str]:
     """The variants timed more than SUSPECT_SLACK below mm alone: each runs that GEMM, so such
     a time is a measurement error, not a result."""
-    us = rec.get("us", {})
-    floor = us.get("mm")
-    if not floor:
-        return []
-    return [v for v in VARIANTS if v != "mm" and us.get(v) and us[v] < floor * (1 - SUSPECT_SLACK)]
+    return out.below_floor(rec.get("us", {}), "mm", VARIANTS, SUSPECT_SLACK)
 
 
 def derived(rec: dict[str, Any]) -> dict[str, float | None]:
@@ -128,11 +123,7 @@ def acceptance(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def variant_status(rec: dict[str, Any], v: str) -> str:
     """ok, unavailable (the reason in the notes), wrong (numerics) or missing."""
-    if v in rec.get("unavailable", {}):
-        return "unavailable"
-    if v in wrong(rec):
-        return "wrong"
-    return "ok" if rec.get("us", {}).get(v) else "missing"
+    return out.status(rec, v, "us", wrong(rec))
 
 
 CSV_FIELDS = (
@@ -232,13 +223,7 @@ def format_table(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str
         f"'!': below mm alone (a measurement bug); 'x': wrong (rel. err >= {ERR_TOL} vs "
         "mm + NCCL); '-': did not run"
     )
-    reasons = out.grouped_reasons(
-        (f"{r['model']}/{r['layer']} {v}", r["tokens"], why)
-        for r in records
-        for v, why in r.get("unavailable", {}).items()
-    )
-    if reasons:
-        lines += ["did not run:", *(f"  {x}" for x in reasons)]
+    lines += out.did_not_run(records, lambda r: f"{r['model']}/{r['layer']}")
     lines.append(
         f"acceptance (issue 19: {', '.join(SCOPE_MODELS)} O and FC2, tokens 1..{SCOPE_TOKENS}):"
     )
@@ -289,15 +274,8 @@ def plot(records: Sequence[dict[str, Any]], meta: dict[str, Any], path: str) -> 
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     tp = records[0]["tp"] if records else meta.get("tp")
-    fig.suptitle(
-        f"decode GEMM + all-reduce, TP={tp} bf16, CUDA graphs of {CALLS_PER_GRAPH} calls | "
-        f"torch {meta.get('torch')} | {meta.get('device')} | "
-        f"INSTALLED_BY {meta.get('installed_by') or '(unset)'}",
-        fontsize=8,
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    title = f"decode GEMM + all-reduce, TP={tp} bf16, CUDA graphs of {CALLS_PER_GRAPH} calls"
+    out.save_figure(plt, fig, title, meta, path)
     return None
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
-import json
 import math
 import os
 import sys
@@ -120,29 +119,29 @@ def check_bucket(ctx, phase, t, built, rec) -> None:
     written and finite), poisoned with NaN first; the worst error over ranks into
     ``rec["rel_err"]``. A variant without its reference is dropped with the reason."""
     refs = {}
-    for layout, ref in report.REFERENCE.items():
-        if t in built.get(ref, {}):
-            _poison(built[ref][t].poison)
-            refs[layout] = [o.clone() for o in built[ref][t].outputs()]
-            finite = all(bool(torch.isfinite(o).all()) for o in refs[layout])
-            agreed = ctx.agree_max([0.0 if finite else 1.0])[0] == 0.0
-            rec["rel_err"][ref] = 0.0 if agreed else math.nan
-    for v in report.PHASE_VARIANTS[phase]:
-        b = built.get(v, {}).get(t)
-        if b is None or v in report.REFERENCE.values():
+    references = [r for r in report.REFERENCE.values() if r in built]
+    others = [v for v in report.PHASE_VARIANTS[phase] if v not in references]
+    for v in references + others:  # the references first
+        b = built[v].get(t)
+        if b is None:
             continue
-        _poison(b.poison)
-        got = b.outputs()
-        if v == "floor":
-            finite = all(bool(torch.isfinite(o).all()) for o in got)
-            err = 0.0 if finite else math.nan
-        elif report.LAYOUT[v] in refs:
-            err = stack.max_rel_err(got, refs[report.LAYOUT[v]])
-        else:
-            ref = report.REFERENCE[report.LAYOUT[v]]
-            rec["unavailable"][v] = f"not checked: {ref} did not run"
+        layout = report.LAYOUT[v] or "ar"
+        if v != "floor" and v not in references and layout not in refs:
+            rec["unavailable"][v] = f"not checked: {report.REFERENCE[layout]} did not run"
             del built[v][t]
             continue
+        _poison(b.poison)
+        got, why = common.attempt(ctx, b.outputs)  # every variant has its own outputs
+        if why:
+            rec["unavailable"][v] = f"check: {why}"
+            del built[v][t]
+            continue
+        if v in references:
+            refs[layout] = got
+        if v == "floor" or v in references:
+            err = 0.0 if all(bool(torch.isfinite(o).all()) for o in got) else math.nan
+        else:
+            err = stack.max_rel_err(got, refs[layout])
         worst = ctx.agree_max([err if err == err else math.inf])[0]
         rec["rel_err"][v] = worst if worst != math.inf else math.nan
 
@@ -150,7 +149,7 @@ def check_bucket(ctx, phase, t, built, rec) -> None:
 def run_phase(ctx, phase, tokens, ops, group_name, symm_setup) -> dict[str, Any]:
     """Build, check and time every variant of ``phase`` at every token count: the records,
     the memory each variant added and the activation buffers of each layout (MiB)."""
-    from benchmarks.gpu_timing import REWARM_S, WARMUP_S, time_variant
+    from benchmarks.gpu_timing import REWARM_S, WARMUP_S
 
     recs = {
         t: dict(phase=phase, tokens=t, tp=ctx.tp, ms={}, rel_err={}, unavailable={}) for t in tokens
@@ -169,7 +168,11 @@ def run_phase(ctx, phase, tokens, ops, group_name, symm_setup) -> dict[str, Any]
         warm = WARMUP_S
         for v in report.PHASE_VARIANTS[phase]:
             if t in built[v]:
-                recs[t]["ms"][v] = time_variant(ctx, built[v][t].time, warm_s=warm)
+                ms, why = common.timed(ctx, built[v][t].time, warm)
+                if why:
+                    recs[t]["unavailable"][v] = why
+                else:
+                    recs[t]["ms"][v] = ms
                 warm = REWARM_S
         print(f"[{phase}] tokens {t}: {recs[t]['ms']}", flush=True)
     return dict(records=list(recs.values()), memory=memory, buffers_mib=buffers)
@@ -178,7 +181,6 @@ def run_phase(ctx, phase, tokens, ops, group_name, symm_setup) -> dict[str, Any]
 def run(args) -> int:
     """The GPU run: check, time, write (rank 0). Returns 1 when a variant is wrong."""
     from benchmarks.gpu_timing import RankContext, enable_symm_mem
-    from distgemm import path_choices
 
     ctx = RankContext.from_torchrun(ctrl_timeout_s=120.0)
     t_start = time.perf_counter()
@@ -199,7 +201,7 @@ def run(args) -> int:
             result["memory"][phase] = res["memory"]
             result["buffers_mib"][phase] = res["buffers_mib"]
     faulthandler.cancel_dump_traceback_later()
-    result["distgemm_paths"] = json.loads(json.dumps(path_choices(), default=str))
+    result["distgemm_paths"] = common.distgemm_paths()
     bad = [(r["phase"], r["tokens"], report.wrong(r)) for r in result["records"]]
     bad = [b for b in bad if b[2]]
     if ctx.rank == 0:
@@ -256,56 +258,28 @@ def smoke_failures(res: dict[str, Any]) -> list[str]:
     return bad
 
 
-def smoke_main(out_dir: str) -> int:
-    """--cpu-smoke under torchrun: gloo, ``serving-cpu-smoke-rank<r>.json`` per rank under
-    ``out_dir``; 1 when something is off."""
-    dist.init_process_group("gloo")
-    try:
-        rank = dist.get_rank()
-        res = cpu_smoke(rank, dist.get_world_size())
-    finally:
-        dist.destroy_process_group()
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, f"serving-cpu-smoke-rank{rank}.json"), "w") as f:
-        json.dump(res, f, indent=1)
-    bad = smoke_failures(res)
-    print(f"rank {rank}: rel. err {res['rel_err']}; off: {bad or 'nothing'}", flush=True)
-    return 1 if bad else 0
-
-
-def _tokens(text: str) -> list[int]:
-    vals = [int(x) for x in text.split(",") if x.strip()] if text else []
-    if any(v < 1 for v in vals):
-        raise argparse.ArgumentTypeError(f"token counts must be positive, got {text!r}")
-    return vals
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=report.MODEL)
     ap.add_argument("--layers", type=int, default=report.STACK_DEPTH, help="stack depth")
     ap.add_argument(
         "--decode-tokens",
-        type=_tokens,
+        type=common.parse_tokens,
         default=list(report.DECODE_TOKENS),
         help="comma-separated batch buckets ('' for none)",
     )
     ap.add_argument(
         "--prefill-tokens",
-        type=_tokens,
+        type=common.parse_tokens,
         default=list(report.PREFILL_TOKENS),
         help="comma-separated chunk sizes ('' for none)",
     )
-    ap.add_argument(
-        "--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-    )
-    ap.add_argument("--cpu-smoke", action="store_true", help="gloo, tiny shapes, no timing")
-    ap.add_argument("--replot", metavar="JSON", help="no GPU: table, CSV and PNG of a stored run")
+    common.add_output_options(ap)
     args = ap.parse_args(argv)
     if args.replot:
         return report.replot(args.replot, args.out)
     if args.cpu_smoke:
-        return smoke_main(args.out)
+        return common.run_smoke("serving", cpu_smoke, smoke_failures, args.out)
     if not (args.decode_tokens or args.prefill_tokens):
         ap.error("no token counts: give --decode-tokens or --prefill-tokens")
     return run(args)

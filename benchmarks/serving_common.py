@@ -1,12 +1,15 @@
 """Runtime pieces the serving and decode benchmarks share: a step captured into a CUDA graph the
 way a server captures its forward (eager warm-up first, one memory pool per variant), an attempt
 agreed over the ranks (a failure is a recorded reason, never fatal), memory snapshots and their
-deltas, torch's symmetric-memory buffer for one_shot_all_reduce, and distgemm's plan of a layer
-on the CPU reference executor. torch is passed in, so importing this needs no torch."""
+deltas, torch's symmetric-memory buffer for one_shot_all_reduce, distgemm's plan of a layer on
+the CPU reference executor, the --cpu-smoke driver and the token-list option. torch is passed
+in or imported where used, so importing this needs no torch."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 from typing import Any
 
 from benchmarks.gpu_timing import short_error
@@ -28,6 +31,16 @@ def attempt(ctx, fn) -> tuple[Any, str | None]:
     if ctx.agree_max([1.0 if why else 0.0])[0]:
         return None, why or "failed on another rank"
     return result, None
+
+
+def timed(ctx, fn, warm_s: float) -> tuple[float | None, str | None]:
+    """``benchmarks.gpu_timing.time_variant`` of ``fn`` as an attempt: ``(ms, None)``, or
+    ``(None, why)`` when it failed on a rank (a collective that never completes ends at the
+    process group's timeout and is reported here)."""
+    from benchmarks.gpu_timing import time_variant
+
+    ms, why = attempt(ctx, lambda: time_variant(ctx, fn, warm_s=warm_s))
+    return ms, (f"timing: {why}" if why else None)
 
 
 def capture(torch, fn, pool=None):
@@ -72,6 +85,14 @@ def distgemm_memory() -> Any:
         return json.loads(json.dumps(stats(), default=str))
     except Exception as e:  # noqa: BLE001 - a statistics failure is not a benchmark failure
         return f"n/a ({short_error(e)})"
+
+
+def distgemm_paths() -> list[dict[str, Any]]:
+    """``distgemm.path_choices()`` as JSON data: which path each cached plan runs ("overlap"
+    or "collective") and, for path="auto", the measurements behind the choice."""
+    from distgemm import path_choices
+
+    return json.loads(json.dumps(path_choices(), default=str))
 
 
 def memory_delta(torch, before: dict[str, int]) -> dict[str, Any]:
@@ -125,3 +146,44 @@ def plan_reference_error(schedule: str, tp: int, m: int, n: int, k: int):
         return distgemm.run_reference(plan), None
     except (ValueError, distgemm.ExecutionError) as e:
         return None, short_error(e)
+
+
+def run_smoke(name: str, smoke, failures, out_dir: str) -> int:
+    """--cpu-smoke under torchrun: a gloo group, ``smoke(rank, tp)``'s result written to
+    ``<name>-cpu-smoke-rank<r>.json`` under ``out_dir``, ``failures(result)`` printed; 1 when
+    something is off."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    try:
+        rank = dist.get_rank()
+        res = smoke(rank, dist.get_world_size())
+    finally:
+        dist.destroy_process_group()
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, f"{name}-cpu-smoke-rank{rank}.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    bad = failures(res)
+    print(f"rank {rank}: rel. err {res['rel_err']}; off: {bad or 'nothing'}", flush=True)
+    return 1 if bad else 0
+
+
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def add_output_options(ap: argparse.ArgumentParser) -> None:
+    """--out (default benchmarks/results), --cpu-smoke and --replot, alike in both benchmarks."""
+    ap.add_argument("--out", default=RESULTS_DIR, help="directory of the results files")
+    ap.add_argument("--cpu-smoke", action="store_true", help="gloo, tiny shapes, no timing")
+    ap.add_argument("--replot", metavar="JSON", help="no GPU: table, CSV and PNG of a stored run")
+
+
+def parse_tokens(text: str) -> list[int]:
+    """A comma-separated list of positive token counts ('' is the empty list)."""
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        vals = [0]
+    if any(v < 1 for v in vals):
+        raise argparse.ArgumentTypeError(f"token counts must be positive integers, got {text!r}")
+    return vals

@@ -47,6 +47,32 @@ def header_lines(title: str, meta: dict[str, Any]) -> list[str]:
     ]
 
 
+def off_tolerance(errs: dict[str, float], variants: Sequence[str], tol: float) -> list[str]:
+    """The variants (in ``variants`` order) whose error is ``tol`` or more; NaN counts."""
+    return [v for v in variants if v in errs and not (errs[v] == errs[v] and errs[v] < tol)]
+
+
+def below_floor(
+    times: dict[str, float], floor: str, variants: Sequence[str], slack: float
+) -> list[str]:
+    """The variants timed more than ``slack`` (a fraction) below ``times[floor]``: each does
+    at least the floor's work, so such a time is a measurement error, not a result."""
+    if not times.get(floor):
+        return []
+    bound = times[floor] * (1.0 - slack)
+    return [v for v in variants if v != floor and times.get(v) and times[v] < bound]
+
+
+def status(rec: dict[str, Any], v: str, times: str, wrong: Sequence[str]) -> str:
+    """ok, unavailable (its reason is in the record), wrong (numerics) or missing, of variant
+    ``v`` in a record whose times are under the key ``times``."""
+    if v in rec.get("unavailable", {}):
+        return "unavailable"
+    if v in wrong:
+        return "wrong"
+    return "ok" if rec.get(times, {}).get(v) else "missing"
+
+
 def verdict(ok: bool | None) -> str:
     return "n/a" if ok is None else ("met" if ok else "MISSED")
 
@@ -88,6 +114,17 @@ def grouped_reasons(items: Iterable[tuple[str, int, str]]) -> list[str]:
     ]
 
 
+def did_not_run(records: Iterable[dict[str, Any]], label) -> list[str]:
+    """'did not run:' and a line per (``label(record)`` + variant, reason), its token counts
+    listed; nothing when every variant ran."""
+    reasons = grouped_reasons(
+        (f"{label(r)} {v}", r["tokens"], why)
+        for r in records
+        for v, why in r.get("unavailable", {}).items()
+    )
+    return ["did not run:", *(f"  {x}" for x in reasons)] if reasons else []
+
+
 def load_pyplot():
     """(matplotlib.pyplot with the Agg backend, None), or (None, why it is unavailable)."""
     try:
@@ -98,6 +135,18 @@ def load_pyplot():
     except Exception as e:  # noqa: BLE001 - the numbers matter more than the picture
         return None, f"matplotlib unavailable ({type(e).__name__}: {e})"
     return plt, None
+
+
+def save_figure(plt, fig, title: str, meta: dict[str, Any], path: str) -> None:
+    """The figure's title (with torch, the device and INSTALLED_BY) and the PNG at ``path``."""
+    fig.suptitle(
+        f"{title} | torch {meta.get('torch')} | {meta.get('device')} | "
+        f"INSTALLED_BY {meta.get('installed_by') or '(unset)'}",
+        fontsize=8,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def output_stem(name: str, tp: int, date: str | None = None) -> str:

@@ -73,19 +73,13 @@ DECODE_SLACK = 1.02  # issue 15: at decode distgemm is never slower than NCCL + 
 
 def wrong(rec: dict[str, Any]) -> list[str]:
     """The variants whose outputs are off their reference by ERR_TOL or more (NaN counts)."""
-    errs = rec.get("rel_err", {})
-    return [v for v in VARIANTS if v in errs and not (errs[v] == errs[v] and errs[v] < ERR_TOL)]
+    return out.off_tolerance(rec.get("rel_err", {}), VARIANTS, ERR_TOL)
 
 
 def suspect(rec: dict[str, Any]) -> list[str]:
     """The variants timed more than SUSPECT_SLACK below the floor: each runs at least the
     floor's GEMMs, so such a time is a measurement error, not a result."""
-    ms = rec.get("ms", {})
-    floor = ms.get("floor")
-    if not floor:
-        return []
-    bound = floor * (1.0 - SUSPECT_SLACK)
-    return [v for v in VARIANTS if v != "floor" and ms.get(v) and ms[v] < bound]
+    return out.below_floor(rec.get("ms", {}), "floor", VARIANTS, SUSPECT_SLACK)
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -132,11 +126,7 @@ def acceptance(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def variant_status(rec: dict[str, Any], v: str) -> str:
     """ok, unavailable (the reason in the note), wrong (numerics) or missing."""
-    if v in rec.get("unavailable", {}):
-        return "unavailable"
-    if v in wrong(rec):
-        return "wrong"
-    return "ok" if rec.get("ms", {}).get(v) else "missing"
+    return out.status(rec, v, "ms", wrong(rec))
 
 
 CSV_FIELDS = (
@@ -337,13 +327,7 @@ def format_table(run: dict[str, Any], meta: dict[str, Any]) -> str:
         f"'!': below the floor (a measurement bug); 'x': wrong (rel. err >= {ERR_TOL}); "
         "'-': did not run"
     )
-    reasons = out.grouped_reasons(
-        (f"{r['phase']} {v}", r["tokens"], why)
-        for r in records
-        for v, why in r.get("unavailable", {}).items()
-    )
-    if reasons:
-        lines += ["did not run:", *(f"  {x}" for x in reasons)]
+    lines += out.did_not_run(records, lambda r: r["phase"])
     lines += ["rel. err vs the layout's NCCL + torch.mm (worst over buckets and layer outputs):"]
     lines += numerics_lines(records)
     lines.append("")
@@ -395,15 +379,11 @@ def plot(run: dict[str, Any], meta: dict[str, Any], path: str) -> str | None:
         ax.set_xticks(range(len(mem)), labels, rotation=90, fontsize=6)
         ax.set_ylabel("device MiB added (graphs, workspaces)")
     ax.set_title("memory per variant", fontsize=9)
-    fig.suptitle(
+    title = (
         f"Llama-{run.get('model', MODEL)} x{run.get('layers', STACK_DEPTH)} layers, "
-        f"TP={run.get('tp', meta.get('tp'))} bf16 | torch {meta.get('torch')} | "
-        f"{meta.get('device')} | INSTALLED_BY {meta.get('installed_by') or '(unset)'}",
-        fontsize=8,
+        f"TP={run.get('tp', meta.get('tp'))} bf16"
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    out.save_figure(plt, fig, title, meta, path)
     return None
 
 

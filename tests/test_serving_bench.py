@@ -227,17 +227,9 @@ def test_smoke_failures_flags_what_is_off():
 def _torchrun_smoke(repo_root, tmp_path, script):
     """``torchrun --nproc-per-node 2 benchmarks/<script> --cpu-smoke`` from another directory;
     each rank's JSON."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        str(TP),
-        str(repo_root / "benchmarks" / script),
-        "--cpu-smoke",
-        "--out",
-        str(tmp_path),
-    ]
+    script_path = str(repo_root / "benchmarks" / script)
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={TP}", script_path]
+    cmd += ["--cpu-smoke", "--out", str(tmp_path)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, f"stdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}"
