@@ -13,7 +13,6 @@ store (``distgemm.control.ControlExchange``), never through NCCL: it needs no CU
 extra sockets, and a rank that does not arrive makes the others raise ``RuntimeError`` naming it
 after ``timeout_s`` instead of hanging. Every check is computed from the all-gathered data, so
 all ranks raise the same exception.
-
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@ gets bases shifted by the difference, so its control region lands on the same ad
 other plan's. The epoch word and the barrier slots therefore carry the launch generation from one
 plan's launch to the next, whatever the plans' shapes, and a flag of one plan never sits inside
 another plan's slots. A flag keeps the generation of the launch that last set it; a later launch
-waits for its own, newer generation, so a stale flag never satisfies a wait.
+waits for its own, newer generation, so a stale flag never satisfies a wait. Slots are reused the
+same way: each launch's entry barrier waits until every peer has finished its previous launch, so
+no launch writes a slot that a previous one still reads.
 
 Growth. The workspace grows only when a plan needs more slot bytes than it has. The new one is
 sized for that plan plus headroom of at most ``GROWTH_HEADROOM`` of the plan's whole layout, so
