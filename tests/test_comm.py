@@ -1,6 +1,6 @@
 """CPU checks of distgemm.comm and distgemm.control: the group checks every rank computes from
 all-gathered data, the control exchange over the job's key-value store, Communicator setup
-errors. The workspace (sharing, growth, release) is tests/test_workspace.py's."""
+errors. The workspace (sharing, growth, release) is tests/test_workspace_sharing.py's."""
 
 import random
 

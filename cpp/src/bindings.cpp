@@ -451,21 +451,10 @@ PYBIND11_MODULE(_core, m) {
       "Byte layout of each device's symmetric workspace (extra memory per device); builds the "
       "plan (an op entry reads Plan.layout() of the plan it already has).");
   m.def(
-      "workspace_control_layout",
-      []() {
-        constexpr ControlLayout c = control_layout();
-        py::dict d;
-        d["flags_offset"] = c.flags_offset;
-        d["flags_bytes"] = c.flags_bytes;
-        d["barrier_offset"] = c.barrier_offset;
-        d["barrier_bytes"] = c.barrier_bytes;
-        d["epoch_offset"] = c.epoch_offset;
-        d["bytes"] = c.bytes;
-        return d;
-      },
-      "The control region every plan places right after its slots (offsets in bytes from the "
-      "end of the slots): MAX_FLAGS flags, MAX_TP barrier slots, the epoch word; the same for "
-      "every plan, so that plans of any shape share one workspace.");
+      "workspace_control_layout", []() { return layout_dict(control_layout()); },
+      "The control region every plan places right after its slots, as the layout of a plan "
+      "without slots: MAX_FLAGS flags, MAX_TP barrier slots, the epoch word (total_bytes: the "
+      "region); the same for every plan, so that plans of any shape share one workspace.");
   m.attr("MAX_TP") = kMaxTp;
   m.attr("MAX_STEPS") = kMaxSteps;
   m.attr("MAX_FLAGS") = kMaxFlags;

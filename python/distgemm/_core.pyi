@@ -92,8 +92,8 @@ def workspace_layout(
     partial_via: str | None = None,
 ) -> dict[str, int]: ...
 def workspace_control_layout() -> dict[str, int]:
-    """The control region after every plan's slots: {'flags_offset', 'flags_bytes',
-    'barrier_offset', 'barrier_bytes', 'epoch_offset', 'bytes'} in bytes from the slots' end."""
+    """The control region after every plan's slots, as workspace_layout's dict of a plan without
+    slots (offsets from the slots' end; total_bytes: the region's size)."""
 
 MAX_TP: int  # devices of one plan
 MAX_STEPS: int  # pipeline steps S of one plan

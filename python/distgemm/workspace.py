@@ -84,7 +84,7 @@ def control_bytes() -> int:
     """Bytes of the control region every plan places after its slots (from C++)."""
     from . import _core
 
-    return int(_core.workspace_control_layout()["bytes"])
+    return int(_core.workspace_control_layout()["total_bytes"])
 
 
 def grown_slot_capacity(slots_bytes: int, control: int, align: int) -> int:

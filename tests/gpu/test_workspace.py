@@ -17,13 +17,11 @@ without 2 Hopper GPUs or without the CUDA runtime in the installed package.
 import json
 import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 
 torch = pytest.importorskip("torch")
-from gpu_requirements import ENV, skip_reason  # noqa: E402
+from gpu_requirements import run_torchrun, skip_reason  # noqa: E402
 
 TP = int(os.environ.get("DISTGEMM_TEST_TP", "2"))
 WORKER = pathlib.Path(__file__).resolve().parent / "workspace_worker.py"
@@ -34,20 +32,7 @@ pytestmark = pytest.mark.skipif(_SKIP is not None, reason=str(_SKIP))
 @pytest.fixture(scope="module")
 def checks(tmp_path_factory):
     out = tmp_path_factory.mktemp("workspace")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(TP)]
-    proc = subprocess.run(
-        [*cmd, str(WORKER), "--out", str(out)],
-        env={**os.environ, **ENV},
-        capture_output=True,
-        text=True,
-        timeout=float(os.environ.get("DISTGEMM_TORCHRUN_TIMEOUT", "900")),
-    )
-    log = os.environ.get("DISTGEMM_TEST_LOG")
-    if log:
-        with open(log, "a") as f:
-            f.write(
-                f"$ {' '.join(proc.args)}\nrc={proc.returncode}\n{proc.stdout}\n{proc.stderr}\n"
-            )
+    proc = run_torchrun(WORKER, TP, "--out", str(out))
     ranks = [out / f"rank{r}.json" for r in range(TP)]
     assert all(p.exists() for p in ranks), (
         f"rc={proc.returncode}, a rank wrote no checks:\n{proc.stderr[-4000:]}"

@@ -111,25 +111,19 @@ inline constexpr int kMaxFlags = 2 * kMaxSteps;
 // Receive slots start at multiples of this many bytes, and so does the control region.
 inline constexpr int64_t kSlotAlign = 256;
 
-// The control region of a workspace, in bytes from its start (the end of the slots): flags,
-// entry-barrier slots and the epoch word, the same for every plan. Every plan places it right
-// after its own slots, so a plan with fewer slot bytes than the workspace takes a base shifted
-// by the difference and finds the control region on the same addresses as every other plan.
-struct ControlLayout {
-  int64_t flags_offset = 0, flags_bytes = 0;
-  int64_t barrier_offset = 0, barrier_bytes = 0;
-  int64_t epoch_offset = 0;
-  int64_t bytes = 0;  // the whole region, a multiple of kSlotAlign
-};
-
-inline constexpr ControlLayout control_layout() {
-  ControlLayout c;
+// The control region of a workspace: flags, entry-barrier slots and the epoch word, the same for
+// every plan, as the layout of a plan without slots (offsets from the end of the slots). Every
+// plan places it right after its own slots, so a plan with fewer slot bytes than the workspace
+// takes a base shifted by the difference and finds the control region on the same addresses as
+// every other plan's.
+inline constexpr WorkspaceLayout control_layout() {
+  WorkspaceLayout c;
   c.flags_offset = 0;
   c.flags_bytes = round_up(int64_t(kMaxFlags) * 4, 128);
   c.barrier_offset = c.flags_offset + c.flags_bytes;
   c.barrier_bytes = round_up(int64_t(kMaxTp) * 4, 128);
   c.epoch_offset = c.barrier_offset + c.barrier_bytes;
-  c.bytes = round_up(c.epoch_offset + 4, kSlotAlign);
+  c.total_bytes = round_up(c.epoch_offset + 4, kSlotAlign);
   return c;
 }
 
@@ -189,16 +183,10 @@ struct Plan {
       throw std::logic_error("internal: a plan with " + std::to_string(num_flags) +
                              " flags; the workspace's control region holds " +
                              std::to_string(kMaxFlags));
-    constexpr ControlLayout c = control_layout();
-    WorkspaceLayout w;
-    w.slots_offset = 0;
+    WorkspaceLayout w = control_layout();
     w.slots_bytes = round_up(slot_elems * slot_elem_bytes, kSlotAlign);
-    w.flags_offset = w.slots_bytes + c.flags_offset;
-    w.flags_bytes = c.flags_bytes;
-    w.barrier_offset = w.slots_bytes + c.barrier_offset;
-    w.barrier_bytes = c.barrier_bytes;
-    w.epoch_offset = w.slots_bytes + c.epoch_offset;
-    w.total_bytes = w.slots_bytes + c.bytes;
+    for (int64_t* offset : {&w.flags_offset, &w.barrier_offset, &w.epoch_offset, &w.total_bytes})
+      *offset += w.slots_bytes;
     return w;
   }
   // Extra device memory per device beyond the user's tensors.

@@ -49,7 +49,9 @@ def test_control_region_sizes_come_from_the_bounds():
     assert (c["flags_offset"], c["flags_bytes"]) == (0, _core.MAX_FLAGS * 4)
     assert c["barrier_offset"] == c["flags_bytes"] and c["barrier_bytes"] >= 4 * _core.MAX_TP
     assert c["epoch_offset"] == c["barrier_offset"] + c["barrier_bytes"]
-    assert c["bytes"] == CONTROL and CONTROL % ALIGN == 0 and CONTROL >= c["epoch_offset"] + 4
+    assert (c["slots_offset"], c["slots_bytes"]) == (0, 0)
+    assert c["total_bytes"] == CONTROL and CONTROL % ALIGN == 0
+    assert CONTROL >= c["epoch_offset"] + 4
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
