@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 import distgemm
 from distgemm import _core, entries, ops
+from distgemm import comm as dcomm
 from distgemm.workspace import GROWTH_HEADROOM
 
 K, N = 4096, 8192
@@ -142,12 +143,13 @@ def test_growth(dev) -> None:
         worst_again = max(worst_again, rel_err(layer(), layer.reference()))
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
-    used1 = used_bytes(dev)
-    graphs = after["eager_graphs"] + after["captured_graphs"]
-    allowed = after["workspace_bytes"] + graphs * GRAPH_ALLOWANCE + RUNTIME_SLACK
+    used1, final = used_bytes(dev), distgemm.memory_stats()
+    graphs = final["eager_graphs"] + final["captured_graphs"]
+    allowed = final["workspace_bytes"] + graphs * GRAPH_ALLOWANCE + RUNTIME_SLACK
     numbers = dict(
         before=before,
         after=after,
+        final=final,
         largest_layout_bytes=largest,
         device_used_delta_mib=(used1 - used0) / MIB,
         allowed_delta_mib=allowed / MIB,
@@ -179,7 +181,7 @@ def test_growth(dev) -> None:
 def test_streams(dev) -> None:
     """On a fresh communicator, so that a bigger plan grows its workspace between launches
     issued on the two streams."""
-    with distgemm.comm.Communicator() as comm:
+    with dcomm.Communicator() as comm:
         run_two_streams(dev, comm)
 
 
