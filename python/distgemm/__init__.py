@@ -39,6 +39,7 @@ __all__ = [
     "path_choices",
     "Communicator",
     "close_all",
+    "memory_stats",
     "ColumnParallelLinear",
     "RowParallelLinear",
 ]
@@ -53,6 +54,7 @@ _LAZY = {
     "path_choices": "ops",
     "Communicator": "comm",
     "close_all": "comm",
+    "memory_stats": "comm",
     "ColumnParallelLinear": "nn",
     "RowParallelLinear": "nn",
 }

@@ -91,6 +91,15 @@ def workspace_layout(
     slot_elem_bytes: int = 2,
     partial_via: str | None = None,
 ) -> dict[str, int]: ...
+def workspace_control_layout() -> dict[str, int]:
+    """The control region after every plan's slots, as workspace_layout's dict of a plan without
+    slots (offsets from the slots' end; total_bytes: the region's size)."""
+
+MAX_TP: int  # devices of one plan
+MAX_STEPS: int  # pipeline steps S of one plan
+MAX_FLAGS: int  # flags of one plan (the control region's capacity)
+WORKSPACE_SLOT_ALIGN: int  # slot bytes and the control region start at multiples of this
+
 def tile_map(schedule: str | ScheduleDef, tp: int, steps: int) -> dict[str, list[list[int]]]: ...
 
 # Llama-3 sweep shapes (cpp/include/distgemm/llama_shapes.hpp; distgemm_bench --sweep reads the

@@ -203,9 +203,12 @@ def create_entry(comm: Communicator, key, make: Callable[[], Spec]) -> Entry:
 
 def attach_workspace(comm: Communicator, entry: Entry, gathered: bool) -> None:
     """The symmetric workspace of a plan that launches, its graphs' setup and the recipe of its
-    gathered operand."""
+    gathered operand. Also re-points an entry when the communicator's workspace grows: its eager
+    graphs, built on the old bases, are dropped (the caller has synchronised the device) and
+    rebuilt at its next call."""
     spec = entry.spec
     layout = spec.plan.layout(2)  # the entry's own plan: its partial transport included
+    entry.graphs.clear()
     entry.ws, entry.bases = comm.workspace_for(layout)
     # workspace_for shifts each base so that exactly the layout's bytes follow it: the graph
     # checks its own plan's layout against this.

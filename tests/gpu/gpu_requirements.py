@@ -1,5 +1,9 @@
-"""What the torchrun GPU tests need and how they launch: the environment (NVLink multicast off)
-and the reason to skip on this machine (None: the tests can run)."""
+"""What the torchrun GPU tests need and how they launch: the environment (NVLink multicast off),
+the reason to skip on this machine (None: the tests can run) and the torchrun launch itself."""
+
+import os
+import subprocess
+import sys
 
 import torch
 
@@ -25,3 +29,23 @@ def skip_reason(tp: int, what: str = "") -> str | None:
     if any(c[0] != 9 for c in caps):
         return f"needs Hopper GPUs (sm_90), found compute capability {sorted(caps)}"
     return None
+
+
+def run_torchrun(worker, nproc: int, *args: str) -> subprocess.CompletedProcess:
+    """``torchrun --nproc-per-node nproc worker *args`` with ENV, output captured, bounded by
+    DISTGEMM_TORCHRUN_TIMEOUT (default 900 s); appended to the file DISTGEMM_TEST_LOG names."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
+    proc = subprocess.run(
+        [*cmd, str(worker), *args],
+        env={**os.environ, **ENV},
+        capture_output=True,
+        text=True,
+        timeout=float(os.environ.get("DISTGEMM_TORCHRUN_TIMEOUT", "900")),
+    )
+    log = os.environ.get("DISTGEMM_TEST_LOG")
+    if log:
+        with open(log, "a") as f:
+            f.write(
+                f"$ {' '.join(proc.args)}\nrc={proc.returncode}\n{proc.stdout}\n{proc.stderr}\n"
+            )
+    return proc
