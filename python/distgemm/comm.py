@@ -111,6 +111,9 @@ class _Workspace:
     control: tuple[int, int, int]  # (flags_bytes, barrier_bytes, control bytes)
     bases: list[int] = field(default_factory=list)  # every rank's base, as seen from this device
     order: Any = None  # _core.LaunchOrder shared by every graph on this workspace
+    # A plan on this workspace was recorded into a caller's CUDA graph, whose replays read and
+    # write it: it must not be freed (nor shrunk, nor replaced) before Communicator.close().
+    pinned: bool = False
 
 
 class Communicator:
@@ -299,7 +302,8 @@ class Communicator:
 
     def check(self) -> None:
         """Synchronise this rank's device and raise RuntimeError if any launch timed out (a rank
-        did not arrive at the entry barrier, or a flag did not arrive)."""
+        did not arrive at the entry barrier, or a flag did not arrive), replays of CUDA graphs
+        that captured an op included. Not during a capture (it synchronises)."""
         torch, _ = _torch()
         self.raise_if_broken()
         self._require_open()
@@ -324,7 +328,9 @@ class Communicator:
 
     def close(self) -> None:
         """Free every graph and workspace of this rank. Collective: call it on every rank (the
-        peers' mappings of this rank's memory are closed before it is freed)."""
+        peers' mappings of this rank's memory are closed before it is freed). CUDA graphs that
+        captured an op of this communicator use that memory: replaying one after close() is
+        invalid (reset or drop them first)."""
         if self._closed:
             return
         torch, dist = _torch()

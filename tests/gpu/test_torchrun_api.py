@@ -110,7 +110,7 @@ def test_api_under_torchrun(tmp_path):
         "rank_dtype_mismatch",
         "rank_steps_mismatch",
         "cuda_graph_capture",
-        "works_after_capture_refusal",
+        "works_after_capture",
         "missing_rank_timeout",
         "missing_rank_named",
         "broken_communicator_refuses_launch",
