@@ -31,9 +31,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
-import sys
 import time
 import traceback
 
@@ -42,6 +40,7 @@ import torch.distributed as dist
 from torchrun_worker import (
     RESULTS,
     call,
+    finish,
     gather0,
     make_inputs,
     rank,
@@ -49,7 +48,7 @@ from torchrun_worker import (
     reduce_scatter0,
     reference,
     rel_err,
-    same_on_all_ranks,
+    run_section,
 )
 
 from distgemm import comm as dcomm
@@ -415,24 +414,8 @@ def main():
         "gathered": lambda: test_gathered(dev),
     }
     for sec in [x for x in args.sections.split(",") if x]:
-        t0 = time.perf_counter()
-        try:
-            sections[sec]()
-        except Exception as ex:  # noqa: BLE001
-            record(f"{sec}/crashed", False, error=f"{type(ex).__name__}: {ex}")
-            traceback.print_exc()
-        if rank() == 0:
-            print(f"[rank 0] section {sec}: {time.perf_counter() - t0:.1f} s", flush=True)
-    everything = same_on_all_ranks(RESULTS)
-    failed = sum(1 for rr in everything for e in rr if not e["ok"])
-    if rank() == 0:
-        flat = [e for rr in everything for e in rr]
-        with open(args.out, "w") as f:
-            json.dump({"failed": failed, "results": flat}, f, indent=1)
-        print(f"SUMMARY checks={len(flat)} failed={failed}", flush=True)
-    dcomm.close_all()
-    dist.destroy_process_group()
-    sys.exit(1 if failed else 0)
+        run_section(sec, sections[sec])
+    finish(args.out)
 
 
 if __name__ == "__main__":

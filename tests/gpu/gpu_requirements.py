@@ -1,6 +1,8 @@
 """What the torchrun GPU tests need and how they launch: the environment (NVLink multicast off)
 and the reason to skip on this machine (None: the tests can run)."""
 
+import sys
+
 import torch
 
 from distgemm import _core
@@ -25,3 +27,18 @@ def skip_reason(tp: int, what: str = "") -> str | None:
     if any(c[0] != 9 for c in caps):
         return f"needs Hopper GPUs (sm_90), found compute capability {sorted(caps)}"
     return None
+
+
+def torchrun_cmd(worker, tp: int, out, *args: str) -> list[str]:
+    """The command that runs `worker` under torchrun on `tp` local ranks, writing JSON to `out`."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(tp),
+        str(worker),
+        "--out",
+        str(out),
+        *args,
+    ]

@@ -11,12 +11,11 @@ import json
 import os
 import pathlib
 import subprocess
-import sys
 
 import pytest
 
 torch = pytest.importorskip("torch")
-from gpu_requirements import ENV, skip_reason  # noqa: E402
+from gpu_requirements import ENV, skip_reason, torchrun_cmd  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
 SCHEDULES = ["ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "gemm_allreduce"]
@@ -31,18 +30,7 @@ pytestmark = pytest.mark.skipif(_SKIP is not None, reason=str(_SKIP))
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("capture") / "capture.json"
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        str(TP),
-        str(HERE / "capture_worker.py"),
-        "--out",
-        str(out),
-        "--replays",
-        str(REPLAYS),
-    ]
+    cmd = torchrun_cmd(HERE / "capture_worker.py", TP, out, "--replays", str(REPLAYS))
     try:
         proc = subprocess.run(
             cmd, env={**os.environ, **ENV}, capture_output=True, text=True, timeout=600

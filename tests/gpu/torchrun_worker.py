@@ -827,28 +827,34 @@ def main():
     else:
         dist.init_process_group("nccl", device_id=dev, timeout=datetime.timedelta(seconds=120))
     sections = [x for x in args.sections.split(",") if x] + (["bench"] if args.bench else [])
+    runs = {
+        "correctness": lambda: test_correctness(dev),
+        "paths": lambda: test_paths(dev),
+        "errors": lambda: test_errors(dev),
+        "replays": lambda: test_replays(dev, args.calls),
+        "overhead": lambda: test_overhead(dev),
+        "bench": test_bench,
+    }
     for sec in sections:
-        t0 = time.perf_counter()
-        try:
-            if sec == "correctness":
-                test_correctness(dev)
-            elif sec == "paths":
-                test_paths(dev)
-            elif sec == "errors":
-                test_errors(dev)
-            elif sec == "replays":
-                test_replays(dev, args.calls)
-            elif sec == "overhead":
-                test_overhead(dev)
-            elif sec == "bench":
-                test_bench()
-            else:
-                record(f"unknown_section/{sec}", False)
-        except Exception as ex:  # noqa: BLE001
-            record(f"{sec}/crashed", False, error=f"{type(ex).__name__}: {ex}")
-            traceback.print_exc()
-        if rank() == 0:
-            print(f"[rank 0] section {sec}: {time.perf_counter() - t0:.1f} s", flush=True)
+        run_section(sec, runs.get(sec, lambda sec=sec: record(f"unknown_section/{sec}", False)))
+    finish(args.out)
+
+
+def run_section(name, fn):
+    """Run one section; an exception is recorded as its failure and the run goes on."""
+    t0 = time.perf_counter()
+    try:
+        fn()
+    except Exception as ex:  # noqa: BLE001
+        record(f"{name}/crashed", False, error=f"{type(ex).__name__}: {ex}")
+        traceback.print_exc()
+    if rank() == 0:
+        print(f"[rank 0] section {name}: {time.perf_counter() - t0:.1f} s", flush=True)
+
+
+def finish(out_path):
+    """Collect every rank's results on rank 0 (RESULT lines, JSON at `out_path`), close distgemm
+    and the process group, exit 0 only when every check passed on every rank."""
     everything = same_on_all_ranks(RESULTS)
     skipped = [x for rr in same_on_all_ranks(SKIPPED) for x in rr]  # collective: every rank
     failed = sum(1 for rr in everything for e in rr if not e["ok"])
@@ -857,7 +863,7 @@ def main():
         for e in flat:
             if e["rank"] == 0 or not e["ok"]:
                 print("RESULT " + json.dumps(e), flush=True)
-        with open(args.out, "w") as f:
+        with open(out_path, "w") as f:
             json.dump({"failed": failed, "results": flat, "skipped": skipped}, f, indent=1)
         print(f"SUMMARY checks={len(flat)} failed={failed}", flush=True)
     dcomm.close_all()

@@ -84,22 +84,29 @@ DeviceGraph::DeviceGraph(const schedule::Plan& plan, int rank, int cuda_device, 
   (void)timeout_ns(opt_.timeout_s);
   validate(user);  // before any CUDA work: a rejected shape never reaches a launch
 
-  // Setup only: nothing here synchronises more than a private stream, so that a graph can be
-  // made while the caller's stream is being captured (the first call of a new shape inside
-  // torch.cuda.graph).
-  RelaxedCaptureMode relaxed;
-  DISTGEMM_CUDA_CHECK(cudaSetDevice(cuda_device_));
-  kernel::gemm_prepare(dtype_, cuda_device_);
-  errors_ = opt_.errors ? opt_.errors : std::make_shared<ErrorSink>(cuda_device_);
-  if (errors_->cuda_device() != cuda_device_)
-    throw std::invalid_argument("GraphOptions::errors lives on CUDA device " +
-                                std::to_string(errors_->cuda_device()) + ", the graph on " +
-                                std::to_string(cuda_device_));
-  if (!opt_.instantiate) return;  // capture_into() only
-  create_lanes(own_, true);
+  // The setup calls run in the relaxed capture mode and synchronise nothing but a private
+  // stream, so that a graph can be made while the caller's stream is being captured (the
+  // first call of a new shape inside torch.cuda.graph). The private capture itself does not
+  // need it (launches only).
+  {
+    RelaxedCaptureMode relaxed;
+    DISTGEMM_CUDA_CHECK(cudaSetDevice(cuda_device_));
+    kernel::gemm_prepare(dtype_, cuda_device_);
+    errors_ = opt_.errors ? opt_.errors : std::make_shared<ErrorSink>(cuda_device_);
+    if (errors_->cuda_device() != cuda_device_)
+      throw std::invalid_argument("GraphOptions::errors lives on CUDA device " +
+                                  std::to_string(errors_->cuda_device()) + ", the graph on " +
+                                  std::to_string(cuda_device_));
+    if (!opt_.instantiate) return;  // capture_into() only
+    create_lanes(own_, true);
+  }
 
   cudaGraph_t g = capture(user);
-  const cudaError_t instantiated = cudaGraphInstantiate(&exec_, g, 0);
+  cudaError_t instantiated;
+  {
+    RelaxedCaptureMode relaxed;
+    instantiated = cudaGraphInstantiate(&exec_, g, 0);
+  }
   if (instantiated != cudaSuccess) cudaGraphDestroy(g);
   DISTGEMM_CUDA_CHECK(instantiated);
   keep_graph(g);
