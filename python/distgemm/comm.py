@@ -303,8 +303,10 @@ class Communicator:
     def check(self) -> None:
         """Synchronise this rank's device and raise RuntimeError if any launch timed out (a rank
         did not arrive at the entry barrier, or a flag did not arrive), replays of CUDA graphs
-        that captured an op included. Not during a capture (it synchronises)."""
+        that captured an op included. RuntimeError inside a CUDA graph capture (it synchronises,
+        which a capture forbids): call it after the replays."""
         torch, _ = _torch()
+        _refuse_during_capture("Communicator.check() synchronises the device")
         self.raise_if_broken()
         self._require_open()
         torch.cuda.synchronize(self.device)
@@ -330,10 +332,11 @@ class Communicator:
         """Free every graph and workspace of this rank. Collective: call it on every rank (the
         peers' mappings of this rank's memory are closed before it is freed). CUDA graphs that
         captured an op of this communicator use that memory: replaying one after close() is
-        invalid (reset or drop them first)."""
+        invalid (reset or drop them first). RuntimeError inside a CUDA graph capture."""
         if self._closed:
             return
         torch, dist = _torch()
+        _refuse_during_capture("Communicator.close() frees memory the capture may use")
         self._closed = True
         _LIVE.discard(self)
         try:
@@ -374,6 +377,18 @@ class Communicator:
             else f"{len(self.plans)} plans, {self.workspace_bytes} workspace bytes"
         )
         return f"Communicator(rank={self.rank}, tp={self.tp}, device={self.device}, {state})"
+
+
+def _refuse_during_capture(what: str) -> None:
+    """RuntimeError naming `what` when the current CUDA stream is being captured; raised before
+    any CUDA call, so the caller's capture stays valid."""
+    from .entries import stream_capturing
+
+    if stream_capturing():
+        raise RuntimeError(
+            f"{what}: not allowed inside a CUDA graph capture; call it outside "
+            "torch.cuda.graph(...)"
+        )
 
 
 _LIVE: weakref.WeakSet[Communicator] = weakref.WeakSet()

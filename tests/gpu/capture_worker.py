@@ -17,7 +17,8 @@ rank 0 collects; inputs seeded, different per rank):
                 (a column- then a row-parallel layer)
   first_call    the first call of a new shape happens inside the capture: a fresh communicator
                 (workspace allocated and IPC-exchanged during the capture) and new shapes on
-                both paths; path="auto" undecided inside a capture
+                both paths; path="auto" undecided inside a capture, and Communicator.check()
+                inside a capture, refused with a clear RuntimeError
   timeout       a captured op whose peer never replays: the replaying ranks get RuntimeError
                 naming the rank and where it waited, at the next op call and at check(), within
                 a few wait_timeout_s, and a second replay ends at once (aborted), never a hang
@@ -296,6 +297,36 @@ def test_first_call(dev):
                 and "path='overlap'" in msg,
                 outcome="refused",
                 message=msg,
+            )
+        except Exception as ex:  # noqa: BLE001
+            record(name, False, error=f"{type(ex).__name__}: {ex}")
+        # Communicator.check() inside a capture: a clear RuntimeError, raised before any CUDA
+        # call, so the capture around it stays valid and replays correctly.
+        name = "first_call/check_inside_capture_refused"
+        refused = []
+
+        def op_then_check():
+            y = op_of("ag_rotate_a", t, beta, None, "overlap", group=comm)()
+            try:
+                comm.check()
+            except RuntimeError as ex:
+                refused.append(str(ex))
+            return y
+
+        try:
+            g, y = capture(op_then_check)
+            refill("ag_rotate_a", t, 870)
+            g.replay()
+            e = check(y, "ag_rotate_a", t, beta)[0]
+            msg = refused[0] if refused else None
+            record(
+                name,
+                msg is not None
+                and "Communicator.check() synchronises the device: not allowed inside a CUDA "
+                "graph capture" in msg
+                and e < TOL_SAME_DTYPE,
+                message=msg,
+                rel_err_same_dtype=e,
             )
         except Exception as ex:  # noqa: BLE001
             record(name, False, error=f"{type(ex).__name__}: {ex}")

@@ -84,6 +84,7 @@ def test_a_thousand_replays_with_fresh_data(results):
         "first_call/rs_tile_b/collective",
         "first_call/workspace_allocated_in_capture",
         "first_call/auto_inside_capture",
+        "first_call/check_inside_capture_refused",
         "gathered/ag_rotate_a/overlap",
         "gathered/ag_rotate_a/collective",
         "gathered/ag_rotate_b/overlap",
