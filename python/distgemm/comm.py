@@ -153,6 +153,11 @@ class Communicator:
         if problem:
             raise RuntimeError(problem)
         self._pool = self._new_pool(_core.LaunchOrder(self.device.index))
+        # Capture-only graphs of plans re-pointed by a growth (callers' graphs replay them:
+        # kept until close) and eager graphs dropped by a growth inside a capture (destroyed
+        # after the next synchronisation).
+        self._kept_capturers: list[Any] = []
+        self._retired_graphs: list[Any] = []
         _LIVE.add(self)
 
     def _new_pool(self, order) -> WorkspacePool:
@@ -258,19 +263,41 @@ class Communicator:
 
     def _repoint(self, ws: _Workspace) -> None:
         """Point every cached plan at the grown workspace ``ws``. Their graphs may still run:
-        the device is synchronised before they are dropped."""
-        from .entries import attach_workspace
+        outside a capture the device is synchronised before they are dropped; inside one (which
+        forbids synchronising) they are kept until the next growth outside a capture or
+        close(). A plan's capture-only graph, which callers' graphs replay, is kept until
+        close(); the plan gets a new one on the new workspace at its next capture."""
+        from .entries import attach_workspace, stream_capturing
 
-        self._synchronize()
+        capturing = stream_capturing()
+        if not capturing:
+            self._synchronize()
+            self._retired_graphs.clear()
         for entry in list(self.plans.values()):
-            if entry.ws is not None and entry.ws is not ws:
-                attach_workspace(self, entry, entry.want_gathered)
+            if entry.ws is None or entry.ws is ws:
+                continue
+            if capturing:
+                self._retired_graphs.extend(entry.graphs.values())
+            if entry.capturer is not None:
+                self._kept_capturers.append(entry.capturer)
+                entry.capturer = None
+            attach_workspace(self, entry, entry.want_gathered)
 
     def _release(self, workspaces: list[_Workspace]) -> None:
         """Free replaced workspaces on every rank (collective, also with none to free): each
         rank synchronises its device and unmaps its peers' workspaces, the ranks meet, and only
-        then does each rank free its own, which no peer maps any more."""
-        self._synchronize()
+        then does each rank free its own, which no peer maps any more. Inside a CUDA graph
+        capture (no synchronisation, no cudaFree) the replaced workspace is kept instead, until
+        close(); every rank grows at the same call, so every rank keeps it."""
+        from .entries import stream_capturing
+
+        if stream_capturing():
+            for w in workspaces:
+                w.pinned = True
+                self._pool.kept.append(w)
+            workspaces = []
+        else:
+            self._synchronize()
         errors = []
         for w in workspaces:
             try:
@@ -295,7 +322,7 @@ class Communicator:
 
     def memory_stats(self) -> dict[str, int]:
         """What this communicator holds on this rank (``distgemm.memory_stats``)."""
-        return held_memory(self._pool, list(self.plans.values()))
+        return held_memory(self._pool, list(self.plans.values()), len(self._kept_capturers))
 
     # -- errors ------------------------------------------------------------------------------
     def raise_if_broken(self) -> None:
@@ -311,12 +338,17 @@ class Communicator:
 
     def check(self) -> None:
         """Synchronise this rank's device and raise RuntimeError if any launch timed out (a rank
-        did not arrive at the entry barrier, or a flag did not arrive)."""
+        did not arrive at the entry barrier, or a flag did not arrive), replays of CUDA graphs
+        that captured an op included. RuntimeError inside a CUDA graph capture (it synchronises,
+        which a capture forbids): call it after the replays."""
         torch, _ = _torch()
+        _refuse_during_capture("Communicator.check() synchronises the device")
         self.raise_if_broken()
         self._require_open()
         torch.cuda.synchronize(self.device)
-        e = self.plans.graph_error()
+        e = self.plans.graph_error() or next(
+            (err for g in self._kept_capturers if (err := g.error())), ""
+        )
         if e:
             self.mark_broken(e)
             self.raise_if_broken()
@@ -336,10 +368,13 @@ class Communicator:
 
     def close(self) -> None:
         """Free every graph and workspace of this rank. Collective: call it on every rank (the
-        peers' mappings of this rank's memory are closed before it is freed)."""
+        peers' mappings of this rank's memory are closed before it is freed). CUDA graphs that
+        captured an op of this communicator use that memory: replaying one after close() is
+        invalid (reset or drop them first). RuntimeError inside a CUDA graph capture."""
         if self._closed:
             return
         torch, dist = _torch()
+        _refuse_during_capture("Communicator.close() frees memory the capture may use")
         self._closed = True
         _LIVE.discard(self)
         try:
@@ -347,6 +382,8 @@ class Communicator:
         except Exception:
             pass  # a broken context: still release what can be released
         self.plans.release()
+        self._kept_capturers.clear()
+        self._retired_graphs.clear()
         held = self._pool.close()
         for w in held:
             try:
@@ -380,6 +417,18 @@ class Communicator:
             else f"{len(self.plans)} plans, {self.workspace_bytes} workspace bytes"
         )
         return f"Communicator(rank={self.rank}, tp={self.tp}, device={self.device}, {state})"
+
+
+def _refuse_during_capture(what: str) -> None:
+    """RuntimeError naming `what` when the current CUDA stream is being captured; raised before
+    any CUDA call, so the caller's capture stays valid."""
+    from .entries import stream_capturing
+
+    if stream_capturing():
+        raise RuntimeError(
+            f"{what}: not allowed inside a CUDA graph capture; call it outside "
+            "torch.cuda.graph(...)"
+        )
 
 
 _LIVE: weakref.WeakSet[Communicator] = weakref.WeakSet()

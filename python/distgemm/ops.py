@@ -31,9 +31,26 @@ A launch whose entry barrier or data flag times out (a rank did not launch) is r
 RuntimeError naming the rank and the iteration at the next call on the communicator or at
 ``Communicator.check()``.
 
-CUDA graph capture. The ops are themselves CUDA graph launches whose pointers are updated between
-calls; they cannot be captured into a user's graph (``torch.cuda.graph``): a call during capture
-raises RuntimeError before anything is enqueued. Capture the rest of the model around them.
+CUDA graph capture. Every op, schedule and path works inside ``torch.cuda.graph(...)`` (any
+capture of the current stream, in any capture mode): the call records its work into the caller's
+graph instead of running it, on the caller's stream, and returns the output tensor the replays
+write (allocated from the graph's pool when ``out`` is not given). The overlapped path records
+the plan's nodes themselves (entry barrier, GEMMs, copy-engine transfers, flags; forked from the
+caller's stream and joined back into it), so a replay needs no host work: the entry barrier
+advances the launch generation on the device. Replays read the tensors the capture was given:
+overwrite them in place between replays (static buffers). The first call of a new shape may
+happen inside the capture (its plan, workspace and IPC exchange are set up without any
+device-wide synchronisation); ``path="auto"`` then needs the path chosen already (call the op
+once outside the capture, or pass ``path``), else RuntimeError. Eager calls and replays that
+share a communicator interleave freely on one stream; on different streams the caller orders
+them (``torch.cuda.Stream.wait_stream``), since a replay runs no host code that could. Every
+rank replays the same graphs in the same order as it calls the ops (the SPMD contract), or the
+peers' waits time out: a replay whose peer never replays ends after ``wait_timeout_s``, the
+later captured ops that share its workspace skipped at once, and is reported as RuntimeError
+naming the rank and the iteration at ``Communicator.check()`` or at the next overlapped call
+on that workspace (a plain replay runs no host code to raise from). The communicator keeps
+every plan recorded into a graph (never evicted) and its workspace until ``close()``; replaying
+such a graph after ``close()`` is invalid.
 
 Paths. ``path="auto"`` (the default; ``DISTGEMM_PATH`` sets another) lets the first call of a
 plan choose between the overlapped plan ("overlap") and the plain collective followed by one
@@ -71,7 +88,7 @@ from .autopath import choose_path
 from .collective import run_collective
 from .comm import find_communicator, get_communicator
 from .entries import create_entry
-from .launch import launch
+from .launch import launch, setup_during_capture
 from .validation import (
     PATHS,
     check_no_grad,
@@ -132,12 +149,27 @@ def _run(
 ):
     # The per-call path is written for host time (goal: under 20 us per call with a cached plan):
     # one dict lookup for the plan, one for the graph, a handful of tensor attribute reads.
-    if torch.cuda.is_current_stream_capturing():
-        raise RuntimeError(
-            f"{op} cannot be captured into a CUDA graph (torch.cuda.graph / stream "
-            "capture): the op already replays its own CUDA graph and updates its "
-            "pointers between calls; call it outside the capture"
-        )
+    capturing = torch.cuda.is_current_stream_capturing()
+    if capturing:
+        with setup_during_capture():  # a new communicator or plan: allocation, IPC exchange
+            comm, entry = _entry(op, group, key, make, tensors, out)
+        if entry.path is None:
+            raise RuntimeError(
+                f"{op} with path='auto' cannot choose its path inside a CUDA graph capture (the "
+                "choice times both paths at the plan's first call): pass path='overlap' or "
+                "path='collective', or call the op once with these shapes before capturing"
+            )
+    else:
+        comm, entry = _entry(op, group, key, make, tensors, out)
+    if entry.path == "overlap":
+        return launch(op, comm, entry, tensors, out, capturing)
+    if entry.path == "collective":
+        return run_collective(op, comm, entry, tensors, out, capturing)
+    return choose_path(op, comm, entry, tensors, out)
+
+
+def _entry(op, group, key, make, tensors, out):
+    """The communicator and the plan entry of a call (created at the plan's first call)."""
     comm = get_communicator(group)
     if comm._broken:
         comm.raise_if_broken()
@@ -154,11 +186,7 @@ def _run(
         entry = create_entry(comm, key, first)
     else:
         plans.move_to_end(key)  # LRU order (O(1), cheaper than checking whether it is needed)
-    if entry.path == "overlap":
-        return launch(op, comm, entry, tensors, out)
-    if entry.path == "collective":
-        return run_collective(op, comm, entry, tensors, out)
-    return choose_path(op, comm, entry, tensors, out)
+    return comm, entry
 
 
 def all_gather_gemm(

@@ -168,9 +168,12 @@ class WorkspacePool:
         return held
 
 
-def held_memory(pool: WorkspacePool | None, cached: list[Any]) -> dict[str, int]:
-    """``distgemm.memory_stats`` of a communicator's pool and cached plan entries (None, []:
-    no communicator)."""
+def held_memory(
+    pool: WorkspacePool | None, cached: list[Any], kept_capturers: int = 0
+) -> dict[str, int]:
+    """``distgemm.memory_stats`` of a communicator's pool, cached plan entries and the
+    capture-only graphs kept from plans re-pointed by a growth (None, [], 0: no
+    communicator)."""
     from .entries import GRAPHS_PER_PLAN, MAX_PLANS
 
     current = pool.current if pool is not None else None
@@ -181,7 +184,8 @@ def held_memory(pool: WorkspacePool | None, cached: list[Any]) -> dict[str, int]
         "workspace_allocations": pool.allocations if pool is not None else 0,
         "plans": len(cached),
         "eager_graphs": sum(len(e.graphs) for e in cached),
-        "captured_graphs": sum(len(getattr(e, "captured", None) or ()) for e in cached),
+        "captured_graphs": kept_capturers
+        + sum(getattr(e, "capturer", None) is not None for e in cached),
         "max_plans": MAX_PLANS,
         "graphs_per_plan": GRAPHS_PER_PLAN,
     }

@@ -31,12 +31,34 @@ def skip_reason(tp: int, what: str = "") -> str | None:
     return None
 
 
+def torchrun_cmd(worker, tp: int, out, *args: str) -> list[str]:
+    """The command that runs `worker` under torchrun on `tp` local ranks, writing JSON to `out`."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(tp),
+        str(worker),
+        "--out",
+        str(out),
+        *args,
+    ]
+
+
 def run_torchrun(worker, nproc: int, *args: str) -> subprocess.CompletedProcess:
     """``torchrun --nproc-per-node nproc worker *args`` with ENV, output captured, bounded by
     DISTGEMM_TORCHRUN_TIMEOUT (default 900 s); appended to the file DISTGEMM_TEST_LOG names."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
     proc = subprocess.run(
-        [*cmd, str(worker), *args],
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            str(nproc),
+            str(worker),
+            *args,
+        ],
         env={**os.environ, **ENV},
         capture_output=True,
         text=True,
