@@ -22,6 +22,11 @@
 #                    at TP = every GPU and TP = 2 (benchmarks/compare_variants.py summarises)
 #   training         benchmarks/training_step.py $TRAINING_ARGS (Llama-70B MLP block fwd+bwd: distgemm
 #                    keep/regather vs NCCL + torch.mm vs torch async-TP vs the GEMM floor)
+#   serving          benchmarks/serving.py $SERVING_ARGS (Llama-70B 8-layer TP stack: decode batches
+#                    1..256 in CUDA graphs, prefill 2048..8192 eager; distgemm vs NCCL + torch.mm vs
+#                    torch symm_mem; ms per step and memory per variant)
+#   decode           benchmarks/decode.py --models 70B,405B --tokens 1..256 $DECODE_ARGS (O, FC2
+#                    GEMM + all-reduce in graphs of 20 calls: mm, mm + NCCL, mm + one_shot, distgemm)
 #   cpp-tiles        benchmarks/compare_tiles.py (the GEMM's two tiles per shape, one GPU), then the
 #                    C++ sweep at 1024/2048 tokens with --tile-n auto and 256, two rounds each
 # CPP_TESTS_K narrows cpp-tests to a pytest -k expression.
@@ -109,9 +114,12 @@ for p in "$@"; do
     sweep-full) part sweep-full ${SWEEP_S:-590} torchrun --nproc-per-node "$NPROC" benchmarks/llama_sweep.py ${SWEEP_ARGS:-} --out "$OUT/sweep-full" ;;
     sweep-fc) part sweep-fc 300 torchrun --nproc-per-node "$NPROC" benchmarks/llama_sweep.py --models 70B --layers FC1,FC2 --out "$OUT/sweep-fc" ;;
     training) part training ${TRAINING_S:-450} torchrun --nproc-per-node "$NPROC" benchmarks/training_step.py ${TRAINING_ARGS:-} --out "$OUT/training" ;;
+    serving) part serving ${SERVING_S:-450} torchrun --nproc-per-node "$NPROC" benchmarks/serving.py ${SERVING_ARGS:-} --out "$OUT/serving" ;;
+    decode) part decode ${DECODE_S:-420} torchrun --nproc-per-node "$NPROC" benchmarks/decode.py --models 70B,405B \
+              --tokens 1,2,4,8,16,32,64,128,256 ${DECODE_ARGS:-} --out "$OUT/decode" ;;
     cpp-sweep-quick) part cpp-sweep-quick 200 "$BENCH" --sweep quick --tp "$NPROC" --csv "$OUT/cpp-sweep-quick/cpp-sweep-quick.csv" ;;
     cpp-sweep-full) part cpp-sweep-full 400 "$BENCH" --sweep full --tp "$NPROC" --csv "$OUT/cpp-sweep-full/cpp-sweep-full.csv" ;;
-    *) echo "unknown part '$p' (install, first-run, timing-study, training, api, cpp-tests, cpp-variants, cpp-tiles, timeline, sweep-quick, sweep-full, sweep-fc, cpp-sweep-quick, cpp-sweep-full)"; rc=1 ;;
+    *) echo "unknown part '$p' (install, first-run, timing-study, training, serving, decode, api, cpp-tests, cpp-variants, cpp-tiles, timeline, sweep-quick, sweep-full, sweep-fc, cpp-sweep-quick, cpp-sweep-full)"; rc=1 ;;
   esac
   tail -n 25 "$OUT/$p.log" 2>/dev/null | cut -c1-250
 done

@@ -13,10 +13,11 @@ The block, TP = world size, per rank: gate+up as one column-parallel linear ``[2
 (benchmarks/training_report.py describes them) are each checked once against ``megatron``
 (output and every gradient) and then timed with benchmarks/gpu_timing.py's steady-state windows:
 the floor first with the long warm-up, then megatron, async_tp, distgemm_keep,
-distgemm_regather, megatron again (its figure is the mean of both windows; their ratio is the
-drift). A variant that fails (async-TP on a torch without symmetric memory, for instance) is
-recorded with its reason and the run goes on. Output: ``<date>-training-step-tp<N>-t<T>``
-.json/.csv/.txt/.png under --out, each naming torch, the device and ``INSTALLED_BY``.
+distgemm_regather, distgemm_compiled, megatron again (its figure is the mean of both windows;
+their ratio is the drift). A variant that fails (async-TP on a torch without symmetric
+memory, for instance) is recorded with its reason and the run goes on. Output:
+``<date>-training-step-tp<N>-t<T>`` .json/.csv/.txt/.png under --out, each naming torch, the
+device and ``INSTALLED_BY``.
 """
 
 from __future__ import annotations
@@ -215,9 +216,12 @@ def make_variant(name: str, ops: BlockOperands, group) -> Variant:
         with torch.no_grad():
             col.weight.copy_(ops.w_gate_up)
             row.weight.copy_(ops.w_down)
-        return Variant(
-            name, lambda t: row(swiglu(col(t))), x, (col.weight, row.weight), ops.grad_out
-        )
+
+        def block(t):
+            return row(swiglu(col(t)))
+
+        forward = torch.compile(block, fullgraph=True) if name == "distgemm_compiled" else block
+        return Variant(name, forward, x, (col.weight, row.weight), ops.grad_out)
     w1, w2 = _leaf(ops.w_gate_up), _leaf(ops.w_down)
     group_name = group.group_name
     if name == "megatron":
@@ -308,7 +312,7 @@ def cpu_smoke(rank: int, tp: int, sizes=SMOKE_SIZES) -> dict[str, Any]:
     ref = make_variant("megatron", ops, group).values()
     errs = {}
     megatron = make_variant("megatron", ops, group)
-    for name in ("async_tp_eager", "distgemm_keep", "distgemm_regather"):
+    for name in ("async_tp_eager", *report.DISTGEMM):
         megatron.poisoned_step()
         errs[name] = rel_errors(make_variant(name, ops, group).values(), ref)
     errs["megatron_after_poison"] = rel_errors(megatron.values(), ref)  # input restored

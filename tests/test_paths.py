@@ -10,6 +10,8 @@ torch = pytest.importorskip("torch")
 
 from distgemm import autopath, collective, entries, launch, ops  # noqa: E402
 
+NO_GROUP = types.SimpleNamespace(group=None)  # a communicator without a process group
+
 
 @pytest.mark.parametrize(
     "schedule,op",
@@ -122,7 +124,7 @@ def _spec(op, tokens, model="70B", layer=None, tp=2, steps=None):
 @pytest.mark.parametrize("requested", ["overlap", "collective"])
 def test_a_requested_path_is_taken_as_it_is(requested):
     spec = _spec("all_gather_gemm", 64)
-    assert autopath.decide_path(spec, requested, None) == (
+    assert autopath.decide_path(spec, requested, NO_GROUP) == (
         requested,
         {"source": "requested", "tile_n": 0},
     )
@@ -133,7 +135,7 @@ def test_auto_takes_the_models_path_with_its_prediction(monkeypatch):
 
     monkeypatch.setattr(autopath, "collective_unavailable", lambda group: None)
     big = _spec("all_gather_gemm", 8192)  # 70B QKV: the overlap wins by ~13% in the sweep
-    path, info = autopath.decide_path(big, "auto", None)
+    path, info = autopath.decide_path(big, "auto", NO_GROUP)
     assert path == "overlap" and info["source"] == "model"
     assert (info["overlap_ms"], info["collective_ms"]) == pytest.approx(
         tuple(pathmodel.predict(big.plan).values())
@@ -141,7 +143,7 @@ def test_auto_takes_the_models_path_with_its_prediction(monkeypatch):
     assert info["overlap_ms"] < info["collective_ms"] - pathmodel.MIN_GAIN_MS
     assert info["why"].startswith("model: predicted overlap")
     for tokens in (2, 64, 256, 512):  # decode sizes: the collective path
-        path, info = autopath.decide_path(_spec("gemm_reduce_scatter", tokens), "auto", None)
+        path, info = autopath.decide_path(_spec("gemm_reduce_scatter", tokens), "auto", NO_GROUP)
         assert path == "collective"
         assert info["why"] == "model: below 1024 tokens: no overlap measurement"
 
@@ -150,10 +152,10 @@ def test_auto_keeps_the_plan_where_the_group_cannot_run_the_collective(monkeypat
     monkeypatch.setattr(
         autopath, "collective_unavailable", lambda group: "the group's backend is 'gloo'"
     )
-    path, info = autopath.decide_path(_spec("gemm_reduce_scatter", 64), "auto", None)
+    path, info = autopath.decide_path(_spec("gemm_reduce_scatter", 64), "auto", NO_GROUP)
     assert path == "overlap" and info["source"] == "model"
     assert info["collective_unavailable"] == "the group's backend is 'gloo'"
-    path, _ = autopath.decide_path(_spec("gemm_reduce_scatter", 8192), "auto", None)
+    path, _ = autopath.decide_path(_spec("gemm_reduce_scatter", 8192), "auto", NO_GROUP)
     assert path == "overlap"
 
 
@@ -185,7 +187,7 @@ def test_create_entry_decides_the_path_once_with_nothing_measured(monkeypatch):
 def test_auto_keeps_the_collective_path_where_the_model_is_not_calibrated(monkeypatch):
     monkeypatch.setattr(autopath, "collective_unavailable", lambda group: None)
     for tp in (4, 8):
-        path, info = autopath.decide_path(_spec("all_gather_gemm", 8192, tp=tp), "auto", None)
+        path, info = autopath.decide_path(_spec("all_gather_gemm", 8192, tp=tp), "auto", NO_GROUP)
         assert path == "collective" and info["source"] == "model"
         assert info["why"] == f"model: TP={tp}: the model is calibrated at TP=(2,)"
         assert info["overlap_ms"] > 0 and info["collective_ms"] > 0  # still predicted

@@ -159,6 +159,7 @@ def test_cpu_smoke_variants_against_megatron_and_fp32(tmp_path):
             "async_tp_eager",
             "distgemm_keep",
             "distgemm_regather",
+            "distgemm_compiled",
             "megatron_after_poison",
         }
         assert set(res["rel_err"].pop("megatron_after_poison").values()) == {0.0}

@@ -4,6 +4,7 @@ make_spec takes a table entry's S and tile (and falls back to the defaults, warn
 an entry does not fit the call)."""
 
 import json
+import types
 import warnings
 
 import pytest
@@ -11,6 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from distgemm import _core, autopath, entries, ops, tuning  # noqa: E402
+
+NO_GROUP = types.SimpleNamespace(group=None)  # a communicator without a process group
 
 
 def _raw(**kw):
@@ -179,7 +182,7 @@ def test_make_spec_takes_the_tables_steps_and_tile_and_the_path_follows_the_tabl
     bucket = table.lookup("all_gather_gemm", "ag_rotate_a", 2, "bf16", 10240, 8192, 4096)
     assert (spec.steps, spec.tile_n, spec.table) == (4, 128, bucket)
     assert spec.plan.steps == 4
-    chosen, info = autopath.decide_path(spec, "auto", None)
+    chosen, info = autopath.decide_path(spec, "auto", NO_GROUP)
     assert chosen == "collective" and info["source"] == "table"
     assert (info["overlap_ms"], info["collective_ms"]) == (0.55, 0.65)
     assert _qkv(4096, steps=2).tile_n == 0 and _qkv(4096, steps=2).table is None  # S given
@@ -204,7 +207,7 @@ def test_an_entry_that_does_not_fit_the_call_falls_back_to_the_defaults_warning_
     assert (spec.steps, spec.tile_n, spec.table) == (2, 0, None)
     assert (again.steps, again.tile_n) == (8, 128) and again.table is not None
     assert (third.steps, third.table) == (2, None)
-    chosen, info = autopath.decide_path(spec, "auto", None)
+    chosen, info = autopath.decide_path(spec, "auto", NO_GROUP)
     assert info["source"] == "model"
     with warnings.catch_warnings():
         warnings.simplefilter("error")

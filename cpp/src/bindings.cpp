@@ -454,6 +454,15 @@ PYBIND11_MODULE(_core, m) {
       py::arg("partial_via") = py::none(),
       "Byte layout of each device's symmetric workspace (extra memory per device); builds the "
       "plan (an op entry reads Plan.layout() of the plan it already has).");
+  m.def(
+      "workspace_control_layout", []() { return layout_dict(control_layout()); },
+      "The control region every plan places right after its slots, as the layout of a plan "
+      "without slots: MAX_FLAGS flags, MAX_TP barrier slots, the epoch word (total_bytes: the "
+      "region); the same for every plan, so that plans of any shape share one workspace.");
+  m.attr("MAX_TP") = kMaxTp;
+  m.attr("MAX_STEPS") = kMaxSteps;
+  m.attr("MAX_FLAGS") = kMaxFlags;
+  m.attr("WORKSPACE_SLOT_ALIGN") = kSlotAlign;
 
   m.def(
       "default_steps",

@@ -40,6 +40,7 @@ __all__ = [
     "load_tuning_table",
     "Communicator",
     "close_all",
+    "memory_stats",
     "ColumnParallelLinear",
     "RowParallelLinear",
 ]
@@ -55,6 +56,7 @@ _LAZY = {
     "load_tuning_table": "tuning",
     "Communicator": "comm",
     "close_all": "comm",
+    "memory_stats": "comm",
     "ColumnParallelLinear": "nn",
     "RowParallelLinear": "nn",
 }

@@ -98,6 +98,15 @@ def workspace_layout(
     slot_elem_bytes: int = 2,
     partial_via: str | None = None,
 ) -> dict[str, int]: ...
+def workspace_control_layout() -> dict[str, int]:
+    """The control region after every plan's slots, as workspace_layout's dict of a plan without
+    slots (offsets from the slots' end; total_bytes: the region's size)."""
+
+MAX_TP: int  # devices of one plan
+MAX_STEPS: int  # pipeline steps S of one plan
+MAX_FLAGS: int  # flags of one plan (the control region's capacity)
+WORKSPACE_SLOT_ALIGN: int  # slot bytes and the control region start at multiples of this
+
 def tile_map(schedule: str | ScheduleDef, tp: int, steps: int) -> dict[str, list[list[int]]]: ...
 
 # Llama-3 sweep shapes (cpp/include/distgemm/llama_shapes.hpp; distgemm_bench --sweep reads the
@@ -159,6 +168,16 @@ class IpcWorkspace:
 class LaunchOrder:
     def __init__(self, cuda_device: int) -> None: ...
     def record(self, stream: int) -> None: ...
+    def capture_error(self) -> str:
+        """'' or the timeout report of a graph captured on this workspace."""
+
+class RelaxedCaptureMode:
+    """Context manager: setup work (allocation, IPC, graph objects) allowed on this thread while
+    a stream capture in global mode is in progress."""
+
+    def __init__(self) -> None: ...
+    def __enter__(self) -> RelaxedCaptureMode: ...
+    def __exit__(self, *exc: object) -> bool: ...
 
 class DeviceGraph:
     def __init__(
@@ -171,13 +190,17 @@ class DeviceGraph:
         c: int,
         d: int,
         bias_ptr: int,
+        capture_only: bool = False,
     ) -> None:
         """The graph of ``plan`` as built (partial transport, PDL, layout) for setup.rank;
-        ValueError when setup.workspace_bytes (if set) is less than the plan's layout needs."""
+        ValueError when setup.workspace_bytes (if set) is less than the plan's layout needs.
+        ``capture_only``: no executable of its own; only ``capture`` (records into a caller's
+        stream capture, timeouts reported through ``order.capture_error()``)."""
     def update(self, a: int, b: int, c: int, d: int, bias_ptr: int) -> bool: ...
     @property
     def rebuilds(self) -> int: ...
     def launch(self, stream: int) -> None: ...
+    def capture(self, stream: int, a: int, b: int, c: int, d: int, bias_ptr: int) -> None: ...
     def error(self) -> str: ...
     def check(self) -> None: ...
     @property

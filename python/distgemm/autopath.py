@@ -14,9 +14,10 @@ from .tuning import candidate_name
 from .validation import Spec
 
 
-def decide_path(spec: Spec, requested: str, group) -> tuple[str, dict[str, Any]]:
+def decide_path(spec: Spec, requested: str, comm) -> tuple[str, dict[str, Any]]:
     """(path, what ``path_choices()`` reports about it) for an entry of ``spec`` called with
-    ``path=requested`` on ``group``. The report: ``source`` ("requested", "table", "model"),
+    ``path=requested`` on ``comm`` (whose ``group`` is read only where "auto" picks the
+    collective path). The report: ``source`` ("requested", "table", "model"),
     ``tile_n`` (0: per GEMM) and, for "auto", ``overlap_ms`` / ``collective_ms`` (the table's
     measured ms or the model's prediction), ``why`` in words and, where the collective path was
     chosen but cannot run, ``collective_unavailable``."""
@@ -36,7 +37,7 @@ def decide_path(spec: Spec, requested: str, group) -> tuple[str, dict[str, Any]]
         path, pred, why = choose(spec.plan, spec.tile_n)
         info.update(source="model", **pred, why=f"model: {why}")
     if path == "collective":
-        why_not = collective_unavailable(group)  # the group only: every rank agrees
+        why_not = collective_unavailable(comm.group)  # the group only: every rank agrees
         if why_not:
             path = "overlap"
             info["collective_unavailable"] = why_not

@@ -1,5 +1,6 @@
 """The collective path of one call, the baseline the overlapped one must beat: the group's NCCL
-collective and one torch GEMM, on the current stream."""
+collective and one torch GEMM, on the current stream (capturable: no synchronisation, and inside
+a capture its buffers come from the caller's graph pool)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,13 @@ if TYPE_CHECKING:
     from .comm import Communicator
 
 
-def run_collective(op: str, comm: Communicator, entry: Entry, tensors, out):
+def run_collective(
+    op: str, comm: Communicator, entry: Entry, tensors, out, capturing: bool = False
+):
     """The plain path, the baseline the overlapped one must beat: the group's collective (NCCL)
     and one torch GEMM, in the op's dtype, on the current stream. Same operands, shapes and
-    result as the plan of ``entry.spec``.
+    result as the plan of ``entry.spec``. ``capturing``: the current stream is being captured
+    (torch.cuda.graph); the NCCL calls and GEMMs are recorded like any torch work.
 
     Written for host time, since it is chosen for small problems whose calls take tens of us:
     the process group's own methods (``_allgather_base`` etc., what ``torch.distributed``'s
@@ -36,7 +40,7 @@ def run_collective(op: str, comm: Communicator, entry: Entry, tensors, out):
         gathered = (
             torch.empty(shape, dtype=part.dtype, device=part.device)
             if entry.want_gathered
-            else _scratch(entry, "gathered", shape, part, stream_ptr(device))
+            else _scratch(entry, "gathered", shape, part, stream_ptr(device), capturing)
         )
         pg._allgather_base(gathered, part).wait()  # wait(): the current stream waits for NCCL
         x, wf = (gathered, w) if kind == "gather_a" else (a, gathered)
@@ -52,10 +56,17 @@ def run_collective(op: str, comm: Communicator, entry: Entry, tensors, out):
         # reduce-scatter splits dim 0: reduce D^T = W A^T and transpose this rank's rows.
         stream = stream_ptr(device)
         part_t = torch.mm(
-            w, a.t(), out=_scratch(entry, "partial", (w.shape[0], a.shape[0]), a, stream)
+            w,
+            a.t(),
+            out=_scratch(entry, "partial", (w.shape[0], a.shape[0]), a, stream, capturing),
         )
         mine = _scratch(
-            entry, "mine", (part_t.shape[0] // entry.spec.tp, part_t.shape[1]), a, stream
+            entry,
+            "mine",
+            (part_t.shape[0] // entry.spec.tp, part_t.shape[1]),
+            a,
+            stream,
+            capturing,
         )
         pg._reduce_scatter_base(mine, part_t).wait()  # default op: sum
         out.copy_(mine.t())
@@ -63,7 +74,9 @@ def run_collective(op: str, comm: Communicator, entry: Entry, tensors, out):
         partial = torch.mm(
             a,
             w.t(),
-            out=_scratch(entry, "partial", (a.shape[0], w.shape[0]), a, stream_ptr(device)),
+            out=_scratch(
+                entry, "partial", (a.shape[0], w.shape[0]), a, stream_ptr(device), capturing
+            ),
         )
         pg._reduce_scatter_base(out, partial).wait()
     if c is not None:
@@ -73,10 +86,17 @@ def run_collective(op: str, comm: Communicator, entry: Entry, tensors, out):
     return out
 
 
-def _scratch(entry: Entry, name: str, shape, like: torch.Tensor, stream: int) -> torch.Tensor:
+def _scratch(
+    entry: Entry, name: str, shape, like: torch.Tensor, stream: int, capturing: bool = False
+) -> torch.Tensor:
     """A buffer of the collective path kept with the plan, one per CUDA stream: calls on one
     stream are ordered, calls on two streams (e.g. overlapped micro-batches) must not share a
-    buffer that one's NCCL kernel writes while the other's GEMM reads it."""
+    buffer that one's NCCL kernel writes while the other's GEMM reads it. Inside a capture a
+    fresh one from the caller's graph pool, owned by that graph: captures share one capture
+    stream, and a buffer kept here would be shared by graphs that may replay on different
+    streams."""
+    if capturing:
+        return torch.empty(shape, dtype=like.dtype, device=like.device)
     key = (name, stream)
     t = entry.scratch.get(key)
     if t is None:

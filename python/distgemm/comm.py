@@ -2,27 +2,17 @@
 
 Built from the group the program already has (``torchrun`` + ``init_process_group``): it checks
 that every rank runs on one host, on its own Hopper GPU, with peer access to the others; it
-allocates the symmetric workspaces (receive slots, flags, entry barrier, epoch word), exchanges
-their CUDA IPC handles through the group and opens the peers' mappings; it owns the plan cache of
-the ops (``distgemm.entries.PlanCache``). Everything is freed on ``close()``, on context-manager
-exit and at interpreter exit.
+allocates its one symmetric workspace (receive slots, flags, entry barrier, epoch word; how plans
+share it, how it grows and what happens across streams: ``distgemm.workspace``), exchanges its
+CUDA IPC handles through the group and opens the peers' mappings; it owns the plan cache of the
+ops (``distgemm.entries.PlanCache``). Everything is freed on ``close()``, on context-manager exit
+and at interpreter exit; ``memory_stats()`` says what is held.
 
 Control traffic (host names, IPC handles, plan signatures) goes through the job's key-value
 store (``distgemm.control.ControlExchange``), never through NCCL: it needs no CUDA stream and no
 extra sockets, and a rank that does not arrive makes the others raise ``RuntimeError`` naming it
 after ``timeout_s`` instead of hanging. Every check is computed from the all-gathered data, so
 all ranks raise the same exception.
-
-Workspace sharing. Plans share workspaces: a plan uses the biggest existing workspace whose
-control region (flags, barrier slots, epoch word) has its layout, and a new one is allocated
-only when none is big enough. The Plan places the control region right after the slots
-(``Plan::layout``), so a plan with fewer slot bytes than the workspace gets a base shifted by
-the difference: its control region then lands on the same addresses as every other plan's. That
-matters: the epoch word and the barrier slots carry the launch generation from one launch to the
-next, and a flag of one plan must never sit inside another plan's slots. Launches on one device
-never overlap (same stream, or ``LaunchOrder`` makes a new stream wait), and each launch's entry
-barrier waits until every peer has finished its previous launch, so plans can reuse each other's
-slots.
 """
 
 from __future__ import annotations
@@ -33,12 +23,12 @@ import socket
 import threading
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from .control import ControlExchange, ExchangeMismatch, ExchangeTimeout, _default_store
+from .workspace import WorkspacePool, _Workspace, control_bytes, held_memory
 
-__all__ = ["Communicator", "get_communicator", "find_communicator", "close_all"]
+__all__ = ["Communicator", "get_communicator", "find_communicator", "close_all", "memory_stats"]
 
 # Set to 1 to let several ranks share one GPU: a functional test of the multi-rank paths (CUDA
 # IPC, flags, entry barrier, cross-rank errors) on a one-GPU machine. The ranks' kernels then
@@ -104,15 +94,6 @@ def check_group_info(infos: Sequence[dict[str, Any]], allow_shared_gpu: bool = F
     return None
 
 
-@dataclass
-class _Workspace:
-    core: Any  # _core.IpcWorkspace
-    slot_capacity: int  # bytes before the control region
-    control: tuple[int, int, int]  # (flags_bytes, barrier_bytes, control bytes)
-    bases: list[int] = field(default_factory=list)  # every rank's base, as seen from this device
-    order: Any = None  # _core.LaunchOrder shared by every graph on this workspace
-
-
 class Communicator:
     """distgemm's state for one torch.distributed process group (default: the world group).
 
@@ -161,7 +142,6 @@ class Communicator:
         self.device = torch.device("cuda", torch.cuda.current_device())
         self._closed = False
         self._lock = threading.RLock()
-        self._workspaces: list[_Workspace] = []
         self.plans = PlanCache()  # the ops' entries (distgemm.entries)
         self._broken: str | None = None
         ranks = dist.get_process_group_ranks(self.group)
@@ -172,7 +152,23 @@ class Communicator:
         problem = check_group_info(infos, os.environ.get(SHARED_GPU_ENV) == "1")
         if problem:
             raise RuntimeError(problem)
+        self._pool = self._new_pool(_core.LaunchOrder(self.device.index))
+        # Capture-only graphs of plans re-pointed by a growth (callers' graphs replay them:
+        # kept until close) and eager graphs dropped by a growth inside a capture (destroyed
+        # after the next synchronisation).
+        self._kept_capturers: list[Any] = []
+        self._retired_graphs: list[Any] = []
         _LIVE.add(self)
+
+    def _new_pool(self, order) -> WorkspacePool:
+        return WorkspacePool(
+            self._allocate,
+            self._repoint,
+            self._release,
+            control=control_bytes(),
+            align=int(self._core.WORKSPACE_SLOT_ALIGN),
+            order=order,
+        )
 
     # -- control plane ---------------------------------------------------------------------
     def all_gather(self, obj: Any, what: str) -> list[Any]:
@@ -228,34 +224,23 @@ class Communicator:
             )
         return info
 
-    # -- workspaces --------------------------------------------------------------------------
+    # -- workspace (distgemm.workspace) ------------------------------------------------------
     def workspace_for(self, layout: dict[str, int]) -> tuple[_Workspace, list[int]]:
-        """A workspace for a plan with this ``_core.workspace_layout``, and the plan's bases (one
-        per rank, shifted so that its control region is the workspace's). Collective when a new
-        workspace has to be allocated."""
+        """The communicator's workspace for a plan with this ``_core.workspace_layout``, and the
+        plan's bases (one per rank, shifted so that its control region is the workspace's).
+        Collective when the workspace has to grow (see ``distgemm.workspace``)."""
         self._require_open()
-        slots = int(layout["slots_bytes"])
-        control = (
-            int(layout["flags_bytes"]),
-            int(layout["barrier_bytes"]),
-            int(layout["total_bytes"]) - slots,
-        )
-        fits = [w for w in self._workspaces if w.control == control and w.slot_capacity >= slots]
-        if fits:
-            ws = max(fits, key=lambda w: w.slot_capacity)
-        else:
-            ws = self._allocate(slots, control)
-        shift = ws.slot_capacity - slots
-        return ws, [b + shift for b in ws.bases]
+        return self._pool.place(layout)
 
-    def _allocate(self, slots: int, control: tuple[int, int, int]) -> _Workspace:
+    def _allocate(self, nbytes: int) -> tuple[Any, list[int]]:
+        """This rank's new workspace of ``nbytes``, exchanged with the peers (collective)."""
         core = None
         err = None
         try:
-            core = self._core.IpcWorkspace(self.device.index, slots + control[2])
+            core = self._core.IpcWorkspace(self.device.index, nbytes)
             handle = core.handle()
         except Exception as e:
-            handle, err = b"", f"allocating {slots + control[2]} bytes on {self.device}: {e}"
+            handle, err = b"", f"allocating {nbytes} bytes on {self.device}: {e}"
         handles = self.all_gather((handle, err), "workspace IPC handle exchange")
         failed = [(r, h[1]) for r, h in enumerate(handles) if h[1]]
         if not failed:
@@ -270,20 +255,74 @@ class Communicator:
                 core.free()
             r, e = failed[0]
             raise RuntimeError(f"distgemm workspace setup failed on rank {r}: {e}")
-        ws = _Workspace(
-            core=core,
-            slot_capacity=slots,
-            control=control,
-            bases=core.bases(),
-            order=self._core.LaunchOrder(self.device.index),
-        )
-        self._workspaces.append(ws)
-        return ws
+        return core, core.bases()
+
+    def _synchronize(self) -> None:
+        torch, _ = _torch()
+        torch.cuda.synchronize(self.device)
+
+    def _repoint(self, ws: _Workspace) -> None:
+        """Point every cached plan at the grown workspace ``ws``. Their graphs may still run:
+        outside a capture the device is synchronised before they are dropped; inside one (which
+        forbids synchronising) they are kept until the next growth outside a capture or
+        close(). A plan's capture-only graph, which callers' graphs replay, is kept until
+        close(); the plan gets a new one on the new workspace at its next capture."""
+        from .entries import attach_workspace, stream_capturing
+
+        capturing = stream_capturing()
+        if not capturing:
+            self._synchronize()
+            self._retired_graphs.clear()
+        for entry in list(self.plans.values()):
+            if entry.ws is None or entry.ws is ws:
+                continue
+            if capturing:
+                self._retired_graphs.extend(entry.graphs.values())
+            if entry.capturer is not None:
+                self._kept_capturers.append(entry.capturer)
+                entry.capturer = None
+            attach_workspace(self, entry, entry.want_gathered)
+
+    def _release(self, workspaces: list[_Workspace]) -> None:
+        """Free replaced workspaces on every rank (collective, also with none to free): each
+        rank synchronises its device and unmaps its peers' workspaces, the ranks meet, and only
+        then does each rank free its own, which no peer maps any more. Inside a CUDA graph
+        capture (no synchronisation, no cudaFree) the replaced workspace is kept instead, until
+        close(); every rank grows at the same call, so every rank keeps it."""
+        from .entries import stream_capturing
+
+        if stream_capturing():
+            for w in workspaces:
+                w.pinned = True
+                self._pool.kept.append(w)
+            workspaces = []
+        else:
+            self._synchronize()
+        errors = []
+        for w in workspaces:
+            try:
+                w.core.close_peers()
+            except Exception as e:
+                errors.append(str(e))
+        self.all_gather(None, "workspace release")
+        for w in workspaces:
+            try:
+                w.core.free()
+            except Exception as e:
+                errors.append(str(e))
+        if errors:
+            raise RuntimeError(
+                f"rank {self.rank}: releasing a replaced workspace failed: {errors[0]}"
+            )
 
     @property
     def workspace_bytes(self) -> int:
-        """Device memory held by this rank's workspaces."""
-        return sum(w.core.nbytes for w in self._workspaces)
+        """Device memory held by this rank's workspaces (the current one and the kept ones)."""
+        return sum(w.nbytes for w in self._pool.live)
+
+    def memory_stats(self) -> dict[str, int]:
+        """What this communicator holds on this rank (``distgemm.memory_stats``)."""
+        return held_memory(self._pool, list(self.plans.values()), len(self._kept_capturers))
 
     # -- errors ------------------------------------------------------------------------------
     def raise_if_broken(self) -> None:
@@ -299,12 +338,17 @@ class Communicator:
 
     def check(self) -> None:
         """Synchronise this rank's device and raise RuntimeError if any launch timed out (a rank
-        did not arrive at the entry barrier, or a flag did not arrive)."""
+        did not arrive at the entry barrier, or a flag did not arrive), replays of CUDA graphs
+        that captured an op included. RuntimeError inside a CUDA graph capture (it synchronises,
+        which a capture forbids): call it after the replays."""
         torch, _ = _torch()
+        _refuse_during_capture("Communicator.check() synchronises the device")
         self.raise_if_broken()
         self._require_open()
         torch.cuda.synchronize(self.device)
-        e = self.plans.graph_error()
+        e = self.plans.graph_error() or next(
+            (err for g in self._kept_capturers if (err := g.error())), ""
+        )
         if e:
             self.mark_broken(e)
             self.raise_if_broken()
@@ -324,10 +368,13 @@ class Communicator:
 
     def close(self) -> None:
         """Free every graph and workspace of this rank. Collective: call it on every rank (the
-        peers' mappings of this rank's memory are closed before it is freed)."""
+        peers' mappings of this rank's memory are closed before it is freed). CUDA graphs that
+        captured an op of this communicator use that memory: replaying one after close() is
+        invalid (reset or drop them first). RuntimeError inside a CUDA graph capture."""
         if self._closed:
             return
         torch, dist = _torch()
+        _refuse_during_capture("Communicator.close() frees memory the capture may use")
         self._closed = True
         _LIVE.discard(self)
         try:
@@ -335,7 +382,10 @@ class Communicator:
         except Exception:
             pass  # a broken context: still release what can be released
         self.plans.release()
-        for w in self._workspaces:
+        self._kept_capturers.clear()
+        self._retired_graphs.clear()
+        held = self._pool.close()
+        for w in held:
             try:
                 w.core.close_peers()
             except Exception:
@@ -348,12 +398,11 @@ class Communicator:
                 self._ctl.all_gather(None, timeout_s=min(self.timeout_s, 10.0))
         except Exception:
             pass
-        for w in self._workspaces:
+        for w in held:
             try:
                 w.core.free()
             except Exception:
                 pass
-        self._workspaces.clear()
 
     def __enter__(self) -> Communicator:
         return self
@@ -370,6 +419,18 @@ class Communicator:
         return f"Communicator(rank={self.rank}, tp={self.tp}, device={self.device}, {state})"
 
 
+def _refuse_during_capture(what: str) -> None:
+    """RuntimeError naming `what` when the current CUDA stream is being captured; raised before
+    any CUDA call, so the caller's capture stays valid."""
+    from .entries import stream_capturing
+
+    if stream_capturing():
+        raise RuntimeError(
+            f"{what}: not allowed inside a CUDA graph capture; call it outside "
+            "torch.cuda.graph(...)"
+        )
+
+
 _LIVE: weakref.WeakSet[Communicator] = weakref.WeakSet()
 _DEFAULT: dict[Any, Communicator] = {}
 
@@ -384,6 +445,25 @@ def find_communicator(group=None) -> Communicator | None:
         _, dist = _torch()
         comm = _DEFAULT.get(dist.group.WORLD) if dist.is_initialized() else None
     return None if comm is None or comm._closed else comm
+
+
+def memory_stats(group=None) -> dict[str, int]:
+    """What distgemm holds on this rank for ``group`` (a process group, default the world
+    group, or a Communicator); never creates a communicator (all zeros where none is open):
+
+    workspace_bytes       the symmetric workspace shared by every plan (device memory)
+    kept_bytes            replaced workspaces kept because captured graphs reference them
+    largest_plan_bytes    the largest plan layout placed in the workspace (total bytes); the
+                          workspace is at most ``distgemm.workspace.GROWTH_HEADROOM`` above it
+    workspace_allocations workspaces allocated so far (the first one and every growth)
+    plans                 cached plans, at most ``max_plans`` (least recently used ones go)
+    eager_graphs          instantiated graphs of the eager calls, at most ``graphs_per_plan``
+                          per plan
+    captured_graphs       graphs recorded into callers' CUDA graphs
+    max_plans, graphs_per_plan  the bounds (``entries.MAX_PLANS``, ``entries.GRAPHS_PER_PLAN``)
+    """
+    comm = find_communicator(group)
+    return comm.memory_stats() if comm is not None else held_memory(None, [])
 
 
 def get_communicator(group=None) -> Communicator:

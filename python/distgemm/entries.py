@@ -1,6 +1,7 @@
 """The plan cache of a Communicator: one entry per (op, shapes, dtype, schedule, steps, path),
 created once at an op's first call (signature exchange, the Plan, its workspace and graph setup)
-and holding the CUDA graphs instantiated for it, one per set of user pointers."""
+and holding the CUDA graphs instantiated for it, one per set of user pointers, and the graph that
+records it into callers' CUDA graph captures."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from .validation import DTYPES, Spec
 if TYPE_CHECKING:
     from .comm import Communicator
 
-# Cached plans per communicator; beyond it the least recently used plan and its graphs go.
+# Cached plans per communicator; beyond it the least recently used plan and its graphs go (plans
+# recorded into a caller's CUDA graph stay: see PlanCache).
 MAX_PLANS = 64
 # Instantiated graphs per plan, keyed by the user pointers. Activations from torch's caching
 # allocator tend to come back at a few addresses, so a small set of graphs turns most calls into
@@ -57,6 +59,10 @@ class Entry:
     tuning: dict[str, Any] | None = None  # why the path: table or model (autopath.decide_path)
     ws_bytes: int = 0  # bytes addressable from each base (the plan's layout total)
     setup: Any = None  # _core.GraphSetup of this rank's graphs (plans that launch)
+    # The capture-only _core.DeviceGraph that records this plan into callers' CUDA graphs (see
+    # capture_graph). Callers' graphs keep referencing its error sink and the workspace, so it
+    # lives until Communicator.close(): the entry is never evicted once it has one.
+    capturer: Any = None
 
     @property
     def has_bias(self) -> bool:
@@ -81,25 +87,50 @@ class Entry:
 
 
 class PlanCache(collections.OrderedDict):
-    """A communicator's op entries in least-recently-used order, at most MAX_PLANS."""
+    """A communicator's op entries in least-recently-used order, at most MAX_PLANS that can be
+    evicted: an entry recorded into a caller's CUDA graph (``capturer`` set) is never evicted,
+    since the caller's graph references its memory; nothing is evicted while a capture is in
+    progress (eviction synchronises the device, which a capture forbids): the cache then
+    shrinks back at the next insertion outside a capture."""
 
-    def insert(self, key, entry: Entry, synchronize: Callable[[], None]) -> None:
-        if len(self) >= MAX_PLANS:
-            self.drop(next(iter(self)), synchronize)
+    def insert(
+        self, key, entry: Entry, synchronize: Callable[[], None], capturing: bool = False
+    ) -> None:
+        if not capturing:
+            while len(self) >= MAX_PLANS:
+                victim = self.evictable()
+                if victim is None:
+                    break
+                self.drop(victim, synchronize)
         self[key] = entry
 
+    def evictable(self):
+        """The least recently used key whose entry was never captured, or None."""
+        return next((k for k, e in self.items() if e.capturer is None), None)
+
     def drop(self, key, synchronize: Callable[[], None]) -> None:
-        entry = self.pop(key, None)
-        if entry is not None:
-            # The graphs may still run on the GPU; destroying an executable graph mid-flight is
-            # not allowed, so wait for the device first (eviction is rare: MAX_PLANS).
-            synchronize()
-            entry.graphs.clear()
+        entry = self.get(key)
+        if entry is None:
+            return
+        if entry.capturer is not None:
+            raise RuntimeError(
+                "this plan was recorded into a CUDA graph, whose replays use its memory: it is "
+                "freed only by Communicator.close()"
+            )
+        del self[key]
+        # The graphs may still run on the GPU; destroying an executable graph mid-flight is
+        # not allowed, so wait for the device first (eviction is rare: MAX_PLANS).
+        synchronize()
+        entry.graphs.clear()
 
     def graph_error(self) -> str:
-        """'' or the first timeout report of a graph of this cache (read after synchronising)."""
+        """'' or the first timeout report of a graph of this cache, the capture-only graphs
+        included (read after synchronising)."""
         for entry in list(self.values()):
-            for g in entry.graphs.values():
+            graphs = list(entry.graphs.values())
+            if entry.capturer is not None:
+                graphs.append(entry.capturer)
+            for g in graphs:
                 e = g.error()
                 if e:
                     return e
@@ -109,6 +140,7 @@ class PlanCache(collections.OrderedDict):
         """Drop every entry and its graphs (the device is synchronised by the caller)."""
         for entry in self.values():
             entry.graphs.clear()
+            entry.capturer = None
         self.clear()
 
 
@@ -196,7 +228,7 @@ def create_entry(comm: Communicator, key, make: Callable[[], Spec]) -> Entry:
     problem = signature_mismatch(sigs, op)
     if problem:
         raise ValueError(problem)
-    chosen, why = decide_path(spec, path, comm.group)
+    chosen, why = decide_path(spec, path, comm)
     entry = Entry(
         spec=spec,
         dtype=dtype,
@@ -211,15 +243,28 @@ def create_entry(comm: Communicator, key, make: Callable[[], Spec]) -> Entry:
     )
     if entry.path != "collective":  # the collective path launches no plan: no workspace
         attach_workspace(comm, entry, gathered)
-    comm.plans.insert(key, entry, lambda: torch.cuda.synchronize(comm.device))
+    comm.plans.insert(
+        key,
+        entry,
+        lambda: torch.cuda.synchronize(comm.device),
+        stream_capturing(),
+    )
     return entry
+
+
+def stream_capturing() -> bool:
+    """Whether torch's current CUDA stream is being captured (False where torch has no CUDA)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def attach_workspace(comm: Communicator, entry: Entry, gathered: bool) -> None:
     """The symmetric workspace of a plan that launches, its graphs' setup and the recipe of its
-    gathered operand."""
+    gathered operand. Also re-points an entry when the communicator's workspace grows: its eager
+    graphs, built on the old bases, are dropped (the caller has synchronised the device) and
+    rebuilt at its next call."""
     spec = entry.spec
     layout = spec.plan.layout(2)  # the entry's own plan: its partial transport included
+    entry.graphs.clear()
     entry.ws, entry.bases = comm.workspace_for(layout)
     # workspace_for shifts each base so that exactly the layout's bytes follow it: the graph
     # checks its own plan's layout against this.
@@ -259,3 +304,16 @@ def graph_for(entry: Entry, ptrs: tuple[int, int, int, int, int]):
         g.update(*ptrs)
     entry.graphs[ptrs] = g
     return g
+
+
+def capture_graph(entry: Entry, ptrs: tuple[int, int, int, int, int]):
+    """The entry's capture-only graph (made at its first capture, for these pointers' checks):
+    ``capture(stream, *ptrs)`` records one launch into the caller's capture. One per entry,
+    whatever the pointers (each capture records its own); kept, with the entry and its
+    workspace, until Communicator.close()."""
+    if entry.capturer is None:
+        entry.capturer = _core.DeviceGraph(
+            entry.spec.plan, entry.setup, entry.ws.order, *ptrs, capture_only=True
+        )
+        entry.ws.pinned = True  # the workspace may not be freed while callers' graphs use it
+    return entry.capturer

@@ -1,13 +1,16 @@
 """The overlapped path of one call: the per-call checks of the user tensors, this rank's graph
-for their pointers, one graph launch on the current stream."""
+for their pointers, one graph launch on the current stream (inside a stream capture: the graph's
+nodes recorded into the caller's graph)."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 
 import torch
 
-from .entries import Entry, graph_for
+from . import _core
+from .entries import Entry, capture_graph, graph_for
 from .validation import ALIGN, check_placement, fmt_shape
 
 if TYPE_CHECKING:
@@ -57,18 +60,32 @@ def user_ptrs(op: str, entry: Entry, tensors, out, device):
     return (pa, pw, pc, po, pb), out
 
 
-def launch(op: str, comm: Communicator, entry: Entry, tensors, out):
-    """The overlapped path: replay this rank's CUDA graph of the plan."""
+def setup_during_capture():
+    """Context for setup work (a communicator, a plan's workspace and graphs) that happens while
+    the current stream is being captured: the thread may allocate and exchange IPC handles
+    (_core.RelaxedCaptureMode); device-wide synchronisation stays forbidden, and none is done."""
+    relaxed = getattr(_core, "RelaxedCaptureMode", None)  # absent in builds without CUDA
+    return relaxed() if relaxed is not None else contextlib.nullcontext()
+
+
+def launch(op: str, comm: Communicator, entry: Entry, tensors, out, capturing: bool = False):
+    """The overlapped path: replay this rank's CUDA graph of the plan; ``capturing``: the current
+    stream is being captured, so record the plan's nodes into the caller's graph instead."""
     device = comm.device
     a, w = tensors["a"], tensors["w"]
     ptrs, out = user_ptrs(op, entry, tensors, out, device)
-    g = graph_for(entry, ptrs)
-    err = g.error()
-    if err:
-        comm.mark_broken(err)
-        comm.raise_if_broken()
     stream = stream_ptr(device)
-    g.launch(stream)
+    if capturing:
+        capture_graph(entry, ptrs).capture(stream, *ptrs)
+    else:
+        g = graph_for(entry, ptrs)
+        err = g.error()
+        if not err and entry.ws.pinned:  # a replay of a captured graph on this workspace failed
+            err = entry.ws.order.capture_error()
+        if err:
+            comm.mark_broken(err)
+            comm.raise_if_broken()
+        g.launch(stream)
     if entry.gather is None:
         return out
     gathered = torch.empty(entry.gather_shape, dtype=entry.dtype, device=device)
@@ -77,6 +94,7 @@ def launch(op: str, comm: Communicator, entry: Entry, tensors, out):
         base = entry.slots if src == "slots" else (a if src == "a" else w).view(-1)
         gathered[row0 : row0 + rows].copy_(base[off : off + rows * kdim].view(rows, kdim))
     # The slots are rewritten by the peers after this rank's next entry barrier: a launch on
-    # another stream must wait for these copies too, not only for the graph.
+    # another stream must wait for these copies too, not only for the graph (inside a capture:
+    # a launch on another stream of the same capture).
     entry.ws.order.record(stream)
     return out, gathered

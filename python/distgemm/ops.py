@@ -31,9 +31,26 @@ A launch whose entry barrier or data flag times out (a rank did not launch) is r
 RuntimeError naming the rank and the iteration at the next call on the communicator or at
 ``Communicator.check()``.
 
-CUDA graph capture. The ops are themselves CUDA graph launches whose pointers are updated between
-calls; they cannot be captured into a user's graph (``torch.cuda.graph``): a call during capture
-raises RuntimeError before anything is enqueued. Capture the rest of the model around them.
+CUDA graph capture. Every op, schedule and path works inside ``torch.cuda.graph(...)`` (any
+capture of the current stream, in any capture mode): the call records its work into the caller's
+graph instead of running it, on the caller's stream, and returns the output tensor the replays
+write (allocated from the graph's pool when ``out`` is not given). The overlapped path records
+the plan's nodes themselves (entry barrier, GEMMs, copy-engine transfers, flags; forked from the
+caller's stream and joined back into it), so a replay needs no host work: the entry barrier
+advances the launch generation on the device. Replays read the tensors the capture was given:
+overwrite them in place between replays (static buffers). The first call of a new shape may
+happen inside the capture (its plan, workspace and IPC exchange are set up without any
+device-wide synchronisation), with ``path="auto"`` too: the path is decided from the shapes when
+the plan is created, nothing is measured. Eager calls and replays that
+share a communicator interleave freely on one stream; on different streams the caller orders
+them (``torch.cuda.Stream.wait_stream``), since a replay runs no host code that could. Every
+rank replays the same graphs in the same order as it calls the ops (the SPMD contract), or the
+peers' waits time out: a replay whose peer never replays ends after ``wait_timeout_s``, the
+later captured ops that share its workspace skipped at once, and is reported as RuntimeError
+naming the rank and the iteration at ``Communicator.check()`` or at the next overlapped call
+on that workspace (a plain replay runs no host code to raise from). The communicator keeps
+every plan recorded into a graph (never evicted) and its workspace until ``close()``; replaying
+such a graph after ``close()`` is invalid.
 
 Paths. ``path="auto"`` (the default; ``DISTGEMM_PATH`` sets another) runs either the overlapped plan
 ("overlap") or the plain collective followed by one torch GEMM ("collective", the NCCL baseline
@@ -73,7 +90,7 @@ import torch
 from .collective import run_collective
 from .comm import find_communicator, get_communicator
 from .entries import create_entry
-from .launch import launch
+from .launch import launch, setup_during_capture
 from .validation import (
     PATHS,
     check_no_grad,
@@ -135,12 +152,21 @@ def _run(
 ):
     # The per-call path is written for host time (goal: under 20 us per call with a cached plan):
     # one dict lookup for the plan, one for the graph, a handful of tensor attribute reads.
-    if torch.cuda.is_current_stream_capturing():
-        raise RuntimeError(
-            f"{op} cannot be captured into a CUDA graph (torch.cuda.graph / stream "
-            "capture): the op already replays its own CUDA graph and updates its "
-            "pointers between calls; call it outside the capture"
-        )
+    capturing = torch.cuda.is_current_stream_capturing()
+    if capturing:
+        with setup_during_capture():  # a new communicator or plan: allocation, IPC exchange
+            comm, entry = _entry(op, group, key, make, tensors, out)
+    else:
+        comm, entry = _entry(op, group, key, make, tensors, out)
+    # The path was decided when the entry was created (autopath.decide_path): "overlap" or
+    # "collective", never a measurement, so "auto" records into a capture like any other path.
+    if entry.path == "overlap":
+        return launch(op, comm, entry, tensors, out, capturing)
+    return run_collective(op, comm, entry, tensors, out, capturing)
+
+
+def _entry(op, group, key, make, tensors, out):
+    """The communicator and the plan entry of a call (created at the plan's first call)."""
     comm = get_communicator(group)
     if comm._broken:
         comm.raise_if_broken()
@@ -157,9 +183,7 @@ def _run(
         entry = create_entry(comm, key, first)
     else:
         plans.move_to_end(key)  # LRU order (O(1), cheaper than checking whether it is needed)
-    if entry.path == "overlap":
-        return launch(op, comm, entry, tensors, out)
-    return run_collective(op, comm, entry, tensors, out)
+    return comm, entry
 
 
 def all_gather_gemm(

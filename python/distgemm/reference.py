@@ -10,6 +10,10 @@ flag holds the launch generation. Among ready ops the executor picks with a *pol
 ``run_reference`` tries several: consumers-first from either end of the device range and random
 interleavings. A plan that is missing a wait therefore reads a slot before it is written in at
 least one order; a plan whose waits can never be satisfied raises ``ExecutionError`` (deadlock).
+
+``SharedWorkspace`` runs launches of several plans on one workspace per device, as a
+communicator's plans share one: slots keep what the last launch left, flags keep the generation
+of the launch that last set them, and each launch takes the next generation.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import numpy as np
 
 __all__ = [
     "ExecutionError",
+    "SharedWorkspace",
     "execute_plan",
     "run_reference",
     "reference_inputs",
@@ -87,8 +92,28 @@ def shard_outputs(plan: dict, full: np.ndarray) -> list[np.ndarray]:
     ]
 
 
+class SharedWorkspace:
+    """One workspace per simulated device, shared by the launches of several plans: per device
+    ``slot_elems`` slot elements (NaN until written) and ``num_flags`` flags, and one launch
+    generation. A plan's slots start at an element offset into them (``execute_plan``'s
+    ``slot_offset``); its flags are the first of the shared ones."""
+
+    def __init__(self, tp: int, slot_elems: int, num_flags: int, dtype=np.float64):
+        self.slots = [np.full(slot_elems, np.nan, dtype=dtype) for _ in range(tp)]
+        self.flags = [np.zeros(num_flags, dtype=np.int64) for _ in range(tp)]
+        self.epoch = 0  # the generation of the last launch
+
+
 class _Device:
-    def __init__(self, plan: dict, d: int, inputs: dict[str, np.ndarray], dtype):
+    def __init__(
+        self,
+        plan: dict,
+        d: int,
+        inputs: dict[str, np.ndarray],
+        dtype,
+        shared: SharedWorkspace | None = None,
+        slot_offset: int = 0,
+    ):
         part = plan["definition"]["partition"]
         tp = plan["tp"]
         self.buf: dict[str, np.ndarray] = {
@@ -105,6 +130,14 @@ class _Device:
             inputs["bias"][d * nb : (d + 1) * nb] if part["d"] == "N" else inputs["bias"]
         )
         self.flags = np.zeros(plan["num_flags"], dtype=np.int64)
+        if shared is not None:
+            if not 0 <= slot_offset <= shared.slots[d].size - plan["slot_elems"]:
+                raise ExecutionError(
+                    f"slots at offset {slot_offset} of {plan['slot_elems']} elements do not fit "
+                    f"the shared workspace's {shared.slots[d].size}"
+                )
+            self.buf["slots"] = shared.slots[d][slot_offset : slot_offset + plan["slot_elems"]]
+            self.flags = shared.flags[d]
 
 
 def _view(
@@ -136,12 +169,18 @@ def execute_plan(
     use_bias: bool = False,
     policy: str = "compute_first_low",
     dtype=np.float64,
+    shared: SharedWorkspace | None = None,
+    slot_offset: int = 0,
 ) -> list[np.ndarray]:
     """Run one launch of ``plan`` on simulated devices; returns each device's D as
-    [L, rows, cols]."""
+    [L, rows, cols]. With ``shared``, the launch runs on that workspace (its slots from element
+    ``slot_offset`` on) with the next launch generation, after the launches before it."""
     tp, L = plan["tp"], plan["problem"]["l"]
-    devs = [_Device(plan, d, inputs, dtype) for d in range(tp)]
+    devs = [_Device(plan, d, inputs, dtype, shared, slot_offset) for d in range(tp)]
     epoch = 1
+    if shared is not None:
+        shared.epoch += 1
+        epoch = shared.epoch
     next_gemm = [0] * tp
     next_copy = [0] * tp
     gemm_done = [[False] * len(plan["devices"][d]["gemms"]) for d in range(tp)]

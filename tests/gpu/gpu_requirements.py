@@ -1,5 +1,9 @@
-"""What the torchrun GPU tests need and how they launch: the environment (NVLink multicast off)
-and the reason to skip on this machine (None: the tests can run)."""
+"""What the torchrun GPU tests need and how they launch: the environment (NVLink multicast off),
+the reason to skip on this machine (None: the tests can run) and the torchrun launch itself."""
+
+import os
+import subprocess
+import sys
 
 import torch
 
@@ -25,3 +29,45 @@ def skip_reason(tp: int, what: str = "") -> str | None:
     if any(c[0] != 9 for c in caps):
         return f"needs Hopper GPUs (sm_90), found compute capability {sorted(caps)}"
     return None
+
+
+def torchrun_cmd(worker, tp: int, out, *args: str) -> list[str]:
+    """The command that runs `worker` under torchrun on `tp` local ranks, writing JSON to `out`."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(tp),
+        str(worker),
+        "--out",
+        str(out),
+        *args,
+    ]
+
+
+def run_torchrun(worker, nproc: int, *args: str) -> subprocess.CompletedProcess:
+    """``torchrun --nproc-per-node nproc worker *args`` with ENV, output captured, bounded by
+    DISTGEMM_TORCHRUN_TIMEOUT (default 900 s); appended to the file DISTGEMM_TEST_LOG names."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            str(nproc),
+            str(worker),
+            *args,
+        ],
+        env={**os.environ, **ENV},
+        capture_output=True,
+        text=True,
+        timeout=float(os.environ.get("DISTGEMM_TORCHRUN_TIMEOUT", "900")),
+    )
+    log = os.environ.get("DISTGEMM_TEST_LOG")
+    if log:
+        with open(log, "a") as f:
+            f.write(
+                f"$ {' '.join(proc.args)}\nrc={proc.returncode}\n{proc.stdout}\n{proc.stderr}\n"
+            )
+    return proc

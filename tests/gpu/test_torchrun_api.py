@@ -14,12 +14,11 @@ import json
 import os
 import pathlib
 import subprocess
-import sys
 
 import pytest
 
 torch = pytest.importorskip("torch")
-from gpu_requirements import ENV, skip_reason  # noqa: E402
+from gpu_requirements import ENV, skip_reason, torchrun_cmd  # noqa: E402
 
 import distgemm  # noqa: E402
 
@@ -35,17 +34,7 @@ pytestmark = pytest.mark.skipif(_SKIP is not None, reason=str(_SKIP))
 
 def torchrun(tmp_path, *args, name="api"):
     out = tmp_path / f"{name}.json"
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        str(TP),
-        str(WORKER),
-        "--out",
-        str(out),
-        *args,
-    ]
+    cmd = torchrun_cmd(WORKER, TP, out, *args)
     timeout = float(os.environ.get("DISTGEMM_TORCHRUN_TIMEOUT", "900"))
     try:
         proc = subprocess.run(
@@ -110,7 +99,7 @@ def test_api_under_torchrun(tmp_path):
         "rank_dtype_mismatch",
         "rank_steps_mismatch",
         "cuda_graph_capture",
-        "works_after_capture_refusal",
+        "works_after_capture",
         "missing_rank_timeout",
         "missing_rank_named",
         "broken_communicator_refuses_launch",

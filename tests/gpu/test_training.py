@@ -15,15 +15,13 @@ Decides by the worker's exit code and the numbers it saves. Skips, with the reas
 Hopper GPUs or without the CUDA runtime in the installed package.
 """
 
-import os
 import pathlib
-import subprocess
 import sys
 
 import pytest
 
 torch = pytest.importorskip("torch")
-from gpu_requirements import ENV, skip_reason  # noqa: E402
+from gpu_requirements import run_torchrun, skip_reason  # noqa: E402
 
 TP = 2
 
@@ -39,20 +37,7 @@ pytestmark = pytest.mark.skipif(_SKIP is not None, reason=str(_SKIP))
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("training")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(TP)]
-    proc = subprocess.run(
-        [*cmd, str(WORKER), "--out", str(out)],
-        env={**os.environ, **ENV},
-        capture_output=True,
-        text=True,
-        timeout=float(os.environ.get("DISTGEMM_TORCHRUN_TIMEOUT", "900")),
-    )
-    log = os.environ.get("DISTGEMM_TEST_LOG")
-    if log:
-        with open(log, "a") as f:
-            f.write(
-                f"$ {' '.join(proc.args)}\nrc={proc.returncode}\n{proc.stdout}\n{proc.stderr}\n"
-            )
+    proc = run_torchrun(WORKER, TP, "--out", str(out))
     explain = (
         f"rc={proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
     )

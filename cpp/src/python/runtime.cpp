@@ -5,9 +5,11 @@
 //                 exported as a CUDA IPC handle; opens the peers' handles and closes everything
 //                 it opened or allocated on close()/destruction.
 //   LaunchOrder   the launch order of every graph that shares one workspace on this device
-//                 (see below why it exists).
+//                 (see below why it exists), and the error sink its captured graphs share.
 //   DeviceGraph   device::DeviceGraph of one rank for a _core.Plan as it was built, with a
-//                 GraphSetup (graph_setup.hpp): update(pointers), launch(stream), error().
+//                 GraphSetup (graph_setup.hpp): update(pointers), launch(stream), error();
+//                 capture(stream, pointers) records it into the caller's stream capture.
+//   RelaxedCaptureMode  context manager: setup work allowed while a stream is being captured.
 //
 // The GIL is released around everything that talks to the driver for longer than a few
 // microseconds (allocation, IPC open, graph build/update, launch), so other Python threads (a
@@ -21,6 +23,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -37,7 +40,9 @@ namespace {
 
 using distgemm::device::DeviceGraph;
 using distgemm::device::EpilogueArgs;
+using distgemm::device::ErrorSink;
 using distgemm::device::GraphOptions;
+using distgemm::device::RelaxedCaptureMode;
 using distgemm::device::UserBuffers;
 using distgemm::kernel::DType;
 
@@ -51,12 +56,17 @@ class IpcWorkspace {
     if (bytes < 1)
       throw std::invalid_argument("workspace size must be positive, got " + std::to_string(bytes));
     py::gil_scoped_release nogil;
+    RelaxedCaptureMode relaxed;  // a new plan's first call may come inside a stream capture
     DISTGEMM_CUDA_CHECK(cudaSetDevice(device_));
     DISTGEMM_CUDA_CHECK(cudaMalloc(&base_, static_cast<size_t>(bytes_)));
     // Flags, barrier slots and the epoch word start at generation 0 on every rank; the memset
-    // must be complete before a peer can see the handle, hence the synchronisation.
-    cudaError_t e = cudaMemset(base_, 0, static_cast<size_t>(bytes_));
-    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    // must be complete before a peer can see the handle, hence the synchronisation. On a private
+    // stream: a device-wide synchronisation would conflict with a capture in progress.
+    cudaStream_t zeroing = nullptr;
+    cudaError_t e = cudaStreamCreateWithFlags(&zeroing, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaMemsetAsync(base_, 0, static_cast<size_t>(bytes_), zeroing);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(zeroing);
+    if (zeroing) cudaStreamDestroy(zeroing);
     if (e != cudaSuccess) {
       cudaFree(base_);
       base_ = nullptr;
@@ -72,6 +82,7 @@ class IpcWorkspace {
     cudaIpcMemHandle_t h;
     {
       py::gil_scoped_release nogil;
+      RelaxedCaptureMode relaxed;
       DISTGEMM_CUDA_CHECK(cudaSetDevice(device_));
       DISTGEMM_CUDA_CHECK(cudaIpcGetMemHandle(&h, base_));
     }
@@ -93,6 +104,7 @@ class IpcWorkspace {
                                     std::to_string(handles[r].size()) + " bytes, expected " +
                                     std::to_string(sizeof(cudaIpcMemHandle_t)));
     py::gil_scoped_release nogil;
+    RelaxedCaptureMode relaxed;
     DISTGEMM_CUDA_CHECK(cudaSetDevice(device_));
     peers_.assign(handles.size(), nullptr);
     bases_.assign(handles.size(), nullptr);
@@ -179,11 +191,40 @@ class IpcWorkspace {
   std::vector<void*> bases_;  // every rank's base as seen from this device
 };
 
+// Whether a stream is being captured, and which capture (the id CUDA gives each capture
+// sequence). An invalidated capture is an error: whatever was enqueued would be lost.
+struct StreamCapture {
+  bool active = false;
+  unsigned long long id = 0;
+};
+
+StreamCapture stream_capture(cudaStream_t s) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  StreamCapture c;
+  DISTGEMM_CUDA_CHECK(cudaStreamGetCaptureInfo(s, &status, &c.id));
+  if (status == cudaStreamCaptureStatusInvalidated)
+    throw std::runtime_error(
+        "the stream's CUDA graph capture was invalidated by an earlier call (an operation that "
+        "is not allowed during capture); end the capture and capture again");
+  c.active = status == cudaStreamCaptureStatusActive;
+  return c;
+}
+
 // Graphs that share a workspace share its epoch word, flags and slots, so their launches on one
 // device must never overlap: each launch's entry barrier assumes the previous launch on this
 // device is complete. Launches on one stream are ordered by the stream; when the caller
 // switches streams (torch.cuda.stream(...)), the new stream first waits for the last launch.
 // The event record costs about a microsecond per launch; the wait is only issued on a switch.
+//
+// Launches recorded into a stream capture are ordered the same way among themselves, within
+// that capture (a second event, recorded and waited on inside the capture only: an event
+// recorded inside a capture must not be waited on from outside it, nor one recorded outside
+// waited on from inside). Between eager launches and replays of a captured graph the rule is
+// the stream's: on one stream they interleave freely; on different streams the caller orders
+// them (a replay runs no host code that could).
+//
+// Also holds the error sink of the graphs captured into callers' graphs on this workspace (made
+// at the first capture): one timeout there aborts every later captured op of the replay.
 class LaunchOrder {
  public:
   explicit LaunchOrder(int cuda_device) : device_(cuda_device) {
@@ -193,18 +234,42 @@ class LaunchOrder {
   ~LaunchOrder() {
     cudaSetDevice(device_);
     cudaEventDestroy(done_);
+    if (captured_done_) cudaEventDestroy(captured_done_);
   }
   LaunchOrder(const LaunchOrder&) = delete;
   LaunchOrder& operator=(const LaunchOrder&) = delete;
 
-  void before(cudaStream_t s) {
-    if (used_ && s != last_) DISTGEMM_CUDA_CHECK(cudaStreamWaitEvent(s, done_, 0));
+  void before(cudaStream_t s, const StreamCapture& cap) {
+    if (!cap.active) {
+      if (used_ && s != last_) DISTGEMM_CUDA_CHECK(cudaStreamWaitEvent(s, done_, 0));
+      return;
+    }
+    if (captured_used_ && cap.id == capture_id_ && s != captured_last_)
+      DISTGEMM_CUDA_CHECK(cudaStreamWaitEvent(s, captured_done_, 0));
   }
-  void after(cudaStream_t s) {
-    DISTGEMM_CUDA_CHECK(cudaEventRecord(done_, s));
-    last_ = s;
-    used_ = true;
+  void after(cudaStream_t s, const StreamCapture& cap) {
+    if (!cap.active) {
+      DISTGEMM_CUDA_CHECK(cudaEventRecord(done_, s));
+      last_ = s;
+      used_ = true;
+      return;
+    }
+    if (!captured_done_) {
+      RelaxedCaptureMode relaxed;
+      DISTGEMM_CUDA_CHECK(cudaEventCreateWithFlags(&captured_done_, cudaEventDisableTiming));
+    }
+    DISTGEMM_CUDA_CHECK(cudaEventRecord(captured_done_, s));
+    captured_last_ = s;
+    capture_id_ = cap.id;
+    captured_used_ = true;
   }
+  // The error sink of this workspace's captured graphs (made at the first call).
+  std::shared_ptr<ErrorSink> capture_errors() {
+    if (!capture_errors_) capture_errors_ = std::make_shared<ErrorSink>(device_);
+    return capture_errors_;
+  }
+  // "" or the timeout report of a captured graph on this workspace.
+  std::string capture_error() const { return capture_errors_ ? capture_errors_->error() : ""; }
   int device() const { return device_; }
 
  private:
@@ -212,6 +277,11 @@ class LaunchOrder {
   cudaEvent_t done_ = nullptr;
   cudaStream_t last_ = nullptr;
   bool used_ = false;
+  cudaEvent_t captured_done_ = nullptr;  // recorded inside captures only
+  cudaStream_t captured_last_ = nullptr;
+  unsigned long long capture_id_ = 0;
+  bool captured_used_ = false;
+  std::shared_ptr<ErrorSink> capture_errors_;
 };
 
 UserBuffers user_from(uint64_t a, uint64_t b, uint64_t c, uint64_t d, uint64_t bias) {
@@ -227,9 +297,11 @@ UserBuffers user_from(uint64_t a, uint64_t b, uint64_t c, uint64_t d, uint64_t b
 // A rank's graph for one plan, plus its launch order.
 class PyGraph {
  public:
+  // capture_only: the graph only records into callers' captures (capture()), has no
+  // executable of its own and reports timeouts into the order's shared capture error sink.
   PyGraph(const distgemm::schedule::Plan& plan, const distgemm::python::GraphSetup& setup,
           std::shared_ptr<LaunchOrder> order, uint64_t a, uint64_t b, uint64_t c, uint64_t d,
-          uint64_t bias_ptr)
+          uint64_t bias_ptr, bool capture_only)
       : order_(std::move(order)) {
     if (!order_) throw std::invalid_argument("DeviceGraph needs a LaunchOrder");
     if (order_->device() != setup.cuda_device)
@@ -248,6 +320,10 @@ class PyGraph {
     opt.tile_n = setup.tile_n;
     // The graph checks the plan's own layout (its partial transport included) against this.
     opt.workspace_bytes = setup.workspace_bytes;
+    if (capture_only) {
+      opt.instantiate = false;
+      opt.errors = order_->capture_errors();
+    }
     const UserBuffers user = user_from(a, b, c, d, bias_ptr);
     py::gil_scoped_release nogil;
     graph_ = std::make_unique<DeviceGraph>(plan, setup.rank, setup.cuda_device, dt, epi, bases,
@@ -282,19 +358,33 @@ class PyGraph {
   void launch(uint64_t stream) {
     cudaStream_t s = reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(stream));
     py::gil_scoped_release nogil;
-    // A graph launch inside someone else's stream capture would be recorded, not run, and the
-    // recorded copy would not follow later pointer updates: refuse it here too (ops.py already
-    // refuses it before getting this far, with the same advice).
-    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-    DISTGEMM_CUDA_CHECK(cudaStreamIsCapturing(s, &cap));
-    if (cap != cudaStreamCaptureStatusNone)
+    // A graph launch inside someone else's stream capture would be recorded as a child graph
+    // fixed at capture time, which later pointer updates of this executable would not reach:
+    // inside a capture, capture() records the nodes themselves (ops.py routes there).
+    const StreamCapture cap = stream_capture(s);
+    if (cap.active)
       throw std::runtime_error(
-          "distgemm ops cannot be captured into a CUDA graph (torch.cuda.graph / stream capture): "
-          "each op already replays its own CUDA graph; call it outside the capture");
+          "DeviceGraph.launch() on a stream that is being captured: use capture() (the "
+          "distgemm ops do so inside torch.cuda.graph)");
     DISTGEMM_CUDA_CHECK(cudaSetDevice(graph_->cuda_device()));
-    order_->before(s);
+    order_->before(s, cap);
     graph_->launch(s);
-    order_->after(s);
+    order_->after(s, cap);
+  }
+
+  // Record one launch for these user pointers into the capture in progress on `stream`.
+  void capture(uint64_t stream, uint64_t a, uint64_t b, uint64_t c, uint64_t d, uint64_t bias) {
+    cudaStream_t s = reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(stream));
+    const UserBuffers u = user_from(a, b, c, d, bias);
+    py::gil_scoped_release nogil;
+    const StreamCapture cap = stream_capture(s);
+    if (!cap.active)
+      throw std::runtime_error(
+          "DeviceGraph.capture() on a stream that is not being captured: use launch()");
+    DISTGEMM_CUDA_CHECK(cudaSetDevice(graph_->cuda_device()));
+    order_->before(s, cap);
+    graph_->capture_into(s, u);
+    order_->after(s, cap);
   }
 
   std::string error() const { return graph_->error(); }
@@ -318,6 +408,19 @@ class PyGraph {
   std::unique_ptr<DeviceGraph> graph_;
   bool update_refused_ = false;
   int64_t rebuilds_ = 0;
+};
+
+// device::RelaxedCaptureMode as a Python context manager (one `with` at a time per object).
+class PyRelaxedCaptureMode {
+ public:
+  void enter() {
+    if (guard_) throw std::runtime_error("RelaxedCaptureMode entered twice; use a new one");
+    guard_.emplace();
+  }
+  void exit() { guard_.reset(); }
+
+ private:
+  std::optional<RelaxedCaptureMode> guard_;
 };
 
 }  // namespace
@@ -346,23 +449,44 @@ void register_runtime(py::module_& m) {
       .def(
           "record",
           [](LaunchOrder& o, uint64_t stream) {
-            o.after(reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(stream)));
+            cudaStream_t s = reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(stream));
+            o.after(s, stream_capture(s));
           },
           py::arg("stream"),
           "Mark `stream`'s current position as the end of the last launch (work issued after a "
-          "launch that still reads the workspace, e.g. copying out the gathered operand).");
+          "launch that still reads the workspace, e.g. copying out the gathered operand); inside "
+          "a capture, the end of the last captured launch.")
+      .def("capture_error", &LaunchOrder::capture_error,
+           "'' or the timeout report of a graph captured on this workspace (read after "
+           "synchronising).");
+
+  py::class_<PyRelaxedCaptureMode>(
+      m, "RelaxedCaptureMode",
+      "Context manager: while inside, this thread may allocate and set up (cudaMalloc, IPC, "
+      "graph objects) even though a stream capture in global mode is in progress.")
+      .def(py::init<>())
+      .def("__enter__",
+           [](py::object self) {
+             self.cast<PyRelaxedCaptureMode&>().enter();
+             return self;
+           })
+      .def("__exit__", [](PyRelaxedCaptureMode& g, const py::args&) {
+        g.exit();
+        return false;
+      });
 
   py::class_<PyGraph>(m, "DeviceGraph",
                       "One rank's CUDA graph of a plan (device::DeviceGraph). Pointers and streams "
                       "are integers (tensor.data_ptr(), stream.cuda_stream); 0 means absent.")
       .def(py::init<const distgemm::schedule::Plan&, const distgemm::python::GraphSetup&,
-                    std::shared_ptr<LaunchOrder>, uint64_t, uint64_t, uint64_t, uint64_t,
-                    uint64_t>(),
+                    std::shared_ptr<LaunchOrder>, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t,
+                    bool>(),
            py::arg("plan"), py::arg("setup"), py::arg("order"), py::arg("a"), py::arg("b"),
-           py::arg("c"), py::arg("d"), py::arg("bias_ptr"),
+           py::arg("c"), py::arg("d"), py::arg("bias_ptr"), py::arg("capture_only") = false,
            "The graph of `plan` (a _core.Plan, used as built: its partial transport, PDL and "
            "workspace layout) for setup.rank; ValueError when setup.workspace_bytes (if set) is "
-           "smaller than the plan's layout.")
+           "smaller than the plan's layout. capture_only: no executable of its own, only "
+           "capture() (timeouts go to the order's shared capture error sink).")
       .def("update", &PyGraph::update, py::arg("a"), py::arg("b"), py::arg("c"), py::arg("d"),
            py::arg("bias_ptr"),
            "Retarget the graph at new user buffers: a graph-exec update, or a re-instantiation "
@@ -370,6 +494,10 @@ void register_runtime(py::module_& m) {
       .def_property_readonly("rebuilds", &PyGraph::rebuilds,
                              "How many retargets needed a re-instantiation.")
       .def("launch", &PyGraph::launch, py::arg("stream"), "Enqueue one launch on `stream`.")
+      .def("capture", &PyGraph::capture, py::arg("stream"), py::arg("a"), py::arg("b"),
+           py::arg("c"), py::arg("d"), py::arg("bias_ptr"),
+           "Record one launch for these user pointers into the capture in progress on `stream` "
+           "(the nodes themselves, not a graph launch).")
       .def("error", &PyGraph::error,
            "'' or the timeout report of this rank (read after synchronising).")
       .def("check", &PyGraph::check, "Raise RuntimeError with error() when there is one.")

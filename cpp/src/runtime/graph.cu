@@ -84,27 +84,29 @@ DeviceGraph::DeviceGraph(const schedule::Plan& plan, int rank, int cuda_device, 
   (void)timeout_ns(opt_.timeout_s);
   validate(user);  // before any CUDA work: a rejected shape never reaches a launch
 
-  DISTGEMM_CUDA_CHECK(cudaSetDevice(cuda_device_));
-  kernel::gemm_prepare(dtype_, cuda_device_);
-  DISTGEMM_CUDA_CHECK(cudaStreamCreateWithFlags(&s_gemm_, cudaStreamNonBlocking));
-  DISTGEMM_CUDA_CHECK(cudaStreamCreateWithFlags(&s_copy_, cudaStreamNonBlocking));
-  DISTGEMM_CUDA_CHECK(cudaEventCreateWithFlags(&ev_barrier_, cudaEventDisableTiming));
-  DISTGEMM_CUDA_CHECK(cudaEventCreateWithFlags(&ev_copy_end_, cudaEventDisableTiming));
-  const auto& prog = plan_.devices[rank_];
-  ev_gemm_.resize(prog.gemms.size());
-  for (auto& e : ev_gemm_)
-    DISTGEMM_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  DISTGEMM_CUDA_CHECK(cudaMalloc(&abort_, 256));
-  DISTGEMM_CUDA_CHECK(cudaMemset(abort_, 0, 256));
-  DISTGEMM_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&record_host_),
-                                    sizeof(kernel::ErrorRecord), cudaHostAllocMapped));
-  *record_host_ = kernel::ErrorRecord{};
-  DISTGEMM_CUDA_CHECK(
-      cudaHostGetDevicePointer(reinterpret_cast<void**>(&record_dev_), record_host_, 0));
-  DISTGEMM_CUDA_CHECK(cudaDeviceSynchronize());
+  // The setup calls run in the relaxed capture mode and synchronise nothing but a private
+  // stream, so that a graph can be made while the caller's stream is being captured (the
+  // first call of a new shape inside torch.cuda.graph). The private capture itself does not
+  // need it (launches only).
+  {
+    RelaxedCaptureMode relaxed;
+    DISTGEMM_CUDA_CHECK(cudaSetDevice(cuda_device_));
+    kernel::gemm_prepare(dtype_, cuda_device_);
+    errors_ = opt_.errors ? opt_.errors : std::make_shared<ErrorSink>(cuda_device_);
+    if (errors_->cuda_device() != cuda_device_)
+      throw std::invalid_argument("GraphOptions::errors lives on CUDA device " +
+                                  std::to_string(errors_->cuda_device()) + ", the graph on " +
+                                  std::to_string(cuda_device_));
+    if (!opt_.instantiate) return;  // capture_into() only
+    create_lanes(own_, true);
+  }
 
   cudaGraph_t g = capture(user);
-  const cudaError_t instantiated = cudaGraphInstantiate(&exec_, g, 0);
+  cudaError_t instantiated;
+  {
+    RelaxedCaptureMode relaxed;
+    instantiated = cudaGraphInstantiate(&exec_, g, 0);
+  }
   if (instantiated != cudaSuccess) cudaGraphDestroy(g);
   DISTGEMM_CUDA_CHECK(instantiated);
   keep_graph(g);
@@ -115,13 +117,30 @@ DeviceGraph::~DeviceGraph() {
   cudaSetDevice(cuda_device_);
   if (exec_) cudaGraphExecDestroy(exec_);
   if (graph_) cudaGraphDestroy(graph_);
-  for (auto e : ev_gemm_) cudaEventDestroy(e);
-  if (ev_barrier_) cudaEventDestroy(ev_barrier_);
-  if (ev_copy_end_) cudaEventDestroy(ev_copy_end_);
-  if (s_gemm_) cudaStreamDestroy(s_gemm_);
-  if (s_copy_) cudaStreamDestroy(s_copy_);
-  if (abort_) cudaFree(abort_);
-  if (record_host_) cudaFreeHost(record_host_);
+  destroy_lanes(own_);
+  destroy_lanes(into_);
+}
+
+void DeviceGraph::create_lanes(Lanes& lanes, bool with_gemm_stream) {
+  if (with_gemm_stream)
+    DISTGEMM_CUDA_CHECK(cudaStreamCreateWithFlags(&lanes.gemm, cudaStreamNonBlocking));
+  DISTGEMM_CUDA_CHECK(cudaStreamCreateWithFlags(&lanes.copy, cudaStreamNonBlocking));
+  DISTGEMM_CUDA_CHECK(cudaEventCreateWithFlags(&lanes.barrier, cudaEventDisableTiming));
+  DISTGEMM_CUDA_CHECK(cudaEventCreateWithFlags(&lanes.copy_end, cudaEventDisableTiming));
+  lanes.gemm_done.resize(plan_.devices[rank_].gemms.size());
+  for (auto& e : lanes.gemm_done)
+    DISTGEMM_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+}
+
+void DeviceGraph::destroy_lanes(Lanes& lanes) {
+  for (auto e : lanes.gemm_done)
+    if (e) cudaEventDestroy(e);
+  lanes.gemm_done.clear();
+  if (lanes.barrier) cudaEventDestroy(lanes.barrier);
+  if (lanes.copy_end) cudaEventDestroy(lanes.copy_end);
+  if (lanes.gemm) cudaStreamDestroy(lanes.gemm);
+  if (lanes.copy) cudaStreamDestroy(lanes.copy);
+  lanes = Lanes{};
 }
 
 void* DeviceGraph::resolve(const BufRef& r, const UserBuffers& user, const char* what) const {
@@ -227,7 +246,7 @@ void DeviceGraph::validate(const UserBuffers& user) const {
   }
 }
 
-cudaGraph_t DeviceGraph::capture(const UserBuffers& user) {
+GraphStats DeviceGraph::enqueue(const UserBuffers& user, const Lanes& lanes, bool tag_roles) {
   const auto& prog = plan_.devices[rank_];
   const int64_t eb = kernel::dtype_bytes(dtype_);
   char* ws = byte_ptr(bases_[rank_]);
@@ -240,8 +259,8 @@ cudaGraph_t DeviceGraph::capture(const UserBuffers& user) {
   auto wait_spec = [&](const std::vector<int>& ids, int iteration, uint32_t kind) {
     kernel::WaitSpec w;
     w.epoch = epoch;
-    w.abort = abort_;
-    w.record = record_dev_;
+    w.abort = errors_->abort();
+    w.record = errors_->record_dev();
     w.flags = flags;
     w.num_flags = static_cast<int>(ids.size());
     for (size_t j = 0; j < ids.size(); ++j) w.flag_ids[j] = ids[j];
@@ -253,8 +272,8 @@ cudaGraph_t DeviceGraph::capture(const UserBuffers& user) {
   };
 
   // Records what the node the last call captured on `stream` does, for topology().
-  captured_roles_.clear();
   auto tag = [&](cudaStream_t stream, GraphNode role) {
+    if (!tag_roles) return;
     if (cudaGraphNode_t node = last_captured_node(stream))
       captured_roles_.emplace_back(node, std::move(role));
   };
@@ -268,139 +287,175 @@ cudaGraph_t DeviceGraph::capture(const UserBuffers& user) {
   };
 
   GraphStats st;
-  DISTGEMM_CUDA_CHECK(cudaSetDevice(cuda_device_));
-  DISTGEMM_CUDA_CHECK(cudaStreamBeginCapture(s_gemm_, cudaStreamCaptureModeThreadLocal));
-  try {
-    kernel::EntryBarrierSpec eb_spec;
-    eb_spec.epoch = epoch;
-    eb_spec.abort = abort_;
-    eb_spec.record = record_dev_;
-    eb_spec.local_barrier = reinterpret_cast<const uint32_t*>(ws + layout_.barrier_offset);
-    for (int r = 0; r < plan_.tp; ++r)
-      eb_spec.peer_barrier[r] =
-          reinterpret_cast<uint32_t*>(byte_ptr(bases_[r]) + layout_.barrier_offset);
-    eb_spec.tp = plan_.tp;
-    eb_spec.device = rank_;
-    eb_spec.timeout_ns = tmo;
-    kernel::entry_barrier_launch(eb_spec, s_gemm_);
-    tag(s_gemm_, role("barrier", -1, -1));
-    DISTGEMM_CUDA_CHECK(cudaEventRecord(ev_barrier_, s_gemm_));
-    DISTGEMM_CUDA_CHECK(cudaStreamWaitEvent(s_copy_, ev_barrier_, 0));
+  kernel::EntryBarrierSpec eb_spec;
+  eb_spec.epoch = epoch;
+  eb_spec.abort = errors_->abort();
+  eb_spec.record = errors_->record_dev();
+  eb_spec.local_barrier = reinterpret_cast<const uint32_t*>(ws + layout_.barrier_offset);
+  for (int r = 0; r < plan_.tp; ++r)
+    eb_spec.peer_barrier[r] =
+        reinterpret_cast<uint32_t*>(byte_ptr(bases_[r]) + layout_.barrier_offset);
+  eb_spec.tp = plan_.tp;
+  eb_spec.device = rank_;
+  eb_spec.timeout_ns = tmo;
+  kernel::entry_barrier_launch(eb_spec, lanes.gemm);
+  tag(lanes.gemm, role("barrier", -1, -1));
+  DISTGEMM_CUDA_CHECK(cudaEventRecord(lanes.barrier, lanes.gemm));
+  DISTGEMM_CUDA_CHECK(cudaStreamWaitEvent(lanes.copy, lanes.barrier, 0));
 
-    // Compute chain.
-    const bool use_pdl = opt_.pdl == GraphOptions::Pdl::On ||
-                         (opt_.pdl == GraphOptions::Pdl::Auto && pdl_by_default(plan_));
-    st.pdl = use_pdl && prog.gemms.size() > 1;
-    for (size_t i = 0; i < prog.gemms.size(); ++i) {
-      const auto& op = prog.gemms[i];
-      kernel::GemmDesc desc = gemm_desc(op, user);
-      desc.pdl = use_pdl && i > 0;  // GEMM 0 follows the entry barrier: a full edge
-      desc.tile_n = kernel::gemm_tile_n(desc, cuda_device_);  // resolved once: launch and stats
-      if (desc.tile_n == 128) ++st.gemm_n128;
-      kernel::gemm_launch(desc, wait_spec(op.waits, op.iteration, kernel::kWaitGemm), cuda_device_,
-                          s_gemm_);
-      tag(s_gemm_, role("gemm", static_cast<int>(i), -1, op.waits));
-      ++st.gemm_nodes;
-      DISTGEMM_CUDA_CHECK(cudaEventRecord(ev_gemm_[i], s_gemm_));
-    }
+  // Compute chain.
+  const bool use_pdl = opt_.pdl == GraphOptions::Pdl::On ||
+                       (opt_.pdl == GraphOptions::Pdl::Auto && pdl_by_default(plan_));
+  st.pdl = use_pdl && prog.gemms.size() > 1;
+  for (size_t i = 0; i < prog.gemms.size(); ++i) {
+    const auto& op = prog.gemms[i];
+    kernel::GemmDesc desc = gemm_desc(op, user);
+    desc.pdl = use_pdl && i > 0;  // GEMM 0 follows the entry barrier: a full edge
+    desc.tile_n = kernel::gemm_tile_n(desc, cuda_device_);  // resolved once: launch and stats
+    if (desc.tile_n == 128) ++st.gemm_n128;
+    kernel::gemm_launch(desc, wait_spec(op.waits, op.iteration, kernel::kWaitGemm), cuda_device_,
+                        lanes.gemm);
+    tag(lanes.gemm, role("gemm", static_cast<int>(i), -1, op.waits));
+    ++st.gemm_nodes;
+    DISTGEMM_CUDA_CHECK(cudaEventRecord(lanes.gemm_done[i], lanes.gemm));
+  }
 
-    // Side chain: every copy-engine node (GEMM signals, plan copies with their signals) and the
-    // copies' wait kernels in ONE in-order chain, merged by the GEMM each one follows (see the
-    // header for the deadlock this prevents). Key: the GEMM index an op waits for; -1: none
-    // (all-gather pushes, first); S: after the last GEMM (copies with flag waits).
-    struct SideOp {
-      int key;
-      int copy;  // -1: the signals of GEMM `key`
-    };
-    const int S = static_cast<int>(prog.gemms.size());
-    std::vector<SideOp> side;
-    for (int i = 0; i < S; ++i)
-      if (!prog.gemms[i].signals.empty()) side.push_back({i, -1});
-    for (int c = 0; c < static_cast<int>(prog.copies.size()); ++c) {
-      const auto& cp = prog.copies[c];
-      if (cp.after_gemm >= S) throw std::logic_error("internal: copy after a GEMM the plan lacks");
-      const int key = schedule::side_chain_key(cp, S);  // the plan's copies come in this order
-      side.push_back({key, c});
+  // Side chain: every copy-engine node (GEMM signals, plan copies with their signals) and the
+  // copies' wait kernels in ONE in-order chain, merged by the GEMM each one follows (see the
+  // header for the deadlock this prevents). Key: the GEMM index an op waits for; -1: none
+  // (all-gather pushes, first); S: after the last GEMM (copies with flag waits).
+  struct SideOp {
+    int key;
+    int copy;  // -1: the signals of GEMM `key`
+  };
+  const int S = static_cast<int>(prog.gemms.size());
+  std::vector<SideOp> side;
+  for (int i = 0; i < S; ++i)
+    if (!prog.gemms[i].signals.empty()) side.push_back({i, -1});
+  for (int c = 0; c < static_cast<int>(prog.copies.size()); ++c) {
+    const auto& cp = prog.copies[c];
+    if (cp.after_gemm >= S) throw std::logic_error("internal: copy after a GEMM the plan lacks");
+    const int key = schedule::side_chain_key(cp, S);  // the plan's copies come in this order
+    side.push_back({key, c});
+  }
+  // Stable: within a key, GEMM signals (pushed first) before copies, copies in plan order.
+  std::stable_sort(side.begin(), side.end(),
+                   [](const SideOp& x, const SideOp& y) { return x.key < y.key; });
+  // gemm: the GEMM whose result the signal publishes, or -1; copy: likewise the copy.
+  auto signal = [&](const schedule::FlagRef& f, int gemm, int copy) {
+    DISTGEMM_CUDA_CHECK(cudaMemcpyAsync(flag_of(f), epoch, 4, cudaMemcpyDefault, lanes.copy));
+    GraphNode n = role("signal", gemm, copy);
+    n.peer = f.device;
+    n.flag = f.flag;
+    tag(lanes.copy, std::move(n));
+    ++st.signal_nodes;
+  };
+  int waited = -1;  // the chain is in order: waiting for the latest GEMM so far is enough
+  for (const SideOp& so : side) {
+    const int target = std::min(so.key, S - 1);
+    if (target > waited) {
+      DISTGEMM_CUDA_CHECK(cudaStreamWaitEvent(lanes.copy, lanes.gemm_done[target], 0));
+      waited = target;
     }
-    // Stable: within a key, GEMM signals (pushed first) before copies, copies in plan order.
-    std::stable_sort(side.begin(), side.end(),
-                     [](const SideOp& x, const SideOp& y) { return x.key < y.key; });
-    // gemm: the GEMM whose result the signal publishes, or -1; copy: likewise the copy.
-    auto signal = [&](const schedule::FlagRef& f, int gemm, int copy) {
-      DISTGEMM_CUDA_CHECK(cudaMemcpyAsync(flag_of(f), epoch, 4, cudaMemcpyDefault, s_copy_));
-      GraphNode n = role("signal", gemm, copy);
-      n.peer = f.device;
-      n.flag = f.flag;
-      tag(s_copy_, std::move(n));
-      ++st.signal_nodes;
-    };
-    int waited = -1;  // the chain is in order: waiting for the latest GEMM so far is enough
-    for (const SideOp& so : side) {
-      const int target = std::min(so.key, S - 1);
-      if (target > waited) {
-        DISTGEMM_CUDA_CHECK(cudaStreamWaitEvent(s_copy_, ev_gemm_[target], 0));
-        waited = target;
-      }
-      if (so.copy < 0) {
-        for (const auto& f : prog.gemms[so.key].signals) signal(f, so.key, -1);
-        continue;
-      }
-      const auto& cp = prog.copies[so.copy];
-      if (!cp.waits.empty()) {
-        kernel::copy_wait_launch(wait_spec(cp.waits, so.copy, kernel::kWaitCopy), s_copy_);
-        tag(s_copy_, role("wait", -1, so.copy, cp.waits));
-        ++st.wait_kernels;
-      }
-      char* src = byte_ptr(resolve(cp.src, user, "copy source"));
-      char* dst = byte_ptr(resolve(cp.dst, user, "copy destination"));
-      // 1-D memcpy nodes wherever the data is contiguous (all current plans): a graph-exec update
-      // may retarget only 1-D memcpy nodes, so user-pointer updates stay updates.
-      const bool rows_dense = cp.src.ld == cp.cols && cp.dst.ld == cp.cols;
-      const bool all_dense =
-          rows_dense && (plan_.problem.l == 1 || (cp.src.batch_stride == cp.rows * cp.cols &&
-                                                  cp.dst.batch_stride == cp.rows * cp.cols));
-      if (all_dense) {
-        DISTGEMM_CUDA_CHECK(
-            cudaMemcpyAsync(dst, src, static_cast<size_t>(plan_.problem.l * cp.rows * cp.cols * eb),
-                            cudaMemcpyDefault, s_copy_));
-        tag(s_copy_, role("copy", -1, so.copy));
+    if (so.copy < 0) {
+      for (const auto& f : prog.gemms[so.key].signals) signal(f, so.key, -1);
+      continue;
+    }
+    const auto& cp = prog.copies[so.copy];
+    if (!cp.waits.empty()) {
+      kernel::copy_wait_launch(wait_spec(cp.waits, so.copy, kernel::kWaitCopy), lanes.copy);
+      tag(lanes.copy, role("wait", -1, so.copy, cp.waits));
+      ++st.wait_kernels;
+    }
+    char* src = byte_ptr(resolve(cp.src, user, "copy source"));
+    char* dst = byte_ptr(resolve(cp.dst, user, "copy destination"));
+    // 1-D memcpy nodes wherever the data is contiguous (all current plans): a graph-exec update
+    // may retarget only 1-D memcpy nodes, so user-pointer updates stay updates.
+    const bool rows_dense = cp.src.ld == cp.cols && cp.dst.ld == cp.cols;
+    const bool all_dense =
+        rows_dense && (plan_.problem.l == 1 || (cp.src.batch_stride == cp.rows * cp.cols &&
+                                                cp.dst.batch_stride == cp.rows * cp.cols));
+    if (all_dense) {
+      DISTGEMM_CUDA_CHECK(
+          cudaMemcpyAsync(dst, src, static_cast<size_t>(plan_.problem.l * cp.rows * cp.cols * eb),
+                          cudaMemcpyDefault, lanes.copy));
+      tag(lanes.copy, role("copy", -1, so.copy));
+      ++st.copy_nodes;
+    } else {
+      for (int64_t l = 0; l < plan_.problem.l; ++l) {
+        char* d = dst + l * cp.dst.batch_stride * eb;
+        const char* sp = src + l * cp.src.batch_stride * eb;
+        if (rows_dense)
+          DISTGEMM_CUDA_CHECK(cudaMemcpyAsync(d, sp, static_cast<size_t>(cp.rows * cp.cols * eb),
+                                              cudaMemcpyDefault, lanes.copy));
+        else
+          DISTGEMM_CUDA_CHECK(cudaMemcpy2DAsync(
+              d, static_cast<size_t>(cp.dst.ld * eb), sp, static_cast<size_t>(cp.src.ld * eb),
+              static_cast<size_t>(cp.cols * eb), static_cast<size_t>(cp.rows), cudaMemcpyDefault,
+              lanes.copy));
+        tag(lanes.copy, role("copy", -1, so.copy));
         ++st.copy_nodes;
-      } else {
-        for (int64_t l = 0; l < plan_.problem.l; ++l) {
-          char* d = dst + l * cp.dst.batch_stride * eb;
-          const char* sp = src + l * cp.src.batch_stride * eb;
-          if (rows_dense)
-            DISTGEMM_CUDA_CHECK(cudaMemcpyAsync(d, sp, static_cast<size_t>(cp.rows * cp.cols * eb),
-                                                cudaMemcpyDefault, s_copy_));
-          else
-            DISTGEMM_CUDA_CHECK(cudaMemcpy2DAsync(
-                d, static_cast<size_t>(cp.dst.ld * eb), sp, static_cast<size_t>(cp.src.ld * eb),
-                static_cast<size_t>(cp.cols * eb), static_cast<size_t>(cp.rows), cudaMemcpyDefault,
-                s_copy_));
-          tag(s_copy_, role("copy", -1, so.copy));
-          ++st.copy_nodes;
-        }
       }
-      for (const auto& f : cp.signals) signal(f, -1, so.copy);
     }
+    for (const auto& f : cp.signals) signal(f, -1, so.copy);
+  }
 
-    // Join: the launch ends after the side chain too.
-    DISTGEMM_CUDA_CHECK(cudaEventRecord(ev_copy_end_, s_copy_));
-    DISTGEMM_CUDA_CHECK(cudaStreamWaitEvent(s_gemm_, ev_copy_end_, 0));
+  // Join: the launch ends after the side chain too.
+  DISTGEMM_CUDA_CHECK(cudaEventRecord(lanes.copy_end, lanes.copy));
+  DISTGEMM_CUDA_CHECK(cudaStreamWaitEvent(lanes.gemm, lanes.copy_end, 0));
+  return st;
+}
+
+cudaGraph_t DeviceGraph::capture(const UserBuffers& user) {
+  DISTGEMM_CUDA_CHECK(cudaSetDevice(cuda_device_));
+  captured_roles_.clear();
+  DISTGEMM_CUDA_CHECK(cudaStreamBeginCapture(own_.gemm, cudaStreamCaptureModeThreadLocal));
+  GraphStats st;
+  try {
+    st = enqueue(user, own_, true);
   } catch (...) {
     cudaGraph_t broken = nullptr;
-    cudaStreamEndCapture(s_gemm_, &broken);  // leave the stream usable; the error is rethrown
+    cudaStreamEndCapture(own_.gemm, &broken);  // leave the stream usable; the error is rethrown
     if (broken) cudaGraphDestroy(broken);
     (void)cudaGetLastError();
     throw;
   }
   cudaGraph_t graph = nullptr;
-  DISTGEMM_CUDA_CHECK(cudaStreamEndCapture(s_gemm_, &graph));
+  DISTGEMM_CUDA_CHECK(cudaStreamEndCapture(own_.gemm, &graph));
   stats_ = st;
   return graph;
 }
 
+void DeviceGraph::capture_into(cudaStream_t caller, const UserBuffers& user) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  DISTGEMM_CUDA_CHECK(cudaStreamIsCapturing(caller, &status));
+  if (status != cudaStreamCaptureStatusActive)
+    throw std::logic_error(
+        std::string("DeviceGraph::capture_into: the caller's stream is ") +
+        (status == cudaStreamCaptureStatusNone ? "not capturing" : "in an invalidated capture") +
+        "; use launch() outside a capture");
+  validate(user);
+  DISTGEMM_CUDA_CHECK(cudaSetDevice(cuda_device_));
+  if (!into_.copy) {
+    RelaxedCaptureMode relaxed;  // creating streams and events while the caller captures
+    create_lanes(into_, false);
+  }
+  Lanes lanes = into_;
+  lanes.gemm = caller;
+  // An error leaves the caller's capture as it is (possibly invalidated by the failed call):
+  // the caller's cudaStreamEndCapture reports it; there is nothing of ours to unwind.
+  stats_ = enqueue(user, lanes, false);
+}
+
+void DeviceGraph::require_executable(const char* what) const {
+  if (!exec_)
+    throw std::logic_error(std::string("DeviceGraph::") + what +
+                           ": this graph was built with GraphOptions::instantiate = false and "
+                           "only records into callers' captures (capture_into)");
+}
+
 void DeviceGraph::update(const UserBuffers& user) {
+  require_executable("update");
   validate(user);
   cudaGraph_t g = capture(user);
   cudaGraphExecUpdateResultInfo info{};
@@ -419,6 +474,7 @@ void DeviceGraph::update(const UserBuffers& user) {
 }
 
 void DeviceGraph::rebuild(const UserBuffers& user) {
+  require_executable("rebuild");
   validate(user);
   cudaGraph_t g = capture(user);
   cudaGraphExec_t fresh = nullptr;
@@ -439,11 +495,44 @@ void DeviceGraph::keep_graph(cudaGraph_t graph) {
 }
 
 void DeviceGraph::launch(cudaStream_t stream) {
+  require_executable("launch");
   DISTGEMM_CUDA_CHECK(cudaSetDevice(cuda_device_));
   DISTGEMM_CUDA_CHECK(cudaGraphLaunch(exec_, stream));
 }
 
-std::string DeviceGraph::error() const {
+ErrorSink::ErrorSink(int cuda_device) : cuda_device_(cuda_device) {
+  RelaxedCaptureMode relaxed;
+  DISTGEMM_CUDA_CHECK(cudaSetDevice(cuda_device_));
+  // Zeroed on a private stream and synchronised there: a device-wide synchronisation (or the
+  // legacy stream) would conflict with a capture in progress on another stream of the device.
+  cudaStream_t zeroing = nullptr;
+  DISTGEMM_CUDA_CHECK(cudaStreamCreateWithFlags(&zeroing, cudaStreamNonBlocking));
+  cudaError_t e = cudaMalloc(&abort_, 256);
+  if (e == cudaSuccess) e = cudaMemsetAsync(abort_, 0, 256, zeroing);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(zeroing);
+  cudaStreamDestroy(zeroing);
+  if (e == cudaSuccess)
+    e = cudaHostAlloc(reinterpret_cast<void**>(&record_host_), sizeof(kernel::ErrorRecord),
+                      cudaHostAllocMapped);
+  if (e == cudaSuccess) {
+    *record_host_ = kernel::ErrorRecord{};
+    e = cudaHostGetDevicePointer(reinterpret_cast<void**>(&record_dev_), record_host_, 0);
+  }
+  if (e != cudaSuccess) {
+    if (abort_) cudaFree(abort_);
+    if (record_host_) cudaFreeHost(record_host_);
+    DISTGEMM_CUDA_CHECK(e);
+  }
+}
+
+ErrorSink::~ErrorSink() {
+  // Destructor: best effort, nothing to report to.
+  cudaSetDevice(cuda_device_);
+  if (abort_) cudaFree(abort_);
+  if (record_host_) cudaFreeHost(record_host_);
+}
+
+std::string ErrorSink::error() const {
   volatile kernel::ErrorRecord* r = record_host_;
   if (r->valid == 0u) return "";
   char secs[32];
@@ -462,8 +551,21 @@ std::string DeviceGraph::error() const {
            " s (last value " + std::to_string(r->observed) + ")";
   }
   return what +
-         "; the device is aborted: later launches of its graph exit at once, build a new "
-         "runtime after fixing the peer";
+         "; the device is aborted: later launches of its graph (and of every graph sharing "
+         "its error sink) exit at once, build a new runtime after fixing the peer";
+}
+
+std::string DeviceGraph::error() const { return errors_->error(); }
+
+RelaxedCaptureMode::RelaxedCaptureMode() {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  DISTGEMM_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+  previous_ = mode;
+}
+
+RelaxedCaptureMode::~RelaxedCaptureMode() {
+  cudaStreamCaptureMode mode = previous_;
+  cudaThreadExchangeStreamCaptureMode(&mode);  // destructor: nothing to report to
 }
 
 void DeviceGraph::check() const {

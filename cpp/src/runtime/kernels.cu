@@ -1,6 +1,6 @@
 // Dtype and tile dispatch and shape checks of the GEMM, and the two single-block runtime kernels
 // (entry barrier, wait before a copy). The CUTLASS instantiations live in
-// gemm_<dtype>_n<tile>.cu, one kernel per translation unit.
+// gemm_<dtype>_n<tile>[_bn].cu, one kernel per translation unit.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -16,7 +16,7 @@
 namespace distgemm::kernel {
 
 namespace detail {
-// One set per kernel (gemm_<dtype>_n<tile>.cu).
+// One set per kernel (gemm_<dtype>_n<tile>[_bn].cu; _bn: B N-contiguous).
 #define DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(SUFFIX)                                        \
   std::string can_implement_##SUFFIX(const GemmDesc& g);                                  \
   void launch_##SUFFIX(const GemmDesc& g, const WaitSpec& w, int device, cudaStream_t s); \
@@ -25,6 +25,8 @@ DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(bf16_n256)
 DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(bf16_n128)
 DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(fp16_n256)
 DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(fp16_n128)
+DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(bf16_n256_bn)
+DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(fp16_n256_bn)
 #undef DISTGEMM_DECLARE_GEMM_ENTRY_POINTS
 
 struct Kernels {
@@ -33,7 +35,12 @@ struct Kernels {
   int (*prepare)(int);
 };
 
-Kernels kernels(DType dtype, int tile_n) {
+// b_n_major has the 128x256 tile only (gemm_can_implement refuses a forced 128 with it).
+Kernels kernels(DType dtype, int tile_n, bool b_n_major = false) {
+  if (b_n_major)
+    return dtype == DType::BF16
+               ? Kernels{can_implement_bf16_n256_bn, launch_bf16_n256_bn, prepare_bf16_n256_bn}
+               : Kernels{can_implement_fp16_n256_bn, launch_fp16_n256_bn, prepare_fp16_n256_bn};
   if (dtype == DType::BF16)
     return tile_n == 128 ? Kernels{can_implement_bf16_n128, launch_bf16_n128, prepare_bf16_n128}
                          : Kernels{can_implement_bf16_n256, launch_bf16_n256, prepare_bf16_n256};
@@ -85,8 +92,11 @@ std::string gemm_can_implement(const GemmDesc& g) {
   if (g.user_c && !(e = check_operand("C", g.user_c, g.ldc, g.batch_c, g.l, eb)).empty()) return e;
   if (g.bias && !(e = check_operand("bias", g.bias, 0, 0, 1, eb, true)).empty()) return e;
   if (!(e = tile_n_problem(g.tile_n)).empty()) return e;
-  // Both kernels take the same shapes (TMA alignment); ask the one a forced tile names.
-  return detail::kernels(g.dtype, g.tile_n).can_implement(g);
+  if (g.b_n_major && g.tile_n == 128)
+    return "tile_n=128 has no kernel for an N-contiguous B (a transposed weight view): use "
+           "tile_n=0 or 256, or pass the weight K-contiguous";
+  // Both tiles take the same shapes (TMA alignment); ask the kernel a forced tile names.
+  return detail::kernels(g.dtype, g.tile_n, g.b_n_major).can_implement(g);
 }
 
 int gemm_resident_ctas(DType dtype, int tile_n, int device) {
@@ -99,6 +109,7 @@ int gemm_resident_ctas(DType dtype, int tile_n, int device) {
 
 int gemm_tile_n(const GemmDesc& g, int device) {
   if (g.tile_n != 0) return g.tile_n;
+  if (g.b_n_major) return 256;  // the one tile with that B layout
   return choose_tile_n(g.m, g.n, g.l, gemm_resident_ctas(g.dtype, 256, device),
                        gemm_resident_ctas(g.dtype, 128, device));
 }
@@ -106,12 +117,13 @@ int gemm_tile_n(const GemmDesc& g, int device) {
 void gemm_launch(const GemmDesc& g, const WaitSpec& wait, int device, cudaStream_t stream) {
   const std::string why = gemm_can_implement(g);
   if (!why.empty()) throw std::invalid_argument("GEMM rejected before launch: " + why);
-  detail::kernels(g.dtype, gemm_tile_n(g, device)).launch(g, wait, device, stream);
+  detail::kernels(g.dtype, gemm_tile_n(g, device), g.b_n_major).launch(g, wait, device, stream);
 }
 
 void gemm_prepare(DType dtype, int device) {
   (void)detail::kernels(dtype, 256).prepare(device);
   (void)detail::kernels(dtype, 128).prepare(device);
+  (void)detail::kernels(dtype, 256, true).prepare(device);
 }
 
 // Entry barrier of a launch: bump this device's generation, publish it into every device's

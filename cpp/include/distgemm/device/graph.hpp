@@ -60,6 +60,17 @@
 //   copy -> its signals   : the data lands before the flag that publishes it (same chain).
 //   side chain -> end     : the graph ends after every copy and signal (join), so the next
 //                           launch's EB really means "this device is done".
+//
+// Inside a caller's stream capture (torch.cuda.graph), capture_into() records the same node
+// sequence (one definition, enqueue()) straight into the caller's graph: the GEMM chain on the
+// caller's stream, the side chain on a private stream that joins the capture by waiting for EB
+// and rejoins the caller's stream at the end. So in the caller's graph: caller's previous node
+// -> EB -> ... -> join -> caller's next node, the same edges as above in between, and no
+// cudaGraphLaunch (a child launch would bake in this object's executable at capture time and
+// hide the nodes from the caller's graph). A replay needs no host work: EB advances the epoch on
+// the device. Replays and eager launches that share a workspace must not overlap on one device
+// (each EB assumes the previous launch there is complete): on one stream they interleave freely;
+// across streams the caller orders them (python/distgemm LaunchOrder does it for eager calls).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -94,6 +105,53 @@ struct EpilogueArgs {
   bool bias = false;  // bias[n] is added at each tile's last visit
 };
 
+// Where the bounded waits of a graph report a timeout: a sticky abort word in device memory
+// (the first wait that times out sets it; every later wait, and every entry barrier, reading it
+// exits at once) and an error record in mapped host memory (the first cause). A DeviceGraph owns
+// one, or shares one: graphs recorded into callers' captures of one workspace share theirs,
+// because a replay runs no host code between ops and a missing peer must end the whole replay
+// after one timeout, not after one timeout per op.
+class ErrorSink {
+ public:
+  // Allocates and zeroes the abort word on `cuda_device` without any device-wide
+  // synchronisation (safe while another stream of the device is being captured; see
+  // RelaxedCaptureMode).
+  explicit ErrorSink(int cuda_device);
+  ~ErrorSink();
+  ErrorSink(const ErrorSink&) = delete;
+  ErrorSink& operator=(const ErrorSink&) = delete;
+
+  uint32_t* abort() const { return abort_; }
+  kernel::ErrorRecord* record_dev() const { return record_dev_; }
+  // "" or the timeout report, e.g. "device 0, iteration 1: flag 0 did not reach generation 7
+  // within 5 s (last value 6); ...". Read after the launches were synchronised.
+  std::string error() const;
+  int cuda_device() const { return cuda_device_; }
+
+ private:
+  int cuda_device_;
+  uint32_t* abort_ = nullptr;                   // device memory
+  kernel::ErrorRecord* record_host_ = nullptr;  // mapped host memory
+  kernel::ErrorRecord* record_dev_ = nullptr;
+};
+
+// While alive, this thread may make the "potentially unsafe" CUDA calls of setup work
+// (cudaMalloc, cudaHostAlloc, IPC handles, graph instantiation) even when a stream capture in
+// global mode (torch.cuda.graph's default) is in progress: the thread's capture interaction mode
+// is cudaStreamCaptureModeRelaxed, restored on destruction. Calls that conflict with a capture
+// whatever the mode (synchronising the device, the legacy stream) stay forbidden: setup code
+// synchronises private streams only.
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode();
+  ~RelaxedCaptureMode();
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  cudaStreamCaptureMode previous_ = cudaStreamCaptureModeRelaxed;
+};
+
 struct GraphOptions {
   double timeout_s = kernel::kDefaultTimeoutS;  // bound of every in-kernel wait
   // GEMM tile order (see kernel::GemmDesc): swizzle 1/2/4/8, raster 0 heuristic / 1 M / 2 N.
@@ -113,6 +171,12 @@ struct GraphOptions {
   // for epilogue partials, while this plan stages them for the copy engine) would otherwise be
   // written past its end. 0: not checked (the caller sized it from this very plan).
   int64_t workspace_bytes = 0;
+  // Where the waits report a timeout; null: the graph allocates its own.
+  std::shared_ptr<ErrorSink> errors;
+  // false: no executable graph of its own (launch/update/rebuild refuse, topology is empty); it
+  // only records its nodes into callers' captures (capture_into). Skips a private capture and an
+  // instantiation that would never be launched.
+  bool instantiate = true;
 };
 
 // GraphOptions::Pdl::Auto follows pdl_by_default (schedule/defaults.hpp, with the other defaults).
@@ -167,9 +231,15 @@ class DeviceGraph {
 
   // Enqueue one launch on `stream` (a stream of this device).
   void launch(cudaStream_t stream);
+  // Record one launch's nodes for `user` into the capture in progress on `caller` (a stream of
+  // this device, capturing): see "Inside a caller's stream capture" above. The caller's graph
+  // then references this object's error sink and the workspace: both must outlive every replay.
+  // Throws std::logic_error when `caller` is not capturing.
+  void capture_into(cudaStream_t caller, const UserBuffers& user);
 
   // After the launches were synchronised: "" or the timeout report of this device, e.g.
-  // "device 0, iteration 1: flag 0 did not reach generation 7 within 5 s (last value 6)".
+  // "device 0, iteration 1: flag 0 did not reach generation 7 within 5 s (last value 6)"
+  // (from its error sink: shared sinks report every sharer's timeout).
   std::string error() const;
   // Throws std::runtime_error(error()) when there is one.
   void check() const;
@@ -181,7 +251,21 @@ class DeviceGraph {
   GraphTopology topology() const;
 
  private:
+  // The streams and events one recording of the node sequence uses: the GEMM chain's stream, the
+  // side chain's stream, and the events that fork and join them.
+  struct Lanes {
+    cudaStream_t gemm = nullptr, copy = nullptr;
+    cudaEvent_t barrier = nullptr, copy_end = nullptr;
+    std::vector<cudaEvent_t> gemm_done;  // one per GEMM
+  };
+  void create_lanes(Lanes& lanes, bool with_gemm_stream);
+  static void destroy_lanes(Lanes& lanes);
+  // Enqueues one launch's nodes on lanes.gemm (and lanes.copy, joined back into lanes.gemm):
+  // the one definition of the node sequence, recorded by capture() and capture_into(). With
+  // `tag`, records each node's role for topology().
+  GraphStats enqueue(const UserBuffers& user, const Lanes& lanes, bool tag);
   cudaGraph_t capture(const UserBuffers& user);
+  void require_executable(const char* what) const;
   // Makes `graph` (the capture behind the current executable) the one topology() reads.
   void keep_graph(cudaGraph_t graph);
   void* resolve(const schedule::BufRef& r, const UserBuffers& user, const char* what) const;
@@ -197,12 +281,12 @@ class DeviceGraph {
   GraphOptions opt_;
   GraphStats stats_;
 
-  cudaStream_t s_gemm_ = nullptr, s_copy_ = nullptr;  // GEMM chain, side chain
-  cudaEvent_t ev_barrier_ = nullptr, ev_copy_end_ = nullptr;
-  std::vector<cudaEvent_t> ev_gemm_;
-  uint32_t* abort_ = nullptr;                   // device memory
-  kernel::ErrorRecord* record_host_ = nullptr;  // mapped host memory
-  kernel::ErrorRecord* record_dev_ = nullptr;
+  // own_: the private captures (GEMM chain stream, side chain stream); into_: capture_into()
+  // (side chain only: the GEMM chain runs on the caller's stream), made at its first use. Two
+  // sets, because the streams of a capture_into() stay in the caller's capture until the caller
+  // ends it, while update() may need a private capture before that.
+  Lanes own_, into_;
+  std::shared_ptr<ErrorSink> errors_;
   cudaGraphExec_t exec_ = nullptr;
   cudaGraph_t graph_ = nullptr;  // the capture exec_ was made from (or last updated with)
   // Roles of the nodes, recorded by capture(): those of graph_, and of the capture in progress.

@@ -10,7 +10,8 @@
 //                               engine (a local staging slot per non-final step)
 //   gemm_allreduce            : 2(S - S/TP) slots of one D tile (partials + the finished tiles
 //                               pushed by their owners); 3(S - S/TP) with partials by copy engine
-// plus 4 bytes per flag, 4 per device (barrier) and the epoch word, rounded to 256 bytes.
+// plus the control region after the slots (schedule::control_layout(): kMaxFlags flags, kMaxTp
+// barrier slots and the epoch word, 1280 bytes), the same for every plan.
 //
 // Single process: cudaMalloc on each device and peer access between every pair, so a base
 // address is valid on every device (unified addressing). A multi-process runtime passes

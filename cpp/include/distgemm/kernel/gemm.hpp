@@ -5,7 +5,8 @@
 //
 // The GEMM (per batch l < L, row-major views, `ld*` = elements between rows):
 //   D[m, n] = alpha * sum_k A[m, k] * B[n, k] + partial[m, n] + beta * user_c[m, n] + bias[n]
-// A [m, k] K-contiguous, B [n, k] K-contiguous (nn.Linear layout: a "TN" GEMM), D, partial and
+// A [m, k] K-contiguous, B [n, k] K-contiguous (nn.Linear layout: a "TN" GEMM) or, with
+// b_n_major, B stored [k, n] N-contiguous (B[n, k] at b[k * ldb + n]), D, partial and
 // user_c [m, n] N-contiguous; partial, user_c and bias may each be null (absent). bf16 or fp16
 // in and out, fp32 accumulate.
 #pragma once
@@ -45,6 +46,9 @@ struct GemmDesc {
   int64_t lda = 0, batch_a = 0;
   const void* b = nullptr;
   int64_t ldb = 0, batch_b = 0;
+  // B stored [k, n] (N contiguous; ldb = elements between k rows): the transposed view of an
+  // nn.Linear weight, read without a copy. Only the 128x256 tile has this layout.
+  bool b_n_major = false;
   void* d = nullptr;
   int64_t ldd = 0, batch_d = 0;
   const void* partial = nullptr;  // added with scale 1; null: absent

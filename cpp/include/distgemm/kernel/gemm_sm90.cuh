@@ -5,6 +5,9 @@
 // fp32 accumulators of both wgmma streams stay in flight; pingpong at 128x256 serialises them),
 // tile 128 x TileN x 64, cluster 2x1 (A tile multicast to the pair), persistent grid. TileN is
 // 256, or 128 for GEMMs whose 128x256 tiles would leave SMs idle (kernel/tile_choice.hpp).
+// B is K-contiguous ([n, k], nn.Linear's weight), or with BNMajor N-contiguous ([k, n], a
+// transposed view of that weight: what a backward dgrad GEMM reads); TMA and wgmma read both
+// layouts of 16-bit types, so the transposed weight is never copied.
 //
 // Epilogue, an EVT tree computing in fp32:
 //     D = beta * user_c + ((alpha * acc + bias[n]) + partial)
@@ -21,6 +24,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -110,15 +114,17 @@ struct OptionalSrcFetch {
   }
 };
 
-template <class Element, int TileN>
+template <class Element, int TileN, bool BNMajor>
 struct Config {
   static_assert(TileN == 128 || TileN == 256, "tile width 128 or 256");
   using TileShape = Shape<_128, Int<TileN>, _64>;
   using ClusterShape = Shape<_2, _1, _1>;
   static constexpr int kAlign = 128 / cutlass::sizeof_bits<Element>::value;  // 16 bytes
-  using LayoutA = cutlass::layout::RowMajor;     // A [m, k], K contiguous
-  using LayoutB = cutlass::layout::ColumnMajor;  // B [n, k], K contiguous ("TN")
-  using LayoutC = cutlass::layout::RowMajor;     // C, D [m, n], N contiguous
+  using LayoutA = cutlass::layout::RowMajor;  // A [m, k], K contiguous
+  // B [n, k], K contiguous ("TN"), or BNMajor: B stored [k, n], N contiguous ("NN").
+  using LayoutB =
+      std::conditional_t<BNMajor, cutlass::layout::RowMajor, cutlass::layout::ColumnMajor>;
+  using LayoutC = cutlass::layout::RowMajor;  // C, D [m, n], N contiguous
   static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
 
   using Alpha = fusion::Sm90ScalarBroadcast<float>;
@@ -169,14 +175,21 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock,
   op(params, smem);
 }
 
-template <class Element, int TileN>
+template <class Element, int TileN, bool BNMajor>
 struct Runner {
-  using Cfg = Config<Element, TileN>;
+  using Cfg = Config<Element, TileN, BNMajor>;
   using Kernel = typename Cfg::Kernel;
   using Arguments = typename Kernel::Arguments;
 
   static auto stride(int64_t ld, int64_t batch) {
     return cute::make_stride(ld, cute::Int<1>{}, batch);
+  }
+  // B in CUTLASS's (n, k, l) coordinates: K contiguous, or N contiguous with ld between k rows.
+  static auto stride_b(int64_t ld, int64_t batch) {
+    if constexpr (BNMajor)
+      return cute::make_stride(cute::Int<1>{}, ld, batch);
+    else
+      return stride(ld, batch);
   }
 
   // sm_count and max_active_clusters describe the device. The persistent grid is sized to the
@@ -231,7 +244,7 @@ struct Runner {
                      {static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k),
                       static_cast<int>(g.l)},
                      {static_cast<E const*>(g.a), stride(g.lda, g.batch_a),
-                      static_cast<E const*>(g.b), stride(g.ldb, g.batch_b)},
+                      static_cast<E const*>(g.b), stride_b(g.ldb, g.batch_b)},
                      {root, static_cast<E const*>(c_ptr), stride(c_ld, c_batch),
                       static_cast<E*>(g.d), stride(g.ldd, g.batch_d)},
                      hw,
@@ -325,20 +338,20 @@ struct Runner {
 
 }  // namespace distgemm::kernel::sm90
 
-// One kernel's entry points (dtype x tile width), defined by a translation unit that
-// instantiates Runner<ELEMENT, TILE_N>. prepare_* returns the kernel's resident CTAs (the
-// persistent grid size), the input of choose_tile_n.
-#define DISTGEMM_DEFINE_GEMM_ENTRY_POINTS(SUFFIX, ELEMENT, TILE_N)                         \
+// One kernel's entry points (dtype x tile width x B layout), defined by a translation unit that
+// instantiates Runner<ELEMENT, TILE_N, B_N_MAJOR>. prepare_* returns the kernel's resident CTAs
+// (the persistent grid size), the input of choose_tile_n.
+#define DISTGEMM_DEFINE_GEMM_ENTRY_POINTS(SUFFIX, ELEMENT, TILE_N, B_N_MAJOR)              \
   namespace distgemm::kernel::detail {                                                     \
   std::string can_implement_##SUFFIX(const GemmDesc& g) {                                  \
-    return sm90::Runner<ELEMENT, TILE_N>::can_implement(g);                                \
+    return sm90::Runner<ELEMENT, TILE_N, B_N_MAJOR>::can_implement(g);                     \
   }                                                                                        \
   void launch_##SUFFIX(const GemmDesc& g, const WaitSpec& w, int device, cudaStream_t s) { \
-    sm90::Runner<ELEMENT, TILE_N>::launch(g, w, device, s);                                \
+    sm90::Runner<ELEMENT, TILE_N, B_N_MAJOR>::launch(g, w, device, s);                     \
   }                                                                                        \
   int prepare_##SUFFIX(int device) {                                                       \
-    const auto d = sm90::Runner<ELEMENT, TILE_N>::prepare(device);                         \
-    using Cluster = typename sm90::Runner<ELEMENT, TILE_N>::Cfg::ClusterShape;             \
+    const auto d = sm90::Runner<ELEMENT, TILE_N, B_N_MAJOR>::prepare(device);              \
+    using Cluster = typename sm90::Runner<ELEMENT, TILE_N, B_N_MAJOR>::Cfg::ClusterShape;  \
     return d.max_active_clusters * int(cute::size(Cluster{}));                             \
   }                                                                                        \
   }

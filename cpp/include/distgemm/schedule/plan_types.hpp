@@ -93,13 +93,39 @@ struct DeviceProgram {
 // Byte layout of one device's symmetric workspace (identical on every device).
 struct WorkspaceLayout {
   int64_t slots_offset = 0, slots_bytes = 0;
-  int64_t flags_offset = 0, flags_bytes = 0;      // uint32 per plan flag
+  int64_t flags_offset = 0, flags_bytes = 0;      // uint32 per flag, kMaxFlags of them
   int64_t barrier_offset = 0, barrier_bytes = 0;  // uint32 per device (entry barrier)
   int64_t epoch_offset = 0;                       // uint32 launch generation of this device
   int64_t total_bytes = 0;
 };
 
-inline int64_t round_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+inline constexpr int64_t round_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+inline constexpr int kMaxTp = 8;  // devices of one plan (the runtime's kernel::kMaxDevices)
+// Pipeline steps of one plan. The bound makes the flags of every plan fit one fixed control
+// region, so that plans of any shape share one workspace per communicator.
+inline constexpr int kMaxSteps = 128;
+// Flags of one plan (build_plan): S - S/TP for the all-gather and reduce-scatter schedules,
+// 2(S - S/TP) for gemm_allreduce (partials + finished tiles); all fewer than 2*S.
+inline constexpr int kMaxFlags = 2 * kMaxSteps;
+// Receive slots start at multiples of this many bytes, and so does the control region.
+inline constexpr int64_t kSlotAlign = 256;
+
+// The control region of a workspace: flags, entry-barrier slots and the epoch word, the same for
+// every plan, as the layout of a plan without slots (offsets from the end of the slots). Every
+// plan places it right after its own slots, so a plan with fewer slot bytes than the workspace
+// takes a base shifted by the difference and finds the control region on the same addresses as
+// every other plan's.
+inline constexpr WorkspaceLayout control_layout() {
+  WorkspaceLayout c;
+  c.flags_offset = 0;
+  c.flags_bytes = round_up(int64_t(kMaxFlags) * 4, 128);
+  c.barrier_offset = c.flags_offset + c.flags_bytes;
+  c.barrier_bytes = round_up(int64_t(kMaxTp) * 4, 128);
+  c.epoch_offset = c.barrier_offset + c.barrier_bytes;
+  c.total_bytes = round_up(c.epoch_offset + 4, kSlotAlign);
+  return c;
+}
 
 // How a reduce-scatter partial reaches the device that continues it (the ring of rs_tile_a,
 // rs_tile_b and gemm_allreduce; all-gather plans have no partials).
@@ -150,16 +176,17 @@ struct Plan {
 
   const Partition& partition() const { return def.partition; }
 
+  // The slots, then the control region (control_layout()). Throws std::logic_error for a plan
+  // with more flags than the control region holds (a Plan assembled by hand).
   WorkspaceLayout layout(int slot_elem_bytes) const {
-    WorkspaceLayout w;
-    w.slots_offset = 0;
-    w.slots_bytes = round_up(slot_elems * slot_elem_bytes, 256);
-    w.flags_offset = w.slots_bytes;
-    w.flags_bytes = round_up(int64_t(num_flags) * 4, 128);
-    w.barrier_offset = w.flags_offset + w.flags_bytes;
-    w.barrier_bytes = round_up(int64_t(tp) * 4, 128);
-    w.epoch_offset = w.barrier_offset + w.barrier_bytes;
-    w.total_bytes = round_up(w.epoch_offset + 4, 256);
+    if (num_flags > kMaxFlags)
+      throw std::logic_error("internal: a plan with " + std::to_string(num_flags) +
+                             " flags; the workspace's control region holds " +
+                             std::to_string(kMaxFlags));
+    WorkspaceLayout w = control_layout();
+    w.slots_bytes = round_up(slot_elems * slot_elem_bytes, kSlotAlign);
+    for (int64_t* offset : {&w.flags_offset, &w.barrier_offset, &w.epoch_offset, &w.total_bytes})
+      *offset += w.slots_bytes;
     return w;
   }
   // Extra device memory per device beyond the user's tensors.
@@ -169,14 +196,15 @@ struct Plan {
 // ---------------------------------------------------------------------------------------------
 // Validation: every constraint in words, with the values.
 
-inline constexpr int kMaxTp = 8;  // devices of one plan (the runtime's kernel::kMaxDevices)
-
 inline std::string validate(const ScheduleDef& def, const Problem& p, int tp, int steps) {
   auto s = [](int64_t v) { return std::to_string(v); };
   if (tp < 1 || tp > kMaxTp)
     return "TP=" + s(tp) + " is out of range: distgemm supports 1 <= TP <= " + s(kMaxTp);
   if (steps < tp || steps % tp != 0)
     return "S=" + s(steps) + " is not a positive multiple of TP=" + s(tp) + " (S = k*TP, k >= 1)";
+  if (steps > kMaxSteps)
+    return "S=" + s(steps) + " is out of range: distgemm supports S <= " + s(kMaxSteps) +
+           " (every plan's flags fit the workspace's one control region)";
   if (p.m < 1 || p.n < 1 || p.k < 1 || p.l < 1)
     return "problem sizes must be positive, got M=" + s(p.m) + " N=" + s(p.n) + " K=" + s(p.k) +
            " L=" + s(p.l);

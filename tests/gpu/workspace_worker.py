@@ -1,0 +1,255 @@
+"""GPU checks of the communicator's one workspace, one process per GPU:
+
+    torchrun --nproc-per-node 2 tests/gpu/workspace_worker.py --out DIR
+
+Started by tests/gpu/test_workspace.py. Sections, run by every rank in the same order:
+
+  growth   the serving loop: 96 token counts (64..6144), an all_gather_gemm (ag_rotate_a) and a
+           gemm_reduce_scatter (rs_tile_a) each, K = 4096, N = 8192, path="overlap". What
+           distgemm holds afterwards (memory_stats, and device memory in use after
+           torch.cuda.empty_cache()) against the largest plan's layout; results checked along
+           the way and again for the first shapes after the workspace grew past them (their
+           plans were re-pointed and their graphs rebuilt)
+  streams  the same communicator from two streams: ops alternating between the streams with no
+           host synchronisation, of several shapes (one grows the workspace mid-way), a plan
+           launched from both streams, return_gathered on the other stream; every result checked
+
+Each rank writes DIR/rank{r}.json: {"checks": [{"name", "ok", ...numbers}], "failed": n}. Exit
+code 0 when every check passed on this rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+
+import distgemm
+from distgemm import _core, entries, ops
+from distgemm import comm as dcomm
+from distgemm.workspace import GROWTH_HEADROOM
+
+K, N = 4096, 8192
+TOKENS = range(64, 6145, 64)
+TOLERANCE = 1e-2  # relative Frobenius error of bf16 results against fp32
+MIB = 2**20
+# Device memory a graph may hold beyond the workspace (its nodes' parameters, the error word,
+# two streams), and what the CUDA runtime may add while the loop runs (lazily loaded kernels).
+GRAPH_ALLOWANCE = 2 * MIB
+RUNTIME_SLACK = 256 * MIB
+
+CHECKS: list[dict] = []
+
+
+def check(name: str, ok: bool, **numbers) -> None:
+    CHECKS.append({"name": name, "ok": bool(ok), **numbers})
+    if not ok:
+        print(f"[rank {dist.get_rank()}] FAIL {name}: {numbers}", file=sys.stderr, flush=True)
+
+
+def rel_err(x: torch.Tensor, want: torch.Tensor) -> float:
+    x, want = x.float(), want.float()
+    if not torch.isfinite(x).all():
+        return float("nan")
+    return float((x - want).norm() / want.norm().clamp_min(1e-30))
+
+
+def used_bytes(dev) -> int:
+    free, total = torch.cuda.mem_get_info(dev)
+    return total - free
+
+
+def gathered(x: torch.Tensor) -> torch.Tensor:
+    out = torch.empty(
+        (dist.get_world_size() * x.shape[0], x.shape[1]), dtype=x.dtype, device=x.device
+    )
+    dist.all_gather_into_tensor(out, x.contiguous())
+    return out
+
+
+def scattered(x: torch.Tensor) -> torch.Tensor:
+    out = torch.empty(
+        (x.shape[0] // dist.get_world_size(), x.shape[1]), dtype=x.dtype, device=x.device
+    )
+    dist.reduce_scatter_tensor(out, x.contiguous())
+    return out
+
+
+class Layer:
+    """The inputs of one op at one token count, seeded per rank, and its fp32 reference."""
+
+    def __init__(self, op: str, m: int, dev, seed: int, group=None):
+        tp, r = dist.get_world_size(), dist.get_rank()
+        gen = torch.Generator(device=dev).manual_seed(seed * 8 + r)
+        self.op, self.group = op, group
+        if op == "all_gather_gemm":
+            a_shape, w_shape = (m // tp, K), (N // tp, K)
+        else:
+            a_shape, w_shape = (m, K // tp), (N, K // tp)
+        self.a = torch.randn(a_shape, device=dev, generator=gen).to(torch.bfloat16)
+        self.w = (torch.randn(w_shape, device=dev, generator=gen) / 64).to(torch.bfloat16)
+
+    def reference(self) -> torch.Tensor:
+        if self.op == "all_gather_gemm":
+            return gathered(self.a.float()) @ self.w.float().t()
+        return scattered(self.a.float() @ self.w.float().t())
+
+    def __call__(self, **kw):
+        return getattr(ops, self.op)(self.a, self.w, path="overlap", group=self.group, **kw)
+
+
+def plan_bytes(op: str, m: int, tp: int) -> int:
+    """The layout total of the plan the op builds at m tokens (default steps), from C++."""
+    schedule = "ag_rotate_a" if op == "all_gather_gemm" else "rs_tile_a"
+    steps = _core.default_steps(schedule, tp, m, N, K)
+    return _core.build_plan(schedule, tp, steps, m, N, K, 1).layout(2)["total_bytes"]
+
+
+def test_growth(dev) -> None:
+    tp = dist.get_world_size()
+    opnames = ("all_gather_gemm", "gemm_reduce_scatter")
+    for op in opnames:  # the communicator, the kernels, NCCL, cuBLAS, torch's allocations
+        layer = Layer(op, TOKENS[0], dev, 0)
+        rel_err(layer(), layer.reference())
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before, used0 = distgemm.memory_stats(), used_bytes(dev)
+    worst, made_at = 0.0, {}
+    for i, m in enumerate(TOKENS):
+        for op in opnames:
+            layer = Layer(op, m, dev, i)
+            out = layer()
+            made_at[(op, m)] = (i, distgemm.memory_stats()["workspace_allocations"])
+            if i % 12 == 0:
+                worst = max(worst, rel_err(out, layer.reference()))
+            del out, layer
+    torch.cuda.synchronize()
+    after = distgemm.memory_stats()
+    largest = max(plan_bytes(op, m, tp) for m in TOKENS for op in opnames)
+    # Plans still cached (the last MAX_PLANS) that were made before the last growth: they were
+    # re-pointed at the grown workspace and their graphs are rebuilt at this call.
+    cached = list(made_at.items())[-entries.MAX_PLANS :]
+    repointed = [k for k, (i, n) in cached if n < after["workspace_allocations"]][:6]
+    worst_again = 0.0
+    for op, m in repointed:
+        layer = Layer(op, m, dev, made_at[(op, m)][0])
+        worst_again = max(worst_again, rel_err(layer(), layer.reference()))
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    used1, final = used_bytes(dev), distgemm.memory_stats()
+    graphs = final["eager_graphs"] + final["captured_graphs"]
+    allowed = final["workspace_bytes"] + graphs * GRAPH_ALLOWANCE + RUNTIME_SLACK
+    numbers = dict(
+        before=before,
+        after=after,
+        final=final,
+        largest_layout_bytes=largest,
+        device_used_delta_mib=(used1 - used0) / MIB,
+        allowed_delta_mib=allowed / MIB,
+        worst_rel_err=worst,
+        repointed=repointed,
+        worst_rel_err_repointed=worst_again,
+    )
+    check(
+        "growth/results",
+        worst < TOLERANCE and worst_again < TOLERANCE and len(repointed) > 0,
+        **numbers,
+    )
+    check(
+        "growth/workspace_within_headroom_of_largest_plan",
+        after["largest_plan_bytes"] == largest
+        and after["workspace_bytes"] <= largest * (1 + GROWTH_HEADROOM)
+        and after["kept_bytes"] == 0,
+        **numbers,
+    )
+    check(
+        "growth/graphs_bounded",
+        after["plans"] <= entries.MAX_PLANS
+        and after["eager_graphs"] <= after["plans"] * entries.GRAPHS_PER_PLAN,
+        **numbers,
+    )
+    check("growth/device_memory", used1 - used0 <= allowed, **numbers)
+
+
+def test_streams(dev) -> None:
+    """On a fresh communicator, so that a bigger plan grows its workspace between launches
+    issued on the two streams."""
+    with dcomm.Communicator() as comm:
+        run_two_streams(dev, comm)
+
+
+def run_two_streams(dev, comm) -> None:
+    tp = dist.get_world_size()
+    side = [torch.cuda.Stream(dev), torch.cuda.Stream(dev)]
+    # Shapes that share the workspace, then a bigger one that grows it mid-way (index 14).
+    cases = [("all_gather_gemm", 256 * tp), ("gemm_reduce_scatter", 512 * tp)] * 7
+    cases += [("all_gather_gemm", 8192), ("gemm_reduce_scatter", 1024 * tp)] * 3
+    layers = [Layer(op, m, dev, 100 + i, comm) for i, (op, m) in enumerate(cases)]
+    wants = [x.reference() for x in layers]
+    gather_layer = Layer("all_gather_gemm", 384 * tp, dev, 99, comm)
+    gather_want = gathered(gather_layer.a)
+    torch.cuda.synchronize()
+    for s in side:
+        s.wait_stream(torch.cuda.current_stream())
+    outs = []
+    for rnd in range(3):  # no host synchronisation between ops
+        for i, layer in enumerate(layers):
+            with torch.cuda.stream(side[(i + rnd) % 2]):
+                outs.append((i, layer()))
+        with torch.cuda.stream(side[rnd % 2]):
+            outs.append((-1, gather_layer(return_gathered=True)))
+    for s in side:
+        torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    worst, gathered_equal = 0.0, True
+    for i, out in outs:
+        if i < 0:
+            gathered_equal &= bool(torch.equal(out[1], gather_want))
+        else:
+            worst = max(worst, rel_err(out, wants[i]))
+    comm.check()  # no launch timed out
+    stats = distgemm.memory_stats(comm)
+    check(
+        "streams/results",
+        worst < TOLERANCE and gathered_equal and stats["workspace_allocations"] >= 2,
+        worst_rel_err=worst,
+        gathered_equal=gathered_equal,
+        launches=len(outs),
+        stats=stats,
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--sections", default="growth,streams")
+    args = ap.parse_args()
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    dev = torch.device("cuda", local)
+    dist.init_process_group("nccl", device_id=dev, timeout=datetime.timedelta(seconds=300))
+    sections = {"growth": test_growth, "streams": test_streams}
+    with torch.inference_mode():
+        for name in args.sections.split(","):
+            try:
+                sections[name](dev)
+            except Exception as e:  # noqa: BLE001
+                check(f"{name}/crashed", False, error=f"{type(e).__name__}: {e}")
+                traceback.print_exc()
+    failed = sum(1 for c in CHECKS if not c["ok"])
+    out = pathlib.Path(args.out) / f"rank{dist.get_rank()}.json"
+    out.write_text(json.dumps({"checks": CHECKS, "failed": failed}, indent=1))
+    distgemm.close_all()
+    dist.destroy_process_group()
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

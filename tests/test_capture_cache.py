@@ -1,0 +1,120 @@
+"""CPU checks of what the plan cache does for plans recorded into callers' CUDA graphs
+(distgemm.entries): such an entry is never evicted nor dropped, nothing is evicted during a
+capture, timeouts of the capture-only graphs are reported, and an entry gets one capture-only
+graph, which pins its workspace."""
+
+import collections
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from distgemm import _core, entries, ops  # noqa: E402
+
+
+class Graph:
+    """A graph's error report, as _core.DeviceGraph.error() gives it."""
+
+    def __init__(self, error=""):
+        self.message = error
+
+    def error(self):
+        return self.message
+
+
+def entry(captured=False, graphs=()):
+    e = entries.Entry(
+        spec=None,
+        dtype=torch.bfloat16,
+        beta=0.0,
+        ws=None,
+        bases=[],
+        graphs=collections.OrderedDict((i, g) for i, g in enumerate(graphs)),
+    )
+    e.capturer = Graph() if captured else None
+    return e
+
+
+def fill(cache, captured_keys, n, syncs):
+    for k in range(n):
+        cache.insert(k, entry(captured=k in captured_keys), lambda: syncs.append(1))
+
+
+def test_the_least_recently_used_uncaptured_entry_is_evicted():
+    cache, syncs = entries.PlanCache(), []
+    fill(cache, {0, 1}, entries.MAX_PLANS, syncs)
+    assert cache.evictable() == 2
+    cache.insert("new", entry(), lambda: syncs.append(1))
+    assert len(cache) == entries.MAX_PLANS
+    assert 0 in cache and 1 in cache and 2 not in cache and "new" in cache
+    assert syncs == [1]  # the device was synchronised before the evicted graphs went
+
+
+def test_captured_entries_are_kept_beyond_the_limit():
+    cache, syncs = entries.PlanCache(), []
+    fill(cache, set(range(entries.MAX_PLANS)), entries.MAX_PLANS, syncs)
+    assert cache.evictable() is None
+    cache.insert("new", entry(), lambda: syncs.append(1))
+    assert len(cache) == entries.MAX_PLANS + 1 and syncs == []
+    # Once the cache holds an uncaptured entry again, it is the one that goes.
+    cache.insert("newer", entry(), lambda: syncs.append(1))
+    assert "new" not in cache and "newer" in cache and len(cache) == entries.MAX_PLANS + 1
+
+
+def test_nothing_is_evicted_while_a_capture_is_in_progress():
+    cache, syncs = entries.PlanCache(), []
+    fill(cache, set(), entries.MAX_PLANS, syncs)
+    cache.insert("during", entry(), lambda: syncs.append(1), capturing=True)
+    assert len(cache) == entries.MAX_PLANS + 1 and syncs == []
+    cache.insert("after", entry(), lambda: syncs.append(1))  # shrinks back to the limit
+    assert len(cache) == entries.MAX_PLANS and syncs == [1, 1]
+    assert 0 not in cache and 1 not in cache and "during" in cache
+
+
+def test_a_captured_entry_is_never_dropped():
+    cache, syncs = entries.PlanCache(), []
+    cache.insert("k", entry(captured=True), lambda: syncs.append(1))
+    with pytest.raises(RuntimeError, match="freed only by Communicator.close"):
+        cache.drop("k", lambda: syncs.append(1))
+    assert "k" in cache and syncs == []
+    cache.insert("u", entry(graphs=[Graph()]), lambda: syncs.append(1))
+    cache.drop("u", lambda: syncs.append(1))
+    assert "u" not in cache and syncs == [1]
+
+
+def test_graph_error_reports_a_capture_only_graph():
+    cache = entries.PlanCache()
+    cache.insert("a", entry(graphs=[Graph(), Graph()]), lambda: None)
+    assert cache.graph_error() == ""
+    captured = entry(captured=True, graphs=[Graph()])
+    captured.capturer = Graph("device 0, entry barrier: barrier slot of device 1 ...")
+    cache.insert("b", captured, lambda: None)
+    assert cache.graph_error() == "device 0, entry barrier: barrier slot of device 1 ..."
+
+
+def test_release_drops_the_capture_only_graphs():
+    cache = entries.PlanCache()
+    e = entry(captured=True, graphs=[Graph()])
+    cache.insert("k", e, lambda: None)
+    cache.release()
+    assert len(cache) == 0 and e.capturer is None and not e.graphs
+
+
+def test_an_entry_gets_one_capture_only_graph_which_pins_its_workspace(monkeypatch):
+    made = []
+
+    def device_graph(*args, **kwargs):
+        made.append((args, kwargs))
+        return Graph()
+
+    monkeypatch.setattr(_core, "DeviceGraph", device_graph, raising=False)
+    a, w = torch.zeros(64, 32, dtype=torch.bfloat16), torch.zeros(24, 32, dtype=torch.bfloat16)
+    spec = ops.make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, None, a, w)
+    ws = types.SimpleNamespace(order="order", pinned=False)
+    e = entry()
+    e.spec, e.ws, e.setup = spec, ws, "setup"
+    g = entries.capture_graph(e, (16, 32, 0, 48, 0))
+    assert entries.capture_graph(e, (80, 96, 0, 112, 0)) is g  # any pointers: the same one
+    assert made == [((spec.plan, "setup", "order", 16, 32, 0, 48, 0), {"capture_only": True})]
+    assert ws.pinned and e.capturer is g and not e.graphs  # not an eager graph of the plan
