@@ -9,10 +9,12 @@ phase; writes it all as JSON to --out.
 A first call's ms: host wall time from the call until its result is ready (the call, then a
 device synchronisation), the maximum over ranks. Host ms: until the call returns. Phases (host
 ms, wrapped around the library's functions where they exist; "other" is the remainder):
-validation and plan (make_spec), the signature exchange, the path decision, workspace setup
-(workspace_for, IPC included), graph setup (the rest of attach_workspace), the graph (graph_for:
-creation of the DeviceGraph) and the collective path's call. Steady ms: CUDA events around
-``--steady-calls`` calls of an already created entry, per call, maximum over ranks.
+validation and plan (make_spec), the signature exchange, the path decision, the workspace lookup
+(workspace_for) and, when it grows, its allocation and IPC exchange, the re-pointing of the
+cached plans and the freeing of the old one, graph setup (the rest of attach_workspace), the
+graph (graph_for: creation of the DeviceGraph) and the collective path's call. Steady ms: CUDA
+events around ``--steady-calls`` calls of an already created entry, per call, maximum over
+ranks.
 """
 
 from __future__ import annotations
@@ -40,12 +42,15 @@ def summarize(values: list[float]) -> dict[str, float]:
 
 class PhaseTimer:
     """Host time per phase of the current call: ``wrap`` replaces a module attribute by a timed
-    wrapper (an attribute that does not exist is left out and reported in ``missing``)."""
+    wrapper (an attribute that does not exist is left out and reported in ``missing``). A phase
+    entered again from inside itself (a growing workspace re-points the cached plans through
+    the same functions) is timed once, by its outermost call."""
 
     def __init__(self):
         self.current: dict[str, float] = defaultdict(float)
         self.missing: list[str] = []
         self._restore: list[tuple] = []
+        self._active: dict[str, int] = defaultdict(int)
 
     def wrap(self, owner, name: str, phase: str, when=None) -> None:
         fn = getattr(owner, name, None)
@@ -54,13 +59,15 @@ class PhaseTimer:
             return
 
         def timed(*args, **kwargs):
-            if when is not None and not when(*args, **kwargs):
+            if self._active[phase] or (when is not None and not when(*args, **kwargs)):
                 return fn(*args, **kwargs)
+            self._active[phase] += 1
             t0 = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
                 self.current[phase] += (time.perf_counter() - t0) * 1e3
+                self._active[phase] -= 1
 
         self._restore.append((owner, name, fn))
         setattr(owner, name, timed)
@@ -81,6 +88,10 @@ def wrap_library(timer: PhaseTimer, comm) -> None:
     timer.wrap(ops, "make_spec", "validate+plan")
     timer.wrap(autopath, "decide_path", "path decision")
     timer.wrap(type(comm), "workspace_for", "workspace")
+    # Growth of the shared workspace, inside workspace_for.
+    timer.wrap(type(comm), "_allocate", "workspace: allocate + IPC")
+    timer.wrap(type(comm), "_repoint", "workspace: re-point plans")
+    timer.wrap(type(comm), "_release", "workspace: free the old one")
     timer.wrap(entries, "attach_workspace", "workspace+setup")
     timer.wrap(launch, "graph_for", "graph")  # on a first call: the DeviceGraph's creation
     timer.wrap(ops, "run_collective", "collective call")
@@ -90,10 +101,15 @@ def wrap_library(timer: PhaseTimer, comm) -> None:
 
 
 def phases_of(raw: dict[str, float], total: float) -> dict[str, float]:
-    """Nested phases made disjoint: workspace setup without its IPC part, and "other"."""
+    """Nested phases made disjoint: the graph setup is attach_workspace without workspace_for,
+    the workspace's own lookup is workspace_for without its growth parts, and "other" is what
+    no phase covers."""
     out = dict(raw)
     if "workspace+setup" in out:
         out["graph setup"] = out.pop("workspace+setup") - out.get("workspace", 0.0)
+    if "workspace" in out:
+        growth = sum(v for k, v in out.items() if k.startswith("workspace: "))
+        out["workspace"] -= growth
     out["other"] = total - sum(out.values())
     return out
 
@@ -180,7 +196,7 @@ def main(argv=None) -> None:
         s["ms"] = max(e[len(records) + j][0] for e in everyone)
     if rank == 0:
         meta = dict(tp=tp, k=args.k, n=args.n, device=torch.cuda.get_device_name(dev))
-        memory = dict(torch_grown=mem1 - mem0, workspaces=comm.workspace_bytes)
+        memory = dict(torch_grown=mem1 - mem0, distgemm=distgemm.memory_stats(comm))
         report(records, steady, timer.missing, meta, memory, args.out)
     dist.barrier()
     dcomm.close_all()
@@ -223,9 +239,12 @@ def report(records, steady, missing, meta, memory, out_path) -> None:
         s = summarize(v)
         print(f"  {name:20s} {s['median']:8.3f} {s['max']:8.3f} {s['total']:9.1f}")
     print("paths: " + ", ".join(f"{k}: {v}" for k, v in sorted(paths.items())))
+    held = memory["distgemm"]
     print(
-        f"device memory: torch grew by {memory['torch_grown'] / 2**20:.1f} MiB, distgemm "
-        f"workspaces {memory['workspaces'] / 2**20:.1f} MiB"
+        f"device memory: torch grew by {memory['torch_grown'] / 2**20:.1f} MiB; distgemm holds a "
+        f"{held['workspace_bytes'] / 2**20:.1f} MiB workspace after "
+        f"{held['workspace_allocations']} allocations (largest plan "
+        f"{held['largest_plan_bytes'] / 2**20:.1f} MiB)"
     )
     if missing:
         print("not wrapped (absent): " + ", ".join(missing))

@@ -44,6 +44,25 @@ def test_phases_are_made_disjoint_and_the_rest_is_other():
         {"validate+plan": 0.1, "workspace": 0.4, "graph setup": 0.1, "graph": 0.3, "other": 0.6}
     )
     assert sum(out.values()) == pytest.approx(1.5)
+    grown = dict(raw, workspace=3.0, **{"workspace+setup": 3.1})
+    grown.update({"workspace: allocate + IPC": 2.0, "workspace: re-point plans": 0.5})
+    out = first_call.phases_of(grown, 4.0)
+    assert out["workspace"] == pytest.approx(0.5) and out["graph setup"] == pytest.approx(0.1)
+    assert sum(out.values()) == pytest.approx(4.0)
+
+
+def test_a_phase_entered_from_inside_itself_is_timed_once():
+    timer = first_call.PhaseTimer()
+
+    def outer(depth):
+        time.sleep(0.005)
+        return owner.outer(depth - 1) if depth else 0
+
+    owner = types.SimpleNamespace(outer=outer)
+    timer.wrap(owner, "outer", "workspace")
+    owner.outer(3)  # 4 nested calls of ~5 ms: ~20 ms, counted once
+    assert 15.0 < timer.take()["workspace"] < 400.0
+    timer.restore()
 
 
 def test_summary_statistics():

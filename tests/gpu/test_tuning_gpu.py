@@ -13,13 +13,11 @@ GPUs, without Hopper, or without distgemm's CUDA runtime.
 import json
 import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 
 torch = pytest.importorskip("torch")
-from gpu_requirements import ENV, skip_reason  # noqa: E402
+from gpu_requirements import run_torchrun, skip_reason  # noqa: E402
 
 from distgemm import tuning  # noqa: E402
 
@@ -29,40 +27,17 @@ _SKIP = skip_reason(TP, " (DISTGEMM_TEST_TP)")
 pytestmark = pytest.mark.skipif(_SKIP is not None, reason=str(_SKIP))
 
 
-def _torchrun(args, env, timeout=600):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(TP), *args]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
-    return proc
+def _torchrun(*args):
+    proc = run_torchrun(*args)
+    assert proc.returncode == 0, f"{proc.args}\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
 
 
-def test_tune_writes_a_table_the_ops_then_follow(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != tuning.TABLE_ENV} | ENV
+def test_tune_writes_a_table_the_ops_then_follow(tmp_path, monkeypatch):
+    monkeypatch.delenv(tuning.TABLE_ENV, raising=False)  # tune measures without a table
     table_path = tmp_path / "table.json"
-    _torchrun(
-        [
-            "-m",
-            "distgemm.tune",
-            "--model",
-            "8B",
-            "--tp",
-            str(TP),
-            "--tokens",
-            "1024,4096",
-            "--layers",
-            "QKV,O",
-            "--warmup-ms",
-            "50",
-            "--round-ms",
-            "20",
-            "--rounds",
-            "3",
-            "--no-progress",
-            "--out",
-            str(table_path),
-        ],
-        env,
-    )
+    tune_args = ["distgemm.tune", "--model", "8B", "--tp", str(TP), "--tokens", "1024,4096"]
+    tune_args += ["--layers", "QKV,O", "--warmup-ms", "50", "--round-ms", "20", "--rounds", "3"]
+    _torchrun("-m", TP, *tune_args, "--no-progress", "--out", str(table_path))
     table = tuning.TuningTable.load(table_path)
     assert len(table.entries) == 4
     for e in table.entries.values():
@@ -73,16 +48,9 @@ def test_tune_writes_a_table_the_ops_then_follow(tmp_path):
         assert best == tuning.candidate_name("overlap", e.steps, e.tile_n)
         assert e.path == ("overlap" if e.ms[best] <= e.ms["collective"] else "collective")
     out = tmp_path / "worker.json"
-    _torchrun(
-        [
-            str(HERE / "tuning_worker.py"),
-            "--forced",
-            str(tmp_path / "forced.json"),
-            "--out",
-            str(out),
-        ],
-        env | {tuning.TABLE_ENV: str(table_path)},
-    )
+    monkeypatch.setenv(tuning.TABLE_ENV, str(table_path))  # as a deployment ships it
+    forced = tmp_path / "forced.json"
+    _torchrun(HERE / "tuning_worker.py", TP, "--forced", str(forced), "--out", str(out))
     data = json.loads(out.read_text())
     assert data["entries"] == [4, 2]
     assert len(data["results"]) == 12  # 6 entries x 2 token counts
