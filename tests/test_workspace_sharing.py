@@ -300,6 +300,7 @@ def fake_comm(tp=2, rank=0, peer_errors=None, ctl=None):
     c.device = torch.device("cuda", 0)
     c._core = types.SimpleNamespace(IpcWorkspace=FakeIpcWorkspace, WORKSPACE_SLOT_ALIGN=ALIGN)
     c.plans = entries.PlanCache()
+    c._kept_capturers, c._retired_graphs = [], []
     c._synchronize = lambda: FakeIpcWorkspace.log.append(("synchronize",))
     if ctl is not None:
         c._ctl = ctl
