@@ -76,6 +76,18 @@ static void test_tile_maps() {
   }
 }
 
+// sets[d][f]: how many ops of the plan set flag f of device d.
+static std::vector<std::vector<int>> signal_counts(const Plan& plan) {
+  std::vector<std::vector<int>> sets(plan.tp, std::vector<int>(plan.num_flags, 0));
+  for (const DeviceProgram& dp : plan.devices) {
+    for (const GemmOp& g : dp.gemms)
+      for (const FlagRef& f : g.signals) sets[f.device][f.flag]++;
+    for (const CopyOp& c : dp.copies)
+      for (const FlagRef& f : c.signals) sets[f.device][f.flag]++;
+  }
+  return sets;
+}
+
 static void test_plans() {
   for (const ScheduleDef* def : distgemm::schedules::kAll) {
     for (int tp = 1; tp <= kMaxTp; ++tp) {
@@ -86,13 +98,7 @@ static void test_plans() {
         CHECK(int(plan.devices.size()) == tp, "%s: %zu device programs", def->name,
               plan.devices.size());
         // Every waited flag is set exactly once by some op of the plan.
-        std::vector<std::vector<int>> sets(tp, std::vector<int>(plan.num_flags, 0));
-        for (const DeviceProgram& dp : plan.devices) {
-          for (const GemmOp& g : dp.gemms)
-            for (const FlagRef& f : g.signals) sets[f.device][f.flag]++;
-          for (const CopyOp& c : dp.copies)
-            for (const FlagRef& f : c.signals) sets[f.device][f.flag]++;
-        }
+        const std::vector<std::vector<int>> sets = signal_counts(plan);
         for (int d = 0; d < tp; ++d) {
           const DeviceProgram& dp = plan.devices[d];
           CHECK(int(dp.gemms.size()) == S, "%s: dev %d has %zu GEMMs, want S=%d", def->name, d,
@@ -184,13 +190,8 @@ static void check_uneven_plan(const ScheduleDef& def, const Plan& plan) {
   const Problem& p = plan.problem;
   const char* name = def.name;
   const long long m = p.m, n = p.n;
-  std::vector<std::vector<int>> sets(tp, std::vector<int>(plan.num_flags, 0)), waits = sets;
-  for (const DeviceProgram& dp : plan.devices) {
-    for (const GemmOp& g : dp.gemms)
-      for (const FlagRef& f : g.signals) sets[f.device][f.flag]++;
-    for (const CopyOp& c : dp.copies)
-      for (const FlagRef& f : c.signals) sets[f.device][f.flag]++;
-  }
+  const std::vector<std::vector<int>> sets = signal_counts(plan);
+  std::vector<std::vector<int>> waits(tp, std::vector<int>(plan.num_flags, 0));
   for (int d = 0; d < tp; ++d) {
     const DeviceProgram& dp = plan.devices[d];
     CHECK(!dp.gemms.empty() && int(dp.gemms.size()) <= S,
