@@ -4,7 +4,7 @@
 // its own rows of A while the copy engine pushes its shard to every peer.
 // Partition: A sharded on M (A_d[M/TP, K]); B sharded on N (B_d[N/TP, K], never moves);
 //            C/D sharded on N (D_d[M, N/TP]); bias is the device's N shard.
-// Assumptions: M divisible by S, N divisible by TP.
+// Assumptions: M and N divisible by TP (tiles of M may be uneven when S does not divide M).
 // Pitfalls: the first k iterations read the device's own rows (no wait); tile t arrives from its
 //           owner t / k. Receive slots hold (TP-1)/TP of A: nothing is reused within a launch,
 //           and the entry barrier keeps a peer from overwriting a slot of the previous launch.

@@ -4,7 +4,7 @@
 // Purpose: D_d = A_d @ allgather_N(B)^T with the weight all-gather hidden behind the GEMM.
 // Partition: A sharded on M (A_d[M/TP, K], never moves); B sharded on N (B_d[N/TP, K], rotates);
 //            C/D sharded on M (D_d[M/TP, N]); bias is the full N vector.
-// Assumptions: M divisible by TP, N divisible by S.
+// Assumptions: M and N divisible by TP (tiles of N may be uneven when S does not divide N).
 // Pitfalls: same slot and barrier rules as ag_rotate_a; the tile walks N, so the bias and C
 //           offsets move with the tile while A stays the device's own.
 //

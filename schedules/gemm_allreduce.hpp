@@ -4,7 +4,8 @@
 // Purpose: D = A_d @ B_d^T summed over devices, replicated on every device.
 // Partition: A sharded on K (A_d[M, K/TP]); B sharded on K (B_d[N, K/TP]);
 //            C/D replicated (D_d[M, N] on every device); bias is the full N vector.
-// Assumptions: M divisible by S, K divisible by TP.
+// Assumptions: K divisible by TP; any M >= 1 (tiles of M are uneven when S does not divide M,
+//              and empty when M < S: a decode step of one token at TP=2 runs one GEMM per device).
 // Pitfalls: the owner's last visit writes the finished tile into its own D; its copy engine then
 //           pushes the tile into a receive slot of every peer and sets that peer's flag; each
 //           peer, after its last GEMM, waits for the flag and copies the slot into its D (local).

@@ -4,7 +4,7 @@
 // each M tile travels around the ring and is finished on its owner, with no collective after.
 // Partition: A sharded on K (A_d[M, K/TP]); B sharded on K (B_d[N, K/TP]);
 //            C/D sharded on M (D_d[M/TP, N]); bias is the full N vector.
-// Assumptions: M divisible by S, K divisible by TP.
+// Assumptions: M and K divisible by TP (tiles of M may be uneven when S does not divide M).
 // Pitfalls: a tile's first visit has no epilogue source; each later visit reads the partial
 //           that the previous device wrote into this device's receive slot (the epilogue wrote
 //           it across NVLink). Only the last visit (the owner) adds beta*C and bias.

@@ -4,7 +4,7 @@
 // next layer wants D sharded on its K (= this N) without a transpose, and when M is small.
 // Partition: A sharded on K (A_d[M, K/TP]); B sharded on K (B_d[N, K/TP]);
 //            C/D sharded on N (D_d[M, N/TP]); bias is the device's N shard.
-// Assumptions: N divisible by S, K divisible by TP.
+// Assumptions: N and K divisible by TP (tiles of N may be uneven when S does not divide N).
 // Pitfalls: tiles are column blocks: every operand view is strided (ld = N or N/TP), the B
 //           tile is the N/S rows of B_d. Same ring rules as rs_tile_a.
 //

@@ -9,20 +9,53 @@ from distgemm import build_plan
 @pytest.mark.parametrize(
     "schedule,tp,steps,shape,message",
     [
-        ("ag_rotate_a", 2, 8, dict(m=8190, n=64, k=64), "M=8190 is not divisible by S=8"),
+        ("ag_rotate_a", 2, 8, dict(m=8191, n=64, k=64), "M=8191 is not divisible by TP=2"),
         ("ag_rotate_a", 2, 2, dict(m=64, n=63, k=64), "N=63 is not divisible by TP=2"),
-        ("ag_rotate_b", 2, 4, dict(m=64, n=66, k=64), "N=66 is not divisible by S=4"),
+        ("ag_rotate_b", 2, 4, dict(m=64, n=67, k=64), "N=67 is not divisible by TP=2"),
         ("ag_rotate_b", 3, 3, dict(m=64, n=63, k=64), "M=64 is not divisible by TP=3"),
         ("rs_tile_a", 4, 4, dict(m=64, n=64, k=66), "K=66 is not divisible by TP=4"),
-        ("rs_tile_a", 2, 4, dict(m=66, n=64, k=64), "M=66 is not divisible by S=4"),
-        ("rs_tile_b", 2, 4, dict(m=64, n=66, k=64), "N=66 is not divisible by S=4"),
-        ("gemm_allreduce", 2, 2, dict(m=63, n=64, k=64), "M=63 is not divisible by S=2"),
+        ("rs_tile_a", 2, 4, dict(m=67, n=64, k=64), "M=67 is not divisible by TP=2"),
+        ("rs_tile_a", 4, 4, dict(m=9, n=64, k=64), "M=9 is not divisible by TP=4"),
+        ("rs_tile_b", 2, 4, dict(m=64, n=67, k=64), "N=67 is not divisible by TP=2"),
     ],
     ids=lambda v: v if isinstance(v, str) and " " not in v else None,
 )
 def test_shapes_the_partition_cannot_split(schedule, tp, steps, shape, message):
     with pytest.raises(ValueError, match=message):
         build_plan(schedule, tp, steps, **shape)
+
+
+@pytest.mark.parametrize(
+    "schedule,tp,message",
+    [
+        ("ag_rotate_a", 4, "M=6 is not divisible by TP=4: ag_rotate_a shards A on M"),
+        ("rs_tile_a", 4, "M=6 is not divisible by TP=4: rs_tile_a shards C/D on M"),
+    ],
+)
+def test_rows_not_divisible_by_tp_name_the_constraint(schedule, tp, message):
+    """All-gather and reduce-scatter over M need every rank to hold M/TP rows (as torch's
+    collectives do); the message says so with the values."""
+    with pytest.raises(ValueError, match=message + r" \(every device holds M/TP of it\)"):
+        build_plan(schedule, tp, 2 * tp, m=6, n=64, k=64)
+
+
+@pytest.mark.parametrize(
+    "schedule,tp,steps,shape",
+    [
+        ("ag_rotate_a", 2, 8, dict(m=8190, n=64, k=64)),
+        ("ag_rotate_b", 2, 4, dict(m=64, n=66, k=64)),
+        ("rs_tile_a", 2, 4, dict(m=66, n=64, k=64)),
+        ("rs_tile_b", 2, 4, dict(m=64, n=66, k=64)),
+        ("gemm_allreduce", 2, 2, dict(m=63, n=64, k=64)),
+        ("gemm_allreduce", 8, 8, dict(m=1, n=64, k=64)),
+    ],
+)
+def test_splits_that_s_does_not_divide_build_uneven_tiles(schedule, tp, steps, shape):
+    """S need not divide the split mode: the tiles are uneven (even empty) and the plan still
+    proves its invariants and computes the GEMM."""
+    plan = build_plan(schedule, tp, steps, **shape)
+    assert distgemm.check_plan(plan) == []
+    assert distgemm.run_reference(plan, beta=0.5, use_bias=True) < 1e-9
 
 
 def test_unknown_schedule_lists_known_ones():

@@ -154,13 +154,13 @@ def test_create_entry_raises_the_same_value_error_for_a_peer_mismatch():
 
 
 def test_create_entry_reraises_an_error_every_rank_shares():
-    a, w = t(63, 32), t(24, 32)  # M = 126 with S = 4: rejected identically on every rank
-    make = lambda: ops.make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, 4, a, w)  # noqa: E731
+    a, w = t(30, 16), t(48, 16)  # M = 30 on TP = 4: rejected identically on every rank
+    make = lambda: ops.make_spec("gemm_reduce_scatter", "rs_tile_a", 4, 0, 4, a, w)  # noqa: E731
     with pytest.raises(ValueError) as first:
         make()
-    peer = entries.signature(_key((63, 32)), f"ValueError: {first.value}")
-    with pytest.raises(ValueError, match=r"M=126 is not divisible by S=4") as e:
-        entries.create_entry(FakeComm([peer]), _key((63, 32)), make)
+    peer = entries.signature(_key((30, 16)), f"ValueError: {first.value}")
+    with pytest.raises(ValueError, match=r"M=30 is not divisible by TP=4") as e:
+        entries.create_entry(FakeComm([peer]), _key((30, 16)), make)
     assert "rank" not in str(e.value)  # the plain error, not the cross-rank report
 
 

@@ -159,11 +159,13 @@ def test_2tp_rejection_only_narrows_the_search():
     assert reason is None and rejected == {4: "no"}
 
 
-def test_real_plan_rejects_indivisible_steps():
-    # distgemm's own check (make_spec on meta tensors): global M = 2 * 7 = 14 rows cannot be
-    # split into S=4 tiles; Llama-70B QKV at M=4096 is accepted.
-    why = cases_mod.plan_rejects("all_gather_gemm", "ag_rotate_a", 2, 4, (7, 64), (8, 64))
-    assert why is not None and "not divisible by S=4" in why
+def test_real_plan_rejects_rows_not_divisible_by_tp():
+    # distgemm's own check (make_spec on meta tensors): M = 14 rows cannot be reduce-scattered
+    # over TP=4; 14 gathered rows split into S=4 uneven tiles are accepted, and so is Llama-70B
+    # QKV at M=4096.
+    why = cases_mod.plan_rejects("gemm_reduce_scatter", "rs_tile_a", 4, 4, (14, 64), (8, 16))
+    assert why is not None and "M=14 is not divisible by TP=4" in why
+    assert cases_mod.plan_rejects("all_gather_gemm", "ag_rotate_a", 2, 4, (7, 64), (8, 64)) is None
     assert (
         cases_mod.plan_rejects("all_gather_gemm", "ag_rotate_a", 2, 2, (1024, 8192), (5120, 8192))
         is None

@@ -118,3 +118,107 @@ def test_pull_copy_is_rejected():
     plan["devices"][0]["gemms"][1]["waits"] = []
     messages = [v.message for v in check_plan(plan)]
     assert any("never pull" in m for m in messages), messages
+
+
+# Plans with uneven and empty tiles (S does not divide the split mode; shards with fewer rows or
+# 8-column units than chunks): the same mutations must be caught there, and so must an empty
+# tile's GEMM left in the plan.
+UNEVEN = [
+    ("gemm_allreduce", 2, 2, dict(m=1, n=16, k=16)),
+    ("gemm_allreduce", 4, 8, dict(m=5, n=16, k=32, l=2)),
+    ("rs_tile_a", 4, 8, dict(m=4, n=16, k=32)),
+    ("rs_tile_b", 2, 6, dict(m=3, n=16, k=16, l=2)),
+    ("ag_rotate_a", 2, 4, dict(m=2, n=16, k=16)),
+    ("ag_rotate_b", 4, 12, dict(m=4, n=64, k=16)),
+]
+UNEVEN_IDS = [f"{s}-tp{t}-S{st}-{'x'.join(map(str, sh.values()))}" for s, t, st, sh in UNEVEN]
+
+
+def fresh_uneven(schedule, tp, steps, shape):
+    plan = build_plan(schedule, tp, steps, **shape)
+    assert any(len(d["gemms"]) < steps for d in plan["devices"]), "no empty tile in this case"
+    assert check_plan(plan) == [] and run_reference(plan, beta=0.5, use_bias=True) < 1e-9
+    return plan
+
+
+def flags_set_on(plan, device):
+    return {
+        s["flag"]
+        for dev in plan["devices"]
+        for op in dev["gemms"] + dev["copies"]
+        for s in op["signals"]
+        if s["device"] == device
+    }
+
+
+@pytest.mark.parametrize("schedule,tp,steps,shape", UNEVEN, ids=UNEVEN_IDS)
+def test_uneven_empty_gemm_waiting_for_a_flag_nobody_sets(schedule, tp, steps, shape):
+    """An empty tile's GEMM left in, waiting as it would for a full tile: its flag is never set
+    (nobody sends an empty tile), so the device would time out."""
+    plan = fresh_uneven(schedule, tp, steps, shape)
+    dev = next(d for d in plan["devices"] if len(d["gemms"]) < steps)
+    d = plan["devices"].index(dev)
+    missing = min(set(range(steps)) - {g["iteration"] for g in dev["gemms"]})
+    unset = sorted(set(range(plan["num_flags"])) - flags_set_on(plan, d))
+    assert unset, "every flag of the device is set"
+    key = "m" if plan["definition"]["split"] == "M" else "n"
+    empty = dict(dev["gemms"][0], iteration=missing, waits=[unset[0]], signals=[], **{key: 0})
+    at = sum(g["iteration"] < missing for g in dev["gemms"])
+    dev["gemms"].insert(at, empty)
+    for cp in dev["copies"]:  # copies keep following the same GEMMs
+        if cp["after_gemm"] >= at:
+            cp["after_gemm"] += 1
+    invariants = {v.invariant for v in check_plan(plan)}
+    assert {"progress", "extents"} <= invariants, invariants
+    with pytest.raises(ExecutionError, match="deadlock"):
+        run_reference(plan, beta=0.5, use_bias=True)
+
+
+@pytest.mark.parametrize("schedule,tp,steps,shape", UNEVEN, ids=UNEVEN_IDS)
+def test_uneven_empty_gemm_without_waits_is_an_extent_violation(schedule, tp, steps, shape):
+    """An empty GEMM that waits for nothing computes nothing, but the kernel refuses a GEMM of
+    zero extent: the checker names it."""
+    plan = fresh_uneven(schedule, tp, steps, shape)
+    dev = next(d for d in plan["devices"] if len(d["gemms"]) < steps)
+    key = "m" if plan["definition"]["split"] == "M" else "n"
+    dev["gemms"].append(dict(dev["gemms"][-1], waits=[], signals=[], **{key: 0}))
+    violations = check_plan(plan)
+    assert [v.invariant for v in violations] == ["extents"], violations
+
+
+@pytest.mark.parametrize("schedule,tp,steps,shape", UNEVEN, ids=UNEVEN_IDS)
+def test_uneven_drop_one_wait(schedule, tp, steps, shape):
+    plan = fresh_uneven(schedule, tp, steps, shape)
+    op = next(op for dev in plan["devices"] for op in dev["gemms"] + dev["copies"] if op["waits"])
+    op["waits"].clear()
+    assert_both_fail(plan, "a dropped wait in an uneven plan")
+
+
+@pytest.mark.parametrize("schedule,tp,steps,shape", UNEVEN, ids=UNEVEN_IDS)
+def test_uneven_drop_one_signal(schedule, tp, steps, shape):
+    plan = fresh_uneven(schedule, tp, steps, shape)
+    op = next(op for dev in plan["devices"] for op in dev["gemms"] + dev["copies"] if op["signals"])
+    op["signals"].pop(0)
+    assert_both_fail(plan, "a dropped signal in an uneven plan")
+
+
+@pytest.mark.parametrize("schedule,tp,steps,shape", UNEVEN, ids=UNEVEN_IDS)
+def test_uneven_swap_signals_of_two_devices(schedule, tp, steps, shape):
+    plan = fresh_uneven(schedule, tp, steps, shape)
+    signalling = [
+        next(op for op in dev["gemms"] + dev["copies"] if op["signals"])
+        for dev in plan["devices"]
+        if any(op["signals"] for op in dev["gemms"] + dev["copies"])
+    ]
+    a, b = signalling[0], signalling[1]
+    assert a["signals"][0] != b["signals"][0]
+    a["signals"][0], b["signals"][0] = b["signals"][0], a["signals"][0]
+    assert_both_fail(plan, "swapped signals in an uneven plan")
+
+
+@pytest.mark.parametrize("schedule,tp,steps,shape", UNEVEN, ids=UNEVEN_IDS)
+def test_uneven_drop_one_copy(schedule, tp, steps, shape):
+    plan = fresh_uneven(schedule, tp, steps, shape)
+    dev = next(d for d in plan["devices"] if d["copies"])
+    dev["copies"].pop(0)
+    assert_both_fail(plan, "a dropped copy in an uneven plan")

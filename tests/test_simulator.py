@@ -243,10 +243,10 @@ def test_cli_reports_violation_and_exits_1(capsys, monkeypatch):
 
 def test_cli_bad_input_exits_2(capsys):
     rc, _, err = run_cli(
-        capsys, "--schedule", "ag_rotate_a", "--tp", "2", "--steps", "8", "--m", "8190"
+        capsys, "--schedule", "ag_rotate_a", "--tp", "2", "--steps", "8", "--m", "8191"
     )
     assert rc == 2
-    assert "M=8190 is not divisible by S=8" in err
+    assert "M=8191 is not divisible by TP=2" in err
 
 
 def test_timeline_prediction_bounds_and_finer_steps_shrink_the_allreduce_tail():

@@ -227,19 +227,30 @@ def test_steps_must_be_an_int():
         validation.make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, 2.0, t(64, 32), t(24, 32))
 
 
-def test_m_not_divisible_by_steps_names_the_values():
-    # a_shard has 63 rows: M = 126 is not divisible by S = 4.
-    with pytest.raises(
-        ValueError,
-        match=r"global M=126 N=48 K=32\): M=126 is not divisible by S=4: "
-        r"ag_rotate_a splits M",
-    ):
-        validation.make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, 4, t(63, 32), t(24, 32))
+def test_m_not_divisible_by_steps_splits_unevenly():
+    # a_shard has 63 rows: M = 126 in S = 4 tiles of 32 and 31 rows.
+    s = validation.make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, 4, t(63, 32), t(24, 32))
+    assert (s.m, s.steps) == (126, 4)
+    rows = sorted(g["m"] for g in s.plan.to_dict()["devices"][0]["gemms"])
+    assert rows == [31, 31, 32, 32]
 
 
 def test_reduce_scatter_m_not_divisible_by_tp():
-    with pytest.raises(ValueError, match=r"M=30 is not divisible by S=4"):
+    with pytest.raises(
+        ValueError,
+        match=r"gemm_reduce_scatter \(rs_tile_a, TP=4, S=4, global M=30 N=48 K=64\): M=30 is not "
+        r"divisible by TP=4: rs_tile_a shards C/D on M",
+    ):
         validation.make_spec("gemm_reduce_scatter", "rs_tile_a", 4, 0, None, t(30, 16), t(48, 16))
+
+
+@pytest.mark.parametrize("tp", [2, 4, 8])
+@pytest.mark.parametrize("tokens", [1, 3, 7, 255])
+def test_all_reduce_takes_any_token_count(tp, tokens):
+    s = validation.make_spec(
+        "gemm_all_reduce", "gemm_allreduce", tp, 0, None, t(tokens, 64), t(48, 64)
+    )
+    assert (s.m, s.steps) == (tokens, tp) and s.shapes["out"] == (tokens, 48)
 
 
 def test_weight_shape_mismatch_is_explained():

@@ -473,7 +473,8 @@ PYBIND11_MODULE(_core, m) {
       py::arg("l") = 1,
       "S for steps=None (schedule/defaults.hpp): TP, or 2*TP for reduce-scatter plans from "
       "RS_TWO_STEPS_MIN_TOKENS tokens with at most RS_TWO_STEPS_MAX_K_PER_RANK of K per rank "
-      "where the plan and the kernel's extent rule accept it.");
+      "where 2*TP cuts the split mode into equal tiles and the plan and the kernel's extent rule "
+      "accept it.");
   m.def(
       "default_plan",
       [](const py::object& schedule, int tp, int64_t m, int64_t n, int64_t k, int64_t l) {

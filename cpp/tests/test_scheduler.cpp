@@ -1,6 +1,8 @@
 // Host-only tests of the DistributedTileScheduler and the Plan builder, built with g++ alone
-// (no CUDA): the tile maps cover every tile, partials land on their owner, plans are consistent
-// and bad input is rejected with the constraint in words.
+// (no CUDA): the tile maps cover every tile, partials land on their owner, tile splits cover the
+// split mode, plans are consistent (also with uneven and empty tiles) and bad input is rejected
+// with the constraint in words.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <set>
@@ -74,6 +76,18 @@ static void test_tile_maps() {
   }
 }
 
+// sets[d][f]: how many ops of the plan set flag f of device d.
+static std::vector<std::vector<int>> signal_counts(const Plan& plan) {
+  std::vector<std::vector<int>> sets(plan.tp, std::vector<int>(plan.num_flags, 0));
+  for (const DeviceProgram& dp : plan.devices) {
+    for (const GemmOp& g : dp.gemms)
+      for (const FlagRef& f : g.signals) sets[f.device][f.flag]++;
+    for (const CopyOp& c : dp.copies)
+      for (const FlagRef& f : c.signals) sets[f.device][f.flag]++;
+  }
+  return sets;
+}
+
 static void test_plans() {
   for (const ScheduleDef* def : distgemm::schedules::kAll) {
     for (int tp = 1; tp <= kMaxTp; ++tp) {
@@ -84,13 +98,7 @@ static void test_plans() {
         CHECK(int(plan.devices.size()) == tp, "%s: %zu device programs", def->name,
               plan.devices.size());
         // Every waited flag is set exactly once by some op of the plan.
-        std::vector<std::vector<int>> sets(tp, std::vector<int>(plan.num_flags, 0));
-        for (const DeviceProgram& dp : plan.devices) {
-          for (const GemmOp& g : dp.gemms)
-            for (const FlagRef& f : g.signals) sets[f.device][f.flag]++;
-          for (const CopyOp& c : dp.copies)
-            for (const FlagRef& f : c.signals) sets[f.device][f.flag]++;
-        }
+        const std::vector<std::vector<int>> sets = signal_counts(plan);
         for (int d = 0; d < tp; ++d) {
           const DeviceProgram& dp = plan.devices[d];
           CHECK(int(dp.gemms.size()) == S, "%s: dev %d has %zu GEMMs, want S=%d", def->name, d,
@@ -118,6 +126,141 @@ static void test_plans() {
   }
 }
 
+// TileSplit cuts [0, extent) into S contiguous tiles: the devices' shards exactly where TP divides
+// the extent, equal tiles where S divides it, otherwise tiles of whole units within one unit of
+// each other (the last tile of a shard also taking the remainder below one unit).
+static void test_tile_split() {
+  for (int64_t unit : {int64_t(1), kSplitUnitN}) {
+    for (int tp = 1; tp <= kMaxTp; ++tp) {
+      for (int kc = 1; kc <= 4; ++kc) {
+        const int S = tp * kc;
+        for (int64_t extent = 1; extent <= 5 * S * unit + 3; ++extent) {
+          const TileSplit sp{extent, tp, kc, unit};
+          CHECK(sp.begin(0) == 0 && sp.begin(S) == extent, "TP=%d S=%d E=%lld: ends %lld, %lld", tp,
+                S, (long long)extent, (long long)sp.begin(0), (long long)sp.begin(S));
+          int64_t longest = 0;
+          for (int t = 0; t < S; ++t) {
+            CHECK(sp.size(t) >= 0, "TP=%d S=%d E=%lld: tile %d has size %lld", tp, S,
+                  (long long)extent, t, (long long)sp.size(t));
+            CHECK(sp.begin_in_shard(t) == sp.begin(t) - sp.begin(t / kc * kc), "begin_in_shard");
+            longest = std::max(longest, sp.size(t));
+          }
+          CHECK(sp.max_size() == longest, "max_size %lld, longest %lld", (long long)sp.max_size(),
+                (long long)longest);
+          if (extent % tp == 0)
+            for (int d = 0; d <= tp; ++d)
+              CHECK(sp.begin(d * kc) == extent / tp * d,
+                    "TP=%d S=%d E=%lld: shard %d starts at %lld", tp, S, (long long)extent, d,
+                    (long long)sp.begin(d * kc));
+          if (extent % S == 0) {
+            for (int t = 0; t < S; ++t)
+              CHECK(sp.begin(t) == extent / S * t, "TP=%d S=%d E=%lld: even tile %d at %lld", tp, S,
+                    (long long)extent, t, (long long)sp.begin(t));
+            continue;
+          }
+          // Uneven: within a shard, every tile but the last is a whole number of units, and no
+          // two tiles of a shard differ by more than a unit (besides the remainder).
+          for (int d = 0; d < tp; ++d) {
+            const int64_t shard = sp.begin((d + 1) * kc) - sp.begin(d * kc);
+            if (shard % kc == 0) continue;
+            int64_t lo = shard, hi = 0;
+            for (int c = 0; c < kc; ++c) {
+              const int t = d * kc + c;
+              const int64_t whole = sp.size(t) - (c == kc - 1 ? shard % unit : 0);
+              CHECK(whole % unit == 0, "TP=%d S=%d E=%lld unit %lld: tile %d of size %lld", tp, S,
+                    (long long)extent, (long long)unit, t, (long long)sp.size(t));
+              lo = std::min(lo, whole);
+              hi = std::max(hi, whole);
+            }
+            CHECK(hi - lo <= unit, "TP=%d S=%d E=%lld: shard %d tiles range %lld..%lld", tp, S,
+                  (long long)extent, d, (long long)lo, (long long)hi);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Plans with uneven and empty tiles: no op of zero extent, every waited flag set exactly once and
+// every set flag waited for (nothing waits for a flag nobody sets, no signal is wasted), each
+// copy follows a GEMM its device has, the work splits evenly over the devices and each device's
+// D is produced exactly once in area.
+static void check_uneven_plan(const ScheduleDef& def, const Plan& plan) {
+  const int tp = plan.tp, S = plan.steps;
+  const Problem& p = plan.problem;
+  const char* name = def.name;
+  const long long m = p.m, n = p.n;
+  const std::vector<std::vector<int>> sets = signal_counts(plan);
+  std::vector<std::vector<int>> waits(tp, std::vector<int>(plan.num_flags, 0));
+  for (int d = 0; d < tp; ++d) {
+    const DeviceProgram& dp = plan.devices[d];
+    CHECK(!dp.gemms.empty() && int(dp.gemms.size()) <= S,
+          "%s TP=%d S=%d M=%lld: dev %d has %zu GEMMs", name, tp, S, m, d, dp.gemms.size());
+    int64_t flops = 0, produced = 0;
+    int last_iteration = -1;
+    for (const GemmOp& g : dp.gemms) {
+      CHECK(g.m > 0 && g.n > 0 && g.k > 0, "%s TP=%d S=%d M=%lld N=%lld: dev %d GEMM %dx%dx%d",
+            name, tp, S, m, n, d, int(g.m), int(g.n), int(g.k));
+      CHECK(g.iteration > last_iteration, "%s: GEMMs out of iteration order", name);
+      last_iteration = g.iteration;
+      flops += g.m * g.n * g.k;
+      if (g.d.buffer == Buffer::D) produced += g.m * g.n;
+      for (int f : g.waits) waits[d][f]++;
+    }
+    for (const CopyOp& c : dp.copies) {
+      CHECK(c.rows > 0 && c.cols > 0, "%s TP=%d S=%d M=%lld: dev %d copy of %lldx%lld", name, tp, S,
+            m, d, (long long)c.rows, (long long)c.cols);
+      CHECK(c.after_gemm < int(dp.gemms.size()), "%s: copy after GEMM %d of %zu", name,
+            c.after_gemm, dp.gemms.size());
+      if (c.dst.buffer == Buffer::D) produced += c.rows * c.cols;
+      for (int f : c.waits) waits[d][f]++;
+    }
+    const int64_t total = p.m * p.n * p.k / tp;
+    CHECK(flops == total, "%s TP=%d S=%d M=%lld N=%lld: dev %d does %lld MNK, want %lld", name, tp,
+          S, m, n, d, (long long)flops, (long long)total);
+    const Extent2 ld = def.partition.local_d(p, tp);
+    CHECK(produced == ld.rows * ld.cols,
+          "%s TP=%d S=%d M=%lld N=%lld: dev %d produces %lld of D's %lld", name, tp, S, m, n, d,
+          (long long)produced, (long long)(ld.rows * ld.cols));
+  }
+  for (int d = 0; d < tp; ++d)
+    for (int f = 0; f < plan.num_flags; ++f) {
+      CHECK(waits[d][f] == 0 || sets[d][f] == 1,
+            "%s TP=%d S=%d M=%lld N=%lld: dev %d waits for flag %d, set %d times", name, tp, S, m,
+            n, d, f, sets[d][f]);
+      CHECK(sets[d][f] == 0 || waits[d][f] == 1,
+            "%s TP=%d S=%d M=%lld N=%lld: flag %d of dev %d set, waited %d times", name, tp, S, m,
+            n, f, d, waits[d][f]);
+    }
+}
+
+static void test_uneven_plans() {
+  for (const ScheduleDef* def : distgemm::schedules::kAll) {
+    const bool along_m = def->split == Mode::M;
+    // The split mode's divisor: TP where a partition shards it, else none.
+    const Partition& pt = def->partition;
+    const bool sharded = pt.a == def->split || pt.b == def->split || pt.d == def->split;
+    for (int tp = 1; tp <= kMaxTp; ++tp) {
+      for (int kc : {1, 2, 3}) {
+        const int S = tp * kc;
+        for (int units = 1; units <= 3 * S + 2; ++units) {
+          // Along M any row count (times TP where M is sharded); along N units of 8 columns per
+          // device, with 3 columns below a unit more at odd counts.
+          const int64_t e = along_m ? units * (sharded ? tp : 1)
+                                    : (units * kSplitUnitN + (units % 2 ? 3 : 0)) * tp;
+          Problem p{along_m ? e : int64_t(tp) * 3, along_m ? int64_t(tp) * 8 : e, int64_t(tp) * 16,
+                    2};
+          for (PartialVia via : {PartialVia::Epilogue, PartialVia::CopyEngine}) {
+            PlanOptions o;
+            o.partial_via = via;
+            check_uneven_plan(*def, build_plan(*def, p, tp, S, o));
+          }
+        }
+      }
+    }
+  }
+}
+
 static void expect_error(const ScheduleDef& def, Problem p, int tp, int S, const char* needle) {
   try {
     build_plan(def, p, tp, S);
@@ -130,10 +273,13 @@ static void expect_error(const ScheduleDef& def, Problem p, int tp, int S, const
 
 static void test_bad_input() {
   using namespace distgemm::schedules;
-  expect_error(ag_rotate_a, {8190, 64, 64, 1}, 2, 8, "M=8190 is not divisible by S=8");
+  expect_error(ag_rotate_a, {8191, 64, 64, 1}, 2, 8,
+               "M=8191 is not divisible by TP=2: ag_rotate_a shards A on M");
+  expect_error(rs_tile_a, {9, 64, 64, 1}, 4, 4,
+               "M=9 is not divisible by TP=4: rs_tile_a shards C/D on M");
   expect_error(ag_rotate_a, {64, 63, 64, 1}, 2, 2, "N=63 is not divisible by TP=2");
   expect_error(rs_tile_a, {64, 64, 63, 1}, 2, 2, "K=63 is not divisible by TP=2");
-  expect_error(rs_tile_b, {64, 60, 64, 1}, 2, 8, "N=60 is not divisible by S=8");
+  expect_error(rs_tile_b, {64, 62, 64, 1}, 4, 8, "N=62 is not divisible by TP=4");
   expect_error(ag_rotate_b, {64, 63, 64, 1}, 3, 3, "M=64 is not divisible by TP=3");
   expect_error(gemm_allreduce, {64, 64, 64, 1}, 9, 9, "TP=9 is out of range");
   expect_error(gemm_allreduce, {64, 64, 64, 1}, 0, 0, "TP=0 is out of range");
@@ -142,9 +288,28 @@ static void test_bad_input() {
   CHECK(distgemm::schedules::find("nope") == nullptr, "unknown schedule found");
 }
 
+// Uneven splits that used to be refused build now; gemm_allreduce takes any M.
+static void test_accepted_uneven() {
+  using namespace distgemm::schedules;
+  for (int tp = 1; tp <= kMaxTp; ++tp)
+    for (int64_t m = 1; m <= 64; ++m)
+      CHECK(validate(gemm_allreduce, {m, 64, int64_t(tp) * 8, 1}, tp, tp).empty(),
+            "gemm_allreduce TP=%d M=%lld refused", tp, (long long)m);
+  CHECK(validate(ag_rotate_a, {8190, 64, 64, 1}, 2, 8).empty(), "M=8190 at TP=2 S=8 refused");
+  CHECK(validate(rs_tile_b, {64, 60, 64, 1}, 2, 8).empty(), "N=60 at TP=2 S=8 refused");
+  // M=1 at TP=2: tile 1 is empty, so each device runs one GEMM, on row 0.
+  const Plan one = build_plan(gemm_allreduce, {1, 64, 64, 1}, 2, 2);
+  for (const DeviceProgram& dp : one.devices)
+    CHECK(dp.gemms.size() == 1 && dp.gemms[0].m0 == 0 && dp.gemms[0].m == 1,
+          "M=1: %zu GEMMs, first of %lld rows", dp.gemms.size(), (long long)dp.gemms[0].m);
+}
+
 int main() {
   test_tile_maps();
   test_plans();
+  test_tile_split();
+  test_uneven_plans();
+  test_accepted_uneven();
   test_bad_input();
   std::printf("%d passed, %d failed\n", g_pass, g_fail);
   return g_fail ? 1 : 0;

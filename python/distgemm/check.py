@@ -18,7 +18,11 @@ signal happens before every wait on that flag; ``check_order``). The invariants:
 4. ownership    — each device's D holds exactly its Partition shard; user buffers are only accessed
                   by their own device (one process per GPU cannot reach a peer's tensors); copies
                   only push: a copy never reads another device's memory;
-5. progress     — every waited flag is set exactly once, and there is no cyclic wait across devices.
+5. progress     — every waited flag is set exactly once, and there is no cyclic wait across devices;
+6. extents      — every GEMM and copy moves something (positive extents): the runtime launches
+                  each op of a plan, and the GEMM kernel refuses an empty one, so a plan leaves
+                  out the ops of an empty tile (with their waits and signals, which invariant 5
+                  then checks).
 
 ``check_plan`` returns a list of ``Violation`` (empty when every invariant holds).
 """
@@ -49,6 +53,7 @@ class _Checker:
         order = build_happens_before(self.plan, self.fail)
         if order is None:
             return self.violations
+        self.check_extents()
         self.check_user_buffer_access()
         if self.violations:
             return self.violations
@@ -60,6 +65,26 @@ class _Checker:
                 self.run_gemm(ev)
         self.check_final_outputs()
         return self.violations
+
+    def check_extents(self) -> None:
+        """Every op has positive extents: an empty tile has no ops at all."""
+        for d, dev in enumerate(self.plan["devices"]):
+            for j, g in enumerate(dev["gemms"]):
+                if min(g["m"], g["n"], g["k"]) < 1:
+                    self.fail(
+                        "extents",
+                        ("gemm", d, j),
+                        f"GEMM of m={g['m']} n={g['n']} k={g['k']}: the kernel refuses an empty "
+                        "GEMM; leave out the ops of an empty tile",
+                    )
+            for j, c in enumerate(dev["copies"]):
+                if min(c["rows"], c["cols"]) < 1:
+                    self.fail(
+                        "extents",
+                        ("copy", d, j),
+                        f"copy of {c['rows']} x {c['cols']} elements: leave out the ops of an "
+                        "empty tile",
+                    )
 
     def check_user_buffer_access(self) -> None:
         """Ownership of user buffers: only their own device may touch them; copies push."""

@@ -52,14 +52,19 @@ Fail = Callable[[str, Event | None, str], None]
 
 def event_name(plan: dict, ev: Event) -> str:
     kind, d, j = ev
-    if kind == "gemm":
-        return f"GEMM dev{d} step{j}"
-    return f"copy dev{d} #{j} (step{plan['devices'][d]['copies'][j]['step']})"
+    return (
+        f"GEMM dev{d} step{event_step(plan, ev)}"
+        if kind == "gemm"
+        else f"copy dev{d} #{j} (step{event_step(plan, ev)})"
+    )
 
 
 def event_step(plan: dict, ev: Event) -> int:
+    """The iteration of a GEMM (a device skips the GEMMs of empty tiles, so it may differ from
+    the GEMM's position), the display step of a copy."""
     kind, d, j = ev
-    return j if kind == "gemm" else plan["devices"][d]["copies"][j]["step"]
+    op = plan["devices"][d]["gemms" if kind == "gemm" else "copies"][j]
+    return op["iteration"] if kind == "gemm" else op["step"]
 
 
 class HappensBefore:

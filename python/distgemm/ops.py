@@ -24,7 +24,7 @@ Errors. Inputs are checked before anything reaches the extension: TypeError for 
 dtype that is not bf16/fp16 or differs between operands; ValueError for a CPU tensor, a tensor on
 another device than this rank's, a non-contiguous tensor (distgemm does not take strides: call
 ``.contiguous()``), a data pointer that is not 16-byte aligned (TMA), shapes that do not match
-or that the schedule cannot split (the Plan's message, e.g. ``M=8190 is not divisible by S=8``).
+or that the schedule cannot split (the Plan's message, e.g. ``M=30 is not divisible by TP=4``).
 At the first call errors are exchanged, so every rank raises the same one; at later calls a rank
 raises its own, and a rank that then waits for it reports ``RuntimeError`` after the wait timeout.
 A launch whose entry barrier or data flag times out (a rank did not launch) is reported as a
@@ -224,14 +224,15 @@ def all_gather_gemm(
     ``return_gathered``, the gathered ``[N, K]`` weight.
 
     Args: bf16 or fp16 tensors on this rank's GPU, contiguous, 16-byte aligned; K (and N_local,
-    resp. N/S for ag_rotate_b) a multiple of 8. ``steps``: S = k*TP pipeline steps; None:
+    resp. the N tiles for ag_rotate_b) a multiple of 8. ``steps``: S = k*TP pipeline steps; None:
     the tuning table's, else ``default_steps`` (S = TP for all-gather).
     ``group``: a ProcessGroup (default: the world group) or a ``distgemm.Communicator``.
     ``path``: "auto" (the tuning table or the cost model decides), "overlap" (the plan) or
     "collective" (NCCL all-gather + torch GEMM); None: ``DEFAULT_PATH`` (env DISTGEMM_PATH, else
     "auto"); see the module docstring. No autograd: inputs that require grad are refused while
     grad mode is on.
-    M must be divisible by S (ag_rotate_a; N by S for ag_rotate_b).
+    Where S does not divide M (ag_rotate_a; N for ag_rotate_b) the steps are uneven: tiles differ
+    by a row (along N by 8 columns), and a step whose tile is empty is skipped.
     """
     op = "all_gather_gemm"
     path = check_path(op, path)
@@ -291,7 +292,8 @@ def gemm_reduce_scatter(
     columns), ``bias``: ``[N/TP]`` (rank r's slice); the equivalent scatters ``p`` along dim 1.
 
     Args: bf16 or fp16 tensors on this rank's GPU, contiguous, 16-byte aligned; K_local and N
-    (N/S for rs_tile_b) multiples of 8; M (rs_tile_a) resp. N (rs_tile_b) divisible by S.
+    (N's tiles for rs_tile_b) multiples of 8; M (rs_tile_a) resp. N (rs_tile_b) divisible by TP
+    (steps may be uneven where S does not divide it).
     ``beta``: default 0.0. ``steps``: S = k*TP; None: ``default_steps``. ``group``: a
     ProcessGroup (default: the world group) or a ``distgemm.Communicator``. ``path``: "auto",
     "overlap" or "collective" (torch GEMM + NCCL reduce-scatter), as for ``all_gather_gemm``.
@@ -330,7 +332,8 @@ def gemm_all_reduce(
     - ``out`` (returned): ``[M, N]``, identical on every rank; written in place when given
 
     Args: bf16 or fp16 tensors on this rank's GPU, contiguous, 16-byte aligned; K_local and N
-    multiples of 8; M divisible by S. ``beta``: default 0.0. ``steps``: S = k*TP; None:
+    multiples of 8; any M >= 1 (steps are uneven where S does not divide M, and a decode step of
+    fewer tokens than S skips the empty ones). ``beta``: default 0.0. ``steps``: S = k*TP; None:
     ``default_steps``.
     ``group``: a ProcessGroup (default: the world group) or a ``distgemm.Communicator``.
     ``path``: "auto", "overlap" or "collective" (torch GEMM + NCCL all-reduce), as for

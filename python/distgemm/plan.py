@@ -54,7 +54,7 @@ def build_plan(
     "copy"; None: the library default) says how a reduce-scatter partial reaches the next device:
     written into the peer's slot by the GEMM's epilogue, or staged locally and pushed by the copy
     engine (see ``PartialVia`` in plan.hpp). Raises ``ValueError`` naming the violated constraint
-    and the values, e.g. ``M=8190 is not divisible by S=8``.
+    and the values, e.g. ``M=30 is not divisible by TP=4``.
     """
     for name, v in (("tp", tp), ("m", m), ("n", n), ("k", k), ("l", l)):
         if not isinstance(v, int) or isinstance(v, bool):

@@ -10,6 +10,8 @@ flag holds the launch generation. Among ready ops the executor picks with a *pol
 ``run_reference`` tries several: consumers-first from either end of the device range and random
 interleavings. A plan that is missing a wait therefore reads a slot before it is written in at
 least one order; a plan whose waits can never be satisfied raises ``ExecutionError`` (deadlock).
+Plans with uneven tiles run the same way: every op carries its own extents, and an empty tile has
+no ops, so a device may run fewer GEMMs than S.
 
 ``SharedWorkspace`` runs launches of several plans on one workspace per device, as a
 communicator's plans share one: slots keep what the last launch left, flags keep the generation

@@ -5,7 +5,9 @@ Example::
     python -m distgemm.simulate --schedule ag_rotate_a --tp 4 --steps 8
 
 One row per (step, device): what the device's compute stream does (waits, the GEMM tile and where
-its operands come from, where the result goes, signals) and what its copy engine does. Flags are
+its operands come from, where the result goes, signals) and what its copy engine does. Where S
+does not divide the split mode the tiles are uneven; a step whose tile is empty has no GEMM
+(``(empty tile t)``), and nothing waits for or sends that tile. Flags are
 written ``f3@1`` (flag 3 in device 1's workspace); ``slot2`` is receive slot 2 of the device named
 with it. Every launch begins with an entry barrier across all devices (not shown per step).
 
@@ -91,6 +93,22 @@ def gemm_tile(g: dict, l: int, slots: int) -> int:
     return int(_core.choose_tile_n(g["m"], g["n"], l, slots, slots)["tile_n"])
 
 
+def tile_of(plan: dict, d: int, i: int) -> int:
+    """The tile of the split mode that device ``d`` visits at iteration ``i``."""
+    return _core.tile_map(plan["definition"], plan["tp"], plan["steps"])["tile"][d][i]
+
+
+def tile_sizes(plan: dict) -> list[int]:
+    """Each tile's extent along the split mode, read from the plan's GEMMs (0: no GEMM visits
+    the tile, it is empty)."""
+    sizes = [0] * plan["steps"]
+    key = "m" if plan["definition"]["split"] == "M" else "n"
+    for dev in plan["devices"]:
+        for g in dev["gemms"]:
+            sizes[g["tile"]] = g[key]
+    return sizes
+
+
 def step_table(plan: dict, slots: int = H200_RESIDENT_CTAS) -> list[dict]:
     """Rows of the step table: one per (step, device), with 'compute' and 'copy' cells. A GEMM
     the 128x128-tile kernel would run (with ``slots`` resident CTAs) is marked [128x128]."""
@@ -124,6 +142,8 @@ def step_table(plan: dict, slots: int = H200_RESIDENT_CTAS) -> list[dict]:
                 if g["signals"]:
                     parts.append(f"; set {_signals(g['signals'])}")
                 cells.append(" ".join(parts))
+            if not cells and plan["steps"] > len(dev["gemms"]):
+                cells.append(f"(empty tile {tile_of(plan, d, i)})")
             copies = []
             for c in dev["copies"]:
                 if c["step"] != i:
@@ -166,11 +186,22 @@ def describe(plan: dict) -> str:
         else "the epilogue (peer writes)"
     )
     elem = 2
+    sizes = tile_sizes(plan)
+    uneven = (
+        [
+            f"uneven tiles of {dfn['split']} (S does not divide it): "
+            + ", ".join(map(str, sizes))
+            + (f"; {sizes.count(0)} empty, with no ops" if 0 in sizes else "")
+        ]
+        if len(set(sizes)) > 1
+        else []
+    )
     return "\n".join(
         [
             f"schedule {plan['schedule']}: {dfn['summary']}",
             f"problem M={p['m']} N={p['n']} K={p['k']} L={p['l']}, TP={plan['tp']}, "
             f"S={plan['steps']} (k={plan['chunks_per_shard']} chunk(s) per shard)",
+            *uneven,
             f"tile map: tile(d, i) = ({tile['a']}*k*d + {tile['b']}*i + {tile['c']}*k) mod S "
             f"over {dfn['split']}",
             f"per device: A{list(ls['A'])} B{list(ls['B'])} D{list(ls['D'])} bias[{ls['bias']}]; "

@@ -92,8 +92,9 @@ def format_timeline(plan: dict, pred: dict, width: int = 72) -> str:
                     continue
                 a = int(s * scale)
                 b = max(a + 1, int(pred["end"][(k, dd, j)] * scale))
+                step = plan["devices"][d]["gemms"][j]["iteration"] if kind == "gemm" else 0
                 for x in range(a, min(b, width)):
-                    row[x] = str(j % 10) if kind == "gemm" else "="
+                    row[x] = str(step % 10) if kind == "gemm" else "="
             lines.append(f"dev{d} {label} |{''.join(row)}|")
     lines.append(
         f"local GEMM alone {pred['local_gemm_us']:.0f} us, predicted launch {total:.0f} us, "

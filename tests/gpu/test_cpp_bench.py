@@ -470,3 +470,73 @@ def test_llama_sweep_subset(tmp_path):
     assert len(table) == 4 and all(line.rstrip().endswith("PASS") for line in table), proc.stdout
     progress = [line for line in proc.stderr.splitlines() if line.startswith("[")]
     assert [p.split()[0] for p in progress] == ["[1/2]", "[2/2]"], proc.stderr
+
+
+# Uneven steps (S does not divide the split mode: tiles differ by a row, or along N by 8
+# columns) and decode-size token counts with empty tiles (fewer rows than steps, skipped on every
+# device): (schedule, S, M, N). Every row is checked (--verify-rows 0), beta and bias on, so each
+# tile's C rows and bias slice are read at its own offset and the TMA stores of a tile of m rows
+# (m not a multiple of 128, the next tile's rows right behind it) must stay inside the tile.
+UNEVEN = [
+    *[("gemm_allreduce", TP, m, 1024) for m in (1, 3, TP + 1, 127, 255)],
+    *[("gemm_allreduce", 2 * TP, m, 1024) for m in (1, 2 * TP + 1, 129)],
+    ("rs_tile_a", 2 * TP, 3 * TP, 1024),  # shards of 3 rows in 2 steps: 2 + 1
+    ("rs_tile_a", 4 * TP, 2 * TP, 1024),  # shards of 2 rows in 4 steps: 2 empty
+    ("rs_tile_a", 2 * TP, 1001 * TP, 1024),
+    ("ag_rotate_a", 2 * TP, 3 * TP, 1024),
+    ("ag_rotate_a", 4 * TP, 2 * TP, 1024),
+    ("ag_rotate_b", 2 * TP, 2 * TP, 24 * TP),  # N shards of 24 columns in 2 steps: 16 + 8
+    ("ag_rotate_b", 4 * TP, 2 * TP, 24 * TP),  # ... in 4 steps: 8 + 8 + 8 + empty
+    ("rs_tile_b", 2 * TP, 5, 24 * TP),
+    ("rs_tile_b", 4 * TP, 5, 24 * TP),
+]
+
+
+def _uneven_args(schedule, steps, m, n, *extra):
+    return (
+        *("--schedule", schedule, "--tp", str(TP), "--steps", str(steps)),
+        *("--m", str(m), "--n", str(n), "--k", "1024", "--beta", "0.5", "--bias"),
+        *("--verify-rows", "0", "--iterations", "3", "--warmup", "1", "--warmup-ms", "0"),
+        *("--no-local", *extra),
+    )
+
+
+@pytest.mark.parametrize(
+    "schedule,steps,m,n", UNEVEN, ids=[f"{s}-S{st}-M{m}-N{n}" for s, st, m, n in UNEVEN]
+)
+def test_uneven_steps_verify(schedule, steps, m, n):
+    proc, res = run_bench(*_uneven_args(schedule, steps, m, n))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert res.get("verify") == "PASS" and float(res["rel_err"]) < 1e-2
+
+
+UNEVEN_RING = [(s, via) for s in ("rs_tile_a", "gemm_allreduce") for via in ("epilogue", "copy")]
+
+
+@pytest.mark.parametrize("schedule,via", UNEVEN_RING, ids=[f"{s}-{v}" for s, v in UNEVEN_RING])
+def test_uneven_partials_batched_with_update(schedule, via):
+    """Empty tiles (shards of 2 rows in 4 steps) with partials by the epilogue and by the copy
+    engine, L=2 (a slot longer than its tile: per-batch copies) and a graph-exec update to new
+    buffers."""
+    proc, res = run_bench(
+        *_uneven_args(schedule, 4 * TP, 2 * TP, 1024),
+        *("--l", "2", "--partial-via", via, "--check-update"),
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert res["verify"] == "PASS" and float(res["rel_err"]) < 1e-2
+    assert 0 <= float(res["rel_err_update"]) < 1e-2
+
+
+@pytest.mark.parametrize(
+    "schedule,steps,m", [("gemm_allreduce", TP, 1), ("rs_tile_a", 4 * TP, 2 * TP)]
+)
+def test_uneven_graph_skips_empty_tiles(schedule, steps, m, tmp_path):
+    """The captured graphs of plans with empty tiles: fewer GEMM nodes than S, and every signal,
+    wait and slot transfer as the plan says (tests/gpu/graph_checks.py)."""
+    out = tmp_path / "graph.json"
+    proc, res = run_bench(*_uneven_args(schedule, steps, m, 1024, "--graph-json", str(out)))
+    assert proc.returncode == 0 and res["verify"] == "PASS", proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert check_graphs(doc) == []
+    gemm_nodes = [d["stats"]["gemm_nodes"] for d in doc["devices"]]
+    assert all(0 < g < steps for g in gemm_nodes), gemm_nodes

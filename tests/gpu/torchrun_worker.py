@@ -152,23 +152,25 @@ def shapes_for(schedule, tp, steps, gen):
     def ri(lo, hi):
         return int(torch.randint(lo, hi, (1,), generator=gen))
 
+    # M (or N for ag_rotate_b / rs_tile_b) need not divide into S steps: uneven steps differ by
+    # a row (by 8 columns along N), and gemm_allreduce takes any M, also fewer rows than steps.
     if schedule == "ag_rotate_a":
-        m = steps * ri(3, 40)  # M/S rows per tile: any count
+        m = tp * ri(3, 120)  # M/TP rows per rank: any count
         k, nl = r8(8, 520), r8(8, 400)
         return (m // tp, k), (nl, k), nl, None
     if schedule == "ag_rotate_b":
         m = tp * ri(3, 90)
-        n = steps * r8(8, 200)  # N/S must be a multiple of 8 (column tiles of D)
+        n = tp * r8(8, 400)  # N/TP a multiple of 8, its steps whole 8-column units
         k = r8(8, 520)
         return (m // tp, k), (n // tp, k), n, None
     kl = r8(8, 300)  # K per rank
     if schedule == "rs_tile_a":
-        m, n = steps * ri(3, 40), r8(8, 400)
+        m, n = tp * ri(3, 120), r8(8, 400)
         return (m, kl), (n, kl), n, (m // tp, n)
     if schedule == "rs_tile_b":
-        m, n = ri(5, 300), steps * r8(8, 150)
+        m, n = ri(5, 300), tp * r8(8, 300)
         return (m, kl), (n, kl), n // tp, (m, n // tp)
-    m, n = steps * ri(3, 40), r8(8, 400)  # gemm_allreduce
+    m, n = ri(1, 300), r8(8, 400)  # gemm_allreduce: any token count
     return (m, kl), (n, kl), n, (m, n)
 
 
@@ -463,14 +465,19 @@ def test_errors(dev):
         lambda: ops.all_gather_gemm(buf[1 : 1 + 64 * 64].view(64, 64), w),
         "is not 16-byte aligned",
     )
-    # 63 rows per rank: M = 63*TP is odd times TP, so S = 2*TP cannot split it (S = TP could).
-    expect(
-        "m_not_divisible",
-        ValueError,
-        lambda: ops.all_gather_gemm(a[:63].clone(), w, steps=2 * tp),
-        f"M={63 * tp} is not divisible by S={2 * tp}",
-        same_everywhere=True,
-    )
+    # M = 64*TP + 1 rows cannot be reduce-scattered over TP ranks (uneven steps are accepted:
+    # only TP must divide a sharded M).
+    m_odd = 64 * tp + 1
+    if tp > 1:
+        expect(
+            "m_not_divisible",
+            ValueError,
+            lambda: ops.gemm_reduce_scatter(torch.randn(m_odd, 64, device=dev).to(bf), w),
+            f"M={m_odd} is not divisible by TP={tp}",
+            same_everywhere=True,
+        )
+    else:
+        skip("errors/m_not_divisible", "TP=1 divides every M")
     expect(
         "odd_k",
         ValueError,

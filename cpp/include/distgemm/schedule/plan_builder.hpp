@@ -1,6 +1,13 @@
 // build_plan: fills a Plan's device programs for one schedule, TP and S (all-gather and
 // reduce-scatter / all-reduce builders, and the side-chain order every consumer follows).
 // Host-only.
+//
+// Uneven tiles (TileSplit, when S does not divide the split mode): every op of a tile takes that
+// tile's extent, and receive slots are sized for the longest tile (a shorter one uses the slot's
+// first rows, or columns along N). An empty tile has no ops at all: no GEMM, no copy, no signal
+// and no wait, on any device, so nothing waits for a flag that nobody sets; its slot and flag
+// stay unused. A device's GEMMs are then fewer than S: GemmOp::iteration keeps the step, and
+// CopyOp::after_gemm is a position in DeviceProgram::gemms.
 #pragma once
 
 #include <algorithm>
@@ -13,6 +20,17 @@
 namespace distgemm::schedule {
 
 namespace detail {
+
+// The split of def.split into the plan's S tiles.
+inline TileSplit tile_split(const Plan& plan) {
+  const bool along_m = plan.def.split == Mode::M;
+  TileSplit sp;
+  sp.extent = along_m ? plan.problem.m : plan.problem.n;
+  sp.tp = plan.tp;
+  sp.k = plan.steps / plan.tp;
+  sp.unit = along_m ? 1 : kSplitUnitN;
+  return sp;
+}
 
 inline BufRef ref(Buffer b, int dev, int64_t off, int64_t ld, int64_t bs) {
   BufRef r;
@@ -32,8 +50,9 @@ inline void build_all_gather(Plan& plan, const DistributedTileScheduler& sch) {
   const int tp = plan.tp, S = plan.steps, kc = sch.chunks_per_shard();
   const bool rot_a = def.rotating == Operand::A;
   const int64_t K = p.k, L = p.l;
-  // Tile extent along the split mode and the local shapes.
-  const int64_t T = (rot_a ? p.m : p.n) / S;
+  // Tiles along the split mode (the longest sizes the slots) and the local shapes.
+  const TileSplit split = tile_split(plan);
+  const int64_t T = split.max_size();
   const Extent2 la = def.partition.local_a(p, tp), lb = def.partition.local_b(p, tp),
                 ld = def.partition.local_d(p, tp);
   const int64_t slot_stride = L * T * K;  // one slot: [L][T][K]
@@ -57,36 +76,38 @@ inline void build_all_gather(Plan& plan, const DistributedTileScheduler& sch) {
   for (int d = 0; d < tp; ++d) {
     DeviceProgram& prog = plan.devices[d];
     for (int i = 0; i < S; ++i) {
-      const int t = sch.tile(d, i), owner = sch.owner(t), c = sch.chunk(t);
+      const int t = sch.tile(d, i), owner = sch.owner(t);
+      const int64_t t0 = split.begin(t), tn = split.size(t);
+      if (tn == 0) continue;
       GemmOp g;
       g.iteration = i;
       g.tile = t;
       g.k0 = 0;
       g.k = K;
-      BufRef rot = owner == d ? ref(rot_a ? Buffer::A : Buffer::B, d, c * T * K, K,
-                                    (rot_a ? la : lb).rows * K)
+      BufRef rot = owner == d ? ref(rot_a ? Buffer::A : Buffer::B, d, split.begin_in_shard(t) * K,
+                                    K, (rot_a ? la : lb).rows * K)
                               : ref(Buffer::Slots, d, slot_of[d][t] * slot_stride, K, T * K);
       if (owner != d) g.waits.push_back(slot_of[d][t]);
       if (rot_a) {
         // D_d[M, N/TP]: rows of tile t, all local columns.
-        g.m0 = t * T;
-        g.m = T;
+        g.m0 = t0;
+        g.m = tn;
         g.n0 = int64_t(d) * ld.cols;
         g.n = ld.cols;
         g.a = rot;
         g.b = ref(Buffer::B, d, 0, K, lb.rows * K);
-        g.d = ref(Buffer::D, d, t * T * ld.cols, ld.cols, ld.rows * ld.cols);
+        g.d = ref(Buffer::D, d, t0 * ld.cols, ld.cols, ld.rows * ld.cols);
         g.bias = ref(Buffer::Bias, d, 0, 0, 0);
       } else {
         // D_d[M/TP, N]: local rows, the N columns of tile t.
         g.m0 = int64_t(d) * la.rows;
         g.m = la.rows;
-        g.n0 = t * T;
-        g.n = T;
+        g.n0 = t0;
+        g.n = tn;
         g.a = ref(Buffer::A, d, 0, K, la.rows * K);
         g.b = rot;
-        g.d = ref(Buffer::D, d, t * T, ld.cols, ld.rows * ld.cols);
-        g.bias = ref(Buffer::Bias, d, t * T, 0, 0);
+        g.d = ref(Buffer::D, d, t0, ld.cols, ld.rows * ld.cols);
+        g.bias = ref(Buffer::Bias, d, t0, 0, 0);
       }
       g.user_c = g.d;
       g.user_c.buffer = Buffer::C;
@@ -104,7 +125,7 @@ inline void build_all_gather(Plan& plan, const DistributedTileScheduler& sch) {
       if (d == p_) continue;
       for (int c = 0; c < kc; ++c) {
         int t = p_ * kc + c;
-        pushes.push_back({need_iter[d][t], (d - p_ + tp) % tp, d, t});
+        if (split.size(t) > 0) pushes.push_back({need_iter[d][t], (d - p_ + tp) % tp, d, t});
       }
     }
     std::sort(pushes.begin(), pushes.end(), [](const Push& x, const Push& y) {
@@ -117,9 +138,10 @@ inline void build_all_gather(Plan& plan, const DistributedTileScheduler& sch) {
       // The copy engine starts at once and works through its queue back to back: show each copy
       // at its queue position, but never later than the step before its consumer.
       cp.step = std::min(queued++, std::max(0, u.need - 1));
-      cp.src = ref(rot_a ? Buffer::A : Buffer::B, p_, sch.chunk(u.t) * T * K, K, shard_rows * K);
+      cp.src =
+          ref(rot_a ? Buffer::A : Buffer::B, p_, split.begin_in_shard(u.t) * K, K, shard_rows * K);
       cp.dst = ref(Buffer::Slots, u.dev, slot_of[u.dev][u.t] * slot_stride, K, T * K);
-      cp.rows = T;
+      cp.rows = split.size(u.t);
       cp.cols = K;
       cp.signals.push_back({u.dev, slot_of[u.dev][u.t]});
       plan.devices[p_].copies.push_back(cp);
@@ -142,8 +164,9 @@ inline void build_reduce_scatter(Plan& plan, const DistributedTileScheduler& sch
   const int64_t L = p.l, N = p.n, M = p.m;
   const Extent2 la = def.partition.local_a(p, tp), ld = def.partition.local_d(p, tp);
   const int64_t Kl = la.cols;
-  const int64_t T = (split_m ? M : N) / S;
-  // One slot: a tile of D, [L][T][N] (split M) or [L][M][T] (split N).
+  const TileSplit split = tile_split(plan);
+  const int64_t T = split.max_size();
+  // One slot: a tile of D, [L][T][N] (split M) or [L][M][T] (split N), T the longest tile.
   const int64_t tile_rows = split_m ? T : M, tile_cols = split_m ? N : T;
   const int64_t slot_stride = L * tile_rows * tile_cols;
   const int partial_slots = S - kc;
@@ -167,30 +190,34 @@ inline void build_reduce_scatter(Plan& plan, const DistributedTileScheduler& sch
         if (sch.owner(t) != e) recv_of[e][t] = next++;
     }
 
-  std::vector<std::vector<int>> final_iter(tp, std::vector<int>(S, -1));
+  // final_gemm[d][t]: position in device d's GEMMs of its last visit of tile t (-1: none).
+  std::vector<std::vector<int>> final_gemm(tp, std::vector<int>(S, -1));
   for (int d = 0; d < tp; ++d) {
     DeviceProgram& prog = plan.devices[d];
     for (int i = 0; i < S; ++i) {
       const int t = sch.tile(d, i);
+      const int64_t t0 = split.begin(t), tn = split.size(t);
+      if (tn == 0) continue;  // every visit of an empty tile is empty: its partials never travel
+      const int64_t rows = split_m ? tn : M, cols = split_m ? N : tn;
       GemmOp g;
       g.iteration = i;
       g.tile = t;
       g.k0 = int64_t(d) * Kl;
       g.k = Kl;
       if (split_m) {
-        g.m0 = t * T;
-        g.m = T;
+        g.m0 = t0;
+        g.m = tn;
         g.n0 = 0;
         g.n = N;
-        g.a = ref(Buffer::A, d, t * T * Kl, Kl, M * Kl);
+        g.a = ref(Buffer::A, d, t0 * Kl, Kl, M * Kl);
         g.b = ref(Buffer::B, d, 0, Kl, N * Kl);
       } else {
         g.m0 = 0;
         g.m = M;
-        g.n0 = t * T;
-        g.n = T;
+        g.n0 = t0;
+        g.n = tn;
         g.a = ref(Buffer::A, d, 0, Kl, M * Kl);
-        g.b = ref(Buffer::B, d, t * T * Kl, Kl, N * Kl);
+        g.b = ref(Buffer::B, d, t0 * Kl, Kl, N * Kl);
       }
       if (i >= kc) {
         g.partial = slot_ref(d, i - kc);
@@ -208,31 +235,31 @@ inline void build_reduce_scatter(Plan& plan, const DistributedTileScheduler& sch
           cp.step = i;
           cp.src = g.d;
           cp.dst = slot_ref(e, i);
-          cp.rows = tile_rows;  // per batch; slots are dense, so one 1-D memcpy moves all L
-          cp.cols = tile_cols;
-          cp.after_gemm = i;
+          cp.rows = rows;  // per batch; a full slot is dense, so one 1-D memcpy moves all L
+          cp.cols = cols;
+          cp.after_gemm = static_cast<int>(prog.gemms.size());
           cp.signals.push_back({e, i});
           prog.copies.push_back(cp);
         }
       } else {
-        const int c = sch.chunk(t);
-        final_iter[d][t] = i;
+        const int64_t c0 = split.begin_in_shard(t);
+        final_gemm[d][t] = static_cast<int>(prog.gemms.size());
         if (all_reduce) {
           // The owner finishes tile t straight into its own D (D is replicated); the copy
           // engine then pushes it to every peer.
-          g.d = ref(Buffer::D, d, t * T * N, N, M * N);
-          g.user_c = ref(Buffer::C, d, t * T * N, N, M * N);
+          g.d = ref(Buffer::D, d, t0 * N, N, M * N);
+          g.user_c = ref(Buffer::C, d, t0 * N, N, M * N);
           g.bias = ref(Buffer::Bias, d, 0, 0, 0);
         } else if (split_m) {
-          g.d = ref(Buffer::D, d, c * T * N, N, ld.rows * N);
+          g.d = ref(Buffer::D, d, c0 * N, N, ld.rows * N);
           g.user_c = g.d;
           g.user_c.buffer = Buffer::C;
           g.bias = ref(Buffer::Bias, d, 0, 0, 0);
         } else {
-          g.d = ref(Buffer::D, d, c * T, ld.cols, M * ld.cols);
+          g.d = ref(Buffer::D, d, c0, ld.cols, M * ld.cols);
           g.user_c = g.d;
           g.user_c.buffer = Buffer::C;
-          g.bias = ref(Buffer::Bias, d, c * T, 0, 0);
+          g.bias = ref(Buffer::Bias, d, c0, 0, 0);
         }
       }
       prog.gemms.push_back(g);
@@ -248,17 +275,19 @@ inline void build_reduce_scatter(Plan& plan, const DistributedTileScheduler& sch
   // couples the two devices' copy queues and deadlocked S=8 on two H200s.
   for (int e = 0; e < tp; ++e) {
     struct Item {
-      int ready;
+      int ready;  // the finishing GEMM's iteration
       bool take_in;
       int dist, t;
     };  // take_in: a peer's tile, else a push
     std::vector<Item> items;
     for (int t = 0; t < S; ++t) {
-      const int owner = sch.owner(t);
+      const int owner = sch.owner(t), fin = final_gemm[owner][t];
+      if (fin < 0) continue;  // an empty tile: nothing to gather
+      const int ready = plan.devices[owner].gemms[fin].iteration;
       if (owner == e) {
-        for (int p_ = 1; p_ < tp; ++p_) items.push_back({final_iter[e][t], false, p_, t});
+        for (int p_ = 1; p_ < tp; ++p_) items.push_back({ready, false, p_, t});
       } else {
-        items.push_back({final_iter[owner][t], true, (owner - e + tp) % tp, t});
+        items.push_back({ready, true, (owner - e + tp) % tp, t});
       }
     }
     // In finishing order. The copies that take in a peer's tile wait for its flag, so
@@ -272,17 +301,18 @@ inline void build_reduce_scatter(Plan& plan, const DistributedTileScheduler& sch
     for (const Item& u : items) {
       CopyOp cp;
       cp.step = u.ready;
-      cp.rows = T;
+      cp.rows = split.size(u.t);
       cp.cols = N;
+      const int64_t t0 = split.begin(u.t);
       if (!u.take_in) {
         const int peer = (e + u.dist) % tp;
-        cp.src = ref(Buffer::D, e, u.t * T * N, N, M * N);
+        cp.src = ref(Buffer::D, e, t0 * N, N, M * N);
         cp.dst = slot_ref(peer, recv_of[peer][u.t]);
-        cp.after_gemm = u.ready;
+        cp.after_gemm = final_gemm[e][u.t];
         cp.signals.push_back({peer, recv_of[peer][u.t]});
       } else {
         cp.src = slot_ref(e, recv_of[e][u.t]);
-        cp.dst = ref(Buffer::D, e, u.t * T * N, N, M * N);
+        cp.dst = ref(Buffer::D, e, t0 * N, N, M * N);
         cp.waits.push_back(recv_of[e][u.t]);
       }
       plan.devices[e].copies.push_back(cp);

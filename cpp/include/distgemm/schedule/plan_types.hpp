@@ -210,18 +210,15 @@ inline std::string validate(const ScheduleDef& def, const Problem& p, int tp, in
            " L=" + s(p.l);
   const std::string who = std::string(def.name);
   auto extent = [&](Mode m) { return m == Mode::M ? p.m : m == Mode::N ? p.n : p.k; };
-  // The split mode is cut into S tiles.
-  if (extent(def.split) % steps != 0)
-    return std::string(mode_name(def.split)) + "=" + s(extent(def.split)) +
-           " is not divisible by S=" + s(steps) + ": " + who + " splits " + mode_name(def.split) +
-           " into S = k*TP tiles";
+  // A sharded mode splits evenly over the devices (as torch's collectives require). The split
+  // mode needs nothing more: its S tiles may be uneven, even empty (TileSplit).
   const Partition& pt = def.partition;
   for (auto [mode, what] : {std::pair{pt.a, "A"}, std::pair{pt.b, "B"}, std::pair{pt.d, "C/D"}}) {
     if (mode == Mode::None) continue;
     if (extent(mode) % tp != 0)
       return std::string(mode_name(mode)) + "=" + s(extent(mode)) +
              " is not divisible by TP=" + s(tp) + ": " + who + " shards " + what + " on " +
-             mode_name(mode);
+             mode_name(mode) + " (every device holds " + mode_name(mode) + "/TP of it)";
   }
   if (def.collective != Collective::AllGather) {
     DistributedTileScheduler sch(def, tp, steps);

@@ -8,8 +8,9 @@
 //     tile(d, i) = (a * k * d + b * i + c * k) mod S,      S = k * TP,  k >= 1
 //
 // (a and c are in units of k so that one definition serves every S). Tile t belongs to device
-// t / k: each device's shard is split into k consecutive chunks. Pure integer math, runtime TP
-// and S, usable in host and device code.
+// t / k: each device's shard is split into k consecutive chunks (TileSplit: where each tile
+// starts and how long it is, also when S does not divide the split mode). Pure integer math,
+// runtime TP and S, usable in host and device code.
 #pragma once
 
 #include "distgemm/schedule/partition.hpp"
@@ -60,6 +61,49 @@ struct ScheduleDef {
   Partition partition;
   AffineTileMap tile;
 };
+
+// Where the S tiles of the split mode start: the extent is cut into TP shards, each shard into k
+// chunks (tile t = shard t / k, chunk t % k), each cut into equal parts where they divide it.
+// Where they do not, the parts are whole `unit`s (1 element along M; along N the 8 elements
+// that make 16 bytes of a 2-byte dtype, so that every tile is a width the GEMM kernel's TMA
+// takes), balanced to within one unit, the first ones longer, and the last part also takes what
+// is left below one unit. A part is empty where its shard has fewer units than parts (M=1 at
+// TP=2: tile 1); the plan builder then emits no op for it. Schedules that shard the split mode
+// need TP to divide it (validate), so their shards are exactly the devices' shards.
+struct TileSplit {
+  int64_t extent = 0;
+  int tp = 1;
+  int k = 1;  // chunks per shard
+  int64_t unit = 1;
+
+  // Start of part j of `parts` equal-as-possible parts of [0, extent), as described above.
+  DISTGEMM_HD static int64_t part_begin(int64_t extent, int parts, int j, int64_t unit) {
+    if (j >= parts) return extent;
+    if (extent % parts == 0) return extent / parts * j;
+    const int64_t units = extent / unit, base = units / parts, longer = units % parts;
+    return unit * (base * j + (j < longer ? j : longer));
+  }
+  // First element of tile t (t = S: the extent).
+  DISTGEMM_HD int64_t begin(int t) const {
+    const int shard = t / k;
+    if (shard >= tp) return extent;
+    const int64_t lo = part_begin(extent, tp, shard, 1), hi = part_begin(extent, tp, shard + 1, 1);
+    return lo + part_begin(hi - lo, k, t % k, unit);
+  }
+  DISTGEMM_HD int64_t size(int t) const { return begin(t + 1) - begin(t); }
+  // First element of tile t within its owner's shard.
+  DISTGEMM_HD int64_t begin_in_shard(int t) const { return begin(t) - begin(t / k * k); }
+  // The longest tile (a receive slot's extent along the split mode).
+  DISTGEMM_HD int64_t max_size() const {
+    int64_t m = 0;
+    for (int t = 0; t < tp * k; ++t) m = size(t) > m ? size(t) : m;
+    return m;
+  }
+};
+
+// The unit of an uneven split of mode N (TileSplit::unit): 16 bytes of the 2-byte dtypes, the
+// granularity of TMA rows (kernel/gemm_extents.hpp).
+inline constexpr int64_t kSplitUnitN = 8;
 
 class DistributedTileScheduler {
  public:
