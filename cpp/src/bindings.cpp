@@ -364,10 +364,11 @@ void register_plan(py::module_& m) {
                          "What one rank's DeviceGraph needs besides the Plan and the user "
                          "pointers; built once per op entry.")
       .def(py::init<int, int, std::string, std::vector<uint64_t>, int64_t, double, float, float,
-                    bool, int>(),
+                    bool, int, bool>(),
            py::arg("rank"), py::arg("cuda_device"), py::arg("dtype"), py::arg("workspace_bases"),
            py::arg("workspace_bytes"), py::arg("timeout_s"), py::arg("alpha") = 1.0f,
-           py::arg("beta") = 0.0f, py::arg("bias") = false, py::arg("tile_n") = 0)
+           py::arg("beta") = 0.0f, py::arg("bias") = false, py::arg("tile_n") = 0,
+           py::arg("b_n_major") = false)
       .def_readonly("rank", &GraphSetup::rank)
       .def_readonly("cuda_device", &GraphSetup::cuda_device)
       .def_readonly("dtype", &GraphSetup::dtype)
@@ -377,7 +378,8 @@ void register_plan(py::module_& m) {
       .def_readonly("workspace_bases", &GraphSetup::workspace_bases)
       .def_readonly("workspace_bytes", &GraphSetup::workspace_bytes)
       .def_readonly("timeout_s", &GraphSetup::timeout_s)
-      .def_readonly("tile_n", &GraphSetup::tile_n);
+      .def_readonly("tile_n", &GraphSetup::tile_n)
+      .def_readonly("b_n_major", &GraphSetup::b_n_major);
 }
 
 }  // namespace

@@ -33,6 +33,8 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch.distributed import distributed_c10d as c10d
 
+from .validation import n_major_weight
+
 # The collectives under the names of the running torch: newer releases call them *_single and
 # deprecate the older names, which torch 2.11 (the GPU machine's) still needs.
 all_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -68,12 +70,16 @@ def uses_distgemm(*tensors: torch.Tensor) -> bool:
     return all(t.is_cuda and t.dtype in DISTGEMM_DTYPES for t in tensors)
 
 
-def dense(t: torch.Tensor | None) -> torch.Tensor | None:
+def dense(t: torch.Tensor | None, weight: bool = False) -> torch.Tensor | None:
     """``t`` as the distgemm ops take it: detached (the op's autograd is registered here),
-    contiguous, and on CUDA 16-byte aligned (a view at an odd offset is copied)."""
+    contiguous, and on CUDA 16-byte aligned (a view at an odd offset is copied). ``weight``:
+    a transposed view of a contiguous tensor stays as it is (the GEMM reads it N-contiguous,
+    ``validation.n_major_weight``), so the backward passes' ``w.t()`` costs no copy."""
     if t is None:
         return None
-    t = t.detach().contiguous()
+    t = t.detach()
+    if not (weight and n_major_weight(t)):
+        t = t.contiguous()
     return t.clone() if t.is_cuda and t.data_ptr() % 16 else t
 
 
@@ -131,7 +137,7 @@ def all_gather_linear(
     constraints apply (K and N multiples of 8)."""
     check_operands("all_gather_linear", "x_shard", x_shard, w, bias)
     group = group_of(group_name)
-    x_shard, w, bias = dense(x_shard), dense(w), dense(bias)
+    x_shard, w, bias = dense(x_shard), dense(w, weight=True), dense(bias)
     if uses_distgemm(x_shard, w):
         import distgemm
 
@@ -166,7 +172,7 @@ def _all_gather_linear_backward(ctx, grad_out, _grad_gathered):
     w, x = ctx.saved_tensors
     if ctx.regather:  # asynchronous: the dgrad GEMM below runs while it is in flight
         x = _funcol_all_gather(x.contiguous(), 0, ctx.group_name)
-    grad_x_shard = linear_reduce_scatter(grad_out, w.t().contiguous(), None, ctx.group_name)
+    grad_x_shard = linear_reduce_scatter(grad_out, w.t(), None, ctx.group_name)
     grad_w = torch.mm(grad_out.t(), x)
     grad_bias = grad_out.sum(0) if ctx.has_bias else None
     return grad_x_shard, grad_w, grad_bias, None, None
@@ -192,7 +198,7 @@ def linear_reduce_scatter(
     distgemm's constraints apply (K_local and N multiples of 8)."""
     group = group_of(group_name)
     check_operands("linear_reduce_scatter", "x", x, w, bias, group.size())
-    x, w, bias = dense(x), dense(w), dense(bias)
+    x, w, bias = dense(x), dense(w, weight=True), dense(bias)
     if uses_distgemm(x, w):
         import distgemm
 
@@ -217,9 +223,7 @@ def _linear_reduce_scatter_setup(ctx, inputs, output):
 
 def _linear_reduce_scatter_backward(ctx, grad_out):
     x, w = ctx.saved_tensors
-    grad_x, grad_out_full = all_gather_linear(
-        grad_out.contiguous(), w.t().contiguous(), None, ctx.group_name
-    )
+    grad_x, grad_out_full = all_gather_linear(grad_out.contiguous(), w.t(), None, ctx.group_name)
     grad_w = torch.mm(grad_out_full.t(), x)
     grad_bias = grad_out_full.sum(0) if ctx.has_bias else None
     return grad_x, grad_w, grad_bias, None

@@ -280,6 +280,7 @@ def attach_workspace(comm: Communicator, entry: Entry, gathered: bool) -> None:
         beta=entry.beta,
         bias=entry.has_bias,
         tile_n=spec.tile_n,
+        b_n_major=spec.b_n_major,
     )
     if gathered:
         entry.gather, entry.gather_shape = gather_recipe(spec, comm.rank)

@@ -99,6 +99,7 @@ from .validation import (
     check_types,
     default_steps,
     make_spec,
+    n_major_weight,
 )
 
 __all__ = [
@@ -140,6 +141,12 @@ def path_choices(group=None) -> list[dict[str, Any]]:
             )
         )
     return res
+
+
+def weight_key(w: torch.Tensor) -> str:
+    """The weight's name in a plan's cache key: "w", or "w.T" for a transposed view (read
+    N-contiguous, a plan of its own)."""
+    return "w.T" if n_major_weight(w) else "w"
 
 
 def _run(
@@ -224,7 +231,9 @@ def all_gather_gemm(
     ``return_gathered``, the gathered ``[N, K]`` weight.
 
     Args: bf16 or fp16 tensors on this rank's GPU, contiguous, 16-byte aligned; K (and N_local,
-    resp. the N tiles for ag_rotate_b) a multiple of 8. ``steps``: S = k*TP pipeline steps; None:
+    resp. the N tiles for ag_rotate_b) a multiple of 8. ``w`` may also be the ``.t()`` view of
+    a contiguous ``[K, N_local]`` tensor: the GEMM reads it in place (not with ag_rotate_b,
+    which moves the weight). ``steps``: S = k*TP pipeline steps; None:
     the tuning table's, else ``default_steps`` (S = TP for all-gather).
     ``group``: a ProcessGroup (default: the world group) or a ``distgemm.Communicator``.
     ``path``: "auto" (the tuning table or the cost model decides), "overlap" (the plan) or
@@ -245,7 +254,7 @@ def all_gather_gemm(
         dtype,
         (
             ("a_shard", a_shard.shape),
-            ("w", w.shape),
+            (weight_key(w), w.shape),
             ("bias", None if bias is None else bias.shape),
         ),
         0.0,
@@ -291,7 +300,8 @@ def gemm_reduce_scatter(
     ``schedule="rs_tile_b"`` scatters along N instead: ``out``, ``c``: ``[M, N/TP]`` (rank r's
     columns), ``bias``: ``[N/TP]`` (rank r's slice); the equivalent scatters ``p`` along dim 1.
 
-    Args: bf16 or fp16 tensors on this rank's GPU, contiguous, 16-byte aligned; K_local and N
+    Args: bf16 or fp16 tensors on this rank's GPU, contiguous (``w`` may also be the ``.t()``
+    view of a contiguous ``[K_local, N]`` tensor, read in place), 16-byte aligned; K_local and N
     (N's tiles for rs_tile_b) multiples of 8; M (rs_tile_a) resp. N (rs_tile_b) divisible by TP
     (steps may be uneven where S does not divide it).
     ``beta``: default 0.0. ``steps``: S = k*TP; None: ``default_steps``. ``group``: a
@@ -359,7 +369,7 @@ def _gemm_then_reduce(op, schedule, a, w, bias, c, beta, steps, out, group, path
         dtype,
         (
             ("a", a.shape),
-            ("w", w.shape),
+            (weight_key(w), w.shape),
             ("bias", None if bias is None else bias.shape),
             ("c", None if c_used is None else c_used.shape),
         ),

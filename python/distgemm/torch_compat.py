@@ -26,6 +26,12 @@ REDUCE_OPS = ("sum", "avg")
 ALIGN_ELEMENTS = 8  # distgemm's contiguous GEMM extents are multiples of 8 elements
 
 
+def _weight(B: torch.Tensor) -> torch.Tensor:
+    """torch's ``B [K, N]`` as distgemm's weight ``[N, K]``: the ``.t()`` view of a contiguous B
+    (read in place, N-contiguous), else a contiguous copy."""
+    return B.t() if B.is_contiguous() else B.t().contiguous()
+
+
 def fallback_reason(
     tensors, tp: int, extents: dict[str, int], divisible: dict[str, tuple[int, int]] | None = None
 ) -> str | None:
@@ -113,7 +119,7 @@ def fused_all_gather_matmul(
     # Rows of A_shard with the gathered dim first: rank r's rows follow rank r-1's.
     a_rows = A_shard.movedim(gather_dim, 0).contiguous()
     moved_shape = (tp * a_rows.shape[0], *a_rows.shape[1:-1])
-    w = torch.cat([B.t() for B in Bs]) if len(Bs) > 1 else Bs[0].t().contiguous()
+    w = torch.cat(Bs, dim=1).t() if len(Bs) > 1 else _weight(Bs[0])
     out, a = distgemm.all_gather_gemm(a_rows.view(-1, k), w, return_gathered=True, group=group)
     outs = out.split([B.shape[1] for B in Bs], dim=1) if len(Bs) > 1 else (out,)
     results = [o.contiguous().view(*moved_shape, o.shape[1]).movedim(0, gather_dim) for o in outs]
@@ -192,7 +198,7 @@ def fused_matmul_reduce_scatter(
         return _matmul_reduce_scatter_collective(A, B, reduce_op, scatter_dim, group)
     import distgemm
 
-    w = B.t().contiguous()
+    w = _weight(B)
     if last:
         out = distgemm.gemm_reduce_scatter(
             A.reshape(rows, A.shape[-1]).contiguous(),

@@ -55,18 +55,30 @@ def check_types(op: str, tensors: dict[str, torch.Tensor | None]) -> torch.dtype
     return dtype
 
 
+def n_major_weight(w: torch.Tensor) -> bool:
+    """Whether the weight ``w`` ``[N, K]`` is the transposed view of a contiguous ``[K, N]``
+    tensor (``x.t()``): the GEMM then reads it N-contiguous, without a copy."""
+    return (
+        w.dim() == 2
+        and min(w.shape) > 1
+        and not w.is_contiguous()
+        and w.stride() == (1, w.shape[0])
+    )
+
+
 def check_placement(op: str, device: torch.device, tensors: dict[str, torch.Tensor | None]) -> None:
-    """Every given operand lives on ``device``, is contiguous and 16-byte aligned."""
+    """Every given operand lives on ``device``, is contiguous (the weight ``w`` may also be a
+    transposed view, see ``n_major_weight``) and 16-byte aligned."""
     for name, t in tensors.items():
         if t is None:
             continue
         if t.device != device:
             raise ValueError(f"{op}: {name} is on {t.device} but this rank's device is {device}")
-        if not t.is_contiguous():
+        if not t.is_contiguous() and not (name == "w" and n_major_weight(t)):
             raise ValueError(
                 f"{op}: {name} is not contiguous (shape {list(t.shape)}, strides "
-                f"{list(t.stride())}); distgemm takes dense row-major tensors: pass "
-                f"{name}.contiguous()"
+                f"{list(t.stride())}); distgemm takes dense row-major tensors (and a weight "
+                f"that is the .t() view of one): pass {name}.contiguous()"
             )
         ptr = t.data_ptr()
         if ptr % ALIGN:
@@ -123,6 +135,7 @@ class Spec:
     shapes: dict[str, tuple[int, ...]]  # expected per-rank shape of every operand the plan uses
     plan: Any = field(repr=False, default=None)  # the _core.Plan, built once per op entry
     tile_n: int = 0  # GEMM output tile 128 x tile_n for every GEMM; 0: per GEMM (wave model)
+    b_n_major: bool = False  # w is a transposed view (n_major_weight): read N-contiguous
     table: tuning.TableEntry | None = None  # the tuning-table entry behind steps and tile_n
 
 
@@ -254,8 +267,16 @@ def make_spec(
                 f"{fmt_shape(shapes[name])} (per rank; {schedule}, TP={tp}, global M={m} "
                 f"N={n} K={k})"
             )
+    b_n_major = n_major_weight(w)
+    if b_n_major and schedule == "ag_rotate_b":
+        raise ValueError(
+            f"{op}: w is a transposed view (strides {list(w.stride())}); ag_rotate_b moves the "
+            "weight between ranks and needs it K-contiguous: pass w.contiguous()"
+        )
     tile_n = tile_n or (entry.tile_n if entry else 0)
-    return Spec(op, schedule, tp, steps, m, n, k, shapes, plan, tile_n, entry)
+    if b_n_major and tile_n == 128:  # the N-contiguous kernel has the 128x256 tile only
+        tile_n = 0
+    return Spec(op, schedule, tp, steps, m, n, k, shapes, plan, tile_n, entry, b_n_major)
 
 
 def _table_plan(entry: tuning.TableEntry, schedule: str, tp: int, m: int, n: int, k: int):

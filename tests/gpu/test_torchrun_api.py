@@ -79,9 +79,15 @@ def test_api_under_torchrun(tmp_path):
     for sch in SCHEDULES:
         for dt in ("bfloat16", "float16"):
             mine = [e for e in corr if e["name"].startswith(f"correctness/{sch}/{dt}/")]
-            assert len(mine) == TP * 4, (
-                f"{sch} {dt}: {len(mine)} results, expected 4 variants x {TP} ranks"
-            )
+            if sch == "ag_rotate_b":  # 4 variants; a transposed weight is refused (errors/)
+                refused = by_prefix(data, f"errors/transposed_weight_ag_rotate_b/{dt}/")
+                assert len(refused) == TP * 2 and all(e["ok"] for e in refused), refused
+                assert len(mine) == TP * 4, f"{sch} {dt}: {len(mine)} results"
+            else:  # 6 variants, 2 with the weight as a transposed view (wT1)
+                assert len(mine) == TP * 6, (
+                    f"{sch} {dt}: {len(mine)} results, expected 6 variants x {TP} ranks"
+                )
+                assert sum("/wT1" in e["name"] for e in mine) == TP * 2
             assert all(e["rel_err"] < 1e-2 and e["rel_err_replay"] < 1e-2 for e in mine)
     assert any("/g1" in e["name"] and e.get("gathered_equal") for e in corr)
     # Every error path ran and raised what it should, the cross-rank ones identically.

@@ -230,13 +230,17 @@ def test_correctness(dev):
     gen = torch.Generator(device="cpu").manual_seed(2026)
     for schedule in ["ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "gemm_allreduce"]:
         for dtype in (torch.bfloat16, torch.float16):
+            # Last field: w passed as the .t() view of a contiguous [K, N] tensor (read
+            # N-contiguous in place; ag_rotate_b refuses it).
             variants = [
-                (None, False, 0.0, False, False),
-                (2 * tp, True, 0.0, True, False),
-                (tp, True, 0.5, False, True),
-                (None, False, -1.25, True, True),
+                (None, False, 0.0, False, False, False),
+                (2 * tp, True, 0.0, True, False, False),
+                (tp, True, 0.5, False, True, False),
+                (None, False, -1.25, True, True, False),
+                (None, True, 0.5, False, False, True),
+                (2 * tp, False, 0.0, True, False, True),
             ]
-            for steps, with_bias, beta, use_out, gathered in variants:
+            for steps, with_bias, beta, use_out, gathered, w_t in variants:
                 s = steps or tp
                 if not schedule.startswith("ag_"):
                     gathered = False
@@ -246,6 +250,17 @@ def test_correctness(dev):
                     schedule, tp, s, dtype, gen, dev, with_bias, beta != 0.0
                 )
                 ref32, ref_dt = reference(schedule, a, w, bias, c, beta, dtype)
+                if w_t:
+                    w = w.t().contiguous().t()  # the same values, stored [K, N]
+                    if schedule == "ag_rotate_b":
+                        expect(
+                            f"transposed_weight_ag_rotate_b/{str(dtype)[6:]}/S{s}",
+                            ValueError,
+                            functools.partial(call, schedule, a, w, bias, c, beta, steps),
+                            "transposed view",
+                            same_everywhere=True,
+                        )
+                        continue
                 out = (
                     torch.full(tuple(ref32.shape), float("nan"), dtype=dtype, device=dev)
                     if use_out
@@ -254,6 +269,7 @@ def test_correctness(dev):
                 name = (
                     f"correctness/{schedule}/{str(dtype)[6:]}/a{list(a.shape)}w{list(w.shape)}"
                     f"/S{s}/bias{int(with_bias)}/beta{beta}/out{int(use_out)}/g{int(gathered)}"
+                    f"/wT{int(w_t)}"
                 )
                 try:
                     res = call(schedule, a, w, bias, c, beta, steps, out=out, gathered=gathered)

@@ -318,6 +318,7 @@ class PyGraph {
     GraphOptions opt;
     opt.timeout_s = setup.timeout_s;
     opt.tile_n = setup.tile_n;
+    opt.b_n_major = setup.b_n_major;
     // The graph checks the plan's own layout (its partial transport included) against this.
     opt.workspace_bytes = setup.workspace_bytes;
     if (capture_only) {

@@ -198,6 +198,15 @@ kernel::GemmDesc DeviceGraph::gemm_desc(const schedule::GemmOp& op, const UserBu
   g.b = resolve(op.b, user, "GEMM B");
   g.ldb = op.b.ld;
   g.batch_b = op.b.batch_stride;
+  if (opt_.b_n_major) {
+    // Element (n, k) of the local B [rows = n, cols = k] sits at k * rows + n when stored
+    // N-contiguous: the sub-GEMM's corner (n0, k0) moves there and the row stride becomes n's.
+    const schedule::Extent2 lb = plan_.def.partition.local_b(plan_.problem, plan_.tp);
+    const int64_t n0 = op.b.offset / lb.cols, k0 = op.b.offset % lb.cols;
+    g.b = byte_ptr(const_cast<void*>(user.b)) + (k0 * lb.rows + n0) * kernel::dtype_bytes(dtype_);
+    g.ldb = lb.rows;
+    g.b_n_major = true;
+  }
   g.d = resolve(op.d, user, "GEMM D");
   g.ldd = op.d.ld;
   g.batch_d = op.d.batch_stride;
@@ -222,6 +231,19 @@ kernel::GemmDesc DeviceGraph::gemm_desc(const schedule::GemmOp& op, const UserBu
 
 void DeviceGraph::validate(const UserBuffers& user) const {
   const auto& prog = plan_.devices[rank_];
+  if (opt_.b_n_major) {
+    const schedule::Extent2 lb = plan_.def.partition.local_b(plan_.problem, plan_.tp);
+    bool b_moves = false;
+    for (const auto& op : prog.gemms)
+      b_moves |= op.b.buffer != Buffer::B || op.b.ld != lb.cols || op.b.offset >= lb.rows * lb.cols;
+    for (const auto& cp : prog.copies) b_moves |= cp.src.buffer == Buffer::B;
+    if (b_moves)
+      throw std::invalid_argument(
+          plan_.schedule +
+          " moves B between ranks: an N-contiguous B (a transposed weight view) is read in place "
+          "only by plans that keep B on its rank (ag_rotate_a, rs_tile_a, rs_tile_b, "
+          "gemm_allreduce); pass the weight K-contiguous ([n, k], .contiguous())");
+  }
   for (const auto& op : prog.gemms) {
     if (static_cast<int>(op.waits.size()) > kernel::kMaxWaits)
       throw std::logic_error("internal: GEMM waits on more than kMaxWaits flags");

@@ -166,6 +166,11 @@ struct GraphOptions {
   // GEMM output tile 128 x tile_n: 0 = per GEMM from its shape (kernel::choose_tile_n), 128 or
   // 256 = that kernel for every GEMM (for comparisons).
   int tile_n = 0;
+  // The caller's B is stored [k, n] (N contiguous: a transposed view of an nn.Linear weight)
+  // instead of [n, k]; the plan still addresses B as [n, k], and each GEMM reads the same
+  // elements through the N-contiguous kernel. Only for plans that read B from the caller's
+  // tensor alone (no copy moves B): not ag_rotate_b.
+  bool b_n_major = false;
   // Bytes addressable from each workspace base (the same on every rank). When set, the
   // constructor refuses a plan whose layout needs more: a workspace sized for another plan (e.g.
   // for epilogue partials, while this plan stages them for the copy engine) would otherwise be
