@@ -152,17 +152,18 @@ static void test_tile_split() {
               CHECK(sp.begin(d * kc) == extent / tp * d,
                     "TP=%d S=%d E=%lld: shard %d starts at %lld", tp, S, (long long)extent, d,
                     (long long)sp.begin(d * kc));
-          if (extent % S == 0) {
+          if (extent % S == 0 && (extent / S) % unit == 0) {
             for (int t = 0; t < S; ++t)
               CHECK(sp.begin(t) == extent / S * t, "TP=%d S=%d E=%lld: even tile %d at %lld", tp, S,
                     (long long)extent, t, (long long)sp.begin(t));
             continue;
           }
-          // Uneven: within a shard, every tile but the last is a whole number of units, and no
+          // Uneven (or even tiles that are not whole units): within a shard, every tile but the
+          // last is a whole number of units, and no
           // two tiles of a shard differ by more than a unit (besides the remainder).
           for (int d = 0; d < tp; ++d) {
             const int64_t shard = sp.begin((d + 1) * kc) - sp.begin(d * kc);
-            if (shard % kc == 0) continue;
+            if (shard % kc == 0 && (shard / kc) % unit == 0) continue;
             int64_t lo = shard, hi = 0;
             for (int c = 0; c < kc; ++c) {
               const int t = d * kc + c;

@@ -276,7 +276,9 @@ def make_spec(
     tile_n = tile_n or (entry.tile_n if entry else 0)
     if b_n_major and tile_n == 128:  # the N-contiguous kernel has the 128x256 tile only
         tile_n = 0
-    return Spec(op, schedule, tp, steps, m, n, k, shapes, plan, tile_n, entry, b_n_major)
+    return Spec(
+        op, schedule, tp, steps, m, n, k, shapes, plan, tile_n, table=entry, b_n_major=b_n_major
+    )
 
 
 def _table_plan(entry: tuning.TableEntry, schedule: str, tp: int, m: int, n: int, k: int):

@@ -63,7 +63,8 @@ struct ScheduleDef {
 };
 
 // Where the S tiles of the split mode start: the extent is cut into TP shards, each shard into k
-// chunks (tile t = shard t / k, chunk t % k), each cut into equal parts where they divide it.
+// chunks (tile t = shard t / k, chunk t % k), each cut into equal parts where they divide it
+// into whole units.
 // Where they do not, the parts are whole `unit`s (1 element along M; along N the 8 elements
 // that make 16 bytes of a 2-byte dtype, so that every tile is a width the GEMM kernel's TMA
 // takes), balanced to within one unit, the first ones longer, and the last part also takes what
@@ -79,7 +80,7 @@ struct TileSplit {
   // Start of part j of `parts` equal-as-possible parts of [0, extent), as described above.
   DISTGEMM_HD static int64_t part_begin(int64_t extent, int parts, int j, int64_t unit) {
     if (j >= parts) return extent;
-    if (extent % parts == 0) return extent / parts * j;
+    if (extent % parts == 0 && (extent / parts) % unit == 0) return extent / parts * j;
     const int64_t units = extent / unit, base = units / parts, longer = units % parts;
     return unit * (base * j + (j < longer ? j : longer));
   }
