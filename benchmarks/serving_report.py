@@ -53,8 +53,11 @@ REFERENCE = {"ar": "nccl_mm", "sp": "nccl_mm_sp"}  # each layout's variants are 
 DISTGEMM = {"ar": "distgemm_ar", "sp": "distgemm_sp"}
 # One-shot all-reduce reads the whole tensor from every peer: a decode-size op (servers switch
 # to NCCL or two-shot above a few MiB), so prefill leaves it out.
+# torch's fused async-TP ops are not captured at decode: their first captured run on 2x H200
+# ended the process with an illegal memory access (benchmarks/results/2026-11-23-serving.md);
+# servers turn async-TP off under CUDA graphs for the same reason. They run in prefill (eager).
 PHASE_VARIANTS = {
-    "decode": VARIANTS,
+    "decode": tuple(v for v in VARIANTS if v != "symm_mem_fused"),
     "prefill": tuple(v for v in VARIANTS if v != "symm_mem_one_shot"),
 }
 DESCRIPTION = {

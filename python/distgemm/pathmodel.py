@@ -135,7 +135,9 @@ def predict(plan: Any, tile_n: int = 0) -> dict[str, float]:
     collective = mm * (1.0 + nccl[2]) + times * nccl[0] + moved * nccl[1]
     if tp < 2:
         return {"overlap_ms": gemm_ms(rm, rn, rk, tile_n=tile_n), "collective_ms": mm}
-    sm, sn = (rm // steps, rn) if d["split"] == "M" else (rm, rn // steps)
+    # The longest step (uneven steps: ceil); at least one row, so that a plan with empty tiles
+    # (fewer tokens than steps) still has a step to price.
+    sm, sn = (max(1, -(-rm // steps)), rn) if d["split"] == "M" else (rm, max(1, -(-rn // steps)))
     step = gemm_ms(sm, sn, rk, tile_n=tile_n)
     gemms = gemm_ms(sm, sn, rk, tile_n=tile_n, count=steps, chained=plan.pdl_by_default)
     exposed = max(0.0, moved / (steps * (tp - 1) / tp) / LINK_BYTES_PER_MS - step)
