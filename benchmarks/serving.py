@@ -50,12 +50,15 @@ PLAN_TOL = 1e-9  # the reference executor against float64: rounding of float64 s
 @dataclass
 class Built:
     """A variant at one token count: ``time`` (what is timed: the graph's replay or the eager
-    step), ``outputs()`` (one step, returning every layer output) and the tensors to poison
-    before a check."""
+    step), ``outputs()`` (one step, returning every layer output), the tensors to poison
+    before a check and ``keep``: what the step's graph reads without holding a reference (the
+    symmetric buffer of one_shot_all_reduce, freed with its last Python reference while a
+    captured graph would still read it)."""
 
     time: Any
     outputs: Any
     poison: list
+    keep: Any = None
 
 
 def _poison(tensors) -> None:
@@ -108,9 +111,9 @@ def build_variant(ctx, variant, phase, ops, bufs, tokens, group_name, symm_setup
                 graph.replay()
                 return outs
 
-            built[t] = Built(graph.replay, replayed, flat + list(outs))
+            built[t] = Built(graph.replay, replayed, flat + list(outs), keep=symm_buf)
         else:
-            built[t] = Built(step, step, flat)
+            built[t] = Built(step, step, flat, keep=symm_buf)
     return built
 
 
@@ -130,6 +133,8 @@ def check_bucket(ctx, phase, t, built, rec) -> None:
             rec["unavailable"][v] = f"not checked: {report.REFERENCE[layout]} did not run"
             del built[v][t]
             continue
+        if os.environ.get("SERVING_TRACE"):
+            print(f"[{phase}] checking {v} at {t} tokens", flush=True)
         _poison(b.poison)
         got, why = common.attempt(ctx, b.outputs)  # every variant has its own outputs
         if why:
@@ -161,7 +166,7 @@ def run_phase(ctx, phase, tokens, ops, group_name, symm_setup) -> dict[str, Any]
         buffers[layout] = stack.buffers_bytes(bufs) / out.MIB
         before = common.memory_snapshot(torch)
         built[v] = build_variant(ctx, v, phase, ops, bufs, tokens, group_name, symm_setup, recs)
-        memory[v] = common.memory_delta(torch, before)
+        memory[v] = common.memory_delta(torch, before)  # synchronises: a fault shows here
         print(f"[{phase}] {v}: built for tokens {sorted(built[v])}", flush=True)
     for t in tokens:
         check_bucket(ctx, phase, t, built, recs[t])
