@@ -293,8 +293,8 @@ def test_plan_object_carries_what_the_dict_does():
     assert plan.layout(2) == _core.workspace_layout("rs_tile_b", 2, 4, 4096, 64, 32)
     assert plan.extent_problem() == "" and plan.extent_problem(1) == ""
     # N/S = 12 columns per tile: not 16-byte rows of D, on every device.
-    narrow = _core.build_plan("rs_tile_b", 2, 4, 4096, 48, 32)
-    assert "N=12 of a sub-GEMM is not a multiple of 8" in narrow.extent_problem(0)
+    narrow = _core.build_plan("rs_tile_b", 2, 4, 4096, 44, 32)  # 22 columns per rank: 8 + 14
+    assert "N=14 of a sub-GEMM is not a multiple of 8" in narrow.extent_problem(0)
     assert narrow.extent_problem(-1) == narrow.extent_problem(1) != ""
 
 

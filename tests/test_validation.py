@@ -275,7 +275,8 @@ def test_weight_shape_mismatch_is_explained():
         (
             (64, 20, 64),
             "N=20 of a sub-GEMM is not a multiple of 8 elements: TMA needs 16-byte rows "
-            "of D; pad N or pick S so that N/S is",
+            "of D; pad N so that each of its tiles (N/TP per rank where N is split) is a "
+            "multiple of 8",
         ),
         ((0, 8, 8), "GEMM extents must be positive, got m=0 n=8 k=8 l=1"),
         (
@@ -314,14 +315,21 @@ def test_local_k_of_reduce_scatter_must_be_a_multiple_of_8():
 
 
 def test_column_tile_of_rs_tile_b_must_be_a_multiple_of_8():
-    # N = 48 split into S = 4 column tiles of 12.
+    # N = 44: 22 columns per rank, cut into S/TP = 2 tiles of whole 8-column units, 8 + 14.
     with pytest.raises(
         ValueError,
-        match=r"N=12 of a sub-GEMM is not a multiple of 8 elements: .* "
-        r"pad N or pick S so that N/S is \(a sub-GEMM of "
-        r"rs_tile_b; global M=64 N=48 K=32, TP=2, S=4\)",
+        match=r"N=14 of a sub-GEMM is not a multiple of 8 elements: .* "
+        r"is a multiple of 8 \(a sub-GEMM of "
+        r"rs_tile_b; global M=64 N=44 K=32, TP=2, S=4\)",
     ):
-        validation.make_spec("gemm_reduce_scatter", "rs_tile_b", 2, 0, 4, t(64, 16), t(48, 16))
+        validation.make_spec("gemm_reduce_scatter", "rs_tile_b", 2, 0, 4, t(64, 16), t(44, 16))
+
+
+def test_column_tiles_of_rs_tile_b_are_whole_8_column_units():
+    # N = 48: 24 columns per rank in S/TP = 2 tiles: 16 + 8, not 12 + 12.
+    spec = validation.make_spec("gemm_reduce_scatter", "rs_tile_b", 2, 0, 4, t(64, 16), t(48, 16))
+    widths = sorted({g["n"] for g in spec.plan.to_dict()["devices"][0]["gemms"]})
+    assert widths == [8, 16]
 
 
 def test_odd_n_local_of_all_gather_is_rejected():

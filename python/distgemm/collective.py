@@ -7,12 +7,32 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+from torch.distributed.distributed_c10d import (
+    AllgatherOptions,
+    AllreduceOptions,
+    ReduceScatterOptions,
+)
 
 from .entries import Entry
 from .launch import stream_ptr, user_ptrs
 
 if TYPE_CHECKING:
     from .comm import Communicator
+
+
+def _blocking(options):
+    """Collective options of a blocking call, as ``torch.distributed``'s own blocking calls set
+    them (``asyncOp = False``): NCCL then runs on the caller's stream, without the side stream
+    and the pair of events an asynchronous call costs (two more nodes per call inside a captured
+    graph). Sum is the default reduction."""
+    if hasattr(options, "asyncOp"):
+        options.asyncOp = False
+    return options
+
+
+_ALLGATHER = _blocking(AllgatherOptions())
+_ALLREDUCE = _blocking(AllreduceOptions())
+_REDUCE_SCATTER = _blocking(ReduceScatterOptions())
 
 
 def run_collective(
@@ -42,7 +62,7 @@ def run_collective(
             if entry.want_gathered
             else _scratch(entry, "gathered", shape, part, stream_ptr(device), capturing)
         )
-        pg._allgather_base(gathered, part).wait()  # wait(): the current stream waits for NCCL
+        pg._allgather_base(gathered, part, _ALLGATHER).wait()
         x, wf = (gathered, w) if kind == "gather_a" else (a, gathered)
         if bias is None:
             torch.mm(x, wf.t(), out=out)
@@ -51,7 +71,7 @@ def run_collective(
         return (out, gathered) if entry.want_gathered else out
     if kind == "all_reduce":
         torch.mm(a, w.t(), out=out)
-        pg.allreduce([out]).wait()
+        pg.allreduce([out], _ALLREDUCE).wait()
     elif kind == "scatter_n":  # rs_tile_b
         # reduce-scatter splits dim 0: reduce D^T = W A^T and transpose this rank's rows.
         stream = stream_ptr(device)
@@ -68,7 +88,7 @@ def run_collective(
             stream,
             capturing,
         )
-        pg._reduce_scatter_base(mine, part_t).wait()  # default op: sum
+        pg._reduce_scatter_base(mine, part_t, _REDUCE_SCATTER).wait()
         out.copy_(mine.t())
     else:  # scatter_m: rs_tile_a
         partial = torch.mm(
@@ -78,7 +98,7 @@ def run_collective(
                 entry, "partial", (a.shape[0], w.shape[0]), a, stream_ptr(device), capturing
             ),
         )
-        pg._reduce_scatter_base(out, partial).wait()
+        pg._reduce_scatter_base(out, partial, _REDUCE_SCATTER).wait()
     if c is not None:
         out.add_(c, alpha=entry.beta)
     if bias is not None:

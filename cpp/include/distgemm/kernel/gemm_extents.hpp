@@ -27,7 +27,9 @@ inline std::string gemm_extent_problem(int64_t m, int64_t n, int64_t k, int64_t 
            " elements: TMA needs 16-byte rows of A and B; pad K";
   if (n % per16 != 0)
     return "N=" + s(n) + " of a sub-GEMM is not a multiple of " + s(per16) +
-           " elements: TMA needs 16-byte rows of D; pad N or pick S so that N/S is";
+           " elements: TMA needs 16-byte rows of D; pad N so that each of its tiles (N/TP per "
+           "rank where N is split) is a multiple of " +
+           s(per16);
   return "";
 }
 
