@@ -42,15 +42,17 @@ def test_dry_run_lists_every_candidate_without_a_gpu():
     assert lines[-1] == "20 candidates in 4 cases"
 
 
-def test_candidates_that_cannot_split_are_listed_with_the_reason():
-    cases = tune.make_cases("8B", 2, [2], ["O"], [128])  # M=2: S=4 does not divide it
+def test_uneven_candidates_are_kept_and_unsplittable_cases_skipped_with_the_reason():
+    cases = tune.make_cases("8B", 2, [2], ["O"], [128])
     (case,) = cases
     by_name = {c.name: c for c in case.candidates}
-    assert by_name["overlap/S4/n128"].rejected == (
-        "M=2 is not divisible by S=4: rs_tile_a splits M into S = k*TP tiles"
-    )
+    # Uneven steps: M=2 splits into S=4 tiles too (two of them empty); nothing is skipped.
+    assert by_name["overlap/S4/n128"].rejected is None
     assert by_name["overlap/S2/n128"].rejected is None
-    assert "skipped: M=2 is not divisible by S=4" in tune.format_cases(cases)
+    cases = tune.make_cases("8B", 4, [2], ["O"], [128])  # M=2 does not split over TP=4
+    assert cases[0].candidates == []
+    assert cases[0].skipped == "M=2 is not divisible by TP=4 (sequence-parallel activations)"
+    assert "skipped (M=2 is not divisible by TP=4" in tune.format_cases(cases)
 
 
 @pytest.mark.parametrize(

@@ -195,18 +195,16 @@ def test_make_spec_takes_the_tables_steps_and_tile_and_the_path_follows_the_tabl
 
 def test_an_entry_that_does_not_fit_the_call_falls_back_to_the_defaults_warning_once(tmp_path):
     path = tmp_path / "t.json"
-    path.write_text(json.dumps(_doc(_raw(steps=8))))
+    path.write_text(json.dumps(_doc(_raw(steps=256))))  # beyond the plans' S <= MAX_STEPS
     tuning.load_tuning_table(path)
     with pytest.warns(RuntimeWarning) as record:
-        spec = _qkv(4100)  # M = 4100 is not divisible by S = 8
-        again = _qkv(4104)  # the same entry: no second warning (4104 = 8 * 513 fits)
-        third = _qkv(4108)
+        spec = _qkv(4100)
+        again = _qkv(4104)  # the same entry: no second warning
     assert len(record) == 1
-    assert "does not fit M=4100: M=4100 is not divisible by S=8" in str(record[0].message)
+    assert "does not fit M=4100: S=256 is out of range" in str(record[0].message)
     assert "the cost model decides for this bucket instead" in str(record[0].message)
     assert (spec.steps, spec.tile_n, spec.table) == (2, 0, None)
-    assert (again.steps, again.tile_n) == (8, 128) and again.table is not None
-    assert (third.steps, third.table) == (2, None)
+    assert (again.steps, again.table) == (2, None)
     chosen, info = autopath.decide_path(spec, "auto", NO_GROUP)
     assert info["source"] == "model"
     with warnings.catch_warnings():
@@ -214,6 +212,17 @@ def test_an_entry_that_does_not_fit_the_call_falls_back_to_the_defaults_warning_
         tuning.load_tuning_table(path)  # a new table warns afresh
         with pytest.raises(RuntimeWarning):
             _qkv(4100)
+
+
+def test_an_entry_applies_where_its_steps_do_not_divide_the_tokens(tmp_path):
+    """Steps may be uneven: the table's S = 8 serves every token count of its bucket."""
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(_doc(_raw(steps=8))))
+    tuning.load_tuning_table(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        spec = _qkv(4100)  # 4100 = 8 * 512 + 4
+    assert (spec.steps, spec.tile_n) == (8, 128) and spec.table is not None
 
 
 def test_make_spec_forces_a_tile_and_refuses_others():
@@ -247,7 +256,7 @@ def test_default_plan_is_the_plan_of_default_steps():
         steps = _core.default_steps(schedule, tp, m, n, k)
         assert plan.steps == steps
         assert plan.to_dict() == _core.build_plan(schedule, tp, steps, m, n, k).to_dict()
-    with pytest.raises(ValueError, match="M=1023 is not divisible by S=2"):
+    with pytest.raises(ValueError, match="M=1023 is not divisible by TP=2"):
         _core.default_plan("ag_rotate_a", 2, 1023, 64, 32)
 
 

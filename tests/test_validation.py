@@ -165,7 +165,7 @@ def test_spec_reduce_scatter_shapes(schedule, out):
         ("rs_tile_a", 2, (4096, 8192), (48, 8192), 4),  # K/TP = 8192: still 2*TP
         ("rs_tile_a", 2, (4096, 8200), (48, 8200), 2),  # longer K per rank: TP
         ("rs_tile_b", 2, (4096, 16), (64, 16), 4),
-        ("rs_tile_b", 2, (4096, 16), (48, 16), 2),  # N/4 = 12 columns: not 16-byte rows
+        ("rs_tile_b", 2, (4096, 16), (48, 16), 2),  # N/4 = 12 columns: not whole 8-column units
         ("gemm_allreduce", 2, (4096, 16), (48, 16), 2),
         ("rs_tile_a", 1, (4096, 16), (48, 16), 1),  # TP=1: nothing to overlap
     ],

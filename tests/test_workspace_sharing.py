@@ -455,7 +455,7 @@ def test_memory_stats_counts_plans_and_graphs_and_states_the_bounds():
     c = fake_comm()
     es = [add_entry(c, "all_gather_gemm", "ag_rotate_a", m, 512, 256) for m in (192, 128, 64)]
     es[0].graphs[(5, 6, 0, 7, 0)] = "another graph"
-    es[1].captured = {"stream": "graph"}  # graphs recorded into a caller's CUDA graph
+    es[1].capturer = object()  # the capture-only graph callers' CUDA graphs replay
     c._pool.current.pinned = True
     stats = c.memory_stats()
     assert stats == {

@@ -61,11 +61,11 @@ inline constexpr int64_t kRsTwoStepsMaxKPerRank = 8192;
 // The plan steps=None takes where it is S = 2*TP: reduce-scatter plans (rs_tile_a, rs_tile_b)
 // with at least kRsTwoStepsMinTokens tokens and at most kRsTwoStepsMaxKPerRank of K per rank
 // (partials staged for the copy engine with a step of slack), where S = 2*TP cuts the split mode
-// into equal tiles (the shapes the rule was measured on) and the plan and the kernel's extent
-// rule accept it; nullopt where the rule keeps S = TP. S = TP is valid for every problem
-// validate accepts: its tiles are the devices' shards, or for gemm_allreduce a split of any M
-// (empty tiles below TP tokens, which cost nothing; fewer steps are not possible, S is a
-// multiple of TP). Shapes only, so every rank agrees.
+// into equal tiles, of whole 8-column units along N (the shapes the rule was measured on) and the
+// plan and the kernel's extent rule accept it; nullopt where the rule keeps S = TP. S = TP is valid
+// for every problem validate accepts: its tiles are the devices' shards, or for gemm_allreduce a
+// split of any M (empty tiles below TP tokens, which cost nothing; fewer steps are not possible, S
+// is a multiple of TP). Shapes only, so every rank agrees.
 inline std::optional<Plan> two_step_default_plan(const ScheduleDef& def, int tp,
                                                  const Problem& problem) {
   if (def.collective != Collective::ReduceScatter || tp < 2) return std::nullopt;
@@ -73,7 +73,9 @@ inline std::optional<Plan> two_step_default_plan(const ScheduleDef& def, int tp,
   const int64_t split_extent = def.split == Mode::M ? problem.m : problem.n;
   if (problem.m < kRsTwoStepsMinTokens || problem.n < 1 || problem.k < 1 ||
       def.partition.local_a(problem, tp).cols > kRsTwoStepsMaxKPerRank ||
-      split_extent % steps != 0 || !validate(def, problem, tp, steps).empty())
+      split_extent % steps != 0 ||
+      (def.split == Mode::N && (split_extent / steps) % kSplitUnitN != 0) ||
+      !validate(def, problem, tp, steps).empty())
     return std::nullopt;
   Plan plan = build_plan(def, problem, tp, steps, default_plan_options(def, tp, steps));
   if (!plan_extent_problem(plan, -1).empty()) return std::nullopt;
