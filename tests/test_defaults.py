@@ -16,8 +16,8 @@ SCHEDULES = [d["name"] for d in _core.schedules()]
 def rule_in_words(schedule, tp, m, n, k):
     """default_steps as the docs state it: TP, but 2*TP for a reduce-scatter plan from
     RS_TWO_STEPS_MIN_TOKENS tokens with at most RS_TWO_STEPS_MAX_K_PER_RANK of K per rank, where
-    that S cuts the split mode into equal tiles and the plan and the kernel's extent rule accept
-    it."""
+    that S cuts the split mode into equal tiles (whole 8-column units along N) and the plan and
+    the kernel's extent rule accept it."""
     d = _core.schedule_definition(schedule)
     if d["collective"] != "reduce_scatter" or tp < 2:
         return tp
@@ -25,6 +25,8 @@ def rule_in_words(schedule, tp, m, n, k):
     if m < _core.RS_TWO_STEPS_MIN_TOKENS or k // tp > _core.RS_TWO_STEPS_MAX_K_PER_RANK:
         return tp
     if (m if d["split"] == "M" else n) % s:
+        return tp
+    if d["split"] == "N" and (n // s) % 8:
         return tp
     if _core.validate(schedule, tp, s, m, n, k):
         return tp
