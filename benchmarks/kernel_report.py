@@ -146,8 +146,7 @@ def to_csv(records: Sequence[dict[str, Any]]) -> str:
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
     w.writeheader()
-    for r in records:
-        w.writerow(csv_row(r))
+    w.writerows(csv_row(r) for r in records)
     return buf.getvalue()
 
 
@@ -297,15 +296,6 @@ def plot(records: Sequence[dict[str, Any]], path: str, title: str = "") -> str |
     return None
 
 
-def write_json(path: str, meta: dict[str, Any], records: Sequence[dict[str, Any]]) -> None:
-    doc = dict(
-        meta=meta,
-        records=[dict(r, derived=derived(r), accepted=accepted(r)) for r in records],
-    )
-    with open(path, "w") as f:
-        json.dump(doc, f, indent=1)
-
-
 def write_outputs(
     records: Sequence[dict[str, Any]], stem: str, meta: dict[str, Any], final: bool
 ) -> str | None:
@@ -315,7 +305,9 @@ def write_outputs(
     os.makedirs(os.path.dirname(stem) or ".", exist_ok=True)
     with open(stem + ".csv", "w") as f:
         f.write(to_csv(records))
-    write_json(stem + ".json", dict(meta, complete=final), records)
+    checked = [dict(r, derived=derived(r), accepted=accepted(r)) for r in records]
+    with open(stem + ".json", "w") as f:
+        json.dump(dict(meta=dict(meta, complete=final), records=checked), f, indent=1)
     if not final:
         return None
     text = format_table(records) + "\n" + summary(records)

@@ -226,11 +226,17 @@ def _meta(torch, args, t_start: float, shapes: list[KernelShape]) -> dict[str, A
 
 
 def run(args: argparse.Namespace, shapes: list[KernelShape]) -> int:
-    ctx = SingleGpuContext.current()
-    torch = ctx.torch
     if not _core.cuda_runtime:
-        print("this distgemm build has no CUDA runtime (_core.cuda_runtime is False)")
+        print(
+            "this distgemm build has no CUDA runtime (_core.cuda_runtime is False): no _core.gemm"
+        )
         return 2
+    import torch
+
+    if not torch.cuda.is_available():
+        print("no CUDA device visible to torch: the timing needs one GPU (--dry-run does not)")
+        return 2
+    ctx = SingleGpuContext.current()
     t_start = time.time()
     label = "-".join(f"tp{t}" for t in args.tp) + ("-local" if args.local_only else "")
     stem = os.path.join(args.out, args.stem or report.output_stem(label))

@@ -259,3 +259,14 @@ def test_single_gpu_context_runs_the_sweep_timing():
     # warm-up of >= 1 s (chunks of 200 calls of 0.5 ms), then a window of >= TIMED_S
     timed = min(MAX_ITERS, TIMED_S * 1e3 / 0.5)
     assert clock.calls >= 3 + 1000 / 0.5 + timed
+
+
+def test_timing_without_a_gpu_says_why(capsys, tmp_path):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible: tests/gpu/test_kernel_gemm.py runs the timing")
+    argv = ["--models", "8B", "--tp", "8", "--tokens", "1024", "--layers", "O", "--limit", "1"]
+    assert bench.main(argv + ["--out", str(tmp_path)]) == 2
+    out = capsys.readouterr().out
+    assert "no _core.gemm" in out or "no CUDA device visible" in out
+    assert list(tmp_path.iterdir()) == []  # nothing written

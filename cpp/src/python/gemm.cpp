@@ -109,7 +109,7 @@ void register_gemm(py::module_& m) {
       "alignment of every operand, the tile), else the reason. Touches no device.");
   m.def("gemm", &run_gemm, py::arg("a"), py::arg("b"), py::arg("d"), py::arg("m"), py::arg("n"),
         py::arg("k"), py::arg("dtype") = "bf16", py::arg("tile_n") = 0,
-        py::arg("b_n_major") = false, py::arg("cuda_device"), py::arg("stream"),
+        py::arg("b_n_major") = false, py::kw_only(), py::arg("cuda_device"), py::arg("stream"),
         "Enqueue D[m, n] = A[m, k] @ B[n, k]^T (B[k, n] with b_n_major) on `stream` of "
         "`cuda_device` with distgemm's kernel: contiguous bf16/fp16 operands, fp32 accumulate, "
         "output tile 128 x tile_n (0: the wave model's choice, kernel::choose_tile_n). Returns "
