@@ -1,6 +1,7 @@
-"""GPU timing shared by the torchrun benchmarks: one rank's context, the steady-state timing of a
-variant, the plain NCCL + torch.mm baseline and torch's symmetric-memory ops of one layer, and
-fresh random operands of a case. torch is passed in, so importing this needs no torch."""
+"""GPU timing shared by the benchmarks: one rank's context under torchrun (or one GPU alone),
+the steady-state timing of a variant, the plain NCCL + torch.mm baseline and torch's
+symmetric-memory ops of one layer, and fresh random operands of a case. torch is passed in, so
+importing this needs no torch."""
 
 from __future__ import annotations
 
@@ -64,6 +65,39 @@ class RankContext:
         t = self.torch.tensor(list(values), dtype=self.torch.float64)
         self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX, group=self.ctrl)
         return t.tolist()
+
+
+class _NoProcessGroup:
+    """torch.distributed's barrier for a context of one GPU and no process group: nothing to
+    wait for."""
+
+    @staticmethod
+    def barrier(group=None) -> None:
+        return None
+
+
+@dataclass
+class SingleGpuContext:
+    """One GPU without torch.distributed, shaped like RankContext so that settle and
+    time_variant run unchanged: the agreement of one rank is its own values, the barrier is
+    nothing."""
+
+    torch: Any
+    dev: Any
+    rank: int = 0
+    tp: int = 1
+    ctrl: Any = None
+    dist: Any = _NoProcessGroup
+
+    @classmethod
+    def current(cls) -> SingleGpuContext:
+        """The current CUDA device of this process."""
+        import torch
+
+        return cls(torch, torch.device("cuda", torch.cuda.current_device()))
+
+    def agree_max(self, values: Sequence[float]) -> list[float]:
+        return [float(v) for v in values]
 
 
 def enable_symm_mem(group_name: str) -> str | None:

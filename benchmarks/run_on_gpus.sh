@@ -29,6 +29,8 @@
 #                    GEMM + all-reduce in graphs of 20 calls: mm, mm + NCCL, mm + one_shot, distgemm)
 #   cpp-tiles        benchmarks/compare_tiles.py (the GEMM's two tiles per shape, one GPU), then the
 #                    C++ sweep at 1024/2048 tokens with --tile-n auto and 256, two rounds each
+#   kernel-vs-cublas benchmarks/kernel_vs_cublas.py ${KERNEL_ARGS:---tp 2 --local-only} on GPU 0: distgemm's
+#                    GEMM kernel (both tiles, the wave model's pick) vs torch.mm per Llama GEMM shape
 # CPP_TESTS_K narrows cpp-tests to a pytest -k expression.
 # While the parts run, nvidia-smi samples SM clock, power and throttle reasons every 500 ms
 # ($OUT/smi.csv): the context for every TF/s number. At the end everything under $OUT is packed
@@ -117,9 +119,11 @@ for p in "$@"; do
     serving) part serving ${SERVING_S:-450} torchrun --nproc-per-node "$NPROC" benchmarks/serving.py ${SERVING_ARGS:-} --out "$OUT/serving" ;;
     decode) part decode ${DECODE_S:-420} torchrun --nproc-per-node "$NPROC" benchmarks/decode.py --models 70B,405B \
               --tokens 1,2,4,8,16,32,64,128,256 ${DECODE_ARGS:-} --out "$OUT/decode" ;;
+    kernel-vs-cublas) part kernel-vs-cublas ${KERNEL_S:-500} python3 benchmarks/kernel_vs_cublas.py \
+              ${KERNEL_ARGS:---tp 2 --local-only} --budget-s $(( ${KERNEL_S:-500} - 40 )) --out "$OUT/kernel-vs-cublas" ;;
     cpp-sweep-quick) part cpp-sweep-quick 200 "$BENCH" --sweep quick --tp "$NPROC" --csv "$OUT/cpp-sweep-quick/cpp-sweep-quick.csv" ;;
     cpp-sweep-full) part cpp-sweep-full 400 "$BENCH" --sweep full --tp "$NPROC" --csv "$OUT/cpp-sweep-full/cpp-sweep-full.csv" ;;
-    *) echo "unknown part '$p' (install, first-run, timing-study, training, serving, decode, api, cpp-tests, cpp-variants, cpp-tiles, timeline, sweep-quick, sweep-full, sweep-fc, cpp-sweep-quick, cpp-sweep-full)"; rc=1 ;;
+    *) echo "unknown part '$p' (install, first-run, timing-study, training, serving, decode, api, cpp-tests, cpp-variants, cpp-tiles, kernel-vs-cublas, timeline, sweep-quick, sweep-full, sweep-fc, cpp-sweep-quick, cpp-sweep-full)"; rc=1 ;;
   esac
   tail -n 25 "$OUT/$p.log" 2>/dev/null | cut -c1-250
 done

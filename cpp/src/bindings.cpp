@@ -19,8 +19,10 @@ namespace py = pybind11;
 using namespace distgemm::schedule;
 
 #ifdef DISTGEMM_WITH_CUDA
-// cpp/src/python/: DeviceGraph, workspaces and CUDA IPC for the torch-facing API.
+// cpp/src/python/: DeviceGraph, workspaces and CUDA IPC for the torch-facing API (runtime.cpp);
+// one GEMM of distgemm's kernel on caller memory, for single-GPU benchmarks (gemm.cpp).
 void register_runtime(py::module_& m);
+void register_gemm(py::module_& m);
 #endif
 
 namespace {
@@ -397,6 +399,7 @@ PYBIND11_MODULE(_core, m) {
   register_plan(m);  // before the runtime, whose DeviceGraph takes a Plan and a GraphSetup
 #ifdef DISTGEMM_WITH_CUDA
   register_runtime(m);
+  register_gemm(m);
 #endif
   register_llama(m);
 

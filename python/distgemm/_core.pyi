@@ -148,6 +148,38 @@ def llama_sweep_timing() -> dict[str, int]:
 
 # Runtime bindings (present when the package was built with nvcc; cuda_runtime is then True).
 def cuda_device_count() -> int: ...
+def gemm_problem(
+    a: int,
+    b: int,
+    d: int,
+    m: int,
+    n: int,
+    k: int,
+    dtype: str = "bf16",
+    tile_n: int = 0,
+    b_n_major: bool = False,
+) -> str:
+    """'' when gemm() runs this dense GEMM, else the reason (no device is touched)."""
+
+def gemm(
+    a: int,
+    b: int,
+    d: int,
+    m: int,
+    n: int,
+    k: int,
+    dtype: str = "bf16",
+    tile_n: int = 0,
+    b_n_major: bool = False,
+    *,
+    cuda_device: int,
+    stream: int,
+) -> int:
+    """Enqueue D[m, n] = A[m, k] @ B[n, k]^T (B[k, n] with b_n_major) with distgemm's kernel on
+    `stream`; returns the tile width it ran with (tile_n=0: the wave model's pick). ValueError
+    with gemm_problem's reason when the kernel cannot run it."""
+
+def gemm_resident_ctas(dtype: str, tile_n: int, cuda_device: int) -> int: ...
 
 class IpcWorkspace:
     def __init__(self, cuda_device: int, nbytes: int) -> None: ...

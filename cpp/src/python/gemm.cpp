@@ -1,0 +1,127 @@
+// distgemm._core.gemm / gemm_problem: one GEMM of distgemm's own kernel on caller-owned device
+// memory with no waits, so that single-GPU benchmarks time the kernel against cuBLAS on the same
+// tensors. Pointers and streams cross as Python ints (tensor.data_ptr(), stream.cuda_stream).
+//
+// The GEMM is dense: D[m, n] = A[m, k] @ B[n, k]^T (B[k, n] with b_n_major), every operand
+// contiguous, no bias, no C, alpha 1 (kernel/gemm.hpp). Shapes and pointers are checked by
+// kernel::gemm_can_implement before anything reaches the device; a rejection is a ValueError
+// with the reason.
+#include "distgemm/kernel/gemm.hpp"
+
+#include <cuda_runtime_api.h>
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+
+#include "distgemm/device/check.hpp"
+#include "distgemm/device/graph.hpp"
+
+namespace py = pybind11;
+
+namespace {
+
+using distgemm::device::ErrorSink;
+using distgemm::kernel::GemmDesc;
+
+const void* as_ptr(uint64_t v) { return reinterpret_cast<const void*>(static_cast<uintptr_t>(v)); }
+
+GemmDesc dense_desc(uint64_t a, uint64_t b, uint64_t d, int64_t m, int64_t n, int64_t k,
+                    const std::string& dtype, int tile_n, bool b_n_major) {
+  GemmDesc g;
+  g.dtype = distgemm::kernel::parse_dtype(dtype);  // std::invalid_argument -> ValueError
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a = as_ptr(a);
+  g.lda = k;
+  g.batch_a = m * k;
+  g.b = as_ptr(b);
+  g.ldb = b_n_major ? n : k;
+  g.batch_b = n * k;
+  g.b_n_major = b_n_major;
+  g.d = const_cast<void*>(as_ptr(d));
+  g.ldd = n;
+  g.batch_d = m * n;
+  g.tile_n = tile_n;
+  return g;
+}
+
+// "" when the kernel runs this dense GEMM, else the reason (host-only: no device is touched).
+std::string dense_problem(const GemmDesc& g) {
+  if (!g.a || !g.b || !g.d)
+    return "a, b and d must be device addresses, got a=" +
+           std::to_string(reinterpret_cast<uintptr_t>(g.a)) +
+           " b=" + std::to_string(reinterpret_cast<uintptr_t>(g.b)) +
+           " d=" + std::to_string(reinterpret_cast<uintptr_t>(g.d));
+  return distgemm::kernel::gemm_can_implement(g);
+}
+
+// The abort word every WaitSpec points at (the kernel reads it even with no flag to wait for,
+// leading_barrier.cuh), one per device. Never freed: the sinks live until the process exits,
+// and freeing device memory during static destruction races the CUDA runtime's own teardown.
+ErrorSink& error_sink(int cuda_device) {
+  static std::mutex mu;
+  static auto* sinks = new std::map<int, std::unique_ptr<ErrorSink>>();
+  std::lock_guard<std::mutex> lock(mu);
+  auto& s = (*sinks)[cuda_device];
+  if (!s) s = std::make_unique<ErrorSink>(cuda_device);
+  return *s;
+}
+
+int run_gemm(uint64_t a, uint64_t b, uint64_t d, int64_t m, int64_t n, int64_t k,
+             const std::string& dtype, int tile_n, bool b_n_major, int cuda_device,
+             uint64_t stream) {
+  const GemmDesc g = dense_desc(a, b, d, m, n, k, dtype, tile_n, b_n_major);
+  const std::string why = dense_problem(g);
+  if (!why.empty()) throw std::invalid_argument("gemm: " + why);
+  if (cuda_device < 0)
+    throw std::invalid_argument("gemm: cuda_device must be >= 0, got " +
+                                std::to_string(cuda_device));
+  py::gil_scoped_release nogil;
+  DISTGEMM_CUDA_CHECK(cudaSetDevice(cuda_device));
+  distgemm::kernel::WaitSpec wait;  // num_flags = 0: nothing to wait for
+  wait.abort = error_sink(cuda_device).abort();
+  wait.record = error_sink(cuda_device).record_dev();
+  wait.device = cuda_device;
+  const int tile = distgemm::kernel::gemm_tile_n(g, cuda_device);
+  distgemm::kernel::gemm_launch(g, wait, cuda_device,
+                                reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(stream)));
+  return tile;
+}
+
+}  // namespace
+
+void register_gemm(py::module_& m) {
+  m.def(
+      "gemm_problem",
+      [](uint64_t a, uint64_t b, uint64_t d, int64_t m_, int64_t n, int64_t k,
+         const std::string& dtype, int tile_n, bool b_n_major) {
+        return dense_problem(dense_desc(a, b, d, m_, n, k, dtype, tile_n, b_n_major));
+      },
+      py::arg("a"), py::arg("b"), py::arg("d"), py::arg("m"), py::arg("n"), py::arg("k"),
+      py::arg("dtype") = "bf16", py::arg("tile_n") = 0, py::arg("b_n_major") = false,
+      "'' when gemm() runs this dense GEMM (kernel::gemm_can_implement: extents, 16-byte "
+      "alignment of every operand, the tile), else the reason. Touches no device.");
+  m.def("gemm", &run_gemm, py::arg("a"), py::arg("b"), py::arg("d"), py::arg("m"), py::arg("n"),
+        py::arg("k"), py::arg("dtype") = "bf16", py::arg("tile_n") = 0,
+        py::arg("b_n_major") = false, py::kw_only(), py::arg("cuda_device"), py::arg("stream"),
+        "Enqueue D[m, n] = A[m, k] @ B[n, k]^T (B[k, n] with b_n_major) on `stream` of "
+        "`cuda_device` with distgemm's kernel: contiguous bf16/fp16 operands, fp32 accumulate, "
+        "output tile 128 x tile_n (0: the wave model's choice, kernel::choose_tile_n). Returns "
+        "the tile width it ran with; ValueError with gemm_problem's reason when the kernel "
+        "cannot run the GEMM.");
+  m.def(
+      "gemm_resident_ctas",
+      [](const std::string& dtype, int tile_n, int cuda_device) {
+        return distgemm::kernel::gemm_resident_ctas(distgemm::kernel::parse_dtype(dtype), tile_n,
+                                                    cuda_device);
+      },
+      py::arg("dtype"), py::arg("tile_n"), py::arg("cuda_device"),
+      "Resident CTAs (persistent grid size) of the kernel with output tile 128 x tile_n on "
+      "`cuda_device`: the slot counts the wave model (choose_tile_n) works with.");
+}
