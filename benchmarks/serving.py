@@ -133,8 +133,6 @@ def check_bucket(ctx, phase, t, built, rec) -> None:
             rec["unavailable"][v] = f"not checked: {report.REFERENCE[layout]} did not run"
             del built[v][t]
             continue
-        if os.environ.get("SERVING_TRACE"):
-            print(f"[{phase}] checking {v} at {t} tokens", flush=True)
         _poison(b.poison)
         got, why = common.attempt(ctx, b.outputs)  # every variant has its own outputs
         if why:

@@ -168,6 +168,9 @@ class Communicator:
             control=control_bytes(),
             align=int(self._core.WORKSPACE_SLOT_ALIGN),
             order=order,
+            # Inside a CUDA graph capture (no synchronisation, no cudaFree) a replaced workspace
+            # is kept until close().
+            keep_replaced=_stream_capturing,
         )
 
     # -- control plane ---------------------------------------------------------------------
@@ -285,18 +288,9 @@ class Communicator:
 
     def _release(self, workspaces: list[_Workspace]) -> None:
         """Free replaced workspaces on every rank (collective, also with none to free): each
-        rank synchronises its device and unmaps its peers' workspaces, the ranks meet, and only
-        then does each rank free its own, which no peer maps any more. Inside a CUDA graph
-        capture (no synchronisation, no cudaFree) the replaced workspace is kept instead, until
-        close(); every rank grows at the same call, so every rank keeps it."""
-        from .entries import stream_capturing
-
-        if stream_capturing():
-            for w in workspaces:
-                w.pinned = True
-                self._pool.kept.append(w)
-            workspaces = []
-        else:
+        rank synchronises its device (only when it frees) and unmaps its peers' workspaces, the
+        ranks meet, and only then does each rank free its own, which no peer maps any more."""
+        if workspaces:
             self._synchronize()
         errors = []
         for w in workspaces:
@@ -419,12 +413,16 @@ class Communicator:
         return f"Communicator(rank={self.rank}, tp={self.tp}, device={self.device}, {state})"
 
 
+def _stream_capturing() -> bool:
+    from .entries import stream_capturing  # entries imports this module's users: import late
+
+    return stream_capturing()
+
+
 def _refuse_during_capture(what: str) -> None:
     """RuntimeError naming `what` when the current CUDA stream is being captured; raised before
     any CUDA call, so the caller's capture stays valid."""
-    from .entries import stream_capturing
-
-    if stream_capturing():
+    if _stream_capturing():
         raise RuntimeError(
             f"{what}: not allowed inside a CUDA graph capture; call it outside "
             "torch.cuda.graph(...)"

@@ -106,6 +106,8 @@ class WorkspacePool:
     release(workspaces): free replaced or closed workspaces collective-safely (peers unmap,
         barrier, free); called on every rank at every growth, with an empty list when the old
         workspace is pinned, so that the ranks' exchanges stay in step.
+    keep_replaced() -> bool: keep the replaced workspace (pinned) instead of freeing it, asked at
+        each growth (every rank grows at the same call, so every rank gets the same answer).
     """
 
     def __init__(
@@ -117,8 +119,10 @@ class WorkspacePool:
         control: int,
         align: int,
         order: Any = None,
+        keep_replaced: Callable[[], bool] = lambda: False,
     ):
         self._allocate, self._repoint, self._release = allocate, repoint, release
+        self._keep_replaced = keep_replaced
         self.control, self.align, self.order = control, align, order
         self.current: _Workspace | None = None
         self.kept: list[_Workspace] = []
@@ -150,6 +154,8 @@ class WorkspacePool:
         self.allocations += 1
         if old is not None:
             self._repoint(new)
+            if self._keep_replaced():  # e.g. a capture in progress: no free, no device sync
+                old.pinned = True
             if old.pinned:
                 self.kept.append(old)
             self._release([] if old.pinned else [old])

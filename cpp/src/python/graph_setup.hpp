@@ -44,10 +44,6 @@ struct GraphSetup {
                                   " is negative (0: not checked)");
     const std::string tile_problem = kernel::tile_n_problem(tile_n);
     if (!tile_problem.empty()) throw std::invalid_argument(tile_problem);
-    if (b_n_major && tile_n == 128)
-      throw std::invalid_argument(
-          "tile_n=128 has no kernel for an N-contiguous B (a transposed weight view): use 0 or "
-          "256");
   }
 };
 
