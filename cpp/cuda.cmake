@@ -1,9 +1,10 @@
 # CUDA part of the build (included from the top-level CMakeLists.txt when nvcc is found):
 # distgemm_runtime (CUTLASS SM90 kernels + graph runtime, SHARED: built once, linked by the
 # examples and by the Python module) and the example binaries. sm_90a only: wgmma and
-# setmaxnreg need the arch-specific target; three kernel instantiations per dtype (output tile
-# 128x256 and 128x128 with a K-contiguous B, 128x256 with an N-contiguous B; one translation
-# unit each) keep the build short (CI compiles this on 2 cores).
+# setmaxnreg need the arch-specific target; five kernel instantiations per dtype (output tile
+# 128x256 and 128x128 with a K-contiguous B, 128x256 with an N-contiguous B, and the fused
+# GEMM + all-reduce with token tiles 64 and 256; one translation unit each) keep the build
+# short (CI compiles this on 2 cores).
 enable_language(CUDA)
 find_package(CUDAToolkit REQUIRED)
 
@@ -17,6 +18,11 @@ add_library(distgemm_runtime SHARED
   cpp/src/runtime/gemm_fp16_n128.cu
   cpp/src/runtime/gemm_bf16_n256_bn.cu
   cpp/src/runtime/gemm_fp16_n256_bn.cu
+  cpp/src/runtime/fused_bf16_t64.cu
+  cpp/src/runtime/fused_bf16_t256.cu
+  cpp/src/runtime/fused_fp16_t64.cu
+  cpp/src/runtime/fused_fp16_t256.cu
+  cpp/src/runtime/fused_allreduce.cu
   cpp/src/runtime/kernels.cu
   cpp/src/runtime/graph.cu
   cpp/src/runtime/graph_topology.cpp

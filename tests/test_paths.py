@@ -191,3 +191,18 @@ def test_auto_keeps_the_collective_path_where_the_model_is_not_calibrated(monkey
         assert path == "collective" and info["source"] == "model"
         assert info["why"] == f"model: TP={tp}: the model is calibrated at TP=(2,)"
         assert info["overlap_ms"] > 0 and info["collective_ms"] > 0  # still predicted
+
+
+def test_finish_waits_on_work_and_accepts_none():
+    """A blocking collective of a CUDA group returns no work object; others return one."""
+    from distgemm.collective import _finish
+
+    class Work:
+        waited = False
+
+        def wait(self):
+            Work.waited = True
+
+    _finish(None)
+    _finish(Work())
+    assert Work.waited

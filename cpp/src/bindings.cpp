@@ -23,7 +23,9 @@ using namespace distgemm::schedule;
 // one GEMM of distgemm's kernel on caller memory, for single-GPU benchmarks (gemm.cpp).
 void register_runtime(py::module_& m);
 void register_gemm(py::module_& m);
+void register_fused(py::module_& m);  // fused GEMM + all-reduce launches (fused.cpp)
 #endif
+void register_fused_rules(py::module_& m);  // its host-only rules (fused_rules.cpp)
 
 namespace {
 
@@ -400,8 +402,10 @@ PYBIND11_MODULE(_core, m) {
 #ifdef DISTGEMM_WITH_CUDA
   register_runtime(m);
   register_gemm(m);
+  register_fused(m);
 #endif
   register_llama(m);
+  register_fused_rules(m);
 
   m.def("gemm_extent_problem", &distgemm::kernel::gemm_extent_problem, py::arg("m"), py::arg("n"),
         py::arg("k"), py::arg("l") = 1, py::arg("elem_bytes") = 2,

@@ -1,6 +1,7 @@
 """The path of an op entry, decided when the entry is created: the requested one, or for
 ``path="auto"`` the tuning table's (``distgemm.tuning``), else the cost model's
 (``distgemm.pathmodel``); the overlapped plan where the group cannot run the collective path.
+gemm_all_reduce at decode sizes runs fused (``distgemm.fused``) where the kernel takes the call.
 Shapes, the table and the group's backend only, so every rank decides the same; nothing is
 measured on the user's call."""
 
@@ -9,21 +10,30 @@ from __future__ import annotations
 from typing import Any
 
 from .collective import collective_unavailable
+from .fused import fused_auto, fused_problem
 from .pathmodel import choose
 from .tuning import candidate_name
 from .validation import Spec
 
 
-def decide_path(spec: Spec, requested: str, comm) -> tuple[str, dict[str, Any]]:
-    """(path, what ``path_choices()`` reports about it) for an entry of ``spec`` called with
-    ``path=requested`` on ``comm`` (whose ``group`` is read only where "auto" picks the
-    collective path). The report: ``source`` ("requested", "table", "model"),
+def decide_path(spec: Spec, requested: str, comm, dtype=None) -> tuple[str, dict[str, Any]]:
+    """(path, what ``path_choices()`` reports about it) for an entry of ``spec`` (operands of
+    ``dtype``) called with ``path=requested`` on ``comm`` (whose ``group`` is read only where
+    "auto" picks the collective path). The report: ``source`` ("requested", "table", "model"),
     ``tile_n`` (0: per GEMM) and, for "auto", ``overlap_ms`` / ``collective_ms`` (the table's
     measured ms or the model's prediction), ``why`` in words and, where the collective path was
     chosen but cannot run, ``collective_unavailable``."""
     info: dict[str, Any] = {"source": "requested", "tile_n": spec.tile_n}
+    if requested == "fused":
+        problem = fused_problem(spec, dtype)
+        if problem:
+            raise ValueError(f"{spec.op}: path='fused' cannot run this call: {problem}")
     if requested != "auto":
         return requested, info
+    fused, why_fused = fused_auto(spec, dtype)
+    if fused:
+        info.update(source="model", why=why_fused)
+        return "fused", info
     entry = spec.table
     if entry is not None:
         path = entry.path

@@ -30,6 +30,13 @@ def _blocking(options):
     return options
 
 
+def _finish(work) -> None:
+    """Completes a collective call: a blocking call of a CUDA process group returns no work
+    object (the collective is already ordered on the caller's stream), others return one."""
+    if work is not None:
+        work.wait()
+
+
 _ALLGATHER = _blocking(AllgatherOptions())
 _ALLREDUCE = _blocking(AllreduceOptions())
 _REDUCE_SCATTER = _blocking(ReduceScatterOptions())
@@ -62,7 +69,7 @@ def run_collective(
             if entry.want_gathered
             else _scratch(entry, "gathered", shape, part, stream_ptr(device), capturing)
         )
-        pg._allgather_base(gathered, part, _ALLGATHER).wait()
+        _finish(pg._allgather_base(gathered, part, _ALLGATHER))
         x, wf = (gathered, w) if kind == "gather_a" else (a, gathered)
         if bias is None:
             torch.mm(x, wf.t(), out=out)
@@ -71,7 +78,7 @@ def run_collective(
         return (out, gathered) if entry.want_gathered else out
     if kind == "all_reduce":
         torch.mm(a, w.t(), out=out)
-        pg.allreduce([out], _ALLREDUCE).wait()
+        _finish(pg.allreduce([out], _ALLREDUCE))
     elif kind == "scatter_n":  # rs_tile_b
         # reduce-scatter splits dim 0: reduce D^T = W A^T and transpose this rank's rows.
         stream = stream_ptr(device)
@@ -88,7 +95,7 @@ def run_collective(
             stream,
             capturing,
         )
-        pg._reduce_scatter_base(mine, part_t, _REDUCE_SCATTER).wait()
+        _finish(pg._reduce_scatter_base(mine, part_t, _REDUCE_SCATTER))
         out.copy_(mine.t())
     else:  # scatter_m: rs_tile_a
         partial = torch.mm(
@@ -98,7 +105,7 @@ def run_collective(
                 entry, "partial", (a.shape[0], w.shape[0]), a, stream_ptr(device), capturing
             ),
         )
-        pg._reduce_scatter_base(out, partial, _REDUCE_SCATTER).wait()
+        _finish(pg._reduce_scatter_base(out, partial, _REDUCE_SCATTER))
     if c is not None:
         out.add_(c, alpha=entry.beta)
     if bias is not None:

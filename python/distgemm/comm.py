@@ -158,6 +158,10 @@ class Communicator:
         # after the next synchronisation).
         self._kept_capturers: list[Any] = []
         self._retired_graphs: list[Any] = []
+        # The fused path's control region (made at the first fused entry: a collective) and
+        # launcher (distgemm.fused).
+        self._fused_control: _Workspace | None = None
+        self._fused_launcher: Any = None
         _LIVE.add(self)
 
     def _new_pool(self, order) -> WorkspacePool:
@@ -235,6 +239,30 @@ class Communicator:
         self._require_open()
         return self._pool.place(layout)
 
+    @property
+    def workspace_control_bytes(self) -> int:
+        """Bytes of the control region that ends every layout placed in the workspace."""
+        return self._pool.control
+
+    def fused_control(self) -> list[int]:
+        """Every rank's fused control region (launch generation and tile flags) as seen from
+        this device; allocated zeroed and exchanged at the first call (collective: called at
+        the first fused entry, which every rank creates at the same call)."""
+        self._require_open()
+        if self._fused_control is None:
+            core, bases = self._allocate(int(self._core.FUSED_CONTROL_BYTES))
+            self._fused_control = _Workspace(core, 0, int(self._core.FUSED_CONTROL_BYTES), bases)
+        return list(self._fused_control.bases)
+
+    @property
+    def fused_launcher(self) -> Any:
+        """This rank's _core.FusedLauncher (ordered by the workspace's LaunchOrder)."""
+        if self._fused_launcher is None:
+            self._fused_launcher = self._core.FusedLauncher(
+                self.device.index, self._pool.order, self.wait_timeout_s
+            )
+        return self._fused_launcher
+
     def _allocate(self, nbytes: int) -> tuple[Any, list[int]]:
         """This rank's new workspace of ``nbytes``, exchanged with the peers (collective)."""
         core = None
@@ -277,8 +305,8 @@ class Communicator:
             self._synchronize()
             self._retired_graphs.clear()
         for entry in list(self.plans.values()):
-            if entry.ws is None or entry.ws is ws:
-                continue
+            if entry.ws is None or entry.ws is ws or entry.fused is not None:
+                continue  # no workspace, already on it, or fused (places itself at each call)
             if capturing:
                 self._retired_graphs.extend(entry.graphs.values())
             if entry.capturer is not None:
@@ -312,11 +340,13 @@ class Communicator:
     @property
     def workspace_bytes(self) -> int:
         """Device memory held by this rank's workspaces (the current one and the kept ones)."""
-        return sum(w.nbytes for w in self._pool.live)
+        fused = self._fused_control.nbytes if self._fused_control is not None else 0
+        return sum(w.nbytes for w in self._pool.live) + fused
 
     def memory_stats(self) -> dict[str, int]:
         """What this communicator holds on this rank (``distgemm.memory_stats``)."""
-        return held_memory(self._pool, list(self.plans.values()), len(self._kept_capturers))
+        fused = self._fused_control.nbytes if self._fused_control is not None else 0
+        return held_memory(self._pool, list(self.plans.values()), len(self._kept_capturers), fused)
 
     # -- errors ------------------------------------------------------------------------------
     def raise_if_broken(self) -> None:
@@ -340,8 +370,11 @@ class Communicator:
         self.raise_if_broken()
         self._require_open()
         torch.cuda.synchronize(self.device)
-        e = self.plans.graph_error() or next(
-            (err for g in self._kept_capturers if (err := g.error())), ""
+        e = (
+            self.plans.graph_error()
+            or next((err for g in self._kept_capturers if (err := g.error())), "")
+            or (self._fused_launcher.error() if self._fused_launcher is not None else "")
+            or self._pool.order.capture_error()  # captured fused launches report there
         )
         if e:
             self.mark_broken(e)
@@ -379,6 +412,9 @@ class Communicator:
         self._kept_capturers.clear()
         self._retired_graphs.clear()
         held = self._pool.close()
+        if self._fused_control is not None:
+            held.append(self._fused_control)
+            self._fused_control, self._fused_launcher = None, None
         for w in held:
             try:
                 w.core.close_peers()
@@ -458,6 +494,8 @@ def memory_stats(group=None) -> dict[str, int]:
     eager_graphs          instantiated graphs of the eager calls, at most ``graphs_per_plan``
                           per plan
     captured_graphs       graphs recorded into callers' CUDA graphs
+    fused_control_bytes   the fused path's control region (launch generation, tile flags;
+                          its partial buffers are placed in the workspace)
     max_plans, graphs_per_plan  the bounds (``entries.MAX_PLANS``, ``entries.GRAPHS_PER_PLAN``)
     """
     comm = find_communicator(group)

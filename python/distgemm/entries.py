@@ -53,7 +53,7 @@ class Entry:
     slots: torch.Tensor | None = None
     gather_shape: tuple[int, int] | None = None
     out_shape: tuple[int, ...] = ()
-    path: str | None = None  # "overlap" or "collective", decided at creation (autopath)
+    path: str | None = None  # "overlap", "collective" or "fused", decided at creation (autopath)
     want_gathered: bool = False  # all_gather_gemm(..., return_gathered=True)
     scratch: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)  # (name, stream)
     tuning: dict[str, Any] | None = None  # why the path: table or model (autopath.decide_path)
@@ -63,6 +63,9 @@ class Entry:
     # capture_graph). Callers' graphs keep referencing its error sink and the workspace, so it
     # lives until Communicator.close(): the entry is never evicted once it has one.
     capturer: Any = None
+    # The fused path's shapes, split-K factor, workspace layout and control region
+    # (distgemm.fused.attach_fused); None for the other paths.
+    fused: dict[str, Any] | None = None
 
     @property
     def has_bias(self) -> bool:
@@ -214,7 +217,9 @@ def create_entry(comm: Communicator, key, make: Callable[[], Spec]) -> Entry:
     the tuning table or the defaults), the ranks exchange their signatures (the same error on
     every rank), the path is decided (``autopath.decide_path``: the same on every rank), then a
     plan that launches gets its workspace and graph setup. Cached in ``comm.plans``."""
-    from .autopath import decide_path  # autopath imports collective, which imports this module
+    # autopath and fused import collective and launch, which import this module
+    from .autopath import decide_path
+    from .fused import attach_fused
 
     op, _, _, dtype, _, beta, gathered, path = key
     spec, error, exc = None, None, None
@@ -228,7 +233,7 @@ def create_entry(comm: Communicator, key, make: Callable[[], Spec]) -> Entry:
     problem = signature_mismatch(sigs, op)
     if problem:
         raise ValueError(problem)
-    chosen, why = decide_path(spec, path, comm)
+    chosen, why = decide_path(spec, path, comm, dtype)
     entry = Entry(
         spec=spec,
         dtype=dtype,
@@ -241,8 +246,10 @@ def create_entry(comm: Communicator, key, make: Callable[[], Spec]) -> Entry:
         want_gathered=gathered,
         tuning=why,
     )
-    if entry.path != "collective":  # the collective path launches no plan: no workspace
+    if entry.path == "overlap":  # the collective path launches no plan: no workspace
         attach_workspace(comm, entry, gathered)
+    elif entry.path == "fused":
+        attach_fused(comm, entry)
     comm.plans.insert(
         key,
         entry,

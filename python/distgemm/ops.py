@@ -62,7 +62,10 @@ of time by ``python -m distgemm.tune`` and loaded from ``DISTGEMM_TUNING_TABLE``
 carries its digest). Otherwise a cost model (``distgemm.pathmodel``, calibrated on the Llama sweep,
 docs/tuning.md) predicts both paths at the default S and keeps the overlapped one where it is faster
 by at least 5 us; below 1024 tokens (decode sizes, never measured on the overlapped path) and at TP
-other than 2 (where it is not calibrated) it keeps the collective path. ``path_choices()`` shows
+other than 2 (where it is not calibrated) it keeps the collective path. ``gemm_all_reduce`` has
+a third path, "fused" (``distgemm.fused``: the GEMM and the all-reduce in one kernel, no
+collective kernel, no copy engine), which "auto" takes at decode sizes (at most
+``_core.FUSED_MAX_AUTO_TOKENS`` tokens) where the kernel takes the call. ``path_choices()`` shows
 each choice, its source ("table" / "model") and the ms behind it. ``path="overlap"`` /
 ``"collective"`` force one path; the collective path needs a NCCL group (with another backend "auto"
 keeps the plan). A first call then costs the signature exchange, the plan build and, for the
@@ -90,6 +93,7 @@ import torch
 from .collective import run_collective
 from .comm import find_communicator, get_communicator
 from .entries import create_entry
+from .fused import launch_fused
 from .launch import launch, setup_during_capture
 from .validation import (
     PATHS,
@@ -165,10 +169,13 @@ def _run(
             comm, entry = _entry(op, group, key, make, tensors, out)
     else:
         comm, entry = _entry(op, group, key, make, tensors, out)
-    # The path was decided when the entry was created (autopath.decide_path): "overlap" or
-    # "collective", never a measurement, so "auto" records into a capture like any other path.
+    # The path was decided when the entry was created (autopath.decide_path): "overlap",
+    # "collective" or "fused", never a measurement, so "auto" records into a capture like any
+    # other path.
     if entry.path == "overlap":
         return launch(op, comm, entry, tensors, out, capturing)
+    if entry.path == "fused":
+        return launch_fused(op, comm, entry, tensors, out, capturing)
     return run_collective(op, comm, entry, tensors, out, capturing)
 
 
@@ -346,8 +353,12 @@ def gemm_all_reduce(
     fewer tokens than S skips the empty ones). ``beta``: default 0.0. ``steps``: S = k*TP; None:
     ``default_steps``.
     ``group``: a ProcessGroup (default: the world group) or a ``distgemm.Communicator``.
-    ``path``: "auto", "overlap" or "collective" (torch GEMM + NCCL all-reduce), as for
-    ``all_gather_gemm``.
+    ``path``: "auto", "overlap", "collective" (torch GEMM + NCCL all-reduce), as for
+    ``all_gather_gemm``, or "fused": one kernel computes this rank's partial into the symmetric
+    workspace, signals each tile to every rank and sums its own tiles over every rank's
+    partials (NVLink reads); "auto" takes it at decode sizes. It needs a K-contiguous ``w``
+    (not a ``.t()`` view) and bf16/fp16; ``path="fused"`` on a call it cannot run is a
+    ValueError with the reason.
     """
     return _gemm_then_reduce(
         "gemm_all_reduce", "gemm_allreduce", a, w, bias, c, beta, steps, out, group, path

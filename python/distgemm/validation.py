@@ -90,19 +90,31 @@ def check_placement(op: str, device: torch.device, tensors: dict[str, torch.Tens
             )
 
 
-PATHS = ("auto", "overlap", "collective")
+PATHS = ("auto", "overlap", "collective", "fused")
 # The path of calls that pass none: DISTGEMM_PATH at import, else "auto". Pinning it (e.g. to
 # "overlap") makes a job's choice reproducible and spares the first calls their measurement.
 PATH_ENV = "DISTGEMM_PATH"
 DEFAULT_PATH = os.environ.get(PATH_ENV, "auto")
+# The ops that have a fused path (GEMM + all-reduce in one kernel, distgemm.fused).
+FUSED_OPS = ("gemm_all_reduce",)
 
 
 def check_path(op: str, path) -> str:
-    """``path`` (None: DEFAULT_PATH) names one of PATHS (ValueError otherwise); returns it."""
+    """``path`` (None: DEFAULT_PATH) names one of PATHS (ValueError otherwise); returns it.
+    "fused" only for FUSED_OPS: passed to another op it is a ValueError, set by DISTGEMM_PATH
+    it means "auto" there."""
     name = f"{PATH_ENV}=" if path is None else "path="
+    from_env = path is None
     path = DEFAULT_PATH if path is None else path
     if path not in PATHS:
         raise ValueError(f"{op}: {name}{path!r} is not one of {', '.join(map(repr, PATHS))}")
+    if path == "fused" and op not in FUSED_OPS:
+        if from_env:
+            return "auto"
+        raise ValueError(
+            f"{op}: path='fused' is only for {', '.join(FUSED_OPS)} (GEMM + all-reduce in one "
+            "kernel); use 'auto', 'overlap' or 'collective'"
+        )
     return path
 
 

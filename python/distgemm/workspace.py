@@ -175,11 +175,14 @@ class WorkspacePool:
 
 
 def held_memory(
-    pool: WorkspacePool | None, cached: list[Any], kept_capturers: int = 0
+    pool: WorkspacePool | None,
+    cached: list[Any],
+    kept_capturers: int = 0,
+    fused_control_bytes: int = 0,
 ) -> dict[str, int]:
-    """``distgemm.memory_stats`` of a communicator's pool, cached plan entries and the
-    capture-only graphs kept from plans re-pointed by a growth (None, [], 0: no
-    communicator)."""
+    """``distgemm.memory_stats`` of a communicator's pool, cached plan entries, the
+    capture-only graphs kept from plans re-pointed by a growth and the fused path's control
+    region (None, [], 0, 0: no communicator)."""
     from .entries import GRAPHS_PER_PLAN, MAX_PLANS
 
     current = pool.current if pool is not None else None
@@ -192,6 +195,7 @@ def held_memory(
         "eager_graphs": sum(len(e.graphs) for e in cached),
         "captured_graphs": kept_capturers
         + sum(getattr(e, "capturer", None) is not None for e in cached),
+        "fused_control_bytes": fused_control_bytes,
         "max_plans": MAX_PLANS,
         "graphs_per_plan": GRAPHS_PER_PLAN,
     }

@@ -566,6 +566,12 @@ std::string ErrorSink::error() const {
            " did not reach generation " + std::to_string(r->expected) + " within " + secs +
            " s (last value " + std::to_string(r->observed) + "; device " + std::to_string(r->flag) +
            " did not start this launch)";
+  } else if (r->kind == kernel::kWaitFusedTile) {
+    what = dev + ", fused GEMM + all-reduce, tile " + std::to_string(r->iteration) +
+           ": the flag of rank " + std::to_string(r->flag) + " did not reach generation " +
+           std::to_string(r->expected) + " within " + secs + " s (last value " +
+           std::to_string(r->observed) + "; rank " + std::to_string(r->flag) +
+           " did not run this launch)";
   } else {
     what = dev + (r->kind == kernel::kWaitCopy ? ", copy " : ", iteration ") +
            std::to_string(r->iteration) + ": flag " + std::to_string(r->flag) +

@@ -1,0 +1,135 @@
+// distgemm._core.FusedLauncher / fused_resident_ctas: launches of the fused GEMM + all-reduce
+// (kernel/fused_allreduce.hpp) on caller-owned tensors, ordered with the graphs that share the
+// communicator's workspace (launch_order.hpp). Pointers and streams cross as Python ints.
+//
+// A launch on a stream being captured records one kernel node into the caller's graph; its
+// timeouts go to the LaunchOrder's capture error sink (shared with the plans' captured graphs,
+// so that one missing peer ends the whole replay after one timeout). Eager launches report to
+// the launcher's own sink, read with error().
+#include <cuda_runtime_api.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "distgemm/device/check.hpp"
+#include "distgemm/kernel/fused_allreduce.hpp"
+#include "launch_order.hpp"
+
+namespace py = pybind11;
+
+namespace {
+
+using distgemm::device::ErrorSink;
+using distgemm::kernel::FusedAllReduceDesc;
+using distgemm::python::LaunchOrder;
+using distgemm::python::stream_capture;
+using distgemm::python::StreamCapture;
+
+template <class T>
+T* as(uint64_t v) {
+  return reinterpret_cast<T*>(static_cast<uintptr_t>(v));
+}
+
+class FusedLauncher {
+ public:
+  FusedLauncher(int cuda_device, std::shared_ptr<LaunchOrder> order, double timeout_s)
+      : device_(cuda_device), order_(std::move(order)) {
+    if (!order_) throw std::invalid_argument("FusedLauncher needs a LaunchOrder");
+    if (order_->device() != cuda_device)
+      throw std::invalid_argument("LaunchOrder of CUDA device " + std::to_string(order_->device()) +
+                                  " used for a launcher on CUDA device " +
+                                  std::to_string(cuda_device));
+    if (!(timeout_s > 0) || !std::isfinite(timeout_s))
+      throw std::invalid_argument("timeout_s must be positive, got " + std::to_string(timeout_s));
+    timeout_ns_ = static_cast<uint64_t>(timeout_s * 1e9);
+    py::gil_scoped_release nogil;
+    sink_ = std::make_shared<ErrorSink>(cuda_device);
+  }
+
+  void launch(uint64_t stream, const std::string& dtype, int64_t m, int64_t n, int64_t k,
+              uint64_t a, uint64_t w, uint64_t out, uint64_t bias, uint64_t c, float alpha,
+              float beta, int splits, int rank, const std::vector<uint64_t>& partial,
+              const std::vector<uint64_t>& control) {
+    if (partial.size() != control.size() || partial.empty() ||
+        partial.size() > size_t(distgemm::kernel::kMaxDevices))
+      throw std::invalid_argument("partial and control need one address per rank (1.." +
+                                  std::to_string(distgemm::kernel::kMaxDevices) + "), got " +
+                                  std::to_string(partial.size()) + " and " +
+                                  std::to_string(control.size()));
+    FusedAllReduceDesc f;
+    f.dtype = distgemm::kernel::parse_dtype(dtype);
+    f.m = m;
+    f.n = n;
+    f.k = k;
+    f.a = as<const void>(a);
+    f.lda = k;
+    f.w = as<const void>(w);
+    f.ldw = k;
+    f.out = as<void>(out);
+    f.ldo = n;
+    f.bias = as<const void>(bias);
+    f.c = as<const void>(c);
+    f.ldc = n;
+    f.alpha = alpha;
+    f.beta = beta;
+    f.splits = splits;
+    f.tp = static_cast<int>(partial.size());
+    f.rank = rank;
+    for (size_t q = 0; q < partial.size(); ++q) {
+      f.partial[q] = as<void>(partial[q]);
+      f.control[q] = as<uint32_t>(control[q]);
+    }
+    f.timeout_ns = timeout_ns_;
+    cudaStream_t s = as<CUstream_st>(stream);
+    py::gil_scoped_release nogil;
+    const StreamCapture cap = stream_capture(s);
+    const std::shared_ptr<ErrorSink> sink = cap.active ? order_->capture_errors() : sink_;
+    f.abort = sink->abort();
+    f.record = sink->record_dev();
+    DISTGEMM_CUDA_CHECK(cudaSetDevice(device_));
+    order_->before(s, cap);
+    distgemm::kernel::fused_allreduce_launch(f, device_, s);
+    order_->after(s, cap);
+  }
+
+  std::string error() const { return sink_->error(); }
+
+ private:
+  int device_;
+  std::shared_ptr<LaunchOrder> order_;
+  std::shared_ptr<ErrorSink> sink_;
+  uint64_t timeout_ns_ = 0;
+};
+
+}  // namespace
+
+void register_fused(py::module_& m) {
+  py::class_<FusedLauncher>(
+      m, "FusedLauncher",
+      "Launches of the fused GEMM + all-reduce on one device, ordered by the workspace's "
+      "LaunchOrder; eager timeouts are reported by error().")
+      .def(py::init<int, std::shared_ptr<LaunchOrder>, double>(), py::arg("cuda_device"),
+           py::arg("order"), py::arg("timeout_s"))
+      .def("launch", &FusedLauncher::launch, py::arg("stream"), py::arg("dtype"), py::arg("m"),
+           py::arg("n"), py::arg("k"), py::arg("a"), py::arg("w"), py::arg("out"), py::arg("bias"),
+           py::arg("c"), py::arg("alpha"), py::arg("beta"), py::arg("splits"), py::arg("rank"),
+           py::arg("partial"), py::arg("control"),
+           "Record one launch on `stream` (into its capture when one is in progress). "
+           "ValueError when the kernel cannot run the shapes or pointers.")
+      .def("error", &FusedLauncher::error,
+           "'' or the timeout report of an eager launch (read after synchronising).");
+  m.def(
+      "fused_resident_ctas",
+      [](const std::string& dtype, int64_t m, int device) {
+        return distgemm::kernel::fused_allreduce_resident_ctas(distgemm::kernel::parse_dtype(dtype),
+                                                               m, device);
+      },
+      py::arg("dtype"), py::arg("m"), py::arg("cuda_device"),
+      "CTAs of the fused kernel for m tokens resident at once on the device.");
+}

@@ -1,0 +1,92 @@
+// Dtype and token-tile dispatch and the boundary checks of the fused GEMM + all-reduce
+// (kernel/fused_allreduce.hpp). The instantiations live in fused_<dtype>_t<tile>.cu.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "distgemm/kernel/fused_allreduce.hpp"
+
+namespace distgemm::kernel {
+
+namespace detail {
+#define DISTGEMM_DECLARE_FUSED_ENTRY_POINTS(SUFFIX)                                    \
+  std::string fused_can_implement_##SUFFIX(const FusedAllReduceDesc& f);               \
+  void fused_launch_##SUFFIX(const FusedAllReduceDesc& f, int device, cudaStream_t s); \
+  int fused_resident_##SUFFIX(int device);
+DISTGEMM_DECLARE_FUSED_ENTRY_POINTS(bf16_t64)
+DISTGEMM_DECLARE_FUSED_ENTRY_POINTS(bf16_t256)
+DISTGEMM_DECLARE_FUSED_ENTRY_POINTS(fp16_t64)
+DISTGEMM_DECLARE_FUSED_ENTRY_POINTS(fp16_t256)
+#undef DISTGEMM_DECLARE_FUSED_ENTRY_POINTS
+
+struct FusedKernels {
+  std::string (*can_implement)(const FusedAllReduceDesc&);
+  void (*launch)(const FusedAllReduceDesc&, int, cudaStream_t);
+  int (*resident)(int);
+};
+
+FusedKernels fused_kernels(DType dtype, int64_t m) {
+  const bool small = fused_token_tile(m) == kFusedTokenTileSmall;
+  if (dtype == DType::BF16)
+    return small ? FusedKernels{fused_can_implement_bf16_t64, fused_launch_bf16_t64,
+                                fused_resident_bf16_t64}
+                 : FusedKernels{fused_can_implement_bf16_t256, fused_launch_bf16_t256,
+                                fused_resident_bf16_t256};
+  return small ? FusedKernels{fused_can_implement_fp16_t64, fused_launch_fp16_t64,
+                              fused_resident_fp16_t64}
+               : FusedKernels{fused_can_implement_fp16_t256, fused_launch_fp16_t256,
+                              fused_resident_fp16_t256};
+}
+}  // namespace detail
+
+namespace {
+
+std::string aligned(const char* name, const void* p, int64_t ld) {
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
+    return std::string(name) + ": address is not 16-byte aligned";
+  if (ld % 8 != 0)
+    return std::string(name) + ": row stride " + std::to_string(ld) +
+           " elements is not a multiple of 8 (16 bytes)";
+  return "";
+}
+
+}  // namespace
+
+std::string fused_allreduce_can_implement(const FusedAllReduceDesc& f) {
+  std::string e = fused_shape_problem(f.m, f.n, f.k, f.splits, f.tp);
+  if (!e.empty()) return e;
+  if (f.rank < 0 || f.rank >= f.tp)
+    return "rank=" + std::to_string(f.rank) + " is not in 0.." + std::to_string(f.tp - 1);
+  if (!f.a || !f.w || !f.out) return "internal: fused GEMM without a, w or out pointer";
+  for (int q = 0; q < f.tp; ++q)
+    if (!f.partial[q] || !f.control[q])
+      return "internal: no partial buffer or control region of rank " + std::to_string(q);
+  if (!f.abort || !f.record) return "internal: fused GEMM without an error sink";
+  if (f.lda < f.k || f.ldw < f.k || f.ldo < f.n || (f.c && f.ldc < f.n))
+    return "row strides lda=" + std::to_string(f.lda) + " ldw=" + std::to_string(f.ldw) +
+           " ldo=" + std::to_string(f.ldo) +
+           " must be at least the row lengths (k=" + std::to_string(f.k) +
+           ", n=" + std::to_string(f.n) + ")";
+  if (!(e = aligned("a", f.a, f.lda)).empty()) return e;
+  if (!(e = aligned("w", f.w, f.ldw)).empty()) return e;
+  if (!(e = aligned("out", f.out, f.ldo)).empty()) return e;
+  if (f.c && !(e = aligned("c", f.c, f.ldc)).empty()) return e;
+  if (f.bias && !(e = aligned("bias", f.bias, 0)).empty()) return e;
+  for (int q = 0; q < f.tp; ++q)
+    if (!(e = aligned("partial buffer", f.partial[q], 0)).empty()) return e;
+  return detail::fused_kernels(f.dtype, f.m).can_implement(f);
+}
+
+int fused_allreduce_resident_ctas(DType dtype, int64_t m, int device) {
+  return detail::fused_kernels(dtype, m).resident(device);
+}
+
+void fused_allreduce_launch(const FusedAllReduceDesc& f, int device, cudaStream_t stream) {
+  const std::string why = fused_allreduce_can_implement(f);
+  if (!why.empty()) throw std::invalid_argument("fused GEMM + all-reduce rejected: " + why);
+  detail::fused_kernels(f.dtype, f.m).launch(f, device, stream);
+}
+
+}  // namespace distgemm::kernel

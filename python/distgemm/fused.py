@@ -1,0 +1,135 @@
+"""The fused path of ``gemm_all_reduce`` (``path="fused"``, and ``"auto"`` at decode sizes): one
+kernel per rank computes its partial product into the communicator's symmetric workspace,
+signals each finished tile to every rank and sums the tiles it owns over every rank's partials,
+read over NVLink (kernel/fused_allreduce.hpp). No collective kernel, no copy engine, one kernel
+node inside a caller's CUDA graph.
+
+Where it runs: the shapes (``fused_problem``) and a K-contiguous weight (a transposed ``.t()``
+view is not read by this kernel). Its buffers: two partial buffers (by launch parity) of
+``splits x M x N`` elements in the communicator's one workspace, placed like a plan's slots, and
+one small control region per communicator (launch generation and per-tile flags), allocated at
+the first fused call and kept until ``close()``.
+
+Ordering with the plans that share the workspace: a fused launch is ordered on the device after
+this rank's previous launch (the stream, or the communicator's LaunchOrder across streams). A
+plan's launch writes the workspace only after its entry barrier, i.e. after every rank finished
+its previous launch (fused ones included); a fused launch writes only its own rank's partial
+buffer, of the parity its peers do not read (a peer is at most one launch behind)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from . import _core
+from .launch import stream_ptr, user_ptrs
+
+if TYPE_CHECKING:
+    from .comm import Communicator
+    from .entries import Entry
+    from .validation import Spec
+
+__all__ = ["fused_problem", "fused_auto", "attach_fused", "launch_fused"]
+
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def _problem_shape(spec: Spec) -> tuple[int, int, int]:
+    """This rank's (m, n, k) of a gemm_all_reduce spec: a [m, k], w [n, k]."""
+    m, k = spec.shapes["a"]
+    return int(m), int(spec.shapes["w"][0]), int(k)
+
+
+def fused_problem(spec: Spec, dtype: torch.dtype) -> str:
+    """'' when the fused kernel runs this gemm_all_reduce entry, else the reason (shapes, dtype,
+    weight layout and the build only: the same on every rank)."""
+    if spec.op != "gemm_all_reduce":
+        return f"the fused path is gemm_all_reduce's only, not {spec.op}'s"
+    if not getattr(_core, "cuda_runtime", False):
+        return "distgemm was built without the CUDA runtime"
+    if dtype not in _DTYPES:
+        return f"dtype {dtype} is not bf16 or fp16"
+    if spec.b_n_major:
+        return "the weight is a transposed view (N-contiguous); the fused kernel reads [N, K]"
+    m, n, k = _problem_shape(spec)
+    return _core.fused_shape_problem(m, n, k, 1, spec.tp)
+
+
+def fused_auto(spec: Spec, dtype: torch.dtype) -> tuple[bool, str]:
+    """Whether ``path="auto"`` runs this entry fused: decode sizes (at most
+    ``_core.FUSED_MAX_AUTO_TOKENS`` tokens) the kernel takes; with the reason in words."""
+    problem = fused_problem(spec, dtype)
+    if problem:
+        return False, problem
+    m = _problem_shape(spec)[0]
+    limit = int(_core.FUSED_MAX_AUTO_TOKENS)
+    if m > limit:
+        return False, f"M={m} tokens is above the fused path's {limit}"
+    return True, f"fused: M={m} tokens <= {limit} (decode size)"
+
+
+def attach_fused(comm: Communicator, entry: Entry) -> None:
+    """The fused entry's split-K factor and workspace layout, and the communicator's control
+    region and launcher (made at the first fused entry; collective, like plan creation)."""
+    m, n, k = _problem_shape(entry.spec)
+    dtype = _DTYPES[entry.dtype]
+    splits = _core.fused_splits(m, n, k, _core.fused_resident_ctas(dtype, m, comm.device.index))
+    part_bytes = 2 * int(_core.fused_partial_elems(m, n, splits))
+    align = int(_core.WORKSPACE_SLOT_ALIGN)
+    slots = -(-part_bytes // align) * align
+    control = comm.fused_control()  # allocates and exchanges it at the first fused entry
+    entry.fused = {
+        "m": m,
+        "n": n,
+        "k": k,
+        "dtype": dtype,
+        "splits": splits,
+        "layout": {
+            "slots_offset": 0,
+            "slots_bytes": slots,
+            "total_bytes": slots + comm.workspace_control_bytes,
+        },
+        "control": control,
+    }
+    if entry.tuning is not None:
+        entry.tuning.update(fused_splits=splits, fused_token_tile=_core.fused_token_tile(m))
+    entry.ws, entry.bases = comm.workspace_for(entry.fused["layout"])
+
+
+def launch_fused(
+    op: str, comm: Communicator, entry: Entry, tensors, out, capturing: bool = False
+) -> torch.Tensor:
+    """One fused launch on the current stream (recorded into its capture when one is in
+    progress)."""
+    f = entry.fused
+    (pa, pw, pc, po, pb), out = user_ptrs(op, entry, tensors, out, comm.device)
+    launcher = comm.fused_launcher
+    # The workspace may have grown since the entry was made (another plan): its current bases.
+    entry.ws, entry.bases = comm.workspace_for(f["layout"])
+    if capturing:
+        entry.ws.pinned = True  # callers' graphs keep reading it: never freed before close()
+    else:
+        err = launcher.error() or (entry.ws.order.capture_error() if entry.ws.pinned else "")
+        if err:
+            comm.mark_broken(err)
+            comm.raise_if_broken()
+    launcher.launch(
+        stream_ptr(comm.device),
+        f["dtype"],
+        f["m"],
+        f["n"],
+        f["k"],
+        pa,
+        pw,
+        po,
+        pb,
+        pc,
+        1.0,
+        entry.beta if pc else 0.0,
+        f["splits"],
+        comm.rank,
+        entry.bases,
+        f["control"],
+    )
+    return out

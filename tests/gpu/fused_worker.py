@@ -1,0 +1,210 @@
+"""GPU checks of gemm_all_reduce's fused path (GEMM + all-reduce in one kernel), one process per
+GPU:
+
+    torchrun --nproc-per-node 2 tests/gpu/fused_worker.py --out results.json
+
+Started by tests/gpu/test_fused.py. Sections (every rank runs all of them in the same order;
+inputs seeded, different per rank):
+
+  correctness  token counts 1..300 (token tiles 64 and 256, split-K 1..4), bf16 and fp16, with
+               and without bias and beta * c: against torch in fp32 from the same inputs
+               (relative Frobenius error < TOL) and against torch.mm + NCCL all_reduce in the
+               op's dtype (< TOL_SAME_DTYPE); the output bitwise equal on every rank; "auto"
+               runs fused at decode sizes and not above
+  capture      one fused op captured in torch.cuda.graph, replayed REPLAYS times with fresh
+               activations copied in place (new weights every 100), every replay checked;
+               eager calls and an overlapped op (which grows the workspace) interleaved with
+               replays
+  timeout      rank tp-1 never replays its captured fused op: the other ranks' replay ends
+               after wait_timeout_s with RuntimeError naming the rank and the tile, at the next
+               op call and at check(); the next replay exits at once; nobody hangs
+
+Exit code 0 when every check passed on every rank. Rank 0 writes every result to --out (JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torchrun_worker import (
+    finish,
+    rank,
+    record,
+    reference,
+    rel_err,
+    run_section,
+    same_on_all_ranks,
+)
+
+import distgemm
+from distgemm import comm as dcomm
+
+TOL = 1e-2
+TOL_SAME_DTYPE = 2e-2
+TOKENS = [1, 3, 8, 17, 64, 100, 128, 129, 200, 256, 300]
+
+
+def inputs(m, n, k, dtype, dev, seed, bias=False, beta=0.0):
+    g = torch.Generator(device="cpu").manual_seed(seed * 1000 + rank())
+    a = (torch.rand(m, k, generator=g) * 2 - 1).to(dtype).to(dev)
+    w = ((torch.rand(n, k, generator=g) * 2 - 1) / k**0.5).to(dtype).to(dev)
+    gb = torch.Generator(device="cpu").manual_seed(seed)  # bias and c: the same on every rank
+    b = (torch.rand(n, generator=gb) * 2 - 1).to(dtype).to(dev) if bias else None
+    c = (torch.rand(m, n, generator=gb) * 2 - 1).to(dtype).to(dev) if beta else None
+    return a, w, b, c
+
+
+def digest(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
+
+
+def check(name, y, a, w, b, c, beta, dtype, **extra):
+    ref32, ref_dt = reference("gemm_allreduce", a, w, b, c, beta, dtype)
+    e32, edt = rel_err(y, ref32), rel_err(y, ref_dt)
+    same = len(set(same_on_all_ranks(digest(y)))) == 1
+    record(
+        name,
+        e32 < TOL and edt < TOL_SAME_DTYPE and same,
+        rel_err_fp32=e32,
+        rel_err_same_dtype=edt,
+        identical_on_ranks=same,
+        **extra,
+    )
+
+
+def test_correctness(dev):
+    shapes = [(m, 1024, 4096) for m in TOKENS]
+    shapes += [(8, 8192, 4096), (256, 8192, 4096), (5, 4096, 14336)]
+    for i, (m, n, k) in enumerate(shapes):
+        for dtype in (torch.bfloat16, torch.float16):
+            bias, beta = i % 2 == 1, (0.5 if i % 3 == 2 else 0.0)
+            a, w, b, c = inputs(m, n, k, dtype, dev, seed=i, bias=bias, beta=beta)
+            y = distgemm.gemm_all_reduce(a, w, bias=b, c=c, beta=beta, path="fused")
+            check(f"correctness/m{m}_n{n}_k{k}/{dtype}", y, a, w, b, c, beta, dtype)
+    # "auto": fused at decode sizes only
+    for m in (8, 256, 512):
+        a, w, _, _ = inputs(m, 1024, 1024, torch.bfloat16, dev, seed=77)
+        distgemm.gemm_all_reduce(a, w)
+        chosen = [p for p in distgemm.path_choices() if p["m"] == m and p["requested"] == "auto"]
+        path = chosen[-1]["path"] if chosen else None
+        ok = path == "fused" if m <= 256 else path not in (None, "fused")
+        record(f"correctness/auto_m{m}", ok, path=path)
+    torch.cuda.synchronize()
+    distgemm.get_communicator().check()
+
+
+def test_capture(dev, replays):
+    m, n, k, dtype = 16, 8192, 4096, torch.bfloat16
+    a, w, b, _ = inputs(m, n, k, dtype, dev, seed=5, bias=True)
+    out = torch.empty(m, n, dtype=dtype, device=dev)
+    distgemm.gemm_all_reduce(a, w, bias=b, out=out, path="fused")  # entry made eagerly
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        distgemm.gemm_all_reduce(a, w, bias=b, out=out, path="fused")
+    worst, bad = 0.0, 0
+    gen = torch.Generator(device="cpu").manual_seed(99 + rank())
+    for i in range(replays):
+        a.copy_((torch.rand(m, k, generator=gen) * 2 - 1).to(dtype))
+        if i % 100 == 99:
+            w.copy_(((torch.rand(n, k, generator=gen) * 2 - 1) / k**0.5).to(dtype))
+        g.replay()
+        ref32 = reference("gemm_allreduce", a, w, b, None, 0.0, dtype)[0]
+        e = rel_err(out, ref32)
+        worst = max(worst, e)
+        bad += e >= TOL
+    record("capture/replays", bad == 0, replays=replays, worst_rel_err=worst)
+    # Eager calls, an overlapped op that grows the workspace, and replays, interleaved
+    ok, worst = True, 0.0
+    for i in range(5):
+        big_a, big_w, _, _ = inputs(2048 * (i + 1), 4096, 2048, dtype, dev, seed=200 + i)
+        distgemm.gemm_reduce_scatter(big_a, big_w, path="overlap")
+        y = distgemm.gemm_all_reduce(a, w, bias=b, path="fused")
+        ref32 = reference("gemm_allreduce", a, w, b, None, 0.0, dtype)[0]
+        worst = max(worst, rel_err(y, ref32))
+        g.replay()
+        worst = max(worst, rel_err(out, ref32))
+    ok = worst < TOL
+    record("capture/interleaved_with_growth", ok, worst_rel_err=worst)
+    torch.cuda.synchronize()
+    distgemm.get_communicator().check()
+
+
+def test_timeout(dev):
+    tp, r = dist.get_world_size(), rank()
+    wait_s = 1.0
+    c = dcomm.Communicator(wait_timeout_s=wait_s, timeout_s=60.0)
+    a, w, _, _ = inputs(8, 1024, 1024, torch.bfloat16, dev, seed=3)
+    distgemm.gemm_all_reduce(a, w, path="fused", group=c)
+    c.check()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        distgemm.gemm_all_reduce(a, w, path="fused", group=c)
+    dist.barrier()
+    if r != tp - 1:
+        t0 = time.perf_counter()
+        g.replay()
+        torch.cuda.synchronize()
+        waited = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        g.replay()
+        torch.cuda.synchronize()
+        aborted_replay = time.perf_counter() - t1
+        where = "fused GEMM + all-reduce, tile"
+        msgs = {}
+        for how, fn in (
+            ("next_op_call", lambda: distgemm.gemm_all_reduce(a, w, path="fused", group=c)),
+            ("check", c.check),
+        ):
+            try:
+                fn()
+                msgs[how] = None
+            except RuntimeError as ex:
+                msgs[how] = str(ex)
+        ok = (
+            msgs["check"] is not None
+            and where in msgs["check"]
+            and f"rank {tp - 1}" in msgs["check"]
+            and msgs["next_op_call"] is not None
+            and waited < 4 * wait_s + 2
+            and aborted_replay < wait_s / 2
+        )
+        record(
+            "timeout/peer_never_replays",
+            ok,
+            replay_seconds=waited,
+            aborted_replay_seconds=aborted_replay,
+            **msgs,
+        )
+    dist.barrier()
+    c.close()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="fused_results.json")
+    ap.add_argument("--replays", type=int, default=1000)
+    ap.add_argument("--sections", default="correctness,capture,timeout")
+    args = ap.parse_args()
+    local = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+    torch.cuda.set_device(local)
+    dev = torch.device("cuda", local)
+    dist.init_process_group("nccl", device_id=dev, timeout=datetime.timedelta(seconds=120))
+    sections = {
+        "correctness": lambda: test_correctness(dev),
+        "capture": lambda: test_capture(dev, args.replays),
+        "timeout": lambda: test_timeout(dev),
+    }
+    for sec in [x for x in args.sections.split(",") if x]:
+        run_section(sec, sections[sec])
+    finish(args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""gemm_all_reduce's fused path (GEMM + all-reduce in one kernel) on the GPUs under torchrun, at
+TP = every visible GPU (DISTGEMM_TEST_TP sets another); tests/gpu/fused_worker.py does the work:
+
+    python3 -m pytest -q -rs tests/gpu/test_fused.py
+
+Decides by the worker's exit code and the results it writes (JSON), never by grepping output.
+Skips, with the reason, without 2 Hopper GPUs or without distgemm's CUDA runtime.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from gpu_requirements import ENV, skip_reason, torchrun_cmd  # noqa: E402
+
+HERE = pathlib.Path(__file__).resolve().parent
+_GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+TP = int(os.environ.get("DISTGEMM_TEST_TP", str(max(_GPUS, 2))))
+_SKIP = skip_reason(TP, " (every visible GPU; DISTGEMM_TEST_TP)")
+REPLAYS = 1000
+
+pytestmark = pytest.mark.skipif(_SKIP is not None, reason=str(_SKIP))
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fused") / "fused.json"
+    cmd = torchrun_cmd(HERE / "fused_worker.py", TP, out, "--replays", str(REPLAYS))
+    try:
+        proc = subprocess.run(
+            cmd, env={**os.environ, **ENV}, capture_output=True, text=True, timeout=600
+        )
+        rc, err = proc.returncode, proc.stderr
+    except subprocess.TimeoutExpired as e:  # a hang is a failure with the log, not a stuck run
+        rc, err = -9, f"{e.stderr!r}\ntorchrun killed after 600 s"
+    data = json.loads(out.read_text()) if out.exists() else None
+    assert data is not None, f"worker wrote no results (rc={rc}):\n{err[-4000:]}"
+    return rc, err, data
+
+
+def named(data, prefix):
+    return [e for e in data["results"] if e["name"].startswith(prefix)]
+
+
+def test_every_check_passed_on_every_rank(results):
+    rc, err, data = results
+    bad = [e for e in data["results"] if not e["ok"]]
+    assert rc == 0 and data["failed"] == 0 and not bad, (
+        f"rc={rc}, failed checks:\n" + "\n".join(json.dumps(e) for e in bad[:20]) + err[-3000:]
+    )
+
+
+def test_every_token_count_and_dtype_matched_torch_on_every_rank(results):
+    _, _, data = results
+    got = [e for e in named(data, "correctness/m") if e["ok"]]
+    assert len(got) == 2 * 14 * TP, f"{len(got)} passing checks of {2 * 14 * TP}"
+    assert all(e["identical_on_ranks"] for e in got)
+
+
+def test_auto_runs_fused_at_decode_sizes_only(results):
+    _, _, data = results
+    for m, want in ((8, "fused"), (256, "fused")):
+        got = named(data, f"correctness/auto_m{m}")
+        assert got and all(e["ok"] and e["path"] == want for e in got)
+    got = named(data, "correctness/auto_m512")
+    assert got and all(e["ok"] and e["path"] != "fused" for e in got)
+
+
+def test_a_thousand_replays_and_interleaving(results):
+    _, _, data = results
+    replays = named(data, "capture/replays")
+    assert len(replays) == TP and all(e["ok"] and e["replays"] == REPLAYS for e in replays)
+    inter = named(data, "capture/interleaved_with_growth")
+    assert len(inter) == TP and all(e["ok"] for e in inter)
+
+
+def test_missing_peer_ends_in_timeout_error(results):
+    _, _, data = results
+    got = named(data, "timeout/")
+    assert len(got) == TP - 1 and all(e["ok"] for e in got)

@@ -1,0 +1,108 @@
+"""CPU checks of gemm_all_reduce's fused path without a GPU: the kernel's host-only rules (token
+tile, split-K factor, buffer sizes, the shape check, from C++ through _core), the path choice
+(``path="fused"`` requested, ``"auto"`` at decode sizes, the reasons it is not taken) and the
+path argument's validation. The GPU runs it in tests/gpu/test_fused.py."""
+
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from distgemm import _core, autopath, fused, ops, validation  # noqa: E402
+
+NO_GROUP = types.SimpleNamespace(group=None)
+
+
+def _spec(tokens, n=8192, k_local=4096, tp=2, transposed=False):
+    a = torch.empty(tokens, k_local, device="meta", dtype=torch.bfloat16)
+    w = torch.empty(n, k_local, device="meta", dtype=torch.bfloat16)
+    if transposed:
+        w = torch.empty(k_local, n, device="meta", dtype=torch.bfloat16).t()
+    return ops.make_spec("gemm_all_reduce", "gemm_allreduce", tp, 0, None, a, w)
+
+
+def test_token_tile_is_narrow_up_to_128_tokens_and_wide_above():
+    assert [_core.fused_token_tile(m) for m in (1, 64, 128, 129, 256, 4096)] == [
+        64,
+        64,
+        64,
+        256,
+        256,
+        256,
+    ]
+
+
+@pytest.mark.parametrize(
+    "m,n,k,resident,splits",
+    [
+        (8, 8192, 4096, 132, 2),  # 70B O: 64 tiles -> 128 CTAs
+        (8, 8192, 14336, 132, 2),  # 70B FC2
+        (8, 16384, 8192, 132, 1),  # 405B O: 128 tiles fill the GPU already
+        (8, 1024, 4096, 132, 4),  # 8 tiles: the most splits there are
+        (8, 1024, 192, 132, 3),  # 192 = 3 x 64: four splits would not be whole k-blocks
+        (256, 8192, 4096, 132, 2),  # the wide token tile: 64 tiles
+        (200, 8192, 4096, 100, 1),  # fewer resident CTAs than two splits need
+    ],
+)
+def test_splits_fill_the_resident_ctas_with_whole_k_blocks(m, n, k, resident, splits):
+    assert _core.fused_splits(m, n, k, resident) == splits
+    assert _core.fused_shape_problem(m, n, k, splits, 2) == ""
+
+
+def test_partial_buffers_hold_two_parities_of_every_split():
+    assert _core.fused_partial_elems(8, 8192, 2) == 2 * 2 * 8 * 8192
+    assert _core.FUSED_CONTROL_BYTES == 128 + 4 * _core.FUSED_MAX_TILES * _core.MAX_TP
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        ((8, 1020, 4096, 1, 2), "n=1020 and k=4096 must be multiples of 8"),
+        ((0, 1024, 4096, 1, 2), "m, n, k must be >= 1, got m=0"),
+        ((8, 1024, 4096, 5, 2), "splits=5 must be in 1..4"),
+        ((8, 1024, 4096, 1, 99), "tp=99 is not in 1.."),
+        ((100000, 65536, 4096, 1, 2), "more than the 4096 flags"),
+    ],
+)
+def test_shape_problems_name_the_constraint_and_the_values(args, needle):
+    assert needle in _core.fused_shape_problem(*args)
+
+
+def test_auto_runs_fused_at_decode_sizes_where_the_kernel_takes_the_call(monkeypatch):
+    monkeypatch.setattr(_core, "cuda_runtime", True, raising=False)
+    monkeypatch.setattr(autopath, "collective_unavailable", lambda group: None)
+    limit = int(_core.FUSED_MAX_AUTO_TOKENS)
+    for tokens in (1, 8, limit):
+        path, info = autopath.decide_path(_spec(tokens), "auto", NO_GROUP, torch.bfloat16)
+        assert path == "fused"
+        assert info["why"] == f"fused: M={tokens} tokens <= {limit} (decode size)"
+    path, _ = autopath.decide_path(_spec(2 * limit), "auto", NO_GROUP, torch.bfloat16)
+    assert path != "fused"
+    # a transposed weight view, or a dtype the kernel has not: the other paths
+    path, _ = autopath.decide_path(_spec(8, transposed=True), "auto", NO_GROUP, torch.bfloat16)
+    assert path != "fused"
+    path, _ = autopath.decide_path(_spec(8), "auto", NO_GROUP, torch.float32)
+    assert path != "fused"
+
+
+def test_requested_fused_raises_with_the_reason_where_it_cannot_run(monkeypatch):
+    monkeypatch.setattr(_core, "cuda_runtime", True, raising=False)
+    path, info = autopath.decide_path(_spec(8), "fused", NO_GROUP, torch.bfloat16)
+    assert (path, info["source"]) == ("fused", "requested")
+    with pytest.raises(ValueError, match="transposed view"):
+        autopath.decide_path(_spec(8, transposed=True), "fused", NO_GROUP, torch.bfloat16)
+    monkeypatch.setattr(_core, "cuda_runtime", False, raising=False)
+    with pytest.raises(ValueError, match="built without the CUDA runtime"):
+        autopath.decide_path(_spec(8), "fused", NO_GROUP, torch.bfloat16)
+    assert "built without" in fused.fused_problem(_spec(8), torch.bfloat16)
+
+
+def test_fused_is_a_path_of_gemm_all_reduce_only(monkeypatch):
+    assert validation.check_path("gemm_all_reduce", "fused") == "fused"
+    with pytest.raises(ValueError, match="path='fused' is only for gemm_all_reduce"):
+        validation.check_path("all_gather_gemm", "fused")
+    # set for the whole job (DISTGEMM_PATH=fused), the other ops keep "auto"
+    monkeypatch.setattr(validation, "DEFAULT_PATH", "fused")
+    assert validation.check_path("gemm_reduce_scatter", None) == "auto"
+    assert validation.check_path("gemm_all_reduce", None) == "fused"
