@@ -301,6 +301,7 @@ def fake_comm(tp=2, rank=0, peer_errors=None, ctl=None):
     c._core = types.SimpleNamespace(IpcWorkspace=FakeIpcWorkspace, WORKSPACE_SLOT_ALIGN=ALIGN)
     c.plans = entries.PlanCache()
     c._kept_capturers, c._retired_graphs = [], []
+    c._fused_control, c._fused_launcher = None, None
     c._synchronize = lambda: FakeIpcWorkspace.log.append(("synchronize",))
     if ctl is not None:
         c._ctl = ctl
