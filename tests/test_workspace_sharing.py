@@ -467,6 +467,7 @@ def test_memory_stats_counts_plans_and_graphs_and_states_the_bounds():
         "plans": 3,
         "eager_graphs": 4,
         "captured_graphs": 1,
+        "fused_control_bytes": 0,  # no fused entry: its control region is not allocated
         "max_plans": entries.MAX_PLANS,
         "graphs_per_plan": entries.GRAPHS_PER_PLAN,
     }
