@@ -58,17 +58,24 @@ def _gemm(a, b, d, m, n, k, **kw):
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("m,n,k", [(1000, 1032, 520), (256, 4096, 2048), (4096, 8192, 1024)])
-@pytest.mark.parametrize("tile", [0, 128, 256])
-def test_gemm_matches_torch_mm(m, n, k, tile):
+def _run_checked(m, n, k, **kw):
+    """(the tile width gemm() ran with, its relative error against torch.mm) on fresh operands;
+    D starts as NaN, so that a tile the kernel skips shows."""
     a, w = _operands(m, n, k)
     ref = torch.mm(a, w.t())
     d = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    ran = _gemm(a, w, d, m, n, k, tile_n=tile)
+    ran = _gemm(a, w, d, m, n, k, **kw)
     torch.cuda.synchronize()
+    return ran, _rel_err(d, ref)
+
+
+@pytest.mark.parametrize("m,n,k", [(1000, 1032, 520), (256, 4096, 2048), (4096, 8192, 1024)])
+@pytest.mark.parametrize("tile", [0, 128, 256])
+def test_gemm_matches_torch_mm(m, n, k, tile):
+    ran, err = _run_checked(m, n, k, tile_n=tile)
     model = _core.gemm_config_table()[_device_choice(m, n)]["tile_n"]
     assert ran == (tile or model)
-    assert _rel_err(d, ref) < TOL
+    assert err < TOL
 
 
 # (m, n, k): partial tiles in m and n; decode (M=8: one M tile, padded to two by a 2x1
@@ -86,13 +93,9 @@ CONFIG_SHAPES = [
 @pytest.mark.parametrize("m,n,k", CONFIG_SHAPES)
 @pytest.mark.parametrize("config", _core.gemm_config_names("bf16"))
 def test_every_config_matches_torch_mm(m, n, k, config):
-    a, w = _operands(m, n, k)
-    ref = torch.mm(a, w.t())
-    d = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    ran = _gemm(a, w, d, m, n, k, config=config)
-    torch.cuda.synchronize()
+    ran, err = _run_checked(m, n, k, config=config)
     assert ran == _core.gemm_config_table()[config]["tile_n"]
-    assert _rel_err(d, ref) < TOL, config
+    assert err < TOL, config
 
 
 @pytest.mark.parametrize("config", ["auto", *_core.gemm_config_names("fp16")])
@@ -115,11 +118,8 @@ def test_auto_runs_the_models_choice(m, n, k):
     want = _device_choice(m, n)
     assert _core.gemm_resolve_config(m, n, cuda_device=0) == want
     assert _core.gemm_resolve_config(m, n, tile_n=128, cuda_device=0) == "128x128"
-    a, w = _operands(m, n, k)
-    d = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
-    assert _gemm(a, w, d, m, n, k) == _core.gemm_config_table()[want]["tile_n"]
-    torch.cuda.synchronize()
-    assert _rel_err(d, torch.mm(a, w.t())) < TOL
+    ran, err = _run_checked(m, n, k)
+    assert ran == _core.gemm_config_table()[want]["tile_n"] and err < TOL
 
 
 def test_decode_avoids_the_cluster_padding():
