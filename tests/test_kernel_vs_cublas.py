@@ -149,7 +149,8 @@ def test_time_below_compute_floor_is_flagged():
     assert rep.below_floor(rec) == [N256, "torch_window0"]
     assert "MEASUREMENT BUG m=8192" in rep.summary([rec])
     assert "BELOW FLOOR" in rep.format_table([rec])
-    assert rep.below_floor(_rec(m=m, n=n, k=k, torch_ms=1.5, n128=1.6, n256=1.2, c1=1.6)) == []
+    fine = _rec(m=m, n=n, k=k, torch_ms=1.5, n128=1.6, n256=1.2, c1=1.6, m256=1.2)
+    assert rep.below_floor(fine) == []
 
 
 def test_table_csv_json_png_and_replot(tmp_path, capsys):
@@ -202,7 +203,7 @@ def test_replot_reads_runs_stored_with_two_tiles(tmp_path, capsys):
     assert (rows[0]["model_config"], rows[0]["fastest_config"]) == (N256, N128)
     assert (rows[0]["ms_128x256"], rows[0]["ms_128x128"], rows[0]["ms_256x128"]) == (
         "1.1000", "0.9000", "")  # fmt: skip
-    assert rows[0]["ratio"] == "1.1000" and rows[0]["err_128x128"] == "0.003000"
+    assert rows[0]["ratio"] == "1.1000" and rows[0]["err_128x128"] == "0.003"
 
 
 def test_plot_skips_without_measured_shapes(tmp_path):

@@ -141,6 +141,8 @@ def test_new_configs_replay_in_a_cuda_graph():
         c: torch.zeros((m, n), device="cuda", dtype=torch.bfloat16)
         for c in ("128x128c1", "256x128")
     }
+    for c in outs:  # per-device kernel setup (shared-memory limit) before the capture
+        _core.gemm_resident_ctas("bf16", cuda_device=torch.cuda.current_device(), config=c)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for c, d in outs.items():
