@@ -1,12 +1,14 @@
-"""Kernel-vs-cuBLAS reporting: per-shape ratios, the tile the wave model chose against the
-fastest one, times below the compute floor, the acceptance line, the table, CSV, JSON and plot,
-and --replot of stored runs. Pure (no torch, no GPU): records in, text and files out;
+"""Kernel-vs-cuBLAS reporting: per-shape ratios, the kernel configuration the model chose against
+the fastest one, times below the compute floor, the acceptance line, the table, CSV, JSON and
+plot, and --replot of stored runs. Pure (no torch, no GPU): records in, text and files out;
 benchmarks/kernel_vs_cublas.py is the GPU part.
 
 A record is one shape: {"m", "n", "k", "local", "sources": [{model, layer, tokens, tp,
-steps}], "status": "ok" | "failed", "reason", "model_tile": the tile gemm() ran with tile_n=0 on
-the device, "ms": {"torch", "n128", "n256"}, "torch_windows": [ms, ms] (A B A: torch.mm timed
-before and after the kernel), "err": {"n128", "n256"}}."""
+steps}], "status": "ok" | "failed", "reason", "model_config": the configuration gemm() ran with
+config 'auto' on the device, "configs": [the configurations timed], "ms": {"torch", one per
+configuration}, "torch_windows": [ms, ms] (A B A: torch.mm timed before and after the kernel),
+"err": {one per configuration}}. Runs stored before configurations existed ("model_tile" 128 or
+256, "ms" keys "n128"/"n256") are read through ``normalize``."""
 
 from __future__ import annotations
 
@@ -19,8 +21,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from benchmarks.sweep_report import _num  # the sweep's number format: CSV cells alike
+from distgemm import _core
 
-TILES = (256, 128)
+# Every bf16 configuration of the kernel, the default first (the CSV has a column for each).
+CONFIGS = tuple(_core.gemm_config_names("bf16"))
+# The names of the two tile widths of runs stored before configurations existed.
+LEGACY_TILES = {"n256": "128x256", "n128": "128x128", 256: "128x256", 128: "128x128"}
 # The issue's acceptance: distgemm's kernel (the wave model's tile) at most 1.01x torch.mm's
 # time on every local GEMM shape of the sweep.
 ACCEPT_RATIO = 1.01
@@ -35,31 +41,50 @@ def floor_ms(m: int, n: int, k: int, peak_tflops: float = PEAK_TFLOPS) -> float:
     return 2.0 * m * n * k / (peak_tflops * 1e12) * 1e3
 
 
+def normalize(rec: dict[str, Any]) -> dict[str, Any]:
+    """``rec`` in the configuration format: a record with "model_tile" and "n128"/"n256" times
+    gets "model_config", "configs" and times under the configuration names."""
+    if "model_config" in rec or "model_tile" not in rec:
+        return rec
+    out = {k: v for k, v in rec.items() if k != "model_tile"}
+    out["model_config"] = LEGACY_TILES.get(rec["model_tile"])
+    out["ms"] = {LEGACY_TILES.get(k, k): v for k, v in rec.get("ms", {}).items()}
+    out["err"] = {LEGACY_TILES.get(k, k): v for k, v in rec.get("err", {}).items()}
+    out["configs"] = [LEGACY_TILES[t] for t in ("n256", "n128")]
+    return out
+
+
+def configs_of(rec: dict[str, Any]) -> list[str]:
+    """The configurations a record times (every configuration for a record without the list)."""
+    return list(rec.get("configs") or CONFIGS)
+
+
 def below_floor(rec: dict[str, Any]) -> list[str]:
-    """The timings of ``rec`` (torch, n128, n256, each torch window) under the compute floor."""
+    """The timings of ``rec`` (torch, each configuration, each torch window) under the compute
+    floor."""
     bound = floor_ms(rec["m"], rec["n"], rec["k"])
     ms = rec.get("ms", {})
-    out = [v for v in ("torch", *(f"n{t}" for t in TILES)) if ms.get(v) and ms[v] < bound]
+    out = [v for v in ("torch", *configs_of(rec)) if ms.get(v) and ms[v] < bound]
     out += [f"torch_window{i}" for i, t in enumerate(rec.get("torch_windows") or []) if t < bound]
     return out
 
 
 def derived(rec: dict[str, Any]) -> dict[str, Any]:
-    """ours_ms (the wave model's tile), the fastest tile, ratios to torch.mm, the model's loss
-    against the fastest tile, the torch.mm drift between its two windows, TF/s and the floor
-    flags; None where a time is missing."""
+    """ours_ms (the model's configuration), the fastest configuration, ratios to torch.mm, the
+    model's loss against the fastest, the torch.mm drift between its two windows, TF/s and the
+    floor flags; None where a time is missing (the fastest needs every configuration timed)."""
     ms = rec.get("ms", {})
     torch_ms = ms.get("torch")
-    tiles = {t: ms.get(f"n{t}") for t in TILES}
-    timed = {t: v for t, v in tiles.items() if v}
-    model = rec.get("model_tile")
-    ours = tiles.get(model) if model else None
-    fastest = min(timed, key=timed.get) if len(timed) == len(TILES) else None
+    configs = configs_of(rec)
+    timed = {c: ms[c] for c in configs if ms.get(c)}
+    model = rec.get("model_config")
+    ours = ms.get(model) if model else None
+    fastest = min(timed, key=timed.get) if timed and len(timed) == len(configs) else None
     best = timed[fastest] if fastest else None
     win = rec.get("torch_windows") or []
     return dict(
         ours_ms=ours,
-        fastest_tile=fastest,
+        fastest_config=fastest,
         ratio=(ours / torch_ms) if (ours and torch_ms) else None,
         ratio_fastest=(best / torch_ms) if (best and torch_ms) else None,
         model_loss=(ours / best - 1.0) if (ours and best) else None,
@@ -105,9 +130,12 @@ def flags(rec: dict[str, Any]) -> str:
 
 
 CSV_FIELDS = (
-    "m", "n", "k", "local", "status", "torch_ms", "ours_ms", "n128_ms", "n256_ms", "ratio",
-    "ratio_fastest", "model_tile", "fastest_tile", "model_loss", "torch_drift", "tflops_torch",
-    "tflops_ours", "floor_ms", "err_n128", "err_n256", "accepted", "flags", "sources",
+    "m", "n", "k", "local", "status", "torch_ms", "ours_ms",
+    *(f"ms_{c}" for c in CONFIGS),
+    "ratio", "ratio_fastest", "model_config", "fastest_config", "model_loss", "torch_drift",
+    "tflops_torch", "tflops_ours", "floor_ms",
+    *(f"err_{c}" for c in CONFIGS),
+    "accepted", "flags", "sources",
 )  # fmt: skip
 
 
@@ -123,19 +151,17 @@ def csv_row(rec: dict[str, Any]) -> dict[str, str]:
         status=rec.get("status", ""),
         torch_ms=_num(ms.get("torch")),
         ours_ms=_num(d["ours_ms"]),
-        n128_ms=_num(ms.get("n128")),
-        n256_ms=_num(ms.get("n256")),
+        **{f"ms_{c}": _num(ms.get(c)) for c in CONFIGS},
         ratio=_num(d["ratio"]),
         ratio_fastest=_num(d["ratio_fastest"]),
-        model_tile=str(rec.get("model_tile") or ""),
-        fastest_tile=str(d["fastest_tile"] or ""),
+        model_config=str(rec.get("model_config") or ""),
+        fastest_config=str(d["fastest_config"] or ""),
         model_loss=_num(d["model_loss"]),
         torch_drift=_num(d["torch_drift"]),
         tflops_torch=_num(d["tflops_torch"], 1),
         tflops_ours=_num(d["tflops_ours"], 1),
         floor_ms=_num(d["floor_ms"]),
-        err_n128=_num(err.get("n128"), 6),
-        err_n256=_num(err.get("n256"), 6),
+        **{f"err_{c}": _num(err.get(c), 6) for c in CONFIGS},
         accepted="" if ok is None else ("yes" if ok else "no"),
         flags=flags(rec),
         sources=";".join(source_names(rec)),
@@ -159,11 +185,13 @@ def fmt_ratio(x: float | None) -> str:
 
 
 def format_table(records: Sequence[dict[str, Any]]) -> str:
-    """One line per shape: extents, torch.mm and our times, ratios, model and fastest tile,
-    acceptance mark (local shapes), flags and where the shape comes from."""
+    """One line per shape: extents, torch.mm and our times (the model's configuration, then
+    each configuration), ratios, model and fastest configuration, acceptance mark (local
+    shapes), flags and where the shape comes from."""
     head = (
-        f"{'m':>6} {'n':>6} {'k':>6} {'local':>5} {'torch ms':>9} {'ours ms':>9} {'128 ms':>9} "
-        f"{'256 ms':>9} {'ours/t':>7} {'best/t':>7} {'model':>5} {'best':>4} {'acc':>4}  source"
+        f"{'m':>6} {'n':>6} {'k':>6} {'local':>5} {'torch ms':>9} {'ours ms':>9} "
+        + "".join(f"{c:>10} " for c in CONFIGS)
+        + f"{'ours/t':>7} {'best/t':>7} {'model':>9} {'best':>9} {'acc':>4}  source"
     )
     lines = [head, "-" * len(head)]
     for r in records:
@@ -174,9 +202,9 @@ def format_table(records: Sequence[dict[str, Any]]) -> str:
         line = (
             f"{r['m']:>6} {r['n']:>6} {r['k']:>6} {'yes' if r.get('local') else 'no':>5} "
             f"{fmt_ms(ms.get('torch')):>9} {fmt_ms(d['ours_ms']):>9} "
-            f"{fmt_ms(ms.get('n128')):>9} {fmt_ms(ms.get('n256')):>9} "
-            f"{fmt_ratio(d['ratio']):>7} {fmt_ratio(d['ratio_fastest']):>7} "
-            f"{r.get('model_tile') or '-':>5} {d['fastest_tile'] or '-':>4} "
+            + "".join(f"{fmt_ms(ms.get(c)):>10} " for c in CONFIGS)
+            + f"{fmt_ratio(d['ratio']):>7} {fmt_ratio(d['ratio_fastest']):>7} "
+            f"{r.get('model_config') or '-':>9} {d['fastest_config'] or '-':>9} "
             f"{'' if ok is None else ('ok' if ok else 'FAIL'):>4}  {src}"
         )
         why = flags(r)
@@ -186,7 +214,8 @@ def format_table(records: Sequence[dict[str, Any]]) -> str:
 
 def summary(records: Sequence[dict[str, Any]]) -> str:
     """The acceptance line (ours <= ACCEPT_RATIO x torch.mm on every local GEMM shape), the
-    worst local shapes, the wave model's record against the fastest tile, and the flags."""
+    worst local shapes, the model's record against the fastest configuration (and how often each
+    configuration was fastest), and the flags."""
     local = [r for r in records if r.get("local")]
     verdicts = [accepted(r) for r in local]
     passed = sum(1 for v in verdicts if v)
@@ -203,7 +232,7 @@ def summary(records: Sequence[dict[str, Any]]) -> str:
     for r in ranked[:5]:
         d = derived(r)
         lines.append(
-            f"  ours/torch {d['ratio']:.3f} (fastest tile {d['ratio_fastest']:.3f}) at "
+            f"  ours/torch {d['ratio']:.3f} (fastest config {d['ratio_fastest']:.3f}) at "
             f"m={r['m']} n={r['n']} k={r['k']}: {source_names(r)[0]}"
         )
     judged = [derived(r) for r in records if derived(r)["model_right"] is not None]
@@ -211,8 +240,15 @@ def summary(records: Sequence[dict[str, Any]]) -> str:
     if judged:
         worst = max((d["model_loss"] for d in wrong), default=0.0)
         lines.append(
-            f"wave model picked the fastest tile on {len(judged) - len(wrong)} of {len(judged)} "
+            f"model picked the fastest config on {len(judged) - len(wrong)} of {len(judged)} "
             f"shapes; where not, the fastest is up to {worst * 100:.1f}% faster"
+        )
+        wins: dict[str, int] = {}
+        for d in judged:
+            wins[d["fastest_config"]] = wins.get(d["fastest_config"], 0) + 1
+        lines.append(
+            "fastest config: "
+            + ", ".join(f"{c} on {wins[c]}" for c in sorted(wins, key=lambda c: -wins[c]))
         )
     for r in flagged:
         bad = ", ".join(derived(r)["below_floor"])
@@ -236,9 +272,9 @@ def _span(values: Sequence[float]) -> tuple[float, float]:
 
 
 def plot(records: Sequence[dict[str, Any]], path: str, title: str = "") -> str | None:
-    """Top: ours/torch.mm per shape (the model's tile, and the fastest tile), the acceptance
-    line; bottom: 128x128 time / 128x256 time with the model's choice. PNG; returns None when
-    written, else why not (matplotlib missing, nothing measured)."""
+    """Top: ours/torch.mm per shape (the model's configuration, and the fastest one), the
+    acceptance line; bottom: each configuration's time / torch.mm's, the model's choice marked.
+    PNG; returns None when written, else why not (matplotlib missing, nothing measured)."""
     try:
         import matplotlib
 
@@ -263,28 +299,29 @@ def plot(records: Sequence[dict[str, Any]], path: str, title: str = "") -> str |
     axes[0].axhline(1.0, color="k", lw=0.8)
     accept = axes[0].axhline(ACCEPT_RATIO, color="tab:red", lw=0.8, ls=":")
     handles = [
-        Patch(color="tab:blue", label="local GEMM (model's tile)"),
-        Patch(color="tab:gray", label="step only (model's tile)"),
+        Patch(color="tab:blue", label="local GEMM (model's config)"),
+        Patch(color="tab:gray", label="step only (model's config)"),
         fastest,
         accept,
     ]
-    labels = [h.get_label() for h in handles[:2]] + ["fastest tile", f"{ACCEPT_RATIO}x"]
+    labels = [h.get_label() for h in handles[:2]] + ["fastest config", f"{ACCEPT_RATIO}x"]
     axes[0].legend(handles, labels, fontsize=8)
     axes[0].set_ylabel("distgemm kernel / torch.mm (time)")
     axes[0].set_ylim(*_span([d["ratio"] for d in ds] + [d["ratio_fastest"] for d in ds]))
-    rel = [r["ms"]["n128"] / r["ms"]["n256"] for r in ok]
-    tile_colors = ["tab:orange" if r.get("model_tile") == 128 else "tab:green" for r in ok]
-    axes[1].bar(xs, rel, 0.8, color=tile_colors)
-    axes[1].legend(
-        handles=[
-            Patch(color="tab:orange", label="model chose 128x128"),
-            Patch(color="tab:green", label="model chose 128x256"),
-        ],
-        fontsize=8,
-    )
+    markers = "osD^v<>"
+    rel_all: list[float] = []
+    for ci, c in enumerate(CONFIGS):
+        pts = [(x, r["ms"][c] / r["ms"]["torch"]) for x, r in zip(xs, ok) if r["ms"].get(c)]
+        if not pts:
+            continue
+        rel_all += [y for _, y in pts]
+        axes[1].plot(*zip(*pts), markers[ci % len(markers)], ms=4, ls="", label=c)
+    chosen = [(x, d["ratio"]) for x, d in zip(xs, ds)]
+    axes[1].plot(*zip(*chosen), "k+", ms=9, ls="", label="model's choice")
+    axes[1].legend(fontsize=7, ncol=len(CONFIGS) + 1)
     axes[1].axhline(1.0, color="k", lw=0.8)
-    axes[1].set_ylim(*_span(rel))
-    axes[1].set_ylabel("time 128x128 / time 128x256\n(< 1: 128x128 faster)")
+    axes[1].set_ylim(*_span(rel_all or [1.0]))
+    axes[1].set_ylabel("config time / torch.mm\n(< 1: faster than torch.mm)")
     axes[1].set_xticks(xs)
     axes[1].set_xticklabels(
         [f"{r['m']}x{r['n']}x{r['k']}" for r in ok], rotation=90, fontsize=6, family="monospace"
@@ -332,7 +369,9 @@ def replot(paths: Sequence[str], out_dir: str, stem: str | None = None) -> int:
             runs.append(json.load(f))
     keep = ("derived", "accepted")
     records = [
-        {k: v for k, v in r.items() if k not in keep} for run in runs for r in run["records"]
+        normalize({k: v for k, v in r.items() if k not in keep})
+        for run in runs
+        for r in run["records"]
     ]
     meta = runs[0]["meta"] if len(runs) == 1 else dict(parts=[run["meta"] for run in runs])
     stem = os.path.join(out_dir, stem or os.path.basename(paths[0])[: -len(".json")])

@@ -1,8 +1,10 @@
 """distgemm's own GEMM kernel against torch.mm (cuBLAS) on one GPU, on every distinct local GEMM
-and per-step sub-GEMM shape of the Llama sweep, with both output tiles and the wave model's pick.
+and per-step sub-GEMM shape of the Llama sweep, with every kernel configuration and the model's
+pick.
 
     python3 benchmarks/kernel_vs_cublas.py [--models 70B,405B] [--tp 2] [--tokens 4096,8192]
-        [--layers O,FC2] [--local-only] [--skip N] [--limit N] [--budget-s S] [--out DIR]
+        [--layers O,FC2] [--local-only] [--skip N] [--limit N] [--budget-s S]
+        [--configs 128x256,128x128c1] [--out DIR]
     python3 benchmarks/kernel_vs_cublas.py --tp 2 --dry-run     # the shapes, no GPU
     python3 benchmarks/kernel_vs_cublas.py --replot RUN.json [MORE.json] --out DIR   # no GPU
 
@@ -10,11 +12,13 @@ Shapes (benchmarks/kernel_shapes.py): models 8B/70B/405B x QKV/O/FC1/FC2 x the s
 counts x TP 1, 2, 4, 8, each case's local GEMM (the sweep's compute floor) and every sub-GEMM of
 its S = TP and 2*TP plans, deduplicated, local GEMMs first. Per shape, on the current CUDA
 device: fresh uniform random bf16 operands A[m, k] in [-1, 1) and B[n, k] scaled by 1/sqrt(k)
-(the same tensors for every variant); distgemm's kernel (``_core.gemm``) with tile_n 0 (the wave
-model's pick, recorded), 256 and 128, each checked against torch.mm (relative error < 1e-2);
-then steady-state timing as the sweep does (benchmarks/gpu_timing.time_variant): torch.mm with
-the long warm-up, the two tiles (their order alternating from shape to shape), torch.mm again
-(A B A: its time is the mean of both windows, their spread is reported as drift). Each timed
+(the same tensors for every variant); distgemm's kernel (``_core.gemm``) in every bf16
+configuration (``_core.gemm_config_names``; --configs restricts the list, the model's pick is
+always timed), the model's pick on this device recorded (``_core.gemm_resolve_config``), each
+checked against torch.mm (relative error < 1e-2); then steady-state timing as the sweep does
+(benchmarks/gpu_timing.time_variant): torch.mm with the long warm-up, the configurations (their
+order reversed from shape to shape), torch.mm again (A B A: its time is the mean of both
+windows, their spread is reported as drift). Each timed
 call replays a CUDA graph of ``calls`` back-to-back GEMMs (enough for ~0.1 ms, so that host
 launch overhead does not decide small shapes; --eager times single eager calls); the ms
 reported are per GEMM. Output: a line per shape as it finishes, then the table, the acceptance
@@ -54,12 +58,20 @@ REPLAY_TARGET_MS = 0.1
 MAX_CALLS = 64
 # Seconds per shape besides the timed windows: operands, checks, graph capture.
 SETUP_S = 0.5
-SHAPE_S = WARMUP_S + TIMED_S + 3 * (REWARM_S + TIMED_S) + SETUP_S
 
 
-def estimated_seconds(n_shapes: int) -> float:
-    """The run's time on one GPU: four timed windows and a long warm-up per shape."""
-    return n_shapes * SHAPE_S
+def shape_seconds(n_configs: int = len(report.CONFIGS)) -> float:
+    """One shape's time: torch.mm's long warm-up and window, then a window with a short warm-up
+    for each configuration and for torch.mm again, and the setup."""
+    return WARMUP_S + TIMED_S + (n_configs + 1) * (REWARM_S + TIMED_S) + SETUP_S
+
+
+SHAPE_S = shape_seconds()  # with every configuration
+
+
+def estimated_seconds(n_shapes: int, n_configs: int = len(report.CONFIGS)) -> float:
+    """The run's time on one GPU."""
+    return n_shapes * shape_seconds(n_configs)
 
 
 def calls_per_replay(m: int, n: int, k: int) -> int:
@@ -92,6 +104,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument(
         "--budget-s", type=float, default=None, help="start no shape that would end after this"
     )
+    ap.add_argument(
+        "--configs",
+        type=_csv_list(str, report.CONFIGS),
+        default=list(report.CONFIGS),
+        help=f"kernel configurations to time (default all: {','.join(report.CONFIGS)}); the "
+        "model's pick is timed too",
+    )
     ap.add_argument("--eager", action="store_true", help="time eager calls, not graph replays")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--dry-run", action="store_true", help="list the shapes; no GPU")
@@ -117,23 +136,25 @@ def select(args: argparse.Namespace) -> tuple[list[KernelShape], list]:
     return shapes[args.skip : end], skipped
 
 
-def dry_run_text(shapes: list[KernelShape], skipped: list) -> str:
-    """The shape list as --dry-run prints it: one line per shape with the tile the wave model
+def dry_run_text(shapes: list[KernelShape], skipped: list, n_configs: int | None = None) -> str:
+    """The shape list as --dry-run prints it: one line per shape with the configuration the model
     picks with an H200's resident CTAs, the sources, and the count and estimated time."""
-    from benchmarks.kernel_shapes import model_tile
+    from benchmarks.kernel_shapes import model_config
 
-    lines = [f"{'#':>4} {'m':>6} {'n':>6} {'k':>6} {'local':>5} {'tile':>4}  sources"]
+    n_configs = len(report.CONFIGS) if n_configs is None else n_configs
+    lines = [f"{'#':>4} {'m':>6} {'n':>6} {'k':>6} {'local':>5} {'config':>9}  sources"]
     for i, s in enumerate(shapes):
         lines.append(
             f"{i:>4} {s.m:>6} {s.n:>6} {s.k:>6} {'yes' if s.local else 'no':>5} "
-            f"{model_tile(s.m, s.n):>4}  {describe_sources(s)}"
+            f"{model_config(s.m, s.n):>9}  {describe_sources(s)}"
         )
     for case, why in skipped:
         lines.append(f"SKIPPED {case.name}: {why}")
     n_local = sum(s.local for s in shapes)
     lines.append(
         f"{len(shapes)} shapes ({n_local} local GEMMs, {len(shapes) - n_local} steps only); "
-        f"about {estimated_seconds(len(shapes)):.0f} s on one GPU ({SHAPE_S:.2f} s per shape)"
+        f"about {estimated_seconds(len(shapes), n_configs):.0f} s on one GPU "
+        f"({shape_seconds(n_configs):.2f} s per shape, {n_configs} configs)"
     )
     return "\n".join(lines)
 
@@ -153,8 +174,16 @@ def _graphed(torch, fn, calls: int):
     return graph
 
 
-def measure(ctx: SingleGpuContext, shape: KernelShape, index: int, eager: bool, seed: int):
-    """One shape's record (kernel_report's format); failures are recorded, not raised."""
+def measure(
+    ctx: SingleGpuContext,
+    shape: KernelShape,
+    index: int,
+    eager: bool,
+    seed: int,
+    configs: list[str] | tuple[str, ...] = report.CONFIGS,
+):
+    """One shape's record (kernel_report's format) with ``configs`` and the model's pick timed;
+    failures are recorded, not raised."""
     torch = ctx.torch
     m, n, k = shape.m, shape.n, shape.k
     rec: dict[str, Any] = dict(shape.as_dict(), status="ok", reason=None, ms={}, err={})
@@ -167,11 +196,11 @@ def measure(ctx: SingleGpuContext, shape: KernelShape, index: int, eager: bool, 
     d_ours = torch.empty_like(d_torch)
     wt = w.t()
 
-    def ours(tile: int):
+    def ours(config: str):
         def call() -> int:
             return _core.gemm(
                 a.data_ptr(), w.data_ptr(), d_ours.data_ptr(), m, n, k, dtype="bf16",
-                tile_n=tile, cuda_device=dev, stream=torch.cuda.current_stream().cuda_stream,
+                cuda_device=dev, stream=torch.cuda.current_stream().cuda_stream, config=config,
             )  # fmt: skip
 
         return call
@@ -180,25 +209,28 @@ def measure(ctx: SingleGpuContext, shape: KernelShape, index: int, eager: bool, 
         torch.mm(a, wt, out=d_torch)
 
     ref()
-    rec["model_tile"] = ours(0)()
+    rec["model_config"] = model = _core.gemm_resolve_config(m, n, "bf16", cuda_device=dev)
+    timed = list(configs) + ([model] if model not in configs else [])
+    rec["configs"] = timed
+    table = _core.gemm_config_table()
     torch.cuda.synchronize()
-    for tile in report.TILES:
+    for config in timed:
         d_ours.zero_()
-        ran = ours(tile)()
+        ran = ours(config)()
         torch.cuda.synchronize()
-        rec["err"][f"n{tile}"] = err = rel_err(torch, d_ours, d_torch)
-        if ran != tile or not err < report.ERR_TOL:
-            rec.update(status="failed", reason=f"tile {tile} ran as {ran}, rel. error {err:.3g}")
+        rec["err"][config] = err = rel_err(torch, d_ours, d_torch)
+        if ran != table[config]["tile_n"] or not err < report.ERR_TOL:
+            why = f"config {config} ran with tile width {ran}, rel. error {err:.3g}"
+            rec.update(status="failed", reason=why)
             return rec
     calls = 1 if eager else calls_per_replay(m, n, k)
     rec["calls"], rec["timing"] = calls, "eager" if eager else "graph"
-    fns = {"torch": ref, **{f"n{t}": ours(t) for t in report.TILES}}
+    fns = {"torch": ref, **{c: ours(c) for c in timed}}
     if not eager:
         graphs = {v: _graphed(torch, fn, calls) for v, fn in fns.items()}
         fns = {v: g.replay for v, g in graphs.items()}
-    tiles = [f"n{t}" for t in (report.TILES if index % 2 == 0 else report.TILES[::-1])]
     windows = [time_variant(ctx, fns["torch"], warm_s=WARMUP_S) / calls]
-    for v in tiles:
+    for v in timed if index % 2 == 0 else timed[::-1]:
         rec["ms"][v] = time_variant(ctx, fns[v]) / calls
     windows.append(time_variant(ctx, fns["torch"]) / calls)
     rec["torch_windows"] = windows
@@ -212,7 +244,10 @@ def _meta(torch, args, t_start: float, shapes: list[KernelShape]) -> dict[str, A
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         torch=torch.__version__,
         device=torch.cuda.get_device_name(dev),
-        resident_ctas={t: _core.gemm_resident_ctas("bf16", t, dev) for t in report.TILES},
+        resident_ctas={
+            c: _core.gemm_resident_ctas("bf16", cuda_device=dev, config=c) for c in report.CONFIGS
+        },
+        configs=list(args.configs),
         args=" ".join(sys.argv[1:]),
         shapes=len(shapes),
         timing=dict(warmup_s=WARMUP_S, rewarm_s=REWARM_S, timed_s=TIMED_S, eager=args.eager),
@@ -241,15 +276,21 @@ def run(args: argparse.Namespace, shapes: list[KernelShape]) -> int:
     label = "-".join(f"tp{t}" for t in args.tp) + ("-local" if args.local_only else "")
     stem = os.path.join(args.out, args.stem or report.output_stem(label))
     records: list[dict[str, Any]] = []
+    per_shape = shape_seconds(len(args.configs))
+    print(
+        f"{len(shapes)} shapes, {len(args.configs)} configs ({','.join(args.configs)}): about "
+        f"{per_shape:.2f} s per shape, {estimated_seconds(len(shapes), len(args.configs)):.0f} s",
+        flush=True,
+    )
     for i, shape in enumerate(shapes):
-        if args.budget_s is not None and time.time() - t_start + SHAPE_S > args.budget_s:
+        if args.budget_s is not None and time.time() - t_start + per_shape > args.budget_s:
             # Listed as not measured, so that the acceptance line cannot pass without them.
             why = f"not started: --budget-s {args.budget_s:g} reached"
             records += [dict(s.as_dict(), status="skipped", reason=why, ms={}) for s in shapes[i:]]
             print(f"{why}: {len(shapes) - i} shapes left out", flush=True)
             break
         try:
-            rec = measure(ctx, shape, args.skip + i, args.eager, args.seed)
+            rec = measure(ctx, shape, args.skip + i, args.eager, args.seed, args.configs)
         except Exception as e:  # noqa: BLE001 - one shape's failure must not lose the others
             rec = dict(shape.as_dict(), status="failed", reason=short_error(e), ms={}, err={})
         torch.cuda.empty_cache()
@@ -258,8 +299,8 @@ def run(args: argparse.Namespace, shapes: list[KernelShape]) -> int:
         print(
             f"[{i + 1}/{len(shapes)}] {shape.m}x{shape.n}x{shape.k} {rec['status']}: torch "
             f"{report.fmt_ms(rec['ms'].get('torch'))} ms, ours {report.fmt_ms(d['ours_ms'])} ms "
-            f"(tile {rec.get('model_tile')}), ratio {report.fmt_ratio(d['ratio'])}, fastest tile "
-            f"{d['fastest_tile']} {report.flags(rec)}",
+            f"({rec.get('model_config')}), ratio {report.fmt_ratio(d['ratio'])}, fastest "
+            f"{d['fastest_config']} ({report.fmt_ratio(d['ratio_fastest'])}) {report.flags(rec)}",
             flush=True,
         )
         report.write_outputs(records, stem, _meta(torch, args, t_start, shapes), final=False)
@@ -273,7 +314,7 @@ def main(argv=None) -> int:
         return report.replot(args.replot, args.out, args.stem)
     shapes, skipped = select(args)
     if args.dry_run:
-        print(dry_run_text(shapes, skipped))
+        print(dry_run_text(shapes, skipped, len(args.configs)))
         return 0
     return run(args, shapes)
 

@@ -71,23 +71,36 @@ def test_shape_filters_refuse_unknown_values():
         bench.parse_args(["--tp", "3"])
     with pytest.raises(SystemExit):
         bench.parse_args(["--limit", "0"])
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--configs", "64x64"])
+    assert bench.parse_args(["--configs", "256x128"]).configs == ["256x128"]
+    assert bench.parse_args([]).configs == list(rep.CONFIGS)
 
 
-def _rec(m=4096, n=8192, k=8192, local=True, torch_ms=1.0, n128=1.2, n256=1.004, model=256):
-    """A measured shape: torch.mm's two windows 0.99 and 1.01 ms (mean torch_ms when 1.0)."""
+N256, N128, C1, M256 = "128x256", "128x128", "128x128c1", "256x128"
+
+
+def _rec(m=4096, n=8192, k=8192, local=True, torch_ms=1.0, n128=1.2, n256=1.004, model=N256,
+         c1=1.3, m256=1.1):  # fmt: skip
+    """A measured shape: torch.mm's two windows 0.99 and 1.01 ms (mean torch_ms when 1.0), every
+    configuration timed."""
     return dict(
         m=m, n=n, k=k, local=local,
         sources=[dict(model="70B", layer="O", tokens=m, tp=1, steps=None if local else 2)],
-        status="ok", reason=None, model_tile=model,
-        ms=dict(torch=torch_ms, n128=n128, n256=n256),
+        status="ok", reason=None, model_config=model, configs=[N256, N128, C1, M256],
+        ms={"torch": torch_ms, N128: n128, N256: n256, C1: c1, M256: m256},
         torch_windows=[torch_ms - 0.01, torch_ms + 0.01],
-        err=dict(n128=3e-3, n256=3e-3), calls=1, timing="graph",
+        err={N128: 3e-3, N256: 3e-3, C1: 3e-3, M256: 3e-3}, calls=1, timing="graph",
     )  # fmt: skip
+
+
+def test_configs_are_the_bf16_kernels():
+    assert rep.CONFIGS == (N256, N128, C1, M256)
 
 
 def test_derived_and_acceptance():
     d = rep.derived(_rec())
-    assert d["ours_ms"] == 1.004 and d["fastest_tile"] == 256 and d["model_right"] is True
+    assert d["ours_ms"] == 1.004 and d["fastest_config"] == N256 and d["model_right"] is True
     assert d["ratio"] == pytest.approx(1.004)
     assert d["torch_drift"] == pytest.approx(0.02)
     assert d["tflops_torch"] == pytest.approx(2 * 4096 * 8192 * 8192 / 1e-3 / 1e12)
@@ -96,18 +109,27 @@ def test_derived_and_acceptance():
     assert rep.accepted(_rec(n256=1.02, local=False)) is None  # steps are not judged
     failed = dict(_rec(), status="failed", reason="tile 128 ran as 256", ms={})
     assert rep.accepted(failed) is False
-    # the model picked 256 where 128 is faster: ours is the model's tile, not the fastest
+    # the model picked 128x256 where 128x128 is faster: ours is the model's, not the fastest
     d = rep.derived(_rec(n128=0.9, n256=1.1))
-    assert d["ours_ms"] == 1.1 and d["fastest_tile"] == 128 and d["model_right"] is False
+    assert d["ours_ms"] == 1.1 and d["fastest_config"] == N128 and d["model_right"] is False
     assert d["model_loss"] == pytest.approx(1.1 / 0.9 - 1)
     assert d["ratio_fastest"] == pytest.approx(0.9)
+    # a new configuration fastest, picked by the model
+    d = rep.derived(_rec(c1=0.5, model=C1))
+    assert d["ours_ms"] == 0.5 and d["fastest_config"] == C1 and d["model_right"] is True
+    # a configuration not timed (a failed shape, --configs): no fastest, no verdict on the model
+    partial = _rec()
+    del partial["ms"][M256]
+    d = rep.derived(partial)
+    assert d["fastest_config"] is None and d["model_right"] is None and d["ours_ms"] == 1.004
 
 
 def test_summary_pass_fail_and_worst():
     ok = [_rec(), _rec(m=1024, n256=0.99), _rec(local=False, n256=1.1)]
     text = rep.summary(ok)
     assert "PASS: 2 of 2 local shapes pass" in text
-    assert "picked the fastest tile on 3 of 3" in text
+    assert "picked the fastest config on 3 of 3" in text
+    assert "fastest config: 128x256 on 3" in text
     bad = ok + [_rec(m=2048, n256=1.05)]
     text = rep.summary(bad)
     assert "FAIL: 2 of 3 local shapes pass" in text
@@ -119,19 +141,20 @@ def test_summary_pass_fail_and_worst():
 def test_time_below_compute_floor_is_flagged():
     m = n = k = 8192  # floor 2 * 8192^3 / 989e12 s = 1.1118 ms
     assert rep.floor_ms(m, n, k) == pytest.approx(2 * 8192**3 / 989e12 * 1e3)
-    rec = _rec(m=m, n=n, k=k, torch_ms=1.5, n128=1.6, n256=1.0)
-    assert rep.derived(rec)["below_floor"] == ["n256"]
+    rec = _rec(m=m, n=n, k=k, torch_ms=1.5, n128=1.6, n256=1.0, c1=1.6, m256=1.6)
+    assert rep.derived(rec)["below_floor"] == [N256]
     assert rep.accepted(rec) is False  # even at ratio 0.67
-    assert rep.flags(rec).startswith("BELOW FLOOR (measurement bug): n256")
+    assert rep.flags(rec).startswith("BELOW FLOOR (measurement bug): 128x256")
     rec["torch_windows"] = [1.0, 2.0]
-    assert rep.below_floor(rec) == ["n256", "torch_window0"]
+    assert rep.below_floor(rec) == [N256, "torch_window0"]
     assert "MEASUREMENT BUG m=8192" in rep.summary([rec])
     assert "BELOW FLOOR" in rep.format_table([rec])
-    assert rep.below_floor(_rec(m=m, n=n, k=k, torch_ms=1.5, n128=1.6, n256=1.2)) == []
+    fine = _rec(m=m, n=n, k=k, torch_ms=1.5, n128=1.6, n256=1.2, c1=1.6, m256=1.2)
+    assert rep.below_floor(fine) == []
 
 
 def test_table_csv_json_png_and_replot(tmp_path, capsys):
-    records = [_rec(), _rec(m=256, n128=0.9, n256=1.1, local=False, model=128)]
+    records = [_rec(), _rec(m=256, n128=0.9, n256=1.1, local=False, model=N128)]
     records.append(dict(_rec(m=64), status="failed", reason="RuntimeError: boom", ms={}))
     table = rep.format_table(records)
     assert "70B/O/M4096/TP1" in table
@@ -139,7 +162,8 @@ def test_table_csv_json_png_and_replot(tmp_path, capsys):
     rows = list(csv.DictReader(io.StringIO(rep.to_csv(records))))
     assert list(rows[0]) == list(rep.CSV_FIELDS)
     assert rows[0]["ratio"] == "1.0040" and rows[0]["accepted"] == "yes"
-    assert rows[1]["model_tile"] == "128" and rows[1]["fastest_tile"] == "128"
+    assert rows[1]["model_config"] == N128 and rows[1]["fastest_config"] == N128
+    assert rows[1]["ms_128x128"] == "0.9000" and rows[1]["ms_128x128c1"] == "1.3000"
     assert rows[1]["accepted"] == "" and rows[1]["sources"] == "70B/O/M256/TP1/S2"
     assert rows[2]["status"] == "failed" and rows[2]["accepted"] == "no"
     stem = str(tmp_path / "run" / rep.output_stem("tp2", date="2026-11-23"))
@@ -164,6 +188,24 @@ def test_table_csv_json_png_and_replot(tmp_path, capsys):
     assert (tmp_path / "re" / "2026-11-23-kernel-vs-cublas-tp2.png").exists()
 
 
+def test_replot_reads_runs_stored_with_two_tiles(tmp_path, capsys):
+    """A run stored before configurations existed (model_tile, n128/n256 times) replots with
+    the times under the configuration names and its two tiles as the timed list."""
+    old = dict(_rec(n128=0.9, n256=1.1), model_tile=256, ms=dict(torch=1.0, n128=0.9, n256=1.1))
+    old["err"] = dict(n128=3e-3, n256=3e-3)
+    for key in ("model_config", "configs"):
+        del old[key]
+    path = tmp_path / "2026-11-22-kernel-vs-cublas-old.json"
+    path.write_text(json.dumps(dict(meta=dict(args="--tp 2"), records=[old])))
+    assert bench.main(["--replot", str(path), "--out", str(tmp_path / "re")]) == 0
+    assert "picked the fastest config on 0 of 1" in capsys.readouterr().out
+    rows = list(csv.DictReader((tmp_path / "re" / "2026-11-22-kernel-vs-cublas-old.csv").open()))
+    assert (rows[0]["model_config"], rows[0]["fastest_config"]) == (N256, N128)
+    assert (rows[0]["ms_128x256"], rows[0]["ms_128x128"], rows[0]["ms_256x128"]) == (
+        "1.1000", "0.9000", "")  # fmt: skip
+    assert rows[0]["ratio"] == "1.1000" and rows[0]["err_128x128"] == "0.003"
+
+
 def test_plot_skips_without_measured_shapes(tmp_path):
     failed = dict(_rec(), status="failed", reason="x", ms={})
     assert rep.plot([failed], str(tmp_path / "p.png")) == "no measured shape"
@@ -173,11 +215,16 @@ def test_dry_run_lists_shapes_without_gpu(capsys):
     argv = ["--models", "8B", "--tp", "2", "--tokens", "1024,2048", "--layers", "O", "--dry-run"]
     assert bench.main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[1].split()[:6] == ["0", "1024", "4096", "2048", "yes", str(
-        _core.choose_tile_n(1024, 4096, 1, 132, 132)["tile_n"])]  # fmt: skip
+    assert lines[1].split()[:6] == ["0", "1024", "4096", "2048", "yes",
+        _core.choose_config(1024, 4096, 1, "bf16", slots=132)["config"]]  # fmt: skip
     assert "8B/O/M1024/TP2, 8B/O/M2048/TP2/S2" in lines[1]
     assert lines[-1].startswith("4 shapes (2 local GEMMs, 2 steps only); about ")
-    assert f"{bench.estimated_seconds(4):.0f} s" in lines[-1]
+    assert f"{bench.estimated_seconds(4):.0f} s" in lines[-1] and "4 configs" in lines[-1]
+    # --configs shortens the estimate: two configurations, two fewer windows per shape
+    assert bench.main(argv + ["--configs", "128x256,128x128c1"]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert f"{bench.estimated_seconds(4, 2):.0f} s" in last and "2 configs" in last
+    assert bench.shape_seconds(2) == pytest.approx(bench.SHAPE_S - 2 * (0.25 + 1.0))
     assert bench.main(argv + ["--skip", "1", "--limit", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[1] for line in lines[1:3]] == ["2048", "512"]
@@ -190,6 +237,8 @@ def test_calls_per_replay_and_estimate():
     small = bench.calls_per_replay(256, 4096, 2048)  # floor 4.3 us: ~23 calls for 0.1 ms
     assert small * rep.floor_ms(256, 4096, 2048) >= bench.REPLAY_TARGET_MS
     assert bench.estimated_seconds(10) == pytest.approx(10 * bench.SHAPE_S)
+    # torch.mm's long warm-up and window, then (configs + 1) short-warm windows, and setup
+    assert bench.SHAPE_S == pytest.approx(1.0 + 1.0 + 5 * (0.25 + 1.0) + bench.SETUP_S)
 
 
 needs_runtime = pytest.mark.skipif(
@@ -221,6 +270,40 @@ def test_gemm_binding_refuses_bad_shapes_before_the_device():
         _core.gemm(base, base, base, 256, 128, 64, tile_n=128, b_n_major=True, cuda_device=0,
                    stream=0)  # fmt: skip
     assert _core.gemm_problem(base, base, base, 256, 128, 64) == ""
+    for config in _core.gemm_config_names("bf16"):
+        assert _core.gemm_problem(base, base, base, 256, 128, 64, config=config) == ""
+
+
+@needs_runtime
+@pytest.mark.parametrize("config", ["128x128c1", "256x128"])
+def test_gemm_binding_refuses_bf16_only_configs_for_fp16_and_n_major_b(config):
+    base = 1 << 20
+    why = _core.gemm_problem(base, base, base, 256, 128, 64, "fp16", config=config)
+    assert why == f"config={config} is instantiated for bf16 only; fp16 has 128x256 and 128x128"
+    with pytest.raises(ValueError, match=f"config={config} is instantiated for bf16 only"):
+        _core.gemm(base, base, base, 256, 128, 64, "fp16", cuda_device=0, stream=0, config=config)
+    why = _core.gemm_problem(base, base, base, 256, 128, 64, b_n_major=True, config=config)
+    assert why.startswith(f"config={config} has no kernel for an N-contiguous B")
+    assert _core.gemm_problem(base, base, base, 256, 128, 64, b_n_major=True, config=N256) == ""
+    with pytest.raises(ValueError, match=f"config={config} has no kernel for an N-contiguous B"):
+        _core.gemm_resolve_config(256, 128, b_n_major=True, config=config, cuda_device=0)
+
+
+@needs_runtime
+def test_gemm_binding_refuses_unknown_and_conflicting_configs():
+    base = 1 << 20
+    with pytest.raises(ValueError, match="config '64x64' is not one of auto, 128x256, 128x128"):
+        _core.gemm(base, base, base, 256, 128, 64, cuda_device=0, stream=0, config="64x64")
+    why = _core.gemm_problem(base, base, base, 256, 128, 64, tile_n=256, config=C1)
+    assert why.startswith("tile_n=256 and config=128x128c1 name different kernels")
+    # a tile width and the configuration it names agree
+    assert _core.gemm_problem(base, base, base, 256, 128, 64, tile_n=128, config=N128) == ""
+    with pytest.raises(ValueError, match="exactly one"):
+        _core.gemm_resident_ctas("bf16", 256, 0, config=N256)
+    with pytest.raises(ValueError, match="exactly one"):
+        _core.gemm_resident_ctas("bf16")
+    with pytest.raises(ValueError, match="bf16 only"):
+        _core.gemm_resident_ctas("fp16", config=M256)
 
 
 class _FakeClock:

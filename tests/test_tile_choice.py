@@ -1,6 +1,7 @@
-"""The GEMM kernel's tile choice (kernel/tile_choice.hpp through _core.choose_tile_n): a pure
-wave model, so the same on every rank and checkable without a GPU. The runtime runs the tile it
-returns (tests/gpu/test_cpp_bench.py checks that on the GPUs)."""
+"""The GEMM kernel's tile and configuration choice (kernel/tile_choice.hpp through
+_core.choose_tile_n and _core.choose_config): a pure wave model, so the same on every rank and
+checkable without a GPU. The runtime runs the configuration it returns
+(tests/gpu/test_cpp_bench.py and tests/gpu/test_kernel_gemm.py check that on the GPUs)."""
 
 import math
 import random
@@ -73,3 +74,127 @@ def test_fewer_resident_ctas_can_flip_the_choice():
 def test_bad_arguments_name_the_values(kwargs, needle):
     with pytest.raises(ValueError, match=needle):
         _core.choose_tile_n(**kwargs)
+
+
+# The kernel configurations (kernel/tile_choice.hpp's kConfigs through _core.choose_config): the
+# same waves x tile cost model over every configuration of the dtype, tiles counted after
+# CUTLASS's padding of the grid to the cluster (and swizzle x cluster) in each mode.
+BF16 = ["128x256", "128x128", "128x128c1", "256x128"]
+FP16 = ["128x256", "128x128"]
+
+
+def _padded_tiles(m, n, l, cfg, swizzle):
+    tm, tn = math.ceil(m / cfg["tile_m"]), math.ceil(n / cfg["tile_n"])
+    sw = swizzle
+    while sw > 1 and (tm % (sw * cfg["cluster_m"]) or tn % (sw * cfg["cluster_n"])):
+        sw //= 2
+    um, un = sw * cfg["cluster_m"], sw * cfg["cluster_n"]
+    return math.ceil(tm / um) * um * math.ceil(tn / un) * un * l
+
+
+def _config_model(m, n, l, names, slots, swizzle):
+    table = _core.gemm_config_table()
+    est = {}
+    for c in names:
+        tiles = _padded_tiles(m, n, l, table[c], swizzle)
+        waves = math.ceil(tiles / slots[c])
+        est[c] = (tiles, waves, waves * table[c]["relative_cost"])
+    best = min(names, key=lambda c: (est[c][2], names.index(c)))
+    cheaper = est[best][2] < (1 - _core.CONFIG_MIN_GAIN) * est[names[0]][2]
+    return est, best if cheaper else names[0]
+
+
+def test_config_names_per_dtype_and_b_layout():
+    assert _core.gemm_config_names("bf16") == BF16
+    assert _core.gemm_config_names("bfloat16") == BF16
+    assert _core.gemm_config_names("fp16") == FP16  # the bf16-only configurations are not offered
+    assert _core.gemm_config_names("bf16", b_n_major=True) == ["128x256"]
+    table = _core.gemm_config_table()
+    assert [c for c in table if table[c]["bf16_only"]] == ["128x128c1", "256x128"]
+    shapes = {
+        c: (t["tile_m"], t["tile_n"], t["cluster_m"], t["cluster_n"]) for c, t in table.items()
+    }
+    assert shapes == {
+        "128x256": (128, 256, 2, 1),
+        "128x128": (128, 128, 2, 1),
+        "128x128c1": (128, 128, 1, 1),
+        "256x128": (256, 128, 1, 2),
+    }  # fmt: skip
+    assert table["128x128"]["relative_cost"] == _core.TILE128_RELATIVE_COST
+    with pytest.raises(ValueError, match="dtype 'fp32'"):
+        _core.gemm_config_names("fp32")
+
+
+@pytest.mark.parametrize(
+    "m,n,dtype,want",
+    [
+        # decode, 405B O (n=16384): one 128-row M tile. Cluster 2x1 pads it to two, so 128x128
+        # needs 256 tiles (2 waves); cluster 1x1 runs 128 tiles in one.
+        (8, 16384, "bf16", "128x128c1"),
+        (8, 16384, "fp16", "128x256"),  # fp16 has no cluster-1x1 kernel: 64 (padded 128) tiles
+        # 32 N tiles: 128x128 with cluster 2x1 also fits one wave (64 real + 64 padding tiles)
+        # and its tile is rated cheaper than cluster 1x1's
+        (8, 8192, "bf16", "128x128"),
+        # 33 M tiles: the 2x1 padding to 34 x 8 = 272 tiles makes 3 waves, 264 unpadded make 2
+        (128 * 33, 1024, "bf16", "128x128c1"),
+        (512, 4096, "bf16", "128x128"),  # the narrow tile's case of old: one wave either way
+        (4096, 8192, "bf16", "128x256"),  # 70B O at 4096 tokens, TP=2: full grid, 8 waves
+        (8192, 8192, "bf16", "128x256"),  # 256x128 ties (16 waves): the default stays
+        (8192, 28672, "bf16", "128x256"),
+    ],
+)
+def test_config_choice_on_llama_shapes(m, n, dtype, want):
+    got = _core.choose_config(m, n, 1, dtype, slots=H200_SLOTS)
+    assert got["config"] == want, got
+    assert got["candidates"] == (BF16 if dtype == "bf16" else FP16)
+
+
+def test_config_estimates_count_cluster_padding():
+    got = _core.choose_config(8, 16384, slots=132)
+    assert (got["128x256"]["tiles"], got["128x256"]["waves"]) == (128, 1)  # 1 M tile padded to 2
+    assert (got["128x128"]["tiles"], got["128x128"]["waves"]) == (256, 2)
+    assert (got["128x128c1"]["tiles"], got["128x128c1"]["waves"]) == (128, 1)
+    assert (got["256x128"]["tiles"], got["256x128"]["waves"]) == (128, 1)  # N pads, 128 even
+    # a 1x2 cluster pads N: 3 N tiles of 128 run as 4
+    assert _core.choose_config(256, 384, slots=132)["256x128"]["tiles"] == 4
+    # swizzle 1 pads only to the cluster; a larger swizzle is lowered until it divides the grid
+    assert _core.choose_config(128 * 3, 256, swizzle=1)["128x256"]["tiles"] == 4
+    assert _core.choose_config(1024, 4096, swizzle=8)["128x256"]["tiles"] == 8 * 16
+
+
+def test_config_choice_matches_the_model_on_random_shapes():
+    """Random shapes, slot counts and swizzles (seeded): the tiles, waves and costs are the
+    model's, and the choice is the cheapest configuration where it beats the default by
+    CONFIG_MIN_GAIN; fp16 never gets a bf16-only configuration."""
+    rng = random.Random(SEED + 1)
+    for _ in range(500):
+        m, n, l = rng.randint(1, 40000), rng.randint(1, 60000), rng.randint(1, 4)
+        swizzle = rng.choice([1, 2, 4, 8])
+        for dtype, names in (("bf16", BF16), ("fp16", FP16)):
+            slots = {c: rng.randint(1, 140) for c in names}
+            got = _core.choose_config(m, n, l, dtype, slots=slots, swizzle=swizzle)
+            est, want = _config_model(m, n, l, names, slots, swizzle)
+            for c in names:
+                assert (got[c]["tiles"], got[c]["waves"]) == est[c][:2], (m, n, l, c)
+                assert got[c]["cost"] == pytest.approx(est[c][2])
+            assert got["config"] == want, (m, n, l, dtype, slots, swizzle)
+
+
+def test_n_major_b_has_one_config():
+    got = _core.choose_config(8, 16384, b_n_major=True)
+    assert got["config"] == "128x256" and got["candidates"] == ["128x256"]
+
+
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        (dict(m=0, n=4096), "m=0"),
+        (dict(m=512, n=4096, swizzle=0), "swizzle=0"),
+        (dict(m=512, n=4096, slots=0), "slots of config 128x256 is 0"),
+        (dict(m=512, n=4096, slots={"128x256": 132}), "no entry for config 128x128"),
+        (dict(m=512, n=4096, dtype="fp8"), "dtype 'fp8'"),
+    ],
+)
+def test_choose_config_bad_arguments_name_the_values(kwargs, needle):
+    with pytest.raises(ValueError, match=needle):
+        _core.choose_config(**kwargs)

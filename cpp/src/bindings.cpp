@@ -10,7 +10,6 @@
 
 #include "all.hpp"
 #include "distgemm/kernel/gemm_extents.hpp"
-#include "distgemm/kernel/tile_choice.hpp"
 #include "distgemm/llama_shapes.hpp"
 #include "distgemm/schedule/plan.hpp"
 #include "python/graph_setup.hpp"
@@ -26,6 +25,7 @@ void register_gemm(py::module_& m);
 void register_fused(py::module_& m);  // fused GEMM + all-reduce launches (fused.cpp)
 #endif
 void register_fused_rules(py::module_& m);  // its host-only rules (fused_rules.cpp)
+void register_tile_choice(py::module_& m);  // the GEMM configuration model (tile_choice.cpp)
 
 namespace {
 
@@ -257,31 +257,6 @@ void register_llama(py::module_& m) {
       py::arg("quick") = false,
       "Token counts M of the full sweep (quick=True: the quick sweep's).");
   m.def(
-      "choose_tile_n",
-      [](int64_t m_, int64_t n, int64_t l, int slots_n256, int slots_n128) {
-        if (m_ < 1 || n < 1 || l < 1 || slots_n256 < 1 || slots_n128 < 1)
-          throw py::value_error(
-              "choose_tile_n needs m, n, l and both slot counts >= 1, got m=" + std::to_string(m_) +
-              " n=" + std::to_string(n) + " l=" + std::to_string(l) + " slots_n256=" +
-              std::to_string(slots_n256) + " slots_n128=" + std::to_string(slots_n128));
-        py::dict d;
-        d["tile_n"] = distgemm::kernel::choose_tile_n(m_, n, l, slots_n256, slots_n128);
-        for (int t : {256, 128}) {
-          const auto e =
-              distgemm::kernel::estimate_tiles(m_, n, l, t, t == 256 ? slots_n256 : slots_n128);
-          d[py::str("n" + std::to_string(t))] = py::dict(
-              py::arg("tiles") = e.tiles, py::arg("waves") = e.waves, py::arg("cost") = e.cost);
-        }
-        return d;
-      },
-      py::arg("m"), py::arg("n"), py::arg("l") = 1, py::arg("slots_n256") = 132,
-      py::arg("slots_n128") = 132,
-      "The GEMM kernel's output tile width (128 or 256) for an m x n (x l) GEMM, given each "
-      "kernel's resident CTAs: {'tile_n', 'n256': {'tiles', 'waves', 'cost'}, 'n128': {...}} "
-      "(kernel/tile_choice.hpp; the runtime passes the device's real slot counts).");
-  m.attr("TILE128_RELATIVE_COST") = distgemm::kernel::kTile128RelativeCost;
-  m.attr("TILE128_MIN_GAIN") = distgemm::kernel::kTile128MinGain;
-  m.def(
       "llama_tp_split_reason",
       [](const std::string& model, const std::string& layer, int64_t tokens, int tp) {
         return L::tp_split_reason(L::Case{&L::find_model(model), &L::find_layer(layer), tokens},
@@ -406,6 +381,7 @@ PYBIND11_MODULE(_core, m) {
 #endif
   register_llama(m);
   register_fused_rules(m);
+  register_tile_choice(m);
 
   m.def("gemm_extent_problem", &distgemm::kernel::gemm_extent_problem, py::arg("m"), py::arg("n"),
         py::arg("k"), py::arg("l") = 1, py::arg("elem_bytes") = 2,

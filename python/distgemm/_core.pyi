@@ -131,6 +131,31 @@ def choose_tile_n(
 TILE128_RELATIVE_COST: float
 TILE128_MIN_GAIN: float
 
+def choose_config(
+    m: int,
+    n: int,
+    l: int = 1,
+    dtype: str = "bf16",
+    b_n_major: bool = False,
+    slots: int | dict[str, int] = 132,
+    swizzle: int = 8,
+) -> dict[str, Any]:
+    """The GEMM kernel configuration the runtime's model picks for an m x n (x l) GEMM:
+    {'config': name, 'candidates': [names, default first], name: {'tiles', 'waves', 'cost'} per
+    candidate} (kernel/tile_choice.hpp; tiles count cluster and swizzle padding). ``slots``:
+    resident CTAs of every configuration, or {name: count}."""
+
+def gemm_config_names(dtype: str = "bf16", b_n_major: bool = False) -> list[str]:
+    """The GEMM kernel configurations of ``dtype`` (and B layout), the default first: bf16
+    ['128x256', '128x128', '128x128c1', '256x128'], fp16 ['128x256', '128x128']."""
+
+def gemm_config_table() -> dict[str, dict[str, Any]]:
+    """{name: {'id', 'tile_m', 'tile_n', 'cluster_m', 'cluster_n', 'relative_cost',
+    'bf16_only'}} of every configuration."""
+
+CONFIG_MIN_GAIN: float  # another configuration replaces 128x256 only where this much cheaper
+DEFAULT_SWIZZLE: int  # the tile scheduler's swizzle unless a caller sets one
+
 def llama_tp_split_reason(model: str, layer: str, tokens: int, tp: int) -> str:
     """'' when TP ranks split the layer exactly, else the reason (distgemm_bench --sweep's rule)."""
 
@@ -158,6 +183,8 @@ def gemm_problem(
     dtype: str = "bf16",
     tile_n: int = 0,
     b_n_major: bool = False,
+    *,
+    config: str = "auto",
 ) -> str:
     """'' when gemm() runs this dense GEMM, else the reason (no device is touched)."""
 
@@ -174,12 +201,31 @@ def gemm(
     *,
     cuda_device: int,
     stream: int,
+    config: str = "auto",
 ) -> int:
     """Enqueue D[m, n] = A[m, k] @ B[n, k]^T (B[k, n] with b_n_major) with distgemm's kernel on
-    `stream`; returns the tile width it ran with (tile_n=0: the wave model's pick). ValueError
-    with gemm_problem's reason when the kernel cannot run it."""
+    `stream`: configuration ``config`` (a gemm_config_names() name), else tile 128 x tile_n, else
+    the model's pick. Returns the output tile width it ran with. ValueError with gemm_problem's
+    reason when the kernel cannot run it."""
 
-def gemm_resident_ctas(dtype: str, tile_n: int, cuda_device: int) -> int: ...
+def gemm_resolve_config(
+    m: int,
+    n: int,
+    dtype: str = "bf16",
+    tile_n: int = 0,
+    b_n_major: bool = False,
+    *,
+    config: str = "auto",
+    cuda_device: int,
+) -> str:
+    """The configuration name gemm() runs an m x n GEMM with on ``cuda_device`` (auto: the
+    model's pick with the device's resident CTAs)."""
+
+def gemm_resident_ctas(
+    dtype: str, tile_n: int = 0, cuda_device: int = 0, *, config: str = "auto"
+) -> int:
+    """Resident CTAs of the kernel with tile 128 x tile_n (cluster 2x1) or of ``config``:
+    exactly one of them."""
 
 class IpcWorkspace:
     def __init__(self, cuda_device: int, nbytes: int) -> None: ...

@@ -1,8 +1,11 @@
 """_core.gemm (one GEMM of distgemm's kernel on torch tensors) and the kernel-vs-cuBLAS benchmark
 on one Hopper GPU:
 
-- both tiles and the wave model's pick against torch.mm on shapes with partial tiles in m and n,
+- both tiles and the model's pick against torch.mm on shapes with partial tiles in m and n,
   the N-contiguous B variant, and replays of a CUDA graph that captured the call;
+- every kernel configuration (bf16: 128x256, 128x128, 128x128c1, 256x128; fp16: the first two)
+  against torch.mm, decode (M=8) and odd M tile counts included, and the auto choice on the
+  device equal to _core.choose_config with the device's resident CTAs;
 - a rejected GEMM is a ValueError and leaves the device usable;
 - benchmarks/kernel_vs_cublas.py on one small Llama shape: the record is measured, checked and
   not below the compute floor.
@@ -40,6 +43,13 @@ def _rel_err(x, ref):
     return float((x.float() - ref.float()).norm() / ref.float().norm())
 
 
+def _device_choice(m, n, dtype="bf16"):
+    """The configuration the model picks for m x n with this device's resident CTAs."""
+    names = _core.gemm_config_names(dtype)
+    slots = {c: _core.gemm_resident_ctas(dtype, cuda_device=0, config=c) for c in names}
+    return _core.choose_config(m, n, 1, dtype, slots=slots)["config"]
+
+
 def _gemm(a, b, d, m, n, k, **kw):
     return _core.gemm(
         a.data_ptr(), b.data_ptr(), d.data_ptr(), m, n, k,
@@ -48,19 +58,101 @@ def _gemm(a, b, d, m, n, k, **kw):
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("m,n,k", [(1000, 1032, 520), (256, 4096, 2048), (4096, 8192, 1024)])
-@pytest.mark.parametrize("tile", [0, 128, 256])
-def test_gemm_matches_torch_mm(m, n, k, tile):
+def _run_checked(m, n, k, **kw):
+    """(the tile width gemm() ran with, its relative error against torch.mm) on fresh operands;
+    D starts as NaN, so that a tile the kernel skips shows."""
     a, w = _operands(m, n, k)
     ref = torch.mm(a, w.t())
     d = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    ran = _gemm(a, w, d, m, n, k, tile_n=tile)
+    ran = _gemm(a, w, d, m, n, k, **kw)
     torch.cuda.synchronize()
-    model = _core.choose_tile_n(
-        m, n, 1, _core.gemm_resident_ctas("bf16", 256, 0), _core.gemm_resident_ctas("bf16", 128, 0)
-    )["tile_n"]
+    return ran, _rel_err(d, ref)
+
+
+@pytest.mark.parametrize("m,n,k", [(1000, 1032, 520), (256, 4096, 2048), (4096, 8192, 1024)])
+@pytest.mark.parametrize("tile", [0, 128, 256])
+def test_gemm_matches_torch_mm(m, n, k, tile):
+    ran, err = _run_checked(m, n, k, tile_n=tile)
+    model = _core.gemm_config_table()[_device_choice(m, n)]["tile_n"]
     assert ran == (tile or model)
-    assert _rel_err(d, ref) < TOL
+    assert err < TOL
+
+
+# (m, n, k): partial tiles in m and n; decode (M=8: one M tile, padded to two by a 2x1
+# cluster); 3 and 33 M tiles of 128 rows (odd counts); 405B O at decode (N=16384, K=8192).
+CONFIG_SHAPES = [
+    (1000, 1032, 520),
+    (8, 4096, 1024),
+    (8, 16384, 8192),
+    (384, 2048, 512),
+    (128 * 33, 1024, 256),
+    (4096, 8192, 1024),
+]
+
+
+@pytest.mark.parametrize("m,n,k", CONFIG_SHAPES)
+@pytest.mark.parametrize("config", _core.gemm_config_names("bf16"))
+def test_every_config_matches_torch_mm(m, n, k, config):
+    ran, err = _run_checked(m, n, k, config=config)
+    assert ran == _core.gemm_config_table()[config]["tile_n"]
+    assert err < TOL, config
+
+
+@pytest.mark.parametrize("config", ["auto", *_core.gemm_config_names("fp16")])
+def test_fp16_configs_match_torch_mm(config):
+    m, n, k = 8, 4096, 1024
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    a = torch.empty((m, k), device="cuda", dtype=torch.float16).uniform_(-1, 1, generator=gen)
+    w = torch.empty((n, k), device="cuda", dtype=torch.float16).uniform_(-1, 1, generator=gen)
+    w /= math.sqrt(k)
+    d = torch.empty((m, n), device="cuda", dtype=torch.float16)
+    _gemm(a, w, d, m, n, k, dtype="fp16", config=config)
+    torch.cuda.synchronize()
+    assert _rel_err(d, torch.mm(a, w.t())) < TOL
+    resolved = _core.gemm_resolve_config(m, n, "fp16", config=config, cuda_device=0)
+    assert resolved in _core.gemm_config_names("fp16")
+
+
+@pytest.mark.parametrize("m,n,k", CONFIG_SHAPES)
+def test_auto_runs_the_models_choice(m, n, k):
+    want = _device_choice(m, n)
+    assert _core.gemm_resolve_config(m, n, cuda_device=0) == want
+    assert _core.gemm_resolve_config(m, n, tile_n=128, cuda_device=0) == "128x128"
+    ran, err = _run_checked(m, n, k)
+    assert ran == _core.gemm_config_table()[want]["tile_n"] and err < TOL
+
+
+def test_decode_avoids_the_cluster_padding():
+    """One 128-row M tile: with every configuration's resident CTAs >= 128 (an H100 or H200),
+    405B O at decode runs 128 tiles of 128x128 with cluster 1x1 in one wave."""
+    slots = [_core.gemm_resident_ctas("bf16", cuda_device=0, config=c) for c in ("128x128c1",)]
+    if slots[0] < 128:
+        pytest.skip(f"{slots[0]} resident CTAs: the decode GEMM needs more than one wave anyway")
+    assert _core.gemm_resolve_config(8, 16384, cuda_device=0) == "128x128c1"
+    fp16 = _core.gemm_resolve_config(8, 16384, "fp16", cuda_device=0)
+    assert fp16 == _device_choice(8, 16384, "fp16") and fp16 in _core.gemm_config_names("fp16")
+
+
+def test_new_configs_replay_in_a_cuda_graph():
+    m, n, k = 8, 4096, 1024
+    a, w = _operands(m, n, k)
+    ref = torch.mm(a, w.t())
+    outs = {
+        c: torch.zeros((m, n), device="cuda", dtype=torch.bfloat16)
+        for c in ("128x128c1", "256x128")
+    }
+    for c in outs:  # per-device kernel setup (shared-memory limit) before the capture
+        _core.gemm_resident_ctas("bf16", cuda_device=torch.cuda.current_device(), config=c)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for c, d in outs.items():
+            _gemm(a, w, d, m, n, k, config=c)
+    for d in outs.values():
+        d.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    for c, d in outs.items():
+        assert _rel_err(d, ref) < TOL, c
 
 
 def test_gemm_n_major_b_and_graph_replay():
@@ -91,6 +183,10 @@ def test_rejected_gemm_leaves_the_device_usable():
     with pytest.raises(ValueError, match="16-byte aligned"):
         _core.gemm(a.data_ptr() + 2, w.data_ptr(), d.data_ptr(), 256, 128, 64, cuda_device=0,
                    stream=torch.cuda.current_stream().cuda_stream)  # fmt: skip
+    with pytest.raises(ValueError, match="config=256x128 is instantiated for bf16 only"):
+        _gemm(a, w, d, 256, 128, 64, dtype="fp16", config="256x128")
+    with pytest.raises(ValueError, match="config=128x128c1 has no kernel for an N-contiguous B"):
+        _gemm(a, w, d, 256, 128, 64, b_n_major=True, config="128x128c1")
     _gemm(a, w, d, 256, 128, 64)
     torch.cuda.synchronize()
     assert _rel_err(d, torch.mm(a, w.t())) < TOL
@@ -105,8 +201,10 @@ def test_benchmark_measures_one_shape(tmp_path):
     doc = json.loads((tmp_path / "one.json").read_text())
     (rec,) = doc["records"]
     assert (rec["m"], rec["n"], rec["k"], rec["local"]) == (1024, 4096, 512, True)
-    assert rec["status"] == "ok" and rec["model_tile"] in (128, 256)
-    assert all(rec["err"][f"n{t}"] < TOL for t in rep.TILES)
+    assert rec["status"] == "ok" and rec["model_config"] in rep.CONFIGS
+    assert rec["configs"] == list(rep.CONFIGS)
+    assert all(rec["err"][c] < TOL and rec["ms"][c] > 0 for c in rep.CONFIGS)
+    assert rec["derived"]["fastest_config"] in rep.CONFIGS
     assert rec["derived"]["below_floor"] == []
     assert 0.5 < rec["derived"]["ratio"] < 2.0  # a sanity bound; the acceptance is the report's
     assert (tmp_path / "one.png").exists() and doc["meta"]["complete"] is True

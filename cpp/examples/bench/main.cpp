@@ -16,7 +16,7 @@
 // --pdl/--no-pdl: programmatic dependent launch between the GEMM steps (default: where it pays,
 // device::pdl_by_default); --partial-via: how reduce-scatter partials reach the next device
 // (default: schedule::default_plan_options); --tile-n: the GEMM output tile 128 x 128 or
-// 128 x 256 for every GEMM (default auto: per GEMM, kernel::choose_tile_n); --graph-json: every
+// 128 x 256 for every GEMM (default auto: per GEMM, kernel::choose_config); --graph-json: every
 // device's captured graph as JSON (graph_json.cpp).
 //
 // Single case (single_case.cpp): prints one line `RESULT key=value ...`. Exit code: 0 verified

@@ -30,8 +30,20 @@ using distgemm::kernel::GemmDesc;
 
 const void* as_ptr(uint64_t v) { return reinterpret_cast<const void*>(static_cast<uintptr_t>(v)); }
 
+// The GemmDesc::config number of a configuration name ("auto" = 0); ValueError otherwise.
+int config_number(const std::string& name) {
+  const int c = distgemm::kernel::parse_config(name);
+  if (c < 0) {
+    std::string names = "auto";
+    for (const auto& s : distgemm::kernel::kConfigs) names += std::string(", ") + s.name;
+    throw std::invalid_argument("config '" + name + "' is not one of " + names);
+  }
+  return c;
+}
+
 GemmDesc dense_desc(uint64_t a, uint64_t b, uint64_t d, int64_t m, int64_t n, int64_t k,
-                    const std::string& dtype, int tile_n, bool b_n_major) {
+                    const std::string& dtype, int tile_n, bool b_n_major,
+                    const std::string& config) {
   GemmDesc g;
   g.dtype = distgemm::kernel::parse_dtype(dtype);  // std::invalid_argument -> ValueError
   g.m = m;
@@ -48,6 +60,7 @@ GemmDesc dense_desc(uint64_t a, uint64_t b, uint64_t d, int64_t m, int64_t n, in
   g.ldd = n;
   g.batch_d = m * n;
   g.tile_n = tile_n;
+  g.config = config_number(config);
   return g;
 }
 
@@ -74,9 +87,9 @@ ErrorSink& error_sink(int cuda_device) {
 }
 
 int run_gemm(uint64_t a, uint64_t b, uint64_t d, int64_t m, int64_t n, int64_t k,
-             const std::string& dtype, int tile_n, bool b_n_major, int cuda_device,
-             uint64_t stream) {
-  const GemmDesc g = dense_desc(a, b, d, m, n, k, dtype, tile_n, b_n_major);
+             const std::string& dtype, int tile_n, bool b_n_major, int cuda_device, uint64_t stream,
+             const std::string& config) {
+  const GemmDesc g = dense_desc(a, b, d, m, n, k, dtype, tile_n, b_n_major, config);
   const std::string why = dense_problem(g);
   if (!why.empty()) throw std::invalid_argument("gemm: " + why);
   if (cuda_device < 0)
@@ -100,28 +113,61 @@ void register_gemm(py::module_& m) {
   m.def(
       "gemm_problem",
       [](uint64_t a, uint64_t b, uint64_t d, int64_t m_, int64_t n, int64_t k,
-         const std::string& dtype, int tile_n, bool b_n_major) {
-        return dense_problem(dense_desc(a, b, d, m_, n, k, dtype, tile_n, b_n_major));
+         const std::string& dtype, int tile_n, bool b_n_major, const std::string& config) {
+        return dense_problem(dense_desc(a, b, d, m_, n, k, dtype, tile_n, b_n_major, config));
       },
       py::arg("a"), py::arg("b"), py::arg("d"), py::arg("m"), py::arg("n"), py::arg("k"),
-      py::arg("dtype") = "bf16", py::arg("tile_n") = 0, py::arg("b_n_major") = false,
+      py::arg("dtype") = "bf16", py::arg("tile_n") = 0, py::arg("b_n_major") = false, py::kw_only(),
+      py::arg("config") = "auto",
       "'' when gemm() runs this dense GEMM (kernel::gemm_can_implement: extents, 16-byte "
-      "alignment of every operand, the tile), else the reason. Touches no device.");
+      "alignment of every operand, the tile or configuration), else the reason. Touches no "
+      "device.");
   m.def("gemm", &run_gemm, py::arg("a"), py::arg("b"), py::arg("d"), py::arg("m"), py::arg("n"),
         py::arg("k"), py::arg("dtype") = "bf16", py::arg("tile_n") = 0,
         py::arg("b_n_major") = false, py::kw_only(), py::arg("cuda_device"), py::arg("stream"),
+        py::arg("config") = "auto",
         "Enqueue D[m, n] = A[m, k] @ B[n, k]^T (B[k, n] with b_n_major) on `stream` of "
-        "`cuda_device` with distgemm's kernel: contiguous bf16/fp16 operands, fp32 accumulate, "
-        "output tile 128 x tile_n (0: the wave model's choice, kernel::choose_tile_n). Returns "
-        "the tile width it ran with; ValueError with gemm_problem's reason when the kernel "
-        "cannot run the GEMM.");
+        "`cuda_device` with distgemm's kernel: contiguous bf16/fp16 operands, fp32 accumulate. "
+        "The kernel: `config` (a gemm_config_names() name), else output tile 128 x tile_n, else "
+        "(both unset) the model's choice (kernel::choose_config). Returns the output tile width "
+        "it ran with; ValueError with gemm_problem's reason when the kernel cannot run the GEMM.");
+  m.def(
+      "gemm_resolve_config",
+      [](int64_t m_, int64_t n, const std::string& dtype, int tile_n, bool b_n_major,
+         const std::string& config, int cuda_device) {
+        GemmDesc g;
+        g.dtype = distgemm::kernel::parse_dtype(dtype);
+        g.m = m_;
+        g.n = n;
+        g.tile_n = tile_n;
+        g.b_n_major = b_n_major;
+        g.config = config_number(config);
+        std::string why = distgemm::kernel::tile_n_problem(tile_n);
+        if (why.empty()) why = distgemm::kernel::gemm_config_problem(g.dtype, g.config, b_n_major);
+        if (!why.empty()) throw std::invalid_argument("gemm_resolve_config: " + why);
+        return distgemm::kernel::config_name(distgemm::kernel::gemm_config(g, cuda_device));
+      },
+      py::arg("m"), py::arg("n"), py::arg("dtype") = "bf16", py::arg("tile_n") = 0,
+      py::arg("b_n_major") = false, py::kw_only(), py::arg("config") = "auto",
+      py::arg("cuda_device"),
+      "The configuration name gemm() runs an m x n GEMM with on `cuda_device` (with config "
+      "'auto' and tile_n 0: the model's choice with the device's resident CTAs).");
   m.def(
       "gemm_resident_ctas",
-      [](const std::string& dtype, int tile_n, int cuda_device) {
-        return distgemm::kernel::gemm_resident_ctas(distgemm::kernel::parse_dtype(dtype), tile_n,
-                                                    cuda_device);
+      [](const std::string& dtype, int tile_n, int cuda_device, const std::string& config) {
+        const auto dt = distgemm::kernel::parse_dtype(dtype);
+        const int c = config_number(config);
+        if ((tile_n == 0) == (c == 0))
+          throw std::invalid_argument(
+              "gemm_resident_ctas: give tile_n (128 or 256) or config, "
+              "exactly one; got tile_n=" +
+              std::to_string(tile_n) + " config=" + config);
+        return c != 0 ? distgemm::kernel::gemm_config_resident_ctas(dt, c, cuda_device)
+                      : distgemm::kernel::gemm_resident_ctas(dt, tile_n, cuda_device);
       },
-      py::arg("dtype"), py::arg("tile_n"), py::arg("cuda_device"),
-      "Resident CTAs (persistent grid size) of the kernel with output tile 128 x tile_n on "
-      "`cuda_device`: the slot counts the wave model (choose_tile_n) works with.");
+      py::arg("dtype"), py::arg("tile_n") = 0, py::arg("cuda_device") = 0, py::kw_only(),
+      py::arg("config") = "auto",
+      "Resident CTAs (persistent grid size) on `cuda_device` of the kernel with output tile "
+      "128 x tile_n (cluster 2x1) or of configuration `config`: the slot counts the model "
+      "(choose_config) works with.");
 }

@@ -22,7 +22,7 @@ struct GraphSetup {
   std::vector<uint64_t> workspace_bases;  // every rank's base, as seen from this device
   int64_t workspace_bytes = 0;            // bytes addressable from each base; 0: not checked
   double timeout_s = 5.0;                 // bound of every in-kernel wait
-  int tile_n = 0;  // GEMM output tile 128 x tile_n: 0 = per GEMM (kernel::choose_tile_n), 128, 256
+  int tile_n = 0;  // GEMM output tile 128 x tile_n: 0 = per GEMM (kernel::choose_config), 128, 256
   bool b_n_major = false;  // B stored [k, n] (a transposed weight view): device::GraphOptions
 
   GraphSetup(int rank_, int cuda_device_, std::string dtype_, std::vector<uint64_t> bases,

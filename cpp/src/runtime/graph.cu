@@ -12,6 +12,7 @@
 
 #include "distgemm/device/check.hpp"
 #include "distgemm/device/graph.hpp"
+#include "distgemm/kernel/tile_choice.hpp"
 
 namespace distgemm::device {
 
@@ -333,8 +334,9 @@ GraphStats DeviceGraph::enqueue(const UserBuffers& user, const Lanes& lanes, boo
     const auto& op = prog.gemms[i];
     kernel::GemmDesc desc = gemm_desc(op, user);
     desc.pdl = use_pdl && i > 0;  // GEMM 0 follows the entry barrier: a full edge
-    desc.tile_n = kernel::gemm_tile_n(desc, cuda_device_);  // resolved once: launch and stats
-    if (desc.tile_n == 128) ++st.gemm_n128;
+    desc.config = kernel::gemm_config(desc, cuda_device_);  // resolved once: launch and stats
+    const kernel::ConfigShape* shape = kernel::config_shape(desc.config);
+    if (shape->tile_m == 128 && shape->tile_n == 128) ++st.gemm_n128;
     kernel::gemm_launch(desc, wait_spec(op.waits, op.iteration, kernel::kWaitGemm), cuda_device_,
                         lanes.gemm);
     tag(lanes.gemm, role("gemm", static_cast<int>(i), -1, op.waits));

@@ -1,11 +1,12 @@
-// Dtype and tile dispatch and shape checks of the GEMM, and the two single-block runtime kernels
-// (entry barrier, wait before a copy). The CUTLASS instantiations live in
-// gemm_<dtype>_n<tile>[_bn].cu, one kernel per translation unit.
+// Dtype and configuration dispatch and shape checks of the GEMM, and the two single-block runtime
+// kernels (entry barrier, wait before a copy). The CUTLASS instantiations live in
+// gemm_<dtype>_[m<tile m>_]n<tile n>[_c11][_bn].cu, one kernel per translation unit.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "distgemm/device/check.hpp"
 #include "distgemm/kernel/gemm.hpp"
@@ -16,7 +17,7 @@
 namespace distgemm::kernel {
 
 namespace detail {
-// One set per kernel (gemm_<dtype>_n<tile>[_bn].cu; _bn: B N-contiguous).
+// One set per kernel (gemm_<dtype>_...cu; _c11: cluster 1x1; _bn: B N-contiguous).
 #define DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(SUFFIX)                                        \
   std::string can_implement_##SUFFIX(const GemmDesc& g);                                  \
   void launch_##SUFFIX(const GemmDesc& g, const WaitSpec& w, int device, cudaStream_t s); \
@@ -27,6 +28,8 @@ DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(fp16_n256)
 DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(fp16_n128)
 DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(bf16_n256_bn)
 DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(fp16_n256_bn)
+DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(bf16_n128_c11)
+DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(bf16_m256_n128)
 #undef DISTGEMM_DECLARE_GEMM_ENTRY_POINTS
 
 struct Kernels {
@@ -35,18 +38,30 @@ struct Kernels {
   int (*prepare)(int);
 };
 
-// b_n_major has the 128x256 tile only (gemm_can_implement refuses a forced 128 with it).
-Kernels kernels(DType dtype, int tile_n, bool b_n_major = false) {
-  if (b_n_major)
-    return dtype == DType::BF16
-               ? Kernels{can_implement_bf16_n256_bn, launch_bf16_n256_bn, prepare_bf16_n256_bn}
-               : Kernels{can_implement_fp16_n256_bn, launch_fp16_n256_bn, prepare_fp16_n256_bn};
-  if (dtype == DType::BF16)
-    return tile_n == 128 ? Kernels{can_implement_bf16_n128, launch_bf16_n128, prepare_bf16_n128}
-                         : Kernels{can_implement_bf16_n256, launch_bf16_n256, prepare_bf16_n256};
-  return tile_n == 128 ? Kernels{can_implement_fp16_n128, launch_fp16_n128, prepare_fp16_n128}
-                       : Kernels{can_implement_fp16_n256, launch_fp16_n256, prepare_fp16_n256};
+#define DISTGEMM_KERNELS(SUFFIX) \
+  Kernels { can_implement_##SUFFIX, launch_##SUFFIX, prepare_##SUFFIX }
+
+// The kernel of configuration `config` (1..kConfigCount) for the dtype and B layout; the caller
+// has checked config_available (b_n_major has the 128x256 tile only, fp16 the two cluster-2x1
+// tiles), so any other configuration falls back to 128x256.
+Kernels kernels(DType dtype, int config, bool b_n_major = false) {
+  const bool bf16 = dtype == DType::BF16;
+  if (b_n_major) return bf16 ? DISTGEMM_KERNELS(bf16_n256_bn) : DISTGEMM_KERNELS(fp16_n256_bn);
+  switch (static_cast<GemmConfig>(config)) {
+    case GemmConfig::T128x128:
+      return bf16 ? DISTGEMM_KERNELS(bf16_n128) : DISTGEMM_KERNELS(fp16_n128);
+    case GemmConfig::T128x128C1:
+      if (bf16) return DISTGEMM_KERNELS(bf16_n128_c11);
+      break;
+    case GemmConfig::T256x128:
+      if (bf16) return DISTGEMM_KERNELS(bf16_m256_n128);
+      break;
+    default:
+      break;
+  }
+  return bf16 ? DISTGEMM_KERNELS(bf16_n256) : DISTGEMM_KERNELS(fp16_n256);
 }
+#undef DISTGEMM_KERNELS
 }  // namespace detail
 
 namespace {
@@ -95,35 +110,70 @@ std::string gemm_can_implement(const GemmDesc& g) {
   if (g.b_n_major && g.tile_n == 128)
     return "tile_n=128 has no kernel for an N-contiguous B (a transposed weight view): use "
            "tile_n=0 or 256, or pass the weight K-contiguous";
-  // Both tiles take the same shapes (TMA alignment); ask the kernel a forced tile names.
-  return detail::kernels(g.dtype, g.tile_n, g.b_n_major).can_implement(g);
+  if (!(e = gemm_config_problem(g.dtype, g.config, g.b_n_major)).empty()) return e;
+  if (g.config != 0 && g.tile_n != 0 && g.config != config_of_tile_n(g.tile_n))
+    return "tile_n=" + s(g.tile_n) + " and config=" + config_name(g.config) +
+           " name different kernels: set one of them (tile_n 128 is config 128x128, 256 is "
+           "128x256)";
+  // Every configuration takes the same shapes (TMA alignment); ask the one a request names.
+  const int forced = g.config != 0 ? g.config : g.tile_n != 0 ? config_of_tile_n(g.tile_n) : 0;
+  return detail::kernels(g.dtype, forced, g.b_n_major).can_implement(g);
+}
+
+std::string gemm_config_problem(DType dtype, int config, bool b_n_major) {
+  if (config == 0) return "";
+  if (!config_shape(config)) return "config=" + s(config) + " is not one of " + config_list();
+  const bool bf16 = dtype == DType::BF16;
+  if (config_shape(config)->bf16_only && !bf16)
+    return std::string("config=") + config_name(config) + " is instantiated for bf16 only; " +
+           dtype_name(dtype) + " has 128x256 and 128x128";
+  if (!config_available(config, bf16, b_n_major))
+    return std::string("config=") + config_name(config) +
+           " has no kernel for an N-contiguous B (a transposed weight view): use config auto or "
+           "128x256, or pass the weight K-contiguous";
+  return "";
+}
+
+int gemm_config_resident_ctas(DType dtype, int config, int device) {
+  const std::string why = gemm_config_problem(dtype, config, false);
+  if (config == 0 || !why.empty())
+    throw std::invalid_argument("gemm_config_resident_ctas: " +
+                                (config == 0 ? "config=auto names no kernel" : why));
+  // prepare_* is set up once per device and cached: a table lookup after the first call.
+  return detail::kernels(dtype, config).prepare(device);
 }
 
 int gemm_resident_ctas(DType dtype, int tile_n, int device) {
   if (tile_n != 128 && tile_n != 256)
     throw std::invalid_argument("gemm_resident_ctas: tile_n=" + std::to_string(tile_n) +
                                 " is not 128 or 256");
-  // prepare_* is set up once per device and cached: a table lookup after the first call.
-  return detail::kernels(dtype, tile_n).prepare(device);
+  return gemm_config_resident_ctas(dtype, config_of_tile_n(tile_n), device);
+}
+
+int gemm_config(const GemmDesc& g, int device) {
+  if (g.config != 0) return g.config;
+  if (g.tile_n != 0) return config_of_tile_n(g.tile_n);
+  const std::vector<int> candidates = available_configs(g.dtype == DType::BF16, g.b_n_major);
+  if (candidates.size() == 1) return candidates[0];
+  std::vector<int> slots;
+  for (int c : candidates) slots.push_back(gemm_config_resident_ctas(g.dtype, c, device));
+  return choose_config(g.m, g.n, g.l, candidates, slots, g.swizzle);
 }
 
 int gemm_tile_n(const GemmDesc& g, int device) {
-  if (g.tile_n != 0) return g.tile_n;
-  if (g.b_n_major) return 256;  // the one tile with that B layout
-  return choose_tile_n(g.m, g.n, g.l, gemm_resident_ctas(g.dtype, 256, device),
-                       gemm_resident_ctas(g.dtype, 128, device));
+  return config_shape(gemm_config(g, device))->tile_n;
 }
 
 void gemm_launch(const GemmDesc& g, const WaitSpec& wait, int device, cudaStream_t stream) {
   const std::string why = gemm_can_implement(g);
   if (!why.empty()) throw std::invalid_argument("GEMM rejected before launch: " + why);
-  detail::kernels(g.dtype, gemm_tile_n(g, device), g.b_n_major).launch(g, wait, device, stream);
+  detail::kernels(g.dtype, gemm_config(g, device), g.b_n_major).launch(g, wait, device, stream);
 }
 
 void gemm_prepare(DType dtype, int device) {
-  (void)detail::kernels(dtype, 256).prepare(device);
-  (void)detail::kernels(dtype, 128).prepare(device);
-  (void)detail::kernels(dtype, 256, true).prepare(device);
+  for (int c : available_configs(dtype == DType::BF16, false))
+    (void)detail::kernels(dtype, c).prepare(device);
+  (void)detail::kernels(dtype, static_cast<int>(GemmConfig::T128x256), true).prepare(device);
 }
 
 // Entry barrier of a launch: bump this device's generation, publish it into every device's

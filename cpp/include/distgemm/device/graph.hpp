@@ -163,7 +163,7 @@ struct GraphOptions {
   // Auto: pdl_by_default(plan).
   enum class Pdl : uint8_t { Auto, On, Off };
   Pdl pdl = Pdl::Auto;
-  // GEMM output tile 128 x tile_n: 0 = per GEMM from its shape (kernel::choose_tile_n), 128 or
+  // GEMM output tile 128 x tile_n: 0 = per GEMM from its shape (kernel::choose_config), 128 or
   // 256 = that kernel for every GEMM (for comparisons).
   int tile_n = 0;
   // The caller's B is stored [k, n] (N contiguous: a transposed view of an nn.Linear weight)
@@ -190,7 +190,7 @@ using schedule::pdl_by_default;
 struct GraphStats {
   int gemm_nodes = 0, copy_nodes = 0, signal_nodes = 0, wait_kernels = 0;
   bool pdl = false;   // GEMM i+1 follows GEMM i by a programmatic edge
-  int gemm_n128 = 0;  // GEMM nodes that run the 128x128-tile kernel (the rest: 128x256)
+  int gemm_n128 = 0;  // GEMM nodes with 128x128 tiles, either cluster (the rest: 128x256, 256x128)
 };
 
 // The captured graph of one device as plain data, for inspection (tests, distgemm_bench

@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "distgemm/kernel/tile_choice.hpp"  // kDefaultSwizzle, GemmConfig
 #include "distgemm/kernel/wait_spec.hpp"
 
 namespace distgemm::kernel {
@@ -32,12 +33,6 @@ inline DType parse_dtype(const std::string& s) {
   throw std::invalid_argument("dtype '" + s + "' is not supported: use bf16 or fp16");
 }
 inline int dtype_bytes(DType) { return 2; }
-
-// The persistent tile scheduler's order unless a caller sets one (GemmDesc::swizzle, raster):
-// groups of 8 tiles along CUTLASS's heuristic raster, the fastest order on the Llama per-device
-// shapes (docs/tuning.md). A larger group keeps more of A and B in L2 between neighbouring tiles.
-inline constexpr int kDefaultSwizzle = 8;
-inline constexpr int kDefaultRaster = 0;
 
 struct GemmDesc {
   DType dtype = DType::BF16;
@@ -69,9 +64,12 @@ struct GemmDesc {
   // griddepcontrol.launch_dependents on entry). Only for a previous kernel this GEMM has no data
   // dependence on: the runtime's GEMMs exchange data only through flags.
   bool pdl = false;
-  // Output tile 128 x tile_n: 0 = chosen from the shape (choose_tile_n, kernel/tile_choice.hpp),
-  // 128 or 256 = that kernel.
+  // Output tile 128 x tile_n: 0 = chosen from the shape, 128 or 256 = the cluster-2x1 kernel with
+  // that tile (config 128x128 or 128x256).
   int tile_n = 0;
+  // Kernel configuration (kernel/tile_choice.hpp's GemmConfig numbers): 0 = chosen from the shape
+  // (choose_config) unless tile_n names one; else that kernel. A set config and tile_n must agree.
+  int config = 0;
 };
 
 // "" when the kernel can run `g`; otherwise the reason, in words, with the values and the fix.
@@ -82,12 +80,20 @@ std::string gemm_can_implement(const GemmDesc& g);
 // stream capture.
 void gemm_prepare(DType dtype, int device);
 
-// The output tile width gemm_launch runs `g` with on `device`: g.tile_n when set, else
-// choose_tile_n with both kernels' resident CTAs on that device.
+// "" when configuration `config` (0 = auto) has a kernel for the dtype and B layout, else why.
+std::string gemm_config_problem(DType dtype, int config, bool b_n_major);
+
+// The configuration gemm_launch runs `g` with on `device`: g.config, else the one g.tile_n names,
+// else choose_config over the dtype's configurations with their resident CTAs on that device.
+int gemm_config(const GemmDesc& g, int device);
+
+// The output tile width (N) of the configuration gemm_launch runs `g` with on `device`.
 int gemm_tile_n(const GemmDesc& g, int device);
 
-// Resident CTAs (the persistent grid size) of the kernel with output tile 128 x tile_n (128 or
-// 256) on `device`: the slot counts choose_tile_n works with.
+// Resident CTAs (the persistent grid size) of a configuration's kernel on `device`: the slot
+// counts choose_config works with. gemm_resident_ctas names the kernel by tile width (128 or
+// 256: the cluster-2x1 configurations).
+int gemm_config_resident_ctas(DType dtype, int config, int device);
 int gemm_resident_ctas(DType dtype, int tile_n, int device);
 
 // Enqueues the GEMM on `stream` (capturable). `device` is the CUDA device the stream belongs to.

@@ -3,8 +3,10 @@
 //
 // Kernel: TMA warp-specialized, cooperative (two consumer warpgroups share a 128x256 tile, so the
 // fp32 accumulators of both wgmma streams stay in flight; pingpong at 128x256 serialises them),
-// tile 128 x TileN x 64, cluster 2x1 (A tile multicast to the pair), persistent grid. TileN is
-// 256, or 128 for GEMMs whose 128x256 tiles would leave SMs idle (kernel/tile_choice.hpp).
+// tile TileM x TileN x 64, cluster ClusterM x ClusterN (the operand tile shared along the cluster
+// multicast to it), persistent grid. The configurations (tile_choice.hpp's kConfigs): 128x256 and
+// 128x128 with cluster 2x1, and for bf16 128x128 with cluster 1x1 and 256x128 with cluster 1x2;
+// kernel/tile_choice.hpp picks one per GEMM.
 // B is K-contiguous ([n, k], nn.Linear's weight), or with BNMajor N-contiguous ([k, n], a
 // transposed view of that weight: what a backward dgrad GEMM reads); TMA and wgmma read both
 // layouts of 16-bit types, so the transposed weight is never copied.
@@ -36,6 +38,7 @@
 #include "distgemm/device/check.hpp"
 #include "distgemm/kernel/gemm.hpp"
 #include "distgemm/kernel/leading_barrier.cuh"
+#include "distgemm/kernel/tile_choice.hpp"
 
 namespace distgemm::kernel::sm90 {
 
@@ -114,11 +117,14 @@ struct OptionalSrcFetch {
   }
 };
 
-template <class Element, int TileN, bool BNMajor>
+template <class Element, int TileM, int TileN, int ClusterM, int ClusterN, bool BNMajor>
 struct Config {
-  static_assert(TileN == 128 || TileN == 256, "tile width 128 or 256");
-  using TileShape = Shape<_128, Int<TileN>, _64>;
-  using ClusterShape = Shape<_2, _1, _1>;
+  static_assert((TileM == 128 || TileM == 256) && (TileN == 128 || TileN == 256) &&
+                    TileM * TileN <= 128 * 256,
+                "output tile 128x256, 128x128 or 256x128");
+  static_assert(ClusterM * ClusterN <= 2, "cluster 1x1, 2x1 or 1x2");
+  using TileShape = Shape<Int<TileM>, Int<TileN>, _64>;
+  using ClusterShape = Shape<Int<ClusterM>, Int<ClusterN>, _1>;
   static constexpr int kAlign = 128 / cutlass::sizeof_bits<Element>::value;  // 16 bytes
   using LayoutA = cutlass::layout::RowMajor;  // A [m, k], K contiguous
   // B [n, k], K contiguous ("TN"), or BNMajor: B stored [k, n], N contiguous ("NN").
@@ -175,9 +181,9 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock,
   op(params, smem);
 }
 
-template <class Element, int TileN, bool BNMajor>
+template <class Element, int TileM, int TileN, int ClusterM, int ClusterN, bool BNMajor>
 struct Runner {
-  using Cfg = Config<Element, TileN, BNMajor>;
+  using Cfg = Config<Element, TileM, TileN, ClusterM, ClusterN, BNMajor>;
   using Kernel = typename Cfg::Kernel;
   using Arguments = typename Kernel::Arguments;
 
@@ -196,20 +202,10 @@ struct Runner {
   // clusters that can be resident at once (cudaOccupancyMaxActiveClusters): a grid of one
   // cluster per SM pair would leave the clusters that do not fit (GPCs with an odd number of
   // free SMs) to run their tiles after everyone else, a tail of up to a few percent.
-  // The largest swizzle <= g.swizzle that divides the tile grid. CUTLASS rounds the grid of
-  // output tiles up to a multiple of swizzle * cluster in both modes and runs the padding tiles
-  // through the full mainloop (zero-filled loads), so a swizzle that does not divide the grid
-  // costs whole mainloops of padding (swizzle 8 on 8 M tiles would pad them to 16).
+  // The largest swizzle <= g.swizzle that divides the tile grid (kernel::effective_swizzle).
   static int effective_swizzle(const GemmDesc& g) {
-    const int64_t tm = (g.m + cute::size<0>(typename Cfg::TileShape{}) - 1) /
-                       cute::size<0>(typename Cfg::TileShape{});
-    const int64_t tn = (g.n + cute::size<1>(typename Cfg::TileShape{}) - 1) /
-                       cute::size<1>(typename Cfg::TileShape{});
-    const int cm = cute::size<0>(typename Cfg::ClusterShape{});
-    const int cn = cute::size<1>(typename Cfg::ClusterShape{});
-    int sw = g.swizzle;
-    while (sw > 1 && (tm % (int64_t(sw) * cm) != 0 || tn % (int64_t(sw) * cn) != 0)) sw /= 2;
-    return sw;
+    return ::distgemm::kernel::effective_swizzle(
+        (g.m + TileM - 1) / TileM, (g.n + TileN - 1) / TileN, ClusterM, ClusterN, g.swizzle);
   }
 
   static Arguments make_arguments(const GemmDesc& g, int sm_count, int max_active_clusters) {
@@ -338,20 +334,21 @@ struct Runner {
 
 }  // namespace distgemm::kernel::sm90
 
-// One kernel's entry points (dtype x tile width x B layout), defined by a translation unit that
-// instantiates Runner<ELEMENT, TILE_N, B_N_MAJOR>. prepare_* returns the kernel's resident CTAs
-// (the persistent grid size), the input of choose_tile_n.
-#define DISTGEMM_DEFINE_GEMM_ENTRY_POINTS(SUFFIX, ELEMENT, TILE_N, B_N_MAJOR)              \
-  namespace distgemm::kernel::detail {                                                     \
-  std::string can_implement_##SUFFIX(const GemmDesc& g) {                                  \
-    return sm90::Runner<ELEMENT, TILE_N, B_N_MAJOR>::can_implement(g);                     \
-  }                                                                                        \
-  void launch_##SUFFIX(const GemmDesc& g, const WaitSpec& w, int device, cudaStream_t s) { \
-    sm90::Runner<ELEMENT, TILE_N, B_N_MAJOR>::launch(g, w, device, s);                     \
-  }                                                                                        \
-  int prepare_##SUFFIX(int device) {                                                       \
-    const auto d = sm90::Runner<ELEMENT, TILE_N, B_N_MAJOR>::prepare(device);              \
-    using Cluster = typename sm90::Runner<ELEMENT, TILE_N, B_N_MAJOR>::Cfg::ClusterShape;  \
-    return d.max_active_clusters * int(cute::size(Cluster{}));                             \
-  }                                                                                        \
+// One kernel's entry points (dtype x tile x cluster x B layout), defined by a translation unit
+// that instantiates Runner<ELEMENT, TILE_M, TILE_N, CLUSTER_M, CLUSTER_N, B_N_MAJOR>. prepare_*
+// returns the kernel's resident CTAs (the persistent grid size), the input of choose_config.
+#define DISTGEMM_DEFINE_GEMM_ENTRY_POINTS(SUFFIX, ELEMENT, TILE_M, TILE_N, CLUSTER_M, CLUSTER_N,  \
+                                          B_N_MAJOR)                                              \
+  namespace distgemm::kernel::detail {                                                            \
+  using Runner_##SUFFIX = sm90::Runner<ELEMENT, TILE_M, TILE_N, CLUSTER_M, CLUSTER_N, B_N_MAJOR>; \
+  std::string can_implement_##SUFFIX(const GemmDesc& g) {                                         \
+    return Runner_##SUFFIX::can_implement(g);                                                     \
+  }                                                                                               \
+  void launch_##SUFFIX(const GemmDesc& g, const WaitSpec& w, int device, cudaStream_t s) {        \
+    Runner_##SUFFIX::launch(g, w, device, s);                                                     \
+  }                                                                                               \
+  int prepare_##SUFFIX(int device) {                                                              \
+    const auto d = Runner_##SUFFIX::prepare(device);                                              \
+    return d.max_active_clusters * CLUSTER_M * CLUSTER_N;                                         \
+  }                                                                                               \
   }

@@ -1,23 +1,32 @@
-// Which of the two GEMM kernels (output tile 128x256 or 128x128, see kernel/gemm_sm90.cuh) runs
-// one GEMM. Host-only and pure, so that the choice is testable without a GPU and the same on
-// every rank.
+// Which GEMM kernel configuration (output tile and cluster, see kernel/gemm_sm90.cuh) runs one
+// GEMM. Host-only and pure, so that the choice is testable without a GPU and the same on every
+// rank.
 //
-// Why two tiles: the persistent kernel runs its output tiles in waves of one tile per resident
-// CTA. A GEMM with few tiles leaves SMs idle for its whole duration: a 512x4096 step (one of two
-// steps of Llama-8B's O projection at 1024 tokens, TP=2) has 64 tiles of 128x256 for an H200's
-// 132 SMs, so each step takes as long as the undivided GEMM. Halving the tile doubles the
+// Why several tiles: the persistent kernel runs its output tiles in waves of one tile per
+// resident CTA. A GEMM with few tiles leaves SMs idle for its whole duration: a 512x4096 step (one
+// of two steps of Llama-8B's O projection at 1024 tokens, TP=2) has 64 tiles of 128x256 for an
+// H200's 132 SMs, so each step takes as long as the undivided GEMM. Halving the tile doubles the
 // tiles; each one costs about half. Where the 128x256 grid is full, the larger tile wins: it
 // reads less operand data per flop.
 //
-// The model: time ~ waves x cost of one tile, waves = ceil(tiles / resident CTAs), the cost of a
-// 128x128 tile relative to a 128x256 one kTile128RelativeCost. The narrow tile must win by
-// kTile128MinGain: inside a plan, programmatic dependent launch lets the next step's GEMM fill
-// the last wave's idle SMs, which the model does not see, so a small modelled gain is not a real
-// one. The measurements behind both constants are in docs/tuning.md.
+// Why clusters matter: CUTLASS's persistent scheduler rounds the tile grid up to a multiple of
+// the cluster shape (and of swizzle x cluster) in each mode and runs the padding tiles through
+// the full mainloop. With cluster 2x1 a GEMM with one 128-row M tile (decode) runs two, so the
+// cluster-1x1 and cluster-1x2 configurations exist for grids the 2x1 padding would double.
+//
+// The model: time ~ waves x cost of one tile, waves = ceil(padded tiles / resident CTAs), the
+// cost of each configuration's tile relative to a 128x256 cluster-2x1 one in kConfigs. The default
+// 128x256 runs unless another configuration is rated at least kConfigMinGain cheaper: inside a
+// plan, programmatic dependent launch lets the next step's GEMM fill the last wave's idle SMs,
+// which the model does not see, so a small modelled gain is not a real one. The constants are
+// provisional until calibrated by benchmarks/kernel_vs_cublas.py; their derivation is in
+// docs/tuning.md. choose_tile_n is the two-tile model without padding that the plan simulator and
+// the path model annotate with.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace distgemm::kernel {
 
@@ -55,6 +64,142 @@ inline int choose_tile_n(int64_t m, int64_t n, int64_t l, int slots_n256, int sl
   const TileEstimate wide = estimate_tiles(m, n, l, 256, slots_n256);
   const TileEstimate narrow = estimate_tiles(m, n, l, 128, slots_n128);
   return narrow.cost < (1.0 - kTile128MinGain) * wide.cost ? 128 : 256;
+}
+
+// The persistent tile scheduler's order unless a caller sets one (GemmDesc::swizzle, raster):
+// groups of 8 tiles along CUTLASS's heuristic raster, the fastest order on the Llama per-device
+// shapes (docs/tuning.md). A larger group keeps more of A and B in L2 between neighbouring tiles.
+inline constexpr int kDefaultSwizzle = 8;
+inline constexpr int kDefaultRaster = 0;
+
+// One kernel configuration: output tile tile_m x tile_n x 64, cooperative TMA warp-specialized,
+// cluster cluster_m x cluster_n. Values are the GemmDesc::config numbers (0 = auto).
+enum class GemmConfig : int { Auto = 0, T128x256 = 1, T128x128 = 2, T128x128C1 = 3, T256x128 = 4 };
+
+struct ConfigShape {
+  GemmConfig id;
+  const char* name;
+  int tile_m, tile_n, cluster_m, cluster_n;
+  double relative_cost;  // one tile's time relative to a 128x256 cluster-2x1 tile, same K
+  bool bf16_only;        // instantiated for bf16 only (fp16 has the first two)
+};
+
+// Every configuration, the default first (ties go to the earlier entry). The relative costs are
+// provisional (docs/tuning.md): 128x128 measured on single-GPU GEMMs; cluster 1x1 adds ~7% for the
+// B tile it no longer multicasts; 256x128 moves the same bytes per flop as 128x256.
+inline constexpr ConfigShape kConfigs[] = {
+    {GemmConfig::T128x256, "128x256", 128, 256, 2, 1, 1.0, false},
+    {GemmConfig::T128x128, "128x128", 128, 128, 2, 1, kTile128RelativeCost, false},
+    {GemmConfig::T128x128C1, "128x128c1", 128, 128, 1, 1, 0.60, true},
+    {GemmConfig::T256x128, "256x128", 256, 128, 1, 2, 1.0, true},
+};
+inline constexpr int kConfigCount = sizeof(kConfigs) / sizeof(kConfigs[0]);
+// Another configuration replaces the default only where the model rates it this much cheaper.
+inline constexpr double kConfigMinGain = kTile128MinGain;
+
+// The shape of configuration `c` (1..kConfigCount), or nullptr.
+inline const ConfigShape* config_shape(int c) {
+  for (const auto& s : kConfigs)
+    if (static_cast<int>(s.id) == c) return &s;
+  return nullptr;
+}
+
+// "auto" for 0, the configuration's name, or "" for an unknown number.
+inline std::string config_name(int c) {
+  if (c == 0) return "auto";
+  const ConfigShape* s = config_shape(c);
+  return s ? s->name : "";
+}
+
+inline std::string config_list() {
+  std::string out = "0 (auto)";
+  for (const auto& s : kConfigs)
+    out += std::string(", ") + std::to_string(static_cast<int>(s.id)) + " (" + s.name + ")";
+  return out;
+}
+
+// The configuration number of `name` ("auto" = 0); -1 when unknown.
+inline int parse_config(const std::string& name) {
+  if (name == "auto") return 0;
+  for (const auto& s : kConfigs)
+    if (name == s.name) return static_cast<int>(s.id);
+  return -1;
+}
+
+// Whether configuration `c` has a kernel for the dtype (bf16 = true) and B layout.
+inline bool config_available(int c, bool bf16, bool b_n_major) {
+  const ConfigShape* s = config_shape(c);
+  if (!s || (s->bf16_only && !bf16)) return false;
+  return !b_n_major || s->id == GemmConfig::T128x256;  // the one N-contiguous-B kernel
+}
+
+// The configurations with a kernel for the dtype and B layout, in kConfigs order.
+inline std::vector<int> available_configs(bool bf16, bool b_n_major) {
+  std::vector<int> out;
+  for (const auto& s : kConfigs)
+    if (config_available(static_cast<int>(s.id), bf16, b_n_major))
+      out.push_back(static_cast<int>(s.id));
+  return out;
+}
+
+// The configuration a tile_n request names: 128 -> 128x128, 256 -> 128x256 (both cluster 2x1).
+inline int config_of_tile_n(int tile_n) {
+  return static_cast<int>(tile_n == 128 ? GemmConfig::T128x128 : GemmConfig::T128x256);
+}
+
+// The largest swizzle <= `swizzle` that divides the tile grid (tm x tn tiles) in units of the
+// cluster: CUTLASS rounds each mode up to a multiple of swizzle x cluster, and padding tiles cost
+// whole mainloops (swizzle 8 on 8 M tiles would pad them to 16). The kernel runs with this one.
+inline int effective_swizzle(int64_t tm, int64_t tn, int cluster_m, int cluster_n, int swizzle) {
+  int sw = swizzle > 0 ? swizzle : 1;
+  while (sw > 1 && (tm % (int64_t(sw) * cluster_m) != 0 || tn % (int64_t(sw) * cluster_n) != 0))
+    sw /= 2;
+  return sw;
+}
+
+struct ConfigEstimate {
+  int64_t tiles = 0;  // output tiles the scheduler runs, padding included (all batches)
+  int64_t waves = 0;  // ceil(tiles / resident CTAs)
+  double cost = 0;    // waves x the configuration's relative tile cost
+};
+
+inline int64_t round_up(int64_t v, int64_t unit) { return (v + unit - 1) / unit * unit; }
+
+inline ConfigEstimate estimate_config(const ConfigShape& c, int64_t m, int64_t n, int64_t l,
+                                      int slots, int swizzle) {
+  const int64_t tm = (m + c.tile_m - 1) / c.tile_m;
+  const int64_t tn = (n + c.tile_n - 1) / c.tile_n;
+  const int sw = effective_swizzle(tm, tn, c.cluster_m, c.cluster_n, swizzle);
+  ConfigEstimate e;
+  e.tiles = round_up(tm, int64_t(sw) * c.cluster_m) * round_up(tn, int64_t(sw) * c.cluster_n) *
+            (l > 0 ? l : 1);
+  const int64_t s = slots > 0 ? slots : 1;
+  e.waves = (e.tiles + s - 1) / s;
+  e.cost = double(e.waves) * c.relative_cost;
+  return e;
+}
+
+// The configuration for an m x n (x l batches) GEMM among `candidates` (kConfigs numbers, the
+// default first), given each candidate's resident CTAs (`slots`, same order) and the swizzle
+// the launch asks for: the cheapest estimate, where it is below (1 - kConfigMinGain) of the
+// first candidate's; else the first.
+inline int choose_config(int64_t m, int64_t n, int64_t l, const std::vector<int>& candidates,
+                         const std::vector<int>& slots, int swizzle) {
+  if (candidates.empty()) return 0;
+  double first = 0, best_cost = 0;
+  int best = candidates[0];
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const ConfigShape* c = config_shape(candidates[i]);
+    if (!c) continue;
+    const double cost = estimate_config(*c, m, n, l, i < slots.size() ? slots[i] : 1, swizzle).cost;
+    if (i == 0) {
+      first = best_cost = cost;
+    } else if (cost < best_cost) {
+      best_cost = cost;
+      best = candidates[i];
+    }
+  }
+  return best_cost < (1.0 - kConfigMinGain) * first ? best : candidates[0];
 }
 
 }  // namespace distgemm::kernel

@@ -1,0 +1,125 @@
+// distgemm._core's host-only GEMM configuration model (kernel/tile_choice.hpp): the tile width
+// choice of the plan simulator (choose_tile_n) and the per-GEMM configuration choice of the
+// runtime (choose_config), so that Python and the tests see the same rule without a GPU.
+#include "distgemm/kernel/tile_choice.hpp"
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+namespace k = distgemm::kernel;
+
+namespace {
+
+// The configuration numbers of the dtype ("bf16"/"fp16", torch's names too) and B layout.
+std::vector<int> candidates_of(const std::string& dtype, bool b_n_major) {
+  bool bf16 = true;
+  if (dtype == "fp16" || dtype == "float16")
+    bf16 = false;
+  else if (dtype != "bf16" && dtype != "bfloat16")
+    throw py::value_error("dtype '" + dtype + "' is not supported: use bf16 or fp16");
+  return k::available_configs(bf16, b_n_major);
+}
+
+py::dict choose_config(int64_t m, int64_t n, int64_t l, const std::string& dtype, bool b_n_major,
+                       const py::object& slots, int swizzle) {
+  if (m < 1 || n < 1 || l < 1 || swizzle < 1)
+    throw py::value_error("choose_config needs m, n, l and swizzle >= 1, got m=" +
+                          std::to_string(m) + " n=" + std::to_string(n) +
+                          " l=" + std::to_string(l) + " swizzle=" + std::to_string(swizzle));
+  const std::vector<int> candidates = candidates_of(dtype, b_n_major);
+  std::vector<int> per;
+  for (int c : candidates) {
+    const std::string name = k::config_name(c);
+    int v = 0;
+    if (py::isinstance<py::dict>(slots)) {
+      const py::dict d = slots.cast<py::dict>();
+      if (!d.contains(name))
+        throw py::value_error("choose_config: slots has no entry for config " + name);
+      v = d[py::str(name)].cast<int>();
+    } else {
+      v = slots.cast<int>();
+    }
+    if (v < 1)
+      throw py::value_error("choose_config: slots of config " + name + " is " + std::to_string(v) +
+                            ", must be >= 1");
+    per.push_back(v);
+  }
+  py::dict out;
+  out["config"] = k::config_name(k::choose_config(m, n, l, candidates, per, swizzle));
+  py::list names;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const std::string name = k::config_name(candidates[i]);
+    names.append(name);
+    const auto e = k::estimate_config(*k::config_shape(candidates[i]), m, n, l, per[i], swizzle);
+    out[py::str(name)] =
+        py::dict(py::arg("tiles") = e.tiles, py::arg("waves") = e.waves, py::arg("cost") = e.cost);
+  }
+  out["candidates"] = names;
+  return out;
+}
+
+}  // namespace
+
+void register_tile_choice(py::module_& m) {
+  m.def(
+      "choose_tile_n",
+      [](int64_t m_, int64_t n, int64_t l, int slots_n256, int slots_n128) {
+        if (m_ < 1 || n < 1 || l < 1 || slots_n256 < 1 || slots_n128 < 1)
+          throw py::value_error(
+              "choose_tile_n needs m, n, l and both slot counts >= 1, got m=" + std::to_string(m_) +
+              " n=" + std::to_string(n) + " l=" + std::to_string(l) + " slots_n256=" +
+              std::to_string(slots_n256) + " slots_n128=" + std::to_string(slots_n128));
+        py::dict d;
+        d["tile_n"] = k::choose_tile_n(m_, n, l, slots_n256, slots_n128);
+        for (int t : {256, 128}) {
+          const auto e = k::estimate_tiles(m_, n, l, t, t == 256 ? slots_n256 : slots_n128);
+          d[py::str("n" + std::to_string(t))] = py::dict(
+              py::arg("tiles") = e.tiles, py::arg("waves") = e.waves, py::arg("cost") = e.cost);
+        }
+        return d;
+      },
+      py::arg("m"), py::arg("n"), py::arg("l") = 1, py::arg("slots_n256") = 132,
+      py::arg("slots_n128") = 132,
+      "The GEMM kernel's output tile width (128 or 256) for an m x n (x l) GEMM, given each "
+      "kernel's resident CTAs: {'tile_n', 'n256': {'tiles', 'waves', 'cost'}, 'n128': {...}} "
+      "(kernel/tile_choice.hpp; the runtime passes the device's real slot counts).");
+  m.attr("TILE128_RELATIVE_COST") = k::kTile128RelativeCost;
+  m.attr("TILE128_MIN_GAIN") = k::kTile128MinGain;
+  m.def("choose_config", &choose_config, py::arg("m"), py::arg("n"), py::arg("l") = 1,
+        py::arg("dtype") = "bf16", py::arg("b_n_major") = false, py::arg("slots") = 132,
+        py::arg("swizzle") = k::kDefaultSwizzle,
+        "The GEMM kernel configuration the runtime's model picks for an m x n (x l) GEMM of "
+        "`dtype` (kernel/tile_choice.hpp): {'config': name, 'candidates': [names], name: "
+        "{'tiles', 'waves', 'cost'} per candidate}. `slots`: resident CTAs, one int for every "
+        "configuration or {name: int} (the runtime passes the device's real counts).");
+  m.def(
+      "gemm_config_names",
+      [](const std::string& dtype, bool b_n_major) {
+        std::vector<std::string> out;
+        for (int c : candidates_of(dtype, b_n_major)) out.push_back(k::config_name(c));
+        return out;
+      },
+      py::arg("dtype") = "bf16", py::arg("b_n_major") = false,
+      "The GEMM kernel configurations of `dtype` (and B layout), the default first: the names "
+      "gemm(config=...) takes besides 'auto'.");
+  m.def(
+      "gemm_config_table",
+      [] {
+        py::dict out;
+        for (const auto& c : k::kConfigs)
+          out[py::str(c.name)] = py::dict(
+              py::arg("id") = static_cast<int>(c.id), py::arg("tile_m") = c.tile_m,
+              py::arg("tile_n") = c.tile_n, py::arg("cluster_m") = c.cluster_m,
+              py::arg("cluster_n") = c.cluster_n, py::arg("relative_cost") = c.relative_cost,
+              py::arg("bf16_only") = c.bf16_only);
+        return out;
+      },
+      "{name: {'id', 'tile_m', 'tile_n', 'cluster_m', 'cluster_n', 'relative_cost', "
+      "'bf16_only'}} of every GEMM kernel configuration (kernel/tile_choice.hpp's kConfigs).");
+  m.attr("CONFIG_MIN_GAIN") = k::kConfigMinGain;
+  m.attr("DEFAULT_SWIZZLE") = k::kDefaultSwizzle;
+}
