@@ -69,10 +69,21 @@ def test_shape_problems_name_the_constraint_and_the_values(args, needle):
     assert needle in _core.fused_shape_problem(*args)
 
 
-def test_auto_runs_fused_at_decode_sizes_where_the_kernel_takes_the_call(monkeypatch):
+def test_auto_never_runs_fused_while_its_limit_is_zero(monkeypatch):
     monkeypatch.setattr(_core, "cuda_runtime", True, raising=False)
     monkeypatch.setattr(autopath, "collective_unavailable", lambda group: None)
-    limit = int(_core.FUSED_MAX_AUTO_TOKENS)
+    assert _core.FUSED_MAX_AUTO_TOKENS == 0
+    for tokens in (1, 8, 256):
+        path, _ = autopath.decide_path(_spec(tokens), "auto", NO_GROUP, torch.bfloat16)
+        assert path == "collective"
+    assert "only when asked for" in fused.fused_auto(_spec(8), torch.bfloat16)[1]
+
+
+def test_auto_runs_fused_up_to_the_limit_where_the_kernel_takes_the_call(monkeypatch):
+    monkeypatch.setattr(_core, "cuda_runtime", True, raising=False)
+    monkeypatch.setattr(autopath, "collective_unavailable", lambda group: None)
+    limit = 256
+    monkeypatch.setattr(_core, "FUSED_MAX_AUTO_TOKENS", limit)
     for tokens in (1, 8, limit):
         path, info = autopath.decide_path(_spec(tokens), "auto", NO_GROUP, torch.bfloat16)
         assert path == "fused"

@@ -1,4 +1,5 @@
-"""The fused path of ``gemm_all_reduce`` (``path="fused"``, and ``"auto"`` at decode sizes): one
+"""The fused path of ``gemm_all_reduce`` (``path="fused"``; ``"auto"`` up to
+``_core.FUSED_MAX_AUTO_TOKENS`` tokens, today 0: its GEMM is slower than torch.mm): one
 kernel per rank computes its partial product into the communicator's symmetric workspace,
 signals each finished tile to every rank and sums the tiles it owns over every rank's partials,
 read over NVLink (kernel/fused_allreduce.hpp). No collective kernel, no copy engine, one kernel
@@ -64,6 +65,8 @@ def fused_auto(spec: Spec, dtype: torch.dtype) -> tuple[bool, str]:
         return False, problem
     m = _problem_shape(spec)[0]
     limit = int(_core.FUSED_MAX_AUTO_TOKENS)
+    if limit == 0:
+        return False, "the fused path runs only when asked for (FUSED_MAX_AUTO_TOKENS is 0)"
     if m > limit:
         return False, f"M={m} tokens is above the fused path's {limit}"
     return True, f"fused: M={m} tokens <= {limit} (decode size)"

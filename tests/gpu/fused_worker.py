@@ -87,13 +87,14 @@ def test_correctness(dev):
             a, w, b, c = inputs(m, n, k, dtype, dev, seed=i, bias=bias, beta=beta)
             y = distgemm.gemm_all_reduce(a, w, bias=b, c=c, beta=beta, path="fused")
             check(f"correctness/m{m}_n{n}_k{k}/{dtype}", y, a, w, b, c, beta, dtype)
-    # "auto": fused at decode sizes only
+    # "auto": fused up to FUSED_MAX_AUTO_TOKENS tokens only
     for m in (8, 256, 512):
         a, w, _, _ = inputs(m, 1024, 1024, torch.bfloat16, dev, seed=77)
         distgemm.gemm_all_reduce(a, w)
         chosen = [p for p in distgemm.path_choices() if p["m"] == m and p["requested"] == "auto"]
         path = chosen[-1]["path"] if chosen else None
-        ok = path == "fused" if m <= 256 else path not in (None, "fused")
+        limit = int(distgemm._core.FUSED_MAX_AUTO_TOKENS)
+        ok = path == "fused" if m <= limit else path not in (None, "fused")
         record(f"correctness/auto_m{m}", ok, path=path)
     torch.cuda.synchronize()
     distgemm.get_communicator().check()

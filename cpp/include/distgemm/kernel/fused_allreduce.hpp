@@ -29,10 +29,11 @@ namespace distgemm::kernel {
 inline constexpr int kFusedTileN = 128;
 inline constexpr int kFusedTokenTileSmall = 64;
 inline constexpr int kFusedTokenTileLarge = 256;
-// path="auto" runs gemm_all_reduce fused up to this many tokens (decode batches), where it
-// beats torch.mm + NCCL or one-shot all-reduce (benchmarks/decode.py; results in
-// benchmarks/results/).
-inline constexpr int64_t kFusedMaxAutoTokens = 256;
+// path="auto" runs gemm_all_reduce fused up to this many tokens. 0: never, because the kernel's
+// GEMM alone takes 1.2-2.3x torch.mm's time at 1..256 tokens on an H200
+// (benchmarks/results/2026-11-23-fused-decode.md), so the collective path is faster; the fused
+// path runs where a caller asks for it (path="fused").
+inline constexpr int64_t kFusedMaxAutoTokens = 0;
 // At most this many splits of K (each a whole number of 64-element k-blocks).
 inline constexpr int kFusedMaxSplits = 4;
 // Flags per rank in the fused control region: tiles x splits of one launch.
