@@ -100,6 +100,8 @@ def one_call(variant: str, ops: LayerOperands, tokens: int, symm_buf, group_name
         return call
     if variant == "one_shot":
         return lambda: common.mm_one_shot_all_reduce(torch, a, ops.wt, symm_buf, group_name, o)
+    if variant == "distgemm_fused":
+        return lambda: distgemm.gemm_all_reduce(a, ops.w, out=o, path="fused")
     return lambda: distgemm.gemm_all_reduce(a, ops.w, out=o)
 
 

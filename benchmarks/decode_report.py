@@ -22,13 +22,14 @@ MODELS = ("8B", "70B", "405B")
 LAYERS = ("O", "FC2")  # the row-parallel layers, all-reduced at decode
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 CALLS_PER_GRAPH = 20
-VARIANTS = ("mm", "nccl", "one_shot", "distgemm")
+VARIANTS = ("mm", "nccl", "one_shot", "distgemm", "distgemm_fused")
 REFERENCE = "nccl"
 DESCRIPTION = {
     "mm": "torch.mm alone, this rank's partial product (the floor)",
     "nccl": "torch.mm + NCCL all_reduce",
     "one_shot": "torch.mm into symmetric memory + torch.ops.symm_mem.one_shot_all_reduce_out",
     "distgemm": "distgemm.gemm_all_reduce",
+    "distgemm_fused": 'distgemm.gemm_all_reduce(path="fused"): GEMM + all-reduce in one kernel',
 }
 ERR_TOL = 2e-2  # relative Frobenius error against mm + NCCL, bf16
 SUSPECT_SLACK = 0.01  # a time more than 1% below mm alone is a measurement error
@@ -201,6 +202,7 @@ def format_table(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str
         "mm+nccl",
         "mm+one_shot",
         "distgemm",
+        "distgemm fused",
         f"vs one_shot (>={TARGET_VS_ONE_SHOT}x)",
         f"vs nccl (>={TARGET_VS_NCCL}x)",
         f"/ mm (<={MAX_OVER_MM}x, <={OVER_MM_TOKENS} tok)",
