@@ -25,6 +25,7 @@ import torch
 
 from . import _core
 from .launch import stream_ptr, user_ptrs
+from .validation import DTYPES
 
 if TYPE_CHECKING:
     from .comm import Communicator
@@ -32,8 +33,6 @@ if TYPE_CHECKING:
     from .validation import Spec
 
 __all__ = ["fused_problem", "fused_auto", "attach_fused", "launch_fused"]
-
-_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def _problem_shape(spec: Spec) -> tuple[int, int, int]:
@@ -49,7 +48,7 @@ def fused_problem(spec: Spec, dtype: torch.dtype) -> str:
         return f"the fused path is gemm_all_reduce's only, not {spec.op}'s"
     if not getattr(_core, "cuda_runtime", False):
         return "distgemm was built without the CUDA runtime"
-    if dtype not in _DTYPES:
+    if dtype not in DTYPES:
         return f"dtype {dtype} is not bf16 or fp16"
     if spec.b_n_major:
         return "the weight is a transposed view (N-contiguous); the fused kernel reads [N, K]"
@@ -76,7 +75,7 @@ def attach_fused(comm: Communicator, entry: Entry) -> None:
     """The fused entry's split-K factor and workspace layout, and the communicator's control
     region and launcher (made at the first fused entry; collective, like plan creation)."""
     m, n, k = _problem_shape(entry.spec)
-    dtype = _DTYPES[entry.dtype]
+    dtype = DTYPES[entry.dtype]
     splits = _core.fused_splits(m, n, k, _core.fused_resident_ctas(dtype, m, comm.device.index))
     part_bytes = 2 * int(_core.fused_partial_elems(m, n, splits))
     align = int(_core.WORKSPACE_SLOT_ALIGN)

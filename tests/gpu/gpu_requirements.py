@@ -1,7 +1,9 @@
 """What the torchrun GPU tests need and how they launch: the environment (NVLink multicast off),
 the reason to skip on this machine (None: the tests can run) and the torchrun launch itself."""
 
+import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -71,3 +73,20 @@ def run_torchrun(worker, nproc: int, *args: str) -> subprocess.CompletedProcess:
                 f"$ {' '.join(proc.args)}\nrc={proc.returncode}\n{proc.stdout}\n{proc.stderr}\n"
             )
     return proc
+
+
+def run_worker_json(worker, tp: int, out, *args: str, timeout_s: float = 600):
+    """Run `worker` under torchrun on `tp` ranks (torchrun_cmd, ENV) and read the JSON it writes
+    to `out`: (exit code, stderr, data). A hang is a failure with the log (rc -9), not a stuck
+    run; no JSON fails the calling test with the log."""
+    cmd = torchrun_cmd(worker, tp, out, *args)
+    try:
+        proc = subprocess.run(
+            cmd, env={**os.environ, **ENV}, capture_output=True, text=True, timeout=timeout_s
+        )
+        rc, err = proc.returncode, proc.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, err = -9, f"{e.stderr!r}\ntorchrun killed after {timeout_s:g} s"
+    data = json.loads(pathlib.Path(out).read_text()) if pathlib.Path(out).exists() else None
+    assert data is not None, f"worker wrote no results (rc={rc}):\n{err[-4000:]}"
+    return rc, err, data

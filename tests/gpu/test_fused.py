@@ -10,12 +10,11 @@ Skips, with the reason, without 2 Hopper GPUs or without distgemm's CUDA runtime
 import json
 import os
 import pathlib
-import subprocess
 
 import pytest
 
 torch = pytest.importorskip("torch")
-from gpu_requirements import ENV, skip_reason, torchrun_cmd  # noqa: E402
+from gpu_requirements import run_worker_json, skip_reason  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
 _GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -29,17 +28,7 @@ pytestmark = pytest.mark.skipif(_SKIP is not None, reason=str(_SKIP))
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("fused") / "fused.json"
-    cmd = torchrun_cmd(HERE / "fused_worker.py", TP, out, "--replays", str(REPLAYS))
-    try:
-        proc = subprocess.run(
-            cmd, env={**os.environ, **ENV}, capture_output=True, text=True, timeout=600
-        )
-        rc, err = proc.returncode, proc.stderr
-    except subprocess.TimeoutExpired as e:  # a hang is a failure with the log, not a stuck run
-        rc, err = -9, f"{e.stderr!r}\ntorchrun killed after 600 s"
-    data = json.loads(out.read_text()) if out.exists() else None
-    assert data is not None, f"worker wrote no results (rc={rc}):\n{err[-4000:]}"
-    return rc, err, data
+    return run_worker_json(HERE / "fused_worker.py", TP, out, "--replays", str(REPLAYS))
 
 
 def named(data, prefix):
