@@ -24,7 +24,7 @@ from benchmarks.sweep_report import _num  # the sweep's number format: CSV cells
 from distgemm import _core
 
 # Every bf16 configuration of the kernel, the default first (the CSV has a column for each).
-CONFIGS = tuple(_core.gemm_config_names("bf16"))
+CONFIGS = tuple(_core.gemm_config_names("bf16", stream_k=True))
 # The names of the two tile widths of runs stored before configurations existed.
 LEGACY_TILES = {"n256": "128x256", "n128": "128x128", 256: "128x256", 128: "128x128"}
 # The acceptance: distgemm's kernel (the wave model's tile) at most 1.01x torch.mm's

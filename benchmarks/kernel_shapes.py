@@ -79,7 +79,7 @@ class KernelShape:
 def model_config(m: int, n: int, slots: int = H200_RESIDENT_CTAS) -> str:
     """The bf16 kernel configuration the model picks for m x n with ``slots`` resident CTAs per
     kernel (the GPU run reports the device's own choice)."""
-    return _core.choose_config(m, n, 1, "bf16", slots=slots)["config"]
+    return _core.choose_config(m, n, 1, "bf16", slots=slots, stream_k=True)["config"]
 
 
 def step_gemms(case: Case, steps: int) -> list[tuple[int, int, int]]:

@@ -195,12 +195,20 @@ def measure(
     d_torch = torch.empty((m, n), device=ctx.dev, dtype=torch.bfloat16)
     d_ours = torch.empty_like(d_torch)
     wt = w.t()
+    # One zeroed workspace for the stream-K configurations, offered to every call as a user of
+    # _core.gemm offers one: the calls run one after another on one stream, so they can share it.
+    ws_bytes = max(
+        _core.gemm_workspace_bytes(m, n, k, "bf16", cuda_device=dev, config=c)
+        for c in ("auto", *configs)
+    )
+    ws = torch.zeros(max(ws_bytes, 16), device=ctx.dev, dtype=torch.uint8)
 
     def ours(config: str):
         def call() -> int:
             return _core.gemm(
                 a.data_ptr(), w.data_ptr(), d_ours.data_ptr(), m, n, k, dtype="bf16",
                 cuda_device=dev, stream=torch.cuda.current_stream().cuda_stream, config=config,
+                workspace=ws.data_ptr(), workspace_bytes=ws.numel(),
             )  # fmt: skip
 
         return call
@@ -209,7 +217,9 @@ def measure(
         torch.mm(a, wt, out=d_torch)
 
     ref()
-    rec["model_config"] = model = _core.gemm_resolve_config(m, n, "bf16", cuda_device=dev)
+    rec["model_config"] = model = _core.gemm_resolve_config(
+        m, n, "bf16", cuda_device=dev, stream_k=True
+    )
     timed = list(configs) + ([model] if model not in configs else [])
     rec["configs"] = timed
     table = _core.gemm_config_table()

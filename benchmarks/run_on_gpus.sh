@@ -13,6 +13,8 @@
 #   timing-study     benchmarks/timing_study.py (short alternating chunks vs steady windows)
 #   api              tests/gpu/run_api_checks.sh (torchrun worker: correctness, paths, errors,
 #                    10,000 replays, host overhead; the Python-vs-C++ bench; examples/tp_mlp.py)
+#   kernel-tests     python3 -m pytest tests/gpu/test_kernel_gemm.py (every kernel configuration
+#                    through _core.gemm, stream-K's workspace, the kernel-vs-cuBLAS benchmark)
 #   cpp-tests        python3 -m pytest tests/gpu/test_cpp_bench.py (the C++ runtime grid)
 #   timeline         benchmarks/overlap_timeline.py (per-stream picture of one case)
 #   sweep-quick|full benchmarks/llama_sweep.py [--quick] $SWEEP_ARGS (e.g. "--models 405B")
@@ -85,6 +87,7 @@ for p in "$@"; do
                  python3 -m pytest -q -rs tests/gpu/test_first_run.py ;;
     timing-study) part timing-study 200 torchrun --nproc-per-node "$NPROC" benchmarks/timing_study.py --out "$OUT/timing-study" ;;
     api) part api 300 env OUT="$OUT/api" API_TIMEOUT=240 bash tests/gpu/run_api_checks.sh ;;
+    kernel-tests) part kernel-tests ${KERNEL_TESTS_S:-400} python3 -m pytest -q -rs tests/gpu/test_kernel_gemm.py ;;
     cpp-tests) part cpp-tests ${CPP_TESTS_S:-330} env DISTGEMM_BENCH="$BENCH" python3 -m pytest -q -x -rs \
                  ${CPP_TESTS_K:+-k "$CPP_TESTS_K"} tests/gpu/test_cpp_bench.py ;;
     cpp-variants) part cpp-variants ${CPP_VARIANTS_S:-300} bash -c '
@@ -123,7 +126,7 @@ for p in "$@"; do
               ${KERNEL_ARGS:---tp 2 --local-only} --budget-s $(( ${KERNEL_S:-500} - 40 )) --out "$OUT/kernel-vs-cublas" ;;
     cpp-sweep-quick) part cpp-sweep-quick 200 "$BENCH" --sweep quick --tp "$NPROC" --csv "$OUT/cpp-sweep-quick/cpp-sweep-quick.csv" ;;
     cpp-sweep-full) part cpp-sweep-full 400 "$BENCH" --sweep full --tp "$NPROC" --csv "$OUT/cpp-sweep-full/cpp-sweep-full.csv" ;;
-    *) echo "unknown part '$p' (install, first-run, timing-study, training, serving, decode, api, cpp-tests, cpp-variants, cpp-tiles, kernel-vs-cublas, timeline, sweep-quick, sweep-full, sweep-fc, cpp-sweep-quick, cpp-sweep-full)"; rc=1 ;;
+    *) echo "unknown part '$p' (install, first-run, kernel-tests, timing-study, training, serving, decode, api, cpp-tests, cpp-variants, cpp-tiles, kernel-vs-cublas, timeline, sweep-quick, sweep-full, sweep-fc, cpp-sweep-quick, cpp-sweep-full)"; rc=1 ;;
   esac
   tail -n 25 "$OUT/$p.log" 2>/dev/null | cut -c1-250
 done

@@ -98,7 +98,11 @@ def _config_model(m, n, l, names, slots, swizzle):
     for c in names:
         tiles = _padded_tiles(m, n, l, table[c], swizzle)
         waves = math.ceil(tiles / slots[c])
-        est[c] = (tiles, waves, waves * table[c]["relative_cost"])
+        cost = waves * table[c]["relative_cost"]
+        if table[c]["stream_k"] and tiles % slots[c]:
+            # the partial last wave's work spread over every CTA, plus the fixup
+            cost = (tiles / slots[c] + _core.STREAM_K_FIXUP_WAVES) * table[c]["relative_cost"]
+        est[c] = (tiles, waves, cost)
     best = min(names, key=lambda c: (est[c][2], names.index(c)))
     cheaper = est[best][2] < (1 - _core.CONFIG_MIN_GAIN) * est[names[0]][2]
     return est, best if cheaper else names[0]
@@ -110,7 +114,12 @@ def test_config_names_per_dtype_and_b_layout():
     assert _core.gemm_config_names("fp16") == FP16  # the bf16-only configurations are not offered
     assert _core.gemm_config_names("bf16", b_n_major=True) == ["128x256"]
     table = _core.gemm_config_table()
-    assert [c for c in table if table[c]["bf16_only"]] == ["128x128c1", "256x128"]
+    assert [c for c in table if table[c]["bf16_only"]] == ["128x128c1", "256x128", "128x256sk"]
+    assert [c for c in table if table[c]["stream_k"]] == ["128x256sk"]
+    # the stream-K configuration needs a workspace: offered only to a caller that has one
+    assert _core.gemm_config_names("bf16", stream_k=True) == BF16 + ["128x256sk"]
+    assert _core.gemm_config_names("fp16", stream_k=True) == FP16
+    assert _core.gemm_config_names("bf16", b_n_major=True, stream_k=True) == ["128x256"]
     shapes = {
         c: (t["tile_m"], t["tile_n"], t["cluster_m"], t["cluster_n"]) for c, t in table.items()
     }
@@ -119,6 +128,7 @@ def test_config_names_per_dtype_and_b_layout():
         "128x128": (128, 128, 2, 1),
         "128x128c1": (128, 128, 1, 1),
         "256x128": (256, 128, 1, 2),
+        "128x256sk": (128, 256, 2, 1),
     }  # fmt: skip
     assert table["128x128"]["relative_cost"] == _core.TILE128_RELATIVE_COST
     with pytest.raises(ValueError, match="dtype 'fp32'"):
@@ -178,6 +188,43 @@ def test_config_choice_matches_the_model_on_random_shapes():
                 assert (got[c]["tiles"], got[c]["waves"]) == est[c][:2], (m, n, l, c)
                 assert got[c]["cost"] == pytest.approx(est[c][2])
             assert got["config"] == want, (m, n, l, dtype, slots, swizzle)
+
+
+@pytest.mark.parametrize(
+    "m,n,want",
+    [
+        # 70B QKV at 1024 tokens, TP=2: 8 x 20 tiles of 128x256 = 160 for 132 SMs. Data-parallel
+        # runs 2 waves (the second 21% full); stream-K spreads it: 1.21 + fixup
+        (1024, 5120, "128x256sk"),
+        # 405B QKV at 1024 tokens: 8 x 36 = 288 tiles, 2.18 waves against 3
+        (1024, 9216, "128x256sk"),
+        # 70B O at 4096 tokens: 1024 tiles, 7.76 waves against 8: within the 10% margin
+        (4096, 8192, "128x256"),
+        # decode, 405B O: 128 cluster-1x1 tiles fill one wave at 0.60 of a wide tile's cost
+        (8, 16384, "128x128c1"),
+    ],
+)
+def test_stream_k_where_the_last_wave_is_partial(m, n, want):
+    got = _core.choose_config(m, n, 1, "bf16", slots=H200_SLOTS, stream_k=True)
+    assert got["config"] == want, got
+    assert got["candidates"] == BF16 + ["128x256sk"]
+    # without a workspace the model never picks it
+    assert _core.choose_config(m, n, 1, "bf16", slots=H200_SLOTS)["config"] != "128x256sk"
+
+
+def test_stream_k_choice_matches_the_model_on_random_shapes():
+    rng = random.Random(SEED + 2)
+    names = BF16 + ["128x256sk"]
+    for _ in range(500):
+        m, n, l = rng.randint(1, 40000), rng.randint(1, 60000), rng.randint(1, 4)
+        swizzle = rng.choice([1, 2, 4, 8])
+        slots = {c: rng.randint(1, 140) for c in names}
+        got = _core.choose_config(m, n, l, "bf16", slots=slots, swizzle=swizzle, stream_k=True)
+        est, want = _config_model(m, n, l, names, slots, swizzle)
+        for c in names:
+            assert (got[c]["tiles"], got[c]["waves"]) == est[c][:2], (m, n, l, c)
+            assert got[c]["cost"] == pytest.approx(est[c][2])
+        assert got["config"] == want, (m, n, l, slots, swizzle)
 
 
 def test_n_major_b_has_one_config():

@@ -15,22 +15,22 @@ namespace k = distgemm::kernel;
 namespace {
 
 // The configuration numbers of the dtype ("bf16"/"fp16", torch's names too) and B layout.
-std::vector<int> candidates_of(const std::string& dtype, bool b_n_major) {
+std::vector<int> candidates_of(const std::string& dtype, bool b_n_major, bool stream_k) {
   bool bf16 = true;
   if (dtype == "fp16" || dtype == "float16")
     bf16 = false;
   else if (dtype != "bf16" && dtype != "bfloat16")
     throw py::value_error("dtype '" + dtype + "' is not supported: use bf16 or fp16");
-  return k::available_configs(bf16, b_n_major);
+  return k::available_configs(bf16, b_n_major, stream_k);
 }
 
 py::dict choose_config(int64_t m, int64_t n, int64_t l, const std::string& dtype, bool b_n_major,
-                       const py::object& slots, int swizzle) {
+                       const py::object& slots, int swizzle, bool stream_k) {
   if (m < 1 || n < 1 || l < 1 || swizzle < 1)
     throw py::value_error("choose_config needs m, n, l and swizzle >= 1, got m=" +
                           std::to_string(m) + " n=" + std::to_string(n) +
                           " l=" + std::to_string(l) + " swizzle=" + std::to_string(swizzle));
-  const std::vector<int> candidates = candidates_of(dtype, b_n_major);
+  const std::vector<int> candidates = candidates_of(dtype, b_n_major, stream_k);
   std::vector<int> per;
   for (int c : candidates) {
     const std::string name = k::config_name(c);
@@ -91,21 +91,23 @@ void register_tile_choice(py::module_& m) {
   m.attr("TILE128_MIN_GAIN") = k::kTile128MinGain;
   m.def("choose_config", &choose_config, py::arg("m"), py::arg("n"), py::arg("l") = 1,
         py::arg("dtype") = "bf16", py::arg("b_n_major") = false, py::arg("slots") = 132,
-        py::arg("swizzle") = k::kDefaultSwizzle,
+        py::arg("swizzle") = k::kDefaultSwizzle, py::arg("stream_k") = false,
         "The GEMM kernel configuration the runtime's model picks for an m x n (x l) GEMM of "
         "`dtype` (kernel/tile_choice.hpp): {'config': name, 'candidates': [names], name: "
         "{'tiles', 'waves', 'cost'} per candidate}. `slots`: resident CTAs, one int for every "
-        "configuration or {name: int} (the runtime passes the device's real counts).");
+        "configuration or {name: int} (the runtime passes the device's real counts). "
+        "`stream_k`: the stream-K configurations are candidates too (the GEMM has a workspace).");
   m.def(
       "gemm_config_names",
-      [](const std::string& dtype, bool b_n_major) {
+      [](const std::string& dtype, bool b_n_major, bool stream_k) {
         std::vector<std::string> out;
-        for (int c : candidates_of(dtype, b_n_major)) out.push_back(k::config_name(c));
+        for (int c : candidates_of(dtype, b_n_major, stream_k)) out.push_back(k::config_name(c));
         return out;
       },
-      py::arg("dtype") = "bf16", py::arg("b_n_major") = false,
+      py::arg("dtype") = "bf16", py::arg("b_n_major") = false, py::arg("stream_k") = false,
       "The GEMM kernel configurations of `dtype` (and B layout), the default first: the names "
-      "gemm(config=...) takes besides 'auto'.");
+      "gemm(config=...) takes besides 'auto' (the stream-K ones, which need a workspace, with "
+      "`stream_k`).");
   m.def(
       "gemm_config_table",
       [] {
@@ -115,11 +117,13 @@ void register_tile_choice(py::module_& m) {
               py::arg("id") = static_cast<int>(c.id), py::arg("tile_m") = c.tile_m,
               py::arg("tile_n") = c.tile_n, py::arg("cluster_m") = c.cluster_m,
               py::arg("cluster_n") = c.cluster_n, py::arg("relative_cost") = c.relative_cost,
-              py::arg("bf16_only") = c.bf16_only);
+              py::arg("bf16_only") = c.bf16_only, py::arg("stream_k") = c.stream_k);
         return out;
       },
       "{name: {'id', 'tile_m', 'tile_n', 'cluster_m', 'cluster_n', 'relative_cost', "
-      "'bf16_only'}} of every GEMM kernel configuration (kernel/tile_choice.hpp's kConfigs).");
+      "'bf16_only', 'stream_k'}} of every GEMM kernel configuration (kernel/tile_choice.hpp's "
+      "kConfigs).");
+  m.attr("STREAM_K_FIXUP_WAVES") = k::kStreamKFixupWaves;
   m.attr("CONFIG_MIN_GAIN") = k::kConfigMinGain;
   m.attr("DEFAULT_SWIZZLE") = k::kDefaultSwizzle;
 }

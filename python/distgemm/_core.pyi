@@ -139,19 +139,26 @@ def choose_config(
     b_n_major: bool = False,
     slots: int | dict[str, int] = 132,
     swizzle: int = 8,
+    stream_k: bool = False,
 ) -> dict[str, Any]:
     """The GEMM kernel configuration the runtime's model picks for an m x n (x l) GEMM:
     {'config': name, 'candidates': [names, default first], name: {'tiles', 'waves', 'cost'} per
     candidate} (kernel/tile_choice.hpp; tiles count cluster and swizzle padding). ``slots``:
-    resident CTAs of every configuration, or {name: count}."""
+    resident CTAs of every configuration, or {name: count}. ``stream_k``: the stream-K
+    configurations are candidates too (the GEMM has a workspace)."""
 
-def gemm_config_names(dtype: str = "bf16", b_n_major: bool = False) -> list[str]:
+def gemm_config_names(
+    dtype: str = "bf16", b_n_major: bool = False, stream_k: bool = False
+) -> list[str]:
     """The GEMM kernel configurations of ``dtype`` (and B layout), the default first: bf16
-    ['128x256', '128x128', '128x128c1', '256x128'], fp16 ['128x256', '128x128']."""
+    ['128x256', '128x128', '128x128c1', '256x128'] (with ``stream_k`` also '128x256sk'), fp16
+    ['128x256', '128x128']."""
 
 def gemm_config_table() -> dict[str, dict[str, Any]]:
     """{name: {'id', 'tile_m', 'tile_n', 'cluster_m', 'cluster_n', 'relative_cost',
-    'bf16_only'}} of every configuration."""
+    'bf16_only', 'stream_k'}} of every configuration."""
+
+STREAM_K_FIXUP_WAVES: float  # what the model adds to a stream-K GEMM with a partial last wave
 
 CONFIG_MIN_GAIN: float  # another configuration replaces 128x256 only where this much cheaper
 DEFAULT_SWIZZLE: int  # the tile scheduler's swizzle unless a caller sets one
@@ -202,11 +209,27 @@ def gemm(
     cuda_device: int,
     stream: int,
     config: str = "auto",
+    workspace: int = 0,
+    workspace_bytes: int = 0,
 ) -> int:
     """Enqueue D[m, n] = A[m, k] @ B[n, k]^T (B[k, n] with b_n_major) with distgemm's kernel on
     `stream`: configuration ``config`` (a gemm_config_names() name), else tile 128 x tile_n, else
-    the model's pick. Returns the output tile width it ran with. ValueError with gemm_problem's
-    reason when the kernel cannot run it."""
+    the model's pick (among the stream-K configurations too where ``workspace``, a zeroed device
+    buffer of gemm_workspace_bytes() used by one GEMM at a time, is given). Returns the output
+    tile width it ran with. ValueError with gemm_problem's reason when the kernel cannot run it."""
+
+def gemm_workspace_bytes(
+    m: int,
+    n: int,
+    k: int,
+    dtype: str = "bf16",
+    b_n_major: bool = False,
+    *,
+    config: str = "auto",
+    cuda_device: int,
+) -> int:
+    """Bytes of the zeroed workspace gemm(workspace=...) needs on ``cuda_device``: 0 unless
+    ``config`` (or, with 'auto', the model given a workspace) is a stream-K configuration."""
 
 def gemm_resolve_config(
     m: int,
@@ -217,9 +240,10 @@ def gemm_resolve_config(
     *,
     config: str = "auto",
     cuda_device: int,
+    stream_k: bool = False,
 ) -> str:
     """The configuration name gemm() runs an m x n GEMM with on ``cuda_device`` (auto: the
-    model's pick with the device's resident CTAs)."""
+    model's pick with the device's resident CTAs; ``stream_k``: gemm() is given a workspace)."""
 
 def gemm_resident_ctas(
     dtype: str, tile_n: int = 0, cuda_device: int = 0, *, config: str = "auto"

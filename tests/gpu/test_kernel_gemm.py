@@ -6,6 +6,9 @@ on one Hopper GPU:
 - every kernel configuration (bf16: 128x256, 128x128, 128x128c1, 256x128; fp16: the first two)
   against torch.mm, decode (M=8) and odd M tile counts included, and the auto choice on the
   device equal to _core.choose_config with the device's resident CTAs;
+- the stream-K configuration (128x256sk) with its workspace: against torch.mm, the model's
+  choice when a workspace is offered, its refusal without one, and launches of several shapes and
+  graph replays sharing one workspace (each launch leaves its split counters zeroed);
 - a rejected GEMM is a ValueError and leaves the device usable;
 - benchmarks/kernel_vs_cublas.py on one small Llama shape: the record is measured, checked and
   not below the compute floor.
@@ -19,6 +22,7 @@ GPU or without the CUDA runtime in the installed package.
 
 import json
 import math
+import pathlib
 
 import pytest
 
@@ -190,6 +194,65 @@ def test_rejected_gemm_leaves_the_device_usable():
     _gemm(a, w, d, 256, 128, 64)
     torch.cuda.synchronize()
     assert _rel_err(d, torch.mm(a, w.t())) < TOL
+
+
+def _sk_workspace(m, n, k):
+    nbytes = _core.gemm_workspace_bytes(m, n, k, cuda_device=0, config="128x256sk")
+    return torch.zeros(nbytes, device="cuda", dtype=torch.uint8)
+
+
+@pytest.mark.parametrize("m,n,k", [(1024, 5120, 2048), (1000, 1032, 520), (8, 4096, 1024)])
+def test_stream_k_matches_torch_mm(m, n, k):
+    ws = _sk_workspace(m, n, k)
+    assert ws.numel() > 16  # CUTLASS's partials and counters, then the launch's arrival count
+    ran, err = _run_checked(
+        m, n, k, config="128x256sk", workspace=ws.data_ptr(), workspace_bytes=ws.numel()
+    )
+    assert ran == 256 and err < TOL
+    assert int(ws[-16:].count_nonzero()) == 0  # the last consumer warpgroup reset the count
+
+
+def test_auto_with_a_workspace_runs_stream_k_on_a_partial_wave():
+    m, n, k = 1024, 5120, 2048  # 160 tiles of 128x256 for 132 SMs
+    names = _core.gemm_config_names("bf16", stream_k=True)
+    slots = {c: _core.gemm_resident_ctas("bf16", cuda_device=0, config=c) for c in names}
+    want = _core.choose_config(m, n, 1, "bf16", slots=slots, stream_k=True)["config"]
+    assert _core.gemm_resolve_config(m, n, cuda_device=0, stream_k=True) == want
+    assert _core.gemm_resolve_config(m, n, cuda_device=0) != "128x256sk"  # no workspace
+    nbytes = _core.gemm_workspace_bytes(m, n, k, cuda_device=0)
+    assert (nbytes > 0) == (want == "128x256sk")
+    ws = torch.zeros(max(nbytes, 16), device="cuda", dtype=torch.uint8)
+    ran, err = _run_checked(m, n, k, workspace=ws.data_ptr(), workspace_bytes=ws.numel())
+    assert ran == _core.gemm_config_table()[want]["tile_n"] and err < TOL
+
+
+def test_stream_k_without_its_workspace_is_refused():
+    m, n, k = 1024, 5120, 2048
+    a, w = _operands(m, n, k)
+    d = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="stream-K configuration needs a workspace"):
+        _gemm(a, w, d, m, n, k, config="128x256sk")
+    small = torch.zeros(64, device="cuda", dtype=torch.uint8)
+    with pytest.raises(ValueError, match="stream-K workspace of 64 bytes is below the"):
+        _gemm(a, w, d, m, n, k, config="128x256sk", workspace=small.data_ptr(), workspace_bytes=64)
+    with pytest.raises(ValueError, match="give workspace and workspace_bytes together"):
+        _gemm(a, w, d, m, n, k, workspace=small.data_ptr())
+    _gemm(a, w, d, m, n, k)  # the device stays usable
+    torch.cuda.synchronize()
+    assert _rel_err(d, torch.mm(a, w.t())) < TOL
+
+
+def test_stream_k_launches_share_one_workspace(tmp_path):
+    """60 eager launches of four shapes on one workspace, then 50 replays of a graph of three,
+    fresh inputs each time (tests/gpu/stream_k_worker.py, in a child process with a timeout)."""
+    from gpu_requirements import run_worker_json
+
+    worker = pathlib.Path(__file__).with_name("stream_k_worker.py")
+    rc, err, data = run_worker_json(worker, 1, tmp_path / "sk.json", timeout_s=300)
+    assert rc == 0, err[-4000:]
+    assert data["eager"] == 60 and data["eager_max_err"] < TOL, data
+    assert data["arrivals_after"] == 0, data
+    assert data["replays"] == 50 and data["replay_max_err"] < TOL, data
 
 
 def test_benchmark_measures_one_shape(tmp_path):

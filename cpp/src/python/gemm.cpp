@@ -20,6 +20,7 @@
 
 #include "distgemm/device/check.hpp"
 #include "distgemm/device/graph.hpp"
+#include "distgemm/kernel/gemm_extents.hpp"
 
 namespace py = pybind11;
 
@@ -88,8 +89,15 @@ ErrorSink& error_sink(int cuda_device) {
 
 int run_gemm(uint64_t a, uint64_t b, uint64_t d, int64_t m, int64_t n, int64_t k,
              const std::string& dtype, int tile_n, bool b_n_major, int cuda_device, uint64_t stream,
-             const std::string& config) {
-  const GemmDesc g = dense_desc(a, b, d, m, n, k, dtype, tile_n, b_n_major, config);
+             const std::string& config, uint64_t workspace, int64_t workspace_bytes) {
+  GemmDesc g = dense_desc(a, b, d, m, n, k, dtype, tile_n, b_n_major, config);
+  if ((workspace == 0) != (workspace_bytes == 0) || workspace_bytes < 0)
+    throw std::invalid_argument(
+        "gemm: give workspace and workspace_bytes together (both 0: no workspace), got "
+        "workspace=" +
+        std::to_string(workspace) + " workspace_bytes=" + std::to_string(workspace_bytes));
+  g.workspace = const_cast<void*>(as_ptr(workspace));
+  g.workspace_bytes = workspace_bytes;
   const std::string why = dense_problem(g);
   if (!why.empty()) throw std::invalid_argument("gemm: " + why);
   if (cuda_device < 0)
@@ -125,16 +133,36 @@ void register_gemm(py::module_& m) {
   m.def("gemm", &run_gemm, py::arg("a"), py::arg("b"), py::arg("d"), py::arg("m"), py::arg("n"),
         py::arg("k"), py::arg("dtype") = "bf16", py::arg("tile_n") = 0,
         py::arg("b_n_major") = false, py::kw_only(), py::arg("cuda_device"), py::arg("stream"),
-        py::arg("config") = "auto",
+        py::arg("config") = "auto", py::arg("workspace") = 0, py::arg("workspace_bytes") = 0,
         "Enqueue D[m, n] = A[m, k] @ B[n, k]^T (B[k, n] with b_n_major) on `stream` of "
         "`cuda_device` with distgemm's kernel: contiguous bf16/fp16 operands, fp32 accumulate. "
         "The kernel: `config` (a gemm_config_names() name), else output tile 128 x tile_n, else "
-        "(both unset) the model's choice (kernel::choose_config). Returns the output tile width "
-        "it ran with; ValueError with gemm_problem's reason when the kernel cannot run the GEMM.");
+        "(both unset) the model's choice (kernel::choose_config), among the stream-K "
+        "configurations too where `workspace` (a zeroed device buffer of gemm_workspace_bytes(), "
+        "used by one GEMM at a time) is given. Returns the output tile width it ran with; "
+        "ValueError with gemm_problem's reason when the kernel cannot run the GEMM.");
+  m.def(
+      "gemm_workspace_bytes",
+      [](int64_t m_, int64_t n, int64_t k, const std::string& dtype, bool b_n_major,
+         const std::string& config, int cuda_device) {
+        GemmDesc g = dense_desc(0, 0, 0, m_, n, k, dtype, 0, b_n_major, config);
+        std::string why = distgemm::kernel::gemm_extent_problem(
+            m_, n, k, 1, distgemm::kernel::dtype_bytes(g.dtype));
+        if (why.empty()) why = distgemm::kernel::gemm_config_problem(g.dtype, g.config, b_n_major);
+        if (!why.empty()) throw std::invalid_argument("gemm_workspace_bytes: " + why);
+        py::gil_scoped_release nogil;
+        return distgemm::kernel::gemm_workspace_bytes(g, cuda_device);
+      },
+      py::arg("m"), py::arg("n"), py::arg("k"), py::arg("dtype") = "bf16",
+      py::arg("b_n_major") = false, py::kw_only(), py::arg("config") = "auto",
+      py::arg("cuda_device"),
+      "Bytes of the zeroed workspace gemm(workspace=...) needs for this GEMM on `cuda_device`: 0 "
+      "unless `config` (or, with 'auto', the model given a workspace) is a stream-K "
+      "configuration.");
   m.def(
       "gemm_resolve_config",
       [](int64_t m_, int64_t n, const std::string& dtype, int tile_n, bool b_n_major,
-         const std::string& config, int cuda_device) {
+         const std::string& config, int cuda_device, bool stream_k) {
         GemmDesc g;
         g.dtype = distgemm::kernel::parse_dtype(dtype);
         g.m = m_;
@@ -142,6 +170,7 @@ void register_gemm(py::module_& m) {
         g.tile_n = tile_n;
         g.b_n_major = b_n_major;
         g.config = config_number(config);
+        g.workspace = stream_k ? &g : nullptr;  // only "a workspace is offered" matters here
         std::string why = distgemm::kernel::tile_n_problem(tile_n);
         if (why.empty()) why = distgemm::kernel::gemm_config_problem(g.dtype, g.config, b_n_major);
         if (!why.empty()) throw std::invalid_argument("gemm_resolve_config: " + why);
@@ -149,9 +178,10 @@ void register_gemm(py::module_& m) {
       },
       py::arg("m"), py::arg("n"), py::arg("dtype") = "bf16", py::arg("tile_n") = 0,
       py::arg("b_n_major") = false, py::kw_only(), py::arg("config") = "auto",
-      py::arg("cuda_device"),
+      py::arg("cuda_device"), py::arg("stream_k") = false,
       "The configuration name gemm() runs an m x n GEMM with on `cuda_device` (with config "
-      "'auto' and tile_n 0: the model's choice with the device's resident CTAs).");
+      "'auto' and tile_n 0: the model's choice with the device's resident CTAs, among the "
+      "stream-K configurations too with `stream_k`, i.e. when gemm() is given a workspace).");
   m.def(
       "gemm_resident_ctas",
       [](const std::string& dtype, int tile_n, int cuda_device, const std::string& config) {

@@ -21,7 +21,8 @@ namespace detail {
 #define DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(SUFFIX)                                        \
   std::string can_implement_##SUFFIX(const GemmDesc& g);                                  \
   void launch_##SUFFIX(const GemmDesc& g, const WaitSpec& w, int device, cudaStream_t s); \
-  int prepare_##SUFFIX(int device);
+  int prepare_##SUFFIX(int device);                                                       \
+  int64_t workspace_bytes_##SUFFIX(const GemmDesc& g, int device);
 DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(bf16_n256)
 DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(bf16_n128)
 DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(fp16_n256)
@@ -30,16 +31,18 @@ DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(bf16_n256_bn)
 DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(fp16_n256_bn)
 DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(bf16_n128_c11)
 DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(bf16_m256_n128)
+DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(bf16_n256_sk)
 #undef DISTGEMM_DECLARE_GEMM_ENTRY_POINTS
 
 struct Kernels {
   std::string (*can_implement)(const GemmDesc&);
   void (*launch)(const GemmDesc&, const WaitSpec&, int, cudaStream_t);
   int (*prepare)(int);
+  int64_t (*workspace_bytes)(const GemmDesc&, int);
 };
 
 #define DISTGEMM_KERNELS(SUFFIX) \
-  Kernels { can_implement_##SUFFIX, launch_##SUFFIX, prepare_##SUFFIX }
+  Kernels { can_implement_##SUFFIX, launch_##SUFFIX, prepare_##SUFFIX, workspace_bytes_##SUFFIX }
 
 // The kernel of configuration `config` (1..kConfigCount) for the dtype and B layout; the caller
 // has checked config_available (b_n_major has the 128x256 tile only, fp16 the two cluster-2x1
@@ -55,6 +58,9 @@ Kernels kernels(DType dtype, int config, bool b_n_major = false) {
       break;
     case GemmConfig::T256x128:
       if (bf16) return DISTGEMM_KERNELS(bf16_m256_n128);
+      break;
+    case GemmConfig::T128x256SK:
+      if (bf16) return DISTGEMM_KERNELS(bf16_n256_sk);
       break;
     default:
       break;
@@ -153,11 +159,20 @@ int gemm_resident_ctas(DType dtype, int tile_n, int device) {
 int gemm_config(const GemmDesc& g, int device) {
   if (g.config != 0) return g.config;
   if (g.tile_n != 0) return config_of_tile_n(g.tile_n);
-  const std::vector<int> candidates = available_configs(g.dtype == DType::BF16, g.b_n_major);
+  const std::vector<int> candidates =
+      available_configs(g.dtype == DType::BF16, g.b_n_major, g.workspace != nullptr);
   if (candidates.size() == 1) return candidates[0];
   std::vector<int> slots;
   for (int c : candidates) slots.push_back(gemm_config_resident_ctas(g.dtype, c, device));
   return choose_config(g.m, g.n, g.l, candidates, slots, g.swizzle);
+}
+
+int64_t gemm_workspace_bytes(const GemmDesc& g, int device) {
+  GemmDesc offered = g;
+  if (offered.workspace == nullptr) offered.workspace = &offered;  // "a workspace is offered"
+  const int config = gemm_config(offered, device);
+  if (!config_is_stream_k(config)) return 0;
+  return detail::kernels(g.dtype, config, g.b_n_major).workspace_bytes(g, device);
 }
 
 int gemm_tile_n(const GemmDesc& g, int device) {
@@ -171,7 +186,7 @@ void gemm_launch(const GemmDesc& g, const WaitSpec& wait, int device, cudaStream
 }
 
 void gemm_prepare(DType dtype, int device) {
-  for (int c : available_configs(dtype == DType::BF16, false))
+  for (int c : available_configs(dtype == DType::BF16, false, /*stream_k=*/true))
     (void)detail::kernels(dtype, c).prepare(device);
   (void)detail::kernels(dtype, static_cast<int>(GemmConfig::T128x256), true).prepare(device);
 }

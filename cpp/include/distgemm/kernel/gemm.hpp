@@ -70,6 +70,12 @@ struct GemmDesc {
   // Kernel configuration (kernel/tile_choice.hpp's GemmConfig numbers): 0 = chosen from the shape
   // (choose_config) unless tile_n names one; else that kernel. A set config and tile_n must agree.
   int config = 0;
+  // Workspace of a stream-K configuration: at least gemm_workspace_bytes(), zeroed once when
+  // allocated (each launch leaves it zeroed: its last CTA clears the split counters), and used
+  // by one GEMM at a time (launches on one stream in order; PDL successors need their own).
+  // Null: the model chooses among the data-parallel configurations only.
+  void* workspace = nullptr;
+  int64_t workspace_bytes = 0;
 };
 
 // "" when the kernel can run `g`; otherwise the reason, in words, with the values and the fix.
@@ -86,6 +92,10 @@ std::string gemm_config_problem(DType dtype, int config, bool b_n_major);
 // The configuration gemm_launch runs `g` with on `device`: g.config, else the one g.tile_n names,
 // else choose_config over the dtype's configurations with their resident CTAs on that device.
 int gemm_config(const GemmDesc& g, int device);
+
+// The workspace bytes `g` needs on `device` when the caller offers one: 0 unless the configuration
+// gemm_launch would run with a workspace (g.config, else the model's choice) is stream-K.
+int64_t gemm_workspace_bytes(const GemmDesc& g, int device);
 
 // The output tile width (N) of the configuration gemm_launch runs `g` with on `device`.
 int gemm_tile_n(const GemmDesc& g, int device);

@@ -117,7 +117,8 @@ struct OptionalSrcFetch {
   }
 };
 
-template <class Element, int TileM, int TileN, int ClusterM, int ClusterN, bool BNMajor>
+template <class Element, int TileM, int TileN, int ClusterM, int ClusterN, bool BNMajor,
+          bool StreamK = false>
 struct Config {
   static_assert((TileM == 128 || TileM == 256) && (TileN == 128 || TileN == 256) &&
                     TileM * TileN <= 128 * 256,
@@ -163,27 +164,67 @@ struct Config {
           sizeof(typename Epilogue::SharedStorage))>,
       cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
 
-  using Kernel =
-      cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
+  // Data-parallel: CUTLASS's persistent scheduler. Stream-K: its hybrid stream-K scheduler
+  // (tile_choice.hpp says when the model picks it).
+  using TileScheduler = std::conditional_t<StreamK, cutlass::gemm::StreamKScheduler, void>;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue,
+                                                      TileScheduler>;
 };
 
-template <class GemmKernel>
+// Where a stream-K launch keeps the split counters it leaves behind: CUTLASS's fixup counts each
+// tile's finished splits up and never back down, so the last consumer warpgroup of the launch
+// to finish zeroes them (and its own arrival count), and the next launch on the same workspace
+// finds it as allocated. Graph replays then need no memset node and no host work.
+struct StreamKReset {
+  uint32_t* arrivals = nullptr;  // consumer warpgroups of this launch that have finished
+  uint4* counters = nullptr;     // CUTLASS's barrier region of the workspace
+  uint32_t counter_vec4 = 0;     // its size in 16-byte words
+  uint32_t consumers = 0;        // consumer warpgroups in the grid
+};
+
+__device__ inline void stream_k_finish(const StreamKReset& r) {
+  // Thread 0 of each consumer warpgroup (warpgroups 1 and 2: CUTLASS's cooperative kernel has
+  // its producer in warpgroup 0) issues that warpgroup's counter atomics, after the warpgroup's
+  // named barrier, so once it returns its warpgroup touches the counters no more.
+  if (threadIdx.x < 128 || threadIdx.x % 128 != 0) return;
+  __threadfence();
+  if (atomicAdd(r.arrivals, 1u) != r.consumers - 1) return;
+  __threadfence();
+  for (uint32_t i = 0; i < r.counter_vec4; ++i) r.counters[i] = make_uint4(0, 0, 0, 0);
+  *r.arrivals = 0;
+  __threadfence();
+}
+
+template <class GemmKernel, bool StreamK>
 __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock,
                                   GemmKernel::MinBlocksPerMultiprocessor)
     waiting_gemm_kernel(CUTLASS_GRID_CONSTANT typename GemmKernel::Params const params,
-                        CUTLASS_GRID_CONSTANT WaitSpec const wait) {
+                        CUTLASS_GRID_CONSTANT WaitSpec const wait,
+                        CUTLASS_GRID_CONSTANT StreamKReset const reset) {
   extern __shared__ char smem[];
   // Lets a PDL-launched successor be scheduled once every CTA of this grid is resident; the
   // successor only takes SMs that this grid's finished CTAs give back (no-op without one).
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  if (!leading_barrier(wait, smem)) return;
-  GemmKernel op;
-  op(params, smem);
+  const bool ok = leading_barrier(wait, smem);
+  if constexpr (StreamK) {
+    // A stream-K CTA waits (unbounded, inside CUTLASS) for the splits of its tile that other
+    // CTAs compute, so every CTA runs even after a failed wait: the host raises from the error
+    // record, and no CTA is left waiting for one that returned early.
+    (void)ok;
+    GemmKernel op;
+    op(params, smem);
+    stream_k_finish(reset);
+  } else {
+    if (!ok) return;
+    GemmKernel op;
+    op(params, smem);
+  }
 }
 
-template <class Element, int TileM, int TileN, int ClusterM, int ClusterN, bool BNMajor>
+template <class Element, int TileM, int TileN, int ClusterM, int ClusterN, bool BNMajor,
+          bool StreamK = false>
 struct Runner {
-  using Cfg = Config<Element, TileM, TileN, ClusterM, ClusterN, BNMajor>;
+  using Cfg = Config<Element, TileM, TileN, ClusterM, ClusterN, BNMajor, StreamK>;
   using Kernel = typename Cfg::Kernel;
   using Arguments = typename Kernel::Arguments;
 
@@ -258,9 +299,64 @@ struct Runner {
       return "CUTLASS can_implement rejected the GEMM (m=" + std::to_string(g.m) +
              " n=" + std::to_string(g.n) + " k=" + std::to_string(g.k) +
              " l=" + std::to_string(g.l) + "): TMA needs K and N multiples of 8 elements";
-    if (Kernel::get_workspace_size(args) != 0)
+    if constexpr (StreamK) {
+      if (g.workspace == nullptr)
+        return "a stream-K configuration needs a workspace (GemmDesc::workspace, "
+               "gemm_workspace_bytes() bytes, zeroed once)";
+      if (reinterpret_cast<uintptr_t>(g.workspace) % 16 != 0)
+        return "the stream-K workspace must be 16-byte aligned";
+    } else if (Kernel::get_workspace_size(args) != 0) {
       return "internal: the GEMM kernel asks for a workspace, which the runtime does not provide";
+    }
     return "";
+  }
+
+  // CUTLASS's workspace for `g` on a device with `dev`'s SMs, then the launch's arrival count.
+  static int64_t cutlass_workspace_bytes(const GemmDesc& g, int sm_count, int max_active_clusters) {
+    return static_cast<int64_t>(
+        Kernel::get_workspace_size(make_arguments(g, sm_count, max_active_clusters)));
+  }
+  static int64_t arrivals_offset(int64_t cutlass_bytes) { return (cutlass_bytes + 15) / 16 * 16; }
+
+  static int64_t workspace_bytes(const GemmDesc& g, int device) {
+    if constexpr (!StreamK) {
+      return 0;
+    } else {
+      const DeviceInfo dev = prepare(device);
+      return arrivals_offset(cutlass_workspace_bytes(g, dev.sm_count, dev.max_active_clusters)) +
+             16;
+    }
+  }
+
+  // The counters stream_k_finish clears: CUTLASS's barrier region, which follows the partial
+  // accumulators (the reduction region) in the scheduler's workspace; the epilogue asks for no
+  // workspace, so the scheduler's starts at the workspace's start.
+  static StreamKReset stream_k_reset(const GemmDesc& g, const typename Kernel::Params& params,
+                                     int64_t cutlass_bytes, dim3 grid) {
+    StreamKReset r;
+    if constexpr (StreamK) {
+      using SchedulerParams = std::remove_cv_t<decltype(params.scheduler)>;
+      const SchedulerParams& sp = params.scheduler;
+      uint64_t reduction_tiles = sp.sk_tiles_;
+      if (sp.divmod_splits_.divisor > 1)
+        reduction_tiles = sp.units_per_problem_;
+      else if (sp.requires_separate_reduction())
+        reduction_tiles = uint64_t(sp.sk_tiles_) *
+                          SchedulerParams::max_peers_per_tile(sp.sk_units_, sp.sk_tiles_);
+      const int64_t reduction_bytes =
+          static_cast<int64_t>(SchedulerParams::get_reduction_workspace_size(
+              reduction_tiles, cutlass::gemm::GemmCoord(TileM, TileN, 64), 32));
+      if (reduction_bytes % 16 != 0 || reduction_bytes > cutlass_bytes)
+        throw std::runtime_error(
+            "internal: stream-K reduction region (" + std::to_string(reduction_bytes) +
+            " bytes) does not fit CUTLASS's workspace (" + std::to_string(cutlass_bytes) + ")");
+      char* base = static_cast<char*>(g.workspace);
+      r.counters = reinterpret_cast<uint4*>(base + reduction_bytes);
+      r.counter_vec4 = static_cast<uint32_t>((cutlass_bytes - reduction_bytes) / 16);
+      r.arrivals = reinterpret_cast<uint32_t*>(base + arrivals_offset(cutlass_bytes));
+      r.consumers = grid.x * grid.y * grid.z * 2;  // two consumer warpgroups per CTA
+    }
+    return r;
   }
 
   // Any positive SM count: make_arguments needs one, can_implement does not depend on it.
@@ -285,8 +381,9 @@ struct Runner {
     int current = -1;
     DISTGEMM_CUDA_CHECK(cudaGetDevice(&current));
     DISTGEMM_CUDA_CHECK(cudaSetDevice(device));
-    DISTGEMM_CUDA_CHECK(cudaFuncSetAttribute(
-        waiting_gemm_kernel<Kernel>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes()));
+    DISTGEMM_CUDA_CHECK(cudaFuncSetAttribute(waiting_gemm_kernel<Kernel, StreamK>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             smem_bytes()));
     DeviceInfo d;
     DISTGEMM_CUDA_CHECK(
         cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, device));
@@ -302,8 +399,8 @@ struct Runner {
     attr[0].val.clusterDim.z = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    DISTGEMM_CUDA_CHECK(
-        cudaOccupancyMaxActiveClusters(&d.max_active_clusters, waiting_gemm_kernel<Kernel>, &cfg));
+    DISTGEMM_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&d.max_active_clusters,
+                                                       waiting_gemm_kernel<Kernel, StreamK>, &cfg));
     DISTGEMM_CUDA_CHECK(cudaSetDevice(current));
     d.ready = true;
     info[device] = d;
@@ -313,9 +410,20 @@ struct Runner {
   static void launch(const GemmDesc& g, const WaitSpec& wait, int device, cudaStream_t stream) {
     const DeviceInfo dev = prepare(device);
     Arguments args = make_arguments(g, dev.sm_count, dev.max_active_clusters);
-    typename Kernel::Params params = Kernel::to_underlying_arguments(args, nullptr);
+    int64_t cutlass_bytes = 0;
+    if constexpr (StreamK) {
+      cutlass_bytes = static_cast<int64_t>(Kernel::get_workspace_size(args));
+      const int64_t need = arrivals_offset(cutlass_bytes) + 16;
+      if (g.workspace_bytes < need)
+        throw std::invalid_argument("stream-K workspace of " + std::to_string(g.workspace_bytes) +
+                                    " bytes is below the " + std::to_string(need) +
+                                    " this GEMM needs (gemm_workspace_bytes)");
+    }
+    typename Kernel::Params params =
+        Kernel::to_underlying_arguments(args, StreamK ? g.workspace : nullptr);
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = Kernel::get_grid_shape(params);
+    const StreamKReset reset = stream_k_reset(g, params, cutlass_bytes, cfg.gridDim);
     cfg.blockDim = Kernel::get_block_shape();
     cfg.dynamicSmemBytes = smem_bytes();
     cfg.stream = stream;
@@ -328,27 +436,33 @@ struct Runner {
     attr[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = g.pdl ? 2 : 1;
-    DISTGEMM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, waiting_gemm_kernel<Kernel>, params, wait));
+    DISTGEMM_CUDA_CHECK(
+        cudaLaunchKernelEx(&cfg, waiting_gemm_kernel<Kernel, StreamK>, params, wait, reset));
   }
 };
 
 }  // namespace distgemm::kernel::sm90
 
-// One kernel's entry points (dtype x tile x cluster x B layout), defined by a translation unit
-// that instantiates Runner<ELEMENT, TILE_M, TILE_N, CLUSTER_M, CLUSTER_N, B_N_MAJOR>. prepare_*
-// returns the kernel's resident CTAs (the persistent grid size), the input of choose_config.
-#define DISTGEMM_DEFINE_GEMM_ENTRY_POINTS(SUFFIX, ELEMENT, TILE_M, TILE_N, CLUSTER_M, CLUSTER_N,  \
-                                          B_N_MAJOR)                                              \
-  namespace distgemm::kernel::detail {                                                            \
-  using Runner_##SUFFIX = sm90::Runner<ELEMENT, TILE_M, TILE_N, CLUSTER_M, CLUSTER_N, B_N_MAJOR>; \
-  std::string can_implement_##SUFFIX(const GemmDesc& g) {                                         \
-    return Runner_##SUFFIX::can_implement(g);                                                     \
-  }                                                                                               \
-  void launch_##SUFFIX(const GemmDesc& g, const WaitSpec& w, int device, cudaStream_t s) {        \
-    Runner_##SUFFIX::launch(g, w, device, s);                                                     \
-  }                                                                                               \
-  int prepare_##SUFFIX(int device) {                                                              \
-    const auto d = Runner_##SUFFIX::prepare(device);                                              \
-    return d.max_active_clusters * CLUSTER_M * CLUSTER_N;                                         \
-  }                                                                                               \
+// One kernel's entry points (dtype x tile x cluster x B layout x scheduler), defined by a
+// translation unit that instantiates Runner<ELEMENT, TILE_M, TILE_N, CLUSTER_M, CLUSTER_N,
+// B_N_MAJOR, STREAM_K>. prepare_* returns the kernel's resident CTAs (the persistent grid size),
+// the input of choose_config; workspace_bytes_* what GemmDesc::workspace must hold.
+#define DISTGEMM_DEFINE_GEMM_ENTRY_POINTS(SUFFIX, ELEMENT, TILE_M, TILE_N, CLUSTER_M, CLUSTER_N, \
+                                          B_N_MAJOR, STREAM_K)                                   \
+  namespace distgemm::kernel::detail {                                                           \
+  using Runner_##SUFFIX =                                                                        \
+      sm90::Runner<ELEMENT, TILE_M, TILE_N, CLUSTER_M, CLUSTER_N, B_N_MAJOR, STREAM_K>;          \
+  int64_t workspace_bytes_##SUFFIX(const GemmDesc& g, int device) {                              \
+    return Runner_##SUFFIX::workspace_bytes(g, device);                                          \
+  }                                                                                              \
+  std::string can_implement_##SUFFIX(const GemmDesc& g) {                                        \
+    return Runner_##SUFFIX::can_implement(g);                                                    \
+  }                                                                                              \
+  void launch_##SUFFIX(const GemmDesc& g, const WaitSpec& w, int device, cudaStream_t s) {       \
+    Runner_##SUFFIX::launch(g, w, device, s);                                                    \
+  }                                                                                              \
+  int prepare_##SUFFIX(int device) {                                                             \
+    const auto d = Runner_##SUFFIX::prepare(device);                                             \
+    return d.max_active_clusters * CLUSTER_M * CLUSTER_N;                                        \
+  }                                                                                              \
   }

@@ -74,7 +74,14 @@ inline constexpr int kDefaultRaster = 0;
 
 // One kernel configuration: output tile tile_m x tile_n x 64, cooperative TMA warp-specialized,
 // cluster cluster_m x cluster_n. Values are the GemmDesc::config numbers (0 = auto).
-enum class GemmConfig : int { Auto = 0, T128x256 = 1, T128x128 = 2, T128x128C1 = 3, T256x128 = 4 };
+enum class GemmConfig : int {
+  Auto = 0,
+  T128x256 = 1,
+  T128x128 = 2,
+  T128x128C1 = 3,
+  T256x128 = 4,
+  T128x256SK = 5
+};
 
 struct ConfigShape {
   GemmConfig id;
@@ -82,6 +89,11 @@ struct ConfigShape {
   int tile_m, tile_n, cluster_m, cluster_n;
   double relative_cost;  // one tile's time relative to a 128x256 cluster-2x1 tile, same K
   bool bf16_only;        // instantiated for bf16 only (fp16 has the first two)
+  // Stream-K (CUTLASS's hybrid: whole waves data-parallel, the rest split along K among every
+  // CTA and reduced through a workspace): the grid's last wave no longer idles SMs. It needs a
+  // workspace that serves one GEMM at a time (GemmDesc::workspace), so the model considers it
+  // only for a caller that gives one.
+  bool stream_k = false;
 };
 
 // Every configuration, the default first (ties go to the earlier entry). The relative costs are
@@ -92,7 +104,12 @@ inline constexpr ConfigShape kConfigs[] = {
     {GemmConfig::T128x128, "128x128", 128, 128, 2, 1, kTile128RelativeCost, false},
     {GemmConfig::T128x128C1, "128x128c1", 128, 128, 1, 1, 0.60, true},
     {GemmConfig::T256x128, "256x128", 256, 128, 1, 2, 1.0, true},
+    {GemmConfig::T128x256SK, "128x256sk", 128, 256, 2, 1, 1.0, true, true},
 };
+// What stream-K adds to a GEMM whose tiles do not fill whole waves, in waves of 128x256 tiles:
+// the partial accumulators each split writes to and reads from the workspace, and the wait of a
+// tile's last split for the earlier ones (provisional, docs/tuning.md).
+inline constexpr double kStreamKFixupWaves = 0.15;
 inline constexpr int kConfigCount = sizeof(kConfigs) / sizeof(kConfigs[0]);
 // Another configuration replaces the default only where the model rates it this much cheaper.
 inline constexpr double kConfigMinGain = kTile128MinGain;
@@ -133,11 +150,17 @@ inline bool config_available(int c, bool bf16, bool b_n_major) {
   return !b_n_major || s->id == GemmConfig::T128x256;  // the one N-contiguous-B kernel
 }
 
-// The configurations with a kernel for the dtype and B layout, in kConfigs order.
-inline std::vector<int> available_configs(bool bf16, bool b_n_major) {
+inline bool config_is_stream_k(int c) {
+  const ConfigShape* s = config_shape(c);
+  return s && s->stream_k;
+}
+
+// The configurations with a kernel for the dtype and B layout, in kConfigs order; the stream-K
+// ones only with `stream_k` (a caller that provides their workspace).
+inline std::vector<int> available_configs(bool bf16, bool b_n_major, bool stream_k = false) {
   std::vector<int> out;
   for (const auto& s : kConfigs)
-    if (config_available(static_cast<int>(s.id), bf16, b_n_major))
+    if (config_available(static_cast<int>(s.id), bf16, b_n_major) && (stream_k || !s.stream_k))
       out.push_back(static_cast<int>(s.id));
   return out;
 }
@@ -176,6 +199,9 @@ inline ConfigEstimate estimate_config(const ConfigShape& c, int64_t m, int64_t n
   const int64_t s = slots > 0 ? slots : 1;
   e.waves = (e.tiles + s - 1) / s;
   e.cost = double(e.waves) * c.relative_cost;
+  // Stream-K spreads a partial last wave's work over every CTA, at the price of its fixup.
+  if (c.stream_k && e.tiles % s != 0)
+    e.cost = (double(e.tiles) / double(s) + kStreamKFixupWaves) * c.relative_cost;
   return e;
 }
 
