@@ -218,6 +218,8 @@ def gemm(
     buffer of gemm_workspace_bytes() used by one GEMM at a time, is given). Returns the output
     tile width it ran with. ValueError with gemm_problem's reason when the kernel cannot run it."""
 
+STREAM_K_TAIL_BYTES: int  # a stream-K workspace's last bytes: split counters, zero between launches
+
 def gemm_workspace_bytes(
     m: int,
     n: int,

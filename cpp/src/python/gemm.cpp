@@ -141,6 +141,7 @@ void register_gemm(py::module_& m) {
         "configurations too where `workspace` (a zeroed device buffer of gemm_workspace_bytes(), "
         "used by one GEMM at a time) is given. Returns the output tile width it ran with; "
         "ValueError with gemm_problem's reason when the kernel cannot run the GEMM.");
+  m.attr("STREAM_K_TAIL_BYTES") = distgemm::kernel::kStreamKTailBytes;
   m.def(
       "gemm_workspace_bytes",
       [](int64_t m_, int64_t n, int64_t k, const std::string& dtype, bool b_n_major,

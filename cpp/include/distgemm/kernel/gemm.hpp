@@ -71,12 +71,19 @@ struct GemmDesc {
   // (choose_config) unless tile_n names one; else that kernel. A set config and tile_n must agree.
   int config = 0;
   // Workspace of a stream-K configuration: at least gemm_workspace_bytes(), zeroed once when
-  // allocated (each launch leaves it zeroed: its last CTA clears the split counters), and used
-  // by one GEMM at a time (launches on one stream in order; PDL successors need their own).
+  // allocated, used by one GEMM at a time (launches on one stream in order; PDL successors need
+  // their own) and always passed with the same workspace_bytes. Its last kStreamKTailBytes hold
+  // the split counters, which every launch leaves zeroed, so GEMMs of any shape can share it.
   // Null: the model chooses among the data-parallel configurations only.
   void* workspace = nullptr;
   int64_t workspace_bytes = 0;
 };
+
+// The tail of a stream-K workspace: CUTLASS's split counters (two 32-bit words per split tile,
+// far below this bound at any SM count), then the launch's arrival count. All zero between
+// launches.
+inline constexpr int64_t kStreamKCounterBytes = 64 * 1024;
+inline constexpr int64_t kStreamKTailBytes = kStreamKCounterBytes + 128;
 
 // "" when the kernel can run `g`; otherwise the reason, in words, with the values and the fix.
 std::string gemm_can_implement(const GemmDesc& g);

@@ -311,52 +311,67 @@ struct Runner {
     return "";
   }
 
-  // CUTLASS's workspace for `g` on a device with `dev`'s SMs, then the launch's arrival count.
-  static int64_t cutlass_workspace_bytes(const GemmDesc& g, int sm_count, int max_active_clusters) {
-    return static_cast<int64_t>(
-        Kernel::get_workspace_size(make_arguments(g, sm_count, max_active_clusters)));
+  // The stream-K workspace: CUTLASS's partial accumulators (the reduction region, its size
+  // depends on the shape) end where its split counters begin, and the counters sit at a fixed
+  // place, the buffer's tail (kStreamKTailBytes: counters, then the launch's arrival count). Each
+  // launch zeroes the counters it used, so the tail is all zeros between launches, and GEMMs of
+  // any shape can share one buffer (one at a time, passed with the same size every time).
+  static int64_t reduction_bytes(const typename Kernel::Params& params) {
+    using SchedulerParams = std::remove_cv_t<decltype(params.scheduler)>;
+    const SchedulerParams& sp = params.scheduler;
+    uint64_t reduction_tiles = sp.sk_tiles_;
+    if (sp.divmod_splits_.divisor > 1)
+      reduction_tiles = sp.units_per_problem_;
+    else if (sp.requires_separate_reduction())
+      reduction_tiles =
+          uint64_t(sp.sk_tiles_) * SchedulerParams::max_peers_per_tile(sp.sk_units_, sp.sk_tiles_);
+    return static_cast<int64_t>(SchedulerParams::get_reduction_workspace_size(
+        reduction_tiles, cutlass::gemm::GemmCoord(TileM, TileN, 64), 32));
   }
-  static int64_t arrivals_offset(int64_t cutlass_bytes) { return (cutlass_bytes + 15) / 16 * 16; }
+
+  struct StreamKLayout {
+    int64_t reduction = 0;  // bytes of CUTLASS's partial accumulators
+    int64_t counters = 0;   // bytes of its split counters
+  };
+
+  static StreamKLayout stream_k_layout(const Arguments& args) {
+    StreamKLayout l;
+    const int64_t total = static_cast<int64_t>(Kernel::get_workspace_size(args));
+    l.reduction = reduction_bytes(Kernel::to_underlying_arguments(args, nullptr));
+    l.counters = total - l.reduction;
+    if (l.reduction % 16 != 0 || l.counters < 0 || l.counters > kStreamKCounterBytes)
+      throw std::runtime_error("internal: stream-K workspace of " + std::to_string(total) +
+                               " bytes (partials " + std::to_string(l.reduction) +
+                               ") does not fit the " + std::to_string(kStreamKCounterBytes) +
+                               "-byte counter region");
+    return l;
+  }
 
   static int64_t workspace_bytes(const GemmDesc& g, int device) {
     if constexpr (!StreamK) {
       return 0;
     } else {
       const DeviceInfo dev = prepare(device);
-      return arrivals_offset(cutlass_workspace_bytes(g, dev.sm_count, dev.max_active_clusters)) +
-             16;
+      const StreamKLayout l =
+          stream_k_layout(make_arguments(g, dev.sm_count, dev.max_active_clusters));
+      return (l.reduction + 127) / 128 * 128 + kStreamKTailBytes + 128;  // + alignment slack
     }
   }
 
-  // The counters stream_k_finish clears: CUTLASS's barrier region, which follows the partial
-  // accumulators (the reduction region) in the scheduler's workspace; the epilogue asks for no
-  // workspace, so the scheduler's starts at the workspace's start.
-  static StreamKReset stream_k_reset(const GemmDesc& g, const typename Kernel::Params& params,
-                                     int64_t cutlass_bytes, dim3 grid) {
-    StreamKReset r;
-    if constexpr (StreamK) {
-      using SchedulerParams = std::remove_cv_t<decltype(params.scheduler)>;
-      const SchedulerParams& sp = params.scheduler;
-      uint64_t reduction_tiles = sp.sk_tiles_;
-      if (sp.divmod_splits_.divisor > 1)
-        reduction_tiles = sp.units_per_problem_;
-      else if (sp.requires_separate_reduction())
-        reduction_tiles = uint64_t(sp.sk_tiles_) *
-                          SchedulerParams::max_peers_per_tile(sp.sk_units_, sp.sk_tiles_);
-      const int64_t reduction_bytes =
-          static_cast<int64_t>(SchedulerParams::get_reduction_workspace_size(
-              reduction_tiles, cutlass::gemm::GemmCoord(TileM, TileN, 64), 32));
-      if (reduction_bytes % 16 != 0 || reduction_bytes > cutlass_bytes)
-        throw std::runtime_error(
-            "internal: stream-K reduction region (" + std::to_string(reduction_bytes) +
-            " bytes) does not fit CUTLASS's workspace (" + std::to_string(cutlass_bytes) + ")");
-      char* base = static_cast<char*>(g.workspace);
-      r.counters = reinterpret_cast<uint4*>(base + reduction_bytes);
-      r.counter_vec4 = static_cast<uint32_t>((cutlass_bytes - reduction_bytes) / 16);
-      r.arrivals = reinterpret_cast<uint32_t*>(base + arrivals_offset(cutlass_bytes));
-      r.consumers = grid.x * grid.y * grid.z * 2;  // two consumer warpgroups per CTA
-    }
-    return r;
+  // Where CUTLASS's workspace starts in the caller's buffer (its counters then begin at the
+  // tail), and what stream_k_finish clears.
+  static void* place_stream_k(const GemmDesc& g, const StreamKLayout& l, StreamKReset& r) {
+    const uintptr_t base = reinterpret_cast<uintptr_t>(g.workspace);
+    const uintptr_t tail = (base + g.workspace_bytes - kStreamKTailBytes) / 128 * 128;
+    if (g.workspace_bytes < kStreamKTailBytes || tail < base + uintptr_t(l.reduction))
+      throw std::invalid_argument(
+          "stream-K workspace of " + std::to_string(g.workspace_bytes) + " bytes is below the " +
+          std::to_string((l.reduction + 127) / 128 * 128 + kStreamKTailBytes + 128) +
+          " this GEMM needs (gemm_workspace_bytes)");
+    r.counters = reinterpret_cast<uint4*>(tail);
+    r.counter_vec4 = static_cast<uint32_t>(l.counters / 16);
+    r.arrivals = reinterpret_cast<uint32_t*>(tail + kStreamKCounterBytes);
+    return reinterpret_cast<void*>(tail - l.reduction);
   }
 
   // Any positive SM count: make_arguments needs one, can_implement does not depend on it.
@@ -410,20 +425,13 @@ struct Runner {
   static void launch(const GemmDesc& g, const WaitSpec& wait, int device, cudaStream_t stream) {
     const DeviceInfo dev = prepare(device);
     Arguments args = make_arguments(g, dev.sm_count, dev.max_active_clusters);
-    int64_t cutlass_bytes = 0;
-    if constexpr (StreamK) {
-      cutlass_bytes = static_cast<int64_t>(Kernel::get_workspace_size(args));
-      const int64_t need = arrivals_offset(cutlass_bytes) + 16;
-      if (g.workspace_bytes < need)
-        throw std::invalid_argument("stream-K workspace of " + std::to_string(g.workspace_bytes) +
-                                    " bytes is below the " + std::to_string(need) +
-                                    " this GEMM needs (gemm_workspace_bytes)");
-    }
-    typename Kernel::Params params =
-        Kernel::to_underlying_arguments(args, StreamK ? g.workspace : nullptr);
+    StreamKReset reset;
+    void* cutlass_workspace = nullptr;
+    if constexpr (StreamK) cutlass_workspace = place_stream_k(g, stream_k_layout(args), reset);
+    typename Kernel::Params params = Kernel::to_underlying_arguments(args, cutlass_workspace);
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = Kernel::get_grid_shape(params);
-    const StreamKReset reset = stream_k_reset(g, params, cutlass_bytes, cfg.gridDim);
+    reset.consumers = cfg.gridDim.x * cfg.gridDim.y * cfg.gridDim.z * 2;  // 2 per CTA
     cfg.blockDim = Kernel::get_block_shape();
     cfg.dynamicSmemBytes = smem_bytes();
     cfg.stream = stream;
