@@ -100,8 +100,10 @@ def _config_model(m, n, l, names, slots, swizzle):
         waves = math.ceil(tiles / slots[c])
         cost = waves * table[c]["relative_cost"]
         if table[c]["stream_k"] and tiles % slots[c]:
-            # the partial last wave's work spread over every CTA, plus the fixup
+            # the partial last wave's work spread over every CTA, plus the fixup; not below one
+            # full wave
             cost = (tiles / slots[c] + _core.STREAM_K_FIXUP_WAVES) * table[c]["relative_cost"]
+            cost = math.inf if tiles < slots[c] else cost
         est[c] = (tiles, waves, cost)
     best = min(names, key=lambda c: (est[c][2], names.index(c)))
     cheaper = est[best][2] < (1 - _core.CONFIG_MIN_GAIN) * est[names[0]][2]
@@ -200,6 +202,10 @@ def test_config_choice_matches_the_model_on_random_shapes():
         (1024, 9216, "128x256sk"),
         # 70B O at 4096 tokens: 1024 tiles, 7.76 waves against 8: within the 10% margin
         (4096, 8192, "128x256"),
+        # 8B QKV at 1024 tokens, TP=4: 48 tiles, below one wave: a smaller data-parallel tile
+        (1024, 1536, "128x128"),
+        # 70B QKV at 1024 tokens, TP=4: 80 tiles, below one wave
+        (1024, 2560, "128x256"),
         # decode, 405B O: 128 cluster-1x1 tiles fill one wave at 0.60 of a wide tile's cost
         (8, 16384, "128x128c1"),
     ],

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -108,8 +109,10 @@ inline constexpr ConfigShape kConfigs[] = {
 };
 // What stream-K adds to a GEMM whose tiles do not fill whole waves, in waves of 128x256 tiles:
 // the partial accumulators each split writes to and reads from the workspace, and the wait of a
-// tile's last split for the earlier ones (provisional, docs/tuning.md).
-inline constexpr double kStreamKFixupWaves = 0.15;
+// tile's last split for the earlier ones (fitted to single-GPU runs, docs/tuning.md). Below one
+// full wave the splits are short and their fixups dominate: there the model keeps the
+// data-parallel configurations (a smaller tile fills the SMs instead).
+inline constexpr double kStreamKFixupWaves = 0.25;
 inline constexpr int kConfigCount = sizeof(kConfigs) / sizeof(kConfigs[0]);
 // Another configuration replaces the default only where the model rates it this much cheaper.
 inline constexpr double kConfigMinGain = kTile128MinGain;
@@ -199,9 +202,11 @@ inline ConfigEstimate estimate_config(const ConfigShape& c, int64_t m, int64_t n
   const int64_t s = slots > 0 ? slots : 1;
   e.waves = (e.tiles + s - 1) / s;
   e.cost = double(e.waves) * c.relative_cost;
-  // Stream-K spreads a partial last wave's work over every CTA, at the price of its fixup.
+  // Stream-K spreads a partial last wave's work over every CTA, at the price of its fixup; with
+  // less than one full wave it is not a candidate (infinite cost).
   if (c.stream_k && e.tiles % s != 0)
-    e.cost = (double(e.tiles) / double(s) + kStreamKFixupWaves) * c.relative_cost;
+    e.cost = e.tiles < s ? std::numeric_limits<double>::infinity()
+                         : (double(e.tiles) / double(s) + kStreamKFixupWaves) * c.relative_cost;
   return e;
 }
 
