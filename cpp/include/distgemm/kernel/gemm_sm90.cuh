@@ -5,7 +5,8 @@
 // fp32 accumulators of both wgmma streams stay in flight; pingpong at 128x256 serialises them),
 // tile TileM x TileN x 64, cluster ClusterM x ClusterN (the operand tile shared along the cluster
 // multicast to it), persistent grid. The configurations (tile_choice.hpp's kConfigs): 128x256 and
-// 128x128 with cluster 2x1, and for bf16 128x128 with cluster 1x1 and 256x128 with cluster 1x2;
+// 128x128 with cluster 2x1, and for bf16 128x128 with cluster 1x1, 256x128 with cluster 1x2 and
+// 128x256 with CUTLASS's stream-K scheduler (its workspace is the caller's, see StreamKReset);
 // kernel/tile_choice.hpp picks one per GEMM.
 // B is K-contiguous ([n, k], nn.Linear's weight), or with BNMajor N-contiguous ([k, n], a
 // transposed view of that weight: what a backward dgrad GEMM reads); TMA and wgmma read both
