@@ -348,14 +348,18 @@ struct Runner {
     return l;
   }
 
+  // The partials (128-byte aligned), the tail, and slack for aligning the tail down to 128.
+  static int64_t needed_bytes(const StreamKLayout& l) {
+    return round_up(l.reduction, 128) + kStreamKTailBytes + 128;
+  }
+
   static int64_t workspace_bytes(const GemmDesc& g, int device) {
     if constexpr (!StreamK) {
       return 0;
     } else {
       const DeviceInfo dev = prepare(device);
-      const StreamKLayout l =
-          stream_k_layout(make_arguments(g, dev.sm_count, dev.max_active_clusters));
-      return (l.reduction + 127) / 128 * 128 + kStreamKTailBytes + 128;  // + alignment slack
+      return needed_bytes(
+          stream_k_layout(make_arguments(g, dev.sm_count, dev.max_active_clusters)));
     }
   }
 
@@ -365,10 +369,9 @@ struct Runner {
     const uintptr_t base = reinterpret_cast<uintptr_t>(g.workspace);
     const uintptr_t tail = (base + g.workspace_bytes - kStreamKTailBytes) / 128 * 128;
     if (g.workspace_bytes < kStreamKTailBytes || tail < base + uintptr_t(l.reduction))
-      throw std::invalid_argument(
-          "stream-K workspace of " + std::to_string(g.workspace_bytes) + " bytes is below the " +
-          std::to_string((l.reduction + 127) / 128 * 128 + kStreamKTailBytes + 128) +
-          " this GEMM needs (gemm_workspace_bytes)");
+      throw std::invalid_argument("stream-K workspace of " + std::to_string(g.workspace_bytes) +
+                                  " bytes is below the " + std::to_string(needed_bytes(l)) +
+                                  " this GEMM needs (gemm_workspace_bytes)");
     r.counters = reinterpret_cast<uint4*>(tail);
     r.counter_vec4 = static_cast<uint32_t>(l.counters / 16);
     r.arrivals = reinterpret_cast<uint32_t*>(tail + kStreamKCounterBytes);
