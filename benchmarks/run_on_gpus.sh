@@ -15,6 +15,8 @@
 #                    10,000 replays, host overhead; the Python-vs-C++ bench; examples/tp_mlp.py)
 #   kernel-tests     python3 -m pytest tests/gpu/test_kernel_gemm.py (every kernel configuration
 #                    through _core.gemm, stream-K's workspace, the kernel-vs-cuBLAS benchmark)
+#   fp8-tests        python3 -m pytest tests/gpu/test_kernel_fp8.py (the fp8 kernels through
+#                    _core.gemm: both scale kinds and accumulation modes against torch._scaled_mm)
 #   cpp-tests        python3 -m pytest tests/gpu/test_cpp_bench.py (the C++ runtime grid)
 #   timeline         benchmarks/overlap_timeline.py (per-stream picture of one case)
 #   sweep-quick|full benchmarks/llama_sweep.py [--quick] $SWEEP_ARGS (e.g. "--models 405B")
@@ -31,6 +33,8 @@
 #                    GEMM + all-reduce in graphs of 20 calls: mm, mm + NCCL, mm + one_shot, distgemm)
 #   cpp-tiles        benchmarks/compare_tiles.py (the GEMM's two tiles per shape, one GPU), then the
 #                    C++ sweep at 1024/2048 tokens with --tile-n auto and 256, two rounds each
+#   fp8-kernel       benchmarks/fp8_kernel_vs_scaled_mm.py ${FP8_ARGS:---tp 2} on GPU 0: the fp8
+#                    kernels vs torch._scaled_mm, bf16 torch.mm and distgemm's bf16 kernel
 #   kernel-vs-cublas benchmarks/kernel_vs_cublas.py ${KERNEL_ARGS:---tp 2 --local-only} on GPU 0: distgemm's
 #                    GEMM kernel (both tiles, the wave model's pick) vs torch.mm per Llama GEMM shape
 # CPP_TESTS_K narrows cpp-tests to a pytest -k expression.
@@ -88,6 +92,9 @@ for p in "$@"; do
     timing-study) part timing-study 200 torchrun --nproc-per-node "$NPROC" benchmarks/timing_study.py --out "$OUT/timing-study" ;;
     api) part api 300 env OUT="$OUT/api" API_TIMEOUT=240 bash tests/gpu/run_api_checks.sh ;;
     kernel-tests) part kernel-tests ${KERNEL_TESTS_S:-400} python3 -m pytest -q -rs tests/gpu/test_kernel_gemm.py ;;
+    fp8-tests) part fp8-tests ${FP8_TESTS_S:-300} python3 -m pytest -q -rs tests/gpu/test_kernel_fp8.py ;;
+    fp8-kernel) part fp8-kernel ${FP8_S:-400} python3 benchmarks/fp8_kernel_vs_scaled_mm.py \
+              ${FP8_ARGS:---tp 2} --budget-s $(( ${FP8_S:-400} - 30 )) --out "$OUT/fp8-kernel" ;;
     cpp-tests) part cpp-tests ${CPP_TESTS_S:-330} env DISTGEMM_BENCH="$BENCH" python3 -m pytest -q -x -rs \
                  ${CPP_TESTS_K:+-k "$CPP_TESTS_K"} tests/gpu/test_cpp_bench.py ;;
     cpp-variants) part cpp-variants ${CPP_VARIANTS_S:-300} bash -c '
@@ -126,7 +133,7 @@ for p in "$@"; do
               ${KERNEL_ARGS:---tp 2 --local-only} --budget-s $(( ${KERNEL_S:-500} - 40 )) --out "$OUT/kernel-vs-cublas" ;;
     cpp-sweep-quick) part cpp-sweep-quick 200 "$BENCH" --sweep quick --tp "$NPROC" --csv "$OUT/cpp-sweep-quick/cpp-sweep-quick.csv" ;;
     cpp-sweep-full) part cpp-sweep-full 400 "$BENCH" --sweep full --tp "$NPROC" --csv "$OUT/cpp-sweep-full/cpp-sweep-full.csv" ;;
-    *) echo "unknown part '$p' (install, first-run, kernel-tests, timing-study, training, serving, decode, api, cpp-tests, cpp-variants, cpp-tiles, kernel-vs-cublas, timeline, sweep-quick, sweep-full, sweep-fc, cpp-sweep-quick, cpp-sweep-full)"; rc=1 ;;
+    *) echo "unknown part '$p' (install, first-run, kernel-tests, fp8-tests, fp8-kernel, timing-study, training, serving, decode, api, cpp-tests, cpp-variants, cpp-tiles, kernel-vs-cublas, timeline, sweep-quick, sweep-full, sweep-fc, cpp-sweep-quick, cpp-sweep-full)"; rc=1 ;;
   esac
   tail -n 25 "$OUT/$p.log" 2>/dev/null | cut -c1-250
 done

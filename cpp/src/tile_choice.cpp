@@ -14,13 +14,19 @@ namespace k = distgemm::kernel;
 
 namespace {
 
-// The configuration numbers of the dtype ("bf16"/"fp16", torch's names too) and B layout.
+// The configuration numbers of the dtype ("bf16"/"fp16"/"e4m3", torch's names too) and B layout:
+// the model's candidates for 16-bit types; e4m3's two kernels (accurate, fast accumulation),
+// which fast_accum chooses between.
 std::vector<int> candidates_of(const std::string& dtype, bool b_n_major, bool stream_k) {
+  if (dtype == "e4m3" || dtype == "float8_e4m3fn") {
+    if (b_n_major) throw py::value_error("fp8 (e4m3) has no kernel for an N-contiguous B");
+    return {k::e4m3_config(false), k::e4m3_config(true)};
+  }
   bool bf16 = true;
   if (dtype == "fp16" || dtype == "float16")
     bf16 = false;
   else if (dtype != "bf16" && dtype != "bfloat16")
-    throw py::value_error("dtype '" + dtype + "' is not supported: use bf16 or fp16");
+    throw py::value_error("dtype '" + dtype + "' is not supported: use bf16, fp16 or e4m3");
   return k::available_configs(bf16, b_n_major, stream_k);
 }
 
@@ -30,6 +36,10 @@ py::dict choose_config(int64_t m, int64_t n, int64_t l, const std::string& dtype
     throw py::value_error("choose_config needs m, n, l and swizzle >= 1, got m=" +
                           std::to_string(m) + " n=" + std::to_string(n) +
                           " l=" + std::to_string(l) + " swizzle=" + std::to_string(swizzle));
+  if (dtype == "e4m3" || dtype == "float8_e4m3fn")
+    throw py::value_error(
+        "choose_config compares the 16-bit configurations; an fp8 (e4m3) GEMM runs the kernel "
+        "its fast_accum names (e4m3_128x128, or e4m3_128x256fa with fast accumulation)");
   const std::vector<int> candidates = candidates_of(dtype, b_n_major, stream_k);
   std::vector<int> per;
   for (int c : candidates) {
@@ -117,11 +127,12 @@ void register_tile_choice(py::module_& m) {
               py::arg("id") = static_cast<int>(c.id), py::arg("tile_m") = c.tile_m,
               py::arg("tile_n") = c.tile_n, py::arg("cluster_m") = c.cluster_m,
               py::arg("cluster_n") = c.cluster_n, py::arg("relative_cost") = c.relative_cost,
-              py::arg("bf16_only") = c.bf16_only, py::arg("stream_k") = c.stream_k);
+              py::arg("bf16_only") = c.bf16_only, py::arg("stream_k") = c.stream_k,
+              py::arg("e4m3") = c.e4m3, py::arg("fast_accum") = c.fast_accum);
         return out;
       },
       "{name: {'id', 'tile_m', 'tile_n', 'cluster_m', 'cluster_n', 'relative_cost', "
-      "'bf16_only', 'stream_k'}} of every GEMM kernel configuration (kernel/tile_choice.hpp's "
+      "'bf16_only', 'stream_k', 'e4m3', 'fast_accum'}} of every GEMM kernel configuration (kernel/tile_choice.hpp's "
       "kConfigs).");
   m.attr("STREAM_K_FIXUP_WAVES") = k::kStreamKFixupWaves;
   m.attr("CONFIG_MIN_GAIN") = k::kConfigMinGain;

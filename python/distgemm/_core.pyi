@@ -156,7 +156,7 @@ def gemm_config_names(
 
 def gemm_config_table() -> dict[str, dict[str, Any]]:
     """{name: {'id', 'tile_m', 'tile_n', 'cluster_m', 'cluster_n', 'relative_cost',
-    'bf16_only', 'stream_k'}} of every configuration."""
+    'bf16_only', 'stream_k', 'e4m3', 'fast_accum'}} of every configuration."""
 
 STREAM_K_FIXUP_WAVES: float  # what the model adds to a stream-K GEMM with a partial last wave
 
@@ -192,6 +192,11 @@ def gemm_problem(
     b_n_major: bool = False,
     *,
     config: str = "auto",
+    scale_a: int = 0,
+    scale_a_rows: bool = False,
+    scale_b: int = 0,
+    scale_b_rows: bool = False,
+    fast_accum: bool = False,
 ) -> str:
     """'' when gemm() runs this dense GEMM, else the reason (no device is touched)."""
 
@@ -211,12 +216,20 @@ def gemm(
     config: str = "auto",
     workspace: int = 0,
     workspace_bytes: int = 0,
+    scale_a: int = 0,
+    scale_a_rows: bool = False,
+    scale_b: int = 0,
+    scale_b_rows: bool = False,
+    fast_accum: bool = False,
 ) -> int:
     """Enqueue D[m, n] = A[m, k] @ B[n, k]^T (B[k, n] with b_n_major) with distgemm's kernel on
-    `stream`: configuration ``config`` (a gemm_config_names() name), else tile 128 x tile_n, else
-    the model's pick (among the stream-K configurations too where ``workspace``, a zeroed device
-    buffer of gemm_workspace_bytes() used by one GEMM at a time, is given). Returns the output
-    tile width it ran with. ValueError with gemm_problem's reason when the kernel cannot run it."""
+    `stream`. dtype 'e4m3': float8_e4m3fn A and B, bf16 D = scale_a * scale_b * A @ B^T with
+    float32 scales at device addresses (one value, or one per row with ``*_rows``), CUTLASS's
+    fast-accumulation kernel with ``fast_accum``. The kernel: configuration ``config`` (a
+    gemm_config_names() name), else tile 128 x tile_n, else the model's pick (among the stream-K
+    configurations too where ``workspace``, a zeroed device buffer of gemm_workspace_bytes() used
+    by one GEMM at a time, is given). Returns the output tile width it ran with. ValueError with
+    gemm_problem's reason when the kernel cannot run it."""
 
 STREAM_K_TAIL_BYTES: int  # a stream-K workspace's last bytes: split counters, zero between launches
 

@@ -3,7 +3,8 @@
 // tensors. Pointers and streams cross as Python ints (tensor.data_ptr(), stream.cuda_stream).
 //
 // The GEMM is dense: D[m, n] = A[m, k] @ B[n, k]^T (B[k, n] with b_n_major), every operand
-// contiguous, no bias, no C, alpha 1 (kernel/gemm.hpp). Shapes and pointers are checked by
+// contiguous, no bias, no C, alpha 1 (kernel/gemm.hpp); at fp8 (e4m3) scaled by scale_a and
+// scale_b (tensor-wise, or row-wise with *_rows) into a bf16 D. Shapes and pointers are checked by
 // kernel::gemm_can_implement before anything reaches the device; a rejection is a ValueError
 // with the reason.
 #include "distgemm/kernel/gemm.hpp"
@@ -42,10 +43,21 @@ int config_number(const std::string& name) {
   return c;
 }
 
+// The fp8 arguments of gemm() and gemm_problem(): float32 scale addresses (0: none).
+struct Fp8Args {
+  uint64_t scale_a = 0, scale_b = 0;
+  bool scale_a_rows = false, scale_b_rows = false, fast_accum = false;
+};
+
 GemmDesc dense_desc(uint64_t a, uint64_t b, uint64_t d, int64_t m, int64_t n, int64_t k,
-                    const std::string& dtype, int tile_n, bool b_n_major,
-                    const std::string& config) {
+                    const std::string& dtype, int tile_n, bool b_n_major, const std::string& config,
+                    const Fp8Args& fp8 = {}) {
   GemmDesc g;
+  g.scale_a = static_cast<const float*>(as_ptr(fp8.scale_a));
+  g.scale_a_rows = fp8.scale_a_rows;
+  g.scale_b = static_cast<const float*>(as_ptr(fp8.scale_b));
+  g.scale_b_rows = fp8.scale_b_rows;
+  g.fast_accum = fp8.fast_accum;
   g.dtype = distgemm::kernel::parse_dtype(dtype);  // std::invalid_argument -> ValueError
   g.m = m;
   g.n = n;
@@ -89,8 +101,11 @@ ErrorSink& error_sink(int cuda_device) {
 
 int run_gemm(uint64_t a, uint64_t b, uint64_t d, int64_t m, int64_t n, int64_t k,
              const std::string& dtype, int tile_n, bool b_n_major, int cuda_device, uint64_t stream,
-             const std::string& config, uint64_t workspace, int64_t workspace_bytes) {
-  GemmDesc g = dense_desc(a, b, d, m, n, k, dtype, tile_n, b_n_major, config);
+             const std::string& config, uint64_t workspace, int64_t workspace_bytes,
+             uint64_t scale_a, bool scale_a_rows, uint64_t scale_b, bool scale_b_rows,
+             bool fast_accum) {
+  GemmDesc g = dense_desc(a, b, d, m, n, k, dtype, tile_n, b_n_major, config,
+                          {scale_a, scale_b, scale_a_rows, scale_b_rows, fast_accum});
   if ((workspace == 0) != (workspace_bytes == 0) || workspace_bytes < 0)
     throw std::invalid_argument(
         "gemm: give workspace and workspace_bytes together (both 0: no workspace), got "
@@ -121,12 +136,16 @@ void register_gemm(py::module_& m) {
   m.def(
       "gemm_problem",
       [](uint64_t a, uint64_t b, uint64_t d, int64_t m_, int64_t n, int64_t k,
-         const std::string& dtype, int tile_n, bool b_n_major, const std::string& config) {
-        return dense_problem(dense_desc(a, b, d, m_, n, k, dtype, tile_n, b_n_major, config));
+         const std::string& dtype, int tile_n, bool b_n_major, const std::string& config,
+         uint64_t scale_a, bool scale_a_rows, uint64_t scale_b, bool scale_b_rows,
+         bool fast_accum) {
+        return dense_problem(dense_desc(a, b, d, m_, n, k, dtype, tile_n, b_n_major, config,
+                                        {scale_a, scale_b, scale_a_rows, scale_b_rows, fast_accum}));
       },
       py::arg("a"), py::arg("b"), py::arg("d"), py::arg("m"), py::arg("n"), py::arg("k"),
       py::arg("dtype") = "bf16", py::arg("tile_n") = 0, py::arg("b_n_major") = false, py::kw_only(),
-      py::arg("config") = "auto",
+      py::arg("config") = "auto", py::arg("scale_a") = 0, py::arg("scale_a_rows") = false,
+      py::arg("scale_b") = 0, py::arg("scale_b_rows") = false, py::arg("fast_accum") = false,
       "'' when gemm() runs this dense GEMM (kernel::gemm_can_implement: extents, 16-byte "
       "alignment of every operand, the tile or configuration), else the reason. Touches no "
       "device.");
@@ -134,8 +153,14 @@ void register_gemm(py::module_& m) {
         py::arg("k"), py::arg("dtype") = "bf16", py::arg("tile_n") = 0,
         py::arg("b_n_major") = false, py::kw_only(), py::arg("cuda_device"), py::arg("stream"),
         py::arg("config") = "auto", py::arg("workspace") = 0, py::arg("workspace_bytes") = 0,
+        py::arg("scale_a") = 0, py::arg("scale_a_rows") = false, py::arg("scale_b") = 0,
+        py::arg("scale_b_rows") = false, py::arg("fast_accum") = false,
         "Enqueue D[m, n] = A[m, k] @ B[n, k]^T (B[k, n] with b_n_major) on `stream` of "
         "`cuda_device` with distgemm's kernel: contiguous bf16/fp16 operands, fp32 accumulate. "
+        "dtype 'e4m3': A and B float8_e4m3fn, D bf16, D = scale_a * scale_b * A @ B^T with "
+        "float32 scales at device addresses scale_a / scale_b, one value each or one per row of "
+        "its operand (scale_a_rows / scale_b_rows); fast_accum picks CUTLASS's "
+        "fast-accumulation kernel. "
         "The kernel: `config` (a gemm_config_names() name), else output tile 128 x tile_n, else "
         "(both unset) the model's choice (kernel::choose_config), among the stream-K "
         "configurations too where `workspace` (a zeroed device buffer of gemm_workspace_bytes(), "

@@ -32,6 +32,8 @@ DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(fp16_n256_bn)
 DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(bf16_n128_c11)
 DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(bf16_m256_n128)
 DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(bf16_n256_sk)
+DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(e4m3_n128)
+DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(e4m3_n256_fa)
 #undef DISTGEMM_DECLARE_GEMM_ENTRY_POINTS
 
 struct Kernels {
@@ -46,8 +48,11 @@ struct Kernels {
 
 // The kernel of configuration `config` (1..kConfigCount) for the dtype and B layout; the caller
 // has checked config_available (b_n_major has the 128x256 tile only, fp16 the two cluster-2x1
-// tiles), so any other configuration falls back to 128x256.
+// tiles), so any other configuration falls back to 128x256; e4m3 has its two kernels.
 Kernels kernels(DType dtype, int config, bool b_n_major = false) {
+  if (dtype == DType::E4M3)
+    return config == static_cast<int>(GemmConfig::E4M3x128x256FA) ? DISTGEMM_KERNELS(e4m3_n256_fa)
+                                                                   : DISTGEMM_KERNELS(e4m3_n128);
   const bool bf16 = dtype == DType::BF16;
   if (b_n_major) return bf16 ? DISTGEMM_KERNELS(bf16_n256_bn) : DISTGEMM_KERNELS(fp16_n256_bn);
   switch (static_cast<GemmConfig>(config)) {
@@ -99,19 +104,59 @@ std::string check_operand(const char* name, const void* p, int64_t ld, int64_t b
 
 }  // namespace
 
+// The fp8 (e4m3) side of a GEMM: both scales given for e4m3 and none otherwise, and the
+// settings the fp8 kernels do not have.
+std::string scale_problem(const GemmDesc& g) {
+  if (g.dtype != DType::E4M3) {
+    if (g.scale_a || g.scale_b || g.fast_accum)
+      return std::string("scale_a, scale_b and fast_accum are for fp8 (e4m3) inputs; this GEMM "
+                         "is ") +
+             dtype_name(g.dtype);
+    return "";
+  }
+  if (!g.scale_a || !g.scale_b)
+    return std::string("an fp8 (e4m3) GEMM needs both scales (one float32 per operand, or one per "
+                       "row): scale_a is ") +
+           (g.scale_a ? "given" : "null") + ", scale_b is " + (g.scale_b ? "given" : "null");
+  for (const float* p : {g.scale_a, g.scale_b})
+    if (reinterpret_cast<uintptr_t>(p) % 4 != 0)
+      return "fp8 scales are float32: their addresses must be 4-byte aligned, got " +
+             s(static_cast<int64_t>(reinterpret_cast<uintptr_t>(p)));
+  if (g.alpha != 1.0f)
+    return "alpha=" + std::to_string(g.alpha) +
+           " with fp8 (e4m3): fold it into scale_a (the kernel multiplies scale_a and scale_b)";
+  if (g.b_n_major)
+    return "an fp8 (e4m3) B must be K-contiguous ([n, k], nn.Linear's layout): wgmma reads fp8 "
+           "operands K-major only; pass the weight contiguous, not a transposed view";
+  if (g.tile_n != 0)
+    return "tile_n=" + s(g.tile_n) +
+           " with fp8 (e4m3): its kernel follows fast_accum (config e4m3_128x128 or "
+           "e4m3_128x256fa); leave tile_n 0";
+  if (config_is_e4m3(g.config) && g.config != e4m3_config(g.fast_accum))
+    return std::string("config=") + config_name(g.config) + " and fast_accum=" +
+           (g.fast_accum ? "true" : "false") + " name different fp8 kernels: e4m3_128x256fa is " +
+           "the fast-accumulation one";
+  return "";
+}
+
 std::string gemm_can_implement(const GemmDesc& g) {
-  const int eb = dtype_bytes(g.dtype);
+  const int eb = dtype_bytes(g.dtype), ob = out_dtype_bytes(g.dtype);
   std::string e = gemm_extent_problem(g.m, g.n, g.k, g.l, eb);
   if (!e.empty()) return e;
   if (!g.a || !g.b || !g.d) return "internal: GEMM without A, B or D pointer";
   if (!(e = check_operand("A", g.a, g.lda, g.batch_a, g.l, eb)).empty()) return e;
   if (!(e = check_operand("B", g.b, g.ldb, g.batch_b, g.l, eb)).empty()) return e;
-  if (!(e = check_operand("D", g.d, g.ldd, g.batch_d, g.l, eb)).empty()) return e;
+  if (!(e = check_operand("D", g.d, g.ldd, g.batch_d, g.l, ob)).empty()) return e;
   if (g.partial &&
-      !(e = check_operand("partial C", g.partial, g.ld_partial, g.batch_partial, g.l, eb)).empty())
+      !(e = check_operand("partial C", g.partial, g.ld_partial, g.batch_partial, g.l, ob)).empty())
     return e;
-  if (g.user_c && !(e = check_operand("C", g.user_c, g.ldc, g.batch_c, g.l, eb)).empty()) return e;
-  if (g.bias && !(e = check_operand("bias", g.bias, 0, 0, 1, eb, true)).empty()) return e;
+  if (g.user_c && !(e = check_operand("C", g.user_c, g.ldc, g.batch_c, g.l, ob)).empty()) return e;
+  if (g.bias && !(e = check_operand("bias", g.bias, 0, 0, 1, ob, true)).empty()) return e;
+  if (!(e = scale_problem(g)).empty()) return e;
+  if (g.dtype == DType::E4M3) {
+    if (!(e = gemm_config_problem(g.dtype, g.config, false)).empty()) return e;
+    return detail::kernels(g.dtype, e4m3_config(g.fast_accum)).can_implement(g);
+  }
   if (!(e = tile_n_problem(g.tile_n)).empty()) return e;
   if (g.b_n_major && g.tile_n == 128)
     return "tile_n=128 has no kernel for an N-contiguous B (a transposed weight view): use "
@@ -129,6 +174,10 @@ std::string gemm_can_implement(const GemmDesc& g) {
 std::string gemm_config_problem(DType dtype, int config, bool b_n_major) {
   if (config == 0) return "";
   if (!config_shape(config)) return "config=" + s(config) + " is not one of " + config_list();
+  if ((dtype == DType::E4M3) != config_is_e4m3(config))
+    return std::string("config=") + config_name(config) + (config_is_e4m3(config) ? " is an fp8 (e4m3) kernel; " : " is a 16-bit kernel; ") +
+           dtype_name(dtype) + (dtype == DType::E4M3 ? " has e4m3_128x128 and e4m3_128x256fa (fast accumulation)" : " has the others");
+  if (dtype == DType::E4M3) return "";
   const bool bf16 = dtype == DType::BF16;
   if (config_shape(config)->bf16_only && !bf16)
     return std::string("config=") + config_name(config) + " is instantiated for bf16 only; " +
@@ -158,6 +207,7 @@ int gemm_resident_ctas(DType dtype, int tile_n, int device) {
 
 int gemm_config(const GemmDesc& g, int device) {
   if (g.config != 0) return g.config;
+  if (g.dtype == DType::E4M3) return e4m3_config(g.fast_accum);
   if (g.tile_n != 0) return config_of_tile_n(g.tile_n);
   const std::vector<int> candidates =
       available_configs(g.dtype == DType::BF16, g.b_n_major, g.workspace != nullptr);
@@ -186,6 +236,10 @@ void gemm_launch(const GemmDesc& g, const WaitSpec& wait, int device, cudaStream
 }
 
 void gemm_prepare(DType dtype, int device) {
+  if (dtype == DType::E4M3) {
+    for (bool fast : {false, true}) (void)detail::kernels(dtype, e4m3_config(fast)).prepare(device);
+    return;
+  }
   for (int c : available_configs(dtype == DType::BF16, false, /*stream_k=*/true))
     (void)detail::kernels(dtype, c).prepare(device);
   (void)detail::kernels(dtype, static_cast<int>(GemmConfig::T128x256), true).prepare(device);

@@ -8,7 +8,8 @@
 // A [m, k] K-contiguous, B [n, k] K-contiguous (nn.Linear layout: a "TN" GEMM) or, with
 // b_n_major, B stored [k, n] N-contiguous (B[n, k] at b[k * ldb + n]), D, partial and
 // user_c [m, n] N-contiguous; partial, user_c and bias may each be null (absent). bf16 or fp16
-// in and out, fp32 accumulate.
+// in and out, fp32 accumulate; or fp8 (DType::E4M3): A and B float8_e4m3fn (B K-contiguous),
+// D, partial, user_c and bias bf16, and the products scaled in the epilogue (GemmDesc::scale_a).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -22,17 +23,26 @@
 
 namespace distgemm::kernel {
 
-enum class DType : uint8_t { BF16 = 0, FP16 = 1 };
+// The GEMM's input type. BF16 and FP16 also name the output; E4M3 (float8_e4m3fn inputs) writes
+// bf16, the output torch's scaled GEMMs default to.
+enum class DType : uint8_t { BF16 = 0, FP16 = 1, E4M3 = 2 };
 
-inline const char* dtype_name(DType t) { return t == DType::BF16 ? "bf16" : "fp16"; }
+inline const char* dtype_name(DType t) {
+  return t == DType::BF16 ? "bf16" : t == DType::FP16 ? "fp16" : "e4m3";
+}
 
 // The inverse of dtype_name, also taking torch's names; std::invalid_argument otherwise.
 inline DType parse_dtype(const std::string& s) {
   if (s == "bf16" || s == "bfloat16") return DType::BF16;
   if (s == "fp16" || s == "float16") return DType::FP16;
-  throw std::invalid_argument("dtype '" + s + "' is not supported: use bf16 or fp16");
+  if (s == "e4m3" || s == "float8_e4m3fn") return DType::E4M3;
+  throw std::invalid_argument("dtype '" + s +
+                              "' is not supported: use bf16, fp16 or e4m3 (float8_e4m3fn)");
 }
-inline int dtype_bytes(DType) { return 2; }
+// Bytes of one element of A and B.
+inline int dtype_bytes(DType t) { return t == DType::E4M3 ? 1 : 2; }
+// Bytes of one element of D, the partials, C and bias.
+inline int out_dtype_bytes(DType) { return 2; }
 
 struct GemmDesc {
   DType dtype = DType::BF16;
@@ -51,8 +61,19 @@ struct GemmDesc {
   const void* user_c = nullptr;  // added with scale beta; null: absent
   int64_t ldc = 0, batch_c = 0;
   const void* bias = nullptr;  // [n], broadcast over rows and batches; null: absent
-  float alpha = 1.0f;
+  float alpha = 1.0f;  // bf16/fp16 only: fp8 scales through scale_a and scale_b
   float beta = 0.0f;
+  // fp8 (E4M3) only, both required: acc[m, n] is multiplied by scale_a and scale_b, fp32 device
+  // values, before bias, partial and C are added. Each is one value (tensor-wise), or with
+  // *_rows one per row of its operand (row-wise: A's row m at scale_a[m], B's row n at
+  // scale_b[n]; a sub-GEMM passes the pointers at its first row).
+  const float* scale_a = nullptr;
+  bool scale_a_rows = false;
+  const float* scale_b = nullptr;
+  bool scale_b_rows = false;
+  // fp8 only: CUTLASS's fast-accumulation kernel (wgmma accumulates the whole K in its own
+  // reduced-precision accumulator) instead of promoting into fp32 every 4 k-blocks of 128.
+  bool fast_accum = false;
   // Persistent tile scheduler (runtime arguments of the one kernel, no extra instantiation):
   // tiles are walked in groups of `swizzle` (1, 2, 4, 8) along the raster order,
   // 0 = CUTLASS heuristic, 1 = along M, 2 = along N. A maximum: the kernel lowers it until it

@@ -118,6 +118,36 @@ struct OptionalSrcFetch {
   }
 };
 
+// The epilogue leaves every configuration shares (output type ElementOut): beta, the user's C
+// (Sm90AuxLoad without shared memory), the bias row and the optional partial.
+template <class ElementOut, class TileShape>
+struct CommonLeaves {
+  static constexpr int kAlignOut = 128 / cutlass::sizeof_bits<ElementOut>::value;  // 16 bytes
+  using LayoutC = cutlass::layout::RowMajor;  // C, D [m, n], N contiguous
+  static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
+  using Beta = fusion::Sm90ScalarBroadcast<float>;
+  using Bias =
+      fusion::Sm90RowBroadcast<0, TileShape, ElementOut, float, Stride<_0, _1, _0>, kAlignOut>;
+  using UserC = fusion::Sm90AuxLoad<0, void, ElementOut, LayoutC, void, void, kAlignOut, true>;
+  using Partial = OptionalSrcFetch<ElementOut>;
+
+  static auto bias_arguments(const GemmDesc& g) {
+    return typename Bias::Arguments{static_cast<ElementOut const*>(g.bias), ElementOut(0), {}};
+  }
+  template <class StrideFn>
+  static auto user_c_arguments(const GemmDesc& g, StrideFn stride) {
+    return typename UserC::Arguments{static_cast<ElementOut const*>(g.user_c), ElementOut(0),
+                                     stride(g.ldc, g.batch_c)};
+  }
+  static auto beta_arguments(const GemmDesc& g) {
+    typename Beta::Arguments beta{};
+    beta.scalars[0] = g.user_c ? g.beta : 0.0f;
+    return beta;
+  }
+};
+
+// A 16-bit configuration: bf16 or fp16 in and out, tile K 64.
+//   D = beta * user_c + ((alpha * acc + bias[n]) + partial)
 template <class Element, int TileM, int TileN, int ClusterM, int ClusterN, bool BNMajor,
           bool StreamK = false>
 struct Config {
@@ -125,32 +155,34 @@ struct Config {
                     TileM * TileN <= 128 * 256,
                 "output tile 128x256, 128x128 or 256x128");
   static_assert(ClusterM * ClusterN <= 2, "cluster 1x1, 2x1 or 1x2");
-  using TileShape = Shape<Int<TileM>, Int<TileN>, _64>;
+  using ElementAB = Element;
+  using ElementOut = Element;
+  static constexpr int kTileM = TileM, kTileN = TileN, kTileK = 64;
+  static constexpr int kClusterM = ClusterM, kClusterN = ClusterN;
+  static constexpr bool kBNMajor = BNMajor, kStreamK = StreamK;
+  using TileShape = Shape<Int<TileM>, Int<TileN>, Int<kTileK>>;
   using ClusterShape = Shape<Int<ClusterM>, Int<ClusterN>, _1>;
   static constexpr int kAlign = 128 / cutlass::sizeof_bits<Element>::value;  // 16 bytes
   using LayoutA = cutlass::layout::RowMajor;  // A [m, k], K contiguous
   // B [n, k], K contiguous ("TN"), or BNMajor: B stored [k, n], N contiguous ("NN").
   using LayoutB =
       std::conditional_t<BNMajor, cutlass::layout::RowMajor, cutlass::layout::ColumnMajor>;
-  using LayoutC = cutlass::layout::RowMajor;  // C, D [m, n], N contiguous
-  static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
+  using Leaves = CommonLeaves<Element, TileShape>;
+  using LayoutC = typename Leaves::LayoutC;
+  static constexpr auto kRound = Leaves::kRound;
 
   using Alpha = fusion::Sm90ScalarBroadcast<float>;
-  using Beta = fusion::Sm90ScalarBroadcast<float>;
-  using Bias = fusion::Sm90RowBroadcast<0, TileShape, Element, float, Stride<_0, _1, _0>, kAlign>;
-  using UserC = fusion::Sm90AuxLoad<0, void, Element, LayoutC, void, void, kAlign, true>;
-  using Partial = OptionalSrcFetch<Element>;
   // alpha * acc + bias
   using ScaledAcc =
       fusion::Sm90EVT<fusion::Sm90Compute<cutlass::homogeneous_multiply_add, float, float, kRound>,
-                      Alpha, fusion::Sm90AccFetch, Bias>;
+                      Alpha, fusion::Sm90AccFetch, typename Leaves::Bias>;
   // ... + partial
-  using WithPartial =
-      fusion::Sm90EVT<fusion::Sm90Compute<cutlass::plus, float, float, kRound>, ScaledAcc, Partial>;
+  using WithPartial = fusion::Sm90EVT<fusion::Sm90Compute<cutlass::plus, float, float, kRound>,
+                                      ScaledAcc, typename Leaves::Partial>;
   // beta * user_c + ...
   using Root = fusion::Sm90EVT<
-      fusion::Sm90Compute<cutlass::homogeneous_multiply_add, Element, float, kRound>, Beta, UserC,
-      WithPartial>;
+      fusion::Sm90Compute<cutlass::homogeneous_multiply_add, Element, float, kRound>,
+      typename Leaves::Beta, typename Leaves::UserC, WithPartial>;
 
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
@@ -170,6 +202,87 @@ struct Config {
   using TileScheduler = std::conditional_t<StreamK, cutlass::gemm::StreamKScheduler, void>;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue,
                                                       TileScheduler>;
+
+  template <class StrideFn>
+  static typename Root::Arguments fusion_arguments(const GemmDesc& g, StrideFn stride) {
+    typename Alpha::Arguments alpha{};
+    alpha.scalars[0] = g.alpha;
+    typename ScaledAcc::Arguments scaled{alpha, {}, Leaves::bias_arguments(g), {}};
+    typename WithPartial::Arguments with_partial{
+        scaled, typename Leaves::Partial::Arguments{g.partial != nullptr}, {}};
+    return typename Root::Arguments{Leaves::beta_arguments(g),
+                                    Leaves::user_c_arguments(g, stride), with_partial, {}};
+  }
+};
+
+// An fp8 configuration: A and B float8_e4m3fn (K-contiguous: wgmma reads fp8 operands K-major
+// only), bf16 out, tile K 128 (128 bytes of an fp8 row, as 64 of a 16-bit one), cluster 2x1.
+//   D = beta * user_c + ((scale_a[m] * (scale_b[n] * acc) + bias[n]) + partial)
+// scale_a and scale_b are fp32 vectors read with a runtime stride of 0 or 1 (CUTLASS's dynamic
+// broadcast): one kernel serves tensor-wise and row-wise scales. FastAccum: CUTLASS's
+// fast-accumulation mainloop; otherwise its fp8 mainloop that promotes every 4 k-blocks.
+template <int TileM, int TileN, bool FastAccum>
+struct Fp8Config {
+  using ElementAB = cutlass::float_e4m3_t;
+  using ElementOut = cutlass::bfloat16_t;
+  static constexpr int kTileM = TileM, kTileN = TileN, kTileK = 128;
+  static constexpr int kClusterM = 2, kClusterN = 1;
+  static constexpr bool kBNMajor = false, kStreamK = false;
+  using TileShape = Shape<Int<TileM>, Int<TileN>, Int<kTileK>>;
+  using ClusterShape = Shape<_2, _1, _1>;
+  static constexpr int kAlignAB = 16;  // 16 bytes of fp8
+  using Leaves = CommonLeaves<ElementOut, TileShape>;
+  using LayoutC = typename Leaves::LayoutC;
+  static constexpr int kAlignOut = Leaves::kAlignOut;
+  static constexpr auto kRound = Leaves::kRound;
+
+  // Alignment 1: a sub-GEMM's first row may sit anywhere in the scale vector.
+  using ScaleA = fusion::Sm90ColBroadcast<0, TileShape, float, float, Stride<bool, _0, int64_t>, 1>;
+  using ScaleB = fusion::Sm90RowBroadcast<0, TileShape, float, float, Stride<_0, bool, int64_t>, 1>;
+  // scale_b[n] * acc
+  using ScaledByB = fusion::Sm90EVT<fusion::Sm90Compute<cutlass::multiplies, float, float, kRound>,
+                                    ScaleB, fusion::Sm90AccFetch>;
+  // scale_a[m] * (...) + bias
+  using ScaledAcc =
+      fusion::Sm90EVT<fusion::Sm90Compute<cutlass::homogeneous_multiply_add, float, float, kRound>,
+                      ScaleA, ScaledByB, typename Leaves::Bias>;
+  using WithPartial = fusion::Sm90EVT<fusion::Sm90Compute<cutlass::plus, float, float, kRound>,
+                                      ScaledAcc, typename Leaves::Partial>;
+  using Root = fusion::Sm90EVT<
+      fusion::Sm90Compute<cutlass::homogeneous_multiply_add, ElementOut, float, kRound>,
+      typename Leaves::Beta, typename Leaves::UserC, WithPartial>;
+
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementOut, LayoutC,
+      kAlignOut, ElementOut, LayoutC, kAlignOut, cutlass::epilogue::TmaWarpSpecializedCooperative,
+      Root>::CollectiveOp;
+
+  using Schedule =
+      std::conditional_t<FastAccum, cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8FastAccum,
+                         cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, cutlass::layout::RowMajor,
+      kAlignAB, ElementAB, cutlass::layout::ColumnMajor, kAlignAB, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename Epilogue::SharedStorage))>,
+      Schedule>::CollectiveOp;
+  using Kernel =
+      cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue, void>;
+
+  template <class StrideFn>
+  static typename Root::Arguments fusion_arguments(const GemmDesc& g, StrideFn stride) {
+    // A null scale reads as 1 (never launched: can_implement requires both).
+    typename ScaleA::Arguments scale_a{g.scale_a, 1.0f, {g.scale_a_rows, {}, int64_t(0)}};
+    typename ScaleB::Arguments scale_b{g.scale_b, 1.0f, {{}, g.scale_b_rows, int64_t(0)}};
+    typename ScaledByB::Arguments by_b{scale_b, {}, {}};
+    typename ScaledAcc::Arguments scaled{scale_a, by_b, Leaves::bias_arguments(g),
+                                         {}};
+    typename WithPartial::Arguments with_partial{
+        scaled, typename Leaves::Partial::Arguments{g.partial != nullptr}, {}};
+    return typename Root::Arguments{Leaves::beta_arguments(g),
+                                    Leaves::user_c_arguments(g, stride), with_partial, {}};
+  }
 };
 
 // Where a stream-K launch keeps the split counters it leaves behind: CUTLASS's fixup counts each
@@ -222,10 +335,12 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock,
   }
 }
 
-template <class Element, int TileM, int TileN, int ClusterM, int ClusterN, bool BNMajor,
-          bool StreamK = false>
+// Launches one configuration (Config or Fp8Config) with its leading barrier.
+template <class Cfg>
 struct Runner {
-  using Cfg = Config<Element, TileM, TileN, ClusterM, ClusterN, BNMajor, StreamK>;
+  static constexpr int TileM = Cfg::kTileM, TileN = Cfg::kTileN;
+  static constexpr int ClusterM = Cfg::kClusterM, ClusterN = Cfg::kClusterN;
+  static constexpr bool BNMajor = Cfg::kBNMajor, StreamK = Cfg::kStreamK;
   using Kernel = typename Cfg::Kernel;
   using Arguments = typename Kernel::Arguments;
 
@@ -251,19 +366,9 @@ struct Runner {
   }
 
   static Arguments make_arguments(const GemmDesc& g, int sm_count, int max_active_clusters) {
-    using E = Element;
-    typename Cfg::Alpha::Arguments alpha{};
-    alpha.scalars[0] = g.alpha;
-    typename Cfg::Beta::Arguments beta{};
-    beta.scalars[0] = g.user_c ? g.beta : 0.0f;
-    typename Cfg::Bias::Arguments bias{static_cast<E const*>(g.bias), E(0), {}};
-    typename Cfg::UserC::Arguments user_c{static_cast<E const*>(g.user_c), E(0),
-                                          stride(g.ldc, g.batch_c)};
-    typename Cfg::Partial::Arguments partial{g.partial != nullptr};
-
-    typename Cfg::ScaledAcc::Arguments scaled{alpha, {}, bias, {}};
-    typename Cfg::WithPartial::Arguments with_partial{scaled, partial, {}};
-    typename Cfg::Root::Arguments root{beta, user_c, with_partial, {}};
+    using E = typename Cfg::ElementAB;
+    using Out = typename Cfg::ElementOut;
+    auto root = Cfg::fusion_arguments(g, [](int64_t ld, int64_t batch) { return stride(ld, batch); });
 
     cutlass::KernelHardwareInfo hw;
     hw.sm_count = sm_count;
@@ -283,8 +388,8 @@ struct Runner {
                       static_cast<int>(g.l)},
                      {static_cast<E const*>(g.a), stride(g.lda, g.batch_a),
                       static_cast<E const*>(g.b), stride_b(g.ldb, g.batch_b)},
-                     {root, static_cast<E const*>(c_ptr), stride(c_ld, c_batch),
-                      static_cast<E*>(g.d), stride(g.ldd, g.batch_d)},
+                     {root, static_cast<Out const*>(c_ptr), stride(c_ld, c_batch),
+                      static_cast<Out*>(g.d), stride(g.ldd, g.batch_d)},
                      hw,
                      sched};
   }
@@ -327,7 +432,7 @@ struct Runner {
       reduction_tiles =
           uint64_t(sp.sk_tiles_) * SchedulerParams::max_peers_per_tile(sp.sk_units_, sp.sk_tiles_);
     return static_cast<int64_t>(SchedulerParams::get_reduction_workspace_size(
-        reduction_tiles, cutlass::gemm::GemmCoord(TileM, TileN, 64), 32));
+        reduction_tiles, cutlass::gemm::GemmCoord(TileM, TileN, Cfg::kTileK), 32));
   }
 
   struct StreamKLayout {
@@ -455,26 +560,23 @@ struct Runner {
 
 }  // namespace distgemm::kernel::sm90
 
-// One kernel's entry points (dtype x tile x cluster x B layout x scheduler), defined by a
-// translation unit that instantiates Runner<ELEMENT, TILE_M, TILE_N, CLUSTER_M, CLUSTER_N,
-// B_N_MAJOR, STREAM_K>. prepare_* returns the kernel's resident CTAs (the persistent grid size),
-// the input of choose_config; workspace_bytes_* what GemmDesc::workspace must hold.
-#define DISTGEMM_DEFINE_GEMM_ENTRY_POINTS(SUFFIX, ELEMENT, TILE_M, TILE_N, CLUSTER_M, CLUSTER_N, \
-                                          B_N_MAJOR, STREAM_K)                                   \
-  namespace distgemm::kernel::detail {                                                           \
-  using Runner_##SUFFIX =                                                                        \
-      sm90::Runner<ELEMENT, TILE_M, TILE_N, CLUSTER_M, CLUSTER_N, B_N_MAJOR, STREAM_K>;          \
-  int64_t workspace_bytes_##SUFFIX(const GemmDesc& g, int device) {                              \
-    return Runner_##SUFFIX::workspace_bytes(g, device);                                          \
-  }                                                                                              \
-  std::string can_implement_##SUFFIX(const GemmDesc& g) {                                        \
-    return Runner_##SUFFIX::can_implement(g);                                                    \
-  }                                                                                              \
-  void launch_##SUFFIX(const GemmDesc& g, const WaitSpec& w, int device, cudaStream_t s) {       \
-    Runner_##SUFFIX::launch(g, w, device, s);                                                    \
-  }                                                                                              \
-  int prepare_##SUFFIX(int device) {                                                             \
-    const auto d = Runner_##SUFFIX::prepare(device);                                             \
-    return d.max_active_clusters * CLUSTER_M * CLUSTER_N;                                        \
-  }                                                                                              \
+// One kernel's entry points, defined by a translation unit that instantiates Runner<CONFIG>
+// (a Config or Fp8Config). prepare_* returns the kernel's resident CTAs (the persistent grid
+// size), the input of choose_config; workspace_bytes_* what GemmDesc::workspace must hold.
+#define DISTGEMM_DEFINE_GEMM_ENTRY_POINTS(SUFFIX, ...)                                      \
+  namespace distgemm::kernel::detail {                                                      \
+  using Runner_##SUFFIX = sm90::Runner<__VA_ARGS__>;                                        \
+  int64_t workspace_bytes_##SUFFIX(const GemmDesc& g, int device) {                         \
+    return Runner_##SUFFIX::workspace_bytes(g, device);                                     \
+  }                                                                                         \
+  std::string can_implement_##SUFFIX(const GemmDesc& g) {                                   \
+    return Runner_##SUFFIX::can_implement(g);                                               \
+  }                                                                                         \
+  void launch_##SUFFIX(const GemmDesc& g, const WaitSpec& w, int device, cudaStream_t s) {  \
+    Runner_##SUFFIX::launch(g, w, device, s);                                               \
+  }                                                                                         \
+  int prepare_##SUFFIX(int device) {                                                        \
+    const auto d = Runner_##SUFFIX::prepare(device);                                        \
+    return d.max_active_clusters * Runner_##SUFFIX::ClusterM * Runner_##SUFFIX::ClusterN;   \
+  }                                                                                         \
   }

@@ -81,7 +81,9 @@ enum class GemmConfig : int {
   T128x128 = 2,
   T128x128C1 = 3,
   T256x128 = 4,
-  T128x256SK = 5
+  T128x256SK = 5,
+  E4M3x128x128 = 6,
+  E4M3x128x256FA = 7
 };
 
 struct ConfigShape {
@@ -95,6 +97,12 @@ struct ConfigShape {
   // workspace that serves one GEMM at a time (GemmDesc::workspace), so the model considers it
   // only for a caller that gives one.
   bool stream_k = false;
+  // An fp8 kernel (e4m3 inputs, bf16 output, tile K 128): chosen by GemmDesc::fast_accum, not by
+  // the model, which compares the 16-bit configurations. The accurate one promotes wgmma's
+  // accumulator into a second fp32 one every 4 k-blocks, so both live in registers: 128x128
+  // fits them, 128x256 does not. The fast-accumulation one keeps a single accumulator: 128x256.
+  bool e4m3 = false;
+  bool fast_accum = false;
 };
 
 // Every configuration, the default first (ties go to the earlier entry). The relative costs are
@@ -106,6 +114,8 @@ inline constexpr ConfigShape kConfigs[] = {
     {GemmConfig::T128x128C1, "128x128c1", 128, 128, 1, 1, 0.60, true},
     {GemmConfig::T256x128, "256x128", 256, 128, 1, 2, 1.0, true},
     {GemmConfig::T128x256SK, "128x256sk", 128, 256, 2, 1, 1.0, true, true},
+    {GemmConfig::E4M3x128x128, "e4m3_128x128", 128, 128, 2, 1, 1.0, false, false, true, false},
+    {GemmConfig::E4M3x128x256FA, "e4m3_128x256fa", 128, 256, 2, 1, 1.0, false, false, true, true},
 };
 // What stream-K adds to a GEMM whose tiles do not fill whole waves, in waves of 128x256 tiles:
 // the partial accumulators each split writes to and reads from the workspace, and the wait of a
@@ -146,10 +156,10 @@ inline int parse_config(const std::string& name) {
   return -1;
 }
 
-// Whether configuration `c` has a kernel for the dtype (bf16 = true) and B layout.
+// Whether configuration `c` has a kernel for the 16-bit dtype (bf16 = true) and B layout.
 inline bool config_available(int c, bool bf16, bool b_n_major) {
   const ConfigShape* s = config_shape(c);
-  if (!s || (s->bf16_only && !bf16)) return false;
+  if (!s || s->e4m3 || (s->bf16_only && !bf16)) return false;
   return !b_n_major || s->id == GemmConfig::T128x256;  // the one N-contiguous-B kernel
 }
 
@@ -166,6 +176,16 @@ inline std::vector<int> available_configs(bool bf16, bool b_n_major, bool stream
     if (config_available(static_cast<int>(s.id), bf16, b_n_major) && (stream_k || !s.stream_k))
       out.push_back(static_cast<int>(s.id));
   return out;
+}
+
+inline bool config_is_e4m3(int c) {
+  const ConfigShape* s = config_shape(c);
+  return s && s->e4m3;
+}
+
+// The fp8 configuration of a GEMM (e4m3 inputs, K-contiguous B): fast accumulation or not.
+inline int e4m3_config(bool fast_accum) {
+  return static_cast<int>(fast_accum ? GemmConfig::E4M3x128x256FA : GemmConfig::E4M3x128x128);
 }
 
 // The configuration a tile_n request names: 128 -> 128x128, 256 -> 128x256 (both cluster 2x1).
