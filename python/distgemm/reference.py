@@ -34,7 +34,6 @@ import random
 from collections.abc import Sequence
 
 import numpy as np
-import torch
 
 __all__ = [
     "ExecutionError",
@@ -79,6 +78,8 @@ SCALE_LOW, SCALE_HIGH = 0.25, 4.0
 
 def _e4m3(shape: tuple[int, ...], seed: int, dtype) -> np.ndarray:
     """Standard normal values rounded to float8_e4m3fn (exact in float32 and float64)."""
+    import torch  # only FP8 inputs need it: the planning tools work without torch
+
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(shape, generator=g, dtype=torch.float32).to(torch.float8_e4m3fn)
     return x.to(torch.float64).numpy().astype(dtype)
