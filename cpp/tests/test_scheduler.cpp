@@ -464,6 +464,29 @@ static void check_row_scales(const ScheduleDef& def, const Plan& plan, bool sa, 
   }
 }
 
+// The one rule that gives every scale reference from its data reference, for the references no
+// built-in schedule makes yet: a relay (slot to a peer's slot) relays scales slot to slot, and a
+// reference into the middle of a slot or of the user's rows keeps its row.
+static void test_scale_ref_rule() {
+  const int64_t K = 64, T = 8, stride = T * K;  // one slot: T rows of K
+  for (int j = 0; j < 4; ++j)
+    for (int64_t r = 0; r < T; ++r) {
+      const BufRef slot = detail::ref(Buffer::Slots, 3, j * stride + r * K, K, stride);
+      const BufRef s = detail::scale_ref_of(slot, stride, T);
+      CHECK(s.buffer == Buffer::ScaleSlots && s.device == 3 && s.offset == j * T + r && s.ld == 1 &&
+                s.batch_stride == 0,
+            "slot %d row %lld: scale at %s+%lld of dev %d", j, (long long)r, buffer_name(s.buffer),
+            (long long)s.offset, s.device);
+    }
+  for (Buffer b : {Buffer::A, Buffer::B}) {
+    const BufRef s = detail::scale_ref_of(detail::ref(b, 1, 5 * K, K, 40 * K), stride, T);
+    CHECK(s.buffer == (b == Buffer::A ? Buffer::ScaleA : Buffer::ScaleB) && s.offset == 5 &&
+              s.device == 1,
+          "user %s row 5: scale at %s+%lld", buffer_name(b), buffer_name(s.buffer),
+          (long long)s.offset);
+  }
+}
+
 static void test_row_scales() {
   for (const ScheduleDef* def : distgemm::schedules::kAll) {
     const bool along_m = def->split == Mode::M;
@@ -502,6 +525,7 @@ int main() {
   test_uneven_plans();
   test_accepted_uneven();
   test_bad_input();
+  test_scale_ref_rule();
   test_row_scales();
   std::printf("%d passed, %d failed\n", g_pass, g_fail);
   return g_fail ? 1 : 0;

@@ -244,6 +244,7 @@ inline void build_reduce_scatter(Plan& plan, const DistributedTileScheduler& sch
         g.a = ref(Buffer::A, d, 0, Kl, M * Kl);
         g.b = ref(Buffer::B, d, t0 * Kl, Kl, N * Kl);
       }
+      // A and B are the user's here (never slots): their scales are the user's, row for row.
       if (plan.row_scale_a) g.scale_a = scale_ref_of(g.a, slot_stride, tile_rows);
       if (plan.row_scale_b) g.scale_b = scale_ref_of(g.b, slot_stride, tile_rows);
       if (i >= kc) {
