@@ -409,3 +409,20 @@ def test_a_scale_ref_to_a_peers_user_scales_is_caught():
     plan["devices"][0]["gemms"][0]["scale_b"]["device"] = 1
     violations = check_plan(plan)
     assert any("user's scale_b on device 1" in v.message for v in violations)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_cli_shows_and_checks_row_scales(capsys, schedule):
+    from distgemm import simulate
+
+    argv = ["--schedule", schedule, "--tp", "2", "--steps", "4", "--m", "64", "--n", "64"]
+    rc = simulate.main([*argv, "--k", "64", "--row-scale-a", "--row-scale-b"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "FP8 row-wise scales of A and B (float32 per row)" in out
+    assert "row scales (each GEMM reads its rows' scales, copies move them)" in out
+    assert "sA=scale_" in out and "sB=scale_" in out
+    assert ("+ row scales" in out) == (schedule in ALL_GATHER)
+    rc = simulate.main([*argv, "--k", "64", "--l", "2", "--row-scale-b"])
+    assert rc == 2
+    assert "row-wise scales (of B) need L=1, got L=2" in capsys.readouterr().err
