@@ -122,6 +122,17 @@ ScheduleDef resolve(const py::object& schedule) {
   throw std::invalid_argument("schedule must be a name or a definition dict");
 }
 
+// The options of build_plan / workspace_layout: the defaults with the caller's partial transport
+// (none: the default's) and row scales.
+PlanOptions options_from(const ScheduleDef& def, int tp, int steps,
+                         const std::optional<std::string>& partial_via, bool row_scale_a,
+                         bool row_scale_b) {
+  PlanOptions o = plan_options(def, tp, steps, parse_optional_partial_via(partial_via));
+  o.row_scale_a = row_scale_a;
+  o.row_scale_b = row_scale_b;
+  return o;
+}
+
 py::dict problem_dict(const Problem& p) {
   py::dict d;
   d["m"] = p.m;
@@ -148,6 +159,8 @@ py::dict layout_dict(const WorkspaceLayout& w) {
   py::dict d;
   d["slots_offset"] = w.slots_offset;
   d["slots_bytes"] = w.slots_bytes;
+  d["scale_slots_offset"] = w.scale_slots_offset;
+  d["scale_slots_bytes"] = w.scale_slots_bytes;
   d["flags_offset"] = w.flags_offset;
   d["flags_bytes"] = w.flags_bytes;
   d["barrier_offset"] = w.barrier_offset;
@@ -169,6 +182,9 @@ py::dict plan_dict(const Plan& p) {
   out["problem"] = problem_dict(p.problem);
   out["slot_operand"] = buffer_name(p.slot_operand);
   out["slot_elems"] = p.slot_elems;
+  out["row_scale_a"] = p.row_scale_a;
+  out["row_scale_b"] = p.row_scale_b;
+  out["scale_slot_rows"] = p.scale_slot_rows;
   out["num_flags"] = p.num_flags;
   out["local_shapes"] = local_shapes_dict(p);
   py::list devs;
@@ -190,6 +206,8 @@ py::dict plan_dict(const Plan& p) {
       d["partial"] = ref_dict(g.partial);
       d["user_c"] = ref_dict(g.user_c);
       d["bias"] = ref_dict(g.bias);
+      d["scale_a"] = ref_dict(g.scale_a);
+      d["scale_b"] = ref_dict(g.scale_b);
       d["waits"] = py::cast(g.waits);
       d["signals"] = flags_list(g.signals);
       gemms.append(d);
@@ -201,6 +219,8 @@ py::dict plan_dict(const Plan& p) {
       d["dst"] = ref_dict(c.dst);
       d["rows"] = c.rows;
       d["cols"] = c.cols;
+      d["scale_src"] = ref_dict(c.scale_src);
+      d["scale_dst"] = ref_dict(c.scale_dst);
       d["after_gemm"] = c.after_gemm;
       d["waits"] = py::cast(c.waits);
       d["signals"] = flags_list(c.signals);
@@ -315,6 +335,9 @@ void register_plan(py::module_& m) {
       .def_property_readonly("partial_via",
                              [](const Plan& p) { return partial_via_name(p.partial_via); })
       .def_readonly("slot_elems", &Plan::slot_elems)
+      .def_readonly("row_scale_a", &Plan::row_scale_a)
+      .def_readonly("row_scale_b", &Plan::row_scale_b)
+      .def_readonly("scale_slot_rows", &Plan::scale_slot_rows)
       .def_readonly("num_flags", &Plan::num_flags)
       .def_property_readonly("local_shapes", &local_shapes_dict,
                              "Per-device shapes: {'A', 'B', 'C', 'D': (rows, cols), 'bias': n}.")
@@ -335,7 +358,9 @@ void register_plan(py::module_& m) {
         return "Plan(" + p.schedule + ", tp=" + std::to_string(p.tp) +
                ", steps=" + std::to_string(p.steps) + ", M=" + std::to_string(p.problem.m) +
                " N=" + std::to_string(p.problem.n) + " K=" + std::to_string(p.problem.k) +
-               ", partial_via=" + partial_via_name(p.partial_via) + ")";
+               ", partial_via=" + partial_via_name(p.partial_via) +
+               (p.row_scale_a ? ", row_scale_a" : "") + (p.row_scale_b ? ", row_scale_b" : "") +
+               ")";
       });
 
   using distgemm::python::GraphSetup;
@@ -403,40 +428,50 @@ PYBIND11_MODULE(_core, m) {
 
   m.def(
       "validate",
-      [](const py::object& schedule, int tp, int steps, int64_t m, int64_t n, int64_t k,
-         int64_t l) { return validate(resolve(schedule), Problem{m, n, k, l}, tp, steps); },
+      [](const py::object& schedule, int tp, int steps, int64_t m, int64_t n, int64_t k, int64_t l,
+         bool row_scale_a, bool row_scale_b) {
+        PlanOptions opt;
+        opt.row_scale_a = row_scale_a;
+        opt.row_scale_b = row_scale_b;
+        return validate(resolve(schedule), Problem{m, n, k, l}, tp, steps, opt);
+      },
       py::arg("schedule"), py::arg("tp"), py::arg("steps"), py::arg("m"), py::arg("n"),
-      py::arg("k"), py::arg("l") = 1,
+      py::arg("k"), py::arg("l") = 1, py::arg("row_scale_a") = false,
+      py::arg("row_scale_b") = false,
       "Empty string if the plan can be built, else the violated constraint.");
 
   m.def(
       "build_plan",
       [](const py::object& schedule, int tp, int steps, int64_t m, int64_t n, int64_t k, int64_t l,
-         const std::optional<std::string>& partial_via) {
+         const std::optional<std::string>& partial_via, bool row_scale_a, bool row_scale_b) {
         ScheduleDef def = resolve(schedule);
-        const PlanOptions opt =
-            plan_options(def, tp, steps, parse_optional_partial_via(partial_via));
+        const PlanOptions opt = options_from(def, tp, steps, partial_via, row_scale_a, row_scale_b);
         py::gil_scoped_release release;
         return build_plan(def, Problem{m, n, k, l}, tp, steps, opt);
       },
       py::arg("schedule"), py::arg("tp"), py::arg("steps"), py::arg("m"), py::arg("n"),
       py::arg("k"), py::arg("l") = 1, py::arg("partial_via") = py::none(),
+      py::arg("row_scale_a") = false, py::arg("row_scale_b") = false,
       "Build the Plan of a schedule (name or definition dict). partial_via: 'epilogue' or 'copy' "
-      "(how reduce-scatter partials travel), None for the library default. Raises ValueError "
-      "naming the violated constraint.");
+      "(how reduce-scatter partials travel), None for the library default. row_scale_a / "
+      "row_scale_b: FP8 row-wise scales of A / B (one float per row; their refs in every GEMM "
+      "and copy, scale slots where the rows travel; L must be 1). Raises ValueError naming the "
+      "violated constraint.");
 
   m.def(
       "workspace_layout",
       [](const py::object& schedule, int tp, int steps, int64_t m, int64_t n, int64_t k, int64_t l,
-         int slot_elem_bytes, const std::optional<std::string>& partial_via) {
+         int slot_elem_bytes, const std::optional<std::string>& partial_via, bool row_scale_a,
+         bool row_scale_b) {
         ScheduleDef def = resolve(schedule);
         Plan p = build_plan(def, Problem{m, n, k, l}, tp, steps,
-                            plan_options(def, tp, steps, parse_optional_partial_via(partial_via)));
+                            options_from(def, tp, steps, partial_via, row_scale_a, row_scale_b));
         return layout_dict(p.layout(slot_elem_bytes));
       },
       py::arg("schedule"), py::arg("tp"), py::arg("steps"), py::arg("m"), py::arg("n"),
       py::arg("k"), py::arg("l") = 1, py::arg("slot_elem_bytes") = 2,
-      py::arg("partial_via") = py::none(),
+      py::arg("partial_via") = py::none(), py::arg("row_scale_a") = false,
+      py::arg("row_scale_b") = false,
       "Byte layout of each device's symmetric workspace (extra memory per device); builds the "
       "plan (an op entry reads Plan.layout() of the plan it already has).");
   m.def(

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "all.hpp"
@@ -287,6 +288,24 @@ static void test_bad_input() {
   expect_error(rs_tile_a, {64, 64, 64, 1}, 2, 3, "S=3 is not a positive multiple of TP=2");
   expect_error(rs_tile_a, {64, 64, 64, 0}, 2, 2, "problem sizes must be positive");
   CHECK(distgemm::schedules::find("nope") == nullptr, "unknown schedule found");
+  for (const ScheduleDef* def : kAll)
+    for (int mask = 1; mask < 4; ++mask) {
+      PlanOptions o;
+      o.row_scale_a = mask & 1;
+      o.row_scale_b = mask & 2;
+      const std::string want = std::string("row-wise scales (") +
+                               (mask == 3   ? "of A and B"
+                                : mask == 1 ? "of A"
+                                            : "of B") +
+                               ") need L=1, got L=2";
+      try {
+        build_plan(*def, {64, 64, 64, 2}, 2, 2, o);
+        CHECK(false, "%s: row scales with L=2 accepted", def->name);
+      } catch (const std::invalid_argument& e) {
+        CHECK(std::strstr(e.what(), want.c_str()) != nullptr, "message '%s' lacks '%s'", e.what(),
+              want.c_str());
+      }
+    }
 }
 
 // Uneven splits that used to be refused build now; gemm_allreduce takes any M.
@@ -305,6 +324,200 @@ static void test_accepted_uneven() {
           "M=1: %zu GEMMs, first of %lld rows", dp.gemms.size(), (long long)dp.gemms[0].m);
 }
 
+// Equal ops but for the row-scale references: row scales add no op, wait or signal, and move
+// nothing of a plan without them.
+static bool same_ref(const BufRef& x, const BufRef& y) {
+  return x.buffer == y.buffer && x.device == y.device && x.offset == y.offset && x.ld == y.ld &&
+         x.batch_stride == y.batch_stride;
+}
+static bool same_flags(const std::vector<FlagRef>& x, const std::vector<FlagRef>& y) {
+  if (x.size() != y.size()) return false;
+  for (size_t i = 0; i < x.size(); ++i)
+    if (x[i].device != y[i].device || x[i].flag != y[i].flag) return false;
+  return true;
+}
+static bool same_ops_but_scales(const Plan& x, const Plan& y) {
+  if (x.slot_elems != y.slot_elems || x.num_flags != y.num_flags || x.tp != y.tp) return false;
+  for (int d = 0; d < x.tp; ++d) {
+    const DeviceProgram &px = x.devices[d], &py = y.devices[d];
+    if (px.gemms.size() != py.gemms.size() || px.copies.size() != py.copies.size()) return false;
+    for (size_t j = 0; j < px.gemms.size(); ++j) {
+      const GemmOp &g = px.gemms[j], &h = py.gemms[j];
+      if (g.iteration != h.iteration || g.tile != h.tile || g.m0 != h.m0 || g.n0 != h.n0 ||
+          g.k0 != h.k0 || g.m != h.m || g.n != h.n || g.k != h.k || !same_ref(g.a, h.a) ||
+          !same_ref(g.b, h.b) || !same_ref(g.d, h.d) || !same_ref(g.partial, h.partial) ||
+          !same_ref(g.user_c, h.user_c) || !same_ref(g.bias, h.bias) || g.waits != h.waits ||
+          !same_flags(g.signals, h.signals))
+        return false;
+    }
+    for (size_t j = 0; j < px.copies.size(); ++j) {
+      const CopyOp &c = px.copies[j], &e = py.copies[j];
+      if (c.step != e.step || !same_ref(c.src, e.src) || !same_ref(c.dst, e.dst) ||
+          c.rows != e.rows || c.cols != e.cols || c.after_gemm != e.after_gemm ||
+          c.waits != e.waits || !same_flags(c.signals, e.signals))
+        return false;
+    }
+  }
+  return true;
+}
+
+// The global row (of A for ScaleA, of B for ScaleB) that a user scale reference starts at.
+static int64_t global_scale_row(const Plan& plan, const BufRef& r) {
+  const Partition& pt = plan.partition();
+  if (r.buffer == Buffer::ScaleA)
+    return r.offset + (pt.a == Mode::M ? r.device * pt.local_a(plan.problem, plan.tp).rows : 0);
+  return r.offset + (pt.b == Mode::N ? r.device * pt.local_b(plan.problem, plan.tp).rows : 0);
+}
+
+// One plan's row scales: every GEMM of a row-scaled operand reads the scales of exactly its rows
+// on its own device, from the user's vector or from the scale slot that a copy filled with the
+// same rows' scales before setting a flag the GEMM waits for; every copy of a row-scaled operand's
+// rows carries their scales from the rows' source to the slot's scale rows; nothing else has
+// scale references; the layout places the scale slots between the data slots and the control
+// region.
+static void check_row_scales(const ScheduleDef& def, const Plan& plan, bool sa, bool sb) {
+  const int tp = plan.tp, S = plan.steps, kc = S / tp;
+  const char* name = def.name;
+  const bool ag = def.collective == Collective::AllGather;
+  const bool rot_scaled = ag && (def.rotating == Operand::A ? sa : sb);
+  CHECK(plan.row_scale_a == sa && plan.row_scale_b == sb, "%s: plan row scales %d %d, want %d %d",
+        name, plan.row_scale_a, plan.row_scale_b, sa, sb);
+  const bool along_m = def.split == Mode::M;
+  TileSplit split{along_m ? plan.problem.m : plan.problem.n, tp, kc, along_m ? 1 : kSplitUnitN};
+  const int64_t T = split.max_size();
+  const int64_t want_rows = rot_scaled ? int64_t(S - kc) * T : 0;
+  CHECK(plan.scale_slot_rows == want_rows,
+        "%s TP=%d S=%d a=%d b=%d: %lld scale slot rows, want %lld", name, tp, S, sa, sb,
+        (long long)plan.scale_slot_rows, (long long)want_rows);
+  const WorkspaceLayout w = plan.layout(1), c = control_layout();
+  CHECK(w.scale_slots_offset == w.slots_offset + w.slots_bytes &&
+            w.scale_slots_offset % kSlotAlign == 0 &&
+            w.scale_slots_bytes == round_up(want_rows * kScaleBytes, kSlotAlign) &&
+            w.flags_offset == w.scale_slots_offset + w.scale_slots_bytes + c.flags_offset &&
+            w.total_bytes == w.scale_slots_offset + w.scale_slots_bytes + c.total_bytes,
+        "%s TP=%d S=%d: layout slots %lld+%lld, scale slots %lld+%lld, flags at %lld, total %lld",
+        name, tp, S, (long long)w.slots_offset, (long long)w.slots_bytes,
+        (long long)w.scale_slots_offset, (long long)w.scale_slots_bytes, (long long)w.flags_offset,
+        (long long)w.total_bytes);
+  for (int d = 0; d < tp; ++d) {
+    const DeviceProgram& dp = plan.devices[d];
+    for (const GemmOp& g : dp.gemms) {
+      for (const auto& [scaled, ref, data, row0, rows, user] :
+           {std::tuple{sa, g.scale_a, g.a, g.m0, g.m, Buffer::ScaleA},
+            std::tuple{sb, g.scale_b, g.b, g.n0, g.n, Buffer::ScaleB}}) {
+        CHECK(ref.valid() == scaled,
+              "%s TP=%d S=%d: GEMM iteration %d has a scale ref: %d, want %d", name, tp, S,
+              g.iteration, ref.valid(), scaled);
+        if (!ref.valid()) continue;
+        CHECK(ref.device == d && ref.ld == 1 && ref.batch_stride == 0,
+              "%s: scale ref of dev %d on dev %d with ld %lld", name, d, ref.device,
+              (long long)ref.ld);
+        const bool from_slot = data.buffer == Buffer::Slots;
+        CHECK(ref.buffer == (from_slot ? Buffer::ScaleSlots : user),
+              "%s TP=%d S=%d: GEMM reads %s rows with scales from %s", name, tp, S,
+              buffer_name(data.buffer), buffer_name(ref.buffer));
+        if (!from_slot) {
+          CHECK(global_scale_row(plan, ref) == row0,
+                "%s TP=%d S=%d dev %d: GEMM of rows %lld.. "
+                "reads scales from row %lld",
+                name, tp, S, d, (long long)row0, (long long)global_scale_row(plan, ref));
+          continue;
+        }
+        // From a scale slot: the copy that fills it moved the scales of these very rows.
+        CHECK(ref.offset % T == 0 && ref.offset + rows <= plan.scale_slot_rows,
+              "%s: scale slot rows [%lld, +%lld) of %lld", name, (long long)ref.offset,
+              (long long)rows, (long long)plan.scale_slot_rows);
+        int fillers = 0;
+        for (const DeviceProgram& src : plan.devices)
+          for (const CopyOp& cp : src.copies) {
+            if (!cp.scale_dst.valid() || cp.scale_dst.device != d ||
+                cp.scale_dst.offset != ref.offset)
+              continue;
+            ++fillers;
+            CHECK(cp.rows == rows && global_scale_row(plan, cp.scale_src) == row0 &&
+                      cp.signals.size() == 1 && g.waits.size() == 1 &&
+                      cp.signals[0].flag == g.waits[0],
+                  "%s TP=%d S=%d dev %d: scale slot at %lld filled with %lld rows from row %lld, "
+                  "GEMM needs %lld from %lld",
+                  name, tp, S, d, (long long)ref.offset, (long long)cp.rows,
+                  (long long)global_scale_row(plan, cp.scale_src), (long long)rows,
+                  (long long)row0);
+          }
+        CHECK(fillers == 1, "%s TP=%d S=%d dev %d: scale slot at %lld filled by %d copies", name,
+              tp, S, d, (long long)ref.offset, fillers);
+      }
+    }
+    for (const CopyOp& cp : dp.copies) {
+      CHECK(cp.scale_src.valid() == rot_scaled && cp.scale_dst.valid() == rot_scaled,
+            "%s TP=%d S=%d a=%d b=%d: copy has scale refs %d/%d", name, tp, S, sa, sb,
+            cp.scale_src.valid(), cp.scale_dst.valid());
+      if (!rot_scaled) continue;
+      // Data slot j pairs with scale slot j, and the scales come from the rows' own device.
+      CHECK(cp.scale_src.device == cp.src.device && cp.scale_dst.device == cp.dst.device &&
+                cp.scale_dst.buffer == Buffer::ScaleSlots &&
+                cp.scale_dst.offset / T == cp.dst.offset / (cp.dst.batch_stride * plan.problem.l) &&
+                cp.scale_src.offset == cp.src.offset / cp.src.ld,
+            "%s TP=%d S=%d: copy of rows at %lld into slot offset %lld carries scales %lld -> %lld",
+            name, tp, S, (long long)cp.src.offset, (long long)cp.dst.offset,
+            (long long)cp.scale_src.offset, (long long)cp.scale_dst.offset);
+    }
+  }
+}
+
+// The one rule that gives every scale reference from its data reference, for the references no
+// built-in schedule makes yet: a relay (slot to a peer's slot) relays scales slot to slot, and a
+// reference into the middle of a slot or of the user's rows keeps its row.
+static void test_scale_ref_rule() {
+  const int64_t K = 64, T = 8, stride = T * K;  // one slot: T rows of K
+  for (int j = 0; j < 4; ++j)
+    for (int64_t r = 0; r < T; ++r) {
+      const BufRef slot = detail::ref(Buffer::Slots, 3, j * stride + r * K, K, stride);
+      const BufRef s = detail::scale_ref_of(slot, stride, T);
+      CHECK(s.buffer == Buffer::ScaleSlots && s.device == 3 && s.offset == j * T + r && s.ld == 1 &&
+                s.batch_stride == 0,
+            "slot %d row %lld: scale at %s+%lld of dev %d", j, (long long)r, buffer_name(s.buffer),
+            (long long)s.offset, s.device);
+    }
+  for (Buffer b : {Buffer::A, Buffer::B}) {
+    const BufRef s = detail::scale_ref_of(detail::ref(b, 1, 5 * K, K, 40 * K), stride, T);
+    CHECK(s.buffer == (b == Buffer::A ? Buffer::ScaleA : Buffer::ScaleB) && s.offset == 5 &&
+              s.device == 1,
+          "user %s row 5: scale at %s+%lld", buffer_name(b), buffer_name(s.buffer),
+          (long long)s.offset);
+  }
+}
+
+static void test_row_scales() {
+  for (const ScheduleDef* def : distgemm::schedules::kAll) {
+    const bool along_m = def->split == Mode::M;
+    for (int tp = 1; tp <= kMaxTp; ++tp) {
+      for (int kc : {1, 2}) {
+        const int S = tp * kc;
+        // Even tiles, then uneven ones (a split mode of 3 units per device at S = 2*TP).
+        for (int64_t units : {int64_t(2) * S, int64_t(3)}) {
+          const int64_t e = along_m ? units * tp : (units * kSplitUnitN + (units % 2 ? 3 : 0)) * tp;
+          Problem p{along_m ? e : int64_t(tp) * 4, along_m ? int64_t(tp) * 8 : e, int64_t(tp) * 16,
+                    1};
+          if (!validate(*def, p, tp, S).empty()) continue;
+          for (PartialVia via : {PartialVia::Epilogue, PartialVia::CopyEngine}) {
+            PlanOptions o;
+            o.partial_via = via;
+            const Plan plain = build_plan(*def, p, tp, S, o);
+            for (int mask = 0; mask < 4; ++mask) {
+              o.row_scale_a = mask & 1;
+              o.row_scale_b = mask & 2;
+              const Plan plan = build_plan(*def, p, tp, S, o);
+              check_row_scales(*def, plan, o.row_scale_a, o.row_scale_b);
+              CHECK(same_ops_but_scales(plan, plain), "%s TP=%d S=%d scales %d: ops differ",
+                    def->name, tp, S, mask);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 int main() {
   test_tile_maps();
   test_plans();
@@ -312,6 +525,8 @@ int main() {
   test_uneven_plans();
   test_accepted_uneven();
   test_bad_input();
+  test_scale_ref_rule();
+  test_row_scales();
   std::printf("%d passed, %d failed\n", g_pass, g_fail);
   return g_fail ? 1 : 0;
 }

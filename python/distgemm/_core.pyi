@@ -10,7 +10,15 @@ def schedules() -> list[ScheduleDef]: ...
 def gemm_extent_problem(m: int, n: int, k: int, l: int = 1, elem_bytes: int = 2) -> str: ...
 def schedule_definition(name: str) -> ScheduleDef: ...
 def validate(
-    schedule: str | ScheduleDef, tp: int, steps: int, m: int, n: int, k: int, l: int = 1
+    schedule: str | ScheduleDef,
+    tp: int,
+    steps: int,
+    m: int,
+    n: int,
+    k: int,
+    l: int = 1,
+    row_scale_a: bool = False,
+    row_scale_b: bool = False,
 ) -> str: ...
 
 class Plan:
@@ -31,6 +39,12 @@ class Plan:
     @property
     def slot_elems(self) -> int: ...
     @property
+    def row_scale_a(self) -> bool: ...
+    @property
+    def row_scale_b(self) -> bool: ...
+    @property
+    def scale_slot_rows(self) -> int: ...
+    @property
     def num_flags(self) -> int: ...
     @property
     def local_shapes(self) -> dict[str, Any]: ...
@@ -49,6 +63,8 @@ def build_plan(
     k: int,
     l: int = 1,
     partial_via: str | None = None,
+    row_scale_a: bool = False,
+    row_scale_b: bool = False,
 ) -> Plan: ...
 def default_steps(
     schedule: str | ScheduleDef, tp: int, m: int, n: int, k: int, l: int = 1
@@ -97,6 +113,8 @@ def workspace_layout(
     l: int = 1,
     slot_elem_bytes: int = 2,
     partial_via: str | None = None,
+    row_scale_a: bool = False,
+    row_scale_b: bool = False,
 ) -> dict[str, int]: ...
 def workspace_control_layout() -> dict[str, int]:
     """The control region after every plan's slots, as workspace_layout's dict of a plan without

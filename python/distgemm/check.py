@@ -8,10 +8,12 @@ signal happens before every wait on that flag; ``check_order``). The invariants:
 
 1. coverage     — every element of every device's D is produced exactly once, as the sum over all
                   of K exactly once (reduce-scatter / all-reduce partials summed exactly once),
-                  with beta*C and bias added exactly once;
-2. ordering     — every read of data written in the launch (a slot filled by a copy or by a peer's
-                  epilogue) is ordered after that write by waits/signals; any two conflicting
-                  accesses to a region are ordered (no race);
+                  with beta*C and bias added exactly once; every GEMM of a row-scaled operand
+                  reads the scales of exactly its rows, and every copy of such rows moves their
+                  scales with them;
+2. ordering     — every read of data written in the launch (a slot or scale slot filled by a copy,
+                  a slot by a peer's epilogue) is ordered after that write by waits/signals; any
+                  two conflicting accesses to a region are ordered (no race);
 3. slot reuse   — no region is overwritten while a read that needs its old content is unordered or
                   still to come (with the entry barrier, each slot is written at most once per
                   launch);
@@ -30,7 +32,7 @@ signal happens before every wait on that flag; ``check_order``). The invariants:
 from __future__ import annotations
 
 from .check_order import Event, Violation, build_happens_before, event_name, event_step
-from .check_regions import USER, Regions
+from .check_regions import SCALE_OF, USER, Regions
 
 __all__ = ["Violation", "check_plan", "event_name", "happens_before_order"]
 
@@ -90,8 +92,12 @@ class _Checker:
         """Ownership of user buffers: only their own device may touch them; copies push."""
         for d, dev in enumerate(self.plan["devices"]):
             for kind, ops, keys in (
-                ("gemm", dev["gemms"], ("a", "b", "d", "partial", "user_c", "bias")),
-                ("copy", dev["copies"], ("src", "dst")),
+                (
+                    "gemm",
+                    dev["gemms"],
+                    ("a", "b", "d", "partial", "user_c", "bias", "scale_a", "scale_b"),
+                ),
+                ("copy", dev["copies"], ("src", "dst", "scale_src", "scale_dst")),
             ):
                 for j, op in enumerate(ops):
                     for key in keys:
@@ -106,7 +112,7 @@ class _Checker:
                             )
                         if (
                             kind == "copy"
-                            and key == "src"
+                            and key in ("src", "scale_src")
                             and ref is not None
                             and ref["device"] != d
                         ):
@@ -133,10 +139,85 @@ class _Checker:
         dst = self.regions.rects(ev, op["dst"], op["rows"], op["cols"], L)
         if src is None or dst is None:
             return
+        moved = None
         for rs, rd in zip(src, dst):
             c = self.regions.read(ev, op["src"], rs, "copy")
             if c is not None:
                 self.regions.write(ev, op["dst"], rd, c, "copy")
+                moved = c
+        self.run_copy_scales(ev, op, moved)
+
+    def run_copy_scales(self, ev: Event, op: dict, moved: tuple | None) -> None:
+        """The scales of the rows a copy moves (``moved``: the content of its data) go with
+        them: a copy of a row-scaled operand's rows carries exactly those rows' scales, and
+        no other copy carries any."""
+        src, dst = op["scale_src"], op["scale_dst"]
+        kind = moved[0] if moved is not None else None
+        scaled = kind in SCALE_OF and self.plan["row_scale_" + kind.lower()]
+        if (src is None) != (dst is None):
+            self.fail("coverage", ev, f"copy moves scales from {src} to {dst}")
+            return
+        if src is None:
+            if scaled:
+                self.fail(
+                    "coverage",
+                    ev,
+                    f"copy moves rows {moved[2]}.. of row-scaled {kind} without their scales "
+                    "(no scale_src / scale_dst)",
+                )
+            return
+        if moved is not None and not scaled:
+            self.fail(
+                "coverage",
+                ev,
+                f"copy of {kind} moves row scales, but the plan does not row-scale {kind}",
+            )
+            return
+        rs = self.regions.rects(ev, src, op["rows"], 1, 1)
+        rd = self.regions.rects(ev, dst, op["rows"], 1, 1)
+        if rs is None or rd is None:
+            return
+        c = self.regions.read(ev, src, rs[0], "copy of scales")
+        if c is None:
+            return
+        if moved is not None and c[:3] != (SCALE_OF[kind], 0, moved[2]):
+            self.fail(
+                "coverage",
+                ev,
+                f"copy moves rows {moved[2]}.. of {kind} with the scales of {c[0]} rows {c[2]}..",
+            )
+        self.regions.write(ev, dst, rd[0], c, "copy of scales")
+
+    def gemm_scales_ok(self, ev: Event, g: dict) -> bool:
+        """A GEMM of a row-scaled operand reads the scales of exactly its rows (after they
+        arrived); a GEMM of an operand without row scales reads none."""
+        ok = True
+        for name, row0, rows in (("A", g["m0"], g["m"]), ("B", g["n0"], g["n"])):
+            key, scaled = SCALE_OF[name], self.plan["row_scale_" + name.lower()]
+            ref = g[key]
+            if ref is None or not scaled:
+                if scaled or ref is not None:
+                    ok = False
+                    self.fail(
+                        "coverage",
+                        ev,
+                        f"GEMM of row-scaled {name} reads no row scales ({key} is None)"
+                        if scaled
+                        else f"GEMM reads {key}, but the plan does not row-scale {name}",
+                    )
+                continue
+            rect = self.regions.rects(ev, ref, rows, 1, 1)
+            got = self.regions.read(ev, ref, rect[0], f"GEMM {key}") if rect else None
+            if got != (key, 0, row0, 0):
+                ok = False
+                if got is not None:
+                    self.fail(
+                        "coverage",
+                        ev,
+                        f"GEMM needs the scales of {name} rows [{row0}:{row0 + rows}] but reads "
+                        f"those of {got[0]} rows [{got[2]}:{got[2] + rows}]",
+                    )
+        return ok
 
     def run_gemm(self, ev: Event) -> None:
         _, d, j = ev
@@ -151,10 +232,11 @@ class _Checker:
         rbias = self.regions.rects(ev, g["bias"], 1, n, 1) if g["bias"] else None
         if ra is None or rb is None or rd is None:
             return
+        scales_ok = self.gemm_scales_ok(ev, g)
         for l in range(L):
             a = self.regions.read(ev, g["a"], ra[l], "GEMM operand A")
             b = self.regions.read(ev, g["b"], rb[l], "GEMM operand B")
-            ok = True
+            ok = scales_ok
             for name, got, row0 in (("A", a, g["m0"]), ("B", b, g["n0"])):
                 if got != (name, l, row0, g["k0"]):
                     ok = False
@@ -245,6 +327,16 @@ class _Checker:
                     f"D of device {d} rows [{p.rect[0]}:{p.rect[1]}] cols [{p.rect[2]}:{p.rect[3]}]"
                 )
                 want = ("D", p.rect[0] // rows_d, p.rect[0] % rows_d + roff, p.rect[2] + coff)
+                if kind != "D":  # computed from wrong operands or scales, reported at its GEMM
+                    self.violations.append(
+                        Violation(
+                            "coverage",
+                            d,
+                            None,
+                            f"{where} holds a GEMM result computed from wrong operands or scales",
+                        )
+                    )
+                    continue
                 if (kind, l, gr, gc) != want:
                     self.violations.append(
                         Violation(

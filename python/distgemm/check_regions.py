@@ -3,7 +3,9 @@
 Reads and writes make the ordering, slot-reuse and coverage checks. A region is a rectangle of a
 buffer's 2-D view (rows per batch stacked over batches). Its *content* label says which global
 rows/cols of A, B, C or bias it holds, or, for D, which K ranges have been summed into it and how
-often beta*C and bias were added.
+often beta*C and bias were added. FP8 row scales are buffers of one column (``scale_a``,
+``scale_b``: the user's, one row per local row of A / B; ``scale_slots``: the workspace's); their
+content is ``("scale_a" | "scale_b", 0, global row, 0)``.
 """
 
 from __future__ import annotations
@@ -12,10 +14,13 @@ from dataclasses import dataclass, field
 
 from .check_order import Event, Fail, HappensBefore, event_name
 
-__all__ = ["INPUTS", "USER", "Piece", "Regions"]
+__all__ = ["INPUTS", "SCALES", "SCALE_OF", "USER", "Piece", "Regions"]
 
-INPUTS = ("A", "B", "C", "bias")
-USER = ("A", "B", "C", "D", "bias")
+INPUTS = ("A", "B", "C", "bias", "scale_a", "scale_b")
+USER = ("A", "B", "C", "D", "bias", "scale_a", "scale_b")
+SCALES = ("scale_a", "scale_b", "scale_slots")
+# The scale vector that carries the row scales of each operand.
+SCALE_OF = {"A": "scale_a", "B": "scale_b"}
 
 Rect = tuple[int, int, int, int]  # rows [r0, r1) x cols [c0, c1) in the buffer's 2-D view
 
@@ -59,12 +64,42 @@ class Regions:
         """(rows per batch, width) of a user buffer's 2-D view."""
         if name == "bias":
             return 1, self.local["bias"]
+        if name in SCALE_OF.values():
+            return self.local["A" if name == "scale_a" else "B"][0], 1
         return tuple(self.local[name])
+
+    def scale_rects(self, ev: Event, ref: dict, rows: int) -> list[Rect] | None:
+        """The one-column rectangle of ``rows`` row scales through ``ref`` (a row index with
+        ld 1 and batch stride 0), or None (reported) when it does not fit the buffer."""
+        name = ref["buffer"]
+        total = (
+            self.plan["scale_slot_rows"] if name == "scale_slots" else self.buffer_shape(name)[0]
+        )
+        off = ref["offset"]
+        if ref["ld"] != 1 or ref["batch_stride"] != 0:
+            self.fail(
+                "ownership",
+                ev,
+                f"{name} accessed with strides ({ref['ld']}, {ref['batch_stride']}); a scale "
+                "reference is a row index with ld 1 and batch stride 0",
+            )
+            return None
+        if off < 0 or off + rows > total:
+            self.fail(
+                "ownership",
+                ev,
+                f"{name} on device {ref['device']} accessed out of bounds: rows "
+                f"[{off}:{off + rows}] of {total}",
+            )
+            return None
+        return [(off, off + rows, 0, 1)]
 
     def rects(self, ev: Event, ref: dict, rows: int, cols: int, batches: int) -> list[Rect] | None:
         """One rectangle per batch of a rows x cols access through ``ref``, or None (reported)
         when the access does not fit the buffer."""
         name = ref["buffer"]
+        if name in SCALES:
+            return self.scale_rects(ev, ref, rows)
         if name == "bias":
             off = ref["offset"]
             if off < 0 or off + cols > self.local["bias"]:
@@ -121,6 +156,10 @@ class Regions:
         if name == "bias":
             coff = dev * self.local["bias"] if self.part["d"] == "N" else 0
             return ("bias", 0, 0, rect[2] + coff)
+        if name in SCALE_OF.values():
+            rows = self.buffer_shape(name)[0]
+            sharded = self.part["a"] == "M" if name == "scale_a" else self.part["b"] == "N"
+            return (name, 0, rect[0] + (dev * rows if sharded else 0), 0)
         rpb, width = self.buffer_shape(name)
         l = rect[0] // rpb
         if rect[1] > (l + 1) * rpb:

@@ -47,14 +47,18 @@ def build_plan(
     k: int,
     l: int = 1,
     partial_via: str | None = None,
+    row_scale_a: bool = False,
+    row_scale_b: bool = False,
 ) -> Plan:
     """Build the Plan of ``schedule`` (a name or a definition dict) for ``tp`` devices.
 
     ``steps`` defaults to ``tp`` (one tile per device shard). ``partial_via`` ("epilogue" or
     "copy"; None: the library default) says how a reduce-scatter partial reaches the next device:
     written into the peer's slot by the GEMM's epilogue, or staged locally and pushed by the copy
-    engine (see ``PartialVia`` in plan.hpp). Raises ``ValueError`` naming the violated constraint
-    and the values, e.g. ``M=30 is not divisible by TP=4``.
+    engine (see ``PartialVia`` in plan.hpp). ``row_scale_a`` / ``row_scale_b``: FP8 row-wise
+    scales of A / B (one float32 per row, moved with the rows; needs ``l == 1``; see
+    plan_types.hpp). Raises ``ValueError`` naming the violated constraint and the values, e.g.
+    ``M=30 is not divisible by TP=4``.
     """
     for name, v in (("tp", tp), ("m", m), ("n", n), ("k", k), ("l", l)):
         if not isinstance(v, int) or isinstance(v, bool):
@@ -63,7 +67,12 @@ def build_plan(
         steps = tp
     if not isinstance(steps, int) or isinstance(steps, bool):
         raise ValueError(f"steps must be an int, got {steps!r}")
-    return _core.build_plan(schedule, tp, steps, m, n, k, l, partial_via).to_dict()
+    for name, v in (("row_scale_a", row_scale_a), ("row_scale_b", row_scale_b)):
+        if not isinstance(v, bool):
+            raise ValueError(f"{name} must be a bool, got {v!r}")
+    return _core.build_plan(
+        schedule, tp, steps, m, n, k, l, partial_via, row_scale_a, row_scale_b
+    ).to_dict()
 
 
 def tile_map(schedule: str | dict, tp: int, steps: int | None = None) -> dict:
@@ -72,7 +81,8 @@ def tile_map(schedule: str | dict, tp: int, steps: int | None = None) -> dict:
 
 
 def workspace_bytes(plan: Plan, slot_elem_bytes: int = 2) -> int:
-    """Extra device memory per device (receive slots, flags, barrier, epoch) of a plan."""
+    """Extra device memory per device (receive slots, scale slots, flags, barrier, epoch) of a
+    plan."""
     p = plan["problem"]
     return _core.workspace_layout(
         plan["definition"],
@@ -84,6 +94,8 @@ def workspace_bytes(plan: Plan, slot_elem_bytes: int = 2) -> int:
         p["l"],
         slot_elem_bytes,
         plan.get("partial_via"),
+        plan.get("row_scale_a", False),
+        plan.get("row_scale_b", False),
     )["total_bytes"]
 
 

@@ -13,9 +13,19 @@ least one order; a plan whose waits can never be satisfied raises ``ExecutionErr
 Plans with uneven tiles run the same way: every op carries its own extents, and an empty tile has
 no ops, so a device may run fewer GEMMs than S.
 
+FP8 (``fp8=True``): A and B hold values exactly representable in float8_e4m3fn, with float32
+scales ``scale_a`` / ``scale_b``: row-wise vectors ([M] / [N], sharded like A's / B's rows) where
+the plan row-scales that operand, tensor-wise scalars otherwise. Each GEMM dequantizes, then
+multiplies: ``(sa[rows, None] * A_rows) @ (sb[rows, None] * B_rows).T``, reading row scales only
+through its own ``scale_a`` / ``scale_b`` references, and every copy with scale references moves
+its rows' scales with its rows. Scale slots start as NaN too, so a forgotten scale copy gives
+NaN; a GEMM that forgets its scales, or reads another row's, gives a wrong result.
+
 ``SharedWorkspace`` runs launches of several plans on one workspace per device, as a
 communicator's plans share one: slots keep what the last launch left, flags keep the generation
-of the launch that last set them, and each launch takes the next generation.
+of the launch that last set them, and each launch takes the next generation. (Scale slots are
+the launch's own, NaN at its start: only their placement is shared, which ``Plan::layout`` and
+``WorkspacePool`` decide.)
 """
 
 from __future__ import annotations
@@ -61,24 +71,64 @@ def _shard(x: np.ndarray, mode: str, row_mode: str, col_mode: str, d: int, tp: i
     return x
 
 
-def reference_inputs(plan: dict, seed: int = 0, dtype=np.float64) -> dict[str, np.ndarray]:
-    """Global random inputs A[L,M,K], B[L,N,K], C[L,M,N], bias[N] (never zeros)."""
+# FP8 scales: float32 values in [SCALE_LOW, SCALE_HIGH), distinct per row, never 1, so that a
+# missing or misplaced scale changes the result.
+SCALE_LOW, SCALE_HIGH = 0.25, 4.0
+
+
+def _e4m3(shape: tuple[int, ...], seed: int, dtype) -> np.ndarray:
+    """Standard normal values rounded to float8_e4m3fn (exact in float32 and float64)."""
+    import torch  # only FP8 inputs need it: the planning tools work without torch
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g, dtype=torch.float32).to(torch.float8_e4m3fn)
+    return x.to(torch.float64).numpy().astype(dtype)
+
+
+def _scales(rng: np.random.Generator, rows: int | None, dtype) -> np.ndarray:
+    """Positive float32 scales: a [rows] vector, or a 0-d scalar for rows=None (tensor-wise)."""
+    x = rng.uniform(SCALE_LOW, SCALE_HIGH, () if rows is None else rows).astype(np.float32)
+    return np.asarray(x, dtype=dtype)
+
+
+def reference_inputs(
+    plan: dict, seed: int = 0, dtype=np.float64, fp8: bool = False
+) -> dict[str, np.ndarray]:
+    """Global random inputs A[L,M,K], B[L,N,K], C[L,M,N], bias[N] (never zeros). With ``fp8``,
+    A and B are e4m3 values, and ``scale_a`` ([M], or a 0-d scalar where the plan does not
+    row-scale A) and ``scale_b`` ([N] or a scalar) are positive float32 values."""
     p = plan["problem"]
     rng = np.random.default_rng(seed)
     L, M, N, K = p["l"], p["m"], p["n"], p["k"]
-    return {
+    out = {
         "A": rng.standard_normal((L, M, K)).astype(dtype),
         "B": rng.standard_normal((L, N, K)).astype(dtype),
         "C": rng.standard_normal((L, M, N)).astype(dtype),
         "bias": rng.standard_normal(N).astype(dtype),
     }
+    if fp8:
+        out["A"] = _e4m3((L, M, K), seed, dtype)
+        out["B"] = _e4m3((L, N, K), seed + 1, dtype)
+        out["scale_a"] = _scales(rng, M if plan["row_scale_a"] else None, dtype)
+        out["scale_b"] = _scales(rng, N if plan["row_scale_b"] else None, dtype)
+    return out
+
+
+def _dequantized(x: np.ndarray, scale: np.ndarray | None) -> np.ndarray:
+    """Rows of a [L, rows, K] operand times their scales (a [rows] vector or a scalar)."""
+    if scale is None:
+        return x
+    return x * (scale[None, :, None] if scale.ndim else scale)
 
 
 def expected_outputs(
     plan: dict, inputs: dict[str, np.ndarray], alpha: float, beta: float, use_bias: bool
 ) -> list[np.ndarray]:
-    """Each device's D per the Partition, from the full un-distributed GEMM."""
-    full = alpha * np.matmul(inputs["A"], np.swapaxes(inputs["B"], 1, 2))
+    """Each device's D per the Partition, from the full un-distributed GEMM (of the dequantized
+    operands where the inputs carry FP8 scales)."""
+    a = _dequantized(inputs["A"], inputs.get("scale_a"))
+    b = _dequantized(inputs["B"], inputs.get("scale_b"))
+    full = alpha * np.matmul(a, np.swapaxes(b, 1, 2))
     if beta != 0.0:
         full = full + beta * inputs["C"]
     if use_bias:
@@ -131,6 +181,24 @@ class _Device:
         self.buf["bias"] = np.ascontiguousarray(
             inputs["bias"][d * nb : (d + 1) * nb] if part["d"] == "N" else inputs["bias"]
         )
+        for name, operand, row_mode in (("scale_a", "A", "M"), ("scale_b", "B", "N")):
+            scale = inputs.get(name)
+            if scale is None or scale.ndim == 0:
+                if plan["row_" + name]:
+                    raise ExecutionError(
+                        f"the plan row-scales {operand} but the inputs carry "
+                        f"{'no' if scale is None else 'a tensor-wise'} {name}: "
+                        "make them with reference_inputs(plan, fp8=True)"
+                    )
+                if scale is not None:
+                    self.buf[name] = scale  # tensor-wise: every GEMM reads the scalar
+                continue
+            rows = plan["local_shapes"][operand][0]
+            mode = part["a" if operand == "A" else "b"]
+            self.buf[name] = np.ascontiguousarray(
+                scale[d * rows : (d + 1) * rows] if mode == row_mode else scale
+            )
+        self.buf["scale_slots"] = np.full(plan["scale_slot_rows"], np.nan, dtype=dtype)
         self.flags = np.zeros(plan["num_flags"], dtype=np.int64)
         if shared is not None:
             if not 0 <= slot_offset <= shared.slots[d].size - plan["slot_elems"]:
@@ -232,6 +300,28 @@ def execute_plan(
             return min(cands, key=lambda e: (e[0] != "copy", e[1]))
         return rng.choice(cands)
 
+    def move_scales(d: int, j: int, c: dict) -> None:
+        """The copy's rows' scales, moved with them (a copy without scale refs moves none)."""
+        if (c["scale_src"] is None) != (c["scale_dst"] is None):
+            raise ExecutionError(
+                f"device {d} copy #{j} has scale_src {c['scale_src']} but scale_dst "
+                f"{c['scale_dst']}: scales move from one place to another"
+            )
+        if c["scale_src"] is not None:
+            what = f"device {d} copy #{j} scales"
+            src = _view(devs, c["scale_src"], c["rows"], 1, 1, what + " source")
+            _view(devs, c["scale_dst"], c["rows"], 1, 1, what + " destination")[...] = src
+
+    def scaled(d: int, g: dict, operand: str, rows: int, x: np.ndarray, what: str) -> np.ndarray:
+        """A GEMM operand times its scales: the rows' scales through the GEMM's scale ref, else
+        the device's tensor-wise scalar, else none (a GEMM that forgets the row scales it needs
+        computes a wrong result)."""
+        ref = g["scale_" + operand]
+        if ref is not None:
+            return x * _view(devs, ref, rows, 1, 1, f"{what} scale_{operand}")[0]
+        scalar = devs[d].buf.get("scale_" + operand)
+        return x * scalar if scalar is not None and scalar.ndim == 0 else x
+
     total = sum(len(dv["gemms"]) + len(dv["copies"]) for dv in plan["devices"])
     for _ in range(total):
         cands = ready()
@@ -254,6 +344,7 @@ def execute_plan(
                 devs, c["dst"], c["rows"], c["cols"], L, f"device {d} copy #{j} destination"
             )
             dst[...] = src
+            move_scales(d, j, c)
             next_copy[d] += 1
             signal(c["signals"])
         else:
@@ -261,6 +352,7 @@ def execute_plan(
             what = f"device {d} GEMM step {j}"
             a = _view(devs, g["a"], g["m"], g["k"], L, what + " A")
             b = _view(devs, g["b"], g["n"], g["k"], L, what + " B")
+            a, b = scaled(d, g, "a", g["m"], a, what), scaled(d, g, "b", g["n"], b, what)
             acc = alpha * np.matmul(a, np.swapaxes(b, 1, 2))
             if g["partial"] is not None:
                 acc = acc + _view(devs, g["partial"], g["m"], g["n"], L, what + " partial")
@@ -286,13 +378,14 @@ def run_reference(
     use_bias: bool = False,
     seed: int = 0,
     policies: Sequence[str] | None = None,
+    fp8: bool = False,
 ) -> float:
-    """Run ``plan`` under every policy with fresh random inputs; return the worst relative
-    Frobenius error against the full GEMM in float64 (``inf`` if any output element is NaN).
-    Raises ``ExecutionError`` if the plan cannot complete."""
+    """Run ``plan`` under every policy with fresh random inputs (FP8 values and scales with
+    ``fp8``); return the worst relative Frobenius error against the full GEMM in float64 (``inf``
+    if any output element is NaN). Raises ``ExecutionError`` if the plan cannot complete."""
     worst = 0.0
     for n, policy in enumerate(policies or POLICIES):
-        inputs = reference_inputs(plan, seed=seed + 7919 * n)
+        inputs = reference_inputs(plan, seed=seed + 7919 * n, fp8=fp8)
         got = execute_plan(plan, inputs, alpha=alpha, beta=beta, use_bias=use_bias, policy=policy)
         want = expected_outputs(plan, inputs, alpha, beta, use_bias)
         for g, w in zip(got, want):

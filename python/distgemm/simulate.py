@@ -10,6 +10,8 @@ does not divide the split mode the tiles are uneven; a step whose tile is empty 
 (``(empty tile t)``), and nothing waits for or sends that tile. Flags are
 written ``f3@1`` (flag 3 in device 1's workspace); ``slot2`` is receive slot 2 of the device named
 with it. Every launch begins with an entry barrier across all devices (not shown per step).
+With FP8 row-wise scales (``--row-scale-a``, ``--row-scale-b``) a GEMM shows where it reads its
+rows' scales (``sA=scale_slots[0:512]``) and a copy of scaled rows ends in ``+ row scales``.
 
 ``--check`` (default) runs ``distgemm.check.check_plan``; on a violation the command prints the
 invariant, device and step in words and exits 1. ``--json`` prints the plan, the table and the
@@ -78,6 +80,12 @@ def _slot_size(plan: dict) -> int | None:
     return min(sizes) if len(sizes) == 1 else None
 
 
+def _scale_ref(ref: dict, here: int, rows: int) -> str:
+    """Short label of the scales of ``rows`` rows: `scale_a[0:512]`, `scale_slots[8:16]@dev1`."""
+    where = "" if ref["device"] == here else f"@dev{ref['device']}"
+    return f"{ref['buffer']}[{ref['offset']}:{ref['offset'] + rows}]{where}"
+
+
 def _signals(sigs: list[dict]) -> str:
     return ", ".join(f"f{s['flag']}@{s['device']}" for s in sigs)
 
@@ -134,6 +142,9 @@ def step_table(plan: dict, slots: int = H200_RESIDENT_CTAS) -> list[dict]:
                 if rot in ("A", "B"):
                     ext = (g["m"], g["k"]) if rot == "A" else (g["n"], g["k"])
                     parts.append(f"{rot}={_ref(g[rot.lower()], d, per_slot, *ext)}")
+                for key, count in (("scale_a", g["m"]), ("scale_b", g["n"])):
+                    if g[key] is not None:
+                        parts.append(f"s{key[-1].upper()}={_scale_ref(g[key], d, count)}")
                 if g["partial"] is not None:
                     parts.append(f"+{_ref(g['partial'], d, per_slot)}")
                 if g["user_c"] is not None:
@@ -157,6 +168,8 @@ def step_table(plan: dict, slots: int = H200_RESIDENT_CTAS) -> list[dict]:
                     f"{_ref(c['src'], d, per_slot, c['rows'], c['cols'])} -> "
                     f"{_ref(c['dst'], d, per_slot, c['rows'], c['cols'])}"
                 )
+                if c["scale_src"] is not None:
+                    s += " + row scales"
                 if c["signals"]:
                     s += f", set {_signals(c['signals'])}"
                 copies.append(s)
@@ -185,7 +198,19 @@ def describe(plan: dict) -> str:
         if plan["partial_via"] == "copy"
         else "the epilogue (peer writes)"
     )
-    elem = 2
+    scaled = [x for x in "AB" if plan["row_scale_" + x.lower()]]
+    # Row scales come with FP8 inputs: 1-byte slots where the slots hold A or B (the partials of
+    # reduce-scatter plans stay bf16).
+    elem = 1 if scaled and plan["slot_operand"] in ("A", "B") else 2
+    scales = []
+    if scaled:
+        travel = (
+            f"the rotating {plan['slot_operand']}'s travel with its rows into "
+            f"{plan['scale_slot_rows']} scale-slot floats per device"
+            if plan["scale_slot_rows"]
+            else "every GEMM reads its device's own scale vectors"
+        )
+        scales = [f"FP8 row-wise scales of {' and '.join(scaled)} (float32 per row): {travel}"]
     sizes = tile_sizes(plan)
     uneven = (
         [
@@ -202,10 +227,11 @@ def describe(plan: dict) -> str:
             f"problem M={p['m']} N={p['n']} K={p['k']} L={p['l']}, TP={plan['tp']}, "
             f"S={plan['steps']} (k={plan['chunks_per_shard']} chunk(s) per shard)",
             *uneven,
+            *scales,
             f"tile map: tile(d, i) = ({tile['a']}*k*d + {tile['b']}*i + {tile['c']}*k) mod S "
             f"over {dfn['split']}",
             f"per device: A{list(ls['A'])} B{list(ls['B'])} D{list(ls['D'])} bias[{ls['bias']}]; "
-            f"extra memory {workspace_bytes(plan, elem) / 2**20:.2f} MiB at 2-byte elements "
+            f"extra memory {workspace_bytes(plan, elem) / 2**20:.2f} MiB at {elem}-byte elements "
             f"({plan['num_flags']} flags, slots of {plan['slot_operand']})",
             "each launch starts with an entry barrier across all devices"
             + ("" if dfn["collective"] == "all_gather" else f"; partials travel by {transport}"),
@@ -235,6 +261,12 @@ def main(argv: list[str] | None = None) -> int:
         help="reduce-scatter partials: written to the peer by the epilogue, or staged "
         "locally and pushed by the copy engine (default: the library's choice)",
     )
+    for x in "ab":
+        ap.add_argument(
+            f"--row-scale-{x}",
+            action="store_true",
+            help=f"FP8 row-wise scales of {x.upper()} (one float32 per row; needs --l 1)",
+        )
     ap.add_argument(
         "--slots",
         type=int,
@@ -268,7 +300,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         shape = default_shape(args.tp, args.steps)
         shape.update({d: getattr(args, d) for d in shape if getattr(args, d) is not None})
-        plan = build_plan(args.schedule, args.tp, args.steps, partial_via=args.partial_via, **shape)
+        plan = build_plan(
+            args.schedule,
+            args.tp,
+            args.steps,
+            partial_via=args.partial_via,
+            row_scale_a=args.row_scale_a,
+            row_scale_b=args.row_scale_b,
+            **shape,
+        )
         if args.slots < 1:
             raise ValueError(f"--slots={args.slots} must be at least 1")
     except ValueError as e:
@@ -303,6 +343,11 @@ def main(argv: list[str] | None = None) -> int:
                 "all invariants hold: coverage (each D element once, K summed exactly once), "
                 "ordering (no read before arrival, no race), slot reuse, ownership (D per "
                 "Partition, user tensors local), progress (each flag set once, no cyclic wait)"
+                + (
+                    ", row scales (each GEMM reads its rows' scales, copies move them)"
+                    if plan["row_scale_a"] or plan["row_scale_b"]
+                    else ""
+                )
             )
         for v in violations:
             print(f"VIOLATION {v}")

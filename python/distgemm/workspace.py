@@ -2,16 +2,17 @@
 builds, and the policy that sizes, grows and releases it (``WorkspacePool``), free of CUDA so
 that the CPU tests run it with an injected allocator.
 
-Layout. A workspace is receive slots followed by one control region: ``_core.MAX_FLAGS`` flags,
-``_core.MAX_TP`` entry-barrier slots and the epoch word (``_core.workspace_control_layout()``,
-``control_layout()`` in plan_types.hpp), the same for every plan, because S is bounded
-(``_core.MAX_STEPS``) and so is the number of flags of a plan. Every plan places that region
-right after its own slots (``Plan::layout``); a plan with fewer slot bytes than the workspace
-gets bases shifted by the difference, so its control region lands on the same addresses as every
-other plan's. The epoch word and the barrier slots therefore carry the launch generation from one
-plan's launch to the next, whatever the plans' shapes, and a flag of one plan never sits inside
-another plan's slots. A flag keeps the generation of the launch that last set it; a later launch
-waits for its own, newer generation, so a stale flag never satisfies a wait. Slots are reused the
+Layout. A workspace is receive slots (data, then the scale slots of FP8 row scales) followed by
+one control region: ``_core.MAX_FLAGS`` flags, ``_core.MAX_TP`` entry-barrier slots and the epoch
+word (``_core.workspace_control_layout()``, ``control_layout()`` in plan_types.hpp), the same for
+every plan, because S is bounded (``_core.MAX_STEPS``) and so is the number of flags of a plan.
+Every plan places that region right after its own slots and scale slots (``Plan::layout``); a
+plan with fewer of those bytes than the workspace gets bases shifted by the difference, so its
+control region lands on the same addresses as every other plan's. The epoch word and the barrier
+slots therefore carry the launch generation from one plan's launch to the next, whatever the
+plans' shapes, and a flag of one plan never sits inside another plan's slots or scale slots. A
+flag keeps the generation of the launch that last set it; a later launch waits for its own,
+newer generation, so a stale flag never satisfies a wait. Slots are reused the
 same way: each launch's entry barrier waits until every peer has finished its previous launch, so
 no launch writes a slot that a previous one still reads.
 
@@ -133,7 +134,10 @@ class WorkspacePool:
         """The workspace for a plan with this ``_core.workspace_layout`` (grown first when its
         slots do not fit) and the plan's bases, one per rank, shifted so that the plan's control
         region is the workspace's."""
-        slots, total = int(layout["slots_bytes"]), int(layout["total_bytes"])
+        # Everything before the control region: the data slots, then the scale slots (a layout
+        # without scale slots, as the fused path's, has none).
+        slots = int(layout["slots_bytes"]) + int(layout.get("scale_slots_bytes", 0))
+        total = int(layout["total_bytes"])
         if total - slots != self.control or slots % self.align or int(layout["slots_offset"]):
             raise RuntimeError(
                 f"internal: a plan layout {layout} does not end in the workspace's control region "

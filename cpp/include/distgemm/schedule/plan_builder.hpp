@@ -42,8 +42,23 @@ inline BufRef ref(Buffer b, int dev, int64_t off, int64_t ld, int64_t bs) {
   return r;
 }
 
+// The row scales of the rows a reference to A or B starts at (row scales need L = 1): rows of the
+// user's A (B) have theirs at the same row of ScaleA (ScaleB); row r of receive slot j at float
+// j * slot_rows + r of the scale slots. Every scale reference of a plan comes from its data
+// reference by this one rule, so scales follow their rows wherever rows go (slot to slot too).
+inline BufRef scale_ref_of(const BufRef& data, int64_t slot_stride, int64_t slot_rows) {
+  int64_t row = data.offset / data.ld;
+  Buffer buffer = data.buffer == Buffer::A ? Buffer::ScaleA : Buffer::ScaleB;
+  if (data.buffer == Buffer::Slots) {
+    row = data.offset / slot_stride * slot_rows + data.offset % slot_stride / data.ld;
+    buffer = Buffer::ScaleSlots;
+  }
+  return ref(buffer, data.device, row, 1, 0);
+}
+
 // All-gather: each GEMM writes a final tile; the rotating operand's foreign chunks are pushed by
-// their owner's copy engine into the consumer's slots, one slot per foreign tile.
+// their owner's copy engine into the consumer's slots, one slot per foreign tile. A row-scaled
+// rotating operand's copies carry the rows' scales into the scale slots (slot j: T floats).
 inline void build_all_gather(Plan& plan, const DistributedTileScheduler& sch) {
   const ScheduleDef& def = plan.def;
   const Problem& p = plan.problem;
@@ -60,6 +75,11 @@ inline void build_all_gather(Plan& plan, const DistributedTileScheduler& sch) {
   plan.slot_operand = rot_a ? Buffer::A : Buffer::B;
   plan.slot_elems = int64_t(S - kc) * slot_stride;
   plan.num_flags = S - kc;
+  const bool scale_rot = rot_a ? plan.row_scale_a : plan.row_scale_b;
+  plan.scale_slot_rows = scale_rot ? int64_t(S - kc) * T : 0;
+  auto scales = [&](const BufRef& data, bool scaled) {
+    return scaled ? scale_ref_of(data, slot_stride, T) : BufRef{};
+  };
 
   // slot_of[d][t]: the receive slot on device d that holds foreign tile t, in order of use.
   std::vector<std::vector<int>> slot_of(tp, std::vector<int>(S, -1));
@@ -111,6 +131,8 @@ inline void build_all_gather(Plan& plan, const DistributedTileScheduler& sch) {
       }
       g.user_c = g.d;
       g.user_c.buffer = Buffer::C;
+      g.scale_a = scales(g.a, plan.row_scale_a);
+      g.scale_b = scales(g.b, plan.row_scale_b);
       prog.gemms.push_back(g);
     }
   }
@@ -143,6 +165,8 @@ inline void build_all_gather(Plan& plan, const DistributedTileScheduler& sch) {
       cp.dst = ref(Buffer::Slots, u.dev, slot_of[u.dev][u.t] * slot_stride, K, T * K);
       cp.rows = split.size(u.t);
       cp.cols = K;
+      cp.scale_src = scales(cp.src, scale_rot);
+      cp.scale_dst = scales(cp.dst, scale_rot);
       cp.signals.push_back({u.dev, slot_of[u.dev][u.t]});
       plan.devices[p_].copies.push_back(cp);
     }
@@ -154,7 +178,8 @@ inline void build_all_gather(Plan& plan, const DistributedTileScheduler& sch) {
 // device that continues it at i + k (a peer write over NVLink), then sets that device's flag;
 // with PartialVia::CopyEngine it writes local staging slot i, and a copy after GEMM i pushes it
 // there and sets the flag. Slot j on every device receives the partial consumed at iteration
-// j + k; flag j guards it.
+// j + k; flag j guards it. A and B are sharded on K and never move: a GEMM of a row-scaled
+// operand reads its rows' scales from the user's local scale vector.
 inline void build_reduce_scatter(Plan& plan, const DistributedTileScheduler& sch) {
   const ScheduleDef& def = plan.def;
   const Problem& p = plan.problem;
@@ -219,6 +244,9 @@ inline void build_reduce_scatter(Plan& plan, const DistributedTileScheduler& sch
         g.a = ref(Buffer::A, d, 0, Kl, M * Kl);
         g.b = ref(Buffer::B, d, t0 * Kl, Kl, N * Kl);
       }
+      // A and B are the user's here (never slots): their scales are the user's, row for row.
+      if (plan.row_scale_a) g.scale_a = scale_ref_of(g.a, slot_stride, tile_rows);
+      if (plan.row_scale_b) g.scale_b = scale_ref_of(g.b, slot_stride, tile_rows);
       if (i >= kc) {
         g.partial = slot_ref(d, i - kc);
         g.waits.push_back(i - kc);
@@ -335,7 +363,7 @@ inline int side_chain_key(const CopyOp& cp, int steps) {
 // naming the violated constraint.
 inline Plan build_plan(const ScheduleDef& def, const Problem& problem, int tp, int steps,
                        const PlanOptions& options) {
-  std::string err = validate(def, problem, tp, steps);
+  std::string err = validate(def, problem, tp, steps, options);
   if (!err.empty()) throw std::invalid_argument(err);
   Plan plan;
   plan.schedule = def.name;
@@ -345,6 +373,8 @@ inline Plan build_plan(const ScheduleDef& def, const Problem& problem, int tp, i
   plan.steps = steps;
   plan.partial_via =
       def.collective == Collective::AllGather ? PartialVia::Epilogue : options.partial_via;
+  plan.row_scale_a = options.row_scale_a;
+  plan.row_scale_b = options.row_scale_b;
   plan.devices.resize(tp);
   DistributedTileScheduler sch(def, tp, steps);
   if (def.collective == Collective::AllGather)

@@ -17,6 +17,17 @@
 // row-major per batch), and `Slots`, the data part of the symmetric workspace. A BufRef names a
 // buffer on some device plus an element offset, a row stride and a batch stride. A BufRef on
 // another device than the one executing the op is a peer access (NVLink).
+//
+// FP8 row-wise scales (PlanOptions::row_scale_a / row_scale_b): D = sa[m] * sb[n] * sum_k A B.
+// `ScaleA` / `ScaleB` are the user's float32 scale vectors of each device, one float per local
+// row of A / B (sharded like those rows); `ScaleSlots` is the scale part of the symmetric
+// workspace, right after the data slots: receive slot j of an all-gather plan has its rows'
+// scales at floats [j * T, j * T + T) (T the longest tile). A reference to a scale buffer is a
+// BufRef whose offset is a row index (floats), with ld = 1 and batch_stride = 0 (row scales
+// need L = 1). Rows of a row-scaled operand never move without their scales: a copy that moves
+// them moves their scales too (CopyOp::scale_src -> scale_dst, before the same signals), and a
+// GEMM reads the scales of exactly its rows (GemmOp::scale_a / scale_b). Reduce-scatter and
+// all-reduce plans move bf16 partials only; their GEMMs read the user's local scale vectors.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +41,17 @@
 
 namespace distgemm::schedule {
 
-enum class Buffer : uint8_t { A = 0, B = 1, C = 2, D = 3, Bias = 4, Slots = 5 };
+enum class Buffer : uint8_t {
+  A = 0,
+  B = 1,
+  C = 2,
+  D = 3,
+  Bias = 4,
+  Slots = 5,
+  ScaleA = 6,
+  ScaleB = 7,
+  ScaleSlots = 8
+};
 
 inline const char* buffer_name(Buffer b) {
   switch (b) {
@@ -44,6 +65,12 @@ inline const char* buffer_name(Buffer b) {
       return "D";
     case Buffer::Bias:
       return "bias";
+    case Buffer::ScaleA:
+      return "scale_a";
+    case Buffer::ScaleB:
+      return "scale_b";
+    case Buffer::ScaleSlots:
+      return "scale_slots";
     default:
       return "slots";
   }
@@ -52,7 +79,7 @@ inline const char* buffer_name(Buffer b) {
 struct BufRef {
   Buffer buffer = Buffer::A;
   int device = -1;           // -1: no operand
-  int64_t offset = 0;        // elements
+  int64_t offset = 0;        // elements (scale buffers: floats, a row index)
   int64_t ld = 0;            // elements between rows
   int64_t batch_stride = 0;  // elements between batches
   bool valid() const { return device >= 0; }
@@ -72,6 +99,9 @@ struct GemmOp {
   BufRef partial;  // epilogue source added with scale 1 (the rotating partial C); may be invalid
   BufRef user_c;   // the user's C, added with beta when the call passes beta != 0; may be invalid
   BufRef bias;     // bias slice for this tile's N range, used when the call passes a bias
+  // Row scales of A's and B's rows (valid exactly when that operand is row-scaled): the float of
+  // row r of this GEMM's A (B) sits at offset + r of ScaleA/ScaleSlots (ScaleB/ScaleSlots).
+  BufRef scale_a, scale_b;
   std::vector<int> waits;        // flags on this device, waited for before the mainloop
   std::vector<FlagRef> signals;  // flags set after the GEMM has completed
 };
@@ -80,8 +110,11 @@ struct CopyOp {
   int step = 0;  // iteration during which the copy is expected to run (display only)
   BufRef src, dst;
   int64_t rows = 0, cols = 0;  // per batch: `rows` rows of `cols` contiguous elements
-  int after_gemm = -1;         // index of a local GEMM that must complete first, -1 if none
-  std::vector<int> waits;      // flags on this device, waited for before the copy
+  // Valid exactly when the copy moves rows of a row-scaled operand: `rows` floats from scale_src
+  // to scale_dst move with the data, both before the signals.
+  BufRef scale_src, scale_dst;
+  int after_gemm = -1;     // index of a local GEMM that must complete first, -1 if none
+  std::vector<int> waits;  // flags on this device, waited for before the copy
   std::vector<FlagRef> signals;
 };
 
@@ -93,9 +126,10 @@ struct DeviceProgram {
 // Byte layout of one device's symmetric workspace (identical on every device).
 struct WorkspaceLayout {
   int64_t slots_offset = 0, slots_bytes = 0;
-  int64_t flags_offset = 0, flags_bytes = 0;      // uint32 per flag, kMaxFlags of them
-  int64_t barrier_offset = 0, barrier_bytes = 0;  // uint32 per device (entry barrier)
-  int64_t epoch_offset = 0;                       // uint32 launch generation of this device
+  int64_t scale_slots_offset = 0, scale_slots_bytes = 0;  // float per row; 0 bytes: none
+  int64_t flags_offset = 0, flags_bytes = 0;              // uint32 per flag, kMaxFlags of them
+  int64_t barrier_offset = 0, barrier_bytes = 0;          // uint32 per device (entry barrier)
+  int64_t epoch_offset = 0;                               // uint32 launch generation of this device
   int64_t total_bytes = 0;
 };
 
@@ -108,8 +142,11 @@ inline constexpr int kMaxSteps = 128;
 // Flags of one plan (build_plan): S - S/TP for the all-gather and reduce-scatter schedules,
 // 2(S - S/TP) for gemm_allreduce (partials + finished tiles); all fewer than 2*S.
 inline constexpr int kMaxFlags = 2 * kMaxSteps;
-// Receive slots start at multiples of this many bytes, and so does the control region.
+// Receive slots start at multiples of this many bytes, and so do the scale slots and the
+// control region.
 inline constexpr int64_t kSlotAlign = 256;
+// A row scale: one float32.
+inline constexpr int64_t kScaleBytes = 4;
 
 // The control region of a workspace: flags, entry-barrier slots and the epoch word, the same for
 // every plan, as the layout of a plan without slots (offsets from the end of the slots). Every
@@ -160,6 +197,9 @@ inline std::optional<PartialVia> parse_optional_partial_via(
 
 struct PlanOptions {
   PartialVia partial_via = PartialVia::Epilogue;
+  // FP8 row-wise scales of A (one float per row of A) and of B (per row of B); false: none, or
+  // tensor-wise (a scalar the kernel reads, which needs nothing from the plan).
+  bool row_scale_a = false, row_scale_b = false;
 };
 
 struct Plan {
@@ -171,13 +211,18 @@ struct Plan {
   PartialVia partial_via = PartialVia::Epilogue;  // reduce-scatter plans only
   Buffer slot_operand = Buffer::A;                // the slots hold elements of this operand's dtype
   int64_t slot_elems = 0;                         // per device
-  int num_flags = 0;                              // per device
+  bool row_scale_a = false, row_scale_b = false;  // PlanOptions' row scales
+  // Floats per device in the scale slots: nonzero only in an all-gather plan whose rotating
+  // operand is row-scaled (its scales travel with its rows).
+  int64_t scale_slot_rows = 0;
+  int num_flags = 0;  // per device
   std::vector<DeviceProgram> devices;
 
   const Partition& partition() const { return def.partition; }
 
-  // The slots, then the control region (control_layout()). Throws std::logic_error for a plan
-  // with more flags than the control region holds (a Plan assembled by hand).
+  // The slots, the scale slots, then the control region (control_layout()). Throws
+  // std::logic_error for a plan with more flags than the control region holds (a Plan assembled
+  // by hand).
   WorkspaceLayout layout(int slot_elem_bytes) const {
     if (num_flags > kMaxFlags)
       throw std::logic_error("internal: a plan with " + std::to_string(num_flags) +
@@ -185,8 +230,11 @@ struct Plan {
                              std::to_string(kMaxFlags));
     WorkspaceLayout w = control_layout();
     w.slots_bytes = round_up(slot_elems * slot_elem_bytes, kSlotAlign);
+    w.scale_slots_offset = w.slots_offset + w.slots_bytes;
+    w.scale_slots_bytes = round_up(scale_slot_rows * kScaleBytes, kSlotAlign);
+    const int64_t before_control = w.scale_slots_offset + w.scale_slots_bytes;
     for (int64_t* offset : {&w.flags_offset, &w.barrier_offset, &w.epoch_offset, &w.total_bytes})
-      *offset += w.slots_bytes;
+      *offset += before_control;
     return w;
   }
   // Extra device memory per device beyond the user's tensors.
@@ -196,7 +244,8 @@ struct Plan {
 // ---------------------------------------------------------------------------------------------
 // Validation: every constraint in words, with the values.
 
-inline std::string validate(const ScheduleDef& def, const Problem& p, int tp, int steps) {
+inline std::string validate(const ScheduleDef& def, const Problem& p, int tp, int steps,
+                            const PlanOptions& options = {}) {
   auto s = [](int64_t v) { return std::to_string(v); };
   if (tp < 1 || tp > kMaxTp)
     return "TP=" + s(tp) + " is out of range: distgemm supports 1 <= TP <= " + s(kMaxTp);
@@ -208,6 +257,13 @@ inline std::string validate(const ScheduleDef& def, const Problem& p, int tp, in
   if (p.m < 1 || p.n < 1 || p.k < 1 || p.l < 1)
     return "problem sizes must be positive, got M=" + s(p.m) + " N=" + s(p.n) + " K=" + s(p.k) +
            " L=" + s(p.l);
+  if ((options.row_scale_a || options.row_scale_b) && p.l != 1)
+    return std::string("row-wise scales (") +
+           (options.row_scale_a && options.row_scale_b ? "of A and B"
+            : options.row_scale_a                      ? "of A"
+                                                       : "of B") +
+           ") need L=1, got L=" + s(p.l) +
+           ": a scale vector covers one batch's rows; use tensor-wise scales for L > 1";
   const std::string who = std::string(def.name);
   auto extent = [&](Mode m) { return m == Mode::M ? p.m : m == Mode::N ? p.n : p.k; };
   // A sharded mode splits evenly over the devices (as torch's collectives require). The split
