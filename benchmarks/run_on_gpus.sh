@@ -17,6 +17,10 @@
 #                    through _core.gemm, stream-K's workspace, the kernel-vs-cuBLAS benchmark)
 #   fp8-tests        python3 -m pytest tests/gpu/test_kernel_fp8.py (the fp8 kernels through
 #                    _core.gemm: both scale kinds and accumulation modes against torch._scaled_mm)
+#   fp8-ops          python3 -m pytest tests/gpu/test_fp8_ops.py (the fp8 ops: every schedule and
+#                    scale kind, captured replays, refusals; one GPU: 2 ranks share it over gloo)
+#   shared-api       tests/gpu/torchrun_worker.py --sections correctness,paths on 2 ranks sharing
+#                    GPU 0 (DISTGEMM_ALLOW_SHARED_GPU=1, gloo): the plans where only one GPU is lent
 #   cpp-tests        python3 -m pytest tests/gpu/test_cpp_bench.py (the C++ runtime grid)
 #   timeline         benchmarks/overlap_timeline.py (per-stream picture of one case)
 #   sweep-quick|full benchmarks/llama_sweep.py [--quick] $SWEEP_ARGS (e.g. "--models 405B")
@@ -93,6 +97,10 @@ for p in "$@"; do
     api) part api 300 env OUT="$OUT/api" API_TIMEOUT=240 bash tests/gpu/run_api_checks.sh ;;
     kernel-tests) part kernel-tests ${KERNEL_TESTS_S:-400} python3 -m pytest -q -rs tests/gpu/test_kernel_gemm.py ;;
     fp8-tests) part fp8-tests ${FP8_TESTS_S:-300} python3 -m pytest -q -rs tests/gpu/test_kernel_fp8.py ;;
+    fp8-ops) part fp8-ops ${FP8_OPS_S:-400} python3 -m pytest -q -rs tests/gpu/test_fp8_ops.py ;;
+    shared-api) part shared-api ${SHARED_API_S:-400} env DISTGEMM_ALLOW_SHARED_GPU=1 CUDA_VISIBLE_DEVICES=0 \
+                 torchrun --nproc-per-node 2 tests/gpu/torchrun_worker.py --sections correctness,paths \
+                 --out "$OUT/shared-api/results.json" ;;
     fp8-kernel) part fp8-kernel ${FP8_S:-400} python3 benchmarks/fp8_kernel_vs_scaled_mm.py \
               ${FP8_ARGS:---tp 2} --budget-s $(( ${FP8_S:-400} - 30 )) --out "$OUT/fp8-kernel" ;;
     cpp-tests) part cpp-tests ${CPP_TESTS_S:-330} env DISTGEMM_BENCH="$BENCH" python3 -m pytest -q -x -rs \
@@ -133,7 +141,7 @@ for p in "$@"; do
               ${KERNEL_ARGS:---tp 2 --local-only} --budget-s $(( ${KERNEL_S:-500} - 40 )) --out "$OUT/kernel-vs-cublas" ;;
     cpp-sweep-quick) part cpp-sweep-quick 200 "$BENCH" --sweep quick --tp "$NPROC" --csv "$OUT/cpp-sweep-quick/cpp-sweep-quick.csv" ;;
     cpp-sweep-full) part cpp-sweep-full 400 "$BENCH" --sweep full --tp "$NPROC" --csv "$OUT/cpp-sweep-full/cpp-sweep-full.csv" ;;
-    *) echo "unknown part '$p' (install, first-run, kernel-tests, fp8-tests, fp8-kernel, timing-study, training, serving, decode, api, cpp-tests, cpp-variants, cpp-tiles, kernel-vs-cublas, timeline, sweep-quick, sweep-full, sweep-fc, cpp-sweep-quick, cpp-sweep-full)"; rc=1 ;;
+    *) echo "unknown part '$p' (install, first-run, kernel-tests, fp8-tests, fp8-ops, shared-api, fp8-kernel, timing-study, training, serving, decode, api, cpp-tests, cpp-variants, cpp-tiles, kernel-vs-cublas, timeline, sweep-quick, sweep-full, sweep-fc, cpp-sweep-quick, cpp-sweep-full)"; rc=1 ;;
   esac
   tail -n 25 "$OUT/$p.log" 2>/dev/null | cut -c1-250
 done

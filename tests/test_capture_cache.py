@@ -114,7 +114,8 @@ def test_an_entry_gets_one_capture_only_graph_which_pins_its_workspace(monkeypat
     ws = types.SimpleNamespace(order="order", pinned=False)
     e = entry()
     e.spec, e.ws, e.setup = spec, ws, "setup"
-    g = entries.capture_graph(e, (16, 32, 0, 48, 0))
-    assert entries.capture_graph(e, (80, 96, 0, 112, 0)) is g  # any pointers: the same one
-    assert made == [((spec.plan, "setup", "order", 16, 32, 0, 48, 0), {"capture_only": True})]
+    g = entries.capture_graph(e, (16, 32, 0, 48, 0, 0, 0))
+    assert entries.capture_graph(e, (80, 96, 0, 112, 0, 0, 0)) is g  # any pointers: the same one
+    want = {"capture_only": True, "scale_a": 0, "scale_b": 0}
+    assert made == [((spec.plan, "setup", "order", 16, 32, 0, 48, 0), want)]
     assert ws.pinned and e.capturer is g and not e.graphs  # not an eager graph of the plan

@@ -9,6 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from distgemm import _core, entries, ops  # noqa: E402
+from distgemm.precision import Precision  # noqa: E402
 
 BF16, FP16 = torch.bfloat16, torch.float16
 CPU = torch.device("cpu")
@@ -128,7 +129,7 @@ def _key(a_shape, path="auto"):
         "all_gather_gemm",
         "ag_rotate_a",
         None,
-        BF16,
+        Precision(BF16),
         (("a_shard", a_shape), ("w", (24, 32)), ("bias", None)),
         0.0,
         False,
@@ -257,12 +258,15 @@ def test_an_entry_builds_its_plan_once_and_its_graph_takes_that_plan(
     monkeypatch.setattr(_core, "default_plan", counting(_core.default_plan))  # steps=None
     monkeypatch.setattr(_core, "workspace_layout", never)
     monkeypatch.setattr(
-        _core, "DeviceGraph", lambda *args: graphs.append(args) or len(graphs), raising=False
+        _core,
+        "DeviceGraph",
+        lambda *args, **kw: graphs.append(args + tuple(sorted(kw.items()))) or len(graphs),
+        raising=False,
     )
     tensors = {k: t(*v) for k, v in kw.items() if k != "beta"}
     beta = kw.get("beta", 0.0)
     a_t, w_t = t(*a), t(*w)
-    key = (op, schedule, None, BF16, (("a", a),), beta, False, "overlap")
+    key = (op, schedule, None, Precision(BF16), (("a", a),), beta, False, "overlap")
     comm = OneRankComm()
     entry = entries.create_entry(
         comm, key, lambda: ops.make_spec(op, schedule, 1, 0, None, a_t, w_t, beta=beta, **tensors)
@@ -274,10 +278,11 @@ def test_an_entry_builds_its_plan_once_and_its_graph_takes_that_plan(
     assert (s.rank, s.cuda_device, s.dtype, s.timeout_s) == (0, 0, "bf16", 3.5)
     assert (s.workspace_bases, s.workspace_bytes) == ([1 << 20], plan.layout(2)["total_bytes"])
     assert (s.alpha, s.beta, s.bias) == (1.0, beta, "bias" in tensors)
-    ptrs = (16, 32, 0, 48, 0)
+    ptrs = (16, 32, 0, 48, 0, 0, 0)  # a, w, c, out, bias, scale_a, scale_b
     assert entries.graph_for(entry, ptrs) == 1
     assert entries.graph_for(entry, ptrs) == 1  # cached: no second graph
-    assert graphs == [(plan, entry.setup, "order", *ptrs)]
+    extra = (("capture_only", False), ("scale_a", 0), ("scale_b", 0))
+    assert graphs == [(plan, entry.setup, "order", *ptrs[:5], *extra)]
     assert len(built) == 1
 
 

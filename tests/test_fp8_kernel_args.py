@@ -41,7 +41,10 @@ def test_fp8_gemm_accepted_with_both_scales_of_either_kind():
             for fast in (False, True):
                 assert (
                     problem(
-                        scale_a=BASE, scale_a_rows=rows_a, scale_b=BASE, scale_b_rows=rows_b,
+                        scale_a=BASE,
+                        scale_a_rows=rows_a,
+                        scale_b=BASE,
+                        scale_b_rows=rows_b,
                         fast_accum=fast,
                     )  # fmt: skip
                     == ""

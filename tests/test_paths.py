@@ -9,6 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from distgemm import autopath, collective, entries, launch, ops  # noqa: E402
+from distgemm.precision import Precision  # noqa: E402
 
 NO_GROUP = types.SimpleNamespace(group=None)  # a communicator without a process group
 
@@ -174,7 +175,8 @@ def test_create_entry_decides_the_path_once_with_nothing_measured(monkeypatch):
             return [obj]
 
     a, w = _meta(64, 32), _meta(24, 32)
-    key = ("all_gather_gemm", "ag_rotate_a", None, torch.bfloat16, (("a", (64, 32)),), 0.0, False)
+    key = ("all_gather_gemm", "ag_rotate_a", None, Precision(torch.bfloat16), (("a", (64, 32)),),
+           0.0, False)  # fmt: skip
     entry = entries.create_entry(
         OneRank(),
         (*key, "auto"),

@@ -15,6 +15,7 @@ from test_nn import run_ranks  # noqa: E402
 from test_tuning_table import _doc, _raw  # noqa: E402
 
 from distgemm import _core, control, entries, ops, reference, tuning  # noqa: E402
+from distgemm.precision import Precision  # noqa: E402
 
 M, N, K = 64, 48, 32  # global; all-gather of A (ag_rotate_a) on 2 ranks
 
@@ -51,7 +52,8 @@ def _create(rank: int, tp: int, table_path: str | None):
     a = torch.empty(M // tp, K, device="meta", dtype=torch.bfloat16)
     w = torch.empty(N // tp, K, device="meta", dtype=torch.bfloat16)
     shapes = (("a_shard", (M // tp, K)), ("w", (N // tp, K)), ("bias", None))
-    key = ("all_gather_gemm", "ag_rotate_a", None, torch.bfloat16, shapes, 0.0, False, "auto")
+    prec = Precision(torch.bfloat16)
+    key = ("all_gather_gemm", "ag_rotate_a", None, prec, shapes, 0.0, False, "auto")
     try:
         e = entries.create_entry(
             comm, key, lambda: ops.make_spec("all_gather_gemm", "ag_rotate_a", tp, rank, None, a, w)

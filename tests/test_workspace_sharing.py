@@ -26,6 +26,7 @@ import distgemm  # noqa: E402
 from distgemm import _core, entries, ops  # noqa: E402
 from distgemm import comm as comm_mod  # noqa: E402
 from distgemm import reference as ref  # noqa: E402
+from distgemm.precision import Precision  # noqa: E402
 from distgemm.workspace import (  # noqa: E402
     GROWTH_HEADROOM,
     WorkspacePool,
@@ -325,7 +326,7 @@ def add_entry(c, op, schedule, m, n, k):
     else:
         a, w = (m, k // tp), (n, k // tp)
     at, wt = (torch.empty(s, dtype=BF16, device="meta") for s in (a, w))
-    key = (op, schedule, None, BF16, (("a", a), ("w", w)), 0.0, False, "overlap")
+    key = (op, schedule, None, Precision(BF16), (("a", a), ("w", w)), 0.0, False, "overlap")
     entry = entries.create_entry(
         c, key, lambda: ops.make_spec(op, schedule, tp, c.rank, None, at, wt)
     )

@@ -346,6 +346,14 @@ void register_plan(py::module_& m) {
           [](const Plan& p, int slot_elem_bytes) { return layout_dict(p.layout(slot_elem_bytes)); },
           py::arg("slot_elem_bytes") = 2,
           "Byte layout of each device's symmetric workspace for this very plan.")
+      .def(
+          "slot_elem_bytes",
+          [](const Plan& p, int operand_bytes, int out_bytes) {
+            return slot_elem_bytes(p, operand_bytes, out_bytes);
+          },
+          py::arg("operand_bytes"), py::arg("out_bytes") = 2,
+          "Bytes of one slot element: the rotating operand's (all-gather) or the output's "
+          "(partials); layout() takes it.")
       .def("extent_problem", &plan_extent_problem, py::arg("device") = -1,
            py::arg("elem_bytes") = 2,
            "'' when the GEMM kernel's extent rule admits every sub-GEMM of `device` (-1: of "
@@ -368,11 +376,11 @@ void register_plan(py::module_& m) {
                          "What one rank's DeviceGraph needs besides the Plan and the user "
                          "pointers; built once per op entry.")
       .def(py::init<int, int, std::string, std::vector<uint64_t>, int64_t, double, float, float,
-                    bool, int, bool>(),
+                    bool, int, bool, bool>(),
            py::arg("rank"), py::arg("cuda_device"), py::arg("dtype"), py::arg("workspace_bases"),
            py::arg("workspace_bytes"), py::arg("timeout_s"), py::arg("alpha") = 1.0f,
            py::arg("beta") = 0.0f, py::arg("bias") = false, py::arg("tile_n") = 0,
-           py::arg("b_n_major") = false)
+           py::arg("b_n_major") = false, py::arg("fast_accum") = false)
       .def_readonly("rank", &GraphSetup::rank)
       .def_readonly("cuda_device", &GraphSetup::cuda_device)
       .def_readonly("dtype", &GraphSetup::dtype)
@@ -383,7 +391,8 @@ void register_plan(py::module_& m) {
       .def_readonly("workspace_bytes", &GraphSetup::workspace_bytes)
       .def_readonly("timeout_s", &GraphSetup::timeout_s)
       .def_readonly("tile_n", &GraphSetup::tile_n)
-      .def_readonly("b_n_major", &GraphSetup::b_n_major);
+      .def_readonly("b_n_major", &GraphSetup::b_n_major)
+      .def_readonly("fast_accum", &GraphSetup::fast_accum);
 }
 
 }  // namespace
@@ -497,15 +506,20 @@ PYBIND11_MODULE(_core, m) {
       "accept it.");
   m.def(
       "default_plan",
-      [](const py::object& schedule, int tp, int64_t m, int64_t n, int64_t k, int64_t l) {
+      [](const py::object& schedule, int tp, int64_t m, int64_t n, int64_t k, int64_t l,
+         bool row_scale_a, bool row_scale_b) {
         ScheduleDef def = resolve(schedule);
+        PlanOptions scales;
+        scales.row_scale_a = row_scale_a;
+        scales.row_scale_b = row_scale_b;
         py::gil_scoped_release release;
-        return default_plan(def, tp, Problem{m, n, k, l});
+        return default_plan(def, tp, Problem{m, n, k, l}, scales);
       },
       py::arg("schedule"), py::arg("tp"), py::arg("m"), py::arg("n"), py::arg("k"),
-      py::arg("l") = 1,
-      "The Plan of steps=None, built once: S = default_steps(...) with the default options; "
-      "ValueError naming the violated constraint, as build_plan.");
+      py::arg("l") = 1, py::arg("row_scale_a") = false, py::arg("row_scale_b") = false,
+      "The Plan of steps=None, built once: S = default_steps(...) with the default options "
+      "(and fp8 row scales as build_plan's); ValueError naming the violated constraint, as "
+      "build_plan.");
   m.attr("RS_TWO_STEPS_MIN_TOKENS") = kRsTwoStepsMinTokens;
   m.attr("RS_TWO_STEPS_MAX_K_PER_RANK") = kRsTwoStepsMaxKPerRank;
 

@@ -132,7 +132,8 @@ void register_tile_choice(py::module_& m) {
         return out;
       },
       "{name: {'id', 'tile_m', 'tile_n', 'cluster_m', 'cluster_n', 'relative_cost', "
-      "'bf16_only', 'stream_k', 'e4m3', 'fast_accum'}} of every GEMM kernel configuration (kernel/tile_choice.hpp's "
+      "'bf16_only', 'stream_k', 'e4m3', 'fast_accum'}} of every GEMM kernel configuration "
+      "(kernel/tile_choice.hpp's "
       "kConfigs).");
   m.attr("STREAM_K_FIXUP_WAVES") = k::kStreamKFixupWaves;
   m.attr("CONFIG_MIN_GAIN") = k::kConfigMinGain;

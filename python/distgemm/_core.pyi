@@ -49,6 +49,7 @@ class Plan:
     @property
     def local_shapes(self) -> dict[str, Any]: ...
     def layout(self, slot_elem_bytes: int = 2) -> dict[str, int]: ...
+    def slot_elem_bytes(self, operand_bytes: int, out_bytes: int = 2) -> int: ...
     @property
     def pdl_by_default(self) -> bool: ...
     def extent_problem(self, device: int = -1, elem_bytes: int = 2) -> str: ...
@@ -70,7 +71,14 @@ def default_steps(
     schedule: str | ScheduleDef, tp: int, m: int, n: int, k: int, l: int = 1
 ) -> int: ...
 def default_plan(
-    schedule: str | ScheduleDef, tp: int, m: int, n: int, k: int, l: int = 1
+    schedule: str | ScheduleDef,
+    tp: int,
+    m: int,
+    n: int,
+    k: int,
+    l: int = 1,
+    row_scale_a: bool = False,
+    row_scale_b: bool = False,
 ) -> Plan: ...
 
 RS_TWO_STEPS_MIN_TOKENS: int
@@ -91,6 +99,8 @@ class GraphSetup:
         beta: float = 0.0,
         bias: bool = False,
         tile_n: int = 0,
+        b_n_major: bool = False,
+        fast_accum: bool = False,
     ) -> None: ...
     rank: int
     cuda_device: int
@@ -102,6 +112,8 @@ class GraphSetup:
     workspace_bytes: int
     timeout_s: float
     tile_n: int
+    b_n_major: bool
+    fast_accum: bool
 
 def workspace_layout(
     schedule: str | ScheduleDef,
@@ -326,16 +338,30 @@ class DeviceGraph:
         d: int,
         bias_ptr: int,
         capture_only: bool = False,
+        scale_a: int = 0,
+        scale_b: int = 0,
     ) -> None:
         """The graph of ``plan`` as built (partial transport, PDL, layout) for setup.rank;
         ValueError when setup.workspace_bytes (if set) is less than the plan's layout needs.
         ``capture_only``: no executable of its own; only ``capture`` (records into a caller's
         stream capture, timeouts reported through ``order.capture_error()``)."""
-    def update(self, a: int, b: int, c: int, d: int, bias_ptr: int) -> bool: ...
+    def update(
+        self, a: int, b: int, c: int, d: int, bias_ptr: int, scale_a: int = 0, scale_b: int = 0
+    ) -> bool: ...
     @property
     def rebuilds(self) -> int: ...
     def launch(self, stream: int) -> None: ...
-    def capture(self, stream: int, a: int, b: int, c: int, d: int, bias_ptr: int) -> None: ...
+    def capture(
+        self,
+        stream: int,
+        a: int,
+        b: int,
+        c: int,
+        d: int,
+        bias_ptr: int,
+        scale_a: int = 0,
+        scale_b: int = 0,
+    ) -> None: ...
     def error(self) -> str: ...
     def check(self) -> None: ...
     @property

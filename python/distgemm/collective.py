@@ -57,6 +57,8 @@ def run_collective(
     pg, device = comm.group, comm.device
     a, w, bias, c = tensors["a"], tensors["w"], tensors.get("bias"), tensors.get("c")
     _, out = user_ptrs(op, entry, tensors, out, device)
+    if entry.precision is not None and entry.precision.fp8:
+        return _run_fp8(comm, entry, tensors, out, capturing)
     kind = entry.collective_kind  # the branch follows the C++ definition, not the name
     if kind in ("gather_a", "gather_w"):
         part = a if kind == "gather_a" else w
@@ -106,11 +108,97 @@ def run_collective(
             ),
         )
         _finish(pg._reduce_scatter_base(out, partial, _REDUCE_SCATTER))
+    return _finish_epilogue(out, c, bias, entry.beta)
+
+
+def _finish_epilogue(out, c, bias, beta: float) -> torch.Tensor:
+    """out += beta * c + bias (each where given), after the reduction, as the plans do."""
     if c is not None:
-        out.add_(c, alpha=entry.beta)
+        out.add_(c, alpha=beta)
     if bias is not None:
         out.add_(bias)
     return out
+
+
+def scaled_mm(x, x_scale, y, y_scale, fast_accum: bool, out=None) -> torch.Tensor:
+    """bf16 ``(x_scale * x) @ (y_scale * y).T`` of fp8 ``x`` [m, k] and ``y`` [n, k] through
+    torch._scaled_mm, each float32 scale one value or one per row of its operand. torch takes
+    row-wise scales for both operands or for neither, so a tensor-wise one beside a row-wise one
+    is broadcast to every row."""
+    if x_scale.numel() > 1 or y_scale.numel() > 1:
+        sx = x_scale.reshape(-1, 1).expand(x.shape[0], 1).contiguous()
+        sy = y_scale.reshape(1, -1).expand(1, y.shape[0]).contiguous()
+    else:
+        sx, sy = x_scale.reshape(()), y_scale.reshape(())
+    res = torch._scaled_mm(
+        x, y.t(), scale_a=sx, scale_b=sy, out_dtype=torch.bfloat16, use_fast_accum=fast_accum
+    )
+    if out is None:
+        return res
+    return out.copy_(res)
+
+
+def _gather(pg, entry, name, part, stream, capturing, fresh: bool) -> torch.Tensor:
+    """The all-gather of ``part`` along dim 0 (fp8 moved as bytes, which every NCCL has)."""
+    shape = (part.shape[0] * entry.spec.tp, *part.shape[1:])
+    dst = (
+        torch.empty(shape, dtype=part.dtype, device=part.device)
+        if fresh
+        else _scratch(entry, name, shape, part, stream, capturing)
+    )
+    as_bytes = part.element_size() == 1
+    _finish(
+        pg._allgather_base(
+            dst.view(torch.uint8) if as_bytes else dst,
+            part.view(torch.uint8) if as_bytes else part,
+            _ALLGATHER,
+        )
+    )
+    return dst
+
+
+def _run_fp8(comm: Communicator, entry: Entry, tensors, out, capturing: bool):
+    """run_collective for fp8 operands: the collective and torch._scaled_mm (bf16 out). The
+    all-gather schedules gather row scales with their rows; the reduce schedules reduce bf16
+    partials."""
+    pg, device = comm.group, comm.device
+    a, w, bias, c = tensors["a"], tensors["w"], tensors.get("bias"), tensors.get("c")
+    sa, sb = tensors["scale_a"], tensors["scale_b"]
+    fast = entry.precision.fast_accum
+    stream = stream_ptr(device)
+    kind = entry.collective_kind
+    if kind in ("gather_a", "gather_w"):
+        gather_a = kind == "gather_a"
+        part, scale = (a, sa) if gather_a else (w, sb)
+        gathered = _gather(pg, entry, "gathered", part, stream, capturing, entry.want_gathered)
+        if scale.numel() > 1:
+            scale = _gather(
+                pg, entry, "gathered_scale", scale.reshape(-1), stream, capturing, False
+            )
+        if gather_a:
+            scaled_mm(gathered, scale, w, sb, fast, out=out)
+        else:
+            scaled_mm(a, sa, gathered, scale, fast, out=out)
+        if bias is not None:
+            out.add_(bias)
+        return (out, gathered) if entry.want_gathered else out
+    if kind == "all_reduce":
+        scaled_mm(a, sa, w, sb, fast, out=out)
+        _finish(pg.allreduce([out], _ALLREDUCE))
+    elif kind == "scatter_n":  # rs_tile_b: reduce D^T = W A^T, transpose this rank's rows
+        part_t = _scratch(entry, "partial", (w.shape[0], a.shape[0]), out, stream, capturing)
+        scaled_mm(w, sb, a, sa, fast, out=part_t)
+        mine = _scratch(
+            entry, "mine", (part_t.shape[0] // entry.spec.tp, part_t.shape[1]), out, stream,
+            capturing,
+        )  # fmt: skip
+        _finish(pg._reduce_scatter_base(mine, part_t, _REDUCE_SCATTER))
+        out.copy_(mine.t())
+    else:  # scatter_m: rs_tile_a
+        partial = _scratch(entry, "partial", (a.shape[0], w.shape[0]), out, stream, capturing)
+        scaled_mm(a, sa, w, sb, fast, out=partial)
+        _finish(pg._reduce_scatter_base(out, partial, _REDUCE_SCATTER))
+    return _finish_epilogue(out, c, bias, entry.beta)
 
 
 def _scratch(

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from . import _core, tuning
+from .precision import Precision
 from .validation import DTYPES, Spec
 
 if TYPE_CHECKING:
@@ -31,10 +32,10 @@ GRAPHS_PER_PLAN = 4
 class _RawCuda:
     """A device buffer for torch.as_tensor via __cuda_array_interface__ (no ownership)."""
 
-    def __init__(self, ptr: int, numel: int):
+    def __init__(self, ptr: int, numel: int, itemsize: int = 2):
         self.__cuda_array_interface__ = {
             "shape": (numel,),
-            "typestr": "<i2",
+            "typestr": f"<i{itemsize}",
             "data": (ptr, False),
             "version": 3,
             "strides": None,
@@ -44,7 +45,7 @@ class _RawCuda:
 @dataclass
 class Entry:
     spec: Spec
-    dtype: torch.dtype
+    dtype: torch.dtype  # of A and B (the gathered operand's too)
     beta: float
     ws: Any
     bases: list[int]
@@ -66,6 +67,11 @@ class Entry:
     # The fused path's shapes, split-K factor, workspace layout and control region
     # (distgemm.fused.attach_fused); None for the other paths.
     fused: dict[str, Any] | None = None
+    precision: Precision | None = None  # the calls' (dtype, fp8 scales and accumulation)
+
+    @property
+    def out_dtype(self) -> torch.dtype:
+        return self.precision.out_dtype if self.precision is not None else self.dtype
 
     @property
     def has_bias(self) -> bool:
@@ -221,7 +227,8 @@ def create_entry(comm: Communicator, key, make: Callable[[], Spec]) -> Entry:
     from .autopath import decide_path
     from .fused import attach_fused
 
-    op, _, _, dtype, _, beta, gathered, path = key
+    op, _, _, precision, _, beta, gathered, path = key
+    dtype = precision.dtype
     spec, error, exc = None, None, None
     try:
         spec = make()
@@ -245,6 +252,7 @@ def create_entry(comm: Communicator, key, make: Callable[[], Spec]) -> Entry:
         path=chosen,
         want_gathered=gathered,
         tuning=why,
+        precision=precision,
     )
     if entry.path == "overlap":  # the collective path launches no plan: no workspace
         attach_workspace(comm, entry, gathered)
@@ -270,7 +278,10 @@ def attach_workspace(comm: Communicator, entry: Entry, gathered: bool) -> None:
     graphs, built on the old bases, are dropped (the caller has synchronised the device) and
     rebuilt at its next call."""
     spec = entry.spec
-    layout = spec.plan.layout(2)  # the entry's own plan: its partial transport included
+    # The entry's own plan (its partial transport and scale slots included), slots of its types.
+    layout = spec.plan.layout(
+        spec.plan.slot_elem_bytes(entry.dtype.itemsize, entry.out_dtype.itemsize)
+    )
     entry.graphs.clear()
     entry.ws, entry.bases = comm.workspace_for(layout)
     # workspace_for shifts each base so that exactly the layout's bytes follow it: the graph
@@ -279,7 +290,7 @@ def attach_workspace(comm: Communicator, entry: Entry, gathered: bool) -> None:
     entry.setup = _core.GraphSetup(
         rank=comm.rank,
         cuda_device=comm.device.index,
-        dtype=DTYPES[entry.dtype],
+        dtype=entry.precision.name if entry.precision is not None else DTYPES[entry.dtype],
         workspace_bases=entry.bases,
         workspace_bytes=entry.ws_bytes,
         timeout_s=comm.wait_timeout_s,
@@ -288,25 +299,40 @@ def attach_workspace(comm: Communicator, entry: Entry, gathered: bool) -> None:
         bias=entry.has_bias,
         tile_n=spec.tile_n,
         b_n_major=spec.b_n_major,
+        fast_accum=entry.precision is not None and entry.precision.fast_accum,
     )
     if gathered:
         entry.gather, entry.gather_shape = gather_recipe(spec, comm.rank)
         slot_elems = int(spec.plan.slot_elems)
         if slot_elems:
             # This rank's slots start at its shifted base (slots_offset is 0 in Plan::layout).
-            raw = _RawCuda(entry.bases[comm.rank] + int(layout["slots_offset"]), slot_elems)
+            raw = _RawCuda(
+                entry.bases[comm.rank] + int(layout["slots_offset"]),
+                slot_elems,
+                entry.dtype.itemsize,
+            )
             entry.slots = torch.as_tensor(raw, device=comm.device).view(entry.dtype)
 
 
-def graph_for(entry: Entry, ptrs: tuple[int, int, int, int, int]):
-    """This rank's graph of the entry's plan for these user pointers: a cached one, a new one
-    (up to GRAPHS_PER_PLAN), or the least recently used one retargeted."""
+def _new_graph(entry: Entry, ptrs: tuple[int, ...], capture_only: bool = False):
+    """A DeviceGraph of the entry's plan for ``ptrs`` (a, w, c, out, bias, scale_a, scale_b)."""
+    a, w, c, d, bias, scale_a, scale_b = ptrs
+    return _core.DeviceGraph(
+        entry.spec.plan, entry.setup, entry.ws.order, a, w, c, d, bias,
+        capture_only=capture_only, scale_a=scale_a, scale_b=scale_b,
+    )  # fmt: skip
+
+
+def graph_for(entry: Entry, ptrs: tuple[int, ...]):
+    """This rank's graph of the entry's plan for these user pointers (a, w, c, out, bias,
+    scale_a, scale_b): a cached one, a new one (up to GRAPHS_PER_PLAN), or the least recently
+    used one retargeted."""
     g = entry.graphs.get(ptrs)
     if g is not None:
         entry.graphs.move_to_end(ptrs)  # LRU order
         return g
     if len(entry.graphs) < GRAPHS_PER_PLAN:
-        g = _core.DeviceGraph(entry.spec.plan, entry.setup, entry.ws.order, *ptrs)
+        g = _new_graph(entry, ptrs)
     else:
         _, g = entry.graphs.popitem(last=False)
         g.update(*ptrs)
@@ -314,14 +340,12 @@ def graph_for(entry: Entry, ptrs: tuple[int, int, int, int, int]):
     return g
 
 
-def capture_graph(entry: Entry, ptrs: tuple[int, int, int, int, int]):
+def capture_graph(entry: Entry, ptrs: tuple[int, ...]):
     """The entry's capture-only graph (made at its first capture, for these pointers' checks):
     ``capture(stream, *ptrs)`` records one launch into the caller's capture. One per entry,
     whatever the pointers (each capture records its own); kept, with the entry and its
     workspace, until Communicator.close()."""
     if entry.capturer is None:
-        entry.capturer = _core.DeviceGraph(
-            entry.spec.plan, entry.setup, entry.ws.order, *ptrs, capture_only=True
-        )
+        entry.capturer = _new_graph(entry, ptrs, capture_only=True)
         entry.ws.pinned = True  # the workspace may not be freed while callers' graphs use it
     return entry.capturer

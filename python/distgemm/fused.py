@@ -105,7 +105,7 @@ def launch_fused(
     """One fused launch on the current stream (recorded into its capture when one is in
     progress)."""
     f = entry.fused
-    (pa, pw, pc, po, pb), out = user_ptrs(op, entry, tensors, out, comm.device)
+    (pa, pw, pc, po, pb, _, _), out = user_ptrs(op, entry, tensors, out, comm.device)
     launcher = comm.fused_launcher
     # The workspace may have grown since the entry was made (another plan): its current bases.
     entry.ws, entry.bases = comm.workspace_for(f["layout"])

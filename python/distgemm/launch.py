@@ -35,10 +35,19 @@ def _ptr(op: str, name: str, t: torch.Tensor, device: torch.device) -> int:
     return p
 
 
+def _scale_ptr(op: str, name: str, t: torch.Tensor | None, device: torch.device) -> int:
+    """The data pointer of an fp8 scale (0: none), on this rank's device."""
+    if t is None:
+        return 0
+    if t.device != device:
+        raise ValueError(f"{op}: {name} is on {t.device} but this rank's device is {device}")
+    return t.data_ptr()
+
+
 def user_ptrs(op: str, entry: Entry, tensors, out, device):
     """The per-call checks of both paths (the fast path of check_placement, the output's shape,
     no aliasing with an input) and the output, allocated when not given. Returns
-    ((a, w, c, out, bias) data pointers, 0 where absent; out)."""
+    ((a, w, c, out, bias, scale_a, scale_b) data pointers, 0 where absent; out)."""
     a, w = tensors["a"], tensors["w"]
     c = tensors.get("c")  # only passed when beta != 0 (_gemm_then_reduce)
     bias = tensors.get("bias")
@@ -46,9 +55,11 @@ def user_ptrs(op: str, entry: Entry, tensors, out, device):
     pw = _ptr(op, "w", w, device)
     pc = 0 if c is None else _ptr(op, "c", c, device)
     pb = 0 if bias is None else _ptr(op, "bias", bias, device)
+    psa = _scale_ptr(op, "scale_a", tensors.get("scale_a"), device)
+    psb = _scale_ptr(op, "scale_b", tensors.get("scale_b"), device)
     if out is None:
-        out = torch.empty(entry.out_shape, dtype=entry.dtype, device=device)
-        return (pa, pw, pc, out.data_ptr(), pb), out
+        out = torch.empty(entry.out_shape, dtype=entry.out_dtype, device=device)
+        return (pa, pw, pc, out.data_ptr(), pb, psa, psb), out
     po = _ptr(op, "out", out, device)
     if po in (pa, pw, pc, pb):
         name = {pa: "a", pw: "w", pc: "c", pb: "bias"}[po]
@@ -57,7 +68,7 @@ def user_ptrs(op: str, entry: Entry, tensors, out, device):
         raise ValueError(
             f"{op}: out has shape {fmt_shape(out.shape)}, expected {fmt_shape(entry.out_shape)}"
         )
-    return (pa, pw, pc, po, pb), out
+    return (pa, pw, pc, po, pb, psa, psb), out
 
 
 def setup_during_capture():

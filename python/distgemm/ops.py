@@ -8,7 +8,9 @@
                          and all-gather of the result in one plan
 
 Weights are in nn.Linear layout ``[N, K]``; bf16 or fp16 (inputs, weight, bias, C and the output
-all in one dtype; fp32 accumulation). Every rank of the group calls the op with the same shapes,
+all in one dtype; fp32 accumulation), or fp8: inputs and weight ``torch.float8_e4m3fn`` with
+float32 ``scale_a`` / ``scale_b`` (tensor-wise or row-wise), bias, C and the output bf16
+(``distgemm.precision``). Every rank of the group calls the op with the same shapes,
 dtype, schedule, steps and path, in the same order (the usual SPMD contract of collectives).
 
 How a call runs. The first call with a new (op, shapes, dtype, schedule, steps, bias, beta)
@@ -96,12 +98,12 @@ from .comm import find_communicator, get_communicator
 from .entries import create_entry
 from .fused import launch_fused
 from .launch import launch, setup_during_capture
+from .precision import check_precision
 from .validation import (
     PATHS,
     check_no_grad,
     check_path,
     check_placement,
-    check_types,
     default_steps,
     make_spec,
     n_major_weight,
@@ -192,7 +194,10 @@ def _entry(op, group, key, make, tensors, out):
         def first():
             # Device, contiguity and alignment errors of the first call are exchanged with the
             # shapes, so that every rank raises the same exception.
-            check_placement(op, comm.device, dict(tensors, out=out))
+            # Scales need no TMA alignment (the kernel reads them as floats): check_precision
+            # checked them.
+            operands = {n: t for n, t in tensors.items() if not n.startswith("scale_")}
+            check_placement(op, comm.device, dict(operands, out=out))
             return make(comm)
 
         entry = create_entry(comm, key, first)
@@ -212,6 +217,9 @@ def all_gather_gemm(
     return_gathered: bool = False,
     group=None,
     path: str | None = None,
+    scale_a: torch.Tensor | None = None,
+    scale_b: torch.Tensor | None = None,
+    fast_accum: bool = False,
 ):
     """All-gather along dim 0 overlapped with a GEMM (column-parallel linear layer).
 
@@ -250,16 +258,25 @@ def all_gather_gemm(
     grad mode is on.
     Where S does not divide M (ag_rotate_a; N for ag_rotate_b) the steps are uneven: tiles differ
     by a row (along N by 8 columns), and a step whose tile is empty is skipped.
+
+    fp8: ``a_shard`` and ``w`` in ``torch.float8_e4m3fn`` with float32 ``scale_a`` and
+    ``scale_b``, each tensor-wise (one value) or row-wise (``[M/TP]`` for ``a_shard``'s rows,
+    ``[N_local]`` for ``w``'s; ag_rotate_b: ``[N/TP]``); ``out = (scale_a[:, None] * a) @
+    (scale_b[:, None] * w).T + bias`` in bf16 (``bias`` and ``out`` bf16). Row scales are
+    gathered with their rows. ``fast_accum``: CUTLASS's fast-accumulation kernel (see
+    benchmarks/results for its accuracy); K and N multiples of 16; ``w`` K-contiguous.
     """
     op = "all_gather_gemm"
     path = check_path(op, path)
-    dtype = check_types(op, {"a_shard": a_shard, "w": w, "bias": bias, "out": out})
+    prec = check_precision(
+        op, {"a_shard": a_shard, "w": w}, {"bias": bias, "out": out}, scale_a, scale_b, fast_accum
+    )
     check_no_grad(op, {"a_shard": a_shard, "w": w, "bias": bias})
     key = (
         op,
         schedule,
         steps,
-        dtype,
+        prec,
         (
             ("a_shard", a_shard.shape),
             (weight_key(w), w.shape),
@@ -271,9 +288,13 @@ def all_gather_gemm(
     )
 
     def make(comm):
-        return make_spec(op, schedule, comm.tp, comm.rank, steps, a_shard, w, bias=bias, out=out)
+        return make_spec(
+            op, schedule, comm.tp, comm.rank, steps, a_shard, w, bias=bias, out=out,
+            row_scale_a=prec.row_scale_a, row_scale_b=prec.row_scale_b,
+        )  # fmt: skip
 
-    return _run(op, group, key, make, {"a": a_shard, "w": w, "bias": bias}, out)
+    tensors = {"a": a_shard, "w": w, "bias": bias, "scale_a": scale_a, "scale_b": scale_b}
+    return _run(op, group, key, make, tensors, out)
 
 
 def gemm_reduce_scatter(
@@ -288,6 +309,9 @@ def gemm_reduce_scatter(
     out: torch.Tensor | None = None,
     group=None,
     path: str | None = None,
+    scale_a: torch.Tensor | None = None,
+    scale_b: torch.Tensor | None = None,
+    fast_accum: bool = False,
 ) -> torch.Tensor:
     """A GEMM overlapped with the reduce-scatter of its result (row-parallel linear layer).
 
@@ -315,10 +339,15 @@ def gemm_reduce_scatter(
     ``beta``: default 0.0. ``steps``: S = k*TP; None: ``default_steps``. ``group``: a
     ProcessGroup (default: the world group) or a ``distgemm.Communicator``. ``path``: "auto",
     "overlap" or "collective" (torch GEMM + NCCL reduce-scatter), as for ``all_gather_gemm``.
+    fp8: ``a`` and ``w`` in ``torch.float8_e4m3fn`` with float32 ``scale_a`` (one value or
+    ``[M]``, per row of ``a``) and ``scale_b`` (one value or ``[N]``, per row of ``w``): each
+    rank's partial ``(scale_a[:, None] * a) @ (scale_b[:, None] * w).T`` is reduced in bf16;
+    ``bias``, ``c`` and ``out`` bf16; ``fast_accum`` as for ``all_gather_gemm``.
     """
     return _gemm_then_reduce(
-        "gemm_reduce_scatter", schedule, a, w, bias, c, beta, steps, out, group, path
-    )
+        "gemm_reduce_scatter", schedule, a, w, bias, c, beta, steps, out, group, path,
+        (scale_a, scale_b, fast_accum),
+    )  # fmt: skip
 
 
 def gemm_all_reduce(
@@ -332,6 +361,9 @@ def gemm_all_reduce(
     out: torch.Tensor | None = None,
     group=None,
     path: str | None = None,
+    scale_a: torch.Tensor | None = None,
+    scale_b: torch.Tensor | None = None,
+    fast_accum: bool = False,
 ) -> torch.Tensor:
     """A GEMM overlapped with the all-reduce of its result (schedule ``gemm_allreduce``:
     reduce-scatter of tiles along M, then all-gather of the finished tiles, in one plan).
@@ -359,26 +391,32 @@ def gemm_all_reduce(
     workspace, signals each tile to every rank and sums its own tiles over every rank's
     partials (NVLink reads); "auto" takes it up to ``_core.FUSED_MAX_AUTO_TOKENS`` tokens. It
     needs a K-contiguous ``w`` (not a ``.t()`` view) and bf16/fp16; ``path="fused"`` on a call
-    it cannot run is a ValueError with the reason.
+    it cannot run is a ValueError with the reason. fp8 (``scale_a``, ``scale_b``,
+    ``fast_accum``) as for ``gemm_reduce_scatter``; the fused path is bf16/fp16 only.
     """
     return _gemm_then_reduce(
-        "gemm_all_reduce", "gemm_allreduce", a, w, bias, c, beta, steps, out, group, path
-    )
+        "gemm_all_reduce", "gemm_allreduce", a, w, bias, c, beta, steps, out, group, path,
+        (scale_a, scale_b, fast_accum),
+    )  # fmt: skip
 
 
-def _gemm_then_reduce(op, schedule, a, w, bias, c, beta, steps, out, group, path):
+def _gemm_then_reduce(op, schedule, a, w, bias, c, beta, steps, out, group, path, fp8):
     """gemm_reduce_scatter and gemm_all_reduce: the same operands, only the plan differs."""
     path = check_path(op, path)
     beta = float(beta)
     c_used = c if beta != 0.0 else None  # like torch.addmm: beta == 0 never reads c
-    dtype = check_types(op, {"a": a, "w": w, "bias": bias, "c": c_used, "out": out})
-    tensors = {"a": a, "w": w, "bias": bias, "c": c_used}
-    check_no_grad(op, tensors)
+    scale_a, scale_b, fast_accum = fp8
+    prec = check_precision(
+        op, {"a": a, "w": w}, {"bias": bias, "c": c_used, "out": out}, scale_a, scale_b,
+        fast_accum,
+    )  # fmt: skip
+    check_no_grad(op, {"a": a, "w": w, "bias": bias, "c": c_used})
+    tensors = {"a": a, "w": w, "bias": bias, "c": c_used, "scale_a": scale_a, "scale_b": scale_b}
     key = (
         op,
         schedule,
         steps,
-        dtype,
+        prec,
         (
             ("a", a.shape),
             (weight_key(w), w.shape),
@@ -392,7 +430,8 @@ def _gemm_then_reduce(op, schedule, a, w, bias, c, beta, steps, out, group, path
 
     def make(comm):
         return make_spec(
-            op, schedule, comm.tp, comm.rank, steps, a, w, bias=bias, c=c, beta=beta, out=out
-        )
+            op, schedule, comm.tp, comm.rank, steps, a, w, bias=bias, c=c, beta=beta, out=out,
+            row_scale_a=prec.row_scale_a, row_scale_b=prec.row_scale_b,
+        )  # fmt: skip
 
     return _run(op, group, key, make, tensors, out)

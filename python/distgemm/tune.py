@@ -214,11 +214,12 @@ def _time_candidate(case: Case, cand: Candidate, comm, a, w, reference, args):
     from .collective import run_collective
     from .entries import create_entry
     from .launch import launch
+    from .precision import Precision
     from .validation import make_spec
 
     # Each candidate's entry is dropped after its timing: one key serves every tile.
     shapes = (("a", tuple(a.shape)), ("w", tuple(w.shape)))
-    key = (case.op, case.schedule, cand.steps, a.dtype, shapes, 0.0, False, cand.path)
+    key = (case.op, case.schedule, cand.steps, Precision(a.dtype), shapes, 0.0, False, cand.path)
     entry = create_entry(
         comm,
         key,

@@ -198,12 +198,16 @@ def make_spec(
     beta: float = 0.0,
     out=None,
     tile_n: int = 0,
+    row_scale_a: bool = False,
+    row_scale_b: bool = False,
 ) -> Spec:
     """Global problem, steps, GEMM tile and every operand's expected shape for ``op`` with
     ``schedule`` on ``tp`` ranks; ValueError naming the constraint and the values. Shapes only:
     no device, no communicator. ``steps=None``: the active tuning table's S and tile for the
     call's bucket where its entry fits, else the default S. ``tile_n`` (128 or 256) forces the
-    GEMM tile (``python -m distgemm.tune`` measures each); 0: the table's, else per GEMM."""
+    GEMM tile (``python -m distgemm.tune`` measures each); 0: the table's, else per GEMM.
+    ``row_scale_a`` / ``row_scale_b``: fp8 row-wise scales, which the plan moves with their rows
+    (the tuning table, measured in bf16/fp16, is not consulted for fp8 operands)."""
     if not isinstance(schedule, str):
         raise TypeError(
             f"{op}: schedule must be a schedule name (str), got {type(schedule).__name__}"
@@ -229,16 +233,17 @@ def make_spec(
     # steps=None: the tuning table's S and tile for this bucket where it has a fitting entry,
     # else the default S; either way the op entry's one plan build.
     entry = None
-    if steps is None and a.dtype in DTYPES:
+    if steps is None and a.dtype in DTYPES and w.dtype in DTYPES:
         entry = tuning.lookup(op, schedule, tp, DTYPES[a.dtype], n, k, m)
     plan = _table_plan(entry, schedule, tp, m, n, k) if entry is not None else None
     entry = entry if plan is not None else None
+    scales = dict(row_scale_a=row_scale_a, row_scale_b=row_scale_b)
     try:
         if plan is None:
             plan = (
-                _core.default_plan(schedule, tp, m, n, k, 1)
+                _core.default_plan(schedule, tp, m, n, k, 1, **scales)
                 if steps is None
-                else _core.build_plan(schedule, tp, steps, m, n, k, 1)
+                else _core.build_plan(schedule, tp, steps, m, n, k, 1, **scales)
             )
     except ValueError as e:
         raise ValueError(
@@ -254,7 +259,7 @@ def make_spec(
             f"{schedule} on TP={tp} needs w of shape {fmt_shape(local['B'])} "
             f"(nn.Linear layout [N, K], K={ka} per rank)"
         )
-    why = plan.extent_problem(rank)  # every sub-GEMM of this rank
+    why = plan.extent_problem(rank, a.element_size())  # every sub-GEMM of this rank
     if why:
         raise ValueError(
             f"{op}: {why} (a sub-GEMM of {schedule}; global M={m} N={n} K={k}, TP={tp}, S={steps})"
@@ -280,6 +285,12 @@ def make_spec(
                 f"N={n} K={k})"
             )
     b_n_major = n_major_weight(w)
+    if b_n_major and w.element_size() == 1:
+        raise ValueError(
+            f"{op}: w is a transposed view (strides {list(w.stride())}); an fp8 weight must be "
+            "K-contiguous ([N, K], nn.Linear's layout: wgmma reads fp8 operands K-major only): "
+            "pass w.contiguous()"
+        )
     if b_n_major and schedule == "ag_rotate_b":
         raise ValueError(
             f"{op}: w is a transposed view (strides {list(w.stride())}); ag_rotate_b moves the "

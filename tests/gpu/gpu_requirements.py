@@ -90,3 +90,18 @@ def run_worker_json(worker, tp: int, out, *args: str, timeout_s: float = 600):
     data = json.loads(pathlib.Path(out).read_text()) if pathlib.Path(out).exists() else None
     assert data is not None, f"worker wrote no results (rc={rc}):\n{err[-4000:]}"
     return rc, err, data
+
+
+def named(data, prefix: str) -> list:
+    """The worker results whose check name starts with ``prefix``."""
+    return [e for e in data["results"] if e["name"].startswith(prefix)]
+
+
+def assert_every_check_passed(results) -> None:
+    """A run_worker_json result: exit code 0 and no failed check on any rank (the first 20
+    failures and the log's tail in the message)."""
+    rc, err, data = results
+    bad = [e for e in data["results"] if not e["ok"]]
+    assert rc == 0 and data["failed"] == 0 and not bad, (
+        f"rc={rc}, failed checks:\n" + "\n".join(json.dumps(e) for e in bad[:20]) + err[-3000:]
+    )

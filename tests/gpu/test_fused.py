@@ -7,14 +7,18 @@ Decides by the worker's exit code and the results it writes (JSON), never by gre
 Skips, with the reason, without 2 Hopper GPUs or without distgemm's CUDA runtime.
 """
 
-import json
 import os
 import pathlib
 
 import pytest
 
 torch = pytest.importorskip("torch")
-from gpu_requirements import run_worker_json, skip_reason  # noqa: E402
+from gpu_requirements import (  # noqa: E402
+    assert_every_check_passed,
+    named,
+    run_worker_json,
+    skip_reason,
+)
 
 HERE = pathlib.Path(__file__).resolve().parent
 _GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -31,16 +35,8 @@ def results(tmp_path_factory):
     return run_worker_json(HERE / "fused_worker.py", TP, out, "--replays", str(REPLAYS))
 
 
-def named(data, prefix):
-    return [e for e in data["results"] if e["name"].startswith(prefix)]
-
-
 def test_every_check_passed_on_every_rank(results):
-    rc, err, data = results
-    bad = [e for e in data["results"] if not e["ok"]]
-    assert rc == 0 and data["failed"] == 0 and not bad, (
-        f"rc={rc}, failed checks:\n" + "\n".join(json.dumps(e) for e in bad[:20]) + err[-3000:]
-    )
+    assert_every_check_passed(results)
 
 
 def test_every_token_count_and_dtype_matched_torch_on_every_rank(results):

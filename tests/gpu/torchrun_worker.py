@@ -868,6 +868,26 @@ def main():
     finish(args.out)
 
 
+def init_rank(timeout_s: float = 120.0) -> torch.device:
+    """This rank's CUDA device (LOCAL_RANK modulo the visible GPUs) and the process group: NCCL,
+    or gloo where ranks share a GPU (SHARED_GPU)."""
+    local = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+    torch.cuda.set_device(local)
+    dev = torch.device("cuda", local)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if SHARED_GPU:
+        dist.init_process_group("gloo", timeout=timeout)
+    else:
+        dist.init_process_group("nccl", device_id=dev, timeout=timeout)
+    return dev
+
+
+def run_sections(names: str, sections: dict) -> None:
+    """Run the comma-separated sections in order (an unknown name is a failed check)."""
+    for sec in [x for x in names.split(",") if x]:
+        run_section(sec, sections.get(sec, lambda sec=sec: record(f"unknown_section/{sec}", False)))
+
+
 def run_section(name, fn):
     """Run one section; an exception is recorded as its failure and the run goes on."""
     t0 = time.perf_counter()

@@ -139,8 +139,9 @@ void register_gemm(py::module_& m) {
          const std::string& dtype, int tile_n, bool b_n_major, const std::string& config,
          uint64_t scale_a, bool scale_a_rows, uint64_t scale_b, bool scale_b_rows,
          bool fast_accum) {
-        return dense_problem(dense_desc(a, b, d, m_, n, k, dtype, tile_n, b_n_major, config,
-                                        {scale_a, scale_b, scale_a_rows, scale_b_rows, fast_accum}));
+        return dense_problem(
+            dense_desc(a, b, d, m_, n, k, dtype, tile_n, b_n_major, config,
+                       {scale_a, scale_b, scale_a_rows, scale_b_rows, fast_accum}));
       },
       py::arg("a"), py::arg("b"), py::arg("d"), py::arg("m"), py::arg("n"), py::arg("k"),
       py::arg("dtype") = "bf16", py::arg("tile_n") = 0, py::arg("b_n_major") = false, py::kw_only(),

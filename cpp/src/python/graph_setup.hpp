@@ -23,11 +23,12 @@ struct GraphSetup {
   int64_t workspace_bytes = 0;            // bytes addressable from each base; 0: not checked
   double timeout_s = 5.0;                 // bound of every in-kernel wait
   int tile_n = 0;  // GEMM output tile 128 x tile_n: 0 = per GEMM (kernel::choose_config), 128, 256
-  bool b_n_major = false;  // B stored [k, n] (a transposed weight view): device::GraphOptions
+  bool b_n_major = false;   // B stored [k, n] (a transposed weight view): device::GraphOptions
+  bool fast_accum = false;  // fp8 only: device::GraphOptions::fast_accum
 
   GraphSetup(int rank_, int cuda_device_, std::string dtype_, std::vector<uint64_t> bases,
              int64_t workspace_bytes_, double timeout_s_, float alpha_, float beta_, bool bias_,
-             int tile_n_ = 0, bool b_n_major_ = false)
+             int tile_n_ = 0, bool b_n_major_ = false, bool fast_accum_ = false)
       : rank(rank_),
         cuda_device(cuda_device_),
         dtype(std::move(dtype_)),
@@ -38,7 +39,8 @@ struct GraphSetup {
         workspace_bytes(workspace_bytes_),
         timeout_s(timeout_s_),
         tile_n(tile_n_),
-        b_n_major(b_n_major_) {
+        b_n_major(b_n_major_),
+        fast_accum(fast_accum_) {
     if (workspace_bytes < 0)
       throw std::invalid_argument("workspace_bytes=" + std::to_string(workspace_bytes) +
                                   " is negative (0: not checked)");

@@ -195,8 +195,11 @@ class IpcWorkspace {
   std::vector<void*> bases_;  // every rank's base as seen from this device
 };
 
-UserBuffers user_from(uint64_t a, uint64_t b, uint64_t c, uint64_t d, uint64_t bias) {
+UserBuffers user_from(uint64_t a, uint64_t b, uint64_t c, uint64_t d, uint64_t bias,
+                      uint64_t scale_a = 0, uint64_t scale_b = 0) {
   UserBuffers u;
+  u.scale_a = static_cast<const float*>(as_ptr(scale_a));
+  u.scale_b = static_cast<const float*>(as_ptr(scale_b));
   u.a = as_ptr(a);
   u.b = as_ptr(b);
   u.c = as_ptr(c);
@@ -212,7 +215,7 @@ class PyGraph {
   // executable of its own and reports timeouts into the order's shared capture error sink.
   PyGraph(const distgemm::schedule::Plan& plan, const distgemm::python::GraphSetup& setup,
           std::shared_ptr<LaunchOrder> order, uint64_t a, uint64_t b, uint64_t c, uint64_t d,
-          uint64_t bias_ptr, bool capture_only)
+          uint64_t bias_ptr, bool capture_only, uint64_t scale_a, uint64_t scale_b)
       : order_(std::move(order)) {
     if (!order_) throw std::invalid_argument("DeviceGraph needs a LaunchOrder");
     if (order_->device() != setup.cuda_device)
@@ -230,13 +233,14 @@ class PyGraph {
     opt.timeout_s = setup.timeout_s;
     opt.tile_n = setup.tile_n;
     opt.b_n_major = setup.b_n_major;
+    opt.fast_accum = setup.fast_accum;
     // The graph checks the plan's own layout (its partial transport included) against this.
     opt.workspace_bytes = setup.workspace_bytes;
     if (capture_only) {
       opt.instantiate = false;
       opt.errors = order_->capture_errors();
     }
-    const UserBuffers user = user_from(a, b, c, d, bias_ptr);
+    const UserBuffers user = user_from(a, b, c, d, bias_ptr, scale_a, scale_b);
     py::gil_scoped_release nogil;
     graph_ = std::make_unique<DeviceGraph>(plan, setup.rank, setup.cuda_device, dt, epi, bases,
                                            user, opt);
@@ -248,8 +252,9 @@ class PyGraph {
   // model.
   // Returns true when it had to rebuild. Shape errors (std::invalid_argument) propagate as they
   // are.
-  bool update(uint64_t a, uint64_t b, uint64_t c, uint64_t d, uint64_t bias) {
-    const UserBuffers u = user_from(a, b, c, d, bias);
+  bool update(uint64_t a, uint64_t b, uint64_t c, uint64_t d, uint64_t bias, uint64_t scale_a,
+              uint64_t scale_b) {
+    const UserBuffers u = user_from(a, b, c, d, bias, scale_a, scale_b);
     py::gil_scoped_release nogil;
     if (!update_refused_) {
       try {
@@ -285,9 +290,10 @@ class PyGraph {
   }
 
   // Record one launch for these user pointers into the capture in progress on `stream`.
-  void capture(uint64_t stream, uint64_t a, uint64_t b, uint64_t c, uint64_t d, uint64_t bias) {
+  void capture(uint64_t stream, uint64_t a, uint64_t b, uint64_t c, uint64_t d, uint64_t bias,
+               uint64_t scale_a, uint64_t scale_b) {
     cudaStream_t s = reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(stream));
-    const UserBuffers u = user_from(a, b, c, d, bias);
+    const UserBuffers u = user_from(a, b, c, d, bias, scale_a, scale_b);
     py::gil_scoped_release nogil;
     const StreamCapture cap = stream_capture(s);
     if (!cap.active)
@@ -392,22 +398,24 @@ void register_runtime(py::module_& m) {
                       "are integers (tensor.data_ptr(), stream.cuda_stream); 0 means absent.")
       .def(py::init<const distgemm::schedule::Plan&, const distgemm::python::GraphSetup&,
                     std::shared_ptr<LaunchOrder>, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t,
-                    bool>(),
+                    bool, uint64_t, uint64_t>(),
            py::arg("plan"), py::arg("setup"), py::arg("order"), py::arg("a"), py::arg("b"),
            py::arg("c"), py::arg("d"), py::arg("bias_ptr"), py::arg("capture_only") = false,
+           py::arg("scale_a") = 0, py::arg("scale_b") = 0,
            "The graph of `plan` (a _core.Plan, used as built: its partial transport, PDL and "
            "workspace layout) for setup.rank; ValueError when setup.workspace_bytes (if set) is "
            "smaller than the plan's layout. capture_only: no executable of its own, only "
            "capture() (timeouts go to the order's shared capture error sink).")
       .def("update", &PyGraph::update, py::arg("a"), py::arg("b"), py::arg("c"), py::arg("d"),
-           py::arg("bias_ptr"),
+           py::arg("bias_ptr"), py::arg("scale_a") = 0, py::arg("scale_b") = 0,
            "Retarget the graph at new user buffers: a graph-exec update, or a re-instantiation "
            "where the driver refuses the update (returns True then).")
       .def_property_readonly("rebuilds", &PyGraph::rebuilds,
                              "How many retargets needed a re-instantiation.")
       .def("launch", &PyGraph::launch, py::arg("stream"), "Enqueue one launch on `stream`.")
       .def("capture", &PyGraph::capture, py::arg("stream"), py::arg("a"), py::arg("b"),
-           py::arg("c"), py::arg("d"), py::arg("bias_ptr"),
+           py::arg("c"), py::arg("d"), py::arg("bias_ptr"), py::arg("scale_a") = 0,
+           py::arg("scale_b") = 0,
            "Record one launch for these user pointers into the capture in progress on `stream` "
            "(the nodes themselves, not a graph launch).")
       .def("error", &PyGraph::error,

@@ -6,4 +6,5 @@
 // registers as 128x256's 64x256.
 #include "distgemm/kernel/gemm_sm90.cuh"
 
-DISTGEMM_DEFINE_GEMM_ENTRY_POINTS(bf16_m256_n128, sm90::Config<cutlass::bfloat16_t, 256, 128, 1, 2, false, false>)
+DISTGEMM_DEFINE_GEMM_ENTRY_POINTS(bf16_m256_n128,
+                                  sm90::Config<cutlass::bfloat16_t, 256, 128, 1, 2, false, false>)

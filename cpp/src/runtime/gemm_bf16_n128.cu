@@ -3,4 +3,5 @@
 // unit per kernel, so that the build compiles them in parallel.
 #include "distgemm/kernel/gemm_sm90.cuh"
 
-DISTGEMM_DEFINE_GEMM_ENTRY_POINTS(bf16_n128, sm90::Config<cutlass::bfloat16_t, 128, 128, 2, 1, false, false>)
+DISTGEMM_DEFINE_GEMM_ENTRY_POINTS(bf16_n128,
+                                  sm90::Config<cutlass::bfloat16_t, 128, 128, 2, 1, false, false>)

@@ -5,4 +5,5 @@
 // than 128x256: such GEMMs are bound by reading B, and the narrow tile puts twice the CTAs on it.
 #include "distgemm/kernel/gemm_sm90.cuh"
 
-DISTGEMM_DEFINE_GEMM_ENTRY_POINTS(bf16_n128_c11, sm90::Config<cutlass::bfloat16_t, 128, 128, 1, 1, false, false>)
+DISTGEMM_DEFINE_GEMM_ENTRY_POINTS(bf16_n128_c11,
+                                  sm90::Config<cutlass::bfloat16_t, 128, 128, 1, 1, false, false>)

@@ -53,7 +53,8 @@ DeviceGraph::DeviceGraph(const schedule::Plan& plan, int rank, int cuda_device, 
                          const EpilogueArgs& epilogue, const std::vector<void*>& workspace_bases,
                          const UserBuffers& user, const GraphOptions& options)
     : plan_(plan),
-      layout_(plan.layout(kernel::dtype_bytes(dtype))),
+      layout_(plan.layout(schedule::slot_elem_bytes(plan, kernel::dtype_bytes(dtype),
+                                                    kernel::out_dtype_bytes(dtype)))),
       rank_(rank),
       cuda_device_(cuda_device),
       dtype_(dtype),
@@ -144,13 +145,32 @@ void DeviceGraph::destroy_lanes(Lanes& lanes) {
   lanes = Lanes{};
 }
 
+int64_t DeviceGraph::elem_bytes(Buffer b) const {
+  switch (b) {
+    case Buffer::A:
+    case Buffer::B:
+      return kernel::dtype_bytes(dtype_);
+    case Buffer::Slots:
+      return schedule::slot_elem_bytes(plan_, kernel::dtype_bytes(dtype_),
+                                       kernel::out_dtype_bytes(dtype_));
+    case Buffer::ScaleA:
+    case Buffer::ScaleB:
+    case Buffer::ScaleSlots:
+      return schedule::kScaleBytes;
+    default:  // C, D, bias
+      return kernel::out_dtype_bytes(dtype_);
+  }
+}
+
 void* DeviceGraph::resolve(const BufRef& r, const UserBuffers& user, const char* what) const {
-  const int64_t eb = kernel::dtype_bytes(dtype_);
-  if (r.buffer == Buffer::Slots) {
+  const int64_t eb = elem_bytes(r.buffer);
+  if (r.buffer == Buffer::Slots || r.buffer == Buffer::ScaleSlots) {
     if (r.device < 0 || r.device >= plan_.tp)
       throw std::logic_error(std::string("internal: ") + what + " names the slots of device " +
                              std::to_string(r.device));
-    return byte_ptr(bases_[r.device]) + layout_.slots_offset + r.offset * eb;
+    const int64_t region =
+        r.buffer == Buffer::Slots ? layout_.slots_offset : layout_.scale_slots_offset;
+    return byte_ptr(bases_[r.device]) + region + r.offset * eb;
   }
   // The plan never addresses a peer's user tensors (only peers' slots and flags): that is what
   // lets a multi-process runtime exchange only workspace handles.
@@ -175,6 +195,12 @@ void* DeviceGraph::resolve(const BufRef& r, const UserBuffers& user, const char*
       break;
     case Buffer::Bias:
       base = user.bias;
+      break;
+    case Buffer::ScaleA:
+      base = user.scale_a;
+      break;
+    case Buffer::ScaleB:
+      base = user.scale_b;
       break;
     default:
       break;
@@ -204,7 +230,7 @@ kernel::GemmDesc DeviceGraph::gemm_desc(const schedule::GemmOp& op, const UserBu
     // N-contiguous: the sub-GEMM's corner (n0, k0) moves there and the row stride becomes n's.
     const schedule::Extent2 lb = plan_.def.partition.local_b(plan_.problem, plan_.tp);
     const int64_t n0 = op.b.offset / lb.cols, k0 = op.b.offset % lb.cols;
-    g.b = byte_ptr(const_cast<void*>(user.b)) + (k0 * lb.rows + n0) * kernel::dtype_bytes(dtype_);
+    g.b = byte_ptr(const_cast<void*>(user.b)) + (k0 * lb.rows + n0) * elem_bytes(Buffer::B);
     g.ldb = lb.rows;
     g.b_n_major = true;
   }
@@ -222,6 +248,16 @@ kernel::GemmDesc DeviceGraph::gemm_desc(const schedule::GemmOp& op, const UserBu
     g.batch_c = op.user_c.batch_stride;
   }
   if (epi_.bias && op.bias.valid()) g.bias = resolve(op.bias, user, "GEMM bias");
+  if (dtype_ == DType::E4M3) {
+    // Row scales: the plan's refs to this GEMM's rows; tensor-wise: the user's one value.
+    g.scale_a_rows = op.scale_a.valid();
+    g.scale_a = static_cast<const float*>(g.scale_a_rows ? resolve(op.scale_a, user, "GEMM scale_a")
+                                                         : user.scale_a);
+    g.scale_b_rows = op.scale_b.valid();
+    g.scale_b = static_cast<const float*>(g.scale_b_rows ? resolve(op.scale_b, user, "GEMM scale_b")
+                                                         : user.scale_b);
+    g.fast_accum = opt_.fast_accum;
+  }
   g.alpha = epi_.alpha;
   g.beta = epi_.beta;
   g.swizzle = opt_.swizzle;
@@ -264,6 +300,14 @@ void DeviceGraph::validate(const UserBuffers& user) const {
                              "'s memory; plans must push (write to peers), never pull");
     (void)resolve(cp.src, user, "copy source");
     (void)resolve(cp.dst, user, "copy destination");
+    if (cp.scale_src.valid()) {
+      (void)resolve(cp.scale_src, user, "copy scale source");
+      (void)resolve(cp.scale_dst, user, "copy scale destination");
+    }
+    if (elem_bytes(cp.src.buffer) != elem_bytes(cp.dst.buffer))
+      throw std::logic_error(
+          "internal: a copy from " + std::string(schedule::buffer_name(cp.src.buffer)) + " to " +
+          schedule::buffer_name(cp.dst.buffer) + " between elements of different sizes");
     if (static_cast<int>(cp.waits.size()) > kernel::kMaxWaits)
       throw std::logic_error("internal: copy waits on more than kMaxWaits flags");
   }
@@ -271,7 +315,6 @@ void DeviceGraph::validate(const UserBuffers& user) const {
 
 GraphStats DeviceGraph::enqueue(const UserBuffers& user, const Lanes& lanes, bool tag_roles) {
   const auto& prog = plan_.devices[rank_];
-  const int64_t eb = kernel::dtype_bytes(dtype_);
   char* ws = byte_ptr(bases_[rank_]);
   uint32_t* epoch = reinterpret_cast<uint32_t*>(ws + layout_.epoch_offset);
   const uint32_t* flags = reinterpret_cast<const uint32_t*>(ws + layout_.flags_offset);
@@ -393,6 +436,16 @@ GraphStats DeviceGraph::enqueue(const UserBuffers& user, const Lanes& lanes, boo
     }
     char* src = byte_ptr(resolve(cp.src, user, "copy source"));
     char* dst = byte_ptr(resolve(cp.dst, user, "copy destination"));
+    const int64_t eb = elem_bytes(cp.src.buffer);
+    // Row scales move with their rows, before the copy's signals (row scales need L = 1).
+    if (cp.scale_src.valid()) {
+      DISTGEMM_CUDA_CHECK(cudaMemcpyAsync(resolve(cp.scale_dst, user, "copy scale destination"),
+                                          resolve(cp.scale_src, user, "copy scale source"),
+                                          static_cast<size_t>(cp.rows * schedule::kScaleBytes),
+                                          cudaMemcpyDefault, lanes.copy));
+      tag(lanes.copy, role("copy", -1, so.copy));
+      ++st.copy_nodes;
+    }
     // 1-D memcpy nodes wherever the data is contiguous (all current plans): a graph-exec update
     // may retarget only 1-D memcpy nodes, so user-pointer updates stay updates.
     const bool rows_dense = cp.src.ld == cp.cols && cp.dst.ld == cp.cols;

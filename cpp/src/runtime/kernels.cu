@@ -52,7 +52,7 @@ struct Kernels {
 Kernels kernels(DType dtype, int config, bool b_n_major = false) {
   if (dtype == DType::E4M3)
     return config == static_cast<int>(GemmConfig::E4M3x128x256FA) ? DISTGEMM_KERNELS(e4m3_n256_fa)
-                                                                   : DISTGEMM_KERNELS(e4m3_n128);
+                                                                  : DISTGEMM_KERNELS(e4m3_n128);
   const bool bf16 = dtype == DType::BF16;
   if (b_n_major) return bf16 ? DISTGEMM_KERNELS(bf16_n256_bn) : DISTGEMM_KERNELS(fp16_n256_bn);
   switch (static_cast<GemmConfig>(config)) {
@@ -109,14 +109,16 @@ std::string check_operand(const char* name, const void* p, int64_t ld, int64_t b
 std::string scale_problem(const GemmDesc& g) {
   if (g.dtype != DType::E4M3) {
     if (g.scale_a || g.scale_b || g.fast_accum)
-      return std::string("scale_a, scale_b and fast_accum are for fp8 (e4m3) inputs; this GEMM "
-                         "is ") +
+      return std::string(
+                 "scale_a, scale_b and fast_accum are for fp8 (e4m3) inputs; this GEMM "
+                 "is ") +
              dtype_name(g.dtype);
     return "";
   }
   if (!g.scale_a || !g.scale_b)
-    return std::string("an fp8 (e4m3) GEMM needs both scales (one float32 per operand, or one per "
-                       "row): scale_a is ") +
+    return std::string(
+               "an fp8 (e4m3) GEMM needs both scales (one float32 per operand, or one per "
+               "row): scale_a is ") +
            (g.scale_a ? "given" : "null") + ", scale_b is " + (g.scale_b ? "given" : "null");
   for (const float* p : {g.scale_a, g.scale_b})
     if (reinterpret_cast<uintptr_t>(p) % 4 != 0)
@@ -133,9 +135,9 @@ std::string scale_problem(const GemmDesc& g) {
            " with fp8 (e4m3): its kernel follows fast_accum (config e4m3_128x128 or "
            "e4m3_128x256fa); leave tile_n 0";
   if (config_is_e4m3(g.config) && g.config != e4m3_config(g.fast_accum))
-    return std::string("config=") + config_name(g.config) + " and fast_accum=" +
-           (g.fast_accum ? "true" : "false") + " name different fp8 kernels: e4m3_128x256fa is " +
-           "the fast-accumulation one";
+    return std::string("config=") + config_name(g.config) +
+           " and fast_accum=" + (g.fast_accum ? "true" : "false") +
+           " name different fp8 kernels: e4m3_128x256fa is " + "the fast-accumulation one";
   return "";
 }
 
@@ -175,8 +177,11 @@ std::string gemm_config_problem(DType dtype, int config, bool b_n_major) {
   if (config == 0) return "";
   if (!config_shape(config)) return "config=" + s(config) + " is not one of " + config_list();
   if ((dtype == DType::E4M3) != config_is_e4m3(config))
-    return std::string("config=") + config_name(config) + (config_is_e4m3(config) ? " is an fp8 (e4m3) kernel; " : " is a 16-bit kernel; ") +
-           dtype_name(dtype) + (dtype == DType::E4M3 ? " has e4m3_128x128 and e4m3_128x256fa (fast accumulation)" : " has the others");
+    return std::string("config=") + config_name(config) +
+           (config_is_e4m3(config) ? " is an fp8 (e4m3) kernel; " : " is a 16-bit kernel; ") +
+           dtype_name(dtype) +
+           (dtype == DType::E4M3 ? " has e4m3_128x128 and e4m3_128x256fa (fast accumulation)"
+                                 : " has the others");
   if (dtype == DType::E4M3) return "";
   const bool bf16 = dtype == DType::BF16;
   if (config_shape(config)->bf16_only && !bf16)

@@ -90,13 +90,17 @@ namespace distgemm::device {
 using kernel::DType;
 
 // This device's own tensors (local shapes from the Partition, dense row-major per batch).
-// c and bias may be null when the call has beta = 0 / no bias.
+// c and bias may be null when the call has beta = 0 / no bias. fp8 (E4M3) only: the float32
+// scales of A and B, one value each, or one per local row where the plan has row scales
+// (Plan::row_scale_a / row_scale_b).
 struct UserBuffers {
   const void* a = nullptr;
   const void* b = nullptr;
   const void* c = nullptr;
   void* d = nullptr;
   const void* bias = nullptr;
+  const float* scale_a = nullptr;
+  const float* scale_b = nullptr;
 };
 
 struct EpilogueArgs {
@@ -171,6 +175,8 @@ struct GraphOptions {
   // elements through the N-contiguous kernel. Only for plans that read B from the caller's
   // tensor alone (no copy moves B): not ag_rotate_b.
   bool b_n_major = false;
+  // fp8 only: CUTLASS's fast-accumulation kernel for every GEMM (kernel::GemmDesc::fast_accum).
+  bool fast_accum = false;
   // Bytes addressable from each workspace base (the same on every rank). When set, the
   // constructor refuses a plan whose layout needs more: a workspace sized for another plan (e.g.
   // for epilogue partials, while this plan stages them for the copy engine) would otherwise be
@@ -273,6 +279,8 @@ class DeviceGraph {
   void require_executable(const char* what) const;
   // Makes `graph` (the capture behind the current executable) the one topology() reads.
   void keep_graph(cudaGraph_t graph);
+  // Bytes of one element of `b` (the operands, the output, a row scale).
+  int64_t elem_bytes(schedule::Buffer b) const;
   void* resolve(const schedule::BufRef& r, const UserBuffers& user, const char* what) const;
   kernel::GemmDesc gemm_desc(const schedule::GemmOp& op, const UserBuffers& user) const;
   void validate(const UserBuffers& user) const;

@@ -61,7 +61,7 @@ struct GemmDesc {
   const void* user_c = nullptr;  // added with scale beta; null: absent
   int64_t ldc = 0, batch_c = 0;
   const void* bias = nullptr;  // [n], broadcast over rows and batches; null: absent
-  float alpha = 1.0f;  // bf16/fp16 only: fp8 scales through scale_a and scale_b
+  float alpha = 1.0f;          // bf16/fp16 only: fp8 scales through scale_a and scale_b
   float beta = 0.0f;
   // fp8 (E4M3) only, both required: acc[m, n] is multiplied by scale_a and scale_b, fp32 device
   // values, before bias, partial and C are added. Each is one value (tensor-wise), or with

@@ -210,8 +210,8 @@ struct Config {
     typename ScaledAcc::Arguments scaled{alpha, {}, Leaves::bias_arguments(g), {}};
     typename WithPartial::Arguments with_partial{
         scaled, typename Leaves::Partial::Arguments{g.partial != nullptr}, {}};
-    return typename Root::Arguments{Leaves::beta_arguments(g),
-                                    Leaves::user_c_arguments(g, stride), with_partial, {}};
+    return typename Root::Arguments{
+        Leaves::beta_arguments(g), Leaves::user_c_arguments(g, stride), with_partial, {}};
   }
 };
 
@@ -254,8 +254,8 @@ struct Fp8Config {
 
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementOut, LayoutC,
-      kAlignOut, ElementOut, LayoutC, kAlignOut, cutlass::epilogue::TmaWarpSpecializedCooperative,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementOut, LayoutC, kAlignOut,
+      ElementOut, LayoutC, kAlignOut, cutlass::epilogue::TmaWarpSpecializedCooperative,
       Root>::CollectiveOp;
 
   using Schedule =
@@ -276,12 +276,11 @@ struct Fp8Config {
     typename ScaleA::Arguments scale_a{g.scale_a, 1.0f, {g.scale_a_rows, {}, int64_t(0)}};
     typename ScaleB::Arguments scale_b{g.scale_b, 1.0f, {{}, g.scale_b_rows, int64_t(0)}};
     typename ScaledByB::Arguments by_b{scale_b, {}, {}};
-    typename ScaledAcc::Arguments scaled{scale_a, by_b, Leaves::bias_arguments(g),
-                                         {}};
+    typename ScaledAcc::Arguments scaled{scale_a, by_b, Leaves::bias_arguments(g), {}};
     typename WithPartial::Arguments with_partial{
         scaled, typename Leaves::Partial::Arguments{g.partial != nullptr}, {}};
-    return typename Root::Arguments{Leaves::beta_arguments(g),
-                                    Leaves::user_c_arguments(g, stride), with_partial, {}};
+    return typename Root::Arguments{
+        Leaves::beta_arguments(g), Leaves::user_c_arguments(g, stride), with_partial, {}};
   }
 };
 
@@ -368,7 +367,8 @@ struct Runner {
   static Arguments make_arguments(const GemmDesc& g, int sm_count, int max_active_clusters) {
     using E = typename Cfg::ElementAB;
     using Out = typename Cfg::ElementOut;
-    auto root = Cfg::fusion_arguments(g, [](int64_t ld, int64_t batch) { return stride(ld, batch); });
+    auto root =
+        Cfg::fusion_arguments(g, [](int64_t ld, int64_t batch) { return stride(ld, batch); });
 
     cutlass::KernelHardwareInfo hw;
     hw.sm_count = sm_count;
@@ -563,20 +563,20 @@ struct Runner {
 // One kernel's entry points, defined by a translation unit that instantiates Runner<CONFIG>
 // (a Config or Fp8Config). prepare_* returns the kernel's resident CTAs (the persistent grid
 // size), the input of choose_config; workspace_bytes_* what GemmDesc::workspace must hold.
-#define DISTGEMM_DEFINE_GEMM_ENTRY_POINTS(SUFFIX, ...)                                      \
-  namespace distgemm::kernel::detail {                                                      \
-  using Runner_##SUFFIX = sm90::Runner<__VA_ARGS__>;                                        \
-  int64_t workspace_bytes_##SUFFIX(const GemmDesc& g, int device) {                         \
-    return Runner_##SUFFIX::workspace_bytes(g, device);                                     \
-  }                                                                                         \
-  std::string can_implement_##SUFFIX(const GemmDesc& g) {                                   \
-    return Runner_##SUFFIX::can_implement(g);                                               \
-  }                                                                                         \
-  void launch_##SUFFIX(const GemmDesc& g, const WaitSpec& w, int device, cudaStream_t s) {  \
-    Runner_##SUFFIX::launch(g, w, device, s);                                               \
-  }                                                                                         \
-  int prepare_##SUFFIX(int device) {                                                        \
-    const auto d = Runner_##SUFFIX::prepare(device);                                        \
-    return d.max_active_clusters * Runner_##SUFFIX::ClusterM * Runner_##SUFFIX::ClusterN;   \
-  }                                                                                         \
+#define DISTGEMM_DEFINE_GEMM_ENTRY_POINTS(SUFFIX, ...)                                     \
+  namespace distgemm::kernel::detail {                                                     \
+  using Runner_##SUFFIX = sm90::Runner<__VA_ARGS__>;                                       \
+  int64_t workspace_bytes_##SUFFIX(const GemmDesc& g, int device) {                        \
+    return Runner_##SUFFIX::workspace_bytes(g, device);                                    \
+  }                                                                                        \
+  std::string can_implement_##SUFFIX(const GemmDesc& g) {                                  \
+    return Runner_##SUFFIX::can_implement(g);                                              \
+  }                                                                                        \
+  void launch_##SUFFIX(const GemmDesc& g, const WaitSpec& w, int device, cudaStream_t s) { \
+    Runner_##SUFFIX::launch(g, w, device, s);                                              \
+  }                                                                                        \
+  int prepare_##SUFFIX(int device) {                                                       \
+    const auto d = Runner_##SUFFIX::prepare(device);                                       \
+    return d.max_active_clusters * Runner_##SUFFIX::ClusterM * Runner_##SUFFIX::ClusterN;  \
+  }                                                                                        \
   }

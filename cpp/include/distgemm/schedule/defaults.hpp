@@ -58,6 +58,15 @@ inline constexpr int64_t kRsTwoStepsMinTokens = 4096;
 // small part of the mainloop, so S = TP loses little to them and saves a step.
 inline constexpr int64_t kRsTwoStepsMaxKPerRank = 8192;
 
+// The default options of (def, TP, S) with the row scales of `scales` (fp8).
+inline PlanOptions with_scales(const ScheduleDef& def, int tp, int steps,
+                               const PlanOptions& scales) {
+  PlanOptions o = default_plan_options(def, tp, steps);
+  o.row_scale_a = scales.row_scale_a;
+  o.row_scale_b = scales.row_scale_b;
+  return o;
+}
+
 // The plan steps=None takes where it is S = 2*TP: reduce-scatter plans (rs_tile_a, rs_tile_b)
 // with at least kRsTwoStepsMinTokens tokens and at most kRsTwoStepsMaxKPerRank of K per rank
 // (partials staged for the copy engine with a step of slack), where S = 2*TP cuts the split mode
@@ -66,8 +75,10 @@ inline constexpr int64_t kRsTwoStepsMaxKPerRank = 8192;
 // for every problem validate accepts: its tiles are the devices' shards, or for gemm_allreduce a
 // split of any M (empty tiles below TP tokens, which cost nothing; fewer steps are not possible, S
 // is a multiple of TP). Shapes only, so every rank agrees.
+// `scales`: the row scales the plan carries (PlanOptions::row_scale_a / row_scale_b).
 inline std::optional<Plan> two_step_default_plan(const ScheduleDef& def, int tp,
-                                                 const Problem& problem) {
+                                                 const Problem& problem,
+                                                 const PlanOptions& scales = {}) {
   if (def.collective != Collective::ReduceScatter || tp < 2) return std::nullopt;
   const int steps = 2 * tp;
   const int64_t split_extent = def.split == Mode::M ? problem.m : problem.n;
@@ -77,7 +88,7 @@ inline std::optional<Plan> two_step_default_plan(const ScheduleDef& def, int tp,
       (def.split == Mode::N && (split_extent / steps) % kSplitUnitN != 0) ||
       !validate(def, problem, tp, steps).empty())
     return std::nullopt;
-  Plan plan = build_plan(def, problem, tp, steps, default_plan_options(def, tp, steps));
+  Plan plan = build_plan(def, problem, tp, steps, with_scales(def, tp, steps, scales));
   if (!plan_extent_problem(plan, -1).empty()) return std::nullopt;
   return plan;
 }
@@ -89,9 +100,11 @@ inline int default_steps(const ScheduleDef& def, int tp, const Problem& problem)
 
 // The plan of steps=None, built once: the S = 2*TP plan of the rule, else the S = TP plan
 // (build_plan's std::invalid_argument where the problem does not split into TP steps).
-inline Plan default_plan(const ScheduleDef& def, int tp, const Problem& problem) {
-  if (std::optional<Plan> plan = two_step_default_plan(def, tp, problem)) return std::move(*plan);
-  return build_plan(def, problem, tp, tp, default_plan_options(def, tp, tp));
+inline Plan default_plan(const ScheduleDef& def, int tp, const Problem& problem,
+                         const PlanOptions& scales = {}) {
+  if (std::optional<Plan> plan = two_step_default_plan(def, tp, problem, scales))
+    return std::move(*plan);
+  return build_plan(def, problem, tp, tp, with_scales(def, tp, tp, scales));
 }
 
 }  // namespace distgemm::schedule

@@ -241,6 +241,13 @@ struct Plan {
   int64_t extra_bytes(int slot_elem_bytes) const { return layout(slot_elem_bytes).total_bytes; }
 };
 
+// Bytes of one element of a plan's slots: the rotating operand's (all-gather plans) or the
+// output's (the partials of reduce-scatter and all-reduce plans). They differ for fp8 (one-byte
+// operands, bf16 output); every consumer sizes the layout with this.
+inline int slot_elem_bytes(const Plan& p, int operand_bytes, int out_bytes) {
+  return p.slot_operand == Buffer::A || p.slot_operand == Buffer::B ? operand_bytes : out_bytes;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Validation: every constraint in words, with the values.
 
