@@ -37,6 +37,8 @@
 #                    GEMM + all-reduce in graphs of 20 calls: mm, mm + NCCL, mm + one_shot, distgemm)
 #   cpp-tiles        benchmarks/compare_tiles.py (the GEMM's two tiles per shape, one GPU), then the
 #                    C++ sweep at 1024/2048 tokens with --tile-n auto and 256, two rounds each
+#   fp8-sweep        torchrun benchmarks/fp8_sweep.py $FP8_SWEEP_ARGS (70B layers at 8192 tokens: fp8
+#                    distgemm vs bf16 distgemm, NCCL + torch._scaled_mm, torch's fused scaled ops)
 #   fp8-kernel       benchmarks/fp8_kernel_vs_scaled_mm.py ${FP8_ARGS:---tp 2} on GPU 0: the fp8
 #                    kernels vs torch._scaled_mm, bf16 torch.mm and distgemm's bf16 kernel
 #   kernel-vs-cublas benchmarks/kernel_vs_cublas.py ${KERNEL_ARGS:---tp 2 --local-only} on GPU 0: distgemm's
@@ -97,7 +99,10 @@ for p in "$@"; do
     api) part api 300 env OUT="$OUT/api" API_TIMEOUT=240 bash tests/gpu/run_api_checks.sh ;;
     kernel-tests) part kernel-tests ${KERNEL_TESTS_S:-400} python3 -m pytest -q -rs tests/gpu/test_kernel_gemm.py ;;
     fp8-tests) part fp8-tests ${FP8_TESTS_S:-300} python3 -m pytest -q -rs tests/gpu/test_kernel_fp8.py ;;
-    fp8-ops) part fp8-ops ${FP8_OPS_S:-400} python3 -m pytest -q -rs tests/gpu/test_fp8_ops.py ;;
+    fp8-ops) part fp8-ops ${FP8_OPS_S:-400} env DISTGEMM_TEST_RESULTS="$OUT/fp8-ops" \
+                 python3 -m pytest -q -rs tests/gpu/test_fp8_ops.py ;;
+    fp8-sweep) part fp8-sweep ${FP8_SWEEP_S:-400} torchrun --nproc-per-node "$NPROC" benchmarks/fp8_sweep.py \
+                 ${FP8_SWEEP_ARGS:-} --out "$OUT/fp8-sweep" ;;
     shared-api) part shared-api ${SHARED_API_S:-400} env DISTGEMM_ALLOW_SHARED_GPU=1 CUDA_VISIBLE_DEVICES=0 \
                  torchrun --nproc-per-node 2 tests/gpu/torchrun_worker.py --sections correctness,paths \
                  --out "$OUT/shared-api/results.json" ;;
@@ -141,7 +146,7 @@ for p in "$@"; do
               ${KERNEL_ARGS:---tp 2 --local-only} --budget-s $(( ${KERNEL_S:-500} - 40 )) --out "$OUT/kernel-vs-cublas" ;;
     cpp-sweep-quick) part cpp-sweep-quick 200 "$BENCH" --sweep quick --tp "$NPROC" --csv "$OUT/cpp-sweep-quick/cpp-sweep-quick.csv" ;;
     cpp-sweep-full) part cpp-sweep-full 400 "$BENCH" --sweep full --tp "$NPROC" --csv "$OUT/cpp-sweep-full/cpp-sweep-full.csv" ;;
-    *) echo "unknown part '$p' (install, first-run, kernel-tests, fp8-tests, fp8-ops, shared-api, fp8-kernel, timing-study, training, serving, decode, api, cpp-tests, cpp-variants, cpp-tiles, kernel-vs-cublas, timeline, sweep-quick, sweep-full, sweep-fc, cpp-sweep-quick, cpp-sweep-full)"; rc=1 ;;
+    *) echo "unknown part '$p' (install, first-run, kernel-tests, fp8-tests, fp8-ops, shared-api, fp8-sweep, fp8-kernel, timing-study, training, serving, decode, api, cpp-tests, cpp-variants, cpp-tiles, kernel-vs-cublas, timeline, sweep-quick, sweep-full, sweep-fc, cpp-sweep-quick, cpp-sweep-full)"; rc=1 ;;
   esac
   tail -n 25 "$OUT/$p.log" 2>/dev/null | cut -c1-250
 done
