@@ -5,8 +5,8 @@ replays with fresh inputs and scales, and the refusals.
     python3 -m pytest -q -rs tests/gpu/test_fp8_ops.py
 
 TP = every visible GPU when there are 2 or more (DISTGEMM_TEST_TP sets another). With one GPU the
-worker always runs 2 ranks on it through a gloo group (DISTGEMM_ALLOW_SHARED_GPU=1): the plans' copies,
-flags and scale slots run, the collective path (NCCL) does not. Decides by the worker's exit
+worker always runs 2 ranks on it through a gloo group (DISTGEMM_ALLOW_SHARED_GPU=1): the plans'
+copies, flags and scale slots run, the collective path (NCCL) does not. Decides by the worker's exit
 code and the results it writes (JSON). Skips, with the reason, without a Hopper GPU or without
 distgemm's CUDA runtime.
 """
