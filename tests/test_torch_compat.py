@@ -49,13 +49,13 @@ def _plain_all_gather_matmul(A_shard, Bs, gather_dim, group):
     return A, [A @ B for B in Bs]
 
 
-def compat_worker(rank, tp, device="cpu"):
-    """Every ported case: torch_compat's results against torch's reference and a plain
-    all_gather/all_reduce, their strides and shapes, and how many distgemm calls served it."""
+def count_distgemm_calls(device) -> dict[str, int]:
+    """``{"n": calls}``, counting the distgemm ops the drop-ins reach (looked up at call time)
+    from here on; on CPU they reach none, and nothing is wrapped."""
     import distgemm
 
     calls = {"n": 0}
-    if device != "cpu":  # count the distgemm ops torch_compat reaches (looked up at call time)
+    if device != "cpu":
         for name in ("all_gather_gemm", "gemm_reduce_scatter"):
             op = getattr(distgemm, name)
 
@@ -64,6 +64,13 @@ def compat_worker(rank, tp, device="cpu"):
                 return _op(*args, **kwargs)
 
             setattr(distgemm, name, counted)
+    return calls
+
+
+def compat_worker(rank, tp, device="cpu"):
+    """Every ported case: torch_compat's results against torch's reference and a plain
+    all_gather/all_reduce, their strides and shapes, and how many distgemm calls served it."""
+    calls = count_distgemm_calls(device)
     group = dist.group.WORLD
     name = group.group_name
     results = {}
@@ -178,18 +185,15 @@ def _fake(shape, dtype=torch.bfloat16, is_cuda=True):
     ],
 )
 def test_fallback_reason(tensors, tp, extents, divisible, reason):
-    got = torch_compat.fallback_reason(tensors, tp, extents, divisible)
+    assert_reason(torch_compat.fallback_reason(tensors, tp, extents, divisible), reason)
+
+
+def assert_reason(got: str | None, reason: str | None) -> None:
+    """``got`` is None where ``reason`` is, else a fallback reason matching ``reason``."""
     if reason is None:
         assert got is None
     else:
         assert got is not None and re.search(reason, got), got
-
-
-@pytest.fixture
-def group_name():
-    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
-    yield dist.group.WORLD.group_name
-    dist.destroy_process_group()
 
 
 def test_errors_name_the_values(group_name):
@@ -223,7 +227,9 @@ def test_opcheck_and_fake_strides(group_name, dim):
         assert set(result.values()) == {"SUCCESS"}, result
 
 
-def test_compiled_call_is_one_node(group_name):
+def compiled_distgemm_ops(f, args) -> list[str]:
+    """The distgemm ops in the one graph ``torch.compile(f, fullgraph=True)`` makes of ``f``,
+    after checking that it computes what ``f`` computes."""
     from torch._dynamo.backends.common import aot_autograd
 
     graphs = []
@@ -232,19 +238,22 @@ def test_compiled_call_is_one_node(group_name):
         graphs.append([str(n.target) for n in gm.graph.nodes if n.op == "call_function"])
         return gm.forward
 
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend=aot_autograd(fw_compiler=record))
+    torch.testing.assert_close(compiled(*args), f(*args), rtol=0, atol=0)
+    assert len(graphs) == 1
+    return [t for t in graphs[0] if t.startswith("distgemm.")]
+
+
+def test_compiled_call_is_one_node(group_name):
     def f(A, B0, B1):
         A_full, (y0, y1) = torch_compat.fused_all_gather_matmul(A, [B0, B1], 1, group_name)
         return torch_compat.fused_matmul_reduce_scatter(A_full, B0, "sum", 0, group_name) + y0
 
-    torch._dynamo.reset()
     g = torch.Generator().manual_seed(6)
     args = (torch.rand(4, 8, 16, generator=g), torch.rand(16, 8, generator=g))
     args = (*args, torch.rand(16, 24, generator=g))
-    compiled = torch.compile(f, fullgraph=True, backend=aot_autograd(fw_compiler=record))
-    torch.testing.assert_close(compiled(*args), f(*args), rtol=0, atol=0)
-    assert len(graphs) == 1
-    ops = [t for t in graphs[0] if t.startswith("distgemm.")]
-    assert ops == [
+    assert compiled_distgemm_ops(f, args) == [
         "distgemm.fused_all_gather_matmul.default",
         "distgemm.fused_matmul_reduce_scatter.default",
-    ], graphs[0]
+    ]

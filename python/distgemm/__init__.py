@@ -3,8 +3,9 @@
 One Plan per distributed GEMM, three consumers: the simulator (``distgemm.simulate``), the CPU
 reference executor (``distgemm.reference``) and the CUDA graph runtime. The torch-facing ops
 (``all_gather_gemm``, ``gemm_reduce_scatter``, ``gemm_all_reduce``), ``Communicator``, the
-training layers (``distgemm.nn``) and the drop-ins for torch's fused ops (``distgemm.torch_compat``)
-are imported on first use, so that the planning tools work without importing torch.
+training layers (``distgemm.nn``) and the drop-ins for torch's fused ops (``distgemm.torch_compat``,
+fp8: ``distgemm.torch_compat_fp8``) are imported on first use, so that the planning tools work
+without importing torch.
 """
 
 from .check import Violation, check_plan
@@ -60,7 +61,12 @@ _LAZY = {
     "ColumnParallelLinear": "nn",
     "RowParallelLinear": "nn",
 }
-_SUBMODULES = ("nn", "custom_ops", "torch_compat")  # torch-facing, imported on first use
+_SUBMODULES = (
+    "nn",
+    "custom_ops",
+    "torch_compat",
+    "torch_compat_fp8",
+)  # torch-facing, imported on first use
 
 
 def __getattr__(name):

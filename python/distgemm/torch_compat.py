@@ -21,9 +21,11 @@ from __future__ import annotations
 import torch
 
 from .custom_ops import DISTGEMM_DTYPES, all_gather_into, group_of, reduce_scatter_into
+from .scales import FP8_DTYPE
 
 REDUCE_OPS = ("sum", "avg")
 ALIGN_ELEMENTS = 8  # distgemm's contiguous GEMM extents are multiples of 8 elements
+FP8_ALIGN_ELEMENTS = 16  # and of 16 for fp8 (16 bytes either way)
 
 
 def _weight(B: torch.Tensor) -> torch.Tensor:
@@ -33,22 +35,32 @@ def _weight(B: torch.Tensor) -> torch.Tensor:
 
 
 def fallback_reason(
-    tensors, tp: int, extents: dict[str, int], divisible: dict[str, tuple[int, int]] | None = None
+    tensors,
+    tp: int,
+    extents: dict[str, int],
+    divisible: dict[str, tuple[int, int]] | None = None,
+    *,
+    fp8: bool = False,
 ) -> str | None:
     """Why distgemm cannot serve this call, None when it can: CPU tensors, a dtype it lacks, a
-    GEMM extent that is not a multiple of 8 elements (``extents``: name -> value), or a split
-    mode its pipeline steps do not divide (``divisible``: name -> (value, divisor)), or a group
-    of one rank."""
+    GEMM extent that is not a multiple of 8 elements (16 with ``fp8``; ``extents``: name ->
+    value), or a split mode its pipeline steps do not divide (``divisible``: name -> (value,
+    divisor)), or a group of one rank. ``fp8``: the operands of a scaled GEMM
+    (``torch_compat_fp8``), which distgemm takes in float8_e4m3fn."""
     if not all(t.is_cuda for t in tensors):
         return "CPU tensors: distgemm runs on CUDA GPUs only"
     if tp < 2:
         return f"tp={tp}: one rank has nothing to gather or scatter"
     dtypes = {t.dtype for t in tensors}
-    if len(dtypes) != 1 or not dtypes <= set(DISTGEMM_DTYPES):
-        return f"dtypes {sorted(map(str, dtypes))}: distgemm takes one dtype, bf16 or fp16"
+    accepted, align = (
+        ((FP8_DTYPE,), FP8_ALIGN_ELEMENTS) if fp8 else (DISTGEMM_DTYPES, ALIGN_ELEMENTS)
+    )
+    if len(dtypes) != 1 or not dtypes <= set(accepted):
+        what = "float8_e4m3fn" if fp8 else "bf16 or fp16"
+        return f"dtypes {sorted(map(str, dtypes))}: distgemm takes one dtype, {what}"
     for name, value in extents.items():
-        if value % ALIGN_ELEMENTS:
-            return f"{name}={value} is not a multiple of {ALIGN_ELEMENTS}"
+        if value % align:
+            return f"{name}={value} is not a multiple of {align}"
     for name, (value, divisor) in (divisible or {}).items():
         if value % divisor:
             return f"{name}={value} is not divisible by {divisor} (the most pipeline steps)"
