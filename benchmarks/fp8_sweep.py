@@ -141,7 +141,7 @@ class Fp8Layer:
             ta, tb = torch_scales(self.sa, self.sw, self.qa.shape[0], self.qw.shape[0])
             return torch.ops.symm_mem.fused_all_gather_scaled_matmul(
                 self.qa, [self.qw.t()], ta, [tb], 0, group_name, [None], [None],
-                [torch.bfloat16], self.fast,
+                [torch.bfloat16], [self.fast],
             )[1][0]  # fmt: skip
         ta, tb = torch_scales(self.sa, self.sw, self.qa.shape[0], self.qw.shape[0])
         return torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter(
