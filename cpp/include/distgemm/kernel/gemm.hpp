@@ -12,7 +12,14 @@
 // D, partial, user_c and bias bf16, and the products scaled in the epilogue (GemmDesc::scale_a).
 #pragma once
 
+// The host-only core (the bindings' pure rules) includes this header on machines without the CUDA
+// toolkit: there the stream handle is declared as the runtime declares it.
+#if __has_include(<cuda_runtime_api.h>)
 #include <cuda_runtime_api.h>
+#else
+struct CUstream_st;
+typedef struct CUstream_st* cudaStream_t;
+#endif
 
 #include <cstdint>
 #include <stdexcept>
