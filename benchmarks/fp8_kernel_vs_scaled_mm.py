@@ -53,13 +53,13 @@ from benchmarks.kernel_shapes import TP_CHOICES, kernel_shapes
 from benchmarks.kernel_vs_cublas import _csv_list, _graphed, calls_per_replay
 from benchmarks.llama_cases import LAYERS, MODELS
 from distgemm import _core
+from distgemm.scales import dequantize, quantize, scaled_mm_scales
 
 VARIANTS = ("torch_bf16", "ours_bf16", "scaled_mm", "scaled_mm_fast", "ours_fp8", "ours_fp8_fast")
 FP8_VARIANTS = ("scaled_mm", "scaled_mm_fast", "ours_fp8", "ours_fp8_fast")
 # Dense peaks of an H200 (SXM) at its boost clock, TF/s: bf16 and fp8.
 PEAK_TFLOPS = {"bf16": 989.0, "fp8": 1979.0}
 ERR_TOL = 1e-2
-E4M3_MAX = 448.0
 DEFAULT_TOKENS = (4096, 8192)
 SHAPE_S = 6 * REWARM_S + 7 * TIMED_S + WARMUP_S + 1.0  # per shape, set-up included
 
@@ -88,15 +88,6 @@ def select(args: argparse.Namespace):
     return [s for s in shapes if s.k % 16 == 0 and s.n % 16 == 0]
 
 
-def quantize(torch, x, rowwise: bool):
-    """(e4m3 values, float32 scales [rows] or [1]) with x ~ q * scale, each row's (or the
-    tensor's) largest magnitude at e4m3's largest finite value."""
-    amax = x.abs().float().amax(dim=1) if rowwise else x.abs().float().amax().reshape(1)
-    scale = (amax / E4M3_MAX).clamp_min(1e-12)
-    q = (x.float() / (scale[:, None] if rowwise else scale)).to(torch.float8_e4m3fn)
-    return q, scale.contiguous()
-
-
 def floor_ms(flops: float, dtype: str) -> float:
     return flops / (PEAK_TFLOPS[dtype] * 1e12) * 1e3
 
@@ -111,13 +102,10 @@ def measure(ctx: SingleGpuContext, shape, index: int, rowwise: bool, seed: int) 
     a *= torch.empty((m, 1), device=ctx.dev).uniform_(0.1, 4, generator=gen)
     w = torch.empty((n, k), device=ctx.dev).uniform_(-1, 1, generator=gen) / math.sqrt(k)
     a16, w16 = a.bfloat16(), w.bfloat16()
-    qa, sa = quantize(torch, a, rowwise)
-    qb, sb = quantize(torch, w, rowwise)
+    qa, sa = quantize(a, rowwise)
+    qb, sb = quantize(w, rowwise)
     del a, w
-    if rowwise:
-        ta, tb = sa.reshape(-1, 1), sb.reshape(1, -1)
-    else:
-        ta, tb = sa.reshape(()), sb.reshape(())
+    ta, tb = scaled_mm_scales(sa, sb, m, n)
     outs = {v: torch.empty((m, n), device=ctx.dev, dtype=torch.bfloat16) for v in VARIANTS}
     stream = lambda: torch.cuda.current_stream().cuda_stream  # noqa: E731
 
@@ -168,9 +156,7 @@ def measure(ctx: SingleGpuContext, shape, index: int, rowwise: bool, seed: int) 
     for fn in fns.values():
         fn()
     torch.cuda.synchronize()
-    ref = (qa.float() * (sa[:, None] if rowwise else sa)) @ (
-        qb.float() * (sb[:, None] if rowwise else sb)
-    ).t()
+    ref = dequantize(qa, sa) @ dequantize(qb, sb).t()
     for v in FP8_VARIANTS:
         x = outs[v].float()
         rec["err"][v] = float((x - ref).norm() / ref.norm()) if x.isfinite().all() else math.nan

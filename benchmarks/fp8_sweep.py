@@ -54,29 +54,10 @@ from benchmarks.gpu_timing import (
     try_symm_mem,
 )
 from benchmarks.llama_cases import LAYERS, MODELS, Case, global_gemm, make_cases, shapes
+from distgemm.scales import dequantize, quantize, scaled_mm_scales
 
 VARIANTS = ("floor_fp8", "base_fp8", "symm_fp8", "dg_fp8", "dg_bf16")
-E4M3_MAX = 448.0
 FP8_PEAK_TFLOPS = 1979.0  # H200 dense fp8 at its boost clock
-
-
-def quantize(torch, x, rowwise: bool):
-    """(e4m3 values, float32 scales [rows] or [1]) of x, each row's (the tensor's) largest
-    magnitude at e4m3's largest finite value."""
-    x = x.float()
-    amax = x.abs().amax(dim=1) if rowwise else x.abs().amax().reshape(1)
-    scale = (amax / E4M3_MAX).clamp_min(1e-12)
-    q = (x / (scale[:, None] if rowwise else scale)).to(torch.float8_e4m3fn)
-    return q, scale.contiguous()
-
-
-def torch_scales(sa, sb, m: int, n: int):
-    """torch._scaled_mm's forms of distgemm's scales: ([m, 1], [1, n]) where either is
-    row-wise (torch takes both or neither per row), else two scalars."""
-    if sa.numel() > 1 or sb.numel() > 1:
-        return (sa.reshape(-1, 1).expand(m, 1).contiguous(),
-                sb.reshape(1, -1).expand(1, n).contiguous())  # fmt: skip
-    return sa.reshape(()), sb.reshape(())
 
 
 class Fp8Layer:
@@ -86,8 +67,8 @@ class Fp8Layer:
         torch = ctx.torch
         self.ctx, self.case, self.fast = ctx, case, fast
         self.lo = lo = layer_operands(torch, ctx.dev, case, 1234 + 7919 * ctx.rank + case.tokens)
-        self.qa, self.sa = quantize(torch, lo.a, rowwise)
-        self.qw, self.sw = quantize(torch, lo.w, rowwise)
+        self.qa, self.sa = quantize(lo.a, rowwise)
+        self.qw, self.sw = quantize(lo.w, rowwise)
         s = shapes(case)
         self.out = torch.empty(s["out"], device=ctx.dev, dtype=torch.bfloat16)
         if lo.ag:
@@ -100,8 +81,7 @@ class Fp8Layer:
         """fp32 of the dequantized operands through NCCL: the all-gathered A @ W^T, or the
         reduce-scatter of the partial A @ W^T."""
         torch, dist = self.ctx.torch, self.ctx.dist
-        a = self.qa.float() * (self.sa[:, None] if self.sa.numel() > 1 else self.sa)
-        w = self.qw.float() * (self.sw[:, None] if self.sw.numel() > 1 else self.sw)
+        a, w = dequantize(self.qa, self.sa), dequantize(self.qw, self.sw)
         if self.lo.ag:
             full = torch.empty((a.shape[0] * self.ctx.tp, a.shape[1]), device=a.device)
             dist.all_gather_into_tensor(full, a)
@@ -123,7 +103,7 @@ class Fp8Layer:
             x = self.gathered
         else:
             x, sa = self.qa, self.sa
-        ta, tb = torch_scales(sa, self.sw, x.shape[0], self.qw.shape[0])
+        ta, tb = scaled_mm_scales(sa, self.sw, x.shape[0], self.qw.shape[0])
         y = torch._scaled_mm(
             x, self.qw.t(), scale_a=ta, scale_b=tb, out_dtype=torch.bfloat16,
             use_fast_accum=self.fast,
@@ -138,12 +118,12 @@ class Fp8Layer:
         """torch's fused scaled ops (symmetric memory)."""
         torch = self.ctx.torch
         if self.lo.ag:
-            ta, tb = torch_scales(self.sa, self.sw, self.qa.shape[0], self.qw.shape[0])
+            ta, tb = scaled_mm_scales(self.sa, self.sw, self.qa.shape[0], self.qw.shape[0])
             return torch.ops.symm_mem.fused_all_gather_scaled_matmul(
                 self.qa, [self.qw.t()], ta, [tb], 0, group_name, [None], [None],
                 [torch.bfloat16], [self.fast],
             )[1][0]  # fmt: skip
-        ta, tb = torch_scales(self.sa, self.sw, self.qa.shape[0], self.qw.shape[0])
+        ta, tb = scaled_mm_scales(self.sa, self.sw, self.qa.shape[0], self.qw.shape[0])
         return torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter(
             self.qa, self.qw.t(), ta, tb, "sum", 0, 0, group_name,
             [self.qa.shape[0], self.qw.shape[0]], None, None, torch.bfloat16, self.fast,

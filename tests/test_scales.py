@@ -177,3 +177,25 @@ def test_a_scale_of_another_shape_names_it_and_the_accepted_ones(which, shape):
         f"all_gather_gemm: {which} has shape {seen}; accepted: tensor-wise [], [1] or [1, 1], "
         f"or row-wise [{rows}] or [{rows}, 1] (one float per row of {operand}, {rows} rows here)"
     )
+
+
+def test_quantize_round_trips_within_e4m3_precision_and_scaled_mm_scales_broadcast():
+    from distgemm.scales import E4M3_MAX, dequantize, quantize, scaled_mm_scales
+
+    x = (
+        torch.randn(16, 32, generator=torch.Generator().manual_seed(3))
+        * torch.arange(1, 17)[:, None]
+    )
+    for rowwise in (True, False):
+        q, s = quantize(x, rowwise)
+        assert q.dtype == torch.float8_e4m3fn and s.dtype == torch.float32
+        assert s.shape == ((16,) if rowwise else (1,))
+        assert float(q.float().abs().max()) <= E4M3_MAX
+        # e4m3 keeps 3 mantissa bits: each element within 2^-4 of itself (+ the subnormal step)
+        err = (dequantize(q, s) - x).abs() - (x.abs() * 2**-4 + s.max() * 2**-9)
+        assert float(err.max()) <= 0
+    row, one = torch.rand(16), torch.rand(1)
+    sx, sy = scaled_mm_scales(row, one, 16, 8)
+    assert sx.shape == (16, 1) and sy.shape == (1, 8) and torch.equal(sy[0], one.expand(8))
+    sx, sy = scaled_mm_scales(one, one, 16, 8)
+    assert sx.shape == () and sy.shape == ()

@@ -15,6 +15,7 @@ from torch.distributed.distributed_c10d import (
 
 from .entries import Entry
 from .launch import stream_ptr, user_ptrs
+from .scales import scaled_mm_scales
 
 if TYPE_CHECKING:
     from .comm import Communicator
@@ -122,14 +123,9 @@ def _finish_epilogue(out, c, bias, beta: float) -> torch.Tensor:
 
 def scaled_mm(x, x_scale, y, y_scale, fast_accum: bool, out=None) -> torch.Tensor:
     """bf16 ``(x_scale * x) @ (y_scale * y).T`` of fp8 ``x`` [m, k] and ``y`` [n, k] through
-    torch._scaled_mm, each float32 scale one value or one per row of its operand. torch takes
-    row-wise scales for both operands or for neither, so a tensor-wise one beside a row-wise one
-    is broadcast to every row."""
-    if x_scale.numel() > 1 or y_scale.numel() > 1:
-        sx = x_scale.reshape(-1, 1).expand(x.shape[0], 1).contiguous()
-        sy = y_scale.reshape(1, -1).expand(1, y.shape[0]).contiguous()
-    else:
-        sx, sy = x_scale.reshape(()), y_scale.reshape(())
+    torch._scaled_mm, each float32 scale one value or one per row of its operand
+    (``scales.scaled_mm_scales``)."""
+    sx, sy = scaled_mm_scales(x_scale, y_scale, x.shape[0], y.shape[0])
     res = torch._scaled_mm(
         x, y.t(), scale_a=sx, scale_b=sy, out_dtype=torch.bfloat16, use_fast_accum=fast_accum
     )

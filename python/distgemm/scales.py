@@ -16,7 +16,15 @@ import torch
 
 from .validation import fmt_shape
 
-__all__ = ["FP8_DTYPE", "ScaleKind", "check_scales"]
+__all__ = [
+    "FP8_DTYPE",
+    "E4M3_MAX",
+    "ScaleKind",
+    "check_scales",
+    "quantize",
+    "dequantize",
+    "scaled_mm_scales",
+]
 
 # The one FP8 format distgemm multiplies.
 FP8_DTYPE = torch.float8_e4m3fn
@@ -116,3 +124,33 @@ def check_scales(
         a=_kind(op, "scale_a", scale_a, a, a_rows, "a"),
         b=_kind(op, "scale_b", scale_b, w, w_rows, "w"),
     )
+
+
+# The largest finite e4m3 value: quantize maps each row's (the tensor's) largest magnitude there.
+E4M3_MAX = 448.0
+
+
+def quantize(x: torch.Tensor, rowwise: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 values, float32 scales) with ``x ~ q * scale``: one scale per row (``[rows]``) or
+    one for the tensor (``[1]``), each putting the largest magnitude at E4M3_MAX."""
+    x = x.float()
+    amax = x.abs().amax(dim=1) if rowwise else x.abs().amax().reshape(1)
+    scale = (amax / E4M3_MAX).clamp_min(1e-12)
+    return (x / (scale[:, None] if rowwise else scale)).to(FP8_DTYPE), scale.contiguous()
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """float32 ``scale * q`` for a tensor-wise ([1]) or row-wise ([rows]) scale."""
+    return q.float() * (scale[:, None] if scale.numel() > 1 else scale)
+
+
+def scaled_mm_scales(x_scale, y_scale, x_rows: int, y_rows: int):
+    """torch._scaled_mm's forms of two distgemm scales: ([x_rows, 1], [1, y_rows]) where either
+    is row-wise (torch takes row-wise scales for both operands or for neither, so a tensor-wise
+    one is broadcast to every row), else two 0-d scalars."""
+    if x_scale.numel() > 1 or y_scale.numel() > 1:
+        return (
+            x_scale.reshape(-1, 1).expand(x_rows, 1).contiguous(),
+            y_scale.reshape(1, -1).expand(1, y_rows).contiguous(),
+        )
+    return x_scale.reshape(()), y_scale.reshape(())

@@ -45,10 +45,10 @@ from torchrun_worker import (
 )
 
 import distgemm
+from distgemm.scales import dequantize, quantize
 
 TOL = 1e-2
 E4M3 = torch.float8_e4m3fn
-E4M3_MAX = 448.0
 KINDS = [("row", "row"), ("tensor", "tensor"), ("row", "tensor"), ("tensor", "row")]
 OPS = {
     "ag_rotate_a": "all_gather_gemm",
@@ -57,19 +57,6 @@ OPS = {
     "rs_tile_b": "gemm_reduce_scatter",
     "gemm_allreduce": "gemm_all_reduce",
 }
-
-
-def quantize(x, kind):
-    """(e4m3 values, float32 scales) of x: one scale per row ([rows]) or one ([1])."""
-    if kind == "row":
-        scale = (x.abs().amax(dim=1) / E4M3_MAX).clamp_min(1e-12)
-        return (x / scale[:, None]).to(E4M3), scale.contiguous()
-    scale = (x.abs().amax() / E4M3_MAX).clamp_min(1e-12).reshape(1)
-    return (x / scale).to(E4M3), scale
-
-
-def dequantize(q, scale):
-    return q.float() * (scale[:, None] if scale.numel() > 1 else scale)
 
 
 def local_shapes(schedule, tp):
@@ -92,8 +79,8 @@ def inputs(schedule, kinds, dev, seed, tp):
     g = torch.Generator(device="cpu").manual_seed(seed * 1000 + rank())
     a = (torch.rand(rows_a, k, generator=g) * 2 - 1) * (torch.rand(rows_a, 1, generator=g) * 4)
     w = (torch.rand(rows_w, k, generator=g) * 2 - 1) / k**0.5
-    qa, sa = quantize(a.to(dev), kinds[0])
-    qw, sw = quantize(w.to(dev), kinds[1])
+    qa, sa = quantize(a.to(dev), kinds[0] == "row")
+    qw, sw = quantize(w.to(dev), kinds[1] == "row")
     gb = torch.Generator(device="cpu").manual_seed(seed)  # bias and c: the same on every rank
     bias = ((torch.rand(out_shape[1], generator=gb) * 2 - 1) / 4).to(torch.bfloat16).to(dev)
     c = None

@@ -19,27 +19,16 @@ torch = pytest.importorskip("torch")
 from gpu_requirements import skip_reason  # noqa: E402
 
 from distgemm import _core  # noqa: E402
+from distgemm.scales import dequantize, quantize, scaled_mm_scales  # noqa: E402
 
 _SKIP = skip_reason(1)
 pytestmark = pytest.mark.skipif(_SKIP is not None, reason=str(_SKIP))
 TOL = 1e-2
 E4M3 = torch.float8_e4m3fn
-E4M3_MAX = 448.0
-
-
-def quantize(x, rowwise):
-    """(fp8 values, float32 scales) with x ~ q * scale: one scale per row ([rows]) or one
-    for the tensor ([1]), each mapping the row's (tensor's) largest magnitude to e4m3's max."""
-    amax = x.abs().float().amax(dim=1) if rowwise else x.abs().float().amax().reshape(1)
-    scale = (amax / E4M3_MAX).clamp_min(1e-12)
-    q = (x.float() / (scale[:, None] if rowwise else scale)).to(E4M3)
-    return q, scale.contiguous()
 
 
 def dequantized_mm(qa, sa, qb, sb):
-    a = qa.float() * (sa[:, None] if sa.numel() > 1 else sa)
-    b = qb.float() * (sb[:, None] if sb.numel() > 1 else sb)
-    return a @ b.t()
+    return dequantize(qa, sa) @ dequantize(qb, sb).t()
 
 
 def rel_err(x, ref):
@@ -68,13 +57,7 @@ def fp8_gemm(qa, sa, qb, sb, d, m, n, k, fast_accum=False, **kw):
 
 def scaled_mm(qa, sa, qb, sb, fast_accum):
     """torch's scaled GEMM of the same inputs (row-wise scales as [m, 1] and [1, n])."""
-    row = sa.numel() > 1 or sb.numel() > 1
-    if row:  # torch takes row-wise scales for both operands or for neither
-        sa = sa.expand(qa.shape[0]) if sa.numel() == 1 else sa
-        sb = sb.expand(qb.shape[0]) if sb.numel() == 1 else sb
-        sa, sb = sa.reshape(-1, 1).contiguous(), sb.reshape(1, -1).contiguous()
-    else:
-        sa, sb = sa.reshape(()), sb.reshape(())
+    sa, sb = scaled_mm_scales(sa, sb, qa.shape[0], qb.shape[0])
     return torch._scaled_mm(
         qa, qb.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, use_fast_accum=fast_accum
     )
