@@ -4,7 +4,7 @@
 # setmaxnreg need the arch-specific target; five kernel instantiations per dtype (output tile
 # 128x256 and 128x128 with a K-contiguous B, 128x256 with an N-contiguous B, and the fused
 # GEMM + all-reduce with token tiles 64 and 256) and three more for bf16 (128x128 with cluster
-# 1x1, 256x128 with cluster 1x2, 128x256 with the stream-K scheduler), and two fp8 (e4m3 in, bf16
+# 1x1, 256x192 with cluster 1x2, 128x256 with the stream-K scheduler), and two fp8 (e4m3 in, bf16
 # out: 128x128 promoting its accumulator, 128x256 with fast accumulation), one translation unit
 # each, keep the build short (CI compiles this on 2 cores).
 enable_language(CUDA)
@@ -21,7 +21,7 @@ add_library(distgemm_runtime SHARED
   cpp/src/runtime/gemm_bf16_n256_bn.cu
   cpp/src/runtime/gemm_fp16_n256_bn.cu
   cpp/src/runtime/gemm_bf16_n128_c11.cu
-  cpp/src/runtime/gemm_bf16_m256_n128.cu
+  cpp/src/runtime/gemm_bf16_m256_n192.cu
   cpp/src/runtime/gemm_bf16_n256_sk.cu
   cpp/src/runtime/gemm_e4m3_n128.cu
   cpp/src/runtime/gemm_e4m3_n256_fa.cu

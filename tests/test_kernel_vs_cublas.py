@@ -73,11 +73,11 @@ def test_shape_filters_refuse_unknown_values():
         bench.parse_args(["--limit", "0"])
     with pytest.raises(SystemExit):
         bench.parse_args(["--configs", "64x64"])
-    assert bench.parse_args(["--configs", "256x128"]).configs == ["256x128"]
+    assert bench.parse_args(["--configs", "256x192"]).configs == ["256x192"]
     assert bench.parse_args([]).configs == list(rep.CONFIGS)
 
 
-N256, N128, C1, M256, SK = "128x256", "128x128", "128x128c1", "256x128", "128x256sk"
+N256, N128, C1, M256, SK = "128x256", "128x128", "128x128c1", "256x192", "128x256sk"
 
 
 def _rec(m=4096, n=8192, k=8192, local=True, torch_ms=1.0, n128=1.2, n256=1.004, model=N256,
@@ -202,7 +202,7 @@ def test_replot_reads_runs_stored_with_two_tiles(tmp_path, capsys):
     assert "picked the fastest config on 0 of 1" in capsys.readouterr().out
     rows = list(csv.DictReader((tmp_path / "re" / "2026-11-22-kernel-vs-cublas-old.csv").open()))
     assert (rows[0]["model_config"], rows[0]["fastest_config"]) == (N256, N128)
-    assert (rows[0]["ms_128x256"], rows[0]["ms_128x128"], rows[0]["ms_256x128"]) == (
+    assert (rows[0]["ms_128x256"], rows[0]["ms_128x128"], rows[0]["ms_256x192"]) == (
         "1.1000", "0.9000", "")  # fmt: skip
     assert rows[0]["ratio"] == "1.1000" and rows[0]["err_128x128"] == "0.003"
 
@@ -276,7 +276,7 @@ def test_gemm_binding_refuses_bad_shapes_before_the_device():
 
 
 @needs_runtime
-@pytest.mark.parametrize("config", ["128x128c1", "256x128"])
+@pytest.mark.parametrize("config", ["128x128c1", "256x192"])
 def test_gemm_binding_refuses_bf16_only_configs_for_fp16_and_n_major_b(config):
     base = 1 << 20
     why = _core.gemm_problem(base, base, base, 256, 128, 64, "fp16", config=config)

@@ -79,7 +79,7 @@ def test_bad_arguments_name_the_values(kwargs, needle):
 # The kernel configurations (kernel/tile_choice.hpp's kConfigs through _core.choose_config): the
 # same waves x tile cost model over every configuration of the dtype, tiles counted after
 # CUTLASS's padding of the grid to the cluster (and swizzle x cluster) in each mode.
-BF16 = ["128x256", "128x128", "128x128c1", "256x128"]
+BF16 = ["128x256", "128x128", "128x128c1", "256x192"]
 FP16 = ["128x256", "128x128"]
 
 
@@ -116,7 +116,7 @@ def test_config_names_per_dtype_and_b_layout():
     assert _core.gemm_config_names("fp16") == FP16  # the bf16-only configurations are not offered
     assert _core.gemm_config_names("bf16", b_n_major=True) == ["128x256"]
     table = _core.gemm_config_table()
-    assert [c for c in table if table[c]["bf16_only"]] == ["128x128c1", "256x128", "128x256sk"]
+    assert [c for c in table if table[c]["bf16_only"]] == ["128x128c1", "256x192", "128x256sk"]
     assert [c for c in table if table[c]["stream_k"]] == ["128x256sk"]
     # the stream-K configuration needs a workspace: offered only to a caller that has one
     assert _core.gemm_config_names("bf16", stream_k=True) == BF16 + ["128x256sk"]
@@ -129,7 +129,7 @@ def test_config_names_per_dtype_and_b_layout():
         "128x256": (128, 256, 2, 1),
         "128x128": (128, 128, 2, 1),
         "128x128c1": (128, 128, 1, 1),
-        "256x128": (256, 128, 1, 2),
+        "256x192": (256, 192, 1, 2),
         "128x256sk": (128, 256, 2, 1),
         "e4m3_128x128": (128, 128, 2, 1),
         "e4m3_128x256fa": (128, 256, 2, 1),
@@ -153,7 +153,7 @@ def test_config_names_per_dtype_and_b_layout():
         (128 * 33, 1024, "bf16", "128x128c1"),
         (512, 4096, "bf16", "128x128"),  # the narrow tile's case of old: one wave either way
         (4096, 8192, "bf16", "128x256"),  # 70B O at 4096 tokens, TP=2: full grid, 8 waves
-        (8192, 8192, "bf16", "128x256"),  # 256x128 ties (16 waves): the default stays
+        (8192, 8192, "bf16", "128x256"),  # 256x192: 11 waves x 1.5 against 16: the default stays
         (8192, 28672, "bf16", "128x256"),
     ],
 )
@@ -168,9 +168,9 @@ def test_config_estimates_count_cluster_padding():
     assert (got["128x256"]["tiles"], got["128x256"]["waves"]) == (128, 1)  # 1 M tile padded to 2
     assert (got["128x128"]["tiles"], got["128x128"]["waves"]) == (256, 2)
     assert (got["128x128c1"]["tiles"], got["128x128c1"]["waves"]) == (128, 1)
-    assert (got["256x128"]["tiles"], got["256x128"]["waves"]) == (128, 1)  # N pads, 128 even
-    # a 1x2 cluster pads N: 3 N tiles of 128 run as 4
-    assert _core.choose_config(256, 384, slots=132)["256x128"]["tiles"] == 4
+    assert (got["256x192"]["tiles"], got["256x192"]["waves"]) == (86, 1)  # 86 N tiles, even
+    # a 1x2 cluster pads N: 3 N tiles of 192 run as 4
+    assert _core.choose_config(256, 576, slots=132)["256x192"]["tiles"] == 4
     # swizzle 1 pads only to the cluster; a larger swizzle is lowered until it divides the grid
     assert _core.choose_config(128 * 3, 256, swizzle=1)["128x256"]["tiles"] == 4
     assert _core.choose_config(1024, 4096, swizzle=8)["128x256"]["tiles"] == 8 * 16

@@ -181,7 +181,7 @@ def gemm_config_names(
     dtype: str = "bf16", b_n_major: bool = False, stream_k: bool = False
 ) -> list[str]:
     """The GEMM kernel configurations of ``dtype`` (and B layout), the default first: bf16
-    ['128x256', '128x128', '128x128c1', '256x128'] (with ``stream_k`` also '128x256sk'), fp16
+    ['128x256', '128x128', '128x128c1', '256x192'] (with ``stream_k`` also '128x256sk'), fp16
     ['128x256', '128x128']."""
 
 def gemm_config_table() -> dict[str, dict[str, Any]]:

@@ -3,7 +3,7 @@ on one Hopper GPU:
 
 - both tiles and the model's pick against torch.mm on shapes with partial tiles in m and n,
   the N-contiguous B variant, and replays of a CUDA graph that captured the call;
-- every kernel configuration (bf16: 128x256, 128x128, 128x128c1, 256x128; fp16: the first two)
+- every kernel configuration (bf16: 128x256, 128x128, 128x128c1, 256x192; fp16: the first two)
   against torch.mm, decode (M=8) and odd M tile counts included, and the auto choice on the
   device equal to _core.choose_config with the device's resident CTAs;
 - the stream-K configuration (128x256sk) with its workspace: against torch.mm, the model's
@@ -143,7 +143,7 @@ def test_new_configs_replay_in_a_cuda_graph():
     ref = torch.mm(a, w.t())
     outs = {
         c: torch.zeros((m, n), device="cuda", dtype=torch.bfloat16)
-        for c in ("128x128c1", "256x128")
+        for c in ("128x128c1", "256x192")
     }
     for c in outs:  # per-device kernel setup (shared-memory limit) before the capture
         _core.gemm_resident_ctas("bf16", cuda_device=torch.cuda.current_device(), config=c)
@@ -187,8 +187,8 @@ def test_rejected_gemm_leaves_the_device_usable():
     with pytest.raises(ValueError, match="16-byte aligned"):
         _core.gemm(a.data_ptr() + 2, w.data_ptr(), d.data_ptr(), 256, 128, 64, cuda_device=0,
                    stream=torch.cuda.current_stream().cuda_stream)  # fmt: skip
-    with pytest.raises(ValueError, match="config=256x128 is instantiated for bf16 only"):
-        _gemm(a, w, d, 256, 128, 64, dtype="fp16", config="256x128")
+    with pytest.raises(ValueError, match="config=256x192 is instantiated for bf16 only"):
+        _gemm(a, w, d, 256, 128, 64, dtype="fp16", config="256x192")
     with pytest.raises(ValueError, match="config=128x128c1 has no kernel for an N-contiguous B"):
         _gemm(a, w, d, 256, 128, 64, b_n_major=True, config="128x128c1")
     _gemm(a, w, d, 256, 128, 64)

@@ -5,7 +5,7 @@
 // fp32 accumulators of both wgmma streams stay in flight; pingpong at 128x256 serialises them),
 // tile TileM x TileN x 64, cluster ClusterM x ClusterN (the operand tile shared along the cluster
 // multicast to it), persistent grid. The configurations (tile_choice.hpp's kConfigs): 128x256 and
-// 128x128 with cluster 2x1, and for bf16 128x128 with cluster 1x1, 256x128 with cluster 1x2 and
+// 128x128 with cluster 2x1, and for bf16 128x128 with cluster 1x1, 256x192 with cluster 1x2 and
 // 128x256 with CUTLASS's stream-K scheduler (its workspace is the caller's, see StreamKReset);
 // kernel/tile_choice.hpp picks one per GEMM.
 // B is K-contiguous ([n, k], nn.Linear's weight), or with BNMajor N-contiguous ([k, n], a
@@ -151,9 +151,10 @@ struct CommonLeaves {
 template <class Element, int TileM, int TileN, int ClusterM, int ClusterN, bool BNMajor,
           bool StreamK = false>
 struct Config {
-  static_assert((TileM == 128 || TileM == 256) && (TileN == 128 || TileN == 256) &&
-                    TileM * TileN <= 128 * 256,
-                "output tile 128x256, 128x128 or 256x128");
+  static_assert((TileM == 128 && (TileN == 128 || TileN == 256)) ||
+                    (TileM == 256 && TileN == 192),
+                "output tile 128x256, 128x128 or 256x192 (a consumer warpgroup's fp32 "
+                "accumulators must fit its registers)");
   static_assert(ClusterM * ClusterN <= 2, "cluster 1x1, 2x1 or 1x2");
   using ElementAB = Element;
   using ElementOut = Element;
