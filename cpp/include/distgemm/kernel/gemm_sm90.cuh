@@ -151,8 +151,7 @@ struct CommonLeaves {
 template <class Element, int TileM, int TileN, int ClusterM, int ClusterN, bool BNMajor,
           bool StreamK = false>
 struct Config {
-  static_assert((TileM == 128 && (TileN == 128 || TileN == 256)) ||
-                    (TileM == 256 && TileN == 192),
+  static_assert((TileM == 128 && (TileN == 128 || TileN == 256)) || (TileM == 256 && TileN == 192),
                 "output tile 128x256, 128x128 or 256x192 (a consumer warpgroup's fp32 "
                 "accumulators must fit its registers)");
   static_assert(ClusterM * ClusterN <= 2, "cluster 1x1, 2x1 or 1x2");
