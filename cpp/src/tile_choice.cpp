@@ -128,14 +128,15 @@ void register_tile_choice(py::module_& m) {
               py::arg("tile_n") = c.tile_n, py::arg("cluster_m") = c.cluster_m,
               py::arg("cluster_n") = c.cluster_n, py::arg("relative_cost") = c.relative_cost,
               py::arg("bf16_only") = c.bf16_only, py::arg("stream_k") = c.stream_k,
-              py::arg("e4m3") = c.e4m3, py::arg("fast_accum") = c.fast_accum);
+              py::arg("e4m3") = c.e4m3, py::arg("fast_accum") = c.fast_accum,
+              py::arg("min_gain") = c.min_gain);
         return out;
       },
       "{name: {'id', 'tile_m', 'tile_n', 'cluster_m', 'cluster_n', 'relative_cost', "
-      "'bf16_only', 'stream_k', 'e4m3', 'fast_accum'}} of every GEMM kernel configuration "
+      "'bf16_only', 'stream_k', 'e4m3', 'fast_accum', 'min_gain'}} of every GEMM kernel "
+      "configuration "
       "(kernel/tile_choice.hpp's "
       "kConfigs).");
   m.attr("STREAM_K_FIXUP_WAVES") = k::kStreamKFixupWaves;
-  m.attr("CONFIG_MIN_GAIN") = k::kConfigMinGain;
   m.attr("DEFAULT_SWIZZLE") = k::kDefaultSwizzle;
 }

@@ -186,11 +186,11 @@ def gemm_config_names(
 
 def gemm_config_table() -> dict[str, dict[str, Any]]:
     """{name: {'id', 'tile_m', 'tile_n', 'cluster_m', 'cluster_n', 'relative_cost',
-    'bf16_only', 'stream_k', 'e4m3', 'fast_accum'}} of every configuration."""
+    'bf16_only', 'stream_k', 'e4m3', 'fast_accum', 'min_gain'}} of every configuration
+    (min_gain: it replaces 128x256 only where rated this much cheaper)."""
 
 STREAM_K_FIXUP_WAVES: float  # what the model adds to a stream-K GEMM with a partial last wave
 
-CONFIG_MIN_GAIN: float  # another configuration replaces 128x256 only where this much cheaper
 DEFAULT_SWIZZLE: int  # the tile scheduler's swizzle unless a caller sets one
 
 def llama_tp_split_reason(model: str, layer: str, tokens: int, tp: int) -> str:

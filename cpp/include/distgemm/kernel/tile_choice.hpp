@@ -16,9 +16,9 @@
 //
 // The model: time ~ waves x cost of one tile, waves = ceil(padded tiles / resident CTAs), the
 // cost of each configuration's tile relative to a 128x256 cluster-2x1 one in kConfigs. The default
-// 128x256 runs unless another configuration is rated at least kConfigMinGain cheaper: inside a
+// 128x256 runs unless another configuration is rated at least its min_gain cheaper: inside a
 // plan, programmatic dependent launch lets the next step's GEMM fill the last wave's idle SMs,
-// which the model does not see, so a small modelled gain is not a real one. The constants are
+// which the model does not see, so a small modelled gain from a smaller tile is not a real one. The constants are
 // provisional until calibrated by benchmarks/kernel_vs_cublas.py; their derivation is in
 // docs/tuning.md. choose_tile_n is the two-tile model without padding that the plan simulator and
 // the path model annotate with.
@@ -36,6 +36,10 @@ namespace distgemm::kernel {
 inline constexpr double kTile128RelativeCost = 0.56;
 // 128x128 only where the model rates it at least this much cheaper (see above).
 inline constexpr double kTile128MinGain = 0.10;
+
+// The margin of a configuration that is cheaper per flop (not by filling a wave): the spread of
+// repeated steady-state timings of one kernel (docs/tuning.md).
+inline constexpr double kLargeTileMinGain = 0.03;
 
 // 0: chosen per GEMM by choose_tile_n; 128 or 256: that kernel for every GEMM.
 inline std::string tile_n_problem(int tile_n) {
@@ -103,17 +107,23 @@ struct ConfigShape {
   // fits them, 128x256 does not. The fast-accumulation one keeps a single accumulator: 128x256.
   bool e4m3 = false;
   bool fast_accum = false;
+  // Chosen over the default only where rated at least this much cheaper. A smaller tile's gain
+  // is the idle SMs of a partial last wave, which inside a plan the next step's GEMM fills
+  // anyway (programmatic dependent launch): kTile128MinGain. A larger tile's gain is per flop,
+  // which no neighbour takes away: kLargeTileMinGain.
+  double min_gain = kTile128MinGain;
 };
 
 // Every configuration, the default first (ties go to the earlier entry). The relative costs are
 // provisional (docs/tuning.md): 128x128 measured on single-GPU GEMMs; cluster 1x1 adds ~7% for the
-// B tile it no longer multicasts; 256x192 has 1.5x a 128x256 tile's flops and moves 0.78x its
-// operand bytes per flop.
+// B tile it no longer multicasts; 256x192 has 1.5x a 128x256 tile's flops in 1.44x its time
+// (fitted on single-GPU GEMMs of full grids: it moves 0.78x the operand bytes per flop).
 inline constexpr ConfigShape kConfigs[] = {
     {GemmConfig::T128x256, "128x256", 128, 256, 2, 1, 1.0, false},
     {GemmConfig::T128x128, "128x128", 128, 128, 2, 1, kTile128RelativeCost, false},
     {GemmConfig::T128x128C1, "128x128c1", 128, 128, 1, 1, 0.60, true},
-    {GemmConfig::T256x192, "256x192", 256, 192, 1, 2, 1.5, true},
+    {GemmConfig::T256x192, "256x192", 256, 192, 1, 2, 1.44, true, false, false, false,
+     kLargeTileMinGain},
     {GemmConfig::T128x256SK, "128x256sk", 128, 256, 2, 1, 1.0, true, true},
     {GemmConfig::E4M3x128x128, "e4m3_128x128", 128, 128, 2, 1, 1.0, false, false, true, false},
     {GemmConfig::E4M3x128x256FA, "e4m3_128x256fa", 128, 256, 2, 1, 1.0, false, false, true, true},
@@ -125,8 +135,6 @@ inline constexpr ConfigShape kConfigs[] = {
 // data-parallel configurations (a smaller tile fills the SMs instead).
 inline constexpr double kStreamKFixupWaves = 0.25;
 inline constexpr int kConfigCount = sizeof(kConfigs) / sizeof(kConfigs[0]);
-// Another configuration replaces the default only where the model rates it this much cheaper.
-inline constexpr double kConfigMinGain = kTile128MinGain;
 
 // The shape of configuration `c` (1..kConfigCount), or nullptr.
 inline const ConfigShape* config_shape(int c) {
@@ -233,8 +241,8 @@ inline ConfigEstimate estimate_config(const ConfigShape& c, int64_t m, int64_t n
 
 // The configuration for an m x n (x l batches) GEMM among `candidates` (kConfigs numbers, the
 // default first), given each candidate's resident CTAs (`slots`, same order) and the swizzle
-// the launch asks for: the cheapest estimate, where it is below (1 - kConfigMinGain) of the
-// first candidate's; else the first.
+// the launch asks for: the cheapest estimate among those below (1 - their min_gain) of the first
+// candidate's; else the first.
 inline int choose_config(int64_t m, int64_t n, int64_t l, const std::vector<int>& candidates,
                          const std::vector<int>& slots, int swizzle) {
   if (candidates.empty()) return 0;
@@ -246,12 +254,12 @@ inline int choose_config(int64_t m, int64_t n, int64_t l, const std::vector<int>
     const double cost = estimate_config(*c, m, n, l, i < slots.size() ? slots[i] : 1, swizzle).cost;
     if (i == 0) {
       first = best_cost = cost;
-    } else if (cost < best_cost) {
+    } else if (cost < best_cost && cost < (1.0 - c->min_gain) * first) {
       best_cost = cost;
       best = candidates[i];
     }
   }
-  return best_cost < (1.0 - kConfigMinGain) * first ? best : candidates[0];
+  return best;
 }
 
 }  // namespace distgemm::kernel
