@@ -14,7 +14,7 @@ from them with one scale per row (--scales row, the default) or per tensor. Vari
     ours_bf16        distgemm's bf16 kernel, the model's configuration (no workspace)
     scaled_mm        torch._scaled_mm, bf16 out (use_fast_accum=False)
     scaled_mm_fast   torch._scaled_mm with use_fast_accum=True
-    ours_fp8         distgemm's accurate fp8 kernel (e4m3_128x128)
+    ours_fp8         distgemm's accurate fp8 kernel (e4m3_128x192)
     ours_fp8_fast    distgemm's fast-accumulation fp8 kernel (e4m3_128x256fa)
 
 Each fp8 variant's relative Frobenius error against the fp32 GEMM of the dequantized operands

@@ -20,9 +20,9 @@ def problem(m=256, n=256, k=256, dtype="e4m3", **kw):
 def test_fp8_configurations_in_the_table():
     table = _core.gemm_config_table()
     fp8 = [c for c in table if table[c]["e4m3"]]
-    assert fp8 == ["e4m3_128x128", "e4m3_128x256fa"]
+    assert fp8 == ["e4m3_128x192", "e4m3_128x256fa"]
     assert [c for c in fp8 if table[c]["fast_accum"]] == ["e4m3_128x256fa"]
-    assert (table["e4m3_128x128"]["tile_n"], table["e4m3_128x256fa"]["tile_n"]) == (128, 256)
+    assert (table["e4m3_128x192"]["tile_n"], table["e4m3_128x256fa"]["tile_n"]) == (192, 256)
     assert _core.gemm_config_names("e4m3") == fp8
     assert _core.gemm_config_names("float8_e4m3fn") == fp8
     # the 16-bit model never sees them
@@ -49,7 +49,7 @@ def test_fp8_gemm_accepted_with_both_scales_of_either_kind():
                     )  # fmt: skip
                     == ""
                 )
-    assert problem(scale_a=BASE, scale_b=BASE, config="e4m3_128x128") == ""
+    assert problem(scale_a=BASE, scale_b=BASE, config="e4m3_128x192") == ""
     assert problem(scale_a=BASE, scale_b=BASE, config="e4m3_128x256fa", fast_accum=True) == ""
 
 
@@ -74,7 +74,7 @@ def test_fp8_refusals_name_the_constraint():
         "e4m3_128x256fa is the fast-accumulation one"
     )
     assert problem(scale_a=BASE, scale_b=BASE, config="128x256") == (
-        "config=128x256 is a 16-bit kernel; e4m3 has e4m3_128x128 and e4m3_128x256fa "
+        "config=128x256 is a 16-bit kernel; e4m3 has e4m3_128x192 and e4m3_128x256fa "
         "(fast accumulation)"
     )
     # K and N in 16-byte rows of fp8: multiples of 16 elements
@@ -92,8 +92,8 @@ def test_scales_and_fast_accum_are_refused_for_16_bit_types(dtype):
     want = f"scale_a, scale_b and fast_accum are for fp8 (e4m3) inputs; this GEMM is {dtype}"
     assert problem(dtype=dtype, scale_a=BASE, scale_b=BASE) == want
     assert problem(dtype=dtype, fast_accum=True) == want
-    assert problem(dtype=dtype, config="e4m3_128x128") == (
-        f"config=e4m3_128x128 is an fp8 (e4m3) kernel; {dtype} has the others"
+    assert problem(dtype=dtype, config="e4m3_128x192") == (
+        f"config=e4m3_128x192 is an fp8 (e4m3) kernel; {dtype} has the others"
     )
 
 

@@ -132,7 +132,7 @@ def test_config_names_per_dtype_and_b_layout():
         "128x128c1": (128, 128, 1, 1),
         "256x192": (256, 192, 1, 2),
         "128x256sk": (128, 256, 2, 1),
-        "e4m3_128x128": (128, 128, 2, 1),
+        "e4m3_128x192": (128, 192, 2, 1),
         "e4m3_128x256fa": (128, 256, 2, 1),
     }  # fmt: skip
     assert table["128x128"]["relative_cost"] == _core.TILE128_RELATIVE_COST

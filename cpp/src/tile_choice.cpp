@@ -39,7 +39,7 @@ py::dict choose_config(int64_t m, int64_t n, int64_t l, const std::string& dtype
   if (dtype == "e4m3" || dtype == "float8_e4m3fn")
     throw py::value_error(
         "choose_config compares the 16-bit configurations; an fp8 (e4m3) GEMM runs the kernel "
-        "its fast_accum names (e4m3_128x128, or e4m3_128x256fa with fast accumulation)");
+        "its fast_accum names (e4m3_128x192, or e4m3_128x256fa with fast accumulation)");
   const std::vector<int> candidates = candidates_of(dtype, b_n_major, stream_k);
   std::vector<int> per;
   for (int c : candidates) {

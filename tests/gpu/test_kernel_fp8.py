@@ -145,7 +145,7 @@ def test_fp8_refusals_name_the_constraint():
         _core.gemm(*ptrs, **base, scale_a=sa.data_ptr(), scale_b=sb.data_ptr(),
                    config="e4m3_128x256fa")  # fmt: skip
     with pytest.raises(ValueError, match="is an fp8 \\(e4m3\\) kernel; bf16"):
-        _core.gemm(*ptrs[:6], "bf16", **base, config="e4m3_128x128")
+        _core.gemm(*ptrs[:6], "bf16", **base, config="e4m3_128x192")
     with pytest.raises(ValueError, match="K=520 of a sub-GEMM is not a multiple of 16"):
         _core.gemm(*ptrs[:5], 520, "e4m3", **base, scale_a=sa.data_ptr(), scale_b=sb.data_ptr())
     # the device stays usable after the refusals

@@ -32,7 +32,7 @@ DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(fp16_n256_bn)
 DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(bf16_n128_c11)
 DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(bf16_m256_n192)
 DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(bf16_n256_sk)
-DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(e4m3_n128)
+DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(e4m3_n192)
 DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(e4m3_n256_fa)
 #undef DISTGEMM_DECLARE_GEMM_ENTRY_POINTS
 
@@ -52,7 +52,7 @@ struct Kernels {
 Kernels kernels(DType dtype, int config, bool b_n_major = false) {
   if (dtype == DType::E4M3)
     return config == static_cast<int>(GemmConfig::E4M3x128x256FA) ? DISTGEMM_KERNELS(e4m3_n256_fa)
-                                                                  : DISTGEMM_KERNELS(e4m3_n128);
+                                                                  : DISTGEMM_KERNELS(e4m3_n192);
   const bool bf16 = dtype == DType::BF16;
   if (b_n_major) return bf16 ? DISTGEMM_KERNELS(bf16_n256_bn) : DISTGEMM_KERNELS(fp16_n256_bn);
   switch (static_cast<GemmConfig>(config)) {
@@ -132,7 +132,7 @@ std::string scale_problem(const GemmDesc& g) {
            "operands K-major only; pass the weight contiguous, not a transposed view";
   if (g.tile_n != 0)
     return "tile_n=" + s(g.tile_n) +
-           " with fp8 (e4m3): its kernel follows fast_accum (config e4m3_128x128 or "
+           " with fp8 (e4m3): its kernel follows fast_accum (config e4m3_128x192 or "
            "e4m3_128x256fa); leave tile_n 0";
   if (config_is_e4m3(g.config) && g.config != e4m3_config(g.fast_accum))
     return std::string("config=") + config_name(g.config) +
@@ -180,7 +180,7 @@ std::string gemm_config_problem(DType dtype, int config, bool b_n_major) {
     return std::string("config=") + config_name(config) +
            (config_is_e4m3(config) ? " is an fp8 (e4m3) kernel; " : " is a 16-bit kernel; ") +
            dtype_name(dtype) +
-           (dtype == DType::E4M3 ? " has e4m3_128x128 and e4m3_128x256fa (fast accumulation)"
+           (dtype == DType::E4M3 ? " has e4m3_128x192 and e4m3_128x256fa (fast accumulation)"
                                  : " has the others");
   if (dtype == DType::E4M3) return "";
   const bool bf16 = dtype == DType::BF16;

@@ -86,7 +86,7 @@ enum class GemmConfig : int {
   T128x128C1 = 3,
   T256x192 = 4,
   T128x256SK = 5,
-  E4M3x128x128 = 6,
+  E4M3x128x192 = 6,
   E4M3x128x256FA = 7
 };
 
@@ -103,8 +103,9 @@ struct ConfigShape {
   bool stream_k = false;
   // An fp8 kernel (e4m3 inputs, bf16 output, tile K 128): chosen by GemmDesc::fast_accum, not by
   // the model, which compares the 16-bit configurations. The accurate one promotes wgmma's
-  // accumulator into a second fp32 one every 4 k-blocks, so both live in registers: 128x128
-  // fits them, 128x256 does not. The fast-accumulation one keeps a single accumulator: 128x256.
+  // accumulator into a second fp32 one every 4 k-blocks, so both live in registers: 128x192
+  // fits them (each consumer warpgroup 2 x 96), 128x256 does not. The fast-accumulation one keeps a
+  // single accumulator: 128x256.
   bool e4m3 = false;
   bool fast_accum = false;
   // Chosen over the default only where rated at least this much cheaper. A smaller tile's gain
@@ -125,7 +126,7 @@ inline constexpr ConfigShape kConfigs[] = {
     {GemmConfig::T256x192, "256x192", 256, 192, 1, 2, 1.44, true, false, false, false,
      kLargeTileMinGain},
     {GemmConfig::T128x256SK, "128x256sk", 128, 256, 2, 1, 1.0, true, true},
-    {GemmConfig::E4M3x128x128, "e4m3_128x128", 128, 128, 2, 1, 1.0, false, false, true, false},
+    {GemmConfig::E4M3x128x192, "e4m3_128x192", 128, 192, 2, 1, 1.0, false, false, true, false},
     {GemmConfig::E4M3x128x256FA, "e4m3_128x256fa", 128, 256, 2, 1, 1.0, false, false, true, true},
 };
 // What stream-K adds to a GEMM whose tiles do not fill whole waves, in waves of 128x256 tiles:
@@ -194,7 +195,7 @@ inline bool config_is_e4m3(int c) {
 
 // The fp8 configuration of a GEMM (e4m3 inputs, K-contiguous B): fast accumulation or not.
 inline int e4m3_config(bool fast_accum) {
-  return static_cast<int>(fast_accum ? GemmConfig::E4M3x128x256FA : GemmConfig::E4M3x128x128);
+  return static_cast<int>(fast_accum ? GemmConfig::E4M3x128x256FA : GemmConfig::E4M3x128x192);
 }
 
 // The configuration a tile_n request names: 128 -> 128x128, 256 -> 128x256 (both cluster 2x1).
