@@ -47,9 +47,9 @@ def test_token_tile_is_the_decode_block_up_to_128_tokens_and_wide_above():
     ]
 
 
-def test_decode_token_width_pads_a_block_to_8_16_32_or_64():
+def test_decode_token_width_pads_a_block_to_16_32_or_64():
     got = [_core.fused_decode_token_width(m) for m in (1, 3, 8, 9, 16, 17, 32, 33, 64, 65, 128)]
-    assert got == [8, 8, 8, 16, 16, 32, 32, 64, 64, 64, 64]
+    assert got == [16, 16, 16, 16, 16, 32, 32, 64, 64, 64, 64]
 
 
 @pytest.mark.parametrize(
@@ -60,7 +60,7 @@ def test_decode_token_width_pads_a_block_to_8_16_32_or_64():
         (1, 8192, 4096, 132, 2),  # fewer resident CTAs: 2 splits
         (8, 8192, 14336, 528, 8),  # 70B FC2 with 4 CTAs an SM: the most splits there are
         (8, 16384, 8192, 264, 2),  # 405B O: 128 tiles
-        (8, 16384, 8192, 100, 1),  # more tiles than resident CTAs: no split (launch refuses)
+        (8, 16384, 8192, 100, 1),  # more tiles than resident CTAs: no split, tiles in rounds
         (100, 8192, 4096, 264, 2),  # two token blocks: 128 tiles
         (8, 1024, 192, 264, 3),  # k = 3 steps of 64: at most 3 splits
         (8, 1024, 200, 264, 4),  # k = 200: 4 steps, the last one partial

@@ -78,11 +78,12 @@ inline int fused_token_tile(int64_t m) {
   return fused_kernel(m) == FusedKernel::Decode ? kFusedTokenTileSmall : kFusedTokenTileLarge;
 }
 
-// The decode kernel's padded tokens per block: 8, 16, 32 or 64 (one n8 MMA fragment per 8), the
-// compile-time width its instantiations are chosen by.
+// The decode kernel's padded tokens per block: 16, 32 or 64 (one n8 MMA fragment per 8), the
+// compile-time width its instantiations are chosen by. 1..8 tokens run at width 16: the kernel
+// streams the weight either way, and that instantiation fits its registers without spills.
 inline int fused_decode_token_width(int64_t m) {
   const int64_t t = m < kFusedTokenTileSmall ? m : kFusedTokenTileSmall;
-  return t <= 8 ? 8 : t <= 16 ? 16 : t <= 32 ? 32 : 64;
+  return t <= 16 ? 16 : t <= 32 ? 32 : 64;
 }
 
 inline int64_t fused_tiles(int64_t m, int64_t n) {

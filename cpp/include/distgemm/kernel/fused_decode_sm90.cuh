@@ -74,8 +74,8 @@ __device__ __forceinline__ uint4 ld_stream_v4(const void* p) {
 __device__ __forceinline__ uint4 ld_cached_v4(const void* p) {
   uint4 v;
   asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
   return v;
 }
 
@@ -102,10 +102,10 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
 
 // K steps per batch of weight loads in flight per thread (4 x 16 bytes each) and CTAs per SM the
 // registers are budgeted for (launch bounds): as many bytes in flight per SM as the
-// accumulators leave registers for, without spills (-Xptxas -v: 32 and 64 tokens need more than 128
-// registers a thread with any batch, so one CTA per SM with deeper batches).
+// accumulators leave registers for, without spills (-Xptxas -v): 16 tokens two CTAs of two
+// steps, 32 and 64 tokens (more than 128 registers a thread) one CTA of four and two steps.
 template <int Width>
-inline constexpr int kStepsPerBatch = Width == 16 ? 2 : 4;
+inline constexpr int kStepsPerBatch = Width == 32 ? 4 : 2;
 template <int Width>
 inline constexpr int kMinCtasPerSm = Width <= 16 ? 2 : 1;
 
@@ -147,141 +147,150 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<Width>)
   const uint32_t gen = word_smem;
   const uint32_t parity = gen & 1u;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
-  const int tb = blockIdx.x % t.token_blocks;
-  const int nb = (blockIdx.x / t.token_blocks) % t.n_blocks;
-  const int s = blockIdx.x / (t.token_blocks * t.n_blocks);
+  // Work items (tile, split): one per CTA, or, where the tiles outnumber the CTAs that fit at
+  // once (then with one split, fused_splits), round after round; every rank runs the same
+  // rounds, so a tile's flags never wait on a later round.
+  const int items = t.n_blocks * t.token_blocks * t.splits;
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    const int tb = item % t.token_blocks;
+    const int nb = (item / t.token_blocks) % t.n_blocks;
+    const int s = item / (t.token_blocks * t.n_blocks);
 
-  // This thread's weight rows (clamped into the matrix; rows past n are computed, not stored),
-  // token rows (a bit per fragment: token inside m) and K steps [st0, st1).
-  const int64_t col_a = int64_t(nb) * kFusedTileN + warp * kRowsPerWarp + g, col_b = col_a + 8;
-  const Element* w = static_cast<const Element*>(p.w);
-  const Element* wa = w + (col_a < t.n ? col_a : t.n - 1) * p.ldw + 16 * q;
-  const Element* wb = w + (col_b < t.n ? col_b : t.n - 1) * p.ldw + 16 * q;
-  const int64_t tok0 = int64_t(tb) * kFusedTokenTileSmall + g;
-  const Element* a_row = static_cast<const Element*>(p.a) + tok0 * p.lda + 16 * q;
-  uint32_t valid = 0;
+    // This thread's weight rows (clamped into the matrix; rows past n are computed, not stored),
+    // token rows (a bit per fragment: token inside m) and K steps [st0, st1).
+    const int64_t col_a = int64_t(nb) * kFusedTileN + warp * kRowsPerWarp + g, col_b = col_a + 8;
+    const Element* w = static_cast<const Element*>(p.w);
+    const Element* wa = w + (col_a < t.n ? col_a : t.n - 1) * p.ldw + 16 * q;
+    const Element* wb = w + (col_b < t.n ? col_b : t.n - 1) * p.ldw + 16 * q;
+    const int64_t tok0 = int64_t(tb) * kFusedTokenTileSmall + g;
+    const Element* a_row = static_cast<const Element*>(p.a) + tok0 * p.lda + 16 * q;
+    uint32_t valid = 0;
 #pragma unroll
-  for (int f = 0; f < kFrags; ++f) valid |= (tok0 + 8 * f < t.m ? 1u : 0u) << f;
-  const int k = static_cast<int>(p.k), steps = (k + kFusedDecodeKStep - 1) / kFusedDecodeKStep;
-  const int st0 = steps * s / t.splits, st1 = steps * (s + 1) / t.splits;
-  const int full_end = k / kFusedDecodeKStep < st1 ? k / kFusedDecodeKStep : st1;
-  const int64_t tok_stride = 8 * p.lda;
+    for (int f = 0; f < kFrags; ++f) valid |= (tok0 + 8 * f < t.m ? 1u : 0u) << f;
+    const int k = static_cast<int>(p.k), steps = (k + kFusedDecodeKStep - 1) / kFusedDecodeKStep;
+    const int st0 = steps * s / t.splits, st1 = steps * (s + 1) / t.splits;
+    const int full_end = k / kFusedDecodeKStep < st1 ? k / kFusedDecodeKStep : st1;
+    const int64_t tok_stride = 8 * p.lda;
 
-  float acc[kFrags][4];
+    float acc[kFrags][4];
 #pragma unroll
-  for (int f = 0; f < kFrags; ++f)
+    for (int f = 0; f < kFrags; ++f)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc[f][e] = 0.f;
+      for (int e = 0; e < 4; ++e) acc[f][e] = 0.f;
 
-  int st = st0;
-  wa += st0 * kFusedDecodeKStep;
-  wb += st0 * kFusedDecodeKStep;
-  a_row += st0 * kFusedDecodeKStep;
-  for (; st + kBatch <= full_end; st += kBatch) {
-    uint4 ra[kBatch][2], rb[kBatch][2];  // every weight load of the batch in flight at once
+    int st = st0;
+    wa += st0 * kFusedDecodeKStep;
+    wb += st0 * kFusedDecodeKStep;
+    a_row += st0 * kFusedDecodeKStep;
+    for (; st + kBatch <= full_end; st += kBatch) {
+      uint4 ra[kBatch][2], rb[kBatch][2];  // every weight load of the batch in flight at once
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u)
+      for (int u = 0; u < kBatch; ++u)
+#pragma unroll
+        for (int v = 0; v < 2; ++v) {
+          ra[u][v] = ld_stream_v4(wa + u * kFusedDecodeKStep + 8 * v);
+          rb[u][v] = ld_stream_v4(wb + u * kFusedDecodeKStep + 8 * v);
+        }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u)
+        mma_step<Element, kFrags, false>(acc, ra[u], rb[u], a_row + u * kFusedDecodeKStep,
+                                         tok_stride, valid, 0);
+      wa += kBatch * kFusedDecodeKStep;
+      wb += kBatch * kFusedDecodeKStep;
+      a_row += kBatch * kFusedDecodeKStep;
+    }
+    for (; st < st1; ++st) {  // the last steps: fewer than a batch, the last one maybe partial
+      const int k_left = k - st * kFusedDecodeKStep - 16 * q;
+      uint4 ra[2], rb[2];
 #pragma unroll
       for (int v = 0; v < 2; ++v) {
-        ra[u][v] = ld_stream_v4(wa + u * kFusedDecodeKStep + 8 * v);
-        rb[u][v] = ld_stream_v4(wb + u * kFusedDecodeKStep + 8 * v);
+        ra[v] = 8 * v < k_left ? ld_stream_v4(wa + 8 * v) : make_uint4(0, 0, 0, 0);
+        rb[v] = 8 * v < k_left ? ld_stream_v4(wb + 8 * v) : make_uint4(0, 0, 0, 0);
       }
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u)
-      mma_step<Element, kFrags, false>(acc, ra[u], rb[u], a_row + u * kFusedDecodeKStep,
-                                       tok_stride, valid, 0);
-    wa += kBatch * kFusedDecodeKStep;
-    wb += kBatch * kFusedDecodeKStep;
-    a_row += kBatch * kFusedDecodeKStep;
-  }
-  for (; st < st1; ++st) {  // the last steps: fewer than a batch, the last one maybe partial
-    const int k_left = k - st * kFusedDecodeKStep - 16 * q;
-    uint4 ra[2], rb[2];
-#pragma unroll
-    for (int v = 0; v < 2; ++v) {
-      ra[v] = 8 * v < k_left ? ld_stream_v4(wa + 8 * v) : make_uint4(0, 0, 0, 0);
-      rb[v] = 8 * v < k_left ? ld_stream_v4(wb + 8 * v) : make_uint4(0, 0, 0, 0);
+      mma_step<Element, kFrags, true>(acc, ra, rb, a_row, tok_stride, valid, k_left);
+      wa += kFusedDecodeKStep;
+      wb += kFusedDecodeKStep;
+      a_row += kFusedDecodeKStep;
     }
-    mma_step<Element, kFrags, true>(acc, ra, rb, a_row, tok_stride, valid, k_left);
-    wa += kFusedDecodeKStep;
-    wb += kFusedDecodeKStep;
-    a_row += kFusedDecodeKStep;
-  }
 
-  // 1. This split's fp32 partial: acc[f] = rows (g, g + 8) x tokens (2q, 2q + 1) of fragment f.
-  {
-    float* scr = p.scratch + int64_t(s) * t.m * t.n;
+    // 1. This split's fp32 partial: acc[f] = rows (g, g + 8) x tokens (2q, 2q + 1) of fragment f.
+    {
+      float* scr = p.scratch + int64_t(s) * t.m * t.n;
 #pragma unroll
-    for (int f = 0; f < kFrags; ++f) {
-      const int64_t tok = int64_t(tb) * kFusedTokenTileSmall + 8 * f + 2 * q;
+      for (int f = 0; f < kFrags; ++f) {
+        const int64_t tok = int64_t(tb) * kFusedTokenTileSmall + 8 * f + 2 * q;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int64_t row = tok + (e & 1), col = e < 2 ? col_a : col_b;
-        if (row < t.m && col < t.n) scr[row * t.n + col] = acc[f][e];
+        for (int e = 0; e < 4; ++e) {
+          const int64_t row = tok + (e & 1), col = e < 2 ? col_a : col_b;
+          if (row < t.m && col < t.n) scr[row * t.n + col] = acc[f][e];
+        }
       }
     }
-  }
-  const int idx = fused_tile_index(t, nb, tb, s);
-  __syncthreads();
-  if (tid == 0) {
-    __threadfence();
-    st_release_sys(fused_flag(t, t.rank, kFusedLocalSection, idx), gen);
-    uint64_t start = 0;
-    bool ok = true;
-    for (int sp = 0; sp < t.splits && ok; ++sp) {
-      const int i = fused_tile_index(t, nb, tb, sp);
-      ok = wait_fused_flag(t, fused_flag(t, t.rank, kFusedLocalSection, i), i, t.rank, gen, start);
-    }
-    word_smem = ok ? 1u : 0u;
-  }
-  __syncthreads();
-  bool ok = word_smem != 0u;
-  __syncthreads();  // every thread has read the word before it is rewritten
-
-  // 2. Slice s of the tile summed over the splits (fixed order) into this rank's partial.
-  if (ok) {
-    const FusedSlice<kFusedTokenTileSmall> sl(t, nb, tb, s);
-    Element* mine = static_cast<Element*>(const_cast<void*>(t.partial[t.rank])) +
-                    int64_t(parity) * t.parity_elems;
-    const int64_t split_floats = t.m * t.n;
-    for (int64_t v = sl.begin + tid; v < sl.end; v += kThreads) {
-      const int64_t off = sl.offset(v, t.n);
-      float sum[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-      for (int s0 = 0; s0 < t.splits; s0 += kSplitsInFlight) {
-        uint4 x[kSplitsInFlight][2];  // loads first, then the sums in split order
-#pragma unroll
-        for (int i = 0; i < kSplitsInFlight; ++i)
-          if (s0 + i < t.splits) {
-            x[i][0] = ld_volatile_v4(p.scratch + (s0 + i) * split_floats + off);
-            x[i][1] = ld_volatile_v4(p.scratch + (s0 + i) * split_floats + off + 4);
-          }
-#pragma unroll
-        for (int i = 0; i < kSplitsInFlight; ++i)
-          if (s0 + i < t.splits) {
-            const float* xf = reinterpret_cast<const float*>(&x[i][0]);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) sum[e] += xf[e];
-          }
-      }
-      uint4 ov;
-      Element* oe = reinterpret_cast<Element*>(&ov);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) oe[e] = Element(p.alpha * sum[e]);
-      *reinterpret_cast<uint4*>(mine + off) = ov;
-    }
+    const int idx = fused_tile_index(t, nb, tb, s);
     __syncthreads();
     if (tid == 0) {
-      __threadfence_system();
-      for (int r = 0; r < t.tp; ++r) st_release_sys(fused_flag(t, r, t.rank, idx), gen);
-      // 3. Every rank's slice s of the tile.
+      __threadfence();
+      st_release_sys(fused_flag(t, t.rank, kFusedLocalSection, idx), gen);
       uint64_t start = 0;
-      for (int r = 0; r < t.tp && ok; ++r)
-        ok = wait_fused_flag(t, fused_flag(t, t.rank, r, idx), idx, r, gen, start);
+      bool ok = true;
+      for (int sp = 0; sp < t.splits && ok; ++sp) {
+        const int i = fused_tile_index(t, nb, tb, sp);
+        ok =
+            wait_fused_flag(t, fused_flag(t, t.rank, kFusedLocalSection, i), i, t.rank, gen, start);
+      }
       word_smem = ok ? 1u : 0u;
     }
     __syncthreads();
-    ok = word_smem != 0u;
-    if (ok) reduce_slice<Element, kFusedTokenTileSmall, kTailLoads>(t, nb, tb, s, parity, tid);
+    bool ok = word_smem != 0u;
+    __syncthreads();  // every thread has read the word before it is rewritten
+
+    // 2. Slice s of the tile summed over the splits (fixed order) into this rank's partial.
+    if (ok) {
+      const FusedSlice<kFusedTokenTileSmall> sl(t, nb, tb, s);
+      Element* mine = static_cast<Element*>(const_cast<void*>(t.partial[t.rank])) +
+                      int64_t(parity) * t.parity_elems;
+      const int64_t split_floats = t.m * t.n;
+      for (int64_t v = sl.begin + tid; v < sl.end; v += kThreads) {
+        const int64_t off = sl.offset(v, t.n);
+        float sum[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        for (int s0 = 0; s0 < t.splits; s0 += kSplitsInFlight) {
+          uint4 x[kSplitsInFlight][2];  // loads first, then the sums in split order
+#pragma unroll
+          for (int i = 0; i < kSplitsInFlight; ++i)
+            if (s0 + i < t.splits) {
+              x[i][0] = ld_volatile_v4(p.scratch + (s0 + i) * split_floats + off);
+              x[i][1] = ld_volatile_v4(p.scratch + (s0 + i) * split_floats + off + 4);
+            }
+#pragma unroll
+          for (int i = 0; i < kSplitsInFlight; ++i)
+            if (s0 + i < t.splits) {
+              const float* xf = reinterpret_cast<const float*>(&x[i][0]);
+#pragma unroll
+              for (int e = 0; e < 8; ++e) sum[e] += xf[e];
+            }
+        }
+        uint4 ov;
+        Element* oe = reinterpret_cast<Element*>(&ov);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) oe[e] = Element(p.alpha * sum[e]);
+        *reinterpret_cast<uint4*>(mine + off) = ov;
+      }
+      __syncthreads();
+      if (tid == 0) {
+        __threadfence_system();
+        for (int r = 0; r < t.tp; ++r) st_release_sys(fused_flag(t, r, t.rank, idx), gen);
+        // 3. Every rank's slice s of the tile.
+        uint64_t start = 0;
+        for (int r = 0; r < t.tp && ok; ++r)
+          ok = wait_fused_flag(t, fused_flag(t, t.rank, r, idx), idx, r, gen, start);
+        word_smem = ok ? 1u : 0u;
+      }
+      __syncthreads();
+      ok = word_smem != 0u;
+      if (ok) reduce_slice<Element, kFusedTokenTileSmall, kTailLoads>(t, nb, tb, s, parity, tid);
+    }
+    if (!ok) break;
+    __syncthreads();  // the shared word is reused by the next item
   }
 
   // 4. The generation.
@@ -301,11 +310,13 @@ struct DecodeRunner {
     const int res = resident(device);
     const int64_t esize = 2;  // bf16 / fp16
     const FusedTail t = make_fused_tail(f, kFusedTokenTileSmall, 1);
-    const int64_t ctas = int64_t(t.n_blocks) * t.token_blocks * f.splits;
-    if (ctas > res)
-      throw std::runtime_error("fused GEMM + all-reduce (decode kernel): grid of " +
-                               std::to_string(ctas) + " CTAs exceeds the " + std::to_string(res) +
-                               " resident at once (its CTAs wait for each other)");
+    const int64_t items = int64_t(t.n_blocks) * t.token_blocks * f.splits;
+    if (items > res && f.splits > 1)
+      throw std::runtime_error("fused GEMM + all-reduce (decode kernel): " + std::to_string(items) +
+                               " tiles x splits exceed the " + std::to_string(res) +
+                               " CTAs resident at once with splits=" + std::to_string(f.splits) +
+                               " (the splits of a tile wait for each other; fused_splits)");
+    const int64_t ctas = items < res ? items : res;
     DecodeOperands p{};
     p.w = f.w;
     p.a = f.a;
@@ -324,8 +335,6 @@ struct DecodeRunner {
 template <class Element, class Fn>
 decltype(auto) with_decode_width(int64_t m, Fn&& fn) {
   switch (fused_decode_token_width(m)) {
-    case 8:
-      return fn(DecodeRunner<Element, 8>{});
     case 16:
       return fn(DecodeRunner<Element, 16>{});
     case 32:
@@ -338,14 +347,14 @@ decltype(auto) with_decode_width(int64_t m, Fn&& fn) {
 }  // namespace distgemm::kernel::decode
 
 // The decode kernel's entry points for one dtype (every token width).
-#define DISTGEMM_DEFINE_FUSED_DECODE_ENTRY_POINTS(SUFFIX, ELEMENT)                             \
-  namespace distgemm::kernel::detail {                                                         \
-  std::string fused_can_implement_##SUFFIX(const FusedAllReduceDesc&) { return ""; }           \
-  void fused_launch_##SUFFIX(const FusedAllReduceDesc& f, int device, cudaStream_t s) {        \
+#define DISTGEMM_DEFINE_FUSED_DECODE_ENTRY_POINTS(SUFFIX, ELEMENT)                               \
+  namespace distgemm::kernel::detail {                                                           \
+  std::string fused_can_implement_##SUFFIX(const FusedAllReduceDesc&) { return ""; }             \
+  void fused_launch_##SUFFIX(const FusedAllReduceDesc& f, int device, cudaStream_t s) {          \
     decode::with_decode_width<ELEMENT>(f.m, [&](auto r) { decltype(r)::launch(f, device, s); }); \
-  }                                                                                            \
-  int fused_resident_##SUFFIX(int64_t m, int device) {                                         \
-    return decode::with_decode_width<ELEMENT>(                                                 \
-        m, [&](auto r) { return decltype(r)::resident(device); });                             \
-  }                                                                                            \
+  }                                                                                              \
+  int fused_resident_##SUFFIX(int64_t m, int device) {                                           \
+    return decode::with_decode_width<ELEMENT>(                                                   \
+        m, [&](auto r) { return decltype(r)::resident(device); });                               \
+  }                                                                                              \
   }

@@ -66,8 +66,8 @@ __device__ __forceinline__ uint4 ld_volatile_v4(const void* p) {
 // One thread: wait until flag `f` (tile `idx`, set by rank `q`) reaches `gen`. `start` is the
 // first moment this thread found a flag behind (0 before): one timeout covers all of a thread's
 // flags of a wait. False on timeout (reported) or when the device has aborted.
-__device__ inline bool wait_fused_flag(const FusedTail& t, const uint32_t* f, int idx, int q,
-                                       uint32_t gen, uint64_t& start) {
+__device__ __forceinline__ bool wait_fused_flag(const FusedTail& t, const uint32_t* f, int idx,
+                                                int q, uint32_t gen, uint64_t& start) {
   uint32_t v = ld_acquire_sys(f);
   while (!reached(v, gen)) {
     if (aborted(t.abort)) return false;
@@ -126,8 +126,8 @@ __device__ inline void reduce_slice(const FusedTail& t, int nb, int tb, int s, u
         const int64_t v = base + u;
         if (u < per && src < srcs && v < sl.end) {
           const int q = src / t.src_splits, sp = src - q * t.src_splits;
-          const int64_t off = int64_t(parity) * t.parity_elems + sp * t.split_elems +
-                              sl.offset(v, t.n);
+          const int64_t off =
+              int64_t(parity) * t.parity_elems + sp * t.split_elems + sl.offset(v, t.n);
           x[i] = ld_volatile_v4(static_cast<const Element*>(t.partial[q]) + off);
         }
       }
@@ -148,8 +148,8 @@ __device__ inline void reduce_slice(const FusedTail& t, int nb, int tb, int s, u
         if (src == srcs - 1) {
           const int64_t col = sl.col0 + (v % sl.vec_per_row) * 8;
           if (t.c) {
-            const uint4 cv =
-                *reinterpret_cast<const uint4*>(static_cast<const Element*>(t.c) + sl.offset(v, t.ldc));
+            const uint4 cv = *reinterpret_cast<const uint4*>(static_cast<const Element*>(t.c) +
+                                                             sl.offset(v, t.ldc));
             const Element* ce = reinterpret_cast<const Element*>(&cv);
 #pragma unroll
             for (int e = 0; e < 8; ++e) acc[e] += t.beta * float(ce[e]);
