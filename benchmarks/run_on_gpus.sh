@@ -35,6 +35,9 @@
 #                    torch symm_mem; ms per step and memory per variant)
 #   decode           benchmarks/decode.py --models 70B,405B --tokens 1..256 $DECODE_ARGS (O, FC2
 #                    GEMM + all-reduce in graphs of 20 calls: mm, mm + NCCL, mm + one_shot, distgemm)
+#   fused-tp1        benchmarks/fused_tp1.py on GPU 0: the fused GEMM + all-reduce at TP=1 (its kernel,
+#                    flags and reduction without NVLink) vs torch.mm on 70B/405B O and FC2 at tokens
+#                    1..256, weight bandwidth, and its correctness in bf16 and fp16
 #   cpp-tiles        benchmarks/compare_tiles.py (the GEMM's two tiles per shape, one GPU), then the
 #                    C++ sweep at 1024/2048 tokens with --tile-n auto and 256, two rounds each
 #   fp8-sweep        torchrun benchmarks/fp8_sweep.py $FP8_SWEEP_ARGS (70B layers at 8192 tokens: fp8
@@ -142,11 +145,13 @@ for p in "$@"; do
     serving) part serving ${SERVING_S:-450} torchrun --nproc-per-node "$NPROC" benchmarks/serving.py ${SERVING_ARGS:-} --out "$OUT/serving" ;;
     decode) part decode ${DECODE_S:-420} torchrun --nproc-per-node "$NPROC" benchmarks/decode.py --models 70B,405B \
               --tokens 1,2,4,8,16,32,64,128,256 ${DECODE_ARGS:-} --out "$OUT/decode" ;;
+    fused-tp1) part fused-tp1 ${FUSED_TP1_S:-420} env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/fused_tp1.py \
+              ${FUSED_TP1_ARGS:-} --out "$OUT/fused-tp1" ;;
     kernel-vs-cublas) part kernel-vs-cublas ${KERNEL_S:-500} python3 benchmarks/kernel_vs_cublas.py \
               ${KERNEL_ARGS:---tp 2 --local-only} --budget-s $(( ${KERNEL_S:-500} - 40 )) --out "$OUT/kernel-vs-cublas" ;;
     cpp-sweep-quick) part cpp-sweep-quick 200 "$BENCH" --sweep quick --tp "$NPROC" --csv "$OUT/cpp-sweep-quick/cpp-sweep-quick.csv" ;;
     cpp-sweep-full) part cpp-sweep-full 400 "$BENCH" --sweep full --tp "$NPROC" --csv "$OUT/cpp-sweep-full/cpp-sweep-full.csv" ;;
-    *) echo "unknown part '$p' (install, first-run, kernel-tests, fp8-tests, fp8-ops, shared-api, fp8-sweep, fp8-kernel, timing-study, training, serving, decode, api, cpp-tests, cpp-variants, cpp-tiles, kernel-vs-cublas, timeline, sweep-quick, sweep-full, sweep-fc, cpp-sweep-quick, cpp-sweep-full)"; rc=1 ;;
+    *) echo "unknown part '$p' (install, first-run, kernel-tests, fp8-tests, fp8-ops, shared-api, fp8-sweep, fp8-kernel, timing-study, training, serving, decode, fused-tp1, api, cpp-tests, cpp-variants, cpp-tiles, kernel-vs-cublas, timeline, sweep-quick, sweep-full, sweep-fc, cpp-sweep-quick, cpp-sweep-full)"; rc=1 ;;
   esac
   tail -n 25 "$OUT/$p.log" 2>/dev/null | cut -c1-250
 done

@@ -1,5 +1,6 @@
-"""CPU checks of gemm_all_reduce's fused path without a GPU: the kernel's host-only rules (token
-tile, split-K factor, buffer sizes, the shape check, from C++ through _core), the path choice
+"""CPU checks of gemm_all_reduce's fused path without a GPU: the kernel's host-only rules (which
+kernel, token tile and width, split-K factor, buffer sizes, the shape check, from C++ through
+_core), the path choice
 (``path="fused"`` requested, ``"auto"`` at decode sizes, the reasons it is not taken) and the
 path argument's validation. The GPU runs it in tests/gpu/test_fused.py."""
 
@@ -22,7 +23,20 @@ def _spec(tokens, n=8192, k_local=4096, tp=2, transposed=False):
     return ops.make_spec("gemm_all_reduce", "gemm_allreduce", tp, 0, None, a, w)
 
 
-def test_token_tile_is_narrow_up_to_128_tokens_and_wide_above():
+def test_decode_kernel_runs_up_to_its_token_limit_and_cutlass_above():
+    limit = _core.FUSED_DECODE_MAX_TOKENS
+    assert limit == 128
+    assert [_core.fused_kernel(m) for m in (1, 7, 64, limit, limit + 1, 4096)] == [
+        "decode",
+        "decode",
+        "decode",
+        "decode",
+        "cutlass",
+        "cutlass",
+    ]
+
+
+def test_token_tile_is_the_decode_block_up_to_128_tokens_and_wide_above():
     assert [_core.fused_token_tile(m) for m in (1, 64, 128, 129, 256, 4096)] == [
         64,
         64,
@@ -33,26 +47,41 @@ def test_token_tile_is_narrow_up_to_128_tokens_and_wide_above():
     ]
 
 
+def test_decode_token_width_pads_a_block_to_16_32_or_64():
+    got = [_core.fused_decode_token_width(m) for m in (1, 3, 8, 9, 16, 17, 32, 33, 64, 65, 128)]
+    assert got == [16, 16, 16, 16, 16, 32, 32, 64, 64, 64, 64]
+
+
 @pytest.mark.parametrize(
     "m,n,k,resident,splits",
     [
-        (8, 8192, 4096, 132, 2),  # 70B O: 64 tiles -> 128 CTAs
-        (8, 8192, 14336, 132, 2),  # 70B FC2
-        (8, 16384, 8192, 132, 1),  # 405B O: 128 tiles fill the GPU already
-        (8, 1024, 4096, 132, 4),  # 8 tiles: the most splits there are
-        (8, 1024, 192, 132, 3),  # 192 = 3 x 64: four splits would not be whole k-blocks
-        (256, 8192, 4096, 132, 2),  # the wide token tile: 64 tiles
-        (200, 8192, 4096, 100, 1),  # fewer resident CTAs than two splits need
+        # decode kernel (m <= 128): up to 8 splits, each at least one K step of 64
+        (8, 8192, 4096, 264, 4),  # 70B O: 64 tiles x 4 = 256 CTAs
+        (1, 8192, 4096, 132, 2),  # fewer resident CTAs: 2 splits
+        (8, 8192, 14336, 528, 8),  # 70B FC2 with 4 CTAs an SM: the most splits there are
+        (8, 16384, 8192, 264, 2),  # 405B O: 128 tiles
+        (8, 16384, 8192, 100, 1),  # more tiles than resident CTAs: no split, tiles in rounds
+        (100, 8192, 4096, 264, 2),  # two token blocks: 128 tiles
+        (8, 1024, 192, 264, 3),  # k = 3 steps of 64: at most 3 splits
+        (8, 1024, 200, 264, 4),  # k = 200: 4 steps, the last one partial
+        # CUTLASS kernel (m > 128): up to 4 splits of whole 64-element k-blocks
+        (256, 8192, 4096, 132, 2),
+        (200, 8192, 4096, 100, 1),
+        (300, 1024, 192, 132, 3),
     ],
 )
-def test_splits_fill_the_resident_ctas_with_whole_k_blocks(m, n, k, resident, splits):
+def test_splits_fill_the_resident_ctas(m, n, k, resident, splits):
     assert _core.fused_splits(m, n, k, resident) == splits
     assert _core.fused_shape_problem(m, n, k, splits, 2) == ""
 
 
-def test_partial_buffers_hold_two_parities_of_every_split():
-    assert _core.fused_partial_elems(8, 8192, 2) == 2 * 2 * 8 * 8192
-    assert _core.FUSED_CONTROL_BYTES == 128 + 4 * _core.FUSED_MAX_TILES * _core.MAX_TP
+def test_partial_buffers_hold_two_parities_and_the_decode_kernels_fp32_splits():
+    # decode: two parities of the summed partial (bf16), then 4 fp32 split partials
+    assert _core.fused_partial_bytes(8, 8192, 4, 2) == 2 * 8 * 8192 * 2 + 4 * 8 * 8192 * 4
+    # CUTLASS: two parities of every split's partial
+    assert _core.fused_partial_bytes(256, 8192, 2, 2) == 2 * 2 * 256 * 8192 * 2
+    # the control region: header, a flag section per rank, the local section
+    assert _core.FUSED_CONTROL_BYTES == 128 + 4 * _core.FUSED_MAX_TILES * (_core.MAX_TP + 1)
 
 
 @pytest.mark.parametrize(
@@ -60,7 +89,9 @@ def test_partial_buffers_hold_two_parities_of_every_split():
     [
         ((8, 1020, 4096, 1, 2), "n=1020 and k=4096 must be multiples of 8"),
         ((0, 1024, 4096, 1, 2), "m, n, k must be >= 1, got m=0"),
-        ((8, 1024, 4096, 5, 2), "splits=5 must be in 1..4"),
+        ((300, 1024, 4096, 5, 2), "splits=5 must be in 1..4"),
+        ((8, 1024, 4096, 9, 2), "splits=9 must be in 1..8"),
+        ((8, 1024, 128, 3, 2), "at most the 2 K steps of 64 in k=128"),
         ((8, 1024, 4096, 1, 99), "tp=99 is not in 1.."),
         ((100000, 65536, 4096, 1, 2), "more than the 4096 flags"),
     ],

@@ -1,6 +1,6 @@
 // distgemm._core's host-only rules of the fused GEMM + all-reduce (kernel/fused_allreduce.hpp):
-// token tile, split-K factor, buffer sizes and the shape check, so that Python decides the path
-// and sizes the workspace the same way with or without a GPU.
+// which kernel, token tile, split-K factor, buffer sizes and the shape check, so that Python
+// decides the path and sizes the workspace the same way with or without a GPU.
 #include <pybind11/pybind11.h>
 
 #include "distgemm/kernel/fused_allreduce.hpp"
@@ -11,15 +11,24 @@ namespace k = distgemm::kernel;
 void register_fused_rules(py::module_& m) {
   m.attr("FUSED_CONTROL_BYTES") = py::int_(k::fused_control_bytes());
   m.attr("FUSED_MAX_SPLITS") = py::int_(k::kFusedMaxSplits);
+  m.attr("FUSED_DECODE_MAX_SPLITS") = py::int_(k::kFusedDecodeMaxSplits);
+  m.attr("FUSED_DECODE_MAX_TOKENS") = py::int_(k::kFusedDecodeMaxTokens);
   m.attr("FUSED_MAX_TILES") = py::int_(k::kFusedMaxTiles);
   m.attr("FUSED_MAX_AUTO_TOKENS") = py::int_(k::kFusedMaxAutoTokens);
+  m.def("fused_kernel", &k::fused_kernel_name, py::arg("m"),
+        "The fused kernel that runs m tokens: 'decode' (up to FUSED_DECODE_MAX_TOKENS) or "
+        "'cutlass'.");
+  m.def("fused_decode_token_width", &k::fused_decode_token_width, py::arg("m"),
+        "The decode kernel's padded tokens per block (16, 32 or 64) for m tokens.");
   m.def("fused_token_tile", &k::fused_token_tile, py::arg("m"),
         "Tokens per output tile of the fused kernel for m tokens.");
   m.def("fused_splits", &k::fused_splits, py::arg("m"), py::arg("n"), py::arg("k"),
         py::arg("resident_ctas"),
         "Splits of K of the fused kernel: the most that keep every tile resident at once.");
-  m.def("fused_partial_elems", &k::fused_partial_elems, py::arg("m"), py::arg("n"),
-        py::arg("splits"), "Elements of one rank's partial buffers (two parities).");
+  m.def("fused_partial_bytes", &k::fused_partial_bytes, py::arg("m"), py::arg("n"),
+        py::arg("splits"), py::arg("element_bytes"),
+        "Bytes of one rank's partial buffers (two parities; the decode kernel's fp32 split "
+        "partials after them).");
   m.def("fused_shape_problem", &k::fused_shape_problem, py::arg("m"), py::arg("n"), py::arg("k"),
         py::arg("splits"), py::arg("tp"),
         "'' when the fused kernel takes these shapes, else the reason with the values.");

@@ -1,13 +1,15 @@
 """The fused path of ``gemm_all_reduce`` (``path="fused"``; ``"auto"`` up to
-``_core.FUSED_MAX_AUTO_TOKENS`` tokens, today 0: its GEMM is slower than torch.mm): one
-kernel per rank computes its partial product into the communicator's symmetric workspace,
-signals each finished tile to every rank and sums the tiles it owns over every rank's partials,
-read over NVLink (kernel/fused_allreduce.hpp). No collective kernel, no copy engine, one kernel
-node inside a caller's CUDA graph.
+``_core.FUSED_MAX_AUTO_TOKENS`` tokens, today 0: not yet measured on two GPUs): one kernel per
+rank computes its partial product into the communicator's symmetric workspace, signals each
+finished tile to every rank and sums the tiles it owns over every rank's partials, read over
+NVLink (kernel/fused_allreduce.hpp). No collective kernel, no copy engine, one kernel node
+inside a caller's CUDA graph. Up to ``_core.FUSED_DECODE_MAX_TOKENS`` tokens its GEMM is the
+hand-written decode kernel (the weight streamed at memory bandwidth), above that CUTLASS's.
 
 Where it runs: the shapes (``fused_problem``) and a K-contiguous weight (a transposed ``.t()``
-view is not read by this kernel). Its buffers: two partial buffers (by launch parity) of
-``splits x M x N`` elements in the communicator's one workspace, placed like a plan's slots, and
+view is not read by this kernel). Its buffers: the partial buffers (``_core.fused_partial_bytes``:
+two by launch parity, and the decode kernel's fp32 split partials) in the communicator's one
+workspace, placed like a plan's slots, and
 one small control region per communicator (launch generation and per-tile flags), allocated at
 the first fused call and kept until ``close()``.
 
@@ -77,7 +79,7 @@ def attach_fused(comm: Communicator, entry: Entry) -> None:
     m, n, k = _problem_shape(entry.spec)
     dtype = DTYPES[entry.dtype]
     splits = _core.fused_splits(m, n, k, _core.fused_resident_ctas(dtype, m, comm.device.index))
-    part_bytes = 2 * int(_core.fused_partial_elems(m, n, splits))
+    part_bytes = int(_core.fused_partial_bytes(m, n, splits, entry.dtype.itemsize))
     align = int(_core.WORKSPACE_SLOT_ALIGN)
     slots = -(-part_bytes // align) * align
     control = comm.fused_control()  # allocates and exchanges it at the first fused entry
@@ -95,7 +97,11 @@ def attach_fused(comm: Communicator, entry: Entry) -> None:
         "control": control,
     }
     if entry.tuning is not None:
-        entry.tuning.update(fused_splits=splits, fused_token_tile=_core.fused_token_tile(m))
+        entry.tuning.update(
+            fused_kernel=_core.fused_kernel(m),
+            fused_splits=splits,
+            fused_token_tile=_core.fused_token_tile(m),
+        )
     entry.ws, entry.bases = comm.workspace_for(entry.fused["layout"])
 
 

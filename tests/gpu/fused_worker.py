@@ -6,8 +6,10 @@ GPU:
 Started by tests/gpu/test_fused.py. Sections (every rank runs all of them in the same order;
 inputs seeded, different per rank):
 
-  correctness  token counts 1..300 (token tiles 64 and 256, split-K 1..4), bf16 and fp16, with
-               and without bias and beta * c: against torch in fp32 from the same inputs
+  correctness  token counts 1..300 on both sides of the decode kernel's limit (decode kernel at
+               every token width 16..64 and two token blocks, split-K 1..8, a K whose last step
+               is partial; CUTLASS kernel, split-K 1..4), bf16 and fp16, with and without bias
+               and beta * c: against torch in fp32 from the same inputs
                (relative Frobenius error < TOL) and against torch.mm + NCCL all_reduce in the
                op's dtype (< TOL_SAME_DTYPE); the output bitwise equal on every rank; "auto"
                runs fused at decode sizes and not above
@@ -47,7 +49,7 @@ from distgemm import comm as dcomm
 
 TOL = 1e-2
 TOL_SAME_DTYPE = 2e-2
-TOKENS = [1, 3, 8, 17, 64, 100, 128, 129, 200, 256, 300]
+TOKENS = [1, 3, 7, 8, 16, 17, 33, 64, 100, 128, 129, 200, 256, 300]
 
 
 def inputs(m, n, k, dtype, dev, seed, bias=False, beta=0.0):
@@ -80,13 +82,20 @@ def check(name, y, a, w, b, c, beta, dtype, **extra):
 
 def test_correctness(dev):
     shapes = [(m, 1024, 4096) for m in TOKENS]
-    shapes += [(8, 8192, 4096), (256, 8192, 4096), (5, 4096, 14336)]
+    shapes += [
+        (8, 8192, 4096),
+        (256, 8192, 4096),
+        (5, 4096, 14336),
+        (3, 1024, 4104),
+        (40, 2048, 200),
+    ]
     for i, (m, n, k) in enumerate(shapes):
         for dtype in (torch.bfloat16, torch.float16):
             bias, beta = i % 2 == 1, (0.5 if i % 3 == 2 else 0.0)
             a, w, b, c = inputs(m, n, k, dtype, dev, seed=i, bias=bias, beta=beta)
             y = distgemm.gemm_all_reduce(a, w, bias=b, c=c, beta=beta, path="fused")
-            check(f"correctness/m{m}_n{n}_k{k}/{dtype}", y, a, w, b, c, beta, dtype)
+            kernel = distgemm._core.fused_kernel(m)
+            check(f"correctness/m{m}_n{n}_k{k}/{dtype}", y, a, w, b, c, beta, dtype, kernel=kernel)
     # "auto": fused up to FUSED_MAX_AUTO_TOKENS tokens only
     for m in (8, 256, 512):
         a, w, _, _ = inputs(m, 1024, 1024, torch.bfloat16, dev, seed=77)

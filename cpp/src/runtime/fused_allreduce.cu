@@ -1,5 +1,6 @@
-// Dtype and token-tile dispatch and the boundary checks of the fused GEMM + all-reduce
-// (kernel/fused_allreduce.hpp). The instantiations live in fused_<dtype>_t<tile>.cu.
+// Dtype and kernel dispatch and the boundary checks of the fused GEMM + all-reduce
+// (kernel/fused_allreduce.hpp). The instantiations live in fused_decode_<dtype>.cu (the decode
+// kernel) and fused_<dtype>_t256.cu (the CUTLASS kernel).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -14,30 +15,30 @@ namespace detail {
 #define DISTGEMM_DECLARE_FUSED_ENTRY_POINTS(SUFFIX)                                    \
   std::string fused_can_implement_##SUFFIX(const FusedAllReduceDesc& f);               \
   void fused_launch_##SUFFIX(const FusedAllReduceDesc& f, int device, cudaStream_t s); \
-  int fused_resident_##SUFFIX(int device);
-DISTGEMM_DECLARE_FUSED_ENTRY_POINTS(bf16_t64)
+  int fused_resident_##SUFFIX(int64_t m, int device);
+DISTGEMM_DECLARE_FUSED_ENTRY_POINTS(decode_bf16)
 DISTGEMM_DECLARE_FUSED_ENTRY_POINTS(bf16_t256)
-DISTGEMM_DECLARE_FUSED_ENTRY_POINTS(fp16_t64)
+DISTGEMM_DECLARE_FUSED_ENTRY_POINTS(decode_fp16)
 DISTGEMM_DECLARE_FUSED_ENTRY_POINTS(fp16_t256)
 #undef DISTGEMM_DECLARE_FUSED_ENTRY_POINTS
 
 struct FusedKernels {
   std::string (*can_implement)(const FusedAllReduceDesc&);
   void (*launch)(const FusedAllReduceDesc&, int, cudaStream_t);
-  int (*resident)(int);
+  int (*resident)(int64_t, int);
 };
 
 FusedKernels fused_kernels(DType dtype, int64_t m) {
-  const bool small = fused_token_tile(m) == kFusedTokenTileSmall;
+  const bool decode = fused_kernel(m) == FusedKernel::Decode;
   if (dtype == DType::BF16)
-    return small ? FusedKernels{fused_can_implement_bf16_t64, fused_launch_bf16_t64,
-                                fused_resident_bf16_t64}
-                 : FusedKernels{fused_can_implement_bf16_t256, fused_launch_bf16_t256,
-                                fused_resident_bf16_t256};
-  return small ? FusedKernels{fused_can_implement_fp16_t64, fused_launch_fp16_t64,
-                              fused_resident_fp16_t64}
-               : FusedKernels{fused_can_implement_fp16_t256, fused_launch_fp16_t256,
-                              fused_resident_fp16_t256};
+    return decode ? FusedKernels{fused_can_implement_decode_bf16, fused_launch_decode_bf16,
+                                 fused_resident_decode_bf16}
+                  : FusedKernels{fused_can_implement_bf16_t256, fused_launch_bf16_t256,
+                                 fused_resident_bf16_t256};
+  return decode ? FusedKernels{fused_can_implement_decode_fp16, fused_launch_decode_fp16,
+                               fused_resident_decode_fp16}
+                : FusedKernels{fused_can_implement_fp16_t256, fused_launch_fp16_t256,
+                               fused_resident_fp16_t256};
 }
 }  // namespace detail
 
@@ -80,7 +81,7 @@ std::string fused_allreduce_can_implement(const FusedAllReduceDesc& f) {
 }
 
 int fused_allreduce_resident_ctas(DType dtype, int64_t m, int device) {
-  return detail::fused_kernels(dtype, m).resident(device);
+  return detail::fused_kernels(dtype, m).resident(m, device);
 }
 
 void fused_allreduce_launch(const FusedAllReduceDesc& f, int device, cudaStream_t stream) {

@@ -5,11 +5,17 @@
 // into a caller's CUDA graph as one kernel node. No CUTLASS in this header; the choices below are
 // pure and host-only, so the bindings and the CPU tests use them without a GPU.
 //
-// The GEMM runs swapped (D^T = W X^T): the weight's N rows fill the 128-row side of the CUTLASS
-// tile and the few tokens its narrow side, so a decode step of 8 tokens wastes 8x, not 16x, of
-// the tensor-core work; the split-K factor (the kernel's batch mode over K slices) fills the SMs
-// that the N tiles alone would leave idle. Every rank runs the same tiles; a tile's output rows
-// are summed by the rank's CTA that computed split 0..S-1 of it, each CTA one slice of the rows.
+// Two kernels compute the partial product, both swapped (D^T = W X^T: the weight's N rows on
+// the 128-row side of a tile, the few tokens on its narrow side):
+//  - decode (up to kFusedDecodeMaxTokens tokens, fused_decode_sm90.cuh): warp-level MMAs fed
+//    straight from global memory, the weight streamed once at memory bandwidth, K split over
+//    CTAs (fused_splits) so that several CTAs stream on every SM; each CTA writes its fp32
+//    partial locally, the CTAs of a tile sum their slices over the splits into the rank's one
+//    partial tile, and only that tile crosses NVLink (one-shot all-reduce traffic);
+//  - cutlass (more tokens, fused_allreduce_sm90.cuh): CUTLASS's SM90 cooperative GEMM with a
+//    256-token tile, K split in its batch mode, every split's partial read by every rank.
+// Either way every rank runs the same tiles, and a tile's output is summed over every rank in a
+// fixed order by the rank's CTAs of that tile, each CTA one slice of the rows.
 //
 // Launch generations: the kernel reads its generation from the control words at entry, the last
 // CTA to finish advances them. Partials alternate between two buffers by generation parity, so a
@@ -25,46 +31,96 @@
 
 namespace distgemm::kernel {
 
-// Output tile of the swapped GEMM: 128 columns of N by kFusedTokenTile* tokens.
+// Output tile of the swapped GEMM: 128 columns of N by fused_token_tile(m) tokens.
 inline constexpr int kFusedTileN = 128;
-inline constexpr int kFusedTokenTileSmall = 64;
-inline constexpr int kFusedTokenTileLarge = 256;
-// path="auto" runs gemm_all_reduce fused up to this many tokens. 0: never, because the kernel's
-// GEMM alone takes 1.2-2.3x torch.mm's time at 1..256 tokens on an H200
-// (benchmarks/results/2026-11-23-fused-decode.md), so the collective path is faster; the fused
-// path runs where a caller asks for it (path="fused").
+inline constexpr int kFusedTokenTileSmall = 64;   // the decode kernel's token block
+inline constexpr int kFusedTokenTileLarge = 256;  // the CUTLASS kernel's token tile
+// path="auto" runs gemm_all_reduce fused up to this many tokens. 0: never, until the decode
+// kernel is measured against torch.mm + one-shot all-reduce on two GPUs (the CUTLASS kernel's
+// GEMM alone takes 1.2-2.3x torch.mm's time at 1..256 tokens on an H200,
+// benchmarks/results/2026-11-23-fused-decode.md); the fused path runs where a caller asks for
+// it (path="fused").
 inline constexpr int64_t kFusedMaxAutoTokens = 0;
-// At most this many splits of K (each a whole number of 64-element k-blocks).
+// The decode kernel runs up to this many tokens (in blocks of kFusedTokenTileSmall), the CUTLASS
+// kernel above.
+inline constexpr int64_t kFusedDecodeMaxTokens = 128;
+// The decode kernel's K step: each of a row's 4 threads loads 16 consecutive elements (two
+// 16-byte loads), so one step covers 64 elements, a 128-byte line of each of its weight rows.
+inline constexpr int kFusedDecodeKStep = 64;
+// At most this many splits of K: the CUTLASS kernel's batches (each a whole number of 64-element
+// k-blocks), the decode kernel's CTAs per tile (each at least one K step).
 inline constexpr int kFusedMaxSplits = 4;
-// Flags per rank in the fused control region: tiles x splits of one launch.
+inline constexpr int kFusedDecodeMaxSplits = 8;
+// Flags per section of the fused control region: tiles x splits of one launch.
 inline constexpr int kFusedMaxTiles = 4096;
 // The control region: the launch generation and the finished-CTA counter (one 128-byte line),
-// then kMaxDevices sections of kFusedMaxTiles flags (section q is set by rank q).
+// then kMaxDevices sections of kFusedMaxTiles flags (section q is set by rank q: its partial of
+// that tile is ready), then one local section (the decode kernel's split q of a tile is written).
 inline constexpr int64_t kFusedHeaderBytes = 128;
+inline constexpr int kFusedLocalSection = kMaxDevices;
 inline constexpr int64_t fused_control_bytes() {
-  return kFusedHeaderBytes + int64_t(kMaxDevices) * kFusedMaxTiles * 4;
+  return kFusedHeaderBytes + int64_t(kMaxDevices + 1) * kFusedMaxTiles * 4;
 }
 
-// The token tile: the narrow one up to 128 tokens (two of its tiles on one weight slice run side
-// by side and share the weight through L2), the wide one above.
+enum class FusedKernel { Decode, Cutlass };
+
+inline FusedKernel fused_kernel(int64_t m) {
+  return m <= kFusedDecodeMaxTokens ? FusedKernel::Decode : FusedKernel::Cutlass;
+}
+
+inline const char* fused_kernel_name(int64_t m) {
+  return fused_kernel(m) == FusedKernel::Decode ? "decode" : "cutlass";
+}
+
+// Tokens per output tile: the decode kernel's block (a launch has ceil(m / 64) of them), or the
+// CUTLASS kernel's wide tile.
 inline int fused_token_tile(int64_t m) {
-  return m <= 2 * kFusedTokenTileSmall ? kFusedTokenTileSmall : kFusedTokenTileLarge;
+  return fused_kernel(m) == FusedKernel::Decode ? kFusedTokenTileSmall : kFusedTokenTileLarge;
 }
 
-// Splits of K: the most (up to kFusedMaxSplits) that keep every tile resident at once on
-// `resident_ctas` and each split a whole number of 64-element k-blocks.
-inline int fused_splits(int64_t m, int64_t n, int64_t k, int resident_ctas) {
+// The decode kernel's padded tokens per block: 16, 32 or 64 (one n8 MMA fragment per 8), the
+// compile-time width its instantiations are chosen by. 1..8 tokens run at width 16: the kernel
+// streams the weight either way, and that instantiation fits its registers without spills.
+inline int fused_decode_token_width(int64_t m) {
+  const int64_t t = m < kFusedTokenTileSmall ? m : kFusedTokenTileSmall;
+  return t <= 16 ? 16 : t <= 32 ? 32 : 64;
+}
+
+inline int64_t fused_tiles(int64_t m, int64_t n) {
   const int64_t tt = fused_token_tile(m);
-  const int64_t tiles = ((n + kFusedTileN - 1) / kFusedTileN) * ((m + tt - 1) / tt);
+  return ((n + kFusedTileN - 1) / kFusedTileN) * ((m + tt - 1) / tt);
+}
+
+// Splits of K: the most that keep every CTA (tiles x splits) resident at once on
+// `resident_ctas`. Decode: up to kFusedDecodeMaxSplits, each at least one K step. CUTLASS: up
+// to kFusedMaxSplits, each a whole number of 64-element k-blocks.
+inline int fused_splits(int64_t m, int64_t n, int64_t k, int resident_ctas) {
+  const int64_t tiles = fused_tiles(m, n);
   int best = 1;
+  if (fused_kernel(m) == FusedKernel::Decode) {
+    const int64_t steps = (k + kFusedDecodeKStep - 1) / kFusedDecodeKStep;
+    for (int s = 2; s <= kFusedDecodeMaxSplits; ++s)
+      if (tiles * s <= resident_ctas && s <= steps) best = s;
+    return best;
+  }
   for (int s = 2; s <= kFusedMaxSplits; ++s)
     if (tiles * s <= resident_ctas && k % (int64_t(s) * 64) == 0) best = s;
   return best;
 }
 
-// Elements of one rank's partial buffers: two parities x splits x m x n.
-inline int64_t fused_partial_elems(int64_t m, int64_t n, int splits) {
-  return 2 * int64_t(splits) * m * n;
+// Bytes of one rank's partial buffers, 16-byte aligned pieces. CUTLASS: two parities x splits x
+// m x n elements (every rank reads every split). Decode: two parities x m x n elements (the
+// rank's partial summed over the splits, read by every rank), then splits x m x n fp32 (each
+// split's partial, read only by this rank's CTAs of the tile).
+inline int64_t fused_partial_bytes(int64_t m, int64_t n, int splits, int element_bytes) {
+  if (fused_kernel(m) == FusedKernel::Decode)
+    return 2 * m * n * element_bytes + int64_t(splits) * m * n * 4;
+  return 2 * int64_t(splits) * m * n * element_bytes;
+}
+
+// Bytes of the decode kernel's two parity buffers: where its fp32 split partials start.
+inline int64_t fused_decode_scratch_offset_bytes(int64_t m, int64_t n, int element_bytes) {
+  return 2 * m * n * element_bytes;
 }
 
 // "" when the shapes fit the fused kernel, else the reason with the values.
@@ -74,15 +130,23 @@ inline std::string fused_shape_problem(int64_t m, int64_t n, int64_t k, int spli
            " k=" + std::to_string(k);
   if (n % 8 != 0 || k % 8 != 0)
     return "n=" + std::to_string(n) + " and k=" + std::to_string(k) +
-           " must be multiples of 8 (16-byte rows for TMA and the reduction)";
-  if (splits < 1 || splits > kFusedMaxSplits || k % (int64_t(splits) * 8) != 0)
+           " must be multiples of 8 (16-byte row loads in the GEMM and the reduction)";
+  if (fused_kernel(m) == FusedKernel::Decode) {
+    const int64_t steps = (k + kFusedDecodeKStep - 1) / kFusedDecodeKStep;
+    if (splits < 1 || splits > kFusedDecodeMaxSplits || splits > steps)
+      return "splits=" + std::to_string(splits) + " must be in 1.." +
+             std::to_string(kFusedDecodeMaxSplits) + " and at most the " + std::to_string(steps) +
+             " K steps of " + std::to_string(kFusedDecodeKStep) + " in k=" + std::to_string(k) +
+             " (decode kernel, m=" + std::to_string(m) +
+             " <= " + std::to_string(kFusedDecodeMaxTokens) + ")";
+  } else if (splits < 1 || splits > kFusedMaxSplits || k % (int64_t(splits) * 8) != 0) {
     return "splits=" + std::to_string(splits) + " must be in 1.." +
            std::to_string(kFusedMaxSplits) + " and divide k=" + std::to_string(k) +
-           " into multiples of 8";
+           " into multiples of 8 (CUTLASS kernel, m=" + std::to_string(m) + ")";
+  }
   if (tp < 1 || tp > kMaxDevices)
     return "tp=" + std::to_string(tp) + " is not in 1.." + std::to_string(kMaxDevices);
-  const int64_t tt = fused_token_tile(m);
-  const int64_t tiles = ((n + kFusedTileN - 1) / kFusedTileN) * ((m + tt - 1) / tt) * splits;
+  const int64_t tiles = fused_tiles(m, n) * splits;
   if (tiles > kFusedMaxTiles)
     return "m=" + std::to_string(m) + " n=" + std::to_string(n) + " needs " +
            std::to_string(tiles) + " tiles, more than the " + std::to_string(kFusedMaxTiles) +

@@ -1,5 +1,6 @@
-// The fused GEMM + all-reduce kernel behind fused_allreduce.hpp. Included only by the
-// translation units in cpp/src/runtime/ that instantiate it (one per dtype and token tile).
+// The CUTLASS kernel of the fused GEMM + all-reduce (fused_allreduce.hpp: above the decode
+// kernel's token limit). Included only by the translation units in cpp/src/runtime/ that
+// instantiate it (one per dtype and token tile); its tail is fused_tail.cuh.
 //
 // Kernel: CUTLASS's SM90 TMA warp-specialized cooperative GEMM, swapped (D^T = W X^T: the
 // weight [n, k] is CUTLASS's A, the tokens [m, k] its B, the partial [m, n] row-major its
@@ -23,7 +24,6 @@
 
 #include <cuda_runtime.h>
 
-#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -36,7 +36,7 @@
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "distgemm/device/check.hpp"
 #include "distgemm/kernel/fused_allreduce.hpp"
-#include "distgemm/kernel/leading_barrier.cuh"
+#include "distgemm/kernel/fused_tail.cuh"
 
 namespace distgemm::kernel::sm90 {
 
@@ -68,32 +68,10 @@ struct FusedConfig {
       cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
 };
 
-// What the kernel needs besides CUTLASS's parameters: one set per launch.
-struct FusedTail {
-  const void* partial[kMaxDevices];  // every rank's partial buffers (parity 0, then 1)
-  uint32_t* control[kMaxDevices];    // every rank's control region
-  const void* bias;
-  const void* c;
-  void* out;
-  uint32_t* abort;
-  ErrorRecord* record;
-  int64_t m, n, ldo, ldc;
-  int64_t split_elems;   // m * n: one split's partial
-  int64_t parity_elems;  // splits * m * n: one parity's buffers
-  uint64_t timeout_ns;
-  float beta;
-  int tp, rank, splits, n_blocks, token_blocks;
-};
-
 template <class GemmKernel>
 struct FusedParams {
   typename GemmKernel::Params gemm[2];  // writing parity 0 / parity 1 partial buffers
 };
-
-// Tile (n block, token block, split) -> its flag within a rank's section.
-__device__ __forceinline__ int fused_tile_index(const FusedTail& t, int nb, int tb, int s) {
-  return (s * t.token_blocks + tb) * t.n_blocks + nb;
-}
 
 __device__ __forceinline__ void consumers_sync() {
   // Named barrier of the two consumer warpgroups only (the producer warpgroup has left).
@@ -103,110 +81,15 @@ __device__ __forceinline__ void consumers_sync() {
       : "memory");
 }
 
-__device__ __forceinline__ uint4 ld_volatile_v4(const void* p) {
-  uint4 v;
-  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p)
-               : "memory");
-  return v;
-}
-
 // One thread: wait until every rank's flags of every split of tile (nb, tb) reach `gen`.
 __device__ inline bool wait_tile(const FusedTail& t, int nb, int tb, uint32_t gen) {
-  const uint32_t* local = t.control[t.rank] + kFusedHeaderBytes / 4;
   uint64_t start = 0;
-  for (int q = 0; q < t.tp; ++q) {
+  for (int q = 0; q < t.tp; ++q)
     for (int s = 0; s < t.splits; ++s) {
       const int idx = fused_tile_index(t, nb, tb, s);
-      const uint32_t* f = local + q * kFusedMaxTiles + idx;
-      uint32_t v = ld_acquire_sys(f);
-      while (!reached(v, gen)) {
-        if (aborted(t.abort)) return false;
-        const uint64_t now = global_timer_ns();
-        if (start == 0) {
-          start = now;
-        } else if (now - start > t.timeout_ns) {
-          report_timeout(t.abort, t.record, kWaitFusedTile, t.rank, idx, q, gen, v, t.timeout_ns);
-          return false;
-        }
-        __nanosleep(20);
-        v = ld_acquire_sys(f);
-      }
+      if (!wait_fused_flag(t, fused_flag(t, t.rank, q, idx), idx, q, gen, start)) return false;
     }
-  }
   return true;
-}
-
-// Consumer threads (tid 0..255): slice `s` of tile (nb, tb)'s rows x columns, summed over every
-// rank and split. Each thread keeps kLoads 16-byte loads in flight (peers' are NVLink reads).
-template <class Element, int TokenTile>
-__device__ inline void reduce_slice(const FusedTail& t, int nb, int tb, int s, uint32_t parity,
-                                    int tid) {
-  constexpr int kLoads = 16;
-  constexpr int kThreads = 256;
-  const int64_t row0 = int64_t(tb) * TokenTile, col0 = int64_t(nb) * kFusedTileN;
-  const int64_t rows = t.m - row0 < TokenTile ? t.m - row0 : TokenTile;
-  const int64_t vec_per_row = (t.n - col0 < kFusedTileN ? t.n - col0 : kFusedTileN) / 8;
-  const int64_t total = rows * vec_per_row;
-  const int64_t begin = total * s / t.splits, end = total * (s + 1) / t.splits;
-  const int srcs = t.tp * t.splits;
-  const int per = srcs >= kLoads ? 1 : kLoads / srcs;  // vectors per thread per round
-  for (int64_t base = begin + int64_t(tid) * per; base < end; base += int64_t(kThreads) * per) {
-    for (int g0 = 0; g0 < srcs; g0 += kLoads) {
-      // Loads first (all in flight), then the sums in the fixed (rank, split) order.
-      uint4 x[kLoads];
-#pragma unroll
-      for (int i = 0; i < kLoads; ++i) {
-        const int u = srcs >= kLoads ? 0 : i / srcs;
-        const int src = srcs >= kLoads ? g0 + i : i - u * srcs;
-        const int64_t v = base + u;
-        if (u < per && src < srcs && v < end) {
-          const int q = src / t.splits, sp = src - q * t.splits;
-          const int64_t off = int64_t(parity) * t.parity_elems + sp * t.split_elems +
-                              (row0 + v / vec_per_row) * t.n + col0 + (v % vec_per_row) * 8;
-          x[i] = ld_volatile_v4(static_cast<const Element*>(t.partial[q]) + off);
-        }
-      }
-      float acc[8];
-#pragma unroll
-      for (int i = 0; i < kLoads; ++i) {
-        const int u = srcs >= kLoads ? 0 : i / srcs;
-        const int src = srcs >= kLoads ? g0 + i : i - u * srcs;
-        const int64_t v = base + u;
-        if (!(u < per && src < srcs && v < end)) continue;
-        if (src == 0) {
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[e] = 0.f;
-        }
-        const Element* xe = reinterpret_cast<const Element*>(&x[i]);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[e] += float(xe[e]);
-        if (src == srcs - 1) {
-          const int64_t row = row0 + v / vec_per_row, col = col0 + (v % vec_per_row) * 8;
-          if (t.c) {
-            const uint4 cv = *reinterpret_cast<const uint4*>(static_cast<const Element*>(t.c) +
-                                                             row * t.ldc + col);
-            const Element* ce = reinterpret_cast<const Element*>(&cv);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) acc[e] += t.beta * float(ce[e]);
-          }
-          if (t.bias) {
-            const uint4 bv =
-                *reinterpret_cast<const uint4*>(static_cast<const Element*>(t.bias) + col);
-            const Element* be = reinterpret_cast<const Element*>(&bv);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) acc[e] += float(be[e]);
-          }
-          uint4 ov;
-          Element* oe = reinterpret_cast<Element*>(&ov);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) oe[e] = Element(acc[e]);
-          *reinterpret_cast<uint4*>(static_cast<Element*>(t.out) + row * t.ldo + col) = ov;
-        }
-      }
-    }
-  }
 }
 
 template <class GemmKernel, class Element, int TokenTile>
@@ -218,8 +101,7 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock,
   static_assert(GemmKernel::MaxThreadsPerBlock == 384, "one producer + two consumer warpgroups");
   if (aborted(t.abort)) return;  // a previous launch timed out: the communicator is broken
   uint32_t* word = reinterpret_cast<uint32_t*>(smem);
-  uint32_t* control = t.control[t.rank];
-  if (threadIdx.x == 0) *word = *reinterpret_cast<volatile uint32_t*>(control) + 1u;
+  if (threadIdx.x == 0) *word = fused_launch_generation(t);
   __syncthreads();
   const uint32_t gen = *word;
   __syncthreads();  // read before the GEMM reuses shared memory
@@ -246,8 +128,7 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock,
     while (w.is_valid()) {
       if (in_problem(w)) {
         const int idx = fused_tile_index(t, int(w.M_idx), int(w.N_idx), int(w.L_idx));
-        for (int q = 0; q < t.tp; ++q)
-          st_release_sys(t.control[q] + kFusedHeaderBytes / 4 + t.rank * kFusedMaxTiles + idx, gen);
+        for (int q = 0; q < t.tp; ++q) st_release_sys(fused_flag(t, q, t.rank, idx), gen);
       }
       auto next = sched.fetch_next_work(w);
       w = cute::get<0>(next);
@@ -270,15 +151,7 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock,
   }
 
   consumers_sync();
-  if (tid == 0) {
-    __threadfence();
-    const uint32_t ctas = gridDim.x * gridDim.y * gridDim.z;
-    if (atomicAdd(control + 1, 1u) == ctas - 1u) {
-      *reinterpret_cast<volatile uint32_t*>(control + 1) = 0u;
-      __threadfence();
-      *reinterpret_cast<volatile uint32_t*>(control) = gen;
-    }
-  }
+  if (tid == 0) fused_finish_cta(t, gen);
 }
 
 template <class Element, int TokenTile>
@@ -327,27 +200,10 @@ struct FusedRunner {
     return "";
   }
 
-  // Once per device: the kernel's shared-memory limit, the SM count and the resident CTAs.
+  // The device's SM count and the CTAs resident at once (fused_tail.cuh, cached).
   static std::pair<int, int> prepare(int device) {
-    static std::mutex mu;
-    static int sms[64] = {}, resident[64] = {};
-    std::lock_guard<std::mutex> lock(mu);
-    if (device < 0 || device >= 64) throw std::runtime_error("device index out of range");
-    if (sms[device] == 0) {
-      int current = -1;
-      DISTGEMM_CUDA_CHECK(cudaGetDevice(&current));
-      DISTGEMM_CUDA_CHECK(cudaSetDevice(device));
-      DISTGEMM_CUDA_CHECK(cudaFuncSetAttribute(
-          kernel_fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes()));
-      int per_sm = 0, count = 0;
-      DISTGEMM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &per_sm, kernel_fn(), Kernel::MaxThreadsPerBlock, smem_bytes()));
-      DISTGEMM_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-      DISTGEMM_CUDA_CHECK(cudaSetDevice(current));
-      resident[device] = per_sm * count;
-      sms[device] = count;
-    }
-    return {sms[device], resident[device]};
+    return fused_occupancy(reinterpret_cast<const void*>(kernel_fn()), Kernel::MaxThreadsPerBlock,
+                           smem_bytes(), device);
   }
 
   static void launch(const FusedAllReduceDesc& f, int device, cudaStream_t stream) {
@@ -358,29 +214,7 @@ struct FusedRunner {
       Arguments args = make_arguments(f, part, sm_count);
       params.gemm[parity] = Kernel::to_underlying_arguments(args, nullptr);
     }
-    FusedTail t{};
-    for (int q = 0; q < f.tp; ++q) {
-      t.partial[q] = f.partial[q];
-      t.control[q] = f.control[q];
-    }
-    t.bias = f.bias;
-    t.c = f.c;
-    t.out = f.out;
-    t.abort = f.abort;
-    t.record = f.record;
-    t.m = f.m;
-    t.n = f.n;
-    t.ldo = f.ldo;
-    t.ldc = f.ldc;
-    t.split_elems = f.m * f.n;
-    t.parity_elems = f.splits * f.m * f.n;
-    t.timeout_ns = f.timeout_ns;
-    t.beta = f.beta;
-    t.tp = f.tp;
-    t.rank = f.rank;
-    t.splits = f.splits;
-    t.n_blocks = static_cast<int>((f.n + kFusedTileN - 1) / kFusedTileN);
-    t.token_blocks = static_cast<int>((f.m + TokenTile - 1) / TokenTile);
+    const FusedTail t = make_fused_tail(f, TokenTile, f.splits);
     dim3 grid = Kernel::get_grid_shape(params.gemm[0]);
     const int64_t ctas = int64_t(grid.x) * grid.y * grid.z;
     if (ctas > resident)
@@ -404,7 +238,7 @@ struct FusedRunner {
   void fused_launch_##SUFFIX(const FusedAllReduceDesc& f, int device, cudaStream_t s) { \
     sm90::FusedRunner<ELEMENT, TOKEN_TILE>::launch(f, device, s);                       \
   }                                                                                     \
-  int fused_resident_##SUFFIX(int device) {                                             \
+  int fused_resident_##SUFFIX(int64_t, int device) {                                    \
     return sm90::FusedRunner<ELEMENT, TOKEN_TILE>::prepare(device).second;              \
   }                                                                                     \
   }

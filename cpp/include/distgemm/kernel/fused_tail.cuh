@@ -1,0 +1,246 @@
+// The cross-rank tail shared by both fused GEMM + all-reduce kernels (fused_allreduce.hpp): the
+// per-tile flags, the fixed-order sum of a tile's slice over every rank's partials (+ beta * c +
+// bias) into the output, and the generation advance at the end of a launch. No CUTLASS here, so
+// the decode kernel's translation units stay light.
+//
+// Tile geometry: a tile is kFusedTileN output columns by TokenTile tokens (nb, tb); its rows x
+// columns, in vectors of 8 elements, are cut into `splits` equal slices, and CTA (nb, tb, s)
+// sums slice s. A rank's partial buffers: parity p, source split sp at element offset
+// p * parity_elems + sp * split_elems, each [m, n] row-major.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <utility>
+
+#include "distgemm/device/check.hpp"
+#include "distgemm/kernel/fused_allreduce.hpp"
+#include "distgemm/kernel/leading_barrier.cuh"
+
+namespace distgemm::kernel {
+
+// What the tail needs: one set per launch.
+struct FusedTail {
+  const void* partial[kMaxDevices];  // every rank's partial buffers (parity 0, then 1)
+  uint32_t* control[kMaxDevices];    // every rank's control region
+  const void* bias;
+  const void* c;
+  void* out;
+  uint32_t* abort;
+  ErrorRecord* record;
+  int64_t m, n, ldo, ldc;
+  int64_t split_elems;   // m * n: one source split's partial
+  int64_t parity_elems;  // src_splits * m * n: one parity's buffers
+  uint64_t timeout_ns;
+  float beta;
+  int tp, rank;
+  int splits;      // CTAs per tile (K splits), the slices of a tile's sum
+  int src_splits;  // partials per rank summed for a tile: CUTLASS its splits, decode 1
+  int n_blocks, token_blocks;
+};
+
+// Tile (n block, token block, split) -> its flag within a rank's section.
+__device__ __forceinline__ int fused_tile_index(const FusedTail& t, int nb, int tb, int s) {
+  return (s * t.token_blocks + tb) * t.n_blocks + nb;
+}
+
+// Flag `idx` of section `section` (a rank, or kFusedLocalSection) of `rank`'s control region.
+__device__ __forceinline__ uint32_t* fused_flag(const FusedTail& t, int rank, int section,
+                                                int idx) {
+  return t.control[rank] + kFusedHeaderBytes / 4 + section * kFusedMaxTiles + idx;
+}
+
+__device__ __forceinline__ uint4 ld_volatile_v4(const void* p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+
+// One thread: wait until flag `f` (tile `idx`, set by rank `q`) reaches `gen`. `start` is the
+// first moment this thread found a flag behind (0 before): one timeout covers all of a thread's
+// flags of a wait. False on timeout (reported) or when the device has aborted.
+__device__ __forceinline__ bool wait_fused_flag(const FusedTail& t, const uint32_t* f, int idx,
+                                                int q, uint32_t gen, uint64_t& start) {
+  uint32_t v = ld_acquire_sys(f);
+  while (!reached(v, gen)) {
+    if (aborted(t.abort)) return false;
+    const uint64_t now = global_timer_ns();
+    if (start == 0) {
+      start = now;
+    } else if (now - start > t.timeout_ns) {
+      report_timeout(t.abort, t.record, kWaitFusedTile, t.rank, idx, q, gen, v, t.timeout_ns);
+      return false;
+    }
+    __nanosleep(20);
+    v = ld_acquire_sys(f);
+  }
+  return true;
+}
+
+// Vectors of 8 elements [begin, end) of slice s of tile (nb, tb), and the tile's geometry.
+template <int TokenTile>
+struct FusedSlice {
+  int64_t row0, col0, vec_per_row, begin, end;
+  __device__ FusedSlice(const FusedTail& t, int nb, int tb, int s) {
+    row0 = int64_t(tb) * TokenTile;
+    col0 = int64_t(nb) * kFusedTileN;
+    const int64_t rows = t.m - row0 < TokenTile ? t.m - row0 : TokenTile;
+    vec_per_row = (t.n - col0 < kFusedTileN ? t.n - col0 : kFusedTileN) / 8;
+    const int64_t total = rows * vec_per_row;
+    begin = total * s / t.splits;
+    end = total * (s + 1) / t.splits;
+  }
+  // Element offset of vector v within an [m, n] row-major matrix of row stride ld.
+  __device__ int64_t offset(int64_t v, int64_t ld) const {
+    return (row0 + v / vec_per_row) * ld + col0 + (v % vec_per_row) * 8;
+  }
+};
+
+// Threads 0..255 of the CTA: slice `s` of tile (nb, tb)'s rows x columns, summed over every
+// rank and source split in a fixed order (rank 0.., split 0..: the same bits on every rank),
+// + beta * c + bias, stored to out. Each thread keeps kLoads 16-byte loads in flight (peers' are
+// NVLink reads).
+template <class Element, int TokenTile, int kLoads = 16>
+__device__ inline void reduce_slice(const FusedTail& t, int nb, int tb, int s, uint32_t parity,
+                                    int tid) {
+  constexpr int kThreads = 256;
+  const FusedSlice<TokenTile> sl(t, nb, tb, s);
+  const int srcs = t.tp * t.src_splits;
+  const int per = srcs >= kLoads ? 1 : kLoads / srcs;  // vectors per thread per round
+  for (int64_t base = sl.begin + int64_t(tid) * per; base < sl.end;
+       base += int64_t(kThreads) * per) {
+    for (int g0 = 0; g0 < srcs; g0 += kLoads) {
+      // Loads first (all in flight), then the sums in the fixed (rank, split) order.
+      uint4 x[kLoads];
+#pragma unroll
+      for (int i = 0; i < kLoads; ++i) {
+        const int u = srcs >= kLoads ? 0 : i / srcs;
+        const int src = srcs >= kLoads ? g0 + i : i - u * srcs;
+        const int64_t v = base + u;
+        if (u < per && src < srcs && v < sl.end) {
+          const int q = src / t.src_splits, sp = src - q * t.src_splits;
+          const int64_t off =
+              int64_t(parity) * t.parity_elems + sp * t.split_elems + sl.offset(v, t.n);
+          x[i] = ld_volatile_v4(static_cast<const Element*>(t.partial[q]) + off);
+        }
+      }
+      float acc[8];
+#pragma unroll
+      for (int i = 0; i < kLoads; ++i) {
+        const int u = srcs >= kLoads ? 0 : i / srcs;
+        const int src = srcs >= kLoads ? g0 + i : i - u * srcs;
+        const int64_t v = base + u;
+        if (!(u < per && src < srcs && v < sl.end)) continue;
+        if (src == 0) {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[e] = 0.f;
+        }
+        const Element* xe = reinterpret_cast<const Element*>(&x[i]);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] += float(xe[e]);
+        if (src == srcs - 1) {
+          const int64_t col = sl.col0 + (v % sl.vec_per_row) * 8;
+          if (t.c) {
+            const uint4 cv = *reinterpret_cast<const uint4*>(static_cast<const Element*>(t.c) +
+                                                             sl.offset(v, t.ldc));
+            const Element* ce = reinterpret_cast<const Element*>(&cv);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[e] += t.beta * float(ce[e]);
+          }
+          if (t.bias) {
+            const uint4 bv =
+                *reinterpret_cast<const uint4*>(static_cast<const Element*>(t.bias) + col);
+            const Element* be = reinterpret_cast<const Element*>(&bv);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[e] += float(be[e]);
+          }
+          uint4 ov;
+          Element* oe = reinterpret_cast<Element*>(&ov);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) oe[e] = Element(acc[e]);
+          *reinterpret_cast<uint4*>(static_cast<Element*>(t.out) + sl.offset(v, t.ldo)) = ov;
+        }
+      }
+    }
+  }
+}
+
+// One thread, after every thread of its CTA finished the launch: the last CTA to finish
+// advances the generation (the next launch of the stream reads it).
+__device__ inline void fused_finish_cta(const FusedTail& t, uint32_t gen) {
+  uint32_t* control = t.control[t.rank];
+  __threadfence();
+  const uint32_t ctas = gridDim.x * gridDim.y * gridDim.z;
+  if (atomicAdd(control + 1, 1u) == ctas - 1u) {
+    *reinterpret_cast<volatile uint32_t*>(control + 1) = 0u;
+    __threadfence();
+    *reinterpret_cast<volatile uint32_t*>(control) = gen;
+  }
+}
+
+// One thread, at entry: this launch's generation (the control word + 1).
+__device__ __forceinline__ uint32_t fused_launch_generation(const FusedTail& t) {
+  return *reinterpret_cast<volatile uint32_t*>(t.control[t.rank]) + 1u;
+}
+
+// Host: the tail's parameters of launch `f`, tiles of `token_tile` tokens, `src_splits`
+// partials per rank summed for a tile.
+inline FusedTail make_fused_tail(const FusedAllReduceDesc& f, int token_tile, int src_splits) {
+  FusedTail t{};
+  for (int q = 0; q < f.tp; ++q) {
+    t.partial[q] = f.partial[q];
+    t.control[q] = f.control[q];
+  }
+  t.bias = f.bias;
+  t.c = f.c;
+  t.out = f.out;
+  t.abort = f.abort;
+  t.record = f.record;
+  t.m = f.m;
+  t.n = f.n;
+  t.ldo = f.ldo;
+  t.ldc = f.ldc;
+  t.split_elems = f.m * f.n;
+  t.parity_elems = src_splits * f.m * f.n;
+  t.timeout_ns = f.timeout_ns;
+  t.beta = f.beta;
+  t.tp = f.tp;
+  t.rank = f.rank;
+  t.splits = f.splits;
+  t.src_splits = src_splits;
+  t.n_blocks = static_cast<int>((f.n + kFusedTileN - 1) / kFusedTileN);
+  t.token_blocks = static_cast<int>((f.m + token_tile - 1) / token_tile);
+  return t;
+}
+
+// Host, once per (kernel, device): the device's SM count and the CTAs of kernel `fn` resident at
+// once on it with `threads` threads and `smem` bytes of dynamic shared memory (set as the
+// kernel's limit first).
+inline std::pair<int, int> fused_occupancy(const void* fn, int threads, int smem, int device) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, std::pair<int, int>> known;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(fn, device);
+  const auto it = known.find(key);
+  if (it != known.end()) return it->second;
+  int current = -1;
+  DISTGEMM_CUDA_CHECK(cudaGetDevice(&current));
+  DISTGEMM_CUDA_CHECK(cudaSetDevice(device));
+  if (smem > 0)
+    DISTGEMM_CUDA_CHECK(
+        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  int per_sm = 0, count = 0;
+  DISTGEMM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, smem));
+  DISTGEMM_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  DISTGEMM_CUDA_CHECK(cudaSetDevice(current));
+  return known[key] = {count, per_sm * count};
+}
+
+}  // namespace distgemm::kernel
