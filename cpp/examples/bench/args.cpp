@@ -86,14 +86,17 @@ void check_dtype(const Args& a, const std::set<std::string>& given) {
   if (dtype_of(a) != kernel::DType::E4M3) {
     for (const char* k : {"--scales", "--fast-accum"})
       if (given.count(k))
-        usage(std::string(k) +
-              " needs --dtype fp8 (it sets the fp8 scales or kernel), got --dtype " + a.dtype);
+        usage(std::string(k) + " needs --dtype fp8, got --dtype " + a.dtype +
+              ": it sets the fp8 scales or kernel");
     return;
   }
-  if (a.alpha != 1.0f)
-    usage("--alpha " + std::to_string(a.alpha) +
+  if (a.alpha != 1.0f) {
+    std::ostringstream alpha;
+    alpha << a.alpha;
+    usage("--alpha " + alpha.str() +
           " with --dtype fp8: the fp8 kernels scale by the operands' scales only (alpha is folded "
           "into them); leave --alpha 1");
+  }
   if (a.tile_n != 0)
     usage("--tile-n " + std::to_string(a.tile_n) +
           " with --dtype fp8: the fp8 kernel follows --fast-accum (128x128 accurate, 128x256 "
