@@ -22,6 +22,8 @@
 #   shared-api       tests/gpu/torchrun_worker.py --sections correctness,paths on 2 ranks sharing
 #                    GPU 0 (DISTGEMM_ALLOW_SHARED_GPU=1, gloo): the plans where only one GPU is lent
 #   cpp-tests        python3 -m pytest tests/gpu/test_cpp_bench.py (the C++ runtime grid)
+#   cpp-fp8          the fp8 cases of tests/gpu/test_cpp_bench.py (-k fp8), then distgemm_bench
+#                    --sweep quick at fp8 (row scales; row scales with fast accumulation) and bf16
 #   timeline         benchmarks/overlap_timeline.py (per-stream picture of one case)
 #   sweep-quick|full benchmarks/llama_sweep.py [--quick] $SWEEP_ARGS (e.g. "--models 405B")
 #   sweep-fc         benchmarks/llama_sweep.py --models 70B --layers FC1,FC2 (every token count)
@@ -113,6 +115,15 @@ for p in "$@"; do
               ${FP8_ARGS:---tp 2} --budget-s $(( ${FP8_S:-400} - 30 )) --out "$OUT/fp8-kernel" ;;
     cpp-tests) part cpp-tests ${CPP_TESTS_S:-330} env DISTGEMM_BENCH="$BENCH" python3 -m pytest -q -x -rs \
                  ${CPP_TESTS_K:+-k "$CPP_TESTS_K"} tests/gpu/test_cpp_bench.py ;;
+    cpp-fp8) part cpp-fp8 ${CPP_FP8_S:-540} bash -c '
+        set -u; rc=0
+        env DISTGEMM_BENCH="$0" python3 -m pytest -q -rs -k fp8 tests/gpu/test_cpp_bench.py || rc=1
+        for run in "fp8-row:--dtype fp8 --scales row" "fp8-row-fa:--dtype fp8 --scales row --fast-accum" \
+                   "bf16:--dtype bf16"; do
+          "$0" --sweep quick --tp "$2" ${run#*:} --csv "$1/${run%%:*}.csv" > "$1/${run%%:*}.log" 2>&1
+          r=$?; [ $r -eq 0 ] || rc=1
+          echo "quick sweep ${run#*:} rc=$r"; tail -n 12 "$1/${run%%:*}.log"
+        done; exit $rc' "$BENCH" "$OUT/cpp-fp8" "$NPROC" ;;
     cpp-variants) part cpp-variants ${CPP_VARIANTS_S:-300} bash -c '
         # The quick C++ sweep (70B x 4 layers x 4096/8192 tokens, S = TP and 2TP, verified) under
         # each (partial transport, PDL) pair, in two interleaved rounds (drift shows as the
@@ -151,7 +162,7 @@ for p in "$@"; do
               ${KERNEL_ARGS:---tp 2 --local-only} --budget-s $(( ${KERNEL_S:-500} - 40 )) --out "$OUT/kernel-vs-cublas" ;;
     cpp-sweep-quick) part cpp-sweep-quick 200 "$BENCH" --sweep quick --tp "$NPROC" --csv "$OUT/cpp-sweep-quick/cpp-sweep-quick.csv" ;;
     cpp-sweep-full) part cpp-sweep-full 400 "$BENCH" --sweep full --tp "$NPROC" --csv "$OUT/cpp-sweep-full/cpp-sweep-full.csv" ;;
-    *) echo "unknown part '$p' (install, first-run, kernel-tests, fp8-tests, fp8-ops, shared-api, fp8-sweep, fp8-kernel, timing-study, training, serving, decode, fused-tp1, api, cpp-tests, cpp-variants, cpp-tiles, kernel-vs-cublas, timeline, sweep-quick, sweep-full, sweep-fc, cpp-sweep-quick, cpp-sweep-full)"; rc=1 ;;
+    *) echo "unknown part '$p' (install, first-run, kernel-tests, fp8-tests, fp8-ops, shared-api, fp8-sweep, fp8-kernel, timing-study, training, serving, decode, fused-tp1, api, cpp-tests, cpp-fp8, cpp-variants, cpp-tiles, kernel-vs-cublas, timeline, sweep-quick, sweep-full, sweep-fc, cpp-sweep-quick, cpp-sweep-full)"; rc=1 ;;
   esac
   tail -n 25 "$OUT/$p.log" 2>/dev/null | cut -c1-250
 done

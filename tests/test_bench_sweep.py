@@ -1,5 +1,6 @@
 """The Llama-3 sweep shapes (cpp/include/distgemm/llama_shapes.hpp) through distgemm._core, and
-`distgemm_bench --sweep ... --dry-run`, which lists the sweep's cases without calling into CUDA.
+what `distgemm_bench` decides without calling into CUDA: `--sweep ... --dry-run`, which lists the
+sweep's cases, and the refusals of bad arguments (exit code 2), the fp8 options' among them.
 The binary is the installed distgemm/bin/distgemm_bench (or DISTGEMM_BENCH); its tests skip, with
 the reason, where the package was built without the CUDA runtime."""
 
@@ -313,3 +314,40 @@ def test_dry_run_needs_tp():
     proc = bench("--sweep", "quick", "--dry-run")
     assert proc.returncode == 2
     assert "--dry-run needs --tp" in proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# distgemm_bench --dtype fp8: the options checked before anything runs
+
+
+@needs_bench
+def test_dry_run_takes_fp8():
+    proc = bench(
+        *("--sweep", "quick", "--tp", "2", "--dry-run", "--dtype", "fp8"),
+        *("--scales", "row", "--fast-accum"),
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert len(dry_cases(proc)) == 8
+
+
+@needs_bench
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (("--dtype", "e4m3"), "--dtype takes one of bf16, fp16, fp8, got e4m3"),
+        (("--fast-accum",), "--fast-accum needs --dtype fp8"),
+        (("--dtype", "fp16", "--scales", "row"), "--scales needs --dtype fp8, got --dtype fp16"),
+        (("--dtype", "fp8", "--scales", "rows"), "--scales takes tensor or row, got rows"),
+        (("--dtype", "fp8", "--alpha", "0.5"), "with --dtype fp8: the fp8 kernels scale by"),
+        (("--dtype", "fp8", "--tile-n", "256"), "--tile-n 256 with --dtype fp8"),
+        (
+            ("--dtype", "fp8", "--scales", "row", "--l", "2"),
+            "row-wise scales (of A and B) need L=1, got L=2",
+        ),
+    ],
+)
+def test_bad_fp8_arguments_exit_2(args, message):
+    """Refused before any GPU is asked for (none is visible here), with the reason."""
+    proc = bench("--schedule", "ag_rotate_a", "--tp", "2", "--steps", "2", *args)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr

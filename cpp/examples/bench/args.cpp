@@ -73,12 +73,54 @@ void finish_sweep_args(Args& a, const std::set<std::string>& given) {
   if (!given.count("--verify-rows")) a.verify_rows = 256;
 }
 
+// --dtype is one of kDTypes; the fp8 options go with fp8 only, and the options the fp8 kernels do
+// not have are refused with the reason.
+void check_dtype(const Args& a, const std::set<std::string>& given) {
+  std::string names;
+  bool known = false;
+  for (const DTypeName& d : kDTypes) {
+    names += (names.empty() ? "" : ", ") + std::string(d.name);
+    known = known || a.dtype == d.name;
+  }
+  if (!known) usage("--dtype takes one of " + names + ", got " + a.dtype);
+  if (dtype_of(a) != kernel::DType::E4M3) {
+    for (const char* k : {"--scales", "--fast-accum"})
+      if (given.count(k))
+        usage(std::string(k) + " needs --dtype fp8, got --dtype " + a.dtype +
+              ": it sets the fp8 scales or kernel");
+    return;
+  }
+  if (a.alpha != 1.0f) {
+    std::ostringstream alpha;
+    alpha << a.alpha;
+    usage("--alpha " + alpha.str() +
+          " with --dtype fp8: the fp8 kernels scale by the operands' scales only (alpha is folded "
+          "into them); leave --alpha 1");
+  }
+  if (a.tile_n != 0)
+    usage("--tile-n " + std::to_string(a.tile_n) +
+          " with --dtype fp8: the fp8 kernel follows --fast-accum (128x192 accurate, 128x256 "
+          "fast accumulation); leave --tile-n auto");
+}
+
 }  // namespace
+
+kernel::DType dtype_of(const Args& a) {
+  for (const DTypeName& d : kDTypes)
+    if (a.dtype == d.name) return d.dtype;
+  throw std::logic_error("internal: --dtype " + a.dtype + " was not checked by parse()");
+}
+
+const char* scales_name(const Args& a) {
+  if (dtype_of(a) != kernel::DType::E4M3) return "none";
+  return a.row_scales ? "row" : "tensor";
+}
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "error: %s\nusage: distgemm_bench --schedule NAME --tp T --steps S|auto --m M --n N "
-               "--k K [--l L] [--dtype bf16|fp16] [--iterations I|auto] [--warmup W] "
+               "--k K [--l L] [--dtype bf16|fp16|fp8] [--scales tensor|row] [--fast-accum] "
+               "[--iterations I|auto] [--warmup W] "
                "[--warmup-ms T] [--alpha A] [--beta B] [--bias] [--timeout-s T] [--replays R] "
                "[--simulate-missing-device D] [--check-update] [--no-verify] [--no-local] "
                "[--seed X] [--swizzle 1|2|4|8] [--raster 0|1|2] [--pdl|--no-pdl] "
@@ -86,7 +128,8 @@ void finish_sweep_args(Args& a, const std::set<std::string>& given) {
                "[--graph-json PATH]\n"
                "       distgemm_bench --sweep [quick|full] [--tp T] [--models 8B,70B,405B] "
                "[--tokens 1024,...,16384] [--layers QKV,O,FC1,FC2] [--csv PATH] [--dry-run] "
-               "[--dtype bf16|fp16] [--iterations I|auto] [--warmup W] [--warmup-ms T>=200] "
+               "[--dtype bf16|fp16|fp8] [--scales tensor|row] [--fast-accum] [--iterations I|auto] "
+               "[--warmup W] [--warmup-ms T>=200] "
                "[--timeout-s T] [--seed X] [--swizzle 1|2|4|8] [--raster 0|1|2] [--pdl|--no-pdl] "
                "[--partial-via epilogue|copy] [--tile-n auto|128|256] "
                "[--verify-rows R]\n",
@@ -123,6 +166,12 @@ Args parse(int argc, char** argv) {
         a.l = std::stoll(val());
       else if (k == "--dtype")
         a.dtype = val();
+      else if (k == "--scales") {
+        const std::string v = val();
+        if (v != "tensor" && v != "row") usage("--scales takes tensor or row, got " + v);
+        a.row_scales = v == "row";
+      } else if (k == "--fast-accum")
+        a.fast_accum = true;
       else if (k == "--iterations") {
         const std::string v = val();
         a.iterations = v == "auto" ? 0 : std::stoi(v);
@@ -194,7 +243,7 @@ Args parse(int argc, char** argv) {
       usage("bad value for " + k);
     }
   }
-  if (a.dtype != "bf16" && a.dtype != "fp16") usage("--dtype must be bf16 or fp16");  // no aliases
+  check_dtype(a, given);
   if (a.iterations < 0 || a.warmup < 0) usage("--iterations must be >= 1 and --warmup >= 0");
   if (a.verify_rows < 0) usage("--verify-rows must be >= 0 (0: every row)");
   if (!a.sweep.empty()) {

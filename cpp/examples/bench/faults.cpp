@@ -35,8 +35,7 @@ double device_used_mib(int dev) {
 }  // namespace
 
 int run_missing_device(const Args& a, Setup& s) {
-  const kernel::DType dt = dtype_of(a);
-  for (int d = 0; d < a.tp; ++d) random_fill(dt, s.A[d], 5), random_fill(dt, s.B[d], 6);
+  fill_inputs(s, a.seed);
   auto t0 = std::chrono::steady_clock::now();
   launch_all(s, a.missing);
   try {

@@ -47,11 +47,10 @@ void random_fill(kernel::DType dtype, const DevBuf& b, uint64_t seed) {
 
 namespace {
 
-// Copies the (row0, col0, rows, cols) window of a dense [L, g.rows, g.cols] tensor between a
-// global tensor and a local dense [L, rows, cols] one.
+// Copies the (row0, col0, rows, cols) window of a dense [L, g.rows, g.cols] tensor of `eb`-byte
+// elements between a global tensor and a local dense [L, rows, cols] one.
 void copy_window(void* local, const void* global, Extent2 g, int64_t row0, int64_t col0,
-                 int64_t rows, int64_t cols, int64_t L, bool to_local) {
-  const int64_t eb = 2;  // bf16 and fp16
+                 int64_t rows, int64_t cols, int64_t L, int64_t eb, bool to_local) {
   for (int64_t l = 0; l < L; ++l) {
     char* gp = (char*)global + (l * g.rows * g.cols + row0 * g.cols + col0) * eb;
     char* lp = (char*)local + l * rows * cols * eb;
@@ -97,19 +96,28 @@ std::vector<int64_t> sample_rows(int64_t M, int64_t want, uint64_t seed) {
 void scatter_inputs(const Global& g, Setup& s, Problem p, bool with_c, bool with_bias) {
   const auto& pt = s.plan.partition();
   const int tp = s.plan.tp;
+  const int64_t eb = kernel::dtype_bytes(s.dtype), ob = kernel::out_dtype_bytes(s.dtype);
+  const int64_t fb = schedule::kScaleBytes;
   for (int d = 0; d < tp; ++d) {
     int64_t r0, c0, rows, cols;
     shard_window({p.m, p.k}, Mode::M, Mode::K, pt.a, tp, d, r0, c0, rows, cols);
-    copy_window(s.A[d].p, g.A.p, {p.m, p.k}, r0, c0, rows, cols, p.l, true);
+    copy_window(s.A[d].p, g.A.p, {p.m, p.k}, r0, c0, rows, cols, p.l, eb, true);
+    // A row scale goes with its row of A; a tensor-wise scale to every device.
+    if (!s.scale_a.empty())
+      copy_window(s.scale_a[d].p, g.scale_a.p, {p.m, 1}, s.plan.row_scale_a ? r0 : 0, 0,
+                  s.plan.row_scale_a ? rows : 1, 1, 1, fb, true);
     shard_window({p.n, p.k}, Mode::N, Mode::K, pt.b, tp, d, r0, c0, rows, cols);
-    copy_window(s.B[d].p, g.B.p, {p.n, p.k}, r0, c0, rows, cols, p.l, true);
+    copy_window(s.B[d].p, g.B.p, {p.n, p.k}, r0, c0, rows, cols, p.l, eb, true);
+    if (!s.scale_b.empty())
+      copy_window(s.scale_b[d].p, g.scale_b.p, {p.n, 1}, s.plan.row_scale_b ? r0 : 0, 0,
+                  s.plan.row_scale_b ? rows : 1, 1, 1, fb, true);
     if (with_c) {
       shard_window({p.m, p.n}, Mode::M, Mode::N, pt.d, tp, d, r0, c0, rows, cols);
-      copy_window(s.C[d].p, g.C.p, {p.m, p.n}, r0, c0, rows, cols, p.l, true);
+      copy_window(s.C[d].p, g.C.p, {p.m, p.n}, r0, c0, rows, cols, p.l, ob, true);
     }
     if (with_bias) {
       shard_window({1, p.n}, Mode::None, Mode::N, pt.d, tp, d, r0, c0, rows, cols);
-      copy_window(s.bias[d].p, g.bias.p, {1, p.n}, 0, c0, 1, cols, 1, true);
+      copy_window(s.bias[d].p, g.bias.p, {1, p.n}, 0, c0, 1, cols, 1, ob, true);
     }
   }
 }
@@ -125,10 +133,17 @@ Setup::~Setup() {
 }
 
 device::UserBuffers Setup::user(int d) const {
-  return {A[d].p, B[d].p, C.empty() ? nullptr : C[d].p, D[d].p, bias.empty() ? nullptr : bias[d].p};
+  auto scale = [d](const std::vector<DevBuf>& v) {
+    return v.empty() ? nullptr : static_cast<const float*>(v[d].p);
+  };
+  return {A[d].p,
+          B[d].p,
+          C.empty() ? nullptr : C[d].p,
+          D[d].p,
+          bias.empty() ? nullptr : bias[d].p,
+          scale(scale_a),
+          scale(scale_b)};
 }
-
-kernel::DType dtype_of(const Args& a) { return kernel::parse_dtype(a.dtype); }
 
 bool passes(double rel_err) { return std::isfinite(rel_err) && rel_err < kTolerance; }
 
@@ -170,24 +185,37 @@ Problem local_problem(const schedule::ScheduleDef& def, Problem p, int tp) {
   return p;
 }
 
+schedule::PlanOptions plan_options_of(const Args& a, const schedule::ScheduleDef& def, int tp,
+                                      int steps) {
+  schedule::PlanOptions o = schedule::plan_options(def, tp, steps, a.partial_via);
+  o.row_scale_a = o.row_scale_b = a.row_scales;  // parse() allows --scales row at fp8 only
+  return o;
+}
+
 std::unique_ptr<Setup> make_setup(const Args& a, const schedule::ScheduleDef& def, Problem prob,
                                   int tp, int steps, const std::vector<int>& devs) {
   const kernel::DType dt = dtype_of(a);
-  const int64_t eb = kernel::dtype_bytes(dt);
+  const int64_t eb = kernel::dtype_bytes(dt), ob = kernel::out_dtype_bytes(dt);
   auto s = std::make_unique<Setup>();
-  s->plan = schedule::build_plan(def, prob, tp, steps,
-                                 schedule::plan_options(def, tp, steps, a.partial_via));
+  s->plan = schedule::build_plan(def, prob, tp, steps, plan_options_of(a, def, tp, steps));
+  s->dtype = dt;
   s->devs = devs;
   const auto& pt = s->plan.partition();
   const Extent2 la = pt.local_a(prob, tp), lb = pt.local_b(prob, tp), ld = pt.local_d(prob, tp);
   for (int d = 0; d < tp; ++d) {
     s->A.emplace_back(devs[d], size_t(prob.l * la.rows * la.cols * eb));
     s->B.emplace_back(devs[d], size_t(prob.l * lb.rows * lb.cols * eb));
-    s->D.emplace_back(devs[d], size_t(prob.l * ld.rows * ld.cols * eb));
-    if (a.beta != 0.0f) s->C.emplace_back(devs[d], size_t(prob.l * ld.rows * ld.cols * eb));
-    if (a.bias) s->bias.emplace_back(devs[d], size_t(pt.local_bias(prob, tp) * eb));
+    s->D.emplace_back(devs[d], size_t(prob.l * ld.rows * ld.cols * ob));
+    if (a.beta != 0.0f) s->C.emplace_back(devs[d], size_t(prob.l * ld.rows * ld.cols * ob));
+    if (a.bias) s->bias.emplace_back(devs[d], size_t(pt.local_bias(prob, tp) * ob));
+    if (dt == kernel::DType::E4M3) {
+      const int64_t fb = schedule::kScaleBytes;
+      s->scale_a.emplace_back(devs[d], size_t((s->plan.row_scale_a ? la.rows : 1) * fb));
+      s->scale_b.emplace_back(devs[d], size_t((s->plan.row_scale_b ? lb.rows : 1) * fb));
+    }
   }
-  s->ws = std::make_unique<device::LocalSymmetricWorkspace>(devs, s->plan.extra_bytes(eb));
+  s->ws = std::make_unique<device::LocalSymmetricWorkspace>(
+      devs, device::workspace_layout(s->plan, dt).total_bytes);
   device::EpilogueArgs epi{a.alpha, a.beta, a.bias};
   device::GraphOptions opt;
   opt.timeout_s = a.timeout_s;
@@ -195,6 +223,7 @@ std::unique_ptr<Setup> make_setup(const Args& a, const schedule::ScheduleDef& de
   opt.raster = a.raster;
   opt.pdl = a.pdl;
   opt.tile_n = a.tile_n;
+  opt.fast_accum = a.fast_accum;
   opt.workspace_bytes = s->ws->bytes();
   for (int d = 0; d < tp; ++d) {
     // Rejects misaligned shapes here, before anything is launched.
@@ -278,8 +307,8 @@ double time_replays(Setup& s, int warmup, int iters, int warmup_ms) {
 }
 
 Global make_global(const Args& a, Problem p, int dev0) {
-  const kernel::DType dt = dtype_of(a);
-  const int64_t eb = kernel::dtype_bytes(dt);
+  const kernel::DType dt = dtype_of(a), out_dt = kernel::out_dtype(dt);
+  const int64_t eb = kernel::dtype_bytes(dt), ob = kernel::dtype_bytes(out_dt);
   Global g;
   g.checked = p.m;
   if (a.verify_rows > 0 && a.verify_rows < p.m) {
@@ -293,18 +322,28 @@ Global make_global(const Args& a, Problem p, int dev0) {
   random_fill(dt, g.A, a.seed * 10 + 1);
   random_fill(dt, g.B, a.seed * 10 + 2);
   if (a.beta != 0.0f) {
-    g.C = DevBuf(dev0, size_t(p.l * p.m * p.n * eb));
-    random_fill(dt, g.C, a.seed * 10 + 3);
+    g.C = DevBuf(dev0, size_t(p.l * p.m * p.n * ob));
+    random_fill(out_dt, g.C, a.seed * 10 + 3);
   }
   if (a.bias) {
-    g.bias = DevBuf(dev0, size_t(p.n * eb));
-    random_fill(dt, g.bias, a.seed * 10 + 4);
+    g.bias = DevBuf(dev0, size_t(p.n * ob));
+    random_fill(out_dt, g.bias, a.seed * 10 + 4);
+  }
+  RefScales scales;
+  if (dt == kernel::DType::E4M3) {
+    g.scale_a = DevBuf(dev0, size_t((a.row_scales ? p.m : 1) * schedule::kScaleBytes));
+    g.scale_b = DevBuf(dev0, size_t((a.row_scales ? p.n : 1) * schedule::kScaleBytes));
+    DISTGEMM_CUDA_CHECK(cudaSetDevice(dev0));
+    fill_scales(static_cast<float*>(g.scale_a.p), int64_t(g.scale_a.bytes / 4), a.seed * 10 + 5);
+    fill_scales(static_cast<float*>(g.scale_b.p), int64_t(g.scale_b.bytes / 4), a.seed * 10 + 6);
+    scales = {static_cast<const float*>(g.scale_a.p), a.row_scales,
+              static_cast<const float*>(g.scale_b.p), a.row_scales};
   }
   g.acc = DevBuf(dev0, size_t(p.l * g.checked * p.n * 4));
-  g.Dg = DevBuf(dev0, size_t(p.l * p.m * p.n * eb));
+  g.Dg = DevBuf(dev0, size_t(p.l * p.m * p.n * ob));
   g.err = DevBuf(dev0, 3 * sizeof(double));
   DISTGEMM_CUDA_CHECK(cudaSetDevice(dev0));
-  reference_gemm(dt, g.A.p, g.B.p, static_cast<float*>(g.acc.p),
+  reference_gemm(dt, g.A.p, g.B.p, scales, static_cast<float*>(g.acc.p),
                  static_cast<const int64_t*>(g.rows.p), g.checked, p.m, p.n, p.k, p.l);
   DISTGEMM_CUDA_CHECK(cudaDeviceSynchronize());
   return g;
@@ -350,17 +389,28 @@ double verify(const Args& a, Global& g, Setup& s, Problem p) {
   for (int d = 0; d < tp; ++d) {
     int64_t r0, c0, rows, cols;
     shard_window({p.m, p.n}, Mode::M, Mode::N, pt.d, tp, d, r0, c0, rows, cols);
-    copy_window(s.D[d].p, g.Dg.p, {p.m, p.n}, r0, c0, rows, cols, p.l, false);
+    copy_window(s.D[d].p, g.Dg.p, {p.m, p.n}, r0, c0, rows, cols, p.l,
+                kernel::out_dtype_bytes(s.dtype), false);
   }
   return run_compare();
 }
 
-void fill_inputs(Setup& s, kernel::DType dtype, uint64_t seed) {
+void fill_inputs(Setup& s, uint64_t seed) {
+  const kernel::DType out_dt = kernel::out_dtype(s.dtype);
+  // A tensor-wise scale is one value on every device; row scales differ per row.
+  auto fill_scale = [&](const std::vector<DevBuf>& v, size_t d, bool rows, uint64_t salt) {
+    if (v.empty()) return;
+    DISTGEMM_CUDA_CHECK(cudaSetDevice(v[d].dev));
+    fill_scales(static_cast<float*>(v[d].p), int64_t(v[d].bytes / schedule::kScaleBytes),
+                seed + (rows ? 11 * d : 0) + salt);
+  };
   for (size_t d = 0; d < s.devs.size(); ++d) {
-    random_fill(dtype, s.A[d], seed + 11 * d + 1);
-    random_fill(dtype, s.B[d], seed + 11 * d + 2);
-    if (!s.C.empty()) random_fill(dtype, s.C[d], seed + 11 * d + 3);
-    if (!s.bias.empty()) random_fill(dtype, s.bias[d], seed + 11 * d + 4);
+    random_fill(s.dtype, s.A[d], seed + 11 * d + 1);
+    random_fill(s.dtype, s.B[d], seed + 11 * d + 2);
+    if (!s.C.empty()) random_fill(out_dt, s.C[d], seed + 11 * d + 3);
+    if (!s.bias.empty()) random_fill(out_dt, s.bias[d], seed + 11 * d + 4);
+    fill_scale(s.scale_a, d, s.plan.row_scale_a, 5);
+    fill_scale(s.scale_b, d, s.plan.row_scale_b, 6);
   }
   // The graphs run on non-blocking streams, which do not wait for the fill on the legacy stream.
   for (int dev : s.devs) {
@@ -381,7 +431,7 @@ double checked_launch(const Args& a, Global& g, Setup& s, Problem p) {
 
 double time_local(const Args& a, const schedule::ScheduleDef& def, Problem local, int dev) {
   auto ls = make_setup(a, def, local, 1, 1, {dev});
-  fill_inputs(*ls, dtype_of(a), a.seed + 100);
+  fill_inputs(*ls, a.seed + 100);
   return time_replays(*ls, a.warmup, a.iterations, a.warmup_ms);
 }
 

@@ -5,14 +5,21 @@
 // torchrun ones.
 //
 //   distgemm_bench --schedule ag_rotate_a --tp 2 --steps 2 --m 8192 --n 57344 --k 8192
-//                  --l 1 --dtype bf16 --iterations 50 --warmup 10 [--beta 0.5] [--bias]
+//                  --l 1 --dtype bf16|fp16|fp8 [--scales tensor|row] [--fast-accum]
+//                  --iterations 50 --warmup 10 [--beta 0.5] [--bias]
 //                  [--timeout-s 5] [--replays 10000] [--simulate-missing-device D]
 //                  [--check-update] [--no-verify] [--no-local] [--warmup-ms 1000]
 //                  [--swizzle 8] [--raster 0] [--pdl|--no-pdl] [--partial-via epilogue|copy]
 //                  [--tile-n auto|128|256] [--verify-rows R] [--graph-json PATH]
 //   distgemm_bench --sweep [quick|full] [--tp T] [--models 8B,70B] [--tokens 4096,8192]
 //                  [--layers QKV,O] [--csv PATH] [--dry-run] [--verify-rows 256]
-//                  [--warmup-ms 300] [--iterations auto] [--dtype bf16] [--pdl|--no-pdl] ...
+//                  [--warmup-ms 300] [--iterations auto] [--dtype bf16|fp16|fp8]
+//                  [--scales tensor|row] [--fast-accum] [--pdl|--no-pdl] ...
+// --dtype fp8: e4m3 A and B, quantized from seeded uniform data with one float32 scale per
+// operand (--scales tensor, the default) or per row of A and of B (--scales row); bf16 D, C and
+// bias; the reference is the fp32 GEMM of the dequantized inputs. --fast-accum: the fp8
+// fast-accumulation kernel. Refused at fp8: --alpha other than 1 (fold it into the scales) and
+// --tile-n (the fp8 kernel follows --fast-accum).
 // --pdl/--no-pdl: programmatic dependent launch between the GEMM steps (default: where it pays,
 // device::pdl_by_default); --partial-via: how reduce-scatter partials reach the next device
 // (default: schedule::default_plan_options); --tile-n: the GEMM output tile 128 x 128 or

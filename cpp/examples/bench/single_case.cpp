@@ -28,7 +28,8 @@ int run_single_case(Args a) {
   const Problem prob{a.m, a.n, a.k, a.l};
   if (a.steps == 0) a.steps = schedule::default_steps(*def, a.tp, prob);  // what steps=None gives
   {
-    const std::string why = schedule::validate(*def, prob, a.tp, a.steps);
+    const std::string why =
+        schedule::validate(*def, prob, a.tp, a.steps, plan_options_of(a, *def, a.tp, a.steps));
     if (!why.empty()) {
       std::fprintf(stderr, "error: rejected: %s\n", why.c_str());
       return 2;
@@ -44,14 +45,25 @@ int run_single_case(Args a) {
     return 2;
   }
   const auto st = s->graphs[0]->stats();
+  std::string kernels;  // the kernels the GEMMs choose from, with their resident CTAs
+  if (dt == kernel::DType::E4M3) {
+    const int config = kernel::e4m3_config(a.fast_accum);
+    kernels = std::string("fp8 kernel ") + kernel::config_name(config) + " (" +
+              std::to_string(kernel::gemm_config_resident_ctas(dt, config, devs[0])) +
+              " resident CTAs), scales " + scales_name(a);
+  } else {
+    kernels = "resident CTAs: " + std::to_string(kernel::gemm_resident_ctas(dt, 256, devs[0])) +
+              " with 128x256 tiles, " +
+              std::to_string(kernel::gemm_resident_ctas(dt, 128, devs[0])) + " with 128x128";
+  }
   std::printf(
       "plan: %s tp=%d S=%d workspace %.1f MiB/device; graph dev0: %d GEMM, %d copy, %d "
       "signal nodes, %d wait kernels; pdl=%d partial_via=%s; %d of %d GEMMs with 128x128 "
-      "tiles (resident CTAs: %d with 128x256 tiles, %d with 128x128)\n",
-      a.schedule.c_str(), a.tp, a.steps, s->plan.extra_bytes(kernel::dtype_bytes(dt)) / 1048576.0,
-      st.gemm_nodes, st.copy_nodes, st.signal_nodes, st.wait_kernels, st.pdl ? 1 : 0,
+      "tiles (%s)\n",
+      a.schedule.c_str(), a.tp, a.steps, s->ws->bytes() / 1048576.0, st.gemm_nodes, st.copy_nodes,
+      st.signal_nodes, st.wait_kernels, st.pdl ? 1 : 0,
       schedule::partial_via_name(s->plan.partial_via), st.gemm_n128, st.gemm_nodes,
-      kernel::gemm_resident_ctas(dt, 256, devs[0]), kernel::gemm_resident_ctas(dt, 128, devs[0]));
+      kernels.c_str());
   std::fflush(stdout);
   if (!a.graph_json.empty()) write_graph_json(a.graph_json, *s);
 
@@ -68,7 +80,7 @@ int run_single_case(Args a) {
     rel_err = checked_launch(a, *g, *s, prob);
     ok = ok && passes(rel_err);
   } else {
-    fill_inputs(*s, dt, a.seed);
+    fill_inputs(*s, a.seed);
   }
   if (a.check_update) {
     // New A and D buffers (same data in A): the old A is poisoned with NaN and the new D too,
@@ -125,16 +137,18 @@ int run_single_case(Args a) {
   if (a.replays > 0) ok = check_replays(a, *s, g.get(), prob, rel_err_replays) && ok;
 
   std::printf(
-      "RESULT schedule=%s tp=%d steps=%d m=%lld n=%lld k=%lld l=%lld dtype=%s beta=%g bias=%d "
+      "RESULT schedule=%s tp=%d steps=%d m=%lld n=%lld k=%lld l=%lld dtype=%s scales=%s "
+      "fast_accum=%d beta=%g bias=%d "
       "rel_err=%.3e rel_err_update=%.3e rel_err_replays=%.3e verify=%s ms=%.4f "
       "tflops_per_gpu=%.1f local_ms=%.4f local_tflops=%.1f overlap_eff=%.4f update_ms=%.3f "
       "rebuild_ms=%.3f swizzle=%d raster=%d pdl=%d partial_via=%s tile_n=%s gemm_n128=%d "
       "verify_rows=%lld\n",
       a.schedule.c_str(), a.tp, a.steps, (long long)a.m, (long long)a.n, (long long)a.k,
-      (long long)a.l, a.dtype.c_str(), a.beta, a.bias ? 1 : 0, rel_err, rel_err_update,
-      rel_err_replays, a.verify ? (ok ? "PASS" : "FAIL") : "SKIP", ms, tflops, local_ms,
-      local_ms > 0 ? tflops_per_gpu(prob, a.tp, local_ms) : -1.0, eff, update_ms, rebuild_ms,
-      a.swizzle, a.raster, st.pdl ? 1 : 0, schedule::partial_via_name(s->plan.partial_via),
+      (long long)a.l, a.dtype.c_str(), scales_name(a), a.fast_accum ? 1 : 0, a.beta, a.bias ? 1 : 0,
+      rel_err, rel_err_update, rel_err_replays, a.verify ? (ok ? "PASS" : "FAIL") : "SKIP", ms,
+      tflops, local_ms, local_ms > 0 ? tflops_per_gpu(prob, a.tp, local_ms) : -1.0, eff, update_ms,
+      rebuild_ms, a.swizzle, a.raster, st.pdl ? 1 : 0,
+      schedule::partial_via_name(s->plan.partial_via),
       a.tile_n ? std::to_string(a.tile_n).c_str() : "auto", st.gemm_n128,
       (long long)(g ? g->checked : 0));
   if (!ok)

@@ -225,18 +225,21 @@ std::string csv_field(const std::string& v) {
   return q + "\"";
 }
 
-void write_csv(const std::string& path, const std::vector<Row>& rows, int tp) {
+void write_csv(const std::string& path, const std::vector<Row>& rows, const Args& a) {
   std::ofstream f(path);
   if (!f) throw std::runtime_error("cannot write --csv " + path);
-  f << "case,model,layer,tokens,tp,m,n,k,schedule,steps,status,ms,tflops_per_gpu,local_ms,"
-       "local_tflops_per_gpu,overlap_eff,best_steps,rel_err,rows_checked,reason\n";
+  f << "case,model,layer,tokens,tp,dtype,scales,fast_accum,m,n,k,schedule,steps,status,ms,"
+       "tflops_per_gpu,local_ms,local_tflops_per_gpu,overlap_eff,best_steps,rel_err,rows_checked,"
+       "reason\n";
+  const int tp = a.tp;
   for (const Row& r : rows) {
     const SweepCase& sc = *r.cr->sc;
     const bool timed = r.st && r.st->ms > 0;
     const bool local = r.cr->local_ms > 0;
     f << sc.name << ',' << sc.c.model->name << ',' << sc.c.layer->name << ',' << sc.c.tokens << ','
-      << tp << ',' << sc.prob.m << ',' << sc.prob.n << ',' << sc.prob.k << ',' << sc.def->name
-      << ',' << (r.st ? std::to_string(r.st->steps) : "") << ',' << r.status << ','
+      << tp << ',' << a.dtype << ',' << scales_name(a) << ',' << (a.fast_accum ? 1 : 0) << ','
+      << sc.prob.m << ',' << sc.prob.n << ',' << sc.prob.k << ',' << sc.def->name << ','
+      << (r.st ? std::to_string(r.st->steps) : "") << ',' << r.status << ','
       << (timed ? fmt("%.4f", r.st->ms) : "") << ','
       << (timed ? fmt("%.1f", tflops_per_gpu(sc.prob, tp, r.st->ms)) : "") << ','
       << (local ? fmt("%.4f", r.cr->local_ms) : "") << ','
@@ -294,11 +297,15 @@ int run_sweep(Args a) {
                                                : "~" + std::to_string(timing.timed_ms) + " ms (" +
                                                      std::to_string(timing.min_iterations) + ".." +
                                                      std::to_string(timing.max_iterations) + ") of";
+  std::string dtype_desc = a.dtype;
+  if (dtype_of(a) == kernel::DType::E4M3)
+    dtype_desc += std::string(" (") + scales_name(a) + " scales" +
+                  (a.fast_accum ? ", fast accumulation)" : ")");
   std::printf(
       "sweep: %s, TP=%d, %s, %zu cases, S in {%d, %d}; timing: >= %d ms warm-up, then %s "
       "replays, median; check: relative Frobenius error < %.0e against an fp32 reference "
       "on %s, every element of D checked for being written\n",
-      a.sweep.c_str(), a.tp, a.dtype.c_str(), cases.size(), a.tp, 2 * a.tp, a.warmup_ms,
+      a.sweep.c_str(), a.tp, dtype_desc.c_str(), cases.size(), a.tp, 2 * a.tp, a.warmup_ms,
       replays.c_str(), kTolerance,
       a.verify_rows > 0 ? (std::to_string(a.verify_rows) +
                            " rows of D (one random row in each of as many equal bands of "
@@ -340,7 +347,7 @@ int run_sweep(Args a) {
   const std::vector<Row> rows = rows_of(results);
   print_table(rows, a.tp);
   if (!a.csv.empty()) {
-    write_csv(a.csv, rows, a.tp);
+    write_csv(a.csv, rows, a);
     std::printf("wrote %s\n", a.csv.c_str());
   }
   const bool ok =

@@ -190,6 +190,13 @@ struct GraphOptions {
   bool instantiate = true;
 };
 
+// The workspace layout of `plan` with inputs of `dtype`: its slots hold elements of the rotating
+// operand or of the output (schedule::slot_elem_bytes), which differ at fp8.
+inline schedule::WorkspaceLayout workspace_layout(const schedule::Plan& plan, DType dtype) {
+  return plan.layout(
+      schedule::slot_elem_bytes(plan, kernel::dtype_bytes(dtype), kernel::out_dtype_bytes(dtype)));
+}
+
 // GraphOptions::Pdl::Auto follows pdl_by_default (schedule/defaults.hpp, with the other defaults).
 using schedule::pdl_by_default;
 

@@ -48,8 +48,10 @@ inline DType parse_dtype(const std::string& s) {
 }
 // Bytes of one element of A and B.
 inline int dtype_bytes(DType t) { return t == DType::E4M3 ? 1 : 2; }
+// The type of D, the partials, C and bias: the input's for bf16 and fp16, bf16 for e4m3.
+inline DType out_dtype(DType t) { return t == DType::E4M3 ? DType::BF16 : t; }
 // Bytes of one element of D, the partials, C and bias.
-inline int out_dtype_bytes(DType) { return 2; }
+inline int out_dtype_bytes(DType t) { return dtype_bytes(out_dtype(t)); }
 
 struct GemmDesc {
   DType dtype = DType::BF16;
