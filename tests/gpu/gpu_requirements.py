@@ -32,6 +32,7 @@ SHARED_GPU_MODE = "shared GPU (2 ranks on one device)"
 SHARED_RANKS = 2
 TP_ENV = "DISTGEMM_TEST_TP"
 RESULTS_ENV = "DISTGEMM_TEST_RESULTS"  # a folder that keeps the workers' JSON
+TIMEOUT_ENV = "DISTGEMM_TORCHRUN_TIMEOUT"  # seconds: the bound of every worker run
 # Time slicing makes every cross-rank wait slower on a shared GPU: bound a worker's run by this
 # multiple of its one-GPU-per-rank bound.
 SHARED_SLOWDOWN = 3
@@ -47,15 +48,17 @@ def multi_gpu_mode(tp: int) -> str:
 
 def choose_ranks(gpus: int, tp_setting: str | None, default_tp: int | None) -> tuple[int, bool]:
     """(ranks, shared) for a machine with `gpus` visible GPUs: one GPU gives 2 ranks sharing it
-    (whatever DISTGEMM_TEST_TP says); otherwise `tp_setting` (DISTGEMM_TEST_TP, None: unset),
-    else `default_tp`, else every visible GPU (at least 2)."""
+    (whatever DISTGEMM_TEST_TP says); two or more give `tp_setting` (DISTGEMM_TEST_TP, None:
+    unset; ValueError unless 1..8), else `default_tp`, else every visible GPU."""
     if gpus == 1:
         return SHARED_RANKS, True
+    if gpus == 0:  # nothing runs (skip_reason says why); the setting is not read
+        return default_tp or SHARED_RANKS, False
     if tp_setting:
         if not tp_setting.isdigit() or not 1 <= int(tp_setting) <= 8:
             raise ValueError(f"{TP_ENV}={tp_setting!r} is not a rank count from 1 to 8")
         return int(tp_setting), False
-    return (default_tp or max(gpus, 2)), False
+    return (default_tp or gpus), False
 
 
 def skip_reason(tp: int, what: str = "", shared: bool = False) -> str | None:
@@ -148,7 +151,7 @@ def run_torchrun(worker, nproc: int, *args: str) -> subprocess.CompletedProcess:
         env={**os.environ, **ENV},
         capture_output=True,
         text=True,
-        timeout=float(os.environ.get("DISTGEMM_TORCHRUN_TIMEOUT", "900")),
+        timeout=float(os.environ.get(TIMEOUT_ENV, "900")),
     )
     log = os.environ.get("DISTGEMM_TEST_LOG")
     if log:
@@ -166,11 +169,11 @@ def _text(b) -> str:
 def run_worker_json(worker, launch: Launch, out, *args: str, timeout_s: float = 600):
     """Run `worker` under torchrun as `launch` says and read the JSON it writes to `out`:
     (exit code, stdout + stderr, data). `timeout_s` bounds a run with one GPU per rank
-    (Launch.timeout_s scales it); a hang is a failure with the log (rc -9), not a stuck run; no
-    JSON fails the calling test with the log. The command and its output are appended to the
-    file DISTGEMM_TEST_LOG names."""
+    (Launch.timeout_s scales it; DISTGEMM_TORCHRUN_TIMEOUT, in seconds, replaces both); a hang is
+    a failure with the log (rc -9), not a stuck run; no JSON fails the calling test with the log.
+    The command and its output are appended to the file DISTGEMM_TEST_LOG names."""
     cmd = torchrun_cmd(worker, launch.tp, out, *args)
-    limit = launch.timeout_s(timeout_s)
+    limit = float(os.environ.get(TIMEOUT_ENV) or launch.timeout_s(timeout_s))
     LAUNCHED[pathlib.Path(worker).name] = launch.mode
     pathlib.Path(out).unlink(missing_ok=True)
     try:

@@ -38,7 +38,6 @@ SCHEDULES = ["ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "gemm_allre
 LAUNCH = launch_here(default_tp=2)
 TP = LAUNCH.tp
 CALLS = int(os.environ.get("DISTGEMM_CALLS", "10000"))
-TIMEOUT_S = float(os.environ.get("DISTGEMM_TORCHRUN_TIMEOUT", "900"))
 ERROR_PATHS = [
     "cpu_tensor",
     "float32",
@@ -66,7 +65,7 @@ pytestmark = pytest.mark.skipif(LAUNCH.skip is not None, reason=str(LAUNCH.skip)
 @pytest.fixture(scope="module")
 def api(tmp_path_factory):
     out = results_file(tmp_path_factory, "torchrun_api")
-    return run_worker_json(WORKER, LAUNCH, out, "--calls", str(CALLS), timeout_s=TIMEOUT_S)
+    return run_worker_json(WORKER, LAUNCH, out, "--calls", str(CALLS), timeout_s=900)
 
 
 def test_every_check_passed_on_every_rank(api):

@@ -139,21 +139,23 @@ def gloo_cuda_problem(dev) -> str | None:
         return None
     import torch.distributed._functional_collectives as funcol
 
+    from distgemm import custom_ops  # the collectives under this torch's names
+
     tp, group = dist.get_world_size(), dist.group.WORLD
     x = torch.ones(2 * tp, 8, device=dev, dtype=torch.bfloat16)
     tries = {
         "all_reduce": lambda: dist.all_reduce(x.float()),
         "all_gather": lambda: dist.all_gather([torch.empty_like(x) for _ in range(tp)], x),
-        "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(
+        "all_gather_into_tensor": lambda: custom_ops.all_gather_into(
             x.new_empty(tp * x.shape[0], 8), x
         ),
-        "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(x.new_empty(2, 8), x),
-        "functional all_gather_tensor (uint8)": lambda: funcol.all_gather_tensor(
-            x.view(torch.uint8), 0, group
-        ).wait(),
-        "functional reduce_scatter_tensor avg": lambda: funcol.reduce_scatter_tensor(
-            x, "avg", 0, group
-        ).wait(),
+        "reduce_scatter_tensor": lambda: custom_ops.reduce_scatter_into(x.new_empty(2, 8), x),
+        "functional all_gather_tensor (uint8)": lambda: funcol.wait_tensor(
+            custom_ops._funcol_all_gather(x.view(torch.uint8), 0, group)
+        ),
+        "functional reduce_scatter_tensor avg": lambda: funcol.wait_tensor(
+            funcol.reduce_scatter_tensor(x, "avg", 0, group)
+        ),
     }
     for name, fn in tries.items():
         try:
