@@ -104,6 +104,8 @@ def test_shared_launch_gets_longer_to_finish():
 # ---------------------------------------------------------------------------------------------
 # Skip reasons
 
+NONE = "this machine has none"
+
 
 def test_skip_without_the_cuda_runtime(monkeypatch):
     monkeypatch.setattr(req._core, "cuda_runtime", False, raising=False)
@@ -118,7 +120,7 @@ def test_skip_without_the_cuda_runtime(monkeypatch):
             2,
             False,
             (9, 0),
-            "needs a CUDA GPU (with one, shared GPU (2 ranks on one device)), this machine has none",
+            (0, 2, False, (9, 0), f"needs a CUDA GPU (with one, {req.SHARED_GPU_MODE}), {NONE}"),
         ),
         (1, 2, False, (9, 0), "needs 2 CUDA GPUs (DISTGEMM_TEST_TP), this machine has 1"),
         (4, 8, False, (9, 0), "needs 8 CUDA GPUs (DISTGEMM_TEST_TP), this machine has 4"),
