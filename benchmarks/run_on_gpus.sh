@@ -24,7 +24,7 @@
 #   shared-gpu-tests the multi-rank GPU tests as 2 ranks sharing GPU 0 (CUDA_VISIBLE_DEVICES=0:
 #                    gloo, DISTGEMM_ALLOW_SHARED_GPU=1; functional only, never a multi-GPU result):
 #                    tests/gpu/test_{fused,capture,workspace,training,torchrun_api,fp8_ops}.py, one
-#                    pytest each under ${SHARED_TEST_S:-300} s ($SHARED_GPU_TESTS picks some, e.g.
+#                    pytest each under ${SHARED_TEST_S:-240} s ($SHARED_GPU_TESTS picks some, e.g.
 #                    "fused capture"); logs and the workers' JSON in $OUT/shared-gpu-tests/, a
 #                    summary per JSON at the end (tests/gpu/results_summary.py)
 #   cpp-tests        python3 -m pytest tests/gpu/test_cpp_bench.py (the C++ runtime grid)
@@ -114,7 +114,7 @@ for p in "$@"; do
                  --out "$OUT/shared-api/results.json" ;;
     shared-gpu-tests) part shared-gpu-tests ${SHARED_TESTS_S:-590} env CUDA_VISIBLE_DEVICES=0 \
         DISTGEMM_TEST_RESULTS="$OUT/shared-gpu-tests" DISTGEMM_TEST_LOG="$OUT/shared-gpu-tests/commands.log" \
-        DISTGEMM_CALLS=${SHARED_CALLS:-2000} DISTGEMM_TORCHRUN_TIMEOUT=$(( ${SHARED_TEST_S:-300} - 20 )) bash -c '
+        DISTGEMM_CALLS=${SHARED_CALLS:-2000} DISTGEMM_TORCHRUN_TIMEOUT=$(( ${SHARED_TEST_S:-240} - 20 )) bash -c '
         # One pytest per test file, each bounded, so that one hang costs only its own results.
         set -u; rc=0
         for t in $0; do
@@ -124,7 +124,7 @@ for p in "$@"; do
         done
         python3 tests/gpu/results_summary.py "$2"; exit $rc' \
         "${SHARED_GPU_TESTS:-fused capture workspace training torchrun_api fp8_ops}" \
-        "${SHARED_TEST_S:-300}" "$OUT/shared-gpu-tests" ;;
+        "${SHARED_TEST_S:-240}" "$OUT/shared-gpu-tests" ;;
     fp8-kernel) part fp8-kernel ${FP8_S:-400} python3 benchmarks/fp8_kernel_vs_scaled_mm.py \
               ${FP8_ARGS:---tp 2} --budget-s $(( ${FP8_S:-400} - 30 )) --out "$OUT/fp8-kernel" ;;
     cpp-tests) part cpp-tests ${CPP_TESTS_S:-330} env DISTGEMM_BENCH="$BENCH" python3 -m pytest -q -x -rs \
