@@ -21,6 +21,12 @@
 #                    scale kind, captured replays, refusals; one GPU: 2 ranks share it over gloo)
 #   shared-api       tests/gpu/torchrun_worker.py --sections correctness,paths on 2 ranks sharing
 #                    GPU 0 (DISTGEMM_ALLOW_SHARED_GPU=1, gloo): the plans where only one GPU is lent
+#   shared-gpu-tests the multi-rank GPU tests as 2 ranks sharing GPU 0 (CUDA_VISIBLE_DEVICES=0:
+#                    gloo, DISTGEMM_ALLOW_SHARED_GPU=1; functional only, never a multi-GPU result):
+#                    tests/gpu/test_{fused,capture,workspace,training,torchrun_api,fp8_ops}.py, one
+#                    pytest each under ${SHARED_TEST_S:-240} s ($SHARED_GPU_TESTS picks some, e.g.
+#                    "fused capture"); logs and the workers' JSON in $OUT/shared-gpu-tests/, a
+#                    summary per JSON at the end (tests/gpu/results_summary.py)
 #   cpp-tests        python3 -m pytest tests/gpu/test_cpp_bench.py (the C++ runtime grid)
 #   cpp-fp8          the fp8 cases of tests/gpu/test_cpp_bench.py (-k fp8), then distgemm_bench
 #                    --sweep quick at fp8 (row scales; row scales with fast accumulation) and bf16
@@ -111,6 +117,19 @@ for p in "$@"; do
     shared-api) part shared-api ${SHARED_API_S:-400} env DISTGEMM_ALLOW_SHARED_GPU=1 CUDA_VISIBLE_DEVICES=0 \
                  torchrun --nproc-per-node 2 tests/gpu/torchrun_worker.py --sections correctness,paths \
                  --out "$OUT/shared-api/results.json" ;;
+    shared-gpu-tests) part shared-gpu-tests ${SHARED_TESTS_S:-590} env CUDA_VISIBLE_DEVICES=0 \
+        DISTGEMM_TEST_RESULTS="$OUT/shared-gpu-tests" DISTGEMM_TEST_LOG="$OUT/shared-gpu-tests/commands.log" \
+        DISTGEMM_CALLS=${SHARED_CALLS:-2000} DISTGEMM_TORCHRUN_TIMEOUT=$(( ${SHARED_TEST_S:-240} - 20 )) bash -c '
+        # One pytest per test file, each bounded, so that one hang costs only its own results.
+        set -u; rc=0
+        for t in $0; do
+          timeout -k 10 "$1" python3 -m pytest -q -rs "tests/gpu/test_$t.py" > "$2/$t.log" 2>&1
+          r=$?; [ $r -eq 0 ] || rc=1
+          echo "== test_$t.py rc=$r"; tail -n 12 "$2/$t.log"
+        done
+        python3 tests/gpu/results_summary.py "$2"; exit $rc' \
+        "${SHARED_GPU_TESTS:-fused capture workspace training torchrun_api fp8_ops}" \
+        "${SHARED_TEST_S:-240}" "$OUT/shared-gpu-tests" ;;
     fp8-kernel) part fp8-kernel ${FP8_S:-400} python3 benchmarks/fp8_kernel_vs_scaled_mm.py \
               ${FP8_ARGS:---tp 2} --budget-s $(( ${FP8_S:-400} - 30 )) --out "$OUT/fp8-kernel" ;;
     cpp-tests) part cpp-tests ${CPP_TESTS_S:-330} env DISTGEMM_BENCH="$BENCH" python3 -m pytest -q -x -rs \
@@ -162,7 +181,7 @@ for p in "$@"; do
               ${KERNEL_ARGS:---tp 2 --local-only} --budget-s $(( ${KERNEL_S:-500} - 40 )) --out "$OUT/kernel-vs-cublas" ;;
     cpp-sweep-quick) part cpp-sweep-quick 200 "$BENCH" --sweep quick --tp "$NPROC" --csv "$OUT/cpp-sweep-quick/cpp-sweep-quick.csv" ;;
     cpp-sweep-full) part cpp-sweep-full 400 "$BENCH" --sweep full --tp "$NPROC" --csv "$OUT/cpp-sweep-full/cpp-sweep-full.csv" ;;
-    *) echo "unknown part '$p' (install, first-run, kernel-tests, fp8-tests, fp8-ops, shared-api, fp8-sweep, fp8-kernel, timing-study, training, serving, decode, fused-tp1, api, cpp-tests, cpp-fp8, cpp-variants, cpp-tiles, kernel-vs-cublas, timeline, sweep-quick, sweep-full, sweep-fc, cpp-sweep-quick, cpp-sweep-full)"; rc=1 ;;
+    *) echo "unknown part '$p' (the parts: $(grep -oE '^    [a-z0-9|-]+\)' "$0" | tr -d ' )' | tr '\n' ' '))"; rc=1 ;;
   esac
   tail -n 25 "$OUT/$p.log" 2>/dev/null | cut -c1-250
 done

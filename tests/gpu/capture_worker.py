@@ -1,6 +1,7 @@
 """GPU checks of the ops inside the caller's CUDA graph (torch.cuda.graph), one process per GPU:
 
     torchrun --nproc-per-node 2 tests/gpu/capture_worker.py --out results.json
+    DISTGEMM_ALLOW_SHARED_GPU=1 torchrun --nproc-per-node 2 tests/gpu/capture_worker.py ...  # 1 GPU
 
 Started by tests/gpu/test_capture.py. Sections (every rank runs all of them, in the same order;
 rank 0 collects; inputs seeded, different per rank):
@@ -25,31 +26,38 @@ rank 0 collects; inputs seeded, different per rank):
   gathered      return_gathered under capture (both all-gather schedules, both paths): the
                 gathered operand equal to torch's all-gather, bit for bit
 
+With DISTGEMM_ALLOW_SHARED_GPU=1 (tests/gpu/test_capture.py on a one-GPU machine) 2 ranks share
+GPU 0 over a gloo group: the collective path (NCCL captured in the graph) is left out, each such
+check recorded as skipped with the reason.
+
 Exit code 0 when every check passed on every rank. Rank 0 writes every result to --out (JSON).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
 import time
-import traceback
 
 import torch
 import torch.distributed as dist
 from torchrun_worker import (
+    NEEDS_NCCL_IN_GRAPH,
     RESULTS,
+    SHARED_GPU,
     call,
+    communicator,
     finish,
     gather0,
+    init_rank,
+    left_out_when_shared,
     make_inputs,
     rank,
     record,
+    record_exception,
     reduce_scatter0,
     reference,
     rel_err,
-    run_section,
+    run_sections,
 )
 
 from distgemm import comm as dcomm
@@ -119,8 +127,7 @@ def run_case(name, fn, *, replays, tensors, schedule, beta, seed, weights_every=
         record(name, ok, replays=replays, worst_rel_err_same_dtype=worst_dt, worst_rel_err=worst_32)
         return g, res
     except Exception as ex:  # noqa: BLE001 - recorded, the run goes on
-        record(name, False, error=f"{type(ex).__name__}: {ex}")
-        traceback.print_exc()
+        record_exception(name, ex)
         return None, None
 
 
@@ -153,13 +160,17 @@ def test_every_op(dev):
     tp = dist.get_world_size()
     for i, schedule in enumerate(SCHEDULES):
         for path, steps in (("overlap", None), ("overlap", 2 * tp), ("collective", None)):
+            # A given output buffer once per schedule; otherwise the graph's pool allocates it.
+            given_out = path == "overlap" and steps is None
+            name = f"every_op/{schedule}/{path}/S{steps or tp}/out{int(given_out)}"
+            if path == "collective" and left_out_when_shared(name, NEEDS_NCCL_IN_GRAPH):
+                continue
             t, beta = inputs(schedule, steps or tp, 100 + i, dev)
             # The usual server order: one eager call (warm-up), then the capture.
             y0 = op_of(schedule, t, beta, steps, path)()
-            # A given output buffer once per schedule; otherwise the graph's pool allocates it.
-            out = torch.empty_like(y0) if path == "overlap" and steps is None else None
+            out = torch.empty_like(y0) if given_out else None
             run_case(
-                f"every_op/{schedule}/{path}/S{steps or tp}/out{int(out is not None)}",
+                name,
                 op_of(schedule, t, beta, steps, path, out=out),
                 replays=3,
                 tensors=t,
@@ -178,10 +189,13 @@ def test_many_replays(dev, replays):
         ("rs_tile_b", "collective", None),
     ]
     for i, (schedule, path, steps) in enumerate(cases):
+        name = f"many_replays/{schedule}/{path}/S{steps or tp}"
+        if path == "collective" and left_out_when_shared(name, NEEDS_NCCL_IN_GRAPH):
+            continue
         t, beta = inputs(schedule, steps or tp, 300 + i, dev)
         t0 = time.perf_counter()
         run_case(
-            f"many_replays/{schedule}/{path}/S{steps or tp}",
+            name,
             op_of(schedule, t, beta, steps, path),
             replays=replays,
             tensors=t,
@@ -221,8 +235,7 @@ def test_interleaved(dev):
                 worst = worse(worst, check(y_s, schedule, t, beta)[0])
             record(name, worst < TOL_SAME_DTYPE, rounds=rounds, worst_rel_err_same_dtype=worst)
         except Exception as ex:  # noqa: BLE001
-            record(name, False, error=f"{type(ex).__name__}: {ex}")
-            traceback.print_exc()
+            record_exception(name, ex)
     # A layer in one graph: column-parallel (all-gather + GEMM) feeding row-parallel (GEMM +
     # reduce-scatter), as a server captures a transformer block; against fp32 from the same
     # bf16 inputs (the graph rounds the hidden activations to bf16).
@@ -247,25 +260,27 @@ def test_interleaved(dev):
             worst = worse(worst, rel_err(y, ref))
         record(name, worst < TOL, worst_rel_err=worst)
     except Exception as ex:  # noqa: BLE001
-        record(name, False, error=f"{type(ex).__name__}: {ex}")
-        traceback.print_exc()
+        record_exception(name, ex)
 
 
 def test_first_call(dev):
     tp = dist.get_world_size()
     # A fresh communicator: its first plan's workspace is allocated and IPC-exchanged during the
     # capture; then new shapes of two more ops, one on the collective path.
-    with dcomm.Communicator() as comm:
+    with communicator() as comm:
         cases = (
             ("ag_rotate_a", "overlap"),
             ("gemm_allreduce", "overlap"),
             ("rs_tile_b", "collective"),
         )
         for i, (schedule, path) in enumerate(cases):
+            name = f"first_call/{schedule}/{path}"
+            if path == "collective" and left_out_when_shared(name, NEEDS_NCCL_IN_GRAPH):
+                continue
             t, beta = inputs(schedule, tp, 800 + i, dev)
             held = comm.workspace_bytes
             run_case(
-                f"first_call/{schedule}/{path}",
+                name,
                 op_of(schedule, t, beta, None, path, group=comm),
                 replays=3,
                 tensors=t,
@@ -289,7 +304,7 @@ def test_first_call(dev):
             e = check(y, "ag_rotate_a", t, beta)[0]
             record(name, e < TOL_SAME_DTYPE, outcome="captured", rel_err_same_dtype=e)
         except Exception as ex:  # noqa: BLE001
-            record(name, False, error=f"{type(ex).__name__}: {ex}")
+            record_exception(name, ex)
         # Communicator.check() inside a capture: a clear RuntimeError, raised before any CUDA
         # call, so the capture around it stays valid and replays correctly.
         name = "first_call/check_inside_capture_refused"
@@ -317,7 +332,7 @@ def test_first_call(dev):
                 rel_err_same_dtype=e,
             )
         except Exception as ex:  # noqa: BLE001
-            record(name, False, error=f"{type(ex).__name__}: {ex}")
+            record_exception(name, ex)
         torch.cuda.synchronize()
 
 
@@ -375,6 +390,8 @@ def test_gathered(dev):
     for i, schedule in enumerate(("ag_rotate_a", "ag_rotate_b")):
         for path in ("overlap", "collective"):
             name = f"gathered/{schedule}/{path}"
+            if path == "collective" and left_out_when_shared(name, NEEDS_NCCL_IN_GRAPH):
+                continue
             try:
                 t, beta = inputs(schedule, tp, 1100 + i, dev)
                 g, (y, ga) = capture(op_of(schedule, t, beta, None, path, gathered=True))
@@ -392,13 +409,12 @@ def test_gathered(dev):
                     gathered_equal=equal,
                 )
             except Exception as ex:  # noqa: BLE001
-                record(name, False, error=f"{type(ex).__name__}: {ex}")
-                traceback.print_exc()
+                record_exception(name, ex)
 
 
 def warm_up_capture_stream(dev):
     """cuBLAS and NCCL set themselves up lazily per stream: do it outside any capture, as torch's
-    CUDA graph notes advise."""
+    CUDA graph notes advise (ranks sharing a GPU run no NCCL)."""
     global CAPTURE_STREAM
     CAPTURE_STREAM = torch.cuda.Stream(dev)
     CAPTURE_STREAM.wait_stream(torch.cuda.current_stream())
@@ -406,7 +422,8 @@ def warm_up_capture_stream(dev):
         x = torch.randn(64, 64, device=dev).to(torch.bfloat16)
         for _ in range(3):
             y = x @ x.t()
-            dist.all_reduce(y)
+            if not SHARED_GPU:
+                dist.all_reduce(y)
     torch.cuda.current_stream().wait_stream(CAPTURE_STREAM)
     torch.cuda.synchronize()
 
@@ -419,10 +436,7 @@ def main():
         "--sections", default="every_op,many_replays,interleaved,first_call,timeout,gathered"
     )
     args = ap.parse_args()
-    local = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
-    torch.cuda.set_device(local)
-    dev = torch.device("cuda", local)
-    dist.init_process_group("nccl", device_id=dev, timeout=datetime.timedelta(seconds=120))
+    dev = init_rank()
     warm_up_capture_stream(dev)
     sections = {
         "every_op": lambda: test_every_op(dev),
@@ -432,8 +446,7 @@ def main():
         "timeout": lambda: test_timeout(dev),
         "gathered": lambda: test_gathered(dev),
     }
-    for sec in [x for x in args.sections.split(",") if x]:
-        run_section(sec, sections[sec])
+    run_sections(args.sections, sections)
     finish(args.out)
 
 

@@ -31,17 +31,17 @@ import argparse
 import torch
 import torch.distributed as dist
 from torchrun_worker import (
-    SHARED_GPU,
+    NEEDS_NCCL,
     finish,
     gather0,
     init_rank,
+    left_out_when_shared,
     rank,
     record,
     reference,
     rel_err,
     run_sections,
     same_on_all_ranks,
-    skip,
 )
 
 import distgemm
@@ -106,9 +106,9 @@ def want(schedule, qa, sa, qw, sw, bias, c, beta):
 
 def test_correctness(dev):
     tp = dist.get_world_size()
-    paths = ["overlap"] + ([] if SHARED_GPU else ["collective"])
-    if SHARED_GPU:
-        skip("correctness/collective", "the collective path needs NCCL (shared GPU: gloo)")
+    paths = ["overlap"]
+    if not left_out_when_shared("correctness/collective", NEEDS_NCCL):
+        paths.append("collective")
     for i, schedule in enumerate(OPS):
         for kinds in KINDS:
             for fast in (False, True) if kinds == ("row", "row") else (False,):
@@ -218,7 +218,7 @@ def main():
     ap.add_argument("--replays", type=int, default=50)
     ap.add_argument("--sections", default="correctness,gathered,capture,errors")
     args = ap.parse_args()
-    dev = init_rank(300.0 if SHARED_GPU else 120.0)
+    dev = init_rank()
     sections = {
         "correctness": lambda: test_correctness(dev),
         "gathered": lambda: test_gathered(dev),

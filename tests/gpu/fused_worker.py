@@ -2,6 +2,7 @@
 GPU:
 
     torchrun --nproc-per-node 2 tests/gpu/fused_worker.py --out results.json
+    DISTGEMM_ALLOW_SHARED_GPU=1 torchrun --nproc-per-node 2 tests/gpu/fused_worker.py ...  # 1 GPU
 
 Started by tests/gpu/test_fused.py. Sections (every rank runs all of them in the same order;
 inputs seeded, different per rank):
@@ -21,26 +22,29 @@ inputs seeded, different per rank):
                after wait_timeout_s with RuntimeError naming the rank and the tile, at the next
                op call and at check(); the next replay exits at once; nobody hangs
 
+With DISTGEMM_ALLOW_SHARED_GPU=1 (tests/gpu/test_fused.py on a one-GPU machine) 2 ranks share
+GPU 0 over a gloo group: every section runs (the references' collectives on CPU copies); the
+fused kernels of the two ranks time-slice the GPU while they wait on each other's tiles.
+
 Exit code 0 when every check passed on every rank. Rank 0 writes every result to --out (JSON).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import hashlib
-import os
 import time
 
 import torch
 import torch.distributed as dist
 from torchrun_worker import (
     finish,
+    init_rank,
     rank,
     record,
     reference,
     rel_err,
-    run_section,
+    run_sections,
     same_on_all_ranks,
 )
 
@@ -202,17 +206,13 @@ def main():
     ap.add_argument("--replays", type=int, default=1000)
     ap.add_argument("--sections", default="correctness,capture,timeout")
     args = ap.parse_args()
-    local = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
-    torch.cuda.set_device(local)
-    dev = torch.device("cuda", local)
-    dist.init_process_group("nccl", device_id=dev, timeout=datetime.timedelta(seconds=120))
+    dev = init_rank()
     sections = {
         "correctness": lambda: test_correctness(dev),
         "capture": lambda: test_capture(dev, args.replays),
         "timeout": lambda: test_timeout(dev),
     }
-    for sec in [x for x in args.sections.split(",") if x]:
-        run_section(sec, sections[sec])
+    run_sections(args.sections, sections)
     finish(args.out)
 
 

@@ -1,13 +1,16 @@
 """The ops inside the caller's CUDA graph (torch.cuda.graph) under torchrun, at TP = every visible
-GPU (DISTGEMM_TEST_TP sets another); tests/gpu/capture_worker.py does the work:
+GPU (DISTGEMM_TEST_TP sets another); with one GPU, 2 ranks share it (gloo,
+DISTGEMM_ALLOW_SHARED_GPU=1: a functional run, said so in the results' "mode"; the collective
+path, NCCL captured in the graph, is left out and its checks skip with the reason).
+tests/gpu/capture_worker.py does the work:
 
     python3 -m pytest -q -rs tests/gpu/test_capture.py
 
-Decides by the worker's exit code and the results it writes (JSON), never by grepping output.
-Skips, with the reason, without 2 Hopper GPUs or without distgemm's CUDA runtime.
+Decides by the worker's exit code and the results it writes (JSON, kept under
+DISTGEMM_TEST_RESULTS when set), never by grepping output. Skips, with the reason, without a
+Hopper GPU or without distgemm's CUDA runtime.
 """
 
-import os
 import pathlib
 
 import pytest
@@ -15,47 +18,65 @@ import pytest
 torch = pytest.importorskip("torch")
 from gpu_requirements import (  # noqa: E402
     assert_every_check_passed,
+    launch_here,
     named,
+    ran_or_skip,
+    results_file,
     run_worker_json,
-    skip_reason,
 )
 
 HERE = pathlib.Path(__file__).resolve().parent
 SCHEDULES = ["ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "gemm_allreduce"]
-_GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
-TP = int(os.environ.get("DISTGEMM_TEST_TP", str(max(_GPUS, 2))))
-_SKIP = skip_reason(TP, " (every visible GPU; DISTGEMM_TEST_TP)")
+LAUNCH = launch_here()
+TP = LAUNCH.tp
 REPLAYS = 1000
 
-pytestmark = pytest.mark.skipif(_SKIP is not None, reason=str(_SKIP))
+pytestmark = pytest.mark.skipif(LAUNCH.skip is not None, reason=str(LAUNCH.skip))
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("capture") / "capture.json"
-    return run_worker_json(HERE / "capture_worker.py", TP, out, "--replays", str(REPLAYS))
+    out = results_file(tmp_path_factory, "capture")
+    return run_worker_json(HERE / "capture_worker.py", LAUNCH, out, "--replays", str(REPLAYS))
 
 
 def test_every_check_passed_on_every_rank(results):
     assert_every_check_passed(results)
 
 
-def test_every_op_schedule_and_path_was_captured_and_replayed(results):
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("variant", ["overlap/S{tp}/out1", "overlap/S{tp2}/out0"])
+def test_every_op_schedule_and_step_count_captured_and_replayed(results, schedule, variant):
     _, _, data = results
-    for sch in SCHEDULES:
-        for variant in ("overlap/S{tp}/out1", "overlap/S{tp2}/out0", "collective/S{tp}/out0"):
-            name = f"every_op/{sch}/" + variant.format(tp=TP, tp2=2 * TP)
-            got = [e for e in named(data, name) if e["ok"]]
-            assert len(got) == TP, f"{name}: {len(got)} passing ranks of {TP}"
-            assert all(e["replays"] == 3 and e["worst_rel_err"] < 1e-2 for e in got)
+    name = f"every_op/{schedule}/" + variant.format(tp=TP, tp2=2 * TP)
+    got = [e for e in named(data, name) if e["ok"]]
+    assert len(got) == TP, f"[{LAUNCH.mode}] {name}: {len(got)} passing ranks of {TP}"
+    assert all(e["replays"] == 3 and e["worst_rel_err"] < 1e-2 for e in got)
 
 
-def test_a_thousand_replays_with_fresh_data(results):
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_every_op_on_the_collective_path_captured_and_replayed(results, schedule):
     _, _, data = results
-    got = named(data, "many_replays/")
-    kinds = {e["name"].split("/")[1] for e in got if e["ok"]}
-    assert {"ag_rotate_a", "rs_tile_a", "gemm_allreduce", "rs_tile_b"} <= kinds
-    assert all(e["replays"] == REPLAYS and e["ok"] for e in got)
+    name = f"every_op/{schedule}/collective/S{TP}/out0"
+    got = [e for e in ran_or_skip(data, name) if e["ok"]]
+    assert len(got) == TP, f"[{LAUNCH.mode}] {name}: {len(got)} passing ranks of {TP}"
+    assert all(e["replays"] == 3 and e["worst_rel_err"] < 1e-2 for e in got)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "ag_rotate_a/overlap/S{tp}",
+        "rs_tile_a/overlap/S{tp2}",
+        "gemm_allreduce/overlap/S{tp}",
+        "rs_tile_b/collective/S{tp}",
+    ],
+)
+def test_a_thousand_replays_with_fresh_data(results, case):
+    _, _, data = results
+    got = ran_or_skip(data, "many_replays/" + case.format(tp=TP, tp2=2 * TP))
+    assert len(got) == TP, got
+    assert all(e["replays"] == REPLAYS and e["ok"] for e in got), got
 
 
 @pytest.mark.parametrize(
@@ -78,7 +99,7 @@ def test_a_thousand_replays_with_fresh_data(results):
 )
 def test_section_check_passed_on_every_rank(results, name):
     _, _, data = results
-    got = [e for e in data["results"] if e["name"] == name]
+    got = ran_or_skip(data, name)
     assert len(got) == TP and all(e["ok"] for e in got), got
 
 

@@ -1,13 +1,15 @@
 """gemm_all_reduce's fused path (GEMM + all-reduce in one kernel) on the GPUs under torchrun, at
-TP = every visible GPU (DISTGEMM_TEST_TP sets another); tests/gpu/fused_worker.py does the work:
+TP = every visible GPU (DISTGEMM_TEST_TP sets another); with one GPU, 2 ranks share it (gloo,
+DISTGEMM_ALLOW_SHARED_GPU=1: a functional run, said so in the results' "mode"). The work is
+tests/gpu/fused_worker.py's:
 
     python3 -m pytest -q -rs tests/gpu/test_fused.py
 
-Decides by the worker's exit code and the results it writes (JSON), never by grepping output.
-Skips, with the reason, without 2 Hopper GPUs or without distgemm's CUDA runtime.
+Decides by the worker's exit code and the results it writes (JSON, kept under
+DISTGEMM_TEST_RESULTS when set), never by grepping output. Skips, with the reason, without a
+Hopper GPU or without distgemm's CUDA runtime.
 """
 
-import os
 import pathlib
 
 import pytest
@@ -15,34 +17,35 @@ import pytest
 torch = pytest.importorskip("torch")
 from gpu_requirements import (  # noqa: E402
     assert_every_check_passed,
+    launch_here,
     named,
+    results_file,
     run_worker_json,
-    skip_reason,
 )
 
 HERE = pathlib.Path(__file__).resolve().parent
-_GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
-TP = int(os.environ.get("DISTGEMM_TEST_TP", str(max(_GPUS, 2))))
-_SKIP = skip_reason(TP, " (every visible GPU; DISTGEMM_TEST_TP)")
+LAUNCH = launch_here()
+TP = LAUNCH.tp
 REPLAYS = 1000
 
-pytestmark = pytest.mark.skipif(_SKIP is not None, reason=str(_SKIP))
+pytestmark = pytest.mark.skipif(LAUNCH.skip is not None, reason=str(LAUNCH.skip))
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("fused") / "fused.json"
-    return run_worker_json(HERE / "fused_worker.py", TP, out, "--replays", str(REPLAYS))
+    out = results_file(tmp_path_factory, "fused")
+    return run_worker_json(HERE / "fused_worker.py", LAUNCH, out, "--replays", str(REPLAYS))
 
 
 def test_every_check_passed_on_every_rank(results):
+    print(f"\n[{LAUNCH.mode}]")
     assert_every_check_passed(results)
 
 
 def test_every_token_count_and_dtype_matched_torch_on_every_rank(results):
     _, _, data = results
     got = [e for e in named(data, "correctness/m") if e["ok"]]
-    assert len(got) == 2 * 19 * TP, f"{len(got)} passing checks of {2 * 19 * TP}"
+    assert len(got) == 2 * 19 * TP, f"[{LAUNCH.mode}] {len(got)} passing checks of {2 * 19 * TP}"
     assert all(e["identical_on_ranks"] for e in got)
     # both kernels ran: the decode kernel up to FUSED_DECODE_MAX_TOKENS, CUTLASS's above
     assert {e["kernel"] for e in got} == {"decode", "cutlass"}
@@ -53,7 +56,7 @@ def test_auto_runs_fused_up_to_its_token_limit_only(results):
     _, _, data = results
     for m in (8, 256, 512):
         got = named(data, f"correctness/auto_m{m}")
-        assert len(got) == TP and all(e["ok"] for e in got)
+        assert len(got) == TP and all(e["ok"] for e in got), got
 
 
 def test_a_thousand_replays_and_interleaving(results):
@@ -67,4 +70,4 @@ def test_a_thousand_replays_and_interleaving(results):
 def test_missing_peer_ends_in_timeout_error(results):
     _, _, data = results
     got = named(data, "timeout/")
-    assert len(got) == TP - 1 and all(e["ok"] for e in got)
+    assert len(got) == TP - 1 and all(e["ok"] for e in got), got

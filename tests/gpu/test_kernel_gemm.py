@@ -247,10 +247,11 @@ def test_stream_k_launches_share_one_workspace(tmp_path):
     """60 eager launches of four shapes on one workspace, then 50 replays of a graph of three,
     fresh inputs each time (tests/gpu/stream_k_worker.py, in a child process with a timeout: a
     counter left behind would hang a later launch inside CUTLASS)."""
-    from gpu_requirements import run_worker_json
+    from gpu_requirements import Launch, run_worker_json
 
     worker = pathlib.Path(__file__).with_name("stream_k_worker.py")
-    rc, err, data = run_worker_json(worker, 1, tmp_path / "sk.json", timeout_s=120)
+    one_rank = Launch(tp=1, shared=False, skip=None)
+    rc, err, data = run_worker_json(worker, one_rank, tmp_path / "sk.json", timeout_s=120)
     assert rc == 0, err[-4000:]
     assert data["eager"] == 60 and data["eager_max_err"] < TOL, data
     assert data["tail_nonzero_after"] == 0, data

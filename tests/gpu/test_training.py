@@ -1,72 +1,75 @@
-"""The training layers, their compiled form and torch_compat on 2 Hopper GPUs under torchrun
-(tests/gpu/training_worker.py does the work), judged by the CPU tests' checks:
+"""The training layers, their compiled form and the torch drop-ins (bf16 and fp8) on 2 Hopper
+GPUs under torchrun (with one GPU, 2 ranks share it: gloo, DISTGEMM_ALLOW_SHARED_GPU=1, a
+functional run said so in the results' "mode"); tests/gpu/training_worker.py does the work and
+judges it with the CPU tests' checks:
 
 - forward output and every gradient (input, weight, bias) of both layers, bf16 and fp16, against
-  the full fp32 nn.Linear, and at most 3x the error of the full layer in the same dtype on one GPU;
+  the full fp32 nn.Linear, and at most 3x the error of the full layer in the same dtype on one
+  process;
 - a column- then row-parallel MLP under torch.compile(fullgraph=True): aot_eager (zero graph
   breaks, each distgemm op one node of the forward and of the backward graph) and inductor, both
   equal to eager within bf16 rounding;
 - torch_compat on torch's own test cases, with distgemm serving every bf16/fp16 case but a gather
-  of K.
+  of K; torch_compat_fp8 on torch's fp8 cases, distgemm serving what
+  tests/test_torch_compat_fp8.served says (on a shared GPU these need gloo to run torch's
+  reference collectives on CUDA tensors; where it cannot, they skip with gloo's error).
 
-    python3 -m pytest -q tests/gpu/test_training.py
+    python3 -m pytest -q -rs tests/gpu/test_training.py
 
-Decides by the worker's exit code and the numbers it saves. Skips, with the reason, without 2
-Hopper GPUs or without the CUDA runtime in the installed package.
+Decides by the worker's exit code and the checks it writes (JSON, kept under
+DISTGEMM_TEST_RESULTS when set). Skips, with the reason, without a Hopper GPU or without the
+CUDA runtime in the installed package.
 """
 
 import pathlib
-import sys
 
 import pytest
 
 torch = pytest.importorskip("torch")
-from gpu_requirements import run_torchrun, skip_reason  # noqa: E402
+from gpu_requirements import (  # noqa: E402
+    assert_every_check_passed,
+    launch_here,
+    ran_or_skip,
+    results_file,
+    run_worker_json,
+)
 
-TP = 2
-
-HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))  # tests/: the CPU tests' checks
-WORKER = HERE / "training_worker.py"
-COMPILED_TOLERANCE = 1e-2  # bf16: compiled kernels may round an intermediate differently
-
-_SKIP = skip_reason(TP)
-pytestmark = pytest.mark.skipif(_SKIP is not None, reason=str(_SKIP))
+LAUNCH = launch_here(default_tp=2, honour_tp_env=False)  # 2 ranks: the CPU tests' layout
+WORKER = pathlib.Path(__file__).resolve().parent / "training_worker.py"
+pytestmark = pytest.mark.skipif(LAUNCH.skip is not None, reason=str(LAUNCH.skip))
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("training")
-    proc = run_torchrun(WORKER, TP, "--out", str(out))
-    explain = (
-        f"rc={proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
-    )
-    assert proc.returncode == 0, explain
-    return [torch.load(out / f"result{r}.pt") for r in range(TP)]
+    return run_worker_json(WORKER, LAUNCH, results_file(tmp_path_factory, "training"))
+
+
+def judged(results, name) -> list:
+    """Every rank's verdict of `name`, or a skip with the reason where the worker left it out."""
+    got = ran_or_skip(results[2], name)
+    assert got, f"[{LAUNCH.mode}] no check {name}"
+    return got
+
+
+def test_every_check_passed_on_every_rank(results):
+    assert_every_check_passed(results)
 
 
 @pytest.mark.parametrize("dtype_name", ["bfloat16", "float16"])
 def test_layers_match_fp32(results, dtype_name):
-    from test_nn import TOLERANCE, layer_failures
-    from training_worker import SIZES
-
-    layers = [r["layers"] for r in results]
-    failures = layer_failures(layers, dtype_name, TOLERANCE[dtype_name], SIZES, TP)
-    assert not failures, failures
+    got = judged(results, f"layers/{dtype_name}")
+    assert len(got) == LAUNCH.tp and all(e["ok"] for e in got), got
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_compiled_fullgraph_equal_to_eager(results, backend):
-    from test_custom_ops import compile_failures
-
-    compiled = [r[f"compile {backend}"] for r in results]
-    failures = compile_failures(compiled, COMPILED_TOLERANCE, recorded=backend == "aot_eager")
-    assert not failures, failures
+    got = judged(results, f"compile/{backend}")
+    assert len(got) == LAUNCH.tp and all(e["ok"] for e in got), got
 
 
-def test_torch_compat_ported_cases(results):
-    from test_torch_compat import case_failures
-
-    compat = [r["compat"] for r in results]
-    failures = [f for key in compat[0] for f in case_failures(compat, key, on_cuda=True)]
-    assert not failures, failures
+@pytest.mark.parametrize("section", ["compat", "compat_fp8"])
+def test_torch_compat_ported_cases(results, section):
+    got = judged(results, section)
+    bad = [e for e in got if not e["ok"]]
+    assert not bad, bad[:10]
+    assert len({e["name"] for e in got}) > 10  # every ported case, each its own check

@@ -38,6 +38,7 @@ import traceback
 
 import torch
 import torch.distributed as dist
+from gpu_requirements import SHARED_GPU_MODE, SHARED_SLOWDOWN, multi_gpu_mode
 
 from distgemm import _core, ops, pathmodel
 from distgemm import comm as dcomm
@@ -45,6 +46,23 @@ from distgemm import comm as dcomm
 RESULTS = []
 FAILED = []
 SKIPPED = []  # (check, reason): checks this launch cannot run (e.g. cross-rank ones on 1 GPU)
+
+# With DISTGEMM_ALLOW_SHARED_GPU=1 every rank runs on one GPU (a functional test of the
+# multi-rank paths where only one GPU is at hand; tests/gpu/gpu_requirements.py launches it so
+# on a one-GPU machine). NCCL refuses two ranks on one GPU, so the process group is gloo and the
+# reference collectives run on CPU copies.
+SHARED_GPU = os.environ.get(dcomm.SHARED_GPU_ENV) == "1"
+# The ranks' kernels time-slice the shared GPU, so a cross-rank wait lasts up to a few time
+# slices per step instead of microseconds: the communicators of a shared-GPU run wait this long
+# (Communicator's timeout_s / wait_timeout_s; the one-GPU-per-rank runs keep the defaults).
+SHARED_CONTROL_TIMEOUT_S = 300.0
+SHARED_WAIT_TIMEOUT_S = 30.0
+# Why checks are left out when the ranks share one GPU.
+NEEDS_NCCL = "the collective path runs NCCL collectives; ranks sharing one GPU run gloo"
+NEEDS_NCCL_IN_GRAPH = (
+    "captures NCCL collectives in a CUDA graph; ranks sharing one GPU run gloo, which cannot be "
+    "captured"
+)
 
 
 def rank() -> int:
@@ -59,8 +77,40 @@ def record(name: str, ok: bool, **numbers):
         print(f"[rank {rank()}] FAIL {name}: {numbers}", file=sys.stderr, flush=True)
 
 
+def record_exception(name: str, ex: BaseException, **numbers):
+    """`name` failed with `ex`: its type, message and traceback go into the results."""
+    text = traceback.format_exception(type(ex), ex, ex.__traceback__)
+    record(name, False, error=f"{type(ex).__name__}: {ex}", traceback="".join(text), **numbers)
+    print("".join(text), file=sys.stderr, flush=True)
+
+
 def skip(name: str, reason: str):
     SKIPPED.append({"name": name, "reason": reason, "rank": rank()})
+
+
+def left_out_when_shared(name: str, reason: str) -> bool:
+    """True, with `name` recorded as skipped for `reason`, when the ranks share one GPU (the
+    caller then leaves the check out); False with one GPU per rank."""
+    if SHARED_GPU:
+        skip(name, reason)
+    return SHARED_GPU
+
+
+def mode() -> str:
+    """How this launch runs, as the results and the test output say it."""
+    return SHARED_GPU_MODE if SHARED_GPU else multi_gpu_mode(dist.get_world_size())
+
+
+def communicator(**timeouts) -> dcomm.Communicator:
+    """A Communicator of the world group for the checks: with the shared-GPU timeouts when the
+    ranks share one GPU (`timeouts` given explicitly win), else the library's defaults."""
+    if SHARED_GPU:
+        timeouts = {
+            "timeout_s": SHARED_CONTROL_TIMEOUT_S,
+            "wait_timeout_s": SHARED_WAIT_TIMEOUT_S,
+            **timeouts,
+        }
+    return dcomm.Communicator(**timeouts)
 
 
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -79,10 +129,45 @@ def same_on_all_ranks(value):
 # ---------------------------------------------------------------------------------------------
 # Reference: the plain torch computation, in fp32 and (for comparison) in the op's dtype.
 
-# With DISTGEMM_ALLOW_SHARED_GPU=1 every rank may run on one GPU (a functional test of the
-# multi-rank paths where only one GPU is at hand). NCCL refuses two ranks on one GPU, so the
-# process group is gloo and the reference collectives run on CPU copies.
-SHARED_GPU = os.environ.get("DISTGEMM_ALLOW_SHARED_GPU") == "1"
+
+def gloo_cuda_problem(dev) -> str | None:
+    """Why this torch's gloo cannot run, on tensors of `dev` (CUDA where the ranks share a GPU),
+    the collectives that torch's reference implementations of the fused ops and distgemm's
+    fallbacks call (None: it can, or the group is not gloo). Tried on tiny tensors, in the same
+    order on every rank."""
+    if dist.get_backend() != "gloo":
+        return None
+    import torch.distributed._functional_collectives as funcol
+
+    from distgemm import custom_ops  # the collectives under this torch's names
+
+    tp, group = dist.get_world_size(), dist.group.WORLD
+    x = torch.ones(2 * tp, 8, device=dev, dtype=torch.bfloat16)
+    tries = {
+        "all_reduce": lambda: dist.all_reduce(x.float()),
+        "all_gather": lambda: dist.all_gather([torch.empty_like(x) for _ in range(tp)], x),
+        "all_gather_into_tensor": lambda: custom_ops.all_gather_into(
+            x.new_empty(tp * x.shape[0], 8), x
+        ),
+        "reduce_scatter_tensor": lambda: custom_ops.reduce_scatter_into(x.new_empty(2, 8), x),
+        "functional all_gather_tensor (uint8)": lambda: funcol.wait_tensor(
+            custom_ops._funcol_all_gather(x.view(torch.uint8), 0, group)
+        ),
+        "functional reduce_scatter_tensor avg": lambda: funcol.wait_tensor(
+            funcol.reduce_scatter_tensor(x, "avg", 0, group)
+        ),
+    }
+    for name, fn in tries.items():
+        try:
+            fn()
+            if x.is_cuda:
+                torch.cuda.synchronize()
+        except Exception as ex:  # noqa: BLE001 - the reason, in words
+            return (
+                f"gloo (torch {torch.__version__}) cannot run {name} on CUDA tensors, which "
+                f"torch's reference implementations need: {type(ex).__name__}: {ex}"[:600]
+            )
+    return None
 
 
 def gather0(x: torch.Tensor) -> torch.Tensor:
@@ -296,8 +381,7 @@ def test_correctness(dev):
                         **extra,
                     )
                 except Exception as ex:  # noqa: BLE001 - recorded, the run goes on
-                    record(name, False, error=f"{type(ex).__name__}: {ex}")
-                    traceback.print_exc()
+                    record_exception(name, ex)
 
 
 def test_paths(dev):
@@ -305,8 +389,9 @@ def test_paths(dev):
     return_gathered), and path="auto" picks one path per plan, the same on every rank, returns a
     correct result at the first and later calls and reports its measurement."""
     tp = dist.get_world_size()
-    if SHARED_GPU:
-        skip("paths", "the collective path needs a NCCL group; shared-GPU mode runs on gloo")
+    auto_why = "on a gloo group path='auto' keeps the plan: the choice it checks needs NCCL"
+    if left_out_when_shared("paths/collective", NEEDS_NCCL):
+        left_out_when_shared("paths/auto", auto_why)
         return
     gen = torch.Generator(device="cpu").manual_seed(4242)
     for schedule in ["ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "gemm_allreduce"]:
@@ -357,8 +442,7 @@ def test_paths(dev):
                     ok = ok and extra["gathered_equal"]
                 record(name, ok, rel_err=e, rel_diff_vs_overlap=e_o, **extra)
             except Exception as ex:  # noqa: BLE001
-                record(name, False, error=f"{type(ex).__name__}: {ex}")
-                traceback.print_exc()
+                record_exception(name, ex)
     # "auto" on a tiny and a Llama-sized problem of each collective: the cost model's choice
     # (no table loaded), the same on every rank, with the predictions behind it; correct at the
     # first call and the next one.
@@ -370,7 +454,7 @@ def test_paths(dev):
         ("rs_tile_a", (8192, 4096), (8192, 4096)),
         ("gemm_allreduce", (64 * tp, 128), (256, 128)),
     ]
-    with dcomm.Communicator() as comm:
+    with communicator() as comm:
         for schedule, a_shape, w_shape in cases:
             name = f"paths/auto/{schedule}/a{list(a_shape)}w{list(w_shape)}"
             try:
@@ -418,8 +502,7 @@ def test_paths(dev):
                     first_call_ms=first_ms,
                 )
             except Exception as ex:  # noqa: BLE001
-                record(name, False, error=f"{type(ex).__name__}: {ex}")
-                traceback.print_exc()
+                record_exception(name, ex)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -526,13 +609,13 @@ def test_errors(dev):
         e = rel_err(y, gather0(a).float() @ w.float().t())
         record("errors/cuda_graph_capture", e < 1e-2, rel_err=e)
     except Exception as ex:  # noqa: BLE001
-        record("errors/cuda_graph_capture", False, error=f"{type(ex).__name__}: {ex}")
+        record_exception("errors/cuda_graph_capture", ex)
     try:
         y = ops.all_gather_gemm(a, w, path="overlap")
         e = rel_err(y, gather0(a).float() @ w.float().t())
         record("errors/works_after_capture", e < 1e-2, rel_err=e)
     except Exception as ex:  # noqa: BLE001
-        record("errors/works_after_capture", False, error=str(ex))
+        record_exception("errors/works_after_capture", ex)
     # A graph refuses a workspace sized for another plan: rs_tile_a at S=2TP stages partials for
     # the copy engine (twice the slots); a workspace sized for epilogue partials is too small.
     m2, k2 = 256 * tp, 64 * tp
@@ -572,7 +655,7 @@ def test_errors(dev):
             sized=sized,
             error="copy-engine partials should need more workspace than epilogue ones",
         )
-    c = dcomm.Communicator()
+    c = communicator()
     c.close()
     expect(
         "closed_communicator",
@@ -722,7 +805,7 @@ def test_overhead(dev):
     torch.cuda.synchronize()
     dist.barrier()
     t0 = time.perf_counter()
-    c2 = dcomm.Communicator()
+    c2 = communicator()
     t_comm = time.perf_counter() - t0
     # First call of a plan on a fresh communicator: signature exchange, workspace allocation and
     # IPC exchange, graph instantiation. Then a second plan that fits the same workspace.
@@ -847,62 +930,72 @@ def main():
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--sections", default="correctness,paths,errors,replays,overhead")
     args = ap.parse_args()
-    local = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
-    torch.cuda.set_device(local)
-    dev = torch.device("cuda", local)
-    if SHARED_GPU:
-        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
-    else:
-        dist.init_process_group("nccl", device_id=dev, timeout=datetime.timedelta(seconds=120))
-    sections = [x for x in args.sections.split(",") if x] + (["bench"] if args.bench else [])
-    runs = {
-        "correctness": lambda: test_correctness(dev),
-        "paths": lambda: test_paths(dev),
-        "errors": lambda: test_errors(dev),
-        "replays": lambda: test_replays(dev, args.calls),
-        "overhead": lambda: test_overhead(dev),
-        "bench": test_bench,
-    }
-    for sec in sections:
-        run_section(sec, runs.get(sec, lambda sec=sec: record(f"unknown_section/{sec}", False)))
+    dev = init_rank()
+    sections = ",".join([args.sections] + (["bench"] if args.bench else []))
+    run_sections(
+        sections,
+        {
+            "correctness": lambda: test_correctness(dev),
+            "paths": lambda: test_paths(dev),
+            "errors": lambda: test_errors(dev),
+            "replays": lambda: test_replays(dev, args.calls),
+            "overhead": lambda: test_overhead(dev),
+            "bench": test_bench,
+        },
+    )
     finish(args.out)
 
 
 def init_rank(timeout_s: float = 120.0) -> torch.device:
-    """This rank's CUDA device (LOCAL_RANK modulo the visible GPUs) and the process group: NCCL,
-    or gloo where ranks share a GPU (SHARED_GPU)."""
+    """This rank's CUDA device (LOCAL_RANK modulo the visible GPUs) and the process group, bound
+    by `timeout_s`: NCCL, or, where the ranks share a GPU (SHARED_GPU), gloo with SHARED_SLOWDOWN
+    times the timeout and the ops' default communicator made with the shared-GPU timeouts."""
     local = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
     torch.cuda.set_device(local)
     dev = torch.device("cuda", local)
-    timeout = datetime.timedelta(seconds=timeout_s)
     if SHARED_GPU:
+        timeout = datetime.timedelta(seconds=timeout_s * SHARED_SLOWDOWN)
         dist.init_process_group("gloo", timeout=timeout)
+        use_as_default_communicator(communicator())
     else:
+        timeout = datetime.timedelta(seconds=timeout_s)
         dist.init_process_group("nccl", device_id=dev, timeout=timeout)
+    if rank() == 0:
+        print(f"[rank 0] {mode()}", flush=True)
     return dev
+
+
+def use_as_default_communicator(comm: dcomm.Communicator) -> None:
+    """Make `comm` the communicator of the ops' calls without a group (and with the world group):
+    the one they would create at their first call, with the library's default timeouts."""
+    dcomm._DEFAULT[None] = dcomm._DEFAULT[dist.group.WORLD] = comm
 
 
 def run_sections(names: str, sections: dict) -> None:
     """Run the comma-separated sections in order (an unknown name is a failed check)."""
     for sec in [x for x in names.split(",") if x]:
-        run_section(sec, sections.get(sec, lambda sec=sec: record(f"unknown_section/{sec}", False)))
+        if sec not in sections:
+            record(f"unknown_section/{sec}", False, known=sorted(sections))
+            continue
+        run_section(sec, sections[sec])
 
 
 def run_section(name, fn):
-    """Run one section; an exception is recorded as its failure and the run goes on."""
+    """Run one section; an exception is recorded as its failure (with its traceback) and the run
+    goes on."""
     t0 = time.perf_counter()
     try:
         fn()
     except Exception as ex:  # noqa: BLE001
-        record(f"{name}/crashed", False, error=f"{type(ex).__name__}: {ex}")
-        traceback.print_exc()
+        record_exception(f"{name}/crashed", ex)
     if rank() == 0:
         print(f"[rank 0] section {name}: {time.perf_counter() - t0:.1f} s", flush=True)
 
 
 def finish(out_path):
-    """Collect every rank's results on rank 0 (RESULT lines, JSON at `out_path`), close distgemm
-    and the process group, exit 0 only when every check passed on every rank."""
+    """Collect every rank's results on rank 0 (RESULT lines, JSON at `out_path` with the launch
+    mode and the left-out checks), close distgemm and the process group, exit 0 only when every
+    check passed on every rank."""
     everything = same_on_all_ranks(RESULTS)
     skipped = [x for rr in same_on_all_ranks(SKIPPED) for x in rr]  # collective: every rank
     failed = sum(1 for rr in everything for e in rr if not e["ok"])
@@ -911,9 +1004,23 @@ def finish(out_path):
         for e in flat:
             if e["rank"] == 0 or not e["ok"]:
                 print("RESULT " + json.dumps(e), flush=True)
+        for e in skipped:
+            if e["rank"] == 0:
+                print("LEFT OUT " + json.dumps(e), flush=True)
+        summary = {
+            "mode": mode(),
+            "tp": dist.get_world_size(),
+            "failed": failed,
+            "results": flat,
+            "skipped": skipped,
+        }
         with open(out_path, "w") as f:
-            json.dump({"failed": failed, "results": flat, "skipped": skipped}, f, indent=1)
-        print(f"SUMMARY checks={len(flat)} failed={failed}", flush=True)
+            json.dump(summary, f, indent=1)
+        print(
+            f"SUMMARY [{mode()}] checks={len(flat)} failed={failed} "
+            f"left_out={sum(1 for e in skipped if e['rank'] == 0)}",
+            flush=True,
+        )
     dcomm.close_all()
     dist.destroy_process_group()
     sys.exit(1 if failed else 0)
