@@ -115,13 +115,7 @@ def test_skip_without_the_cuda_runtime(monkeypatch):
 @pytest.mark.parametrize(
     "gpus, tp, shared, capability, reason",
     [
-        (
-            0,
-            2,
-            False,
-            (9, 0),
-            (0, 2, False, (9, 0), f"needs a CUDA GPU (with one, {req.SHARED_GPU_MODE}), {NONE}"),
-        ),
+        (0, 2, False, (9, 0), f"needs a CUDA GPU (with one, {req.SHARED_GPU_MODE}), {NONE}"),
         (1, 2, False, (9, 0), "needs 2 CUDA GPUs (DISTGEMM_TEST_TP), this machine has 1"),
         (4, 8, False, (9, 0), "needs 8 CUDA GPUs (DISTGEMM_TEST_TP), this machine has 4"),
         (1, 2, True, (8, 0), "needs Hopper GPUs (sm_90), found compute capability [(8, 0)]"),
