@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 import distgemm
 from distgemm import _core
+from distgemm.comm import get_communicator
 
 LAYERS = {  # name: (N, K) of one rank's GEMM at TP=2
     "70B-O": (8192, 4096),
@@ -99,7 +100,7 @@ def check_correctness(dev) -> list[dict]:
             row["ok"] = row["rel_err"] < TOL
             rows.append(row)
     torch.cuda.synchronize()
-    distgemm.get_communicator().check()
+    get_communicator().check()
     return rows
 
 
@@ -237,7 +238,7 @@ def main(argv=None) -> int:
                 flags += f" err_vs_mm={r['err_vs_mm']:.2e}"
             failed |= bool(r["below_floor"]) or r["err_vs_mm"] > TOL
             print(row(TIME_COLUMNS, r) + " " + flags, flush=True)
-    distgemm.get_communicator().check()
+    get_communicator().check()
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "fused-tp1.json"), "w") as f:
         json.dump(result, f, indent=1)

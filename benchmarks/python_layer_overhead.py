@@ -16,7 +16,7 @@ import types
 
 import torch
 
-from distgemm import entries, launch, ops
+from distgemm import entries, launch, ops, precision
 
 
 class _Graph:
@@ -43,11 +43,11 @@ class _Comm:
         return [obj, obj]
 
     def workspace_for(self, layout):
-        return types.SimpleNamespace(order=None), [1 << 20, 2 << 20]
+        return types.SimpleNamespace(order=None, pinned=False), [1 << 20, 2 << 20]
 
 
 def _cpu_check_types(op, tensors):
-    # ops.check_types minus the CUDA test: the same attribute reads.
+    # validation.check_types minus the CUDA test: the same attribute reads.
     dtype = None
     for t in tensors.values():
         if t is not None:
@@ -59,12 +59,12 @@ def _cpu_check_types(op, tensors):
 def main(n=20000):
     comm = _Comm()
     ops.get_communicator = lambda group: comm
-    ops.check_types = _cpu_check_types
+    precision.check_types = _cpu_check_types  # where the ops' precision check looks it up
     launch._raw_stream = lambda index: 0
     core = types.SimpleNamespace(
         **{k: getattr(entries._core, k) for k in dir(entries._core) if not k.startswith("__")}
     )
-    core.DeviceGraph = lambda *args: _Graph()
+    core.DeviceGraph = lambda *args, **kwargs: _Graph()
     core.GraphSetup = lambda *args, **kwargs: None  # the graph stand-in takes no setup
     entries._core = core
     torch.cuda.is_current_stream_capturing = lambda: False

@@ -110,7 +110,7 @@ def test_correctness(dev):
         ok = path == "fused" if m <= limit else path not in (None, "fused")
         record(f"correctness/auto_m{m}", ok, path=path)
     torch.cuda.synchronize()
-    distgemm.get_communicator().check()
+    dcomm.get_communicator().check()
 
 
 def test_capture(dev, replays):
@@ -147,7 +147,7 @@ def test_capture(dev, replays):
     ok = worst < TOL
     record("capture/interleaved_with_growth", ok, worst_rel_err=worst)
     torch.cuda.synchronize()
-    distgemm.get_communicator().check()
+    dcomm.get_communicator().check()
 
 
 def test_timeout(dev):
