@@ -134,20 +134,39 @@ def test_capture(dev, replays):
         worst = max(worst, e)
         bad += e >= TOL
     record("capture/replays", bad == 0, replays=replays, worst_rel_err=worst)
-    # Eager calls, an overlapped op that grows the workspace, and replays, interleaved
-    ok, worst = True, 0.0
+    # Eager calls, an overlapped op that grows the workspace, and replays, interleaved; the
+    # overlapped op's result and the communicator's state checked at every iteration, so a
+    # failure names the iteration and whether the workspace grew there.
+    comm = dcomm.get_communicator()
+    worst, worst_rs, steps = 0.0, 0.0, []
     for i in range(5):
         big_a, big_w, _, _ = inputs(2048 * (i + 1), 4096, 2048, dtype, dev, seed=200 + i)
-        distgemm.gemm_reduce_scatter(big_a, big_w, path="overlap")
+        held = comm.workspace_bytes
+        z = distgemm.gemm_reduce_scatter(big_a, big_w, path="overlap")
         y = distgemm.gemm_all_reduce(a, w, bias=b, path="fused")
         ref32 = reference("gemm_allreduce", a, w, b, None, 0.0, dtype)[0]
         worst = max(worst, rel_err(y, ref32))
         g.replay()
         worst = max(worst, rel_err(out, ref32))
-    ok = worst < TOL
-    record("capture/interleaved_with_growth", ok, worst_rel_err=worst)
-    torch.cuda.synchronize()
-    dcomm.get_communicator().check()
+        torch.cuda.synchronize()
+        e_rs = rel_err(z, reference("rs_tile_a", big_a, big_w, None, None, 0.0, dtype)[0])
+        worst_rs = max(worst_rs, e_rs)
+        try:
+            comm.check()
+            state = "ok"
+        except RuntimeError as e:
+            state = str(e)
+        steps.append(
+            dict(iteration=i, grew=comm.workspace_bytes > held, rs_rel_err=e_rs, state=state)
+        )
+        if state != "ok":
+            break
+    ok = worst < TOL and worst_rs < TOL and all(s["state"] == "ok" for s in steps)
+    record(
+        "capture/interleaved_with_growth", ok, worst_rel_err=worst, worst_rs_rel_err=worst_rs,
+        iterations=steps,
+    )  # fmt: skip
+    comm.check()
 
 
 def test_timeout(dev):
