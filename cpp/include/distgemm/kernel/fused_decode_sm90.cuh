@@ -122,45 +122,39 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(Pending) : "memory");
 }
 __device__ __forceinline__ uint4 ld_shared_v4(uint32_t smem) {
-  return *static_cast<const uint4*>(__cvta_shared_to_generic(smem));
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(smem)
+               : "memory");
+  return v;
 }
 
-// Token g's two vectors of one K step in each fragment f (at `tok` + f * tok_stride): those of
-// fragments whose token is inside m (a bit per fragment in `valid`) and inside K (`k_left`
-// elements of K from this thread's first; k is a multiple of 8, so a vector is all in or all
-// out), zeros otherwise.
-template <class Element, int Frags>
-__device__ __forceinline__ void load_tokens(uint4 (&b)[Frags][2], const Element* tok,
-                                            int64_t tok_stride, uint32_t valid, int k_left) {
+// One K step on weight rows g and g + 8 (`ra`, `rb`: two vectors of 8 elements each): per token
+// fragment f, its token g's same two vectors (at `tok` + f * tok_stride) and 4 MMAs. Token
+// loads are guarded when `Guard` (the split's last steps: `k_left` elements of K from this
+// thread's first; k is a multiple of 8, so a vector is all in or all out); `valid` has a bit per
+// fragment whose token g is inside m.
+template <class Element, int Frags, bool Guard>
+__device__ __forceinline__ void mma_step(float (&acc)[Frags][4], const uint4 (&ra)[2],
+                                         const uint4 (&rb)[2], const Element* tok,
+                                         int64_t tok_stride, uint32_t valid, int k_left) {
 #pragma unroll
-  for (int f = 0; f < Frags; ++f)
+  for (int f = 0; f < Frags; ++f) {
+    uint4 b[2];
 #pragma unroll
     for (int v = 0; v < 2; ++v) {
-      const bool in = ((valid >> f) & 1u) && 8 * v < k_left;
-      b[f][v] = in ? ld_cached_v4(tok + f * tok_stride + 8 * v) : make_uint4(0, 0, 0, 0);
+      const bool in = ((valid >> f) & 1u) && (!Guard || 8 * v < k_left);
+      b[v] = in ? ld_cached_v4(tok + f * tok_stride + 8 * v) : make_uint4(0, 0, 0, 0);
     }
-}
-
-// One K step on weight rows g and g + 8 (`ra`, `rb`: two vectors of 8 elements each) and the
-// tokens `b`: 4 MMAs per fragment.
-template <class Element, int Frags>
-__device__ __forceinline__ void mma_step(float (&acc)[Frags][4], const uint4 (&ra)[2],
-                                         const uint4 (&rb)[2], const uint4 (&b)[Frags][2]) {
-#pragma unroll
-  for (int f = 0; f < Frags; ++f)
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int v = j / 2, w0 = (j % 2) * 2;
       mma_16816<Element>(acc[f], word(ra[v], w0), word(rb[v], w0), word(ra[v], w0 + 1),
-                         word(rb[v], w0 + 1), word(b[f][v], w0), word(b[f][v], w0 + 1));
+                         word(rb[v], w0 + 1), word(b[v], w0), word(b[v], w0 + 1));
     }
+  }
 }
-
-// Whether a thread loads the next step's tokens before this step's MMAs (their L1/L2 latency off
-// the MMA chain): where the registers hold two steps of tokens (16 and 32 tokens; 64 tokens
-// would need 128 registers for them).
-template <int Width>
-inline constexpr bool kTokensAhead = Width <= 32;
 
 template <class Element, int Width>
 __global__ void __launch_bounds__(kThreads, kDecodeCtasPerSm)
@@ -200,6 +194,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeCtasPerSm)
     uint32_t valid = 0;
 #pragma unroll
     for (int f = 0; f < kFrags; ++f) valid |= (tok0 + 8 * f < t.m ? 1u : 0u) << f;
+    const int full_end = k / kFusedDecodeKStep < st1 ? k / kFusedDecodeKStep : st1;
     const int64_t tok_stride = 8 * p.lda;
     // This thread's vector 0 of stage 0; vector v of stage u is 512 v + kStageBytesPerWarp u on.
     const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(decode_ring)) +
@@ -207,10 +202,8 @@ __global__ void __launch_bounds__(kThreads, kDecodeCtasPerSm)
     const int n_steps = st1 - st0;
     // Step i of the split into ring stage `dst`: this thread's four vectors, those past k
     // zero-filled (k is a multiple of 8, so a vector is all in or all out).
-    // K elements left from this thread's first of step i.
-    auto k_left_of = [&](int i) { return k - (st0 + i) * kFusedDecodeKStep - 16 * q; };
     auto copy_step = [&](int i, uint32_t dst) {
-      const int k_left = k_left_of(i);
+      const int k_left = k - (st0 + i) * kFusedDecodeKStep - 16 * q;
       const int64_t off = int64_t(i) * kFusedDecodeKStep;
 #pragma unroll
       for (int v = 0; v < 2; ++v) {
@@ -239,9 +232,6 @@ __global__ void __launch_bounds__(kThreads, kDecodeCtasPerSm)
       cp_async_commit();
     }
     uint32_t rd = ring, wr = ring + (S - 1) * kStageBytesPerWarp;
-    uint4 b[kFrags][2];  // the tokens of the step computed (ahead: loaded one step before)
-    if constexpr (kTokensAhead<Width>)
-      load_tokens<Element, kFrags>(b, a_row, tok_stride, valid, n_steps > 0 ? k_left_of(0) : 0);
 #pragma unroll 1
     for (int i = 0; i < n_steps; ++i) {
       cp_async_wait<S - 2>();
@@ -255,17 +245,12 @@ __global__ void __launch_bounds__(kThreads, kDecodeCtasPerSm)
       cp_async_commit();
       rd = next_stage(rd);
       wr = next_stage(wr);
-      if constexpr (kTokensAhead<Width>) {
-        uint4 bn[kFrags][2];
-        load_tokens<Element, kFrags>(bn, a_row + int64_t(i + 1) * kFusedDecodeKStep, tok_stride,
-                                     valid, i + 1 < n_steps ? k_left_of(i + 1) : 0);
-        mma_step<Element, kFrags>(acc, ra, rb, b);
-#pragma unroll
-        for (int f = 0; f < kFrags; ++f) b[f][0] = bn[f][0], b[f][1] = bn[f][1];
-      } else {
-        load_tokens<Element, kFrags>(b, a_row + int64_t(i) * kFusedDecodeKStep, tok_stride, valid,
-                                     k_left_of(i));
-        mma_step<Element, kFrags>(acc, ra, rb, b);
+      const Element* tok = a_row + int64_t(i) * kFusedDecodeKStep;
+      if (st0 + i < full_end) {
+        mma_step<Element, kFrags, false>(acc, ra, rb, tok, tok_stride, valid, 0);
+      } else {  // the last step of K, partial
+        const int k_left = k - (st0 + i) * kFusedDecodeKStep - 16 * q;
+        mma_step<Element, kFrags, true>(acc, ra, rb, tok, tok_stride, valid, k_left);
       }
     }
     cp_async_wait<0>();  // nothing in flight into the ring when the next item refills it
