@@ -8,9 +8,8 @@
 // Two kernels compute the partial product, both swapped (D^T = W X^T: the weight's N rows on
 // the 128-row side of a tile, the few tokens on its narrow side):
 //  - decode (up to kFusedDecodeMaxTokens tokens, fused_decode_sm90.cuh): warp-level MMAs fed
-//    from a per-thread cp.async ring in shared memory (many K steps of the weight in flight per
-//    SM), the weight streamed once at memory bandwidth, K split over CTAs (fused_splits) so
-//    that every SM streams; each CTA writes its fp32
+//    straight from global memory, the weight streamed once at memory bandwidth, K split over
+//    CTAs (fused_splits) so that several CTAs stream on every SM; each CTA writes its fp32
 //    partial locally, the CTAs of a tile sum their slices over the splits into the rank's one
 //    partial tile, and only that tile crosses NVLink (one-shot all-reduce traffic);
 //  - cutlass (more tokens, fused_allreduce_sm90.cuh): CUTLASS's SM90 cooperative GEMM with a
@@ -43,11 +42,7 @@ inline constexpr int kFusedTokenTileLarge = 256;  // the CUTLASS kernel's token 
 // it (path="fused").
 inline constexpr int64_t kFusedMaxAutoTokens = 0;
 // The decode kernel runs up to this many tokens (in blocks of kFusedTokenTileSmall), the CUTLASS
-// kernel above. 65..128 tokens are two blocks, each streaming the whole weight (the second
-// read mostly from L2: a tile's two blocks are neighbouring CTAs that run together), so at most
-// twice the one-block time at memory bandwidth; the CUTLASS kernel pads them to its 256-token
-// tile at 1.3-2.1x torch.mm's 256-token time
-// (benchmarks/results/2026-11-24-fused-decode-kernel.md).
+// kernel above.
 inline constexpr int64_t kFusedDecodeMaxTokens = 128;
 // The decode kernel's K step: each of a row's 4 threads loads 16 consecutive elements (two
 // 16-byte loads), so one step covers 64 elements, a 128-byte line of each of its weight rows.

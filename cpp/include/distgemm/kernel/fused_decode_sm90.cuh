@@ -3,24 +3,19 @@
 // instantiate it (one per dtype, every token width in it).
 //
 // Why not CUTLASS here: at 1..64 tokens the GEMM only streams the weight (each element is used by
-// a few tokens), so what counts is bytes in flight per SM, not tensor-core throughput. Each
-// thread copies the weight bytes it multiplies into a ring of kDecodeStages K steps in shared
-// memory with 16-byte cp.async.cg (L2 only, asynchronous), kDecodeStages - 1 steps ahead of the
-// step it computes, and reads them back itself: no barrier, not even between the lanes of a
-// warp, and the copies stay in flight while the thread waits on its MMAs (mma.sync m16n8k16,
-// bf16/fp16 in, fp32 accumulate) and its token loads.
+// a few tokens), so what counts is bytes in flight per SM, not tensor-core throughput. A warp
+// loads its weight rows straight into registers with 16-byte loads that bypass L1, several
+// steps ahead, and feeds them to mma.sync m16n8k16 (bf16/fp16 in, fp32 accumulate) as they are;
+// no shared-memory round trip, no pipeline barriers.
 //
 // Layout (swapped, D^T = W X^T): a CTA is 8 warps; warp w owns weight rows 16w..16w+15 of the
 // CTA's 128-row tile (the MMA's M side), the tokens of one 64-token block are its N side (Width
 // padded tokens: Width/8 n8 fragments), and the CTA covers split s of K (fused_splits). Each of
-// a row's 4 threads (lane % 4 = q) takes 16 consecutive K elements of a 64-element K step of
-// rows g and g + 8 (g = lane / 4): four 16-byte vectors. MMA j (0..3) of the step takes elements
-// 4j..4j+3 of each thread's 16 as its A fragment; the token fragment is loaded with the same
-// permutation (token g, the same 16 elements), so the sum over K is the same sum in another
-// order. The ring holds vector v of lane l of a warp's stage at 16 * (32 v + l) bytes, so both
-// the copies in and the 16-byte reads back cover 512 contiguous bytes per warp (no bank
-// conflicts). The token block (a few KB per step) is read through L1, which the 8 warps share
-// (they read the same tokens for the same K).
+// a row's 4 threads (lane % 4 = q) loads 16 consecutive K elements of a 64-element K step. MMA j
+// (0..3) of the step takes elements 4j..4j+3 of each thread's 16 as its A fragment; the token
+// fragment is loaded with the same permutation (token g, the same 16 elements), so the sum over
+// K is the same sum in another order. The token block (a few KB) is read through L1, which the 8
+// warps share (they read the same tokens for the same K).
 //
 // After the mainloop each CTA:
 //   1. stores its fp32 partial (split s) into this rank's scratch and releases local flag
@@ -66,6 +61,15 @@ struct DecodeOperands {
   float alpha;
 };
 
+// Weight: read once, so it does not displace the token block from L1.
+__device__ __forceinline__ uint4 ld_stream_v4(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
 // Tokens: read by every warp of the CTA, kept in L1.
 __device__ __forceinline__ uint4 ld_cached_v4(const void* p) {
   uint4 v;
@@ -96,39 +100,14 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// The weight ring: kDecodeStages K steps of a warp's 16 rows (2 KB each; all but one in flight
-// while one is computed) per warp, one CTA an SM: 11 K steps of the SM's 128 rows in flight,
-// 176 KB, three times what keeps HBM busy at ~1.5 us loaded latency (4.8 TB/s / 132 SMs x 1.5 us
-// = 55 KB), so the SM keeps streaming while its warps wait on their MMAs and token loads. One
-// CTA of 192 KB rather than two of 96 KB: the registers of the MMAs and the tail (255 a thread)
-// fit without spills at every width (-Xptxas -v); at 128 a thread even 16 tokens spill.
-inline constexpr int kDecodeStages = 12;
-inline constexpr int kDecodeCtasPerSm = 1;
-inline constexpr int kStageBytesPerWarp = kRowsPerWarp * kFusedDecodeKStep * 2;
-inline constexpr int kDecodeSmemBytes = kWarps * kDecodeStages * kStageBytesPerWarp;
-static_assert(kStageBytesPerWarp == 4 * 32 * 16, "a stage is 4 16-byte vectors per lane");
-
-// 16 bytes global -> shared, L2 only; `bytes` 0 fills the 16 bytes with zeros and reads nothing.
-__device__ __forceinline__ void cp_async_16(uint32_t smem, const void* gmem, int bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem), "l"(gmem), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;" ::: "memory");
-}
-// Every group of this thread but the newest `Pending` has landed in shared memory.
-template <int Pending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(Pending) : "memory");
-}
-__device__ __forceinline__ uint4 ld_shared_v4(uint32_t smem) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "r"(smem)
-               : "memory");
-  return v;
-}
+// K steps per batch of weight loads in flight per thread (4 x 16 bytes each) and CTAs per SM the
+// registers are budgeted for (launch bounds): as many bytes in flight per SM as the
+// accumulators leave registers for, without spills (-Xptxas -v): 16 tokens two CTAs of two
+// steps, 32 and 64 tokens (more than 128 registers a thread) one CTA of four and two steps.
+template <int Width>
+inline constexpr int kStepsPerBatch = Width == 32 ? 4 : 2;
+template <int Width>
+inline constexpr int kMinCtasPerSm = Width <= 16 ? 2 : 1;
 
 // One K step on weight rows g and g + 8 (`ra`, `rb`: two vectors of 8 elements each): per token
 // fragment f, its token g's same two vectors (at `tok` + f * tok_stride) and 4 MMAs. Token
@@ -157,11 +136,10 @@ __device__ __forceinline__ void mma_step(float (&acc)[Frags][4], const uint4 (&r
 }
 
 template <class Element, int Width>
-__global__ void __launch_bounds__(kThreads, kDecodeCtasPerSm)
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSm<Width>)
     fused_decode_kernel(const DecodeOperands p, const FusedTail t) {
   constexpr int kFrags = Width / 8;
-  constexpr int S = kDecodeStages;
-  extern __shared__ uint4 decode_ring[];  // [warp][stage][vector][lane]
+  constexpr int kBatch = kStepsPerBatch<Width>;
   __shared__ uint32_t word_smem;
   if (aborted(t.abort)) return;  // a previous launch timed out: the communicator is broken
   if (threadIdx.x == 0) word_smem = fused_launch_generation(t);
@@ -182,40 +160,17 @@ __global__ void __launch_bounds__(kThreads, kDecodeCtasPerSm)
     // token rows (a bit per fragment: token inside m) and K steps [st0, st1).
     const int64_t col_a = int64_t(nb) * kFusedTileN + warp * kRowsPerWarp + g, col_b = col_a + 8;
     const Element* w = static_cast<const Element*>(p.w);
-    const int k = static_cast<int>(p.k), steps = (k + kFusedDecodeKStep - 1) / kFusedDecodeKStep;
-    const int st0 = steps * s / t.splits, st1 = steps * (s + 1) / t.splits;
-    const Element* wa =
-        w + (col_a < t.n ? col_a : t.n - 1) * p.ldw + 16 * q + int64_t(st0) * kFusedDecodeKStep;
-    const Element* wb =
-        w + (col_b < t.n ? col_b : t.n - 1) * p.ldw + 16 * q + int64_t(st0) * kFusedDecodeKStep;
+    const Element* wa = w + (col_a < t.n ? col_a : t.n - 1) * p.ldw + 16 * q;
+    const Element* wb = w + (col_b < t.n ? col_b : t.n - 1) * p.ldw + 16 * q;
     const int64_t tok0 = int64_t(tb) * kFusedTokenTileSmall + g;
-    const Element* a_row =
-        static_cast<const Element*>(p.a) + tok0 * p.lda + 16 * q + int64_t(st0) * kFusedDecodeKStep;
+    const Element* a_row = static_cast<const Element*>(p.a) + tok0 * p.lda + 16 * q;
     uint32_t valid = 0;
 #pragma unroll
     for (int f = 0; f < kFrags; ++f) valid |= (tok0 + 8 * f < t.m ? 1u : 0u) << f;
+    const int k = static_cast<int>(p.k), steps = (k + kFusedDecodeKStep - 1) / kFusedDecodeKStep;
+    const int st0 = steps * s / t.splits, st1 = steps * (s + 1) / t.splits;
     const int full_end = k / kFusedDecodeKStep < st1 ? k / kFusedDecodeKStep : st1;
     const int64_t tok_stride = 8 * p.lda;
-    // This thread's vector 0 of stage 0; vector v of stage u is 512 v + kStageBytesPerWarp u on.
-    const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(decode_ring)) +
-                          warp * S * kStageBytesPerWarp + lane * 16;
-    const int n_steps = st1 - st0;
-    // Step i of the split into ring stage `dst`: this thread's four vectors, those past k
-    // zero-filled (k is a multiple of 8, so a vector is all in or all out).
-    auto copy_step = [&](int i, uint32_t dst) {
-      const int k_left = k - (st0 + i) * kFusedDecodeKStep - 16 * q;
-      const int64_t off = int64_t(i) * kFusedDecodeKStep;
-#pragma unroll
-      for (int v = 0; v < 2; ++v) {
-        const bool in = 8 * v < k_left;
-        cp_async_16(dst + 512 * v, in ? wa + off + 8 * v : wa, in ? 16 : 0);
-        cp_async_16(dst + 512 * (2 + v), in ? wb + off + 8 * v : wb, in ? 16 : 0);
-      }
-    };
-    constexpr uint32_t kRingBytes = S * kStageBytesPerWarp;
-    auto next_stage = [&](uint32_t a) {
-      return a + kStageBytesPerWarp == ring + kRingBytes ? ring : a + kStageBytesPerWarp;
-    };
 
     float acc[kFrags][4];
 #pragma unroll
@@ -223,37 +178,40 @@ __global__ void __launch_bounds__(kThreads, kDecodeCtasPerSm)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[f][e] = 0.f;
 
-    // One commit group per step (empty past the split's end), so that wait_group<S - 2> always
-    // means "step i has landed". Step i is in stage i % S: `rd` is step i's, `wr` step
-    // i + S - 1's (the stage this thread read, and fed to its MMAs, one step before).
+    int st = st0;
+    wa += st0 * kFusedDecodeKStep;
+    wb += st0 * kFusedDecodeKStep;
+    a_row += st0 * kFusedDecodeKStep;
+    for (; st + kBatch <= full_end; st += kBatch) {
+      uint4 ra[kBatch][2], rb[kBatch][2];  // every weight load of the batch in flight at once
 #pragma unroll
-    for (int i = 0; i < S - 1; ++i) {
-      if (i < n_steps) copy_step(i, ring + i * kStageBytesPerWarp);
-      cp_async_commit();
+      for (int u = 0; u < kBatch; ++u)
+#pragma unroll
+        for (int v = 0; v < 2; ++v) {
+          ra[u][v] = ld_stream_v4(wa + u * kFusedDecodeKStep + 8 * v);
+          rb[u][v] = ld_stream_v4(wb + u * kFusedDecodeKStep + 8 * v);
+        }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u)
+        mma_step<Element, kFrags, false>(acc, ra[u], rb[u], a_row + u * kFusedDecodeKStep,
+                                         tok_stride, valid, 0);
+      wa += kBatch * kFusedDecodeKStep;
+      wb += kBatch * kFusedDecodeKStep;
+      a_row += kBatch * kFusedDecodeKStep;
     }
-    uint32_t rd = ring, wr = ring + (S - 1) * kStageBytesPerWarp;
-#pragma unroll 1
-    for (int i = 0; i < n_steps; ++i) {
-      cp_async_wait<S - 2>();
+    for (; st < st1; ++st) {  // the last steps: fewer than a batch, the last one maybe partial
+      const int k_left = k - st * kFusedDecodeKStep - 16 * q;
       uint4 ra[2], rb[2];
 #pragma unroll
       for (int v = 0; v < 2; ++v) {
-        ra[v] = ld_shared_v4(rd + 512 * v);
-        rb[v] = ld_shared_v4(rd + 512 * (2 + v));
+        ra[v] = 8 * v < k_left ? ld_stream_v4(wa + 8 * v) : make_uint4(0, 0, 0, 0);
+        rb[v] = 8 * v < k_left ? ld_stream_v4(wb + 8 * v) : make_uint4(0, 0, 0, 0);
       }
-      if (i + S - 1 < n_steps) copy_step(i + S - 1, wr);
-      cp_async_commit();
-      rd = next_stage(rd);
-      wr = next_stage(wr);
-      const Element* tok = a_row + int64_t(i) * kFusedDecodeKStep;
-      if (st0 + i < full_end) {
-        mma_step<Element, kFrags, false>(acc, ra, rb, tok, tok_stride, valid, 0);
-      } else {  // the last step of K, partial
-        const int k_left = k - (st0 + i) * kFusedDecodeKStep - 16 * q;
-        mma_step<Element, kFrags, true>(acc, ra, rb, tok, tok_stride, valid, k_left);
-      }
+      mma_step<Element, kFrags, true>(acc, ra, rb, a_row, tok_stride, valid, k_left);
+      wa += kFusedDecodeKStep;
+      wb += kFusedDecodeKStep;
+      a_row += kFusedDecodeKStep;
     }
-    cp_async_wait<0>();  // nothing in flight into the ring when the next item refills it
 
     // 1. This split's fp32 partial: acc[f] = rows (g, g + 8) x tokens (2q, 2q + 1) of fragment f.
     {
@@ -345,9 +303,7 @@ struct DecodeRunner {
   static auto kernel_fn() { return fused_decode_kernel<Element, Width>; }
 
   static int resident(int device) {
-    return fused_occupancy(reinterpret_cast<const void*>(kernel_fn()), kThreads, kDecodeSmemBytes,
-                           device)
-        .second;
+    return fused_occupancy(reinterpret_cast<const void*>(kernel_fn()), kThreads, 0, device).second;
   }
 
   static void launch(const FusedAllReduceDesc& f, int device, cudaStream_t stream) {
@@ -370,8 +326,7 @@ struct DecodeRunner {
     p.scratch = reinterpret_cast<float*>(static_cast<char*>(f.partial[f.rank]) +
                                          fused_decode_scratch_offset_bytes(f.m, f.n, esize));
     p.alpha = f.alpha;
-    fused_decode_kernel<Element, Width>
-        <<<dim3(unsigned(ctas)), dim3(kThreads), kDecodeSmemBytes, stream>>>(p, t);
+    fused_decode_kernel<Element, Width><<<dim3(unsigned(ctas)), dim3(kThreads), 0, stream>>>(p, t);
     DISTGEMM_CUDA_CHECK(cudaGetLastError());
   }
 };
