@@ -25,7 +25,7 @@ def _spec(tokens, n=8192, k_local=4096, tp=2, transposed=False):
 
 def test_decode_kernel_runs_up_to_its_token_limit_and_cutlass_above():
     limit = _core.FUSED_DECODE_MAX_TOKENS
-    assert limit == 128
+    assert limit == 64
     assert [_core.fused_kernel(m) for m in (1, 7, 64, limit, limit + 1, 4096)] == [
         "decode",
         "decode",
@@ -36,11 +36,11 @@ def test_decode_kernel_runs_up_to_its_token_limit_and_cutlass_above():
     ]
 
 
-def test_token_tile_is_the_decode_block_up_to_128_tokens_and_wide_above():
-    assert [_core.fused_token_tile(m) for m in (1, 64, 128, 129, 256, 4096)] == [
+def test_token_tile_is_the_decode_block_up_to_64_tokens_and_wide_above():
+    assert [_core.fused_token_tile(m) for m in (1, 64, 65, 129, 256, 4096)] == [
         64,
         64,
-        64,
+        256,
         256,
         256,
         256,
@@ -55,16 +55,16 @@ def test_decode_token_width_pads_a_block_to_16_32_or_64():
 @pytest.mark.parametrize(
     "m,n,k,resident,splits",
     [
-        # decode kernel (m <= 128): up to 8 splits, each at least one K step of 64
+        # decode kernel (m <= 64): up to 8 splits, each at least one K step of 64
         (8, 8192, 4096, 264, 4),  # 70B O: 64 tiles x 4 = 256 CTAs
         (1, 8192, 4096, 132, 2),  # fewer resident CTAs: 2 splits
         (8, 8192, 14336, 528, 8),  # 70B FC2 with 4 CTAs an SM: the most splits there are
         (8, 16384, 8192, 264, 2),  # 405B O: 128 tiles
         (8, 16384, 8192, 100, 1),  # more tiles than resident CTAs: no split, tiles in rounds
-        (100, 8192, 4096, 264, 2),  # two token blocks: 128 tiles
+        (64, 8192, 4096, 264, 4),  # one full token block
         (8, 1024, 192, 264, 3),  # k = 3 steps of 64: at most 3 splits
         (8, 1024, 200, 264, 4),  # k = 200: 4 steps, the last one partial
-        # CUTLASS kernel (m > 128): up to 4 splits of whole 64-element k-blocks
+        # CUTLASS kernel (m > 64): up to 4 splits of whole 64-element k-blocks
         (256, 8192, 4096, 132, 2),
         (200, 8192, 4096, 100, 1),
         (300, 1024, 192, 132, 3),

@@ -8,7 +8,7 @@ Started by tests/gpu/test_fused.py. Sections (every rank runs all of them in the
 inputs seeded, different per rank):
 
   correctness  token counts 1..300 on both sides of the decode kernel's limit (decode kernel at
-               every token width 16..64 and two token blocks, split-K 1..8, a K whose last step
+               every token width 16..64, split-K 1..8, a K whose last step
                is partial; CUTLASS kernel, split-K 1..4), bf16 and fp16, with and without bias
                and beta * c: against torch in fp32 from the same inputs
                (relative Frobenius error < TOL) and against torch.mm + NCCL all_reduce in the

@@ -7,6 +7,9 @@ the results' "mode"); tests/gpu/workspace_worker.py does the work:
   memory in use grew by no more than that plus its graphs (left out on a shared GPU, where the
   device's memory counts both ranks), graphs stay within their bounds, and results are right,
   also for plans re-pointed at a grown workspace;
+- a single growth (an overlapped reduce-scatter at M = 2048, 8192, 2048 on a fresh communicator),
+  alone and with a captured fused or overlapped op pinning the old workspace: the grown plan and
+  the re-pointed one right on every rank;
 - one communicator used from two streams, ops alternating between them without host
   synchronisation (a growth among them): every result right.
 
@@ -50,6 +53,17 @@ def rank0(results, name):
 
 def test_every_check_passed_on_every_rank(results):
     assert_every_check_passed(results)
+
+
+@pytest.mark.parametrize("case", ["alone", "fused_captured", "overlap_captured"])
+def test_a_growth_then_the_grown_and_the_repointed_plan_are_right_on_every_rank(results, case):
+    """grow_once: M = 2048, then 8192 (grows the workspace), then 2048 again (re-pointed), with
+    nothing else held or with a captured op pinning the old workspace."""
+    got = [e for e in results[2]["results"] if e["name"].startswith(f"grow_once/{case}/")]
+    assert len(got) == 3 * LAUNCH.tp, f"[{LAUNCH.mode}] {case}: {got}"
+    assert all(e["ok"] for e in got), f"[{LAUNCH.mode}] {case}: {got}"
+    grew = [e["grew"] for e in got if e["rank"] == 0]
+    assert grew[1] and not grew[2], grew  # M = 8192 grew the workspace, the re-pointed plan fit
 
 
 def test_96_token_counts_hold_one_workspace_within_ten_percent_of_the_largest_plan(results):

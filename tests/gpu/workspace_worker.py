@@ -5,6 +5,13 @@
 
 Started by tests/gpu/test_workspace.py. Sections, run by every rank in the same order:
 
+  grow_once  one growth at a time, each case on a fresh Communicator: an overlapped
+           gemm_reduce_scatter at M = 2048, then at M = 8192 (its plan grows the workspace), then
+           at M = 2048 again (a plan re-pointed at the grown workspace); first with nothing else
+           held, then with a fused op, then with an overlapped op, captured in a caller's CUDA
+           graph (which pins the old workspace). Each rank records its own outcome per call (a
+           timeout is caught, and the ranks agree before any collective reference, so one
+           failure never desynchronises them)
   growth   the serving loop: 96 token counts (64..6144), an all_gather_gemm (ag_rotate_a) and a
            gemm_reduce_scatter (rs_tile_a) each, K = 4096, N = 8192, path="overlap". What
            distgemm holds afterwards (memory_stats, and device memory in use after
@@ -25,6 +32,7 @@ Exit code 0 when every check passed on every rank. Rank 0 writes every result to
 from __future__ import annotations
 
 import argparse
+import traceback
 
 import torch
 import torch.distributed as dist
@@ -208,14 +216,84 @@ def run_two_streams(dev, comm) -> None:
     )
 
 
+GROW_ONCE_TOKENS = (2048, 8192, 2048)
+GROW_ONCE_K, GROW_ONCE_N = 2048, 4096
+
+
+def _all_ranks_ok(ok: bool, dev) -> bool:
+    flag = torch.tensor([1 if ok else 0], device=dev)  # on the GPU: NCCL has no CPU tensors
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def _grow_once_inputs(m, dev, seed):
+    g = torch.Generator().manual_seed(seed * 1000 + dist.get_rank())
+    a = (torch.rand(m, GROW_ONCE_K, generator=g) * 2 - 1).bfloat16().to(dev)
+    w = ((torch.rand(GROW_ONCE_N, GROW_ONCE_K, generator=g) * 2 - 1) / GROW_ONCE_K**0.5).bfloat16()
+    return a, w.to(dev)
+
+
+def _captured(dev, comm, op):
+    """A caller's CUDA graph holding one op of `op` ("fused" or "overlap") on `comm`: it pins
+    the workspace the op ran on."""
+    a, w = _grow_once_inputs(256 if op == "overlap" else 16, dev, 99)
+    out = torch.empty(
+        (a.shape[0] // dist.get_world_size() if op == "overlap" else a.shape[0], GROW_ONCE_N),
+        dtype=a.dtype, device=dev,
+    )  # fmt: skip
+    call = (
+        (lambda: distgemm.gemm_reduce_scatter(a, w, out=out, path="overlap", group=comm))
+        if op == "overlap"
+        else (lambda: distgemm.gemm_all_reduce(a, w, out=out, path="fused", group=comm))
+    )
+    call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph
+
+
+def test_grow_once(dev):
+    for case in ("alone", "fused_captured", "overlap_captured"):
+        comm = communicator(timeout_s=120.0, wait_timeout_s=30.0)
+        graph = None if case == "alone" else _captured(dev, comm, case.split("_")[0])
+        for i, m in enumerate(GROW_ONCE_TOKENS):
+            a, w = _grow_once_inputs(m, dev, i)
+            before = comm.memory_stats()["workspace_allocations"]
+            error = None
+            try:
+                z = distgemm.gemm_reduce_scatter(a, w, path="overlap", group=comm)
+                torch.cuda.synchronize()
+                comm.check()
+            except RuntimeError:
+                error = traceback.format_exc()[-1500:]
+            grew = comm.memory_stats()["workspace_allocations"] > before
+            name = f"grow_once/{case}/{i}_m{m}"
+            if not _all_ranks_ok(error is None, dev):
+                record(name, False, m=m, grew=grew, error=error or "a peer failed")
+                break
+            ref = reduce_scatter0(a.float() @ w.float().t())
+            err = rel_err(z, ref)
+            record(name, err < TOLERANCE, m=m, grew=grew, rel_err=err)
+        del graph
+        comm.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="workspace_results.json")
-    ap.add_argument("--sections", default="growth,streams")
+    ap.add_argument("--sections", default="grow_once,growth,streams")
     args = ap.parse_args()
     dev = init_rank(300.0)
     with torch.inference_mode():
-        sections = {"growth": lambda: test_growth(dev), "streams": lambda: test_streams(dev)}
+        sections = {
+            "grow_once": lambda: test_grow_once(dev),
+            "growth": lambda: test_growth(dev),
+            "streams": lambda: test_streams(dev),
+        }
         run_sections(args.sections, sections)
     finish(args.out)
 

@@ -41,9 +41,12 @@ inline constexpr int kFusedTokenTileLarge = 256;  // the CUTLASS kernel's token 
 // benchmarks/results/2026-11-23-fused-decode.md); the fused path runs where a caller asks for
 // it (path="fused").
 inline constexpr int64_t kFusedMaxAutoTokens = 0;
-// The decode kernel runs up to this many tokens (in blocks of kFusedTokenTileSmall), the CUTLASS
-// kernel above.
-inline constexpr int64_t kFusedDecodeMaxTokens = 128;
+// The decode kernel runs up to this many tokens (one block of kFusedTokenTileSmall), the CUTLASS
+// kernel above. Measured on one H200 at TP=1
+// (benchmarks/results/2026-11-24-fused-decode-kernel.md): at 64 tokens the decode kernel takes 49.7
+// us on 70B O against the CUTLASS kernel's 63.4 us at 256 tokens (its one 256-token tile costs the
+// same at 65..256 tokens); at 128 tokens, two decode blocks each stream the whole weight: 83.5 us.
+inline constexpr int64_t kFusedDecodeMaxTokens = 64;
 // The decode kernel's K step: each of a row's 4 threads loads 16 consecutive elements (two
 // 16-byte loads), so one step covers 64 elements, a 128-byte line of each of its weight rows.
 inline constexpr int kFusedDecodeKStep = 64;
