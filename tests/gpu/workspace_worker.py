@@ -46,6 +46,7 @@ from torchrun_worker import (
     reduce_scatter0,
     rel_err,
     run_sections,
+    same_on_all_ranks,
 )
 
 import distgemm
@@ -217,35 +218,21 @@ def run_two_streams(dev, comm) -> None:
 
 
 GROW_ONCE_TOKENS = (2048, 8192, 2048)
-GROW_ONCE_K, GROW_ONCE_N = 2048, 4096
 
 
-def _all_ranks_ok(ok: bool, dev) -> bool:
-    flag = torch.tensor([1 if ok else 0], device=dev)  # on the GPU: NCCL has no CPU tensors
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
-
-
-def _grow_once_inputs(m, dev, seed):
-    g = torch.Generator().manual_seed(seed * 1000 + dist.get_rank())
-    a = (torch.rand(m, GROW_ONCE_K, generator=g) * 2 - 1).bfloat16().to(dev)
-    w = ((torch.rand(GROW_ONCE_N, GROW_ONCE_K, generator=g) * 2 - 1) / GROW_ONCE_K**0.5).bfloat16()
-    return a, w.to(dev)
-
-
-def _captured(dev, comm, op):
+def _captured(dev, comm, op: str):
     """A caller's CUDA graph holding one op of `op` ("fused" or "overlap") on `comm`: it pins
-    the workspace the op ran on."""
-    a, w = _grow_once_inputs(256 if op == "overlap" else 16, dev, 99)
-    out = torch.empty(
-        (a.shape[0] // dist.get_world_size() if op == "overlap" else a.shape[0], GROW_ONCE_N),
-        dtype=a.dtype, device=dev,
-    )  # fmt: skip
-    call = (
-        (lambda: distgemm.gemm_reduce_scatter(a, w, out=out, path="overlap", group=comm))
-        if op == "overlap"
-        else (lambda: distgemm.gemm_all_reduce(a, w, out=out, path="fused", group=comm))
-    )
+    the workspace the op ran on. A reduce-scatter layer's operands serve the fused all-reduce
+    too (both take a [m, K/tp] and w [N, K/tp])."""
+    layer = Layer("gemm_reduce_scatter", 256 if op == "overlap" else 16, dev, 99, group=comm)
+    if op == "overlap":
+        out = layer()
+        call = lambda: layer(out=out)  # noqa: E731
+    else:
+        out = distgemm.gemm_all_reduce(layer.a, layer.w, path="fused", group=comm)
+        call = lambda: distgemm.gemm_all_reduce(  # noqa: E731
+            layer.a, layer.w, out=out, path="fused", group=comm
+        )
     call()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -261,22 +248,22 @@ def test_grow_once(dev):
         comm = communicator(timeout_s=120.0, wait_timeout_s=30.0)
         graph = None if case == "alone" else _captured(dev, comm, case.split("_")[0])
         for i, m in enumerate(GROW_ONCE_TOKENS):
-            a, w = _grow_once_inputs(m, dev, i)
+            layer = Layer("gemm_reduce_scatter", m, dev, i, group=comm)
             before = comm.memory_stats()["workspace_allocations"]
             error = None
             try:
-                z = distgemm.gemm_reduce_scatter(a, w, path="overlap", group=comm)
+                z = layer()
                 torch.cuda.synchronize()
                 comm.check()
             except RuntimeError:
                 error = traceback.format_exc()[-1500:]
             grew = comm.memory_stats()["workspace_allocations"] > before
             name = f"grow_once/{case}/{i}_m{m}"
-            if not _all_ranks_ok(error is None, dev):
+            # The ranks agree first: the reference is a collective that a failed rank skips.
+            if not all(same_on_all_ranks(error is None)):
                 record(name, False, m=m, grew=grew, error=error or "a peer failed")
                 break
-            ref = reduce_scatter0(a.float() @ w.float().t())
-            err = rel_err(z, ref)
+            err = rel_err(z, layer.reference())
             record(name, err < TOLERANCE, m=m, grew=grew, rel_err=err)
         del graph
         comm.close()
