@@ -5,6 +5,7 @@ run_sections, finish's JSON, the gloo probe) on a one-rank gloo group; every wor
 line.
 """
 
+import functools
 import json
 import pathlib
 import subprocess
@@ -263,6 +264,29 @@ def test_finish_writes_mode_checks_and_left_out_and_exits_by_the_failures(
     assert 'LEFT OUT {"name": "a/collective"' in printed
     assert "a/collective: " + tw.NEEDS_NCCL in "\n".join(results_summary.summary(out))
     assert "FAILED rank 0 a/bad: ValueError: x" in "\n".join(results_summary.summary(out))
+
+
+@pytest.mark.parametrize(
+    "argv, ran", [([], ["a", "b"]), (["--sections", "b"], ["b"]), (["--replays", "7"], ["a", "b"])]
+)
+def test_worker_main_runs_every_section_by_default_and_writes_the_results(
+    worker_state, monkeypatch, tmp_path, argv, ran
+):
+    monkeypatch.setattr(tw, "init_rank", lambda timeout_s: torch.device("cpu"))
+    monkeypatch.setattr(tw.torch.cuda, "synchronize", lambda: None)
+    out = tmp_path / "w.json"
+    monkeypatch.setattr(sys, "argv", ["worker.py", "--out", str(out), *argv])
+    order, replays = [], []
+
+    def sections(dev, args):
+        replays.append(args.replays)
+        return {n: functools.partial(order.append, n) for n in ("a", "b")}
+
+    with pytest.raises(SystemExit) as exited:
+        tw.worker_main("unused.json", sections, replays=3)
+    assert exited.value.code == 0 and order == ran
+    assert replays == [7 if "--replays" in argv else 3]
+    assert json.loads(out.read_text())["failed"] == 0
 
 
 def test_gloo_probe_passes_where_gloo_runs_the_collectives(worker_state):

@@ -35,7 +35,6 @@ Exit code 0 when every check passed on every rank. Rank 0 writes every result to
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
@@ -46,9 +45,7 @@ from torchrun_worker import (
     SHARED_GPU,
     call,
     communicator,
-    finish,
     gather0,
-    init_rank,
     left_out_when_shared,
     make_inputs,
     rank,
@@ -57,7 +54,7 @@ from torchrun_worker import (
     reduce_scatter0,
     reference,
     rel_err,
-    run_sections,
+    worker_main,
 )
 
 from distgemm import comm as dcomm
@@ -428,17 +425,9 @@ def warm_up_capture_stream(dev):
     torch.cuda.synchronize()
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="capture_results.json")
-    ap.add_argument("--replays", type=int, default=1000)
-    ap.add_argument(
-        "--sections", default="every_op,many_replays,interleaved,first_call,timeout,gathered"
-    )
-    args = ap.parse_args()
-    dev = init_rank()
+def sections(dev, args) -> dict:
     warm_up_capture_stream(dev)
-    sections = {
+    return {
         "every_op": lambda: test_every_op(dev),
         "many_replays": lambda: test_many_replays(dev, args.replays),
         "interleaved": lambda: test_interleaved(dev),
@@ -446,8 +435,10 @@ def main():
         "timeout": lambda: test_timeout(dev),
         "gathered": lambda: test_gathered(dev),
     }
-    run_sections(args.sections, sections)
-    finish(args.out)
+
+
+def main():
+    worker_main("capture_results.json", sections, replays=1000)
 
 
 if __name__ == "__main__":

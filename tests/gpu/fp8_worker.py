@@ -26,22 +26,18 @@ Exit code 0 when every check passed on every rank. Rank 0 writes every result to
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 import torch.distributed as dist
 from torchrun_worker import (
     NEEDS_NCCL,
-    finish,
     gather0,
-    init_rank,
     left_out_when_shared,
     rank,
     record,
     reference,
     rel_err,
-    run_sections,
     same_on_all_ranks,
+    worker_main,
 )
 
 import distgemm
@@ -213,20 +209,16 @@ def test_errors(dev):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="fp8_results.json")
-    ap.add_argument("--replays", type=int, default=50)
-    ap.add_argument("--sections", default="correctness,gathered,capture,errors")
-    args = ap.parse_args()
-    dev = init_rank()
-    sections = {
-        "correctness": lambda: test_correctness(dev),
-        "gathered": lambda: test_gathered(dev),
-        "capture": lambda: test_capture(dev, args.replays),
-        "errors": lambda: test_errors(dev),
-    }
-    run_sections(args.sections, sections)
-    finish(args.out)
+    worker_main(
+        "fp8_results.json",
+        lambda dev, args: {
+            "correctness": lambda: test_correctness(dev),
+            "gathered": lambda: test_gathered(dev),
+            "capture": lambda: test_capture(dev, args.replays),
+            "errors": lambda: test_errors(dev),
+        },
+        replays=50,
+    )
 
 
 if __name__ == "__main__":

@@ -31,21 +31,18 @@ Exit code 0 when every check passed on every rank. Rank 0 writes every result to
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import time
 
 import torch
 import torch.distributed as dist
 from torchrun_worker import (
-    finish,
-    init_rank,
     rank,
     record,
     reference,
     rel_err,
-    run_sections,
     same_on_all_ranks,
+    worker_main,
 )
 
 import distgemm
@@ -220,19 +217,15 @@ def test_timeout(dev):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="fused_results.json")
-    ap.add_argument("--replays", type=int, default=1000)
-    ap.add_argument("--sections", default="correctness,capture,timeout")
-    args = ap.parse_args()
-    dev = init_rank()
-    sections = {
-        "correctness": lambda: test_correctness(dev),
-        "capture": lambda: test_capture(dev, args.replays),
-        "timeout": lambda: test_timeout(dev),
-    }
-    run_sections(args.sections, sections)
-    finish(args.out)
+    worker_main(
+        "fused_results.json",
+        lambda dev, args: {
+            "correctness": lambda: test_correctness(dev),
+            "capture": lambda: test_capture(dev, args.replays),
+            "timeout": lambda: test_timeout(dev),
+        },
+        replays=1000,
+    )
 
 
 if __name__ == "__main__":

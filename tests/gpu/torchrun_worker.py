@@ -980,6 +980,35 @@ def run_sections(names: str, sections: dict) -> None:
         run_section(sec, sections[sec])
 
 
+def worker_main(
+    default_out: str,
+    make_sections,
+    *,
+    replays: int | None = None,
+    init_timeout_s: float = 120.0,
+    inference: bool = False,
+) -> None:
+    """The command line of a multi-rank worker: --out (JSON), --sections (comma-separated;
+    default: every section, in order) and, with `replays`, --replays; then init_rank, the
+    sections `make_sections(dev, args)` returns ({name: callable}), run in that order (under
+    torch.inference_mode with `inference`), and finish."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=default_out)
+    ap.add_argument("--sections", default=None, help="default: every section, in order")
+    if replays is not None:
+        ap.add_argument("--replays", type=int, default=replays)
+    args = ap.parse_args()
+    dev = init_rank(init_timeout_s)
+    with torch.inference_mode(inference):
+        sections = make_sections(dev, args)
+        run_sections(args.sections or ",".join(sections), sections)
+    try:
+        torch.cuda.synchronize()  # the sections' last work, before the results are gathered
+    except RuntimeError as ex:
+        record_exception("synchronize", ex)
+    finish(args.out)
+
+
 def run_section(name, fn):
     """Run one section; an exception is recorded as its failure (with its traceback) and the run
     goes on."""

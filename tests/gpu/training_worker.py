@@ -28,22 +28,18 @@ cannot (torchrun_worker.gloo_cuda_problem), the compat sections are left out wit
 Exit code 0 when every check passed on every rank. Rank 0 writes every result to --out (JSON).
 """
 
-import argparse
 import pathlib
 import sys
 import traceback
 
-import torch
 import torch.distributed as dist
 from torchrun_worker import (
-    finish,
     gloo_cuda_problem,
-    init_rank,
     left_out_when_shared,
     rank,
     record,
-    run_sections,
     same_on_all_ranks,
+    worker_main,
 )
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # tests/: the workers
@@ -140,24 +136,18 @@ def test_compat(tp, dev, fp8: bool):
         )
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="training_results.json")
-    ap.add_argument("--sections", default="layers,compile,compat,compat_fp8")
-    args = ap.parse_args()
-    dev = init_rank(300.0)
+def sections(dev, args) -> dict:
     tp = dist.get_world_size()
-    run_sections(
-        args.sections,
-        {
-            "layers": lambda: test_layers(tp),
-            "compile": lambda: test_compile(tp),
-            "compat": lambda: test_compat(tp, dev, fp8=False),
-            "compat_fp8": lambda: test_compat(tp, dev, fp8=True),
-        },
-    )
-    torch.cuda.synchronize()
-    finish(args.out)
+    return {
+        "layers": lambda: test_layers(tp),
+        "compile": lambda: test_compile(tp),
+        "compat": lambda: test_compat(tp, dev, fp8=False),
+        "compat_fp8": lambda: test_compat(tp, dev, fp8=True),
+    }
+
+
+def main() -> None:
+    worker_main("training_results.json", sections, init_timeout_s=300.0)
 
 
 if __name__ == "__main__":

@@ -31,22 +31,19 @@ Exit code 0 when every check passed on every rank. Rank 0 writes every result to
 
 from __future__ import annotations
 
-import argparse
 import traceback
 
 import torch
 import torch.distributed as dist
 from torchrun_worker import (
     communicator,
-    finish,
     gather0,
-    init_rank,
     left_out_when_shared,
     record,
     reduce_scatter0,
     rel_err,
-    run_sections,
     same_on_all_ranks,
+    worker_main,
 )
 
 import distgemm
@@ -270,19 +267,16 @@ def test_grow_once(dev):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="workspace_results.json")
-    ap.add_argument("--sections", default="grow_once,growth,streams")
-    args = ap.parse_args()
-    dev = init_rank(300.0)
-    with torch.inference_mode():
-        sections = {
+    worker_main(
+        "workspace_results.json",
+        lambda dev, args: {
             "grow_once": lambda: test_grow_once(dev),
             "growth": lambda: test_growth(dev),
             "streams": lambda: test_streams(dev),
-        }
-        run_sections(args.sections, sections)
-    finish(args.out)
+        },
+        init_timeout_s=300.0,
+        inference=True,
+    )
 
 
 if __name__ == "__main__":
