@@ -43,6 +43,7 @@ if __package__ in (None, ""):  # run as a file: make the benchmarks package impo
 
 from benchmarks.gpu_timing import (
     ERR_TOL,
+    PEAK_TFLOPS,
     WARMUP_S,
     RankContext,
     baseline_call,
@@ -57,7 +58,6 @@ from benchmarks.llama_cases import LAYERS, MODELS, Case, global_gemm, make_cases
 from distgemm.scales import dequantize, quantize, scaled_mm_scales
 
 VARIANTS = ("floor_fp8", "base_fp8", "symm_fp8", "dg_fp8", "dg_bf16")
-FP8_PEAK_TFLOPS = 1979.0  # H200 dense fp8 at its boost clock
 
 
 class Fp8Layer:
@@ -278,7 +278,7 @@ def main(argv=None) -> int:
         if ctx.agree_max([1.0 if err else 0.0])[0]:
             rec.update(status="failed", reason=err or "failed on another rank")
         else:
-            floor_ms = 2.0 * m * n * k / ctx.tp / (FP8_PEAK_TFLOPS * 1e12) * 1e3
+            floor_ms = 2.0 * m * n * k / ctx.tp / (PEAK_TFLOPS["fp8"] * 1e12) * 1e3
             below = [v for v in ("floor_fp8", "dg_fp8") if (rec["ms"].get(v) or 1e9) < floor_ms]
             bad = {v: e for v, e in rec["rel_err"].items() if not e < ERR_TOL}
             rec["ratios"] = ratios(rec["ms"])

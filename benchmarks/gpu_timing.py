@@ -22,6 +22,10 @@ REWARM_S = _TIMING["rewarm_ms"] / 1e3  # ... and before each further variant's w
 TIMED_S = _TIMING["timed_ms"] / 1e3  # timed work per variant, one window ...
 MIN_ITERS, MAX_ITERS = _TIMING["min_iterations"], _TIMING["max_iterations"]  # ... in these counts
 ERR_TOL = 1e-2
+# The dense tensor-core peaks of an H100/H200 SXM at the boost clock (TF/s) and the H200's HBM
+# bandwidth: no GEMM runs faster, so a time under its floor is a measurement bug.
+PEAK_TFLOPS = {"bf16": 989.0, "fp8": 1979.0}
+HBM_BYTES_PER_S = 4.8e12
 
 
 @dataclass

@@ -20,6 +20,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from benchmarks.gpu_timing import PEAK_TFLOPS as PEAK_TFLOPS_BY_DTYPE
 from benchmarks.sweep_report import _num  # the sweep's number format: CSV cells alike
 from distgemm import _core
 
@@ -30,9 +31,9 @@ LEGACY_TILES = {"n256": "128x256", "n128": "128x128", 256: "128x256", 128: "128x
 # The issue's acceptance: distgemm's kernel (the wave model's tile) at most 1.01x torch.mm's
 # time on every local GEMM shape of the sweep.
 ACCEPT_RATIO = 1.01
-# Dense bf16 tensor-core peak of an H100/H200 SXM (TF/s): no GEMM runs faster, so a time under
-# 2mnk / PEAK_TFLOPS is a measurement bug (flagged, and it fails the acceptance).
-PEAK_TFLOPS = 989.0
+# A time under 2mnk / PEAK_TFLOPS (the dense bf16 peak) is a measurement bug (flagged, and it
+# fails the acceptance).
+PEAK_TFLOPS = PEAK_TFLOPS_BY_DTYPE["bf16"]
 ERR_TOL = 1e-2  # relative Frobenius error of each tile against torch.mm, checked before timing
 
 
