@@ -118,8 +118,10 @@ struct OptionalSrcFetch {
   }
 };
 
-// The epilogue leaves every configuration shares (output type ElementOut): beta, the user's C
-// (Sm90AuxLoad without shared memory), the bias row and the optional partial.
+// The epilogue every configuration shares (output type ElementOut): the leaves beta, the user's C
+// (Sm90AuxLoad without shared memory), the bias row and the optional partial, and the top of
+// the tree over a configuration's scaled accumulator `ScaledAcc` (alpha * acc + bias, or the fp8
+// scales' version):  D = beta * user_c + (ScaledAcc + partial).
 template <class ElementOut, class TileShape>
 struct CommonLeaves {
   static constexpr int kAlignOut = 128 / cutlass::sizeof_bits<ElementOut>::value;  // 16 bytes
@@ -143,6 +145,31 @@ struct CommonLeaves {
     typename Beta::Arguments beta{};
     beta.scalars[0] = g.user_c ? g.beta : 0.0f;
     return beta;
+  }
+
+  // ScaledAcc + partial
+  template <class ScaledAcc>
+  using WithPartial =
+      fusion::Sm90EVT<fusion::Sm90Compute<cutlass::plus, float, float, kRound>, ScaledAcc, Partial>;
+  // beta * user_c + ...
+  template <class ScaledAcc>
+  using Root = fusion::Sm90EVT<
+      fusion::Sm90Compute<cutlass::homogeneous_multiply_add, ElementOut, float, kRound>, Beta,
+      UserC, WithPartial<ScaledAcc>>;
+  template <class ScaledAcc, class ClusterShape>
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementOut, LayoutC, kAlignOut,
+      ElementOut, LayoutC, kAlignOut, cutlass::epilogue::TmaWarpSpecializedCooperative,
+      Root<ScaledAcc>>::CollectiveOp;
+
+  template <class ScaledAcc, class StrideFn>
+  static typename Root<ScaledAcc>::Arguments root_arguments(
+      const GemmDesc& g, const typename ScaledAcc::Arguments& scaled, StrideFn stride) {
+    typename WithPartial<ScaledAcc>::Arguments with_partial{
+        scaled, typename Partial::Arguments{g.partial != nullptr}, {}};
+    return typename Root<ScaledAcc>::Arguments{
+        beta_arguments(g), user_c_arguments(g, stride), with_partial, {}};
   }
 };
 
@@ -168,7 +195,6 @@ struct Config {
   using LayoutB =
       std::conditional_t<BNMajor, cutlass::layout::RowMajor, cutlass::layout::ColumnMajor>;
   using Leaves = CommonLeaves<Element, TileShape>;
-  using LayoutC = typename Leaves::LayoutC;
   static constexpr auto kRound = Leaves::kRound;
 
   using Alpha = fusion::Sm90ScalarBroadcast<float>;
@@ -176,19 +202,8 @@ struct Config {
   using ScaledAcc =
       fusion::Sm90EVT<fusion::Sm90Compute<cutlass::homogeneous_multiply_add, float, float, kRound>,
                       Alpha, fusion::Sm90AccFetch, typename Leaves::Bias>;
-  // ... + partial
-  using WithPartial = fusion::Sm90EVT<fusion::Sm90Compute<cutlass::plus, float, float, kRound>,
-                                      ScaledAcc, typename Leaves::Partial>;
-  // beta * user_c + ...
-  using Root = fusion::Sm90EVT<
-      fusion::Sm90Compute<cutlass::homogeneous_multiply_add, Element, float, kRound>,
-      typename Leaves::Beta, typename Leaves::UserC, WithPartial>;
-
-  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, Element, LayoutC, kAlign,
-      Element, LayoutC, kAlign, cutlass::epilogue::TmaWarpSpecializedCooperative,
-      Root>::CollectiveOp;
+  using Root = typename Leaves::template Root<ScaledAcc>;
+  using Epilogue = typename Leaves::template Epilogue<ScaledAcc, ClusterShape>;
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA, kAlign, Element,
@@ -208,10 +223,7 @@ struct Config {
     typename Alpha::Arguments alpha{};
     alpha.scalars[0] = g.alpha;
     typename ScaledAcc::Arguments scaled{alpha, {}, Leaves::bias_arguments(g), {}};
-    typename WithPartial::Arguments with_partial{
-        scaled, typename Leaves::Partial::Arguments{g.partial != nullptr}, {}};
-    return typename Root::Arguments{
-        Leaves::beta_arguments(g), Leaves::user_c_arguments(g, stride), with_partial, {}};
+    return Leaves::template root_arguments<ScaledAcc>(g, scaled, stride);
   }
 };
 
@@ -232,8 +244,6 @@ struct Fp8Config {
   using ClusterShape = Shape<_2, _1, _1>;
   static constexpr int kAlignAB = 16;  // 16 bytes of fp8
   using Leaves = CommonLeaves<ElementOut, TileShape>;
-  using LayoutC = typename Leaves::LayoutC;
-  static constexpr int kAlignOut = Leaves::kAlignOut;
   static constexpr auto kRound = Leaves::kRound;
 
   // Alignment 1: a sub-GEMM's first row may sit anywhere in the scale vector.
@@ -246,17 +256,8 @@ struct Fp8Config {
   using ScaledAcc =
       fusion::Sm90EVT<fusion::Sm90Compute<cutlass::homogeneous_multiply_add, float, float, kRound>,
                       ScaleA, ScaledByB, typename Leaves::Bias>;
-  using WithPartial = fusion::Sm90EVT<fusion::Sm90Compute<cutlass::plus, float, float, kRound>,
-                                      ScaledAcc, typename Leaves::Partial>;
-  using Root = fusion::Sm90EVT<
-      fusion::Sm90Compute<cutlass::homogeneous_multiply_add, ElementOut, float, kRound>,
-      typename Leaves::Beta, typename Leaves::UserC, WithPartial>;
-
-  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementOut, LayoutC, kAlignOut,
-      ElementOut, LayoutC, kAlignOut, cutlass::epilogue::TmaWarpSpecializedCooperative,
-      Root>::CollectiveOp;
+  using Root = typename Leaves::template Root<ScaledAcc>;
+  using Epilogue = typename Leaves::template Epilogue<ScaledAcc, ClusterShape>;
 
   using Schedule =
       std::conditional_t<FastAccum, cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8FastAccum,
@@ -277,10 +278,7 @@ struct Fp8Config {
     typename ScaleB::Arguments scale_b{g.scale_b, 1.0f, {{}, g.scale_b_rows, int64_t(0)}};
     typename ScaledByB::Arguments by_b{scale_b, {}, {}};
     typename ScaledAcc::Arguments scaled{scale_a, by_b, Leaves::bias_arguments(g), {}};
-    typename WithPartial::Arguments with_partial{
-        scaled, typename Leaves::Partial::Arguments{g.partial != nullptr}, {}};
-    return typename Root::Arguments{
-        Leaves::beta_arguments(g), Leaves::user_c_arguments(g, stride), with_partial, {}};
+    return Leaves::template root_arguments<ScaledAcc>(g, scaled, stride);
   }
 };
 
