@@ -335,6 +335,23 @@ def add_entry(c, op, schedule, m, n, k):
     return entry
 
 
+def test_growth_gives_a_fused_entry_its_bases_in_the_new_workspace():
+    """A fused entry (no graphs; its partial buffers in the workspace's slots) is re-pointed at
+    the growth like the plans, so its launches read entry.bases without placing it again."""
+    c = fake_comm()
+    layout = {"slots_offset": 0, "slots_bytes": 4 * ALIGN, "total_bytes": 4 * ALIGN}
+    layout["total_bytes"] += c.workspace_control_bytes
+    fused = types.SimpleNamespace(fused={"layout": layout}, capturer=None, graphs={})
+    fused.ws, fused.bases = c.workspace_for(layout)
+    c.plans["fused"] = fused
+    old = fused.ws
+    big = add_entry(c, "all_gather_gemm", "ag_rotate_a", 4096, 512, 256)
+    new = big.ws
+    assert new is not old and fused.ws is new
+    assert fused.bases == [b + new.slot_capacity - 4 * ALIGN for b in new.bases]
+    assert old.core.freed
+
+
 def test_plans_of_every_schedule_share_one_workspace():
     c = fake_comm()
     layouts = [

@@ -297,7 +297,8 @@ class Communicator:
         outside a capture the device is synchronised before they are dropped; inside one (which
         forbids synchronising) they are kept until the next growth outside a capture or
         close(). A plan's capture-only graph, which callers' graphs replay, is kept until
-        close(); the plan gets a new one on the new workspace at its next capture."""
+        close(); the plan gets a new one on the new workspace at its next capture. A fused
+        entry has no graphs: it only takes its bases in ``ws``."""
         from .entries import attach_workspace, stream_capturing
 
         capturing = stream_capturing()
@@ -305,8 +306,12 @@ class Communicator:
             self._synchronize()
             self._retired_graphs.clear()
         for entry in list(self.plans.values()):
-            if entry.ws is None or entry.ws is ws or entry.fused is not None:
-                continue  # no workspace, already on it, or fused (places itself at each call)
+            if entry.ws is None or entry.ws is ws:
+                continue  # no workspace, or already on it
+            if entry.fused is not None:
+                # ws is the pool's current workspace and holds every layout placed before.
+                entry.ws, entry.bases = self._pool.place(entry.fused["layout"])
+                continue
             if capturing:
                 self._retired_graphs.extend(entry.graphs.values())
             if entry.capturer is not None:

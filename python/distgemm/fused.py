@@ -113,8 +113,6 @@ def launch_fused(
     f = entry.fused
     (pa, pw, pc, po, pb, _, _), out = user_ptrs(op, entry, tensors, out, comm.device)
     launcher = comm.fused_launcher
-    # The workspace may have grown since the entry was made (another plan): its current bases.
-    entry.ws, entry.bases = comm.workspace_for(f["layout"])
     if capturing:
         entry.ws.pinned = True  # callers' graphs keep reading it: never freed before close()
     else:
