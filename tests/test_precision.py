@@ -8,6 +8,7 @@ torch = pytest.importorskip("torch")
 
 from distgemm import _core  # noqa: E402
 from distgemm.precision import Precision, check_precision  # noqa: E402
+from distgemm.scales import ScaleKind  # noqa: E402
 from distgemm.validation import make_spec  # noqa: E402
 
 E4M3 = torch.float8_e4m3fn
@@ -28,7 +29,7 @@ def check(a, w, sa=None, sb=None, fast=False, **outputs):
 
 
 def test_precision_of_each_kind():
-    p = Precision(E4M3, "row", "tensor", True)
+    p = Precision(E4M3, ScaleKind("row", "tensor"), True)
     assert (p.fp8, p.out_dtype, p.name, p.row_scale_a, p.row_scale_b) == (
         True, torch.bfloat16, "e4m3", True, False,
     )  # fmt: skip
@@ -36,8 +37,9 @@ def test_precision_of_each_kind():
     q = Precision(torch.float16)
     assert (q.fp8, q.out_dtype, q.name, str(q)) == (False, torch.float16, "fp16", "torch.float16")
     # part of the plan cache key: equal precisions hash equal, different ones differ
-    assert Precision(E4M3, "row", "row") == Precision(E4M3, "row", "row")
-    assert len({Precision(E4M3, "row", "row"), Precision(E4M3, "row", "row", True)}) == 2
+    rows = ScaleKind("row", "row")
+    assert Precision(E4M3, rows) == Precision(E4M3, ScaleKind("row", "row"))
+    assert len({Precision(E4M3, rows), Precision(E4M3, rows, True)}) == 2
 
 
 def test_fp8_on_the_cpu_is_refused_with_the_device():

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .scales import FP8_DTYPE, NONE, ROW, check_scales
+from .scales import FP8_DTYPE, ScaleKind, check_scales
 from .validation import DTYPES, check_types
 
 __all__ = ["Precision", "check_precision", "FP8_OUT_DTYPE"]
@@ -24,12 +24,12 @@ FP8_OUT_DTYPE = torch.bfloat16
 
 @dataclass(frozen=True)
 class Precision:
-    """``dtype``: A's and B's; ``scale_a`` / ``scale_b``: "none" (bf16/fp16), "tensor" or
-    "row"; ``fast_accum``: the fp8 fast-accumulation kernel."""
+    """``dtype``: A's and B's; ``scales``: each operand's scale kind (``distgemm.scales``:
+    "none" for bf16/fp16, "tensor" or "row"); ``fast_accum``: the fp8 fast-accumulation
+    kernel."""
 
     dtype: torch.dtype
-    scale_a: str = NONE
-    scale_b: str = NONE
+    scales: ScaleKind = ScaleKind()
     fast_accum: bool = False
 
     @property
@@ -47,17 +47,17 @@ class Precision:
 
     @property
     def row_scale_a(self) -> bool:
-        return self.scale_a == ROW
+        return self.scales.row_scale_a
 
     @property
     def row_scale_b(self) -> bool:
-        return self.scale_b == ROW
+        return self.scales.row_scale_b
 
     def __str__(self) -> str:
         if not self.fp8:
             return str(self.dtype)
         accum = ", fast_accum" if self.fast_accum else ""
-        return f"{self.dtype} (scale_a {self.scale_a}-wise, scale_b {self.scale_b}-wise{accum})"
+        return f"{self.dtype} (scale_a {self.scales.a}-wise, scale_b {self.scales.b}-wise{accum})"
 
 
 def check_precision(
@@ -101,4 +101,4 @@ def check_precision(
             f"{FP8_DTYPE} inputs distgemm writes {FP8_OUT_DTYPE} (bias, c and out in "
             f"{FP8_OUT_DTYPE})"
         )
-    return Precision(FP8_DTYPE, kind.a, kind.b, fast_accum)
+    return Precision(FP8_DTYPE, kind, fast_accum)
