@@ -49,7 +49,14 @@ TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 GRAPH_CALLS = 20
 WARM_S, TIMED_S, ROUNDS = 1.0, 1.0, 2
 TOL = 1e-2
-CHECK_SHAPES = [(m, 8192, 4096) for m in TOKENS] + [(3, 1024, 4104), (100, 2048, 200)]
+# + the decode kernel's split K with a partial last step and a partial last tile (n = 1000), at
+# token widths 16 and 64, and the CUTLASS kernel at 100 tokens.
+CHECK_SHAPES = [(m, 8192, 4096) for m in TOKENS] + [
+    (3, 1024, 4104),
+    (40, 1000, 200),
+    (17, 2056, 4104),
+    (100, 2048, 200),
+]
 
 
 def start_world_of_one() -> torch.device:

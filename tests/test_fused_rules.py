@@ -55,15 +55,16 @@ def test_decode_token_width_pads_a_block_to_16_32_or_64():
 @pytest.mark.parametrize(
     "m,n,k,resident,splits",
     [
-        # decode kernel (m <= 64): up to 8 splits, each at least one K step of 64
-        (8, 8192, 4096, 264, 4),  # 70B O: 64 tiles x 4 = 256 CTAs
-        (1, 8192, 4096, 132, 2),  # fewer resident CTAs: 2 splits
-        (8, 8192, 14336, 528, 8),  # 70B FC2 with 4 CTAs an SM: the most splits there are
-        (8, 16384, 8192, 264, 2),  # 405B O: 128 tiles
-        (8, 16384, 8192, 100, 1),  # more tiles than resident CTAs: no split, tiles in rounds
-        (64, 8192, 4096, 264, 4),  # one full token block
-        (8, 1024, 192, 264, 3),  # k = 3 steps of 64: at most 3 splits
-        (8, 1024, 200, 264, 4),  # k = 200: 4 steps, the last one partial
+        # decode kernel (m <= 64, 64-column tiles, one CTA an SM): splits only where the tiles
+        # leave SMs idle, up to 8, each at least one K step of 64
+        (8, 8192, 4096, 132, 1),  # 70B O: 128 tiles, no split
+        (1, 4096, 2048, 132, 2),  # 8B O: 64 tiles x 2 = 128 CTAs
+        (8, 8192, 14336, 264, 2),  # twice the resident CTAs: 2 splits
+        (8, 16384, 8192, 132, 1),  # 405B O: 256 tiles in rounds, no split
+        (64, 4096, 4096, 132, 2),  # one full token block
+        (8, 1024, 4096, 132, 8),  # 16 tiles: the most splits there are
+        (8, 1024, 192, 132, 3),  # k = 3 steps of 64: at most 3 splits
+        (8, 1024, 200, 132, 4),  # k = 200: 4 steps, the last one partial
         # CUTLASS kernel (m > 64): up to 4 splits of whole 64-element k-blocks
         (256, 8192, 4096, 132, 2),
         (200, 8192, 4096, 100, 1),
@@ -75,13 +76,11 @@ def test_splits_fill_the_resident_ctas(m, n, k, resident, splits):
     assert _core.fused_shape_problem(m, n, k, splits, 2) == ""
 
 
-def test_partial_buffers_hold_two_parities_and_the_decode_kernels_fp32_splits():
-    # decode: two parities of the summed partial (bf16), then 4 fp32 split partials
-    assert _core.fused_partial_bytes(8, 8192, 4, 2) == 2 * 8 * 8192 * 2 + 4 * 8 * 8192 * 4
-    # CUTLASS: two parities of every split's partial
-    assert _core.fused_partial_bytes(256, 8192, 2, 2) == 2 * 2 * 256 * 8192 * 2
-    # the control region: header, a flag section per rank, the local section
-    assert _core.FUSED_CONTROL_BYTES == 128 + 4 * _core.FUSED_MAX_TILES * (_core.MAX_TP + 1)
+def test_partial_buffers_hold_two_parities_of_every_split():
+    assert _core.fused_partial_bytes(8, 8192, 4, 2) == 2 * 4 * 8 * 8192 * 2  # decode
+    assert _core.fused_partial_bytes(256, 8192, 2, 2) == 2 * 2 * 256 * 8192 * 2  # CUTLASS
+    # the control region: header, a flag section per rank
+    assert _core.FUSED_CONTROL_BYTES == 128 + 4 * _core.FUSED_MAX_TILES * _core.MAX_TP
 
 
 @pytest.mark.parametrize(

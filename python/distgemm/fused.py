@@ -8,7 +8,7 @@ hand-written decode kernel (the weight streamed at memory bandwidth), above that
 
 Where it runs: the shapes (``fused_problem``) and a K-contiguous weight (a transposed ``.t()``
 view is not read by this kernel). Its buffers: the partial buffers (``_core.fused_partial_bytes``:
-two by launch parity, and the decode kernel's fp32 split partials) in the communicator's one
+two by launch parity, each holding every split's partial) in the communicator's one
 workspace, placed like a plan's slots, and
 one small control region per communicator (launch generation and per-tile flags), allocated at
 the first fused call and kept until ``close()``.

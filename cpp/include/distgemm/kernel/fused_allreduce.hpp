@@ -6,15 +6,15 @@
 // pure and host-only, so the bindings and the CPU tests use them without a GPU.
 //
 // Two kernels compute the partial product, both swapped (D^T = W X^T: the weight's N rows on
-// the 128-row side of a tile, the few tokens on its narrow side):
-//  - decode (up to kFusedDecodeMaxTokens tokens, fused_decode_sm90.cuh): warp-level MMAs fed
-//    straight from global memory, the weight streamed once at memory bandwidth, K split over
-//    CTAs (fused_splits) so that several CTAs stream on every SM; each CTA writes its fp32
-//    partial locally, the CTAs of a tile sum their slices over the splits into the rank's one
-//    partial tile, and only that tile crosses NVLink (one-shot all-reduce traffic);
-//  - cutlass (more tokens, fused_allreduce_sm90.cuh): CUTLASS's SM90 cooperative GEMM with a
-//    256-token tile, K split in its batch mode, every split's partial read by every rank.
-// Either way every rank runs the same tiles, and a tile's output is summed over every rank in a
+// the wide side of a tile, the few tokens on its narrow side):
+//  - decode (up to kFusedDecodeMaxTokens tokens, fused_decode_sm90.cuh): 64-row tiles, one CTA
+//    per SM whose producer warp streams the weight through a deep shared-memory ring with bulk
+//    copies and whose consumer warps run warp-level MMAs; K is split over CTAs only where the
+//    tiles alone leave SMs idle (fused_splits);
+//  - cutlass (more tokens, fused_allreduce_sm90.cuh): CUTLASS's SM90 cooperative GEMM with
+//    128-row, 256-token tiles, K split in its batch mode.
+// Either way every split's partial lands in its rank's partial buffer and is read by every rank;
+// every rank runs the same tiles, and a tile's output is summed over every rank and split in a
 // fixed order by the rank's CTAs of that tile, each CTA one slice of the rows.
 //
 // Launch generations: the kernel reads its generation from the control words at entry, the last
@@ -31,8 +31,9 @@
 
 namespace distgemm::kernel {
 
-// Output tile of the swapped GEMM: 128 columns of N by fused_token_tile(m) tokens.
-inline constexpr int kFusedTileN = 128;
+// Output tile of the swapped GEMM: fused_tile_n(m) columns of N by fused_token_tile(m) tokens.
+inline constexpr int kFusedTileN = 128;           // the CUTLASS kernel's
+inline constexpr int kFusedDecodeTileN = 64;      // the decode kernel's: a tile per SM on 70B/405B
 inline constexpr int kFusedTokenTileSmall = 64;   // the decode kernel's token block
 inline constexpr int kFusedTokenTileLarge = 256;  // the CUTLASS kernel's token tile
 // path="auto" runs gemm_all_reduce fused up to this many tokens. 0: never, until the decode
@@ -47,7 +48,7 @@ inline constexpr int64_t kFusedMaxAutoTokens = 0;
 // us on 70B O against the CUTLASS kernel's 63.4 us at 256 tokens (its one 256-token tile costs the
 // same at 65..256 tokens); at 128 tokens, two decode blocks each stream the whole weight: 83.5 us.
 inline constexpr int64_t kFusedDecodeMaxTokens = 64;
-// The decode kernel's K step: each of a row's 4 threads loads 16 consecutive elements (two
+// The decode kernel's K step: each of a row's 4 threads takes 16 consecutive elements (two
 // 16-byte loads), so one step covers 64 elements, a 128-byte line of each of its weight rows.
 inline constexpr int kFusedDecodeKStep = 64;
 // At most this many splits of K: the CUTLASS kernel's batches (each a whole number of 64-element
@@ -58,11 +59,10 @@ inline constexpr int kFusedDecodeMaxSplits = 8;
 inline constexpr int kFusedMaxTiles = 4096;
 // The control region: the launch generation and the finished-CTA counter (one 128-byte line),
 // then kMaxDevices sections of kFusedMaxTiles flags (section q is set by rank q: its partial of
-// that tile is ready), then one local section (the decode kernel's split q of a tile is written).
+// that tile and split is ready).
 inline constexpr int64_t kFusedHeaderBytes = 128;
-inline constexpr int kFusedLocalSection = kMaxDevices;
 inline constexpr int64_t fused_control_bytes() {
-  return kFusedHeaderBytes + int64_t(kMaxDevices + 1) * kFusedMaxTiles * 4;
+  return kFusedHeaderBytes + int64_t(kMaxDevices) * kFusedMaxTiles * 4;
 }
 
 enum class FusedKernel { Decode, Cutlass };
@@ -89,9 +89,14 @@ inline int fused_decode_token_width(int64_t m) {
   return t <= 16 ? 16 : t <= 32 ? 32 : 64;
 }
 
+// Columns of N per output tile: the decode kernel's, or the CUTLASS kernel's.
+inline int fused_tile_n(int64_t m) {
+  return fused_kernel(m) == FusedKernel::Decode ? kFusedDecodeTileN : kFusedTileN;
+}
+
 inline int64_t fused_tiles(int64_t m, int64_t n) {
-  const int64_t tt = fused_token_tile(m);
-  return ((n + kFusedTileN - 1) / kFusedTileN) * ((m + tt - 1) / tt);
+  const int64_t tt = fused_token_tile(m), tn = fused_tile_n(m);
+  return ((n + tn - 1) / tn) * ((m + tt - 1) / tt);
 }
 
 // Splits of K: the most that keep every CTA (tiles x splits) resident at once on
@@ -111,19 +116,10 @@ inline int fused_splits(int64_t m, int64_t n, int64_t k, int resident_ctas) {
   return best;
 }
 
-// Bytes of one rank's partial buffers, 16-byte aligned pieces. CUTLASS: two parities x splits x
-// m x n elements (every rank reads every split). Decode: two parities x m x n elements (the
-// rank's partial summed over the splits, read by every rank), then splits x m x n fp32 (each
-// split's partial, read only by this rank's CTAs of the tile).
+// Bytes of one rank's partial buffers: two parities x splits x m x n elements (every rank reads
+// every split's partial).
 inline int64_t fused_partial_bytes(int64_t m, int64_t n, int splits, int element_bytes) {
-  if (fused_kernel(m) == FusedKernel::Decode)
-    return 2 * m * n * element_bytes + int64_t(splits) * m * n * 4;
   return 2 * int64_t(splits) * m * n * element_bytes;
-}
-
-// Bytes of the decode kernel's two parity buffers: where its fp32 split partials start.
-inline int64_t fused_decode_scratch_offset_bytes(int64_t m, int64_t n, int element_bytes) {
-  return 2 * m * n * element_bytes;
 }
 
 // "" when the shapes fit the fused kernel, else the reason with the values.

@@ -81,17 +81,6 @@ __device__ __forceinline__ void consumers_sync() {
       : "memory");
 }
 
-// One thread: wait until every rank's flags of every split of tile (nb, tb) reach `gen`.
-__device__ inline bool wait_tile(const FusedTail& t, int nb, int tb, uint32_t gen) {
-  uint64_t start = 0;
-  for (int q = 0; q < t.tp; ++q)
-    for (int s = 0; s < t.splits; ++s) {
-      const int idx = fused_tile_index(t, nb, tb, s);
-      if (!wait_fused_flag(t, fused_flag(t, t.rank, q, idx), idx, q, gen, start)) return false;
-    }
-  return true;
-}
-
 template <class GemmKernel, class Element, int TokenTile>
 __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock,
                                   GemmKernel::MinBlocksPerMultiprocessor)

@@ -3,31 +3,33 @@
 // instantiate it (one per dtype, every token width in it).
 //
 // Why not CUTLASS here: at 1..64 tokens the GEMM only streams the weight (each element is used by
-// a few tokens), so what counts is bytes in flight per SM, not tensor-core throughput. A warp
-// loads its weight rows straight into registers with 16-byte loads that bypass L1, several
-// steps ahead, and feeds them to mma.sync m16n8k16 (bf16/fp16 in, fp32 accumulate) as they are;
-// no shared-memory round trip, no pipeline barriers.
+// a few tokens), so what counts is bytes in flight per SM and a short fixed cost, not
+// tensor-core throughput.
 //
-// Layout (swapped, D^T = W X^T): a CTA is 8 warps; warp w owns weight rows 16w..16w+15 of the
-// CTA's 128-row tile (the MMA's M side), the tokens of one 64-token block are its N side (Width
-// padded tokens: Width/8 n8 fragments), and the CTA covers split s of K (fused_splits). Each of
-// a row's 4 threads (lane % 4 = q) loads 16 consecutive K elements of a 64-element K step. MMA j
-// (0..3) of the step takes elements 4j..4j+3 of each thread's 16 as its A fragment; the token
-// fragment is loaded with the same permutation (token g, the same 16 elements), so the sum over
-// K is the same sum in another order. The token block (a few KB) is read through L1, which the 8
-// warps share (they read the same tokens for the same K).
+// Mainloop: one CTA per SM, a producer warp and four consumer warps. The producer streams the
+// CTA's weight rows and the token rows through a ring of shared-memory stages with bulk copies
+// (cp.async.bulk, one per row and stage, completing on the stage's mbarrier), as many stages
+// ahead as shared memory holds (kStages: 150-200 KB in flight per SM), and runs on into the CTA's
+// next work item while the consumers finish the current one. Rows are padded by 16 bytes in
+// shared memory, so the consumers' fragment loads are free of bank conflicts (a bulk copy cannot
+// swizzle). Consumer warp w owns weight rows 16w..16w+15 of the CTA's kFusedDecodeTileN-row tile
+// (the MMA's M side, swapped: D^T = W X^T), the tokens are its N side (Width padded tokens:
+// Width/8 n8 fragments), mma.sync m16n8k16 with fp32 accumulation. Each of a row's 4 threads
+// (lane % 4 = q) takes 16 consecutive elements of every 64-element K step: MMA j (0..3) of the
+// step takes elements 4j..4j+3 of each thread's 16 as its A fragment, and the token fragment is
+// loaded with the same permutation, so the sum over K is the same sum in another order.
 //
-// After the mainloop each CTA:
-//   1. stores its fp32 partial (split s) into this rank's scratch and releases local flag
-//      (tile, s);
-//   2. waits for the local flags of every split of its tile, sums slice s of the tile over the
-//      splits in a fixed order (x alpha) into this rank's partial buffer of this launch's parity
-//      (the element type: the one tile that crosses NVLink), and releases flag (tile, s) on every
-//      rank;
-//   3. waits for flag (tile, s) of every rank and sums slice s over the ranks (+ beta * c + bias)
-//      into the output (fused_tail.cuh's reduce_slice: the same code as the CUTLASS kernel's);
-//   4. the last CTA to finish advances the generation.
-// The CTAs of a tile wait for each other, so the launch never has more CTAs than fit at once.
+// Work item (tile, split): K is split over CTAs only where the tiles alone leave SMs idle
+// (fused_splits). After its mainloop a CTA
+//   1. stores its partial (alpha x the fp32 sum, in the element type) into this rank's partial
+//      buffer of this launch's parity, source split s, and releases flag (tile, s) on every rank;
+//   2. waits for flag (tile, sp) of every rank and split, and sums slice s of the tile over every
+//      (rank, split) in a fixed order (+ beta * c + bias) into the output (fused_tail.cuh's
+//      reduce_slice, shared with the CUTLASS kernel);
+//   3. at the end, the last CTA to finish advances the generation.
+// The CTAs of a split tile wait for each other, so a launch with splits never has more CTAs
+// than fit at once; without splits the CTAs take the tiles round after round (every rank runs
+// the same rounds, so a tile's flags never wait on a later round).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -43,40 +45,93 @@
 
 namespace distgemm::kernel::decode {
 
-inline constexpr int kWarps = 8;
-inline constexpr int kThreads = kWarps * 32;
+inline constexpr int kConsumerWarps = 4;
 inline constexpr int kRowsPerWarp = 16;
-static_assert(kWarps * kRowsPerWarp == kFusedTileN, "a CTA's warps cover one output tile's N");
-static_assert(kThreads == 256, "reduce_slice's thread count");
-// 16-byte loads in flight per thread in the sums over splits (two per split) and over ranks.
-inline constexpr int kSplitsInFlight = 4;
+static_assert(kConsumerWarps * kRowsPerWarp == kFusedDecodeTileN,
+              "the consumer warps cover one output tile's N");
+inline constexpr int kConsumers = kConsumerWarps * 32;
+inline constexpr int kThreads = kConsumers + 32;  // + the producer warp
+// K elements per stage: 4 K steps, 512-byte bulk copies.
+inline constexpr int kStageK = 4 * kFusedDecodeKStep;
+// A stage row in shared memory: kStageK elements + 16 bytes, so that rows 2r and 2r + 1 of a
+// quarter warp's 16-byte fragment loads fall on disjoint banks.
+inline constexpr int kRowBytes = kStageK * 2 + 16;
+inline constexpr int kRowElems = kRowBytes / 2;
+inline constexpr int kSmemBudget = 220 * 1024;  // of the 227 KB an SM gives one CTA
+inline constexpr int kMaxStages = 8;
+// 16-byte loads in flight per thread in the sum over ranks and splits.
 inline constexpr int kTailLoads = 8;
+
+template <int Width>
+inline constexpr int kStageBytes = (kFusedDecodeTileN + Width) * kRowBytes;
+template <int Width>
+inline constexpr int kStages =
+    kSmemBudget / kStageBytes<Width> < kMaxStages ? kSmemBudget / kStageBytes<Width> : kMaxStages;
+template <int Width>
+inline constexpr int kSmemBytes = kStages<Width> * kStageBytes<Width>;
+static_assert(kStages<64> >= 2, "at least double buffering at the widest token block");
 
 // The GEMM operands of one launch (the tail's are in FusedTail).
 struct DecodeOperands {
   const void* w;  // [n, k], ldw
   const void* a;  // [m, k], lda
   int64_t ldw, lda, k;
-  float* scratch;  // this rank's fp32 split partials [splits][m][n]
   float alpha;
 };
 
-// Weight: read once, so it does not displace the token block from L1.
-__device__ __forceinline__ uint4 ld_stream_v4(const void* p) {
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count)
+               : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+// True once the phase of parity `parity` has completed (try_wait suspends a while first).
+__device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n\t.reg .pred p;\n\t"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+      "selp.u32 %0, 1, 0, p;\n\t}"
+      : "=r"(done)
+      : "r"(smem_u32(bar)), "r"(parity)
+      : "memory");
+  return done != 0u;
+}
+
+// `bytes` from global `src` into this CTA's shared `dst`, completing on `bar`.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes,
+                                          uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+          "r"(smem_u32(dst)),
+      "l"(src), "r"(bytes), "r"(smem_u32(bar))
+      : "memory");
+}
+
+__device__ __forceinline__ uint4 lds_v4(const void* p) {
   uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
+               : "r"(smem_u32(p)));
   return v;
 }
 
-// Tokens: read by every warp of the CTA, kept in L1.
-__device__ __forceinline__ uint4 ld_cached_v4(const void* p) {
-  uint4 v;
-  asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
+// Named barrier of the consumer warps (barrier 0 is __syncthreads).
+__device__ __forceinline__ void consumers_sync() {
+  asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory");
 }
 
 template <class Element>
@@ -100,200 +155,206 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// K steps per batch of weight loads in flight per thread (4 x 16 bytes each) and CTAs per SM the
-// registers are budgeted for (launch bounds): as many bytes in flight per SM as the
-// accumulators leave registers for, without spills (-Xptxas -v): 16 tokens two CTAs of two
-// steps, 32 and 64 tokens (more than 128 registers a thread) one CTA of four and two steps.
-template <int Width>
-inline constexpr int kStepsPerBatch = Width == 32 ? 4 : 2;
-template <int Width>
-inline constexpr int kMinCtasPerSm = Width <= 16 ? 2 : 1;
+// One work item's place in the launch: tile (nb, tb), split s, its weight rows [row0, row0 +
+// rows_w), token rows [tok0, tok0 + rows_t) and K range [k0, k1).
+struct Item {
+  int nb, tb, s;
+  int64_t row0, tok0;
+  int rows_w, rows_t;
+  int64_t k0, k1;
+  template <int Width>
+  __device__ static Item at(const FusedTail& t, int64_t k, int item) {
+    Item it;
+    it.tb = item % t.token_blocks;
+    it.nb = (item / t.token_blocks) % t.n_blocks;
+    it.s = item / (t.token_blocks * t.n_blocks);
+    it.row0 = int64_t(it.nb) * kFusedDecodeTileN;
+    it.tok0 = int64_t(it.tb) * kFusedTokenTileSmall;
+    const int64_t rw = t.n - it.row0, rt = t.m - it.tok0;
+    it.rows_w = static_cast<int>(rw < kFusedDecodeTileN ? rw : kFusedDecodeTileN);
+    it.rows_t = static_cast<int>(rt < Width ? rt : Width);
+    const int64_t steps = (k + kFusedDecodeKStep - 1) / kFusedDecodeKStep;
+    it.k0 = steps * it.s / t.splits * kFusedDecodeKStep;
+    const int64_t k1 = steps * (it.s + 1) / t.splits * kFusedDecodeKStep;
+    it.k1 = k1 < k ? k1 : k;
+    return it;
+  }
+};
 
-// One K step on weight rows g and g + 8 (`ra`, `rb`: two vectors of 8 elements each): per token
-// fragment f, its token g's same two vectors (at `tok` + f * tok_stride) and 4 MMAs. Token
-// loads are guarded when `Guard` (the split's last steps: `k_left` elements of K from this
-// thread's first; k is a multiple of 8, so a vector is all in or all out); `valid` has a bit per
-// fragment whose token g is inside m.
-template <class Element, int Frags, bool Guard>
-__device__ __forceinline__ void mma_step(float (&acc)[Frags][4], const uint4 (&ra)[2],
-                                         const uint4 (&rb)[2], const Element* tok,
-                                         int64_t tok_stride, uint32_t valid, int k_left) {
+// The producer warp: every stage of every item of this CTA, in the consumers' order. Stops
+// early when the consumers do (`stop`), after the stages it issued have landed (no copy may
+// still write this CTA's shared memory when it exits).
+template <class Element, int Width>
+__device__ void produce(const DecodeOperands& p, const FusedTail& t, Element* stages,
+                        uint64_t* full, uint64_t* empty, const volatile uint32_t* stop, int lane) {
+  constexpr int S = kStages<Width>;
+  constexpr int kStageElems = kStageBytes<Width> / 2;
+  const Element* w = static_cast<const Element*>(p.w);
+  const Element* a = static_cast<const Element*>(p.a);
+  const int items = t.n_blocks * t.token_blocks * t.splits;
+  uint32_t issued = 0;
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    const Item it = Item::at<Width>(t, p.k, item);
+    for (int64_t kk = it.k0; kk < it.k1; kk += kStageK, ++issued) {
+      const int stage = static_cast<int>(issued % S);
+      const uint32_t use = issued / S;
+      if (use > 0) {  // the consumers' release of the stage's previous use
+        bool stopped = false;
+        while (!mbar_try_wait(&empty[stage], (use - 1) & 1u))
+          if (*stop) {
+            stopped = true;
+            break;
+          }
+        if (stopped) goto drain;
+      }
+      {
+        const int64_t kc = it.k1 - kk < kStageK ? it.k1 - kk : kStageK;
+        const uint32_t row_bytes = static_cast<uint32_t>(kc * 2);
+        if (lane == 0) mbar_arrive_expect_tx(&full[stage], (it.rows_w + it.rows_t) * row_bytes);
+        __syncwarp();
+        Element* sw = stages + stage * kStageElems;
+        Element* st = sw + kFusedDecodeTileN * kRowElems;
+        for (int r = lane; r < it.rows_w; r += 32)
+          bulk_load(sw + r * kRowElems, w + (it.row0 + r) * p.ldw + kk, row_bytes, &full[stage]);
+        for (int r = lane; r < it.rows_t; r += 32)
+          bulk_load(st + r * kRowElems, a + (it.tok0 + r) * p.lda + kk, row_bytes, &full[stage]);
+      }
+    }
+  }
+  return;
+drain:
+  for (uint32_t i = issued > S ? issued - S : 0; i < issued; ++i)
+    while (!mbar_try_wait(&full[i % S], (i / S) & 1u)) {
+    }
+}
+
+// A consumer thread's MMAs on one stage: `kc` valid K elements (a multiple of 8).
+template <class Element, int Frags>
+__device__ __forceinline__ void consume_stage(float (&acc)[Frags][4], const Element* wa,
+                                              const Element* tok, uint32_t valid, int kc, int q) {
 #pragma unroll
-  for (int f = 0; f < Frags; ++f) {
-    uint4 b[2];
+  for (int ks = 0; ks < kStageK / kFusedDecodeKStep; ++ks) {
+    if (ks * kFusedDecodeKStep >= kc) break;
+    const int left = kc - ks * kFusedDecodeKStep - 16 * q;  // elements from this thread's first
+    uint4 ra[2], rb[2];
 #pragma unroll
     for (int v = 0; v < 2; ++v) {
-      const bool in = ((valid >> f) & 1u) && (!Guard || 8 * v < k_left);
-      b[v] = in ? ld_cached_v4(tok + f * tok_stride + 8 * v) : make_uint4(0, 0, 0, 0);
+      const bool in = 8 * v < left;
+      const Element* pa = wa + ks * kFusedDecodeKStep + 8 * v;
+      ra[v] = in ? lds_v4(pa) : make_uint4(0, 0, 0, 0);
+      rb[v] = in ? lds_v4(pa + 8 * kRowElems) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int v = j / 2, w0 = (j % 2) * 2;
-      mma_16816<Element>(acc[f], word(ra[v], w0), word(rb[v], w0), word(ra[v], w0 + 1),
-                         word(rb[v], w0 + 1), word(b[v], w0), word(b[v], w0 + 1));
+    for (int f = 0; f < Frags; ++f) {
+      uint4 b[2];
+#pragma unroll
+      for (int v = 0; v < 2; ++v) {
+        const bool in = ((valid >> f) & 1u) && 8 * v < left;
+        b[v] = in ? lds_v4(tok + f * 8 * kRowElems + ks * kFusedDecodeKStep + 8 * v)
+                  : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int v = j / 2, w0 = (j % 2) * 2;
+        mma_16816<Element>(acc[f], word(ra[v], w0), word(rb[v], w0), word(ra[v], w0 + 1),
+                           word(rb[v], w0 + 1), word(b[v], w0), word(b[v], w0 + 1));
+      }
     }
   }
 }
 
 template <class Element, int Width>
-__global__ void __launch_bounds__(kThreads, kMinCtasPerSm<Width>)
-    fused_decode_kernel(const DecodeOperands p, const FusedTail t) {
+__global__ void __launch_bounds__(kThreads, 1)
+    fused_decode_kernel(const __grid_constant__ DecodeOperands p,
+                        const __grid_constant__ FusedTail t) {
   constexpr int kFrags = Width / 8;
-  constexpr int kBatch = kStepsPerBatch<Width>;
-  __shared__ uint32_t word_smem;
+  constexpr int S = kStages<Width>;
+  constexpr int kStageElems = kStageBytes<Width> / 2;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  Element* stages = reinterpret_cast<Element*>(smem_raw);
+  __shared__ __align__(8) uint64_t full[S], empty[S];
+  __shared__ uint32_t gen_smem, ok_smem;
+  __shared__ volatile uint32_t stop;
   if (aborted(t.abort)) return;  // a previous launch timed out: the communicator is broken
-  if (threadIdx.x == 0) word_smem = fused_launch_generation(t);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  if (tid == 0) {
+    gen_smem = fused_launch_generation(t);
+    stop = 0u;
+    for (int i = 0; i < S; ++i) {
+      mbar_init(&full[i], 1);
+      mbar_init(&empty[i], kConsumerWarps);
+    }
+    // The barriers' initialisation visible to the bulk copies (async proxy).
+    asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::
+                     : "memory");
+  }
   __syncthreads();
-  const uint32_t gen = word_smem;
+  const uint32_t gen = gen_smem;
   const uint32_t parity = gen & 1u;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
-  // Work items (tile, split): one per CTA, or, where the tiles outnumber the CTAs that fit at
-  // once (then with one split, fused_splits), round after round; every rank runs the same
-  // rounds, so a tile's flags never wait on a later round.
-  const int items = t.n_blocks * t.token_blocks * t.splits;
-  for (int item = blockIdx.x; item < items; item += gridDim.x) {
-    const int tb = item % t.token_blocks;
-    const int nb = (item / t.token_blocks) % t.n_blocks;
-    const int s = item / (t.token_blocks * t.n_blocks);
 
-    // This thread's weight rows (clamped into the matrix; rows past n are computed, not stored),
-    // token rows (a bit per fragment: token inside m) and K steps [st0, st1).
-    const int64_t col_a = int64_t(nb) * kFusedTileN + warp * kRowsPerWarp + g, col_b = col_a + 8;
-    const Element* w = static_cast<const Element*>(p.w);
-    const Element* wa = w + (col_a < t.n ? col_a : t.n - 1) * p.ldw + 16 * q;
-    const Element* wb = w + (col_b < t.n ? col_b : t.n - 1) * p.ldw + 16 * q;
-    const int64_t tok0 = int64_t(tb) * kFusedTokenTileSmall + g;
-    const Element* a_row = static_cast<const Element*>(p.a) + tok0 * p.lda + 16 * q;
-    uint32_t valid = 0;
+  if (warp == kConsumerWarps) {
+    produce<Element, Width>(p, t, stages, full, empty, &stop, lane);
+  } else {
+    const int g = lane / 4, q = lane % 4;
+    const int items = t.n_blocks * t.token_blocks * t.splits;
+    uint32_t used = 0;
+    for (int item = blockIdx.x; item < items; item += gridDim.x) {
+      const Item it = Item::at<Width>(t, p.k, item);
+      uint32_t valid = 0;
 #pragma unroll
-    for (int f = 0; f < kFrags; ++f) valid |= (tok0 + 8 * f < t.m ? 1u : 0u) << f;
-    const int k = static_cast<int>(p.k), steps = (k + kFusedDecodeKStep - 1) / kFusedDecodeKStep;
-    const int st0 = steps * s / t.splits, st1 = steps * (s + 1) / t.splits;
-    const int full_end = k / kFusedDecodeKStep < st1 ? k / kFusedDecodeKStep : st1;
-    const int64_t tok_stride = 8 * p.lda;
-
-    float acc[kFrags][4];
+      for (int f = 0; f < kFrags; ++f) valid |= (8 * f + g < it.rows_t ? 1u : 0u) << f;
+      float acc[kFrags][4];
 #pragma unroll
-    for (int f = 0; f < kFrags; ++f)
+      for (int f = 0; f < kFrags; ++f)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[f][e] = 0.f;
-
-    int st = st0;
-    wa += st0 * kFusedDecodeKStep;
-    wb += st0 * kFusedDecodeKStep;
-    a_row += st0 * kFusedDecodeKStep;
-    for (; st + kBatch <= full_end; st += kBatch) {
-      uint4 ra[kBatch][2], rb[kBatch][2];  // every weight load of the batch in flight at once
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u)
-#pragma unroll
-        for (int v = 0; v < 2; ++v) {
-          ra[u][v] = ld_stream_v4(wa + u * kFusedDecodeKStep + 8 * v);
-          rb[u][v] = ld_stream_v4(wb + u * kFusedDecodeKStep + 8 * v);
+        for (int e = 0; e < 4; ++e) acc[f][e] = 0.f;
+      for (int64_t kk = it.k0; kk < it.k1; kk += kStageK, ++used) {
+        const int stage = static_cast<int>(used % S);
+        while (!mbar_try_wait(&full[stage], (used / S) & 1u)) {
         }
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u)
-        mma_step<Element, kFrags, false>(acc, ra[u], rb[u], a_row + u * kFusedDecodeKStep,
-                                         tok_stride, valid, 0);
-      wa += kBatch * kFusedDecodeKStep;
-      wb += kBatch * kFusedDecodeKStep;
-      a_row += kBatch * kFusedDecodeKStep;
-    }
-    for (; st < st1; ++st) {  // the last steps: fewer than a batch, the last one maybe partial
-      const int k_left = k - st * kFusedDecodeKStep - 16 * q;
-      uint4 ra[2], rb[2];
-#pragma unroll
-      for (int v = 0; v < 2; ++v) {
-        ra[v] = 8 * v < k_left ? ld_stream_v4(wa + 8 * v) : make_uint4(0, 0, 0, 0);
-        rb[v] = 8 * v < k_left ? ld_stream_v4(wb + 8 * v) : make_uint4(0, 0, 0, 0);
+        const Element* sw = stages + stage * kStageElems;
+        const Element* wa = sw + (warp * kRowsPerWarp + g) * kRowElems + 16 * q;
+        const Element* tok = sw + (kFusedDecodeTileN + g) * kRowElems + 16 * q;
+        const int kc = static_cast<int>(it.k1 - kk < kStageK ? it.k1 - kk : kStageK);
+        consume_stage<Element, kFrags>(acc, wa, tok, valid, kc, q);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[stage]);
       }
-      mma_step<Element, kFrags, true>(acc, ra, rb, a_row, tok_stride, valid, k_left);
-      wa += kFusedDecodeKStep;
-      wb += kFusedDecodeKStep;
-      a_row += kFusedDecodeKStep;
-    }
 
-    // 1. This split's fp32 partial: acc[f] = rows (g, g + 8) x tokens (2q, 2q + 1) of fragment f.
-    {
-      float* scr = p.scratch + int64_t(s) * t.m * t.n;
+      // 1. This split's partial: acc[f] = rows (g, g + 8) x tokens (2q, 2q + 1) of fragment f.
+      {
+        Element* part = static_cast<Element*>(const_cast<void*>(t.partial[t.rank])) +
+                        int64_t(parity) * t.parity_elems + int64_t(it.s) * t.split_elems;
+        const int64_t col_a = it.row0 + warp * kRowsPerWarp + g;
 #pragma unroll
-      for (int f = 0; f < kFrags; ++f) {
-        const int64_t tok = int64_t(tb) * kFusedTokenTileSmall + 8 * f + 2 * q;
+        for (int f = 0; f < kFrags; ++f)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int64_t row = tok + (e & 1), col = e < 2 ? col_a : col_b;
-          if (row < t.m && col < t.n) scr[row * t.n + col] = acc[f][e];
-        }
+          for (int e = 0; e < 4; ++e) {
+            const int64_t tok = it.tok0 + 8 * f + 2 * q + (e & 1), col = col_a + (e < 2 ? 0 : 8);
+            if (tok < t.m && col < t.n) part[tok * t.n + col] = Element(p.alpha * acc[f][e]);
+          }
       }
-    }
-    const int idx = fused_tile_index(t, nb, tb, s);
-    __syncthreads();
-    if (tid == 0) {
-      __threadfence();
-      st_release_sys(fused_flag(t, t.rank, kFusedLocalSection, idx), gen);
-      uint64_t start = 0;
-      bool ok = true;
-      for (int sp = 0; sp < t.splits && ok; ++sp) {
-        const int i = fused_tile_index(t, nb, tb, sp);
-        ok =
-            wait_fused_flag(t, fused_flag(t, t.rank, kFusedLocalSection, i), i, t.rank, gen, start);
-      }
-      word_smem = ok ? 1u : 0u;
-    }
-    __syncthreads();
-    bool ok = word_smem != 0u;
-    __syncthreads();  // every thread has read the word before it is rewritten
-
-    // 2. Slice s of the tile summed over the splits (fixed order) into this rank's partial.
-    if (ok) {
-      const FusedSlice<kFusedTokenTileSmall> sl(t, nb, tb, s);
-      Element* mine = static_cast<Element*>(const_cast<void*>(t.partial[t.rank])) +
-                      int64_t(parity) * t.parity_elems;
-      const int64_t split_floats = t.m * t.n;
-      for (int64_t v = sl.begin + tid; v < sl.end; v += kThreads) {
-        const int64_t off = sl.offset(v, t.n);
-        float sum[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-        for (int s0 = 0; s0 < t.splits; s0 += kSplitsInFlight) {
-          uint4 x[kSplitsInFlight][2];  // loads first, then the sums in split order
-#pragma unroll
-          for (int i = 0; i < kSplitsInFlight; ++i)
-            if (s0 + i < t.splits) {
-              x[i][0] = ld_volatile_v4(p.scratch + (s0 + i) * split_floats + off);
-              x[i][1] = ld_volatile_v4(p.scratch + (s0 + i) * split_floats + off + 4);
-            }
-#pragma unroll
-          for (int i = 0; i < kSplitsInFlight; ++i)
-            if (s0 + i < t.splits) {
-              const float* xf = reinterpret_cast<const float*>(&x[i][0]);
-#pragma unroll
-              for (int e = 0; e < 8; ++e) sum[e] += xf[e];
-            }
-        }
-        uint4 ov;
-        Element* oe = reinterpret_cast<Element*>(&ov);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) oe[e] = Element(p.alpha * sum[e]);
-        *reinterpret_cast<uint4*>(mine + off) = ov;
-      }
-      __syncthreads();
+      consumers_sync();
+      // 2. Every rank's and split's partial of the tile, then slice s of the sum.
       if (tid == 0) {
         __threadfence_system();
+        const int idx = fused_tile_index(t, it.nb, it.tb, it.s);
         for (int r = 0; r < t.tp; ++r) st_release_sys(fused_flag(t, r, t.rank, idx), gen);
-        // 3. Every rank's slice s of the tile.
-        uint64_t start = 0;
-        for (int r = 0; r < t.tp && ok; ++r)
-          ok = wait_fused_flag(t, fused_flag(t, t.rank, r, idx), idx, r, gen, start);
-        word_smem = ok ? 1u : 0u;
+        ok_smem = wait_tile(t, it.nb, it.tb, gen) ? 1u : 0u;
       }
-      __syncthreads();
-      ok = word_smem != 0u;
-      if (ok) reduce_slice<Element, kFusedTokenTileSmall, kTailLoads>(t, nb, tb, s, parity, tid);
+      consumers_sync();
+      const bool ok = ok_smem != 0u;
+      consumers_sync();  // every consumer has read the word before it is rewritten
+      if (!ok) {
+        stop = 1u;  // the producer stops too
+        break;
+      }
+      reduce_slice<Element, kFusedTokenTileSmall, kTailLoads, kConsumers, kFusedDecodeTileN>(
+          t, it.nb, it.tb, it.s, parity, tid);
     }
-    if (!ok) break;
-    __syncthreads();  // the shared word is reused by the next item
   }
 
-  // 4. The generation.
+  // 3. The generation.
   __syncthreads();
   if (tid == 0) fused_finish_cta(t, gen);
 }
@@ -303,13 +364,14 @@ struct DecodeRunner {
   static auto kernel_fn() { return fused_decode_kernel<Element, Width>; }
 
   static int resident(int device) {
-    return fused_occupancy(reinterpret_cast<const void*>(kernel_fn()), kThreads, 0, device).second;
+    return fused_occupancy(reinterpret_cast<const void*>(kernel_fn()), kThreads, kSmemBytes<Width>,
+                           device)
+        .second;
   }
 
   static void launch(const FusedAllReduceDesc& f, int device, cudaStream_t stream) {
     const int res = resident(device);
-    const int64_t esize = 2;  // bf16 / fp16
-    const FusedTail t = make_fused_tail(f, kFusedTokenTileSmall, 1);
+    const FusedTail t = make_fused_tail(f, kFusedTokenTileSmall, f.splits, kFusedDecodeTileN);
     const int64_t items = int64_t(t.n_blocks) * t.token_blocks * f.splits;
     if (items > res && f.splits > 1)
       throw std::runtime_error("fused GEMM + all-reduce (decode kernel): " + std::to_string(items) +
@@ -323,10 +385,9 @@ struct DecodeRunner {
     p.ldw = f.ldw;
     p.lda = f.lda;
     p.k = f.k;
-    p.scratch = reinterpret_cast<float*>(static_cast<char*>(f.partial[f.rank]) +
-                                         fused_decode_scratch_offset_bytes(f.m, f.n, esize));
     p.alpha = f.alpha;
-    fused_decode_kernel<Element, Width><<<dim3(unsigned(ctas)), dim3(kThreads), 0, stream>>>(p, t);
+    fused_decode_kernel<Element, Width>
+        <<<dim3(unsigned(ctas)), dim3(kThreads), kSmemBytes<Width>, stream>>>(p, t);
     DISTGEMM_CUDA_CHECK(cudaGetLastError());
   }
 };

@@ -3,7 +3,8 @@
 // bias) into the output, and the generation advance at the end of a launch. No CUTLASS here, so
 // the decode kernel's translation units stay light.
 //
-// Tile geometry: a tile is kFusedTileN output columns by TokenTile tokens (nb, tb); its rows x
+// Tile geometry: a tile is TileN output columns (the kernel's: kFusedTileN for the CUTLASS
+// kernel, kFusedDecodeTileN for the decode kernel) by TokenTile tokens (nb, tb); its rows x
 // columns, in vectors of 8 elements, are cut into `splits` equal slices, and CTA (nb, tb, s)
 // sums slice s. A rank's partial buffers: parity p, source split sp at element offset
 // p * parity_elems + sp * split_elems, each [m, n] row-major.
@@ -48,7 +49,7 @@ __device__ __forceinline__ int fused_tile_index(const FusedTail& t, int nb, int 
   return (s * t.token_blocks + tb) * t.n_blocks + nb;
 }
 
-// Flag `idx` of section `section` (a rank, or kFusedLocalSection) of `rank`'s control region.
+// Flag `idx` of section `section` (the rank that sets it) of `rank`'s control region.
 __device__ __forceinline__ uint32_t* fused_flag(const FusedTail& t, int rank, int section,
                                                 int idx) {
   return t.control[rank] + kFusedHeaderBytes / 4 + section * kFusedMaxTiles + idx;
@@ -84,15 +85,26 @@ __device__ __forceinline__ bool wait_fused_flag(const FusedTail& t, const uint32
   return true;
 }
 
+// One thread: wait until every rank's flags of every source split of tile (nb, tb) reach `gen`.
+__device__ inline bool wait_tile(const FusedTail& t, int nb, int tb, uint32_t gen) {
+  uint64_t start = 0;
+  for (int q = 0; q < t.tp; ++q)
+    for (int s = 0; s < t.src_splits; ++s) {
+      const int idx = fused_tile_index(t, nb, tb, s);
+      if (!wait_fused_flag(t, fused_flag(t, t.rank, q, idx), idx, q, gen, start)) return false;
+    }
+  return true;
+}
+
 // Vectors of 8 elements [begin, end) of slice s of tile (nb, tb), and the tile's geometry.
-template <int TokenTile>
+template <int TokenTile, int TileN = kFusedTileN>
 struct FusedSlice {
   int64_t row0, col0, vec_per_row, begin, end;
   __device__ FusedSlice(const FusedTail& t, int nb, int tb, int s) {
     row0 = int64_t(tb) * TokenTile;
-    col0 = int64_t(nb) * kFusedTileN;
+    col0 = int64_t(nb) * TileN;
     const int64_t rows = t.m - row0 < TokenTile ? t.m - row0 : TokenTile;
-    vec_per_row = (t.n - col0 < kFusedTileN ? t.n - col0 : kFusedTileN) / 8;
+    vec_per_row = (t.n - col0 < TileN ? t.n - col0 : TileN) / 8;
     const int64_t total = rows * vec_per_row;
     begin = total * s / t.splits;
     end = total * (s + 1) / t.splits;
@@ -103,15 +115,15 @@ struct FusedSlice {
   }
 };
 
-// Threads 0..255 of the CTA: slice `s` of tile (nb, tb)'s rows x columns, summed over every
-// rank and source split in a fixed order (rank 0.., split 0..: the same bits on every rank),
-// + beta * c + bias, stored to out. Each thread keeps kLoads 16-byte loads in flight (peers' are
-// NVLink reads).
-template <class Element, int TokenTile, int kLoads = 16>
+// Threads 0..kThreads-1 of the CTA: slice `s` of tile (nb, tb)'s rows x columns, summed over
+// every rank and source split in a fixed order (rank 0.., split 0..: the same bits on every
+// rank), + beta * c + bias, stored to out. Each thread keeps kLoads 16-byte loads in flight
+// (peers' are NVLink reads).
+template <class Element, int TokenTile, int kLoads = 16, int kThreads = 256,
+          int TileN = kFusedTileN>
 __device__ inline void reduce_slice(const FusedTail& t, int nb, int tb, int s, uint32_t parity,
                                     int tid) {
-  constexpr int kThreads = 256;
-  const FusedSlice<TokenTile> sl(t, nb, tb, s);
+  const FusedSlice<TokenTile, TileN> sl(t, nb, tb, s);
   const int srcs = t.tp * t.src_splits;
   const int per = srcs >= kLoads ? 1 : kLoads / srcs;  // vectors per thread per round
   for (int64_t base = sl.begin + int64_t(tid) * per; base < sl.end;
@@ -190,9 +202,10 @@ __device__ __forceinline__ uint32_t fused_launch_generation(const FusedTail& t) 
   return *reinterpret_cast<volatile uint32_t*>(t.control[t.rank]) + 1u;
 }
 
-// Host: the tail's parameters of launch `f`, tiles of `token_tile` tokens, `src_splits`
-// partials per rank summed for a tile.
-inline FusedTail make_fused_tail(const FusedAllReduceDesc& f, int token_tile, int src_splits) {
+// Host: the tail's parameters of launch `f`, tiles of `tile_n` columns by `token_tile` tokens,
+// `src_splits` partials per rank summed for a tile.
+inline FusedTail make_fused_tail(const FusedAllReduceDesc& f, int token_tile, int src_splits,
+                                 int tile_n = kFusedTileN) {
   FusedTail t{};
   for (int q = 0; q < f.tp; ++q) {
     t.partial[q] = f.partial[q];
@@ -215,7 +228,7 @@ inline FusedTail make_fused_tail(const FusedAllReduceDesc& f, int token_tile, in
   t.rank = f.rank;
   t.splits = f.splits;
   t.src_splits = src_splits;
-  t.n_blocks = static_cast<int>((f.n + kFusedTileN - 1) / kFusedTileN);
+  t.n_blocks = static_cast<int>((f.n + tile_n - 1) / tile_n);
   t.token_blocks = static_cast<int>((f.m + token_tile - 1) / token_tile);
   return t;
 }
