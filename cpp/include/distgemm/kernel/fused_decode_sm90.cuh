@@ -7,17 +7,19 @@
 // tensor-core throughput.
 //
 // Mainloop: one CTA per SM, a producer warp and four consumer warps. The producer streams the
-// CTA's weight rows and the token rows through a ring of shared-memory stages with bulk copies
-// (cp.async.bulk, one per row and stage, completing on the stage's mbarrier), as many stages
-// ahead as shared memory holds (kStages: 150-200 KB in flight per SM), and runs on into the CTA's
-// next work item while the consumers finish the current one. Rows are padded by 16 bytes in
-// shared memory, so the consumers' fragment loads are free of bank conflicts (a bulk copy cannot
-// swizzle). Consumer warp w owns weight rows 16w..16w+15 of the CTA's kFusedDecodeTileN-row tile
-// (the MMA's M side, swapped: D^T = W X^T), the tokens are its N side (Width padded tokens:
-// Width/8 n8 fragments), mma.sync m16n8k16 with fp32 accumulation. Each of a row's 4 threads
-// (lane % 4 = q) takes 16 consecutive elements of every 64-element K step: MMA j (0..3) of the
-// step takes elements 4j..4j+3 of each thread's 16 as its A fragment, and the token fragment is
-// loaded with the same permutation, so the sum over K is the same sum in another order.
+// CTA's weight rows and the token rows through a ring of shared-memory stages with TMA (2-D
+// tensor maps, one 64-row x 64-element box per operand and K step, completing on the stage's
+// mbarrier), as many stages ahead as shared memory holds (kStages: about 200 KB in flight per
+// SM), and runs on into the CTA's next work item while the consumers finish the current one.
+// Boxes are few and large on purpose: an SM keeps only so many TMA requests in flight, so one
+// bulk copy per row (512 bytes) streamed at a third of the bandwidth. The boxes land 128-byte
+// swizzled, so the consumers' fragment loads are free of bank conflicts, and TMA fills rows past
+// m or n and K past k with zeros. Consumer warp w owns weight rows 16w..16w+15 of the CTA's
+// kFusedDecodeTileN-row tile (the MMA's M side, swapped: D^T = W X^T), the tokens are its N side
+// (Width padded tokens: Width/8 n8 fragments), mma.sync m16n8k16 with fp32 accumulation. Each of a
+// row's 4 threads (lane % 4 = q) takes 16 consecutive elements of every 64-element K step: MMA j
+// (0..3) of the step takes elements 4j..4j+3 of each thread's 16 as its A fragment, and the token
+// fragment is loaded with the same permutation, so the sum over K is the same sum in another order.
 //
 // Work item (tile, split): K is split over CTAs only where the tiles alone leave SMs idle
 // (fused_splits). After its mainloop a CTA
@@ -32,10 +34,13 @@
 // the same rounds, so a tile's flags never wait on a later round).
 #pragma once
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -51,31 +56,41 @@ static_assert(kConsumerWarps * kRowsPerWarp == kFusedDecodeTileN,
               "the consumer warps cover one output tile's N");
 inline constexpr int kConsumers = kConsumerWarps * 32;
 inline constexpr int kThreads = kConsumers + 32;  // + the producer warp
-// K elements per stage: 4 K steps, 512-byte bulk copies.
-inline constexpr int kStageK = 4 * kFusedDecodeKStep;
-// A stage row in shared memory: kStageK elements + 16 bytes, so that rows 2r and 2r + 1 of a
-// quarter warp's 16-byte fragment loads fall on disjoint banks.
-inline constexpr int kRowBytes = kStageK * 2 + 16;
-inline constexpr int kRowElems = kRowBytes / 2;
-inline constexpr int kSmemBudget = 220 * 1024;  // of the 227 KB an SM gives one CTA
+// K steps per stage (a box of each operand per step) and the bytes of a box row: one K step of
+// 2-byte elements, the 128-byte swizzle span.
+inline constexpr int kStepsPerStage = 4;
+inline constexpr int kStageK = kStepsPerStage * kFusedDecodeKStep;
+inline constexpr int kBoxRowBytes = kFusedDecodeKStep * 2;
+static_assert(kBoxRowBytes == 128, "one K step per 128-byte swizzled box row");
+inline constexpr int kSmemBudget = 200 * 1024;  // of the 227 KB an SM gives one CTA
 inline constexpr int kMaxStages = 8;
+inline constexpr int kSmemAlign = 1024;  // a 128-byte-swizzled box starts on 1024 bytes
 // 16-byte loads in flight per thread in the sum over ranks and splits.
 inline constexpr int kTailLoads = 8;
 
+inline constexpr int kWeightBoxBytes = kFusedDecodeTileN * kBoxRowBytes;
 template <int Width>
-inline constexpr int kStageBytes = (kFusedDecodeTileN + Width) * kRowBytes;
+inline constexpr int kTokenBoxBytes = Width * kBoxRowBytes;
+// A stage: the weight boxes of its K steps, then the token boxes.
+template <int Width>
+inline constexpr int kStageBytes = kStepsPerStage * (kWeightBoxBytes + kTokenBoxBytes<Width>);
 template <int Width>
 inline constexpr int kStages =
     kSmemBudget / kStageBytes<Width> < kMaxStages ? kSmemBudget / kStageBytes<Width> : kMaxStages;
 template <int Width>
-inline constexpr int kSmemBytes = kStages<Width> * kStageBytes<Width>;
+inline constexpr int kSmemBytes = kStages<Width> * kStageBytes<Width> + kSmemAlign;
 static_assert(kStages<64> >= 2, "at least double buffering at the widest token block");
+static_assert(kTokenBoxBytes<16> % kSmemAlign == 0, "every box on a 1024-byte boundary");
 
-// The GEMM operands of one launch (the tail's are in FusedTail).
+// The operands' tensor maps (kernel parameters, aligned as CUtensorMap requires).
+struct DecodeMaps {
+  CUtensorMap w;  // [n, k] rows of ldw: 64-row x 64-element boxes
+  CUtensorMap a;  // [m, k] rows of lda: Width-row x 64-element boxes
+};
+
+// The GEMM's scalars of one launch (its operands are in DecodeMaps, the tail's in FusedTail).
 struct DecodeOperands {
-  const void* w;  // [n, k], ldw
-  const void* a;  // [m, k], lda
-  int64_t ldw, lda, k;
+  int64_t k;
   float alpha;
 };
 
@@ -111,14 +126,19 @@ __device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
   return done != 0u;
 }
 
-// `bytes` from global `src` into this CTA's shared `dst`, completing on `bar`.
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes,
-                                          uint64_t* bar) {
+// The box of `map` at (element k, row `row`) into this CTA's shared `dst`, completing on `bar`.
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int k, int row,
+                                            uint64_t* bar) {
   asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
-          "r"(smem_u32(dst)),
-      "l"(src), "r"(bytes), "r"(smem_u32(bar))
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(row), "r"(smem_u32(bar))
       : "memory");
+}
+
+// Byte offset of 16-byte chunk `c` of row `r` in a 128-byte-swizzled box.
+__device__ __forceinline__ int swizzled(int r, int c) {
+  return r * kBoxRowBytes + ((c ^ (r & 7)) << 4);
 }
 
 __device__ __forceinline__ uint4 lds_v4(const void* p) {
@@ -181,20 +201,18 @@ struct Item {
   }
 };
 
-// The producer warp: every stage of every item of this CTA, in the consumers' order. Stops
-// early when the consumers do (`stop`), after the stages it issued have landed (no copy may
-// still write this CTA's shared memory when it exits).
-template <class Element, int Width>
-__device__ void produce(const DecodeOperands& p, const FusedTail& t, Element* stages,
-                        uint64_t* full, uint64_t* empty, const volatile uint32_t* stop, int lane) {
+// The producer warp (lane 0 issues): every stage of every item of this CTA, in the consumers'
+// order. Stops early when the consumers do (`stop`), after the stages it issued have landed (no
+// copy may still write this CTA's shared memory when it exits).
+template <int Width>
+__device__ void produce(const DecodeMaps& maps, int64_t k, const FusedTail& t,
+                        unsigned char* stages, uint64_t* full, uint64_t* empty,
+                        const volatile uint32_t* stop) {
   constexpr int S = kStages<Width>;
-  constexpr int kStageElems = kStageBytes<Width> / 2;
-  const Element* w = static_cast<const Element*>(p.w);
-  const Element* a = static_cast<const Element*>(p.a);
   const int items = t.n_blocks * t.token_blocks * t.splits;
   uint32_t issued = 0;
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
-    const Item it = Item::at<Width>(t, p.k, item);
+    const Item it = Item::at<Width>(t, k, item);
     for (int64_t kk = it.k0; kk < it.k1; kk += kStageK, ++issued) {
       const int stage = static_cast<int>(issued % S);
       const uint32_t use = issued / S;
@@ -208,16 +226,19 @@ __device__ void produce(const DecodeOperands& p, const FusedTail& t, Element* st
         if (stopped) goto drain;
       }
       {
+        // Boxes past k are zero-filled by TMA; a split's range ends on a K step otherwise.
         const int64_t kc = it.k1 - kk < kStageK ? it.k1 - kk : kStageK;
-        const uint32_t row_bytes = static_cast<uint32_t>(kc * 2);
-        if (lane == 0) mbar_arrive_expect_tx(&full[stage], (it.rows_w + it.rows_t) * row_bytes);
-        __syncwarp();
-        Element* sw = stages + stage * kStageElems;
-        Element* st = sw + kFusedDecodeTileN * kRowElems;
-        for (int r = lane; r < it.rows_w; r += 32)
-          bulk_load(sw + r * kRowElems, w + (it.row0 + r) * p.ldw + kk, row_bytes, &full[stage]);
-        for (int r = lane; r < it.rows_t; r += 32)
-          bulk_load(st + r * kRowElems, a + (it.tok0 + r) * p.lda + kk, row_bytes, &full[stage]);
+        const int steps = static_cast<int>((kc + kFusedDecodeKStep - 1) / kFusedDecodeKStep);
+        mbar_arrive_expect_tx(&full[stage], steps * (kWeightBoxBytes + kTokenBoxBytes<Width>));
+        unsigned char* sw = stages + stage * kStageBytes<Width>;
+        unsigned char* st = sw + kStepsPerStage * kWeightBoxBytes;
+        for (int j = 0; j < steps; ++j) {
+          const int kj = static_cast<int>(kk) + j * kFusedDecodeKStep;
+          tma_load_2d(sw + j * kWeightBoxBytes, &maps.w, kj, static_cast<int>(it.row0),
+                      &full[stage]);
+          tma_load_2d(st + j * kTokenBoxBytes<Width>, &maps.a, kj, static_cast<int>(it.tok0),
+                      &full[stage]);
+        }
       }
     }
   }
@@ -228,36 +249,36 @@ drain:
     }
 }
 
-// A consumer thread's MMAs on one stage: `kc` valid K elements (a multiple of 8).
-template <class Element, int Frags>
-__device__ __forceinline__ void consume_stage(float (&acc)[Frags][4], const Element* wa,
-                                              const Element* tok, uint32_t valid, int kc, int q) {
+// A consumer thread's MMAs on one stage of `steps` K steps: weight rows `ra` and `ra` + 8 of the
+// stage's weight boxes, token rows g + 8f of its token boxes (f < Frags), chunks 2q and 2q + 1.
+template <class Element, int Width>
+__device__ __forceinline__ void consume_stage(float (&acc)[Width / 8][4], const unsigned char* sw,
+                                              int ra, uint32_t valid, int steps, int g, int q) {
+  constexpr int kFrags = Width / 8;
+  const unsigned char* st = sw + kStepsPerStage * kWeightBoxBytes;
 #pragma unroll
-  for (int ks = 0; ks < kStageK / kFusedDecodeKStep; ++ks) {
-    if (ks * kFusedDecodeKStep >= kc) break;
-    const int left = kc - ks * kFusedDecodeKStep - 16 * q;  // elements from this thread's first
-    uint4 ra[2], rb[2];
+  for (int j = 0; j < kStepsPerStage; ++j) {
+    if (j >= steps) break;
+    const unsigned char* bw = sw + j * kWeightBoxBytes;
+    const unsigned char* bt = st + j * kTokenBoxBytes<Width>;
+    uint4 wa[2], wb[2];
 #pragma unroll
     for (int v = 0; v < 2; ++v) {
-      const bool in = 8 * v < left;
-      const Element* pa = wa + ks * kFusedDecodeKStep + 8 * v;
-      ra[v] = in ? lds_v4(pa) : make_uint4(0, 0, 0, 0);
-      rb[v] = in ? lds_v4(pa + 8 * kRowElems) : make_uint4(0, 0, 0, 0);
+      wa[v] = lds_v4(bw + swizzled(ra, 2 * q + v));
+      wb[v] = lds_v4(bw + swizzled(ra + 8, 2 * q + v));
     }
 #pragma unroll
-    for (int f = 0; f < Frags; ++f) {
+    for (int f = 0; f < kFrags; ++f) {
       uint4 b[2];
 #pragma unroll
-      for (int v = 0; v < 2; ++v) {
-        const bool in = ((valid >> f) & 1u) && 8 * v < left;
-        b[v] = in ? lds_v4(tok + f * 8 * kRowElems + ks * kFusedDecodeKStep + 8 * v)
-                  : make_uint4(0, 0, 0, 0);
-      }
+      for (int v = 0; v < 2; ++v)
+        b[v] = (valid >> f) & 1u ? lds_v4(bt + swizzled(8 * f + g, 2 * q + v))
+                                 : make_uint4(0, 0, 0, 0);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int v = j / 2, w0 = (j % 2) * 2;
-        mma_16816<Element>(acc[f], word(ra[v], w0), word(rb[v], w0), word(ra[v], w0 + 1),
-                           word(rb[v], w0 + 1), word(b[v], w0), word(b[v], w0 + 1));
+      for (int i = 0; i < 4; ++i) {
+        const int v = i / 2, w0 = (i % 2) * 2;
+        mma_16816<Element>(acc[f], word(wa[v], w0), word(wb[v], w0), word(wa[v], w0 + 1),
+                           word(wb[v], w0 + 1), word(b[v], w0), word(b[v], w0 + 1));
       }
     }
   }
@@ -265,13 +286,13 @@ __device__ __forceinline__ void consume_stage(float (&acc)[Frags][4], const Elem
 
 template <class Element, int Width>
 __global__ void __launch_bounds__(kThreads, 1)
-    fused_decode_kernel(const __grid_constant__ DecodeOperands p,
+    fused_decode_kernel(const __grid_constant__ DecodeMaps maps,
+                        const __grid_constant__ DecodeOperands p,
                         const __grid_constant__ FusedTail t) {
   constexpr int kFrags = Width / 8;
   constexpr int S = kStages<Width>;
-  constexpr int kStageElems = kStageBytes<Width> / 2;
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  Element* stages = reinterpret_cast<Element*>(smem_raw);
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* stages = smem_raw + ((kSmemAlign - smem_u32(smem_raw) % kSmemAlign) % kSmemAlign);
   __shared__ __align__(8) uint64_t full[S], empty[S];
   __shared__ uint32_t gen_smem, ok_smem;
   __shared__ volatile uint32_t stop;
@@ -293,7 +314,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t parity = gen & 1u;
 
   if (warp == kConsumerWarps) {
-    produce<Element, Width>(p, t, stages, full, empty, &stop, lane);
+    if (lane == 0) produce<Width>(maps, p.k, t, stages, full, empty, &stop);
   } else {
     const int g = lane / 4, q = lane % 4;
     const int items = t.n_blocks * t.token_blocks * t.splits;
@@ -312,11 +333,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int stage = static_cast<int>(used % S);
         while (!mbar_try_wait(&full[stage], (used / S) & 1u)) {
         }
-        const Element* sw = stages + stage * kStageElems;
-        const Element* wa = sw + (warp * kRowsPerWarp + g) * kRowElems + 16 * q;
-        const Element* tok = sw + (kFusedDecodeTileN + g) * kRowElems + 16 * q;
-        const int kc = static_cast<int>(it.k1 - kk < kStageK ? it.k1 - kk : kStageK);
-        consume_stage<Element, kFrags>(acc, wa, tok, valid, kc, q);
+        const int64_t kc = it.k1 - kk < kStageK ? it.k1 - kk : kStageK;
+        const int steps = static_cast<int>((kc + kFusedDecodeKStep - 1) / kFusedDecodeKStep);
+        consume_stage<Element, Width>(acc, stages + stage * kStageBytes<Width>,
+                                      warp * kRowsPerWarp + g, valid, steps, g, q);
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty[stage]);
       }
@@ -359,6 +379,43 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tid == 0) fused_finish_cta(t, gen);
 }
 
+// cuTensorMapEncodeTiled through the runtime (no libcuda at link time), looked up once.
+inline PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                         &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  });
+  if (!fn) throw std::runtime_error("fused decode kernel: cuTensorMapEncodeTiled is unavailable");
+  return fn;
+}
+
+// A 2-D bf16/fp16 tensor map of `rows` x `cols` (row stride `ld` elements), boxes of `box_rows`
+// x one K step, 128-byte swizzled, out-of-bounds elements read as zero.
+inline CUtensorMap make_map(const void* base, int64_t rows, int64_t cols, int64_t ld,
+                            int box_rows) {
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld * 2)};
+  const cuuint32_t box[2] = {kFusedDecodeKStep, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r = encode_tiled()(
+      &map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<void*>(base), dims, strides, box,
+      elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw std::runtime_error("fused decode kernel: cuTensorMapEncodeTiled failed (" +
+                             std::to_string(int(r)) + ") for a " + std::to_string(rows) + " x " +
+                             std::to_string(cols) + " operand with row stride " +
+                             std::to_string(ld));
+  return map;
+}
+
 template <class Element, int Width>
 struct DecodeRunner {
   static auto kernel_fn() { return fused_decode_kernel<Element, Width>; }
@@ -380,14 +437,13 @@ struct DecodeRunner {
                                " (the splits of a tile wait for each other; fused_splits)");
     const int64_t ctas = items < res ? items : res;
     DecodeOperands p{};
-    p.w = f.w;
-    p.a = f.a;
-    p.ldw = f.ldw;
-    p.lda = f.lda;
     p.k = f.k;
     p.alpha = f.alpha;
+    DecodeMaps maps;
+    maps.w = make_map(f.w, f.n, f.k, f.ldw, kFusedDecodeTileN);
+    maps.a = make_map(f.a, f.m, f.k, f.lda, Width);
     fused_decode_kernel<Element, Width>
-        <<<dim3(unsigned(ctas)), dim3(kThreads), kSmemBytes<Width>, stream>>>(p, t);
+        <<<dim3(unsigned(ctas)), dim3(kThreads), kSmemBytes<Width>, stream>>>(maps, p, t);
     DISTGEMM_CUDA_CHECK(cudaGetLastError());
   }
 };
