@@ -357,7 +357,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       consumers_sync();
       // 2. Every rank's and split's partial of the tile, then slice s of the sum.
       if (tid == 0) {
-        __threadfence_system();
+        // The release is cumulative: it publishes every consumer's partial stores, which the
+        // barrier above ordered before it (no separate system fence: 0.5 us a launch).
         const int idx = fused_tile_index(t, it.nb, it.tb, it.s);
         for (int r = 0; r < t.tp; ++r) st_release_sys(fused_flag(t, r, t.rank, idx), gen);
         ok_smem = wait_tile(t, it.nb, it.tb, gen) ? 1u : 0u;

@@ -55,9 +55,13 @@ __device__ __forceinline__ uint32_t* fused_flag(const FusedTail& t, int rank, in
   return t.control[rank] + kFusedHeaderBytes / 4 + section * kFusedMaxTiles + idx;
 }
 
-__device__ __forceinline__ uint4 ld_volatile_v4(const void* p) {
+// A partial written by another CTA or rank, read after that writer's flag was acquired (by one
+// thread, then a CTA barrier): a weak load that skips L1 (a previous launch's partial at the same
+// address may still sit there) and pipelines with the thread's other loads. Volatile loads do
+// not pipeline: 8 of them in a row took 6 us (benchmarks/results/2026-11-24-decode-tma.md).
+__device__ __forceinline__ uint4 ld_partial_v4(const void* p) {
   uint4 v;
-  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+  asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p)
                : "memory");
@@ -140,7 +144,7 @@ __device__ inline void reduce_slice(const FusedTail& t, int nb, int tb, int s, u
           const int q = src / t.src_splits, sp = src - q * t.src_splits;
           const int64_t off =
               int64_t(parity) * t.parity_elems + sp * t.split_elems + sl.offset(v, t.n);
-          x[i] = ld_volatile_v4(static_cast<const Element*>(t.partial[q]) + off);
+          x[i] = ld_partial_v4(static_cast<const Element*>(t.partial[q]) + off);
         }
       }
       float acc[8];
