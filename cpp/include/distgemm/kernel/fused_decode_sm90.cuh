@@ -294,6 +294,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* stages = smem_raw + ((kSmemAlign - smem_u32(smem_raw) % kSmemAlign) % kSmemAlign);
   __shared__ __align__(8) uint64_t full[S], empty[S];
+  // This CTA's partial of the current item, rows padded by 16 bytes (fewer bank conflicts).
+  __shared__ __align__(16) Element out_tile[Width][kFusedDecodeTileN + 8];
   __shared__ uint32_t gen_smem, ok_smem;
   __shared__ volatile uint32_t stop;
   if (aborted(t.abort)) return;  // a previous launch timed out: the communicator is broken
@@ -341,18 +343,30 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (lane == 0) mbar_arrive(&empty[stage]);
       }
 
-      // 1. This split's partial: acc[f] = rows (g, g + 8) x tokens (2q, 2q + 1) of fragment f.
+      // 1. This split's partial (alpha x the sum, in the element type): acc[f] holds rows (g,
+      //    g + 8) x tokens (2q, 2q + 1) of fragment f. Through shared memory, so that it leaves
+      //    in 16-byte pieces: 2-byte stores from every thread to one line serialise in L2 (6 us
+      //    at one token before the reduction could read the line back).
       {
-        Element* part = static_cast<Element*>(const_cast<void*>(t.partial[t.rank])) +
-                        int64_t(parity) * t.parity_elems + int64_t(it.s) * t.split_elems;
-        const int64_t col_a = it.row0 + warp * kRowsPerWarp + g;
+        const int c0 = warp * kRowsPerWarp + g;
 #pragma unroll
         for (int f = 0; f < kFrags; ++f)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int64_t tok = it.tok0 + 8 * f + 2 * q + (e & 1), col = col_a + (e < 2 ? 0 : 8);
-            if (tok < t.m && col < t.n) part[tok * t.n + col] = Element(p.alpha * acc[f][e]);
-          }
+          for (int e = 0; e < 4; ++e)
+            out_tile[8 * f + 2 * q + (e & 1)][c0 + (e < 2 ? 0 : 8)] = Element(p.alpha * acc[f][e]);
+      }
+      consumers_sync();
+      {
+        Element* part = static_cast<Element*>(const_cast<void*>(t.partial[t.rank])) +
+                        int64_t(parity) * t.parity_elems + int64_t(it.s) * t.split_elems +
+                        it.tok0 * t.n + it.row0;
+        constexpr int kVecsPerRow = kFusedDecodeTileN / 8;
+        for (int v = tid; v < it.rows_t * kVecsPerRow; v += kConsumers) {
+          const int r = v / kVecsPerRow, c = (v % kVecsPerRow) * 8;
+          if (c < it.rows_w)  // n is a multiple of 8: a vector is all in or all out
+            *reinterpret_cast<uint4*>(part + r * t.n + c) =
+                *reinterpret_cast<const uint4*>(&out_tile[r][c]);
+        }
       }
       consumers_sync();
       // 2. Every rank's and split's partial of the tile, then slice s of the sum.
