@@ -102,20 +102,26 @@ __device__ inline bool wait_tile(const FusedTail& t, int nb, int tb, uint32_t ge
 
 // Vectors of 8 elements [begin, end) of slice s of tile (nb, tb), and the tile's geometry.
 template <int TokenTile, int TileN = kFusedTileN>
+// 32-bit indices within the tile (at most TokenTile x TileN / 8 vectors): a 64-bit division
+// per vector cost ~6 us of a one-token tail (benchmarks/results/2026-11-24-decode-tma.md).
 struct FusedSlice {
-  int64_t row0, col0, vec_per_row, begin, end;
+  int64_t row0, col0;
+  int vec_per_row, begin, end;
   __device__ FusedSlice(const FusedTail& t, int nb, int tb, int s) {
     row0 = int64_t(tb) * TokenTile;
     col0 = int64_t(nb) * TileN;
-    const int64_t rows = t.m - row0 < TokenTile ? t.m - row0 : TokenTile;
-    vec_per_row = (t.n - col0 < TileN ? t.n - col0 : TileN) / 8;
-    const int64_t total = rows * vec_per_row;
+    const int rows = static_cast<int>(t.m - row0 < TokenTile ? t.m - row0 : TokenTile);
+    vec_per_row = static_cast<int>(t.n - col0 < TileN ? t.n - col0 : TileN) / 8;
+    const int total = rows * vec_per_row;
     begin = total * s / t.splits;
     end = total * (s + 1) / t.splits;
   }
+  // Column (element) of vector v within the tile.
+  __device__ int col(int v) const { return (v % vec_per_row) * 8; }
   // Element offset of vector v within an [m, n] row-major matrix of row stride ld.
-  __device__ int64_t offset(int64_t v, int64_t ld) const {
-    return (row0 + v / vec_per_row) * ld + col0 + (v % vec_per_row) * 8;
+  __device__ int64_t offset(int v, int64_t ld) const {
+    const int r = v / vec_per_row;
+    return (row0 + r) * ld + col0 + (v - r * vec_per_row) * 8;
   }
 };
 
@@ -130,8 +136,7 @@ __device__ inline void reduce_slice(const FusedTail& t, int nb, int tb, int s, u
   const FusedSlice<TokenTile, TileN> sl(t, nb, tb, s);
   const int srcs = t.tp * t.src_splits;
   const int per = srcs >= kLoads ? 1 : kLoads / srcs;  // vectors per thread per round
-  for (int64_t base = sl.begin + int64_t(tid) * per; base < sl.end;
-       base += int64_t(kThreads) * per) {
+  for (int base = sl.begin + tid * per; base < sl.end; base += kThreads * per) {
     for (int g0 = 0; g0 < srcs; g0 += kLoads) {
       // Loads first (all in flight), then the sums in the fixed (rank, split) order.
       uint4 x[kLoads];
@@ -139,7 +144,7 @@ __device__ inline void reduce_slice(const FusedTail& t, int nb, int tb, int s, u
       for (int i = 0; i < kLoads; ++i) {
         const int u = srcs >= kLoads ? 0 : i / srcs;
         const int src = srcs >= kLoads ? g0 + i : i - u * srcs;
-        const int64_t v = base + u;
+        const int v = base + u;
         if (u < per && src < srcs && v < sl.end) {
           const int q = src / t.src_splits, sp = src - q * t.src_splits;
           const int64_t off =
@@ -152,7 +157,7 @@ __device__ inline void reduce_slice(const FusedTail& t, int nb, int tb, int s, u
       for (int i = 0; i < kLoads; ++i) {
         const int u = srcs >= kLoads ? 0 : i / srcs;
         const int src = srcs >= kLoads ? g0 + i : i - u * srcs;
-        const int64_t v = base + u;
+        const int v = base + u;
         if (!(u < per && src < srcs && v < sl.end)) continue;
         if (src == 0) {
 #pragma unroll
@@ -162,7 +167,7 @@ __device__ inline void reduce_slice(const FusedTail& t, int nb, int tb, int s, u
 #pragma unroll
         for (int e = 0; e < 8; ++e) acc[e] += float(xe[e]);
         if (src == srcs - 1) {
-          const int64_t col = sl.col0 + (v % sl.vec_per_row) * 8;
+          const int64_t col = sl.col0 + sl.col(v);
           if (t.c) {
             const uint4 cv = *reinterpret_cast<const uint4*>(static_cast<const Element*>(t.c) +
                                                              sl.offset(v, t.ldc));
