@@ -127,67 +127,75 @@ struct FusedSlice {
 
 // Threads 0..kThreads-1 of the CTA: slice `s` of tile (nb, tb)'s rows x columns, summed over
 // every rank and source split in a fixed order (rank 0.., split 0..: the same bits on every
-// rank), + beta * c + bias, stored to out. Each thread keeps kLoads 16-byte loads in flight
-// (peers' are NVLink reads).
+// rank), + beta * c + bias, stored to out. A thread takes `per` vectors, so that its loads of
+// every source of them (up to kLoads, all in flight: peers' are NVLink reads) come first, then
+// the sums; `per` stays at 1 while the slice has fewer vectors than threads, because a lone
+// thread's serial index arithmetic costs microseconds at one token. Positions i = 0..kLoads-1 of
+// a round walk (vector u, source src) with src fastest, by increments (no division per load).
 template <class Element, int TokenTile, int kLoads = 16, int kThreads = 256,
           int TileN = kFusedTileN>
 __device__ inline void reduce_slice(const FusedTail& t, int nb, int tb, int s, uint32_t parity,
                                     int tid) {
   const FusedSlice<TokenTile, TileN> sl(t, nb, tb, s);
   const int srcs = t.tp * t.src_splits;
-  const int per = srcs >= kLoads ? 1 : kLoads / srcs;  // vectors per thread per round
+  const int per_max = srcs >= kLoads ? 1 : kLoads / srcs;
+  const int spread = (sl.end - sl.begin + kThreads - 1) / kThreads;
+  const int per = spread < 1 ? 1 : spread < per_max ? spread : per_max;
+  const int64_t parity_off = int64_t(parity) * t.parity_elems;
   for (int base = sl.begin + tid * per; base < sl.end; base += kThreads * per) {
+    float acc[8];
     for (int g0 = 0; g0 < srcs; g0 += kLoads) {
-      // Loads first (all in flight), then the sums in the fixed (rank, split) order.
       uint4 x[kLoads];
+      {
+        int u = 0, src = g0, q = g0 / t.src_splits, sp = g0 - q * t.src_splits;
+        int64_t voff = sl.offset(base, t.n);
 #pragma unroll
-      for (int i = 0; i < kLoads; ++i) {
-        const int u = srcs >= kLoads ? 0 : i / srcs;
-        const int src = srcs >= kLoads ? g0 + i : i - u * srcs;
-        const int v = base + u;
-        if (u < per && src < srcs && v < sl.end) {
-          const int q = src / t.src_splits, sp = src - q * t.src_splits;
-          const int64_t off =
-              int64_t(parity) * t.parity_elems + sp * t.split_elems + sl.offset(v, t.n);
-          x[i] = ld_partial_v4(static_cast<const Element*>(t.partial[q]) + off);
+        for (int i = 0; i < kLoads; ++i) {
+          if (u < per && base + u < sl.end)
+            x[i] = ld_partial_v4(static_cast<const Element*>(t.partial[q]) + parity_off +
+                                 sp * t.split_elems + voff);
+          if (++sp == t.src_splits) sp = 0, ++q;
+          if (++src == srcs) {
+            src = q = sp = 0;
+            voff = sl.offset(base + ++u, t.n);
+          }
         }
       }
-      float acc[8];
+      int u = 0, src = g0;
 #pragma unroll
       for (int i = 0; i < kLoads; ++i) {
-        const int u = srcs >= kLoads ? 0 : i / srcs;
-        const int src = srcs >= kLoads ? g0 + i : i - u * srcs;
         const int v = base + u;
-        if (!(u < per && src < srcs && v < sl.end)) continue;
-        if (src == 0) {
+        if (u < per && v < sl.end) {
+          if (src == 0) {
 #pragma unroll
-          for (int e = 0; e < 8; ++e) acc[e] = 0.f;
-        }
-        const Element* xe = reinterpret_cast<const Element*>(&x[i]);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[e] += float(xe[e]);
-        if (src == srcs - 1) {
-          const int64_t col = sl.col0 + sl.col(v);
-          if (t.c) {
-            const uint4 cv = *reinterpret_cast<const uint4*>(static_cast<const Element*>(t.c) +
-                                                             sl.offset(v, t.ldc));
-            const Element* ce = reinterpret_cast<const Element*>(&cv);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) acc[e] += t.beta * float(ce[e]);
+            for (int e = 0; e < 8; ++e) acc[e] = 0.f;
           }
-          if (t.bias) {
-            const uint4 bv =
-                *reinterpret_cast<const uint4*>(static_cast<const Element*>(t.bias) + col);
-            const Element* be = reinterpret_cast<const Element*>(&bv);
+          const Element* xe = reinterpret_cast<const Element*>(&x[i]);
 #pragma unroll
-            for (int e = 0; e < 8; ++e) acc[e] += float(be[e]);
+          for (int e = 0; e < 8; ++e) acc[e] += float(xe[e]);
+          if (src == srcs - 1) {
+            if (t.c) {
+              const uint4 cv = *reinterpret_cast<const uint4*>(static_cast<const Element*>(t.c) +
+                                                               sl.offset(v, t.ldc));
+              const Element* ce = reinterpret_cast<const Element*>(&cv);
+#pragma unroll
+              for (int e = 0; e < 8; ++e) acc[e] += t.beta * float(ce[e]);
+            }
+            if (t.bias) {
+              const uint4 bv = *reinterpret_cast<const uint4*>(static_cast<const Element*>(t.bias) +
+                                                               sl.col0 + sl.col(v));
+              const Element* be = reinterpret_cast<const Element*>(&bv);
+#pragma unroll
+              for (int e = 0; e < 8; ++e) acc[e] += float(be[e]);
+            }
+            uint4 ov;
+            Element* oe = reinterpret_cast<Element*>(&ov);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) oe[e] = Element(acc[e]);
+            *reinterpret_cast<uint4*>(static_cast<Element*>(t.out) + sl.offset(v, t.ldo)) = ov;
           }
-          uint4 ov;
-          Element* oe = reinterpret_cast<Element*>(&ov);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) oe[e] = Element(acc[e]);
-          *reinterpret_cast<uint4*>(static_cast<Element*>(t.out) + sl.offset(v, t.ldo)) = ov;
         }
+        if (++src == srcs) src = 0, ++u;
       }
     }
   }
