@@ -43,10 +43,10 @@ inline constexpr int kFusedTokenTileLarge = 256;  // the CUTLASS kernel's token 
 // it (path="fused").
 inline constexpr int64_t kFusedMaxAutoTokens = 0;
 // The decode kernel runs up to this many tokens (one block of kFusedTokenTileSmall), the CUTLASS
-// kernel above. Measured on one H200 at TP=1
-// (benchmarks/results/2026-11-24-fused-decode-kernel.md): at 64 tokens the decode kernel takes 49.7
-// us on 70B O against the CUTLASS kernel's 63.4 us at 256 tokens (its one 256-token tile costs the
-// same at 65..256 tokens); at 128 tokens, two decode blocks each stream the whole weight: 83.5 us.
+// kernel above. Measured on one H200 at TP=1 (benchmarks/results/2026-11-24-decode-tma.md): at
+// 64 tokens the decode kernel takes 37.1 us on 70B O against the CUTLASS kernel's 60.5-63.7 us at
+// 128..256 tokens (its one 256-token tile costs the same at 65..256 tokens); a second decode
+// block would stream the whole weight again.
 inline constexpr int64_t kFusedDecodeMaxTokens = 64;
 // The decode kernel's K step: each of a row's 4 threads takes 16 consecutive elements (two
 // 16-byte loads), so one step covers 64 elements, a 128-byte line of each of its weight rows.
