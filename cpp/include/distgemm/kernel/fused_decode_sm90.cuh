@@ -345,8 +345,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
       // 1. This split's partial (alpha x the sum, in the element type): acc[f] holds rows (g,
       //    g + 8) x tokens (2q, 2q + 1) of fragment f. Through shared memory, so that it leaves
-      //    in 16-byte pieces: 2-byte stores from every thread to one line serialise in L2 (6 us
-      //    at one token before the reduction could read the line back).
+      //    in whole 16-byte pieces instead of 2-byte stores from every thread into shared lines.
       {
         const int c0 = warp * kRowsPerWarp + g;
 #pragma unroll

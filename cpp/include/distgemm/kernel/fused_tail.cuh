@@ -56,9 +56,8 @@ __device__ __forceinline__ uint32_t* fused_flag(const FusedTail& t, int rank, in
 }
 
 // A partial written by another CTA or rank, read after that writer's flag was acquired (by one
-// thread, then a CTA barrier): a weak load that skips L1 (a previous launch's partial at the same
-// address may still sit there) and pipelines with the thread's other loads. Volatile loads do
-// not pipeline: 8 of them in a row took 6 us (benchmarks/results/2026-11-24-decode-tma.md).
+// thread, then a CTA barrier): a weak load suffices, and it skips L1, where a previous launch's
+// partial at the same address may still sit.
 __device__ __forceinline__ uint4 ld_partial_v4(const void* p) {
   uint4 v;
   asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -102,8 +101,8 @@ __device__ inline bool wait_tile(const FusedTail& t, int nb, int tb, uint32_t ge
 
 // Vectors of 8 elements [begin, end) of slice s of tile (nb, tb), and the tile's geometry.
 template <int TokenTile, int TileN = kFusedTileN>
-// 32-bit indices within the tile (at most TokenTile x TileN / 8 vectors): a 64-bit division
-// per vector cost ~6 us of a one-token tail (benchmarks/results/2026-11-24-decode-tma.md).
+// 32-bit indices within the tile (at most TokenTile x TileN / 8 vectors): 64-bit divisions per
+// vector were part of a 6 us one-token tail (benchmarks/results/2026-11-24-decode-tma.md).
 struct FusedSlice {
   int64_t row0, col0;
   int vec_per_row, begin, end;
