@@ -11,6 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from distgemm import _core, entries, ops  # noqa: E402
+from distgemm.precision import Precision  # noqa: E402
 
 
 class Graph:
@@ -26,7 +27,7 @@ class Graph:
 def entry(captured=False, graphs=()):
     e = entries.Entry(
         spec=None,
-        dtype=torch.bfloat16,
+        precision=Precision(torch.bfloat16),
         beta=0.0,
         ws=None,
         bases=[],

@@ -50,7 +50,7 @@ def test_collective_path_computes_the_layer_on_a_one_rank_group(monkeypatch, sch
                 )
                 entry = entries.Entry(
                     spec=spec,
-                    dtype=torch.float32,
+                    precision=Precision(torch.float32),
                     beta=beta,
                     ws=None,
                     bases=[],

@@ -58,7 +58,7 @@ def run_collective(
     pg, device = comm.group, comm.device
     a, w, bias, c = tensors["a"], tensors["w"], tensors.get("bias"), tensors.get("c")
     _, out = user_ptrs(op, entry, tensors, out, device)
-    if entry.precision is not None and entry.precision.fp8:
+    if entry.precision.fp8:
         return _run_fp8(comm, entry, tensors, out, capturing)
     kind = entry.collective_kind  # the branch follows the C++ definition, not the name
     if kind in ("gather_a", "gather_w"):

@@ -15,7 +15,7 @@ import torch
 
 from . import _core, tuning
 from .precision import Precision
-from .validation import DTYPES, Spec
+from .validation import Spec
 
 if TYPE_CHECKING:
     from .comm import Communicator
@@ -45,7 +45,8 @@ class _RawCuda:
 @dataclass
 class Entry:
     spec: Spec
-    dtype: torch.dtype  # of A and B (the gathered operand's too)
+    # The calls' dtype (A's and B's, the gathered operand's too), fp8 scales and accumulation.
+    precision: Precision
     beta: float
     ws: Any
     bases: list[int]
@@ -67,11 +68,14 @@ class Entry:
     # The fused path's shapes, split-K factor, workspace layout and control region
     # (distgemm.fused.attach_fused); None for the other paths.
     fused: dict[str, Any] | None = None
-    precision: Precision | None = None  # the calls' (dtype, fp8 scales and accumulation)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.precision.dtype
 
     @property
     def out_dtype(self) -> torch.dtype:
-        return self.precision.out_dtype if self.precision is not None else self.dtype
+        return self.precision.out_dtype
 
     @property
     def has_bias(self) -> bool:
@@ -228,7 +232,6 @@ def create_entry(comm: Communicator, key, make: Callable[[], Spec]) -> Entry:
     from .fused import attach_fused
 
     op, _, _, precision, _, beta, gathered, path = key
-    dtype = precision.dtype
     spec, error, exc = None, None, None
     try:
         spec = make()
@@ -240,10 +243,10 @@ def create_entry(comm: Communicator, key, make: Callable[[], Spec]) -> Entry:
     problem = signature_mismatch(sigs, op)
     if problem:
         raise ValueError(problem)
-    chosen, why = decide_path(spec, path, comm, dtype)
+    chosen, why = decide_path(spec, path, comm, precision.dtype)
     entry = Entry(
         spec=spec,
-        dtype=dtype,
+        precision=precision,
         beta=beta,
         ws=None,
         bases=[],
@@ -252,7 +255,6 @@ def create_entry(comm: Communicator, key, make: Callable[[], Spec]) -> Entry:
         path=chosen,
         want_gathered=gathered,
         tuning=why,
-        precision=precision,
     )
     if entry.path == "overlap":  # the collective path launches no plan: no workspace
         attach_workspace(comm, entry, gathered)
@@ -290,7 +292,7 @@ def attach_workspace(comm: Communicator, entry: Entry, gathered: bool) -> None:
     entry.setup = _core.GraphSetup(
         rank=comm.rank,
         cuda_device=comm.device.index,
-        dtype=entry.precision.name if entry.precision is not None else DTYPES[entry.dtype],
+        dtype=entry.precision.name,
         workspace_bases=entry.bases,
         workspace_bytes=entry.ws_bytes,
         timeout_s=comm.wait_timeout_s,
@@ -299,7 +301,7 @@ def attach_workspace(comm: Communicator, entry: Entry, gathered: bool) -> None:
         bias=entry.has_bias,
         tile_n=spec.tile_n,
         b_n_major=spec.b_n_major,
-        fast_accum=entry.precision is not None and entry.precision.fast_accum,
+        fast_accum=entry.precision.fast_accum,
     )
     if gathered:
         entry.gather, entry.gather_shape = gather_recipe(spec, comm.rank)
