@@ -48,11 +48,12 @@ from benchmarks.gpu_timing import (
     TIMED_S,
     WARMUP_S,
     SingleGpuContext,
+    graphed,
     short_error,
     time_variant,
 )
 from benchmarks.kernel_shapes import TP_CHOICES, kernel_shapes
-from benchmarks.kernel_vs_cublas import _csv_list, _graphed, calls_per_replay
+from benchmarks.kernel_vs_cublas import _csv_list, calls_per_replay
 from benchmarks.llama_cases import LAYERS, MODELS
 from distgemm import _core
 from distgemm.scales import dequantize, quantize, scaled_mm_scales
@@ -170,7 +171,7 @@ def measure(ctx: SingleGpuContext, shape, index: int, rowwise: bool, seed: int) 
         return rec
     calls = calls_per_replay(m, n, k)
     rec["calls"] = calls
-    graphs = {v: _graphed(torch, fn, calls) for v, fn in fns.items()}
+    graphs = {v: graphed(torch, fn, calls) for v, fn in fns.items()}
     order = [v for v in VARIANTS if v != "scaled_mm"]
     windows = [time_variant(ctx, graphs["scaled_mm"].replay, warm_s=WARMUP_S) / calls]
     for v in order if index % 2 == 0 else order[::-1]:

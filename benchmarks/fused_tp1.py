@@ -7,11 +7,13 @@ decode layers, plus its correctness:
 Layers (this rank's GEMM at the TP of the issue's acceptance, TP=2): 70B O (K=4096, N=8192),
 70B FC2 (K=14336, N=8192), 405B O (K=8192, N=16384), 405B FC2 (K=26624, N=16384); tokens
 1..256. Operands: the same uniform random ``a [M, K]`` and ``w [N, K] / sqrt(K)`` (bf16) for both
-variants. Each variant is a CUDA graph of GRAPH_CALLS calls; timing: >= WARM_S of alternating
-replays of both graphs, then ROUNDS rounds of one timed window (>= TIMED_S) per variant in turn,
-CUDA events around every replay; per call = the window's median replay / GRAPH_CALLS; reported:
-the median over rounds. A time below the weight-read floor (weight bytes / 4.8 TB/s, the H200's
-HBM peak) is a measurement bug and is flagged. The weight bandwidth is weight bytes / time.
+variants. Each variant is a CUDA graph of GRAPH_CALLS calls (``gpu_timing.graphed``), timed as
+the other benchmarks time (``gpu_timing.time_variant``: replays for a warm-up, then one timed
+window with CUDA events around every replay, its median), ROUNDS rounds of both variants in
+turn, the first torch.mm window after the long warm-up (WARMUP_S); per call = the replay's time
+/ GRAPH_CALLS; reported: the median over rounds. A time below the weight-read floor (weight
+bytes / 4.8 TB/s, the H200's HBM peak) is a measurement bug and is flagged. The weight
+bandwidth is weight bytes / time.
 
 Correctness: relative Frobenius error against an fp32 torch reference, bf16 and fp16, with
 ``beta * c`` and ``bias``, at every token count on 70B O and a K that ends in a partial step;
@@ -26,7 +28,6 @@ import json
 import os
 import statistics
 import sys
-import time
 
 import torch
 import torch.distributed as dist
@@ -35,7 +36,15 @@ if __package__ in (None, ""):  # run as a file: make the benchmarks package impo
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import distgemm
-from benchmarks.gpu_timing import HBM_BYTES_PER_S, rel_err
+from benchmarks.gpu_timing import (
+    HBM_BYTES_PER_S,
+    REWARM_S,
+    WARMUP_S,
+    SingleGpuContext,
+    graphed,
+    rel_err,
+    time_variant,
+)
 from distgemm import _core
 from distgemm.comm import get_communicator
 
@@ -47,7 +56,7 @@ LAYERS = {  # name: (N, K) of one rank's GEMM at TP=2
 }
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 GRAPH_CALLS = 20
-WARM_S, TIMED_S, ROUNDS = 1.0, 1.0, 2
+ROUNDS = 2
 TOL = 1e-2
 # + the decode kernel's split K with a partial last step and a partial last tile (n = 1000), at
 # token widths 16 and 64, and the CUTLASS kernel at 100 tokens.
@@ -110,51 +119,22 @@ def check_correctness(dev) -> list[dict]:
     return rows
 
 
-def graph_of(fn) -> torch.cuda.CUDAGraph:
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(GRAPH_CALLS):
-            fn()
-    return g
-
-
-def timed_window_us(g: torch.cuda.CUDAGraph, seconds: float) -> float:
-    """Median per-call time (us) of replays over a window of >= `seconds`."""
-    per = []
-    t_end = time.perf_counter() + seconds
-    while time.perf_counter() < t_end:
-        evs = [
-            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-            for _ in range(50)
-        ]
-        for s, e in evs:
-            s.record()
-            g.replay()
-            e.record()
-        torch.cuda.synchronize()
-        per += [s.elapsed_time(e) * 1e3 / GRAPH_CALLS for s, e in evs]
-    return statistics.median(per)
-
-
 def time_case(dev, name: str, n: int, k: int, m: int, gen) -> dict:
     a = uniform((m, k), gen, torch.bfloat16, dev)
     w = uniform((n, k), gen, torch.bfloat16, dev, k**-0.5)
     o_mm = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
     o_fu = torch.empty_like(o_mm)
-    g_mm = graph_of(lambda: torch.mm(a, w.t(), out=o_mm))
-    g_fu = graph_of(lambda: distgemm.gemm_all_reduce(a, w, out=o_fu, path="fused"))
+    g_mm = graphed(torch, lambda: torch.mm(a, w.t(), out=o_mm), GRAPH_CALLS)
+    g_fu = graphed(
+        torch, lambda: distgemm.gemm_all_reduce(a, w, out=o_fu, path="fused"), GRAPH_CALLS
+    )
     choice = [p for p in distgemm.path_choices() if p.get("m") == m and p.get("path") == "fused"]
-    t_end = time.perf_counter() + WARM_S
-    while time.perf_counter() < t_end:  # both variants' load: clocks settle before timing
-        g_mm.replay()
-        g_fu.replay()
-    torch.cuda.synchronize()
+    ctx = SingleGpuContext.current()
     mm, fu = [], []
-    for _ in range(ROUNDS):
-        mm.append(timed_window_us(g_mm, TIMED_S))
-        fu.append(timed_window_us(g_fu, TIMED_S))
+    for r in range(ROUNDS):  # ms per replay -> us per call
+        warm_s = WARMUP_S if r == 0 else REWARM_S
+        mm.append(time_variant(ctx, g_mm.replay, warm_s=warm_s) * 1e3 / GRAPH_CALLS)
+        fu.append(time_variant(ctx, g_fu.replay) * 1e3 / GRAPH_CALLS)
     weight_bytes = n * k * 2
     floor_us = weight_bytes / HBM_BYTES_PER_S * 1e6
     rec = dict(

@@ -1,6 +1,7 @@
 """GPU timing shared by the benchmarks: one rank's context under torchrun (or one GPU alone),
-the steady-state timing of a variant, the plain NCCL + torch.mm baseline and torch's
-symmetric-memory ops of one layer, and fresh random operands of a case. torch is passed in, so
+a CUDA graph of back-to-back calls, the steady-state timing of a variant, the plain NCCL +
+torch.mm baseline and torch's symmetric-memory ops of one layer, and fresh random operands of a
+case. torch is passed in, so
 importing this needs no torch."""
 
 from __future__ import annotations
@@ -169,6 +170,21 @@ def settle(ctx: RankContext) -> None:
     a peer's skew) falls into another variant's window."""
     ctx.torch.cuda.synchronize()
     ctx.dist.barrier(group=ctx.ctrl)
+
+
+def graphed(torch, fn, calls: int):
+    """A replay of ``calls`` back-to-back calls of ``fn`` captured in a CUDA graph (fn reads the
+    current stream when called, so it lands on the capture stream)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()  # first call off the capture: library handles and workspaces exist before it
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return graph
 
 
 def time_variant(ctx: RankContext, fn, warm_s: float = REWARM_S) -> float:

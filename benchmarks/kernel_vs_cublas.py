@@ -45,6 +45,7 @@ from benchmarks.gpu_timing import (
     TIMED_S,
     WARMUP_S,
     SingleGpuContext,
+    graphed,
     rel_err,
     short_error,
     time_variant,
@@ -159,21 +160,6 @@ def dry_run_text(shapes: list[KernelShape], skipped: list, n_configs: int | None
     return "\n".join(lines)
 
 
-def _graphed(torch, fn, calls: int):
-    """A replay of ``calls`` back-to-back calls of ``fn`` captured in a CUDA graph (fn reads the
-    current stream when called, so it lands on the capture stream)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()  # first call off the capture: library handles and workspaces exist before it
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    return graph
-
-
 def measure(
     ctx: SingleGpuContext,
     shape: KernelShape,
@@ -237,7 +223,7 @@ def measure(
     rec["calls"], rec["timing"] = calls, "eager" if eager else "graph"
     fns = {"torch": ref, **{c: ours(c) for c in timed}}
     if not eager:
-        graphs = {v: _graphed(torch, fn, calls) for v, fn in fns.items()}
+        graphs = {v: graphed(torch, fn, calls) for v, fn in fns.items()}
         fns = {v: g.replay for v, g in graphs.items()}
     windows = [time_variant(ctx, fns["torch"], warm_s=WARMUP_S) / calls]
     for v in timed if index % 2 == 0 else timed[::-1]:
