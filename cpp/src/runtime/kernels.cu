@@ -259,21 +259,10 @@ __global__ void entry_barrier_kernel(const EntryBarrierSpec s) {
   *reinterpret_cast<volatile uint32_t*>(s.epoch) = gen;  // read by this graph's later nodes
   for (int r = 0; r < s.tp; ++r) st_release_sys(s.peer_barrier[r] + s.device, gen);
   uint64_t start = 0;
-  for (int r = 0; r < s.tp; ++r) {
-    uint32_t v = ld_acquire_sys(s.local_barrier + r);
-    while (!reached(v, gen)) {
-      if (aborted(s.abort)) return;
-      const uint64_t now = global_timer_ns();
-      if (start == 0) {
-        start = now;
-      } else if (now - start > s.timeout_ns) {
-        report_timeout(s.abort, s.record, kWaitEntryBarrier, s.device, -1, r, gen, v, s.timeout_ns);
-        return;
-      }
-      __nanosleep(64);
-      v = ld_acquire_sys(s.local_barrier + r);
-    }
-  }
+  for (int r = 0; r < s.tp; ++r)
+    if (!wait_reached(s.local_barrier + r, gen, s.abort, s.record, s.timeout_ns, start,
+                      kWaitEntryBarrier, s.device, -1, r, 64))
+      return;
 }
 
 // Wait before a copy-engine transfer (only gemm_allreduce's local copies of pushed tiles need one).

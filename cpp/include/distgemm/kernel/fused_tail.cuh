@@ -67,25 +67,11 @@ __device__ __forceinline__ uint4 ld_partial_v4(const void* p) {
   return v;
 }
 
-// One thread: wait until flag `f` (tile `idx`, set by rank `q`) reaches `gen`. `start` is the
-// first moment this thread found a flag behind (0 before): one timeout covers all of a thread's
-// flags of a wait. False on timeout (reported) or when the device has aborted.
+// One thread: wait until flag `f` (tile `idx`, set by rank `q`) reaches `gen` (wait_reached).
 __device__ __forceinline__ bool wait_fused_flag(const FusedTail& t, const uint32_t* f, int idx,
                                                 int q, uint32_t gen, uint64_t& start) {
-  uint32_t v = ld_acquire_sys(f);
-  while (!reached(v, gen)) {
-    if (aborted(t.abort)) return false;
-    const uint64_t now = global_timer_ns();
-    if (start == 0) {
-      start = now;
-    } else if (now - start > t.timeout_ns) {
-      report_timeout(t.abort, t.record, kWaitFusedTile, t.rank, idx, q, gen, v, t.timeout_ns);
-      return false;
-    }
-    __nanosleep(20);
-    v = ld_acquire_sys(f);
-  }
-  return true;
+  return wait_reached(f, gen, t.abort, t.record, t.timeout_ns, start, kWaitFusedTile, t.rank, idx,
+                      q, 20);
 }
 
 // One thread: wait until every rank's flags of every source split of tile (nb, tb) reach `gen`.

@@ -82,6 +82,31 @@ __device__ __forceinline__ bool aborted(const uint32_t* abort) {
   return *reinterpret_cast<const volatile uint32_t*>(abort) != 0u;
 }
 
+// One thread: spin until flag `f` reaches generation `gen` (system-scope acquire), `sleep_ns`
+// between reads. `start` is the first moment this thread found a flag behind (0 before), so one
+// bound covers all the flags of one wait. On timeout the error record gets (kind, device,
+// iteration, flag) and the device aborts. False on timeout or when the device has aborted.
+// Every bounded wait of the runtime goes through here (plan flags, entry barrier, fused tiles).
+__device__ inline bool wait_reached(const uint32_t* f, uint32_t gen, uint32_t* abort,
+                                    ErrorRecord* rec, uint64_t timeout_ns, uint64_t& start,
+                                    uint32_t kind, int device, int iteration, int flag,
+                                    unsigned sleep_ns) {
+  uint32_t v = ld_acquire_sys(f);
+  while (!reached(v, gen)) {
+    if (aborted(abort)) return false;
+    const uint64_t now = global_timer_ns();
+    if (start == 0) {
+      start = now;
+    } else if (now - start > timeout_ns) {
+      report_timeout(abort, rec, kind, device, iteration, flag, gen, v, timeout_ns);
+      return false;
+    }
+    __nanosleep(sleep_ns);
+    v = ld_acquire_sys(f);
+  }
+  return true;
+}
+
 // One thread: spin until every flag of `w` reaches this launch's generation. False when the
 // device has aborted (now or earlier): the caller skips its work.
 __device__ inline bool wait_flags(const WaitSpec& w) {
@@ -89,23 +114,10 @@ __device__ inline bool wait_flags(const WaitSpec& w) {
   if (w.num_flags == 0) return true;
   const uint32_t gen = *reinterpret_cast<const volatile uint32_t*>(w.epoch);
   uint64_t start = 0;
-  for (int j = 0; j < w.num_flags && j < kMaxWaits; ++j) {
-    const uint32_t* f = w.flags + w.flag_ids[j];
-    uint32_t v = ld_acquire_sys(f);
-    while (!reached(v, gen)) {
-      if (aborted(w.abort)) return false;
-      const uint64_t now = global_timer_ns();
-      if (start == 0) {
-        start = now;
-      } else if (now - start > w.timeout_ns) {
-        report_timeout(w.abort, w.record, w.kind, w.device, w.iteration, w.flag_ids[j], gen, v,
-                       w.timeout_ns);
-        return false;
-      }
-      __nanosleep(32);
-      v = ld_acquire_sys(f);
-    }
-  }
+  for (int j = 0; j < w.num_flags && j < kMaxWaits; ++j)
+    if (!wait_reached(w.flags + w.flag_ids[j], gen, w.abort, w.record, w.timeout_ns, start, w.kind,
+                      w.device, w.iteration, w.flag_ids[j], 32))
+      return false;
   return true;
 }
 
