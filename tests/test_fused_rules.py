@@ -79,8 +79,10 @@ def test_splits_fill_the_resident_ctas(m, n, k, resident, splits):
 def test_partial_buffers_hold_two_parities_of_every_split():
     assert _core.fused_partial_bytes(8, 8192, 4, 2) == 2 * 4 * 8 * 8192 * 2  # decode
     assert _core.fused_partial_bytes(256, 8192, 2, 2) == 2 * 2 * 256 * 8192 * 2  # CUTLASS
-    # the control region: header, a flag section per rank
-    assert _core.FUSED_CONTROL_BYTES == 128 + 4 * _core.FUSED_MAX_TILES * _core.MAX_TP
+    # the control region: a generation word per CTA slot, a flag section per rank
+    assert _core.FUSED_CONTROL_BYTES == 4 * _core.FUSED_MAX_CTAS + (
+        4 * _core.FUSED_MAX_TILES * _core.MAX_TP
+    )
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ void register_fused_rules(py::module_& m) {
   m.attr("FUSED_DECODE_MAX_SPLITS") = py::int_(k::kFusedDecodeMaxSplits);
   m.attr("FUSED_DECODE_MAX_TOKENS") = py::int_(k::kFusedDecodeMaxTokens);
   m.attr("FUSED_MAX_TILES") = py::int_(k::kFusedMaxTiles);
+  m.attr("FUSED_MAX_CTAS") = py::int_(k::kFusedMaxCtas);
   m.attr("FUSED_MAX_AUTO_TOKENS") = py::int_(k::kFusedMaxAutoTokens);
   m.def("fused_kernel", &k::fused_kernel_name, py::arg("m"),
         "The fused kernel that runs m tokens: 'decode' (up to FUSED_DECODE_MAX_TOKENS) or "
@@ -27,8 +28,7 @@ void register_fused_rules(py::module_& m) {
         "Splits of K of the fused kernel: the most that keep every tile resident at once.");
   m.def("fused_partial_bytes", &k::fused_partial_bytes, py::arg("m"), py::arg("n"),
         py::arg("splits"), py::arg("element_bytes"),
-        "Bytes of one rank's partial buffers (two parities; the decode kernel's fp32 split "
-        "partials after them).");
+        "Bytes of one rank's partial buffers: two parities of every split's partial.");
   m.def("fused_shape_problem", &k::fused_shape_problem, py::arg("m"), py::arg("n"), py::arg("k"),
         py::arg("splits"), py::arg("tp"),
         "'' when the fused kernel takes these shapes, else the reason with the values.");

@@ -257,7 +257,8 @@ __global__ void entry_barrier_kernel(const EntryBarrierSpec s) {
   if (aborted(s.abort)) return;
   const uint32_t gen = *reinterpret_cast<volatile uint32_t*>(s.epoch) + 1u;
   *reinterpret_cast<volatile uint32_t*>(s.epoch) = gen;  // read by this graph's later nodes
-  for (int r = 0; r < s.tp; ++r) st_release_sys(s.peer_barrier[r] + s.device, gen);
+  fence_acq_rel_sys();
+  for (int r = 0; r < s.tp; ++r) st_relaxed_sys(s.peer_barrier[r] + s.device, gen);
   uint64_t start = 0;
   for (int r = 0; r < s.tp; ++r)
     if (!wait_reached(s.local_barrier + r, gen, s.abort, s.record, s.timeout_ns, start,

@@ -17,8 +17,11 @@
 // every rank runs the same tiles, and a tile's output is summed over every rank and split in a
 // fixed order by the rank's CTAs of that tile, each CTA one slice of the rows.
 //
-// Launch generations: the kernel reads its generation from the control words at entry, the last
-// CTA to finish advances them. Partials alternate between two buffers by generation parity, so a
+// Launch generations: each CTA reads its generation from its own control word at entry and
+// advances that word when it finishes; CTA 0 also advances the words of the slots this launch
+// does not use, so that every word holds the same generation between launches, whatever the
+// grid. No CTA waits for another to advance it: the next launch on the stream starts after every
+// CTA of this one has finished. Partials alternate between two buffers by generation parity, so a
 // launch never overwrites the buffer a peer may still read from the previous launch (a peer
 // can be at most one launch behind: it waits for this rank's tiles of every launch).
 #pragma once
@@ -57,10 +60,11 @@ inline constexpr int kFusedMaxSplits = 4;
 inline constexpr int kFusedDecodeMaxSplits = 8;
 // Flags per section of the fused control region: tiles x splits of one launch.
 inline constexpr int kFusedMaxTiles = 4096;
-// The control region: the launch generation and the finished-CTA counter (one 128-byte line),
-// then kMaxDevices sections of kFusedMaxTiles flags (section q is set by rank q: its partial of
-// that tile and split is ready).
-inline constexpr int64_t kFusedHeaderBytes = 128;
+// A fused launch has at most this many CTAs (one generation word each, below).
+inline constexpr int kFusedMaxCtas = 1024;
+// The control region: one launch-generation word per CTA slot, then kMaxDevices sections of
+// kFusedMaxTiles flags (section q is set by rank q: its partial of that tile and split is ready).
+inline constexpr int64_t kFusedHeaderBytes = int64_t(kFusedMaxCtas) * 4;
 inline constexpr int64_t fused_control_bytes() {
   return kFusedHeaderBytes + int64_t(kMaxDevices) * kFusedMaxTiles * 4;
 }

@@ -111,13 +111,14 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock,
     return int(w.M_idx) < t.n_blocks && int(w.N_idx) < t.token_blocks && int(w.L_idx) < t.splits;
   };
   if (tid == 0) {
-    __threadfence_system();
+    // Every tile of this CTA is stored: one fence makes each flag store below a release of them.
+    fence_acq_rel_sys();
     Scheduler sched{p.gemm[parity].scheduler};
     auto w = sched.initial_work_tile_info(Cluster{});
     while (w.is_valid()) {
       if (in_problem(w)) {
         const int idx = fused_tile_index(t, int(w.M_idx), int(w.N_idx), int(w.L_idx));
-        for (int q = 0; q < t.tp; ++q) st_release_sys(fused_flag(t, q, t.rank, idx), gen);
+        for (int q = 0; q < t.tp; ++q) st_relaxed_sys(fused_flag(t, q, t.rank, idx), gen);
       }
       auto next = sched.fetch_next_work(w);
       w = cute::get<0>(next);
@@ -140,7 +141,7 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock,
   }
 
   consumers_sync();
-  if (tid == 0) fused_finish_cta(t, gen);
+  fused_finish_cta(t, gen, tid, 256);
 }
 
 template <class Element, int TokenTile>

@@ -202,8 +202,9 @@ struct Item {
 };
 
 // The producer warp (lane 0 issues): every stage of every item of this CTA, in the consumers'
-// order. Stops early when the consumers do (`stop`), after the stages it issued have landed (no
-// copy may still write this CTA's shared memory when it exits).
+// order. Stops early when the consumers do (`stop`). Returns only after every stage it issued
+// has landed: no copy may still write this CTA's shared memory when it exits, also where the
+// consumers stopped without taking them.
 template <int Width>
 __device__ void produce(const DecodeMaps& maps, int64_t k, const FusedTail& t,
                         unsigned char* stages, uint64_t* full, uint64_t* empty,
@@ -242,8 +243,7 @@ __device__ void produce(const DecodeMaps& maps, int64_t k, const FusedTail& t,
       }
     }
   }
-  return;
-drain:
+drain:  // every stage issued has landed (at once where the consumers took them)
   for (uint32_t i = issued > S ? issued - S : 0; i < issued; ++i)
     while (!mbar_try_wait(&full[i % S], (i / S) & 1u)) {
     }
@@ -296,12 +296,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ __align__(8) uint64_t full[S], empty[S];
   // This CTA's partial of the current item, rows padded by 16 bytes (fewer bank conflicts).
   __shared__ __align__(16) Element out_tile[Width][kFusedDecodeTileN + 8];
-  __shared__ uint32_t gen_smem, ok_smem;
+  __shared__ uint32_t gen_smem, ok_smem, live_smem;
   __shared__ volatile uint32_t stop;
-  if (aborted(t.abort)) return;  // a previous launch timed out: the communicator is broken
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  // The producer starts streaming before the abort word and the generation are read (two global
+  // round trips): its loads only fill this CTA's shared memory, and a broken communicator stops
+  // it before anything is written.
   if (tid == 0) {
-    gen_smem = fused_launch_generation(t);
     stop = 0u;
     for (int i = 0; i < S; ++i) {
       mbar_init(&full[i], 1);
@@ -312,16 +313,23 @@ __global__ void __launch_bounds__(kThreads, 1)
                      : "memory");
   }
   __syncthreads();
-  const uint32_t gen = gen_smem;
-  const uint32_t parity = gen & 1u;
 
   if (warp == kConsumerWarps) {
     if (lane == 0) produce<Width>(maps, p.k, t, stages, full, empty, &stop);
   } else {
+    if (tid == 0) {
+      // A previous launch timed out: the communicator is broken, this launch writes nothing.
+      live_smem = aborted(t.abort) ? 0u : 1u;
+      gen_smem = fused_launch_generation(t);
+      if (!live_smem) stop = 1u;
+    }
+    consumers_sync();
+    const uint32_t gen = gen_smem;
+    const uint32_t parity = gen & 1u;
     const int g = lane / 4, q = lane % 4;
     const int items = t.n_blocks * t.token_blocks * t.splits;
     uint32_t used = 0;
-    for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    for (int item = live_smem ? blockIdx.x : items; item < items; item += gridDim.x) {
       const Item it = Item::at<Width>(t, p.k, item);
       uint32_t valid = 0;
 #pragma unroll
@@ -371,9 +379,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       // 2. Every rank's and split's partial of the tile, then slice s of the sum.
       if (tid == 0) {
         // The release is cumulative: it publishes every consumer's partial stores, which the
-        // barrier above ordered before it (no separate system fence: 0.5 us a launch).
+        // barrier above ordered before it.
         const int idx = fused_tile_index(t, it.nb, it.tb, it.s);
-        for (int r = 0; r < t.tp; ++r) st_release_sys(fused_flag(t, r, t.rank, idx), gen);
+        release_tile(t, idx, gen);
         ok_smem = wait_tile(t, it.nb, it.tb, gen) ? 1u : 0u;
       }
       consumers_sync();
@@ -390,7 +398,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // 3. The generation.
   __syncthreads();
-  if (tid == 0) fused_finish_cta(t, gen);
+  if (live_smem) fused_finish_cta(t, gen_smem, tid, kThreads);
 }
 
 // cuTensorMapEncodeTiled through the runtime (no libcuda at link time), looked up once.

@@ -186,22 +186,31 @@ __device__ inline void reduce_slice(const FusedTail& t, int nb, int tb, int s, u
   }
 }
 
-// One thread, after every thread of its CTA finished the launch: the last CTA to finish
-// advances the generation (the next launch of the stream reads it).
-__device__ inline void fused_finish_cta(const FusedTail& t, uint32_t gen) {
-  uint32_t* control = t.control[t.rank];
-  __threadfence();
-  const uint32_t ctas = gridDim.x * gridDim.y * gridDim.z;
-  if (atomicAdd(control + 1, 1u) == ctas - 1u) {
-    *reinterpret_cast<volatile uint32_t*>(control + 1) = 0u;
-    __threadfence();
-    *reinterpret_cast<volatile uint32_t*>(control) = gen;
-  }
+// Threads 0..threads-1 of a CTA, after all of them finished the launch: the CTA's generation
+// word advances to `gen`, and CTA 0 advances the words of the slots this grid leaves unused (see
+// fused_allreduce.hpp). Plain stores: the next launch on the stream reads them after this one
+// has ended.
+__device__ inline void fused_finish_cta(const FusedTail& t, uint32_t gen, int tid, int threads) {
+  uint32_t* words = t.control[t.rank];
+  const uint32_t cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  if (tid == 0) words[cta] = gen;
+  if (cta == 0)
+    for (uint32_t i = gridDim.x * gridDim.y * gridDim.z + tid; i < uint32_t(kFusedMaxCtas);
+         i += threads)
+      words[i] = gen;
 }
 
-// One thread, at entry: this launch's generation (the control word + 1).
+// One thread, at entry: this CTA's generation of this launch (its word + 1).
 __device__ __forceinline__ uint32_t fused_launch_generation(const FusedTail& t) {
-  return *reinterpret_cast<volatile uint32_t*>(t.control[t.rank]) + 1u;
+  const uint32_t cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  return *reinterpret_cast<volatile uint32_t*>(t.control[t.rank] + cta) + 1u;
+}
+
+// One thread: flag `idx` of this rank's section set to `gen` on every rank (after the partial
+// stores it publishes, which a CTA barrier ordered before this).
+__device__ __forceinline__ void release_tile(const FusedTail& t, int idx, uint32_t gen) {
+  fence_acq_rel_sys();
+  for (int q = 0; q < t.tp; ++q) st_relaxed_sys(fused_flag(t, q, t.rank, idx), gen);
 }
 
 // Host: the tail's parameters of launch `f`, tiles of `tile_n` columns by `token_tile` tokens,
