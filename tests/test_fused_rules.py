@@ -36,14 +36,14 @@ def test_decode_kernel_runs_up_to_its_token_limit_and_cutlass_above():
     ]
 
 
-def test_token_tile_is_the_decode_block_up_to_64_tokens_and_wide_above():
+def test_token_tile_is_the_decode_block_up_to_64_tokens_and_128_above():
     assert [_core.fused_token_tile(m) for m in (1, 64, 65, 129, 256, 4096)] == [
         64,
         64,
-        256,
-        256,
-        256,
-        256,
+        128,
+        128,
+        128,
+        128,
     ]
 
 
@@ -66,7 +66,8 @@ def test_decode_token_width_pads_a_block_to_16_32_or_64():
         (8, 1024, 192, 132, 3),  # k = 3 steps of 64: at most 3 splits
         (8, 1024, 200, 132, 4),  # k = 200: 4 steps, the last one partial
         # CUTLASS kernel (m > 64): up to 4 splits of whole 64-element k-blocks
-        (256, 8192, 4096, 132, 2),
+        (128, 8192, 4096, 132, 2),  # 64 tiles of 128 tokens x 128 columns x 2 = 128 CTAs
+        (256, 8192, 4096, 132, 1),  # 2 token tiles x 64: 128 tiles, no split
         (200, 8192, 4096, 100, 1),
         (300, 1024, 192, 132, 3),
     ],

@@ -1,6 +1,6 @@
 // Dtype and kernel dispatch and the boundary checks of the fused GEMM + all-reduce
 // (kernel/fused_allreduce.hpp). The instantiations live in fused_decode_<dtype>.cu (the decode
-// kernel) and fused_<dtype>_t256.cu (the CUTLASS kernel).
+// kernel) and fused_<dtype>_t128.cu (the CUTLASS kernel).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -17,9 +17,9 @@ namespace detail {
   void fused_launch_##SUFFIX(const FusedAllReduceDesc& f, int device, cudaStream_t s); \
   int fused_resident_##SUFFIX(int64_t m, int device);
 DISTGEMM_DECLARE_FUSED_ENTRY_POINTS(decode_bf16)
-DISTGEMM_DECLARE_FUSED_ENTRY_POINTS(bf16_t256)
+DISTGEMM_DECLARE_FUSED_ENTRY_POINTS(bf16_t128)
 DISTGEMM_DECLARE_FUSED_ENTRY_POINTS(decode_fp16)
-DISTGEMM_DECLARE_FUSED_ENTRY_POINTS(fp16_t256)
+DISTGEMM_DECLARE_FUSED_ENTRY_POINTS(fp16_t128)
 #undef DISTGEMM_DECLARE_FUSED_ENTRY_POINTS
 
 struct FusedKernels {
@@ -33,12 +33,12 @@ FusedKernels fused_kernels(DType dtype, int64_t m) {
   if (dtype == DType::BF16)
     return decode ? FusedKernels{fused_can_implement_decode_bf16, fused_launch_decode_bf16,
                                  fused_resident_decode_bf16}
-                  : FusedKernels{fused_can_implement_bf16_t256, fused_launch_bf16_t256,
-                                 fused_resident_bf16_t256};
+                  : FusedKernels{fused_can_implement_bf16_t128, fused_launch_bf16_t128,
+                                 fused_resident_bf16_t128};
   return decode ? FusedKernels{fused_can_implement_decode_fp16, fused_launch_decode_fp16,
                                fused_resident_decode_fp16}
-                : FusedKernels{fused_can_implement_fp16_t256, fused_launch_fp16_t256,
-                               fused_resident_fp16_t256};
+                : FusedKernels{fused_can_implement_fp16_t128, fused_launch_fp16_t128,
+                               fused_resident_fp16_t128};
 }
 }  // namespace detail
 

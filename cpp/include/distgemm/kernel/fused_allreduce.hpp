@@ -5,14 +5,14 @@
 // into a caller's CUDA graph as one kernel node. No CUTLASS in this header; the choices below are
 // pure and host-only, so the bindings and the CPU tests use them without a GPU.
 //
-// Two kernels compute the partial product, both swapped (D^T = W X^T: the weight's N rows on
-// the wide side of a tile, the few tokens on its narrow side):
-//  - decode (up to kFusedDecodeMaxTokens tokens, fused_decode_sm90.cuh): 64-row tiles, one CTA
-//    per SM whose producer warp streams the weight through a deep shared-memory ring with bulk
-//    copies and whose consumer warps run warp-level MMAs; K is split over CTAs only where the
-//    tiles alone leave SMs idle (fused_splits);
+// Two kernels compute the partial product:
+//  - decode (up to kFusedDecodeMaxTokens tokens, fused_decode_sm90.cuh): swapped (D^T = W X^T:
+//    the weight's rows on the MMA's wide side, the few tokens on its narrow side), 64-column
+//    tiles, one CTA per SM whose producer warp streams the weight through a deep shared-memory
+//    ring with TMA and whose consumer warps run warp-level MMAs; K is split over CTAs only where
+//    the tiles alone leave SMs idle (fused_splits);
 //  - cutlass (more tokens, fused_allreduce_sm90.cuh): CUTLASS's SM90 cooperative GEMM with
-//    128-row, 256-token tiles, K split in its batch mode.
+//    128-token x 128-column tiles (not swapped), K split in its batch mode.
 // Either way every split's partial lands in its rank's partial buffer and is read by every rank;
 // every rank runs the same tiles, and a tile's output is summed over every rank and split in a
 // fixed order by the rank's CTAs of that tile, each CTA one slice of the rows.
@@ -34,11 +34,11 @@
 
 namespace distgemm::kernel {
 
-// Output tile of the swapped GEMM: fused_tile_n(m) columns of N by fused_token_tile(m) tokens.
+// Output tile: fused_tile_n(m) columns of N by fused_token_tile(m) tokens.
 inline constexpr int kFusedTileN = 128;           // the CUTLASS kernel's
 inline constexpr int kFusedDecodeTileN = 64;      // the decode kernel's: a tile per SM on 70B/405B
 inline constexpr int kFusedTokenTileSmall = 64;   // the decode kernel's token block
-inline constexpr int kFusedTokenTileLarge = 256;  // the CUTLASS kernel's token tile
+inline constexpr int kFusedTokenTileLarge = 128;  // the CUTLASS kernel's token tile
 // path="auto" runs gemm_all_reduce fused up to this many tokens. 0: never, until the decode
 // kernel is measured against torch.mm + one-shot all-reduce on two GPUs (the CUTLASS kernel's
 // GEMM alone takes 1.2-2.3x torch.mm's time at 1..256 tokens on an H200,

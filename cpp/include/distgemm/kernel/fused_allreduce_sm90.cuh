@@ -2,11 +2,14 @@
 // kernel's token limit). Included only by the translation units in cpp/src/runtime/ that
 // instantiate it (one per dtype and token tile); its tail is fused_tail.cuh.
 //
-// Kernel: CUTLASS's SM90 TMA warp-specialized cooperative GEMM, swapped (D^T = W X^T: the
-// weight [n, k] is CUTLASS's A, the tokens [m, k] its B, the partial [m, n] row-major its
-// column-major D), tile 128 x TokenTile x 64, no cluster (a cluster pairs tiles along a side
-// that decode shapes do not have), plain epilogue D = alpha * acc (no C). K is split into
-// `splits` batches (batch strides of k/splits elements), each writing its own partial.
+// Kernel: CUTLASS's SM90 TMA warp-specialized cooperative GEMM, partial [m, n] = alpha x tokens
+// [m, k] @ weight [n, k]^T, tile TokenTile (tokens) x kFusedTileN (columns) x 64, no cluster
+// (at 65..256 tokens a cluster pairs token tiles that are not there, and its padding runs
+// through the mainloop), plain epilogue D = alpha * acc (no C). K is split into `splits` batches
+// (batch strides of k/splits elements), each writing its own partial. This orientation and tile
+// are the fastest of distgemm's CUTLASS GEMMs at these token counts (128x128, cluster 1x1: 27-33
+// us on 70B O at 128-256 tokens, torch.mm 21-31), where the swapped 128 x 256-token tile took
+// 60-63 us (benchmarks/results/2026-11-24-decode-fixed-cost.md).
 //
 // After the GEMM the two consumer warpgroups of each CTA (the producer warpgroup has given its
 // registers back and leaves):
@@ -17,7 +20,7 @@
 //      all splits of that (n block, token block) reached the generation, then sum slice s of its
 //      rows over ranks and splits in a fixed order (rank 0.., split 0..: the same bits on every
 //      rank), add beta * c and bias in fp32, and store to out;
-//   4. the last CTA to finish advances the generation (the next launch of the stream reads it).
+//   4. each CTA advances its generation word (fused_tail.cuh's fused_finish_cta).
 // Every wait is bounded; a timeout sets the abort word and the error record, and the CTA skips
 // the rest of its work.
 #pragma once
@@ -44,12 +47,12 @@ using namespace cute;
 
 template <class Element, int TokenTile>
 struct FusedConfig {
-  using TileShape = Shape<Int<kFusedTileN>, Int<TokenTile>, _64>;
+  using TileShape = Shape<Int<TokenTile>, Int<kFusedTileN>, _64>;
   using ClusterShape = Shape<_1, _1, _1>;
   static constexpr int kAlign = 128 / cutlass::sizeof_bits<Element>::value;
-  using LayoutA = cutlass::layout::RowMajor;     // the weight [n, k]
-  using LayoutB = cutlass::layout::ColumnMajor;  // the tokens [m, k], K contiguous
-  using LayoutD = cutlass::layout::ColumnMajor;  // D^T [n, m] column-major = partial [m, n]
+  using LayoutA = cutlass::layout::RowMajor;     // the tokens [m, k], K contiguous
+  using LayoutB = cutlass::layout::ColumnMajor;  // the weight [n, k], K contiguous
+  using LayoutD = cutlass::layout::RowMajor;     // the partial [m, n]
   using Fusion = cutlass::epilogue::fusion::LinearCombination<Element, float, void, float>;
 
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
@@ -107,8 +110,9 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock,
 
   using Scheduler = typename GemmKernel::TileScheduler;
   using Cluster = Shape<_1, _1, _1>;  // FusedConfig::ClusterShape
+  // A work tile's (n block, token block): CUTLASS's N and M indices.
   auto in_problem = [&](const auto& w) {
-    return int(w.M_idx) < t.n_blocks && int(w.N_idx) < t.token_blocks && int(w.L_idx) < t.splits;
+    return int(w.N_idx) < t.n_blocks && int(w.M_idx) < t.token_blocks && int(w.L_idx) < t.splits;
   };
   if (tid == 0) {
     // Every tile of this CTA is stored: one fence makes each flag store below a release of them.
@@ -117,7 +121,7 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock,
     auto w = sched.initial_work_tile_info(Cluster{});
     while (w.is_valid()) {
       if (in_problem(w)) {
-        const int idx = fused_tile_index(t, int(w.M_idx), int(w.N_idx), int(w.L_idx));
+        const int idx = fused_tile_index(t, int(w.N_idx), int(w.M_idx), int(w.L_idx));
         for (int q = 0; q < t.tp; ++q) st_relaxed_sys(fused_flag(t, q, t.rank, idx), gen);
       }
       auto next = sched.fetch_next_work(w);
@@ -129,12 +133,12 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock,
   auto w = sched.initial_work_tile_info(Cluster{});
   while (w.is_valid()) {
     if (in_problem(w)) {
-      if (tid == 0) *word = wait_tile(t, int(w.M_idx), int(w.N_idx), gen) ? 1u : 0u;
+      if (tid == 0) *word = wait_tile(t, int(w.N_idx), int(w.M_idx), gen) ? 1u : 0u;
       consumers_sync();
       const bool ok = *word != 0u;
       consumers_sync();  // every thread has read `word` before it is rewritten
       if (!ok) break;
-      reduce_slice<Element, TokenTile>(t, int(w.M_idx), int(w.N_idx), int(w.L_idx), parity, tid);
+      reduce_slice<Element, TokenTile>(t, int(w.N_idx), int(w.M_idx), int(w.L_idx), parity, tid);
     }
     auto next = sched.fetch_next_work(w);
     w = cute::get<0>(next);
@@ -160,20 +164,20 @@ struct FusedRunner {
     epi.thread.alpha = f.alpha;
     epi.thread.beta = 0.0f;
     epi.ptr_C = nullptr;
-    epi.dC = cute::make_stride(cute::Int<1>{}, f.n, f.m * f.n);
+    epi.dC = cute::make_stride(f.n, cute::Int<1>{}, f.m * f.n);
     epi.ptr_D = static_cast<E*>(partial);
-    epi.dD = cute::make_stride(cute::Int<1>{}, f.n, f.m * f.n);
+    epi.dD = cute::make_stride(f.n, cute::Int<1>{}, f.m * f.n);
     cutlass::KernelHardwareInfo hw;
     hw.sm_count = sm_count;
     typename Kernel::TileSchedulerArguments sched{};
     sched.max_swizzle_size = 1;
     // Token blocks of one weight slice side by side: they share the slice through L2.
-    sched.raster_order = cutlass::gemm::kernel::detail::RasterOrderOptions::AlongN;
+    sched.raster_order = cutlass::gemm::kernel::detail::RasterOrderOptions::AlongM;
     return Arguments{
         cutlass::gemm::GemmUniversalMode::kGemm,
-        {static_cast<int>(f.n), static_cast<int>(f.m), static_cast<int>(kpart), f.splits},
-        {static_cast<E const*>(f.w), cute::make_stride(f.ldw, cute::Int<1>{}, kpart),
-         static_cast<E const*>(f.a), cute::make_stride(f.lda, cute::Int<1>{}, kpart)},
+        {static_cast<int>(f.m), static_cast<int>(f.n), static_cast<int>(kpart), f.splits},
+        {static_cast<E const*>(f.a), cute::make_stride(f.lda, cute::Int<1>{}, kpart),
+         static_cast<E const*>(f.w), cute::make_stride(f.ldw, cute::Int<1>{}, kpart)},
         epi,
         hw,
         sched};
