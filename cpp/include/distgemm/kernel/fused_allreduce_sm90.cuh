@@ -71,6 +71,11 @@ struct FusedConfig {
       cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
 };
 
+// 16-byte loads in flight per thread in the tail's sum (reduce_slice). The tail runs under the
+// GEMM's register limit (168 at 384 threads): at 4 it spills nothing beyond the GEMM's own
+// ptxas spills, at 8 it spills ~200 bytes more. 256 threads x 4 x 16 bytes in flight per SM.
+inline constexpr int kTailLoads = 4;
+
 template <class GemmKernel>
 struct FusedParams {
   typename GemmKernel::Params gemm[2];  // writing parity 0 / parity 1 partial buffers
@@ -138,7 +143,8 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock,
       const bool ok = *word != 0u;
       consumers_sync();  // every thread has read `word` before it is rewritten
       if (!ok) break;
-      reduce_slice<Element, TokenTile>(t, int(w.N_idx), int(w.M_idx), int(w.L_idx), parity, tid);
+      reduce_slice<Element, TokenTile, kTailLoads>(t, int(w.N_idx), int(w.M_idx), int(w.L_idx),
+                                                   parity, tid);
     }
     auto next = sched.fetch_next_work(w);
     w = cute::get<0>(next);

@@ -112,75 +112,67 @@ struct FusedSlice {
 
 // Threads 0..kThreads-1 of the CTA: slice `s` of tile (nb, tb)'s rows x columns, summed over
 // every rank and source split in a fixed order (rank 0.., split 0..: the same bits on every
-// rank), + beta * c + bias, stored to out. A thread takes `per` vectors, so that its loads of
-// every source of them (up to kLoads, all in flight: peers' are NVLink reads) come first, then
-// the sums; `per` stays at 1 while the slice has fewer vectors than threads, because a lone
-// thread's serial index arithmetic costs microseconds at one token. Positions i = 0..kLoads-1 of
-// a round walk (vector u, source src) with src fastest, by increments (no division per load).
-template <class Element, int TokenTile, int kLoads = 16, int kThreads = 256,
-          int TileN = kFusedTileN>
+// rank), + beta * c + bias, stored to out. Consecutive threads take consecutive vectors (16-byte
+// pieces along a row). Each pass issues up to kLoads loads per thread before any sum (peers' are
+// NVLink reads): every source of `vecs` vectors kThreads apart, or, with more sources than
+// kLoads, one vector's sources in rounds of kLoads. Few registers on purpose: the CUTLASS
+// kernel's consumers run this with the GEMM's register limit, and an earlier form holding 16
+// loads and their walk state spilled, reloading each value from L2 in turn (26 us for a 128 x
+// 128 tile, benchmarks/results/2026-11-24-decode-fixed-cost.md).
+template <class Element, int TokenTile, int kLoads = 8, int kThreads = 256, int TileN = kFusedTileN>
 __device__ inline void reduce_slice(const FusedTail& t, int nb, int tb, int s, uint32_t parity,
                                     int tid) {
   const FusedSlice<TokenTile, TileN> sl(t, nb, tb, s);
   const int srcs = t.tp * t.src_splits;
-  const int per_max = srcs >= kLoads ? 1 : kLoads / srcs;
-  const int spread = (sl.end - sl.begin + kThreads - 1) / kThreads;
-  const int per = spread < 1 ? 1 : spread < per_max ? spread : per_max;
+  const int vecs = srcs >= kLoads ? 1 : kLoads / srcs;
   const int64_t parity_off = int64_t(parity) * t.parity_elems;
-  for (int base = sl.begin + tid * per; base < sl.end; base += kThreads * per) {
+  // Source g (rank g / src_splits, split g % src_splits): its partial buffer of this parity.
+  auto source = [&](int g) {
+    const int q = g / t.src_splits;
+    return static_cast<const Element*>(t.partial[q]) + parity_off +
+           int64_t(g - q * t.src_splits) * t.split_elems;
+  };
+  for (int v0 = sl.begin + tid; v0 < sl.end; v0 += kThreads * vecs) {
     float acc[8];
     for (int g0 = 0; g0 < srcs; g0 += kLoads) {
+      const int ns = srcs - g0 < kLoads ? srcs - g0 : kLoads;  // sources of this round
       uint4 x[kLoads];
-      {
-        int u = 0, src = g0, q = g0 / t.src_splits, sp = g0 - q * t.src_splits;
-        int64_t voff = sl.offset(base, t.n);
-#pragma unroll
-        for (int i = 0; i < kLoads; ++i) {
-          if (u < per && base + u < sl.end)
-            x[i] = ld_partial_v4(static_cast<const Element*>(t.partial[q]) + parity_off +
-                                 sp * t.split_elems + voff);
-          if (++sp == t.src_splits) sp = 0, ++q;
-          if (++src == srcs) {
-            src = q = sp = 0;
-            voff = sl.offset(base + ++u, t.n);
-          }
-        }
-      }
-      int u = 0, src = g0;
 #pragma unroll
       for (int i = 0; i < kLoads; ++i) {
-        const int v = base + u;
-        if (u < per && v < sl.end) {
-          if (src == 0) {
+        const int j = i / ns, v = v0 + j * kThreads;
+        if (j < vecs && v < sl.end) x[i] = ld_partial_v4(source(g0 + i % ns) + sl.offset(v, t.n));
+      }
 #pragma unroll
-            for (int e = 0; e < 8; ++e) acc[e] = 0.f;
-          }
-          const Element* xe = reinterpret_cast<const Element*>(&x[i]);
+      for (int i = 0; i < kLoads; ++i) {
+        const int j = i / ns, g = g0 + i % ns, v = v0 + j * kThreads;
+        if (j >= vecs || v >= sl.end) continue;
+        if (g == 0) {
 #pragma unroll
-          for (int e = 0; e < 8; ++e) acc[e] += float(xe[e]);
-          if (src == srcs - 1) {
-            if (t.c) {
-              const uint4 cv = *reinterpret_cast<const uint4*>(static_cast<const Element*>(t.c) +
-                                                               sl.offset(v, t.ldc));
-              const Element* ce = reinterpret_cast<const Element*>(&cv);
-#pragma unroll
-              for (int e = 0; e < 8; ++e) acc[e] += t.beta * float(ce[e]);
-            }
-            if (t.bias) {
-              const uint4 bv = *reinterpret_cast<const uint4*>(static_cast<const Element*>(t.bias) +
-                                                               sl.col0 + sl.col(v));
-              const Element* be = reinterpret_cast<const Element*>(&bv);
-#pragma unroll
-              for (int e = 0; e < 8; ++e) acc[e] += float(be[e]);
-            }
-            uint4 ov;
-            Element* oe = reinterpret_cast<Element*>(&ov);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) oe[e] = Element(acc[e]);
-            *reinterpret_cast<uint4*>(static_cast<Element*>(t.out) + sl.offset(v, t.ldo)) = ov;
-          }
+          for (int e = 0; e < 8; ++e) acc[e] = 0.f;
         }
-        if (++src == srcs) src = 0, ++u;
+        const Element* xe = reinterpret_cast<const Element*>(&x[i]);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] += float(xe[e]);
+        if (g != srcs - 1) continue;
+        if (t.c) {
+          const uint4 cv = *reinterpret_cast<const uint4*>(static_cast<const Element*>(t.c) +
+                                                           sl.offset(v, t.ldc));
+          const Element* ce = reinterpret_cast<const Element*>(&cv);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[e] += t.beta * float(ce[e]);
+        }
+        if (t.bias) {
+          const uint4 bv = *reinterpret_cast<const uint4*>(static_cast<const Element*>(t.bias) +
+                                                           sl.col0 + sl.col(v));
+          const Element* be = reinterpret_cast<const Element*>(&bv);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[e] += float(be[e]);
+        }
+        uint4 ov;
+        Element* oe = reinterpret_cast<Element*>(&ov);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) oe[e] = Element(acc[e]);
+        *reinterpret_cast<uint4*>(static_cast<Element*>(t.out) + sl.offset(v, t.ldo)) = ov;
       }
     }
   }
