@@ -25,8 +25,8 @@ def _spec(tokens, n=8192, k_local=4096, tp=2, transposed=False):
 
 def test_decode_kernel_runs_up_to_its_token_limit_and_cutlass_above():
     limit = _core.FUSED_DECODE_MAX_TOKENS
-    assert limit == 64
-    assert [_core.fused_kernel(m) for m in (1, 7, 64, limit, limit + 1, 4096)] == [
+    assert limit == 32
+    assert [_core.fused_kernel(m) for m in (1, 7, 32, limit, limit + 1, 4096)] == [
         "decode",
         "decode",
         "decode",
@@ -36,10 +36,10 @@ def test_decode_kernel_runs_up_to_its_token_limit_and_cutlass_above():
     ]
 
 
-def test_token_tile_is_the_decode_block_up_to_64_tokens_and_128_above():
-    assert [_core.fused_token_tile(m) for m in (1, 64, 65, 129, 256, 4096)] == [
-        64,
-        64,
+def test_token_tile_is_the_decode_block_up_to_32_tokens_and_128_above():
+    assert [_core.fused_token_tile(m) for m in (1, 32, 33, 129, 256, 4096)] == [
+        32,
+        32,
         128,
         128,
         128,
@@ -47,25 +47,25 @@ def test_token_tile_is_the_decode_block_up_to_64_tokens_and_128_above():
     ]
 
 
-def test_decode_token_width_pads_a_block_to_16_32_or_64():
-    got = [_core.fused_decode_token_width(m) for m in (1, 3, 8, 9, 16, 17, 32, 33, 64, 65, 128)]
-    assert got == [16, 16, 16, 16, 16, 32, 32, 64, 64, 64, 64]
+def test_decode_token_width_pads_a_block_to_16_or_32():
+    got = [_core.fused_decode_token_width(m) for m in (1, 3, 8, 9, 16, 17, 32)]
+    assert got == [16, 16, 16, 16, 16, 32, 32]
 
 
 @pytest.mark.parametrize(
     "m,n,k,resident,splits",
     [
-        # decode kernel (m <= 64, 64-column tiles, one CTA an SM): splits only where the tiles
+        # decode kernel (m <= 32, 64-column tiles, one CTA an SM): splits only where the tiles
         # leave SMs idle, up to 8, each at least one K step of 64
         (8, 8192, 4096, 132, 1),  # 70B O: 128 tiles, no split
         (1, 4096, 2048, 132, 2),  # 8B O: 64 tiles x 2 = 128 CTAs
         (8, 8192, 14336, 264, 2),  # twice the resident CTAs: 2 splits
         (8, 16384, 8192, 132, 1),  # 405B O: 256 tiles in rounds, no split
-        (64, 4096, 4096, 132, 2),  # one full token block
+        (32, 4096, 4096, 132, 2),  # one full token block
         (8, 1024, 4096, 132, 8),  # 16 tiles: the most splits there are
         (8, 1024, 192, 132, 3),  # k = 3 steps of 64: at most 3 splits
         (8, 1024, 200, 132, 4),  # k = 200: 4 steps, the last one partial
-        # CUTLASS kernel (m > 64): up to 4 splits of whole 64-element k-blocks
+        # CUTLASS kernel (m > 32): up to 4 splits of whole 64-element k-blocks
         (128, 8192, 4096, 132, 2),  # 64 tiles of 128 tokens x 128 columns x 2 = 128 CTAs
         (256, 8192, 4096, 132, 1),  # 2 token tiles x 64: 128 tiles, no split
         (200, 8192, 4096, 100, 1),

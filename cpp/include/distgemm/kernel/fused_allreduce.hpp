@@ -37,7 +37,7 @@ namespace distgemm::kernel {
 // Output tile: fused_tile_n(m) columns of N by fused_token_tile(m) tokens.
 inline constexpr int kFusedTileN = 128;           // the CUTLASS kernel's
 inline constexpr int kFusedDecodeTileN = 64;      // the decode kernel's: a tile per SM on 70B/405B
-inline constexpr int kFusedTokenTileSmall = 64;   // the decode kernel's token block
+inline constexpr int kFusedTokenTileSmall = 32;   // the decode kernel's token block
 inline constexpr int kFusedTokenTileLarge = 128;  // the CUTLASS kernel's token tile
 // path="auto" runs gemm_all_reduce fused up to this many tokens. 0: never, until the decode
 // kernel is measured against torch.mm + one-shot all-reduce on two GPUs (the CUTLASS kernel's
@@ -46,11 +46,11 @@ inline constexpr int kFusedTokenTileLarge = 128;  // the CUTLASS kernel's token 
 // it (path="fused").
 inline constexpr int64_t kFusedMaxAutoTokens = 0;
 // The decode kernel runs up to this many tokens (one block of kFusedTokenTileSmall), the CUTLASS
-// kernel above. Measured on one H200 at TP=1 (benchmarks/results/2026-11-24-decode-tma.md): at
-// 64 tokens the decode kernel takes 37.1 us on 70B O against the CUTLASS kernel's 60.5-63.7 us at
-// 128..256 tokens (its one 256-token tile costs the same at 65..256 tokens); a second decode
-// block would stream the whole weight again.
-inline constexpr int64_t kFusedDecodeMaxTokens = 64;
+// kernel above. Measured on one H200 at TP=1 (benchmarks/results/2026-11-24-decode-fixed-cost.md):
+// at 33..64 tokens the decode kernel would run its 64-wide instantiation (70B O 31.4 us, 70B FC2
+// 93.6, 405B O 111.5, 405B FC2 341.7 at 64 tokens), the CUTLASS kernel its one 128-token tile
+// (33.5, 79.0, 96.5, 281.7 us at 65 tokens): CUTLASS is faster on three of the four layers.
+inline constexpr int64_t kFusedDecodeMaxTokens = 32;
 // The decode kernel's K step: each of a row's 4 threads takes 16 consecutive elements (two
 // 16-byte loads), so one step covers 64 elements, a 128-byte line of each of its weight rows.
 inline constexpr int kFusedDecodeKStep = 64;
@@ -85,13 +85,10 @@ inline int fused_token_tile(int64_t m) {
   return fused_kernel(m) == FusedKernel::Decode ? kFusedTokenTileSmall : kFusedTokenTileLarge;
 }
 
-// The decode kernel's padded tokens per block: 16, 32 or 64 (one n8 MMA fragment per 8), the
+// The decode kernel's padded tokens per block: 16 or 32 (one n8 MMA fragment per 8), the
 // compile-time width its instantiations are chosen by. 1..8 tokens run at width 16: the kernel
 // streams the weight either way, and that instantiation fits its registers without spills.
-inline int fused_decode_token_width(int64_t m) {
-  const int64_t t = m < kFusedTokenTileSmall ? m : kFusedTokenTileSmall;
-  return t <= 16 ? 16 : t <= 32 ? 32 : 64;
-}
+inline int fused_decode_token_width(int64_t m) { return m <= 16 ? 16 : kFusedTokenTileSmall; }
 
 // Columns of N per output tile: the decode kernel's, or the CUTLASS kernel's.
 inline int fused_tile_n(int64_t m) {

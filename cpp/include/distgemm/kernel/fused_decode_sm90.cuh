@@ -2,7 +2,7 @@
 // kFusedDecodeMaxTokens tokens). Included only by the translation units in cpp/src/runtime/ that
 // instantiate it (one per dtype, every token width in it).
 //
-// Why not CUTLASS here: at 1..64 tokens the GEMM only streams the weight (each element is used by
+// Why not CUTLASS here: at 1..32 tokens the GEMM only streams the weight (each element is used by
 // a few tokens), so what counts is bytes in flight per SM and a short fixed cost, not
 // tensor-core throughput.
 //
@@ -79,7 +79,8 @@ inline constexpr int kStages =
     kSmemBudget / kStageBytes<Width> < kMaxStages ? kSmemBudget / kStageBytes<Width> : kMaxStages;
 template <int Width>
 inline constexpr int kSmemBytes = kStages<Width> * kStageBytes<Width> + kSmemAlign;
-static_assert(kStages<64> >= 2, "at least double buffering at the widest token block");
+static_assert(kStages<kFusedTokenTileSmall> >= 2,
+              "at least double buffering at the widest token block");
 static_assert(kTokenBoxBytes<16> % kSmemAlign == 0, "every box on a 1024-byte boundary");
 
 // The operands' tensor maps (kernel parameters, aligned as CUtensorMap requires).
@@ -476,10 +477,8 @@ decltype(auto) with_decode_width(int64_t m, Fn&& fn) {
   switch (fused_decode_token_width(m)) {
     case 16:
       return fn(DecodeRunner<Element, 16>{});
-    case 32:
-      return fn(DecodeRunner<Element, 32>{});
     default:
-      return fn(DecodeRunner<Element, 64>{});
+      return fn(DecodeRunner<Element, kFusedTokenTileSmall>{});
   }
 }
 
