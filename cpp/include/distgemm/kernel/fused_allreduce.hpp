@@ -39,11 +39,11 @@ inline constexpr int kFusedTileN = 128;           // the CUTLASS kernel's
 inline constexpr int kFusedDecodeTileN = 64;      // the decode kernel's: a tile per SM on 70B/405B
 inline constexpr int kFusedTokenTileSmall = 32;   // the decode kernel's token block
 inline constexpr int kFusedTokenTileLarge = 128;  // the CUTLASS kernel's token tile
-// path="auto" runs gemm_all_reduce fused up to this many tokens. 0: never, until the decode
-// kernel is measured against torch.mm + one-shot all-reduce on two GPUs (the CUTLASS kernel's
-// GEMM alone takes 1.2-2.3x torch.mm's time at 1..256 tokens on an H200,
-// benchmarks/results/2026-11-23-fused-decode.md); the fused path runs where a caller asks for
-// it (path="fused").
+// path="auto" runs gemm_all_reduce fused up to this many tokens. 0: never, until the fused
+// kernels are measured against torch.mm + one-shot all-reduce on two GPUs (at TP=1 they take
+// 1.07-1.75x torch.mm's time at 1..256 tokens on an H200,
+// benchmarks/results/2026-11-24-decode-fixed-cost.md); the fused path runs where a caller asks
+// for it (path="fused").
 inline constexpr int64_t kFusedMaxAutoTokens = 0;
 // The decode kernel runs up to this many tokens (one block of kFusedTokenTileSmall), the CUTLASS
 // kernel above. Measured on one H200 at TP=1 (benchmarks/results/2026-11-24-decode-fixed-cost.md):
