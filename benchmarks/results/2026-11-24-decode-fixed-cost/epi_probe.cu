@@ -2,9 +2,11 @@
 // in the epilogue or the schedule, to see what the gap to cuBLAS on full-grid 70B shapes is made
 // of. Compiled once per VARIANT; each object exports dg_probe_<VARIANT>_{prepare,launch}.
 #include <cuda_runtime.h>
+
 #include <cstdint>
 #include <map>
 #include <tuple>
+
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
@@ -21,24 +23,34 @@ using LB = cutlass::layout::ColumnMajor;
 using LD = cutlass::layout::RowMajor;
 
 #if VARIANT == 0  // 128x256 cooperative, TMA epilogue, no C
-using PTile = Shape<_128, _256, _64>; using Cl = Shape<_2, _1, _1>;
-using EC = void; using ESched = cutlass::epilogue::TmaWarpSpecializedCooperative;
+using PTile = Shape<_128, _256, _64>;
+using Cl = Shape<_2, _1, _1>;
+using EC = void;
+using ESched = cutlass::epilogue::TmaWarpSpecializedCooperative;
 using KSched = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
 #elif VARIANT == 1  // 128x256 cooperative, TMA epilogue with a C (beta = 0: not loaded)
-using PTile = Shape<_128, _256, _64>; using Cl = Shape<_2, _1, _1>;
-using EC = PE; using ESched = cutlass::epilogue::TmaWarpSpecializedCooperative;
+using PTile = Shape<_128, _256, _64>;
+using Cl = Shape<_2, _1, _1>;
+using EC = PE;
+using ESched = cutlass::epilogue::TmaWarpSpecializedCooperative;
 using KSched = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
 #elif VARIANT == 2  // 128x256 cooperative, epilogue without shared memory
-using PTile = Shape<_128, _256, _64>; using Cl = Shape<_2, _1, _1>;
-using EC = void; using ESched = cutlass::epilogue::NoSmemWarpSpecialized;
+using PTile = Shape<_128, _256, _64>;
+using Cl = Shape<_2, _1, _1>;
+using EC = void;
+using ESched = cutlass::epilogue::NoSmemWarpSpecialized;
 using KSched = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
 #elif VARIANT == 3  // 128x128 ping-pong (one warpgroup's epilogue under the other's MMAs)
-using PTile = Shape<_128, _128, _64>; using Cl = Shape<_2, _1, _1>;
-using EC = void; using ESched = cutlass::epilogue::TmaWarpSpecialized;
+using PTile = Shape<_128, _128, _64>;
+using Cl = Shape<_2, _1, _1>;
+using EC = void;
+using ESched = cutlass::epilogue::TmaWarpSpecialized;
 using KSched = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
 #elif VARIANT == 4  // 128x256 cooperative, cluster 1x2 (A multicast instead of B)
-using PTile = Shape<_128, _256, _64>; using Cl = Shape<_1, _2, _1>;
-using EC = void; using ESched = cutlass::epilogue::TmaWarpSpecializedCooperative;
+using PTile = Shape<_128, _256, _64>;
+using Cl = Shape<_1, _2, _1>;
+using EC = void;
+using ESched = cutlass::epilogue::TmaWarpSpecializedCooperative;
 using KSched = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
 #endif
 
@@ -48,8 +60,8 @@ using Epi = typename cutlass::epilogue::collective::CollectiveBuilder<
     cutlass::epilogue::collective::EpilogueTileAuto, float, float, EC, LD, kAlign, PE, LD, kAlign,
     ESched>::CollectiveOp;
 using Main = typename cutlass::gemm::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, PE, LA, kAlign, PE, LB, kAlign, float, PTile,
-    Cl,
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, PE, LA, kAlign, PE, LB, kAlign, float,
+    PTile, Cl,
     cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
         sizeof(typename Epi::SharedStorage))>,
     KSched>::CollectiveOp;
@@ -67,8 +79,10 @@ extern "C" int FN(stages)() { return Main::DispatchPolicy::Stages; }
 extern "C" int FN(prepare)(void* a, void* b, void* d, int m, int n, int k) {
   auto key = std::make_tuple(a, b, d, m, n, k);
   if (g_cache.count(key)) return 0;
-  using SA = typename Kernel::StrideA; using SB = typename Kernel::StrideB;
-  using SC = typename Kernel::StrideC; using SD = typename Kernel::StrideD;
+  using SA = typename Kernel::StrideA;
+  using SB = typename Kernel::StrideB;
+  using SC = typename Kernel::StrideC;
+  using SD = typename Kernel::StrideD;
   SA sa = cutlass::make_cute_packed_stride(SA{}, make_shape(m, k, 1));
   SB sb = cutlass::make_cute_packed_stride(SB{}, make_shape(n, k, 1));
   SC sc = cutlass::make_cute_packed_stride(SC{}, make_shape(m, n, 1));

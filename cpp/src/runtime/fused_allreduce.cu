@@ -87,15 +87,7 @@ int fused_allreduce_resident_ctas(DType dtype, int64_t m, int device) {
 void fused_allreduce_launch(const FusedAllReduceDesc& f, int device, cudaStream_t stream) {
   const std::string why = fused_allreduce_can_implement(f);
   if (!why.empty()) throw std::invalid_argument("fused GEMM + all-reduce rejected: " + why);
-  const detail::FusedKernels kernels = detail::fused_kernels(f.dtype, f.m);
-  // A launch's grid is at most the CTAs resident at once; each needs a generation word.
-  const int resident = kernels.resident(f.m, device);
-  if (resident > kFusedMaxCtas)
-    throw std::runtime_error("fused GEMM + all-reduce: " + std::to_string(resident) +
-                             " CTAs resident at once on device " + std::to_string(device) +
-                             ", more than the " + std::to_string(kFusedMaxCtas) +
-                             " generation words of the fused control region");
-  kernels.launch(f, device, stream);
+  detail::fused_kernels(f.dtype, f.m).launch(f, device, stream);
 }
 
 }  // namespace distgemm::kernel

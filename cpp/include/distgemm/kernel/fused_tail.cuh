@@ -16,6 +16,7 @@
 #include <map>
 #include <mutex>
 #include <stdexcept>
+#include <string>
 #include <utility>
 
 #include "distgemm/device/check.hpp"
@@ -182,9 +183,13 @@ __device__ inline void reduce_slice(const FusedTail& t, int nb, int tb, int s, u
 // word advances to `gen`, and CTA 0 advances the words of the slots this grid leaves unused (see
 // fused_allreduce.hpp). Plain stores: the next launch on the stream reads them after this one
 // has ended.
+__device__ __forceinline__ uint32_t fused_cta_slot() {
+  return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+}
+
 __device__ inline void fused_finish_cta(const FusedTail& t, uint32_t gen, int tid, int threads) {
   uint32_t* words = t.control[t.rank];
-  const uint32_t cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  const uint32_t cta = fused_cta_slot();
   if (tid == 0) words[cta] = gen;
   if (cta == 0)
     for (uint32_t i = gridDim.x * gridDim.y * gridDim.z + tid; i < uint32_t(kFusedMaxCtas);
@@ -194,8 +199,7 @@ __device__ inline void fused_finish_cta(const FusedTail& t, uint32_t gen, int ti
 
 // One thread, at entry: this CTA's generation of this launch (its word + 1).
 __device__ __forceinline__ uint32_t fused_launch_generation(const FusedTail& t) {
-  const uint32_t cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  return *reinterpret_cast<volatile uint32_t*>(t.control[t.rank] + cta) + 1u;
+  return *reinterpret_cast<volatile uint32_t*>(t.control[t.rank] + fused_cta_slot()) + 1u;
 }
 
 // One thread: flag `idx` of this rank's section set to `gen` on every rank (after the partial
@@ -238,7 +242,8 @@ inline FusedTail make_fused_tail(const FusedAllReduceDesc& f, int token_tile, in
 
 // Host, once per (kernel, device): the device's SM count and the CTAs of kernel `fn` resident at
 // once on it with `threads` threads and `smem` bytes of dynamic shared memory (set as the
-// kernel's limit first).
+// kernel's limit first). A launch's grid is at most the resident CTAs, and each CTA needs a
+// generation word: more than kFusedMaxCtas resident is refused here, once.
 inline std::pair<int, int> fused_occupancy(const void* fn, int threads, int smem, int device) {
   static std::mutex mu;
   static std::map<std::pair<const void*, int>, std::pair<int, int>> known;
@@ -256,6 +261,11 @@ inline std::pair<int, int> fused_occupancy(const void* fn, int threads, int smem
   DISTGEMM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, smem));
   DISTGEMM_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
   DISTGEMM_CUDA_CHECK(cudaSetDevice(current));
+  if (per_sm * count > kFusedMaxCtas)
+    throw std::runtime_error("fused GEMM + all-reduce: " + std::to_string(per_sm * count) +
+                             " CTAs resident at once on device " + std::to_string(device) +
+                             ", more than the " + std::to_string(kFusedMaxCtas) +
+                             " generation words of the fused control region");
   return known[key] = {count, per_sm * count};
 }
 
