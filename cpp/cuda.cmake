@@ -27,8 +27,10 @@ add_library(distgemm_runtime SHARED
   cpp/src/runtime/gemm_e4m3_n192.cu
   cpp/src/runtime/gemm_e4m3_n256_fa.cu
   cpp/src/runtime/fused_decode_bf16.cu
+  cpp/src/runtime/fused_bf16_t64.cu
   cpp/src/runtime/fused_bf16_t128.cu
   cpp/src/runtime/fused_decode_fp16.cu
+  cpp/src/runtime/fused_fp16_t64.cu
   cpp/src/runtime/fused_fp16_t128.cu
   cpp/src/runtime/fused_allreduce.cu
   cpp/src/runtime/kernels.cu

@@ -36,10 +36,12 @@ def test_decode_kernel_runs_up_to_its_token_limit_and_cutlass_above():
     ]
 
 
-def test_token_tile_is_the_decode_block_up_to_32_tokens_and_128_above():
-    assert [_core.fused_token_tile(m) for m in (1, 32, 33, 129, 256, 4096)] == [
+def test_token_tile_is_the_decode_block_up_to_32_tokens_then_64_then_128():
+    assert [_core.fused_token_tile(m) for m in (1, 32, 33, 64, 65, 129, 256, 4096)] == [
         32,
         32,
+        64,
+        64,
         128,
         128,
         128,
@@ -66,6 +68,7 @@ def test_decode_token_width_pads_a_block_to_16_or_32():
         (8, 1024, 192, 132, 3),  # k = 3 steps of 64: at most 3 splits
         (8, 1024, 200, 132, 4),  # k = 200: 4 steps, the last one partial
         # CUTLASS kernel (m > 32): up to 4 splits of whole 64-element k-blocks
+        (64, 8192, 4096, 132, 2),  # 64 tiles of 64 tokens x 128 columns x 2 = 128 CTAs
         (128, 8192, 4096, 132, 2),  # 64 tiles of 128 tokens x 128 columns x 2 = 128 CTAs
         (256, 8192, 4096, 132, 1),  # 2 token tiles x 64: 128 tiles, no split
         (200, 8192, 4096, 100, 1),

@@ -20,7 +20,7 @@ void register_fused_rules(py::module_& m) {
         "The fused kernel that runs m tokens: 'decode' (up to FUSED_DECODE_MAX_TOKENS) or "
         "'cutlass'.");
   m.def("fused_decode_token_width", &k::fused_decode_token_width, py::arg("m"),
-        "The decode kernel's padded tokens per block (16, 32 or 64) for m tokens.");
+        "The decode kernel's padded tokens per block (16 or 32) for m tokens.");
   m.def("fused_token_tile", &k::fused_token_tile, py::arg("m"),
         "Tokens per output tile of the fused kernel for m tokens.");
   m.def("fused_splits", &k::fused_splits, py::arg("m"), py::arg("n"), py::arg("k"),

@@ -1,6 +1,6 @@
 // Dtype and kernel dispatch and the boundary checks of the fused GEMM + all-reduce
 // (kernel/fused_allreduce.hpp). The instantiations live in fused_decode_<dtype>.cu (the decode
-// kernel) and fused_<dtype>_t128.cu (the CUTLASS kernel).
+// kernel) and fused_<dtype>_t<token tile>.cu (the CUTLASS kernel).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -17,8 +17,10 @@ namespace detail {
   void fused_launch_##SUFFIX(const FusedAllReduceDesc& f, int device, cudaStream_t s); \
   int fused_resident_##SUFFIX(int64_t m, int device);
 DISTGEMM_DECLARE_FUSED_ENTRY_POINTS(decode_bf16)
+DISTGEMM_DECLARE_FUSED_ENTRY_POINTS(bf16_t64)
 DISTGEMM_DECLARE_FUSED_ENTRY_POINTS(bf16_t128)
 DISTGEMM_DECLARE_FUSED_ENTRY_POINTS(decode_fp16)
+DISTGEMM_DECLARE_FUSED_ENTRY_POINTS(fp16_t64)
 DISTGEMM_DECLARE_FUSED_ENTRY_POINTS(fp16_t128)
 #undef DISTGEMM_DECLARE_FUSED_ENTRY_POINTS
 
@@ -28,18 +30,18 @@ struct FusedKernels {
   int (*resident)(int64_t, int);
 };
 
+#define DISTGEMM_FUSED_KERNELS(SUFFIX) \
+  FusedKernels { fused_can_implement_##SUFFIX, fused_launch_##SUFFIX, fused_resident_##SUFFIX }
+
 FusedKernels fused_kernels(DType dtype, int64_t m) {
-  const bool decode = fused_kernel(m) == FusedKernel::Decode;
-  if (dtype == DType::BF16)
-    return decode ? FusedKernels{fused_can_implement_decode_bf16, fused_launch_decode_bf16,
-                                 fused_resident_decode_bf16}
-                  : FusedKernels{fused_can_implement_bf16_t128, fused_launch_bf16_t128,
-                                 fused_resident_bf16_t128};
-  return decode ? FusedKernels{fused_can_implement_decode_fp16, fused_launch_decode_fp16,
-                               fused_resident_decode_fp16}
-                : FusedKernels{fused_can_implement_fp16_t128, fused_launch_fp16_t128,
-                               fused_resident_fp16_t128};
+  const bool bf16 = dtype == DType::BF16;
+  if (fused_kernel(m) == FusedKernel::Decode)
+    return bf16 ? DISTGEMM_FUSED_KERNELS(decode_bf16) : DISTGEMM_FUSED_KERNELS(decode_fp16);
+  if (fused_token_tile(m) == kFusedTokenTileNarrow)
+    return bf16 ? DISTGEMM_FUSED_KERNELS(bf16_t64) : DISTGEMM_FUSED_KERNELS(fp16_t64);
+  return bf16 ? DISTGEMM_FUSED_KERNELS(bf16_t128) : DISTGEMM_FUSED_KERNELS(fp16_t128);
 }
+#undef DISTGEMM_FUSED_KERNELS
 }  // namespace detail
 
 namespace {

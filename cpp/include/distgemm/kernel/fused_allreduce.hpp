@@ -11,8 +11,9 @@
 //    tiles, one CTA per SM whose producer warp streams the weight through a deep shared-memory
 //    ring with TMA and whose consumer warps run warp-level MMAs; K is split over CTAs only where
 //    the tiles alone leave SMs idle (fused_splits);
-//  - cutlass (more tokens, fused_allreduce_sm90.cuh): CUTLASS's SM90 cooperative GEMM with
-//    128-token x 128-column tiles (not swapped), K split in its batch mode.
+//  - cutlass (more tokens, fused_allreduce_sm90.cuh): CUTLASS's SM90 GEMM with 128-column tiles
+//    (not swapped) of 64 tokens (ping-pong, up to kFusedNarrowMaxTokens) or 128 tokens
+//    (cooperative), K split in its batch mode.
 // Either way every split's partial lands in its rank's partial buffer and is read by every rank;
 // every rank runs the same tiles, and a tile's output is summed over every rank and split in a
 // fixed order by the rank's CTAs of that tile, each CTA one slice of the rows.
@@ -38,7 +39,8 @@ namespace distgemm::kernel {
 inline constexpr int kFusedTileN = 128;           // the CUTLASS kernel's
 inline constexpr int kFusedDecodeTileN = 64;      // the decode kernel's: a tile per SM on 70B/405B
 inline constexpr int kFusedTokenTileSmall = 32;   // the decode kernel's token block
-inline constexpr int kFusedTokenTileLarge = 128;  // the CUTLASS kernel's token tile
+inline constexpr int kFusedTokenTileNarrow = 64;  // the CUTLASS kernel's, up to 64 tokens
+inline constexpr int kFusedTokenTileLarge = 128;  // the CUTLASS kernel's, above
 // path="auto" runs gemm_all_reduce fused up to this many tokens. 0: never, until the fused
 // kernels are measured against torch.mm + one-shot all-reduce on two GPUs (at TP=1 they take
 // 1.07-1.75x torch.mm's time at 1..256 tokens on an H200,
@@ -46,11 +48,14 @@ inline constexpr int kFusedTokenTileLarge = 128;  // the CUTLASS kernel's token 
 // for it (path="fused").
 inline constexpr int64_t kFusedMaxAutoTokens = 0;
 // The decode kernel runs up to this many tokens (one block of kFusedTokenTileSmall), the CUTLASS
-// kernel above. Measured on one H200 at TP=1 (benchmarks/results/2026-11-24-decode-fixed-cost.md):
-// at 33..64 tokens the decode kernel would run its 64-wide instantiation (70B O 31.4 us, 70B FC2
-// 93.6, 405B O 111.5, 405B FC2 341.7 at 64 tokens), the CUTLASS kernel its one 128-token tile
-// (33.5, 79.0, 96.5, 281.7 us at 65 tokens): CUTLASS is faster on three of the four layers.
+// kernel above. Measured on one H200 at TP=1: at 64 tokens the decode kernel's 64-wide
+// instantiation took 31.4 us on 70B O (benchmarks/results/2026-11-24-decode-fixed-cost.md), the
+// CUTLASS kernel's 64-token tile 26.6 (2026-11-24-pingpong-t64.md); at 1..32 tokens the CUTLASS
+// GEMM alone takes about what the decode kernel's whole fused op does.
 inline constexpr int64_t kFusedDecodeMaxTokens = 32;
+// The CUTLASS kernel runs 64-token tiles up to this many tokens (one token block), 128-token
+// tiles above (fused_allreduce_sm90.cuh says why).
+inline constexpr int64_t kFusedNarrowMaxTokens = 64;
 // The decode kernel's K step: each of a row's 4 threads takes 16 consecutive elements (two
 // 16-byte loads), so one step covers 64 elements, a 128-byte line of each of its weight rows.
 inline constexpr int kFusedDecodeKStep = 64;
@@ -79,10 +84,10 @@ inline const char* fused_kernel_name(int64_t m) {
   return fused_kernel(m) == FusedKernel::Decode ? "decode" : "cutlass";
 }
 
-// Tokens per output tile: the decode kernel's block (a launch has ceil(m / 64) of them), or the
-// CUTLASS kernel's wide tile.
+// Tokens per output tile: the decode kernel's one block, or the CUTLASS kernel's tile.
 inline int fused_token_tile(int64_t m) {
-  return fused_kernel(m) == FusedKernel::Decode ? kFusedTokenTileSmall : kFusedTokenTileLarge;
+  if (fused_kernel(m) == FusedKernel::Decode) return kFusedTokenTileSmall;
+  return m <= kFusedNarrowMaxTokens ? kFusedTokenTileNarrow : kFusedTokenTileLarge;
 }
 
 // The decode kernel's padded tokens per block: 16 or 32 (one n8 MMA fragment per 8), the

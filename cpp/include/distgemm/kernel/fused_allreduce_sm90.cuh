@@ -2,14 +2,17 @@
 // kernel's token limit). Included only by the translation units in cpp/src/runtime/ that
 // instantiate it (one per dtype and token tile); its tail is fused_tail.cuh.
 //
-// Kernel: CUTLASS's SM90 TMA warp-specialized cooperative GEMM, partial [m, n] = alpha x tokens
-// [m, k] @ weight [n, k]^T, tile TokenTile (tokens) x kFusedTileN (columns) x 64, no cluster
-// (at 65..256 tokens a cluster pairs token tiles that are not there, and its padding runs
-// through the mainloop), plain epilogue D = alpha * acc (no C). K is split into `splits` batches
-// (batch strides of k/splits elements), each writing its own partial. This orientation and tile
-// are the fastest of distgemm's CUTLASS GEMMs at these token counts (128x128, cluster 1x1: 27-33
-// us on 70B O at 128-256 tokens, torch.mm 21-31), where the swapped 128 x 256-token tile took
-// 60-63 us (benchmarks/results/2026-11-24-decode-fixed-cost.md).
+// Kernel: CUTLASS's SM90 TMA warp-specialized GEMM, partial [m, n] = alpha x tokens [m, k] @
+// weight [n, k]^T, tile TokenTile x kFusedTileN (columns) x 64, no cluster, plain epilogue
+// D = alpha * acc (no C). K is split into `splits` batches (batch strides of k/splits elements),
+// each writing its own partial. Two token tiles (fused_token_tile), measured on one H200 at
+// TP=1 (benchmarks/results/2026-11-24-pingpong-t64.md):
+//  - 64 (33..64 tokens): the ping-pong schedule, each consumer warpgroup a whole 64-token tile.
+//    At 33..64 tokens it took 0.97-1.34x torch.mm's time on 70B/405B O and FC2, where one
+//    cooperative 128-token tile took 1.26-1.75x;
+//  - 128 (more tokens): the cooperative schedule, both consumer warpgroups on one 128-token tile.
+//    With 64-token tiles each SM streams its weight columns once per 64 tokens: at 256 tokens
+//    they took 1.15-1.39x torch.mm's time, the 128-token tile 1.09-1.28x.
 //
 // After the GEMM the two consumer warpgroups of each CTA (the producer warpgroup has given its
 // registers back and leaves):
@@ -29,6 +32,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -55,17 +59,25 @@ struct FusedConfig {
   using LayoutD = cutlass::layout::RowMajor;     // the partial [m, n]
   using Fusion = cutlass::epilogue::fusion::LinearCombination<Element, float, void, float>;
 
+  static_assert(TokenTile == 64 || TokenTile == 128, "token tiles: 64 ping-pong, 128 cooperative");
+  static constexpr bool kPingpong = TokenTile == 64;  // a consumer warpgroup's MMA: 64 rows
+  using EpilogueSchedule = std::conditional_t<kPingpong, cutlass::epilogue::TmaWarpSpecialized,
+                                              cutlass::epilogue::TmaWarpSpecializedCooperative>;
+  using KernelSchedule =
+      std::conditional_t<kPingpong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+                         cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
+
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD, kAlign, Element,
-      LayoutD, kAlign, cutlass::epilogue::TmaWarpSpecializedCooperative, Fusion>::CollectiveOp;
+      LayoutD, kAlign, EpilogueSchedule, Fusion>::CollectiveOp;
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA, kAlign, Element,
       LayoutB, kAlign, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename Epilogue::SharedStorage))>,
-      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+      KernelSchedule>::CollectiveOp;
 
   using Kernel =
       cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
