@@ -138,8 +138,7 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock,
     auto w = sched.initial_work_tile_info(Cluster{});
     while (w.is_valid()) {
       if (in_problem(w)) {
-        const int idx = fused_tile_index(t, int(w.N_idx), int(w.M_idx), int(w.L_idx));
-        for (int q = 0; q < t.tp; ++q) st_relaxed_sys(fused_flag(t, q, t.rank, idx), gen);
+        publish_tile(t, fused_tile_index(t, int(w.N_idx), int(w.M_idx), int(w.L_idx)), gen);
       }
       auto next = sched.fetch_next_work(w);
       w = cute::get<0>(next);

@@ -28,7 +28,12 @@
 //   2. waits for flag (tile, sp) of every rank and split, and sums slice s of the tile over every
 //      (rank, split) in a fixed order (+ beta * c + bias) into the output (fused_tail.cuh's
 //      reduce_slice, shared with the CUTLASS kernel);
-//   3. at the end, the last CTA to finish advances the generation.
+//   3. at the end, advances its own generation word (fused_tail.cuh's fused_finish_cta).
+// Waits: the flag waits of step 2 are bounded (wait_reached: the timeout, the error record, the
+// abort word). The mbarrier waits for this CTA's own TMA copies are not, as in CUTLASS's
+// mainloops: they depend on no other rank or launch, and a faulting copy ends the kernel with a
+// CUDA error rather than a hang. The producer's wait for a free stage also ends when the
+// consumers stop.
 // The CTAs of a split tile wait for each other, so a launch with splits never has more CTAs
 // than fit at once; without splits the CTAs take the tiles round after round (every rank runs
 // the same rounds, so a tile's flags never wait on a later round).
@@ -135,6 +140,11 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
       " [%0], [%1, {%2, %3}], [%4];" ::"r"(smem_u32(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(row), "r"(smem_u32(bar))
       : "memory");
+}
+
+// Fetches `map` into the TMA unit's descriptor cache ahead of its first copy.
+__device__ __forceinline__ void prefetch_map(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
 
 // Byte offset of 16-byte chunk `c` of row `r` in a 128-byte-swizzled box.
@@ -300,6 +310,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ uint32_t gen_smem, ok_smem, live_smem;
   __shared__ volatile uint32_t stop;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  if (warp == kConsumerWarps && lane == 0) {  // the producer, while thread 0 sets up the ring
+    prefetch_map(&maps.w);
+    prefetch_map(&maps.a);
+  }
   // The producer starts streaming before the abort word and the generation are read (two global
   // round trips): its loads only fill this CTA's shared memory, and a broken communicator stops
   // it before anything is written.

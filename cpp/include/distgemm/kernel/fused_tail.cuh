@@ -202,11 +202,17 @@ __device__ __forceinline__ uint32_t fused_launch_generation(const FusedTail& t) 
   return *reinterpret_cast<volatile uint32_t*>(t.control[t.rank] + fused_cta_slot()) + 1u;
 }
 
+// One thread, after a fence_acq_rel_sys() that follows the partial stores it publishes: flag
+// `idx` of this rank's section set to `gen` on every rank (one fence may cover several flags).
+__device__ __forceinline__ void publish_tile(const FusedTail& t, int idx, uint32_t gen) {
+  for (int q = 0; q < t.tp; ++q) st_relaxed_sys(fused_flag(t, q, t.rank, idx), gen);
+}
+
 // One thread: flag `idx` of this rank's section set to `gen` on every rank (after the partial
 // stores it publishes, which a CTA barrier ordered before this).
 __device__ __forceinline__ void release_tile(const FusedTail& t, int idx, uint32_t gen) {
   fence_acq_rel_sys();
-  for (int q = 0; q < t.tp; ++q) st_relaxed_sys(fused_flag(t, q, t.rank, idx), gen);
+  publish_tile(t, idx, gen);
 }
 
 // Host: the tail's parameters of launch `f`, tiles of `tile_n` columns by `token_tile` tokens,
