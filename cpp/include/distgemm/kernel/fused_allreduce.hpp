@@ -43,8 +43,8 @@ inline constexpr int kFusedTokenTileNarrow = 64;  // the CUTLASS kernel's, up to
 inline constexpr int kFusedTokenTileLarge = 128;  // the CUTLASS kernel's, above
 // path="auto" runs gemm_all_reduce fused up to this many tokens. 0: never, until the fused
 // kernels are measured against torch.mm + one-shot all-reduce on two GPUs (at TP=1 they take
-// 1.07-1.75x torch.mm's time at 1..256 tokens on an H200,
-// benchmarks/results/2026-11-24-decode-fixed-cost.md); the fused path runs where a caller asks
+// 0.97-1.66x torch.mm's time at 1..256 tokens on an H200,
+// benchmarks/results/2026-11-24-pingpong-t64.md); the fused path runs where a caller asks
 // for it (path="fused").
 inline constexpr int64_t kFusedMaxAutoTokens = 0;
 // The decode kernel runs up to this many tokens (one block of kFusedTokenTileSmall), the CUTLASS
