@@ -218,14 +218,18 @@ struct FusedRunner {
   }
 
   static void launch(const FusedAllReduceDesc& f, int device, cudaStream_t stream) {
+    if (fused_token_tile(f.m) != TokenTile)
+      throw std::logic_error("internal: the fused kernel of token tile " +
+                             std::to_string(TokenTile) +
+                             " was dispatched m=" + std::to_string(f.m));
     const auto [sm_count, resident] = prepare(device);
+    const FusedTail t = make_fused_tail(f);
     FusedParams<Kernel> params;
     for (int parity = 0; parity < 2; ++parity) {
-      void* part = static_cast<Element*>(f.partial[f.rank]) + parity * f.splits * f.m * f.n;
+      void* part = static_cast<Element*>(f.partial[f.rank]) + parity * t.parity_elems;
       Arguments args = make_arguments(f, part, sm_count);
       params.gemm[parity] = Kernel::to_underlying_arguments(args, nullptr);
     }
-    const FusedTail t = make_fused_tail(f, TokenTile, f.splits);
     dim3 grid = Kernel::get_grid_shape(params.gemm[0]);
     const int64_t ctas = int64_t(grid.x) * grid.y * grid.z;
     if (ctas > resident)

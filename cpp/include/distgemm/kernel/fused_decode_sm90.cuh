@@ -465,7 +465,7 @@ struct DecodeRunner {
 
   static void launch(const FusedAllReduceDesc& f, int device, cudaStream_t stream) {
     const int res = resident(device);
-    const FusedTail t = make_fused_tail(f, kFusedTokenTileSmall, f.splits, kFusedDecodeTileN);
+    const FusedTail t = make_fused_tail(f);
     const int64_t items = int64_t(t.n_blocks) * t.token_blocks * f.splits;
     if (items > res && f.splits > 1)
       throw std::runtime_error("fused GEMM + all-reduce (decode kernel): " + std::to_string(items) +

@@ -35,13 +35,12 @@ struct FusedTail {
   uint32_t* abort;
   ErrorRecord* record;
   int64_t m, n, ldo, ldc;
-  int64_t split_elems;   // m * n: one source split's partial
-  int64_t parity_elems;  // src_splits * m * n: one parity's buffers
+  int64_t split_elems;   // m * n: one split's partial
+  int64_t parity_elems;  // splits * m * n: one parity's buffers
   uint64_t timeout_ns;
   float beta;
   int tp, rank;
-  int splits;      // CTAs per tile (K splits), the slices of a tile's sum
-  int src_splits;  // partials per rank summed for a tile: CUTLASS its splits, decode 1
+  int splits;  // K splits: the partials per rank of a tile, and the slices of its sum
   int n_blocks, token_blocks;
 };
 
@@ -75,11 +74,11 @@ __device__ __forceinline__ bool wait_fused_flag(const FusedTail& t, const uint32
                       q, 20);
 }
 
-// One thread: wait until every rank's flags of every source split of tile (nb, tb) reach `gen`.
+// One thread: wait until every rank's flags of every split of tile (nb, tb) reach `gen`.
 __device__ inline bool wait_tile(const FusedTail& t, int nb, int tb, uint32_t gen) {
   uint64_t start = 0;
   for (int q = 0; q < t.tp; ++q)
-    for (int s = 0; s < t.src_splits; ++s) {
+    for (int s = 0; s < t.splits; ++s) {
       const int idx = fused_tile_index(t, nb, tb, s);
       if (!wait_fused_flag(t, fused_flag(t, t.rank, q, idx), idx, q, gen, start)) return false;
     }
@@ -124,14 +123,14 @@ template <class Element, int TokenTile, int kLoads = 8, int kThreads = 256, int 
 __device__ inline void reduce_slice(const FusedTail& t, int nb, int tb, int s, uint32_t parity,
                                     int tid) {
   const FusedSlice<TokenTile, TileN> sl(t, nb, tb, s);
-  const int srcs = t.tp * t.src_splits;
+  const int srcs = t.tp * t.splits;
   const int vecs = srcs >= kLoads ? 1 : kLoads / srcs;
   const int64_t parity_off = int64_t(parity) * t.parity_elems;
-  // Source g (rank g / src_splits, split g % src_splits): its partial buffer of this parity.
+  // Source g (rank g / splits, split g % splits): its partial buffer of this parity.
   auto source = [&](int g) {
-    const int q = g / t.src_splits;
+    const int q = g / t.splits;
     return static_cast<const Element*>(t.partial[q]) + parity_off +
-           int64_t(g - q * t.src_splits) * t.split_elems;
+           int64_t(g - q * t.splits) * t.split_elems;
   };
   for (int v0 = sl.begin + tid; v0 < sl.end; v0 += kThreads * vecs) {
     float acc[8];
@@ -215,10 +214,10 @@ __device__ __forceinline__ void release_tile(const FusedTail& t, int idx, uint32
   publish_tile(t, idx, gen);
 }
 
-// Host: the tail's parameters of launch `f`, tiles of `tile_n` columns by `token_tile` tokens,
-// `src_splits` partials per rank summed for a tile.
-inline FusedTail make_fused_tail(const FusedAllReduceDesc& f, int token_tile, int src_splits,
-                                 int tile_n = kFusedTileN) {
+// Host: the tail's parameters of launch `f`, its tiles those of the kernel that runs f.m tokens
+// (fused_token_tile, fused_tile_n).
+inline FusedTail make_fused_tail(const FusedAllReduceDesc& f) {
+  const int token_tile = fused_token_tile(f.m), tile_n = fused_tile_n(f.m);
   FusedTail t{};
   for (int q = 0; q < f.tp; ++q) {
     t.partial[q] = f.partial[q];
@@ -234,13 +233,12 @@ inline FusedTail make_fused_tail(const FusedAllReduceDesc& f, int token_tile, in
   t.ldo = f.ldo;
   t.ldc = f.ldc;
   t.split_elems = f.m * f.n;
-  t.parity_elems = src_splits * f.m * f.n;
+  t.parity_elems = f.splits * f.m * f.n;
   t.timeout_ns = f.timeout_ns;
   t.beta = f.beta;
   t.tp = f.tp;
   t.rank = f.rank;
   t.splits = f.splits;
-  t.src_splits = src_splits;
   t.n_blocks = static_cast<int>((f.n + tile_n - 1) / tile_n);
   t.token_blocks = static_cast<int>((f.m + token_tile - 1) / token_tile);
   return t;
