@@ -60,13 +60,15 @@ ROUNDS = 2
 TOL = 1e-2
 # + the decode kernel's split K with a partial last step and a partial last tile (n = 1000), at
 # token widths 16 and 32, and the CUTLASS kernel's partial tiles at 40 tokens (64-token tile, split
-# K) and 100 tokens (128-token tile).
+# K), 100 and 200 tokens (128-token tiles) and 150 tokens (96-token tiles).
 CHECK_SHAPES = [(m, 8192, 4096) for m in TOKENS] + [
     (3, 1024, 4104),
     (24, 1000, 200),
     (17, 2056, 4104),
     (40, 2056, 4096),
     (100, 2048, 200),
+    (150, 2056, 4096),
+    (200, 2056, 4104),
 ]
 
 

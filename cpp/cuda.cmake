@@ -1,13 +1,15 @@
 # CUDA part of the build (included from the top-level CMakeLists.txt when nvcc is found):
 # distgemm_runtime (CUTLASS SM90 kernels + graph runtime, SHARED: built once, linked by the
 # examples and by the Python module) and the example binaries. sm_90a only: wgmma and
-# setmaxnreg need the arch-specific target; five kernel instantiations per dtype (output tile
-# 128x256 and 128x128 with a K-contiguous B, 128x256 with an N-contiguous B, and the fused
-# GEMM + all-reduce's CUTLASS kernel with token tile 256; its hand-written decode kernel, every
-# token width in one TU per dtype) and three more for bf16 (128x128 with cluster
-# 1x1, 256x192 with cluster 1x2, 128x256 with the stream-K scheduler), and two fp8 (e4m3 in, bf16
-# out: 128x192 promoting its accumulator, 128x256 with fast accumulation), one translation unit
-# each, keep the build short (CI compiles this on 2 cores).
+# setmaxnreg need the arch-specific target. Kernel instantiations, one translation unit each,
+# few to keep the build short (CI compiles this on 2 cores):
+#  - GEMM, per dtype (bf16, fp16): output tile 128x256 and 128x128 with a K-contiguous B, and
+#    128x256 with an N-contiguous B; bf16 also 128x128 with cluster 1x1, 256x192 with cluster
+#    1x2, and 128x256 with the stream-K scheduler;
+#  - fp8 GEMM (e4m3 in, bf16 out): 128x192 promoting its accumulator, 128x256 with fast
+#    accumulation;
+#  - fused GEMM + all-reduce, per dtype: the hand-written decode kernel (every token width in one
+#    unit) and CUTLASS's kernel at token tiles 64, 96 and 128.
 enable_language(CUDA)
 find_package(CUDAToolkit REQUIRED)
 
@@ -28,9 +30,11 @@ add_library(distgemm_runtime SHARED
   cpp/src/runtime/gemm_e4m3_n256_fa.cu
   cpp/src/runtime/fused_decode_bf16.cu
   cpp/src/runtime/fused_bf16_t64.cu
+  cpp/src/runtime/fused_bf16_t96.cu
   cpp/src/runtime/fused_bf16_t128.cu
   cpp/src/runtime/fused_decode_fp16.cu
   cpp/src/runtime/fused_fp16_t64.cu
+  cpp/src/runtime/fused_fp16_t96.cu
   cpp/src/runtime/fused_fp16_t128.cu
   cpp/src/runtime/fused_allreduce.cu
   cpp/src/runtime/kernels.cu

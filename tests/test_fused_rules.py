@@ -36,17 +36,35 @@ def test_decode_kernel_runs_up_to_its_token_limit_and_cutlass_above():
     ]
 
 
-def test_token_tile_is_the_decode_block_up_to_32_tokens_then_64_then_128():
-    assert [_core.fused_token_tile(m) for m in (1, 32, 33, 64, 65, 129, 256, 4096)] == [
-        32,
-        32,
-        64,
-        64,
-        128,
-        128,
-        128,
-        128,
-    ]
+@pytest.mark.parametrize(
+    "m,tile",
+    [
+        (1, 32),  # the decode kernel's block
+        (32, 32),
+        (33, 64),  # one 64-token tile
+        (64, 64),
+        (65, 96),  # one 96-token tile pads 31 tokens, a 128-token one 63
+        (96, 96),
+        (97, 128),  # 128 tokens padded by 64-token tiles or one 128-token tile: the larger
+        (128, 128),
+        (129, 96),  # 192 tokens padded (64 or 96), 256 by 128-token tiles: the larger of 64, 96
+        (192, 96),
+        (193, 128),  # 256 by 64 or 128, 288 by 96
+        (256, 128),
+        (300, 64),  # 320 by 64-token tiles, 384 by 96 or 128
+        (4096, 128),
+    ],
+)
+def test_token_tile_pads_the_fewest_tokens_the_larger_tile_on_a_tie(m, tile):
+    assert _core.fused_token_tile(m) == tile
+
+
+def test_token_tile_above_the_decode_kernel_pads_no_more_than_any_other_tile():
+    for m in range(33, 1025):
+        t = _core.fused_token_tile(m)
+        assert t in (64, 96, 128)
+        padded = -(-m // t) * t
+        assert all(padded <= -(-m // o) * o for o in (64, 96, 128)), (m, t)
 
 
 def test_decode_token_width_pads_a_block_to_16_or_32():

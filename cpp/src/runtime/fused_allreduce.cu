@@ -18,9 +18,11 @@ namespace detail {
   int fused_resident_##SUFFIX(int64_t m, int device);
 DISTGEMM_DECLARE_FUSED_ENTRY_POINTS(decode_bf16)
 DISTGEMM_DECLARE_FUSED_ENTRY_POINTS(bf16_t64)
+DISTGEMM_DECLARE_FUSED_ENTRY_POINTS(bf16_t96)
 DISTGEMM_DECLARE_FUSED_ENTRY_POINTS(bf16_t128)
 DISTGEMM_DECLARE_FUSED_ENTRY_POINTS(decode_fp16)
 DISTGEMM_DECLARE_FUSED_ENTRY_POINTS(fp16_t64)
+DISTGEMM_DECLARE_FUSED_ENTRY_POINTS(fp16_t96)
 DISTGEMM_DECLARE_FUSED_ENTRY_POINTS(fp16_t128)
 #undef DISTGEMM_DECLARE_FUSED_ENTRY_POINTS
 
@@ -37,9 +39,16 @@ FusedKernels fused_kernels(DType dtype, int64_t m) {
   const bool bf16 = dtype == DType::BF16;
   if (fused_kernel(m) == FusedKernel::Decode)
     return bf16 ? DISTGEMM_FUSED_KERNELS(decode_bf16) : DISTGEMM_FUSED_KERNELS(decode_fp16);
-  if (fused_token_tile(m) == kFusedTokenTileNarrow)
-    return bf16 ? DISTGEMM_FUSED_KERNELS(bf16_t64) : DISTGEMM_FUSED_KERNELS(fp16_t64);
-  return bf16 ? DISTGEMM_FUSED_KERNELS(bf16_t128) : DISTGEMM_FUSED_KERNELS(fp16_t128);
+  switch (fused_token_tile(m)) {
+    case 64:
+      return bf16 ? DISTGEMM_FUSED_KERNELS(bf16_t64) : DISTGEMM_FUSED_KERNELS(fp16_t64);
+    case 96:
+      return bf16 ? DISTGEMM_FUSED_KERNELS(bf16_t96) : DISTGEMM_FUSED_KERNELS(fp16_t96);
+    case 128:
+      return bf16 ? DISTGEMM_FUSED_KERNELS(bf16_t128) : DISTGEMM_FUSED_KERNELS(fp16_t128);
+  }
+  throw std::logic_error("internal: no fused kernel of token tile " +
+                         std::to_string(fused_token_tile(m)) + " (m=" + std::to_string(m) + ")");
 }
 #undef DISTGEMM_FUSED_KERNELS
 }  // namespace detail

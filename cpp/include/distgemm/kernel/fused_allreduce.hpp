@@ -11,9 +11,9 @@
 //    tiles, one CTA per SM whose producer warp streams the weight through a deep shared-memory
 //    ring with TMA and whose consumer warps run warp-level MMAs; K is split over CTAs only where
 //    the tiles alone leave SMs idle (fused_splits);
-//  - cutlass (more tokens, fused_allreduce_sm90.cuh): CUTLASS's SM90 GEMM with 128-column tiles
-//    (not swapped) of 64 tokens (ping-pong, up to kFusedNarrowMaxTokens) or 128 tokens
-//    (cooperative), K split in its batch mode.
+//  - cutlass (more tokens, fused_allreduce_sm90.cuh): CUTLASS's SM90 cooperative GEMM, swapped
+//    too: tiles of 128 weight rows (output columns) by 64, 96 or 128 tokens (fused_token_tile),
+//    K split in its batch mode.
 // Either way every split's partial lands in its rank's partial buffer and is read by every rank;
 // every rank runs the same tiles, and a tile's output is summed over every rank and split in a
 // fixed order by the rank's CTAs of that tile, each CTA one slice of the rows.
@@ -36,11 +36,11 @@
 namespace distgemm::kernel {
 
 // Output tile: fused_tile_n(m) columns of N by fused_token_tile(m) tokens.
-inline constexpr int kFusedTileN = 128;           // the CUTLASS kernel's
-inline constexpr int kFusedDecodeTileN = 64;      // the decode kernel's: a tile per SM on 70B/405B
-inline constexpr int kFusedTokenTileSmall = 32;   // the decode kernel's token block
-inline constexpr int kFusedTokenTileNarrow = 64;  // the CUTLASS kernel's, up to 64 tokens
-inline constexpr int kFusedTokenTileLarge = 128;  // the CUTLASS kernel's, above
+inline constexpr int kFusedTileN = 128;          // the CUTLASS kernel's
+inline constexpr int kFusedDecodeTileN = 64;     // the decode kernel's: a tile per SM on 70B/405B
+inline constexpr int kFusedTokenTileSmall = 32;  // the decode kernel's token block
+// The CUTLASS kernel's token tiles, one instantiation each (fused_token_tile picks).
+inline constexpr int kFusedTokenTiles[] = {64, 96, 128};
 // path="auto" runs gemm_all_reduce fused up to this many tokens. 0: never, until the fused
 // kernels are measured against torch.mm + one-shot all-reduce on two GPUs (at TP=1 they take
 // 0.97-1.66x torch.mm's time at 1..256 tokens on an H200,
@@ -53,9 +53,6 @@ inline constexpr int64_t kFusedMaxAutoTokens = 0;
 // CUTLASS kernel's 64-token tile 26.6 (2026-11-24-pingpong-t64.md); at 1..32 tokens the CUTLASS
 // GEMM alone takes about what the decode kernel's whole fused op does.
 inline constexpr int64_t kFusedDecodeMaxTokens = 32;
-// The CUTLASS kernel runs 64-token tiles up to this many tokens (one token block), 128-token
-// tiles above (fused_allreduce_sm90.cuh says why).
-inline constexpr int64_t kFusedNarrowMaxTokens = 64;
 // The decode kernel's K step: each of a row's 4 threads takes 16 consecutive elements (two
 // 16-byte loads), so one step covers 64 elements, a 128-byte line of each of its weight rows.
 inline constexpr int kFusedDecodeKStep = 64;
@@ -84,10 +81,24 @@ inline const char* fused_kernel_name(int64_t m) {
   return fused_kernel(m) == FusedKernel::Decode ? "decode" : "cutlass";
 }
 
-// Tokens per output tile: the decode kernel's one block, or the CUTLASS kernel's tile.
+// Tokens per output tile: the decode kernel's one block, or the CUTLASS kernel's tile that pads
+// the fewest tokens (the larger tile on a tie: fewer tiles). A token tile that is mostly past m
+// costs time of its own: its operand's TMA boxes are filled with zeros row by row. On one H200
+// (benchmarks/results/2026-11-24-token-tiles.md) a 70B O GEMM of 129 tokens took 46.6 us in
+// 128-token tiles (the second holding one token), 31.6 in 96-token tiles, 29.1 on the tokens
+// padded to 256 rows.
 inline int fused_token_tile(int64_t m) {
   if (fused_kernel(m) == FusedKernel::Decode) return kFusedTokenTileSmall;
-  return m <= kFusedNarrowMaxTokens ? kFusedTokenTileNarrow : kFusedTokenTileLarge;
+  int best = 0;
+  int64_t best_rows = 0;
+  for (const int tile : kFusedTokenTiles) {
+    const int64_t rows = (m + tile - 1) / tile * tile;
+    if (best == 0 || rows <= best_rows) {
+      best = tile;
+      best_rows = rows;
+    }
+  }
+  return best;
 }
 
 // The decode kernel's padded tokens per block: 16 or 32 (one n8 MMA fragment per 8), the

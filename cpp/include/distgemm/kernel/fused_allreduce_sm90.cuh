@@ -2,17 +2,17 @@
 // kernel's token limit). Included only by the translation units in cpp/src/runtime/ that
 // instantiate it (one per dtype and token tile); its tail is fused_tail.cuh.
 //
-// Kernel: CUTLASS's SM90 TMA warp-specialized GEMM, partial [m, n] = alpha x tokens [m, k] @
-// weight [n, k]^T, tile TokenTile x kFusedTileN (columns) x 64, no cluster, plain epilogue
-// D = alpha * acc (no C). K is split into `splits` batches (batch strides of k/splits elements),
-// each writing its own partial. Two token tiles (fused_token_tile), measured on one H200 at
-// TP=1 (benchmarks/results/2026-11-24-pingpong-t64.md):
-//  - 64 (33..64 tokens): the ping-pong schedule, each consumer warpgroup a whole 64-token tile.
-//    At 33..64 tokens it took 0.97-1.34x torch.mm's time on 70B/405B O and FC2, where one
-//    cooperative 128-token tile took 1.26-1.75x;
-//  - 128 (more tokens): the cooperative schedule, both consumer warpgroups on one 128-token tile.
-//    With 64-token tiles each SM streams its weight columns once per 64 tokens: at 256 tokens
-//    they took 1.15-1.39x torch.mm's time, the 128-token tile 1.09-1.28x.
+// Kernel: CUTLASS's SM90 TMA warp-specialized cooperative GEMM, swapped: partial^T [n, m] =
+// alpha x weight [n, k] @ tokens [m, k]^T, stored column-major, i.e. the row-major partial
+// [m, n] the tail reads. Tile kFusedTileN weight rows x TokenTile tokens x 64, no cluster, plain
+// epilogue D = alpha * acc (no C). K is split into `splits` batches (batch strides of k/splits
+// elements), each writing its own partial. Swapped, the tokens are the MMA's N side, which comes
+// in steps of 8, so the token tile follows m (64, 96 or 128: fused_token_tile) and few token rows
+// are padding. Measured on one H200 at TP=1, plain GEMMs with split K
+// (benchmarks/results/2026-11-24-token-tiles.md, and 2026-11-24-pingpong-t64.md at 33..64
+// tokens, where this tile took the ping-pong 64-token tile's time): 70B O at 65 tokens took
+// 21.2 us in 96-token tiles, 24.1 in (unswapped) 128-token tiles; at 160 tokens 25.9 against
+// 38.2.
 //
 // After the GEMM the two consumer warpgroups of each CTA (the producer warpgroup has given its
 // registers back and leaves):
@@ -51,21 +51,18 @@ using namespace cute;
 
 template <class Element, int TokenTile>
 struct FusedConfig {
-  using TileShape = Shape<Int<TokenTile>, Int<kFusedTileN>, _64>;
+  // CUTLASS's M: the weight's rows (the output's columns); its N: the tokens.
+  using TileShape = Shape<Int<kFusedTileN>, Int<TokenTile>, _64>;
   using ClusterShape = Shape<_1, _1, _1>;
   static constexpr int kAlign = 128 / cutlass::sizeof_bits<Element>::value;
-  using LayoutA = cutlass::layout::RowMajor;     // the tokens [m, k], K contiguous
-  using LayoutB = cutlass::layout::ColumnMajor;  // the weight [n, k], K contiguous
-  using LayoutD = cutlass::layout::RowMajor;     // the partial [m, n]
+  using LayoutA = cutlass::layout::RowMajor;     // the weight [n, k], K contiguous
+  using LayoutB = cutlass::layout::ColumnMajor;  // the tokens [m, k], K contiguous
+  using LayoutD = cutlass::layout::ColumnMajor;  // partial^T [n, m]: the partial [m, n] row-major
   using Fusion = cutlass::epilogue::fusion::LinearCombination<Element, float, void, float>;
 
-  static_assert(TokenTile == 64 || TokenTile == 128, "token tiles: 64 ping-pong, 128 cooperative");
-  static constexpr bool kPingpong = TokenTile == 64;  // a consumer warpgroup's MMA: 64 rows
-  using EpilogueSchedule = std::conditional_t<kPingpong, cutlass::epilogue::TmaWarpSpecialized,
-                                              cutlass::epilogue::TmaWarpSpecializedCooperative>;
-  using KernelSchedule =
-      std::conditional_t<kPingpong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
-                         cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
+  static_assert(TokenTile % 16 == 0 && TokenTile <= 256, "the MMA's N: a multiple of 16 to 256");
+  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
 
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
@@ -127,9 +124,9 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock,
 
   using Scheduler = typename GemmKernel::TileScheduler;
   using Cluster = Shape<_1, _1, _1>;  // FusedConfig::ClusterShape
-  // A work tile's (n block, token block): CUTLASS's N and M indices.
+  // A work tile's (n block, token block): CUTLASS's M and N indices (swapped).
   auto in_problem = [&](const auto& w) {
-    return int(w.N_idx) < t.n_blocks && int(w.M_idx) < t.token_blocks && int(w.L_idx) < t.splits;
+    return int(w.M_idx) < t.n_blocks && int(w.N_idx) < t.token_blocks && int(w.L_idx) < t.splits;
   };
   if (tid == 0) {
     // Every tile of this CTA is stored: one fence makes each flag store below a release of them.
@@ -138,7 +135,7 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock,
     auto w = sched.initial_work_tile_info(Cluster{});
     while (w.is_valid()) {
       if (in_problem(w)) {
-        publish_tile(t, fused_tile_index(t, int(w.N_idx), int(w.M_idx), int(w.L_idx)), gen);
+        publish_tile(t, fused_tile_index(t, int(w.M_idx), int(w.N_idx), int(w.L_idx)), gen);
       }
       auto next = sched.fetch_next_work(w);
       w = cute::get<0>(next);
@@ -149,12 +146,12 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock,
   auto w = sched.initial_work_tile_info(Cluster{});
   while (w.is_valid()) {
     if (in_problem(w)) {
-      if (tid == 0) *word = wait_tile(t, int(w.N_idx), int(w.M_idx), gen) ? 1u : 0u;
+      if (tid == 0) *word = wait_tile(t, int(w.M_idx), int(w.N_idx), gen) ? 1u : 0u;
       consumers_sync();
       const bool ok = *word != 0u;
       consumers_sync();  // every thread has read `word` before it is rewritten
       if (!ok) break;
-      reduce_slice<Element, TokenTile, kTailLoads>(t, int(w.N_idx), int(w.M_idx), int(w.L_idx),
+      reduce_slice<Element, TokenTile, kTailLoads>(t, int(w.M_idx), int(w.N_idx), int(w.L_idx),
                                                    parity, tid);
     }
     auto next = sched.fetch_next_work(w);
@@ -177,24 +174,26 @@ struct FusedRunner {
   static Arguments make_arguments(const FusedAllReduceDesc& f, void* partial, int sm_count) {
     using E = Element;
     const int64_t kpart = f.k / f.splits;
+    // partial^T [n, m] column-major: element (col c, token r) at r * n + c, split s at s * m * n.
+    const auto stride_d = cute::make_stride(cute::Int<1>{}, f.n, f.m * f.n);
     typename Kernel::EpilogueArguments epi{};
     epi.thread.alpha = f.alpha;
     epi.thread.beta = 0.0f;
     epi.ptr_C = nullptr;
-    epi.dC = cute::make_stride(f.n, cute::Int<1>{}, f.m * f.n);
+    epi.dC = stride_d;
     epi.ptr_D = static_cast<E*>(partial);
-    epi.dD = cute::make_stride(f.n, cute::Int<1>{}, f.m * f.n);
+    epi.dD = stride_d;
     cutlass::KernelHardwareInfo hw;
     hw.sm_count = sm_count;
     typename Kernel::TileSchedulerArguments sched{};
     sched.max_swizzle_size = 1;
     // Token blocks of one weight slice side by side: they share the slice through L2.
-    sched.raster_order = cutlass::gemm::kernel::detail::RasterOrderOptions::AlongM;
+    sched.raster_order = cutlass::gemm::kernel::detail::RasterOrderOptions::AlongN;
     return Arguments{
         cutlass::gemm::GemmUniversalMode::kGemm,
-        {static_cast<int>(f.m), static_cast<int>(f.n), static_cast<int>(kpart), f.splits},
-        {static_cast<E const*>(f.a), cute::make_stride(f.lda, cute::Int<1>{}, kpart),
-         static_cast<E const*>(f.w), cute::make_stride(f.ldw, cute::Int<1>{}, kpart)},
+        {static_cast<int>(f.n), static_cast<int>(f.m), static_cast<int>(kpart), f.splits},
+        {static_cast<E const*>(f.w), cute::make_stride(f.ldw, cute::Int<1>{}, kpart),
+         static_cast<E const*>(f.a), cute::make_stride(f.lda, cute::Int<1>{}, kpart)},
         epi,
         hw,
         sched};
