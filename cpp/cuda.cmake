@@ -9,7 +9,7 @@
 #  - fp8 GEMM (e4m3 in, bf16 out): 128x192 promoting its accumulator, 128x256 with fast
 #    accumulation;
 #  - fused GEMM + all-reduce, per dtype: the hand-written decode kernel (every token width in one
-#    unit) and CUTLASS's kernel at token tiles 64, 96 and 128.
+#    unit) and CUTLASS's kernel at token tiles 64, 96, 128, 192 and 256.
 enable_language(CUDA)
 find_package(CUDAToolkit REQUIRED)
 
@@ -32,10 +32,14 @@ add_library(distgemm_runtime SHARED
   cpp/src/runtime/fused_bf16_t64.cu
   cpp/src/runtime/fused_bf16_t96.cu
   cpp/src/runtime/fused_bf16_t128.cu
+  cpp/src/runtime/fused_bf16_t192.cu
+  cpp/src/runtime/fused_bf16_t256.cu
   cpp/src/runtime/fused_decode_fp16.cu
   cpp/src/runtime/fused_fp16_t64.cu
   cpp/src/runtime/fused_fp16_t96.cu
   cpp/src/runtime/fused_fp16_t128.cu
+  cpp/src/runtime/fused_fp16_t192.cu
+  cpp/src/runtime/fused_fp16_t256.cu
   cpp/src/runtime/fused_allreduce.cu
   cpp/src/runtime/kernels.cu
   cpp/src/runtime/graph.cu

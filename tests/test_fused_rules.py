@@ -45,14 +45,14 @@ def test_decode_kernel_runs_up_to_its_token_limit_and_cutlass_above():
         (64, 64),
         (65, 96),  # one 96-token tile pads 31 tokens, a 128-token one 63
         (96, 96),
-        (97, 128),  # 128 tokens padded by 64-token tiles or one 128-token tile: the larger
+        (97, 128),  # 128 tokens padded by two 64-token tiles or one 128-token tile: the larger
         (128, 128),
-        (129, 96),  # 192 tokens padded (64 or 96), 256 by 128-token tiles: the larger of 64, 96
-        (192, 96),
-        (193, 128),  # 256 by 64 or 128, 288 by 96
-        (256, 128),
-        (300, 64),  # 320 by 64-token tiles, 384 by 96 or 128
-        (4096, 128),
+        (129, 192),  # 192 padded by 64, 96 or 192: one 192-token tile
+        (192, 192),
+        (193, 256),  # 256 by 64, 128 or 256: one tile
+        (256, 256),
+        (300, 64),  # 320 by 64-token tiles, 384 by 96, 128 or 192, 512 by 256
+        (4096, 256),
     ],
 )
 def test_token_tile_pads_the_fewest_tokens_the_larger_tile_on_a_tie(m, tile):
@@ -60,11 +60,14 @@ def test_token_tile_pads_the_fewest_tokens_the_larger_tile_on_a_tie(m, tile):
 
 
 def test_token_tile_above_the_decode_kernel_pads_no_more_than_any_other_tile():
+    tiles = (64, 96, 128, 192, 256)
     for m in range(33, 1025):
         t = _core.fused_token_tile(m)
-        assert t in (64, 96, 128)
+        assert t in tiles
         padded = -(-m // t) * t
-        assert all(padded <= -(-m // o) * o for o in (64, 96, 128)), (m, t)
+        assert all(padded <= -(-m // o) * o for o in tiles), (m, t)
+        if m <= 256:
+            assert t >= m, (m, t)  # one token tile holds every token
 
 
 def test_decode_token_width_pads_a_block_to_16_or_32():
@@ -88,9 +91,9 @@ def test_decode_token_width_pads_a_block_to_16_or_32():
         # CUTLASS kernel (m > 32): up to 4 splits of whole 64-element k-blocks
         (64, 8192, 4096, 132, 2),  # 64 tiles of 64 tokens x 128 columns x 2 = 128 CTAs
         (128, 8192, 4096, 132, 2),  # 64 tiles of 128 tokens x 128 columns x 2 = 128 CTAs
-        (256, 8192, 4096, 132, 1),  # 2 token tiles x 64: 128 tiles, no split
-        (200, 8192, 4096, 100, 1),
-        (300, 1024, 192, 132, 3),
+        (256, 8192, 4096, 132, 2),  # one 256-token tile x 64 columns tiles x 2 = 128 CTAs
+        (200, 8192, 4096, 100, 1),  # 64 tiles x 2 would exceed 100 resident CTAs
+        (300, 1024, 192, 132, 3),  # 5 tiles of 64 tokens x 8: 40 x 3 = 120 CTAs
     ],
 )
 def test_splits_fill_the_resident_ctas(m, n, k, resident, splits):

@@ -12,8 +12,8 @@
 //    ring with TMA and whose consumer warps run warp-level MMAs; K is split over CTAs only where
 //    the tiles alone leave SMs idle (fused_splits);
 //  - cutlass (more tokens, fused_allreduce_sm90.cuh): CUTLASS's SM90 cooperative GEMM, swapped
-//    too: tiles of 128 weight rows (output columns) by 64, 96 or 128 tokens (fused_token_tile),
-//    K split in its batch mode.
+//    too: tiles of 128 weight rows (output columns) by 64 to 256 tokens (fused_token_tile), K
+//    split in its batch mode.
 // Either way every split's partial lands in its rank's partial buffer and is read by every rank;
 // every rank runs the same tiles, and a tile's output is summed over every rank and split in a
 // fixed order by the rank's CTAs of that tile, each CTA one slice of the rows.
@@ -40,7 +40,7 @@ inline constexpr int kFusedTileN = 128;          // the CUTLASS kernel's
 inline constexpr int kFusedDecodeTileN = 64;     // the decode kernel's: a tile per SM on 70B/405B
 inline constexpr int kFusedTokenTileSmall = 32;  // the decode kernel's token block
 // The CUTLASS kernel's token tiles, one instantiation each (fused_token_tile picks).
-inline constexpr int kFusedTokenTiles[] = {64, 96, 128};
+inline constexpr int kFusedTokenTiles[] = {64, 96, 128, 192, 256};
 // path="auto" runs gemm_all_reduce fused up to this many tokens. 0: never, until the fused
 // kernels are measured against torch.mm + one-shot all-reduce on two GPUs (at TP=1 they take
 // 0.97-1.66x torch.mm's time at 1..256 tokens on an H200,
@@ -82,11 +82,13 @@ inline const char* fused_kernel_name(int64_t m) {
 }
 
 // Tokens per output tile: the decode kernel's one block, or the CUTLASS kernel's tile that pads
-// the fewest tokens (the larger tile on a tie: fewer tiles). A token tile that is mostly past m
-// costs time of its own: its operand's TMA boxes are filled with zeros row by row. On one H200
-// (benchmarks/results/2026-11-24-token-tiles.md) a 70B O GEMM of 129 tokens took 46.6 us in
-// 128-token tiles (the second holding one token), 31.6 in 96-token tiles, 29.1 on the tokens
-// padded to 256 rows.
+// the fewest tokens (the larger tile on a tie: fewer tiles), so up to 256 tokens one token tile
+// covers them all and each weight tile is read once. Where two token tiles share a weight tile
+// they read it from L2 only while they run in step, and a tile mostly past m (its token boxes
+// zero-filled by TMA) falls behind. On one H200 (benchmarks/results/2026-11-24-token-tiles.md)
+// a 70B O GEMM of 129 tokens took 46.6 us in two 128-token tiles (the second holding one
+// token) and 29.1 on the tokens padded to 256 rows; the fused 405B FC2 took 427.9 us at 129
+// tokens in two 96-token tiles and 254.5 at 128 in one.
 inline int fused_token_tile(int64_t m) {
   if (fused_kernel(m) == FusedKernel::Decode) return kFusedTokenTileSmall;
   int best = 0;
