@@ -1,5 +1,0 @@
-// Fused GEMM + all-reduce, bf16, token tile 256: one kernel instantiation (see
-// kernel/fused_allreduce_sm90.cuh; kernel/fused_allreduce.hpp says which tile runs a call).
-#include "distgemm/kernel/fused_allreduce_sm90.cuh"
-
-DISTGEMM_DEFINE_FUSED_ENTRY_POINTS(bf16_t256, cutlass::bfloat16_t, 256)
