@@ -47,11 +47,11 @@ def test_decode_kernel_runs_up_to_its_token_limit_and_cutlass_above():
         (96, 96),
         (97, 128),  # 128 tokens padded by two 64-token tiles or one 128-token tile: the larger
         (128, 128),
-        (129, 160),  # one 160-token tile pads 31
-        (192, 192),  # 192 padded by 64, 96 or 192: one tile
-        (193, 224),
+        (129, 192),  # 192 padded by 64, 96 or 192: one 192-token tile
+        (192, 192),
+        (193, 256),  # 256 by 64, 128 or 256: one tile
         (256, 256),
-        (300, 160),  # 320 by 64 or 160: two 160-token tiles
+        (300, 64),  # 320 by 64-token tiles, 384 by 96, 128 or 192, 512 by 256
         (4096, 256),
     ],
 )
@@ -60,14 +60,14 @@ def test_token_tile_pads_the_fewest_tokens_the_larger_tile_on_a_tie(m, tile):
 
 
 def test_token_tile_above_the_decode_kernel_pads_no_more_than_any_other_tile():
-    tiles = (64, 96, 128, 160, 192, 224, 256)
+    tiles = (64, 96, 128, 192, 256)
     for m in range(33, 1025):
         t = _core.fused_token_tile(m)
         assert t in tiles
         padded = -(-m // t) * t
         assert all(padded <= -(-m // o) * o for o in tiles), (m, t)
         if m <= 256:
-            assert m <= t < m + 32, (m, t)  # one token tile holds every token, pads at most 31
+            assert m <= t < m + 64, (m, t)  # one token tile holds every token, pads at most 63
 
 
 def test_decode_token_width_pads_a_block_to_16_or_32():
@@ -93,7 +93,7 @@ def test_decode_token_width_pads_a_block_to_16_or_32():
         (128, 8192, 4096, 132, 2),  # 64 tiles of 128 tokens x 128 columns x 2 = 128 CTAs
         (256, 8192, 4096, 132, 2),  # one 256-token tile x 64 column tiles x 2 = 128 CTAs
         (200, 8192, 4096, 100, 1),  # 64 tiles x 2 would exceed 100 resident CTAs
-        (300, 1024, 192, 132, 3),  # 2 tiles of 160 tokens x 8: 16 x 3 (192 = 3 k-blocks)
+        (300, 1024, 192, 132, 3),  # 5 tiles of 64 tokens x 8: 40 x 3 (192 = 3 k-blocks)
     ],
 )
 def test_splits_fill_the_resident_ctas(m, n, k, resident, splits):

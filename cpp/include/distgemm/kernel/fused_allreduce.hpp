@@ -40,10 +40,10 @@ inline constexpr int kFusedTileN = 128;          // the CUTLASS kernel's
 inline constexpr int kFusedDecodeTileN = 64;     // the decode kernel's: a tile per SM on 70B/405B
 inline constexpr int kFusedTokenTileSmall = 32;  // the decode kernel's token block
 // The CUTLASS kernel's token tiles, one instantiation per dtype each (fused_token_tile picks;
-// cpp/cuda.cmake reads this line to generate them). Every multiple of 32 from 64 to 256: a tile
-// then pads at most 31 tokens, which costs nothing measurable; 63 padded tokens cost up to 9%
-// (benchmarks/results/2026-11-24-token-tiles.md).
-inline constexpr int kFusedTokenTiles[] = {64, 96, 128, 160, 192, 224, 256};
+// cpp/cuda.cmake reads this line to generate them). Not 160 or 224: on the same tokens those
+// tiles ran up to 22% slower than 192 and 256 (13-22% on 405B O and the FC2 layers), more than
+// the up to 9% that 63 padded tokens cost (benchmarks/results/2026-11-24-token-tiles.md).
+inline constexpr int kFusedTokenTiles[] = {64, 96, 128, 192, 256};
 // path="auto" runs gemm_all_reduce fused up to this many tokens. 0: never, until the fused
 // kernels are measured against torch.mm + one-shot all-reduce on two GPUs (at TP=1 they take
 // 0.97-1.66x torch.mm's time at 1..256 tokens on an H200,

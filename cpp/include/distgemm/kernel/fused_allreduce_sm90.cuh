@@ -7,8 +7,8 @@
 // [m, n] the tail reads. Tile kFusedTileN weight rows x TokenTile tokens x 64, no cluster, plain
 // epilogue D = alpha * acc (no C). K is split into `splits` batches (batch strides of k/splits
 // elements), each writing its own partial. Swapped, the tokens are the MMA's N side, which comes
-// in steps of 8, so the token tile follows m (a multiple of 32 from 64 to 256: fused_token_tile)
-// and up to 256 tokens one token tile holds them all. Measured on one H200 at TP=1
+// in steps of 8, so the token tile follows m (64, 96, 128, 192 or 256: fused_token_tile) and up
+// to 256 tokens one token tile holds them all. Measured on one H200 at TP=1
 // (benchmarks/results/2026-11-24-token-tiles.md; 2026-11-24-pingpong-t64.md at 33..64 tokens,
 // where this tile took the ping-pong 64-token tile's time): 70B O at 65 tokens took 21.2 us as
 // a plain GEMM in one 96-token tile, 24.1 in the (unswapped) 128-token tile used before; the
