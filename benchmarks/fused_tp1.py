@@ -60,13 +60,14 @@ ROUNDS = 2
 TOL = 1e-2
 # + the decode kernel's split K with a partial last step and a partial last tile (n = 1000), at
 # token widths 16 and 32, and the CUTLASS kernel's partial tiles at 40 tokens (64-token tile, split
-# K), 100 (128-token tile), 150 (192-token tile, split K), 200 tokens (256-token tile, a partial
-# K block) and 300 tokens (five 64-token tiles, the last partial).
+# K), 80 (96-token tile, split K), 100 (128-token tile), 150 (192-token tile, split K), 200 tokens
+# (256-token tile, a partial K block) and 300 tokens (five 64-token tiles, the last partial).
 CHECK_SHAPES = [(m, 8192, 4096) for m in TOKENS] + [
     (3, 1024, 4104),
     (24, 1000, 200),
     (17, 2056, 4104),
     (40, 2056, 4096),
+    (80, 2056, 4096),
     (100, 2048, 200),
     (150, 2056, 4096),
     (200, 2056, 4104),

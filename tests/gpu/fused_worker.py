@@ -8,9 +8,9 @@ Started by tests/gpu/test_fused.py. Sections (every rank runs all of them in the
 inputs seeded, different per rank):
 
   correctness  token counts 1..300 on both sides of the decode kernel's limit (decode kernel at
-               every token width 16..64, split-K 1..8, a K whose last step
-               is partial; CUTLASS kernel, split-K 1..4), bf16 and fp16, with and without bias
-               and beta * c: against torch in fp32 from the same inputs
+               token widths 16 and 32, split-K 1..8, a K whose last step
+               is partial; CUTLASS kernel at every token tile, split-K 1..4), bf16 and fp16,
+               with and without bias and beta * c: against torch in fp32 from the same inputs
                (relative Frobenius error < TOL) and against torch.mm + NCCL all_reduce in the
                op's dtype (< TOL_SAME_DTYPE); the output bitwise equal on every rank; "auto"
                runs fused at decode sizes and not above
@@ -50,7 +50,7 @@ from distgemm import comm as dcomm
 
 TOL = 1e-2
 TOL_SAME_DTYPE = 2e-2
-TOKENS = [1, 3, 7, 8, 16, 17, 33, 64, 100, 128, 129, 200, 256, 300]
+TOKENS = [1, 3, 7, 8, 16, 17, 33, 64, 80, 100, 128, 129, 200, 256, 300]
 
 
 def inputs(m, n, k, dtype, dev, seed, bias=False, beta=0.0):
