@@ -46,15 +46,16 @@ inline constexpr int kFusedTokenTileSmall = 32;  // the decode kernel's token bl
 inline constexpr int kFusedTokenTiles[] = {64, 96, 128, 192, 256};
 // path="auto" runs gemm_all_reduce fused up to this many tokens. 0: never, until the fused
 // kernels are measured against torch.mm + one-shot all-reduce on two GPUs (at TP=1 they take
-// 0.97-1.66x torch.mm's time at 1..256 tokens on an H200,
-// benchmarks/results/2026-11-24-pingpong-t64.md); the fused path runs where a caller asks
-// for it (path="fused").
+// 0.97-1.65x torch.mm's time at 1..256 tokens on an H200,
+// benchmarks/results/2026-11-24-token-tiles.md); the fused path runs where a caller asks for it
+// (path="fused").
 inline constexpr int64_t kFusedMaxAutoTokens = 0;
 // The decode kernel runs up to this many tokens (one block of kFusedTokenTileSmall), the CUTLASS
 // kernel above. Measured on one H200 at TP=1: at 64 tokens the decode kernel's 64-wide
 // instantiation took 31.4 us on 70B O (benchmarks/results/2026-11-24-decode-fixed-cost.md), the
-// CUTLASS kernel's 64-token tile 26.6 (2026-11-24-pingpong-t64.md); at 1..32 tokens the CUTLASS
-// GEMM alone takes about what the decode kernel's whole fused op does.
+// CUTLASS kernel's 64-token tile 25.7-26.6 (2026-11-24-pingpong-t64.md, 2026-11-24-token-tiles.md);
+// at 1..32 tokens the CUTLASS GEMM alone takes about what the decode kernel's whole fused op
+// does.
 inline constexpr int64_t kFusedDecodeMaxTokens = 32;
 // The decode kernel's K step: each of a row's 4 threads takes 16 consecutive elements (two
 // 16-byte loads), so one step covers 64 elements, a 128-byte line of each of its weight rows.
