@@ -15,8 +15,10 @@ find_package(CUDAToolkit REQUIRED)
 
 # The fused GEMM + all-reduce's CUTLASS kernel: one translation unit per dtype and token tile,
 # generated from fused_instance.cu.in. The tiles come from kFusedTokenTiles in
-# kernel/fused_allreduce.hpp (the one list of them); fused_token_tiles.inc hands the same list to
-# the dispatch in fused_allreduce.cu.
+# kernel/fused_allreduce.hpp (the one list of them; an edit of that header configures again);
+# fused_token_tiles.inc hands the same list to the dispatch in fused_allreduce.cu.
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS
+             cpp/include/distgemm/kernel/fused_allreduce.hpp)
 file(STRINGS cpp/include/distgemm/kernel/fused_allreduce.hpp _fused_tiles_line
      REGEX "kFusedTokenTiles\\[\\] = {")
 if(NOT _fused_tiles_line MATCHES "{([0-9, ]+)}")

@@ -15,7 +15,6 @@ namespace distgemm::kernel {
 
 namespace detail {
 #define DISTGEMM_DECLARE_FUSED_ENTRY_POINTS(SUFFIX)                                    \
-  std::string fused_can_implement_##SUFFIX(const FusedAllReduceDesc& f);               \
   void fused_launch_##SUFFIX(const FusedAllReduceDesc& f, int device, cudaStream_t s); \
   int fused_resident_##SUFFIX(int64_t m, int device);
 #define DISTGEMM_DECLARE_FUSED_TILE(TILE)           \
@@ -27,26 +26,13 @@ DISTGEMM_FUSED_TOKEN_TILES(DISTGEMM_DECLARE_FUSED_TILE)
 #undef DISTGEMM_DECLARE_FUSED_TILE
 #undef DISTGEMM_DECLARE_FUSED_ENTRY_POINTS
 
-// The generated list is the header's: a tile that fused_token_tile can pick has its kernels.
-#define DISTGEMM_FUSED_TILE_VALUE(TILE) TILE,
-constexpr int kBuiltTokenTiles[] = {DISTGEMM_FUSED_TOKEN_TILES(DISTGEMM_FUSED_TILE_VALUE)};
-#undef DISTGEMM_FUSED_TILE_VALUE
-constexpr bool same_tiles() {
-  if (sizeof(kBuiltTokenTiles) != sizeof(kFusedTokenTiles)) return false;
-  for (size_t i = 0; i < sizeof(kFusedTokenTiles) / sizeof(int); ++i)
-    if (kBuiltTokenTiles[i] != kFusedTokenTiles[i]) return false;
-  return true;
-}
-static_assert(same_tiles(), "fused_token_tiles.inc differs from kFusedTokenTiles: reconfigure");
-
 struct FusedKernels {
-  std::string (*can_implement)(const FusedAllReduceDesc&);
   void (*launch)(const FusedAllReduceDesc&, int, cudaStream_t);
   int (*resident)(int64_t, int);
 };
 
 #define DISTGEMM_FUSED_KERNELS(SUFFIX) \
-  FusedKernels { fused_can_implement_##SUFFIX, fused_launch_##SUFFIX, fused_resident_##SUFFIX }
+  FusedKernels { fused_launch_##SUFFIX, fused_resident_##SUFFIX }
 
 FusedKernels fused_kernels(DType dtype, int64_t m) {
   const bool bf16 = dtype == DType::BF16;
@@ -100,7 +86,7 @@ std::string fused_allreduce_can_implement(const FusedAllReduceDesc& f) {
   if (f.bias && !(e = aligned("bias", f.bias, 0)).empty()) return e;
   for (int q = 0; q < f.tp; ++q)
     if (!(e = aligned("partial buffer", f.partial[q], 0)).empty()) return e;
-  return detail::fused_kernels(f.dtype, f.m).can_implement(f);
+  return "";
 }
 
 int fused_allreduce_resident_ctas(DType dtype, int64_t m, int device) {

@@ -202,6 +202,7 @@ struct FusedAllReduceDesc {
 };
 
 // "" when the fused kernel can run `f` (shapes, pointers and their alignment), else the reason.
+// The CUTLASS kernel's own check runs in the launch, on the arguments it builds anyway.
 std::string fused_allreduce_can_implement(const FusedAllReduceDesc& f);
 // CTAs of the fused kernel for m tokens resident at once on `device` (fused_splits' input).
 int fused_allreduce_resident_ctas(DType dtype, int64_t m, int device);

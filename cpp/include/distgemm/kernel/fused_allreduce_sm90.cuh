@@ -1,6 +1,7 @@
 // The CUTLASS kernel of the fused GEMM + all-reduce (fused_allreduce.hpp: above the decode
-// kernel's token limit). Included only by the translation units in cpp/src/runtime/ that
-// instantiate it (one per dtype and token tile); its tail is fused_tail.cuh.
+// kernel's token limit). Included only by the translation units that instantiate it (one per
+// dtype and token tile, generated from cpp/src/runtime/fused_instance.cu.in); its tail is
+// fused_tail.cuh.
 //
 // Kernel: CUTLASS's SM90 TMA warp-specialized cooperative GEMM, swapped: partial^T [n, m] =
 // alpha x weight [n, k] @ tokens [m, k]^T, stored column-major, i.e. the row-major partial
@@ -8,11 +9,8 @@
 // epilogue D = alpha * acc (no C). K is split into `splits` batches (batch strides of k/splits
 // elements), each writing its own partial. Swapped, the tokens are the MMA's N side, which comes
 // in steps of 8, so the token tile follows m (64, 96, 128, 192 or 256: fused_token_tile) and up
-// to 256 tokens one token tile holds them all. Measured on one H200 at TP=1
-// (benchmarks/results/2026-11-24-token-tiles.md; 2026-11-24-pingpong-t64.md at 33..64 tokens,
-// where this tile took the ping-pong 64-token tile's time): 70B O at 65 tokens took 21.2 us as
-// a plain GEMM in one 96-token tile, 24.1 in the (unswapped) 128-token tile used before; the
-// whole fused op on 405B O 80.9 against 98.5.
+// to 256 tokens one token tile holds them all (fused_allreduce.hpp says why that matters; the
+// measurements are in benchmarks/results/2026-11-24-token-tiles.md).
 //
 // After the GEMM the two consumer warpgroups of each CTA (the producer warpgroup has given its
 // registers back and leaves):
@@ -32,7 +30,6 @@
 
 #include <stdexcept>
 #include <string>
-#include <type_traits>
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -199,17 +196,6 @@ struct FusedRunner {
         sched};
   }
 
-  static std::string can_implement(const FusedAllReduceDesc& f) {
-    Arguments args = make_arguments(f, f.partial[f.rank], 1);
-    if (!Kernel::can_implement(args))
-      return "CUTLASS can_implement rejected the fused GEMM (m=" + std::to_string(f.m) +
-             " n=" + std::to_string(f.n) + " k=" + std::to_string(f.k) +
-             " splits=" + std::to_string(f.splits) + ")";
-    if (Kernel::get_workspace_size(args) != 0)
-      return "internal: the fused GEMM kernel asks for a workspace";
-    return "";
-  }
-
   // The device's SM count and the CTAs resident at once (fused_tail.cuh, cached).
   static std::pair<int, int> prepare(int device) {
     return fused_occupancy(reinterpret_cast<const void*>(kernel_fn()), Kernel::MaxThreadsPerBlock,
@@ -227,6 +213,13 @@ struct FusedRunner {
     for (int parity = 0; parity < 2; ++parity) {
       void* part = static_cast<Element*>(f.partial[f.rank]) + parity * t.parity_elems;
       Arguments args = make_arguments(f, part, sm_count);
+      if (parity == 0 && !Kernel::can_implement(args))
+        throw std::invalid_argument(
+            "fused GEMM + all-reduce rejected: CUTLASS can_implement rejected the fused GEMM (m=" +
+            std::to_string(f.m) + " n=" + std::to_string(f.n) + " k=" + std::to_string(f.k) +
+            " splits=" + std::to_string(f.splits) + ")");
+      if (parity == 0 && Kernel::get_workspace_size(args) != 0)
+        throw std::logic_error("internal: the fused GEMM kernel asks for a workspace");
       params.gemm[parity] = Kernel::to_underlying_arguments(args, nullptr);
     }
     dim3 grid = Kernel::get_grid_shape(params.gemm[0]);
@@ -246,9 +239,6 @@ struct FusedRunner {
 // One fused kernel's entry points (dtype x token tile).
 #define DISTGEMM_DEFINE_FUSED_ENTRY_POINTS(SUFFIX, ELEMENT, TOKEN_TILE)                 \
   namespace distgemm::kernel::detail {                                                  \
-  std::string fused_can_implement_##SUFFIX(const FusedAllReduceDesc& f) {               \
-    return sm90::FusedRunner<ELEMENT, TOKEN_TILE>::can_implement(f);                    \
-  }                                                                                     \
   void fused_launch_##SUFFIX(const FusedAllReduceDesc& f, int device, cudaStream_t s) { \
     sm90::FusedRunner<ELEMENT, TOKEN_TILE>::launch(f, device, s);                       \
   }                                                                                     \

@@ -501,7 +501,6 @@ decltype(auto) with_decode_width(int64_t m, Fn&& fn) {
 // The decode kernel's entry points for one dtype (every token width).
 #define DISTGEMM_DEFINE_FUSED_DECODE_ENTRY_POINTS(SUFFIX, ELEMENT)                               \
   namespace distgemm::kernel::detail {                                                           \
-  std::string fused_can_implement_##SUFFIX(const FusedAllReduceDesc&) { return ""; }             \
   void fused_launch_##SUFFIX(const FusedAllReduceDesc& f, int device, cudaStream_t s) {          \
     decode::with_decode_width<ELEMENT>(f.m, [&](auto r) { decltype(r)::launch(f, device, s); }); \
   }                                                                                              \
