@@ -37,6 +37,7 @@
 #include "cutlass/gemm/dispatch_policy.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "distgemm/device/check.hpp"
+#include "distgemm/kernel/fp8_split_promotion.cuh"
 #include "distgemm/kernel/gemm.hpp"
 #include "distgemm/kernel/leading_barrier.cuh"
 #include "distgemm/kernel/tile_choice.hpp"
@@ -232,7 +233,8 @@ struct Config {
 //   D = beta * user_c + ((scale_a[m] * (scale_b[n] * acc) + bias[n]) + partial)
 // scale_a and scale_b are fp32 vectors read with a runtime stride of 0 or 1 (CUTLASS's dynamic
 // broadcast): one kernel serves tensor-wise and row-wise scales. FastAccum: CUTLASS's
-// fast-accumulation mainloop; otherwise its fp8 mainloop that promotes every 4 k-blocks.
+// fast-accumulation mainloop; otherwise CUTLASS's fp8 collective with the consumer loop of
+// fp8_split_promotion.cuh (fp32 promotion every k-tile, no pipeline drain).
 template <int TileM, int TileN, bool FastAccum>
 struct Fp8Config {
   using ElementAB = cutlass::float_e4m3_t;
@@ -262,12 +264,14 @@ struct Fp8Config {
   using Schedule =
       std::conditional_t<FastAccum, cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8FastAccum,
                          cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+  using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, cutlass::layout::RowMajor,
       kAlignAB, ElementAB, cutlass::layout::ColumnMajor, kAlignAB, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename Epilogue::SharedStorage))>,
       Schedule>::CollectiveOp;
+  using Mainloop =
+      std::conditional_t<FastAccum, BuiltMainloop, Fp8SplitPromotionMainloop<BuiltMainloop>>;
   using Kernel =
       cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue, void>;
 
