@@ -86,6 +86,22 @@ def test_fp8_gemm_matches_dequantized_fp32(m, n, k, row_a, row_b, fast_accum):
     assert err <= 2 * err_torch + 1e-4, (err, err_torch)
 
 
+@pytest.mark.parametrize("k", [128, 256, 384, 640, 1152, 4096])
+def test_fp8_accurate_kernel_at_every_k_tile_count(k):
+    """The accurate kernel's consumer loop takes k-tiles of 128 in unrolled runs of 4, then one
+    at a time: 1..3 k-tiles (no run), 5 and 9 (runs and one more), 32 (runs only)."""
+    m, n = 384, 1152
+    qa, sa, qb, sb = operands(m, n, k, True, True, seed=k)
+    ref = dequantized_mm(qa, sa, qb, sb)
+    d = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    fp8_gemm(qa, sa, qb, sb, d, m, n, k)
+    theirs = scaled_mm(qa, sa, qb, sb, False)
+    torch.cuda.synchronize()
+    err, err_torch = rel_err(d, ref), rel_err(theirs, ref)
+    assert err < TOL, (err, err_torch)
+    assert err <= 2 * err_torch + 1e-4, (err, err_torch)
+
+
 @pytest.mark.parametrize("fast_accum", [False, True], ids=["accurate", "fast"])
 def test_fp8_sub_gemm_at_a_row_offset(fast_accum):
     """A plan step's GEMM: rows m0.. of A with the scale pointer at row m0, columns n0.. of the

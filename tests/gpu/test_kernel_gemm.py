@@ -102,6 +102,15 @@ def test_every_config_matches_torch_mm(m, n, k, config):
     assert err < TOL, config
 
 
+@pytest.mark.parametrize("swizzle,raster", [(1, 1), (2, 2), (4, 0), (8, 1), (8, 2)])
+@pytest.mark.parametrize("config", ["128x256", "256x192"])
+def test_tile_order_matches_torch_mm(config, swizzle, raster):
+    # 33 x 5 tiles of 128x256 (17 x 7 of 256x192): swizzles that do not divide the grid.
+    ran, err = _run_checked(128 * 33, 1280, 512, config=config, swizzle=swizzle, raster=raster)
+    assert ran == _core.gemm_config_table()[config]["tile_n"]
+    assert err < TOL
+
+
 @pytest.mark.parametrize("config", ["auto", *_core.gemm_config_names("fp16")])
 def test_fp16_configs_match_torch_mm(config):
     m, n, k = 8, 4096, 1024

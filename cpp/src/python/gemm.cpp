@@ -103,9 +103,18 @@ int run_gemm(uint64_t a, uint64_t b, uint64_t d, int64_t m, int64_t n, int64_t k
              const std::string& dtype, int tile_n, bool b_n_major, int cuda_device, uint64_t stream,
              const std::string& config, uint64_t workspace, int64_t workspace_bytes,
              uint64_t scale_a, bool scale_a_rows, uint64_t scale_b, bool scale_b_rows,
-             bool fast_accum) {
+             bool fast_accum, int swizzle, int raster) {
   GemmDesc g = dense_desc(a, b, d, m, n, k, dtype, tile_n, b_n_major, config,
                           {scale_a, scale_b, scale_a_rows, scale_b_rows, fast_accum});
+  if (swizzle != 1 && swizzle != 2 && swizzle != 4 && swizzle != 8)
+    throw std::invalid_argument("gemm: swizzle must be 1, 2, 4 or 8, got " +
+                                std::to_string(swizzle));
+  if (raster < 0 || raster > 2)
+    throw std::invalid_argument(
+        "gemm: raster must be 0 (CUTLASS's heuristic), 1 (along M) or 2 (along N), got " +
+        std::to_string(raster));
+  g.swizzle = swizzle;
+  g.raster = raster;
   if ((workspace == 0) != (workspace_bytes == 0) || workspace_bytes < 0)
     throw std::invalid_argument(
         "gemm: give workspace and workspace_bytes together (both 0: no workspace), got "
@@ -156,6 +165,8 @@ void register_gemm(py::module_& m) {
         py::arg("config") = "auto", py::arg("workspace") = 0, py::arg("workspace_bytes") = 0,
         py::arg("scale_a") = 0, py::arg("scale_a_rows") = false, py::arg("scale_b") = 0,
         py::arg("scale_b_rows") = false, py::arg("fast_accum") = false,
+        py::arg("swizzle") = distgemm::kernel::kDefaultSwizzle,
+        py::arg("raster") = distgemm::kernel::kDefaultRaster,
         "Enqueue D[m, n] = A[m, k] @ B[n, k]^T (B[k, n] with b_n_major) on `stream` of "
         "`cuda_device` with distgemm's kernel: contiguous bf16/fp16 operands, fp32 accumulate. "
         "dtype 'e4m3': A and B float8_e4m3fn, D bf16, D = scale_a * scale_b * A @ B^T with "
@@ -165,7 +176,9 @@ void register_gemm(py::module_& m) {
         "The kernel: `config` (a gemm_config_names() name), else output tile 128 x tile_n, else "
         "(both unset) the model's choice (kernel::choose_config), among the stream-K "
         "configurations too where `workspace` (a zeroed device buffer of gemm_workspace_bytes(), "
-        "used by one GEMM at a time) is given. Returns the output tile width it ran with; "
+        "used by one GEMM at a time) is given. `swizzle` (1, 2, 4, 8) and `raster` (0 CUTLASS's "
+        "heuristic, 1 along M, 2 along N): the persistent scheduler's tile order. Returns the "
+        "output tile width it ran with; "
         "ValueError with gemm_problem's reason when the kernel cannot run the GEMM.");
   m.attr("STREAM_K_TAIL_BYTES") = distgemm::kernel::kStreamKTailBytes;
   m.def(
