@@ -270,9 +270,9 @@ def test_gemm_binding_refuses_bad_shapes_before_the_device():
     with pytest.raises(ValueError, match="tile_n=128 has no kernel for an N-contiguous B"):
         _core.gemm(base, base, base, 256, 128, 64, tile_n=128, b_n_major=True, cuda_device=0,
                    stream=0)  # fmt: skip
-    with pytest.raises(ValueError, match="swizzle must be 1, 2, 4 or 8, got 3"):
+    with pytest.raises(ValueError, match="swizzle=3 is not one of 1, 2, 4, 8"):
         _core.gemm(base, base, base, 256, 128, 64, cuda_device=0, stream=0, swizzle=3)
-    with pytest.raises(ValueError, match=r"raster must be 0 .* got 3"):
+    with pytest.raises(ValueError, match=r"raster=3 is not 0 \(heuristic\), 1 \(M\) or 2 \(N\)"):
         _core.gemm(base, base, base, 256, 128, 64, cuda_device=0, stream=0, raster=3)
     assert _core.gemm_problem(base, base, base, 256, 128, 64) == ""
     for config in _core.gemm_config_names("bf16"):

@@ -256,3 +256,31 @@ def test_n_major_b_has_one_config():
 def test_choose_config_bad_arguments_name_the_values(kwargs, needle):
     with pytest.raises(ValueError, match=needle):
         _core.choose_config(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "m,want",
+    [(8192, 2), (64 * 128, 2), (63 * 128 + 1, 2), (63 * 128, 1), (4096, 1), (1, 1), (20000, 2)],
+)
+def test_accurate_fp8_raster_follows_the_rows(m, want):
+    # Along N from 64 row tiles of 128 on, along M below (docs/tuning.md).
+    assert _core.choose_raster("e4m3_128x192", m) == want
+
+
+@pytest.mark.parametrize("config", ["128x256", "256x192", "128x128", "e4m3_128x256fa"])
+def test_other_configs_keep_cutlass_raster_heuristic(config):
+    assert _core.gemm_config_table()[config]["along_n_from_m_tiles"] == 0
+    assert {_core.choose_raster(config, m) for m in (1, 4096, 8192, 65536)} == {0}
+
+
+@pytest.mark.parametrize(
+    "config,m,needle",
+    [
+        ("nope", 128, "config 'nope' names no kernel"),
+        ("auto", 128, "'auto'"),
+        ("128x256", 0, "m >= 1, got m=0"),
+    ],  # fmt: skip
+)
+def test_choose_raster_bad_arguments_name_the_values(config, m, needle):
+    with pytest.raises(ValueError, match=needle):
+        _core.choose_raster(config, m)

@@ -129,14 +129,28 @@ void register_tile_choice(py::module_& m) {
               py::arg("cluster_n") = c.cluster_n, py::arg("relative_cost") = c.relative_cost,
               py::arg("bf16_only") = c.bf16_only, py::arg("stream_k") = c.stream_k,
               py::arg("e4m3") = c.e4m3, py::arg("fast_accum") = c.fast_accum,
-              py::arg("min_gain") = c.min_gain);
+              py::arg("min_gain") = c.min_gain,
+              py::arg("along_n_from_m_tiles") = c.along_n_from_m_tiles);
         return out;
       },
       "{name: {'id', 'tile_m', 'tile_n', 'cluster_m', 'cluster_n', 'relative_cost', "
-      "'bf16_only', 'stream_k', 'e4m3', 'fast_accum', 'min_gain'}} of every GEMM kernel "
-      "configuration "
-      "(kernel/tile_choice.hpp's "
-      "kConfigs).");
+      "'bf16_only', 'stream_k', 'e4m3', 'fast_accum', 'min_gain', 'along_n_from_m_tiles'}} of "
+      "every GEMM kernel configuration (kernel/tile_choice.hpp's kConfigs).");
+  m.def(
+      "choose_raster",
+      [](const std::string& config, int64_t m_) {
+        if (m_ < 1)
+          throw py::value_error("choose_raster needs m >= 1, got m=" + std::to_string(m_));
+        const int c = k::parse_config(config);
+        if (c <= 0)
+          throw py::value_error("choose_raster: config '" + config +
+                                "' names no kernel; one of gemm_config_table()");
+        return k::choose_raster(c, m_);
+      },
+      py::arg("config"), py::arg("m"),
+      "The tile order a GEMM of m rows on configuration `config` runs with when the caller sets "
+      "none (gemm(raster=0)): 1 along M, 2 along N, 0 CUTLASS's heuristic "
+      "(kernel/tile_choice.hpp's choose_raster).");
   m.attr("STREAM_K_FIXUP_WAVES") = k::kStreamKFixupWaves;
   m.attr("DEFAULT_SWIZZLE") = k::kDefaultSwizzle;
 }

@@ -106,14 +106,7 @@ int run_gemm(uint64_t a, uint64_t b, uint64_t d, int64_t m, int64_t n, int64_t k
              bool fast_accum, int swizzle, int raster) {
   GemmDesc g = dense_desc(a, b, d, m, n, k, dtype, tile_n, b_n_major, config,
                           {scale_a, scale_b, scale_a_rows, scale_b_rows, fast_accum});
-  if (swizzle != 1 && swizzle != 2 && swizzle != 4 && swizzle != 8)
-    throw std::invalid_argument("gemm: swizzle must be 1, 2, 4 or 8, got " +
-                                std::to_string(swizzle));
-  if (raster < 0 || raster > 2)
-    throw std::invalid_argument(
-        "gemm: raster must be 0 (CUTLASS's heuristic), 1 (along M) or 2 (along N), got " +
-        std::to_string(raster));
-  g.swizzle = swizzle;
+  g.swizzle = swizzle;  // checked with the rest in dense_problem
   g.raster = raster;
   if ((workspace == 0) != (workspace_bytes == 0) || workspace_bytes < 0)
     throw std::invalid_argument(
@@ -176,9 +169,9 @@ void register_gemm(py::module_& m) {
         "The kernel: `config` (a gemm_config_names() name), else output tile 128 x tile_n, else "
         "(both unset) the model's choice (kernel::choose_config), among the stream-K "
         "configurations too where `workspace` (a zeroed device buffer of gemm_workspace_bytes(), "
-        "used by one GEMM at a time) is given. `swizzle` (1, 2, 4, 8) and `raster` (0 CUTLASS's "
-        "heuristic, 1 along M, 2 along N): the persistent scheduler's tile order. Returns the "
-        "output tile width it ran with; "
+        "used by one GEMM at a time) is given. `swizzle` (1, 2, 4, 8) and `raster` (0 the "
+        "configuration's rule, kernel::choose_raster; 1 along M; 2 along N): the persistent "
+        "scheduler's tile order. Returns the output tile width it ran with; "
         "ValueError with gemm_problem's reason when the kernel cannot run the GEMM.");
   m.attr("STREAM_K_TAIL_BYTES") = distgemm::kernel::kStreamKTailBytes;
   m.def(

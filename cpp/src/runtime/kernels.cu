@@ -237,7 +237,10 @@ int gemm_tile_n(const GemmDesc& g, int device) {
 void gemm_launch(const GemmDesc& g, const WaitSpec& wait, int device, cudaStream_t stream) {
   const std::string why = gemm_can_implement(g);
   if (!why.empty()) throw std::invalid_argument("GEMM rejected before launch: " + why);
-  detail::kernels(g.dtype, gemm_config(g, device), g.b_n_major).launch(g, wait, device, stream);
+  const int config = gemm_config(g, device);
+  GemmDesc run = g;
+  if (run.raster == 0) run.raster = choose_raster(config, g.m);
+  detail::kernels(g.dtype, config, g.b_n_major).launch(run, wait, device, stream);
 }
 
 void gemm_prepare(DType dtype, int device) {

@@ -85,8 +85,9 @@ struct GemmDesc {
   bool fast_accum = false;
   // Persistent tile scheduler (runtime arguments of the one kernel, no extra instantiation):
   // tiles are walked in groups of `swizzle` (1, 2, 4, 8) along the raster order,
-  // 0 = CUTLASS heuristic, 1 = along M, 2 = along N. A maximum: the kernel lowers it until it
-  // divides the tile grid (padding tiles would cost full mainloops).
+  // 0 = the configuration's rule (tile_choice.hpp's choose_raster), 1 = along M, 2 = along N.
+  // The swizzle is a maximum: the kernel lowers it until it divides the tile grid (padding
+  // tiles would cost full mainloops).
   int swizzle = kDefaultSwizzle;
   int raster = kDefaultRaster;
   // Programmatic dependent launch: this GEMM may start on SMs freed by the previous kernel of the
