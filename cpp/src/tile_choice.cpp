@@ -129,28 +129,38 @@ void register_tile_choice(py::module_& m) {
               py::arg("cluster_n") = c.cluster_n, py::arg("relative_cost") = c.relative_cost,
               py::arg("bf16_only") = c.bf16_only, py::arg("stream_k") = c.stream_k,
               py::arg("e4m3") = c.e4m3, py::arg("fast_accum") = c.fast_accum,
-              py::arg("min_gain") = c.min_gain,
-              py::arg("along_n_from_m_tiles") = c.along_n_from_m_tiles);
+              py::arg("min_gain") = c.min_gain);
         return out;
       },
       "{name: {'id', 'tile_m', 'tile_n', 'cluster_m', 'cluster_n', 'relative_cost', "
-      "'bf16_only', 'stream_k', 'e4m3', 'fast_accum', 'min_gain', 'along_n_from_m_tiles'}} of "
-      "every GEMM kernel configuration (kernel/tile_choice.hpp's kConfigs).");
+      "'bf16_only', 'stream_k', 'e4m3', 'fast_accum', 'min_gain'}} of every GEMM kernel "
+      "configuration (kernel/tile_choice.hpp's kConfigs).");
   m.def(
       "choose_raster",
-      [](const std::string& config, int64_t m_) {
-        if (m_ < 1)
-          throw py::value_error("choose_raster needs m >= 1, got m=" + std::to_string(m_));
+      [](const std::string& config, int64_t m_, int64_t n, int slots, int swizzle) {
+        if (m_ < 1 || n < 1 || slots < 1 || swizzle < 1)
+          throw py::value_error(
+              "choose_raster needs m, n, slots and swizzle >= 1, got m=" + std::to_string(m_) +
+              " n=" + std::to_string(n) + " slots=" + std::to_string(slots) +
+              " swizzle=" + std::to_string(swizzle));
         const int c = k::parse_config(config);
         if (c <= 0)
           throw py::value_error("choose_raster: config '" + config +
                                 "' names no kernel; one of gemm_config_table()");
-        return k::choose_raster(c, m_);
+        const k::ConfigShape& s = *k::config_shape(c);
+        py::dict d;
+        d["raster"] = k::choose_raster(c, m_, n, slots, swizzle);
+        d["rows_along_m"] = k::wave_operand_rows(s, m_, n, slots, swizzle, 1);
+        d["rows_along_n"] = k::wave_operand_rows(s, m_, n, slots, swizzle, 2);
+        return d;
       },
-      py::arg("config"), py::arg("m"),
-      "The tile order a GEMM of m rows on configuration `config` runs with when the caller sets "
-      "none (gemm(raster=0)): 1 along M, 2 along N, 0 CUTLASS's heuristic "
-      "(kernel/tile_choice.hpp's choose_raster).");
+      py::arg("config"), py::arg("m"), py::arg("n"), py::arg("slots") = 132,
+      py::arg("swizzle") = k::kDefaultSwizzle,
+      "The tile order an m x n GEMM on configuration `config` runs with when the caller sets "
+      "none (gemm(raster=0)), given the configuration's resident CTAs: {'raster': 1 along M, 2 "
+      "along N or 0 CUTLASS's heuristic, 'rows_along_m', 'rows_along_n': the operand rows a wave "
+      "reads per k-step in each order} (kernel/tile_choice.hpp's choose_raster).");
+  m.attr("RASTER_MIN_GAIN") = k::kRasterMinGain;
   m.attr("STREAM_K_FIXUP_WAVES") = k::kStreamKFixupWaves;
   m.attr("DEFAULT_SWIZZLE") = k::kDefaultSwizzle;
 }

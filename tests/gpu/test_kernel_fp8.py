@@ -86,10 +86,10 @@ def test_fp8_gemm_matches_dequantized_fp32(m, n, k, row_a, row_b, fast_accum):
     assert err <= 2 * err_torch + 1e-4, (err, err_torch)
 
 
-@pytest.mark.parametrize("k", [128, 256, 384, 640, 1152, 4096])
+@pytest.mark.parametrize("k", [128, 384, 896, 1024, 1152, 4096])
 def test_fp8_accurate_kernel_at_every_k_tile_count(k):
-    """The accurate kernel's consumer loop takes k-tiles of 128 in unrolled runs of 4, then one
-    at a time: 1..3 k-tiles (no run), 5 and 9 (runs and one more), 32 (runs only)."""
+    """The accurate kernel's consumer loop takes k-tiles of 128 in unrolled runs of 8, then one
+    at a time: 1, 3 and 7 k-tiles (no run), 8 (one run), 9 (a run and one more), 32 (runs only)."""
     m, n = 384, 1152
     qa, sa, qb, sb = operands(m, n, k, True, True, seed=k)
     ref = dequantized_mm(qa, sa, qb, sb)

@@ -239,7 +239,9 @@ void gemm_launch(const GemmDesc& g, const WaitSpec& wait, int device, cudaStream
   if (!why.empty()) throw std::invalid_argument("GEMM rejected before launch: " + why);
   const int config = gemm_config(g, device);
   GemmDesc run = g;
-  if (run.raster == 0) run.raster = choose_raster(config, g.m);
+  if (run.raster == 0)
+    run.raster = choose_raster(config, g.m, g.n, gemm_config_resident_ctas(g.dtype, config, device),
+                               g.swizzle);
   detail::kernels(g.dtype, config, g.b_n_major).launch(run, wait, device, stream);
 }
 

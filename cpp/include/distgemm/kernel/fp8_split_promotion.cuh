@@ -55,8 +55,10 @@ struct Fp8SplitPromotionMainloop : Fp8SplitPromotionBase<Built>::Collective {
   using typename Base::TensorStorage;
   using typename Base::TiledMma;
 
-  // k-tiles per unrolled run of the consumer loop (see mma).
-  static constexpr int kRun = 4;
+  // k-tiles per unrolled run of the consumer loop (see mma): each run ends with one promotion that
+  // waits, so longer runs wait less (8 against 4: benchmarks/results/
+  // 2026-11-24-fp8-split-promotion.md).
+  static constexpr int kRun = 8;
 
   // The consumer loop. On return every k-tile's stage is released and `accum` holds the fp32
   // sum.

@@ -24,6 +24,7 @@
 // and the path model annotate with.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -72,9 +73,9 @@ inline int choose_tile_n(int64_t m, int64_t n, int64_t l, int slots_n256, int sl
 }
 
 // The persistent tile scheduler's order unless a caller sets one (GemmDesc::swizzle, raster):
-// groups of 8 tiles along the configuration's raster (choose_raster: CUTLASS's heuristic unless
-// the configuration has a measured rule), the fastest order on the Llama per-device shapes
-// (docs/tuning.md). A larger group keeps more of A and B in L2 between neighbouring tiles.
+// groups of 8 tiles along the raster whose wave reads the fewest operand rows (choose_raster),
+// the fastest order on the Llama per-device shapes (docs/tuning.md). A larger group keeps more of A
+// and B in L2 between neighbouring tiles.
 inline constexpr int kDefaultSwizzle = 8;
 inline constexpr int kDefaultRaster = 0;
 
@@ -114,9 +115,6 @@ struct ConfigShape {
   // anyway (programmatic dependent launch): kTile128MinGain. A larger tile's gain is per flop,
   // which no neighbour takes away: kLargeTileMinGain.
   double min_gain = kTile128MinGain;
-  // The tile order of GemmDesc::raster 0: along N (raster 2) from this many M tiles on, along M
-  // (1) below; 0: CUTLASS's heuristic (along M where the grid has more N tiles than M tiles).
-  int along_n_from_m_tiles = 0;
 };
 
 // Every configuration, the default first (ties go to the earlier entry). The relative costs are
@@ -130,8 +128,7 @@ inline constexpr ConfigShape kConfigs[] = {
     {GemmConfig::T256x192, "256x192", 256, 192, 1, 2, 1.44, true, false, false, false,
      kLargeTileMinGain},
     {GemmConfig::T128x256SK, "128x256sk", 128, 256, 2, 1, 1.0, true, true},
-    {GemmConfig::E4M3x128x192, "e4m3_128x192", 128, 192, 2, 1, 1.0, false, false, true, false,
-     kTile128MinGain, 64},
+    {GemmConfig::E4M3x128x192, "e4m3_128x192", 128, 192, 2, 1, 1.0, false, false, true, false},
     {GemmConfig::E4M3x128x256FA, "e4m3_128x256fa", 128, 256, 2, 1, 1.0, false, false, true, true},
 };
 // What stream-K adds to a GEMM whose tiles do not fill whole waves, in waves of 128x256 tiles:
@@ -199,17 +196,6 @@ inline bool config_is_e4m3(int c) {
 }
 
 // The fp8 configuration of a GEMM (e4m3 inputs, K-contiguous B): fast accumulation or not.
-// The persistent scheduler's raster for GemmDesc::raster 0 on configuration `c` over m rows:
-// 1 along M, 2 along N, 0 CUTLASS's heuristic (ConfigShape::along_n_from_m_tiles). The accurate
-// fp8 kernel's rule is measured (docs/tuning.md): along N at 8192 rows (64 tiles) and along M at
-// 4096 (32), each 1-5% faster than the other order there, where CUTLASS's heuristic (which
-// looks at the tile counts, not the rows) picks the slower one on 4 of 10 Llama shapes.
-inline int choose_raster(int c, int64_t m) {
-  const ConfigShape* s = config_shape(c);
-  if (s == nullptr || s->along_n_from_m_tiles == 0) return 0;
-  return (m + s->tile_m - 1) / s->tile_m >= s->along_n_from_m_tiles ? 2 : 1;
-}
-
 inline int e4m3_config(bool fast_accum) {
   return static_cast<int>(fast_accum ? GemmConfig::E4M3x128x256FA : GemmConfig::E4M3x128x192);
 }
@@ -227,6 +213,46 @@ inline int effective_swizzle(int64_t tm, int64_t tn, int cluster_m, int cluster_
   while (sw > 1 && (tm % (int64_t(sw) * cluster_m) != 0 || tn % (int64_t(sw) * cluster_n) != 0))
     sw /= 2;
   return sw;
+}
+
+// The operand rows one wave of the persistent grid reads per k-step with raster `raster` (1 along
+// M, 2 along N): the A rows plus the B rows (output columns) of the tiles it runs at once. CUTLASS
+// numbers clusters in groups of `sw` along the minor mode (M for raster 2): cluster i takes minor
+// group i / (sw x major), major (i / sw) % major, minor offset i % sw. A wave is the grid's first
+// `slots` CTAs. Each operand row a wave reads comes from DRAM or L2 once and serves every tile of
+// the wave that shares it, so fewer rows mean more reuse.
+inline int64_t wave_operand_rows(const ConfigShape& c, int64_t m, int64_t n, int slots, int swizzle,
+                                 int raster) {
+  const int64_t tm = (m + c.tile_m - 1) / c.tile_m, tn = (n + c.tile_n - 1) / c.tile_n;
+  const int64_t sw = effective_swizzle(tm, tn, c.cluster_m, c.cluster_n, swizzle);
+  const bool along_n = raster == 2;
+  // Modes in clusters (CUTLASS pads each to whole clusters).
+  const int64_t cm_all = (tm + c.cluster_m - 1) / c.cluster_m;
+  const int64_t cn_all = (tn + c.cluster_n - 1) / c.cluster_n;
+  const int64_t minor_all = along_n ? cm_all : cn_all, major_all = along_n ? cn_all : cm_all;
+  const int64_t wave = std::max<int64_t>(1, slots / (c.cluster_m * c.cluster_n));
+  const int64_t full_groups = wave / (sw * major_all), rest = wave % (sw * major_all);
+  const int64_t major = full_groups > 0 ? major_all : (rest + sw - 1) / sw;
+  const int64_t minor = std::min(minor_all, full_groups * sw + std::min(sw, rest));
+  const int64_t tiles_m = (along_n ? minor : major) * c.cluster_m;
+  const int64_t tiles_n = (along_n ? major : minor) * c.cluster_n;
+  return std::min(tiles_m, tm) * c.tile_m + std::min(tiles_n, tn) * c.tile_n;
+}
+
+// The raster of GemmDesc::raster 0 for configuration `c` on an m x n GEMM with `slots` resident
+// CTAs: the one whose wave reads kRasterMinGain fewer operand rows (wave_operand_rows), else
+// CUTLASS's heuristic (0: along M where the grid has more N tiles than M tiles). On the measured
+// shapes the faster order read 15-42% fewer rows, or the two counts were within 2% and either
+// order ran as fast (docs/tuning.md).
+inline constexpr double kRasterMinGain = 0.10;
+inline int choose_raster(int c, int64_t m, int64_t n, int slots, int swizzle) {
+  const ConfigShape* s = config_shape(c);
+  if (s == nullptr) return 0;
+  const double along_m = double(wave_operand_rows(*s, m, n, slots, swizzle, 1));
+  const double along_n = double(wave_operand_rows(*s, m, n, slots, swizzle, 2));
+  if (along_m < (1.0 - kRasterMinGain) * along_n) return 1;
+  if (along_n < (1.0 - kRasterMinGain) * along_m) return 2;
+  return 0;
 }
 
 struct ConfigEstimate {
