@@ -4,6 +4,7 @@ Usage: python3 diag/order_probe.py OUT_JSON [BUDGET_S]"""
 
 import json
 import math
+import os
 import sys
 import time
 
@@ -23,6 +24,13 @@ SHAPES = [
     ("70B/O/4096", 4096, 8192, 4096), ("405B/O/4096", 4096, 16384, 8192),
     ("405B/FC1/8192", 8192, 53248, 16384),
 ]
+if os.environ.get("PROBE_SHAPES") == "tp1":
+    SHAPES = [("70B/FC1/8192/TP1", 8192, 57344, 8192), ("70B/QKV/8192/TP1", 8192, 10240, 8192),
+              ("405B/FC1/8192", 8192, 53248, 16384)]
+if os.environ.get("PROBE_SHAPES") == "bf16model":  # where the rows model leaves the heuristic
+    SHAPES = [("405B/QKV/8192/TP4", 8192, 4608, 16384), ("405B/QKV/16384/TP4", 16384, 4608, 16384),
+              ("405B/FC1/16384/TP8", 16384, 13312, 16384), ("8B/FC1/16384/TP2", 16384, 14336, 4096)]
+DTYPES = os.environ.get("PROBE_DTYPES", "bf16,e4m3").split(",")
 
 
 def main() -> None:
@@ -34,7 +42,7 @@ def main() -> None:
     res = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__, "cases": []}
     stream = lambda: torch.cuda.current_stream().cuda_stream  # noqa: E731
     for si, (name, m, n, k) in enumerate(SHAPES):
-        for dtype in ("bf16", "e4m3"):
+        for dtype in DTYPES:
             if time.time() - t0 > budget:
                 break
             gen = torch.Generator(device=dev).manual_seed(7 + si)
