@@ -198,6 +198,7 @@ def test_defaults_reported():
         ("rs_tile_a", 2 * TP): ("1", "copy"),
     }
     for (schedule, steps), (pdl, via) in want.items():
+        pdl = pdl if steps > 1 else "0"  # one GEMM: nothing for PDL to overlap (TP=1, S=1)
         proc, res = run_bench(
             "--schedule", schedule, "--tp", str(TP), "--steps", str(steps), *SMALL
         )
