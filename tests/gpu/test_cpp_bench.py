@@ -234,9 +234,10 @@ def test_each_tile_kernel_verifies(schedule, tile, dtype):
 
 
 def test_tile_choice_follows_the_wave_model():
-    """Without --tile-n each GEMM's tile comes from kernel::choose_tile_n: the 1024-token O
-    projection's steps (M/S rows x 4096) underfill the GPU with 128x256 tiles and get 128x128;
-    8192-row steps of an 8192-wide output fill it and keep 128x256. The RESULT line reports it."""
+    """Without --tile-n each GEMM's tile comes from kernel::choose_tile_n: steps of 512 rows x
+    4096 (the 1024-token O projection at TP=2) underfill the GPU with 128x256 tiles and get
+    128x128; 8192-row steps of an 8192-wide output fill it and keep 128x256. The RESULT line
+    reports it. Rows scale with TP, so every TP runs the same step shapes."""
     proc, res = run_bench(
         "--schedule",
         "rs_tile_a",
@@ -245,7 +246,7 @@ def test_tile_choice_follows_the_wave_model():
         "--steps",
         str(TP),
         "--m",
-        "1024",
+        str(512 * TP),
         "--n",
         "4096",
         "--k",
