@@ -12,8 +12,9 @@ GRID = [(tp, tp * k) for tp in (1, 2, 3, 4, 5, 8) for k in (1, 2, 4)]
 
 
 def shape_for(tp, steps, l=1, scale=1):
-    # Divisible by everything any schedule needs at this TP and S.
-    return dict(m=steps * tp * 2 * scale, n=steps * tp * 3, k=tp * 8, l=l)
+    # Divisible by everything any schedule needs at this TP and S; every step along N gets one
+    # whole 8-column unit (a tile below a unit exists only for extents of no whole units).
+    return dict(m=steps * tp * 2 * scale, n=steps * tp * 8, k=tp * 8, l=l)
 
 
 def test_all_five_schedules_registered():

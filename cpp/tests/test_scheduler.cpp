@@ -131,6 +131,14 @@ static void test_plans() {
 // the extent, equal tiles where S divides it, otherwise tiles of whole units within one unit of
 // each other (the last tile of a shard also taking the remainder below one unit).
 static void test_tile_split() {
+  // A few units in more parts: whole units and an empty part, never parts below a unit (the GEMM
+  // kernel takes N in 16-byte units): 24 columns per shard in 4 tiles are 8 + 8 + 8 + 0.
+  for (int tp : {1, 2}) {
+    const TileSplit few{24 * tp, tp, 4, kSplitUnitN};
+    for (int t = 0; t < 4 * tp; ++t)
+      CHECK(few.size(t) == (t % 4 == 3 ? 0 : 8), "TP=%d: 24 columns per shard, tile %d of %lld", tp,
+            t, (long long)few.size(t));
+  }
   for (int64_t unit : {int64_t(1), kSplitUnitN}) {
     for (int tp = 1; tp <= kMaxTp; ++tp) {
       for (int kc = 1; kc <= 4; ++kc) {
@@ -153,7 +161,8 @@ static void test_tile_split() {
               CHECK(sp.begin(d * kc) == extent / tp * d,
                     "TP=%d S=%d E=%lld: shard %d starts at %lld", tp, S, (long long)extent, d,
                     (long long)sp.begin(d * kc));
-          if (extent % S == 0 && ((extent / S) % unit == 0 || extent / S < unit)) {
+          if (extent % S == 0 &&
+              ((extent / S) % unit == 0 || (extent / S < unit && (extent / tp) % unit != 0))) {
             for (int t = 0; t < S; ++t)
               CHECK(sp.begin(t) == extent / S * t, "TP=%d S=%d E=%lld: even tile %d at %lld", tp, S,
                     (long long)extent, t, (long long)sp.begin(t));
@@ -164,7 +173,9 @@ static void test_tile_split() {
           // two tiles of a shard differ by more than a unit (besides the remainder).
           for (int d = 0; d < tp; ++d) {
             const int64_t shard = sp.begin((d + 1) * kc) - sp.begin(d * kc);
-            if (shard % kc == 0 && ((shard / kc) % unit == 0 || shard / kc < unit)) continue;
+            if (shard % kc == 0 &&
+                ((shard / kc) % unit == 0 || (shard / kc < unit && shard % unit != 0)))
+              continue;
             int64_t lo = shard, hi = 0;
             for (int c = 0; c < kc; ++c) {
               const int t = d * kc + c;

@@ -64,7 +64,7 @@ struct ScheduleDef {
 
 // Where the S tiles of the split mode start: the extent is cut into TP shards, each shard into k
 // chunks (tile t = shard t / k, chunk t % k), each cut into equal parts where they divide it
-// into whole units (or into parts below one unit).
+// into whole units (or below one unit, where the extent is no whole number of units).
 // Where they do not, the parts are whole `unit`s (1 element along M; along N the 8 elements
 // that make 16 bytes of a 2-byte dtype, so that every tile is a width the GEMM kernel's TMA
 // takes), balanced to within one unit, the first ones longer, and the last part also takes what
@@ -80,10 +80,13 @@ struct TileSplit {
   // Start of part j of `parts` equal-as-possible parts of [0, extent), as described above.
   DISTGEMM_HD static int64_t part_begin(int64_t extent, int parts, int j, int64_t unit) {
     if (j >= parts) return extent;
-    // Equal parts where they divide the extent and are whole units, or are all below one unit
-    // (abstract plans of tiny extents: no part could hold a unit).
+    // Equal parts where they divide the extent and are whole units, or are below one unit of an
+    // extent that is no whole number of units (an abstract plan of tiny extents, which no GEMM
+    // kernel takes). An extent of whole units cut into more parts than it has units gets whole
+    // units and empty parts, never parts the kernel refuses (24 columns in 4: 8 + 8 + 8 + 0).
     const int64_t equal = extent / parts;
-    if (extent % parts == 0 && (equal % unit == 0 || equal < unit)) return equal * j;
+    if (extent % parts == 0 && (equal % unit == 0 || (equal < unit && extent % unit != 0)))
+      return equal * j;
     const int64_t units = extent / unit, base = units / parts, longer = units % parts;
     return unit * (base * j + (j < longer ? j : longer));
   }
