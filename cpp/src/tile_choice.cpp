@@ -92,16 +92,17 @@ void register_tile_choice(py::module_& m) {
         }
         return d;
       },
-      py::arg("m"), py::arg("n"), py::arg("l") = 1, py::arg("slots_n256") = 132,
-      py::arg("slots_n128") = 132,
+      py::arg("m"), py::arg("n"), py::arg("l") = 1, py::arg("slots_n256") = k::kH200ResidentCtas,
+      py::arg("slots_n128") = k::kH200ResidentCtas,
       "The GEMM kernel's output tile width (128 or 256) for an m x n (x l) GEMM, given each "
       "kernel's resident CTAs: {'tile_n', 'n256': {'tiles', 'waves', 'cost'}, 'n128': {...}} "
       "(kernel/tile_choice.hpp; the runtime passes the device's real slot counts).");
   m.attr("TILE128_RELATIVE_COST") = k::kTile128RelativeCost;
   m.attr("TILE128_MIN_GAIN") = k::kTile128MinGain;
   m.def("choose_config", &choose_config, py::arg("m"), py::arg("n"), py::arg("l") = 1,
-        py::arg("dtype") = "bf16", py::arg("b_n_major") = false, py::arg("slots") = 132,
-        py::arg("swizzle") = k::kDefaultSwizzle, py::arg("stream_k") = false,
+        py::arg("dtype") = "bf16", py::arg("b_n_major") = false,
+        py::arg("slots") = k::kH200ResidentCtas, py::arg("swizzle") = k::kDefaultSwizzle,
+        py::arg("stream_k") = false,
         "The GEMM kernel configuration the runtime's model picks for an m x n (x l) GEMM of "
         "`dtype` (kernel/tile_choice.hpp): {'config': name, 'candidates': [names], name: "
         "{'tiles', 'waves', 'cost'} per candidate}. `slots`: resident CTAs, one int for every "
@@ -154,7 +155,7 @@ void register_tile_choice(py::module_& m) {
         d["rows_along_n"] = k::wave_operand_rows(s, m_, n, slots, swizzle, 2);
         return d;
       },
-      py::arg("config"), py::arg("m"), py::arg("n"), py::arg("slots") = 132,
+      py::arg("config"), py::arg("m"), py::arg("n"), py::arg("slots") = k::kH200ResidentCtas,
       py::arg("swizzle") = k::kDefaultSwizzle,
       "The tile order an m x n GEMM on configuration `config` runs with when the caller sets "
       "none (gemm(raster=0)), given the configuration's resident CTAs: {'raster': 1 along M, 2 "
@@ -163,4 +164,5 @@ void register_tile_choice(py::module_& m) {
   m.attr("RASTER_MIN_GAIN") = k::kRasterMinGain;
   m.attr("STREAM_K_FIXUP_WAVES") = k::kStreamKFixupWaves;
   m.attr("DEFAULT_SWIZZLE") = k::kDefaultSwizzle;
+  m.attr("H200_RESIDENT_CTAS") = k::kH200ResidentCtas;
 }

@@ -193,6 +193,18 @@ STREAM_K_FIXUP_WAVES: float  # what the model adds to a stream-K GEMM with a par
 
 DEFAULT_SWIZZLE: int  # the tile scheduler's swizzle unless a caller sets one
 
+H200_RESIDENT_CTAS: int  # the model's slots where no device is asked (132 SMs, one CTA each)
+
+def choose_raster(
+    config: str, m: int, n: int, slots: int = 132, swizzle: int = 8
+) -> dict[str, Any]:
+    """The tile order an m x n GEMM on ``config`` runs with when the caller sets none
+    (gemm(raster=0)): {'raster': 1 along M, 2 along N or 0 CUTLASS's heuristic, 'rows_along_m',
+    'rows_along_n': the operand rows one wave reads per k-step in each order}
+    (kernel/tile_choice.hpp's choose_raster)."""
+
+RASTER_MIN_GAIN: float  # fewer rows an order must read than the other to replace the heuristic
+
 def llama_tp_split_reason(model: str, layer: str, tokens: int, tp: int) -> str:
     """'' when TP ranks split the layer exactly, else the reason (distgemm_bench --sweep's rule)."""
 
@@ -251,6 +263,8 @@ def gemm(
     scale_b: int = 0,
     scale_b_rows: bool = False,
     fast_accum: bool = False,
+    swizzle: int = 8,
+    raster: int = 0,
 ) -> int:
     """Enqueue D[m, n] = A[m, k] @ B[n, k]^T (B[k, n] with b_n_major) with distgemm's kernel on
     `stream`. dtype 'e4m3': float8_e4m3fn A and B, bf16 D = scale_a * scale_b * A @ B^T with
@@ -258,8 +272,9 @@ def gemm(
     fast-accumulation kernel with ``fast_accum``. The kernel: configuration ``config`` (a
     gemm_config_names() name), else tile 128 x tile_n, else the model's pick (among the stream-K
     configurations too where ``workspace``, a zeroed device buffer of gemm_workspace_bytes() used
-    by one GEMM at a time, is given). Returns the output tile width it ran with. ValueError with
-    gemm_problem's reason when the kernel cannot run it."""
+    by one GEMM at a time, is given). ``swizzle`` and ``raster`` (0 the configuration's rule,
+    choose_raster; 1 along M; 2 along N): the persistent scheduler's tile order. Returns the output
+    tile width it ran with. ValueError with gemm_problem's reason when the kernel cannot run it."""
 
 STREAM_K_TAIL_BYTES: int  # a stream-K workspace's last bytes: split counters, zero between launches
 

@@ -37,9 +37,9 @@ from typing import Any
 from . import _core
 from .timeline import CostModel
 
-# Resident CTAs of one GEMM kernel on the calibration GPU (an H200's 132 SMs, one CTA each):
-# the slots of the wave model, as in _core.choose_tile_n's default.
-SLOTS = 132
+# Resident CTAs of one GEMM kernel on the calibration GPU (an H200): the slots of the wave model,
+# as in _core.choose_tile_n's default.
+SLOTS = _core.H200_RESIDENT_CTAS
 # Bytes per element of the operands (bf16 and fp16 alike).
 ELEM_BYTES = 2
 # One-way copy-engine peer bandwidth (bytes per ms): the simulator's timeline default.

@@ -90,9 +90,9 @@ def _signals(sigs: list[dict]) -> str:
     return ", ".join(f"f{s['flag']}@{s['device']}" for s in sigs)
 
 
-# Resident CTAs of either GEMM kernel on an H200 (132 SMs, one CTA each; distgemm_bench prints
-# the device's own counts): the default for the tile annotation of the step table.
-H200_RESIDENT_CTAS = 132
+# Resident CTAs of either GEMM kernel on an H200 (distgemm_bench prints the device's own counts):
+# the default for the tile annotation of the step table.
+H200_RESIDENT_CTAS = _core.H200_RESIDENT_CTAS
 
 
 def gemm_tile(g: dict, l: int, slots: int) -> int:

@@ -9,8 +9,9 @@
 // Here the warpgroup's tile is issued as two halves along N, each with its own temporary: while
 // one half's wgmmas of k-tile t run, the other half's of k-tile t - 1 are promoted. The
 // registers are those of CUTLASS's loop (the fp32 accumulator plus one tile of temporaries), and
-// every output element sees the same sums in the same order, so the results are CUTLASS's bit for
-// bit.
+// every output element gets the same k-tile sums added in the same order as in CUTLASS's loop.
+// The promotion is every k-tile, CUTLASS's default interval: Params' mma_promotion_interval is
+// not read.
 #pragma once
 
 #include "cute/tensor.hpp"

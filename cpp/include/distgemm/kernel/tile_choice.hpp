@@ -77,6 +77,10 @@ inline int choose_tile_n(int64_t m, int64_t n, int64_t l, int slots_n256, int sl
 // the fastest order on the Llama per-device shapes (docs/tuning.md). A larger group keeps more of A
 // and B in L2 between neighbouring tiles.
 inline constexpr int kDefaultSwizzle = 8;
+// Resident CTAs of one GEMM kernel on an H200 (132 SMs, one CTA each): the model's slots where no
+// device is asked (the simulator, the path model, host-only callers); the runtime passes the
+// device's own counts.
+inline constexpr int kH200ResidentCtas = 132;
 inline constexpr int kDefaultRaster = 0;
 
 // One kernel configuration: output tile tile_m x tile_n x 64, cooperative TMA warp-specialized,
