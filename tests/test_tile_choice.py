@@ -77,17 +77,19 @@ def test_bad_arguments_name_the_values(kwargs, needle):
 
 
 # The kernel configurations (kernel/tile_choice.hpp's kConfigs through _core.choose_config): the
-# same waves x tile cost model over every configuration of the dtype, tiles counted after
-# CUTLASS's padding of the grid to the cluster (and swizzle x cluster) in each mode.
+# same waves x tile cost model over every configuration of the dtype, tiles counted after the
+# scheduler's padding of the grid to the cluster (stream-K: swizzle x cluster) in each mode.
 BF16 = ["128x256", "128x128", "128x128c1", "256x192"]
 FP16 = ["128x256", "128x128"]
 
 
 def _padded_tiles(m, n, l, cfg, swizzle):
     tm, tn = math.ceil(m / cfg["tile_m"]), math.ceil(n / cfg["tile_n"])
-    sw = swizzle
-    while sw > 1 and (tm % (sw * cfg["cluster_m"]) or tn % (sw * cfg["cluster_n"])):
-        sw //= 2
+    sw = 1  # the data-parallel tile walk pads only to the cluster
+    if cfg["stream_k"]:  # CUTLASS's stream-K scheduler pads to swizzle x cluster, lowered
+        sw = swizzle
+        while sw > 1 and (tm % (sw * cfg["cluster_m"]) or tn % (sw * cfg["cluster_n"])):
+            sw //= 2
     um, un = sw * cfg["cluster_m"], sw * cfg["cluster_n"]
     return math.ceil(tm / um) * um * math.ceil(tn / un) * un * l
 
@@ -172,9 +174,14 @@ def test_config_estimates_count_cluster_padding():
     assert (got["256x192"]["tiles"], got["256x192"]["waves"]) == (86, 1)  # 86 N tiles, even
     # a 1x2 cluster pads N: 3 N tiles of 192 run as 4
     assert _core.choose_config(256, 576, slots=132)["256x192"]["tiles"] == 4
-    # swizzle 1 pads only to the cluster; a larger swizzle is lowered until it divides the grid
-    assert _core.choose_config(128 * 3, 256, swizzle=1)["128x256"]["tiles"] == 4
-    assert _core.choose_config(1024, 4096, swizzle=8)["128x256"]["tiles"] == 8 * 16
+    # the data-parallel walk pads only to the cluster, whatever the swizzle
+    for swizzle in (1, 8):
+        assert _core.choose_config(128 * 3, 256, swizzle=swizzle)["128x256"]["tiles"] == 4
+        assert _core.choose_config(128 * 9, 256 * 5, swizzle=swizzle)["128x256"]["tiles"] == 50
+    # CUTLASS's stream-K scheduler pads to swizzle x cluster, so its swizzle is lowered until it
+    # divides the grid: 10 x 5 tiles run with swizzle 1
+    got = _core.choose_config(128 * 10, 256 * 5, swizzle=8, stream_k=True)
+    assert got["128x256sk"]["tiles"] == 50
 
 
 def test_config_choice_matches_the_model_on_random_shapes():
@@ -258,29 +265,60 @@ def test_choose_config_bad_arguments_name_the_values(kwargs, needle):
         _core.choose_config(**kwargs)
 
 
-# Measured (benchmarks/results/2026-11-24-fp8-split-promotion.md, one H200, 132 resident CTAs):
-# (config, m, n, the faster raster, 0 where the two were within 0.5%).
+# Measured, swizzle 8, both rasters interleaved against cuBLAS on one H200 (132 resident CTAs):
+# (config, m, n, k, the faster raster, 0 where the two ran within 1%). The 128x256 shapes whose
+# grid swizzle 8 divides: benchmarks/results/2026-11-24-fp8-split-promotion.md (within 0.5%);
+# the rest with the unpadded walk: benchmarks/results/2026-11-24-tile-walk.md (calls 1, 2).
 MEASURED_RASTER = [
-    ("128x256", 8192, 5120, 0),
-    ("e4m3_128x192", 8192, 5120, 2),
-    ("128x256", 8192, 8192, 0),
-    ("e4m3_128x192", 8192, 8192, 2),
-    ("256x192", 8192, 28672, 1),
-    ("e4m3_128x192", 8192, 28672, 2),
-    ("256x192", 8192, 9216, 1),
-    ("e4m3_128x192", 8192, 9216, 0),
-    ("256x192", 8192, 16384, 1),
-    ("e4m3_128x192", 8192, 16384, 2),
-    ("128x256", 4096, 5120, 0),
-    ("e4m3_128x192", 4096, 5120, 1),
-    ("128x256", 4096, 8192, 0),
-    ("e4m3_128x192", 4096, 8192, 1),
-    ("128x256", 4096, 16384, 0),
-    ("e4m3_128x192", 4096, 16384, 1),
-    ("256x192", 8192, 53248, 1),
-    ("e4m3_128x192", 8192, 53248, 2),
-    ("e4m3_128x192", 8192, 57344, 1),
-    ("e4m3_128x192", 8192, 10240, 2),
+    ("128x256", 8192, 8192, 4096, 0),  # 70B/O/8192/TP2
+    ("128x256", 4096, 8192, 4096, 0),  # 70B/O/4096/TP2
+    ("128x256", 4096, 16384, 8192, 0),  # 405B/O/4096/TP2
+    ("e4m3_128x192", 4096, 5120, 8192, 0),  # 70B/QKV/4096/TP2, r1/r2 1.006
+    ("128x256", 4096, 5120, 8192, 0),  # 70B/QKV/4096/TP2, r1/r2 0.998
+    ("e4m3_128x192", 4096, 8192, 4096, 0),  # 70B/O/4096/TP2, r1/r2 1.000
+    ("e4m3_128x192", 4096, 28672, 8192, 2),  # 70B/FC1/4096/TP2, r1/r2 1.012
+    ("e4m3_128x192", 4096, 8192, 14336, 0),  # 70B/FC2/4096/TP2, r1/r2 1.003
+    ("e4m3_128x192", 8192, 5120, 8192, 0),  # 70B/QKV/8192/TP2, r1/r2 1.009
+    ("128x256", 8192, 5120, 8192, 0),  # 70B/QKV/8192/TP2, r1/r2 1.001
+    ("e4m3_128x192", 8192, 8192, 4096, 2),  # 70B/O/8192/TP2, r1/r2 1.020
+    ("e4m3_128x192", 8192, 28672, 8192, 0),  # 70B/FC1/8192/TP2, r1/r2 1.006
+    ("256x192", 8192, 28672, 8192, 0),  # 70B/FC1/8192/TP2, r1/r2 1.000
+    ("e4m3_128x192", 8192, 8192, 14336, 0),  # 70B/FC2/8192/TP2, r1/r2 1.006
+    ("e4m3_128x192", 4096, 9216, 16384, 0),  # 405B/QKV/4096/TP2, r1/r2 1.005
+    ("e4m3_128x192", 4096, 16384, 8192, 2),  # 405B/O/4096/TP2, r1/r2 1.016
+    ("e4m3_128x192", 4096, 53248, 16384, 2),  # 405B/FC1/4096/TP2, r1/r2 1.013
+    ("256x192", 4096, 53248, 16384, 0),  # 405B/FC1/4096/TP2, r1/r2 1.000
+    ("e4m3_128x192", 4096, 16384, 26624, 2),  # 405B/FC2/4096/TP2, r1/r2 1.012
+    ("e4m3_128x192", 8192, 9216, 16384, 0),  # 405B/QKV/8192/TP2, r1/r2 1.002
+    ("e4m3_128x192", 8192, 16384, 8192, 0),  # 405B/O/8192/TP2, r1/r2 1.009
+    ("256x192", 8192, 16384, 8192, 0),  # 405B/O/8192/TP2, r1/r2 1.007
+    ("e4m3_128x192", 8192, 53248, 16384, 0),  # 405B/FC1/8192/TP2, r1/r2 1.000
+    ("256x192", 8192, 53248, 16384, 0),  # 405B/FC1/8192/TP2, r1/r2 0.999
+    ("e4m3_128x192", 8192, 16384, 26624, 0),  # 405B/FC2/8192/TP2, r1/r2 1.007
+    ("256x192", 8192, 16384, 26624, 0),  # 405B/FC2/8192/TP2, r1/r2 1.002
+    ("e4m3_128x192", 8192, 57344, 8192, 0),  # 70B/FC1/8192/TP1, r1/r2 1.003
+    ("256x192", 8192, 57344, 8192, 0),  # 70B/FC1/8192/TP1, r1/r2 1.001
+    ("e4m3_128x192", 8192, 10240, 8192, 2),  # 70B/QKV/8192/TP1, r1/r2 1.012
+    # call 2: bf16 local sweep GEMMs where the DRAM rule overrides CUTLASS's heuristic
+    ("128x256", 4096, 28672, 4096, 0),  # 8B/FC1/M4096/TP1, r1/r2 1.007
+    ("256x192", 16384, 6144, 4096, 0),  # 8B/QKV/M16384/TP1, r1/r2 0.995
+    ("128x256", 1024, 8192, 28672, 0),  # 70B/FC2/M1024/TP1, r1/r2 1.000
+    ("128x256", 4096, 10240, 8192, 2),  # 70B/QKV/M4096/TP1, r1/r2 1.016
+    ("128x256", 1024, 16384, 16384, 2),  # 405B/O/M1024/TP1, r1/r2 1.016
+    ("256x192", 2048, 18432, 16384, 2),  # 405B/QKV/M2048/TP1, r1/r2 1.015
+    ("128x256", 2048, 16384, 53248, 0),  # 405B/FC2/M2048/TP1, r1/r2 1.007
+    ("128x256", 4096, 16384, 53248, 0),  # 405B/FC2/M4096/TP1, r1/r2 1.000
+    ("128x256", 8192, 4096, 7168, 0),  # 8B/FC2/M8192/TP2, r1/r2 1.000
+    ("128x256", 2048, 28672, 8192, 2),  # 70B/FC1/M2048/TP2, r1/r2 1.022
+    ("128x256", 1024, 53248, 16384, 0),  # 405B/FC1/M1024/TP2, r1/r2 1.006
+    ("128x256", 2048, 16384, 8192, 0),  # 405B/O/M2048/TP2, r1/r2 1.003
+    ("128x256", 4096, 16384, 8192, 0),  # 405B/O/M4096/TP2, r1/r2 1.005
+    ("128x256", 16384, 4096, 3584, 0),  # 8B/FC2/M16384/TP4, r1/r2 0.998
+    ("128x256", 1024, 26624, 16384, 2),  # 405B/FC1/M1024/TP4, r1/r2 1.017
+    ("128x256", 2048, 16384, 13312, 2),  # 405B/FC2/M2048/TP4, r1/r2 1.016
+    ("256x192", 8192, 4608, 16384, 1),  # 405B/QKV/M8192/TP4, r1/r2 0.983
+    ("128x256", 2048, 13312, 16384, 2),  # 405B/FC1/M2048/TP8, r1/r2 1.011
+    ("128x256", 4096, 16384, 6656, 2),  # 405B/FC2/M4096/TP8, r1/r2 1.015
 ]
 
 
@@ -289,32 +327,39 @@ def _cutlass_heuristic(config, m, n):
     return 1 if math.ceil(n / t["tile_n"]) > math.ceil(m / t["tile_m"]) else 2
 
 
-@pytest.mark.parametrize("config,m,n,faster", MEASURED_RASTER)
-def test_raster_choice_runs_the_measured_faster_order(config, m, n, faster):
-    got = _core.choose_raster(config, m, n, slots=132)
+@pytest.mark.parametrize("config,m,n,k,faster", MEASURED_RASTER)
+def test_raster_choice_runs_the_measured_faster_order(config, m, n, k, faster):
+    got = _core.choose_raster(config, m, n, k, slots=132)
     runs = got["raster"] or _cutlass_heuristic(config, m, n)
     assert faster in (0, runs), got
 
 
+def _walk(minor_n, major_n, sw, cid):
+    """Cluster `cid` of a tile walk, as the kernels number them: the data-parallel scheduler's
+    groups of `sw` minor clusters (the last one narrower), each walked minor-first."""
+    group, rest = divmod(cid, sw * major_n)
+    width = min(sw, minor_n - group * sw)
+    major, offset = divmod(rest, width)
+    return group * sw + offset, major
+
+
 def _wave_rows(config, m, n, slots, swizzle, raster):
-    """The model written out: the tiles one wave covers, walked as CUTLASS's scheduler does."""
+    """The model written out: the tiles one wave covers, walked as the kernel's scheduler does."""
     t = _core.gemm_config_table()[config]
     tm, tn = math.ceil(m / t["tile_m"]), math.ceil(n / t["tile_n"])
     cm, cn = t["cluster_m"], t["cluster_n"]
     sw = swizzle
-    while sw > 1 and (tm % (sw * cm) or tn % (sw * cn)):
-        sw //= 2
-    covered = set()
-    clusters = slots // (cm * cn)
-    # cluster index -> (m tile, n tile) of its first CTA, swizzle groups along the minor mode
     cl_m, cl_n = -(-tm // cm), -(-tn // cn)  # modes in clusters, padded
     minor_n, major_n = (cl_m, cl_n) if raster == 2 else (cl_n, cl_m)
-    for cid in range(clusters):
-        group, rest = divmod(cid, sw * major_n)
-        major, offset = divmod(rest, sw)
-        minor = group * sw + offset
-        if minor >= minor_n:
-            break
+    if t["stream_k"]:
+        # CUTLASS's scheduler: the swizzle lowered until it divides the grid, the minor mode
+        # padded to a multiple of it
+        while sw > 1 and (tm % (sw * cm) or tn % (sw * cn)):
+            sw //= 2
+        minor_n = -(-minor_n // sw) * sw
+    covered = set()
+    for cid in range(min(slots // (cm * cn), minor_n * major_n)):
+        minor, major = _walk(minor_n, major_n, sw, cid)
         mi, ni = (minor, major) if raster == 2 else (major, minor)
         for a in range(cm):
             for b in range(cn):
@@ -324,9 +369,9 @@ def _wave_rows(config, m, n, slots, swizzle, raster):
     return rows_m * t["tile_m"] + rows_n * t["tile_n"]
 
 
-@pytest.mark.parametrize("config,m,n,faster", MEASURED_RASTER)
-def test_wave_rows_match_a_walk_of_the_scheduler(config, m, n, faster):
-    got = _core.choose_raster(config, m, n, slots=132)
+@pytest.mark.parametrize("config,m,n,k,faster", MEASURED_RASTER)
+def test_wave_rows_match_a_walk_of_the_scheduler(config, m, n, k, faster):
+    got = _core.choose_raster(config, m, n, k, slots=132)
     assert got["rows_along_m"] == _wave_rows(config, m, n, 132, 8, 1)
     assert got["rows_along_n"] == _wave_rows(config, m, n, 132, 8, 2)
 
@@ -334,16 +379,17 @@ def test_wave_rows_match_a_walk_of_the_scheduler(config, m, n, faster):
 def test_small_grids_keep_cutlass_heuristic():
     # A grid of less than one wave: both orders cover every tile, nothing to choose.
     for config in ("128x256", "e4m3_128x192", "128x128"):
-        assert _core.choose_raster(config, 1024, 2048)["raster"] == 0
+        assert _core.choose_raster(config, 1024, 2048, 1024)["raster"] == 0
 
 
 @pytest.mark.parametrize(
     "kwargs,needle",
     [
-        (dict(config="nope", m=128, n=128), "config 'nope' names no kernel"),
-        (dict(config="auto", m=128, n=128), "'auto'"),
-        (dict(config="128x256", m=0, n=128), "m=0"),
-        (dict(config="128x256", m=128, n=128, slots=0), "slots=0"),
+        (dict(config="nope", m=128, n=128, k=64), "config 'nope' names no kernel"),
+        (dict(config="auto", m=128, n=128, k=64), "'auto'"),
+        (dict(config="128x256", m=0, n=128, k=64), "m=0"),
+        (dict(config="128x256", m=128, n=128, k=0), "k=0"),
+        (dict(config="128x256", m=128, n=128, k=64, slots=0), "slots=0"),
     ],
 )
 def test_choose_raster_bad_arguments_name_the_values(kwargs, needle):
@@ -358,6 +404,102 @@ def test_wave_rows_match_the_walk_on_random_shapes():
         config = rng.choice(configs)
         m, n = rng.randrange(1, 20000), 8 * rng.randrange(1, 8000)
         slots, swizzle = rng.choice([66, 114, 132]), rng.choice([1, 2, 4, 8])
-        got = _core.choose_raster(config, m, n, slots=slots, swizzle=swizzle)
+        got = _core.choose_raster(config, m, n, 4096, slots=slots, swizzle=swizzle)
         for raster, key in ((1, "rows_along_m"), (2, "rows_along_n")):
             assert got[key] == _wave_rows(config, m, n, slots, swizzle, raster), (config, m, n)
+
+
+def _dram_rows(config, m, n, k, swizzle, raster):
+    """The DRAM model written out: each group of `swizzle` minor clusters reads its slice of the
+    minor operand once and the whole major operand once, unless that fits in L2."""
+    t = _core.gemm_config_table()[config]
+    tm, tn = math.ceil(m / t["tile_m"]), math.ceil(n / t["tile_n"])
+    sw = swizzle
+    if t["stream_k"]:
+        while sw > 1 and (tm % (sw * t["cluster_m"]) or tn % (sw * t["cluster_n"])):
+            sw //= 2
+    row_bytes = k * (1 if t["e4m3"] else 2)
+    if raster == 2:
+        minor_rows, major_rows, groups = m, n, math.ceil(tm / (sw * t["cluster_m"]))
+    else:
+        minor_rows, major_rows, groups = n, m, math.ceil(tn / (sw * t["cluster_n"]))
+    if major_rows * row_bytes <= _core.L2_RESIDENT_OPERAND_BYTES:
+        groups = 1
+    return minor_rows + major_rows * groups
+
+
+def test_dram_rows_match_the_model_on_random_shapes():
+    rng = random.Random(SEED + 1)
+    configs = list(_core.gemm_config_table())
+    for _ in range(300):
+        config = rng.choice(configs)
+        m, n, k = rng.randrange(1, 20000), 8 * rng.randrange(1, 8000), 8 * rng.randrange(1, 4000)
+        swizzle = rng.choice([1, 2, 4, 8])
+        got = _core.choose_raster(config, m, n, k, swizzle=swizzle)
+        for raster, key in ((1, "dram_rows_along_m"), (2, "dram_rows_along_n")):
+            assert got[key] == _dram_rows(config, m, n, k, swizzle, raster), (config, m, n, k)
+
+
+def test_dram_rows_decide_where_the_waves_tie():
+    # fp8 70B O at TP=2, 8192 tokens (8192 x 8192 x 4096): both waves read about as many rows;
+    # along N the weight is read once per group of 16 M tiles (4 groups), along M the
+    # activations once per group of 8 N tiles (6 groups): along N reads 40960 rows, along M 57344
+    got = _core.choose_raster("e4m3_128x192", 8192, 8192, 4096)
+    assert got["dram_rows_along_n"] == 8192 + 8192 * 4
+    assert got["dram_rows_along_m"] == 8192 + 8192 * 6
+    assert got["raster"] == 2
+    # an operand that fits in L2 is read once in either order: 512 rows of an 8192-wide fp8 A
+    # (4 MiB), so a decode-sized step keeps CUTLASS's heuristic
+    small = _core.choose_raster("e4m3_128x192", 512, 57344, 8192)
+    assert small["dram_rows_along_m"] == 57344 + 512
+    assert small["raster"] == 0
+
+
+def test_walk_visits_every_cluster_once():
+    """The device scheduler's tile order (walk_clusters is the function it calls): a permutation
+    of the cluster grid for any group, with CUTLASS's order where the group divides the grid."""
+    rng = random.Random(SEED)
+    for _ in range(200):
+        minor, major, group = rng.randrange(1, 70), rng.randrange(1, 70), rng.choice([1, 2, 4, 8])
+        got = _core.walk_clusters(minor, major, group)
+        assert sorted(got) == [(a, b) for a in range(minor) for b in range(major)], (
+            minor,
+            major,
+            group,
+        )
+        assert got == [_walk(minor, major, group, i) for i in range(minor * major)]
+        if minor % group == 0:  # CUTLASS: offset i % g, major (i / g) % major, group i / (g major)
+            want = [
+                ((i // (group * major)) * group + i % group, (i // group) % major)
+                for i in range(minor * major)
+            ]
+            assert got == want
+
+
+def test_walk_narrows_the_last_group():
+    # 3 minor clusters in groups of 2: the first group walks (0,0) (1,0) (0,1) (1,1), the last
+    # one column (2,0) (2,1), with no padding visits
+    assert _core.walk_clusters(3, 2, 2) == [(0, 0), (1, 0), (0, 1), (1, 1), (2, 0), (2, 1)]
+
+
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        (dict(minor=0, major=2, group=1), "minor=0"),
+        (dict(minor=2, major=2, group=0), "group=0"),
+        (dict(minor=1 << 13, major=1 << 12, group=8), "2\\^24"),
+    ],
+)
+def test_walk_clusters_bad_arguments_name_the_values(kwargs, needle):
+    with pytest.raises(ValueError, match=needle):
+        _core.walk_clusters(**kwargs)
+
+
+def test_unpadded_swizzle_reads_fewer_rows_than_swizzle_one():
+    # fp8 70B QKV at TP=2 (8192 x 5120): 27 N tiles of 192, which no swizzle above 1 divides.
+    # Swizzle 8 without padding still groups 8 (then 3) N clusters: a wave of 66 clusters spans
+    # 8 N tiles and 9 M-tile pairs; with swizzle 1 it spans all 64 M tiles and 3 N tiles
+    got = _core.choose_raster("e4m3_128x192", 8192, 5120, 8192, slots=132, swizzle=8)
+    one = _core.choose_raster("e4m3_128x192", 8192, 5120, 8192, slots=132, swizzle=1)
+    assert got["rows_along_m"] == 18 * 128 + 8 * 192
+    assert one["rows_along_m"] == 64 * 128 + 3 * 192

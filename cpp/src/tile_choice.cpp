@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "distgemm/kernel/tile_walk.hpp"
+
 namespace py = pybind11;
 namespace k = distgemm::kernel;
 
@@ -138,30 +140,55 @@ void register_tile_choice(py::module_& m) {
       "configuration (kernel/tile_choice.hpp's kConfigs).");
   m.def(
       "choose_raster",
-      [](const std::string& config, int64_t m_, int64_t n, int slots, int swizzle) {
-        if (m_ < 1 || n < 1 || slots < 1 || swizzle < 1)
+      [](const std::string& config, int64_t m_, int64_t n, int64_t k_, int slots, int swizzle) {
+        if (m_ < 1 || n < 1 || k_ < 1 || slots < 1 || swizzle < 1)
           throw py::value_error(
-              "choose_raster needs m, n, slots and swizzle >= 1, got m=" + std::to_string(m_) +
-              " n=" + std::to_string(n) + " slots=" + std::to_string(slots) +
-              " swizzle=" + std::to_string(swizzle));
+              "choose_raster needs m, n, k, slots and swizzle >= 1, got m=" + std::to_string(m_) +
+              " n=" + std::to_string(n) + " k=" + std::to_string(k_) +
+              " slots=" + std::to_string(slots) + " swizzle=" + std::to_string(swizzle));
         const int c = k::parse_config(config);
         if (c <= 0)
           throw py::value_error("choose_raster: config '" + config +
                                 "' names no kernel; one of gemm_config_table()");
         const k::ConfigShape& s = *k::config_shape(c);
         py::dict d;
-        d["raster"] = k::choose_raster(c, m_, n, slots, swizzle);
+        d["raster"] = k::choose_raster(c, m_, n, k_, slots, swizzle);
         d["rows_along_m"] = k::wave_operand_rows(s, m_, n, slots, swizzle, 1);
         d["rows_along_n"] = k::wave_operand_rows(s, m_, n, slots, swizzle, 2);
+        d["dram_rows_along_m"] = k::band_operand_rows(s, m_, n, k_, swizzle, 1);
+        d["dram_rows_along_n"] = k::band_operand_rows(s, m_, n, k_, swizzle, 2);
         return d;
       },
-      py::arg("config"), py::arg("m"), py::arg("n"), py::arg("slots") = k::kH200ResidentCtas,
-      py::arg("swizzle") = k::kDefaultSwizzle,
-      "The tile order an m x n GEMM on configuration `config` runs with when the caller sets "
+      py::arg("config"), py::arg("m"), py::arg("n"), py::arg("k"),
+      py::arg("slots") = k::kH200ResidentCtas, py::arg("swizzle") = k::kDefaultSwizzle,
+      "The tile order an m x n x k GEMM on configuration `config` runs with when the caller sets "
       "none (gemm(raster=0)), given the configuration's resident CTAs: {'raster': 1 along M, 2 "
       "along N or 0 CUTLASS's heuristic, 'rows_along_m', 'rows_along_n': the operand rows a wave "
-      "reads per k-step in each order} (kernel/tile_choice.hpp's choose_raster).");
+      "reads per k-step in each order, 'dram_rows_along_m', 'dram_rows_along_n': the rows of K "
+      "the whole GEMM reads from DRAM in each order} (kernel/tile_choice.hpp's choose_raster).");
+  m.def(
+      "walk_clusters",
+      [](int64_t minor, int64_t major, int64_t group) {
+        if (minor < 1 || major < 1 || group < 1 || minor * major > (int64_t(1) << 24))
+          throw py::value_error(
+              "walk_clusters needs minor, major and group >= 1 and minor x major <= 2^24, got "
+              "minor=" +
+              std::to_string(minor) + " major=" + std::to_string(major) +
+              " group=" + std::to_string(group));
+        const k::TileWalk w{uint32_t(minor), uint32_t(major), uint32_t(group)};
+        py::list out;
+        for (int64_t i = 0; i < minor * major; ++i) {
+          const k::WalkCoord c = k::walk_cluster(uint32_t(i), w);
+          out.append(py::make_tuple(c.minor, c.major));
+        }
+        return out;
+      },
+      py::arg("minor"), py::arg("major"), py::arg("group"),
+      "The cluster (minor, major) that each visit of the data-parallel kernels' tile order runs, "
+      "for a grid of minor x major clusters swizzled in groups of `group` (kernel/tile_walk.hpp, "
+      "the function the device scheduler calls).");
   m.attr("RASTER_MIN_GAIN") = k::kRasterMinGain;
+  m.attr("L2_RESIDENT_OPERAND_BYTES") = k::kL2ResidentOperandBytes;
   m.attr("STREAM_K_FIXUP_WAVES") = k::kStreamKFixupWaves;
   m.attr("DEFAULT_SWIZZLE") = k::kDefaultSwizzle;
   m.attr("H200_RESIDENT_CTAS") = k::kH200ResidentCtas;

@@ -153,7 +153,7 @@ def llama_tokens(quick: bool = False) -> list[int]:
     """Token counts M: [1024, 2048, 4096, 8192, 16384]; quick=True: [4096, 8192]."""
 
 def choose_tile_n(
-    m: int, n: int, l: int = 1, slots_n256: int = 132, slots_n128: int = 132
+    m: int, n: int, l: int = 1, slots_n256: int = ..., slots_n128: int = ...
 ) -> dict[str, Any]:
     """The GEMM kernel's output tile width for an m x n (x l) GEMM: {'tile_n': 128 or 256,
     'n256': {'tiles', 'waves', 'cost'}, 'n128': {...}} (kernel/tile_choice.hpp)."""
@@ -167,14 +167,15 @@ def choose_config(
     l: int = 1,
     dtype: str = "bf16",
     b_n_major: bool = False,
-    slots: int | dict[str, int] = 132,
-    swizzle: int = 8,
+    slots: int | dict[str, int] = ...,
+    swizzle: int = ...,
     stream_k: bool = False,
 ) -> dict[str, Any]:
     """The GEMM kernel configuration the runtime's model picks for an m x n (x l) GEMM:
     {'config': name, 'candidates': [names, default first], name: {'tiles', 'waves', 'cost'} per
-    candidate} (kernel/tile_choice.hpp; tiles count cluster and swizzle padding). ``slots``:
-    resident CTAs of every configuration, or {name: count}. ``stream_k``: the stream-K
+    candidate} (kernel/tile_choice.hpp; tiles count the cluster's padding, and the stream-K
+    scheduler's swizzle padding). ``slots``: resident CTAs of every configuration, or
+    {name: count}. ``stream_k``: the stream-K
     configurations are candidates too (the GEMM has a workspace)."""
 
 def gemm_config_names(
@@ -196,14 +197,21 @@ DEFAULT_SWIZZLE: int  # the tile scheduler's swizzle unless a caller sets one
 H200_RESIDENT_CTAS: int  # the model's slots where no device is asked (132 SMs, one CTA each)
 
 def choose_raster(
-    config: str, m: int, n: int, slots: int = 132, swizzle: int = 8
+    config: str, m: int, n: int, k: int, slots: int = ..., swizzle: int = ...
 ) -> dict[str, Any]:
-    """The tile order an m x n GEMM on ``config`` runs with when the caller sets none
+    """The tile order an m x n x k GEMM on ``config`` runs with when the caller sets none
     (gemm(raster=0)): {'raster': 1 along M, 2 along N or 0 CUTLASS's heuristic, 'rows_along_m',
-    'rows_along_n': the operand rows one wave reads per k-step in each order}
-    (kernel/tile_choice.hpp's choose_raster)."""
+    'rows_along_n': the operand rows one wave reads per k-step in each order,
+    'dram_rows_along_m', 'dram_rows_along_n': the rows of K the whole GEMM reads from DRAM in
+    each order} (kernel/tile_choice.hpp's choose_raster)."""
 
 RASTER_MIN_GAIN: float  # fewer rows an order must read than the other to replace the heuristic
+
+L2_RESIDENT_OPERAND_BYTES: int  # an operand this small is read from DRAM once in either order
+
+def walk_clusters(minor: int, major: int, group: int) -> list[tuple[int, int]]:
+    """The cluster (minor, major) each visit of the data-parallel kernels' tile order runs, for a
+    grid of minor x major clusters swizzled in groups of ``group`` (kernel/tile_walk.hpp)."""
 
 def llama_tp_split_reason(model: str, layer: str, tokens: int, tp: int) -> str:
     """'' when TP ranks split the layer exactly, else the reason (distgemm_bench --sweep's rule)."""
@@ -263,7 +271,7 @@ def gemm(
     scale_b: int = 0,
     scale_b_rows: bool = False,
     fast_accum: bool = False,
-    swizzle: int = 8,
+    swizzle: int = ...,
     raster: int = 0,
 ) -> int:
     """Enqueue D[m, n] = A[m, k] @ B[n, k]^T (B[k, n] with b_n_major) with distgemm's kernel on

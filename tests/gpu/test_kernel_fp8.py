@@ -102,6 +102,23 @@ def test_fp8_accurate_kernel_at_every_k_tile_count(k):
     assert err <= 2 * err_torch + 1e-4, (err, err_torch)
 
 
+@pytest.mark.parametrize("swizzle,raster", [(1, 1), (8, 1), (8, 2), (4, 2)])
+@pytest.mark.parametrize("fast_accum", [False, True], ids=["accurate", "fast"])
+def test_fp8_tile_order_on_a_grid_no_swizzle_divides(swizzle, raster, fast_accum):
+    """70B QKV's column count at TP=2 (27 tiles of 192, 20 of 256) over 17 row tiles of 128:
+    the tile walk's narrower last group, several waves; a skipped tile would leave D's NaN."""
+    m, n, k = 128 * 17, 5120, 512
+    qa, sa, qb, sb = operands(m, n, k, True, True, seed=swizzle + raster)
+    ref = dequantized_mm(qa, sa, qb, sb)
+    d = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    fp8_gemm(qa, sa, qb, sb, d, m, n, k, fast_accum=fast_accum, swizzle=swizzle, raster=raster)
+    theirs = scaled_mm(qa, sa, qb, sb, fast_accum)
+    torch.cuda.synchronize()
+    err, err_torch = rel_err(d, ref), rel_err(theirs, ref)
+    assert err < TOL, (err, err_torch)
+    assert err <= 2 * err_torch + 1e-4, (err, err_torch)
+
+
 @pytest.mark.parametrize("fast_accum", [False, True], ids=["accurate", "fast"])
 def test_fp8_sub_gemm_at_a_row_offset(fast_accum):
     """A plan step's GEMM: rows m0.. of A with the scale pointer at row m0, columns n0.. of the

@@ -240,8 +240,8 @@ void gemm_launch(const GemmDesc& g, const WaitSpec& wait, int device, cudaStream
   const int config = gemm_config(g, device);
   GemmDesc run = g;
   if (run.raster == 0)
-    run.raster = choose_raster(config, g.m, g.n, gemm_config_resident_ctas(g.dtype, config, device),
-                               g.swizzle);
+    run.raster = choose_raster(config, g.m, g.n, g.k,
+                               gemm_config_resident_ctas(g.dtype, config, device), g.swizzle);
   detail::kernels(g.dtype, config, g.b_n_major).launch(run, wait, device, stream);
 }
 

@@ -84,10 +84,11 @@ struct GemmDesc {
   // reduced-precision accumulator) instead of promoting into fp32 every 4 k-blocks of 128.
   bool fast_accum = false;
   // Persistent tile scheduler (runtime arguments of the one kernel, no extra instantiation):
-  // tiles are walked in groups of `swizzle` (1, 2, 4, 8) along the raster order,
-  // 0 = the configuration's rule (tile_choice.hpp's choose_raster), 1 = along M, 2 = along N.
-  // The swizzle is a maximum: the kernel lowers it until it divides the tile grid (padding
-  // tiles would cost full mainloops).
+  // tiles are walked in groups of `swizzle` (1, 2, 4, 8) along the raster order (tile_walk.hpp;
+  // the last group is narrower where the swizzle does not divide the grid), raster 0 = the
+  // configuration's rule (tile_choice.hpp's choose_raster), 1 = along M, 2 = along N. The
+  // stream-K configuration runs CUTLASS's scheduler, which pads the grid to the swizzle: there
+  // the swizzle is lowered until it divides the tile grid.
   int swizzle = kDefaultSwizzle;
   int raster = kDefaultRaster;
   // Programmatic dependent launch: this GEMM may start on SMs freed by the previous kernel of the

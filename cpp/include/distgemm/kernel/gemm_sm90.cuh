@@ -4,7 +4,8 @@
 // Kernel: TMA warp-specialized, cooperative (two consumer warpgroups share a 128x256 tile, so the
 // fp32 accumulators of both wgmma streams stay in flight; pingpong at 128x256 serialises them),
 // tile TileM x TileN x 64, cluster ClusterM x ClusterN (the operand tile shared along the cluster
-// multicast to it), persistent grid. The configurations (tile_choice.hpp's kConfigs): 128x256 and
+// multicast to it), persistent grid visiting its tiles in exact_swizzle_scheduler.cuh's order
+// (stream-K: CUTLASS's). The configurations (tile_choice.hpp's kConfigs): 128x256 and
 // 128x128 with cluster 2x1, and for bf16 128x128 with cluster 1x1, 256x192 with cluster 1x2 and
 // 128x256 with CUTLASS's stream-K scheduler (its workspace is the caller's, see StreamKReset);
 // kernel/tile_choice.hpp picks one per GEMM.
@@ -37,6 +38,7 @@
 #include "cutlass/gemm/dispatch_policy.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "distgemm/device/check.hpp"
+#include "distgemm/kernel/exact_swizzle_scheduler.cuh"
 #include "distgemm/kernel/fp8_split_promotion.cuh"
 #include "distgemm/kernel/gemm.hpp"
 #include "distgemm/kernel/leading_barrier.cuh"
@@ -213,9 +215,11 @@ struct Config {
           sizeof(typename Epilogue::SharedStorage))>,
       cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
 
-  // Data-parallel: CUTLASS's persistent scheduler. Stream-K: its hybrid stream-K scheduler
-  // (tile_choice.hpp says when the model picks it).
-  using TileScheduler = std::conditional_t<StreamK, cutlass::gemm::StreamKScheduler, void>;
+  // Data-parallel: CUTLASS's persistent scheduler with the unpadded swizzle of
+  // exact_swizzle_scheduler.cuh. Stream-K: CUTLASS's hybrid stream-K scheduler (tile_choice.hpp
+  // says when the model picks it).
+  using TileScheduler =
+      std::conditional_t<StreamK, cutlass::gemm::StreamKScheduler, ExactSwizzleScheduler>;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue,
                                                       TileScheduler>;
 
@@ -272,8 +276,8 @@ struct Fp8Config {
       Schedule>::CollectiveOp;
   using Mainloop =
       std::conditional_t<FastAccum, BuiltMainloop, Fp8SplitPromotionMainloop<BuiltMainloop>>;
-  using Kernel =
-      cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue, void>;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue,
+                                                      ExactSwizzleScheduler>;
 
   template <class StrideFn>
   static typename Root::Arguments fusion_arguments(const GemmDesc& g, StrideFn stride) {
@@ -360,10 +364,15 @@ struct Runner {
   // clusters that can be resident at once (cudaOccupancyMaxActiveClusters): a grid of one
   // cluster per SM pair would leave the clusters that do not fit (GPCs with an odd number of
   // free SMs) to run their tiles after everyone else, a tail of up to a few percent.
-  // The largest swizzle <= g.swizzle that divides the tile grid (kernel::effective_swizzle).
+  // The swizzle the scheduler runs: g.swizzle (the walk needs no padding), or for CUTLASS's
+  // stream-K scheduler, which pads, the largest one that divides the tile grid
+  // (kernel::effective_swizzle).
   static int effective_swizzle(const GemmDesc& g) {
-    return ::distgemm::kernel::effective_swizzle(
-        (g.m + TileM - 1) / TileM, (g.n + TileN - 1) / TileN, ClusterM, ClusterN, g.swizzle);
+    if constexpr (StreamK)
+      return ::distgemm::kernel::effective_swizzle(
+          (g.m + TileM - 1) / TileM, (g.n + TileN - 1) / TileN, ClusterM, ClusterN, g.swizzle);
+    else
+      return g.swizzle;
   }
 
   static Arguments make_arguments(const GemmDesc& g, int sm_count, int max_active_clusters) {

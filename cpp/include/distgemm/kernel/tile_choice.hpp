@@ -9,10 +9,11 @@
 // tiles; each one costs about half. Where the 128x256 grid is full, the larger tile wins: it
 // reads less operand data per flop.
 //
-// Why clusters matter: CUTLASS's persistent scheduler rounds the tile grid up to a multiple of
-// the cluster shape (and of swizzle x cluster) in each mode and runs the padding tiles through
-// the full mainloop. With cluster 2x1 a GEMM with one 128-row M tile (decode) runs two, so the
-// cluster-1x1 and cluster-1x2 configurations exist for grids the 2x1 padding would double.
+// Why clusters matter: the persistent schedulers round the tile grid up to a multiple of the
+// cluster shape in each mode (CUTLASS's stream-K one to swizzle x cluster) and run the padding
+// tiles through the full mainloop. With cluster 2x1 a GEMM with one 128-row M tile (decode) runs
+// two, so the cluster-1x1 and cluster-1x2 configurations exist for grids the 2x1 padding would
+// double.
 //
 // The model: time ~ waves x cost of one tile, waves = ceil(padded tiles / resident CTAs), the
 // cost of each configuration's tile relative to a 128x256 cluster-2x1 one in kConfigs. The default
@@ -210,8 +211,10 @@ inline int config_of_tile_n(int tile_n) {
 }
 
 // The largest swizzle <= `swizzle` that divides the tile grid (tm x tn tiles) in units of the
-// cluster: CUTLASS rounds each mode up to a multiple of swizzle x cluster, and padding tiles cost
-// whole mainloops (swizzle 8 on 8 M tiles would pad them to 16). The kernel runs with this one.
+// cluster. CUTLASS's stream-K scheduler rounds each mode up to a multiple of swizzle x cluster,
+// and padding tiles cost whole mainloops (swizzle 8 on 8 M tiles would pad them to 16), so its
+// kernel runs with this one. The data-parallel kernels walk any grid unpadded (tile_walk.hpp) and
+// run the swizzle asked for.
 inline int effective_swizzle(int64_t tm, int64_t tn, int cluster_m, int cluster_n, int swizzle) {
   int sw = swizzle > 0 ? swizzle : 1;
   while (sw > 1 && (tm % (int64_t(sw) * cluster_m) != 0 || tn % (int64_t(sw) * cluster_n) != 0))
@@ -220,43 +223,91 @@ inline int effective_swizzle(int64_t tm, int64_t tn, int cluster_m, int cluster_
 }
 
 // The operand rows one wave of the persistent grid reads per k-step with raster `raster` (1 along
-// M, 2 along N): the A rows plus the B rows (output columns) of the tiles it runs at once. CUTLASS
-// numbers clusters in groups of `sw` along the minor mode (M for raster 2): cluster i takes minor
-// group i / (sw x major), major (i / sw) % major, minor offset i % sw. A wave is the grid's first
-// `slots` CTAs. Each operand row a wave reads comes from DRAM or L2 once and serves every tile of
-// the wave that shares it, so fewer rows mean more reuse.
+// M, 2 along N): the A rows plus the B rows (output columns) of the tiles it runs at once. A wave
+// is the grid's first `slots` CTAs, i.e. the first visits of the tile order: tile_walk.hpp's for
+// the data-parallel kernels, CUTLASS's padded one (groups of the effective swizzle, cluster i in
+// minor group i / (sw x major), major (i / sw) % major) for stream-K. Each operand row a wave
+// reads comes from DRAM or L2 once and serves every tile of the wave that shares it, so fewer
+// rows mean more reuse.
 inline int64_t wave_operand_rows(const ConfigShape& c, int64_t m, int64_t n, int slots, int swizzle,
                                  int raster) {
   const int64_t tm = (m + c.tile_m - 1) / c.tile_m, tn = (n + c.tile_n - 1) / c.tile_n;
-  const int64_t sw = effective_swizzle(tm, tn, c.cluster_m, c.cluster_n, swizzle);
   const bool along_n = raster == 2;
-  // Modes in clusters (CUTLASS pads each to whole clusters).
+  // Modes in clusters (each is padded to whole clusters).
   const int64_t cm_all = (tm + c.cluster_m - 1) / c.cluster_m;
   const int64_t cn_all = (tn + c.cluster_n - 1) / c.cluster_n;
   const int64_t minor_all = along_n ? cm_all : cn_all, major_all = along_n ? cn_all : cm_all;
   const int64_t wave = std::max<int64_t>(1, slots / (c.cluster_m * c.cluster_n));
-  const int64_t full_groups = wave / (sw * major_all), rest = wave % (sw * major_all);
-  const int64_t major = full_groups > 0 ? major_all : (rest + sw - 1) / sw;
-  const int64_t minor = std::min(minor_all, full_groups * sw + std::min(sw, rest));
+  int64_t minor = 0, major = 0;
+  if (c.stream_k) {
+    const int64_t sw = effective_swizzle(tm, tn, c.cluster_m, c.cluster_n, swizzle);
+    const int64_t full_groups = wave / (sw * major_all), rest = wave % (sw * major_all);
+    major = full_groups > 0 ? major_all : (rest + sw - 1) / sw;
+    minor = std::min(minor_all, full_groups * sw + std::min(sw, rest));
+  } else {
+    // Groups of `swizzle` minor clusters (the last one narrower), each visited minor-first.
+    const int64_t group = swizzle > 0 ? swizzle : 1;
+    int64_t left = std::min(wave, minor_all * major_all);
+    for (int64_t first = 0; left > 0 && first < minor_all;) {
+      const int64_t width = std::min(group, minor_all - first);
+      const int64_t take = std::min(left, width * major_all);
+      minor += std::min(take, width);
+      major = std::max(major, (take + width - 1) / width);
+      left -= take;
+      first += width;
+    }
+  }
   const int64_t tiles_m = (along_n ? minor : major) * c.cluster_m;
   const int64_t tiles_n = (along_n ? major : minor) * c.cluster_n;
   return std::min(tiles_m, tm) * c.tile_m + std::min(tiles_n, tn) * c.tile_n;
 }
 
-// The raster of GemmDesc::raster 0 for configuration `c` on an m x n GEMM with `slots` resident
-// CTAs: the one whose wave reads kRasterMinGain fewer operand rows (wave_operand_rows), else
-// CUTLASS's heuristic (0: along M where the grid has more N tiles than M tiles). On the measured
-// shapes the faster order read 15-42% fewer rows, or the two counts were within 2% and either
-// order ran as fast (docs/tuning.md).
+// An operand up to this size stays in L2 (50 MB on an H100 or H200) once read, beside the other
+// operand's stream and the output tiles: it is read from DRAM once in either order.
+inline constexpr int64_t kL2ResidentOperandBytes = int64_t(16) << 20;
+
+// The operand rows a whole m x n x k GEMM reads from DRAM with raster `raster`, in rows of K. A
+// group of `swizzle` minor clusters passes along the whole major mode, so its slice of the minor
+// operand (A for raster 2, B for raster 1) is read once and stays in L2 over the pass, while the
+// major operand is read again for every group, unless it fits in L2 (kL2ResidentOperandBytes).
+// Raster 2: m + n x ceil(M tiles / (swizzle x cluster_m)); raster 1 the same with the modes
+// swapped.
+inline int64_t band_operand_rows(const ConfigShape& c, int64_t m, int64_t n, int64_t k, int swizzle,
+                                 int raster) {
+  const int64_t tm = (m + c.tile_m - 1) / c.tile_m, tn = (n + c.tile_n - 1) / c.tile_n;
+  const int64_t sw =
+      c.stream_k ? effective_swizzle(tm, tn, c.cluster_m, c.cluster_n, swizzle) : swizzle;
+  const int64_t row_bytes = k * (c.e4m3 ? 1 : 2);
+  const auto passes = [&](int64_t rows, int64_t tiles, int64_t group_tiles) -> int64_t {
+    return rows * row_bytes <= kL2ResidentOperandBytes ? 1
+                                                       : (tiles + group_tiles - 1) / group_tiles;
+  };
+  if (raster == 2) return m + n * passes(n, tm, sw * c.cluster_m);
+  return n + m * passes(m, tn, sw * c.cluster_n);
+}
+
+// The raster of GemmDesc::raster 0 for configuration `c` on an m x n x k GEMM with `slots`
+// resident CTAs: the one whose wave reads kRasterMinGain fewer operand rows
+// (wave_operand_rows); else the one whose groups read kRasterMinGain fewer rows from DRAM over
+// the whole GEMM (band_operand_rows); else CUTLASS's heuristic (0: along M where the grid has more
+// N tiles than M tiles). Where a small swizzle (a caller's) spreads a wave, the first decides;
+// with the default swizzle 8 the two orders' waves read about as many rows, and the second
+// decides. On the measured shapes the order picked was the faster one, or the two ran within 1%
+// (docs/tuning.md).
 inline constexpr double kRasterMinGain = 0.10;
-inline int choose_raster(int c, int64_t m, int64_t n, int slots, int swizzle) {
+inline int choose_raster(int c, int64_t m, int64_t n, int64_t k, int slots, int swizzle) {
   const ConfigShape* s = config_shape(c);
   if (s == nullptr) return 0;
-  const double along_m = double(wave_operand_rows(*s, m, n, slots, swizzle, 1));
-  const double along_n = double(wave_operand_rows(*s, m, n, slots, swizzle, 2));
-  if (along_m < (1.0 - kRasterMinGain) * along_n) return 1;
-  if (along_n < (1.0 - kRasterMinGain) * along_m) return 2;
-  return 0;
+  const auto pick = [](double along_m, double along_n) {
+    if (along_m < (1.0 - kRasterMinGain) * along_n) return 1;
+    if (along_n < (1.0 - kRasterMinGain) * along_m) return 2;
+    return 0;
+  };
+  const int by_wave = pick(double(wave_operand_rows(*s, m, n, slots, swizzle, 1)),
+                           double(wave_operand_rows(*s, m, n, slots, swizzle, 2)));
+  if (by_wave != 0) return by_wave;
+  return pick(double(band_operand_rows(*s, m, n, k, swizzle, 1)),
+              double(band_operand_rows(*s, m, n, k, swizzle, 2)));
 }
 
 struct ConfigEstimate {
@@ -271,7 +322,9 @@ inline ConfigEstimate estimate_config(const ConfigShape& c, int64_t m, int64_t n
                                       int slots, int swizzle) {
   const int64_t tm = (m + c.tile_m - 1) / c.tile_m;
   const int64_t tn = (n + c.tile_n - 1) / c.tile_n;
-  const int sw = effective_swizzle(tm, tn, c.cluster_m, c.cluster_n, swizzle);
+  // The data-parallel walk pads only to whole clusters; CUTLASS's stream-K scheduler pads to
+  // swizzle x cluster (with the swizzle lowered until that adds nothing).
+  const int sw = c.stream_k ? effective_swizzle(tm, tn, c.cluster_m, c.cluster_n, swizzle) : 1;
   ConfigEstimate e;
   e.tiles = round_up(tm, int64_t(sw) * c.cluster_m) * round_up(tn, int64_t(sw) * c.cluster_n) *
             (l > 0 ? l : 1);
