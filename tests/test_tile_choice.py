@@ -156,8 +156,11 @@ def test_config_names_per_dtype_and_b_layout():
         (128 * 33, 1024, "bf16", "128x128c1"),
         (512, 4096, "bf16", "128x128"),  # the narrow tile's case of old: one wave either way
         (4096, 8192, "bf16", "128x256"),  # 70B O at 4096 tokens, TP=2: full grid, 8 waves
-        (8192, 8192, "bf16", "128x256"),  # 256x192: 11 waves x 1.5 against 16: the default stays
-        (8192, 28672, "bf16", "256x192"),  # 70B FC1, 8192 tokens: 37 x 1.44 against 55 waves
+        # 70B O at 8192 tokens, TP=1: 11 waves of 256x192 x 1.40 = 15.4 against 16 x 0.97 = 15.5
+        # (measured 1.3% faster, benchmarks/results/2026-11-24-tile-walk.md)
+        (8192, 8192, "bf16", "256x192"),
+        (8192, 28672, "bf16", "256x192"),  # 70B FC1, 8192 tokens: 37 x 1.40 against 55 waves
+        (4096, 5120, "bf16", "128x256"),  # 70B QKV, 4096 tokens: 4 x 1.40 against 5 x 0.97
     ],
 )
 def test_config_choice_on_llama_shapes(m, n, dtype, want):
@@ -207,7 +210,7 @@ def test_config_choice_matches_the_model_on_random_shapes():
     [
         # 70B QKV at 1024 tokens, TP=2: 8 x 20 tiles of 128x256 = 160 for 132 SMs. Data-parallel
         # runs 2 waves (the second 21% full); stream-K spreads it: 1.21 + fixup = 1.46; but
-        # 4 x 28 tiles of 256x192 fit one wave at 1.44 (measured fastest too: 0.146 ms against
+        # 4 x 28 tiles of 256x192 fit one wave at 1.40 (measured fastest too: 0.146 ms against
         # stream-K's 0.150, benchmarks/results/2026-11-24-256x192.md)
         (1024, 5120, "256x192"),
         # 405B QKV at 1024 tokens: 8 x 36 = 288 tiles, 2.18 waves against 3

@@ -24,7 +24,8 @@ namespace distgemm::kernel::sm90 {
 // GemmUniversal's TileScheduler tag.
 struct ExactSwizzleScheduler {};
 
-class ExactSwizzleTileScheduler : public cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90 {
+class ExactSwizzleTileScheduler
+    : public cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90 {
   using Base = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90;
 
  public:
