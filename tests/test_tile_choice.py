@@ -83,13 +83,23 @@ BF16 = ["128x256", "128x128", "128x128c1", "256x192"]
 FP16 = ["128x256", "128x128"]
 
 
+def _scheduler_swizzle(cfg, tm, tn, swizzle):
+    """The swizzle the scheduler runs: as asked for by the data-parallel walk; for CUTLASS's
+    stream-K scheduler, which pads to swizzle x cluster, lowered until it divides the grid."""
+    sw = swizzle
+    while (
+        cfg["stream_k"]
+        and sw > 1
+        and (tm % (sw * cfg["cluster_m"]) or tn % (sw * cfg["cluster_n"]))
+    ):
+        sw //= 2
+    return sw
+
+
 def _padded_tiles(m, n, l, cfg, swizzle):
     tm, tn = math.ceil(m / cfg["tile_m"]), math.ceil(n / cfg["tile_n"])
-    sw = 1  # the data-parallel tile walk pads only to the cluster
-    if cfg["stream_k"]:  # CUTLASS's stream-K scheduler pads to swizzle x cluster, lowered
-        sw = swizzle
-        while sw > 1 and (tm % (sw * cfg["cluster_m"]) or tn % (sw * cfg["cluster_n"])):
-            sw //= 2
+    # the data-parallel tile walk pads only to the cluster, stream-K to swizzle x cluster
+    sw = _scheduler_swizzle(cfg, tm, tn, swizzle) if cfg["stream_k"] else 1
     um, un = sw * cfg["cluster_m"], sw * cfg["cluster_n"]
     return math.ceil(tm / um) * um * math.ceil(tn / un) * un * l
 
@@ -351,14 +361,10 @@ def _wave_rows(config, m, n, slots, swizzle, raster):
     t = _core.gemm_config_table()[config]
     tm, tn = math.ceil(m / t["tile_m"]), math.ceil(n / t["tile_n"])
     cm, cn = t["cluster_m"], t["cluster_n"]
-    sw = swizzle
+    sw = _scheduler_swizzle(t, tm, tn, swizzle)
     cl_m, cl_n = -(-tm // cm), -(-tn // cn)  # modes in clusters, padded
     minor_n, major_n = (cl_m, cl_n) if raster == 2 else (cl_n, cl_m)
-    if t["stream_k"]:
-        # CUTLASS's scheduler: the swizzle lowered until it divides the grid, the minor mode
-        # padded to a multiple of it
-        while sw > 1 and (tm % (sw * cm) or tn % (sw * cn)):
-            sw //= 2
+    if t["stream_k"]:  # CUTLASS's scheduler pads the minor mode to a multiple of the swizzle
         minor_n = -(-minor_n // sw) * sw
     covered = set()
     for cid in range(min(slots // (cm * cn), minor_n * major_n)):
@@ -417,10 +423,7 @@ def _dram_rows(config, m, n, k, swizzle, raster):
     minor operand once and the whole major operand once, unless that fits in L2."""
     t = _core.gemm_config_table()[config]
     tm, tn = math.ceil(m / t["tile_m"]), math.ceil(n / t["tile_n"])
-    sw = swizzle
-    if t["stream_k"]:
-        while sw > 1 and (tm % (sw * t["cluster_m"]) or tn % (sw * t["cluster_n"])):
-            sw //= 2
+    sw = _scheduler_swizzle(t, tm, tn, swizzle)
     row_bytes = k * (1 if t["e4m3"] else 2)
     if raster == 2:
         minor_rows, major_rows, groups = m, n, math.ceil(tm / (sw * t["cluster_m"]))

@@ -175,8 +175,8 @@ def choose_config(
     {'config': name, 'candidates': [names, default first], name: {'tiles', 'waves', 'cost'} per
     candidate} (kernel/tile_choice.hpp; tiles count the cluster's padding, and the stream-K
     scheduler's swizzle padding). ``slots``: resident CTAs of every configuration, or
-    {name: count}. ``stream_k``: the stream-K
-    configurations are candidates too (the GEMM has a workspace)."""
+    {name: count}. ``stream_k``: the stream-K configurations are candidates too (the GEMM has a
+    workspace)."""
 
 def gemm_config_names(
     dtype: str = "bf16", b_n_major: bool = False, stream_k: bool = False

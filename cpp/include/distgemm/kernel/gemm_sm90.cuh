@@ -364,15 +364,11 @@ struct Runner {
   // clusters that can be resident at once (cudaOccupancyMaxActiveClusters): a grid of one
   // cluster per SM pair would leave the clusters that do not fit (GPCs with an odd number of
   // free SMs) to run their tiles after everyone else, a tail of up to a few percent.
-  // The swizzle the scheduler runs: g.swizzle (the walk needs no padding), or for CUTLASS's
-  // stream-K scheduler, which pads, the largest one that divides the tile grid
-  // (kernel::effective_swizzle).
-  static int effective_swizzle(const GemmDesc& g) {
-    if constexpr (StreamK)
-      return ::distgemm::kernel::effective_swizzle(
-          (g.m + TileM - 1) / TileM, (g.n + TileN - 1) / TileN, ClusterM, ClusterN, g.swizzle);
-    else
-      return g.swizzle;
+  // The swizzle the scheduler runs (kernel::scheduler_swizzle).
+  static int scheduler_swizzle(const GemmDesc& g) {
+    return ::distgemm::kernel::scheduler_swizzle(StreamK, (g.m + TileM - 1) / TileM,
+                                                 (g.n + TileN - 1) / TileN, ClusterM, ClusterN,
+                                                 g.swizzle);
   }
 
   static Arguments make_arguments(const GemmDesc& g, int sm_count, int max_active_clusters) {
@@ -390,7 +386,7 @@ struct Runner {
     const int64_t c_batch = g.partial ? g.batch_partial : g.batch_d;
     using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
     typename Kernel::TileSchedulerArguments sched{};
-    sched.max_swizzle_size = effective_swizzle(g);
+    sched.max_swizzle_size = scheduler_swizzle(g);
     sched.raster_order = g.raster == 1   ? Raster::AlongM
                          : g.raster == 2 ? Raster::AlongN
                                          : Raster::Heuristic;

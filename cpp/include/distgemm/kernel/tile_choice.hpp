@@ -222,6 +222,13 @@ inline int effective_swizzle(int64_t tm, int64_t tn, int cluster_m, int cluster_
   return sw;
 }
 
+// The swizzle a configuration's scheduler runs for a request of `swizzle` on tm x tn tiles: as
+// asked for by the data-parallel walk, lowered (effective_swizzle) for CUTLASS's stream-K one.
+inline int scheduler_swizzle(bool stream_k, int64_t tm, int64_t tn, int cluster_m, int cluster_n,
+                             int swizzle) {
+  return stream_k ? effective_swizzle(tm, tn, cluster_m, cluster_n, swizzle) : swizzle;
+}
+
 // The operand rows one wave of the persistent grid reads per k-step with raster `raster` (1 along
 // M, 2 along N): the A rows plus the B rows (output columns) of the tiles it runs at once. A wave
 // is the grid's first `slots` CTAs, i.e. the first visits of the tile order: tile_walk.hpp's for
@@ -239,14 +246,14 @@ inline int64_t wave_operand_rows(const ConfigShape& c, int64_t m, int64_t n, int
   const int64_t minor_all = along_n ? cm_all : cn_all, major_all = along_n ? cn_all : cm_all;
   const int64_t wave = std::max<int64_t>(1, slots / (c.cluster_m * c.cluster_n));
   int64_t minor = 0, major = 0;
+  const int64_t sw = scheduler_swizzle(c.stream_k, tm, tn, c.cluster_m, c.cluster_n, swizzle);
   if (c.stream_k) {
-    const int64_t sw = effective_swizzle(tm, tn, c.cluster_m, c.cluster_n, swizzle);
     const int64_t full_groups = wave / (sw * major_all), rest = wave % (sw * major_all);
     major = full_groups > 0 ? major_all : (rest + sw - 1) / sw;
     minor = std::min(minor_all, full_groups * sw + std::min(sw, rest));
   } else {
-    // Groups of `swizzle` minor clusters (the last one narrower), each visited minor-first.
-    const int64_t group = swizzle > 0 ? swizzle : 1;
+    // Groups of `sw` minor clusters (the last one narrower), each visited minor-first.
+    const int64_t group = sw > 0 ? sw : 1;
     int64_t left = std::min(wave, minor_all * major_all);
     for (int64_t first = 0; left > 0 && first < minor_all;) {
       const int64_t width = std::min(group, minor_all - first);
@@ -275,8 +282,7 @@ inline constexpr int64_t kL2ResidentOperandBytes = int64_t(16) << 20;
 inline int64_t band_operand_rows(const ConfigShape& c, int64_t m, int64_t n, int64_t k, int swizzle,
                                  int raster) {
   const int64_t tm = (m + c.tile_m - 1) / c.tile_m, tn = (n + c.tile_n - 1) / c.tile_n;
-  const int64_t sw =
-      c.stream_k ? effective_swizzle(tm, tn, c.cluster_m, c.cluster_n, swizzle) : swizzle;
+  const int64_t sw = scheduler_swizzle(c.stream_k, tm, tn, c.cluster_m, c.cluster_n, swizzle);
   const int64_t row_bytes = k * (c.e4m3 ? 1 : 2);
   const auto passes = [&](int64_t rows, int64_t tiles, int64_t group_tiles) -> int64_t {
     return rows * row_bytes <= kL2ResidentOperandBytes ? 1
