@@ -58,6 +58,7 @@ add_library(distgemm_runtime SHARED
   cpp/src/runtime/gemm_bf16_n128_c11.cu
   cpp/src/runtime/gemm_bf16_m256_n192.cu
   cpp/src/runtime/gemm_bf16_n256_sk.cu
+  cpp/src/runtime/gemm_bf16_n128_sk.cu
   cpp/src/runtime/gemm_e4m3_n192.cu
   cpp/src/runtime/gemm_e4m3_n256_fa.cu
   cpp/src/runtime/fused_decode_bf16.cu

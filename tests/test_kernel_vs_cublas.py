@@ -77,7 +77,8 @@ def test_shape_filters_refuse_unknown_values():
     assert bench.parse_args([]).configs == list(rep.CONFIGS)
 
 
-N256, N128, C1, M256, SK = "128x256", "128x128", "128x128c1", "256x192", "128x256sk"
+N256, N128, C1, M256 = "128x256", "128x128", "128x128c1", "256x192"
+SK, SK128 = "128x256sk", "128x128sk"
 
 
 def _rec(m=4096, n=8192, k=8192, local=True, torch_ms=1.0, n128=1.2, n256=1.004, model=N256,
@@ -95,8 +96,8 @@ def _rec(m=4096, n=8192, k=8192, local=True, torch_ms=1.0, n128=1.2, n256=1.004,
 
 
 def test_configs_are_the_bf16_kernels():
-    # the benchmark offers _core.gemm a workspace, so the stream-K configuration is one of them
-    assert rep.CONFIGS == (N256, N128, C1, M256, SK)
+    # the benchmark offers _core.gemm a workspace, so the stream-K configurations are among them
+    assert rep.CONFIGS == (N256, N128, C1, M256, SK, SK128)
 
 
 def test_derived_and_acceptance():
@@ -220,12 +221,12 @@ def test_dry_run_lists_shapes_without_gpu(capsys):
         _core.choose_config(1024, 4096, 1, "bf16", slots=132, stream_k=True)["config"]]  # fmt: skip
     assert "8B/O/M1024/TP2, 8B/O/M2048/TP2/S2" in lines[1]
     assert lines[-1].startswith("4 shapes (2 local GEMMs, 2 steps only); about ")
-    assert f"{bench.estimated_seconds(4):.0f} s" in lines[-1] and "5 configs" in lines[-1]
-    # --configs shortens the estimate: two configurations, three fewer windows per shape
+    assert f"{bench.estimated_seconds(4):.0f} s" in lines[-1] and "6 configs" in lines[-1]
+    # --configs shortens the estimate: two configurations, four fewer windows per shape
     assert bench.main(argv + ["--configs", "128x256,128x128c1"]) == 0
     last = capsys.readouterr().out.splitlines()[-1]
     assert f"{bench.estimated_seconds(4, 2):.0f} s" in last and "2 configs" in last
-    assert bench.shape_seconds(2) == pytest.approx(bench.SHAPE_S - 3 * (0.25 + 1.0))
+    assert bench.shape_seconds(2) == pytest.approx(bench.SHAPE_S - 4 * (0.25 + 1.0))
     assert bench.main(argv + ["--skip", "1", "--limit", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[1] for line in lines[1:3]] == ["2048", "512"]
@@ -239,7 +240,7 @@ def test_calls_per_replay_and_estimate():
     assert small * rep.floor_ms(256, 4096, 2048) >= bench.REPLAY_TARGET_MS
     assert bench.estimated_seconds(10) == pytest.approx(10 * bench.SHAPE_S)
     # torch.mm's long warm-up and window, then (configs + 1) short-warm windows, and setup
-    assert bench.SHAPE_S == pytest.approx(1.0 + 1.0 + 6 * (0.25 + 1.0) + bench.SETUP_S)
+    assert bench.SHAPE_S == pytest.approx(1.0 + 1.0 + 7 * (0.25 + 1.0) + bench.SETUP_S)
 
 
 needs_runtime = pytest.mark.skipif(

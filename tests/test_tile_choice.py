@@ -81,6 +81,7 @@ def test_bad_arguments_name_the_values(kwargs, needle):
 # scheduler's padding of the grid to the cluster (stream-K: swizzle x cluster) in each mode.
 BF16 = ["128x256", "128x128", "128x128c1", "256x192"]
 FP16 = ["128x256", "128x128"]
+SK = ["128x256sk", "128x128sk"]
 
 
 def _scheduler_swizzle(cfg, tm, tn, swizzle):
@@ -112,10 +113,10 @@ def _config_model(m, n, l, names, slots, swizzle):
         waves = math.ceil(tiles / slots[c])
         cost = waves * table[c]["relative_cost"]
         if table[c]["stream_k"] and tiles % slots[c]:
-            # the partial last wave's work spread over every CTA, plus the fixup; not below one
-            # full wave
+            # the partial last wave's work spread over every CTA, plus the fixup; not below half
+            # a wave
             cost = (tiles / slots[c] + _core.STREAM_K_FIXUP_WAVES) * table[c]["relative_cost"]
-            cost = math.inf if tiles < slots[c] else cost
+            cost = math.inf if 2 * tiles < slots[c] else cost
         est[c] = (tiles, waves, cost)
     # each configuration competes only where it beats the default by its own margin
     first = est[names[0]][2]
@@ -129,10 +130,10 @@ def test_config_names_per_dtype_and_b_layout():
     assert _core.gemm_config_names("fp16") == FP16  # the bf16-only configurations are not offered
     assert _core.gemm_config_names("bf16", b_n_major=True) == ["128x256"]
     table = _core.gemm_config_table()
-    assert [c for c in table if table[c]["bf16_only"]] == ["128x128c1", "256x192", "128x256sk"]
-    assert [c for c in table if table[c]["stream_k"]] == ["128x256sk"]
-    # the stream-K configuration needs a workspace: offered only to a caller that has one
-    assert _core.gemm_config_names("bf16", stream_k=True) == BF16 + ["128x256sk"]
+    assert [c for c in table if table[c]["bf16_only"]] == ["128x128c1", "256x192"] + SK
+    assert [c for c in table if table[c]["stream_k"]] == SK
+    # the stream-K configurations need a workspace: offered only to a caller that has one
+    assert _core.gemm_config_names("bf16", stream_k=True) == BF16 + SK
     assert _core.gemm_config_names("fp16", stream_k=True) == FP16
     assert _core.gemm_config_names("bf16", b_n_major=True, stream_k=True) == ["128x256"]
     shapes = {
@@ -144,6 +145,7 @@ def test_config_names_per_dtype_and_b_layout():
         "128x128c1": (128, 128, 1, 1),
         "256x192": (256, 192, 1, 2),
         "128x256sk": (128, 256, 2, 1),
+        "128x128sk": (128, 128, 2, 1),
         "e4m3_128x192": (128, 192, 2, 1),
         "e4m3_128x256fa": (128, 256, 2, 1),
     }  # fmt: skip
@@ -223,14 +225,23 @@ def test_config_choice_matches_the_model_on_random_shapes():
         # 4 x 28 tiles of 256x192 fit one wave at 1.40 (measured fastest too: 0.146 ms against
         # stream-K's 0.150, benchmarks/results/2026-11-24-256x192.md)
         (1024, 5120, "256x192"),
-        # 405B QKV at 1024 tokens: 8 x 36 = 288 tiles, 2.18 waves against 3
+        # 405B QKV at 1024 tokens: 8 x 36 = 288 tiles, 2.18 waves against 3 (0.986 of torch.mm's
+        # time against 256x192's 1.107, benchmarks/results/2026-11-24-stream-k-decomposition.md)
         (1024, 9216, "128x256sk"),
         # 70B O at 4096 tokens: 1024 tiles, 7.76 waves against 8: within the 10% margin
         (4096, 8192, "128x256"),
-        # 8B QKV at 1024 tokens, TP=4: 48 tiles, below one wave: a smaller data-parallel tile
+        # 8B QKV at 1024 tokens, TP=4: 48 tiles of 128x256, 96 of 128x128: stream-K at 0.73
+        # waves + 0.30 does not beat one data-parallel wave of the smaller tile (measured 1.26
+        # against 1.40-1.73)
         (1024, 1536, "128x128"),
-        # 70B QKV at 1024 tokens, TP=4: 80 tiles, below one wave
-        (1024, 2560, "128x256"),
+        # 70B QKV at 1024 tokens, TP=4: 160 tiles of 128x128, 1.21 waves + 0.30 at 0.58 (measured
+        # 1.16 against 128x256's 1.28)
+        (1024, 2560, "128x128sk"),
+        # 70B QKV at 1024 tokens, TP=8: 80 tiles of 128x128, 0.61 waves + 0.30 at 0.58 against a
+        # data-parallel wave at 0.56 (measured 1.25 against 1.35)
+        (1024, 1280, "128x128sk"),
+        # 8B QKV at 1024 tokens, TP=8: 48 tiles of 128x128, below half a wave
+        (1024, 768, "128x128"),
         # decode, 405B O: 128 cluster-1x1 tiles fill one wave at 0.60 of a wide tile's cost
         (8, 16384, "128x128c1"),
     ],
@@ -238,14 +249,14 @@ def test_config_choice_matches_the_model_on_random_shapes():
 def test_stream_k_where_the_last_wave_is_partial(m, n, want):
     got = _core.choose_config(m, n, 1, "bf16", slots=H200_SLOTS, stream_k=True)
     assert got["config"] == want, got
-    assert got["candidates"] == BF16 + ["128x256sk"]
-    # without a workspace the model never picks it
-    assert _core.choose_config(m, n, 1, "bf16", slots=H200_SLOTS)["config"] != "128x256sk"
+    assert got["candidates"] == BF16 + SK
+    # without a workspace the model never picks them
+    assert _core.choose_config(m, n, 1, "bf16", slots=H200_SLOTS)["config"] not in SK
 
 
 def test_stream_k_choice_matches_the_model_on_random_shapes():
     rng = random.Random(SEED + 2)
-    names = BF16 + ["128x256sk"]
+    names = BF16 + SK
     for _ in range(500):
         m, n, l = rng.randint(1, 40000), rng.randint(1, 60000), rng.randint(1, 4)
         swizzle = rng.choice([1, 2, 4, 8])
@@ -509,3 +520,27 @@ def test_unpadded_swizzle_reads_fewer_rows_than_swizzle_one():
     one = _core.choose_raster("e4m3_128x192", 8192, 5120, 8192, slots=132, swizzle=1)
     assert got["rows_along_m"] == 18 * 128 + 8 * 192
     assert one["rows_along_m"] == 64 * 128 + 3 * 192
+
+
+@pytest.mark.parametrize(
+    "config,decomposition,splits,needle",
+    [
+        ("128x128sk", "auto", 1, ""),
+        ("128x256sk", "stream_k", 1, ""),
+        ("128x128sk", "split_k", 3, ""),
+        ("128x128sk", "data_parallel", 1, ""),
+        ("128x128sk", "split_k", 1, "splits=1 with decomposition split_k: split_k takes splits"),
+        ("128x256sk", "stream_k", 2, "splits=2 with decomposition stream_k"),
+        ("128x128sk", "heuristic", 0, "splits=0 with decomposition heuristic"),
+        ("128x128", "stream_k", 1, "is for the stream-K configurations; config 128x128 runs"),
+        ("auto", "split_k", 2, "config auto runs whole tiles"),
+        ("e4m3_128x192", "stream_k", 1, "config e4m3_128x192 runs whole tiles"),
+        ("128x128sk", "streamk", 1, "decomposition 'streamk' is not one of auto, heuristic,"),
+    ],
+)
+def test_decomposition_checked_against_the_configuration(config, decomposition, splits, needle):
+    """gemm(decomposition=, splits=) is for the stream-K kernels only; split_k needs 2 or more K
+    ranges and the others one. The message names the values (the GEMM kernel's own check)."""
+    got = _core.decomposition_problem(config, decomposition, splits)
+    assert (got == "") if not needle else (needle in got), got
+    assert _core.DECOMPOSITIONS == ["auto", "heuristic", "data_parallel", "split_k", "stream_k"]

@@ -6,6 +6,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -187,6 +188,22 @@ void register_tile_choice(py::module_& m) {
       "The cluster (minor, major) that each visit of the data-parallel kernels' tile order runs, "
       "for a grid of minor x major clusters swizzled in groups of `group` (kernel/tile_walk.hpp, "
       "the function the device scheduler calls).");
+  m.def(
+      "decomposition_problem",
+      [](const std::string& config, const std::string& decomposition, int splits) {
+        const int c = k::parse_config(config);
+        if (c < 0)
+          throw py::value_error("decomposition_problem: config '" + config + "' is unknown");
+        const int d = k::parse_decomposition(decomposition);
+        if (d < 0)
+          return "decomposition '" + decomposition + "' is not one of " + k::decomposition_list();
+        return k::decomposition_problem(d, splits, k::config_is_stream_k(c), config.c_str());
+      },
+      py::arg("config"), py::arg("decomposition"), py::arg("splits") = 1,
+      "'' when gemm(config=, decomposition=, splits=) suits the configuration (the GEMM kernel's "
+      "check, host-only), else why.");
+  m.attr("DECOMPOSITIONS") = std::vector<std::string>(std::begin(k::kDecompositionNames),
+                                                      std::end(k::kDecompositionNames));
   m.attr("RASTER_MIN_GAIN") = k::kRasterMinGain;
   m.attr("L2_RESIDENT_OPERAND_BYTES") = k::kL2ResidentOperandBytes;
   m.attr("STREAM_K_FIXUP_WAVES") = k::kStreamKFixupWaves;

@@ -182,7 +182,8 @@ def gemm_config_names(
     dtype: str = "bf16", b_n_major: bool = False, stream_k: bool = False
 ) -> list[str]:
     """The GEMM kernel configurations of ``dtype`` (and B layout), the default first: bf16
-    ['128x256', '128x128', '128x128c1', '256x192'] (with ``stream_k`` also '128x256sk'), fp16
+    ['128x256', '128x128', '128x128c1', '256x192'] (with ``stream_k`` also '128x256sk' and
+    '128x128sk'), fp16
     ['128x256', '128x128']."""
 
 def gemm_config_table() -> dict[str, dict[str, Any]]:
@@ -195,6 +196,12 @@ STREAM_K_FIXUP_WAVES: float  # what the model adds to a stream-K GEMM with a par
 DEFAULT_SWIZZLE: int  # the tile scheduler's swizzle unless a caller sets one
 
 H200_RESIDENT_CTAS: int  # the model's slots where no device is asked (132 SMs, one CTA each)
+
+def decomposition_problem(config: str, decomposition: str, splits: int = 1) -> str:
+    """'' when gemm(config=, decomposition=, splits=) suits the configuration (the GEMM kernel's
+    check, host-only), else why."""
+
+DECOMPOSITIONS: list[str]  # gemm(decomposition=...) names: auto, heuristic, data_parallel, ...
 
 def choose_raster(
     config: str, m: int, n: int, k: int, slots: int = ..., swizzle: int = ...
@@ -273,6 +280,8 @@ def gemm(
     fast_accum: bool = False,
     swizzle: int = ...,
     raster: int = 0,
+    decomposition: str = "auto",
+    splits: int = 1,
 ) -> int:
     """Enqueue D[m, n] = A[m, k] @ B[n, k]^T (B[k, n] with b_n_major) with distgemm's kernel on
     `stream`. dtype 'e4m3': float8_e4m3fn A and B, bf16 D = scale_a * scale_b * A @ B^T with
@@ -281,8 +290,11 @@ def gemm(
     gemm_config_names() name), else tile 128 x tile_n, else the model's pick (among the stream-K
     configurations too where ``workspace``, a zeroed device buffer of gemm_workspace_bytes() used
     by one GEMM at a time, is given). ``swizzle`` and ``raster`` (0 the configuration's rule,
-    choose_raster; 1 along M; 2 along N): the persistent scheduler's tile order. Returns the output
-    tile width it ran with. ValueError with gemm_problem's reason when the kernel cannot run it."""
+    choose_raster; 1 along M; 2 along N): the persistent scheduler's tile order. ``decomposition``
+    ('auto', 'heuristic', 'data_parallel', 'split_k' with ``splits`` K ranges per tile,
+    'stream_k'), for a stream-K configuration only: how it divides the work along K. Returns the
+    output tile width it ran with. ValueError with gemm_problem's reason when the kernel cannot
+    run it."""
 
 STREAM_K_TAIL_BYTES: int  # a stream-K workspace's last bytes: split counters, zero between launches
 
@@ -295,9 +307,12 @@ def gemm_workspace_bytes(
     *,
     config: str = "auto",
     cuda_device: int,
+    decomposition: str = "auto",
+    splits: int = 1,
 ) -> int:
     """Bytes of the zeroed workspace gemm(workspace=...) needs on ``cuda_device``: 0 unless
-    ``config`` (or, with 'auto', the model given a workspace) is a stream-K configuration."""
+    ``config`` (or, with 'auto', the model given a workspace) is a stream-K configuration;
+    ``decomposition`` and ``splits`` as gemm() gets them."""
 
 def gemm_resolve_config(
     m: int,

@@ -6,9 +6,11 @@ on one Hopper GPU:
 - every kernel configuration (bf16: 128x256, 128x128, 128x128c1, 256x192; fp16: the first two)
   against torch.mm, decode (M=8) and odd M tile counts included, and the auto choice on the
   device equal to _core.choose_config with the device's resident CTAs;
-- the stream-K configuration (128x256sk) with its workspace: against torch.mm, the model's
-  choice when a workspace is offered, its refusal without one, and launches of several shapes and
-  graph replays sharing one workspace (each launch leaves its split counters zeroed);
+- the stream-K configurations (128x256sk, 128x128sk) with their workspace, in every
+  decomposition (CUTLASS's heuristic, data-parallel, split-K, stream-K): against torch.mm, the
+  model's choice when a workspace is offered, the refusals without one or with a decomposition
+  they do not take, and launches of several shapes and graph replays sharing one workspace (each
+  launch leaves its split counters zeroed);
 - a rejected GEMM is a ValueError and leaves the device usable;
 - benchmarks/kernel_vs_cublas.py on one small Llama shape: the record is measured, checked and
   not below the compute floor.
@@ -212,21 +214,48 @@ def test_rejected_gemm_leaves_the_device_usable():
     assert _rel_err(d, torch.mm(a, w.t())) < TOL
 
 
-def _sk_workspace(m, n, k):
-    nbytes = _core.gemm_workspace_bytes(m, n, k, cuda_device=0, config="128x256sk")
+def _sk_workspace(m, n, k, config="128x256sk", **split):
+    nbytes = _core.gemm_workspace_bytes(m, n, k, cuda_device=0, config=config, **split)
     return torch.zeros(nbytes, device="cuda", dtype=torch.uint8)
 
 
-@pytest.mark.parametrize("m,n,k", [(1024, 5120, 2048), (1000, 1032, 520), (8, 4096, 1024)])
-def test_stream_k_matches_torch_mm(m, n, k):
-    ws = _sk_workspace(m, n, k)
+SK_CONFIGS = ["128x256sk", "128x128sk"]
+# Every decomposition of the stream-K kernels; split_k with 2 and 3 K ranges per tile.
+DECOMPOSITIONS = [("auto", 1), ("heuristic", 1), ("data_parallel", 1), ("split_k", 2),
+                  ("split_k", 3), ("stream_k", 1)]  # fmt: skip
+
+
+@pytest.mark.parametrize("config", SK_CONFIGS)
+@pytest.mark.parametrize("decomposition,splits", DECOMPOSITIONS)
+@pytest.mark.parametrize(
+    "m,n,k", [(1024, 5120, 2048), (1000, 1032, 520), (8, 4096, 1024), (1024, 768, 4096)]
+)
+def test_stream_k_matches_torch_mm(m, n, k, config, decomposition, splits):
+    """Each stream-K kernel in each decomposition: whole waves, a partial last wave, less than
+    one wave (1024 x 768: 24 or 48 tiles), partial tiles and a K of 9 blocks."""
+    split = {"decomposition": decomposition, "splits": splits}
+    ws = _sk_workspace(m, n, k, config, **split)
     tail = _core.STREAM_K_TAIL_BYTES
     assert ws.numel() > tail  # CUTLASS's partials, then its split counters and the arrivals
     ran, err = _run_checked(
-        m, n, k, config="128x256sk", workspace=ws.data_ptr(), workspace_bytes=ws.numel()
+        m, n, k, config=config, workspace=ws.data_ptr(), workspace_bytes=ws.numel(), **split
     )
-    assert ran == 256 and err < TOL
+    assert ran == _core.gemm_config_table()[config]["tile_n"] and err < TOL
     assert int(ws[-tail:].count_nonzero()) == 0  # the last consumer warpgroup zeroed them
+
+
+def test_decomposition_outside_stream_k_is_refused():
+    m, n, k = 1024, 768, 4096
+    a, w = _operands(m, n, k)
+    d = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="is for the stream-K configurations; config 128x128 "):
+        _gemm(a, w, d, m, n, k, config="128x128", decomposition="stream_k")
+    ws = _sk_workspace(m, n, k, "128x128sk")
+    with pytest.raises(ValueError, match="splits=1 with decomposition split_k"):
+        _gemm(a, w, d, m, n, k, config="128x128sk", workspace=ws.data_ptr(),
+              workspace_bytes=ws.numel(), decomposition="split_k")  # fmt: skip
+    with pytest.raises(ValueError, match="decomposition 'streamk' is not one of"):
+        _gemm(a, w, d, m, n, k, config="128x128sk", decomposition="streamk")
 
 
 def test_auto_with_a_workspace_runs_stream_k_on_a_partial_wave():

@@ -43,6 +43,15 @@ int config_number(const std::string& name) {
   return c;
 }
 
+// The GemmDesc::decomposition number of a decomposition name; ValueError otherwise.
+int decomposition_number(const std::string& name) {
+  const int d = distgemm::kernel::parse_decomposition(name);
+  if (d < 0)
+    throw std::invalid_argument("decomposition '" + name + "' is not one of " +
+                                distgemm::kernel::decomposition_list());
+  return d;
+}
+
 // The fp8 arguments of gemm() and gemm_problem(): float32 scale addresses (0: none).
 struct Fp8Args {
   uint64_t scale_a = 0, scale_b = 0;
@@ -103,11 +112,14 @@ int run_gemm(uint64_t a, uint64_t b, uint64_t d, int64_t m, int64_t n, int64_t k
              const std::string& dtype, int tile_n, bool b_n_major, int cuda_device, uint64_t stream,
              const std::string& config, uint64_t workspace, int64_t workspace_bytes,
              uint64_t scale_a, bool scale_a_rows, uint64_t scale_b, bool scale_b_rows,
-             bool fast_accum, int swizzle, int raster) {
+             bool fast_accum, int swizzle, int raster, const std::string& decomposition,
+             int splits) {
   GemmDesc g = dense_desc(a, b, d, m, n, k, dtype, tile_n, b_n_major, config,
                           {scale_a, scale_b, scale_a_rows, scale_b_rows, fast_accum});
   g.swizzle = swizzle;  // checked with the rest in dense_problem
   g.raster = raster;
+  g.decomposition = decomposition_number(decomposition);
+  g.splits = splits;
   if ((workspace == 0) != (workspace_bytes == 0) || workspace_bytes < 0)
     throw std::invalid_argument(
         "gemm: give workspace and workspace_bytes together (both 0: no workspace), got "
@@ -159,7 +171,8 @@ void register_gemm(py::module_& m) {
         py::arg("scale_a") = 0, py::arg("scale_a_rows") = false, py::arg("scale_b") = 0,
         py::arg("scale_b_rows") = false, py::arg("fast_accum") = false,
         py::arg("swizzle") = distgemm::kernel::kDefaultSwizzle,
-        py::arg("raster") = distgemm::kernel::kDefaultRaster,
+        py::arg("raster") = distgemm::kernel::kDefaultRaster, py::arg("decomposition") = "auto",
+        py::arg("splits") = 1,
         "Enqueue D[m, n] = A[m, k] @ B[n, k]^T (B[k, n] with b_n_major) on `stream` of "
         "`cuda_device` with distgemm's kernel: contiguous bf16/fp16 operands, fp32 accumulate. "
         "dtype 'e4m3': A and B float8_e4m3fn, D bf16, D = scale_a * scale_b * A @ B^T with "
@@ -171,27 +184,35 @@ void register_gemm(py::module_& m) {
         "configurations too where `workspace` (a zeroed device buffer of gemm_workspace_bytes(), "
         "used by one GEMM at a time) is given. `swizzle` (1, 2, 4, 8) and `raster` (0 the "
         "configuration's rule, kernel::choose_raster; 1 along M; 2 along N): the persistent "
-        "scheduler's tile order. Returns the output tile width it ran with; "
+        "scheduler's tile order. `decomposition` ('auto', 'heuristic', 'data_parallel', "
+        "'split_k' with `splits` K ranges per tile, 'stream_k'; kernel::Decomposition) for a "
+        "stream-K configuration only. Returns the output tile width it ran with; "
         "ValueError with gemm_problem's reason when the kernel cannot run the GEMM.");
   m.attr("STREAM_K_TAIL_BYTES") = distgemm::kernel::kStreamKTailBytes;
   m.def(
       "gemm_workspace_bytes",
       [](int64_t m_, int64_t n, int64_t k, const std::string& dtype, bool b_n_major,
-         const std::string& config, int cuda_device) {
+         const std::string& config, int cuda_device, const std::string& decomposition, int splits) {
         GemmDesc g = dense_desc(0, 0, 0, m_, n, k, dtype, 0, b_n_major, config);
+        g.decomposition = decomposition_number(decomposition);
+        g.splits = splits;
         std::string why = distgemm::kernel::gemm_extent_problem(
             m_, n, k, 1, distgemm::kernel::dtype_bytes(g.dtype));
         if (why.empty()) why = distgemm::kernel::gemm_config_problem(g.dtype, g.config, b_n_major);
+        if (why.empty())
+          why = distgemm::kernel::decomposition_problem(
+              g.decomposition, g.splits, distgemm::kernel::config_is_stream_k(g.config),
+              config.c_str());
         if (!why.empty()) throw std::invalid_argument("gemm_workspace_bytes: " + why);
         py::gil_scoped_release nogil;
         return distgemm::kernel::gemm_workspace_bytes(g, cuda_device);
       },
       py::arg("m"), py::arg("n"), py::arg("k"), py::arg("dtype") = "bf16",
       py::arg("b_n_major") = false, py::kw_only(), py::arg("config") = "auto",
-      py::arg("cuda_device"),
+      py::arg("cuda_device"), py::arg("decomposition") = "auto", py::arg("splits") = 1,
       "Bytes of the zeroed workspace gemm(workspace=...) needs for this GEMM on `cuda_device`: 0 "
       "unless `config` (or, with 'auto', the model given a workspace) is a stream-K "
-      "configuration.");
+      "configuration; `decomposition` and `splits` as gemm() will be given them.");
   m.def(
       "gemm_resolve_config",
       [](int64_t m_, int64_t n, const std::string& dtype, int tile_n, bool b_n_major,

@@ -1,6 +1,6 @@
 // Dtype and configuration dispatch and shape checks of the GEMM, and the two single-block runtime
 // kernels (entry barrier, wait before a copy). The CUTLASS instantiations live in
-// gemm_<dtype>_[m<tile m>_]n<tile n>[_c11][_bn].cu, one kernel per translation unit.
+// gemm_<dtype>_[m<tile m>_]n<tile n>[_c11][_bn][_sk].cu, one kernel per translation unit.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -32,6 +32,7 @@ DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(fp16_n256_bn)
 DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(bf16_n128_c11)
 DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(bf16_m256_n192)
 DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(bf16_n256_sk)
+DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(bf16_n128_sk)
 DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(e4m3_n192)
 DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(e4m3_n256_fa)
 #undef DISTGEMM_DECLARE_GEMM_ENTRY_POINTS
@@ -66,6 +67,9 @@ Kernels kernels(DType dtype, int config, bool b_n_major = false) {
       break;
     case GemmConfig::T128x256SK:
       if (bf16) return DISTGEMM_KERNELS(bf16_n256_sk);
+      break;
+    case GemmConfig::T128x128SK:
+      if (bf16) return DISTGEMM_KERNELS(bf16_n128_sk);
       break;
     default:
       break;
@@ -157,6 +161,10 @@ std::string gemm_can_implement(const GemmDesc& g) {
   if (!(e = scale_problem(g)).empty()) return e;
   if (g.dtype == DType::E4M3) {
     if (!(e = gemm_config_problem(g.dtype, g.config, false)).empty()) return e;
+    if (!(e = decomposition_problem(g.decomposition, g.splits, false,
+                                    config_name(e4m3_config(g.fast_accum)).c_str()))
+             .empty())
+      return e;
     return detail::kernels(g.dtype, e4m3_config(g.fast_accum)).can_implement(g);
   }
   if (!(e = tile_n_problem(g.tile_n)).empty()) return e;
@@ -170,6 +178,10 @@ std::string gemm_can_implement(const GemmDesc& g) {
            "128x256)";
   // Every configuration takes the same shapes (TMA alignment); ask the one a request names.
   const int forced = g.config != 0 ? g.config : g.tile_n != 0 ? config_of_tile_n(g.tile_n) : 0;
+  if (!(e = decomposition_problem(g.decomposition, g.splits, config_is_stream_k(forced),
+                                  config_name(forced).c_str()))
+           .empty())
+    return e;
   return detail::kernels(g.dtype, forced, g.b_n_major).can_implement(g);
 }
 

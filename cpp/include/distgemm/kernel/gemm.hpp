@@ -109,6 +109,11 @@ struct GemmDesc {
   // Null: the model chooses among the data-parallel configurations only.
   void* workspace = nullptr;
   int64_t workspace_bytes = 0;
+  // Stream-K configurations only (runtime arguments of the one kernel): how the work divides
+  // along K, a Decomposition number (tile_choice.hpp; 0 = stream_k_decomposition's rule), and
+  // with split_k the number of K ranges per tile. Other configurations take 0 and 1.
+  int decomposition = 0;
+  int splits = 1;
 };
 
 // The tail of a stream-K workspace: CUTLASS's split counters (two 32-bit words per split tile,

@@ -7,7 +7,8 @@
 // multicast to it), persistent grid visiting its tiles in exact_swizzle_scheduler.cuh's order
 // (stream-K: CUTLASS's). The configurations (tile_choice.hpp's kConfigs): 128x256 and
 // 128x128 with cluster 2x1, and for bf16 128x128 with cluster 1x1, 256x192 with cluster 1x2 and
-// 128x256 with CUTLASS's stream-K scheduler (its workspace is the caller's, see StreamKReset);
+// 128x256 and 128x128 with CUTLASS's stream-K scheduler (its workspace is the caller's, see
+// StreamKReset; GemmDesc::decomposition and splits its runtime arguments);
 // kernel/tile_choice.hpp picks one per GEMM.
 // B is K-contiguous ([n, k], nn.Linear's weight), or with BNMajor N-contiguous ([k, n], a
 // transposed view of that weight: what a backward dgrad GEMM reads); TMA and wgmma read both
@@ -390,6 +391,15 @@ struct Runner {
     sched.raster_order = g.raster == 1   ? Raster::AlongM
                          : g.raster == 2 ? Raster::AlongN
                                          : Raster::Heuristic;
+    if constexpr (StreamK) {
+      using Mode = typename Kernel::TileScheduler::DecompositionMode;
+      const Decomposition d = stream_k_decomposition(g.decomposition);
+      sched.decomposition_mode = d == Decomposition::DataParallel ? Mode::DataParallel
+                                 : d == Decomposition::SplitK     ? Mode::SplitK
+                                 : d == Decomposition::StreamK    ? Mode::StreamK
+                                                                  : Mode::Heuristic;
+      sched.splits = g.splits;
+    }
     return Arguments{cutlass::gemm::GemmUniversalMode::kGemm,
                      {static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k),
                       static_cast<int>(g.l)},

@@ -94,8 +94,37 @@ enum class GemmConfig : int {
   T256x192 = 4,
   T128x256SK = 5,
   E4M3x128x192 = 6,
-  E4M3x128x256FA = 7
+  E4M3x128x256FA = 7,
+  T128x128SK = 8
 };
+
+// How a stream-K configuration divides its work along K (GemmDesc::decomposition; CUTLASS's
+// DecompositionMode): Auto is stream_k_decomposition's rule; Heuristic is CUTLASS's (whole tiles
+// where the last wave is more than half full, stream-K or split-K below); DataParallel whole
+// tiles; SplitK every tile in GemmDesc::splits equal K ranges; StreamK the tiles of the last
+// partial wave (and of one more whole wave) spread along K over every CTA, whatever the fill.
+enum class Decomposition : int {
+  Auto = 0,
+  Heuristic = 1,
+  DataParallel = 2,
+  SplitK = 3,
+  StreamK = 4
+};
+inline constexpr const char* kDecompositionNames[] = {"auto", "heuristic", "data_parallel",
+                                                      "split_k", "stream_k"};
+
+// The Decomposition number of `name`; -1 when unknown.
+inline int parse_decomposition(const std::string& name) {
+  for (int i = 0; i < 5; ++i)
+    if (name == kDecompositionNames[i]) return i;
+  return -1;
+}
+
+inline std::string decomposition_list() {
+  std::string out;
+  for (const char* n : kDecompositionNames) out += (out.empty() ? "" : ", ") + std::string(n);
+  return out;
+}
 
 struct ConfigShape {
   GemmConfig id;
@@ -125,7 +154,8 @@ struct ConfigShape {
 // Every configuration, the default first (ties go to the earlier entry). The relative costs are
 // provisional (docs/tuning.md): 128x128 measured on single-GPU GEMMs; cluster 1x1 adds ~7% for the
 // B tile it no longer multicasts; 256x192 has 1.5x a 128x256 tile's flops in 1.40x its time
-// (fitted on single-GPU GEMMs of full grids: it moves 0.78x the operand bytes per flop).
+// (fitted on single-GPU GEMMs of full grids: it moves 0.78x the operand bytes per flop); 128x128
+// stream-K ran 0-6% behind 128x256 stream-K at the same waves, hence 0.58.
 inline constexpr ConfigShape kConfigs[] = {
     {GemmConfig::T128x256, "128x256", 128, 256, 2, 1, 1.0, false},
     {GemmConfig::T128x128, "128x128", 128, 128, 2, 1, kTile128RelativeCost, false},
@@ -133,16 +163,48 @@ inline constexpr ConfigShape kConfigs[] = {
     {GemmConfig::T256x192, "256x192", 256, 192, 1, 2, 1.40, true, false, false, false,
      kLargeTileMinGain},
     {GemmConfig::T128x256SK, "128x256sk", 128, 256, 2, 1, 1.0, true, true},
+    {GemmConfig::T128x128SK, "128x128sk", 128, 128, 2, 1, 0.58, true, true},
     {GemmConfig::E4M3x128x192, "e4m3_128x192", 128, 192, 2, 1, 1.0, false, false, true, false},
     {GemmConfig::E4M3x128x256FA, "e4m3_128x256fa", 128, 256, 2, 1, 1.0, false, false, true, true},
 };
-// What stream-K adds to a GEMM whose tiles do not fill whole waves, in waves of 128x256 tiles:
-// the partial accumulators each split writes to and reads from the workspace, and the wait of a
-// tile's last split for the earlier ones (fitted to single-GPU runs, docs/tuning.md). Below one
-// full wave the splits are short and their fixups dominate: there the model keeps the
-// data-parallel configurations (a smaller tile fills the SMs instead).
-inline constexpr double kStreamKFixupWaves = 0.25;
+// What stream-K adds to a GEMM whose tiles do not fill whole waves, in waves of the
+// configuration's tiles: the partial accumulators each split writes to and reads from the
+// workspace, the wait of a tile's last split for the earlier ones, and the lower clock of every
+// SM busy under the power cap (fitted to single-GPU runs, docs/tuning.md). Below half a wave a
+// tile is split over several CTAs and the waits add up: there the model keeps the data-parallel
+// configurations.
+inline constexpr double kStreamKFixupWaves = 0.30;
 inline constexpr int kConfigCount = sizeof(kConfigs) / sizeof(kConfigs[0]);
+
+// The decomposition a stream-K configuration runs for GemmDesc::decomposition `decomposition`:
+// the one asked for, or for Auto stream-K, which estimate_config prices. CUTLASS's heuristic
+// runs whole tiles where the last wave is more than half full, and so does not take the gain the
+// model expects from a stream-K configuration on a grid of 0.5-0.9 waves (70B QKV at 1024 tokens
+// and TP=4: 1.32x torch.mm's time in its heuristic, 1.17x in stream-K; docs/tuning.md).
+inline Decomposition stream_k_decomposition(int decomposition) {
+  return decomposition == static_cast<int>(Decomposition::Auto)
+             ? Decomposition::StreamK
+             : static_cast<Decomposition>(decomposition);
+}
+
+// "" when GemmDesc::decomposition and splits suit a configuration (stream_k: a stream-K one),
+// else why, with the values.
+inline std::string decomposition_problem(int decomposition, int splits, bool stream_k,
+                                         const char* config) {
+  if (decomposition < 0 || decomposition > 4)
+    return "decomposition=" + std::to_string(decomposition) +
+           " is not 0 (auto), 1 (heuristic), 2 (data_parallel), 3 (split_k) or 4 (stream_k)";
+  const bool split_k = decomposition == static_cast<int>(Decomposition::SplitK);
+  if (splits < 1 || (splits > 1 && !split_k) || (split_k && splits < 2))
+    return "splits=" + std::to_string(splits) + " with decomposition " +
+           kDecompositionNames[decomposition] +
+           ": split_k takes splits >= 2, every other decomposition splits=1";
+  if (!stream_k && (decomposition != 0 || splits != 1))
+    return std::string("decomposition ") + kDecompositionNames[decomposition] +
+           " (splits=" + std::to_string(splits) + ") is for the stream-K configurations; config " +
+           config + " runs whole tiles: leave decomposition auto and splits 1";
+  return "";
+}
 
 // The shape of configuration `c` (1..kConfigCount), or nullptr.
 inline const ConfigShape* config_shape(int c) {
@@ -338,10 +400,10 @@ inline ConfigEstimate estimate_config(const ConfigShape& c, int64_t m, int64_t n
   e.waves = (e.tiles + s - 1) / s;
   e.cost = double(e.waves) * c.relative_cost;
   // Stream-K spreads a partial last wave's work over every CTA, at the price of its fixup; with
-  // less than one full wave it is not a candidate (infinite cost).
+  // less than half a wave it is not a candidate (infinite cost).
   if (c.stream_k && e.tiles % s != 0)
-    e.cost = e.tiles < s ? std::numeric_limits<double>::infinity()
-                         : (double(e.tiles) / double(s) + kStreamKFixupWaves) * c.relative_cost;
+    e.cost = 2 * e.tiles < s ? std::numeric_limits<double>::infinity()
+                             : (double(e.tiles) / double(s) + kStreamKFixupWaves) * c.relative_cost;
   return e;
 }
 
