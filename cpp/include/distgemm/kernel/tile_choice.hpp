@@ -112,10 +112,12 @@ enum class Decomposition : int {
 };
 inline constexpr const char* kDecompositionNames[] = {"auto", "heuristic", "data_parallel",
                                                       "split_k", "stream_k"};
+inline constexpr int kDecompositionCount =
+    sizeof(kDecompositionNames) / sizeof(kDecompositionNames[0]);
 
 // The Decomposition number of `name`; -1 when unknown.
 inline int parse_decomposition(const std::string& name) {
-  for (int i = 0; i < 5; ++i)
+  for (int i = 0; i < kDecompositionCount; ++i)
     if (name == kDecompositionNames[i]) return i;
   return -1;
 }
@@ -191,9 +193,9 @@ inline Decomposition stream_k_decomposition(int decomposition) {
 // else why, with the values.
 inline std::string decomposition_problem(int decomposition, int splits, bool stream_k,
                                          const char* config) {
-  if (decomposition < 0 || decomposition > 4)
-    return "decomposition=" + std::to_string(decomposition) +
-           " is not 0 (auto), 1 (heuristic), 2 (data_parallel), 3 (split_k) or 4 (stream_k)";
+  if (decomposition < 0 || decomposition >= kDecompositionCount)
+    return "decomposition=" + std::to_string(decomposition) + " is not one of 0.." +
+           std::to_string(kDecompositionCount - 1) + " (" + decomposition_list() + ")";
   const bool split_k = decomposition == static_cast<int>(Decomposition::SplitK);
   if (splits < 1 || (splits > 1 && !split_k) || (split_k && splits < 2))
     return "splits=" + std::to_string(splits) + " with decomposition " +
