@@ -195,8 +195,7 @@ void register_tile_choice(py::module_& m) {
         if (c < 0)
           throw py::value_error("decomposition_problem: config '" + config + "' is unknown");
         const int d = k::parse_decomposition(decomposition);
-        if (d < 0)
-          return "decomposition '" + decomposition + "' is not one of " + k::decomposition_list();
+        if (d < 0) return k::unknown_decomposition(decomposition);
         return k::decomposition_problem(d, splits, k::config_is_stream_k(c), config.c_str());
       },
       py::arg("config"), py::arg("decomposition"), py::arg("splits") = 1,

@@ -46,9 +46,7 @@ int config_number(const std::string& name) {
 // The GemmDesc::decomposition number of a decomposition name; ValueError otherwise.
 int decomposition_number(const std::string& name) {
   const int d = distgemm::kernel::parse_decomposition(name);
-  if (d < 0)
-    throw std::invalid_argument("decomposition '" + name + "' is not one of " +
-                                distgemm::kernel::decomposition_list());
+  if (d < 0) throw std::invalid_argument(distgemm::kernel::unknown_decomposition(name));
   return d;
 }
 
@@ -199,10 +197,7 @@ void register_gemm(py::module_& m) {
         std::string why = distgemm::kernel::gemm_extent_problem(
             m_, n, k, 1, distgemm::kernel::dtype_bytes(g.dtype));
         if (why.empty()) why = distgemm::kernel::gemm_config_problem(g.dtype, g.config, b_n_major);
-        if (why.empty())
-          why = distgemm::kernel::decomposition_problem(
-              g.decomposition, g.splits, distgemm::kernel::config_is_stream_k(g.config),
-              config.c_str());
+        if (why.empty()) why = distgemm::kernel::gemm_decomposition_problem(g);
         if (!why.empty()) throw std::invalid_argument("gemm_workspace_bytes: " + why);
         py::gil_scoped_release nogil;
         return distgemm::kernel::gemm_workspace_bytes(g, cuda_device);

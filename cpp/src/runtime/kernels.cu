@@ -83,6 +83,13 @@ namespace {
 
 std::string s(int64_t v) { return std::to_string(v); }
 
+// The configuration a request names: e4m3's by fast_accum, else g.config, else tile_n's, else 0
+// (auto: the model's choice at launch).
+int requested_config(const GemmDesc& g) {
+  if (g.dtype == DType::E4M3) return e4m3_config(g.fast_accum);
+  return g.config != 0 ? g.config : g.tile_n != 0 ? config_of_tile_n(g.tile_n) : 0;
+}
+
 // TMA reads and writes each operand through a tensor map: the base address must be 16-byte
 // aligned and every stride but the contiguous one a multiple of 16 bytes.
 std::string check_operand(const char* name, const void* p, int64_t ld, int64_t batch, int64_t l,
@@ -161,10 +168,7 @@ std::string gemm_can_implement(const GemmDesc& g) {
   if (!(e = scale_problem(g)).empty()) return e;
   if (g.dtype == DType::E4M3) {
     if (!(e = gemm_config_problem(g.dtype, g.config, false)).empty()) return e;
-    if (!(e = decomposition_problem(g.decomposition, g.splits, false,
-                                    config_name(e4m3_config(g.fast_accum)).c_str()))
-             .empty())
-      return e;
+    if (!(e = gemm_decomposition_problem(g)).empty()) return e;
     return detail::kernels(g.dtype, e4m3_config(g.fast_accum)).can_implement(g);
   }
   if (!(e = tile_n_problem(g.tile_n)).empty()) return e;
@@ -176,13 +180,15 @@ std::string gemm_can_implement(const GemmDesc& g) {
     return "tile_n=" + s(g.tile_n) + " and config=" + config_name(g.config) +
            " name different kernels: set one of them (tile_n 128 is config 128x128, 256 is "
            "128x256)";
+  if (!(e = gemm_decomposition_problem(g)).empty()) return e;
   // Every configuration takes the same shapes (TMA alignment); ask the one a request names.
-  const int forced = g.config != 0 ? g.config : g.tile_n != 0 ? config_of_tile_n(g.tile_n) : 0;
-  if (!(e = decomposition_problem(g.decomposition, g.splits, config_is_stream_k(forced),
-                                  config_name(forced).c_str()))
-           .empty())
-    return e;
-  return detail::kernels(g.dtype, forced, g.b_n_major).can_implement(g);
+  return detail::kernels(g.dtype, requested_config(g), g.b_n_major).can_implement(g);
+}
+
+std::string gemm_decomposition_problem(const GemmDesc& g) {
+  const int c = requested_config(g);
+  return decomposition_problem(g.decomposition, g.splits, config_is_stream_k(c),
+                               config_name(c).c_str());
 }
 
 std::string gemm_config_problem(DType dtype, int config, bool b_n_major) {

@@ -133,6 +133,11 @@ void gemm_prepare(DType dtype, int device);
 // "" when configuration `config` (0 = auto) has a kernel for the dtype and B layout, else why.
 std::string gemm_config_problem(DType dtype, int config, bool b_n_major);
 
+// "" when g.decomposition and g.splits suit the configuration `g` names (g.config, else the one
+// g.tile_n names, e4m3: the one g.fast_accum names; auto names none, so takes only the
+// defaults), else why (tile_choice.hpp's decomposition_problem).
+std::string gemm_decomposition_problem(const GemmDesc& g);
+
 // The configuration gemm_launch runs `g` with on `device`: g.config, else the one g.tile_n names,
 // else choose_config over the dtype's configurations with their resident CTAs on that device.
 int gemm_config(const GemmDesc& g, int device);

@@ -128,6 +128,11 @@ inline std::string decomposition_list() {
   return out;
 }
 
+// Why `name` (parse_decomposition gave -1) names no decomposition.
+inline std::string unknown_decomposition(const std::string& name) {
+  return "decomposition '" + name + "' is not one of " + decomposition_list();
+}
+
 struct ConfigShape {
   GemmConfig id;
   const char* name;
