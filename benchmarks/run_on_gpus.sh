@@ -83,6 +83,16 @@ nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw,temperature.gpu,util
 SMI=$!
 trap 'kill $SMI 2>/dev/null' EXIT
 
+# One pytest per test file ($0: names after test_, $1: seconds each, $2: folder), each bounded,
+# so that one hang costs only its own results; a summary per worker JSON at the end.
+PYTEST_EACH='set -u; rc=0
+  for t in $0; do
+    timeout -k 10 "$1" python3 -m pytest -q -rs "tests/gpu/test_$t.py" > "$2/$t.log" 2>&1
+    r=$?; [ $r -eq 0 ] || rc=1
+    echo "== test_$t.py rc=$r"; tail -n 12 "$2/$t.log"
+  done
+  python3 tests/gpu/results_summary.py "$2"; exit $rc'
+
 rc=0
 part() {  # part NAME TIMEOUT_S COMMAND...
   local name=$1 limit=$2; shift 2
@@ -119,17 +129,14 @@ for p in "$@"; do
                  --out "$OUT/shared-api/results.json" ;;
     shared-gpu-tests) part shared-gpu-tests ${SHARED_TESTS_S:-590} env CUDA_VISIBLE_DEVICES=0 \
         DISTGEMM_TEST_RESULTS="$OUT/shared-gpu-tests" DISTGEMM_TEST_LOG="$OUT/shared-gpu-tests/commands.log" \
-        DISTGEMM_CALLS=${SHARED_CALLS:-2000} DISTGEMM_TORCHRUN_TIMEOUT=$(( ${SHARED_TEST_S:-240} - 20 )) bash -c '
-        # One pytest per test file, each bounded, so that one hang costs only its own results.
-        set -u; rc=0
-        for t in $0; do
-          timeout -k 10 "$1" python3 -m pytest -q -rs "tests/gpu/test_$t.py" > "$2/$t.log" 2>&1
-          r=$?; [ $r -eq 0 ] || rc=1
-          echo "== test_$t.py rc=$r"; tail -n 12 "$2/$t.log"
-        done
-        python3 tests/gpu/results_summary.py "$2"; exit $rc' \
-        "${SHARED_GPU_TESTS:-fused capture workspace training torchrun_api fp8_ops}" \
+        DISTGEMM_CALLS=${SHARED_CALLS:-2000} DISTGEMM_TORCHRUN_TIMEOUT=$(( ${SHARED_TEST_S:-240} - 20 )) \
+        bash -c "$PYTEST_EACH" "${SHARED_GPU_TESTS:-fused capture workspace training torchrun_api fp8_ops}" \
         "${SHARED_TEST_S:-240}" "$OUT/shared-gpu-tests" ;;
+    gpu-tests) part gpu-tests ${GPU_TESTS_S:-590} env \
+        DISTGEMM_TEST_RESULTS="$OUT/gpu-tests" DISTGEMM_TEST_LOG="$OUT/gpu-tests/commands.log" \
+        DISTGEMM_CALLS=${GPU_CALLS:-2000} DISTGEMM_TORCHRUN_TIMEOUT=$(( ${GPU_TEST_S:-150} - 20 )) \
+        bash -c "$PYTEST_EACH" "${GPU_TESTS:-fused capture workspace fp8_ops training torchrun_api tuning_gpu}" \
+        "${GPU_TEST_S:-150}" "$OUT/gpu-tests" ;;
     fp8-kernel) part fp8-kernel ${FP8_S:-400} python3 benchmarks/fp8_kernel_vs_scaled_mm.py \
               ${FP8_ARGS:---tp 2} --budget-s $(( ${FP8_S:-400} - 30 )) --out "$OUT/fp8-kernel" ;;
     cpp-tests) part cpp-tests ${CPP_TESTS_S:-330} env DISTGEMM_BENCH="$BENCH" python3 -m pytest -q -x -rs \
