@@ -233,13 +233,13 @@ def compat_results(tmp_path_factory):
 
 
 def served(key, on_cuda: bool) -> bool:
-    """Whether distgemm serves a case on CUDA: all but the tensor-wise gathers (their
+    """Whether distgemm serves a case on CUDA: all but torch's tensor-wise gathers (their
     out_dtypes include None and fp32), the scatters of N (N/TP = 8 is not a multiple of 16)
     and the bias of a reduce-scatter."""
     if not on_cuda:
         return False
     if key[0] == "gather":
-        return key[2] != "tensor-wise"
+        return not (key[2] == "tensor-wise" and key[3] == "torch")
     return key[1] != 2 and key[4] != "bias"
 
 
@@ -548,3 +548,30 @@ def test_compiled_call_is_one_node(group_name):
         "distgemm.fused_all_gather_scaled_matmul.default",
         "distgemm.fused_scaled_matmul_reduce_scatter.default",
     ]
+
+
+@pytest.mark.parametrize(
+    "out_dtypes", [[torch.bfloat16] * 2, [None, torch.float32]], ids=["bf16", "fp8-fp32"]
+)
+def test_op_reads_out_dtypes_as_dtypes(group_name, monkeypatch, out_dtypes):
+    """Through the dispatcher the op's ``ScalarType?[] out_dtypes`` arrive as ScalarType numbers;
+    the reason it decides by sees the dtypes the caller passed (numbers would refuse every
+    call, bf16 included, as "out_dtypes[0]=15")."""
+    seen = []
+    real = torch_compat_fp8.all_gather_fallback_reason
+
+    def recording(*args):
+        seen.append(args[5])
+        return real(*args)
+
+    monkeypatch.setattr(torch_compat_fp8, "all_gather_fallback_reason", recording)
+    g = torch.Generator().manual_seed(8)
+    A = torch.rand(4, K, generator=g).to(E4M3)
+    Bs = [torch.rand(N, K, generator=g).to(E4M3).T for _ in out_dtypes]
+    one = torch.tensor(SCALE)
+    _, outs = torch_compat_fp8.fused_all_gather_scaled_matmul(
+        A, Bs, one, [one] * len(Bs), 0, group_name, biases=[None] * len(Bs),
+        result_scales=[None] * len(Bs), out_dtypes=out_dtypes, use_fast_accum=[False] * len(Bs),
+    )  # fmt: skip
+    assert seen == [out_dtypes]
+    assert [o.dtype for o in outs] == [d or E4M3 for d in out_dtypes]

@@ -53,6 +53,17 @@ OUT_DTYPE = torch.bfloat16  # what distgemm's fp8 GEMMs write
 TENSOR_WISE, ROW_SHARDED, ROW_REPLICATED = "tensor-wise", "row-wise-sharded", "row-wise-replicated"
 
 
+def _as_dtypes(dtypes) -> list[torch.dtype | None]:
+    """``out_dtypes`` as torch.dtype (None kept): the dispatcher hands a ``ScalarType?[]`` to
+    the op as ScalarType numbers (15 for bfloat16), which compare unequal to every dtype. An
+    aten factory on the meta device maps a number to its dtype, as only the dispatcher can."""
+    return [
+        d if d is None or isinstance(d, torch.dtype)
+        else torch.ops.aten.empty.memory_format([0], dtype=d, device="meta").dtype
+        for d in dtypes
+    ]  # fmt: skip
+
+
 def _check_fp8(op: str, tensors: dict[str, torch.Tensor]) -> None:
     for name, t in tensors.items():
         if t.dtype != FP8_DTYPE:
@@ -225,6 +236,7 @@ def fused_all_gather_scaled_matmul(
     """
     group = group_of(group_name)
     tp = group.size()
+    out_dtypes = _as_dtypes(out_dtypes)
     lists = dict(
         biases=biases, result_scales=result_scales, out_dtypes=out_dtypes,
         use_fast_accum=use_fast_accum,
@@ -269,7 +281,7 @@ def _(A_shard, Bs, A_scale, B_scales, gather_dim, group_name, biases, result_sca
       out_dtypes, use_fast_accum):  # fmt: skip
     tp = group_of(group_name).size()
     lists = dict(
-        biases=biases, result_scales=result_scales, out_dtypes=out_dtypes,
+        biases=biases, result_scales=result_scales, out_dtypes=_as_dtypes(out_dtypes),
         use_fast_accum=use_fast_accum,
     )  # fmt: skip
     gather_dim, mode = _check_all_gather(A_shard, Bs, A_scale, B_scales, gather_dim, tp, lists)
