@@ -126,27 +126,48 @@ def test_shape_problems_name_the_constraint_and_the_values(args, needle):
     assert needle in _core.fused_shape_problem(*args)
 
 
-def test_auto_never_runs_fused_while_its_limit_is_zero(monkeypatch):
+@pytest.mark.parametrize(
+    "tokens, n, k_local, tp, fused",
+    [
+        (1, 8192, 4096, 2, True),  # 70B O: 67 MB of weight per rank
+        (32, 8192, 14336, 2, True),  # 70B FC2: 235 MB
+        (1, 16384, 8192, 2, False),  # 405B O: 268 MB, streamed faster by the collective path
+        (32, 16384, 26624, 2, False),  # 405B FC2: 872 MB
+        (33, 16384, 26624, 2, True),  # the CUTLASS kernel from 33 tokens, whatever the weight
+        (256, 16384, 8192, 2, True),
+        (257, 8192, 4096, 2, False),  # above the measured token counts
+        (8, 8192, 4096, 4, False),  # TP above the measured 2
+    ],
+)
+def test_auto_runs_fused_where_the_measured_rule_picks_it(
+    monkeypatch, tokens, n, k_local, tp, fused
+):
     monkeypatch.setattr(_core, "cuda_runtime", True, raising=False)
     monkeypatch.setattr(autopath, "collective_unavailable", lambda group: None)
-    assert _core.FUSED_MAX_AUTO_TOKENS == 0
-    for tokens in (1, 8, 256):
-        path, _ = autopath.decide_path(_spec(tokens), "auto", NO_GROUP, torch.bfloat16)
-        assert path == "collective"
-    assert "only when asked for" in fused.fused_auto(_spec(8), torch.bfloat16)[1]
+    spec = _spec(tokens, n=n, k_local=k_local, tp=tp)
+    path, info = autopath.decide_path(spec, "auto", NO_GROUP, torch.bfloat16)
+    assert (path == "fused") == fused, info
+    problem = _core.fused_auto_problem(tokens, n, k_local, 2, tp)
+    assert (problem == "") == fused
+    if fused:
+        assert info["why"] == f"fused: M={tokens} tokens <= 256 (decode size)"
 
 
-def test_auto_runs_fused_up_to_the_limit_where_the_kernel_takes_the_call(monkeypatch):
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        ((8, 8192, 4096, 2, 8), "tp=8 is above 2"),
+        ((257, 8192, 4096, 2, 2), "M=257 tokens is above the fused path's 256"),
+        ((16, 16384, 8192, 2, 2), "weight of 268435456 bytes per rank, above 250000000"),
+    ],
+)
+def test_auto_refusals_name_the_rule_and_the_values(args, needle):
+    assert needle in _core.fused_auto_problem(*args)
+
+
+def test_auto_keeps_other_paths_where_the_kernel_cannot_run(monkeypatch):
     monkeypatch.setattr(_core, "cuda_runtime", True, raising=False)
     monkeypatch.setattr(autopath, "collective_unavailable", lambda group: None)
-    limit = 256
-    monkeypatch.setattr(_core, "FUSED_MAX_AUTO_TOKENS", limit)
-    for tokens in (1, 8, limit):
-        path, info = autopath.decide_path(_spec(tokens), "auto", NO_GROUP, torch.bfloat16)
-        assert path == "fused"
-        assert info["why"] == f"fused: M={tokens} tokens <= {limit} (decode size)"
-    path, _ = autopath.decide_path(_spec(2 * limit), "auto", NO_GROUP, torch.bfloat16)
-    assert path != "fused"
     # a transposed weight view, or a dtype the kernel has not: the other paths
     path, _ = autopath.decide_path(_spec(8, transposed=True), "auto", NO_GROUP, torch.bfloat16)
     assert path != "fused"

@@ -1,7 +1,8 @@
 """The path of an op entry, decided when the entry is created: the requested one, or for
 ``path="auto"`` the tuning table's (``distgemm.tuning``), else the cost model's
 (``distgemm.pathmodel``); the overlapped plan where the group cannot run the collective path.
-gemm_all_reduce runs fused (``distgemm.fused``) up to ``_core.FUSED_MAX_AUTO_TOKENS`` tokens.
+gemm_all_reduce runs fused (``distgemm.fused``) where ``_core.fused_auto_problem`` allows (up to
+``_core.FUSED_MAX_AUTO_TOKENS`` tokens at TP 2, by the measured rule).
 Shapes, the table and the group's backend only, so every rank decides the same; nothing is
 measured on the user's call."""
 

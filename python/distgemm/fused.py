@@ -1,5 +1,5 @@
-"""The fused path of ``gemm_all_reduce`` (``path="fused"``; ``"auto"`` up to
-``_core.FUSED_MAX_AUTO_TOKENS`` tokens, today 0: not yet measured on two GPUs): one kernel per
+"""The fused path of ``gemm_all_reduce`` (``path="fused"``; ``"auto"`` where
+``_core.fused_auto_problem`` allows: up to ``_core.FUSED_MAX_AUTO_TOKENS`` tokens): one kernel per
 rank computes its partial product into the communicator's symmetric workspace, signals each
 finished tile to every rank and sums the tiles it owns over every rank's partials, read over
 NVLink (kernel/fused_allreduce.hpp). No collective kernel, no copy engine, one kernel node
@@ -59,18 +59,17 @@ def fused_problem(spec: Spec, dtype: torch.dtype) -> str:
 
 
 def fused_auto(spec: Spec, dtype: torch.dtype) -> tuple[bool, str]:
-    """Whether ``path="auto"`` runs this entry fused: decode sizes (at most
-    ``_core.FUSED_MAX_AUTO_TOKENS`` tokens) the kernel takes; with the reason in words."""
+    """Whether ``path="auto"`` runs this entry fused: shapes the kernel takes, at most
+    ``_core.FUSED_MAX_AUTO_TOKENS`` tokens and where the measured rule picks it
+    (``_core.fused_auto_problem``); with the reason in words."""
     problem = fused_problem(spec, dtype)
     if problem:
         return False, problem
-    m = _problem_shape(spec)[0]
-    limit = int(_core.FUSED_MAX_AUTO_TOKENS)
-    if limit == 0:
-        return False, "the fused path runs only when asked for (FUSED_MAX_AUTO_TOKENS is 0)"
-    if m > limit:
-        return False, f"M={m} tokens is above the fused path's {limit}"
-    return True, f"fused: M={m} tokens <= {limit} (decode size)"
+    m, n, k = _problem_shape(spec)
+    problem = _core.fused_auto_problem(m, n, k, dtype.itemsize, spec.tp)
+    if problem:
+        return False, problem
+    return True, f"fused: M={m} tokens <= {int(_core.FUSED_MAX_AUTO_TOKENS)} (decode size)"
 
 
 def attach_fused(comm: Communicator, entry: Entry) -> None:

@@ -66,8 +66,8 @@ docs/tuning.md) predicts both paths at the default S and keeps the overlapped on
 by at least 5 us; below 1024 tokens (decode sizes, never measured on the overlapped path) and at TP
 other than 2 (where it is not calibrated) it keeps the collective path. ``gemm_all_reduce`` has
 a third path, "fused" (``distgemm.fused``: the GEMM and the all-reduce in one kernel, no
-collective kernel, no copy engine), which "auto" takes up to ``_core.FUSED_MAX_AUTO_TOKENS``
-tokens where the kernel takes the call (today 0: only when asked for, see docs/serving.md).
+collective kernel, no copy engine), which "auto" takes where ``_core.fused_auto_problem``
+allows (up to ``_core.FUSED_MAX_AUTO_TOKENS`` tokens at TP 2; see docs/serving.md).
 ``path_choices()`` shows each choice, its source ("table" / "model") and the ms behind it.
 ``path="overlap"`` / ``"collective"`` force one path; the collective path needs a NCCL group
 (with another backend "auto" keeps the plan). A first call then costs the signature exchange,
@@ -389,7 +389,7 @@ def gemm_all_reduce(
     ``path``: "auto", "overlap", "collective" (torch GEMM + NCCL all-reduce), as for
     ``all_gather_gemm``, or "fused": one kernel computes this rank's partial into the symmetric
     workspace, signals each tile to every rank and sums its own tiles over every rank's
-    partials (NVLink reads); "auto" takes it up to ``_core.FUSED_MAX_AUTO_TOKENS`` tokens. It
+    partials (NVLink reads); "auto" takes it where ``_core.fused_auto_problem`` allows. It
     needs a K-contiguous ``w`` (not a ``.t()`` view) and bf16/fp16; ``path="fused"`` on a call
     it cannot run is a ValueError with the reason. fp8 (``scale_a``, ``scale_b``,
     ``fast_accum``) as for ``gemm_reduce_scatter``; the fused path is bf16/fp16 only.

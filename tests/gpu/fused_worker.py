@@ -97,15 +97,15 @@ def test_correctness(dev):
             y = distgemm.gemm_all_reduce(a, w, bias=b, c=c, beta=beta, path="fused")
             kernel = distgemm._core.fused_kernel(m)
             check(f"correctness/m{m}_n{n}_k{k}/{dtype}", y, a, w, b, c, beta, dtype, kernel=kernel)
-    # "auto": fused up to FUSED_MAX_AUTO_TOKENS tokens only
+    # "auto": fused where _core.fused_auto_problem allows only
     for m in (8, 256, 512):
         a, w, _, _ = inputs(m, 1024, 1024, torch.bfloat16, dev, seed=77)
         distgemm.gemm_all_reduce(a, w)
         chosen = [p for p in distgemm.path_choices() if p["m"] == m and p["requested"] == "auto"]
         path = chosen[-1]["path"] if chosen else None
-        limit = int(distgemm._core.FUSED_MAX_AUTO_TOKENS)
-        ok = path == "fused" if m <= limit else path not in (None, "fused")
-        record(f"correctness/auto_m{m}", ok, path=path)
+        fused = distgemm._core.fused_auto_problem(m, 1024, 1024, 2, dist.get_world_size()) == ""
+        ok = path == "fused" if fused else path not in (None, "fused")
+        record(f"correctness/auto_m{m}", ok, path=path, fused_expected=fused)
     torch.cuda.synchronize()
     dcomm.get_communicator().check()
 

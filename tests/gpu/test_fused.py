@@ -53,7 +53,7 @@ def test_every_token_count_and_dtype_matched_torch_on_every_rank(results):
 
 
 def test_auto_runs_fused_up_to_its_token_limit_only(results):
-    """The worker checks each auto entry against _core.FUSED_MAX_AUTO_TOKENS."""
+    """The worker checks each auto entry against _core.fused_auto_problem."""
     _, _, data = results
     for m in (8, 256, 512):
         got = named(data, f"correctness/auto_m{m}")

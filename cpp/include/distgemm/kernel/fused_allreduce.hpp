@@ -44,12 +44,21 @@ inline constexpr int kFusedTokenTileSmall = 32;  // the decode kernel's token bl
 // tiles ran up to 22% slower than 192 and 256 (13-22% on 405B O and the FC2 layers), more than
 // the up to 9% that 63 padded tokens cost (benchmarks/results/2026-11-24-token-tiles.md).
 inline constexpr int kFusedTokenTiles[] = {64, 96, 128, 192, 256};
-// path="auto" runs gemm_all_reduce fused up to this many tokens. 0: never, until the fused
-// kernels are measured against torch.mm + one-shot all-reduce on two GPUs (at TP=1 they take
-// 0.97-1.65x torch.mm's time at 1..256 tokens on an H200,
-// benchmarks/results/2026-11-24-token-tiles.md); the fused path runs where a caller asks for it
-// (path="fused").
-inline constexpr int64_t kFusedMaxAutoTokens = 0;
+// path="auto" runs gemm_all_reduce fused (fused_auto_problem) up to this many tokens, at TP up to
+// kFusedAutoMaxTp, where the decode kernel's weight is small enough. Measured on 2 H200s (TP=2,
+// benchmarks/results/2026-11-24-tp2-h200.md, CUDA graphs of 20 calls), the fused op against
+// the collective path that auto otherwise takes (torch.mm + all-reduce): at 64..256 tokens the
+// CUTLASS kernel's fused op was faster on all four 70B/405B O and FC2 shapes (by 0.2-26%); above
+// 256 tokens it was not measured.
+inline constexpr int64_t kFusedMaxAutoTokens = 256;
+inline constexpr int kFusedAutoMaxTp = 2;
+// Up to kFusedDecodeMaxTokens tokens the fused op saves about 3 us of fixed cost (no collective
+// kernel) but streams its weight at about 4.1 TB/s against the collective path's 4.3, so it
+// loses about 0.012 us per MB of this rank's weight: the two cross near 250 MB. At TP=2,
+// 1..32 tokens, fused vs collective (us): 70B O (67 MB) 25.6-27.3 vs 27.3-31.0, 70B FC2
+// (235 MB) 65.2-70.9 vs 67.7-73.2, 405B O (268 MB) 77.8-84.6 vs 72.8-81.7, 405B FC2 (872 MB)
+// 221-252 vs 216-229.
+inline constexpr int64_t kFusedDecodeAutoMaxWeightBytes = 250'000'000;
 // The decode kernel runs up to this many tokens (one block of kFusedTokenTileSmall), the CUTLASS
 // kernel above. Measured on one H200 at TP=1: at 64 tokens the decode kernel's 64-wide
 // instantiation took 31.4 us on 70B O (benchmarks/results/2026-11-24-decode-fixed-cost.md), the
@@ -173,6 +182,24 @@ inline std::string fused_shape_problem(int64_t m, int64_t n, int64_t k, int spli
     return "m=" + std::to_string(m) + " n=" + std::to_string(n) + " needs " +
            std::to_string(tiles) + " tiles, more than the " + std::to_string(kFusedMaxTiles) +
            " flags of the fused control region (use the overlapped or collective path)";
+  return "";
+}
+
+// "" when path="auto" runs this rank's GEMM (a [m, k], w [n, k]) fused, else the reason with the
+// values (the shapes must also pass fused_shape_problem).
+inline std::string fused_auto_problem(int64_t m, int64_t n, int64_t k, int element_bytes, int tp) {
+  if (tp > kFusedAutoMaxTp)
+    return "tp=" + std::to_string(tp) + " is above " + std::to_string(kFusedAutoMaxTp) +
+           ", the most the fused path's auto choice is measured at";
+  if (m > kFusedMaxAutoTokens)
+    return "M=" + std::to_string(m) + " tokens is above the fused path's " +
+           std::to_string(kFusedMaxAutoTokens);
+  const int64_t weight_bytes = n * k * element_bytes;
+  if (fused_kernel(m) == FusedKernel::Decode && weight_bytes > kFusedDecodeAutoMaxWeightBytes)
+    return "M=" + std::to_string(m) + " tokens (decode kernel) with a weight of " +
+           std::to_string(weight_bytes) + " bytes per rank, above " +
+           std::to_string(kFusedDecodeAutoMaxWeightBytes) +
+           ": the collective path streams it faster than the fused kernel saves";
   return "";
 }
 
