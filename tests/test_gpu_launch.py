@@ -305,6 +305,41 @@ def test_gloo_probe_names_the_collective_gloo_cannot_run(worker_state, monkeypat
     assert "RuntimeError: no support for _allgather_base on device cuda" in problem
 
 
+def _crashing_probe_child(rank, world, store_path, dev_index, out_dir):
+    """A probe rank that dies as gloo on CUDA tensors did (SIGSEGV) before writing anything."""
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def test_gloo_probe_in_child_processes_runs_the_collectives():
+    assert tw.probe_in_children(tw._gloo_probe_child, 2, -1, timeout_s=120) is None
+
+
+def test_gloo_probe_in_child_processes_reports_a_crash_instead_of_dying():
+    problem = tw.probe_in_children(_crashing_probe_child, 2, -1, timeout_s=120)
+    assert problem == (
+        f"gloo (torch {torch.__version__}) crashed a probe process (killed by SIGSEGV) "
+        "running collectives on CPU tensors"
+    )
+
+
+def test_gloo_probe_on_cuda_asks_the_children_once(worker_state, monkeypatch):
+    """On CUDA tensors the probe runs in child processes (rank 0's), once per device."""
+    calls = []
+
+    def probed(target, world, dev_index, timeout_s):
+        calls.append((target, world, dev_index))
+        return "gloo crashed"
+
+    monkeypatch.setattr(tw, "_GLOO_PROBED", {})
+    monkeypatch.setattr(tw, "probe_in_children", probed)
+    dev = torch.device("cuda", 0)
+    assert tw.gloo_cuda_problem(dev) == tw.gloo_cuda_problem(dev) == "gloo crashed"
+    assert calls == [(tw._gloo_probe_child, 1, 0)]
+
+
 # ---------------------------------------------------------------------------------------------
 # Every worker's command line
 

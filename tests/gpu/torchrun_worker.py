@@ -31,6 +31,7 @@ import datetime
 import functools
 import json
 import os
+import pathlib
 import statistics
 import sys
 import time
@@ -130,26 +131,26 @@ def same_on_all_ranks(value):
 # Reference: the plain torch computation, in fp32 and (for comparison) in the op's dtype.
 
 
-def gloo_cuda_problem(dev) -> str | None:
-    """Why this torch's gloo cannot run, on tensors of `dev` (CUDA where the ranks share a GPU),
-    the collectives that torch's reference implementations of the fused ops and distgemm's
-    fallbacks call (None: it can, or the group is not gloo). Tried on tiny tensors, in the same
-    order on every rank."""
-    if dist.get_backend() != "gloo":
-        return None
+def _gloo_tries(dev, tp: int, group) -> str | None:
+    """The collectives torch's reference implementations of the fused ops and distgemm's
+    fallbacks call, on tiny tensors of `dev` over the gloo `group`: the first that raises, in
+    words (None: every one ran)."""
     import torch.distributed._functional_collectives as funcol
 
     from distgemm import custom_ops  # the collectives under this torch's names
 
-    tp, group = dist.get_world_size(), dist.group.WORLD
     x = torch.ones(2 * tp, 8, device=dev, dtype=torch.bfloat16)
     tries = {
-        "all_reduce": lambda: dist.all_reduce(x.float()),
-        "all_gather": lambda: dist.all_gather([torch.empty_like(x) for _ in range(tp)], x),
-        "all_gather_into_tensor": lambda: custom_ops.all_gather_into(
-            x.new_empty(tp * x.shape[0], 8), x
+        "all_reduce": lambda: dist.all_reduce(x.float(), group=group),
+        "all_gather": lambda: dist.all_gather(
+            [torch.empty_like(x) for _ in range(tp)], x, group=group
         ),
-        "reduce_scatter_tensor": lambda: custom_ops.reduce_scatter_into(x.new_empty(2, 8), x),
+        "all_gather_into_tensor": lambda: custom_ops.all_gather_into(
+            x.new_empty(tp * x.shape[0], 8), x, group=group
+        ),
+        "reduce_scatter_tensor": lambda: custom_ops.reduce_scatter_into(
+            x.new_empty(2, 8), x, group=group
+        ),
         "functional all_gather_tensor (uint8)": lambda: funcol.wait_tensor(
             custom_ops._funcol_all_gather(x.view(torch.uint8), 0, group)
         ),
@@ -164,10 +165,88 @@ def gloo_cuda_problem(dev) -> str | None:
                 torch.cuda.synchronize()
         except Exception as ex:  # noqa: BLE001 - the reason, in words
             return (
-                f"gloo (torch {torch.__version__}) cannot run {name} on CUDA tensors, which "
-                f"torch's reference implementations need: {type(ex).__name__}: {ex}"[:600]
+                f"gloo (torch {torch.__version__}) cannot run {name} on {x.device.type} tensors, "
+                f"which torch's reference implementations need: {type(ex).__name__}: {ex}"[:600]
             )
     return None
+
+
+def _gloo_probe_child(rank_: int, world: int, store_path: str, dev_index: int, out_dir: str):
+    """One rank of the child group that runs _gloo_tries (dev_index -1: CPU tensors); writes its
+    outcome to out_dir/<rank>.json."""
+    store = dist.FileStore(store_path, world)
+    dist.init_process_group("gloo", rank=rank_, world_size=world, store=store)
+    dev = torch.device("cpu") if dev_index < 0 else torch.device("cuda", dev_index)
+    problem = _gloo_tries(dev, world, dist.group.WORLD)
+    pathlib.Path(out_dir, f"{rank_}.json").write_text(json.dumps(problem))
+    dist.destroy_process_group()
+
+
+def probe_in_children(target, world: int, dev_index: int, timeout_s: float) -> str | None:
+    """Runs `target(rank, world, store_path, dev_index, out_dir)` in `world` fresh processes
+    (spawned): the first rank's written problem, or why the children ended without one (killed
+    by a signal, an exit code, or still running after `timeout_s`, then killed). A crash inside
+    a collective (gloo on CUDA tensors can take the process down) ends a child, not the caller."""
+    import signal
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ctx = mp.start_processes(
+            target,
+            args=(world, str(pathlib.Path(tmp, "store")), dev_index, tmp),
+            nprocs=world,
+            join=False,
+            start_method="spawn",
+        )
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not ctx.join(timeout=1.0):
+                if time.monotonic() > deadline:
+                    for p in ctx.processes:
+                        p.kill()
+                    return f"the gloo probe's {world} processes ran past {timeout_s:.0f} s"
+        except mp.ProcessExitedException as ex:
+            how = (
+                f"killed by {signal.Signals(-ex.exit_code).name}"
+                if ex.exit_code is not None and ex.exit_code < 0
+                else f"exit code {ex.exit_code}"
+            )
+            return (
+                f"gloo (torch {torch.__version__}) crashed a probe process ({how}) running "
+                f"collectives on {'CPU' if dev_index < 0 else 'CUDA'} tensors"
+            )
+        except mp.ProcessRaisedException as ex:
+            return f"the gloo probe raised: {str(ex).splitlines()[-1][:400]}"
+        return json.loads(pathlib.Path(tmp, "0.json").read_text())
+
+
+_GLOO_PROBED: dict[str, str | None] = {}
+GLOO_PROBE_TIMEOUT_S = 120.0
+
+
+def gloo_cuda_problem(dev) -> str | None:
+    """Why this torch's gloo cannot run, on tensors of `dev` (CUDA where the ranks share a GPU),
+    the collectives that torch's reference implementations of the fused ops and distgemm's
+    fallbacks call (None: it can, or the group is not gloo). On CPU tensors tried here; on CUDA
+    tensors rank 0 tries them in a fresh group of child processes (a crash there ends a child,
+    not this run) and every rank gets its answer. Probed once per device, on every rank."""
+    if dist.get_backend() != "gloo":
+        return None
+    tp, group = dist.get_world_size(), dist.group.WORLD
+    if dev.type != "cuda":
+        return _gloo_tries(dev, tp, group)
+    key = str(dev)
+    if key not in _GLOO_PROBED:
+        answer = [None]
+        if dist.get_rank() == 0:
+            answer[0] = probe_in_children(
+                _gloo_probe_child, tp, dev.index or 0, GLOO_PROBE_TIMEOUT_S
+            )
+        dist.broadcast_object_list(answer, src=0)
+        _GLOO_PROBED[key] = answer[0]
+    return _GLOO_PROBED[key]
 
 
 def gather0(x: torch.Tensor) -> torch.Tensor:

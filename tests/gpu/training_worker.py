@@ -21,9 +21,10 @@ each rank's results are gathered, then judged on every rank; one check per judge
                test_torch_compat_fp8.served says (compat_fp8/<case>)
 
 With DISTGEMM_ALLOW_SHARED_GPU=1 (tests/gpu/test_training.py on a one-GPU machine) 2 ranks share
-GPU 0 over a gloo group. torch's reference implementations of the drop-ins (and the drop-ins'
-fallbacks) then run their collectives through gloo on CUDA tensors: where this torch's gloo
-cannot (torchrun_worker.gloo_cuda_problem), the compat sections are left out with its error.
+GPU 0 over a gloo group. The layers' collectives, torch's reference implementations of the
+drop-ins and the drop-ins' fallbacks then run through gloo on CUDA tensors: where this torch's
+gloo cannot (torchrun_worker.gloo_cuda_problem, which also catches a probe that crashes), the
+layers and compat sections are left out with its reason.
 
 Exit code 0 when every check passed on every rank. Rank 0 writes every result to --out (JSON).
 """
@@ -78,8 +79,12 @@ def judge(name: str, outcomes, failures_of) -> None:
     record(name, not failures, failures=failures[:20])
 
 
-def test_layers(tp):
+def test_layers(tp, dev):
     from test_nn import TOLERANCE, layer_failures, layers_worker
+
+    problem = gloo_cuda_problem(dev)  # the layers' bias and weight collectives run on gloo
+    if problem and left_out_when_shared("layers", problem):
+        return
 
     dtypes = ["bfloat16", "float16"]
     outcomes = every_rank(lambda: layers_worker(rank(), tp, dtypes, "cuda", SIZES))
@@ -139,7 +144,7 @@ def test_compat(tp, dev, fp8: bool):
 def sections(dev, args) -> dict:
     tp = dist.get_world_size()
     return {
-        "layers": lambda: test_layers(tp),
+        "layers": lambda: test_layers(tp, dev),
         "compile": lambda: test_compile(tp),
         "compat": lambda: test_compat(tp, dev, fp8=False),
         "compat_fp8": lambda: test_compat(tp, dev, fp8=True),
