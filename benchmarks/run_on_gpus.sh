@@ -83,16 +83,6 @@ nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw,temperature.gpu,util
 SMI=$!
 trap 'kill $SMI 2>/dev/null' EXIT
 
-# One pytest per test file ($0: names after test_, $1: seconds each, $2: folder), each bounded,
-# so that one hang costs only its own results; a summary per worker JSON at the end.
-PYTEST_EACH='set -u; rc=0
-  for t in $0; do
-    timeout -k 10 "$1" python3 -m pytest -q -rs "tests/gpu/test_$t.py" > "$2/$t.log" 2>&1
-    r=$?; [ $r -eq 0 ] || rc=1
-    echo "== test_$t.py rc=$r"; tail -n 12 "$2/$t.log"
-  done
-  python3 tests/gpu/results_summary.py "$2"; exit $rc'
-
 rc=0
 part() {  # part NAME TIMEOUT_S COMMAND...
   local name=$1 limit=$2; shift 2
@@ -104,6 +94,23 @@ part() {  # part NAME TIMEOUT_S COMMAND...
   echo "== $name rc=$r in $((SECONDS - t0)) s"
   [ $r -eq 0 ] || rc=1
   return $r
+}
+
+# pytest_files_part NAME TOTAL_S PER_FILE_S "TESTS" [VAR=VALUE ...]: one pytest per test file
+# (tests/gpu/test_<t>.py for each t in TESTS), each under PER_FILE_S so that one hang costs only
+# its own results, all under TOTAL_S, with VAR=VALUE in their environment; logs and the workers'
+# JSON in $OUT/NAME/, a summary per JSON at the end.
+pytest_files_part() {
+  local name=$1 total=$2 per=$3 tests=$4; shift 4
+  part "$name" "$total" env "$@" DISTGEMM_TEST_RESULTS="$OUT/$name" \
+    DISTGEMM_TEST_LOG="$OUT/$name/commands.log" DISTGEMM_TORCHRUN_TIMEOUT=$(( per - 20 )) \
+    bash -c 'set -u; rc=0
+      for t in $0; do
+        timeout -k 10 "$1" python3 -m pytest -q -rs "tests/gpu/test_$t.py" > "$2/$t.log" 2>&1
+        r=$?; [ $r -eq 0 ] || rc=1
+        echo "== test_$t.py rc=$r"; tail -n 12 "$2/$t.log"
+      done
+      python3 tests/gpu/results_summary.py "$2"; exit $rc' "$tests" "$per" "$OUT/$name"
 }
 
 for p in "$@"; do
@@ -127,16 +134,12 @@ for p in "$@"; do
     shared-api) part shared-api ${SHARED_API_S:-400} env DISTGEMM_ALLOW_SHARED_GPU=1 CUDA_VISIBLE_DEVICES=0 \
                  torchrun --nproc-per-node 2 tests/gpu/torchrun_worker.py --sections correctness,paths \
                  --out "$OUT/shared-api/results.json" ;;
-    shared-gpu-tests) part shared-gpu-tests ${SHARED_TESTS_S:-590} env CUDA_VISIBLE_DEVICES=0 \
-        DISTGEMM_TEST_RESULTS="$OUT/shared-gpu-tests" DISTGEMM_TEST_LOG="$OUT/shared-gpu-tests/commands.log" \
-        DISTGEMM_CALLS=${SHARED_CALLS:-2000} DISTGEMM_TORCHRUN_TIMEOUT=$(( ${SHARED_TEST_S:-240} - 20 )) \
-        bash -c "$PYTEST_EACH" "${SHARED_GPU_TESTS:-fused capture workspace training torchrun_api fp8_ops}" \
-        "${SHARED_TEST_S:-240}" "$OUT/shared-gpu-tests" ;;
-    gpu-tests) part gpu-tests ${GPU_TESTS_S:-590} env \
-        DISTGEMM_TEST_RESULTS="$OUT/gpu-tests" DISTGEMM_TEST_LOG="$OUT/gpu-tests/commands.log" \
-        DISTGEMM_CALLS=${GPU_CALLS:-2000} DISTGEMM_TORCHRUN_TIMEOUT=$(( ${GPU_TEST_S:-150} - 20 )) \
-        bash -c "$PYTEST_EACH" "${GPU_TESTS:-fused capture workspace fp8_ops training torchrun_api tuning_gpu}" \
-        "${GPU_TEST_S:-150}" "$OUT/gpu-tests" ;;
+    shared-gpu-tests) pytest_files_part shared-gpu-tests ${SHARED_TESTS_S:-590} ${SHARED_TEST_S:-240} \
+        "${SHARED_GPU_TESTS:-fused capture workspace training torchrun_api fp8_ops}" \
+        CUDA_VISIBLE_DEVICES=0 DISTGEMM_CALLS=${SHARED_CALLS:-2000} ;;
+    gpu-tests) pytest_files_part gpu-tests ${GPU_TESTS_S:-590} ${GPU_TEST_S:-150} \
+        "${GPU_TESTS:-fused capture workspace fp8_ops training torchrun_api tuning_gpu}" \
+        DISTGEMM_CALLS=${GPU_CALLS:-2000} ;;
     fp8-kernel) part fp8-kernel ${FP8_S:-400} python3 benchmarks/fp8_kernel_vs_scaled_mm.py \
               ${FP8_ARGS:---tp 2} --budget-s $(( ${FP8_S:-400} - 30 )) --out "$OUT/fp8-kernel" ;;
     cpp-tests) part cpp-tests ${CPP_TESTS_S:-330} env DISTGEMM_BENCH="$BENCH" python3 -m pytest -q -x -rs \

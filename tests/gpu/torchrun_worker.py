@@ -172,21 +172,23 @@ def _gloo_tries(dev, tp: int, group) -> str | None:
 
 
 def _gloo_probe_child(rank_: int, world: int, store_path: str, dev_index: int, out_dir: str):
-    """One rank of the child group that runs _gloo_tries (dev_index -1: CPU tensors); writes its
-    outcome to out_dir/<rank>.json."""
+    """One rank of the child group that runs _gloo_tries (dev_index -1: CPU tensors); rank 0
+    writes the outcome to out_dir/0.json."""
     store = dist.FileStore(store_path, world)
     dist.init_process_group("gloo", rank=rank_, world_size=world, store=store)
     dev = torch.device("cpu") if dev_index < 0 else torch.device("cuda", dev_index)
     problem = _gloo_tries(dev, world, dist.group.WORLD)
-    pathlib.Path(out_dir, f"{rank_}.json").write_text(json.dumps(problem))
+    if rank_ == 0:
+        pathlib.Path(out_dir, "0.json").write_text(json.dumps(problem))
     dist.destroy_process_group()
 
 
 def probe_in_children(target, world: int, dev_index: int, timeout_s: float) -> str | None:
     """Runs `target(rank, world, store_path, dev_index, out_dir)` in `world` fresh processes
-    (spawned): the first rank's written problem, or why the children ended without one (killed
-    by a signal, an exit code, or still running after `timeout_s`, then killed). A crash inside
-    a collective (gloo on CUDA tensors can take the process down) ends a child, not the caller."""
+    (spawned): the problem rank 0 wrote to out_dir/0.json, or why the children ended without
+    one (killed by a signal, an exit code, or still running after `timeout_s`, then killed). A
+    crash inside a collective (gloo on CUDA tensors can take the process down) ends a child, not
+    the caller."""
     import signal
     import tempfile
 
