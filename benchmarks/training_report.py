@@ -16,15 +16,23 @@ from benchmarks.sweep_report import _num  # the sweep's number format: CSV cells
 
 # The case: one Llama-3 70B MLP block (gate+up column-parallel, SiLU * up, down row-parallel).
 HIDDEN, FFN, TOKENS = 8192, 28672, 8192
-# Timed in this order, interleaved; the first is re-timed last so that a clock drift shows.
-VARIANTS = (
-    "floor", "megatron", "async_tp", "distgemm_keep", "distgemm_regather", "distgemm_compiled",
+# The one-GPU bounds, no communication: the six GEMMs alone (the floor every variant does at
+# least), and the whole step compiled (torch's GEMMs + inductor's elementwise work: the best a
+# variant with these kernels reaches with all communication hidden).
+FLOORS = ("floor", "floor_step")
+# The floors first, then the distributed variants in this order, interleaved; the first of
+# those is re-timed last so that a clock drift shows.
+VARIANTS = FLOORS + (
+    "megatron", "async_tp", "distgemm_keep", "distgemm_regather", "distgemm_compiled",
 )  # fmt: skip
-TIMED_ORDER = VARIANTS[1:]
+TIMED_ORDER = VARIANTS[len(FLOORS) :]
 RETIMED = TIMED_ORDER[0]
 DISTGEMM = ("distgemm_keep", "distgemm_regather", "distgemm_compiled")
 DESCRIPTION = {
     "floor": "the block's six GEMMs alone on one GPU, per-rank shapes, no communication",
+    "floor_step": "torch.compile(fullgraph=True) of the whole per-rank step on one GPU, no "
+    "communication: the gathered [T, H] input, torch.mm + inductor's elementwise work; its "
+    "errors are against the same block run eagerly in bf16",
     "megatron": "NCCL all-gather / reduce-scatter + torch.mm in an autograd.Function pair",
     "async_tp": "torch.compile of the functional-collective block, micro-pipeline TP, symm mem",
     "distgemm_keep": "distgemm.nn layers, keep_gathered_input=True",
@@ -34,7 +42,8 @@ DESCRIPTION = {
 # torch's fused ops that the micro-pipeline TP pass puts in async_tp's compiled code.
 FUSED_OPS = ("fused_all_gather_matmul", "fused_matmul_reduce_scatter")
 QUANTITIES = ("out", "grad_input", "grad_w_gate_up", "grad_w_down")
-# Every variant's output and gradients against megatron's: relative Frobenius error in bf16.
+# Every variant's output and gradients against megatron's (floor_step's against its own eager
+# block): relative Frobenius error in bf16.
 ERR_TOL = 2e-2
 # The issue's speed targets for distgemm's faster variant: >= 1.05x torch async-TP compiled,
 # >= 1.10x NCCL + torch.mm.
@@ -68,19 +77,21 @@ def max_err(rec: dict[str, Any], variant: str) -> float | None:
 
 
 def wrong(rec: dict[str, Any]) -> list[str]:
-    """The variants whose output or a gradient is off megatron's by ERR_TOL or more."""
+    """The variants whose output or a gradient is off its reference (megatron's; floor_step's
+    own eager block) by ERR_TOL or more."""
     return [v for v in VARIANTS if (e := max_err(rec, v)) is not None and not e < ERR_TOL]
 
 
 def suspect(rec: dict[str, Any]) -> list[str]:
-    """The variants timed more than SUSPECT_SLACK below the floor: each does at least the
-    floor's GEMMs, so such a time is a measurement error, not a result."""
+    """The distributed variants timed more than SUSPECT_SLACK below the floor (the GEMMs
+    alone): each does at least the floor's GEMMs, so such a time is a measurement error, not a
+    result."""
     ms = rec.get("ms", {})
     floor = ms.get("floor")
     if not floor:
         return []
     bound = floor * (1.0 - SUSPECT_SLACK)
-    return [v for v in VARIANTS if v != "floor" and ms.get(v) and ms[v] < bound]
+    return [v for v in TIMED_ORDER if ms.get(v) and ms[v] < bound]
 
 
 def best_distgemm(rec: dict[str, Any]) -> str | None:
@@ -92,8 +103,10 @@ def best_distgemm(rec: dict[str, Any]) -> str | None:
 
 def derived(rec: dict[str, Any]) -> dict[str, Any]:
     """Per variant: speedup over megatron and over async_tp, floor / time, TF/s per GPU; the
-    fastest distgemm variant and its two target ratios; the drift of the re-timed variant
-    (last window / first). None where a time is missing."""
+    fastest distgemm variant and its two target ratios; the bounds (async_tp's and megatron's
+    time over floor_step's: the most any variant with these GEMMs and this elementwise work
+    reaches); the drift of the re-timed variant (last window / first). None where a time is
+    missing."""
     ms = rec.get("ms", {})
     flops = step_flops_per_rank(rec["tokens"], rec["hidden"], rec["ffn"], rec["tp"])
     out: dict[str, Any] = {}
@@ -112,6 +125,8 @@ def derived(rec: dict[str, Any]) -> dict[str, Any]:
     t_best = ms.get(best) if best else None
     out["distgemm_vs_megatron"] = ratio(ms.get("megatron"), t_best)
     out["distgemm_vs_async_tp"] = ratio(ms.get("async_tp"), t_best)
+    out["bound_vs_async_tp"] = ratio(ms.get("async_tp"), ms.get("floor_step"))
+    out["bound_vs_megatron"] = ratio(ms.get("megatron"), ms.get("floor_step"))
     retimed = rec.get("retimed") or {}
     out["drift"] = ratio(retimed.get("last"), retimed.get("first"))
     return out
@@ -179,6 +194,8 @@ def csv_rows(rec: dict[str, Any], meta: dict[str, Any]) -> list[dict[str, str]]:
             )
             if not any(fused.values()):
                 note += " (micro-pipeline TP matched nothing: compiled NCCL + mm)"
+        if v == "floor_step" and not note and rec.get("rel_err", {}).get(v):
+            note = "err vs its own eager block"
         if v == RETIMED and rec.get("retimed"):
             r = rec["retimed"]
             note = f"mean of first {_num(r['first'])} and last {_num(r['last'])} ms windows"
@@ -225,15 +242,18 @@ def _flag(x: bool | None) -> str:
 
 def format_table(rec: dict[str, Any], meta: dict[str, Any]) -> str:
     """The run as text: a header naming the case, torch, device and INSTALLED_BY; one line per
-    variant ('!' on a suspect time); the keep/regather choice, the drift and the targets."""
+    variant ('!' on a suspect time); the keep/regather choice, the drift, the bounds and the
+    targets."""
     d, bad = derived(rec), suspect(rec)
     lines = [
         f"Llama MLP block training step: tokens={rec['tokens']} hidden={rec['hidden']} "
         f"ffn={rec['ffn']} tp={rec['tp']} bf16, forward + backward (no optimizer)",
         f"torch {meta.get('torch')} | device {meta.get('device')} | "
         f"INSTALLED_BY {meta.get('installed_by') or '(unset)'}",
-        "",
     ]
+    if meta.get("local_only"):
+        lines.append("local only: one GPU, rank 0's shapes, the floors alone (no torchrun)")
+    lines.append("")
     header = ("variant", "ms/step", "vs megatron", "vs async_tp", "floor/t", "TF/s/GPU", "err")
     rows = []
     for row in csv_rows(rec, meta):
@@ -263,6 +283,11 @@ def format_table(rec: dict[str, Any], meta: dict[str, Any]) -> str:
         lines.append(f"fastest distgemm variant: {d['distgemm_best']}")
     if d["drift"]:
         lines.append(f"drift of {RETIMED} (last window / first): {d['drift']:.4f}")
+    bounds = [
+        f"{d[f'bound_vs_{v}']:.3f}x {v}" for v in ("async_tp", "megatron") if d[f"bound_vs_{v}"]
+    ]
+    if bounds:
+        lines.append(f"at best (floor_step, all communication hidden): {', '.join(bounds)}")
     tg = targets(rec)
     for key, goal, other in (
         ("vs_async_tp", TARGET_VS_ASYNC_TP, "distgemm_vs_async_tp"),
@@ -280,8 +305,8 @@ def output_stem(tp: int, tokens: int, date: str | None = None) -> str:
 
 
 def plot(rec: dict[str, Any], meta: dict[str, Any], path: str) -> str | None:
-    """ms per step per variant with the floor as a line, PNG. Returns None when written, else
-    why not (matplotlib missing, nothing timed)."""
+    """ms per step per variant (the floors grey), each floor also as a line across, PNG.
+    Returns None when written, else why not (matplotlib missing, nothing timed)."""
     try:
         import matplotlib
 
@@ -290,12 +315,13 @@ def plot(rec: dict[str, Any], meta: dict[str, Any], path: str) -> str | None:
     except Exception as e:  # noqa: BLE001 - the numbers matter more than the picture
         return f"matplotlib unavailable ({type(e).__name__}: {e})"
     ms = rec.get("ms", {})
-    timed = [v for v in VARIANTS if v != "floor" and ms.get(v)]
+    timed = [v for v in VARIANTS if ms.get(v)]
     if not timed:
         return "no variant timed"
     bad = suspect(rec)
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    bars = ax.bar(timed, [ms[v] for v in timed], color="tab:blue")
+    colors = ["tab:gray" if v in FLOORS else "tab:blue" for v in timed]
+    bars = ax.bar(timed, [ms[v] for v in timed], color=colors)
     for bar, v in zip(bars, timed):
         label = f"{ms[v]:.2f}"
         if ms.get("megatron"):
@@ -305,9 +331,17 @@ def plot(rec: dict[str, Any], meta: dict[str, Any], path: str) -> str | None:
             label += "\nsuspect"
         ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
                     va="bottom", fontsize=8)  # fmt: skip
-    if ms.get("floor"):
-        ax.axhline(ms["floor"], color="k", lw=0.8, ls=":", label="GEMMs alone (floor)")
-        ax.legend(fontsize=8)
+    lines = (
+        ("floor", ":", "GEMMs alone (floor)"),
+        ("floor_step", "--", "GEMMs + elementwise, no communication (floor_step)"),
+    )
+    for v, style, label in lines:
+        if ms.get(v):
+            ax.axhline(ms[v], color="k", lw=0.8, ls=style, label=label)
+    if any(ms.get(v) for v in FLOORS):
+        ax.legend(fontsize=8, loc="upper left")  # above the floors, the lowest bars
+    ax.set_ylim(0, 1.3 * max(ms[v] for v in timed))  # room for the bar labels and the legend
+    ax.tick_params(axis="x", labelsize=8, labelrotation=15)
     ax.set_ylabel("ms per step (median, max over ranks)")
     ax.set_title(
         f"Llama MLP block fwd+bwd, T={rec['tokens']} H={rec['hidden']} F={rec['ffn']} "

@@ -1,23 +1,28 @@
 """Training-step benchmark: one Llama-70B MLP block with sequence parallelism, forward +
 backward + weight gradients (no optimizer), ms per step, distgemm against Megatron-style NCCL +
-torch.mm and torch async-TP, all in one torchrun run.
+torch.mm and torch async-TP and two one-GPU floors, all in one torchrun run.
 
     torchrun --nproc-per-node N benchmarks/training_step.py [--tokens 8192] [--out DIR]
     torchrun --nproc-per-node 2 benchmarks/training_step.py --cpu-smoke   # gloo, tiny, no timing
     python3 benchmarks/training_step.py --replot RUN.json --out DIR       # no GPU
     torchrun --nproc-per-node N benchmarks/training_step.py --profile     # + per-kernel tables
+    python3 benchmarks/training_step.py --local-only [--tp 2]             # one GPU: the floors
 
 The block, TP = world size, per rank: gate+up as one column-parallel linear ``[2F/TP, H]``
 (this rank's gate rows, then its up rows), ``silu(gate) * up``, down as a row-parallel linear
 ``[H, F/TP]``; input and output ``[T/TP, H]``, bf16, no bias. The variants
 (benchmarks/training_report.py describes them) are each checked once against ``megatron``
 (output and every gradient) and then timed with benchmarks/gpu_timing.py's steady-state windows:
-the floor first with the long warm-up, then megatron, async_tp, distgemm_keep,
+the floor first with the long warm-up, then floor_step, megatron, async_tp, distgemm_keep,
 distgemm_regather, distgemm_compiled, megatron again (its figure is the mean of both windows;
-their ratio is the drift). A variant that fails (async-TP on a torch without symmetric
-memory, for instance) is recorded with its reason and the run goes on. Output:
+their ratio is the drift). The floor is the six GEMMs alone on one GPU; floor_step is the whole
+step compiled on one GPU without communication (checked against the same block run eagerly),
+the time a TP overlap reaches at best with torch's GEMMs and inductor's elementwise work. A
+variant that fails (async-TP on a torch without symmetric memory, for instance) is recorded
+with its reason and the run goes on; a failed floor_step makes the exit status 1. Output:
 ``<date>-training-step-tp<N>-t<T>`` .json/.csv/.txt/.png under --out, each naming torch, the
-device and ``INSTALLED_BY``.
+device and ``INSTALLED_BY``. --local-only times the two floors alone with rank 0's shapes at
+TP = --tp on the one current GPU, without torchrun, into ``...-t<T>-local``.
 """
 
 from __future__ import annotations
@@ -84,10 +89,13 @@ def full_block(tokens, hidden, ffn, device, dtype, seed=1234):
     )
 
 
-def shard_block(full, rank: int, tp: int) -> BlockOperands:
-    """This rank's shards of ``full_block``'s tensors."""
+def shard_block(full, rank: int, tp: int, gathered: bool = False) -> BlockOperands:
+    """This rank's shards of ``full_block``'s tensors; with ``gathered``, the full input and
+    output gradient ``[T, H]`` instead of this rank's rows (what the all-gathers hand this
+    rank's GEMMs)."""
     x, grad_out, gate, up, down = full
     rows = slice(rank * x.shape[0] // tp, (rank + 1) * x.shape[0] // tp)
+    rows = slice(None) if gathered else rows
     cols = slice(rank * gate.shape[0] // tp, (rank + 1) * gate.shape[0] // tp)
     return BlockOperands(
         x[rows].contiguous(),
@@ -290,6 +298,51 @@ def check_floor(ops: BlockOperands, tp: int):
     return step
 
 
+def local_block(x, w_gate_up, w_down):
+    """The block without communication: ``swiglu(x @ w_gate_up.T) @ w_down.T``, the partial
+    sums that the row-parallel layer's reduce-scatter consumes."""
+    return torch.mm(swiglu(torch.mm(x, w_gate_up.t())), w_down.t())
+
+
+def make_floor_step(gathered: BlockOperands, compiled: bool = True) -> Variant:
+    """floor_step: ``local_block`` on one GPU (``compiled``: under torch.compile(fullgraph=True),
+    so inductor fuses the elementwise work as in the compiled variants) on ``gathered``, a
+    rank's weight shards with the full ``[T, H]`` input and output gradient (shard_block's
+    ``gathered``); the input and both weights are leaves whose gradients every step computes."""
+    w1, w2 = _leaf(gathered.w_gate_up), _leaf(gathered.w_down)
+    block = torch.compile(local_block, fullgraph=True) if compiled else local_block
+
+    def forward(t):
+        return block(t, w1, w2)
+
+    return Variant("floor_step", forward, _leaf(gathered.x), (w1, w2), gathered.grad_out)
+
+
+def check_floor_step(gathered: BlockOperands) -> tuple[Variant, dict[str, float]]:
+    """The compiled floor_step against the same block run eagerly in the same dtype, after a
+    poisoned step (NaN in the memory the allocator hands out next): the output and every
+    gradient present and within ERR_TOL (relative Frobenius error). Returns the variant and
+    its errors; RuntimeError naming the quantity and its error where one is off."""
+    ref = make_floor_step(gathered, compiled=False).values()
+    variant = make_floor_step(gathered)
+    variant.poisoned_step()  # also the first call: compiles forward and backward
+    y = variant.step()
+    grads = [t.grad for t in (variant.x, *variant.weights)]
+    got = dict(zip(report.QUANTITIES, [y.detach(), *grads]))
+    for q, v in got.items():
+        if v is None:
+            raise RuntimeError(f"floor_step: {q} is None (the step computed no such gradient)")
+    errs = rel_errors(got, ref)
+    for q, e in errs.items():
+        if not e < report.ERR_TOL:
+            why = " (nan: not finite)" if e != e else ""
+            raise RuntimeError(
+                f"floor_step: {q} rel. err {e:.3g}{why} against the eager block "
+                f"(tolerance {report.ERR_TOL})"
+            )
+    return variant, errs
+
+
 def rel_errors(got: dict, ref: dict) -> dict[str, float]:
     """Relative Frobenius error of every quantity (NaN where ``got`` is not finite)."""
     out = {}
@@ -303,11 +356,13 @@ def rel_errors(got: dict, ref: dict) -> dict[str, float]:
 
 def cpu_smoke(rank: int, tp: int, sizes=SMOKE_SIZES) -> dict[str, Any]:
     """Every variant's step once on CPU in bf16 (the layers' gloo path; async-TP eagerly, since
-    the compiled fused ops need CUDA symmetric memory) and the floor's; no timing. Returns the
-    errors against megatron (and of megatron itself after its poisoned steps) and megatron's
-    values (for a check against a full reference)."""
+    the compiled fused ops need CUDA symmetric memory) and the floors'; no timing. Returns the
+    errors against megatron (and of megatron itself after its poisoned steps; floor_step's
+    against its eager block), megatron's and floor_step's values (for checks against a full
+    reference)."""
     report.check_sizes(*sizes, tp)
-    ops = shard_block(full_block(*sizes, "cpu", torch.bfloat16), rank, tp)
+    full = full_block(*sizes, "cpu", torch.bfloat16)
+    ops = shard_block(full, rank, tp)
     group = dist.group.WORLD
     ref = make_variant("megatron", ops, group).values()
     errs = {}
@@ -317,7 +372,8 @@ def cpu_smoke(rank: int, tp: int, sizes=SMOKE_SIZES) -> dict[str, Any]:
         errs[name] = rel_errors(make_variant(name, ops, group).values(), ref)
     errs["megatron_after_poison"] = rel_errors(megatron.values(), ref)  # input restored
     check_floor(ops, tp)
-    return dict(rel_err=errs, megatron=ref)
+    whole, errs["floor_step"] = check_floor_step(shard_block(full, rank, tp, gathered=True))
+    return dict(rel_err=errs, megatron=ref, floor_step=whole.values())
 
 
 def _agreed(ctx, why: str | None) -> bool:
@@ -363,12 +419,42 @@ def _try_check(ctx, name, ops, megatron, ref, rec) -> Variant | None:
     return variant
 
 
-def _meta(ctx, args, symm_setup, t_start, counters) -> dict[str, Any]:
+def _try_floor_step(ctx, gathered: BlockOperands, rec) -> Variant | None:
+    """Build and check floor_step (check_floor_step) on every rank; its errors (max over ranks)
+    under ``rel_err``, or on a failure on any rank the reason under ``unavailable`` and None."""
+    from benchmarks.gpu_timing import short_error
+
+    variant, why = None, None
+    try:
+        variant, errs = check_floor_step(gathered)
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - recorded; the other variants' figures still count
+        why = short_error(e)
+    if not _agreed(ctx, why):
+        rec["unavailable"]["floor_step"] = why or "failed on another rank"
+        return None
+    keys = sorted(errs)
+    rec["rel_err"]["floor_step"] = dict(zip(keys, ctx.agree_max([errs[k] for k in keys])))
+    return variant
+
+
+def _failed(rec) -> bool:
+    """A variant off its reference, or floor_step failed (its build, compile or check)."""
+    return bool(report.wrong(rec)) or "floor_step" in rec["unavailable"]
+
+
+def _inductor_counters() -> dict[str, Any]:
+    from torch._dynamo.utils import counters
+
+    return {k: v for k, v in counters["inductor"].items() if v}
+
+
+def _meta(ctx, args, tp, t_start, counters, **extra) -> dict[str, Any]:
     from benchmarks.gpu_timing import REWARM_S, TIMED_S, WARMUP_S
 
     return dict(
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        tp=ctx.tp,
+        tp=tp,
         torch=torch.__version__,
         device=torch.cuda.get_device_name(ctx.dev),
         cuda=torch.version.cuda,
@@ -376,10 +462,10 @@ def _meta(ctx, args, symm_setup, t_start, counters) -> dict[str, Any]:
         warmup_s=WARMUP_S,
         rewarm_s=REWARM_S,
         timed_s=TIMED_S,
-        symm_mem_setup_error=symm_setup,
         inductor_counters=counters,
         argv=sys.argv,
         seconds=round(time.perf_counter() - t_start, 1),
+        **extra,
     )
 
 
@@ -393,6 +479,7 @@ def profile_variants(ctx, steps: dict[str, Any], out_dir: str) -> None:
     (a slower GEMM, an exposed collective, a copy)."""
     from torch.profiler import ProfilerActivity, profile
 
+    os.makedirs(out_dir, exist_ok=True)
     for name, step in steps.items():
         step()
         torch.cuda.synchronize()
@@ -409,7 +496,8 @@ def profile_variants(ctx, steps: dict[str, Any], out_dir: str) -> None:
 
 
 def run(args) -> int:
-    """The GPU run: check, time, write (rank 0). Returns 1 when a variant is wrong."""
+    """The GPU run: check, time, write (rank 0). Returns 1 when a variant is wrong or
+    floor_step failed."""
     from benchmarks.gpu_timing import WARMUP_S, RankContext, enable_symm_mem, time_variant
 
     ctx = RankContext.from_torchrun(ctrl_timeout_s=120.0)
@@ -422,8 +510,11 @@ def run(args) -> int:
 
     inductor_config._micro_pipeline_tp = True
     sizes = (args.tokens, args.hidden, args.ffn)
-    ops = shard_block(full_block(*sizes, ctx.dev, torch.bfloat16), ctx.rank, ctx.tp)
-    torch.cuda.empty_cache()  # the full tensors are gone; keep only this rank's shards
+    full = full_block(*sizes, ctx.dev, torch.bfloat16)
+    ops = shard_block(full, ctx.rank, ctx.tp)
+    gathered = shard_block(full, ctx.rank, ctx.tp, gathered=True)
+    del full
+    torch.cuda.empty_cache()  # the full weights are gone; keep only this rank's shards
     rec: dict[str, Any] = dict(
         tokens=args.tokens, hidden=args.hidden, ffn=args.ffn, tp=ctx.tp,
         ms={}, rel_err={}, unavailable={},
@@ -441,7 +532,10 @@ def run(args) -> int:
             variants[name] = variant
     del ref
     floor = check_floor(ops, ctx.tp)
+    whole = _try_floor_step(ctx, gathered, rec)
     rec["ms"]["floor"] = time_variant(ctx, floor, warm_s=WARMUP_S)
+    if whole is not None:
+        rec["ms"]["floor_step"] = time_variant(ctx, whole.step)
     for name in report.TIMED_ORDER:
         if name in variants:
             rec["ms"][name] = time_variant(ctx, variants[name].step)
@@ -451,18 +545,53 @@ def run(args) -> int:
     rec["ms"][report.RETIMED] = (first + last) / 2
     if args.profile:
         steps = {"floor": floor, **{n: v.step for n, v in variants.items()}}
+        if whole is not None:
+            steps["floor_step"] = whole.step
         profile_variants(ctx, steps, args.out)
     faulthandler.cancel_dump_traceback_later()
-    from torch._dynamo.utils import counters
-
-    inductor = {k: v for k, v in counters["inductor"].items() if v}
-    bad = report.wrong(rec)
-    rec["status"] = "wrong" if bad else "ok"
+    rec["status"] = "wrong" if report.wrong(rec) else "ok"
     if ctx.rank == 0:
         stem = os.path.join(args.out, report.output_stem(ctx.tp, args.tokens))
-        report.write_outputs(rec, _meta(ctx, args, symm_setup, t_start, inductor), stem)
+        counters = _inductor_counters()
+        meta = _meta(ctx, args, ctx.tp, t_start, counters, symm_mem_setup_error=symm_setup)
+        report.write_outputs(rec, meta, stem)
     ctx.close()
-    return 1 if bad else 0
+    return 1 if _failed(rec) else 0
+
+
+def local_run(args) -> int:
+    """--local-only: the two floors on the current GPU, no torchrun and no process group, with
+    rank 0's shards at TP = ``args.tp``: check, time (floor with the long warm-up, then
+    floor_step), write. Returns 1 when floor_step failed or is off its eager block."""
+    from benchmarks.gpu_timing import WARMUP_S, SingleGpuContext, time_variant
+
+    ctx = SingleGpuContext.current()
+    t_start = time.perf_counter()
+    faulthandler.dump_traceback_later(RUN_TIMEOUT_S, exit=True)
+    full = full_block(args.tokens, args.hidden, args.ffn, ctx.dev, torch.bfloat16)
+    ops = shard_block(full, 0, args.tp)
+    gathered = shard_block(full, 0, args.tp, gathered=True)
+    del full
+    torch.cuda.empty_cache()
+    rec: dict[str, Any] = dict(
+        tokens=args.tokens, hidden=args.hidden, ffn=args.ffn, tp=args.tp,
+        ms={}, rel_err={}, unavailable={},
+    )  # fmt: skip
+    floor = check_floor(ops, args.tp)
+    whole = _try_floor_step(ctx, gathered, rec)
+    rec["ms"]["floor"] = time_variant(ctx, floor, warm_s=WARMUP_S)
+    steps = {"floor": floor}
+    if whole is not None:
+        rec["ms"]["floor_step"] = time_variant(ctx, whole.step)
+        steps["floor_step"] = whole.step
+    if args.profile:
+        profile_variants(ctx, steps, args.out)
+    faulthandler.cancel_dump_traceback_later()
+    rec["status"] = "wrong" if report.wrong(rec) else "ok"
+    stem = os.path.join(args.out, report.output_stem(args.tp, args.tokens) + "-local")
+    meta = _meta(ctx, args, args.tp, t_start, _inductor_counters(), local_only=True)
+    report.write_outputs(rec, meta, stem)
+    return 1 if _failed(rec) else 0
 
 
 def smoke_main() -> int:
@@ -473,7 +602,11 @@ def smoke_main() -> int:
     finally:
         dist.destroy_process_group()
     worst = {v: max(e.values()) for v, e in res["rel_err"].items()}
-    print(f"rank {os.environ.get('RANK')}: rel. err vs megatron {worst}", flush=True)
+    print(
+        f"rank {os.environ.get('RANK')}: rel. err vs megatron (floor_step: vs its eager block) "
+        f"{worst}",
+        flush=True,
+    )
     return 0 if all(e < report.ERR_TOL for e in worst.values()) else 1
 
 
@@ -490,12 +623,31 @@ def main(argv=None) -> int:
         "--profile", action="store_true", help="after the timing: per-kernel tables per variant"
     )
     ap.add_argument("--replot", metavar="JSON", help="no GPU: table, CSV and PNG of a stored run")
+    ap.add_argument(
+        "--local-only",
+        action="store_true",
+        help="no torchrun: the floors alone on the current GPU, rank 0's shapes at TP = --tp",
+    )
+    ap.add_argument("--tp", type=int, help="the TP whose per-rank shapes --local-only times (2)")
     args = ap.parse_args(argv)
     if args.replot:
         return report.replot(args.replot, args.out)
     if args.cpu_smoke:
         return smoke_main()
-    return run(args)
+    if not args.local_only:
+        if args.tp is not None:
+            ap.error("--tp applies to --local-only only (under torchrun TP is the world size)")
+        return run(args)
+    args.tp = 2 if args.tp is None else args.tp
+    if args.tp < 1:
+        ap.error(f"--tp {args.tp}: must be at least 1")
+    try:
+        report.check_sizes(args.tokens, args.hidden, args.ffn, args.tp)
+    except ValueError as e:
+        ap.error(f"--local-only: {e}")
+    if not torch.cuda.is_available():
+        ap.error("--local-only needs a CUDA GPU (torch.cuda.is_available() is False)")
+    return local_run(args)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,13 @@
-"""The training-step benchmark without a GPU: benchmarks/training_report.py's derived ratios,
-suspect and wrong variants, targets, table, CSV and JSON round trips and the plot's clean skip
-without matplotlib; and benchmarks/training_step.py's variants on 2 gloo ranks (--cpu-smoke's
-math) against one process's fp32 block.
+"""The training-step benchmark without a GPU: benchmarks/training_report.py's derived ratios and
+floor_step bounds, suspect and wrong variants, targets, table, CSV and JSON round trips (also of
+a floors-only --local-only record) and the plot's clean skip without matplotlib; and
+benchmarks/training_step.py's variants on 2 gloo ranks (--cpu-smoke's math) against one
+process's fp32 block, floor_step's check failing by name, and --local-only's argument errors.
 
-Tolerances: the variants' output and gradients against megatron's, and megatron's against the
-fp32 block computed from the same bf16 operands, both at the benchmark's bf16 tolerance
-(relative Frobenius error < 2e-2, a few times bf16's rounding of 2^-8 = 3.9e-3)."""
+Tolerances: the variants' output and gradients against megatron's, megatron's against the fp32
+block computed from the same bf16 operands, and the sum of floor_step's per-rank partial sums
+against that fp32 block, all at the benchmark's bf16 tolerance (relative Frobenius error < 2e-2,
+a few times bf16's rounding of 2^-8 = 3.9e-3)."""
 
 import json
 import math
@@ -20,7 +22,7 @@ META = {"torch": "2.11.0+cu128", "device": "NVIDIA H200", "installed_by": "READM
 
 def _record(**ms):
     """A measured run at TP=2 with megatron re-timed (first 29, last 31 ms) and clean numerics."""
-    times = dict(floor=22.0, megatron=30.0, async_tp=28.0, distgemm_keep=25.0)
+    times = dict(floor=22.0, floor_step=24.0, megatron=30.0, async_tp=28.0, distgemm_keep=25.0)
     times.update(distgemm_regather=26.0)
     times.update(ms)
     errs = {q: 4e-3 for q in rep.QUANTITIES}
@@ -127,7 +129,9 @@ def test_plot_written_with_matplotlib(tmp_path):
     path = tmp_path / "run.png"
     assert rep.plot(_record(), META, str(path)) is None
     assert path.stat().st_size > 1000
+    assert rep.plot(_floors_only(), META, str(path)) is None  # the floors as bars and lines
     untimed = dict.fromkeys(("megatron", "async_tp", "distgemm_keep", "distgemm_regather"))
+    untimed.update(dict.fromkeys(rep.FLOORS))
     assert rep.plot(_record(**untimed), META, str(path)) == "no variant timed"
 
 
@@ -161,6 +165,7 @@ def test_cpu_smoke_variants_against_megatron_and_fp32(tmp_path):
             "distgemm_regather",
             "distgemm_compiled",
             "megatron_after_poison",
+            "floor_step",
         }
         assert set(res["rel_err"].pop("megatron_after_poison").values()) == {0.0}
         for errs in res["rel_err"].values():
@@ -168,20 +173,28 @@ def test_cpu_smoke_variants_against_megatron_and_fp32(tmp_path):
             assert max(errs.values()) < rep.ERR_TOL
     y, gx, ggate, gup, gdown = _fp32_block(ts.SMOKE_SIZES)
     tokens, ffn = ts.SMOKE_SIZES[0], ts.SMOKE_SIZES[2]
+
+    def check(got, ref, where):
+        for q, r in ref.items():
+            assert got[q].shape == r.shape, (where, q)
+            err = ((got[q].float() - r).norm() / r.norm()).item()
+            assert err < rep.ERR_TOL, (where, q, err)
+
     for rank, res in enumerate(results):
-        got = res["megatron"]
         rows = slice(rank * tokens // tp, (rank + 1) * tokens // tp)
         cols = slice(rank * ffn // tp, (rank + 1) * ffn // tp)
-        ref = {
-            "out": y[rows],
-            "grad_input": gx[rows],
+        weights = {
             "grad_w_gate_up": torch.cat([ggate[cols], gup[cols]]),
             "grad_w_down": gdown[:, cols],
         }
-        for q, r in ref.items():
-            assert got[q].shape == r.shape, q
-            err = ((got[q].float() - r).norm() / r.norm()).item()
-            assert err < rep.ERR_TOL, (rank, q, err)
+        check(res["megatron"], {"out": y[rows], "grad_input": gx[rows], **weights}, rank)
+        # floor_step on one rank's weights: its own weights' gradients, and partial sums of the
+        # output and input gradient whose sum over ranks is the full block's
+        check(res["floor_step"], weights, ("floor_step", rank))
+    partials = {
+        q: sum(res["floor_step"][q].float() for res in results) for q in ("out", "grad_input")
+    }
+    check(partials, {"out": y, "grad_input": gx}, "floor_step summed over ranks")
 
 
 def test_rel_errors_flags_nan():
@@ -203,3 +216,145 @@ def test_async_tp_fused_ops_note():
     rec["async_tp_fused"] = dict.fromkeys(rep.FUSED_OPS, 0)
     table = rep.format_table(rec, META)
     assert "micro-pipeline TP matched nothing: compiled NCCL + mm" in table
+
+
+def _floors_only():
+    """A --local-only record: the two floors timed at TP=2's shapes, nothing distributed."""
+    return dict(
+        tokens=8192,
+        hidden=8192,
+        ffn=28672,
+        tp=2,
+        ms=dict(floor=22.0, floor_step=24.0),
+        rel_err={"floor_step": {q: 3e-3 for q in rep.QUANTITIES}},
+        unavailable={},
+        status="ok",
+    )
+
+
+def test_variant_order_and_retimed():
+    assert rep.FLOORS == ("floor", "floor_step") == rep.VARIANTS[: len(rep.FLOORS)]
+    assert rep.TIMED_ORDER == (
+        "megatron",
+        "async_tp",
+        "distgemm_keep",
+        "distgemm_regather",
+        "distgemm_compiled",
+    )
+    assert rep.RETIMED == "megatron"
+    assert set(rep.DESCRIPTION) == set(rep.VARIANTS)
+    assert not set(rep.FLOORS) & set(rep.DISTGEMM)
+
+
+def test_floor_step_bounds():
+    d = rep.derived(_record())
+    assert d["bound_vs_async_tp"] == pytest.approx(28.0 / 24.0)
+    assert d["bound_vs_megatron"] == pytest.approx(30.0 / 24.0)
+    assert d["eff_floor_step"] == pytest.approx(22.0 / 24.0)
+    table = rep.format_table(_record(), META)
+    assert "at best (floor_step, all communication hidden): 1.167x async_tp, 1.250x megatron" in (
+        table
+    )
+    # missing floor_step or async_tp: that bound is None, the line shows what is there
+    d = rep.derived(_record(floor_step=None))
+    assert d["bound_vs_async_tp"] is None and d["bound_vs_megatron"] is None
+    assert "at best" not in rep.format_table(_record(floor_step=None), META)
+    assert rep.derived(_record(async_tp=None))["bound_vs_async_tp"] is None
+    table = rep.format_table(_record(async_tp=None), META)
+    assert "at best (floor_step, all communication hidden): 1.250x megatron" in table
+
+
+def test_suspect_ignores_floor_step():
+    # floor_step far below the GEMM floor (22 ms): not suspect, not a distgemm variant
+    rec = _record(floor_step=10.0)
+    assert rep.suspect(rec) == []
+    assert rep.derived(rec)["distgemm_best"] == "distgemm_keep"
+    assert rep.targets(rec) == {"vs_async_tp": True, "vs_megatron": True}
+    by = {r["variant"]: r for r in rep.csv_rows(rec, META)}
+    assert by["floor_step"]["suspect"] == "" and by["floor_step"]["status"] == "ok"
+    assert by["floor_step"]["note"] == "err vs its own eager block"
+    # floor_step's error against its eager block counts as wrong like any other
+    rec["rel_err"]["floor_step"]["grad_input"] = 0.05
+    assert rep.wrong(rec) == ["floor_step"]
+
+
+def test_floors_only_record(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    rec, meta = _floors_only(), {**META, "local_only": True}
+    assert rep.targets(rec) == {"vs_async_tp": None, "vs_megatron": None}
+    d = rep.derived(rec)
+    assert d["distgemm_best"] is None and d["drift"] is None
+    assert d["bound_vs_async_tp"] is None and d["bound_vs_megatron"] is None
+    rows = {r["variant"]: r for r in rep.read_csv(rep.to_csv(rec, meta))}
+    assert list(rows) == list(rep.VARIANTS)
+    assert float(rows["floor_step"]["ms"]) == 24.0
+    assert float(rows["floor_step"]["eff_vs_floor"]) == pytest.approx(22.0 / 24.0, abs=1e-3)
+    assert {rows[v]["status"] for v in rep.TIMED_ORDER} == {"missing"}
+    table = rep.format_table(rec, meta)
+    assert "local only: one GPU" in table and "at best" not in table
+    assert "target distgemm vs_async_tp >= 1.05x: - n/a" in table
+    stem = str(tmp_path / (rep.output_stem(2, 8192, date="2026-11-25") + "-local"))
+    assert rep.write_outputs(rec, meta, stem).startswith("matplotlib unavailable")
+    doc = json.loads(open(stem + ".json").read())
+    assert doc["meta"]["local_only"] is True and doc["record"]["tp"] == 2
+    assert doc["targets"] == {"vs_async_tp": None, "vs_megatron": None}
+
+
+def _tiny_gathered():
+    import torch
+
+    from benchmarks import training_step as ts
+
+    full = ts.full_block(*ts.SMOKE_SIZES, "cpu", torch.bfloat16)
+    return ts.shard_block(full, 0, 2, gathered=True)
+
+
+def test_check_floor_step_names_what_is_off(monkeypatch):
+    pytest.importorskip("torch")
+    from benchmarks import training_step as ts
+
+    gathered = _tiny_gathered()
+    assert gathered.x.shape == (ts.SMOKE_SIZES[0], ts.SMOKE_SIZES[1])  # all T tokens
+    eager = ts.make_floor_step
+
+    def scaled(ops, compiled=True):  # the "compiled" step 10% off: every quantity about 0.1 off
+        variant = eager(ops, compiled=False)
+        if compiled:
+            forward = variant.forward
+            variant.forward = lambda t: forward(t) * 1.1
+        return variant
+
+    monkeypatch.setattr(ts, "make_floor_step", scaled)
+    with pytest.raises(RuntimeError, match=r"floor_step: out rel\. err 0\.\d+ against the eager"):
+        ts.check_floor_step(gathered)
+
+    def no_down_grad(ops, compiled=True):
+        variant = eager(ops, compiled=False)
+        if compiled:
+            w1, w2 = variant.weights
+            variant.forward = lambda t: ts.local_block(t, w1, w2.detach())
+        return variant
+
+    monkeypatch.setattr(ts, "make_floor_step", no_down_grad)
+    with pytest.raises(RuntimeError, match="floor_step: grad_w_down is None"):
+        ts.check_floor_step(gathered)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--local-only"], "--local-only needs a CUDA GPU"),
+        (["--local-only", "--tp", "3"], "tokens=8192 must be a positive multiple of tp=3"),
+        (["--local-only", "--tp", "0"], "--tp 0: must be at least 1"),
+        (["--tp", "4"], "--tp applies to --local-only only"),
+    ],
+)
+def test_local_only_arguments(argv, message, monkeypatch, capsys):
+    torch = pytest.importorskip("torch")
+    from benchmarks import training_step as ts
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as e:
+        ts.main(argv)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err

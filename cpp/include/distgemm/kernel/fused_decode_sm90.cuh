@@ -14,12 +14,16 @@
 // Boxes are few and large on purpose: an SM keeps only so many TMA requests in flight, so one
 // bulk copy per row (512 bytes) streamed at a third of the bandwidth. The boxes land 128-byte
 // swizzled, so the consumers' fragment loads are free of bank conflicts, and TMA fills rows past
-// m or n and K past k with zeros. Consumer warp w owns weight rows 16w..16w+15 of the CTA's
-// kFusedDecodeTileN-row tile (the MMA's M side, swapped: D^T = W X^T), the tokens are its N side
-// (Width padded tokens: Width/8 n8 fragments), mma.sync m16n8k16 with fp32 accumulation. Each of a
-// row's 4 threads (lane % 4 = q) takes 16 consecutive elements of every 64-element K step: MMA j
-// (0..3) of the step takes elements 4j..4j+3 of each thread's 16 as its A fragment, and the token
-// fragment is loaded with the same permutation, so the sum over K is the same sum in another order.
+// m or n and K past k with zeros. Consumer warp w takes K step w of every stage, all
+// kFusedDecodeTileN weight rows of the CTA's tile (the MMA's M side, swapped: D^T = W X^T; four
+// m16 blocks) by the tokens (its N side, Width padded tokens: Width/8 n8 fragments), mma.sync
+// m16n8k16 with fp32 accumulation. Splitting K rather than the rows over the warps has each byte
+// of a stage read from shared memory once (split by rows, every warp read every token fragment)
+// and gives each warp 4 x Width/8 independent accumulator chains. Each of a row's 4 threads
+// (lane % 4 = q) takes 16 consecutive elements of the 64-element K step: MMA j (0..3) of the step
+// takes elements 4j..4j+3 of each thread's 16 as its A fragment, and the token fragment is loaded
+// with the same permutation, so the sum over K is the same sum in another order. At the end of a
+// work item the warps exchange their sums through shared memory, warp w keeping m16 block w.
 //
 // Work item (tile, split): K is split over CTAs only where the tiles alone leave SMs idle
 // (fused_splits). After its mainloop a CTA
@@ -56,14 +60,16 @@
 namespace distgemm::kernel::decode {
 
 inline constexpr int kConsumerWarps = 4;
+// m16 blocks of a tile's weight rows; after the exchange, consumer warp w owns block w.
+inline constexpr int kMBlocks = kFusedDecodeTileN / 16;
 inline constexpr int kRowsPerWarp = 16;
-static_assert(kConsumerWarps * kRowsPerWarp == kFusedDecodeTileN,
-              "the consumer warps cover one output tile's N");
+static_assert(kConsumerWarps == kMBlocks, "one m16 block of the tile per consumer warp");
 inline constexpr int kConsumers = kConsumerWarps * 32;
 inline constexpr int kThreads = kConsumers + 32;  // + the producer warp
 // K steps per stage (a box of each operand per step) and the bytes of a box row: one K step of
 // 2-byte elements, the 128-byte swizzle span.
 inline constexpr int kStepsPerStage = 4;
+static_assert(kStepsPerStage == kConsumerWarps, "one K step of a stage per consumer warp");
 inline constexpr int kStageK = kStepsPerStage * kFusedDecodeKStep;
 inline constexpr int kBoxRowBytes = kFusedDecodeKStep * 2;
 static_assert(kBoxRowBytes == 128, "one K step per 128-byte swizzled box row");
@@ -260,37 +266,46 @@ drain:  // every stage issued has landed (at once where the consumers took them)
     }
 }
 
-// A consumer thread's MMAs on one stage of `steps` K steps: weight rows `ra` and `ra` + 8 of the
-// stage's weight boxes, token rows g + 8f of its token boxes (f < Frags), chunks 2q and 2q + 1.
+// A consumer thread's MMAs on one K step: weight rows 16 mb + g and 16 mb + g + 8 (mb <
+// kMBlocks) of the step's weight box `bw`, token rows g + 8f (f < Frags) of its token box `bt`,
+// chunks 2q and 2q + 1 of each.
 template <class Element, int Width>
-__device__ __forceinline__ void consume_stage(float (&acc)[Width / 8][4], const unsigned char* sw,
-                                              int ra, uint32_t valid, int steps, int g, int q) {
+__device__ __forceinline__ void consume_step(float (&acc)[kMBlocks][Width / 8][4],
+                                             const unsigned char* bw, const unsigned char* bt,
+                                             uint32_t valid, int g, int q) {
   constexpr int kFrags = Width / 8;
-  const unsigned char* st = sw + kStepsPerStage * kWeightBoxBytes;
+  uint4 b[kFrags][2];
 #pragma unroll
-  for (int j = 0; j < kStepsPerStage; ++j) {
-    if (j >= steps) break;
-    const unsigned char* bw = sw + j * kWeightBoxBytes;
-    const unsigned char* bt = st + j * kTokenBoxBytes<Width>;
-    uint4 wa[2], wb[2];
+  for (int f = 0; f < kFrags; ++f)
 #pragma unroll
-    for (int v = 0; v < 2; ++v) {
-      wa[v] = lds_v4(bw + swizzled(ra, 2 * q + v));
-      wb[v] = lds_v4(bw + swizzled(ra + 8, 2 * q + v));
-    }
+    for (int v = 0; v < 2; ++v)
+      b[f][v] =
+          (valid >> f) & 1u ? lds_v4(bt + swizzled(8 * f + g, 2 * q + v)) : make_uint4(0, 0, 0, 0);
+  // The weight fragments of kGroup blocks at a time: all four at once leave the widest token
+  // block no registers to spare.
+  constexpr int kGroup = kFrags > 2 ? 2 : kMBlocks;
 #pragma unroll
-    for (int f = 0; f < kFrags; ++f) {
-      uint4 b[2];
+  for (int m0 = 0; m0 < kMBlocks; m0 += kGroup) {
+    uint4 wa[kGroup][2], wb[kGroup][2];
 #pragma unroll
-      for (int v = 0; v < 2; ++v)
-        b[v] = (valid >> f) & 1u ? lds_v4(bt + swizzled(8 * f + g, 2 * q + v))
-                                 : make_uint4(0, 0, 0, 0);
+    for (int u = 0; u < kGroup; ++u)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int v = i / 2, w0 = (i % 2) * 2;
-        mma_16816<Element>(acc[f], word(wa[v], w0), word(wb[v], w0), word(wa[v], w0 + 1),
-                           word(wb[v], w0 + 1), word(b[v], w0), word(b[v], w0 + 1));
+      for (int v = 0; v < 2; ++v) {
+        wa[u][v] = lds_v4(bw + swizzled(16 * (m0 + u) + g, 2 * q + v));
+        wb[u][v] = lds_v4(bw + swizzled(16 * (m0 + u) + g + 8, 2 * q + v));
       }
+    // MMA i of every (block, fragment) of the group before MMA i + 1 of any: consecutive MMAs
+    // are independent.
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int v = i / 2, w0 = (i % 2) * 2;
+#pragma unroll
+      for (int u = 0; u < kGroup; ++u)
+#pragma unroll
+        for (int f = 0; f < kFrags; ++f)
+          mma_16816<Element>(acc[m0 + u][f], word(wa[u][v], w0), word(wb[u][v], w0),
+                             word(wa[u][v], w0 + 1), word(wb[u][v], w0 + 1), word(b[f][v], w0),
+                             word(b[f][v], w0 + 1));
     }
   }
 }
@@ -307,6 +322,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ __align__(8) uint64_t full[S], empty[S];
   // This CTA's partial of the current item, rows padded by 16 bytes (fewer bank conflicts).
   __shared__ __align__(16) Element out_tile[Width][kFusedDecodeTileN + 8];
+  // The warps' exchange of their sums: [source slot][m16 block][fragment][lane], the slots of a
+  // block being its kConsumerWarps - 1 non-owning warps.
+  __shared__ float4 exchange[(kConsumerWarps - 1) * kMBlocks * kFrags * 32];
   __shared__ uint32_t gen_smem, ok_smem, live_smem;
   __shared__ volatile uint32_t stop;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -349,33 +367,70 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint32_t valid = 0;
 #pragma unroll
       for (int f = 0; f < kFrags; ++f) valid |= (8 * f + g < it.rows_t ? 1u : 0u) << f;
-      float acc[kFrags][4];
+      float acc[kMBlocks][kFrags][4];
 #pragma unroll
-      for (int f = 0; f < kFrags; ++f)
+      for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[f][e] = 0.f;
+        for (int f = 0; f < kFrags; ++f)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[mb][f][e] = 0.f;
       for (int64_t kk = it.k0; kk < it.k1; kk += kStageK, ++used) {
         const int stage = static_cast<int>(used % S);
         while (!mbar_try_wait(&full[stage], (used / S) & 1u)) {
         }
         const int64_t kc = it.k1 - kk < kStageK ? it.k1 - kk : kStageK;
         const int steps = static_cast<int>((kc + kFusedDecodeKStep - 1) / kFusedDecodeKStep);
-        consume_stage<Element, Width>(acc, stages + stage * kStageBytes<Width>,
-                                      warp * kRowsPerWarp + g, valid, steps, g, q);
+        if (warp < steps) {
+          const unsigned char* sw = stages + stage * kStageBytes<Width>;
+          consume_step<Element, Width>(
+              acc, sw + warp * kWeightBoxBytes,
+              sw + kStepsPerStage * kWeightBoxBytes + warp * kTokenBoxBytes<Width>, valid, g, q);
+        }
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty[stage]);
       }
 
-      // 1. This split's partial (alpha x the sum, in the element type): acc[f] holds rows (g,
-      //    g + 8) x tokens (2q, 2q + 1) of fragment f. Through shared memory, so that it leaves
-      //    in whole 16-byte pieces instead of 2-byte stores from every thread into shared lines.
+      // The sum over the warps' K steps: each warp hands the blocks it does not own to their
+      // owners, each owner adds the other warps' sums to its own in slot order (a fixed order).
+#pragma unroll
+      for (int mb = 0; mb < kMBlocks; ++mb) {
+        if (mb == warp) continue;
+        const int slot = warp < mb ? warp : warp - 1;
+#pragma unroll
+        for (int f = 0; f < kFrags; ++f)
+          exchange[((slot * kMBlocks + mb) * kFrags + f) * 32 + lane] =
+              make_float4(acc[mb][f][0], acc[mb][f][1], acc[mb][f][2], acc[mb][f][3]);
+      }
+      float own[kFrags][4];
+#pragma unroll
+      for (int mb = 0; mb < kMBlocks; ++mb)
+        if (mb == warp)
+#pragma unroll
+          for (int f = 0; f < kFrags; ++f)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) own[f][e] = acc[mb][f][e];
+      consumers_sync();
+#pragma unroll
+      for (int slot = 0; slot < kConsumerWarps - 1; ++slot)
+#pragma unroll
+        for (int f = 0; f < kFrags; ++f) {
+          const float4 o = exchange[((slot * kMBlocks + warp) * kFrags + f) * 32 + lane];
+          own[f][0] += o.x;
+          own[f][1] += o.y;
+          own[f][2] += o.z;
+          own[f][3] += o.w;
+        }
+      // 1. This split's partial (alpha x the sum, in the element type): own[f] holds rows (g,
+      //    g + 8) of block `warp` x tokens (2q, 2q + 1) of fragment f. Through shared memory, so
+      //    that it leaves in whole 16-byte pieces instead of 2-byte stores from every thread
+      //    into shared lines.
       {
         const int c0 = warp * kRowsPerWarp + g;
 #pragma unroll
         for (int f = 0; f < kFrags; ++f)
 #pragma unroll
           for (int e = 0; e < 4; ++e)
-            out_tile[8 * f + 2 * q + (e & 1)][c0 + (e < 2 ? 0 : 8)] = Element(p.alpha * acc[f][e]);
+            out_tile[8 * f + 2 * q + (e & 1)][c0 + (e < 2 ? 0 : 8)] = Element(p.alpha * own[f][e]);
       }
       consumers_sync();
       {
