@@ -38,7 +38,7 @@
 #                    at TP = every GPU and TP = 2 (benchmarks/compare_variants.py summarises)
 #   training         benchmarks/training_step.py $TRAINING_ARGS (Llama-70B MLP block fwd+bwd: distgemm
 #                    keep/regather vs NCCL + torch.mm vs torch async-TP vs the GEMM floor)
-#   training-local   benchmarks/training_step.py --local-only --tp ${TRAINING_LOCAL_TP:-2} on GPU 0:
+#   training-local   benchmarks/training_step.py --local-only [--tp $TRAINING_LOCAL_TP] on GPU 0:
 #                    the block's two floors alone (GEMMs; the compiled step without communication)
 #   serving          benchmarks/serving.py $SERVING_ARGS (Llama-70B 8-layer TP stack: decode batches
 #                    1..256 in CUDA graphs, prefill 2048..8192 eager; distgemm vs NCCL + torch.mm vs
@@ -185,7 +185,7 @@ for p in "$@"; do
     sweep-fc) part sweep-fc 300 torchrun --nproc-per-node "$NPROC" benchmarks/llama_sweep.py --models 70B --layers FC1,FC2 --out "$OUT/sweep-fc" ;;
     training) part training ${TRAINING_S:-450} torchrun --nproc-per-node "$NPROC" benchmarks/training_step.py ${TRAINING_ARGS:-} --out "$OUT/training" ;;
     training-local) part training-local ${TRAINING_LOCAL_S:-200} env CUDA_VISIBLE_DEVICES=0 python3 \
-              benchmarks/training_step.py --local-only --tp ${TRAINING_LOCAL_TP:-2} --out "$OUT/training-local" ;;
+              benchmarks/training_step.py --local-only ${TRAINING_LOCAL_TP:+--tp $TRAINING_LOCAL_TP} --out "$OUT/training-local" ;;
     serving) part serving ${SERVING_S:-450} torchrun --nproc-per-node "$NPROC" benchmarks/serving.py ${SERVING_ARGS:-} --out "$OUT/serving" ;;
     decode) part decode ${DECODE_S:-420} torchrun --nproc-per-node "$NPROC" benchmarks/decode.py --models 70B,405B \
               --tokens 1,2,4,8,16,32,64,128,256 ${DECODE_ARGS:-} --out "$OUT/decode" ;;

@@ -58,6 +58,7 @@ _rs_autograd = (
     getattr(funcol, "reduce_scatter_single_autograd", None) or funcol.reduce_scatter_tensor_autograd
 )
 SMOKE_SIZES = (16, 32, 48)  # tokens, hidden, ffn of --cpu-smoke
+LOCAL_TP = 2  # --local-only's TP when --tp is not given
 RUN_TIMEOUT_S = 400  # a run that takes longer is hung (async-TP compiles ~1-2 min): dump stacks
 
 
@@ -199,11 +200,15 @@ class Variant:
         for t in (self.x, *self.weights):
             t.grad = None
 
-    def values(self) -> dict[str, torch.Tensor]:
-        """The output and every gradient of one step (copies)."""
+    def values(self) -> dict[str, torch.Tensor | None]:
+        """The output and every gradient of one step (copies; None for a gradient the step
+        did not compute)."""
         y = self.step()
         grads = [t.grad for t in (self.x, *self.weights)]
-        return {q: v.detach().clone() for q, v in zip(report.QUANTITIES, [y, *grads])}
+        return {
+            q: None if v is None else v.detach().clone()
+            for q, v in zip(report.QUANTITIES, [y, *grads])
+        }
 
 
 def _leaf(t: torch.Tensor) -> torch.Tensor:
@@ -326,9 +331,7 @@ def check_floor_step(gathered: BlockOperands) -> tuple[Variant, dict[str, float]
     ref = make_floor_step(gathered, compiled=False).values()
     variant = make_floor_step(gathered)
     variant.poisoned_step()  # also the first call: compiles forward and backward
-    y = variant.step()
-    grads = [t.grad for t in (variant.x, *variant.weights)]
-    got = dict(zip(report.QUANTITIES, [y.detach(), *grads]))
+    got = variant.values()
     for q, v in got.items():
         if v is None:
             raise RuntimeError(f"floor_step: {q} is None (the step computed no such gradient)")
@@ -392,21 +395,15 @@ def _values_and_fused_ops(variant: Variant):
     return values, {op: code.count(f"symm_mem.{op}") for op in report.FUSED_OPS}
 
 
-def _try_check(ctx, name, ops, megatron, ref, rec) -> Variant | None:
-    """Build and check one variant against megatron's ``ref`` (after a poisoned megatron step);
-    on a failure on any rank, record the reason under ``unavailable`` and return None (never
-    fatal)."""
+def _checked(ctx, name: str, rec, check) -> Variant | None:
+    """``check()`` (-> the variant and its errors) on every rank: the errors (max over ranks,
+    NaN as inf) under ``rel_err[name]``; on a failure on any rank, the reason under
+    ``unavailable`` and None (never fatal: the other variants' figures still count)."""
     from benchmarks.gpu_timing import short_error
 
     variant, why = None, None
     try:
-        variant = make_variant(name, ops, ctx.dist.group.WORLD)
-        megatron.poisoned_step()
-        if name == "async_tp":
-            values, rec["async_tp_fused"] = _values_and_fused_ops(variant)
-        else:
-            values = variant.values()
-        errs = rel_errors(values, ref)
+        variant, errs = check()
         torch.cuda.synchronize()
     except Exception as e:  # noqa: BLE001 - e.g. async-TP without symmetric memory
         why = short_error(e)
@@ -419,23 +416,35 @@ def _try_check(ctx, name, ops, megatron, ref, rec) -> Variant | None:
     return variant
 
 
-def _try_floor_step(ctx, gathered: BlockOperands, rec) -> Variant | None:
-    """Build and check floor_step (check_floor_step) on every rank; its errors (max over ranks)
-    under ``rel_err``, or on a failure on any rank the reason under ``unavailable`` and None."""
-    from benchmarks.gpu_timing import short_error
+def _try_check(ctx, name, ops, megatron, ref, rec) -> Variant | None:
+    """One variant checked against megatron's ``ref`` (after a poisoned megatron step), through
+    _checked."""
 
-    variant, why = None, None
-    try:
-        variant, errs = check_floor_step(gathered)
-        torch.cuda.synchronize()
-    except Exception as e:  # noqa: BLE001 - recorded; the other variants' figures still count
-        why = short_error(e)
-    if not _agreed(ctx, why):
-        rec["unavailable"]["floor_step"] = why or "failed on another rank"
-        return None
-    keys = sorted(errs)
-    rec["rel_err"]["floor_step"] = dict(zip(keys, ctx.agree_max([errs[k] for k in keys])))
-    return variant
+    def check():
+        variant = make_variant(name, ops, ctx.dist.group.WORLD)
+        megatron.poisoned_step()
+        if name == "async_tp":
+            values, rec["async_tp_fused"] = _values_and_fused_ops(variant)
+        else:
+            values = variant.values()
+        return variant, rel_errors(values, ref)
+
+    return _checked(ctx, name, rec, check)
+
+
+def _floors(ctx, ops: BlockOperands, gathered: BlockOperands, tp: int, rec) -> dict[str, Any]:
+    """The two floors checked (floor_step through _checked) and timed, floor with the long
+    warm-up: their times under ``rec["ms"]``; returns their steps by name (for --profile)."""
+    from benchmarks.gpu_timing import WARMUP_S, time_variant
+
+    steps = {"floor": check_floor(ops, tp)}
+    whole = _checked(ctx, "floor_step", rec, lambda: check_floor_step(gathered))
+    if whole is not None:
+        steps["floor_step"] = whole.step
+    rec["ms"]["floor"] = time_variant(ctx, steps["floor"], warm_s=WARMUP_S)
+    if whole is not None:
+        rec["ms"]["floor_step"] = time_variant(ctx, whole.step)
+    return steps
 
 
 def _failed(rec) -> bool:
@@ -495,10 +504,28 @@ def profile_variants(ctx, steps: dict[str, Any], out_dir: str) -> None:
             print(f"wrote {path}", flush=True)
 
 
+def _rank_operands(args, dev, rank: int, tp: int) -> tuple[BlockOperands, BlockOperands]:
+    """This rank's shards of the block at the run's sizes, and the same with the gathered
+    ``[T, H]`` input and output gradient (floor_step's); the full weights freed."""
+    full = full_block(args.tokens, args.hidden, args.ffn, dev, torch.bfloat16)
+    ops = shard_block(full, rank, tp)
+    gathered = shard_block(full, rank, tp, gathered=True)
+    del full
+    torch.cuda.empty_cache()  # the full weights are gone; keep only this rank's shards
+    return ops, gathered
+
+
+def _new_record(args, tp: int) -> dict[str, Any]:
+    return dict(
+        tokens=args.tokens, hidden=args.hidden, ffn=args.ffn, tp=tp,
+        ms={}, rel_err={}, unavailable={},
+    )  # fmt: skip
+
+
 def run(args) -> int:
     """The GPU run: check, time, write (rank 0). Returns 1 when a variant is wrong or
     floor_step failed."""
-    from benchmarks.gpu_timing import WARMUP_S, RankContext, enable_symm_mem, time_variant
+    from benchmarks.gpu_timing import RankContext, enable_symm_mem, time_variant
 
     ctx = RankContext.from_torchrun(ctrl_timeout_s=120.0)
     report.check_sizes(args.tokens, args.hidden, args.ffn, ctx.tp)
@@ -509,16 +536,8 @@ def run(args) -> int:
     import torch._inductor.config as inductor_config
 
     inductor_config._micro_pipeline_tp = True
-    sizes = (args.tokens, args.hidden, args.ffn)
-    full = full_block(*sizes, ctx.dev, torch.bfloat16)
-    ops = shard_block(full, ctx.rank, ctx.tp)
-    gathered = shard_block(full, ctx.rank, ctx.tp, gathered=True)
-    del full
-    torch.cuda.empty_cache()  # the full weights are gone; keep only this rank's shards
-    rec: dict[str, Any] = dict(
-        tokens=args.tokens, hidden=args.hidden, ffn=args.ffn, tp=ctx.tp,
-        ms={}, rel_err={}, unavailable={},
-    )  # fmt: skip
+    ops, gathered = _rank_operands(args, ctx.dev, ctx.rank, ctx.tp)
+    rec = _new_record(args, ctx.tp)
     megatron = make_variant("megatron", ops, ctx.dist.group.WORLD)
     ref = megatron.values()
     rec["rel_err"]["megatron"] = {q: 0.0 for q in ref}
@@ -531,11 +550,7 @@ def run(args) -> int:
         if variant is not None:
             variants[name] = variant
     del ref
-    floor = check_floor(ops, ctx.tp)
-    whole = _try_floor_step(ctx, gathered, rec)
-    rec["ms"]["floor"] = time_variant(ctx, floor, warm_s=WARMUP_S)
-    if whole is not None:
-        rec["ms"]["floor_step"] = time_variant(ctx, whole.step)
+    floors = _floors(ctx, ops, gathered, ctx.tp, rec)
     for name in report.TIMED_ORDER:
         if name in variants:
             rec["ms"][name] = time_variant(ctx, variants[name].step)
@@ -544,9 +559,7 @@ def run(args) -> int:
     rec["retimed"] = dict(variant=report.RETIMED, first=first, last=last)
     rec["ms"][report.RETIMED] = (first + last) / 2
     if args.profile:
-        steps = {"floor": floor, **{n: v.step for n, v in variants.items()}}
-        if whole is not None:
-            steps["floor_step"] = whole.step
+        steps = {**floors, **{n: v.step for n, v in variants.items()}}
         profile_variants(ctx, steps, args.out)
     faulthandler.cancel_dump_traceback_later()
     rec["status"] = "wrong" if report.wrong(rec) else "ok"
@@ -563,29 +576,16 @@ def local_run(args) -> int:
     """--local-only: the two floors on the current GPU, no torchrun and no process group, with
     rank 0's shards at TP = ``args.tp``: check, time (floor with the long warm-up, then
     floor_step), write. Returns 1 when floor_step failed or is off its eager block."""
-    from benchmarks.gpu_timing import WARMUP_S, SingleGpuContext, time_variant
+    from benchmarks.gpu_timing import SingleGpuContext
 
     ctx = SingleGpuContext.current()
     t_start = time.perf_counter()
     faulthandler.dump_traceback_later(RUN_TIMEOUT_S, exit=True)
-    full = full_block(args.tokens, args.hidden, args.ffn, ctx.dev, torch.bfloat16)
-    ops = shard_block(full, 0, args.tp)
-    gathered = shard_block(full, 0, args.tp, gathered=True)
-    del full
-    torch.cuda.empty_cache()
-    rec: dict[str, Any] = dict(
-        tokens=args.tokens, hidden=args.hidden, ffn=args.ffn, tp=args.tp,
-        ms={}, rel_err={}, unavailable={},
-    )  # fmt: skip
-    floor = check_floor(ops, args.tp)
-    whole = _try_floor_step(ctx, gathered, rec)
-    rec["ms"]["floor"] = time_variant(ctx, floor, warm_s=WARMUP_S)
-    steps = {"floor": floor}
-    if whole is not None:
-        rec["ms"]["floor_step"] = time_variant(ctx, whole.step)
-        steps["floor_step"] = whole.step
+    ops, gathered = _rank_operands(args, ctx.dev, 0, args.tp)
+    rec = _new_record(args, args.tp)
+    floors = _floors(ctx, ops, gathered, args.tp, rec)
     if args.profile:
-        profile_variants(ctx, steps, args.out)
+        profile_variants(ctx, floors, args.out)
     faulthandler.cancel_dump_traceback_later()
     rec["status"] = "wrong" if report.wrong(rec) else "ok"
     stem = os.path.join(args.out, report.output_stem(args.tp, args.tokens) + "-local")
@@ -628,7 +628,9 @@ def main(argv=None) -> int:
         action="store_true",
         help="no torchrun: the floors alone on the current GPU, rank 0's shapes at TP = --tp",
     )
-    ap.add_argument("--tp", type=int, help="the TP whose per-rank shapes --local-only times (2)")
+    ap.add_argument(
+        "--tp", type=int, help=f"the TP whose per-rank shapes --local-only times ({LOCAL_TP})"
+    )
     args = ap.parse_args(argv)
     if args.replot:
         return report.replot(args.replot, args.out)
@@ -638,7 +640,7 @@ def main(argv=None) -> int:
         if args.tp is not None:
             ap.error("--tp applies to --local-only only (under torchrun TP is the world size)")
         return run(args)
-    args.tp = 2 if args.tp is None else args.tp
+    args.tp = LOCAL_TP if args.tp is None else args.tp
     if args.tp < 1:
         ap.error(f"--tp {args.tp}: must be at least 1")
     try:

@@ -60,9 +60,10 @@
 namespace distgemm::kernel::decode {
 
 inline constexpr int kConsumerWarps = 4;
-// m16 blocks of a tile's weight rows; after the exchange, consumer warp w owns block w.
-inline constexpr int kMBlocks = kFusedDecodeTileN / 16;
-inline constexpr int kRowsPerWarp = 16;
+// m16 blocks of a tile's weight rows (the MMA's M); after the exchange, consumer warp w owns
+// block w.
+inline constexpr int kBlockRows = 16;
+inline constexpr int kMBlocks = kFusedDecodeTileN / kBlockRows;
 static_assert(kConsumerWarps == kMBlocks, "one m16 block of the tile per consumer warp");
 inline constexpr int kConsumers = kConsumerWarps * 32;
 inline constexpr int kThreads = kConsumers + 32;  // + the producer warp
@@ -291,8 +292,8 @@ __device__ __forceinline__ void consume_step(float (&acc)[kMBlocks][Width / 8][4
     for (int u = 0; u < kGroup; ++u)
 #pragma unroll
       for (int v = 0; v < 2; ++v) {
-        wa[u][v] = lds_v4(bw + swizzled(16 * (m0 + u) + g, 2 * q + v));
-        wb[u][v] = lds_v4(bw + swizzled(16 * (m0 + u) + g + 8, 2 * q + v));
+        wa[u][v] = lds_v4(bw + swizzled(kBlockRows * (m0 + u) + g, 2 * q + v));
+        wb[u][v] = lds_v4(bw + swizzled(kBlockRows * (m0 + u) + g + 8, 2 * q + v));
       }
     // MMA i of every (block, fragment) of the group before MMA i + 1 of any: consecutive MMAs
     // are independent.
@@ -425,7 +426,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       //    that it leaves in whole 16-byte pieces instead of 2-byte stores from every thread
       //    into shared lines.
       {
-        const int c0 = warp * kRowsPerWarp + g;
+        const int c0 = warp * kBlockRows + g;
 #pragma unroll
         for (int f = 0; f < kFrags; ++f)
 #pragma unroll
