@@ -102,8 +102,18 @@ def test_splits_fill_the_resident_ctas(m, n, k, resident, splits):
 
 
 def test_partial_buffers_hold_two_parities_of_every_split():
-    assert _core.fused_partial_bytes(8, 8192, 4, 2) == 2 * 4 * 8 * 8192 * 2  # decode
-    assert _core.fused_partial_bytes(256, 8192, 2, 2) == 2 * 2 * 256 * 8192 * 2  # CUTLASS
+    # CUTLASS: each rank's own partials, read by the peers: independent of tp
+    for tp in (1, 2, 8):
+        assert _core.fused_partial_bytes(256, 8192, 2, 2, tp) == 2 * 2 * 256 * 8192 * 2
+    # decode: a receive buffer of every rank's partials, 16-byte lines of 4 elements (the
+    # data next to the generation: twice the partial's bytes)
+    assert _core.FUSED_LINE_BYTES == 16
+    for tp in (1, 2, 8):
+        lines = 8 * 8192 // 4
+        assert _core.fused_partial_bytes(8, 8192, 4, 2, tp) == 2 * tp * 4 * lines * 16
+        assert _core.fused_partial_bytes(8, 8192, 4, 2, tp) == 2 * tp * (2 * 4 * 8 * 8192 * 2)
+    # the decode kernel's largest case of 405B at TP=2: 32 tokens x 16384 columns, 8 MiB a rank
+    assert _core.fused_partial_bytes(32, 16384, 1, 2, 2) == 8 * 2**20
     # the control region: a generation word per CTA slot, a flag section per rank
     assert _core.FUSED_CONTROL_BYTES == 4 * _core.FUSED_MAX_CTAS + (
         4 * _core.FUSED_MAX_TILES * _core.MAX_TP

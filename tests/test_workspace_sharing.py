@@ -26,6 +26,7 @@ import distgemm  # noqa: E402
 from distgemm import _core, entries, ops  # noqa: E402
 from distgemm import comm as comm_mod  # noqa: E402
 from distgemm import reference as ref  # noqa: E402
+from distgemm.fused import place_fused  # noqa: E402
 from distgemm.precision import Precision  # noqa: E402
 from distgemm.workspace import (  # noqa: E402
     GROWTH_HEADROOM,
@@ -302,7 +303,7 @@ def fake_comm(tp=2, rank=0, peer_errors=None, ctl=None):
     c._core = types.SimpleNamespace(IpcWorkspace=FakeIpcWorkspace, WORKSPACE_SLOT_ALIGN=ALIGN)
     c.plans = entries.PlanCache()
     c._kept_capturers, c._retired_graphs = [], []
-    c._fused_control, c._fused_launcher = None, None
+    c._fused_control, c._fused_launcher, c._fused_receive = None, None, None
     c._synchronize = lambda: FakeIpcWorkspace.log.append(("synchronize",))
     if ctl is not None:
         c._ctl = ctl
@@ -335,21 +336,79 @@ def add_entry(c, op, schedule, m, n, k):
     return entry
 
 
+def fused_entry(c, slots, receive):
+    """A fused entry (no graphs) of ``slots`` bytes of partial buffers, placed by
+    distgemm.fused.place_fused: the decode kernel's (``receive``) or the CUTLASS kernel's."""
+    layout = {"slots_offset": 0, "slots_bytes": slots, "total_bytes": slots}
+    if not receive:
+        layout["total_bytes"] += c.workspace_control_bytes
+    entry = types.SimpleNamespace(
+        fused={"layout": layout, "receive": receive}, capturer=None, graphs={}
+    )
+    place_fused(c, entry)
+    c.plans[f"fused {slots} {receive}"] = entry
+    return entry
+
+
+def parity_halves(entry):
+    """Each parity's byte range [start, end) on rank 0, as the kernels address them."""
+    base, half = entry.bases[0], entry.fused["parity_bytes"]
+    size = entry.fused["layout"]["slots_bytes"] // 2
+    return [(base, base + size), (base + half, base + half + size)]
+
+
 def test_growth_gives_a_fused_entry_its_bases_in_the_new_workspace():
-    """A fused entry (no graphs; its partial buffers in the workspace's slots) is re-pointed at
-    the growth like the plans, so its launches read entry.bases without placing it again."""
+    """A CUTLASS fused entry (no graphs; its partial buffers in the workspace's slots) is
+    re-pointed at the growth like the plans, so its launches read entry.bases without placing it
+    again: the slots' base, each parity in one half of them."""
     c = fake_comm()
-    layout = {"slots_offset": 0, "slots_bytes": 4 * ALIGN, "total_bytes": 4 * ALIGN}
-    layout["total_bytes"] += c.workspace_control_bytes
-    fused = types.SimpleNamespace(fused={"layout": layout}, capturer=None, graphs={})
-    fused.ws, fused.bases = c.workspace_for(layout)
-    c.plans["fused"] = fused
+    fused = fused_entry(c, 4 * ALIGN, receive=False)
     old = fused.ws
+    assert fused.bases == old.bases and fused.fused["parity_bytes"] == old.slot_capacity // 2
     big = add_entry(c, "all_gather_gemm", "ag_rotate_a", 4096, 512, 256)
     new = big.ws
     assert new is not old and fused.ws is new
-    assert fused.bases == [b + new.slot_capacity - 4 * ALIGN for b in new.bases]
+    assert fused.bases == new.bases
+    assert fused.fused["parity_bytes"] == new.slot_capacity // 2 // 16 * 16
+    assert fused.fused["parity_bytes"] >= 2 * ALIGN  # each parity fits its half
     assert old.core.freed
+
+
+def test_decode_fused_entries_get_a_receive_region_of_their_own():
+    """The decode kernel's peers push into its buffers whenever their launch runs: those live in
+    a region no plan is placed in, grown (collectively) and re-pointed like the workspace, and
+    counted by memory_stats."""
+    c = fake_comm()
+    plan = add_entry(c, "all_gather_gemm", "ag_rotate_a", 128, 512, 256)
+    small = fused_entry(c, 2 * ALIGN, receive=True)
+    assert small.ws is not plan.ws and small.ws is c._fused_receive.current
+    assert small.ws.control_bytes == 0 and small.bases == small.ws.bases
+    stats = c.memory_stats()
+    assert stats["fused_receive_bytes"] == small.ws.nbytes
+    assert stats["workspace_bytes"] == plan.ws.nbytes
+    assert stats["largest_plan_bytes"] == plan.spec.plan.layout(2)["total_bytes"]  # plans only
+    assert c.workspace_bytes == plan.ws.nbytes + small.ws.nbytes
+    # A plan's growth leaves the receive region alone; a larger decode entry grows it and
+    # re-points the smaller one, and the old region is freed collective-safely.
+    add_entry(c, "all_gather_gemm", "ag_rotate_a", 4096, 512, 256)
+    assert small.ws is c._fused_receive.current
+    old = small.ws
+    FakeIpcWorkspace.log.clear()
+    big = fused_entry(c, 16 * ALIGN, receive=True)
+    assert big.ws is small.ws is not old and old.core.freed
+    assert [e[1] for e in FakeIpcWorkspace.log if e[0] == "exchange"] == [
+        "workspace IPC handle exchange",
+        "workspace IPC open",
+        "workspace release",
+    ]
+    # Each parity in its own half: one entry's parity 0 never overlaps another's parity 1, so a
+    # launch never writes where a peer still reads the previous launch's partials.
+    for a in (small, big):
+        for b in (small, big):
+            (a0, a1), (b0, b1) = parity_halves(a)[0], parity_halves(b)[1]
+            assert a1 <= b0 or b1 <= a0, (parity_halves(a), parity_halves(b))
+    c.close()
+    assert big.ws.core.freed and c._fused_receive is None
 
 
 def test_plans_of_every_schedule_share_one_workspace():
@@ -486,6 +545,7 @@ def test_memory_stats_counts_plans_and_graphs_and_states_the_bounds():
         "eager_graphs": 4,
         "captured_graphs": 1,
         "fused_control_bytes": 0,  # no fused entry: its control region is not allocated
+        "fused_receive_bytes": 0,
         "max_plans": entries.MAX_PLANS,
         "graphs_per_plan": entries.GRAPHS_PER_PLAN,
     }

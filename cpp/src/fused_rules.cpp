@@ -18,6 +18,7 @@ void register_fused_rules(py::module_& m) {
   m.attr("FUSED_MAX_AUTO_TOKENS") = py::int_(k::kFusedMaxAutoTokens);
   m.attr("FUSED_AUTO_MAX_TP") = py::int_(k::kFusedAutoMaxTp);
   m.attr("FUSED_DECODE_AUTO_MAX_WEIGHT_BYTES") = py::int_(k::kFusedDecodeAutoMaxWeightBytes);
+  m.attr("FUSED_LINE_BYTES") = py::int_(k::kFusedLineBytes);
   m.def("fused_kernel", &k::fused_kernel_name, py::arg("m"),
         "The fused kernel that runs m tokens: 'decode' (up to FUSED_DECODE_MAX_TOKENS) or "
         "'cutlass'.");
@@ -29,8 +30,9 @@ void register_fused_rules(py::module_& m) {
         py::arg("resident_ctas"),
         "Splits of K of the fused kernel: the most that keep every tile resident at once.");
   m.def("fused_partial_bytes", &k::fused_partial_bytes, py::arg("m"), py::arg("n"),
-        py::arg("splits"), py::arg("element_bytes"),
-        "Bytes of one rank's partial buffers: two parities of every split's partial.");
+        py::arg("splits"), py::arg("element_bytes"), py::arg("tp"),
+        "Bytes of one rank's partial buffers: two parities of every split's partial (the decode "
+        "kernel's: of every rank's too, as generation-tagged lines).");
   m.def("fused_auto_problem", &k::fused_auto_problem, py::arg("m"), py::arg("n"), py::arg("k"),
         py::arg("element_bytes"), py::arg("tp"),
         "'' when path='auto' runs this rank's GEMM fused (token count, weight bytes, TP), else "

@@ -162,14 +162,16 @@ class Communicator:
         # launcher (distgemm.fused).
         self._fused_control: _Workspace | None = None
         self._fused_launcher: Any = None
+        self._fused_receive: WorkspacePool | None = None  # the decode kernel's (fused_receive_for)
         _LIVE.add(self)
 
-    def _new_pool(self, order) -> WorkspacePool:
+    def _new_pool(self, order, *, receive: bool = False) -> WorkspacePool:
         return WorkspacePool(
             self._allocate,
-            self._repoint,
+            self._repoint_receive if receive else self._repoint,
             self._release,
-            control=control_bytes(),
+            # The receive region ends in no plan control region: no plan is placed there.
+            control=0 if receive else control_bytes(),
             align=int(self._core.WORKSPACE_SLOT_ALIGN),
             order=order,
             # Inside a CUDA graph capture (no synchronisation, no cudaFree) a replaced workspace
@@ -254,6 +256,16 @@ class Communicator:
             self._fused_control = _Workspace(core, 0, int(self._core.FUSED_CONTROL_BYTES), bases)
         return list(self._fused_control.bases)
 
+    def fused_receive_for(self, layout: dict[str, int]) -> tuple[_Workspace, list[int]]:
+        """The region of the decode kernel's receive buffers (``distgemm.fused``) for a fused
+        entry with this layout, grown first when it does not fit (collective then, like the
+        workspace's growth). Only the decode kernel writes it: its peers push their partials
+        into it whenever their launch runs, which no plan's slots could allow."""
+        self._require_open()
+        if self._fused_receive is None:
+            self._fused_receive = self._new_pool(self._pool.order, receive=True)
+        return self._fused_receive.place(layout)
+
     @property
     def fused_launcher(self) -> Any:
         """This rank's _core.FusedLauncher (ordered by the workspace's LaunchOrder)."""
@@ -300,6 +312,7 @@ class Communicator:
         close(); the plan gets a new one on the new workspace at its next capture. A fused
         entry has no graphs: it only takes its bases in ``ws``."""
         from .entries import attach_workspace, stream_capturing
+        from .fused import place_fused
 
         capturing = stream_capturing()
         if not capturing:
@@ -309,8 +322,9 @@ class Communicator:
             if entry.ws is None or entry.ws is ws:
                 continue  # no workspace, or already on it
             if entry.fused is not None:
-                # ws is the pool's current workspace and holds every layout placed before.
-                entry.ws, entry.bases = self._pool.place(entry.fused["layout"])
+                if not entry.fused["receive"]:
+                    # ws is the pool's current workspace and holds every layout placed before.
+                    place_fused(self, entry)
                 continue
             if capturing:
                 self._retired_graphs.extend(entry.graphs.values())
@@ -318,6 +332,15 @@ class Communicator:
                 self._kept_capturers.append(entry.capturer)
                 entry.capturer = None
             attach_workspace(self, entry, entry.want_gathered)
+
+    def _repoint_receive(self, ws: _Workspace) -> None:
+        """Point every decode fused entry at the grown receive region ``ws`` (they have no
+        graphs; a caller's graph that captured one pinned the old region, which is kept)."""
+        from .fused import place_fused
+
+        for entry in list(self.plans.values()):
+            if entry.fused is not None and entry.fused["receive"] and entry.ws is not ws:
+                place_fused(self, entry)
 
     def _release(self, workspaces: list[_Workspace]) -> None:
         """Free replaced workspaces on every rank (collective, also with none to free): each
@@ -345,13 +368,21 @@ class Communicator:
     @property
     def workspace_bytes(self) -> int:
         """Device memory held by this rank's workspaces (the current one and the kept ones)."""
-        fused = self._fused_control.nbytes if self._fused_control is not None else 0
-        return sum(w.nbytes for w in self._pool.live) + fused
+        return sum(w.nbytes for w in self._pool.live) + sum(self._fused_bytes())
 
     def memory_stats(self) -> dict[str, int]:
         """What this communicator holds on this rank (``distgemm.memory_stats``)."""
-        fused = self._fused_control.nbytes if self._fused_control is not None else 0
-        return held_memory(self._pool, list(self.plans.values()), len(self._kept_capturers), fused)
+        control, receive = self._fused_bytes()
+        return held_memory(
+            self._pool, list(self.plans.values()), len(self._kept_capturers), control, receive
+        )
+
+    def _fused_bytes(self) -> tuple[int, int]:
+        """Bytes of the fused path's control region and of its receive regions (current and
+        kept)."""
+        control = self._fused_control.nbytes if self._fused_control is not None else 0
+        pool = self._fused_receive
+        return control, sum(w.nbytes for w in pool.live) if pool is not None else 0
 
     # -- errors ------------------------------------------------------------------------------
     def raise_if_broken(self) -> None:
@@ -417,6 +448,9 @@ class Communicator:
         self._kept_capturers.clear()
         self._retired_graphs.clear()
         held = self._pool.close()
+        if self._fused_receive is not None:
+            held.extend(self._fused_receive.close())
+            self._fused_receive = None
         if self._fused_control is not None:
             held.append(self._fused_control)
             self._fused_control, self._fused_launcher = None, None
@@ -500,7 +534,10 @@ def memory_stats(group=None) -> dict[str, int]:
                           per plan
     captured_graphs       graphs recorded into callers' CUDA graphs
     fused_control_bytes   the fused path's control region (launch generation, tile flags;
-                          its partial buffers are placed in the workspace)
+                          the CUTLASS kernel's partial buffers are placed in the workspace)
+    fused_receive_bytes   the decode kernel's receive regions (the current one and those kept
+                          for captured graphs): every rank's partials of the entries up to
+                          ``_core.FUSED_DECODE_MAX_TOKENS`` tokens
     max_plans, graphs_per_plan  the bounds (``entries.MAX_PLANS``, ``entries.GRAPHS_PER_PLAN``)
     """
     comm = find_communicator(group)

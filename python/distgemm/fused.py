@@ -1,23 +1,31 @@
 """The fused path of ``gemm_all_reduce`` (``path="fused"``; ``"auto"`` where
 ``_core.fused_auto_problem`` allows: up to ``_core.FUSED_MAX_AUTO_TOKENS`` tokens): one kernel per
-rank computes its partial product into the communicator's symmetric workspace, signals each
-finished tile to every rank and sums the tiles it owns over every rank's partials, read over
-NVLink (kernel/fused_allreduce.hpp). No collective kernel, no copy engine, one kernel node
-inside a caller's CUDA graph. Up to ``_core.FUSED_DECODE_MAX_TOKENS`` tokens its GEMM is the
-hand-written decode kernel (the weight streamed at memory bandwidth), above that CUTLASS's.
+rank computes its partial product and sums the tiles it owns over every rank's partials
+(kernel/fused_allreduce.hpp). No collective kernel, no copy engine, one kernel node inside a
+caller's CUDA graph. Two kernels:
+- up to ``_core.FUSED_DECODE_MAX_TOKENS`` tokens the hand-written decode kernel (the weight
+  streamed at memory bandwidth) pushes each partial, as generation-tagged lines, into every
+  rank's receive buffer, and each rank sums what arrived in its own;
+- above that CUTLASS's kernel writes its partials into its own rank's buffer, signals each
+  finished tile to every rank, and the peers read them over NVLink.
 
 Where it runs: the shapes (``fused_problem``) and a K-contiguous weight (a transposed ``.t()``
-view is not read by this kernel). Its buffers: the partial buffers (``_core.fused_partial_bytes``:
-two by launch parity, each holding every split's partial) in the communicator's one
-workspace, placed like a plan's slots, and
-one small control region per communicator (launch generation and per-tile flags), allocated at
-the first fused call and kept until ``close()``.
+view is not read by this kernel). Its buffers (``_core.fused_partial_bytes``), two by launch
+parity, each in one half of its region (``place_fused``):
+- the decode kernel's receive buffers: a region of their own per communicator
+  (``Communicator.fused_receive_for``), grown like the workspace;
+- the CUTLASS kernel's partial buffers: the communicator's one workspace, in its slots;
+- one small control region per communicator (launch generation and per-tile flags), allocated
+  at the first fused call.
+All are kept until ``close()``.
 
-Ordering with the plans that share the workspace: a fused launch is ordered on the device after
-this rank's previous launch (the stream, or the communicator's LaunchOrder across streams). A
-plan's launch writes the workspace only after its entry barrier, i.e. after every rank finished
-its previous launch (fused ones included); a fused launch writes only its own rank's partial
-buffer, of the parity its peers do not read (a peer is at most one launch behind)."""
+Ordering: a fused launch is ordered on the device after this rank's previous launch (the
+stream, or the communicator's LaunchOrder across streams).
+- **Plans sharing the workspace:** a plan's launch writes the workspace only after its entry
+  barrier, i.e. after every rank finished its previous launch (fused ones included). A CUTLASS
+  fused launch writes only its own rank's partial buffer.
+- **Parities:** a launch writes the parity its peers do not read, since a peer is at most one
+  launch behind. The decode kernel's pushes go to the receive region, which no plan writes."""
 
 from __future__ import annotations
 
@@ -34,7 +42,7 @@ if TYPE_CHECKING:
     from .entries import Entry
     from .validation import Spec
 
-__all__ = ["fused_problem", "fused_auto", "attach_fused", "launch_fused"]
+__all__ = ["fused_problem", "fused_auto", "attach_fused", "place_fused", "launch_fused"]
 
 
 def _problem_shape(spec: Spec) -> tuple[int, int, int]:
@@ -73,12 +81,13 @@ def fused_auto(spec: Spec, dtype: torch.dtype) -> tuple[bool, str]:
 
 
 def attach_fused(comm: Communicator, entry: Entry) -> None:
-    """The fused entry's split-K factor and workspace layout, and the communicator's control
-    region and launcher (made at the first fused entry; collective, like plan creation)."""
+    """The fused entry's split-K factor and buffers, and the communicator's control region and
+    launcher (made at the first fused entry; collective, like plan creation)."""
     m, n, k = _problem_shape(entry.spec)
     dtype = DTYPES[entry.dtype]
     splits = _core.fused_splits(m, n, k, _core.fused_resident_ctas(dtype, m, comm.device.index))
-    part_bytes = int(_core.fused_partial_bytes(m, n, splits, entry.dtype.itemsize))
+    decode = _core.fused_kernel(m) == "decode"
+    part_bytes = int(_core.fused_partial_bytes(m, n, splits, entry.dtype.itemsize, comm.tp))
     align = int(_core.WORKSPACE_SLOT_ALIGN)
     slots = -(-part_bytes // align) * align
     control = comm.fused_control()  # allocates and exchanges it at the first fused entry
@@ -88,10 +97,14 @@ def attach_fused(comm: Communicator, entry: Entry) -> None:
         "k": k,
         "dtype": dtype,
         "splits": splits,
+        # The decode kernel's peers push into this rank's buffers: a region of its own, which no
+        # plan writes (comm.fused_receive_for); the CUTLASS kernel's are read by the peers from
+        # the workspace's slots.
+        "receive": decode,
         "layout": {
             "slots_offset": 0,
             "slots_bytes": slots,
-            "total_bytes": slots + comm.workspace_control_bytes,
+            "total_bytes": slots + (0 if decode else comm.workspace_control_bytes),
         },
         "control": control,
     }
@@ -101,7 +114,20 @@ def attach_fused(comm: Communicator, entry: Entry) -> None:
             fused_splits=splits,
             fused_token_tile=_core.fused_token_tile(m),
         )
-    entry.ws, entry.bases = comm.workspace_for(entry.fused["layout"])
+    place_fused(comm, entry)
+
+
+def place_fused(comm: Communicator, entry: Entry) -> None:
+    """The fused entry's buffers in the communicator's current region (grown first when too
+    small; collective then): every rank's base, and the bytes between the two launch parities,
+    half the region's slots, so that the parities of entries of every size stay apart and a
+    launch never writes where a peer still reads the previous launch's partials."""
+    f = entry.fused
+    place = comm.fused_receive_for if f["receive"] else comm.workspace_for
+    entry.ws, _ = place(f["layout"])
+    line = int(_core.FUSED_LINE_BYTES)
+    entry.bases = list(entry.ws.bases)
+    f["parity_bytes"] = entry.ws.slot_capacity // 2 // line * line
 
 
 def launch_fused(
@@ -135,6 +161,7 @@ def launch_fused(
         f["splits"],
         comm.rank,
         entry.bases,
+        f["parity_bytes"],
         f["control"],
     )
     return out

@@ -183,10 +183,11 @@ def held_memory(
     cached: list[Any],
     kept_capturers: int = 0,
     fused_control_bytes: int = 0,
+    fused_receive_bytes: int = 0,
 ) -> dict[str, int]:
     """``distgemm.memory_stats`` of a communicator's pool, cached plan entries, the
     capture-only graphs kept from plans re-pointed by a growth and the fused path's control
-    region (None, [], 0, 0: no communicator)."""
+    region and receive regions (None, [], 0, 0, 0: no communicator)."""
     from .entries import GRAPHS_PER_PLAN, MAX_PLANS
 
     current = pool.current if pool is not None else None
@@ -200,6 +201,7 @@ def held_memory(
         "captured_graphs": kept_capturers
         + sum(getattr(e, "capturer", None) is not None for e in cached),
         "fused_control_bytes": fused_control_bytes,
+        "fused_receive_bytes": fused_receive_bytes,
         "max_plans": MAX_PLANS,
         "graphs_per_plan": GRAPHS_PER_PLAN,
     }

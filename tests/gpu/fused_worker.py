@@ -18,6 +18,9 @@ inputs seeded, different per rank):
                activations copied in place (new weights every 100), every replay checked;
                eager calls and an overlapped op (which grows the workspace) interleaved with
                replays
+  mixed        fused ops of four sizes and both kernels back to back in one captured graph,
+               replayed REPLAYS / 5 times with fresh activations, every output checked (each
+               launch's parity apart from the previous launch's, whatever their shapes)
   timeout      rank tp-1 never replays its captured fused op: the other ranks' replay ends
                after wait_timeout_s with RuntimeError naming the rank and the tile, at the next
                op call and at check(); the next replay exits at once; nobody hangs
@@ -166,6 +169,43 @@ def test_capture(dev, replays):
     comm.check()
 
 
+def test_mixed_sizes(dev, replays):
+    """Fused ops of different sizes and both kernels back to back in one captured graph: each
+    launch writes the parity its peers do not read, whatever the previous launch's shapes (the
+    decode kernel pushes into the peers' receive buffers while they may still sum the previous
+    launch). Every output of every replay checked, fresh activations each replay."""
+    dtype = torch.bfloat16
+    shapes = [(1, 8192, 4096), (32, 2048, 4096), (100, 1024, 1024), (8, 4096, 2048)] * 2
+    ops = []
+    for i, (m, n, k) in enumerate(shapes):
+        a, w, b, _ = inputs(m, n, k, dtype, dev, seed=300 + i, bias=i % 2 == 0)
+        out = torch.empty(m, n, dtype=dtype, device=dev)
+        distgemm.gemm_all_reduce(a, w, bias=b, out=out, path="fused")  # entries made eagerly
+        ops.append((a, w, b, out))
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for a, w, b, out in ops:
+            distgemm.gemm_all_reduce(a, w, bias=b, out=out, path="fused")
+    gen = torch.Generator(device="cpu").manual_seed(400 + rank())
+    worst, bad = 0.0, 0
+    for _ in range(replays):
+        for a, _, _, _ in ops:
+            a.copy_((torch.rand(a.shape, generator=gen) * 2 - 1).to(dtype))
+        g.replay()
+        for a, w, b, out in ops:
+            e = rel_err(out, reference("gemm_allreduce", a, w, b, None, 0.0, dtype)[0])
+            worst = max(worst, e)
+            bad += e >= TOL
+    torch.cuda.synchronize()
+    dcomm.get_communicator().check()
+    record(
+        "capture/mixed_sizes", bad == 0, replays=replays, ops=len(ops), worst_rel_err=worst,
+        kernels=[distgemm._core.fused_kernel(m) for m, _, _ in shapes],
+        fused_receive_bytes=distgemm.memory_stats()["fused_receive_bytes"],
+    )  # fmt: skip
+
+
 def test_timeout(dev):
     tp, r = dist.get_world_size(), rank()
     wait_s = 1.0
@@ -222,6 +262,7 @@ def main():
         lambda dev, args: {
             "correctness": lambda: test_correctness(dev),
             "capture": lambda: test_capture(dev, args.replays),
+            "mixed": lambda: test_mixed_sizes(dev, max(1, args.replays // 5)),
             "timeout": lambda: test_timeout(dev),
         },
         replays=1000,

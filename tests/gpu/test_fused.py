@@ -68,6 +68,16 @@ def test_a_thousand_replays_and_interleaving(results):
     assert len(inter) == TP and all(e["ok"] for e in inter)
 
 
+def test_back_to_back_launches_of_mixed_sizes_stay_correct(results):
+    """fused_worker.test_mixed_sizes: one captured graph of fused ops of four sizes, both
+    kernels, every output of every replay within TOL."""
+    _, _, data = results
+    got = named(data, "capture/mixed_sizes")
+    assert len(got) == TP and all(e["ok"] and e["replays"] == REPLAYS // 5 for e in got), got
+    assert all({"decode", "cutlass"} == set(e["kernels"]) for e in got)
+    assert all(e["fused_receive_bytes"] > 0 for e in got)
+
+
 def test_missing_peer_ends_in_timeout_error(results):
     _, _, data = results
     got = named(data, "timeout/")

@@ -86,6 +86,11 @@ std::string fused_allreduce_can_implement(const FusedAllReduceDesc& f) {
   if (f.bias && !(e = aligned("bias", f.bias, 0)).empty()) return e;
   for (int q = 0; q < f.tp; ++q)
     if (!(e = aligned("partial buffer", f.partial[q], 0)).empty()) return e;
+  const int64_t half = fused_partial_bytes(f.m, f.n, f.splits, dtype_bytes(f.dtype), f.tp) / 2;
+  if (f.parity_bytes < half || f.parity_bytes % kFusedLineBytes != 0)
+    return "internal: parity_bytes=" + std::to_string(f.parity_bytes) + " must be a multiple of " +
+           std::to_string(kFusedLineBytes) + " and at least " + std::to_string(half) +
+           " (half of the partial buffers)";
   return "";
 }
 

@@ -1,9 +1,9 @@
 // Host API of the fused GEMM + all-reduce of decode-sized row-parallel layers: one kernel per
-// rank computes its partial product into its symmetric workspace, signals each finished tile to
-// every rank, then sums the tiles it owns over every rank's partials (read over NVLink) into the
-// output. No collective kernel, no copy engine, no host work between launches, so it records
-// into a caller's CUDA graph as one kernel node. No CUTLASS in this header; the choices below are
-// pure and host-only, so the bindings and the CPU tests use them without a GPU.
+// rank computes its partial product, exchanges the partials of each finished tile with every
+// rank over NVLink, and sums the tiles it owns over every rank's partials into the output. No
+// collective kernel, no copy engine, no host work between launches, so it records into a
+// caller's CUDA graph as one kernel node. No CUTLASS in this header; the choices below are pure
+// and host-only, so the bindings and the CPU tests use them without a GPU.
 //
 // Two kernels compute the partial product:
 //  - decode (up to kFusedDecodeMaxTokens tokens, fused_decode_sm90.cuh): swapped (D^T = W X^T:
@@ -14,9 +14,11 @@
 //  - cutlass (more tokens, fused_allreduce_sm90.cuh): CUTLASS's SM90 cooperative GEMM, swapped
 //    too: tiles of 128 weight rows (output columns) by 64 to 256 tokens (fused_token_tile), K
 //    split in its batch mode.
-// Either way every split's partial lands in its rank's partial buffer and is read by every rank;
-// every rank runs the same tiles, and a tile's output is summed over every rank and split in a
-// fixed order by the rank's CTAs of that tile, each CTA one slice of the rows.
+// The decode kernel pushes every split's partial into every rank's receive buffer as
+// generation-tagged lines (kFusedLineBytes); the CUTLASS kernel writes it into its own rank's
+// partial buffer, signals the tile's flag on every rank, and the peers read it. Every rank runs
+// the same tiles, and a tile's output is summed over every rank and split in a fixed order by
+// the rank's CTAs of that tile, each CTA one slice of the rows.
 //
 // Launch generations: each CTA reads its generation from its own control word at entry and
 // advances that word when it finishes; CTA 0 also advances the words of the slots this launch
@@ -24,7 +26,9 @@
 // grid. No CTA waits for another to advance it: the next launch on the stream starts after every
 // CTA of this one has finished. Partials alternate between two buffers by generation parity, so a
 // launch never overwrites the buffer a peer may still read from the previous launch (a peer
-// can be at most one launch behind: it waits for this rank's tiles of every launch).
+// can be at most one launch behind: it waits for this rank's tiles of every launch); the
+// parities sit parity_bytes apart, in the two halves of a region that launches of every shape
+// share.
 #pragma once
 
 #include <cstdint>
@@ -148,9 +152,26 @@ inline int fused_splits(int64_t m, int64_t n, int64_t k, int resident_ctas) {
   return best;
 }
 
-// Bytes of one rank's partial buffers: two parities x splits x m x n elements (every rank reads
-// every split's partial).
-inline int64_t fused_partial_bytes(int64_t m, int64_t n, int splits, int element_bytes) {
+// The decode kernel's partials travel as lines of kFusedLineElements elements, each 32-bit word
+// of data next to the launch generation (16 bytes: data, gen, data, gen), pushed by the writer
+// into every rank's receive buffer: a reader knows from the line itself that it has arrived
+// (each 8-byte half lands whole), so no fence, no flag and no read over NVLink stands between a
+// tile's last MMA and its sum. Twice the bytes of the partial, which at 1..32 tokens is small.
+inline constexpr int kFusedLineElements = 4;
+inline constexpr int kFusedLineBytes = 16;
+
+// Lines of one source's partial in the decode kernel's receive buffer: m x n elements.
+inline constexpr int64_t fused_decode_source_lines(int64_t m, int64_t n) {
+  return m * n / kFusedLineElements;
+}
+
+// Bytes of one rank's partial buffers. CUTLASS kernel: two parities x splits x m x n elements,
+// every rank reading every split's partial from its writer. Decode kernel: its receive buffer,
+// two parities x tp source ranks x splits x m x n elements as lines (kFusedLineBytes per
+// kFusedLineElements elements), every writer pushing into every rank's.
+inline int64_t fused_partial_bytes(int64_t m, int64_t n, int splits, int element_bytes, int tp) {
+  if (fused_kernel(m) == FusedKernel::Decode)
+    return 2 * int64_t(tp) * splits * fused_decode_source_lines(m, n) * kFusedLineBytes;
   return 2 * int64_t(splits) * m * n * element_bytes;
 }
 
@@ -221,7 +242,12 @@ struct FusedAllReduceDesc {
   float beta = 0.0f;
   int splits = 1;
   int tp = 1, rank = 0;
-  void* partial[kMaxDevices] = {};      // every rank's partial buffers (both parities)
+  void* partial[kMaxDevices] = {};  // every rank's partial buffers (both parities)
+  // Bytes from parity 0's buffers to parity 1's, the same on every rank: at least half of
+  // fused_partial_bytes and a multiple of kFusedLineBytes. The caller places the parities in the
+  // two halves of a region shared by launches of every shape, so that a launch never writes where
+  // a peer may still read the previous launch's partials, whatever their shapes.
+  int64_t parity_bytes = 0;
   uint32_t* control[kMaxDevices] = {};  // every rank's fused control region
   uint32_t* abort = nullptr;            // this rank's sticky abort word
   ErrorRecord* record = nullptr;        // where a timeout is reported

@@ -26,21 +26,24 @@
 // work item the warps exchange their sums through shared memory, warp w keeping m16 block w.
 //
 // Work item (tile, split): K is split over CTAs only where the tiles alone leave SMs idle
-// (fused_splits). After its mainloop a CTA
-//   1. stores its partial (alpha x the fp32 sum, in the element type) into this rank's partial
-//      buffer of this launch's parity, source split s, and releases flag (tile, s) on every rank;
-//   2. waits for flag (tile, sp) of every rank and split, and sums slice s of the tile over every
-//      (rank, split) in a fixed order (+ beta * c + bias) into the output (fused_tail.cuh's
-//      reduce_slice, shared with the CUTLASS kernel);
+// (fused_splits). A CTA takes its items round after round:
+//   1. after each item's mainloop it pushes the item's partial (alpha x the fp32 sum, in the
+//      element type) into every rank's receive buffer, at this launch's parity, source (this
+//      rank, split s), as generation-tagged lines (fused_allreduce.hpp: kFusedLineBytes), and
+//      goes on to its next item without waiting;
+//   2. after its last item, for each of its items, it polls the lines of slice s of the tile from
+//      every (rank, split) in its own receive buffer until each carries this launch's generation,
+//      and sums them in a fixed order (+ beta * c + bias) into the output;
 //   3. at the end, advances its own generation word (fused_tail.cuh's fused_finish_cta).
-// Waits: the flag waits of step 2 are bounded (wait_reached: the timeout, the error record, the
-// abort word). The mbarrier waits for this CTA's own TMA copies are not, as in CUTLASS's
-// mainloops: they depend on no other rank or launch, and a faulting copy ends the kernel with a
-// CUDA error rather than a hang. The producer's wait for a free stage also ends when the
-// consumers stop.
-// The CTAs of a split tile wait for each other, so a launch with splits never has more CTAs
-// than fit at once; without splits the CTAs take the tiles round after round (every rank runs
-// the same rounds, so a tile's flags never wait on a later round).
+// Every CTA pushes all of its partials before it waits for any, so no wait depends on a CTA that
+// has not started (any number of rounds) and a tile's sum starts one NVLink store after its
+// last partial. Parity keeps a launch's pushes off the lines a peer may still read from the
+// previous launch (a peer is at most one launch behind), and the generation tells this launch's
+// lines from older ones (the receive buffer holds only such lines, zeroed at allocation).
+// Waits: the line polls of step 2 are bounded (the timeout, the error record, the abort word).
+// The mbarrier waits for this CTA's own TMA copies are not, as in CUTLASS's mainloops: they
+// depend on no other rank or launch, and a faulting copy ends the kernel with a CUDA error
+// rather than a hang. The producer's wait for a free stage also ends when the consumers stop.
 #pragma once
 
 #include <cuda.h>
@@ -77,8 +80,8 @@ static_assert(kBoxRowBytes == 128, "one K step per 128-byte swizzled box row");
 inline constexpr int kSmemBudget = 200 * 1024;  // of the 227 KB an SM gives one CTA
 inline constexpr int kMaxStages = 8;
 inline constexpr int kSmemAlign = 1024;  // a 128-byte-swizzled box starts on 1024 bytes
-// 16-byte loads in flight per thread in the sum over ranks and splits.
-inline constexpr int kTailLoads = 8;
+// Sources (rank, split) whose two lines a thread loads before it checks any, in the sum of step 2.
+inline constexpr int kSumSources = 4;
 
 inline constexpr int kWeightBoxBytes = kFusedDecodeTileN * kBoxRowBytes;
 template <int Width>
@@ -165,6 +168,106 @@ __device__ __forceinline__ uint4 lds_v4(const void* p) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "r"(smem_u32(p)));
   return v;
+}
+
+// A line of the receive buffer: two 32-bit words of data, each beside the generation. One
+// 16-byte volatile store; each 8-byte half is written whole, so a reader that sees the
+// generation in a half also sees that half's data (NCCL's LL protocol).
+__device__ __forceinline__ void st_line(void* p, uint32_t d0, uint32_t d1, uint32_t gen) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(d0), "r"(gen),
+               "r"(d1), "r"(gen)
+               : "memory");
+}
+
+__device__ __forceinline__ uint4 ld_line(const void* p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+
+__device__ __forceinline__ bool line_arrived(const uint4& v, uint32_t gen) {
+  return v.y == gen && v.w == gen;
+}
+
+// Line `line` of source (rank q, split sp) at `parity` in a receive buffer: each parity (at
+// parity x parity_bytes) holds [source rank][split][m][n / kFusedLineElements] lines.
+__device__ __forceinline__ int64_t receive_line(const FusedTail& t, uint32_t parity, int q, int sp,
+                                                int64_t line) {
+  return int64_t(parity) * (t.parity_bytes / kFusedLineBytes) +
+         (int64_t(q) * t.splits + sp) * fused_decode_source_lines(t.m, t.n) + line;
+}
+
+// One thread: poll line `p` (already read once into `v`) until it carries `gen`, bounded like
+// every wait of the runtime (leading_barrier.cuh's wait_reached: `start` is the first moment
+// this thread found a line behind, so one bound covers all of its waits). False on timeout or
+// when the device has aborted.
+__device__ inline bool wait_line(const FusedTail& t, const void* p, uint4& v, uint32_t gen,
+                                 uint64_t& start, int tile, int q) {
+  while (!line_arrived(v, gen)) {
+    if (aborted(t.abort)) return false;
+    const uint64_t now = global_timer_ns();
+    if (start == 0) {
+      start = now;
+    } else if (now - start > t.timeout_ns) {
+      report_timeout(t.abort, t.record, kWaitFusedTile, t.rank, tile, q, gen,
+                     v.y == gen ? v.w : v.y, t.timeout_ns);
+      return false;
+    }
+    __nanosleep(20);
+    v = ld_line(p);
+  }
+  return true;
+}
+
+// Consumer threads: slice s of tile (nb, tb), summed over every rank's and split's lines in this
+// rank's receive buffer in a fixed order (rank 0.., split 0..: the same bits on every rank), +
+// beta * c + bias, stored to out in 16-byte pieces (two lines). False when a wait failed.
+template <class Element>
+__device__ bool sum_slice(const FusedTail& t, int nb, int tb, int s, uint32_t parity, uint32_t gen,
+                          int tid, uint64_t& start) {
+  const FusedSlice<kFusedTokenTileSmall, kFusedDecodeTileN> sl(t, nb, tb, s);
+  const uint4* recv = static_cast<const uint4*>(t.partial[t.rank]);
+  const int srcs = t.tp * t.splits;
+  const int tile = fused_tile_index(t, nb, tb, s);
+  for (int v = sl.begin + tid; v < sl.end; v += kConsumers) {
+    const int64_t line = sl.offset(v, t.n) / kFusedLineElements;
+    float acc[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] = 0.f;
+    for (int g0 = 0; g0 < srcs; g0 += kSumSources) {
+      uint4 x[kSumSources][2];
+#pragma unroll
+      for (int i = 0; i < kSumSources; ++i) {
+        const int g = g0 + i;
+        if (g >= srcs) continue;
+        const uint4* p = recv + receive_line(t, parity, g / t.splits, g % t.splits, line);
+        x[i][0] = ld_line(p);
+        x[i][1] = ld_line(p + 1);
+      }
+#pragma unroll
+      for (int i = 0; i < kSumSources; ++i) {
+        const int g = g0 + i;
+        if (g >= srcs) continue;
+        const uint4* p = recv + receive_line(t, parity, g / t.splits, g % t.splits, line);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if (!wait_line(t, p + h, x[i][h], gen, start, tile, g / t.splits)) return false;
+          const uint32_t words[2] = {x[i][h].x, x[i][h].z};
+#pragma unroll
+          for (int w = 0; w < 2; ++w) {
+            const Element* pair = reinterpret_cast<const Element*>(&words[w]);
+            acc[4 * h + 2 * w] += float(pair[0]);
+            acc[4 * h + 2 * w + 1] += float(pair[1]);
+          }
+        }
+      }
+    }
+    store_sum<Element>(t, sl, v, acc);
+  }
+  return true;
 }
 
 // Named barrier of the consumer warps (barrier 0 is __syncthreads).
@@ -326,7 +429,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The warps' exchange of their sums: [source slot][m16 block][fragment][lane], the slots of a
   // block being its kConsumerWarps - 1 non-owning warps.
   __shared__ float4 exchange[(kConsumerWarps - 1) * kMBlocks * kFrags * 32];
-  __shared__ uint32_t gen_smem, ok_smem, live_smem;
+  __shared__ uint32_t gen_smem, live_smem;
   __shared__ volatile uint32_t stop;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   if (warp == kConsumerWarps && lane == 0) {  // the producer, while thread 0 sets up the ring
@@ -434,36 +537,29 @@ __global__ void __launch_bounds__(kThreads, 1)
             out_tile[8 * f + 2 * q + (e & 1)][c0 + (e < 2 ? 0 : 8)] = Element(p.alpha * own[f][e]);
       }
       consumers_sync();
+      // Pushed to every rank, the peers first (their stores take longest), in 8-byte pieces of
+      // the tile's rows: n is a multiple of 8, so a line is all in or all out.
       {
-        Element* part = static_cast<Element*>(const_cast<void*>(t.partial[t.rank])) +
-                        int64_t(parity) * t.parity_elems + int64_t(it.s) * t.split_elems +
-                        it.tok0 * t.n + it.row0;
-        constexpr int kVecsPerRow = kFusedDecodeTileN / 8;
-        for (int v = tid; v < it.rows_t * kVecsPerRow; v += kConsumers) {
-          const int r = v / kVecsPerRow, c = (v % kVecsPerRow) * 8;
-          if (c < it.rows_w)  // n is a multiple of 8: a vector is all in or all out
-            *reinterpret_cast<uint4*>(part + r * t.n + c) =
-                *reinterpret_cast<const uint4*>(&out_tile[r][c]);
+        constexpr int kLinesPerRow = kFusedDecodeTileN / kFusedLineElements;
+        for (int v = tid; v < it.rows_t * kLinesPerRow; v += kConsumers) {
+          const int r = v / kLinesPerRow, c = (v % kLinesPerRow) * kFusedLineElements;
+          if (c >= it.rows_w) continue;
+          const uint2 d = *reinterpret_cast<const uint2*>(&out_tile[r][c]);
+          const int64_t line = receive_line(
+              t, parity, t.rank, it.s, ((it.tok0 + r) * t.n + it.row0 + c) / kFusedLineElements);
+          for (int i = 1; i <= t.tp; ++i) {
+            const int dst = (t.rank + i) % t.tp;
+            st_line(static_cast<uint4*>(const_cast<void*>(t.partial[dst])) + line, d.x, d.y, gen);
+          }
         }
       }
-      consumers_sync();
-      // 2. Every rank's and split's partial of the tile, then slice s of the sum.
-      if (tid == 0) {
-        // The release is cumulative: it publishes every consumer's partial stores, which the
-        // barrier above ordered before it.
-        const int idx = fused_tile_index(t, it.nb, it.tb, it.s);
-        release_tile(t, idx, gen);
-        ok_smem = wait_tile(t, it.nb, it.tb, gen) ? 1u : 0u;
-      }
-      consumers_sync();
-      const bool ok = ok_smem != 0u;
-      consumers_sync();  // every consumer has read the word before it is rewritten
-      if (!ok) {
-        stop = 1u;  // the producer stops too
-        break;
-      }
-      reduce_slice<Element, kFusedTokenTileSmall, kTailLoads, kConsumers, kFusedDecodeTileN>(
-          t, it.nb, it.tb, it.s, parity, tid);
+      consumers_sync();  // out_tile is free for the next item
+    }
+    // 2. Slice s of each of this CTA's tiles, summed over every rank's and split's partial.
+    uint64_t start = 0;
+    for (int item = live_smem ? blockIdx.x : items; item < items; item += gridDim.x) {
+      const Item it = Item::at<Width>(t, p.k, item);
+      if (!sum_slice<Element>(t, it.nb, it.tb, it.s, parity, gen, tid, start)) break;
     }
   }
 

@@ -6,8 +6,9 @@
 // Tile geometry: a tile is TileN output columns (the kernel's: kFusedTileN for the CUTLASS
 // kernel, kFusedDecodeTileN for the decode kernel) by TokenTile tokens (nb, tb); its rows x
 // columns, in vectors of 8 elements, are cut into `splits` equal slices, and CTA (nb, tb, s)
-// sums slice s. A rank's partial buffers: parity p, source split sp at element offset
-// p * parity_elems + sp * split_elems, each [m, n] row-major.
+// sums slice s. The CUTLASS kernel's partial buffers of a rank: parity p, source split sp at
+// element offset p * parity_elems + sp * split_elems, each [m, n] row-major (the decode kernel's
+// receive buffers: fused_decode_sm90.cuh).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -36,7 +37,8 @@ struct FusedTail {
   ErrorRecord* record;
   int64_t m, n, ldo, ldc;
   int64_t split_elems;   // m * n: one split's partial
-  int64_t parity_elems;  // splits * m * n: one parity's buffers
+  int64_t parity_elems;  // FusedAllReduceDesc::parity_bytes in elements
+  int64_t parity_bytes;  // FusedAllReduceDesc::parity_bytes
   uint64_t timeout_ns;
   float beta;
   int tp, rank;
@@ -110,6 +112,32 @@ struct FusedSlice {
   }
 };
 
+// One thread: vector v of a slice, `acc` its sum over every rank's and split's partial, + beta *
+// c + bias, stored to out.
+template <class Element, class Slice>
+__device__ __forceinline__ void store_sum(const FusedTail& t, const Slice& sl, int v,
+                                          float (&acc)[8]) {
+  if (t.c) {
+    const uint4 cv =
+        *reinterpret_cast<const uint4*>(static_cast<const Element*>(t.c) + sl.offset(v, t.ldc));
+    const Element* ce = reinterpret_cast<const Element*>(&cv);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] += t.beta * float(ce[e]);
+  }
+  if (t.bias) {
+    const uint4 bv = *reinterpret_cast<const uint4*>(static_cast<const Element*>(t.bias) +
+                                                     sl.col0 + sl.col(v));
+    const Element* be = reinterpret_cast<const Element*>(&bv);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] += float(be[e]);
+  }
+  uint4 ov;
+  Element* oe = reinterpret_cast<Element*>(&ov);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) oe[e] = Element(acc[e]);
+  *reinterpret_cast<uint4*>(static_cast<Element*>(t.out) + sl.offset(v, t.ldo)) = ov;
+}
+
 // Threads 0..kThreads-1 of the CTA: slice `s` of tile (nb, tb)'s rows x columns, summed over
 // every rank and source split in a fixed order (rank 0.., split 0..: the same bits on every
 // rank), + beta * c + bias, stored to out. Consecutive threads take consecutive vectors (16-byte
@@ -153,26 +181,7 @@ __device__ inline void reduce_slice(const FusedTail& t, int nb, int tb, int s, u
         const Element* xe = reinterpret_cast<const Element*>(&x[i]);
 #pragma unroll
         for (int e = 0; e < 8; ++e) acc[e] += float(xe[e]);
-        if (g != srcs - 1) continue;
-        if (t.c) {
-          const uint4 cv = *reinterpret_cast<const uint4*>(static_cast<const Element*>(t.c) +
-                                                           sl.offset(v, t.ldc));
-          const Element* ce = reinterpret_cast<const Element*>(&cv);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[e] += t.beta * float(ce[e]);
-        }
-        if (t.bias) {
-          const uint4 bv = *reinterpret_cast<const uint4*>(static_cast<const Element*>(t.bias) +
-                                                           sl.col0 + sl.col(v));
-          const Element* be = reinterpret_cast<const Element*>(&bv);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[e] += float(be[e]);
-        }
-        uint4 ov;
-        Element* oe = reinterpret_cast<Element*>(&ov);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) oe[e] = Element(acc[e]);
-        *reinterpret_cast<uint4*>(static_cast<Element*>(t.out) + sl.offset(v, t.ldo)) = ov;
+        if (g == srcs - 1) store_sum<Element>(t, sl, v, acc);
       }
     }
   }
@@ -233,7 +242,8 @@ inline FusedTail make_fused_tail(const FusedAllReduceDesc& f) {
   t.ldo = f.ldo;
   t.ldc = f.ldc;
   t.split_elems = f.m * f.n;
-  t.parity_elems = f.splits * f.m * f.n;
+  t.parity_bytes = f.parity_bytes;
+  t.parity_elems = f.parity_bytes / dtype_bytes(f.dtype);
   t.timeout_ns = f.timeout_ns;
   t.beta = f.beta;
   t.tp = f.tp;
