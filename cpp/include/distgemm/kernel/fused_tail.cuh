@@ -125,8 +125,8 @@ __device__ __forceinline__ void store_sum(const FusedTail& t, const Slice& sl, i
     for (int e = 0; e < 8; ++e) acc[e] += t.beta * float(ce[e]);
   }
   if (t.bias) {
-    const uint4 bv = *reinterpret_cast<const uint4*>(static_cast<const Element*>(t.bias) +
-                                                     sl.col0 + sl.col(v));
+    const uint4 bv =
+        *reinterpret_cast<const uint4*>(static_cast<const Element*>(t.bias) + sl.col0 + sl.col(v));
     const Element* be = reinterpret_cast<const Element*>(&bv);
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] += float(be[e]);
