@@ -622,7 +622,7 @@ std::string ErrorSink::error() const {
            " did not start this launch)";
   } else if (r->kind == kernel::kWaitFusedTile) {
     what = dev + ", fused GEMM + all-reduce, tile " + std::to_string(r->iteration) +
-           ": the flag of rank " + std::to_string(r->flag) + " did not reach generation " +
+           ": the partial of rank " + std::to_string(r->flag) + " did not reach generation " +
            std::to_string(r->expected) + " within " + secs + " s (last value " +
            std::to_string(r->observed) + "; rank " + std::to_string(r->flag) +
            " did not run this launch)";
