@@ -26,7 +26,7 @@ import distgemm  # noqa: E402
 from distgemm import _core, entries, ops  # noqa: E402
 from distgemm import comm as comm_mod  # noqa: E402
 from distgemm import reference as ref  # noqa: E402
-from distgemm.fused import place_fused  # noqa: E402
+from distgemm.fused import fused_layout, place_fused  # noqa: E402
 from distgemm.precision import Precision  # noqa: E402
 from distgemm.workspace import (  # noqa: E402
     GROWTH_HEADROOM,
@@ -372,6 +372,23 @@ def test_growth_gives_a_fused_entry_its_bases_in_the_new_workspace():
     assert fused.fused["parity_bytes"] == new.slot_capacity // 2 // 16 * 16
     assert fused.fused["parity_bytes"] >= 2 * ALIGN  # each parity fits its half
     assert old.core.freed
+
+
+def test_decode_receive_buffers_are_sized_for_the_widest_token_count():
+    """A server's next batch size must not grow the receive region (a collective allocation and
+    a device synchronisation): every decode token count of one layer needs the same region, the
+    one of FUSED_DECODE_MAX_TOKENS tokens; the CUTLASS kernel's buffers follow m and end in the
+    workspace's control region."""
+    control = 4096
+    widest = _core.FUSED_DECODE_MAX_TOKENS
+    layouts = {m: fused_layout(m, 8192, 1, 2, 2, control) for m in range(1, widest + 1)}
+    assert all(lay == layouts[widest] for lay in layouts.values())
+    assert layouts[1]["total_bytes"] == layouts[1]["slots_bytes"]  # no control region
+    assert layouts[1]["slots_bytes"] >= _core.fused_partial_bytes(widest, 8192, 1, 2, 2)
+    assert layouts[1]["slots_bytes"] % ALIGN == 0
+    cutlass = [fused_layout(m, 8192, 1, 2, 2, control) for m in (widest + 1, 256)]
+    assert cutlass[0]["slots_bytes"] < cutlass[1]["slots_bytes"]
+    assert all(lay["total_bytes"] == lay["slots_bytes"] + control for lay in cutlass)
 
 
 def test_decode_fused_entries_get_a_receive_region_of_their_own():

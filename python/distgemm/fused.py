@@ -42,7 +42,14 @@ if TYPE_CHECKING:
     from .entries import Entry
     from .validation import Spec
 
-__all__ = ["fused_problem", "fused_auto", "attach_fused", "place_fused", "launch_fused"]
+__all__ = [
+    "fused_problem",
+    "fused_auto",
+    "attach_fused",
+    "fused_layout",
+    "place_fused",
+    "launch_fused",
+]
 
 
 def _problem_shape(spec: Spec) -> tuple[int, int, int]:
@@ -87,9 +94,7 @@ def attach_fused(comm: Communicator, entry: Entry) -> None:
     dtype = DTYPES[entry.dtype]
     splits = _core.fused_splits(m, n, k, _core.fused_resident_ctas(dtype, m, comm.device.index))
     decode = _core.fused_kernel(m) == "decode"
-    part_bytes = int(_core.fused_partial_bytes(m, n, splits, entry.dtype.itemsize, comm.tp))
-    align = int(_core.WORKSPACE_SLOT_ALIGN)
-    slots = -(-part_bytes // align) * align
+    layout = fused_layout(m, n, splits, entry.dtype.itemsize, comm.tp, comm.workspace_control_bytes)
     control = comm.fused_control()  # allocates and exchanges it at the first fused entry
     entry.fused = {
         "m": m,
@@ -101,11 +106,7 @@ def attach_fused(comm: Communicator, entry: Entry) -> None:
         # plan writes (comm.fused_receive_for); the CUTLASS kernel's are read by the peers from
         # the workspace's slots.
         "receive": decode,
-        "layout": {
-            "slots_offset": 0,
-            "slots_bytes": slots,
-            "total_bytes": slots + (0 if decode else comm.workspace_control_bytes),
-        },
+        "layout": layout,
         "control": control,
     }
     if entry.tuning is not None:
@@ -115,6 +116,26 @@ def attach_fused(comm: Communicator, entry: Entry) -> None:
             fused_token_tile=_core.fused_token_tile(m),
         )
     place_fused(comm, entry)
+
+
+def fused_layout(
+    m: int, n: int, splits: int, itemsize: int, tp: int, workspace_control: int
+) -> dict[str, int]:
+    """The region a fused entry needs (``WorkspacePool.place``'s layout). The decode kernel's
+    receive buffers are sized for its widest token count (``_core.FUSED_DECODE_MAX_TOKENS``; its
+    splits do not depend on the tokens), so that a server's next batch size never grows them;
+    they end in no control region. The CUTLASS kernel's partial buffers go in the workspace's
+    slots, before its control region of ``workspace_control`` bytes."""
+    decode = _core.fused_kernel(m) == "decode"
+    rows = int(_core.FUSED_DECODE_MAX_TOKENS) if decode else m
+    part_bytes = int(_core.fused_partial_bytes(rows, n, splits, itemsize, tp))
+    align = int(_core.WORKSPACE_SLOT_ALIGN)
+    slots = -(-part_bytes // align) * align
+    return {
+        "slots_offset": 0,
+        "slots_bytes": slots,
+        "total_bytes": slots + (0 if decode else workspace_control),
+    }
 
 
 def place_fused(comm: Communicator, entry: Entry) -> None:
