@@ -242,7 +242,9 @@ struct FusedAllReduceDesc {
   float beta = 0.0f;
   int splits = 1;
   int tp = 1, rank = 0;
-  void* partial[kMaxDevices] = {};  // every rank's partial buffers (both parities)
+  // Every rank's partial buffers (CUTLASS kernel) or receive buffers (decode kernel), both
+  // parities (fused_partial_bytes).
+  void* partial[kMaxDevices] = {};
   // Bytes from parity 0's buffers to parity 1's, the same on every rank: at least half of
   // fused_partial_bytes and a multiple of kFusedLineBytes. The caller places the parities in the
   // two halves of a region shared by launches of every shape, so that a launch never writes where

@@ -28,7 +28,7 @@ namespace distgemm::kernel {
 
 // What the tail needs: one set per launch.
 struct FusedTail {
-  const void* partial[kMaxDevices];  // every rank's partial buffers (parity 0, then 1)
+  const void* partial[kMaxDevices];  // FusedAllReduceDesc::partial
   uint32_t* control[kMaxDevices];    // every rank's control region
   const void* bias;
   const void* c;
