@@ -585,7 +585,9 @@ inline PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
 }
 
 // A 2-D bf16/fp16 tensor map of `rows` x `cols` (row stride `ld` elements), boxes of `box_rows`
-// x one K step, 128-byte swizzled, out-of-bounds elements read as zero.
+// x one K step, 128-byte swizzled, out-of-bounds elements read as zero. L2 promotion of 128 bytes,
+// a box row: with 256 bytes the one-token GEMMs of 70B FC2 and 405B FC2 took 3-8 us longer on
+// one H200 (benchmarks/results/2026-11-25-decode-lines.md, calls 4 and 5).
 inline CUtensorMap make_map(const void* base, int64_t rows, int64_t cols, int64_t ld,
                             int box_rows) {
   CUtensorMap map;
@@ -596,7 +598,7 @@ inline CUtensorMap make_map(const void* base, int64_t rows, int64_t cols, int64_
   const CUresult r = encode_tiled()(
       &map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<void*>(base), dims, strides, box,
       elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+      CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     throw std::runtime_error("fused decode kernel: cuTensorMapEncodeTiled failed (" +
                              std::to_string(int(r)) + ") for a " + std::to_string(rows) + " x " +
