@@ -211,7 +211,7 @@ struct FusedRunner {
     const FusedTail t = make_fused_tail(f);
     FusedParams<Kernel> params;
     for (int parity = 0; parity < 2; ++parity) {
-      void* part = static_cast<Element*>(f.partial[f.rank]) + parity * t.parity_elems;
+      void* part = static_cast<char*>(f.partial[f.rank]) + parity * t.parity_bytes;
       Arguments args = make_arguments(f, part, sm_count);
       if (parity == 0 && !Kernel::can_implement(args))
         throw std::invalid_argument(

@@ -201,22 +201,14 @@ __device__ __forceinline__ int64_t receive_line(const FusedTail& t, uint32_t par
 }
 
 // One thread: poll line `p` (already read once into `v`) until it carries `gen`, bounded like
-// every wait of the runtime (leading_barrier.cuh's wait_reached: `start` is the first moment
-// this thread found a line behind, so one bound covers all of its waits). False on timeout or
-// when the device has aborted.
+// every wait of the runtime (leading_barrier.cuh's keep_waiting; `start`: one bound for all of
+// this thread's waits). False on timeout or when the device has aborted.
 __device__ inline bool wait_line(const FusedTail& t, const void* p, uint4& v, uint32_t gen,
                                  uint64_t& start, int tile, int q) {
   while (!line_arrived(v, gen)) {
-    if (aborted(t.abort)) return false;
-    const uint64_t now = global_timer_ns();
-    if (start == 0) {
-      start = now;
-    } else if (now - start > t.timeout_ns) {
-      report_timeout(t.abort, t.record, kWaitFusedTile, t.rank, tile, q, gen,
-                     v.y == gen ? v.w : v.y, t.timeout_ns);
+    if (!keep_waiting(t.abort, t.record, t.timeout_ns, start, kWaitFusedTile, t.rank, tile, q, gen,
+                      v.y == gen ? v.w : v.y, 20))
       return false;
-    }
-    __nanosleep(20);
     v = ld_line(p);
   }
   return true;
@@ -238,23 +230,23 @@ __device__ bool sum_slice(const FusedTail& t, int nb, int tb, int s, uint32_t pa
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] = 0.f;
     for (int g0 = 0; g0 < srcs; g0 += kSumSources) {
+      const uint4* p[kSumSources];
       uint4 x[kSumSources][2];
 #pragma unroll
       for (int i = 0; i < kSumSources; ++i) {
         const int g = g0 + i;
         if (g >= srcs) continue;
-        const uint4* p = recv + receive_line(t, parity, g / t.splits, g % t.splits, line);
-        x[i][0] = ld_line(p);
-        x[i][1] = ld_line(p + 1);
+        p[i] = recv + receive_line(t, parity, g / t.splits, g % t.splits, line);
+        x[i][0] = ld_line(p[i]);
+        x[i][1] = ld_line(p[i] + 1);
       }
 #pragma unroll
       for (int i = 0; i < kSumSources; ++i) {
         const int g = g0 + i;
         if (g >= srcs) continue;
-        const uint4* p = recv + receive_line(t, parity, g / t.splits, g % t.splits, line);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          if (!wait_line(t, p + h, x[i][h], gen, start, tile, g / t.splits)) return false;
+          if (!wait_line(t, p[i] + h, x[i][h], gen, start, tile, g / t.splits)) return false;
           const uint32_t words[2] = {x[i][h].x, x[i][h].z};
 #pragma unroll
           for (int w = 0; w < 2; ++w) {

@@ -6,9 +6,9 @@
 // Tile geometry: a tile is TileN output columns (the kernel's: kFusedTileN for the CUTLASS
 // kernel, kFusedDecodeTileN for the decode kernel) by TokenTile tokens (nb, tb); its rows x
 // columns, in vectors of 8 elements, are cut into `splits` equal slices, and CTA (nb, tb, s)
-// sums slice s. The CUTLASS kernel's partial buffers of a rank: parity p, source split sp at
-// element offset p * parity_elems + sp * split_elems, each [m, n] row-major (the decode kernel's
-// receive buffers: fused_decode_sm90.cuh).
+// sums slice s. The CUTLASS kernel's partial buffers of a rank: parity p at byte offset
+// p * parity_bytes, source split sp at element offset sp * split_elems from there, each [m, n]
+// row-major (the decode kernel's receive buffers: fused_decode_sm90.cuh).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -37,7 +37,6 @@ struct FusedTail {
   ErrorRecord* record;
   int64_t m, n, ldo, ldc;
   int64_t split_elems;   // m * n: one split's partial
-  int64_t parity_elems;  // FusedAllReduceDesc::parity_bytes in elements
   int64_t parity_bytes;  // FusedAllReduceDesc::parity_bytes
   uint64_t timeout_ns;
   float beta;
@@ -153,7 +152,7 @@ __device__ inline void reduce_slice(const FusedTail& t, int nb, int tb, int s, u
   const FusedSlice<TokenTile, TileN> sl(t, nb, tb, s);
   const int srcs = t.tp * t.splits;
   const int vecs = srcs >= kLoads ? 1 : kLoads / srcs;
-  const int64_t parity_off = int64_t(parity) * t.parity_elems;
+  const int64_t parity_off = int64_t(parity) * t.parity_bytes / int64_t(sizeof(Element));
   // Source g (rank g / splits, split g % splits): its partial buffer of this parity.
   auto source = [&](int g) {
     const int q = g / t.splits;
@@ -243,7 +242,6 @@ inline FusedTail make_fused_tail(const FusedAllReduceDesc& f) {
   t.ldc = f.ldc;
   t.split_elems = f.m * f.n;
   t.parity_bytes = f.parity_bytes;
-  t.parity_elems = f.parity_bytes / dtype_bytes(f.dtype);
   t.timeout_ns = f.timeout_ns;
   t.beta = f.beta;
   t.tp = f.tp;

@@ -90,26 +90,39 @@ __device__ __forceinline__ bool aborted(const uint32_t* abort) {
   return *reinterpret_cast<const volatile uint32_t*>(abort) != 0u;
 }
 
-// One thread: spin until flag `f` reaches generation `gen` (system-scope acquire), `sleep_ns`
-// between reads. `start` is the first moment this thread found a flag behind (0 before), so one
-// bound covers all the flags of one wait. On timeout the error record gets (kind, device,
-// iteration, flag) and the device aborts. False on timeout or when the device has aborted.
-// Every bounded wait of the runtime goes through here (plan flags, entry barrier, fused tiles).
+// One thread, after a poll found what it waits for (generation `expected`) not there yet
+// (`observed`): whether to poll again, after `sleep_ns`. `start` is the first moment this thread
+// found something behind (0 before), so one bound covers all the polls of one wait. False when
+// the device has aborted, or on timeout: the error record then gets (kind, device, iteration,
+// flag) and the device aborts. Every bounded wait of the runtime goes through here (plan flags,
+// entry barrier, fused tiles and lines).
+__device__ inline bool keep_waiting(uint32_t* abort, ErrorRecord* rec, uint64_t timeout_ns,
+                                    uint64_t& start, uint32_t kind, int device, int iteration,
+                                    int flag, uint32_t expected, uint32_t observed,
+                                    unsigned sleep_ns) {
+  if (aborted(abort)) return false;
+  const uint64_t now = global_timer_ns();
+  if (start == 0) {
+    start = now;
+  } else if (now - start > timeout_ns) {
+    report_timeout(abort, rec, kind, device, iteration, flag, expected, observed, timeout_ns);
+    return false;
+  }
+  __nanosleep(sleep_ns);
+  return true;
+}
+
+// One thread: spin until flag `f` reaches generation `gen` (system-scope acquire), bounded by
+// keep_waiting. False on timeout or when the device has aborted.
 __device__ inline bool wait_reached(const uint32_t* f, uint32_t gen, uint32_t* abort,
                                     ErrorRecord* rec, uint64_t timeout_ns, uint64_t& start,
                                     uint32_t kind, int device, int iteration, int flag,
                                     unsigned sleep_ns) {
   uint32_t v = ld_acquire_sys(f);
   while (!reached(v, gen)) {
-    if (aborted(abort)) return false;
-    const uint64_t now = global_timer_ns();
-    if (start == 0) {
-      start = now;
-    } else if (now - start > timeout_ns) {
-      report_timeout(abort, rec, kind, device, iteration, flag, gen, v, timeout_ns);
+    if (!keep_waiting(abort, rec, timeout_ns, start, kind, device, iteration, flag, gen, v,
+                      sleep_ns))
       return false;
-    }
-    __nanosleep(sleep_ns);
     v = ld_acquire_sys(f);
   }
   return true;
