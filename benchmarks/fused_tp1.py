@@ -154,6 +154,7 @@ def time_case(dev, name: str, n: int, k: int, m: int, gen) -> dict:
         floor_us=floor_us,
         kernel=_core.fused_kernel(m),
         splits=choice[-1].get("fused_splits") if choice else None,
+        ctas=choice[-1].get("fused_ctas") if choice else None,
         err_vs_mm=rel_err(torch, o_fu, o_mm),
     )
     rec["ratio"] = rec["fused_us"] / rec["mm_us"]
@@ -180,6 +181,7 @@ TIME_COLUMNS = [
     ("m", "m", 4, ""),
     ("kernel", "kernel", 8, ""),
     ("splits", "splits", 6, ""),
+    ("ctas", "ctas", 5, ""),
     ("mm_us", "mm us", 8, ".1f"),
     ("fused_us", "fused us", 9, ".1f"),
     ("ratio", "ratio", 6, ".2f"),

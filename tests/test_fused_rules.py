@@ -1,8 +1,8 @@
 """CPU checks of gemm_all_reduce's fused path without a GPU: the kernel's host-only rules (which
-kernel, token tile and width, split-K factor, buffer sizes, the shape check, from C++ through
-_core), the path choice
-(``path="fused"`` requested, ``"auto"`` at decode sizes, the reasons it is not taken) and the
-path argument's validation. The GPU runs it in tests/gpu/test_fused.py."""
+kernel, token tile and width, split-K factor, the decode kernel's grid and pieces, buffer sizes,
+the shape check, from C++ through _core), the path choice (``path="fused"`` requested,
+``"auto"`` at decode sizes, the reasons it is not taken) and the path argument's validation. The
+GPU runs it in tests/gpu/test_fused.py."""
 
 import types
 
@@ -78,17 +78,7 @@ def test_decode_token_width_pads_a_block_to_16_or_32():
 @pytest.mark.parametrize(
     "m,n,k,resident,splits",
     [
-        # decode kernel (m <= 32, 64-column tiles, one CTA an SM): splits only where the tiles
-        # leave SMs idle, up to 8, each at least one K step of 64
-        (8, 8192, 4096, 132, 1),  # 70B O: 128 tiles, no split
-        (1, 4096, 2048, 132, 2),  # 8B O: 64 tiles x 2 = 128 CTAs
-        (8, 8192, 14336, 264, 2),  # twice the resident CTAs: 2 splits
-        (8, 16384, 8192, 132, 1),  # 405B O: 256 tiles in rounds, no split
-        (32, 4096, 4096, 132, 2),  # one full token block
-        (8, 1024, 4096, 132, 8),  # 16 tiles: the most splits there are
-        (8, 1024, 192, 132, 3),  # k = 3 steps of 64: at most 3 splits
-        (8, 1024, 200, 132, 4),  # k = 200: 4 steps, the last one partial
-        # CUTLASS kernel (m > 32): up to 4 splits of whole 64-element k-blocks
+        # CUTLASS kernel (m > 32): up to 4 splits of whole 64-element k-blocks, every CTA resident
         (64, 8192, 4096, 132, 2),  # 64 tiles of 64 tokens x 128 columns x 2 = 128 CTAs
         (128, 8192, 4096, 132, 2),  # 64 tiles of 128 tokens x 128 columns x 2 = 128 CTAs
         (256, 8192, 4096, 132, 2),  # one 256-token tile x 64 column tiles x 2 = 128 CTAs
@@ -96,9 +86,75 @@ def test_decode_token_width_pads_a_block_to_16_or_32():
         (300, 1024, 192, 132, 3),  # 5 tiles of 64 tokens x 8: 40 x 3 (192 = 3 k-blocks)
     ],
 )
-def test_splits_fill_the_resident_ctas(m, n, k, resident, splits):
+def test_cutlass_splits_fill_the_resident_ctas(m, n, k, resident, splits):
     assert _core.fused_splits(m, n, k, resident) == splits
+    assert _core.fused_ctas(m, n, k, resident) == 0  # its grid is its own
     assert _core.fused_shape_problem(m, n, k, splits, 2) == ""
+
+
+def _decode_shares(tiles, steps, ctas):
+    """The decode kernel's division, modelled here: the tiles' K steps in tile-major order cut
+    into ``ctas`` contiguous shares, CTA c's [c * W // ctas, (c + 1) * W // ctas)."""
+    units = tiles * steps
+    return [(units * c // ctas, units * (c + 1) // ctas) for c in range(ctas)]
+
+
+@pytest.mark.parametrize(
+    "m,n,k,resident",
+    [
+        (8, 8192, 4096, 132),  # 70B O at TP=2: 128 tiles on 132 CTAs
+        (1, 8192, 14336, 132),  # 70B FC2
+        (8, 16384, 8192, 132),  # 405B O: 256 tiles, about 1.94 tiles a CTA
+        (32, 16384, 26624, 132),  # 405B FC2
+        (16, 8192, 14336, 264),  # twice the CTAs: about half a tile each
+        (1, 4096, 2048, 132),  # 8B O: 64 tiles
+        (8, 1024, 4096, 132),  # 16 tiles: the grid cut to 16 x 7 = 112 CTAs
+        (8, 1024, 192, 132),  # 3 K steps a tile: 48 units, 48 CTAs of one
+        (24, 1000, 200, 132),  # a partial tile and a partial K step: 16 x 4 units
+        (3, 1024, 4104, 114),  # 65 K steps, the last partial, on an H100 PCIe's 114
+        (8, 64, 64, 132),  # one unit: one CTA
+    ],
+)
+def test_decode_work_cuts_the_k_steps_into_equal_shares_and_tiles_into_pieces(m, n, k, resident):
+    tiles, steps = -(-n // 64), -(-k // 64)
+    most = _core.FUSED_DECODE_MAX_PIECES
+    ctas = _core.fused_ctas(m, n, k, resident)
+    assert ctas == min(resident, tiles * steps, tiles * (most - 1))
+    shares = _decode_shares(tiles, steps, ctas)
+    lengths = [end - begin for begin, end in shares]
+    assert min(lengths) >= 1 and max(lengths) - min(lengths) <= 1
+    pieces = _core.fused_decode_pieces(m, n, k, ctas)
+    assert len(pieces) == tiles
+    for t, (first, count) in enumerate(pieces):
+        crossing = [c for c, (b, e) in enumerate(shares) if b < (t + 1) * steps and e > t * steps]
+        assert crossing == list(range(first, first + count)), t
+    splits = _core.fused_splits(m, n, k, resident)
+    assert splits == max(count for _, count in pieces)
+    assert 1 <= splits <= most
+    assert _core.fused_shape_problem(m, n, k, splits, 2) == ""
+
+
+@pytest.mark.parametrize(
+    "m,n,k,resident,ctas,splits",
+    [
+        (8, 16384, 8192, 132, 132, 2),  # 405B O: shares of 1.94 tiles, a tile in 1 or 2
+        (8, 8192, 4096, 132, 132, 2),  # 70B O: shares of 0.97 tiles, a tile in 2
+        (8, 1024, 192, 132, 48, 3),  # one K step a CTA
+        (8, 64, 64, 132, 1, 1),
+    ],
+)
+def test_decode_grid_and_pieces_of_llama_and_edge_shapes(m, n, k, resident, ctas, splits):
+    assert _core.fused_ctas(m, n, k, resident) == ctas
+    assert _core.fused_splits(m, n, k, resident) == splits
+    # the tokens never change them (1..32 tokens are one block): buffers sized once serve all
+    assert {_core.fused_splits(t, n, k, resident) for t in (1, 16, 17, 32)} == {splits}
+
+
+def test_decode_pieces_refuse_a_grid_with_an_idle_cta():
+    with pytest.raises(ValueError, match=r"ctas=49 must be in 1..48"):
+        _core.fused_decode_pieces(8, 1024, 192, 49)
+    with pytest.raises(ValueError, match=r"ctas=0 must be in 1.."):
+        _core.fused_decode_pieces(8, 1024, 192, 0)
 
 
 def test_partial_buffers_hold_two_parities_of_every_split():
@@ -126,7 +182,7 @@ def test_partial_buffers_hold_two_parities_of_every_split():
         ((8, 1020, 4096, 1, 2), "n=1020 and k=4096 must be multiples of 8"),
         ((0, 1024, 4096, 1, 2), "m, n, k must be >= 1, got m=0"),
         ((300, 1024, 4096, 5, 2), "splits=5 must be in 1..4"),
-        ((8, 1024, 4096, 9, 2), "splits=9 must be in 1..8"),
+        ((8, 1024, 4096, 9, 2), "splits=9 (pieces per tile) must be in 1..8"),
         ((8, 1024, 128, 3, 2), "at most the 2 K steps of 64 in k=128"),
         ((8, 1024, 4096, 1, 99), "tp=99 is not in 1.."),
         ((100000, 65536, 4096, 1, 2), "more than the 4096 flags"),

@@ -88,11 +88,14 @@ def fused_auto(spec: Spec, dtype: torch.dtype) -> tuple[bool, str]:
 
 
 def attach_fused(comm: Communicator, entry: Entry) -> None:
-    """The fused entry's split-K factor and buffers, and the communicator's control region and
+    """The fused entry's division of work (the CUTLASS kernel's split-K factor, the decode
+    kernel's grid and pieces per tile) and buffers, and the communicator's control region and
     launcher (made at the first fused entry; collective, like plan creation)."""
     m, n, k = _problem_shape(entry.spec)
     dtype = DTYPES[entry.dtype]
-    splits = _core.fused_splits(m, n, k, _core.fused_resident_ctas(dtype, m, comm.device.index))
+    resident = _core.fused_resident_ctas(dtype, m, comm.device.index)
+    splits = _core.fused_splits(m, n, k, resident)
+    ctas = _core.fused_ctas(m, n, k, resident)
     decode = _core.fused_kernel(m) == "decode"
     layout = fused_layout(m, n, splits, entry.dtype.itemsize, comm.tp, comm.workspace_control_bytes)
     control = comm.fused_control()  # allocates and exchanges it at the first fused entry
@@ -102,6 +105,7 @@ def attach_fused(comm: Communicator, entry: Entry) -> None:
         "k": k,
         "dtype": dtype,
         "splits": splits,
+        "ctas": ctas,
         # The decode kernel's peers push into this rank's buffers: a region of its own, which no
         # plan writes (comm.fused_receive_for); the CUTLASS kernel's are read by the peers from
         # the workspace's slots.
@@ -113,6 +117,7 @@ def attach_fused(comm: Communicator, entry: Entry) -> None:
         entry.tuning.update(
             fused_kernel=_core.fused_kernel(m),
             fused_splits=splits,
+            fused_ctas=ctas,
             fused_token_tile=_core.fused_token_tile(m),
         )
     place_fused(comm, entry)
@@ -123,8 +128,8 @@ def fused_layout(
 ) -> dict[str, int]:
     """The region a fused entry needs (``WorkspacePool.place``'s layout). The decode kernel's
     receive buffers are sized for its widest token count (``_core.FUSED_DECODE_MAX_TOKENS``; its
-    splits do not depend on the tokens), so that a server's next batch size never grows them;
-    they end in no control region. The CUTLASS kernel's partial buffers go in the workspace's
+    grid and pieces do not depend on the tokens), so that a server's next batch size never grows
+    them; they end in no control region. The CUTLASS kernel's partial buffers go in the workspace's
     slots, before its control region of ``workspace_control`` bytes."""
     decode = _core.fused_kernel(m) == "decode"
     rows = int(_core.FUSED_DECODE_MAX_TOKENS) if decode else m
@@ -180,6 +185,7 @@ def launch_fused(
         1.0,
         entry.beta if pc else 0.0,
         f["splits"],
+        f["ctas"],
         comm.rank,
         entry.bases,
         f["parity_bytes"],

@@ -8,8 +8,9 @@ Started by tests/gpu/test_fused.py. Sections (every rank runs all of them in the
 inputs seeded, different per rank):
 
   correctness  token counts 1..300 on both sides of the decode kernel's limit (decode kernel at
-               token widths 16 and 32, split-K 1..8, a K whose last step
-               is partial; CUTLASS kernel at every token tile, split-K 1..4), bf16 and fp16,
+               token widths 16 and 32, tiles in 1..8 pieces, more tiles than CTAs with shares
+               crossing up to 3 tiles, a K whose last step is partial; CUTLASS kernel at every
+               token tile, split-K 1..4), bf16 and fp16,
                with and without bias and beta * c: against torch in fp32 from the same inputs
                (relative Frobenius error < TOL) and against torch.mm + NCCL all_reduce in the
                op's dtype (< TOL_SAME_DTYPE); the output bitwise equal on every rank; "auto"
@@ -92,6 +93,8 @@ def test_correctness(dev):
         (5, 4096, 14336),
         (3, 1024, 4104),
         (40, 2048, 200),
+        (4, 16384, 1024),  # 256 tiles on fewer CTAs: a share of about 2 tiles
+        (20, 16384, 520),  # 9 K steps a tile, the last partial: shares across up to 3 tiles
     ]
     for i, (m, n, k) in enumerate(shapes):
         for dtype in (torch.bfloat16, torch.float16):

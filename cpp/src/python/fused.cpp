@@ -54,7 +54,7 @@ class FusedLauncher {
 
   void launch(uint64_t stream, const std::string& dtype, int64_t m, int64_t n, int64_t k,
               uint64_t a, uint64_t w, uint64_t out, uint64_t bias, uint64_t c, float alpha,
-              float beta, int splits, int rank, const std::vector<uint64_t>& partial,
+              float beta, int splits, int ctas, int rank, const std::vector<uint64_t>& partial,
               int64_t parity_bytes, const std::vector<uint64_t>& control) {
     if (partial.size() != control.size() || partial.empty() ||
         partial.size() > size_t(distgemm::kernel::kMaxDevices))
@@ -79,6 +79,7 @@ class FusedLauncher {
     f.alpha = alpha;
     f.beta = beta;
     f.splits = splits;
+    f.ctas = ctas;
     f.tp = static_cast<int>(partial.size());
     f.rank = rank;
     f.parity_bytes = parity_bytes;
@@ -119,8 +120,8 @@ void register_fused(py::module_& m) {
            py::arg("order"), py::arg("timeout_s"))
       .def("launch", &FusedLauncher::launch, py::arg("stream"), py::arg("dtype"), py::arg("m"),
            py::arg("n"), py::arg("k"), py::arg("a"), py::arg("w"), py::arg("out"), py::arg("bias"),
-           py::arg("c"), py::arg("alpha"), py::arg("beta"), py::arg("splits"), py::arg("rank"),
-           py::arg("partial"), py::arg("parity_bytes"), py::arg("control"),
+           py::arg("c"), py::arg("alpha"), py::arg("beta"), py::arg("splits"), py::arg("ctas"),
+           py::arg("rank"), py::arg("partial"), py::arg("parity_bytes"), py::arg("control"),
            "Record one launch on `stream` (into its capture when one is in progress). "
            "ValueError when the kernel cannot run the shapes or pointers.")
       .def("error", &FusedLauncher::error,

@@ -67,6 +67,22 @@ std::string aligned(const char* name, const void* p, int64_t ld) {
 std::string fused_allreduce_can_implement(const FusedAllReduceDesc& f) {
   std::string e = fused_shape_problem(f.m, f.n, f.k, f.splits, f.tp);
   if (!e.empty()) return e;
+  if (fused_kernel(f.m) == FusedKernel::Decode) {
+    const FusedDecodeWork w = fused_decode_work(f.m, f.n, f.k, f.ctas);
+    if (f.ctas < 1 || f.ctas > kFusedMaxCtas || f.ctas > w.units())
+      return "ctas=" + std::to_string(f.ctas) + " must be in 1.." + std::to_string(kFusedMaxCtas) +
+             " and at most the " + std::to_string(w.units()) +
+             " units of work (tiles x K steps) of the decode kernel";
+    if (f.splits != w.max_pieces())
+      return "splits=" + std::to_string(f.splits) + " is not the " +
+             std::to_string(w.max_pieces()) +
+             " pieces per tile of the decode kernel over ctas=" + std::to_string(f.ctas) +
+             " (fused_splits)";
+  } else if (f.ctas != 0) {
+    return "ctas=" + std::to_string(f.ctas) +
+           " must be 0 for the CUTLASS kernel (m=" + std::to_string(f.m) +
+           "), whose grid is its own";
+  }
   if (f.rank < 0 || f.rank >= f.tp)
     return "rank=" + std::to_string(f.rank) + " is not in 0.." + std::to_string(f.tp - 1);
   if (!f.a || !f.w || !f.out) return "internal: fused GEMM without a, w or out pointer";

@@ -9,16 +9,17 @@
 //  - decode (up to kFusedDecodeMaxTokens tokens, fused_decode_sm90.cuh): swapped (D^T = W X^T:
 //    the weight's rows on the MMA's wide side, the few tokens on its narrow side), 64-column
 //    tiles, one CTA per SM whose producer warp streams the weight through a deep shared-memory
-//    ring with TMA and whose consumer warps run warp-level MMAs; K is split over CTAs only where
-//    the tiles alone leave SMs idle (fused_splits);
+//    ring with TMA and whose consumer warps run warp-level MMAs; the tiles' K steps are cut into
+//    equal shares, one per CTA (fused_decode_work.hpp), a tile's pieces coming from the CTAs
+//    whose shares cross it;
 //  - cutlass (more tokens, fused_allreduce_sm90.cuh): CUTLASS's SM90 cooperative GEMM, swapped
 //    too: tiles of 128 weight rows (output columns) by 64 to 256 tokens (fused_token_tile), K
 //    split in its batch mode.
-// The decode kernel pushes every split's partial into every rank's receive buffer as
-// generation-tagged lines (kFusedLineBytes); the CUTLASS kernel writes it into its own rank's
-// partial buffer, signals the tile's flag on every rank, and the peers read it. Every rank runs
-// the same tiles, and a tile's output is summed over every rank and split in a fixed order by
-// the rank's CTAs of that tile, each CTA one slice of the rows.
+// The decode kernel pushes every piece's partial into every rank's receive buffer as
+// generation-tagged lines (kFusedLineBytes); the CUTLASS kernel writes each split's into its own
+// rank's partial buffer, signals the tile's flag on every rank, and the peers read it. Every rank
+// runs the same tiles, and a tile's output is summed over every rank and split (piece) in a fixed
+// order by the rank's CTAs of that tile, each CTA one slice of the rows.
 //
 // Launch generations: each CTA reads its generation from its own control word at entry and
 // advances that word when it finishes; CTA 0 also advances the words of the slots this launch
@@ -34,6 +35,7 @@
 #include <cstdint>
 #include <string>
 
+#include "distgemm/kernel/fused_decode_work.hpp"
 #include "distgemm/kernel/gemm.hpp"
 #include "distgemm/kernel/wait_spec.hpp"
 
@@ -73,10 +75,12 @@ inline constexpr int64_t kFusedDecodeMaxTokens = 32;
 // The decode kernel's K step: each of a row's 4 threads takes 16 consecutive elements (two
 // 16-byte loads), so one step covers 64 elements, a 128-byte line of each of its weight rows.
 inline constexpr int kFusedDecodeKStep = 64;
-// At most this many splits of K: the CUTLASS kernel's batches (each a whole number of 64-element
-// k-blocks), the decode kernel's CTAs per tile (each at least one K step).
+// At most this many splits of K in the CUTLASS kernel's batches (each a whole number of
+// 64-element k-blocks), and pieces of a tile in the decode kernel (fused_decode_work.hpp): its
+// grid is cut to tiles x (kFusedDecodeMaxPieces - 1) CTAs at most, so that on narrow outputs a
+// tile's sum waits for at most this many sources per rank.
 inline constexpr int kFusedMaxSplits = 4;
-inline constexpr int kFusedDecodeMaxSplits = 8;
+inline constexpr int kFusedDecodeMaxPieces = 8;
 // Flags per section of the fused control region: tiles x splits of one launch.
 inline constexpr int kFusedMaxTiles = 4096;
 // A fused launch has at most this many CTAs (one generation word each, below).
@@ -135,18 +139,31 @@ inline int64_t fused_tiles(int64_t m, int64_t n) {
   return ((n + tn - 1) / tn) * ((m + tt - 1) / tt);
 }
 
-// Splits of K: the most that keep every CTA (tiles x splits) resident at once on
-// `resident_ctas`. Decode: up to kFusedDecodeMaxSplits, each at least one K step. CUTLASS: up
-// to kFusedMaxSplits, each a whole number of 64-element k-blocks.
+// The decode kernel's division of its work (fused_decode_work.hpp) over `ctas` CTAs.
+inline FusedDecodeWork fused_decode_work(int64_t m, int64_t n, int64_t k, int ctas) {
+  return {fused_tiles(m, n), (k + kFusedDecodeKStep - 1) / kFusedDecodeKStep, ctas};
+}
+
+// The decode kernel's grid: every CTA resident at once (a tile's pieces wait for each other),
+// at most one per unit of work and at most tiles x (kFusedDecodeMaxPieces - 1). 0 for the
+// CUTLASS kernel, whose grid is its own.
+inline int fused_ctas(int64_t m, int64_t n, int64_t k, int resident_ctas) {
+  if (fused_kernel(m) != FusedKernel::Decode) return 0;
+  const FusedDecodeWork w = fused_decode_work(m, n, k, 1);
+  int64_t ctas = resident_ctas < kFusedMaxCtas ? resident_ctas : kFusedMaxCtas;
+  if (w.units() < ctas) ctas = w.units();
+  if (w.tiles * (kFusedDecodeMaxPieces - 1) < ctas) ctas = w.tiles * (kFusedDecodeMaxPieces - 1);
+  return static_cast<int>(ctas < 1 ? 1 : ctas);
+}
+
+// The partials per rank of a tile's sum. Decode: its most pieces over fused_ctas' grid. CUTLASS:
+// splits of K, the most that keep every CTA (tiles x splits) resident at once on
+// `resident_ctas`, up to kFusedMaxSplits, each a whole number of 64-element k-blocks.
 inline int fused_splits(int64_t m, int64_t n, int64_t k, int resident_ctas) {
+  if (fused_kernel(m) == FusedKernel::Decode)
+    return fused_decode_work(m, n, k, fused_ctas(m, n, k, resident_ctas)).max_pieces();
   const int64_t tiles = fused_tiles(m, n);
   int best = 1;
-  if (fused_kernel(m) == FusedKernel::Decode) {
-    const int64_t steps = (k + kFusedDecodeKStep - 1) / kFusedDecodeKStep;
-    for (int s = 2; s <= kFusedDecodeMaxSplits; ++s)
-      if (tiles * s <= resident_ctas && s <= steps) best = s;
-    return best;
-  }
   for (int s = 2; s <= kFusedMaxSplits; ++s)
     if (tiles * s <= resident_ctas && k % (int64_t(s) * 64) == 0) best = s;
   return best;
@@ -167,7 +184,7 @@ inline constexpr int64_t fused_decode_source_lines(int64_t m, int64_t n) {
 
 // Bytes of one rank's partial buffers. CUTLASS kernel: two parities x splits x m x n elements,
 // every rank reading every split's partial from its writer. Decode kernel: its receive buffer,
-// two parities x tp source ranks x splits x m x n elements as lines (kFusedLineBytes per
+// two parities x tp source ranks x `splits` pieces x m x n elements as lines (kFusedLineBytes per
 // kFusedLineElements elements), every writer pushing into every rank's.
 inline int64_t fused_partial_bytes(int64_t m, int64_t n, int splits, int element_bytes, int tp) {
   if (fused_kernel(m) == FusedKernel::Decode)
@@ -185,9 +202,9 @@ inline std::string fused_shape_problem(int64_t m, int64_t n, int64_t k, int spli
            " must be multiples of 8 (16-byte row loads in the GEMM and the reduction)";
   if (fused_kernel(m) == FusedKernel::Decode) {
     const int64_t steps = (k + kFusedDecodeKStep - 1) / kFusedDecodeKStep;
-    if (splits < 1 || splits > kFusedDecodeMaxSplits || splits > steps)
-      return "splits=" + std::to_string(splits) + " must be in 1.." +
-             std::to_string(kFusedDecodeMaxSplits) + " and at most the " + std::to_string(steps) +
+    if (splits < 1 || splits > kFusedDecodeMaxPieces || splits > steps)
+      return "splits=" + std::to_string(splits) + " (pieces per tile) must be in 1.." +
+             std::to_string(kFusedDecodeMaxPieces) + " and at most the " + std::to_string(steps) +
              " K steps of " + std::to_string(kFusedDecodeKStep) + " in k=" + std::to_string(k) +
              " (decode kernel, m=" + std::to_string(m) +
              " <= " + std::to_string(kFusedDecodeMaxTokens) + ")";
@@ -240,7 +257,10 @@ struct FusedAllReduceDesc {
   int64_t ldc = 0;
   float alpha = 1.0f;
   float beta = 0.0f;
+  // Partials per rank of a tile's sum: the CUTLASS kernel's splits of K, the decode kernel's
+  // most pieces of a tile over `ctas` CTAs (fused_splits).
   int splits = 1;
+  int ctas = 0;  // the decode kernel's grid (fused_ctas); 0 for the CUTLASS kernel
   int tp = 1, rank = 0;
   // Every rank's partial buffers (CUTLASS kernel) or receive buffers (decode kernel), both
   // parities (fused_partial_bytes).

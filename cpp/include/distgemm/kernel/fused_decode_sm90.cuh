@@ -10,7 +10,7 @@
 // CTA's weight rows and the token rows through a ring of shared-memory stages with TMA (2-D
 // tensor maps, one 64-row x 64-element box per operand and K step, completing on the stage's
 // mbarrier), as many stages ahead as shared memory holds (kStages: about 200 KB in flight per
-// SM), and runs on into the CTA's next work item while the consumers finish the current one.
+// SM), and runs on into the CTA's next piece while the consumers finish the current one.
 // Boxes are few and large on purpose: an SM keeps only so many TMA requests in flight, so one
 // bulk copy per row (512 bytes) streamed at a third of the bandwidth. The boxes land 128-byte
 // swizzled, so the consumers' fragment loads are free of bank conflicts, and TMA fills rows past
@@ -23,26 +23,27 @@
 // (lane % 4 = q) takes 16 consecutive elements of the 64-element K step: MMA j (0..3) of the step
 // takes elements 4j..4j+3 of each thread's 16 as its A fragment, and the token fragment is loaded
 // with the same permutation, so the sum over K is the same sum in another order. At the end of a
-// work item the warps exchange their sums through shared memory, warp w keeping m16 block w.
+// piece the warps exchange their sums through shared memory, warp w keeping m16 block w.
 //
-// Work item (tile, split): K is split over CTAs only where the tiles alone leave SMs idle
-// (fused_splits). A CTA takes its items round after round:
-//   1. after each item's mainloop it pushes the item's partial (alpha x the fp32 sum, in the
+// Work: every tile's K steps, cut into equal contiguous shares, one per CTA
+// (fused_decode_work.hpp); the part of a tile in one CTA's share is a piece. A CTA takes its
+// pieces in order:
+//   1. after each piece's mainloop it pushes the piece's partial (alpha x the fp32 sum, in the
 //      element type) into every rank's receive buffer, at this launch's parity, source (this
-//      rank, split s), as generation-tagged lines (fused_allreduce.hpp: kFusedLineBytes), and
-//      goes on to its next item without waiting;
-//   2. after its last item, for each of its items, it polls the lines of slice s of the tile from
-//      every (rank, split) in its own receive buffer until each carries this launch's generation,
-//      and sums them in a fixed order (+ beta * c + bias) into the output;
+//      rank, piece j), as generation-tagged lines (fused_allreduce.hpp: kFusedLineBytes), and
+//      goes on to its next piece without waiting;
+//   2. after its last piece, for each of its pieces, it polls the lines of slice j of the tile
+//      from every (rank, piece) in its own receive buffer until each carries this launch's
+//      generation, and sums them in a fixed order (+ beta * c + bias) into the output;
 //   3. at the end, advances its own generation word (fused_tail.cuh's fused_finish_cta).
-// Every CTA pushes all of its partials before it waits for any, so no wait depends on a CTA that
-// has not started (any number of rounds) and a tile's sum starts one NVLink store after its
-// last partial. Parity keeps a launch's pushes off the lines a peer may still read from the
-// previous launch (a peer is at most one launch behind), and the generation tells this launch's
-// lines from older ones (the receive buffer holds only such lines, zeroed at allocation).
-// Waits: the line polls of step 2 are bounded (the timeout, the error record, the abort word).
-// The mbarrier waits for this CTA's own TMA copies are not, as in CUTLASS's mainloops: they
-// depend on no other rank or launch, and a faulting copy ends the kernel with a CUDA error
+// Every CTA is resident at once (the launch checks) and pushes all of its partials before it
+// waits for any, so no wait depends on a CTA that has not started, and a tile's sum starts one
+// NVLink store after its last partial. Parity keeps a launch's pushes off the lines a peer may
+// still read from the previous launch (a peer is at most one launch behind), and the generation
+// tells this launch's lines from older ones (the receive buffer holds only such lines, zeroed at
+// allocation). Waits: the line polls of step 2 are bounded (the timeout, the error record, the
+// abort word). The mbarrier waits for this CTA's own TMA copies are not, as in CUTLASS's mainloops:
+// they depend on no other rank or launch, and a faulting copy ends the kernel with a CUDA error
 // rather than a hang. The producer's wait for a free stage also ends when the consumers stop.
 #pragma once
 
@@ -80,7 +81,7 @@ static_assert(kBoxRowBytes == 128, "one K step per 128-byte swizzled box row");
 inline constexpr int kSmemBudget = 200 * 1024;  // of the 227 KB an SM gives one CTA
 inline constexpr int kMaxStages = 8;
 inline constexpr int kSmemAlign = 1024;  // a 128-byte-swizzled box starts on 1024 bytes
-// Sources (rank, split) whose two lines a thread loads before it checks any, in the sum of step 2.
+// Sources (rank, piece) whose two lines a thread loads before it checks any, in the sum of step 2.
 inline constexpr int kSumSources = 4;
 
 inline constexpr int kWeightBoxBytes = kFusedDecodeTileN * kBoxRowBytes;
@@ -192,8 +193,9 @@ __device__ __forceinline__ bool line_arrived(const uint4& v, uint32_t gen) {
   return v.y == gen && v.w == gen;
 }
 
-// Line `line` of source (rank q, split sp) at `parity` in a receive buffer: each parity (at
-// parity x parity_bytes) holds [source rank][split][m][n / kFusedLineElements] lines.
+// Line `line` of source (rank q, piece sp) at `parity` in a receive buffer: each parity (at
+// parity x parity_bytes) holds [source rank][piece][m][n / kFusedLineElements] lines, t.splits
+// pieces per rank (the most of any tile).
 __device__ __forceinline__ int64_t receive_line(const FusedTail& t, uint32_t parity, int q, int sp,
                                                 int64_t line) {
   return int64_t(parity) * (t.parity_bytes / kFusedLineBytes) +
@@ -214,15 +216,16 @@ __device__ inline bool wait_line(const FusedTail& t, const void* p, uint4& v, ui
   return true;
 }
 
-// Consumer threads: slice s of tile (nb, tb), summed over every rank's and split's lines in this
-// rank's receive buffer in a fixed order (rank 0.., split 0..: the same bits on every rank), +
-// beta * c + bias, stored to out in 16-byte pieces (two lines). False when a wait failed.
+// Consumer threads: slice s of the `pieces` slices of tile (nb, tb), summed over every rank's
+// pieces of it, lines in this rank's receive buffer, in a fixed order (rank 0.., piece 0..: the
+// same bits on every rank), + beta * c + bias, stored to out in 16-byte pieces (two lines).
+// False when a wait failed.
 template <class Element>
-__device__ bool sum_slice(const FusedTail& t, int nb, int tb, int s, uint32_t parity, uint32_t gen,
-                          int tid, uint64_t& start) {
-  const FusedSlice<kFusedTokenTileSmall, kFusedDecodeTileN> sl(t, nb, tb, s);
+__device__ bool sum_slice(const FusedTail& t, int nb, int tb, int s, int pieces, uint32_t parity,
+                          uint32_t gen, int tid, uint64_t& start) {
+  const FusedSlice<kFusedTokenTileSmall, kFusedDecodeTileN> sl(t, nb, tb, s, pieces);
   const uint4* recv = static_cast<const uint4*>(t.partial[t.rank]);
-  const int srcs = t.tp * t.splits;
+  const int srcs = t.tp * pieces;
   const int tile = fused_tile_index(t, nb, tb, s);
   for (int v = sl.begin + tid; v < sl.end; v += kConsumers) {
     const int64_t line = sl.offset(v, t.n) / kFusedLineElements;
@@ -236,7 +239,7 @@ __device__ bool sum_slice(const FusedTail& t, int nb, int tb, int s, uint32_t pa
       for (int i = 0; i < kSumSources; ++i) {
         const int g = g0 + i;
         if (g >= srcs) continue;
-        p[i] = recv + receive_line(t, parity, g / t.splits, g % t.splits, line);
+        p[i] = recv + receive_line(t, parity, g / pieces, g % pieces, line);
         x[i][0] = ld_line(p[i]);
         x[i][1] = ld_line(p[i] + 1);
       }
@@ -246,7 +249,7 @@ __device__ bool sum_slice(const FusedTail& t, int nb, int tb, int s, uint32_t pa
         if (g >= srcs) continue;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          if (!wait_line(t, p[i] + h, x[i][h], gen, start, tile, g / t.splits)) return false;
+          if (!wait_line(t, p[i] + h, x[i][h], gen, start, tile, g / pieces)) return false;
           const uint32_t words[2] = {x[i][h].x, x[i][h].z};
 #pragma unroll
           for (int w = 0; w < 2; ++w) {
@@ -288,33 +291,43 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// One work item's place in the launch: tile (nb, tb), split s, its weight rows [row0, row0 +
-// rows_w), token rows [tok0, tok0 + rows_t) and K range [k0, k1).
-struct Item {
-  int nb, tb, s;
+// This launch's division of the work (fused_decode_work.hpp): the grid is its CTAs.
+__device__ __forceinline__ FusedDecodeWork decode_work(const FusedTail& t, int64_t k) {
+  return {int64_t(t.n_blocks) * t.token_blocks, (k + kFusedDecodeKStep - 1) / kFusedDecodeKStep,
+          static_cast<int>(gridDim.x)};
+}
+
+// The piece of this CTA's range [u, end) that starts at unit u: tile (nb, tb), piece j of the
+// tile's `pieces`, its weight rows [row0, row0 + rows_w), token rows [tok0, tok0 + rows_t), K
+// range [k0, k1), and `next`, the unit after it.
+struct Piece {
+  int nb, tb, j, pieces;
   int64_t row0, tok0;
   int rows_w, rows_t;
-  int64_t k0, k1;
+  int64_t k0, k1, next;
   template <int Width>
-  __device__ static Item at(const FusedTail& t, int64_t k, int item) {
-    Item it;
-    it.tb = item % t.token_blocks;
-    it.nb = (item / t.token_blocks) % t.n_blocks;
-    it.s = item / (t.token_blocks * t.n_blocks);
-    it.row0 = int64_t(it.nb) * kFusedDecodeTileN;
-    it.tok0 = int64_t(it.tb) * kFusedTokenTileSmall;
-    const int64_t rw = t.n - it.row0, rt = t.m - it.tok0;
-    it.rows_w = static_cast<int>(rw < kFusedDecodeTileN ? rw : kFusedDecodeTileN);
-    it.rows_t = static_cast<int>(rt < Width ? rt : Width);
-    const int64_t steps = (k + kFusedDecodeKStep - 1) / kFusedDecodeKStep;
-    it.k0 = steps * it.s / t.splits * kFusedDecodeKStep;
-    const int64_t k1 = steps * (it.s + 1) / t.splits * kFusedDecodeKStep;
-    it.k1 = k1 < k ? k1 : k;
-    return it;
+  __device__ static Piece at(const FusedTail& t, const FusedDecodeWork& w, int64_t k, int64_t u,
+                             int64_t end) {
+    Piece p;
+    const int64_t tile = u / w.steps, tile_u0 = tile * w.steps;
+    p.tb = static_cast<int>(tile % t.token_blocks);
+    p.nb = static_cast<int>(tile / t.token_blocks);
+    p.j = static_cast<int>(blockIdx.x) - w.first_cta(tile);
+    p.pieces = w.pieces(tile);
+    p.row0 = int64_t(p.nb) * kFusedDecodeTileN;
+    p.tok0 = int64_t(p.tb) * kFusedTokenTileSmall;
+    const int64_t rw = t.n - p.row0, rt = t.m - p.tok0;
+    p.rows_w = static_cast<int>(rw < kFusedDecodeTileN ? rw : kFusedDecodeTileN);
+    p.rows_t = static_cast<int>(rt < Width ? rt : Width);
+    p.next = end < tile_u0 + w.steps ? end : tile_u0 + w.steps;
+    p.k0 = (u - tile_u0) * kFusedDecodeKStep;
+    const int64_t k1 = (p.next - tile_u0) * kFusedDecodeKStep;
+    p.k1 = k1 < k ? k1 : k;
+    return p;
   }
 };
 
-// The producer warp (lane 0 issues): every stage of every item of this CTA, in the consumers'
+// The producer warp (lane 0 issues): every stage of every piece of this CTA, in the consumers'
 // order. Stops early when the consumers do (`stop`). Returns only after every stage it issued
 // has landed: no copy may still write this CTA's shared memory when it exits, also where the
 // consumers stopped without taking them.
@@ -323,10 +336,12 @@ __device__ void produce(const DecodeMaps& maps, int64_t k, const FusedTail& t,
                         unsigned char* stages, uint64_t* full, uint64_t* empty,
                         const volatile uint32_t* stop) {
   constexpr int S = kStages<Width>;
-  const int items = t.n_blocks * t.token_blocks * t.splits;
+  const FusedDecodeWork w = decode_work(t, k);
+  const int64_t end = w.begin(blockIdx.x + 1);
   uint32_t issued = 0;
-  for (int item = blockIdx.x; item < items; item += gridDim.x) {
-    const Item it = Item::at<Width>(t, k, item);
+  for (int64_t u = w.begin(blockIdx.x); u < end;) {
+    const Piece it = Piece::at<Width>(t, w, k, u, end);
+    u = it.next;
     for (int64_t kk = it.k0; kk < it.k1; kk += kStageK, ++issued) {
       const int stage = static_cast<int>(issued % S);
       const uint32_t use = issued / S;
@@ -340,7 +355,7 @@ __device__ void produce(const DecodeMaps& maps, int64_t k, const FusedTail& t,
         if (stopped) goto drain;
       }
       {
-        // Boxes past k are zero-filled by TMA; a split's range ends on a K step otherwise.
+        // Boxes past k are zero-filled by TMA; a piece's range ends on a K step otherwise.
         const int64_t kc = it.k1 - kk < kStageK ? it.k1 - kk : kStageK;
         const int steps = static_cast<int>((kc + kFusedDecodeKStep - 1) / kFusedDecodeKStep);
         mbar_arrive_expect_tx(&full[stage], steps * (kWeightBoxBytes + kTokenBoxBytes<Width>));
@@ -416,7 +431,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* stages = smem_raw + ((kSmemAlign - smem_u32(smem_raw) % kSmemAlign) % kSmemAlign);
   __shared__ __align__(8) uint64_t full[S], empty[S];
-  // This CTA's partial of the current item, rows padded by 16 bytes (fewer bank conflicts).
+  // This CTA's partial of the current piece, rows padded by 16 bytes (fewer bank conflicts).
   __shared__ __align__(16) Element out_tile[Width][kFusedDecodeTileN + 8];
   // The warps' exchange of their sums: [source slot][m16 block][fragment][lane], the slots of a
   // block being its kConsumerWarps - 1 non-owning warps.
@@ -456,10 +471,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t gen = gen_smem;
     const uint32_t parity = gen & 1u;
     const int g = lane / 4, q = lane % 4;
-    const int items = t.n_blocks * t.token_blocks * t.splits;
+    const FusedDecodeWork w = decode_work(t, p.k);
+    const int64_t begin = w.begin(blockIdx.x), end = w.begin(blockIdx.x + 1);
     uint32_t used = 0;
-    for (int item = live_smem ? blockIdx.x : items; item < items; item += gridDim.x) {
-      const Item it = Item::at<Width>(t, p.k, item);
+    for (int64_t u = live_smem ? begin : end; u < end;) {
+      const Piece it = Piece::at<Width>(t, w, p.k, u, end);
+      u = it.next;
       uint32_t valid = 0;
 #pragma unroll
       for (int f = 0; f < kFrags; ++f) valid |= (8 * f + g < it.rows_t ? 1u : 0u) << f;
@@ -516,7 +533,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           own[f][2] += o.z;
           own[f][3] += o.w;
         }
-      // 1. This split's partial (alpha x the sum, in the element type): own[f] holds rows (g,
+      // 1. This piece's partial (alpha x the sum, in the element type): own[f] holds rows (g,
       //    g + 8) of block `warp` x tokens (2q, 2q + 1) of fragment f. Through shared memory, so
       //    that it leaves in whole 16-byte pieces instead of 2-byte stores from every thread
       //    into shared lines.
@@ -538,20 +555,21 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (c >= it.rows_w) continue;
           const uint2 d = *reinterpret_cast<const uint2*>(&out_tile[r][c]);
           const int64_t line = receive_line(
-              t, parity, t.rank, it.s, ((it.tok0 + r) * t.n + it.row0 + c) / kFusedLineElements);
+              t, parity, t.rank, it.j, ((it.tok0 + r) * t.n + it.row0 + c) / kFusedLineElements);
           for (int i = 1; i <= t.tp; ++i) {
             const int dst = (t.rank + i) % t.tp;
             st_line(static_cast<uint4*>(const_cast<void*>(t.partial[dst])) + line, d.x, d.y, gen);
           }
         }
       }
-      consumers_sync();  // out_tile is free for the next item
+      consumers_sync();  // out_tile is free for the next piece
     }
-    // 2. Slice s of each of this CTA's tiles, summed over every rank's and split's partial.
+    // 2. Slice j of each tile this CTA has piece j of, summed over every rank's pieces.
     uint64_t start = 0;
-    for (int item = live_smem ? blockIdx.x : items; item < items; item += gridDim.x) {
-      const Item it = Item::at<Width>(t, p.k, item);
-      if (!sum_slice<Element>(t, it.nb, it.tb, it.s, parity, gen, tid, start)) break;
+    for (int64_t u = live_smem ? begin : end; u < end;) {
+      const Piece it = Piece::at<Width>(t, w, p.k, u, end);
+      u = it.next;
+      if (!sum_slice<Element>(t, it.nb, it.tb, it.j, it.pieces, parity, gen, tid, start)) break;
     }
   }
 
@@ -611,14 +629,12 @@ struct DecodeRunner {
 
   static void launch(const FusedAllReduceDesc& f, int device, cudaStream_t stream) {
     const int res = resident(device);
+    if (f.ctas > res)
+      throw std::runtime_error(
+          "fused GEMM + all-reduce (decode kernel): ctas=" + std::to_string(f.ctas) +
+          " exceeds the " + std::to_string(res) + " CTAs resident at once on device " +
+          std::to_string(device) + " (a tile's pieces wait for each other; fused_ctas)");
     const FusedTail t = make_fused_tail(f);
-    const int64_t items = int64_t(t.n_blocks) * t.token_blocks * f.splits;
-    if (items > res && f.splits > 1)
-      throw std::runtime_error("fused GEMM + all-reduce (decode kernel): " + std::to_string(items) +
-                               " tiles x splits exceed the " + std::to_string(res) +
-                               " CTAs resident at once with splits=" + std::to_string(f.splits) +
-                               " (the splits of a tile wait for each other; fused_splits)");
-    const int64_t ctas = items < res ? items : res;
     DecodeOperands p{};
     p.k = f.k;
     p.alpha = f.alpha;
@@ -626,7 +642,7 @@ struct DecodeRunner {
     maps.w = make_map(f.w, f.n, f.k, f.ldw, kFusedDecodeTileN);
     maps.a = make_map(f.a, f.m, f.k, f.lda, Width);
     fused_decode_kernel<Element, Width>
-        <<<dim3(unsigned(ctas)), dim3(kThreads), kSmemBytes<Width>, stream>>>(maps, p, t);
+        <<<dim3(unsigned(f.ctas)), dim3(kThreads), kSmemBytes<Width>, stream>>>(maps, p, t);
     DISTGEMM_CUDA_CHECK(cudaGetLastError());
   }
 };

@@ -5,10 +5,11 @@
 //
 // Tile geometry: a tile is TileN output columns (the kernel's: kFusedTileN for the CUTLASS
 // kernel, kFusedDecodeTileN for the decode kernel) by TokenTile tokens (nb, tb); its rows x
-// columns, in vectors of 8 elements, are cut into `splits` equal slices, and CTA (nb, tb, s)
-// sums slice s. The CUTLASS kernel's partial buffers of a rank: parity p at byte offset
-// p * parity_bytes, source split sp at element offset sp * split_elems from there, each [m, n]
-// row-major (the decode kernel's receive buffers: fused_decode_sm90.cuh).
+// columns, in vectors of 8 elements, are cut into equal slices, one per CTA that computed a part
+// of the tile (the CUTLASS kernel's `splits`, the decode kernel's pieces), which sums its slice.
+// The CUTLASS kernel's partial buffers of a rank: parity p at byte offset p * parity_bytes, source
+// split sp at element offset sp * split_elems from there, each [m, n] row-major (the decode
+// kernel's receive buffers: fused_decode_sm90.cuh).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -41,7 +42,9 @@ struct FusedTail {
   uint64_t timeout_ns;
   float beta;
   int tp, rank;
-  int splits;  // K splits: the partials per rank of a tile, and the slices of its sum
+  // The partials per rank of a tile: the CUTLASS kernel's K splits (and the slices of the tile's
+  // sum), the decode kernel's most pieces of a tile (its receive buffer's sources per rank).
+  int splits;
   int n_blocks, token_blocks;
 };
 
@@ -86,21 +89,22 @@ __device__ inline bool wait_tile(const FusedTail& t, int nb, int tb, uint32_t ge
   return true;
 }
 
-// Vectors of 8 elements [begin, end) of slice s of tile (nb, tb), and the tile's geometry.
+// Vectors of 8 elements [begin, end) of slice s of the `slices` slices of tile (nb, tb), and the
+// tile's geometry.
 template <int TokenTile, int TileN = kFusedTileN>
 // 32-bit indices within the tile (at most TokenTile x TileN / 8 vectors): 64-bit divisions per
 // vector were part of a 6 us one-token tail (benchmarks/results/2026-11-24-decode-tma.md).
 struct FusedSlice {
   int64_t row0, col0;
   int vec_per_row, begin, end;
-  __device__ FusedSlice(const FusedTail& t, int nb, int tb, int s) {
+  __device__ FusedSlice(const FusedTail& t, int nb, int tb, int s, int slices) {
     row0 = int64_t(tb) * TokenTile;
     col0 = int64_t(nb) * TileN;
     const int rows = static_cast<int>(t.m - row0 < TokenTile ? t.m - row0 : TokenTile);
     vec_per_row = static_cast<int>(t.n - col0 < TileN ? t.n - col0 : TileN) / 8;
     const int total = rows * vec_per_row;
-    begin = total * s / t.splits;
-    end = total * (s + 1) / t.splits;
+    begin = total * s / slices;
+    end = total * (s + 1) / slices;
   }
   // Column (element) of vector v within the tile.
   __device__ int col(int v) const { return (v % vec_per_row) * 8; }
@@ -149,7 +153,7 @@ __device__ __forceinline__ void store_sum(const FusedTail& t, const Slice& sl, i
 template <class Element, int TokenTile, int kLoads = 8, int kThreads = 256, int TileN = kFusedTileN>
 __device__ inline void reduce_slice(const FusedTail& t, int nb, int tb, int s, uint32_t parity,
                                     int tid) {
-  const FusedSlice<TokenTile, TileN> sl(t, nb, tb, s);
+  const FusedSlice<TokenTile, TileN> sl(t, nb, tb, s, t.splits);
   const int srcs = t.tp * t.splits;
   const int vecs = srcs >= kLoads ? 1 : kLoads / srcs;
   const int64_t parity_off = int64_t(parity) * t.parity_bytes / int64_t(sizeof(Element));

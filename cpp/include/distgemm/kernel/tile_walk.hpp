@@ -13,11 +13,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define DISTGEMM_HOST_DEVICE __host__ __device__
-#else
-#define DISTGEMM_HOST_DEVICE
-#endif
+#include "distgemm/host_device.hpp"
 
 namespace distgemm::kernel {
 
@@ -33,7 +29,7 @@ struct WalkCoord {
 };
 
 // The cluster that visit `index` (0 .. minor x major - 1) runs.
-DISTGEMM_HOST_DEVICE inline WalkCoord walk_cluster(uint32_t index, TileWalk w) {
+DISTGEMM_HD inline WalkCoord walk_cluster(uint32_t index, TileWalk w) {
   const uint32_t band = w.group * w.major;  // clusters of one full group
   const uint32_t g = index / band;
   const uint32_t within = index - g * band;

@@ -11,11 +11,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define DISTGEMM_HD __host__ __device__
-#else
-#define DISTGEMM_HD
-#endif
+#include "distgemm/host_device.hpp"
 
 namespace distgemm::schedule {
 
