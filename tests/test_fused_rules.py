@@ -94,60 +94,75 @@ def test_cutlass_splits_fill_the_resident_ctas(m, n, k, resident, splits):
 
 def _decode_shares(tiles, steps, ctas):
     """The decode kernel's division, modelled here: the tiles' K steps in tile-major order cut
-    into ``ctas`` contiguous shares, CTA c's [c * W // ctas, (c + 1) * W // ctas)."""
-    units = tiles * steps
-    return [(units * c // ctas, units * (c + 1) // ctas) for c in range(ctas)]
+    into ``ctas`` contiguous shares, on whole tiles where the tiles are at least the CTAs, on K
+    steps otherwise."""
+    grain = steps if tiles >= ctas else 1
+    grains = tiles * steps // grain
+    return [(grains * c // ctas * grain, grains * (c + 1) // ctas * grain) for c in range(ctas)]
 
 
-@pytest.mark.parametrize(
-    "m,n,k,resident",
-    [
-        (8, 8192, 4096, 132),  # 70B O at TP=2: 128 tiles on 132 CTAs
-        (1, 8192, 14336, 132),  # 70B FC2
-        (8, 16384, 8192, 132),  # 405B O: 256 tiles, about 1.94 tiles a CTA
-        (32, 16384, 26624, 132),  # 405B FC2
-        (16, 8192, 14336, 264),  # twice the CTAs: about half a tile each
-        (1, 4096, 2048, 132),  # 8B O: 64 tiles
-        (8, 1024, 4096, 132),  # 16 tiles: the grid cut to 16 x 7 = 112 CTAs
-        (8, 1024, 192, 132),  # 3 K steps a tile: 48 units, 48 CTAs of one
-        (24, 1000, 200, 132),  # a partial tile and a partial K step: 16 x 4 units
-        (3, 1024, 4104, 114),  # 65 K steps, the last partial, on an H100 PCIe's 114
-        (8, 64, 64, 132),  # one unit: one CTA
-    ],
-)
-def test_decode_work_cuts_the_k_steps_into_equal_shares_and_tiles_into_pieces(m, n, k, resident):
+def _check_division(m, n, k, ctas):
+    """The kernel's division over ``ctas`` CTAs against the model: every share non-empty, equal
+    within one grain, every tile's pieces from the consecutive CTAs whose shares cross it.
+    Returns the most pieces of a tile."""
     tiles, steps = -(-n // 64), -(-k // 64)
-    most = _core.FUSED_DECODE_MAX_PIECES
-    ctas = _core.fused_ctas(m, n, k, resident)
-    assert ctas == min(resident, tiles * steps, tiles * (most - 1))
     shares = _decode_shares(tiles, steps, ctas)
     lengths = [end - begin for begin, end in shares]
-    assert min(lengths) >= 1 and max(lengths) - min(lengths) <= 1
+    grain = steps if tiles >= ctas else 1
+    assert min(lengths) >= 1 and max(lengths) - min(lengths) <= grain
+    assert shares[-1][1] == tiles * steps
     pieces = _core.fused_decode_pieces(m, n, k, ctas)
     assert len(pieces) == tiles
     for t, (first, count) in enumerate(pieces):
         crossing = [c for c, (b, e) in enumerate(shares) if b < (t + 1) * steps and e > t * steps]
         assert crossing == list(range(first, first + count)), t
-    splits = _core.fused_splits(m, n, k, resident)
-    assert splits == max(count for _, count in pieces)
-    assert 1 <= splits <= most
-    assert _core.fused_shape_problem(m, n, k, splits, 2) == ""
+    return max(count for _, count in pieces)
 
 
 @pytest.mark.parametrize(
     "m,n,k,resident,ctas,splits",
     [
-        (8, 16384, 8192, 132, 132, 2),  # 405B O: shares of 1.94 tiles, a tile in 1 or 2
-        (8, 8192, 4096, 132, 132, 2),  # 70B O: shares of 0.97 tiles, a tile in 2
-        (8, 1024, 192, 132, 48, 3),  # one K step a CTA
-        (8, 64, 64, 132, 1, 1),
+        # more tiles than resident CTAs: the fewest CTAs for the fewest rounds, whole tiles each
+        (8, 16384, 8192, 132, 128, 1),  # 405B O: 256 tiles, 2 a CTA
+        (32, 16384, 26624, 132, 128, 1),  # 405B FC2
+        (8, 16896, 8192, 132, 132, 1),  # 264 tiles: 2 a CTA on all 132
+        (8, 16448, 8192, 132, 129, 1),  # 257 tiles: 2 rounds on 129 CTAs, 2 or 1 a CTA
+        (1, 8192, 14336, 114, 64, 1),  # 128 tiles on an H100 PCIe's 114: 2 a CTA
+        # fewer: every tile in the most equal pieces that keep the CTAs resident (<= 8)
+        (8, 8192, 4096, 132, 128, 1),  # 70B O: 128 tiles, one a CTA
+        (16, 8192, 14336, 264, 256, 2),  # twice the CTAs: half a tile each
+        (1, 4096, 2048, 132, 128, 2),  # 8B O: 64 tiles in halves
+        (8, 1024, 4096, 132, 128, 8),  # 16 tiles: the most pieces there are
+        (8, 1024, 192, 132, 48, 3),  # k = 3 steps of 64: at most 3 pieces
+        (24, 1000, 200, 132, 64, 4),  # a partial tile; k = 200: 4 steps, the last partial
+        (3, 1024, 4104, 132, 128, 8),  # 65 K steps in 8 pieces, the last step partial
+        (8, 64, 64, 132, 1, 1),  # one unit: one CTA
     ],
 )
-def test_decode_grid_and_pieces_of_llama_and_edge_shapes(m, n, k, resident, ctas, splits):
+def test_decode_grid_gives_every_cta_the_same_whole_tiles_or_part_of_one(
+    m, n, k, resident, ctas, splits
+):
     assert _core.fused_ctas(m, n, k, resident) == ctas
     assert _core.fused_splits(m, n, k, resident) == splits
+    assert _check_division(m, n, k, ctas) == splits
+    assert _core.fused_shape_problem(m, n, k, splits, 2) == ""
     # the tokens never change them (1..32 tokens are one block): buffers sized once serve all
     assert {_core.fused_splits(t, n, k, resident) for t in (1, 16, 17, 32)} == {splits}
+    assert {_core.fused_ctas(t, n, k, resident) for t in (1, 16, 17, 32)} == {ctas}
+
+
+@pytest.mark.parametrize(
+    "m,n,k,ctas",
+    [
+        (8, 8192, 4096, 132),  # K steps cut in 132 equal shares: most tiles in 2 pieces
+        (8, 16384, 8192, 100),  # whole tiles, 2 or 3 a CTA
+        (8, 1024, 4104, 100),  # 16 tiles, 65 steps each: shares of 10 or 11 steps
+        (24, 1000, 200, 7),  # 64 units in shares of 9 or 10 across tiles
+        (8, 1024, 192, 48),  # one unit each
+    ],
+)
+def test_decode_division_holds_for_any_grid(m, n, k, ctas):
+    assert 1 <= _check_division(m, n, k, ctas)
 
 
 def test_decode_pieces_refuse_a_grid_with_an_idle_cta():

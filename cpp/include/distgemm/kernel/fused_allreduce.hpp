@@ -76,9 +76,8 @@ inline constexpr int64_t kFusedDecodeMaxTokens = 32;
 // 16-byte loads), so one step covers 64 elements, a 128-byte line of each of its weight rows.
 inline constexpr int kFusedDecodeKStep = 64;
 // At most this many splits of K in the CUTLASS kernel's batches (each a whole number of
-// 64-element k-blocks), and pieces of a tile in the decode kernel (fused_decode_work.hpp): its
-// grid is cut to tiles x (kFusedDecodeMaxPieces - 1) CTAs at most, so that on narrow outputs a
-// tile's sum waits for at most this many sources per rank.
+// 64-element k-blocks), and pieces of a tile in the decode kernel's grid (fused_ctas), so that on
+// narrow outputs a tile's sum waits for at most this many sources per rank.
 inline constexpr int kFusedMaxSplits = 4;
 inline constexpr int kFusedDecodeMaxPieces = 8;
 // Flags per section of the fused control region: tiles x splits of one launch.
@@ -144,16 +143,25 @@ inline FusedDecodeWork fused_decode_work(int64_t m, int64_t n, int64_t k, int ct
   return {fused_tiles(m, n), (k + kFusedDecodeKStep - 1) / kFusedDecodeKStep, ctas};
 }
 
-// The decode kernel's grid: every CTA resident at once (a tile's pieces wait for each other),
-// at most one per unit of work and at most tiles x (kFusedDecodeMaxPieces - 1). 0 for the
+// The decode kernel's grid (fused_decode_work.hpp): every CTA resident at once (a tile's
+// pieces wait for each other), each with the same work. With more tiles than resident CTAs, the
+// fewest CTAs that take the tiles in as few rounds (256 tiles on 132 resident: 128 CTAs of 2
+// tiles, where 132 of 1 or 2 took about 2.5 us longer on 405B O on one H200,
+// benchmarks/results/2026-11-25-decode-grid.md); otherwise every tile in the most equal pieces,
+// up to kFusedDecodeMaxPieces and one K step each, that keep the CTAs resident. 0 for the
 // CUTLASS kernel, whose grid is its own.
 inline int fused_ctas(int64_t m, int64_t n, int64_t k, int resident_ctas) {
   if (fused_kernel(m) != FusedKernel::Decode) return 0;
   const FusedDecodeWork w = fused_decode_work(m, n, k, 1);
-  int64_t ctas = resident_ctas < kFusedMaxCtas ? resident_ctas : kFusedMaxCtas;
-  if (w.units() < ctas) ctas = w.units();
-  if (w.tiles * (kFusedDecodeMaxPieces - 1) < ctas) ctas = w.tiles * (kFusedDecodeMaxPieces - 1);
-  return static_cast<int>(ctas < 1 ? 1 : ctas);
+  const int64_t resident = resident_ctas < kFusedMaxCtas ? resident_ctas : kFusedMaxCtas;
+  if (w.tiles >= resident) {
+    const int64_t rounds = (w.tiles + resident - 1) / resident;
+    return static_cast<int>((w.tiles + rounds - 1) / rounds);
+  }
+  int64_t pieces = 1;
+  for (int64_t p = 2; p <= kFusedDecodeMaxPieces && p <= w.steps; ++p)
+    if (w.tiles * p <= resident) pieces = p;
+  return static_cast<int>(w.tiles * pieces);
 }
 
 // The partials per rank of a tile's sum. Decode: its most pieces over fused_ctas' grid. CUTLASS:

@@ -3,17 +3,23 @@
 // (fused_allreduce.hpp: fused_ctas, fused_splits).
 //
 // The work is every tile's K steps in tile-major order (unit u: tile u / steps, K step u % steps),
-// cut into `ctas` contiguous ranges whose lengths differ by at most one unit, CTA c taking
-// [begin(c), begin(c + 1)). So every CTA streams the same share of the weight, whatever the
-// number of tiles: tiles in rounds over the CTAs left SMs idle in the last round (256 tiles on
-// 132 SMs: 8 idle, 3% of the stream; benchmarks/results/2026-11-25-decode-lines.md), as do
-// tiles x a whole number of K splits. A range crosses tile boundaries where it must: the part of
-// a tile one CTA computes is a piece, and a tile's pieces come from consecutive CTAs, piece j
-// from CTA first_cta(tile) + j. Each CTA pushes the partial of every piece, and the CTA of
-// piece j sums slice j of the tile's `pieces(tile)` slices over every rank's pieces.
+// cut into `ctas` contiguous shares, CTA c taking [begin(c), begin(c + 1)). The cut falls on
+// whole tiles where there are at least as many tiles as CTAs (shares of whole tiles, their
+// counts differing by at most one), and on K steps otherwise (shares differing by at most one
+// step). A share that crosses a tile boundary splits that tile: the part of a tile one CTA
+// computes is a piece, and a tile's pieces come from consecutive CTAs, piece j from CTA
+// first_cta(tile) + j. Each CTA pushes the partial of every piece, and the CTA of piece j sums
+// slice j of the tile's `pieces(tile)` slices over every rank's pieces.
 //
-// Every range is at least one unit long (ctas <= units), so that no CTA of a tile's pieces is
-// idle; with ranges of at least steps / (p - 1) units no tile has more than p pieces.
+// The grid (fused_ctas) makes every share the same whole number of tiles or the same fraction
+// of one tile, so that no CTA computes more than one piece of a tile and none stays idle while
+// others stream: 256 tiles on 128 CTAs, 2 each; 64 tiles on 128 CTAs, half of one each. Cutting
+// the K steps into 132 equal shares instead (every CTA of an H200 busy, most tiles in 2 pieces)
+// ran 1-17% slower at 1 and 32 tokens on 70B and 405B O and FC2: each extra piece's partial
+// and exchange costs more than the 3% of the stream the idle SMs would add
+// (benchmarks/results/2026-11-25-decode-grid.md).
+//
+// Every share is at least one unit long (ctas <= units), so no CTA of a tile's pieces is idle.
 #pragma once
 
 #include <cstdint>
@@ -28,11 +34,14 @@ struct FusedDecodeWork {
   int ctas = 1;       // the grid, 1..units()
 
   DISTGEMM_HD int64_t units() const { return tiles * steps; }
-  // First unit of CTA c's range (c = ctas: the end of the work).
-  DISTGEMM_HD int64_t begin(int c) const { return units() * c / ctas; }
-  // The CTA whose range holds unit x: the last c with begin(c) <= x.
+  // Units per grain of the cut: a tile, or a K step where the tiles are fewer than the CTAs.
+  DISTGEMM_HD int64_t grain() const { return tiles >= ctas ? steps : 1; }
+  // First unit of CTA c's share (c = ctas: the end of the work).
+  DISTGEMM_HD int64_t begin(int c) const { return units() / grain() * c / ctas * grain(); }
+  // The CTA whose share holds unit x: the last c with begin(c) <= x.
   DISTGEMM_HD int cta_of(int64_t x) const {
-    return static_cast<int>(((x + 1) * ctas + units() - 1) / units()) - 1;
+    const int64_t grains = units() / grain();
+    return static_cast<int>((((x / grain()) + 1) * ctas + grains - 1) / grains) - 1;
   }
   DISTGEMM_HD int first_cta(int64_t tile) const { return cta_of(tile * steps); }
   // CTAs that compute a piece of `tile`.
