@@ -127,7 +127,9 @@ def _check_division(m, n, k, ctas):
         (32, 16384, 26624, 132, 128, 1),  # 405B FC2
         (8, 16896, 8192, 132, 132, 1),  # 264 tiles: 2 a CTA on all 132
         (8, 16448, 8192, 132, 129, 1),  # 257 tiles: 2 rounds on 129 CTAs, 2 or 1 a CTA
-        (1, 8192, 14336, 114, 64, 1),  # 128 tiles on an H100 PCIe's 114: 2 a CTA
+        (1, 8192, 14336, 114, 114, 1),  # 128 tiles on 114: 64 CTAs would leave half idle
+        (8, 16384, 8192, 140, 128, 1),  # 256 on 140: 128 CTAs of 2 keep 91% busy
+        (8, 16384, 8192, 144, 144, 1),  # 256 on 144: 128 would keep 89% busy, all 144 run
         # fewer: every tile in the most equal pieces that keep the CTAs resident (<= 8)
         (8, 8192, 4096, 132, 128, 1),  # 70B O: 128 tiles, one a CTA
         (16, 8192, 14336, 264, 256, 2),  # twice the CTAs: half a tile each

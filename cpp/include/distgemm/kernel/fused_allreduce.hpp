@@ -144,19 +144,30 @@ inline FusedDecodeWork fused_decode_work(int64_t m, int64_t n, int64_t k, int ct
 }
 
 // The decode kernel's grid (fused_decode_work.hpp): every CTA resident at once (a tile's
-// pieces wait for each other), each with the same work. With more tiles than resident CTAs, the
-// fewest CTAs that take the tiles in as few rounds (256 tiles on 132 resident: 128 CTAs of 2
-// tiles, where 132 of 1 or 2 took about 2.5 us longer on 405B O on one H200,
-// benchmarks/results/2026-11-25-decode-grid.md); otherwise every tile in the most equal pieces,
-// up to kFusedDecodeMaxPieces and one K step each, that keep the CTAs resident. 0 for the
-// CUTLASS kernel, whose grid is its own.
+// pieces wait for each other), each with the same work where that keeps nearly every SM busy:
+//  - with at least as many tiles as resident CTAs, the fewest CTAs that take the tiles in as few
+//    rounds, whole tiles each, where they are at least kFusedDecodeMinBusyPercent of the
+//    resident ones (256 tiles on an H200's 132: 128 CTAs of 2 tiles), else every resident CTA,
+//    whole tiles in rounds (128 tiles on 114: 1 or 2 each, where 64 CTAs of 2 would leave half
+//    the SMs idle). On one H200, 128 CTAs of 2 tiles ran the one-token GEMM of 405B O 2.5-3%
+//    faster than 132 of 1 or 2; on 405B FC2 (three times the K) they were within 1.5%
+//    either way (benchmarks/results/2026-11-25-decode-grid.md);
+//  - with fewer tiles, every tile in the most equal pieces, up to kFusedDecodeMaxPieces and one K
+//    step each, that keep the CTAs resident (64 tiles on 132: 128 CTAs of half a tile).
+// Cutting the K steps into one equal share per resident CTA instead (every SM busy, most tiles in
+// 2 pieces) ran 2-17% slower on 70B and 405B O and FC2 at 1 and 32 tokens, on 405B FC2 at
+// 1 token 1.2% faster: each extra piece's exchange and partial cost more than the idle SMs. 0 for
+// the CUTLASS kernel, whose grid is its own.
+inline constexpr int kFusedDecodeMinBusyPercent = 90;
 inline int fused_ctas(int64_t m, int64_t n, int64_t k, int resident_ctas) {
   if (fused_kernel(m) != FusedKernel::Decode) return 0;
   const FusedDecodeWork w = fused_decode_work(m, n, k, 1);
   const int64_t resident = resident_ctas < kFusedMaxCtas ? resident_ctas : kFusedMaxCtas;
   if (w.tiles >= resident) {
     const int64_t rounds = (w.tiles + resident - 1) / resident;
-    return static_cast<int>((w.tiles + rounds - 1) / rounds);
+    const int64_t fewest = (w.tiles + rounds - 1) / rounds;
+    return static_cast<int>(fewest * 100 >= resident * kFusedDecodeMinBusyPercent ? fewest
+                                                                                  : resident);
   }
   int64_t pieces = 1;
   for (int64_t p = 2; p <= kFusedDecodeMaxPieces && p <= w.steps; ++p)

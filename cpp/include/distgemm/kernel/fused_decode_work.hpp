@@ -11,13 +11,9 @@
 // first_cta(tile) + j. Each CTA pushes the partial of every piece, and the CTA of piece j sums
 // slice j of the tile's `pieces(tile)` slices over every rank's pieces.
 //
-// The grid (fused_ctas) makes every share the same whole number of tiles or the same fraction
-// of one tile, so that no CTA computes more than one piece of a tile and none stays idle while
-// others stream: 256 tiles on 128 CTAs, 2 each; 64 tiles on 128 CTAs, half of one each. Cutting
-// the K steps into 132 equal shares instead (every CTA of an H200 busy, most tiles in 2 pieces)
-// ran 1-17% slower at 1 and 32 tokens on 70B and 405B O and FC2: each extra piece's partial
-// and exchange costs more than the 3% of the stream the idle SMs would add
-// (benchmarks/results/2026-11-25-decode-grid.md).
+// The grid (fused_ctas) gives every CTA the same whole tiles or the same fraction of one tile
+// where that keeps nearly every SM busy, so that no CTA computes more than one piece of a tile:
+// each piece's partial and exchange cost more than the SMs a finer cut would keep busy.
 //
 // Every share is at least one unit long (ctas <= units), so no CTA of a tile's pieces is idle.
 #pragma once
