@@ -201,6 +201,7 @@ def test_partial_buffers_hold_two_parities_of_every_split():
         ((300, 1024, 4096, 5, 2), "splits=5 must be in 1..4"),
         ((8, 1024, 4096, 9, 2), "splits=9 (pieces per tile) must be in 1..8"),
         ((8, 1024, 128, 3, 2), "at most the 2 K steps of 64 in k=128"),
+        ((8, 2**20, 2**17, 1, 2), "more than the 2097152 the decode kernel divides"),
         ((8, 1024, 4096, 1, 99), "tp=99 is not in 1.."),
         ((100000, 65536, 4096, 1, 2), "more than the 4096 flags"),
     ],

@@ -41,13 +41,15 @@ void register_fused_rules(py::module_& m) {
   m.def(
       "fused_decode_pieces",
       [](int64_t m, int64_t n, int64_t kk, int ctas) {
+        const std::string problem = k::fused_shape_problem(m, n, kk, 1, 1);
+        if (!problem.empty()) throw py::value_error(problem);
         const k::FusedDecodeWork w = k::fused_decode_work(m, n, kk, 1);
-        if (ctas < 1 || ctas > w.units())
+        if (ctas < 1 || uint32_t(ctas) > w.units())
           throw py::value_error("ctas=" + std::to_string(ctas) + " must be in 1.." +
                                 std::to_string(w.units()) + " (the tiles x K steps)");
-        const k::FusedDecodeWork work{w.tiles, w.steps, ctas};
+        const k::FusedDecodeWork work{w.tiles, w.steps, uint32_t(ctas)};
         py::list out;
-        for (int64_t t = 0; t < work.tiles; ++t)
+        for (uint32_t t = 0; t < work.tiles; ++t)
           out.append(py::make_tuple(work.first_cta(t), work.pieces(t)));
         return out;
       },

@@ -69,11 +69,11 @@ std::string fused_allreduce_can_implement(const FusedAllReduceDesc& f) {
   if (!e.empty()) return e;
   if (fused_kernel(f.m) == FusedKernel::Decode) {
     const FusedDecodeWork w = fused_decode_work(f.m, f.n, f.k, f.ctas);
-    if (f.ctas < 1 || f.ctas > kFusedMaxCtas || f.ctas > w.units())
+    if (f.ctas < 1 || f.ctas > kFusedMaxCtas || uint32_t(f.ctas) > w.units())
       return "ctas=" + std::to_string(f.ctas) + " must be in 1.." + std::to_string(kFusedMaxCtas) +
              " and at most the " + std::to_string(w.units()) +
              " units of work (tiles x K steps) of the decode kernel";
-    if (f.splits != w.max_pieces())
+    if (uint32_t(f.splits) != w.max_pieces())
       return "splits=" + std::to_string(f.splits) + " is not the " +
              std::to_string(w.max_pieces()) +
              " pieces per tile of the decode kernel over ctas=" + std::to_string(f.ctas) +

@@ -139,8 +139,11 @@ inline int64_t fused_tiles(int64_t m, int64_t n) {
 }
 
 // The decode kernel's division of its work (fused_decode_work.hpp) over `ctas` CTAs.
+// Shapes past fused_shape_problem's limit on units give a meaningless division.
 inline FusedDecodeWork fused_decode_work(int64_t m, int64_t n, int64_t k, int ctas) {
-  return {fused_tiles(m, n), (k + kFusedDecodeKStep - 1) / kFusedDecodeKStep, ctas};
+  return {static_cast<uint32_t>(fused_tiles(m, n)),
+          static_cast<uint32_t>((k + kFusedDecodeKStep - 1) / kFusedDecodeKStep),
+          static_cast<uint32_t>(ctas)};
 }
 
 // The decode kernel's grid (fused_decode_work.hpp): every CTA resident at once (a tile's
@@ -162,6 +165,7 @@ inline constexpr int kFusedDecodeMinBusyPercent = 90;
 inline int fused_ctas(int64_t m, int64_t n, int64_t k, int resident_ctas) {
   if (fused_kernel(m) != FusedKernel::Decode) return 0;
   const FusedDecodeWork w = fused_decode_work(m, n, k, 1);
+  if (int64_t(w.tiles) * w.steps > kFusedDecodeMaxUnits) return 1;  // refused by the shape check
   const int64_t resident = resident_ctas < kFusedMaxCtas ? resident_ctas : kFusedMaxCtas;
   if (w.tiles >= resident) {
     const int64_t rounds = (w.tiles + resident - 1) / resident;
@@ -180,7 +184,8 @@ inline int fused_ctas(int64_t m, int64_t n, int64_t k, int resident_ctas) {
 // `resident_ctas`, up to kFusedMaxSplits, each a whole number of 64-element k-blocks.
 inline int fused_splits(int64_t m, int64_t n, int64_t k, int resident_ctas) {
   if (fused_kernel(m) == FusedKernel::Decode)
-    return fused_decode_work(m, n, k, fused_ctas(m, n, k, resident_ctas)).max_pieces();
+    return static_cast<int>(
+        fused_decode_work(m, n, k, fused_ctas(m, n, k, resident_ctas)).max_pieces());
   const int64_t tiles = fused_tiles(m, n);
   int best = 1;
   for (int s = 2; s <= kFusedMaxSplits; ++s)
@@ -221,6 +226,12 @@ inline std::string fused_shape_problem(int64_t m, int64_t n, int64_t k, int spli
            " must be multiples of 8 (16-byte row loads in the GEMM and the reduction)";
   if (fused_kernel(m) == FusedKernel::Decode) {
     const int64_t steps = (k + kFusedDecodeKStep - 1) / kFusedDecodeKStep;
+    if (fused_tiles(m, n) * steps > kFusedDecodeMaxUnits)
+      return "n=" + std::to_string(n) + " x k=" + std::to_string(k) + " is " +
+             std::to_string(fused_tiles(m, n) * steps) + " tiles x K steps, more than the " +
+             std::to_string(kFusedDecodeMaxUnits) +
+             " the decode kernel divides (m=" + std::to_string(m) +
+             " <= " + std::to_string(kFusedDecodeMaxTokens) + ")";
     if (splits < 1 || splits > kFusedDecodeMaxPieces || splits > steps)
       return "splits=" + std::to_string(splits) + " (pieces per tile) must be in 1.." +
              std::to_string(kFusedDecodeMaxPieces) + " and at most the " + std::to_string(steps) +

@@ -293,35 +293,36 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
 
 // This launch's division of the work (fused_decode_work.hpp): the grid is its CTAs.
 __device__ __forceinline__ FusedDecodeWork decode_work(const FusedTail& t, int64_t k) {
-  return {int64_t(t.n_blocks) * t.token_blocks, (k + kFusedDecodeKStep - 1) / kFusedDecodeKStep,
-          static_cast<int>(gridDim.x)};
+  return {uint32_t(t.n_blocks) * uint32_t(t.token_blocks),
+          static_cast<uint32_t>((k + kFusedDecodeKStep - 1) / kFusedDecodeKStep), gridDim.x};
 }
 
-// The piece of this CTA's range [u, end) that starts at unit u: tile (nb, tb), piece j of the
+// The piece of this CTA's share [u, end) that starts at unit u: tile (nb, tb), piece j of the
 // tile's `pieces`, its weight rows [row0, row0 + rows_w), token rows [tok0, tok0 + rows_t), K
-// range [k0, k1), and `next`, the unit after it.
+// range [k0, k1), and `next`, the unit after it. 32-bit divisions only (kFusedDecodeMaxUnits).
 struct Piece {
   int nb, tb, j, pieces;
   int64_t row0, tok0;
   int rows_w, rows_t;
-  int64_t k0, k1, next;
+  int64_t k0, k1;
+  uint32_t next;
   template <int Width>
-  __device__ static Piece at(const FusedTail& t, const FusedDecodeWork& w, int64_t k, int64_t u,
-                             int64_t end) {
+  __device__ static Piece at(const FusedTail& t, const FusedDecodeWork& w, int64_t k, uint32_t u,
+                             uint32_t end) {
     Piece p;
-    const int64_t tile = u / w.steps, tile_u0 = tile * w.steps;
-    p.tb = static_cast<int>(tile % t.token_blocks);
-    p.nb = static_cast<int>(tile / t.token_blocks);
-    p.j = static_cast<int>(blockIdx.x) - w.first_cta(tile);
-    p.pieces = w.pieces(tile);
+    const uint32_t tile = u / w.steps, tile_u0 = tile * w.steps;
+    p.tb = static_cast<int>(tile % uint32_t(t.token_blocks));
+    p.nb = static_cast<int>(tile / uint32_t(t.token_blocks));
+    p.j = static_cast<int>(blockIdx.x - w.first_cta(tile));
+    p.pieces = static_cast<int>(w.pieces(tile));
     p.row0 = int64_t(p.nb) * kFusedDecodeTileN;
     p.tok0 = int64_t(p.tb) * kFusedTokenTileSmall;
     const int64_t rw = t.n - p.row0, rt = t.m - p.tok0;
     p.rows_w = static_cast<int>(rw < kFusedDecodeTileN ? rw : kFusedDecodeTileN);
     p.rows_t = static_cast<int>(rt < Width ? rt : Width);
     p.next = end < tile_u0 + w.steps ? end : tile_u0 + w.steps;
-    p.k0 = (u - tile_u0) * kFusedDecodeKStep;
-    const int64_t k1 = (p.next - tile_u0) * kFusedDecodeKStep;
+    p.k0 = int64_t(u - tile_u0) * kFusedDecodeKStep;
+    const int64_t k1 = int64_t(p.next - tile_u0) * kFusedDecodeKStep;
     p.k1 = k1 < k ? k1 : k;
     return p;
   }
@@ -337,9 +338,9 @@ __device__ void produce(const DecodeMaps& maps, int64_t k, const FusedTail& t,
                         const volatile uint32_t* stop) {
   constexpr int S = kStages<Width>;
   const FusedDecodeWork w = decode_work(t, k);
-  const int64_t end = w.begin(blockIdx.x + 1);
+  const uint32_t end = w.begin(blockIdx.x + 1);
   uint32_t issued = 0;
-  for (int64_t u = w.begin(blockIdx.x); u < end;) {
+  for (uint32_t u = w.begin(blockIdx.x); u < end;) {
     const Piece it = Piece::at<Width>(t, w, k, u, end);
     u = it.next;
     for (int64_t kk = it.k0; kk < it.k1; kk += kStageK, ++issued) {
@@ -472,9 +473,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t parity = gen & 1u;
     const int g = lane / 4, q = lane % 4;
     const FusedDecodeWork w = decode_work(t, p.k);
-    const int64_t begin = w.begin(blockIdx.x), end = w.begin(blockIdx.x + 1);
+    const uint32_t begin = w.begin(blockIdx.x), end = w.begin(blockIdx.x + 1);
     uint32_t used = 0;
-    for (int64_t u = live_smem ? begin : end; u < end;) {
+    for (uint32_t u = live_smem ? begin : end; u < end;) {
       const Piece it = Piece::at<Width>(t, w, p.k, u, end);
       u = it.next;
       uint32_t valid = 0;
@@ -566,7 +567,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     // 2. Slice j of each tile this CTA has piece j of, summed over every rank's pieces.
     uint64_t start = 0;
-    for (int64_t u = live_smem ? begin : end; u < end;) {
+    for (uint32_t u = live_smem ? begin : end; u < end;) {
       const Piece it = Piece::at<Width>(t, w, p.k, u, end);
       u = it.next;
       if (!sum_slice<Element>(t, it.nb, it.tb, it.j, it.pieces, parity, gen, tid, start)) break;

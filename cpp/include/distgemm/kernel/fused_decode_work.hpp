@@ -24,31 +24,39 @@
 
 namespace distgemm::kernel {
 
-struct FusedDecodeWork {
-  int64_t tiles = 1;  // output tiles
-  int64_t steps = 1;  // K steps per tile
-  int ctas = 1;       // the grid, 1..units()
+// At most this many units (fused_shape_problem refuses more), so that the division's products
+// (units x CTAs, at most 2^31) fit the 32-bit arithmetic the kernel does per piece: 64-bit
+// divisions are software routines of hundreds of cycles, on the path to the first weight load.
+inline constexpr uint32_t kFusedDecodeMaxUnits = 1u << 21;
 
-  DISTGEMM_HD int64_t units() const { return tiles * steps; }
+struct FusedDecodeWork {
+  uint32_t tiles = 1;  // output tiles
+  uint32_t steps = 1;  // K steps per tile
+  uint32_t ctas = 1;   // the grid, 1..units() (and at most kFusedMaxCtas)
+
+  DISTGEMM_HD uint32_t units() const { return tiles * steps; }
   // Units per grain of the cut: a tile, or a K step where the tiles are fewer than the CTAs.
-  DISTGEMM_HD int64_t grain() const { return tiles >= ctas ? steps : 1; }
+  DISTGEMM_HD uint32_t grain() const { return tiles >= ctas ? steps : 1u; }
   // First unit of CTA c's share (c = ctas: the end of the work).
-  DISTGEMM_HD int64_t begin(int c) const { return units() / grain() * c / ctas * grain(); }
-  // The CTA whose share holds unit x: the last c with begin(c) <= x.
-  DISTGEMM_HD int cta_of(int64_t x) const {
-    const int64_t grains = units() / grain();
-    return static_cast<int>((((x / grain()) + 1) * ctas + grains - 1) / grains) - 1;
+  DISTGEMM_HD uint32_t begin(uint32_t c) const {
+    const uint32_t g = grain();
+    return units() / g * c / ctas * g;
   }
-  DISTGEMM_HD int first_cta(int64_t tile) const { return cta_of(tile * steps); }
+  // The CTA whose share holds unit x: the last c with begin(c) <= x.
+  DISTGEMM_HD uint32_t cta_of(uint32_t x) const {
+    const uint32_t g = grain(), grains = units() / g;
+    return ((x / g + 1) * ctas + grains - 1) / grains - 1;
+  }
+  DISTGEMM_HD uint32_t first_cta(uint32_t tile) const { return cta_of(tile * steps); }
   // CTAs that compute a piece of `tile`.
-  DISTGEMM_HD int pieces(int64_t tile) const {
+  DISTGEMM_HD uint32_t pieces(uint32_t tile) const {
     return cta_of((tile + 1) * steps - 1) - first_cta(tile) + 1;
   }
   // The most pieces of any tile: the sources per rank of a tile's sum.
-  DISTGEMM_HD int max_pieces() const {
-    int most = 1;
-    for (int64_t t = 0; t < tiles; ++t) {
-      const int p = pieces(t);
+  DISTGEMM_HD uint32_t max_pieces() const {
+    uint32_t most = 1;
+    for (uint32_t t = 0; t < tiles; ++t) {
+      const uint32_t p = pieces(t);
       most = p > most ? p : most;
     }
     return most;
