@@ -152,9 +152,9 @@ inline FusedDecodeWork fused_decode_work(int64_t m, int64_t n, int64_t k, int ct
 //    rounds, whole tiles each, where they are at least kFusedDecodeMinBusyPercent of the
 //    resident ones (256 tiles on an H200's 132: 128 CTAs of 2 tiles), else every resident CTA,
 //    whole tiles in rounds (128 tiles on 114: 1 or 2 each, where 64 CTAs of 2 would leave half
-//    the SMs idle). On one H200, 128 CTAs of 2 tiles ran the one-token GEMM of 405B O 2.5-3%
-//    faster than 132 of 1 or 2; on 405B FC2 (three times the K) they were within 1.5%
-//    either way (benchmarks/results/2026-11-25-decode-grid.md);
+//    the SMs idle). On one H200, 128 CTAs of 2 tiles ran 405B O 2.5-3% faster than 132 of 1
+//    or 2 at 1, 8 and 32 tokens; on 405B FC2 (three times the K) they were within 1.5% either
+//    way (benchmarks/results/2026-11-25-decode-grid.md);
 //  - with fewer tiles, every tile in the most equal pieces, up to kFusedDecodeMaxPieces and one K
 //    step each, that keep the CTAs resident (64 tiles on 132: 128 CTAs of half a tile).
 // Cutting the K steps into one equal share per resident CTA instead (every SM busy, most tiles in

@@ -25,8 +25,8 @@
 // with the same permutation, so the sum over K is the same sum in another order. At the end of a
 // piece the warps exchange their sums through shared memory, warp w keeping m16 block w.
 //
-// Work: every tile's K steps, cut into equal contiguous shares, one per CTA
-// (fused_decode_work.hpp); the part of a tile in one CTA's share is a piece. A CTA takes its
+// Work: every tile's K steps, cut into contiguous shares of whole tiles or of K steps, one per
+// CTA (fused_decode_work.hpp); the part of a tile in one CTA's share is a piece. A CTA takes its
 // pieces in order:
 //   1. after each piece's mainloop it pushes the piece's partial (alpha x the fp32 sum, in the
 //      element type) into every rank's receive buffer, at this launch's parity, source (this
