@@ -10,8 +10,8 @@
 //    the weight's rows on the MMA's wide side, the few tokens on its narrow side), 64-column
 //    tiles, one CTA per SM whose producer warp streams the weight through a deep shared-memory
 //    ring with TMA and whose consumer warps run warp-level MMAs; the tiles' K steps are cut into
-//    equal shares, one per CTA (fused_decode_work.hpp), a tile's pieces coming from the CTAs
-//    whose shares cross it;
+//    contiguous shares of whole tiles or of K steps, one per CTA (fused_decode_work.hpp), a
+//    tile's pieces coming from the CTAs whose shares cross it;
 //  - cutlass (more tokens, fused_allreduce_sm90.cuh): CUTLASS's SM90 cooperative GEMM, swapped
 //    too: tiles of 128 weight rows (output columns) by 64 to 256 tokens (fused_token_tile), K
 //    split in its batch mode.
@@ -153,8 +153,8 @@ inline FusedDecodeWork fused_decode_work(int64_t m, int64_t n, int64_t k, int ct
 //    resident ones (256 tiles on an H200's 132: 128 CTAs of 2 tiles), else every resident CTA,
 //    whole tiles in rounds (128 tiles on 114: 1 or 2 each, where 64 CTAs of 2 would leave half
 //    the SMs idle). On one H200, 128 CTAs of 2 tiles ran 405B O 2.5-3% faster than 132 of 1
-//    or 2 at 1, 8 and 32 tokens; on 405B FC2 (three times the K) they were within 1.5% either
-//    way (benchmarks/results/2026-11-25-decode-grid.md);
+//    or 2 in contiguous shares at 1, 8 and 32 tokens; on 405B FC2 (three times the K) they were
+//    within 1.5% either way (benchmarks/results/2026-11-25-decode-grid.md);
 //  - with fewer tiles, every tile in the most equal pieces, up to kFusedDecodeMaxPieces and one K
 //    step each, that keep the CTAs resident (64 tiles on 132: 128 CTAs of half a tile).
 // Cutting the K steps into one equal share per resident CTA instead (every SM busy, most tiles in
