@@ -72,9 +72,6 @@ inline constexpr int64_t kFusedDecodeAutoMaxWeightBytes = 250'000'000;
 // at 1..32 tokens the CUTLASS GEMM alone takes about what the decode kernel's whole fused op
 // does.
 inline constexpr int64_t kFusedDecodeMaxTokens = 32;
-// The decode kernel's K step: each of a row's 4 threads takes 16 consecutive elements (two
-// 16-byte loads), so one step covers 64 elements, a 128-byte line of each of its weight rows.
-inline constexpr int kFusedDecodeKStep = 64;
 // At most this many splits of K in the CUTLASS kernel's batches (each a whole number of
 // 64-element k-blocks), and pieces of a tile in the decode kernel's grid (fused_ctas), so that on
 // narrow outputs a tile's sum waits for at most this many sources per rank.
@@ -141,8 +138,7 @@ inline int64_t fused_tiles(int64_t m, int64_t n) {
 // The decode kernel's division of its work (fused_decode_work.hpp) over `ctas` CTAs.
 // Shapes past fused_shape_problem's limit on units give a meaningless division.
 inline FusedDecodeWork fused_decode_work(int64_t m, int64_t n, int64_t k, int ctas) {
-  return {static_cast<uint32_t>(fused_tiles(m, n)),
-          static_cast<uint32_t>((k + kFusedDecodeKStep - 1) / kFusedDecodeKStep),
+  return {static_cast<uint32_t>(fused_tiles(m, n)), fused_decode_steps(k),
           static_cast<uint32_t>(ctas)};
 }
 
@@ -225,7 +221,7 @@ inline std::string fused_shape_problem(int64_t m, int64_t n, int64_t k, int spli
     return "n=" + std::to_string(n) + " and k=" + std::to_string(k) +
            " must be multiples of 8 (16-byte row loads in the GEMM and the reduction)";
   if (fused_kernel(m) == FusedKernel::Decode) {
-    const int64_t steps = (k + kFusedDecodeKStep - 1) / kFusedDecodeKStep;
+    const int64_t steps = fused_decode_steps(k);
     if (fused_tiles(m, n) * steps > kFusedDecodeMaxUnits)
       return "n=" + std::to_string(n) + " x k=" + std::to_string(k) + " is " +
              std::to_string(fused_tiles(m, n) * steps) + " tiles x K steps, more than the " +

@@ -293,8 +293,7 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
 
 // This launch's division of the work (fused_decode_work.hpp): the grid is its CTAs.
 __device__ __forceinline__ FusedDecodeWork decode_work(const FusedTail& t, int64_t k) {
-  return {uint32_t(t.n_blocks) * uint32_t(t.token_blocks),
-          static_cast<uint32_t>((k + kFusedDecodeKStep - 1) / kFusedDecodeKStep), gridDim.x};
+  return {uint32_t(t.n_blocks) * uint32_t(t.token_blocks), fused_decode_steps(k), gridDim.x};
 }
 
 // The piece of this CTA's share [u, end) that starts at unit u: tile (nb, tb), piece j of the
@@ -358,7 +357,7 @@ __device__ void produce(const DecodeMaps& maps, int64_t k, const FusedTail& t,
       {
         // Boxes past k are zero-filled by TMA; a piece's range ends on a K step otherwise.
         const int64_t kc = it.k1 - kk < kStageK ? it.k1 - kk : kStageK;
-        const int steps = static_cast<int>((kc + kFusedDecodeKStep - 1) / kFusedDecodeKStep);
+        const int steps = static_cast<int>(fused_decode_steps(kc));
         mbar_arrive_expect_tx(&full[stage], steps * (kWeightBoxBytes + kTokenBoxBytes<Width>));
         unsigned char* sw = stages + stage * kStageBytes<Width>;
         unsigned char* st = sw + kStepsPerStage * kWeightBoxBytes;
@@ -493,7 +492,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         while (!mbar_try_wait(&full[stage], (used / S) & 1u)) {
         }
         const int64_t kc = it.k1 - kk < kStageK ? it.k1 - kk : kStageK;
-        const int steps = static_cast<int>((kc + kFusedDecodeKStep - 1) / kFusedDecodeKStep);
+        const int steps = static_cast<int>(fused_decode_steps(kc));
         if (warp < steps) {
           const unsigned char* sw = stages + stage * kStageBytes<Width>;
           consume_step<Element, Width>(

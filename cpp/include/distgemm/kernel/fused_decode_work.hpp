@@ -24,6 +24,15 @@
 
 namespace distgemm::kernel {
 
+// The decode kernel's K step: each of a row's 4 threads takes 16 consecutive elements (two
+// 16-byte loads), so one step covers 64 elements, a 128-byte line of each of its weight rows.
+inline constexpr int kFusedDecodeKStep = 64;
+
+// K steps of `k` elements, the last one partial where k is not a multiple of the step.
+DISTGEMM_HD inline uint32_t fused_decode_steps(int64_t k) {
+  return static_cast<uint32_t>((k + kFusedDecodeKStep - 1) / kFusedDecodeKStep);
+}
+
 // At most this many units (fused_shape_problem refuses more), so that the division's products
 // (units x CTAs, at most 2^31) fit the 32-bit arithmetic the kernel does per piece: 64-bit
 // divisions are software routines of hundreds of cycles, on the path to the first weight load.
@@ -52,8 +61,10 @@ struct FusedDecodeWork {
   DISTGEMM_HD uint32_t pieces(uint32_t tile) const {
     return cta_of((tile + 1) * steps - 1) - first_cta(tile) + 1;
   }
-  // The most pieces of any tile: the sources per rank of a tile's sum.
+  // The most pieces of any tile: the sources per rank of a tile's sum. Shares of whole tiles
+  // give every tile one; shares of K steps (fewer tiles than CTAs) are counted tile by tile.
   DISTGEMM_HD uint32_t max_pieces() const {
+    if (grain() == steps) return 1u;
     uint32_t most = 1;
     for (uint32_t t = 0; t < tiles; ++t) {
       const uint32_t p = pieces(t);
