@@ -429,6 +429,22 @@ def test_replays_do_not_leak_and_still_verify():
     assert float(res["rel_err_replays"]) < 1e-2
 
 
+def test_local_floor_timed_around_the_plan():
+    """The single case's floor (the local GEMM alone) is timed before and after the plan, and
+    local_ms is their mean, so that the clock's drift over the run weighs on both sides."""
+    proc, res = run_bench(
+        *("--schedule", "ag_rotate_a", "--tp", str(TP), "--steps", str(TP)),
+        *("--m", "4096", "--n", "4096", "--k", "4096", "--iterations", "20", "--warmup", "2"),
+        *("--warmup-ms", "100"),
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    before, after = float(res["local_before_ms"]), float(res["local_after_ms"])
+    local_ms, ms = float(res["local_ms"]), float(res["ms"])
+    assert before > 0 and after > 0 and ms > 0
+    assert local_ms == pytest.approx((before + after) / 2, rel=1e-3)
+    assert float(res["overlap_eff"]) == pytest.approx(local_ms / ms, rel=1e-2)
+
+
 def test_llama_sweep_subset(tmp_path):
     """`--sweep` on two 70B layers at 4096 tokens: every (case, S) verified and timed beside the
     local kernel; decided by the exit code and the CSV's numbers, the table read for its rows."""
@@ -464,6 +480,10 @@ def test_llama_sweep_subset(tmp_path):
         ms, local_ms = float(r["ms"]), float(r["local_ms"])
         assert ms > 0 and local_ms > 0
         assert float(r["overlap_eff"]) == pytest.approx(local_ms / ms, rel=1e-2)
+        # the floor is timed before and after the case's plans, and the mean is reported
+        before, after = float(r["local_before_ms"]), float(r["local_after_ms"])
+        assert before > 0 and after > 0
+        assert local_ms == pytest.approx((before + after) / 2, rel=1e-3)
         flops = 2.0 * want[r["case"]][0] * want[r["case"]][1] * want[r["case"]][2]
         assert float(r["tflops_per_gpu"]) == pytest.approx(
             flops / TP / (ms * 1e-3) / 1e12, rel=1e-2

@@ -429,10 +429,22 @@ double checked_launch(const Args& a, Global& g, Setup& s, Problem p) {
   return verify(a, g, s, p);
 }
 
-double time_local(const Args& a, const schedule::ScheduleDef& def, Problem local, int dev) {
-  auto ls = make_setup(a, def, local, 1, 1, {dev});
-  fill_inputs(*ls, a.seed + 100);
-  return time_replays(*ls, a.warmup, a.iterations, a.warmup_ms);
+LocalFloor::LocalFloor(const Args& a, const schedule::ScheduleDef& def, Problem local, int dev)
+    : a_(a), setup_(make_setup(a, def, local, 1, 1, {dev})) {
+  fill_inputs(*setup_, a.seed + 100);
+}
+
+void LocalFloor::time_before() {
+  before_ = time_replays(*setup_, a_.warmup, a_.iterations, a_.warmup_ms);
+}
+
+void LocalFloor::time_after() {
+  after_ = time_replays(*setup_, a_.warmup, a_.iterations,
+                        std::min(a_.warmup_ms, llama::kSweepTiming.rewarm_ms));
+}
+
+double LocalFloor::ms() const {
+  return before_ > 0 && after_ > 0 ? 0.5 * (before_ + after_) : -1.0;
 }
 
 }  // namespace distgemm::bench

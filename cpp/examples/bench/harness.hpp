@@ -113,8 +113,23 @@ void fill_inputs(Setup& s, uint64_t seed);
 // NaN-poisoned outputs: its relative error against the reference.
 double checked_launch(const Args& a, Global& g, Setup& s, schedule::Problem p);
 // The "own kernel floor": the same runtime and kernel on device `dev` alone, for the problem one
-// device of the distributed GEMM computes (`local`, from local_problem: a TP=1, S=1 plan).
-double time_local(const Args& a, const schedule::ScheduleDef& def, schedule::Problem local,
-                  int dev);
+// device of the distributed GEMM computes (`local`, from local_problem: a TP=1, S=1 plan). It is
+// timed before a case's plan timings and again after them, and ms() is the mean of the two, so
+// that the clock's drift under the power cap over the case weighs on the floor as on the plans
+// (a floor timed only after them runs on a hotter GPU and flatters the overlap).
+class LocalFloor {
+ public:
+  LocalFloor(const Args& a, const schedule::ScheduleDef& def, schedule::Problem local, int dev);
+  void time_before();  // after warmup_ms of the floor's own replays
+  void time_after();   // after rewarm_ms: the plans' timings kept the GPU under load
+  double ms() const;   // mean of the two windows; -1 until both ran
+  double before_ms() const { return before_; }
+  double after_ms() const { return after_; }
+
+ private:
+  const Args& a_;
+  std::unique_ptr<Setup> setup_;
+  double before_ = -1.0, after_ = -1.0;
+};
 
 }  // namespace distgemm::bench

@@ -1,6 +1,6 @@
 // distgemm_bench's single case: one schedule on TP GPUs, verified against the reference, its
-// graphs retargeted to new buffers (--check-update), timed beside the local GEMM, and the RESULT
-// line that tests/gpu/test_cpp_bench.py and `python -m distgemm` parse.
+// graphs retargeted to new buffers (--check-update), timed between two timings of the local GEMM,
+// and the RESULT line that tests/gpu/test_cpp_bench.py and `python -m distgemm` parse.
 #include "single_case.hpp"
 
 #include <chrono>
@@ -124,12 +124,18 @@ int run_single_case(Args a) {
     D2.clear();
   }
 
+  std::unique_ptr<LocalFloor> local_floor;
+  if (a.local) {
+    local_floor = std::make_unique<LocalFloor>(a, *def, local_problem(*def, prob, a.tp), devs[0]);
+    local_floor->time_before();
+  }
   const double ms = time_replays(*s, a.warmup, a.iterations, a.warmup_ms);
   const double tflops = tflops_per_gpu(prob, a.tp, ms);
 
   double local_ms = -1.0, eff = -1.0;
-  if (a.local) {
-    local_ms = time_local(a, *def, local_problem(*def, prob, a.tp), devs[0]);
+  if (local_floor) {
+    local_floor->time_after();
+    local_ms = local_floor->ms();
     eff = local_ms / ms;
   }
 
@@ -142,7 +148,7 @@ int run_single_case(Args a) {
       "rel_err=%.3e rel_err_update=%.3e rel_err_replays=%.3e verify=%s ms=%.4f "
       "tflops_per_gpu=%.1f local_ms=%.4f local_tflops=%.1f overlap_eff=%.4f update_ms=%.3f "
       "rebuild_ms=%.3f swizzle=%d raster=%d pdl=%d partial_via=%s tile_n=%s gemm_n128=%d "
-      "verify_rows=%lld\n",
+      "verify_rows=%lld local_before_ms=%.4f local_after_ms=%.4f\n",
       a.schedule.c_str(), a.tp, a.steps, (long long)a.m, (long long)a.n, (long long)a.k,
       (long long)a.l, a.dtype.c_str(), scales_name(a), a.fast_accum ? 1 : 0, a.beta, a.bias ? 1 : 0,
       rel_err, rel_err_update, rel_err_replays, a.verify ? (ok ? "PASS" : "FAIL") : "SKIP", ms,
@@ -150,7 +156,8 @@ int run_single_case(Args a) {
       rebuild_ms, a.swizzle, a.raster, st.pdl ? 1 : 0,
       schedule::partial_via_name(s->plan.partial_via),
       a.tile_n ? std::to_string(a.tile_n).c_str() : "auto", st.gemm_n128,
-      (long long)(g ? g->checked : 0));
+      (long long)(g ? g->checked : 0), local_floor ? local_floor->before_ms() : -1.0,
+      local_floor ? local_floor->after_ms() : -1.0);
   if (!ok)
     std::fprintf(stderr, "error: verification failed (relative error >= %.0e or NaN)\n",
                  kTolerance);

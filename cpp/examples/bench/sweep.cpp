@@ -146,7 +146,8 @@ struct StepResult {
 struct CaseResult {
   const SweepCase* sc = nullptr;
   std::vector<StepResult> runs;
-  double local_ms = -1.0;
+  double local_ms = -1.0;  // the mean of the floor's two windows (LocalFloor)
+  double local_before_ms = -1.0, local_after_ms = -1.0;
   int64_t rows_checked = 0;
   std::string failed;  // a run-time error of this case
 
@@ -164,12 +165,15 @@ struct CaseResult {
   }
 };
 
-// One case: the reference once, each S set up, checked and timed, then the local kernel. Each
-// setup and the reference are freed before the next allocation (405B FC1 at 16384 tokens holds
-// ~10 GiB on device 0 at its peak: global A, B and D plus the device's shards).
+// One case: the local kernel set up and timed, the reference once, each S set up, checked and
+// timed, then the local kernel timed again. Each plan's setup and the reference are freed before
+// the next allocation (405B FC1 at 16384 tokens holds ~14 GiB on device 0 at its peak: global A, B
+// and D, the device's shards and the local GEMM's operands).
 void run_case(const Args& a, const std::vector<int>& devs, CaseResult& r) {
   const SweepCase& sc = *r.sc;
   const int tp = int(devs.size());
+  LocalFloor local_floor(a, *sc.def, sc.local, devs[0]);
+  local_floor.time_before();
   auto g = std::make_unique<Global>(make_global(a, sc.prob, devs[0]));
   r.rows_checked = g->checked;
   for (const auto& [steps, why] : sc.steps) {
@@ -187,7 +191,10 @@ void run_case(const Args& a, const std::vector<int>& devs, CaseResult& r) {
     st.ms = time_replays(*s, a.warmup, a.iterations, a.warmup_ms);
   }
   g.reset();
-  r.local_ms = time_local(a, *sc.def, sc.local, devs[0]);
+  local_floor.time_after();
+  r.local_ms = local_floor.ms();
+  r.local_before_ms = local_floor.before_ms();
+  r.local_after_ms = local_floor.after_ms();
 }
 
 std::string fmt(const char* f, double v) {
@@ -230,7 +237,7 @@ void write_csv(const std::string& path, const std::vector<Row>& rows, const Args
   if (!f) throw std::runtime_error("cannot write --csv " + path);
   f << "case,model,layer,tokens,tp,dtype,scales,fast_accum,m,n,k,schedule,steps,status,ms,"
        "tflops_per_gpu,local_ms,local_tflops_per_gpu,overlap_eff,best_steps,rel_err,rows_checked,"
-       "reason\n";
+       "reason,local_before_ms,local_after_ms\n";
   const int tp = a.tp;
   for (const Row& r : rows) {
     const SweepCase& sc = *r.cr->sc;
@@ -247,7 +254,9 @@ void write_csv(const std::string& path, const std::vector<Row>& rows, const Args
       << (timed && local ? fmt("%.4f", r.cr->local_ms / r.st->ms) : "") << ','
       << (r.cr->best_steps() ? std::to_string(r.cr->best_steps()) : "") << ','
       << (timed ? fmt("%.3e", r.st->rel_err) : "") << ','
-      << (timed ? std::to_string(r.cr->rows_checked) : "") << ',' << csv_field(r.reason) << '\n';
+      << (timed ? std::to_string(r.cr->rows_checked) : "") << ',' << csv_field(r.reason) << ','
+      << (local ? fmt("%.4f", r.cr->local_before_ms) : "") << ','
+      << (local ? fmt("%.4f", r.cr->local_after_ms) : "") << '\n';
   }
 }
 
