@@ -230,6 +230,15 @@ def time_variant(ctx: RankContext, fn, warm_s: float = REWARM_S) -> float:
     return statistics.median(per_iter)
 
 
+def time_around(ctx: RankContext, outer, inner) -> tuple[float, float, float]:
+    """``outer``, ``inner``, then ``outer`` again, each by time_variant (A B A): (outer's first
+    window, inner, outer's second window), in ms. A ratio of the two uses the mean of outer's
+    windows, so that a linear clock drift under the power cap hits both sides alike."""
+    before = time_variant(ctx, outer)
+    middle = time_variant(ctx, inner)
+    return before, middle, time_variant(ctx, outer)
+
+
 def rel_err(torch, x, ref) -> float:
     x, ref = x.float(), ref.float()
     if not bool(torch.isfinite(x).all()):

@@ -16,7 +16,7 @@ import pytest
 
 from benchmarks import kernel_report as rep
 from benchmarks import kernel_vs_cublas as bench
-from benchmarks.gpu_timing import MAX_ITERS, TIMED_S, SingleGpuContext, time_variant
+from benchmarks.gpu_timing import MAX_ITERS, TIMED_S, SingleGpuContext, time_around, time_variant
 from benchmarks.kernel_shapes import Source, kernel_shapes
 from distgemm import _core
 
@@ -348,6 +348,26 @@ def test_single_gpu_context_runs_the_sweep_timing():
     # warm-up of >= 1 s (chunks of 200 calls of 0.5 ms), then a window of >= TIMED_S
     timed = min(MAX_ITERS, TIMED_S * 1e3 / 0.5)
     assert clock.calls >= 3 + 1000 / 0.5 + timed
+
+
+def test_time_around_times_outer_inner_outer():
+    """A B A: the outer variant's two windows come before and after the inner one's, each the
+    variant's own per-call time."""
+    clock = _FakeClock(0.0)
+    ctx = SingleGpuContext(clock.torch(), dev="cuda:0")
+    runs: list[str] = []
+
+    def call(name: str, ms: float):
+        def fn():
+            clock.now += ms
+            if not runs or runs[-1] != name:
+                runs.append(name)
+
+        return fn
+
+    before, inner, after = time_around(ctx, call("outer", 0.5), call("inner", 0.25))
+    assert (before, inner, after) == (pytest.approx(0.5), pytest.approx(0.25), pytest.approx(0.5))
+    assert runs == ["outer", "inner", "outer"]
 
 
 def test_timing_without_a_gpu_says_why(capsys, tmp_path):

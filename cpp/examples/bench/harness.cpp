@@ -435,16 +435,12 @@ LocalFloor::LocalFloor(const Args& a, const schedule::ScheduleDef& def, Problem 
 }
 
 void LocalFloor::time_before() {
-  before_ = time_replays(*setup_, a_.warmup, a_.iterations, a_.warmup_ms);
+  windows_.before_ms = time_replays(*setup_, a_.warmup, a_.iterations, a_.warmup_ms);
 }
 
 void LocalFloor::time_after() {
-  after_ = time_replays(*setup_, a_.warmup, a_.iterations,
-                        std::min(a_.warmup_ms, llama::kSweepTiming.rewarm_ms));
-}
-
-double LocalFloor::ms() const {
-  return before_ > 0 && after_ > 0 ? 0.5 * (before_ + after_) : -1.0;
+  windows_.after_ms = time_replays(*setup_, a_.warmup, a_.iterations,
+                                   std::min(a_.warmup_ms, llama::kSweepTiming.rewarm_ms));
 }
 
 }  // namespace distgemm::bench

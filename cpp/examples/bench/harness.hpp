@@ -114,22 +114,25 @@ void fill_inputs(Setup& s, uint64_t seed);
 double checked_launch(const Args& a, Global& g, Setup& s, schedule::Problem p);
 // The "own kernel floor": the same runtime and kernel on device `dev` alone, for the problem one
 // device of the distributed GEMM computes (`local`, from local_problem: a TP=1, S=1 plan). It is
-// timed before a case's plan timings and again after them, and ms() is the mean of the two, so
+// timed before a case's plan timings and again after them (FloorWindows), and its ms() is the
+// mean of the two, so
 // that the clock's drift under the power cap over the case weighs on the floor as on the plans
 // (a floor timed only after them runs on a hotter GPU and flatters the overlap).
+struct FloorWindows {
+  double before_ms = -1.0, after_ms = -1.0;  // -1 until timed
+  double ms() const { return before_ms > 0 && after_ms > 0 ? 0.5 * (before_ms + after_ms) : -1.0; }
+};
 class LocalFloor {
  public:
   LocalFloor(const Args& a, const schedule::ScheduleDef& def, schedule::Problem local, int dev);
   void time_before();  // after warmup_ms of the floor's own replays
   void time_after();   // after rewarm_ms: the plans' timings kept the GPU under load
-  double ms() const;   // mean of the two windows; -1 until both ran
-  double before_ms() const { return before_; }
-  double after_ms() const { return after_; }
+  const FloorWindows& windows() const { return windows_; }
 
  private:
   const Args& a_;
   std::unique_ptr<Setup> setup_;
-  double before_ = -1.0, after_ = -1.0;
+  FloorWindows windows_;
 };
 
 }  // namespace distgemm::bench

@@ -135,7 +135,7 @@ int run_single_case(Args a) {
   double local_ms = -1.0, eff = -1.0;
   if (local_floor) {
     local_floor->time_after();
-    local_ms = local_floor->ms();
+    local_ms = local_floor->windows().ms();
     eff = local_ms / ms;
   }
 
@@ -156,8 +156,8 @@ int run_single_case(Args a) {
       rebuild_ms, a.swizzle, a.raster, st.pdl ? 1 : 0,
       schedule::partial_via_name(s->plan.partial_via),
       a.tile_n ? std::to_string(a.tile_n).c_str() : "auto", st.gemm_n128,
-      (long long)(g ? g->checked : 0), local_floor ? local_floor->before_ms() : -1.0,
-      local_floor ? local_floor->after_ms() : -1.0);
+      (long long)(g ? g->checked : 0), local_floor ? local_floor->windows().before_ms : -1.0,
+      local_floor ? local_floor->windows().after_ms : -1.0);
   if (!ok)
     std::fprintf(stderr, "error: verification failed (relative error >= %.0e or NaN)\n",
                  kTolerance);

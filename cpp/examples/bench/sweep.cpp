@@ -146,8 +146,7 @@ struct StepResult {
 struct CaseResult {
   const SweepCase* sc = nullptr;
   std::vector<StepResult> runs;
-  double local_ms = -1.0;  // the mean of the floor's two windows (LocalFloor)
-  double local_before_ms = -1.0, local_after_ms = -1.0;
+  FloorWindows local_floor;  // the local kernel's two windows (LocalFloor); .ms(): their mean
   int64_t rows_checked = 0;
   std::string failed;  // a run-time error of this case
 
@@ -192,9 +191,7 @@ void run_case(const Args& a, const std::vector<int>& devs, CaseResult& r) {
   }
   g.reset();
   local_floor.time_after();
-  r.local_ms = local_floor.ms();
-  r.local_before_ms = local_floor.before_ms();
-  r.local_after_ms = local_floor.after_ms();
+  r.local_floor = local_floor.windows();
 }
 
 std::string fmt(const char* f, double v) {
@@ -242,21 +239,21 @@ void write_csv(const std::string& path, const std::vector<Row>& rows, const Args
   for (const Row& r : rows) {
     const SweepCase& sc = *r.cr->sc;
     const bool timed = r.st && r.st->ms > 0;
-    const bool local = r.cr->local_ms > 0;
+    const bool local = r.cr->local_floor.ms() > 0;
     f << sc.name << ',' << sc.c.model->name << ',' << sc.c.layer->name << ',' << sc.c.tokens << ','
       << tp << ',' << a.dtype << ',' << scales_name(a) << ',' << (a.fast_accum ? 1 : 0) << ','
       << sc.prob.m << ',' << sc.prob.n << ',' << sc.prob.k << ',' << sc.def->name << ','
       << (r.st ? std::to_string(r.st->steps) : "") << ',' << r.status << ','
       << (timed ? fmt("%.4f", r.st->ms) : "") << ','
       << (timed ? fmt("%.1f", tflops_per_gpu(sc.prob, tp, r.st->ms)) : "") << ','
-      << (local ? fmt("%.4f", r.cr->local_ms) : "") << ','
-      << (local ? fmt("%.1f", tflops_per_gpu(sc.prob, tp, r.cr->local_ms)) : "") << ','
-      << (timed && local ? fmt("%.4f", r.cr->local_ms / r.st->ms) : "") << ','
+      << (local ? fmt("%.4f", r.cr->local_floor.ms()) : "") << ','
+      << (local ? fmt("%.1f", tflops_per_gpu(sc.prob, tp, r.cr->local_floor.ms())) : "") << ','
+      << (timed && local ? fmt("%.4f", r.cr->local_floor.ms() / r.st->ms) : "") << ','
       << (r.cr->best_steps() ? std::to_string(r.cr->best_steps()) : "") << ','
       << (timed ? fmt("%.3e", r.st->rel_err) : "") << ','
       << (timed ? std::to_string(r.cr->rows_checked) : "") << ',' << csv_field(r.reason) << ','
-      << (local ? fmt("%.4f", r.cr->local_before_ms) : "") << ','
-      << (local ? fmt("%.4f", r.cr->local_after_ms) : "") << '\n';
+      << (local ? fmt("%.4f", r.cr->local_floor.before_ms) : "") << ','
+      << (local ? fmt("%.4f", r.cr->local_floor.after_ms) : "") << '\n';
   }
 }
 
@@ -271,11 +268,11 @@ void print_table(const std::vector<Row>& rows, int tp) {
                       r.status + ": " + r.reason);
       continue;
     }
-    const bool local = r.cr->local_ms > 0;
+    const bool local = r.cr->local_floor.ms() > 0;
     cells.push_back({sc.name, std::to_string(r.st->steps), fmt("%.3f", r.st->ms),
                      fmt("%.1f", tflops_per_gpu(sc.prob, tp, r.st->ms)),
-                     local ? fmt("%.3f", r.cr->local_ms) : "-",
-                     local ? fmt("%.3f", r.cr->local_ms / r.st->ms) : "-",
+                     local ? fmt("%.3f", r.cr->local_floor.ms()) : "-",
+                     local ? fmt("%.3f", r.cr->local_floor.ms() / r.st->ms) : "-",
                      std::to_string(r.cr->best_steps()), fmt("%.1e", r.st->rel_err),
                      r.status == "ok" ? "PASS" : "FAIL"});
   }
@@ -346,7 +343,7 @@ int run_sweep(Args a) {
                 fmt(" %.0f TF/s/GPU", tflops_per_gpu(r.sc->prob, a.tp, st.ms)) +
                 fmt(" err %.1e ", st.rel_err) + (passes(st.rel_err) ? "PASS" : "FAIL");
     }
-    if (r.local_ms > 0) line += fmt("; local %.3f ms", r.local_ms);
+    if (r.local_floor.ms() > 0) line += fmt("; local %.3f ms", r.local_floor.ms());
     if (!r.failed.empty()) line += "; FAILED: " + r.failed;
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
