@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from distgemm.comm import close_all
+from distgemm.runtime.communicator import close_all
 from distgemm.ops import all_gather_gemm, gemm_reduce_scatter
 
 

@@ -54,7 +54,7 @@ def test_splits_that_s_does_not_divide_build_uneven_tiles(schedule, tp, steps, s
     """S need not divide the split mode: the tiles are uneven (even empty) and the plan still
     proves its invariants and computes the GEMM."""
     plan = build_plan(schedule, tp, steps, **shape)
-    assert distgemm.check_plan(plan) == []
+    assert distgemm.verify_plan(plan) == []
     assert distgemm.run_reference(plan, beta=0.5, use_bias=True) < 1e-9
 
 

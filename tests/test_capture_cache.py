@@ -1,5 +1,5 @@
 """CPU checks of what the plan cache does for plans recorded into callers' CUDA graphs
-(distgemm.entries): such an entry is never evicted nor dropped, nothing is evicted during a
+(distgemm.runtime.entry_cache): such an entry is never evicted nor dropped, nothing is evicted during a
 capture, timeouts of the capture-only graphs are reported, and an entry gets one capture-only
 graph, which pins its workspace."""
 
@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from distgemm import _core, entries, ops  # noqa: E402
-from distgemm.precision import Precision  # noqa: E402
+from distgemm.runtime.precision import Precision  # noqa: E402
 
 
 class Graph:

@@ -1,4 +1,4 @@
-"""CPU checks of distgemm.comm and distgemm.control: the group checks every rank computes from
+"""CPU checks of distgemm.runtime.communicator and distgemm.control: the group checks every rank computes from
 all-gathered data, the control exchange over the job's key-value store, Communicator setup
 errors. The workspace (sharing, growth, release) is tests/test_workspace_sharing.py's."""
 
@@ -8,8 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from distgemm import comm as comm_mod  # noqa: E402
-from distgemm import control  # noqa: E402
+from distgemm.runtime import communicator as comm_mod  # noqa: E402
+from distgemm.runtime import control  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # What every rank raises: pure functions over all-gathered data.
@@ -28,7 +28,7 @@ def info(host="h", uuid="u0", cap=(9, 0), peer_ok=None, device=0, name="NVIDIA H
 
 def test_group_info_ok():
     assert (
-        comm_mod.check_group_info(
+        comm_mod.group_problem(
             [info(uuid="a", peer_ok={"b": True}), info(uuid="b", device=1, peer_ok={"a": True})]
         )
         is None
@@ -36,7 +36,7 @@ def test_group_info_ok():
 
 
 def test_group_on_two_hosts_is_rejected():
-    msg = comm_mod.check_group_info([info(host="n1", uuid="a"), info(host="n2", uuid="b")])
+    msg = comm_mod.group_problem([info(host="n1", uuid="a"), info(host="n2", uuid="b")])
     assert msg == (
         "distgemm needs every rank of the group on one host (CUDA IPC and NVLink peer "
         "access): rank 0 on 'n1', rank 1 on 'n2'"
@@ -44,7 +44,7 @@ def test_group_on_two_hosts_is_rejected():
 
 
 def test_two_ranks_on_one_gpu_are_rejected():
-    msg = comm_mod.check_group_info([info(uuid="a"), info(uuid="a")])
+    msg = comm_mod.group_problem([info(uuid="a"), info(uuid="a")])
     assert msg.startswith("ranks 0 and 1 use the same GPU (cuda:0)")
     assert "torch.cuda.set_device(local_rank)" in msg
 
@@ -52,12 +52,12 @@ def test_two_ranks_on_one_gpu_are_rejected():
 def test_shared_gpu_only_when_allowed():
     # DISTGEMM_ALLOW_SHARED_GPU=1: functional tests of the multi-rank paths on one GPU.
     assert (
-        comm_mod.check_group_info([info(uuid="a"), info(uuid="a")], allow_shared_gpu=True) is None
+        comm_mod.group_problem([info(uuid="a"), info(uuid="a")], allow_shared_gpu=True) is None
     )
 
 
 def test_non_hopper_is_rejected():
-    msg = comm_mod.check_group_info([info(uuid="a"), info(uuid="b", cap=(8, 0), name="A100")])
+    msg = comm_mod.group_problem([info(uuid="a"), info(uuid="b", cap=(8, 0), name="A100")])
     assert msg == (
         "rank 1: GPU 'A100' has compute capability 8.0; the distgemm kernels are built "
         "for Hopper (sm_90a)"
@@ -65,7 +65,7 @@ def test_non_hopper_is_rejected():
 
 
 def test_missing_peer_access_is_rejected():
-    msg = comm_mod.check_group_info(
+    msg = comm_mod.group_problem(
         [info(uuid="a", peer_ok={"b": False}), info(uuid="b", device=1, peer_ok={"a": True})]
     )
     assert msg.startswith("rank 0 (cuda:0) has no peer access to rank 1's GPU")
@@ -73,17 +73,17 @@ def test_missing_peer_access_is_rejected():
 
 def test_unknown_peer_access_is_left_to_the_ipc_open():
     # A GPU hidden by CUDA_VISIBLE_DEVICES cannot be queried; cudaIpcOpenMemHandle decides.
-    assert comm_mod.check_group_info([info(uuid="a"), info(uuid="b", device=0)]) is None
+    assert comm_mod.group_problem([info(uuid="a"), info(uuid="b", device=0)]) is None
 
 
 def test_group_size_limit_and_query_errors():
-    assert comm_mod.check_group_info([info(uuid=str(i)) for i in range(9)]) == (
+    assert comm_mod.group_problem([info(uuid=str(i)) for i in range(9)]) == (
         "distgemm supports groups of 1 to 8 ranks (TP), this group has 9"
     )
     bad = info(uuid="b")
     bad["error"] = "querying cuda:1 failed: boom"
     assert (
-        comm_mod.check_group_info([info(uuid="a"), bad]) == "rank 1: querying cuda:1 failed: boom"
+        comm_mod.group_problem([info(uuid="a"), bad]) == "rank 1: querying cuda:1 failed: boom"
     )
 
 

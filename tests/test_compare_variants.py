@@ -85,7 +85,7 @@ def test_committed_run_has_every_pair():
 
 
 def test_partials_are_the_schedules_that_rotate_c():
-    from distgemm.plan import schedule_names
+    from distgemm.plan.view import schedule_names
 
     names = schedule_names()
     assert {s for s in names if cv.has_partials(s)} == {"rs_tile_a", "rs_tile_b", "gemm_allreduce"}

@@ -14,8 +14,8 @@ from torch import nn  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
 
-from distgemm import custom_ops  # noqa: E402
-from distgemm.nn import ColumnParallelLinear, RowParallelLinear  # noqa: E402
+from distgemm.compat import custom_ops  # noqa: E402
+from distgemm.compat.nn import ColumnParallelLinear, RowParallelLinear  # noqa: E402
 
 OPS = {
     "all_gather_linear": torch.ops.distgemm.all_gather_linear.default,

@@ -1,6 +1,6 @@
-"""CPU checks of distgemm.entries, the plan cache: plan signatures and what every rank raises at
-plan creation, the gathered-operand recipe, and an entry's one Plan (built once, handed to its
-graphs as it is)."""
+"""CPU checks of distgemm.runtime.entry_cache: signatures and what every rank raises at entry
+creation, the gathered-operand recipe, and an entry's one Plan (built once, handed to its graphs
+as it is)."""
 
 import types
 
@@ -8,8 +8,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from distgemm import _core, entries, ops  # noqa: E402
-from distgemm.precision import Precision  # noqa: E402
+from distgemm import _core, ops  # noqa: E402
+from distgemm.runtime import entry_cache as entries  # noqa: E402
+from distgemm.runtime.paths.collective import CollectiveState  # noqa: E402
+from distgemm.runtime.paths.overlapped import gather_recipe, gathered_shape  # noqa: E402
+from distgemm.runtime.precision import Precision  # noqa: E402
 
 BF16, FP16 = torch.bfloat16, torch.float16
 CPU = torch.device("cpu")
@@ -31,7 +34,7 @@ def test_gather_recipe_covers_every_row_once(schedule, tp, steps):
     w = t(16 if schedule == "ag_rotate_a" else 64 // tp, 16)
     for rank in range(tp):
         spec = ops.make_spec("all_gather_gemm", schedule, tp, rank, steps, a, w)
-        recipe, shape = entries.gather_recipe(spec, rank)
+        recipe, shape = gather_recipe(spec, rank), gathered_shape(spec)
         total = spec.m if schedule == "ag_rotate_a" else spec.n
         assert shape == (total, 16)
         covered = torch.zeros(total, dtype=torch.int32)
@@ -106,14 +109,14 @@ def test_rank_error_is_reported_before_mismatches():
 
 
 class FakeComm:
-    """Just enough of a Communicator for _create_entry's exchange: all_gather returns what the
-    other ranks would have sent."""
+    """Just enough of a Communicator for EntryCache.create's exchange: all_gather returns what
+    the other ranks would have sent."""
 
     group = None  # no process group: "auto" entries are decided by the model
 
     def __init__(self, others, rank=0):
         self.others, self.rank, self.tp = others, rank, len(others) + 1
-        self.plans = entries.PlanCache()
+        self.plans = entries.EntryCache(self)
 
     def all_gather(self, obj, what):
         out = list(self.others)
@@ -125,7 +128,7 @@ class FakeComm:
 
 
 def _key(a_shape, path="auto"):
-    return (
+    return entries.EntryKey(
         "all_gather_gemm",
         "ag_rotate_a",
         None,
@@ -146,8 +149,7 @@ def test_create_entry_raises_the_same_value_error_for_a_peer_mismatch():
         match=r"rank 1 has a_shard.shape=\[32, 32\] where rank 0 has "
         r"a_shard.shape=\[64, 32\]",
     ):
-        entries.create_entry(
-            fake,
+        fake.plans.create(
             _key((64, 32)),
             lambda: ops.make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, None, a, w),
         )
@@ -161,7 +163,7 @@ def test_create_entry_reraises_an_error_every_rank_shares():
         make()
     peer = entries.signature(_key((30, 16)), f"ValueError: {first.value}")
     with pytest.raises(ValueError, match=r"M=30 is not divisible by TP=4") as e:
-        entries.create_entry(FakeComm([peer]), _key((30, 16)), make)
+        FakeComm([peer]).plans.create(_key((30, 16)), make)
     assert "rank" not in str(e.value)  # the plain error, not the cross-rank report
 
 
@@ -175,8 +177,7 @@ def test_create_entry_reports_a_peer_only_error_on_this_rank():
         match=r"all_gather_gemm: rank 1 rejected its inputs: ValueError: "
         r"w is on cuda:0",
     ):
-        entries.create_entry(
-            FakeComm([peer]),
+        FakeComm([peer]).plans.create(
             _key((64, 32)),
             lambda: ops.make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, None, a, w),
         )
@@ -185,13 +186,12 @@ def test_create_entry_reports_a_peer_only_error_on_this_rank():
 def test_create_entry_for_the_collective_path_allocates_no_workspace():
     a, w = t(64, 32), t(24, 32)
     fake = FakeComm([entries.signature(_key((64, 32), "collective"), None)])
-    entry = entries.create_entry(
-        fake,
+    entry = fake.plans.create(
         _key((64, 32), "collective"),
         lambda: ops.make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, None, a, w),
     )
-    assert entry.path == "collective" and entry.ws is None and entry.graphs == {}
-    assert entry.out_shape == (128, 24)
+    assert entry.path == "collective" and isinstance(entry.state, CollectiveState)
+    assert entry.state.out_shape == (128, 24)
     assert list(fake.plans.values()) == [entry]
 
 
@@ -199,8 +199,7 @@ def test_ranks_asking_for_different_paths_get_the_same_value_error():
     a, w = t(64, 32), t(24, 32)
     fake = FakeComm([entries.signature(_key((64, 32), "overlap"), None)])
     with pytest.raises(ValueError, match=r"rank 1 has path='overlap' where rank 0 has path='auto'"):
-        entries.create_entry(
-            fake,
+        fake.plans.create(
             _key((64, 32), "auto"),
             lambda: ops.make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, None, a, w),
         )
@@ -212,14 +211,14 @@ def test_ranks_asking_for_different_paths_get_the_same_value_error():
 
 
 class OneRankComm:
-    """A Communicator for create_entry on one rank: the exchange echoes, the workspace is fake
+    """A Communicator for EntryCache.create on one rank: the exchange echoes, the workspace is fake
     (bases only), the device a CUDA ordinal that is never touched."""
 
     rank, tp, wait_timeout_s, group = 0, 1, 3.5, None
     device = torch.device("cuda", 0)
 
     def __init__(self):
-        self.plans = entries.PlanCache()
+        self.plans = entries.EntryCache(self)
         self.layouts = []
 
     def all_gather(self, obj, what):
@@ -266,23 +265,23 @@ def test_an_entry_builds_its_plan_once_and_its_graph_takes_that_plan(
     tensors = {k: t(*v) for k, v in kw.items() if k != "beta"}
     beta = kw.get("beta", 0.0)
     a_t, w_t = t(*a), t(*w)
-    key = (op, schedule, None, Precision(BF16), (("a", a),), beta, False, "overlap")
+    key = entries.EntryKey(op, schedule, None, Precision(BF16), (("a", a),), beta, False, "overlap")
     comm = OneRankComm()
-    entry = entries.create_entry(
-        comm, key, lambda: ops.make_spec(op, schedule, 1, 0, None, a_t, w_t, beta=beta, **tensors)
+    entry = comm.plans.create(
+        key, lambda: ops.make_spec(op, schedule, 1, 0, None, a_t, w_t, beta=beta, **tensors)
     )
     assert len(built) == 1 and entry.spec.plan is built[0]
     plan = built[0]
     assert comm.layouts == [plan.layout(2)]
-    s = entry.setup
+    s = entry.state.setup
     assert (s.rank, s.cuda_device, s.dtype, s.timeout_s) == (0, 0, "bf16", 3.5)
     assert (s.workspace_bases, s.workspace_bytes) == ([1 << 20], plan.layout(2)["total_bytes"])
     assert (s.alpha, s.beta, s.bias) == (1.0, beta, "bias" in tensors)
     ptrs = (16, 32, 0, 48, 0, 0, 0)  # a, w, c, out, bias, scale_a, scale_b
-    assert entries.graph_for(entry, ptrs) == 1
-    assert entries.graph_for(entry, ptrs) == 1  # cached: no second graph
+    assert entry.state.graph_for(ptrs) == 1
+    assert entry.state.graph_for(ptrs) == 1  # cached: no second graph
     extra = (("capture_only", False), ("scale_a", 0), ("scale_b", 0))
-    assert graphs == [(plan, entry.setup, "order", *ptrs[:5], *extra)]
+    assert graphs == [(plan, entry.state.setup, "order", *ptrs[:5], *extra)]
     assert len(built) == 1
 
 

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 import distgemm
-from distgemm import ExecutionError, _core, build_plan, check_plan, clone_plan, run_reference
-from distgemm.reference import POLICIES, execute_plan, expected_outputs, reference_inputs
+from distgemm import ExecutionError, _core, build_plan, verify_plan, clone_plan, run_reference
+from distgemm.plan.reference import POLICIES, execute_plan, expected_outputs, reference_inputs
 from distgemm.simulate import step_table, tile_sizes
-from distgemm.workspace import WorkspacePool, control_bytes
+from distgemm.runtime.workspace import WorkspacePool, control_bytes
 
 SCHEDULES = distgemm.schedule_names()
 ALL_GATHER = ["ag_rotate_a", "ag_rotate_b"]
@@ -77,7 +77,7 @@ def test_fp8_plan_matches_the_dequantized_gemm(case, scaling):
     )
     if uneven:
         assert len(set(tile_sizes(plan))) > 1
-    violations = check_plan(plan)
+    violations = verify_plan(plan)
     assert violations == [], "\n".join(map(str, violations))
     alpha, beta = rng.choice([1.0, -0.75]), rng.choice([0.0, 0.5])
     use_bias = rng.random() < 0.5
@@ -106,7 +106,7 @@ def test_fp8_with_partials_by_copy_engine(schedule, scaling):
         row_scale_b=sb,
         **shape(schedule, 4, 8, True),
     )
-    assert check_plan(plan) == []
+    assert verify_plan(plan) == []
     assert run_reference(plan, fp8=True, seed=5) < TOL
 
 
@@ -293,7 +293,7 @@ def test_the_step_table_shows_scales_with_their_rows():
 
 
 def assert_caught(plan, what):
-    violations = check_plan(plan)
+    violations = verify_plan(plan)
     assert violations, f"checker accepted a plan with {what}"
     try:
         err = run_reference(plan, fp8=True, seed=13)
@@ -310,7 +310,7 @@ def scaled_plan(schedule, tp, steps):
     plan = build_plan(
         schedule, tp, steps, row_scale_a=True, row_scale_b=True, **shape(schedule, tp, steps, True)
     )
-    assert check_plan(plan) == [] and run_reference(plan, fp8=True) < TOL
+    assert verify_plan(plan) == [] and run_reference(plan, fp8=True) < TOL
     return plan
 
 
@@ -389,7 +389,7 @@ def test_a_gemm_reading_its_scale_slot_before_the_copy_is_caught(schedule):
     plan = scaled_plan(schedule, 2, 4)
     g = next(g for g in plan["devices"][0]["gemms"] if g["waits"])
     g["waits"] = []
-    violations = check_plan(plan)
+    violations = verify_plan(plan)
     assert any("without waiting for its signal" in v.message for v in violations)
     inputs = reference_inputs(plan, seed=4, fp8=True)
     got = execute_plan(plan, inputs, policy="compute_first_low")
@@ -400,14 +400,14 @@ def test_a_scale_ref_on_an_unscaled_operand_is_caught():
     plan = build_plan("rs_tile_a", 2, 2, m=8, n=16, k=8, row_scale_a=True)
     g = plan["devices"][1]["gemms"][0]
     g["scale_b"] = {**g["scale_a"], "buffer": "scale_b", "offset": 0}
-    violations = check_plan(plan)
+    violations = verify_plan(plan)
     assert any("the plan does not row-scale B" in v.message for v in violations)
 
 
 def test_a_scale_ref_to_a_peers_user_scales_is_caught():
     plan = build_plan("rs_tile_b", 2, 2, m=8, n=16, k=8, row_scale_b=True)
     plan["devices"][0]["gemms"][0]["scale_b"]["device"] = 1
-    violations = check_plan(plan)
+    violations = verify_plan(plan)
     assert any("user's scale_b on device 1" in v.message for v in violations)
 
 

@@ -272,10 +272,10 @@ def test_requested_fused_raises_with_the_reason_where_it_cannot_run(monkeypatch)
 
 
 def test_fused_is_a_path_of_gemm_all_reduce_only(monkeypatch):
-    assert validation.check_path("gemm_all_reduce", "fused") == "fused"
+    assert validation.validate_path("gemm_all_reduce", "fused") == "fused"
     with pytest.raises(ValueError, match="path='fused' is only for gemm_all_reduce"):
-        validation.check_path("all_gather_gemm", "fused")
+        validation.validate_path("all_gather_gemm", "fused")
     # set for the whole job (DISTGEMM_PATH=fused), the other ops keep "auto"
     monkeypatch.setattr(validation, "DEFAULT_PATH", "fused")
-    assert validation.check_path("gemm_reduce_scatter", None) == "auto"
-    assert validation.check_path("gemm_all_reduce", None) == "fused"
+    assert validation.validate_path("gemm_reduce_scatter", None) == "auto"
+    assert validation.validate_path("gemm_all_reduce", None) == "fused"

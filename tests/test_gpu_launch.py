@@ -297,7 +297,7 @@ def test_gloo_probe_names_the_collective_gloo_cannot_run(worker_state, monkeypat
     def refuse(*args, **kwargs):
         raise RuntimeError("no support for _allgather_base on device cuda")
 
-    from distgemm import custom_ops
+    from distgemm.compat import custom_ops
 
     monkeypatch.setattr(custom_ops, "all_gather_into", refuse)
     problem = tw.gloo_cuda_problem(torch.device("cpu"))

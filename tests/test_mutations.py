@@ -4,7 +4,7 @@ partial — the invariant checker AND the reference executor must both reject ea
 import pytest
 
 import distgemm
-from distgemm import ExecutionError, build_plan, check_plan, run_reference
+from distgemm import ExecutionError, build_plan, verify_plan, run_reference
 
 SCHEDULES = distgemm.schedule_names()
 CONFIGS = [(2, 2), (3, 6), (4, 8)]
@@ -15,7 +15,7 @@ def shape(tp, steps):
 
 
 def assert_both_fail(plan, what):
-    violations = check_plan(plan)
+    violations = verify_plan(plan)
     assert violations, f"checker accepted a plan with {what}"
     try:
         err = run_reference(plan, alpha=1.0, beta=0.5, use_bias=True, seed=11)
@@ -26,7 +26,7 @@ def assert_both_fail(plan, what):
 
 def fresh(schedule, tp, steps):
     plan = build_plan(schedule, tp, steps, **shape(tp, steps))
-    assert check_plan(plan) == [] and run_reference(plan, beta=0.5, use_bias=True) < 1e-9
+    assert verify_plan(plan) == [] and run_reference(plan, beta=0.5, use_bias=True) < 1e-9
     return plan
 
 
@@ -98,7 +98,7 @@ def test_cyclic_wait_is_reported():
     plan["devices"][1]["gemms"][0]["waits"] = [0]
     plan["devices"][0]["gemms"][0]["signals"] = []
     plan["devices"][0]["gemms"][1]["signals"] = [{"device": 1, "flag": 0}]
-    violations = check_plan(plan)
+    violations = verify_plan(plan)
     assert any(v.invariant == "progress" and "cyclic wait" in v.message for v in violations), (
         violations
     )
@@ -116,7 +116,7 @@ def test_pull_copy_is_rejected():
     pull = dict(cp, dst=dict(cp["dst"], device=0), signals=[])
     plan["devices"][0]["copies"].append(pull)
     plan["devices"][0]["gemms"][1]["waits"] = []
-    messages = [v.message for v in check_plan(plan)]
+    messages = [v.message for v in verify_plan(plan)]
     assert any("never pull" in m for m in messages), messages
 
 
@@ -137,7 +137,7 @@ UNEVEN_IDS = [f"{s}-tp{t}-S{st}-{'x'.join(map(str, sh.values()))}" for s, t, st,
 def fresh_uneven(schedule, tp, steps, shape):
     plan = build_plan(schedule, tp, steps, **shape)
     assert any(len(d["gemms"]) < steps for d in plan["devices"]), "no empty tile in this case"
-    assert check_plan(plan) == [] and run_reference(plan, beta=0.5, use_bias=True) < 1e-9
+    assert verify_plan(plan) == [] and run_reference(plan, beta=0.5, use_bias=True) < 1e-9
     return plan
 
 
@@ -168,7 +168,7 @@ def test_uneven_empty_gemm_waiting_for_a_flag_nobody_sets(schedule, tp, steps, s
     for cp in dev["copies"]:  # copies keep following the same GEMMs
         if cp["after_gemm"] >= at:
             cp["after_gemm"] += 1
-    invariants = {v.invariant for v in check_plan(plan)}
+    invariants = {v.invariant for v in verify_plan(plan)}
     assert {"progress", "extents"} <= invariants, invariants
     with pytest.raises(ExecutionError, match="deadlock"):
         run_reference(plan, beta=0.5, use_bias=True)
@@ -182,7 +182,7 @@ def test_uneven_empty_gemm_without_waits_is_an_extent_violation(schedule, tp, st
     dev = next(d for d in plan["devices"] if len(d["gemms"]) < steps)
     key = "m" if plan["definition"]["split"] == "M" else "n"
     dev["gemms"].append(dict(dev["gemms"][-1], waits=[], signals=[], **{key: 0}))
-    violations = check_plan(plan)
+    violations = verify_plan(plan)
     assert [v.invariant for v in violations] == ["extents"], violations
 
 

@@ -1,4 +1,4 @@
-"""distgemm.nn on the CPU: forward output and every gradient (input, weight, bias) of
+"""distgemm.compat.nn on the CPU: forward output and every gradient (input, weight, bias) of
 ColumnParallelLinear and RowParallelLinear on 2 gloo ranks against one process's fp32 nn.Linear;
 sharding from an nn.Linear and gathering back; the shape errors.
 
@@ -24,7 +24,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 from torch import nn  # noqa: E402
 
-from distgemm.nn import ColumnParallelLinear, RowParallelLinear  # noqa: E402
+from distgemm.compat.nn import ColumnParallelLinear, RowParallelLinear  # noqa: E402
 
 TP = 2
 TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}

@@ -1,5 +1,5 @@
 """CPU checks of the two ways a call runs besides the plan's graph: the collective path
-(distgemm.collective) on a one-rank gloo group, the "auto" choice between the paths at entry
+(distgemm.runtime.paths.collective) on a one-rank gloo group, the "auto" choice between the paths at entry
 creation (distgemm.autopath: requested, table, model, a group without NCCL) and path_choices."""
 
 import types
@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from distgemm import autopath, collective, entries, launch, ops  # noqa: E402
-from distgemm.precision import Precision  # noqa: E402
+from distgemm.runtime.precision import Precision  # noqa: E402
 
 NO_GROUP = types.SimpleNamespace(group=None)  # a communicator without a process group
 
@@ -139,9 +139,9 @@ def test_auto_takes_the_models_path_with_its_prediction(monkeypatch):
     path, info = autopath.decide_path(big, "auto", NO_GROUP)
     assert path == "overlap" and info["source"] == "model"
     assert (info["overlap_ms"], info["collective_ms"]) == pytest.approx(
-        tuple(pathmodel.predict(big.plan).values())
+        tuple(cost_model.predict(big.plan).values())
     )
-    assert info["overlap_ms"] < info["collective_ms"] - pathmodel.MIN_GAIN_MS
+    assert info["overlap_ms"] < info["collective_ms"] - cost_model.MIN_GAIN_MS
     assert info["why"].startswith("model: predicted overlap")
     for tokens in (2, 64, 256, 512):  # decode sizes: the collective path
         path, info = autopath.decide_path(_spec("gemm_reduce_scatter", tokens), "auto", NO_GROUP)
@@ -197,7 +197,7 @@ def test_auto_keeps_the_collective_path_where_the_model_is_not_calibrated(monkey
 
 def test_finish_waits_on_work_and_accepts_none():
     """A blocking collective of a CUDA group returns no work object; others return one."""
-    from distgemm.collective import _finish
+    from distgemm.runtime.paths.collective import _finish
 
     class Work:
         waited = False

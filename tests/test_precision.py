@@ -1,4 +1,4 @@
-"""The precision of an op call without a GPU: distgemm.precision.check_precision's refusals and
+"""The precision of an op call without a GPU: distgemm.runtime.precision.validate_precision's refusals and
 its result, make_spec's plans for fp8 row scales (the scale refs the GPU graph reads), and the
 workspace layout an fp8 entry sizes (one-byte slots for a gathered operand, bf16 for partials)."""
 
@@ -7,9 +7,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from distgemm import _core  # noqa: E402
-from distgemm.precision import Precision, check_precision  # noqa: E402
-from distgemm.scales import ScaleKind  # noqa: E402
-from distgemm.validation import make_spec  # noqa: E402
+from distgemm.runtime.precision import Precision, validate_precision  # noqa: E402
+from distgemm.runtime.scales import ScaleKind  # noqa: E402
+from distgemm.runtime.spec import make_spec  # noqa: E402
 
 E4M3 = torch.float8_e4m3fn
 OP = "all_gather_gemm"
@@ -25,7 +25,7 @@ def f32(*shape):
 
 def check(a, w, sa=None, sb=None, fast=False, **outputs):
     outs = {"bias": None, "out": None, **outputs}
-    return check_precision(OP, {"a_shard": a, "w": w}, outs, sa, sb, fast)
+    return validate_precision(OP, {"a_shard": a, "w": w}, outs, sa, sb, fast)
 
 
 def test_precision_of_each_kind():

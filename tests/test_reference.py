@@ -9,7 +9,7 @@ import torch
 
 import distgemm
 from distgemm import build_plan, run_reference
-from distgemm.reference import execute_plan, expected_outputs, reference_inputs, shard_outputs
+from distgemm.plan.reference import execute_plan, expected_outputs, reference_inputs, shard_outputs
 
 SCHEDULES = distgemm.schedule_names()
 CASES = [(tp, tp * k, l) for tp in (1, 2, 3, 4, 5, 8) for k in (1, 2, 4) for l in (1, 3)]

@@ -1,4 +1,4 @@
-"""distgemm.scales.check_scales: every error path names what it saw and what it accepts, and the
+"""distgemm.runtime.scales.validate_scales: every error path names what it saw and what it accepts, and the
 accepted FP8 scale shapes give the right kinds (and so the right plan options)."""
 
 import re
@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from distgemm import build_plan  # noqa: E402
-from distgemm.scales import FP8_DTYPE, ScaleKind, check_scales  # noqa: E402
+from distgemm.runtime.scales import FP8_DTYPE, ScaleKind, validate_scales  # noqa: E402
 
 E4M3 = torch.float8_e4m3fn
 A_ROWS, W_ROWS, K = 8, 12, 16
@@ -23,7 +23,7 @@ def scale(*shape, dtype=torch.float32, device="cpu"):
 
 
 def check(a, w, sa, sb):
-    return check_scales("all_gather_gemm", a, w, sa, sb, a_rows=A_ROWS, w_rows=W_ROWS)
+    return validate_scales("all_gather_gemm", a, w, sa, sb, a_rows=A_ROWS, w_rows=W_ROWS)
 
 
 # -- success paths ------------------------------------------------------------------------------
@@ -81,7 +81,7 @@ def test_the_kinds_are_the_plan_options():
 def test_one_row_makes_shape_1_tensor_wise():
     """With one row, [1] is both kinds; it reads as tensor-wise (the same product)."""
     a, w = torch.zeros(1, K, dtype=E4M3), torch.zeros(W_ROWS, K, dtype=E4M3)
-    kind = check_scales("op", a, w, scale(1), scale(W_ROWS), a_rows=1, w_rows=W_ROWS)
+    kind = validate_scales("op", a, w, scale(1), scale(W_ROWS), a_rows=1, w_rows=W_ROWS)
     assert kind == ScaleKind("tensor", "row")
 
 
@@ -180,7 +180,7 @@ def test_a_scale_of_another_shape_names_it_and_the_accepted_ones(which, shape):
 
 
 def test_quantize_round_trips_within_e4m3_precision_and_scaled_mm_scales_broadcast():
-    from distgemm.scales import E4M3_MAX, dequantize, quantize, scaled_mm_scales
+    from distgemm.runtime.scales import E4M3_MAX, dequantize, quantize, scaled_mm_scales
 
     x = (
         torch.randn(16, 32, generator=torch.Generator().manual_seed(3))

@@ -5,7 +5,7 @@ import json
 import pytest
 
 import distgemm
-from distgemm import build_plan, check_plan, simulate
+from distgemm import build_plan, verify_plan, simulate
 
 SCHEDULES = distgemm.schedule_names()
 GRID = [(tp, tp * k) for tp in (1, 2, 3, 4, 5, 8) for k in (1, 2, 4)]
@@ -32,7 +32,7 @@ def test_all_five_schedules_registered():
 @pytest.mark.parametrize("l", [1, 2], ids=["L1", "L2"])
 def test_invariants_hold(schedule, tp, steps, l):
     plan = build_plan(schedule, tp, steps, **shape_for(tp, steps, l))
-    violations = check_plan(plan)
+    violations = verify_plan(plan)
     assert violations == [], "\n".join(map(str, violations))
     assert all(len(dev["gemms"]) == steps for dev in plan["devices"])
 
@@ -46,7 +46,7 @@ RING = ["rs_tile_a", "rs_tile_b", "gemm_allreduce"]  # schedules with partials
 def test_invariants_hold_with_partials_by_copy_engine(schedule, tp, steps, l):
     plan = build_plan(schedule, tp, steps, partial_via="copy", **shape_for(tp, steps, l))
     assert plan["partial_via"] == "copy"
-    violations = check_plan(plan)
+    violations = verify_plan(plan)
     assert violations == [], "\n".join(map(str, violations))
 
 
@@ -90,12 +90,12 @@ def test_partials_by_copy_engine_stage_locally_then_push_and_signal():
 def test_copies_come_in_side_chain_order(schedule, tp, steps, via):
     """The graph runs each device's copies in one chain keyed by the GEMM each follows (-1 none,
     S for copies that wait for a flag; device/graph.hpp). The plan lists them in that order, so
-    check_plan, the simulator and the reference executor follow the order that runs."""
+    verify_plan, the simulator and the reference executor follow the order that runs."""
     plan = build_plan(schedule, tp, steps, partial_via=via, **shape_for(tp, steps))
     for dev in plan["devices"]:
         keys = [steps if c["waits"] else c["after_gemm"] for c in dev["copies"]]
         assert keys == sorted(keys)
-    assert check_plan(plan) == []
+    assert verify_plan(plan) == []
 
 
 def test_partial_via_is_validated_and_ignored_by_all_gather():
@@ -133,7 +133,7 @@ def test_cli_partial_via_copy(capsys):
 def test_invariants_at_llama_shape(schedule):
     """The checker works on region labels, not elements: a Llama-70B-sized plan checks quickly."""
     plan = build_plan(schedule, 8, 16, m=8192, n=57344, k=28672)
-    assert check_plan(plan) == []
+    assert verify_plan(plan) == []
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
@@ -251,7 +251,7 @@ def test_cli_bad_input_exits_2(capsys):
 
 
 def test_timeline_prediction_bounds_and_finer_steps_shrink_the_allreduce_tail():
-    from distgemm.timeline import CostModel, predict
+    from distgemm.plan.timeline import CostModel, predict
 
     cost = CostModel()
     times = {}

@@ -1,4 +1,4 @@
-"""distgemm.torch_compat on 2 gloo ranks against torch: the cases of torch's own tests of
+"""distgemm.compat.symm_mem on 2 gloo ranks against torch: the cases of torch's own tests of
 torch.ops.symm_mem.fused_all_gather_matmul / fused_matmul_reduce_scatter
 (test/distributed/test_symmetric_memory.py: BATCH=8, M=64, N=16, K=32 resp. 1024, every gather and
 scatter dim, three Bs, "avg"), with their assertions: values allclose to torch's reference
@@ -20,7 +20,7 @@ from torch.distributed._symmetric_memory import (  # noqa: E402
     _fused_matmul_reduce_scatter_fallback,
 )
 
-from distgemm import torch_compat  # noqa: E402
+from distgemm.compat import symm_mem  # noqa: E402
 
 BATCH, M, N = 8, 64, 16
 K_GATHER, K_SCATTER = 32, 1024
@@ -86,7 +86,7 @@ def compat_worker(rank, tp, device="cpu"):
         )
         plain_A, plain_mm = _plain_all_gather_matmul(A_shard, Bs, gather_dim, group)
         before = calls["n"]
-        A, mm = torch_compat.fused_all_gather_matmul(
+        A, mm = symm_mem.fused_all_gather_matmul(
             A_shard, Bs, gather_dim=gather_dim, group_name=name, return_A=return_A
         )
         results[("gather", gather_dim, dtype_name, return_A)] = {
@@ -116,7 +116,7 @@ def compat_worker(rank, tp, device="cpu"):
             full /= tp
         plain = full.chunk(tp, dim=scatter_dim)[rank]
         before = calls["n"]
-        out = torch_compat.fused_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, name)
+        out = symm_mem.fused_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, name)
         results[("scatter", scatter_dim, dtype_name, reduce_op)] = {
             "values": _close(out, ref, dtype_name),
             "plain": _close(out, plain, dtype_name),
@@ -185,7 +185,7 @@ def _fake(shape, dtype=torch.bfloat16, is_cuda=True):
     ],
 )
 def test_fallback_reason(tensors, tp, extents, divisible, reason):
-    assert_reason(torch_compat.fallback_reason(tensors, tp, extents, divisible), reason)
+    assert_reason(symm_mem.fallback_reason(tensors, tp, extents, divisible), reason)
 
 
 def assert_reason(got: str | None, reason: str | None) -> None:
@@ -199,17 +199,17 @@ def assert_reason(got: str | None, reason: str | None) -> None:
 def test_errors_name_the_values(group_name):
     A, B = torch.rand(4, 8, 32), torch.rand(32, 16)
     with pytest.raises(ValueError, match=r"reduce_op='max' is not one of \('sum', 'avg'\)"):
-        torch_compat.fused_matmul_reduce_scatter(A, B, "max", 0, group_name)
+        symm_mem.fused_matmul_reduce_scatter(A, B, "max", 0, group_name)
     with pytest.raises(ValueError, match=r"scatter_dim=3 is out of range for a 3-D A"):
-        torch_compat.fused_matmul_reduce_scatter(A, B, "sum", 3, group_name)
+        symm_mem.fused_matmul_reduce_scatter(A, B, "sum", 3, group_name)
     with pytest.raises(ValueError, match=r"B.shape\[0\]=31 must equal K=A.shape\[-1\]=32"):
-        torch_compat.fused_matmul_reduce_scatter(A, torch.rand(31, 16), "sum", 0, group_name)
+        symm_mem.fused_matmul_reduce_scatter(A, torch.rand(31, 16), "sum", 0, group_name)
     with pytest.raises(ValueError, match=r"gather_dim=-4 is out of range for a 3-D A"):
-        torch_compat.fused_all_gather_matmul(A, [B], -4, group_name)
+        symm_mem.fused_all_gather_matmul(A, [B], -4, group_name)
     with pytest.raises(ValueError, match=r"Bs\[1\].shape\[0\]=16 must equal K=32"):
-        torch_compat.fused_all_gather_matmul(A, [B, torch.rand(16, 16)], 0, group_name)
+        symm_mem.fused_all_gather_matmul(A, [B, torch.rand(16, 16)], 0, group_name)
     with pytest.raises(ValueError, match=r"Bs\[0\] must be 2-D \[K, N\], got shape \[32\]"):
-        torch_compat.fused_all_gather_matmul(A, [torch.rand(32)], 0, group_name)
+        symm_mem.fused_all_gather_matmul(A, [torch.rand(32)], 0, group_name)
 
 
 @pytest.mark.parametrize("dim", [0, 1, 2, -1])
@@ -218,9 +218,9 @@ def test_opcheck_and_fake_strides(group_name, dim):
     A = torch.rand(4, 8, 16, generator=g)
     Bs = [torch.rand(16, 8, generator=g), torch.rand(16, 24, generator=g)]
     cases = [
-        (torch_compat.fused_all_gather_matmul, (A, Bs, dim, group_name), {"return_A": True}),
-        (torch_compat.fused_all_gather_matmul, (A, Bs, dim, group_name), {"return_A": False}),
-        (torch_compat.fused_matmul_reduce_scatter, (A, Bs[1], "avg", dim, group_name), {}),
+        (symm_mem.fused_all_gather_matmul, (A, Bs, dim, group_name), {"return_A": True}),
+        (symm_mem.fused_all_gather_matmul, (A, Bs, dim, group_name), {"return_A": False}),
+        (symm_mem.fused_matmul_reduce_scatter, (A, Bs[1], "avg", dim, group_name), {}),
     ]
     for op, args, kwargs in cases:
         result = torch.library.opcheck(op, args, kwargs, test_utils=OPCHECK_TESTS)
@@ -247,8 +247,8 @@ def compiled_distgemm_ops(f, args) -> list[str]:
 
 def test_compiled_call_is_one_node(group_name):
     def f(A, B0, B1):
-        A_full, (y0, y1) = torch_compat.fused_all_gather_matmul(A, [B0, B1], 1, group_name)
-        return torch_compat.fused_matmul_reduce_scatter(A_full, B0, "sum", 0, group_name) + y0
+        A_full, (y0, y1) = symm_mem.fused_all_gather_matmul(A, [B0, B1], 1, group_name)
+        return symm_mem.fused_matmul_reduce_scatter(A_full, B0, "sum", 0, group_name) + y0
 
     g = torch.Generator().manual_seed(6)
     args = (torch.rand(4, 8, 16, generator=g), torch.rand(16, 8, generator=g))

@@ -1,4 +1,4 @@
-"""distgemm.torch_compat_fp8 on 2 gloo ranks against torch: the cases of torch's own tests of
+"""distgemm.compat.symm_mem_fp8 on 2 gloo ranks against torch: the cases of torch's own tests of
 torch.ops.symm_mem.fused_all_gather_scaled_matmul / fused_scaled_matmul_reduce_scatter
 (test/distributed/test_symmetric_memory.py: BATCH=8, M=64, N=16, K=32, float8_e4m3fn A and
 B = rand(N, K).T, scales 0.1; gather dims 0 and 1 with tensor-wise, row-wise-sharded and
@@ -33,7 +33,7 @@ from torch.distributed._symmetric_memory import (  # noqa: E402
     _fused_scaled_matmul_reduce_scatter_fallback,
 )
 
-from distgemm import torch_compat_fp8  # noqa: E402
+from distgemm.compat import symm_mem_fp8  # noqa: E402
 
 E4M3 = torch.float8_e4m3fn
 BATCH, M, N, K = 8, 64, 16, 32
@@ -170,7 +170,7 @@ def compat_fp8_worker(rank, tp, device="cpu"):
             A_shard, Bs, A_scale, B_scales, gather_dim, mode, kw, group
         )
         before = calls["n"]
-        A, mm = torch_compat_fp8.fused_all_gather_scaled_matmul(
+        A, mm = symm_mem_fp8.fused_all_gather_scaled_matmul(
             A_shard, Bs, A_scale, B_scales, gather_dim=gather_dim, group_name=name, **kw
         )
         results[("gather", gather_dim, mode, variant)] = {
@@ -205,7 +205,7 @@ def compat_fp8_worker(rank, tp, device="cpu"):
             full /= tp
         plain = full.chunk(tp, dim=scatter_dim)[rank].to(torch.bfloat16)
         before = calls["n"]
-        out = torch_compat_fp8.fused_scaled_matmul_reduce_scatter(
+        out = symm_mem_fp8.fused_scaled_matmul_reduce_scatter(
             *args, name, list(output_shape), **kw
         )
         try:  # torch's assertion: self.assertEqual (dtype-dependent tolerances)
@@ -298,7 +298,7 @@ def _ag_reason(A_shape=(32, 64, 32), Ns=(16, 16, 16), tp=2, is_cuda=True, **list
         out_dtypes=[torch.bfloat16] * len(Ns), use_fast_accum=[False] * len(Ns),
     )  # fmt: skip
     kw.update(lists)
-    return torch_compat_fp8.all_gather_fallback_reason(
+    return symm_mem_fp8.all_gather_fallback_reason(
         _fake(A_shape, is_cuda=is_cuda), Bs, tp, **kw
     )
 
@@ -341,7 +341,7 @@ def test_reduce_scatter_fallback_reason(A_shape, N, dim, shape, extra, reason):
     kw.update(extra)
     A, B = _fake(A_shape), _fake([A_shape[-1], N])
     assert_reason(
-        torch_compat_fp8.reduce_scatter_fallback_reason(A, B, 2, dim, shape, **kw), reason
+        symm_mem_fp8.reduce_scatter_fallback_reason(A, B, 2, dim, shape, **kw), reason
     )
 
 
@@ -404,7 +404,7 @@ _BF16_B = torch.zeros(32, 16, dtype=torch.bfloat16)
 def test_all_gather_refusals(group_name, args, error, message):
     (A_shard, Bs, A_scale, B_scales, gather_dim), kw = args
     with pytest.raises(error, match=message):
-        torch_compat_fp8.fused_all_gather_scaled_matmul(
+        symm_mem_fp8.fused_all_gather_scaled_matmul(
             A_shard, Bs, A_scale, B_scales, gather_dim, group_name, **kw
         )
 
@@ -416,7 +416,7 @@ def _rs_call(group_name, A=None, B=None, A_scale=None, B_scale=None, reduce_op="
     A_scale = torch.tensor(SCALE) if A_scale is None else A_scale
     B_scale = torch.tensor(SCALE) if B_scale is None else B_scale
     shape = None if output_shape is None else list(output_shape)
-    return torch_compat_fp8.fused_scaled_matmul_reduce_scatter(
+    return symm_mem_fp8.fused_scaled_matmul_reduce_scatter(
         A, B, A_scale, B_scale, reduce_op, dim, dim_in_A, group_name, shape, **kw
     )
 
@@ -465,18 +465,18 @@ def _opcheck_cases(group_name, dim):
     bf16 = dict(mixed, out_dtypes=[torch.bfloat16] * 2)
     one = torch.tensor(SCALE)
     cases = [
-        (torch_compat_fp8.fused_scaled_matmul_reduce_scatter,
+        (symm_mem_fp8.fused_scaled_matmul_reduce_scatter,
          (A, Bs[0], row_A, row_Bs[0], "avg", dim, dim, group_name, [4, 8, 16]),
          {"out_dtype": torch.bfloat16}),
-        (torch_compat_fp8.fused_scaled_matmul_reduce_scatter,
+        (symm_mem_fp8.fused_scaled_matmul_reduce_scatter,
          (A, Bs[1], one, one, "sum", dim, dim, group_name, [4, 8, 32]),
          {"out_dtype": torch.float32, "use_fast_accum": True}),
     ]  # fmt: skip
     if dim < 2:
         cases += [
-            (torch_compat_fp8.fused_all_gather_scaled_matmul,
+            (symm_mem_fp8.fused_all_gather_scaled_matmul,
              (A, Bs, one, [one, one], dim, group_name), mixed),
-            (torch_compat_fp8.fused_all_gather_scaled_matmul,
+            (symm_mem_fp8.fused_all_gather_scaled_matmul,
              (A, Bs, row_A, row_Bs, dim, group_name), bf16),
         ]  # fmt: skip
     return cases
@@ -534,10 +534,10 @@ def test_compiled_call_is_one_node(group_name):
     )
 
     def f(A, B):
-        A_full, (y,) = torch_compat_fp8.fused_all_gather_scaled_matmul(
+        A_full, (y,) = symm_mem_fp8.fused_all_gather_scaled_matmul(
             A, [B], one, [one], 1, group_name, **lists
         )
-        z = torch_compat_fp8.fused_scaled_matmul_reduce_scatter(
+        z = symm_mem_fp8.fused_scaled_matmul_reduce_scatter(
             A_full, B, one, one, "sum", 0, 0, group_name, [4, 8, 16], out_dtype=torch.bfloat16
         )
         return z + y
@@ -558,7 +558,7 @@ def test_op_reads_out_dtypes_as_dtypes(group_name, monkeypatch, out_dtypes):
     the reason it decides by sees the dtypes the caller passed (numbers would refuse every
     call, bf16 included, as "out_dtypes[0]=15")."""
     seen = []
-    real = torch_compat_fp8.all_gather_fallback_reason
+    real = symm_mem_fp8.all_gather_fallback_reason
 
     def recording(*args):
         seen.append(args[5])
@@ -569,7 +569,7 @@ def test_op_reads_out_dtypes_as_dtypes(group_name, monkeypatch, out_dtypes):
     A = torch.rand(4, K, generator=g).to(E4M3)
     Bs = [torch.rand(N, K, generator=g).to(E4M3).T for _ in out_dtypes]
     one = torch.tensor(SCALE)
-    _, outs = torch_compat_fp8.fused_all_gather_scaled_matmul(
+    _, outs = symm_mem_fp8.fused_all_gather_scaled_matmul(
         A, Bs, one, [one] * len(Bs), 0, group_name, biases=[None] * len(Bs),
         result_scales=[None] * len(Bs), out_dtypes=out_dtypes, use_fast_accum=[False] * len(Bs),
     )  # fmt: skip

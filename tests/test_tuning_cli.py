@@ -79,10 +79,10 @@ def test_the_written_table_keeps_the_faster_path_and_the_best_overlap(tmp_path):
     for case in cases:
         for cand in case.candidates:
             cand.ms = 1.0 + rng.random()
-    table = tuning.TuningTable(tune.table_entries(cases, 2, "bf16"), "measured", {"x": 1})
+    table = tuning_table.TuningTable(tune.table_entries(cases, 2, "bf16"), "measured", {"x": 1})
     path = tmp_path / "table.json"
     table.save(path)
-    loaded = tuning.load_tuning_table(path)
+    loaded = tuning_table.load_tuning_table(path)
     try:
         assert len(loaded.entries) == 4 and loaded.digest == table.digest
         for case in cases:
@@ -93,7 +93,7 @@ def test_the_written_table_keeps_the_faster_path_and_the_best_overlap(tmp_path):
             assert e.path == ("overlap" if best.ms <= timed["collective"] else "collective")
             assert e.ms == pytest.approx(timed)
     finally:
-        tuning.load_tuning_table(None)
+        tuning_table.load_tuning_table(None)
     # A case without measurements (skipped, or not run) has no entry.
     for cand in cases[0].candidates:
         cand.ms = None

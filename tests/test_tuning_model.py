@@ -1,4 +1,4 @@
-"""distgemm.pathmodel against the committed TP=2 Llama sweep
+"""distgemm.runtime.cost_model against the committed TP=2 Llama sweep
 (benchmarks/results/2026-11-23-llama-sweep.csv, 60 cases, 2x H200): the model's path choice keeps
 the public op within 2% of NCCL + torch.mm on every case, a wrong choice costs at most 3%, the
 predictions are near the measured times, its constants are those the sweep fits, and decode
@@ -9,7 +9,8 @@ import math
 import pytest
 
 from benchmarks import fit_path_model
-from distgemm import _core, pathmodel
+from distgemm import _core
+from distgemm.runtime import cost_model
 
 RULE = 1.02  # the public op within 2% of NCCL + torch.mm on every sweep case
 ROWS = fit_path_model.validation_rows()
@@ -64,7 +65,7 @@ def test_the_constants_are_the_sweeps_fit_rounded_to_three_digits():
                     assert got == pytest.approx(want, rel=6e-3, abs=1e-12), (name, key)
         else:
             assert mine == pytest.approx(value, rel=6e-3), name
-    assert pathmodel.GEMM_LAUNCH_MS == 7.91e-3  # fit() leaves the module's constants alone
+    assert cost_model.GEMM_LAUNCH_MS == 7.91e-3  # fit() leaves the module's constants alone
 
 
 @pytest.mark.parametrize("tp", [2, 4, 8])
@@ -78,7 +79,7 @@ def test_decode_sizes_take_the_collective_path(tp):
                     continue
                 m, n, k = _core.llama_gemm(model, layer, tokens)
                 plan = _core.default_plan(schedules[d["collective"]], tp, m, n, k)
-                assert pathmodel.choose(plan)[0] == "collective", (model, layer, tokens)
+                assert cost_model.choose(plan)[0] == "collective", (model, layer, tokens)
                 seen += 1
     assert seen >= 60
 
@@ -87,25 +88,25 @@ def test_the_model_covers_every_schedule_and_stays_positive():
     for schedule in ("ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "gemm_allreduce"):
         for tp, steps in ((2, 2), (2, 4), (4, 4), (8, 16)):
             plan = _core.build_plan(schedule, tp, steps, 8192, 8192, 8192)
-            pred = pathmodel.predict(plan)
+            pred = cost_model.predict(plan)
             assert 0 < pred["overlap_ms"] < 10 and 0 < pred["collective_ms"] < 10, schedule
     # More tokens cost more; a forced tile is priced with that tile.
-    small = pathmodel.predict(_core.build_plan("ag_rotate_a", 2, 2, 4096, 8192, 8192))
-    big = pathmodel.predict(_core.build_plan("ag_rotate_a", 2, 2, 8192, 8192, 8192))
+    small = cost_model.predict(_core.build_plan("ag_rotate_a", 2, 2, 4096, 8192, 8192))
+    big = cost_model.predict(_core.build_plan("ag_rotate_a", 2, 2, 8192, 8192, 8192))
     assert big["overlap_ms"] > small["overlap_ms"] and big["collective_ms"] > small["collective_ms"]
     plan = _core.build_plan("rs_tile_a", 2, 2, 1024, 4096, 14336)
-    assert pathmodel.predict(plan, 128) != pathmodel.predict(plan, 256)
+    assert cost_model.predict(plan, 128) != cost_model.predict(plan, 256)
 
 
 def test_an_exposed_transfer_is_charged_where_the_step_is_shorter_than_its_copy():
     # A tiny GEMM with a large gathered operand (K = 64 Ki): the copy outlasts the step.
     plan = _core.build_plan("ag_rotate_a", 2, 2, 8192, 256, 65536)
-    rm, rn, rk = pathmodel.rank_problem(plan.definition, 2, 8192, 256, 65536)
-    step = pathmodel.gemm_ms(rm // 2, rn, rk)
-    chunk = 8192 * 65536 * 2 / 2 / pathmodel.LINK_BYTES_PER_MS
+    rm, rn, rk = cost_model.rank_problem(plan.definition, 2, 8192, 256, 65536)
+    step = cost_model.gemm_ms(rm // 2, rn, rk)
+    chunk = 8192 * 65536 * 2 / 2 / cost_model.LINK_BYTES_PER_MS
     assert chunk > step
-    gemms = pathmodel.gemm_ms(rm // 2, rn, rk, count=2, chained=True)
-    per_step, share, per_byte = pathmodel.OVERLAP["all_gather"]
-    moved = pathmodel.moved_bytes(plan.definition, 2, 8192, 256, 65536)
+    gemms = cost_model.gemm_ms(rm // 2, rn, rk, count=2, chained=True)
+    per_step, share, per_byte = cost_model.OVERLAP["all_gather"]
+    moved = cost_model.moved_bytes(plan.definition, 2, 8192, 256, 65536)
     want = gemms * (1 + share) + (chunk - step) + 2 * per_step + moved * per_byte
-    assert pathmodel.predict(plan)["overlap_ms"] == pytest.approx(want)
+    assert cost_model.predict(plan)["overlap_ms"] == pytest.approx(want)

@@ -15,7 +15,7 @@ from test_nn import run_ranks  # noqa: E402
 from test_tuning_table import _doc, _raw  # noqa: E402
 
 from distgemm import _core, control, entries, ops, reference, tuning  # noqa: E402
-from distgemm.precision import Precision  # noqa: E402
+from distgemm.runtime.precision import Precision  # noqa: E402
 
 M, N, K = 64, 48, 32  # global; all-gather of A (ag_rotate_a) on 2 ranks
 
@@ -47,7 +47,7 @@ class _Comm:
 
 
 def _create(rank: int, tp: int, table_path: str | None):
-    tuning.load_tuning_table(table_path)
+    tuning_table.load_tuning_table(table_path)
     comm = _Comm(rank, tp)
     a = torch.empty(M // tp, K, device="meta", dtype=torch.bfloat16)
     w = torch.empty(N // tp, K, device="meta", dtype=torch.bfloat16)
@@ -75,7 +75,7 @@ def test_ranks_with_different_tables_raise_the_same_value_error(tmp_path):
     (tmp_path / "same.json").write_text(json.dumps(_table(4, 128)))
     (tmp_path / "rank0.json").write_text(json.dumps(_table(4, 128)))
     (tmp_path / "rank1.json").write_text(json.dumps(_table(2, 256)))
-    digests = {r: tuning.TuningTable.load(tmp_path / f"rank{r}.json").digest for r in range(2)}
+    digests = {r: tuning_table.TuningTable.load(tmp_path / f"rank{r}.json").digest for r in range(2)}
     got = run_ranks(_rank_scenarios, tmp_path, str(tmp_path))
     same, different, only_one = ([got[r][i] for r in range(2)] for i in range(3))
     # The same table: the same entry on both ranks, S and tile from the table.
@@ -112,10 +112,10 @@ def test_a_plan_from_a_table_entry_computes_what_torch_does(tmp_path, schedule, 
     w = torch.empty(local["B"], device="meta", dtype=torch.bfloat16)
     try:
         assert ops.make_spec(op, schedule, tp, 0, None, a, w).steps == tp  # no table
-        tuning.load_tuning_table(path)
+        tuning_table.load_tuning_table(path)
         spec = ops.make_spec(op, schedule, tp, 0, None, a, w)
     finally:
-        tuning.load_tuning_table(None)
+        tuning_table.load_tuning_table(None)
     assert spec.steps == steps and spec.table is not None
     plan = spec.plan.to_dict()
     inputs = reference.reference_inputs(plan, seed=sum(map(ord, schedule)))

@@ -1,4 +1,4 @@
-"""CPU checks of distgemm.tuning, the tuning table: its format and validation (every field named
+"""CPU checks of distgemm.runtime.tuning_table, the tuning table: its format and validation (every field named
 with its value), token buckets and lookup, the digest, loading from the environment, and how
 make_spec takes a table entry's S and tile (and falls back to the defaults, warning once, where
 an entry does not fit the call)."""
@@ -44,10 +44,10 @@ def _doc(*entries_, **kw):
 @pytest.fixture(autouse=True)
 def no_active_table(monkeypatch):
     """Every test starts and ends without a table (and without the environment's)."""
-    monkeypatch.delenv(tuning.TABLE_ENV, raising=False)
-    tuning.load_tuning_table(None)
+    monkeypatch.delenv(tuning_table.TABLE_ENV, raising=False)
+    tuning_table.load_tuning_table(None)
     yield
-    tuning.load_tuning_table(None)
+    tuning_table.load_tuning_table(None)
 
 
 @pytest.mark.parametrize(
@@ -55,12 +55,12 @@ def no_active_table(monkeypatch):
     [(1, 1), (2, 2), (3, 2), (255, 128), (256, 256), (1024, 1024), (3000, 2048), (6144, 4096)],
 )
 def test_a_call_takes_the_power_of_two_bucket_at_or_below_its_tokens(tokens, bucket):
-    assert tuning.token_bucket(tokens) == bucket
+    assert tuning_table.token_bucket(tokens) == bucket
     assert bucket <= tokens < 2 * bucket
 
 
 def test_lookup_finds_the_bucket_holding_m_and_nothing_else():
-    table = tuning.TuningTable.from_dict(_doc(_raw(), _raw(tokens=1024, path="collective")))
+    table = tuning_table.TuningTable.from_dict(_doc(_raw(), _raw(tokens=1024, path="collective")))
     key = ("all_gather_gemm", "ag_rotate_a", 2, "bf16", 10240, 8192)
     for m in (4096, 5000, 8191):
         assert table.lookup(*key, m).tokens == 4096
@@ -73,10 +73,10 @@ def test_lookup_finds_the_bucket_holding_m_and_nothing_else():
 
 
 def test_a_table_round_trips_through_its_file_and_keeps_its_digest(tmp_path):
-    table = tuning.TuningTable.from_dict(_doc(_raw(), _raw(tokens=1024, steps=2, tile_n=0)))
+    table = tuning_table.TuningTable.from_dict(_doc(_raw(), _raw(tokens=1024, steps=2, tile_n=0)))
     path = tmp_path / "t.json"
     table.save(path)
-    again = tuning.TuningTable.load(path)
+    again = tuning_table.TuningTable.load(path)
     assert again.digest == table.digest and again.entries == table.entries
     assert again.lookup("all_gather_gemm", "ag_rotate_a", 2, "bf16", 10240, 8192, 4096).ms == {
         "collective": 0.65,
@@ -84,11 +84,11 @@ def test_a_table_round_trips_through_its_file_and_keeps_its_digest(tmp_path):
         "overlap/S4/n128": 0.55,
     }
     # The digest covers the decisions, not the metadata or the measured ms.
-    other_meta = tuning.TuningTable.from_dict(
+    other_meta = tuning_table.TuningTable.from_dict(
         _doc(_raw(ms={}), _raw(tokens=1024, steps=2, tile_n=0), meta={})
     )
     assert other_meta.digest == table.digest
-    other_choice = tuning.TuningTable.from_dict(
+    other_choice = tuning_table.TuningTable.from_dict(
         _doc(_raw(steps=2), _raw(tokens=1024, steps=2, tile_n=0))
     )
     assert other_choice.digest != table.digest
@@ -127,7 +127,7 @@ def test_a_table_round_trips_through_its_file_and_keeps_its_digest(tmp_path):
 )
 def test_validation_names_the_field_and_the_value(change, message):
     with pytest.raises(ValueError) as e:
-        tuning.TuningTable.from_dict(_doc(_raw(**change)), "tuning table t.json")
+        tuning_table.TuningTable.from_dict(_doc(_raw(**change)), "tuning table t.json")
     assert str(e.value).startswith("tuning table t.json: ")
     assert message in str(e.value)
 
@@ -142,25 +142,25 @@ def test_validation_of_the_file_itself(tmp_path):
         (_doc({k: v for k, v in _raw().items() if k != "tile_n"}), "the field 'tile_n' is missing"),
     ]:
         with pytest.raises(ValueError, match=".*") as e:
-            tuning.TuningTable.from_dict(doc)
+            tuning_table.TuningTable.from_dict(doc)
         assert message in str(e.value)
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     with pytest.raises(ValueError, match=rf"tuning table {bad}: not JSON"):
-        tuning.load_tuning_table(bad)
+        tuning_table.load_tuning_table(bad)
     with pytest.raises(ValueError, match=r"tuning table .*missing.json: cannot be read"):
-        tuning.load_tuning_table(tmp_path / "missing.json")
+        tuning_table.load_tuning_table(tmp_path / "missing.json")
 
 
 def test_the_environment_names_the_table_the_first_lookup_reads(tmp_path, monkeypatch):
     path = tmp_path / "t.json"
     path.write_text(json.dumps(_doc(_raw())))
-    monkeypatch.setenv(tuning.TABLE_ENV, str(path))
+    monkeypatch.setenv(tuning_table.TABLE_ENV, str(path))
     monkeypatch.setattr(tuning, "_active", None)  # as in a fresh process
-    table = tuning.active_table()
+    table = tuning_table.active_table()
     assert table is not None and table.source == f"tuning table {path}"
-    assert tuning.active_digest() == table.digest
-    assert tuning.load_tuning_table(None) is None and tuning.active_digest() is None
+    assert tuning_table.active_digest() == table.digest
+    assert tuning_table.load_tuning_table(None) is None and tuning_table.active_digest() is None
 
 
 def _qkv(tokens, tp=2, steps=None, dtype=torch.bfloat16):
@@ -177,7 +177,7 @@ def test_make_spec_takes_the_tables_steps_and_tile_and_the_path_follows_the_tabl
     path = tmp_path / "t.json"
     path.write_text(json.dumps(_doc(_raw(path="collective"))))
     assert _qkv(4096).steps == 2 and _qkv(4096).tile_n == 0  # no table: the default S
-    table = tuning.load_tuning_table(path)
+    table = tuning_table.load_tuning_table(path)
     spec = _qkv(5000 // 2 * 2)  # in the 4096 bucket
     bucket = table.lookup("all_gather_gemm", "ag_rotate_a", 2, "bf16", 10240, 8192, 4096)
     assert (spec.steps, spec.tile_n, spec.table) == (4, 128, bucket)
@@ -196,7 +196,7 @@ def test_make_spec_takes_the_tables_steps_and_tile_and_the_path_follows_the_tabl
 def test_an_entry_that_does_not_fit_the_call_falls_back_to_the_defaults_warning_once(tmp_path):
     path = tmp_path / "t.json"
     path.write_text(json.dumps(_doc(_raw(steps=256))))  # beyond the plans' S <= MAX_STEPS
-    tuning.load_tuning_table(path)
+    tuning_table.load_tuning_table(path)
     with pytest.warns(RuntimeWarning) as record:
         spec = _qkv(4100)
         again = _qkv(4104)  # the same entry: no second warning
@@ -209,7 +209,7 @@ def test_an_entry_that_does_not_fit_the_call_falls_back_to_the_defaults_warning_
     assert info["source"] == "model"
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        tuning.load_tuning_table(path)  # a new table warns afresh
+        tuning_table.load_tuning_table(path)  # a new table warns afresh
         with pytest.raises(RuntimeWarning):
             _qkv(4100)
 
@@ -218,7 +218,7 @@ def test_an_entry_applies_where_its_steps_do_not_divide_the_tokens(tmp_path):
     """Steps may be uneven: the table's S = 8 serves every token count of its bucket."""
     path = tmp_path / "t.json"
     path.write_text(json.dumps(_doc(_raw(steps=8))))
-    tuning.load_tuning_table(path)
+    tuning_table.load_tuning_table(path)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         spec = _qkv(4100)  # 4100 = 8 * 512 + 4
@@ -265,7 +265,7 @@ def test_a_broken_table_file_is_every_first_calls_error_and_the_exchange_still_r
 ):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(_doc(_raw(path="fast"))))
-    monkeypatch.setenv(tuning.TABLE_ENV, str(bad))
+    monkeypatch.setenv(tuning_table.TABLE_ENV, str(bad))
     monkeypatch.setattr(tuning, "_active", None)  # as in a fresh process
     with pytest.raises(ValueError, match=rf"tuning table {bad}: entries\[0\]: path='fast'"):
         _qkv(4096)

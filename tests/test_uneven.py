@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import distgemm
-from distgemm import build_plan, check_plan
-from distgemm.reference import execute_plan, reference_inputs, shard_outputs
+from distgemm import build_plan, verify_plan
+from distgemm.plan.reference import execute_plan, reference_inputs, shard_outputs
 
 SCHEDULES = distgemm.schedule_names()
 GRID = [(tp, tp * k) for tp in (2, 4, 8) for k in (1, 2)]
@@ -55,7 +55,7 @@ def torch_outputs(plan, inputs, alpha, beta, use_bias):
 
 
 def assert_plan_computes_the_gemm(plan, rng, what):
-    violations = check_plan(plan)
+    violations = verify_plan(plan)
     assert violations == [], f"{what}: " + "; ".join(map(str, violations[:3]))
     for dev in plan["devices"]:
         assert all(min(g["m"], g["n"], g["k"]) > 0 for g in dev["gemms"]), what

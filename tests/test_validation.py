@@ -1,4 +1,4 @@
-"""CPU checks of distgemm.validation and the public ops' input checks: every error a call can
+"""CPU checks of distgemm.runtime.spec and the public ops' input checks: every error a call can
 raise before anything reaches a communicator or a GPU, with its message; make_spec's shapes and
 default_steps. The GPU paths are in tests/gpu/test_torchrun_api.py."""
 
@@ -9,7 +9,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import distgemm  # noqa: E402
-from distgemm import ops, validation  # noqa: E402
+from distgemm import ops  # noqa: E402
+from distgemm.runtime import validate  # noqa: E402
+from distgemm.runtime.spec import make_spec  # noqa: E402
 
 BF16, FP16 = torch.bfloat16, torch.float16
 CPU = torch.device("cpu")
@@ -20,12 +22,12 @@ def t(*shape, dtype=BF16):
 
 
 # ---------------------------------------------------------------------------------------------
-# check_types: run first, before any communicator exists.
+# validate_types: run first, before any communicator exists.
 
 
 def test_non_tensor_is_a_type_error():
     with pytest.raises(TypeError, match=r"all_gather_gemm: w must be a torch.Tensor, got list"):
-        validation.check_types("all_gather_gemm", {"a_shard": t(8, 8), "w": [[1.0]]})
+        validate.validate_types("all_gather_gemm", {"a_shard": t(8, 8), "w": [[1.0]]})
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int8, torch.float64])
@@ -35,7 +37,7 @@ def test_unsupported_dtype_is_a_type_error(dtype):
         match=rf"a has dtype {re.escape(str(dtype))}; distgemm supports "
         r"torch.bfloat16 and torch.float16",
     ):
-        validation.check_types("gemm_reduce_scatter", {"a": t(8, 8, dtype=dtype), "w": t(8, 8)})
+        validate.validate_types("gemm_reduce_scatter", {"a": t(8, 8, dtype=dtype), "w": t(8, 8)})
 
 
 def test_mixed_dtypes_name_both_operands():
@@ -44,19 +46,19 @@ def test_mixed_dtypes_name_both_operands():
         match=r"mixed dtypes: a_shard is torch.bfloat16 but bias is "
         r"torch.float16",
     ):
-        validation.check_types(
+        validate.validate_types(
             "all_gather_gemm", {"a_shard": t(8, 8), "w": t(8, 8), "bias": t(8, dtype=FP16)}
         )
 
 
 def test_cpu_tensor_is_rejected_with_the_device():
     with pytest.raises(ValueError, match=r"a_shard is on cpu; distgemm ops need CUDA tensors"):
-        validation.check_types("all_gather_gemm", {"a_shard": t(8, 8), "w": t(8, 8)})
+        validate.validate_types("all_gather_gemm", {"a_shard": t(8, 8), "w": t(8, 8)})
 
 
 def test_check_types_skips_absent_operands():
     with pytest.raises(ValueError, match=r"gemm_all_reduce: w is on cpu"):
-        validation.check_types(
+        validate.validate_types(
             "gemm_all_reduce", {"bias": None, "w": t(8, 8, dtype=FP16), "c": None}
         )
 
@@ -88,12 +90,12 @@ def test_public_op_rejects_mixed_dtypes_and_c_only_when_beta_is_nonzero():
 
 
 # ---------------------------------------------------------------------------------------------
-# check_placement: device, contiguity, alignment (checked per call).
+# validate_placement: device, contiguity, alignment (checked per call).
 
 
 def test_wrong_device_names_the_rank_device():
     with pytest.raises(ValueError, match=r"w is on cpu but this rank's device is meta"):
-        validation.check_placement("all_gather_gemm", torch.device("meta"), {"w": t(8, 8)})
+        validate.validate_placement("all_gather_gemm", torch.device("meta"), {"w": t(8, 8)})
 
 
 def test_non_contiguous_is_rejected_with_the_remedy():
@@ -103,7 +105,7 @@ def test_non_contiguous_is_rejected_with_the_remedy():
         match=r"a is not contiguous \(shape \[8, 16\], strides \[1, 8\]\)"
         r".*pass a.contiguous\(\)",
     ):
-        validation.check_placement("gemm_reduce_scatter", CPU, {"a": x})
+        validate.validate_placement("gemm_reduce_scatter", CPU, {"a": x})
 
 
 def test_misaligned_pointer_is_rejected():
@@ -117,11 +119,11 @@ def test_misaligned_pointer_is_rejected():
         match=r"a_shard's data pointer 0x[0-9a-f]+ is not 16-byte "
         r"aligned \(offset 2 bytes",
     ):
-        validation.check_placement("all_gather_gemm", CPU, {"a_shard": x})
+        validate.validate_placement("all_gather_gemm", CPU, {"a_shard": x})
 
 
 def test_aligned_contiguous_tensors_pass():
-    validation.check_placement(
+    validate.validate_placement(
         "all_gather_gemm", CPU, {"a_shard": t(64, 8), "w": t(8, 8), "bias": None}
     )
 
@@ -131,7 +133,7 @@ def test_aligned_contiguous_tensors_pass():
 
 
 def test_spec_all_gather_gemm_shapes():
-    s = validation.make_spec(
+    s = make_spec(
         "all_gather_gemm", "ag_rotate_a", 2, 0, None, t(64, 32), t(24, 32), bias=t(24)
     )
     assert (s.m, s.n, s.k, s.steps) == (128, 48, 32, 2)
@@ -139,14 +141,14 @@ def test_spec_all_gather_gemm_shapes():
 
 
 def test_spec_ag_rotate_b_gathers_the_weight():
-    s = validation.make_spec("all_gather_gemm", "ag_rotate_b", 2, 1, 4, t(64, 32), t(32, 32))
+    s = make_spec("all_gather_gemm", "ag_rotate_b", 2, 1, 4, t(64, 32), t(32, 32))
     assert (s.m, s.n, s.k, s.steps) == (128, 64, 32, 4)
     assert s.shapes["out"] == (64, 64)
 
 
 @pytest.mark.parametrize("schedule,out", [("rs_tile_a", (32, 48)), ("rs_tile_b", (64, 24))])
 def test_spec_reduce_scatter_shapes(schedule, out):
-    s = validation.make_spec(
+    s = make_spec(
         "gemm_reduce_scatter", schedule, 2, 0, None, t(64, 16), t(48, 16), c=t(*out), beta=0.5
     )
     assert (s.m, s.n, s.k) == (64, 48, 32)
@@ -175,17 +177,17 @@ def test_default_steps(schedule, tp, a, w, want):
     op = {"ag": "all_gather_gemm", "rs": "gemm_reduce_scatter", "ge": "gemm_all_reduce"}[
         schedule[:2]
     ]
-    assert validation.make_spec(op, schedule, tp, 0, None, t(*a), t(*w)).steps == want
+    assert make_spec(op, schedule, tp, 0, None, t(*a), t(*w)).steps == want
 
 
 def test_default_steps_of_a_bad_operand_leaves_the_error_to_validation():
     assert distgemm.default_steps("rs_tile_a", 2, t(64), t(48, 16)) == 2
     with pytest.raises(ValueError, match="a must be 2-D"):
-        validation.make_spec("gemm_reduce_scatter", "rs_tile_a", 2, 0, None, t(64), t(48, 16))
+        make_spec("gemm_reduce_scatter", "rs_tile_a", 2, 0, None, t(64), t(48, 16))
 
 
 def test_spec_all_reduce_shapes():
-    s = validation.make_spec(
+    s = make_spec(
         "gemm_all_reduce", "gemm_allreduce", 4, 3, 8, t(64, 16), t(40, 16), bias=t(40)
     )
     assert (s.m, s.n, s.k, s.steps) == (64, 40, 64, 8)
@@ -198,7 +200,7 @@ def test_schedule_of_the_wrong_collective_is_rejected():
         match=r"all_gather_gemm: schedule 'rs_tile_a' is not a all_gather "
         r"schedule; use one of ag_rotate_a, ag_rotate_b",
     ):
-        validation.make_spec("all_gather_gemm", "rs_tile_a", 2, 0, None, t(64, 32), t(24, 32))
+        make_spec("all_gather_gemm", "rs_tile_a", 2, 0, None, t(64, 32), t(24, 32))
 
 
 def test_unknown_schedule_is_rejected():
@@ -207,29 +209,29 @@ def test_unknown_schedule_is_rejected():
         match=r"schedule 'nope' is not a reduce_scatter schedule; use one "
         r"of rs_tile_a, rs_tile_b",
     ):
-        validation.make_spec("gemm_reduce_scatter", "nope", 2, 0, None, t(64, 32), t(24, 32))
+        make_spec("gemm_reduce_scatter", "nope", 2, 0, None, t(64, 32), t(24, 32))
 
 
 def test_schedule_must_be_a_name():
     with pytest.raises(TypeError, match=r"schedule must be a schedule name \(str\), got dict"):
-        validation.make_spec(
+        make_spec(
             "gemm_reduce_scatter", {"name": "rs_tile_a"}, 2, 0, None, t(8, 8), t(8, 8)
         )
 
 
 def test_steps_not_a_multiple_of_tp_uses_the_plan_message():
     with pytest.raises(ValueError, match=r"S=3 is not a positive multiple of TP=2"):
-        validation.make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, 3, t(64, 32), t(24, 32))
+        make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, 3, t(64, 32), t(24, 32))
 
 
 def test_steps_must_be_an_int():
     with pytest.raises(TypeError, match=r"steps must be an int or None, got 2.0"):
-        validation.make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, 2.0, t(64, 32), t(24, 32))
+        make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, 2.0, t(64, 32), t(24, 32))
 
 
 def test_m_not_divisible_by_steps_splits_unevenly():
     # a_shard has 63 rows: M = 126 in S = 4 tiles of 32 and 31 rows.
-    s = validation.make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, 4, t(63, 32), t(24, 32))
+    s = make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, 4, t(63, 32), t(24, 32))
     assert (s.m, s.steps) == (126, 4)
     rows = sorted(g["m"] for g in s.plan.to_dict()["devices"][0]["gemms"])
     assert rows == [31, 31, 32, 32]
@@ -241,13 +243,13 @@ def test_reduce_scatter_m_not_divisible_by_tp():
         match=r"gemm_reduce_scatter \(rs_tile_a, TP=4, S=4, global M=30 N=48 K=64\): M=30 is not "
         r"divisible by TP=4: rs_tile_a shards C/D on M",
     ):
-        validation.make_spec("gemm_reduce_scatter", "rs_tile_a", 4, 0, None, t(30, 16), t(48, 16))
+        make_spec("gemm_reduce_scatter", "rs_tile_a", 4, 0, None, t(30, 16), t(48, 16))
 
 
 @pytest.mark.parametrize("tp", [2, 4, 8])
 @pytest.mark.parametrize("tokens", [1, 3, 7, 255])
 def test_all_reduce_takes_any_token_count(tp, tokens):
-    s = validation.make_spec(
+    s = make_spec(
         "gemm_all_reduce", "gemm_allreduce", tp, 0, None, t(tokens, 64), t(48, 64)
     )
     assert (s.m, s.steps) == (tokens, tp) and s.shapes["out"] == (tokens, 48)
@@ -259,7 +261,7 @@ def test_weight_shape_mismatch_is_explained():
         match=r"w has shape \[24, 16\] but a_shard \[64, 32\] with "
         r"ag_rotate_a on TP=2 needs w of shape \[24, 32\]",
     ):
-        validation.make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, None, t(64, 32), t(24, 16))
+        make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, None, t(64, 32), t(24, 16))
 
 
 @pytest.mark.parametrize(
@@ -302,7 +304,7 @@ def test_odd_k_is_rejected_with_the_tma_reason():
         r"sub-GEMM of ag_rotate_a; global M=128 N=48 K=12, TP=2, "
         r"S=2\)",
     ):
-        validation.make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, None, t(64, 12), t(24, 12))
+        make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, None, t(64, 12), t(24, 12))
 
 
 def test_local_k_of_reduce_scatter_must_be_a_multiple_of_8():
@@ -311,7 +313,7 @@ def test_local_k_of_reduce_scatter_must_be_a_multiple_of_8():
         match=r"K=20 of a sub-GEMM is not a multiple of 8 .* \(a "
         r"sub-GEMM of rs_tile_a;",
     ):
-        validation.make_spec("gemm_reduce_scatter", "rs_tile_a", 2, 0, None, t(64, 20), t(48, 20))
+        make_spec("gemm_reduce_scatter", "rs_tile_a", 2, 0, None, t(64, 20), t(48, 20))
 
 
 def test_column_tile_of_rs_tile_b_must_be_a_multiple_of_8():
@@ -322,26 +324,26 @@ def test_column_tile_of_rs_tile_b_must_be_a_multiple_of_8():
         r"is a multiple of 8 \(a sub-GEMM of "
         r"rs_tile_b; global M=64 N=44 K=32, TP=2, S=4\)",
     ):
-        validation.make_spec("gemm_reduce_scatter", "rs_tile_b", 2, 0, 4, t(64, 16), t(44, 16))
+        make_spec("gemm_reduce_scatter", "rs_tile_b", 2, 0, 4, t(64, 16), t(44, 16))
 
 
 def test_column_tiles_of_rs_tile_b_are_whole_8_column_units():
     # N = 48: 24 columns per rank in S/TP = 2 tiles: 16 + 8, not 12 + 12.
-    spec = validation.make_spec("gemm_reduce_scatter", "rs_tile_b", 2, 0, 4, t(64, 16), t(48, 16))
-    widths = sorted({g["n"] for g in spec.plan.to_dict()["devices"][0]["gemms"]})
+    made = make_spec("gemm_reduce_scatter", "rs_tile_b", 2, 0, 4, t(64, 16), t(48, 16))
+    widths = sorted({g["n"] for g in made.plan.to_dict()["devices"][0]["gemms"]})
     assert widths == [8, 16]
 
 
 def test_odd_n_local_of_all_gather_is_rejected():
     with pytest.raises(ValueError, match=r"N=20 of a sub-GEMM is not a multiple of 8"):
-        validation.make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, None, t(64, 32), t(20, 32))
+        make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, None, t(64, 32), t(20, 32))
 
 
 def test_operands_must_be_2d():
     with pytest.raises(
         ValueError, match=r"all_gather_gemm: a_shard must be 2-D, got shape \[2, 32, 32\]"
     ):
-        validation.make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, None, t(2, 32, 32), t(24, 32))
+        make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, None, t(2, 32, 32), t(24, 32))
 
 
 def test_bias_shape_is_checked():
@@ -350,7 +352,7 @@ def test_bias_shape_is_checked():
         match=r"bias has shape \[48\], expected \[24\] \(per rank; "
         r"ag_rotate_a, TP=2",
     ):
-        validation.make_spec(
+        make_spec(
             "all_gather_gemm", "ag_rotate_a", 2, 0, None, t(64, 32), t(24, 32), bias=t(48)
         )
 
@@ -359,14 +361,14 @@ def test_beta_without_c_is_rejected():
     with pytest.raises(
         ValueError, match=r"beta=0.5 but c is None: pass c \(shape \[32, 48\]\) or beta=0"
     ):
-        validation.make_spec(
+        make_spec(
             "gemm_reduce_scatter", "rs_tile_a", 2, 0, None, t(64, 16), t(48, 16), beta=0.5
         )
 
 
 def test_c_shape_is_checked():
     with pytest.raises(ValueError, match=r"c has shape \[64, 48\], expected \[32, 48\]"):
-        validation.make_spec(
+        make_spec(
             "gemm_reduce_scatter",
             "rs_tile_a",
             2,
@@ -381,14 +383,14 @@ def test_c_shape_is_checked():
 
 def test_out_shape_is_checked():
     with pytest.raises(ValueError, match=r"out has shape \[64, 48\], expected \[64, 24\]"):
-        validation.make_spec(
+        make_spec(
             "gemm_reduce_scatter", "rs_tile_b", 2, 0, None, t(64, 16), t(48, 16), out=t(64, 48)
         )
 
 
 def test_empty_operands_are_rejected():
     with pytest.raises(ValueError, match=r"empty operands"):
-        validation.make_spec("gemm_all_reduce", "gemm_allreduce", 2, 0, None, t(0, 16), t(48, 16))
+        make_spec("gemm_all_reduce", "gemm_allreduce", 2, 0, None, t(0, 16), t(48, 16))
 
 
 @pytest.mark.parametrize("op", ["all_gather_gemm", "gemm_reduce_scatter", "gemm_all_reduce"])
@@ -411,26 +413,26 @@ def test_inputs_that_require_grad_are_refused_while_grad_mode_is_on():
         r"ops have no backward \(autograd\) yet: call them under "
         r"torch.no_grad\(\)",
     ):
-        validation.check_no_grad("gemm_reduce_scatter", {"a": a, "w": w, "bias": None})
+        validate.validate_no_grad("gemm_reduce_scatter", {"a": a, "w": w, "bias": None})
     with torch.no_grad():
-        validation.check_no_grad("gemm_reduce_scatter", {"a": a, "w": w, "bias": None})
+        validate.validate_no_grad("gemm_reduce_scatter", {"a": a, "w": w, "bias": None})
     with torch.inference_mode():
-        validation.check_no_grad("gemm_reduce_scatter", {"a": a, "w": w})
-    validation.check_no_grad("gemm_reduce_scatter", {"a": a, "w": w.detach(), "bias": None})
+        validate.validate_no_grad("gemm_reduce_scatter", {"a": a, "w": w})
+    validate.validate_no_grad("gemm_reduce_scatter", {"a": a, "w": w.detach(), "bias": None})
 
 
 def test_path_none_takes_the_default_and_a_bad_default_is_named(monkeypatch):
-    assert validation.check_path("all_gather_gemm", None) == validation.DEFAULT_PATH
-    monkeypatch.setattr(validation, "DEFAULT_PATH", "collective")
-    assert validation.check_path("all_gather_gemm", None) == "collective"
-    assert validation.check_path("all_gather_gemm", "overlap") == "overlap"  # an explicit path wins
-    monkeypatch.setattr(validation, "DEFAULT_PATH", "fast")
+    assert validate.validate_path("all_gather_gemm", None) == validate.DEFAULT_PATH
+    monkeypatch.setattr(validate, "DEFAULT_PATH", "collective")
+    assert validate.validate_path("all_gather_gemm", None) == "collective"
+    assert validate.validate_path("all_gather_gemm", "overlap") == "overlap"  # an explicit path wins
+    monkeypatch.setattr(validate, "DEFAULT_PATH", "fast")
     with pytest.raises(
         ValueError,
         match=r"all_gather_gemm: DISTGEMM_PATH='fast' is not one of "
         r"'auto', 'overlap', 'collective'",
     ):
-        validation.check_path("all_gather_gemm", None)
+        validate.validate_path("all_gather_gemm", None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -439,13 +441,13 @@ def test_path_none_takes_the_default_and_a_bad_default_is_named(monkeypatch):
 
 def test_explicit_steps_are_kept():
     assert (
-        validation.make_spec(
+        make_spec(
             "gemm_reduce_scatter", "rs_tile_a", 2, 0, 2, t(8192, 16), t(64, 16)
         ).steps
         == 2
     )
     assert (
-        validation.make_spec(
+        make_spec(
             "all_gather_gemm", "ag_rotate_a", 2, 0, 4, t(4096, 16), t(64, 16)
         ).steps
         == 4
@@ -455,4 +457,4 @@ def test_explicit_steps_are_kept():
 def test_default_steps_of_an_unknown_schedule_leaves_the_error_to_validation():
     assert distgemm.default_steps("nope", 2, t(8192, 16), t(48, 16)) == 2
     with pytest.raises(ValueError, match="schedule 'nope' is not a reduce_scatter schedule"):
-        validation.make_spec("gemm_reduce_scatter", "nope", 2, 0, None, t(8192, 16), t(48, 16))
+        make_spec("gemm_reduce_scatter", "nope", 2, 0, None, t(8192, 16), t(48, 16))

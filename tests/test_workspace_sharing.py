@@ -1,4 +1,4 @@
-"""CPU checks of a communicator's one workspace (distgemm.workspace): the control region every plan
+"""CPU checks of a communicator's one workspace (distgemm.runtime.workspace): the control region every plan
 shares (C++ layout), the pool's sizing, growth and release on the real plans of a 96-token-count
 loop, the Communicator's growth (plans re-pointed, the old workspace freed collective-safely) with
 the CUDA parts replaced, memory_stats, launches of several plans on one shared workspace through
@@ -23,12 +23,14 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import distgemm  # noqa: E402
-from distgemm import _core, entries, ops  # noqa: E402
-from distgemm import comm as comm_mod  # noqa: E402
-from distgemm import reference as ref  # noqa: E402
-from distgemm.fused import fused_layout, place_fused  # noqa: E402
-from distgemm.precision import Precision  # noqa: E402
-from distgemm.workspace import (  # noqa: E402
+from distgemm import _core, ops  # noqa: E402
+from distgemm.plan import reference as ref  # noqa: E402
+from distgemm.runtime import communicator as comm_mod  # noqa: E402
+from distgemm.runtime import entry_cache as entries  # noqa: E402
+from distgemm.runtime.paths.fused import FusedResources, FusedState, fused_layout  # noqa: E402
+from distgemm.runtime.paths.overlapped import GRAPHS_PER_PLAN  # noqa: E402
+from distgemm.runtime.precision import Precision  # noqa: E402
+from distgemm.runtime.workspace import (  # noqa: E402
     GROWTH_HEADROOM,
     WorkspacePool,
     control_bytes,
@@ -297,14 +299,13 @@ def fake_comm(tp=2, rank=0, peer_errors=None, ctl=None):
     FakeIpcWorkspace.log, FakeIpcWorkspace.made = [], []
     FakeIpcWorkspace.rank, FakeIpcWorkspace.tp, FakeIpcWorkspace.fail_open = rank, tp, None
     c = object.__new__(comm_mod.Communicator)
-    c.rank, c.tp, c._closed, c._broken = rank, tp, False, None
+    c.rank, c.tp, c._closed, c.broken = rank, tp, False, None
     c.timeout_s, c.wait_timeout_s = 30.0, 3.5
     c.device = torch.device("cuda", 0)
-    c._core = types.SimpleNamespace(IpcWorkspace=FakeIpcWorkspace, WORKSPACE_SLOT_ALIGN=ALIGN)
-    c.plans = entries.PlanCache()
-    c._kept_capturers, c._retired_graphs = [], []
-    c._fused_control, c._fused_launcher, c._fused_receive = None, None, None
-    c._synchronize = lambda: FakeIpcWorkspace.log.append(("synchronize",))
+    c.order, c.group = "order", None
+    c._attachments = {}
+    c._ipc_workspace = FakeIpcWorkspace
+    c.synchronize = lambda: FakeIpcWorkspace.log.append(("synchronize",))
     if ctl is not None:
         c._ctl = ctl
     else:
@@ -315,45 +316,54 @@ def fake_comm(tp=2, rank=0, peer_errors=None, ctl=None):
             return [obj if r == rank else peer for r in range(tp)]
 
         c._ctl = types.SimpleNamespace(all_gather=all_gather, seq=0)
-    c._pool = c._new_pool("order")
+    c._pool = c.new_pool(c._workspace_grown, control=CONTROL)
+    c.plans = entries.entry_cache(c)
     return c
 
 
 def add_entry(c, op, schedule, m, n, k):
-    """The first call of an op on the communicator: entries.create_entry with meta tensors."""
+    """The first call of an op on the communicator (EntryCache.create with meta tensors): the
+    entry's overlapped state, with one eager graph."""
     tp = c.tp
     if op == "all_gather_gemm":
         a, w = (m // tp, k), (n // tp, k)
     else:
         a, w = (m, k // tp), (n, k // tp)
     at, wt = (torch.empty(s, dtype=BF16, device="meta") for s in (a, w))
-    key = (op, schedule, None, Precision(BF16), (("a", a), ("w", w)), 0.0, False, "overlap")
-    entry = entries.create_entry(
-        c, key, lambda: ops.make_spec(op, schedule, tp, c.rank, None, at, wt)
+    key = entries.EntryKey(
+        op, schedule, None, Precision(BF16), (("a", a), ("w", w)), 0.0, False, "overlap"
     )
-    entry.graphs = TrackedGraphs(entry.graphs)
-    entry.graphs[(1, 2, 0, 3, 0)] = "graph"  # an eager call's graph
-    return entry
+    state = c.plans.create(key, lambda: ops.make_spec(op, schedule, tp, c.rank, None, at, wt)).state
+    state.graphs = TrackedGraphs(state.graphs)
+    state.graphs[(1, 2, 0, 3, 0)] = "graph"  # an eager call's graph
+    return state
 
 
 def fused_entry(c, slots, receive):
-    """A fused entry (no graphs) of ``slots`` bytes of partial buffers, placed by
-    distgemm.fused.place_fused: the decode kernel's (``receive``) or the CUTLASS kernel's."""
+    """A fused entry's state (no graphs) of ``slots`` bytes of partial buffers, placed by
+    FusedState.place: the decode kernel's (``receive``) or the CUTLASS kernel's."""
     layout = {"slots_offset": 0, "slots_bytes": slots, "total_bytes": slots}
     if not receive:
         layout["total_bytes"] += c.workspace_control_bytes
-    entry = types.SimpleNamespace(
-        fused={"layout": layout, "receive": receive}, capturer=None, graphs={}
+    state = FusedState(
+        spec=None,
+        precision=None,
+        beta=0.0,
+        want_gathered=False,
+        out_shape=torch.Size(),
+        receive=receive,
+        layout=layout,
+        resources=FusedResources.of(c),
     )
-    place_fused(c, entry)
-    c.plans[f"fused {slots} {receive}"] = entry
-    return entry
+    state.place(c)
+    c.plans[f"fused {slots} {receive}"] = entries.Entry(None, None, "fused", {}, state)
+    return state
 
 
 def parity_halves(entry):
     """Each parity's byte range [start, end) on rank 0, as the kernels address them."""
-    base, half = entry.bases[0], entry.fused["parity_bytes"]
-    size = entry.fused["layout"]["slots_bytes"] // 2
+    base, half = entry.bases[0], entry.parity_bytes
+    size = entry.layout["slots_bytes"] // 2
     return [(base, base + size), (base + half, base + half + size)]
 
 
@@ -364,13 +374,13 @@ def test_growth_gives_a_fused_entry_its_bases_in_the_new_workspace():
     c = fake_comm()
     fused = fused_entry(c, 4 * ALIGN, receive=False)
     old = fused.ws
-    assert fused.bases == old.bases and fused.fused["parity_bytes"] == old.slot_capacity // 2
+    assert fused.bases == old.bases and fused.parity_bytes == old.slot_capacity // 2
     big = add_entry(c, "all_gather_gemm", "ag_rotate_a", 4096, 512, 256)
     new = big.ws
     assert new is not old and fused.ws is new
     assert fused.bases == new.bases
-    assert fused.fused["parity_bytes"] == new.slot_capacity // 2 // 16 * 16
-    assert fused.fused["parity_bytes"] >= 2 * ALIGN  # each parity fits its half
+    assert fused.parity_bytes == new.slot_capacity // 2 // 16 * 16
+    assert fused.parity_bytes >= 2 * ALIGN  # each parity fits its half
     assert old.core.freed
 
 
@@ -398,7 +408,7 @@ def test_decode_fused_entries_get_a_receive_region_of_their_own():
     c = fake_comm()
     plan = add_entry(c, "all_gather_gemm", "ag_rotate_a", 128, 512, 256)
     small = fused_entry(c, 2 * ALIGN, receive=True)
-    assert small.ws is not plan.ws and small.ws is c._fused_receive.current
+    assert small.ws is not plan.ws and small.ws is c.attachment("fused").receive.current
     assert small.ws.control_bytes == 0 and small.bases == small.ws.bases
     stats = c.memory_stats()
     assert stats["fused_receive_bytes"] == small.ws.nbytes
@@ -408,7 +418,7 @@ def test_decode_fused_entries_get_a_receive_region_of_their_own():
     # A plan's growth leaves the receive region alone; a larger decode entry grows it and
     # re-points the smaller one, and the old region is freed collective-safely.
     add_entry(c, "all_gather_gemm", "ag_rotate_a", 4096, 512, 256)
-    assert small.ws is c._fused_receive.current
+    assert small.ws is c.attachment("fused").receive.current
     old = small.ws
     FakeIpcWorkspace.log.clear()
     big = fused_entry(c, 16 * ALIGN, receive=True)
@@ -425,7 +435,7 @@ def test_decode_fused_entries_get_a_receive_region_of_their_own():
             (a0, a1), (b0, b1) = parity_halves(a)[0], parity_halves(b)[1]
             assert a1 <= b0 or b1 <= a0, (parity_halves(a), parity_halves(b))
     c.close()
-    assert big.ws.core.freed and c._fused_receive is None
+    assert big.ws.core.freed and c.attachment("fused") is None
 
 
 def test_plans_of_every_schedule_share_one_workspace():
@@ -552,7 +562,7 @@ def test_memory_stats_counts_plans_and_graphs_and_states_the_bounds():
     es[0].graphs[(5, 6, 0, 7, 0)] = "another graph"
     es[1].capturer = object()  # the capture-only graph callers' CUDA graphs replay
     c._pool.current.pinned = True
-    stats = c.memory_stats()
+    stats = distgemm.memory_stats(c)
     assert stats == {
         "workspace_bytes": c._pool.current.nbytes,
         "kept_bytes": 0,
@@ -564,9 +574,8 @@ def test_memory_stats_counts_plans_and_graphs_and_states_the_bounds():
         "fused_control_bytes": 0,  # no fused entry: its control region is not allocated
         "fused_receive_bytes": 0,
         "max_plans": entries.MAX_PLANS,
-        "graphs_per_plan": entries.GRAPHS_PER_PLAN,
+        "graphs_per_plan": GRAPHS_PER_PLAN,
     }
-    assert distgemm.memory_stats(c) == stats
 
 
 def test_memory_stats_without_a_communicator_creates_none():
@@ -577,7 +586,7 @@ def test_memory_stats_without_a_communicator_creates_none():
     stats = distgemm.memory_stats()
     assert comm_mod._DEFAULT == before
     assert stats["max_plans"] == entries.MAX_PLANS
-    assert stats["graphs_per_plan"] == entries.GRAPHS_PER_PLAN
+    assert stats["graphs_per_plan"] == GRAPHS_PER_PLAN
     assert all(v == 0 for k, v in stats.items() if k not in ("max_plans", "graphs_per_plan"))
     c = fake_comm()
     c._closed = True
@@ -664,11 +673,10 @@ def test_without_new_generations_a_stale_flag_lets_a_gemm_read_stale_slots():
 def _gloo_worker(rank, world, init, out):
     import torch.distributed as dist
 
-    from distgemm.control import ControlExchange, _default_store
+    from distgemm.runtime.control import ControlExchange, default_store
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    torch.cuda.synchronize = lambda *a, **k: None  # plan-cache eviction synchronises (no GPU)
-    ctl = ControlExchange(_default_store(), list(range(world)), rank, 60.0)
+    ctl = ControlExchange(default_store(), list(range(world)), rank, 60.0)
     c = fake_comm(tp=world, rank=rank, ctl=ctl)
     stamps = collections.defaultdict(dict)
 

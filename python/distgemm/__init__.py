@@ -1,83 +1,82 @@
-"""distgemm: tensor-parallel GEMMs for NVLink-connected Hopper GPUs.
+"""distgemm: tensor-parallel GEMMs for NVLink-connected Hopper GPUs (the package's public names).
 
 One Plan per distributed GEMM, three consumers: the simulator (``distgemm.simulate``), the CPU
-reference executor (``distgemm.reference``) and the CUDA graph runtime. The torch-facing ops
-(``all_gather_gemm``, ``gemm_reduce_scatter``, ``gemm_all_reduce``), ``Communicator``, the
-training layers (``distgemm.nn``) and the drop-ins for torch's fused ops (``distgemm.torch_compat``,
-fp8: ``distgemm.torch_compat_fp8``) are imported on first use, so that the planning tools work
-without importing torch.
+reference executor (``distgemm.plan``) and the CUDA graph runtime (``distgemm.runtime``). The
+layers, each importing only those below it (docs/architecture.md)::
+
+    compat/   nn layers, torch.library ops, drop-ins for torch's symm_mem fused ops
+    ops.py    all_gather_gemm, gemm_reduce_scatter, gemm_all_reduce
+    runtime/  communicator, entry cache, path choice, paths
+    plan/     plan view, invariants, reference executor, timeline (no torch)
+    _core     C++: scheduler, plan builder, kernels, graphs
+
+The plan layer's names are imported here; the torch-facing ones on first use, so that the
+planning tools run without importing torch.
 """
 
-from .check import Violation, check_plan
+import importlib
+
 from .plan import (
-    Plan,
+    ExecutionError,
+    PlanDict,
+    Violation,
     build_plan,
     clone_plan,
+    run_reference,
     schedule_definition,
     schedule_names,
     tile_map,
+    verify_plan,
     workspace_bytes,
 )
-from .reference import ExecutionError, run_reference
 
 __all__ = [
-    "Plan",
+    "PlanDict",
     "Violation",
     "ExecutionError",
     "build_plan",
-    "check_plan",
+    "verify_plan",
     "clone_plan",
     "run_reference",
     "schedule_definition",
     "schedule_names",
     "tile_map",
     "workspace_bytes",
-    # torch-facing, imported lazily:
+    # torch-facing, imported on first use:
     "all_gather_gemm",
     "gemm_reduce_scatter",
     "gemm_all_reduce",
     "default_steps",
     "path_choices",
+    "memory_stats",
     "load_tuning_table",
     "Communicator",
     "close_all",
-    "memory_stats",
     "ColumnParallelLinear",
     "RowParallelLinear",
 ]
 # The one home of the version: pyproject.toml reads it from here (scikit-build-core's regex).
 __version__ = "0.1.0"
 
-_LAZY = {
+# Public torch-facing names -> the module that defines them (imported at first access).
+_ON_FIRST_USE = {
     "all_gather_gemm": "ops",
     "gemm_reduce_scatter": "ops",
     "gemm_all_reduce": "ops",
     "default_steps": "ops",
     "path_choices": "ops",
-    "load_tuning_table": "tuning",
-    "Communicator": "comm",
-    "close_all": "comm",
-    "memory_stats": "comm",
-    "ColumnParallelLinear": "nn",
-    "RowParallelLinear": "nn",
+    "memory_stats": "ops",
+    "load_tuning_table": "runtime.tuning_table",
+    "Communicator": "runtime.communicator",
+    "close_all": "runtime.communicator",
+    "ColumnParallelLinear": "compat.nn",
+    "RowParallelLinear": "compat.nn",
 }
-_SUBMODULES = (
-    "nn",
-    "custom_ops",
-    "torch_compat",
-    "torch_compat_fp8",
-)  # torch-facing, imported on first use
 
 
 def __getattr__(name):
-    if name in _SUBMODULES:
-        import importlib
-
-        return importlib.import_module(f".{name}", __name__)
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    if name in _ON_FIRST_USE:
+        value = getattr(importlib.import_module(f".{_ON_FIRST_USE[name]}", __name__), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'distgemm' has no attribute {name!r}")

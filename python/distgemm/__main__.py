@@ -18,9 +18,9 @@ import sys
 import time
 
 from . import _core
-from .check import check_plan
-from .plan import build_plan, schedule_names
-from .reference import execute_plan, expected_outputs, reference_inputs
+from .plan.invariants import verify_plan
+from .plan.reference import execute_plan, expected_outputs, reference_inputs
+from .plan.view import build_plan, schedule_names
 from .simulate import describe, format_table, step_table
 
 # Llama-3-8B gate+up projection (FC1, column parallel): N = 2 x 14336, K = 4096.
@@ -59,7 +59,7 @@ def run_cpu(args) -> int:
     print(describe(plan))
     print()
     print(format_table(plan, step_table(plan)))
-    violations = check_plan(plan)
+    violations = verify_plan(plan)
     for v in violations:
         print(f"VIOLATION {v}")
     if violations:

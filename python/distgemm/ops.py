@@ -1,90 +1,29 @@
-"""One call per tensor-parallel layer, on torch tensors, one process per GPU (torchrun).
+"""The public ops: one call per tensor-parallel layer, on torch tensors, one process per GPU.
 
     all_gather_gemm      column-parallel layers (QKV, FC1/gate/up): all-gather of the activations
                          overlapped with the GEMM
     gemm_reduce_scatter  row-parallel layers (O, FC2/down): GEMM overlapped with the
                          reduce-scatter of its result
-    gemm_all_reduce      row-parallel layers without sequence parallelism: GEMM, reduce-scatter
-                         and all-gather of the result in one plan
+    gemm_all_reduce      row-parallel layers without sequence parallelism: GEMM and the
+                         all-reduce of its result
 
-Weights are in nn.Linear layout ``[N, K]``; bf16 or fp16 (inputs, weight, bias, C and the output
-all in one dtype; fp32 accumulation), or fp8: inputs and weight ``torch.float8_e4m3fn`` with
-float32 ``scale_a`` / ``scale_b`` (tensor-wise or row-wise), bias, C and the output bf16
-(``distgemm.precision``). Every rank of the group calls the op with the same shapes,
-dtype, schedule, steps and path, in the same order (the usual SPMD contract of collectives).
+Weights are in nn.Linear layout ``[N, K]``; bf16 or fp16 (every operand in one dtype, fp32
+accumulation), or fp8 e4m3 inputs and weight with float32 ``scale_a`` / ``scale_b`` and bf16
+bias, C and output (``runtime.precision``). Every rank calls the op with the same shapes, dtype,
+schedule, steps and path, in the same order (the SPMD contract of collectives).
 
-How a call runs. The first call with a new (op, shapes, dtype, schedule, steps, bias, beta)
-validates the inputs, exchanges a plan signature with the other ranks (any difference raises the
-same ValueError on every rank, naming the rank and the field), builds the plan in C++, finds or
-allocates its symmetric workspace and instantiates one CUDA graph per rank. Later calls validate
-the tensors' device, contiguity and alignment, pick the graph instantiated for these pointers
-(up to ``entries.GRAPHS_PER_PLAN`` per plan; otherwise the least recently used one is retargeted
-with a graph-exec update) and launch it on ``torch.cuda.current_stream()``: no host
-synchronisation, no collective.
+A call validates its arguments (``runtime.validate``), finds its entry in the communicator's
+entry cache (``runtime.entry_cache``; made at the first call with the same ``EntryKey``: the
+ranks exchange their signatures, the path is chosen by ``runtime.choose`` and its state made)
+and runs the entry's path (``runtime.paths``) on ``torch.cuda.current_stream()``, or records it
+into the caller's CUDA graph capture. docs/python-api.md describes the contract: errors, CUDA
+graph capture, paths, tuning tables and the default steps; docs/architecture.md the layers.
 
-Errors. Inputs are checked before anything reaches the extension: TypeError for a non-tensor or a
-dtype that is not bf16/fp16 or differs between operands; ValueError for a CPU tensor, a tensor on
-another device than this rank's, a non-contiguous tensor (distgemm does not take strides: call
-``.contiguous()``), a data pointer that is not 16-byte aligned (TMA), shapes that do not match
-or that the schedule cannot split (the Plan's message, e.g. ``M=30 is not divisible by TP=4``).
-At the first call errors are exchanged, so every rank raises the same one; at later calls a rank
-raises its own, and a rank that then waits for it reports ``RuntimeError`` after the wait timeout.
-A launch whose entry barrier or data flag times out (a rank did not launch) is reported as a
-RuntimeError naming the rank and the iteration at the next call on the communicator or at
-``Communicator.check()``.
-
-CUDA graph capture. Every op, schedule and path works inside ``torch.cuda.graph(...)`` (any
-capture of the current stream, in any capture mode): the call records its work into the caller's
-graph instead of running it, on the caller's stream, and returns the output tensor the replays
-write (allocated from the graph's pool when ``out`` is not given). The overlapped path records
-the plan's nodes themselves (entry barrier, GEMMs, copy-engine transfers, flags; forked from the
-caller's stream and joined back into it), so a replay needs no host work: the entry barrier
-advances the launch generation on the device. Replays read the tensors the capture was given:
-overwrite them in place between replays (static buffers). The first call of a new shape may
-happen inside the capture (its plan, workspace and IPC exchange are set up without any
-device-wide synchronisation), with ``path="auto"`` too: the path is decided from the shapes when
-the plan is created, nothing is measured. Eager calls and replays that
-share a communicator interleave freely on one stream; on different streams the caller orders
-them (``torch.cuda.Stream.wait_stream``), since a replay runs no host code that could. Every
-rank replays the same graphs in the same order as it calls the ops (the SPMD contract), or the
-peers' waits time out: a replay whose peer never replays ends after ``wait_timeout_s``, the
-later captured ops that share its workspace skipped at once, and is reported as RuntimeError
-naming the rank and the iteration at ``Communicator.check()`` or at the next overlapped call
-on that workspace (a plain replay runs no host code to raise from). The communicator keeps
-every plan recorded into a graph (never evicted) and its workspace until ``close()``; replaying
-such a graph after ``close()`` is invalid.
-
-Paths. ``path="auto"`` (the default; ``DISTGEMM_PATH`` sets another) runs either the overlapped plan
-("overlap") or the plain collective followed by one torch GEMM ("collective", the NCCL baseline
-itself), decided when the plan is created, from the shapes, never by measuring the call. With
-``steps=None`` a tuning table decides where it has an entry for the call's shape bucket (op,
-schedule, TP, dtype, N, K, and M in power-of-two buckets): its path, S and GEMM tile, measured ahead
-of time by ``python -m distgemm.tune`` and loaded from ``DISTGEMM_TUNING_TABLE`` or with
-``distgemm.load_tuning_table(path)``; every rank must load the same table (the plan signature
-carries its digest). Otherwise a cost model (``distgemm.pathmodel``, calibrated on the Llama sweep,
-docs/tuning.md) predicts both paths at the default S and keeps the overlapped one where it is faster
-by at least 5 us; below 1024 tokens (decode sizes, never measured on the overlapped path) and at TP
-other than 2 (where it is not calibrated) it keeps the collective path. ``gemm_all_reduce`` has
-a third path, "fused" (``distgemm.fused``: the GEMM and the all-reduce in one kernel, no
-collective kernel, no copy engine), which "auto" takes where ``_core.fused_auto_problem``
-allows (up to ``_core.FUSED_MAX_AUTO_TOKENS`` tokens at TP 2; see docs/serving.md).
-``path_choices()`` shows each choice, its source ("table" / "model") and the ms behind it.
-``path="overlap"`` / ``"collective"`` force one path; the collective path needs a NCCL group
-(with another backend "auto" keeps the plan). A first call then costs the signature exchange,
-the plan build and, for the overlapped path, workspace and graph setup
-(``benchmarks/first_call.py`` times each).
-
-No autograd: the ops have no backward. An input that requires grad while grad mode is on is
-refused (RuntimeError) rather than given a result without a gradient.
-
-``steps=None`` (``default_steps``): S = TP for the all-gather schedules and gemm_allreduce; for
-rs_tile_a/rs_tile_b S = 2*TP from 4096 tokens on with K/TP <= 8192, else TP (Llama-3: O from
-TP=2; FC2 of 8B from TP=2, of 70B from TP=4, of 405B from TP=8). The rule and its constants live
-in C++ (``schedule/defaults.hpp``); the measurements behind them are in docs/tuning.md. At
-S = 2*TP each partial is staged locally and pushed by the copy engine with a step of slack; the
-staging slots double the plan's workspace (Llama-70B O at 8192 tokens, TP=2: 128 instead of
-64 MiB per rank).
-Pass ``steps`` to choose; ``python -m distgemm.simulate --timeline`` shows the predicted effect.
+``path="auto"`` (the default; ``DISTGEMM_PATH`` sets another) chooses among "overlap" (the
+plan's CUDA graph), "collective" (NCCL and one torch GEMM) and, for ``gemm_all_reduce``, "fused"
+(GEMM and all-reduce in one kernel), from the shapes when the entry is made, never by measuring
+the call; ``path_choices()`` reports each choice and why. No autograd: an input that requires
+grad while grad mode is on is refused (``distgemm.compat.nn`` has the autograd layers).
 """
 
 from __future__ import annotations
@@ -93,20 +32,17 @@ from typing import Any
 
 import torch
 
-from .collective import run_collective
-from .comm import find_communicator, get_communicator
-from .entries import create_entry
-from .fused import launch_fused
-from .launch import launch, setup_during_capture
-from .precision import check_precision
-from .validation import (
+from .runtime.communicator import find_communicator, get_communicator, setup_during_capture
+from .runtime.entry_cache import ATTACHMENT, MAX_PLANS, EntryKey, entry_cache
+from .runtime.paths.overlapped import GRAPHS_PER_PLAN
+from .runtime.precision import validate_precision
+from .runtime.spec import default_steps, make_spec
+from .runtime.validate import (
     PATHS,
-    check_no_grad,
-    check_path,
-    check_placement,
-    default_steps,
-    make_spec,
     n_major_weight,
+    validate_no_grad,
+    validate_path,
+    validate_placement,
 )
 
 __all__ = [
@@ -115,6 +51,7 @@ __all__ = [
     "gemm_all_reduce",
     "default_steps",
     "make_spec",
+    "memory_stats",
     "path_choices",
     "PATHS",
 ]
@@ -129,10 +66,9 @@ def path_choices(group=None) -> list[dict[str, Any]]:
     table's measured or the model's predicted ms per call) with ``why`` in words, or
     ``collective_unavailable`` with the reason when the collective path could not run."""
     comm = find_communicator(group)  # a lookup: creating a communicator is a collective
+    cache = comm.attachment(ATTACHMENT) if comm is not None else None
     res: list[dict[str, Any]] = []
-    if comm is None:
-        return res
-    for key, e in comm.plans.items():
+    for key, e in (cache or {}).items():
         s = e.spec
         res.append(
             dict(
@@ -142,12 +78,55 @@ def path_choices(group=None) -> list[dict[str, Any]]:
                 m=s.m,
                 n=s.n,
                 k=s.k,
-                requested=key[-1],
+                requested=key.path,
                 path=e.path,
-                **(e.tuning or {}),
+                **e.choice,
             )
         )
     return res
+
+
+def memory_stats(group=None) -> dict[str, int]:
+    """What distgemm holds on this rank for ``group`` (a process group, default the world
+    group, or a Communicator); never creates a communicator (all zeros where none is open):
+
+    workspace_bytes       the symmetric workspace shared by every plan (device memory)
+    kept_bytes            replaced workspaces kept because captured graphs reference them
+    largest_plan_bytes    the largest plan layout placed in the workspace (total bytes); the
+                          workspace is at most ``runtime.workspace.GROWTH_HEADROOM`` above it
+    workspace_allocations workspaces allocated so far (the first one and every growth)
+    plans                 cached plans, at most ``max_plans`` (least recently used ones go)
+    eager_graphs          instantiated graphs of the eager calls, at most ``graphs_per_plan``
+                          per plan
+    captured_graphs       graphs recorded into callers' CUDA graphs
+    fused_control_bytes   the fused path's control region (launch generation, tile flags;
+                          the CUTLASS kernel's partial buffers are placed in the workspace)
+    fused_receive_bytes   the decode kernel's receive regions (the current one and those kept
+                          for captured graphs): every rank's partials of the entries up to
+                          ``_core.FUSED_DECODE_MAX_TOKENS`` tokens
+    max_plans, graphs_per_plan  the bounds (``runtime.entry_cache.MAX_PLANS``,
+                                ``runtime.paths.overlapped.GRAPHS_PER_PLAN``)
+    """
+    comm = find_communicator(group)
+    held = comm.memory_stats() if comm is not None else {}
+    stats = {k: held.get(k, 0) for k in _MEMORY_KEYS}
+    stats.update(max_plans=MAX_PLANS, graphs_per_plan=GRAPHS_PER_PLAN)
+    return stats
+
+
+# The counted keys of memory_stats, in its docstring's order: 0 where nothing made them yet (no
+# communicator, no entry, no fused entry).
+_MEMORY_KEYS = (
+    "workspace_bytes",
+    "kept_bytes",
+    "largest_plan_bytes",
+    "workspace_allocations",
+    "plans",
+    "eager_graphs",
+    "captured_graphs",
+    "fused_control_bytes",
+    "fused_receive_bytes",
+)
 
 
 def weight_key(w: torch.Tensor) -> str:
@@ -172,22 +151,17 @@ def _run(
             comm, entry = _entry(op, group, key, make, tensors, out)
     else:
         comm, entry = _entry(op, group, key, make, tensors, out)
-    # The path was decided when the entry was created (autopath.decide_path): "overlap",
-    # "collective" or "fused", never a measurement, so "auto" records into a capture like any
-    # other path.
-    if entry.path == "overlap":
-        return launch(op, comm, entry, tensors, out, capturing)
-    if entry.path == "fused":
-        return launch_fused(op, comm, entry, tensors, out, capturing)
-    return run_collective(op, comm, entry, tensors, out, capturing)
+    # The path was chosen when the entry was created (runtime.choose): "overlap", "collective"
+    # or "fused", never a measurement, so "auto" records into a capture like any other path.
+    return entry.state.run(op, comm, tensors, out, capturing)
 
 
-def _entry(op, group, key, make, tensors, out):
-    """The communicator and the plan entry of a call (created at the plan's first call)."""
+def _entry(op, group, key: EntryKey, make, tensors, out):
+    """The communicator and the entry of a call (created at the entry's first call)."""
     comm = get_communicator(group)
-    if comm._broken:
+    if comm.broken:
         comm.raise_if_broken()
-    plans = comm.plans
+    plans = comm.attachment(ATTACHMENT) or entry_cache(comm)
     entry = plans.get(key)
     if entry is None:
 
@@ -197,10 +171,10 @@ def _entry(op, group, key, make, tensors, out):
             # Scales need no TMA alignment (the kernel reads them as floats): check_precision
             # checked them.
             operands = {n: t for n, t in tensors.items() if not n.startswith("scale_")}
-            check_placement(op, comm.device, dict(operands, out=out))
+            validate_placement(op, comm.device, dict(operands, out=out))
             return make(comm)
 
-        entry = create_entry(comm, key, first)
+        entry = plans.create(key, first)
     else:
         plans.move_to_end(key)  # LRU order (O(1), cheaper than checking whether it is needed)
     return comm, entry
@@ -267,12 +241,12 @@ def all_gather_gemm(
     benchmarks/results for its accuracy); K and N multiples of 16; ``w`` K-contiguous.
     """
     op = "all_gather_gemm"
-    path = check_path(op, path)
-    prec = check_precision(
+    path = validate_path(op, path)
+    prec = validate_precision(
         op, {"a_shard": a_shard, "w": w}, {"bias": bias, "out": out}, scale_a, scale_b, fast_accum
     )
-    check_no_grad(op, {"a_shard": a_shard, "w": w, "bias": bias})
-    key = (
+    validate_no_grad(op, {"a_shard": a_shard, "w": w, "bias": bias})
+    key = EntryKey(
         op,
         schedule,
         steps,
@@ -402,17 +376,17 @@ def gemm_all_reduce(
 
 def _gemm_then_reduce(op, schedule, a, w, bias, c, beta, steps, out, group, path, fp8):
     """gemm_reduce_scatter and gemm_all_reduce: the same operands, only the plan differs."""
-    path = check_path(op, path)
+    path = validate_path(op, path)
     beta = float(beta)
     c_used = c if beta != 0.0 else None  # like torch.addmm: beta == 0 never reads c
     scale_a, scale_b, fast_accum = fp8
-    prec = check_precision(
+    prec = validate_precision(
         op, {"a": a, "w": w}, {"bias": bias, "c": c_used, "out": out}, scale_a, scale_b,
         fast_accum,
     )  # fmt: skip
-    check_no_grad(op, {"a": a, "w": w, "bias": bias, "c": c_used})
+    validate_no_grad(op, {"a": a, "w": w, "bias": bias, "c": c_used})
     tensors = {"a": a, "w": w, "bias": bias, "c": c_used, "scale_a": scale_a, "scale_b": scale_b}
-    key = (
+    key = EntryKey(
         op,
         schedule,
         steps,

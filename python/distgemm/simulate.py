@@ -13,7 +13,7 @@ with it. Every launch begins with an entry barrier across all devices (not shown
 With FP8 row-wise scales (``--row-scale-a``, ``--row-scale-b``) a GEMM shows where it reads its
 rows' scales (``sA=scale_slots[0:512]``) and a copy of scaled rows ends in ``+ row scales``.
 
-``--check`` (default) runs ``distgemm.check.check_plan``; on a violation the command prints the
+``--check`` (default) runs ``distgemm.plan.verify_plan``; on a violation the command prints the
 invariant, device and step in words and exits 1. ``--json`` prints the plan, the table and the
 check result as JSON instead.
 """
@@ -25,9 +25,9 @@ import json
 import sys
 
 from . import _core
-from .check import check_plan
-from .plan import build_plan, schedule_names, workspace_bytes
-from .timeline import CostModel, format_timeline, predict
+from .plan.invariants import verify_plan
+from .plan.timeline import CostModel, format_timeline, predict
+from .plan.view import build_plan, schedule_names, workspace_bytes
 
 __all__ = ["step_table", "format_table", "main"]
 
@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     rows = step_table(plan, args.slots)
-    violations = check_plan(plan) if args.check else []
+    violations = verify_plan(plan) if args.check else []
     if args.json:
         json.dump(
             {

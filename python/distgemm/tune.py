@@ -10,7 +10,7 @@ GPU::
 Timing: per candidate, a settled start (device sync + control exchange), ``--warmup-ms`` of
 calls, then ``--rounds`` windows of about ``--round-ms`` each between two CUDA events; per round
 the maximum over the ranks, then the median over the rounds (the steady state, as the sweep
-times: docs/tuning.md, "Sweep timing windows"). Each overlapped candidate's first output is
+times: docs/tuning_table.md, "Sweep timing windows"). Each overlapped candidate's first output is
 checked against the collective path's. Progress on a tqdm bar where tqdm is installed.
 """
 
@@ -25,7 +25,15 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from . import _core, pathmodel, tuning
+import torch
+import torch.distributed as dist
+
+from . import _core
+from .runtime import cost_model, tuning_table
+from .runtime.communicator import close_all, get_communicator
+from .runtime.entry_cache import EntryKey, entry_cache
+from .runtime.precision import Precision
+from .runtime.spec import make_spec
 
 OPS = {"all_gather": "all_gather_gemm", "reduce_scatter": "gemm_reduce_scatter"}
 DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16"}
@@ -38,12 +46,12 @@ class Candidate:
     steps: int
     tile_n: int
     rejected: str | None = None  # why the plan cannot run this shape
-    predicted_ms: float | None = None  # distgemm.pathmodel's prediction
+    predicted_ms: float | None = None  # runtime.cost_model's prediction
     ms: float | None = None  # measured
 
     @property
     def name(self) -> str:
-        return tuning.candidate_name(self.path, self.steps, self.tile_n)
+        return tuning_table.candidate_name(self.path, self.steps, self.tile_n)
 
 
 @dataclass
@@ -90,7 +98,7 @@ def make_cases(model: str, tp: int, tokens, layers, tiles) -> list[Case]:
                 except ValueError as e:
                     plan, c.rejected = None, str(e)
                 if plan is not None:
-                    pred = pathmodel.predict(plan, c.tile_n)
+                    pred = cost_model.predict(plan, c.tile_n)
                     c.predicted_ms = pred[
                         "collective_ms" if c.path == "collective" else "overlap_ms"
                     ]
@@ -107,7 +115,7 @@ def format_cases(cases: list[Case]) -> str:
         if c.skipped:
             lines.append(f"{head}: skipped ({c.skipped})")
             continue
-        lines.append(f"{head}, bucket {tuning.token_bucket(c.m)}")
+        lines.append(f"{head}, bucket {tuning_table.token_bucket(c.m)}")
         for cand in c.candidates:
             what = (
                 f"skipped: {cand.rejected}"
@@ -120,7 +128,7 @@ def format_cases(cases: list[Case]) -> str:
     return "\n".join(lines)
 
 
-def table_entries(cases: list[Case], tp: int, dtype: str) -> list[tuning.TableEntry]:
+def table_entries(cases: list[Case], tp: int, dtype: str) -> list[tuning_table.TableEntry]:
     """One entry per measured case: the faster of the collective path and the best overlapped
     candidate (whose S and tile the entry keeps in either case)."""
     out = []
@@ -132,9 +140,11 @@ def table_entries(cases: list[Case], tp: int, dtype: str) -> list[tuning.TableEn
         best = min(overlap, key=lambda cand: cand.ms)
         path = "overlap" if best.ms <= timed["collective"].ms else "collective"
         ms = {name: cand.ms for name, cand in timed.items()}
-        bucket = tuning.token_bucket(c.m)
+        bucket = tuning_table.token_bucket(c.m)
         key = dict(op=c.op, schedule=c.schedule, tp=tp, dtype=dtype, n=c.n, k=c.k, tokens=bucket)
-        out.append(tuning.TableEntry(**key, path=path, steps=best.steps, tile_n=best.tile_n, ms=ms))
+        out.append(
+            tuning_table.TableEntry(**key, path=path, steps=best.steps, tile_n=best.tile_n, ms=ms)
+        )
     return out
 
 
@@ -164,8 +174,6 @@ def steady_ms(fn, comm, what: str, warmup_ms: float, round_ms: float, rounds: in
     """Steady-state ms per call of ``fn`` (a collective: every rank calls it equally often):
     settle, one untimed and one timed call to size the windows (agreed over the ranks), warm-up,
     then ``rounds`` windows; per round the maximum over the ranks, the median over rounds."""
-    import torch
-
     torch.cuda.synchronize(comm.device)
     comm.all_gather(None, f"{what}: settle")
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -190,8 +198,6 @@ def steady_ms(fn, comm, what: str, warmup_ms: float, round_ms: float, rounds: in
 
 def measure(cases: list[Case], comm, dtype: str, args, progress) -> None:
     """Time every candidate of every case on this communicator (``cand.ms``)."""
-    import torch
-
     torch_dtype = getattr(torch, DTYPE_NAMES[dtype])
     gen = torch.Generator(device=comm.device).manual_seed(1234 + comm.rank)
     for case in progress(cases):
@@ -211,31 +217,26 @@ def measure(cases: list[Case], comm, dtype: str, args, progress) -> None:
 def _time_candidate(case: Case, cand: Candidate, comm, a, w, reference, args):
     """Time one candidate (``cand.ms``) after checking its first output against ``reference``
     (the collective path's, the first candidate's); returns the reference."""
-    from .collective import run_collective
-    from .entries import create_entry
-    from .launch import launch
-    from .precision import Precision
-    from .validation import make_spec
-
     # Each candidate's entry is dropped after its timing: one key serves every tile.
     shapes = (("a", tuple(a.shape)), ("w", tuple(w.shape)))
-    key = (case.op, case.schedule, cand.steps, Precision(a.dtype), shapes, 0.0, False, cand.path)
-    entry = create_entry(
-        comm,
+    key = EntryKey(
+        case.op, case.schedule, cand.steps, Precision(a.dtype), shapes, 0.0, False, cand.path
+    )
+    cache = entry_cache(comm)
+    entry = cache.create(
         key,
         lambda: make_spec(
             case.op, case.schedule, comm.tp, comm.rank, cand.steps, a, w, tile_n=cand.tile_n
         ),
     )
-    out = a.new_empty(entry.out_shape)
-    run = launch if cand.path == "overlap" else run_collective
+    out = a.new_empty(entry.state.out_shape)
     tensors = {"a": a, "w": w, "bias": None, "c": None}
 
     def call():
-        run(case.op, comm, entry, tensors, out)
+        entry.state.run(case.op, comm, tensors, out, False)
 
     call()
-    comm.check()
+    comm.raise_launch_errors()
     if reference is None:
         reference = out.float().clone()
     else:
@@ -247,7 +248,7 @@ def _time_candidate(case: Case, cand: Candidate, comm, a, w, reference, args):
             )
     what = f"tune {case.name} {cand.name}"
     cand.ms = steady_ms(call, comm, what, args.warmup_ms, args.round_ms, args.rounds)
-    comm.drop_plan(key)
+    cache.drop(key)
     return reference
 
 
@@ -263,13 +264,8 @@ def _progress(enabled: bool):
     return lambda it: it
 
 
-def run_measurement(cases: list[Case], args) -> tuning.TuningTable | None:
+def run_measurement(cases: list[Case], args) -> tuning_table.TuningTable | None:
     """Join torchrun's process group (NCCL), measure, and return the table on rank 0."""
-    import torch
-    import torch.distributed as dist
-
-    from .comm import close_all, get_communicator
-
     local = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local)
     if not dist.is_initialized():
@@ -279,7 +275,7 @@ def run_measurement(cases: list[Case], args) -> tuning.TuningTable | None:
             f"--tp {args.tp} but the process group has {dist.get_world_size()} ranks: run "
             f"torchrun --nproc-per-node {args.tp}"
         )
-    tuning.load_tuning_table(None)  # candidates are chosen here, not by a table
+    tuning_table.load_tuning_table(None)  # candidates are chosen here, not by a table
     comm = get_communicator(None)
     t0 = time.time()
     measure(cases, comm, args.dtype, args, _progress(comm.rank == 0 and not args.no_progress))
@@ -291,7 +287,7 @@ def run_measurement(cases: list[Case], args) -> tuning.TuningTable | None:
         "timing": {"warmup_ms": args.warmup_ms, "round_ms": args.round_ms, "rounds": args.rounds},
         "seconds": round(time.time() - t0, 1),
     }
-    table = tuning.TuningTable(entries, "measured", meta)
+    table = tuning_table.TuningTable(entries, "measured", meta)
     rank = comm.rank
     comm.all_gather(None, "tune done")
     close_all()

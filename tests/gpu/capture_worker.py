@@ -18,7 +18,7 @@ rank 0 collects; inputs seeded, different per rank):
                 (a column- then a row-parallel layer)
   first_call    the first call of a new shape happens inside the capture: a fresh communicator
                 (workspace allocated and IPC-exchanged during the capture) and new shapes on
-                both paths; path="auto" undecided inside a capture, and Communicator.check()
+                both paths; path="auto" undecided inside a capture, and Communicator.raise_launch_errors()
                 inside a capture, refused with a clear RuntimeError
   timeout       a captured op whose peer never replays: the replaying ranks get RuntimeError
                 naming the rank and where it waited, at the next op call and at check(), within
@@ -57,7 +57,7 @@ from torchrun_worker import (
     worker_main,
 )
 
-from distgemm import comm as dcomm
+from distgemm.runtime import communicator as dcomm
 
 SCHEDULES = ["ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "gemm_allreduce"]
 # Relative Frobenius error bounds: against fp32 from the same inputs (as tests/gpu/
@@ -302,7 +302,7 @@ def test_first_call(dev):
             record(name, e < TOL_SAME_DTYPE, outcome="captured", rel_err_same_dtype=e)
         except Exception as ex:  # noqa: BLE001
             record_exception(name, ex)
-        # Communicator.check() inside a capture: a clear RuntimeError, raised before any CUDA
+        # Communicator.raise_launch_errors() inside a capture: a clear RuntimeError, raised before any CUDA
         # call, so the capture around it stays valid and replays correctly.
         name = "first_call/check_inside_capture_refused"
         refused = []
@@ -310,7 +310,7 @@ def test_first_call(dev):
         def op_then_check():
             y = op_of("ag_rotate_a", t, beta, None, "overlap", group=comm)()
             try:
-                comm.check()
+                comm.raise_launch_errors()
             except RuntimeError as ex:
                 refused.append(str(ex))
             return y
@@ -321,7 +321,7 @@ def test_first_call(dev):
             g.replay()
             e = check(y, "ag_rotate_a", t, beta)[0]
             msg = refused[0] if refused else None
-            expected = "Communicator.check() synchronises the device: not allowed inside a CUDA"
+            expected = "Communicator.raise_launch_errors() synchronises the device: not allowed inside a CUDA"
             record(
                 name,
                 msg is not None and expected in msg and e < TOL_SAME_DTYPE,
@@ -342,7 +342,7 @@ def test_timeout(dev):
     t, beta = inputs("ag_rotate_a", tp, 990, dev)
     op = op_of("ag_rotate_a", t, beta, None, "overlap", group=c)
     op()  # plan and graphs on every rank
-    c.check()
+    c.raise_launch_errors()
     g, y = capture(op)
     dist.barrier()
     if r != tp - 1:

@@ -41,7 +41,7 @@ from torchrun_worker import (
 )
 
 import distgemm
-from distgemm.scales import dequantize, quantize
+from distgemm.runtime.scales import dequantize, quantize
 
 TOL = 1e-2
 E4M3 = torch.float8_e4m3fn

@@ -50,7 +50,7 @@ from torchrun_worker import (
 )
 
 import distgemm
-from distgemm import comm as dcomm
+from distgemm.runtime import communicator as dcomm
 
 TOL = 1e-2
 TOL_SAME_DTYPE = 2e-2
@@ -113,7 +113,7 @@ def test_correctness(dev):
         ok = path == "fused" if fused else path not in (None, "fused")
         record(f"correctness/auto_m{m}", ok, path=path, fused_expected=fused)
     torch.cuda.synchronize()
-    dcomm.get_communicator().check()
+    dcomm.get_communicator().raise_launch_errors()
 
 
 def test_capture(dev, replays):
@@ -155,7 +155,7 @@ def test_capture(dev, replays):
         e_rs = rel_err(z, reference("rs_tile_a", big_a, big_w, None, None, 0.0, dtype)[0])
         worst_rs = max(worst_rs, e_rs)
         try:
-            comm.check()
+            comm.raise_launch_errors()
             state = "ok"
         except RuntimeError as e:
             state = str(e)
@@ -169,7 +169,7 @@ def test_capture(dev, replays):
         "capture/interleaved_with_growth", ok, worst_rel_err=worst, worst_rs_rel_err=worst_rs,
         iterations=steps,
     )  # fmt: skip
-    comm.check()
+    comm.raise_launch_errors()
 
 
 def test_mixed_sizes(dev, replays):
@@ -201,7 +201,7 @@ def test_mixed_sizes(dev, replays):
             worst = max(worst, e)
             bad += e >= TOL
     torch.cuda.synchronize()
-    dcomm.get_communicator().check()
+    dcomm.get_communicator().raise_launch_errors()
     record(
         "capture/mixed_sizes", bad == 0, replays=replays, ops=len(ops), worst_rel_err=worst,
         kernels=[distgemm._core.fused_kernel(m) for m, _, _ in shapes],
@@ -215,7 +215,7 @@ def test_timeout(dev):
     c = dcomm.Communicator(wait_timeout_s=wait_s, timeout_s=60.0)
     a, w, _, _ = inputs(8, 1024, 1024, torch.bfloat16, dev, seed=3)
     distgemm.gemm_all_reduce(a, w, path="fused", group=c)
-    c.check()
+    c.raise_launch_errors()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         distgemm.gemm_all_reduce(a, w, path="fused", group=c)

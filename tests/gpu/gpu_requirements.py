@@ -19,7 +19,7 @@ import sys
 import torch
 
 from distgemm import _core
-from distgemm.comm import SHARED_GPU_ENV
+from distgemm.runtime.communicator import SHARED_GPU_ENV
 
 ENV = {
     "NCCL_NVLS_ENABLE": "0",

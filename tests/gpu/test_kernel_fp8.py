@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 from gpu_requirements import skip_reason  # noqa: E402
 
 from distgemm import _core  # noqa: E402
-from distgemm.scales import dequantize, quantize, scaled_mm_scales  # noqa: E402
+from distgemm.runtime.scales import dequantize, quantize, scaled_mm_scales  # noqa: E402
 
 _SKIP = skip_reason(1)
 pytestmark = pytest.mark.skipif(_SKIP is not None, reason=str(_SKIP))

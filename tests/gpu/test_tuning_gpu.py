@@ -19,7 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from gpu_requirements import run_torchrun, skip_reason  # noqa: E402
 
-from distgemm import tuning  # noqa: E402
+from distgemm.runtime import tuning_table  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
 TP = int(os.environ.get("DISTGEMM_TEST_TP", "2"))
@@ -33,22 +33,22 @@ def _torchrun(*args):
 
 
 def test_tune_writes_a_table_the_ops_then_follow(tmp_path, monkeypatch):
-    monkeypatch.delenv(tuning.TABLE_ENV, raising=False)  # tune measures without a table
+    monkeypatch.delenv(tuning_table.TABLE_ENV, raising=False)  # tune measures without a table
     table_path = tmp_path / "table.json"
     tune_args = ["distgemm.tune", "--model", "8B", "--tp", str(TP), "--tokens", "1024,4096"]
     tune_args += ["--layers", "QKV,O", "--warmup-ms", "50", "--round-ms", "20", "--rounds", "3"]
     _torchrun("-m", TP, *tune_args, "--no-progress", "--out", str(table_path))
-    table = tuning.TuningTable.load(table_path)
+    table = tuning_table.TuningTable.load(table_path)
     assert len(table.entries) == 4
     for e in table.entries.values():
         assert set(e.ms) == {"collective"} | {
             f"overlap/S{s}/n{t}" for s in (TP, 2 * TP) for t in (128, 256)
         }
         best = min((v, k) for k, v in e.ms.items() if k != "collective")[1]
-        assert best == tuning.candidate_name("overlap", e.steps, e.tile_n)
+        assert best == tuning_table.candidate_name("overlap", e.steps, e.tile_n)
         assert e.path == ("overlap" if e.ms[best] <= e.ms["collective"] else "collective")
     out = tmp_path / "worker.json"
-    monkeypatch.setenv(tuning.TABLE_ENV, str(table_path))  # as a deployment ships it
+    monkeypatch.setenv(tuning_table.TABLE_ENV, str(table_path))  # as a deployment ships it
     forced = tmp_path / "forced.json"
     _torchrun(HERE / "tuning_worker.py", TP, "--forced", str(forced), "--out", str(out))
     data = json.loads(out.read_text())

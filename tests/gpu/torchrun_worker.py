@@ -42,7 +42,7 @@ import torch.distributed as dist
 from gpu_requirements import SHARED_GPU_MODE, SHARED_SLOWDOWN, multi_gpu_mode
 
 from distgemm import _core, ops, pathmodel
-from distgemm import comm as dcomm
+from distgemm.runtime import communicator as dcomm
 
 RESULTS = []
 FAILED = []
@@ -137,7 +137,7 @@ def _gloo_tries(dev, tp: int, group) -> str | None:
     words (None: every one ran)."""
     import torch.distributed._functional_collectives as funcol
 
-    from distgemm import custom_ops  # the collectives under this torch's names
+    from distgemm.compat import custom_ops  # the collectives under this torch's names
 
     x = torch.ones(2 * tp, 8, device=dev, dtype=torch.bfloat16)
     tries = {
@@ -568,7 +568,7 @@ def test_paths(dev):
                     and (choice["path"] == "overlap")
                     == (
                         choice["why"].startswith("model: predicted")
-                        and choice["collective_ms"] - choice["overlap_ms"] >= pathmodel.MIN_GAIN_MS
+                        and choice["collective_ms"] - choice["overlap_ms"] >= cost_model.MIN_GAIN_MS
                     )
                 )
                 record(
@@ -786,7 +786,7 @@ def cross_rank_errors(dev, a, w):
     c = dcomm.Communicator(wait_timeout_s=1.0, timeout_s=60.0)
     x = torch.randn(32, 64, device=dev).to(bf)
     ops.all_gather_gemm(x, w, group=c, path="overlap")  # plan and graph on every rank
-    c.check()
+    c.raise_launch_errors()
     dist.barrier()
     t0 = time.perf_counter()
     if r != tp - 1:

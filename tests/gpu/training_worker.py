@@ -15,9 +15,9 @@ each rank's results are gathered, then judged on every rank; one check per judge
                (zero graph breaks, each distgemm op one node of the forward and of the backward
                graph) and inductor, both equal to eager within COMPILED_TOLERANCE
                (compile/<backend>)
-  compat       distgemm.torch_compat on torch's own test cases, distgemm serving every bf16/fp16
+  compat       distgemm.compat.symm_mem on torch's own test cases, distgemm serving every bf16/fp16
                case but a gather of K (compat/<case>)
-  compat_fp8   distgemm.torch_compat_fp8 on torch's fp8 test cases, distgemm serving what
+  compat_fp8   distgemm.compat.symm_mem_fp8 on torch's fp8 test cases, distgemm serving what
                test_torch_compat_fp8.served says (compat_fp8/<case>)
 
 With DISTGEMM_ALLOW_SHARED_GPU=1 (tests/gpu/test_training.py on a one-GPU machine) 2 ranks share

@@ -17,7 +17,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from distgemm import comm as dcomm
+from distgemm.runtime import communicator as dcomm
 from distgemm import ops, tuning
 
 TOL = 1e-2
@@ -36,7 +36,7 @@ def reference(op: str, a, w):
     return out
 
 
-def check_entry(e: tuning.TableEntry, tokens: int, comm, dev) -> dict:
+def check_entry(e: tuning_table.TableEntry, tokens: int, comm, dev) -> dict:
     tp = comm.tp
     g = torch.Generator(device="cpu").manual_seed(tokens + comm.rank)
     if e.op == "all_gather_gemm":
@@ -117,7 +117,7 @@ def main() -> None:
         comm.all_gather(None, "forced table written")
         # The deployment's table first, from the environment; then the hand-written one.
         for path in (None, args.forced):
-            table = tuning.active_table() if path is None else tuning.load_tuning_table(path)
+            table = tuning_table.active_table() if path is None else tuning_table.load_tuning_table(path)
             sizes.append(len(table.entries))
             for e in sorted(table.entries.values(), key=lambda x: x.key):
                 for tokens in (e.tokens, e.tokens + e.tokens // 2):  # both ends of the bucket

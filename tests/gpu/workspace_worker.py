@@ -48,7 +48,7 @@ from torchrun_worker import (
 
 import distgemm
 from distgemm import _core, entries, ops
-from distgemm.workspace import GROWTH_HEADROOM
+from distgemm.runtime.workspace import GROWTH_HEADROOM
 
 K, N = 4096, 8192
 TOKENS = range(64, 6145, 64)
@@ -202,7 +202,7 @@ def run_two_streams(dev, comm) -> None:
             gathered_equal &= bool(torch.equal(out[1], gather_want))
         else:
             worst = max(worst, rel_err(out, wants[i]))
-    comm.check()  # no launch timed out
+    comm.raise_launch_errors()  # no launch timed out
     stats = distgemm.memory_stats(comm)
     record(
         "streams/results",
@@ -251,7 +251,7 @@ def test_grow_once(dev):
             try:
                 z = layer()
                 torch.cuda.synchronize()
-                comm.check()
+                comm.raise_launch_errors()
             except RuntimeError:
                 error = traceback.format_exc()[-1500:]
             grew = comm.memory_stats()["workspace_allocations"] > before

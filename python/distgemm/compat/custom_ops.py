@@ -1,6 +1,8 @@
-"""The torch.library ops behind the tensor-parallel layers: ``distgemm::all_gather_linear`` and
-``distgemm::linear_reduce_scatter``, with fake (shape) implementations and autograd, so that
-``torch.compile`` sees each as one node, forward and backward.
+"""The torch.library ops behind the tensor-parallel layers, with fake kernels and autograd.
+
+``distgemm::all_gather_linear`` and ``distgemm::linear_reduce_scatter``, with fake (shape)
+implementations and autograd, so that ``torch.compile`` sees each as one node, forward and
+backward.
 
 Per-rank shapes, TP ranks in the group named ``group_name``:
 
@@ -33,7 +35,8 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch.distributed import distributed_c10d as c10d
 
-from .validation import n_major_weight
+from .. import ops
+from ..runtime.validate import n_major_weight
 
 # The collectives under the names of the running torch: newer releases call them *_single and
 # deprecate the older names, which torch 2.11 (the GPU machine's) still needs.
@@ -139,12 +142,10 @@ def all_gather_linear(
     group = group_of(group_name)
     x_shard, w, bias = dense(x_shard), dense(w, weight=True), dense(bias)
     if uses_distgemm(x_shard, w):
-        import distgemm
-
         if not return_gathered:
-            out = distgemm.all_gather_gemm(x_shard, w, bias=bias, group=group)
+            out = ops.all_gather_gemm(x_shard, w, bias=bias, group=group)
             return out, x_shard.new_empty((0, x_shard.shape[1]))
-        return distgemm.all_gather_gemm(x_shard, w, bias=bias, return_gathered=True, group=group)
+        return ops.all_gather_gemm(x_shard, w, bias=bias, return_gathered=True, group=group)
     x = _all_gather_rows(x_shard, group)
     out = torch.mm(x, w.t()) if bias is None else torch.addmm(bias, x, w.t())
     return out, (x if return_gathered else x.new_empty((0, x.shape[1])))
@@ -200,9 +201,7 @@ def linear_reduce_scatter(
     check_operands("linear_reduce_scatter", "x", x, w, bias, group.size())
     x, w, bias = dense(x), dense(w, weight=True), dense(bias)
     if uses_distgemm(x, w):
-        import distgemm
-
-        return distgemm.gemm_reduce_scatter(x, w, bias=bias, group=group)
+        return ops.gemm_reduce_scatter(x, w, bias=bias, group=group)
     out = _reduce_scatter_rows(torch.mm(x, w.t()), group)
     return out if bias is None else out + bias
 

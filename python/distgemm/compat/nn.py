@@ -8,7 +8,7 @@
   ``[T/TP, ..., H]``. The reduce-scatter of the result runs under the GEMM.
 
 Both run ``distgemm::all_gather_linear`` / ``distgemm::linear_reduce_scatter``
-(``distgemm.custom_ops``): the distgemm ops on CUDA in bf16/fp16, the plain collective +
+(``distgemm.compat.custom_ops``): the distgemm ops on CUDA in bf16/fp16, the plain collective +
 ``torch.mm`` otherwise, forward and backward, and one node each under ``torch.compile``.
 """
 

@@ -1,4 +1,6 @@
-"""Drop-ins for ``torch.ops.symm_mem.fused_all_gather_matmul`` and
+"""Drop-ins for torch's fused symm_mem ops, backed by distgemm where the layout maps to a schedule.
+
+``torch.ops.symm_mem.fused_all_gather_matmul`` and
 ``torch.ops.symm_mem.fused_matmul_reduce_scatter``: the same signatures, results, shapes and
 strides, backed by distgemm where the layout maps to a distgemm schedule.
 
@@ -20,8 +22,9 @@ from __future__ import annotations
 
 import torch
 
+from .. import ops
+from ..runtime.scales import FP8_DTYPE
 from .custom_ops import DISTGEMM_DTYPES, all_gather_into, group_of, reduce_scatter_into
-from .scales import FP8_DTYPE
 
 REDUCE_OPS = ("sum", "avg")
 ALIGN_ELEMENTS = 8  # distgemm's contiguous GEMM extents are multiples of 8 elements
@@ -46,7 +49,7 @@ def fallback_reason(
     GEMM extent that is not a multiple of 8 elements (16 with ``fp8``; ``extents``: name ->
     value), or a split mode its pipeline steps do not divide (``divisible``: name -> (value,
     divisor)), or a group of one rank. ``fp8``: the operands of a scaled GEMM
-    (``torch_compat_fp8``), which distgemm takes in float8_e4m3fn."""
+    (``compat.symm_mem_fp8``), which distgemm takes in float8_e4m3fn."""
     if not all(t.is_cuda for t in tensors):
         return "CPU tensors: distgemm runs on CUDA GPUs only"
     if tp < 2:
@@ -126,13 +129,11 @@ def fused_all_gather_matmul(
         reason = fallback_reason([A_shard, *Bs], tp, {"K": k, "sum of N": n_total})
     if reason is not None:
         return _all_gather_matmul_collective(A_shard, Bs, gather_dim, group, return_A)
-    import distgemm
-
     # Rows of A_shard with the gathered dim first: rank r's rows follow rank r-1's.
     a_rows = A_shard.movedim(gather_dim, 0).contiguous()
     moved_shape = (tp * a_rows.shape[0], *a_rows.shape[1:-1])
     w = torch.cat(Bs, dim=1).t() if len(Bs) > 1 else _weight(Bs[0])
-    out, a = distgemm.all_gather_gemm(a_rows.view(-1, k), w, return_gathered=True, group=group)
+    out, a = ops.all_gather_gemm(a_rows.view(-1, k), w, return_gathered=True, group=group)
     outs = out.split([B.shape[1] for B in Bs], dim=1) if len(Bs) > 1 else (out,)
     results = [o.contiguous().view(*moved_shape, o.shape[1]).movedim(0, gather_dim) for o in outs]
     A = a.view(*moved_shape, k).movedim(0, gather_dim) if return_A else None
@@ -208,11 +209,9 @@ def fused_matmul_reduce_scatter(
         )
     if reason is not None:
         return _matmul_reduce_scatter_collective(A, B, reduce_op, scatter_dim, group)
-    import distgemm
-
     w = _weight(B)
     if last:
-        out = distgemm.gemm_reduce_scatter(
+        out = ops.gemm_reduce_scatter(
             A.reshape(rows, A.shape[-1]).contiguous(),
             w,
             schedule="rs_tile_b",
@@ -222,7 +221,7 @@ def fused_matmul_reduce_scatter(
         out = out.view(*A.shape[:-1], out.shape[-1])
     else:
         a_rows = A.movedim(scatter_dim, 0).contiguous()
-        out = distgemm.gemm_reduce_scatter(a_rows.view(rows, A.shape[-1]), w, group=group)
+        out = ops.gemm_reduce_scatter(a_rows.view(rows, A.shape[-1]), w, group=group)
         out = out.view(a_rows.shape[0] // tp, *a_rows.shape[1:-1], out.shape[-1])
         out = out.movedim(0, scatter_dim).contiguous()
     return out.div_(tp) if reduce_op == "avg" else out

@@ -1,4 +1,6 @@
-"""Drop-ins for torch's fp8 fused ops ``torch.ops.symm_mem.fused_all_gather_scaled_matmul`` and
+"""Drop-ins for torch's fp8 fused symm_mem ops, backed by distgemm's fp8 ops where the call maps.
+
+``torch.ops.symm_mem.fused_all_gather_scaled_matmul`` and
 ``torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter``: the same signatures, results, dtypes,
 shapes and strides, backed by distgemm's fp8 ops where the call maps to them.
 
@@ -21,7 +23,7 @@ this rank's rows (``[*A_shard.shape[:-1], 1]``, gathered with them) or every ran
 in torch._scaled_mm.
 
 Where distgemm runs: CUDA tensors, float8_e4m3fn A and B, bf16 outputs, no result scale, K and N
-multiples of 16, the dims as the bf16 drop-ins map them (``torch_compat``: a gather or scatter
+multiples of 16, the dims as the bf16 drop-ins map them (``compat.symm_mem``: a gather or scatter
 dim moved to the front, a scatter of N as ``rs_tile_b`` at S = TP), every ``use_fast_accum`` of
 the all-gather alike, no reduce-scatter bias. Row scales become distgemm's ``[rows]`` /
 ``[N]`` (a rank's slice of replicated A scales; several Bs' scales concatenated, tensor-wise
@@ -38,9 +40,10 @@ from collections.abc import Sequence
 
 import torch
 
+from .. import ops
+from ..runtime.scales import FP8_DTYPE
 from .custom_ops import all_gather_into, group_of, reduce_scatter_into
-from .scales import FP8_DTYPE
-from .torch_compat import REDUCE_OPS, _normalise_dim, fallback_reason
+from .symm_mem import REDUCE_OPS, _normalise_dim, fallback_reason
 
 __all__ = [
     "fused_all_gather_scaled_matmul",
@@ -69,8 +72,8 @@ def _check_fp8(op: str, tensors: dict[str, torch.Tensor]) -> None:
         if t.dtype != FP8_DTYPE:
             raise TypeError(
                 f"{op}: {name} is {t.dtype}; this drop-in takes {FP8_DTYPE} A and B, the fp8 "
-                "format distgemm multiplies (bf16/fp16: torch_compat.fused_all_gather_matmul / "
-                "fused_matmul_reduce_scatter)"
+                "format distgemm multiplies (bf16/fp16: distgemm.compat.symm_mem's "
+                "fused_all_gather_matmul / fused_matmul_reduce_scatter)"
             )
 
 
@@ -249,8 +252,6 @@ def fused_all_gather_scaled_matmul(
         return _all_gather_collective(
             A_shard, A_scale, mode, gather_dim, group, Bs, B_scales, lists
         )
-    import distgemm
-
     k = A_shard.shape[-1]
     # Rows of A_shard with the gathered dim first: rank r's rows follow rank r-1's.
     a_rows = A_shard.movedim(gather_dim, 0).contiguous()
@@ -266,7 +267,7 @@ def fused_all_gather_scaled_matmul(
     if any(b is not None for b in biases):
         bias = torch.cat([b if b is not None else B.new_zeros(B.shape[1], dtype=OUT_DTYPE)
                           for B, b in zip(Bs, biases)])  # fmt: skip
-    out, a = distgemm.all_gather_gemm(
+    out, a = ops.all_gather_gemm(
         a_rows.view(-1, k), _fp8_weight(Bs), bias=bias, scale_a=scale_a,
         scale_b=_fp8_scale_b(Bs, B_scales), fast_accum=bool(use_fast_accum[0]),
         return_gathered=True, group=group,
@@ -461,13 +462,11 @@ def fused_scaled_matmul_reduce_scatter(
             A, B, A_scale, B_scale, reduce_op, dim, shape, group, bias, result_scale, out_dtype,
             use_fast_accum,
         )  # fmt: skip
-    import distgemm
-
     k, n = A.shape[-1], B.shape[1]
     lead = shape[:-1]
     fp8 = dict(scale_b=B_scale.reshape(-1).contiguous(), fast_accum=bool(use_fast_accum))
     if dim == len(shape) - 1:
-        out = distgemm.gemm_reduce_scatter(
+        out = ops.gemm_reduce_scatter(
             A.reshape(-1, k).contiguous(), _fp8_weight([B]),
             scale_a=A_scale.reshape(-1).contiguous(), schedule="rs_tile_b", steps=tp,
             group=group, **fp8,
@@ -479,7 +478,7 @@ def fused_scaled_matmul_reduce_scatter(
             scale_a = A_scale.reshape(*lead, 1).movedim(dim, 0).reshape(-1).contiguous()
         else:
             scale_a = A_scale.reshape(-1).contiguous()
-        out = distgemm.gemm_reduce_scatter(
+        out = ops.gemm_reduce_scatter(
             a_rows.view(-1, k), _fp8_weight([B]), scale_a=scale_a, group=group, **fp8
         )
         out = out.view(a_rows.shape[0] // tp, *a_rows.shape[1:-1], n)

@@ -1,10 +1,10 @@
-"""Invariant checker for Plans: proves, for one launch, that a plan computes the right thing.
+"""The invariants of a Plan, proved for one launch by executing it symbolically (``verify_plan``).
 
 It executes the plan symbolically. Every buffer region carries a *content* label: which global
 rows/cols of A, B, C or bias it holds, or, for D, which K ranges have been summed into it and
-whether beta*C and bias were added (``check_regions``). Alongside, a happens-before graph is built
+whether beta*C and bias were added (``plan.regions``). Alongside, a happens-before graph is built
 from stream order (GEMMs in order, copies in order, a copy's ``after_gemm``) and from flags (a
-signal happens before every wait on that flag; ``check_order``). The invariants:
+signal happens before every wait on that flag; ``plan.happens_before``). The invariants:
 
 1. coverage     — every element of every device's D is produced exactly once, as the sum over all
                   of K exactly once (reduce-scatter / all-reduce partials summed exactly once),
@@ -26,15 +26,15 @@ signal happens before every wait on that flag; ``check_order``). The invariants:
                   out the ops of an empty tile (with their waits and signals, which invariant 5
                   then checks).
 
-``check_plan`` returns a list of ``Violation`` (empty when every invariant holds).
+``verify_plan`` returns a list of ``Violation`` (empty when every invariant holds).
 """
 
 from __future__ import annotations
 
-from .check_order import Event, Violation, build_happens_before, event_name, event_step
-from .check_regions import SCALE_OF, USER, Regions
+from .happens_before import Event, Violation, build_happens_before, event_name, event_step
+from .regions import SCALE_OF, USER, Regions
 
-__all__ = ["Violation", "check_plan", "event_name", "happens_before_order"]
+__all__ = ["Violation", "verify_plan", "event_name", "happens_before_order"]
 
 
 class _Checker:
@@ -378,6 +378,6 @@ def happens_before_order(plan: dict) -> list[Event] | None:
     return None if order is None else order.order
 
 
-def check_plan(plan: dict) -> list[Violation]:
+def verify_plan(plan: dict) -> list[Violation]:
     """Check every invariant of one launch of ``plan``; an empty list means all hold."""
     return _Checker(plan).run()

@@ -1,4 +1,4 @@
-"""Buffer regions for the plan checker: their bounds and contents, and checked reads and writes.
+"""Buffer regions for the plan verifier: their bounds and contents, and checked reads and writes.
 
 Reads and writes make the ordering, slot-reuse and coverage checks. A region is a rectangle of a
 buffer's 2-D view (rows per batch stacked over batches). Its *content* label says which global
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .check_order import Event, Fail, HappensBefore, event_name
+from .happens_before import Event, Fail, HappensBefore, event_name
 
 __all__ = ["INPUTS", "SCALES", "SCALE_OF", "USER", "Piece", "Regions"]
 

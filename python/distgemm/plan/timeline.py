@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .check import happens_before_order
+from .invariants import happens_before_order
 
 __all__ = ["CostModel", "predict", "format_timeline"]
 

@@ -3,7 +3,7 @@
 A plan here is a plain dict (``_core.Plan.to_dict()``; see
 ``cpp/include/distgemm/schedule/plan_types.hpp`` for the meaning of every field). Tests and tools
 may copy and mutate it; the simulator and the reference executor take any such dict. The ops
-keep the ``_core.Plan`` object itself (``distgemm.validation.make_spec``).
+keep the ``_core.Plan`` object itself (``distgemm.runtime.spec.make_spec``).
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from __future__ import annotations
 import copy as _copy
 from typing import Any
 
-from . import _core
+from .. import _core
 
-Plan = dict[str, Any]
+PlanDict = dict[str, Any]
 
 __all__ = [
-    "Plan",
+    "PlanDict",
     "build_plan",
     "schedule_names",
     "schedule_definition",
@@ -49,7 +49,7 @@ def build_plan(
     partial_via: str | None = None,
     row_scale_a: bool = False,
     row_scale_b: bool = False,
-) -> Plan:
+) -> PlanDict:
     """Build the Plan of ``schedule`` (a name or a definition dict) for ``tp`` devices.
 
     ``steps`` defaults to ``tp`` (one tile per device shard). ``partial_via`` ("epilogue" or
@@ -80,7 +80,7 @@ def tile_map(schedule: str | dict, tp: int, steps: int | None = None) -> dict:
     return _core.tile_map(schedule, tp, tp if steps is None else steps)
 
 
-def workspace_bytes(plan: Plan, slot_elem_bytes: int = 2) -> int:
+def workspace_bytes(plan: PlanDict, slot_elem_bytes: int = 2) -> int:
     """Extra device memory per device (receive slots, scale slots, flags, barrier, epoch) of a
     plan."""
     p = plan["problem"]
@@ -99,6 +99,6 @@ def workspace_bytes(plan: Plan, slot_elem_bytes: int = 2) -> int:
     )["total_bytes"]
 
 
-def clone_plan(plan: Plan) -> Plan:
+def clone_plan(plan: PlanDict) -> PlanDict:
     """A deep copy, for tests that corrupt a plan on purpose."""
     return _copy.deepcopy(plan)

@@ -1,26 +1,30 @@
-"""The path of an op entry, decided when the entry is created: the requested one, or for
-``path="auto"`` the tuning table's (``distgemm.tuning``), else the cost model's
-(``distgemm.pathmodel``); the overlapped plan where the group cannot run the collective path.
-gemm_all_reduce runs fused (``distgemm.fused``) where ``_core.fused_auto_problem`` allows (up to
-``_core.FUSED_MAX_AUTO_TOKENS`` tokens at TP 2, by the measured rule).
-Shapes, the table and the group's backend only, so every rank decides the same; nothing is
-measured on the user's call."""
+"""The path of an op entry, chosen once when the entry is created: a pure function of its spec.
+
+The requested path, or for ``path="auto"``: the fused kernel where its shape rule allows
+(``paths.fused.fused_auto``), else the tuning table's path for the call's bucket
+(``tuning_table``), else the cost model's (``cost_model``); the overlapped plan where the group
+cannot run the collective path. Shapes, the table and the group's backend only, so every rank
+chooses the same; nothing is measured on the user's call.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from .collective import collective_unavailable
-from .fused import fused_auto, fused_problem
-from .pathmodel import choose
-from .tuning import candidate_name
-from .validation import Spec
+import torch
+
+from .cost_model import choose as model_choice
+from .paths.fused import fused_auto, fused_problem
+from .spec import Spec
+from .tuning_table import candidate_name
 
 
-def decide_path(spec: Spec, requested: str, comm, dtype=None) -> tuple[str, dict[str, Any]]:
+def choose_path(
+    spec: Spec, requested: str, dtype: torch.dtype, collective_problem: str | None
+) -> tuple[str, dict[str, Any]]:
     """(path, what ``path_choices()`` reports about it) for an entry of ``spec`` (operands of
-    ``dtype``) called with ``path=requested`` on ``comm`` (whose ``group`` is read only where
-    "auto" picks the collective path). The report: ``source`` ("requested", "table", "model"),
+    ``dtype``) called with ``path=requested``; ``collective_problem``: why the group cannot run
+    the collective path (None: it can). The report: ``source`` ("requested", "table", "model"),
     ``tile_n`` (0: per GEMM) and, for "auto", ``overlap_ms`` / ``collective_ms`` (the table's
     measured ms or the model's prediction), ``why`` in words and, where the collective path was
     chosen but cannot run, ``collective_unavailable``."""
@@ -45,11 +49,9 @@ def decide_path(spec: Spec, requested: str, comm, dtype=None) -> tuple[str, dict
             why=f"tuning table bucket of {entry.tokens}..{2 * entry.tokens - 1} tokens",
         )
     else:
-        path, pred, why = choose(spec.plan, spec.tile_n)
+        path, pred, why = model_choice(spec.plan, spec.tile_n)
         info.update(source="model", **pred, why=f"model: {why}")
-    if path == "collective":
-        why_not = collective_unavailable(comm.group)  # the group only: every rank agrees
-        if why_not:
-            path = "overlap"
-            info["collective_unavailable"] = why_not
+    if path == "collective" and collective_problem:
+        path = "overlap"
+        info["collective_unavailable"] = collective_problem
     return path, info

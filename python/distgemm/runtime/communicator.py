@@ -3,10 +3,14 @@
 Built from the group the program already has (``torchrun`` + ``init_process_group``): it checks
 that every rank runs on one host, on its own Hopper GPU, with peer access to the others; it
 allocates its one symmetric workspace (receive slots, flags, entry barrier, epoch word; how plans
-share it, how it grows and what happens across streams: ``distgemm.workspace``), exchanges its
-CUDA IPC handles through the group and opens the peers' mappings; it owns the plan cache of the
-ops (``distgemm.entries.PlanCache``). Everything is freed on ``close()``, on context-manager exit
-and at interpreter exit; ``memory_stats()`` says what is held.
+share it, how it grows and what happens across streams: ``distgemm.runtime.workspace``),
+exchanges its CUDA IPC handles through the group and opens the peers' mappings. Everything is
+freed on ``close()``, on context-manager exit and at interpreter exit.
+
+The layers above hang their per-communicator state on it as *attachments* (the entry cache of
+the ops, the fused path's buffers): objects that the communicator calls back when its workspace
+grows, when it looks for launch errors, when it reports memory and when it closes
+(``Attachment``). The communicator never imports them.
 
 Control traffic (host names, IPC handles, plan signatures) goes through the job's key-value
 store (``distgemm.control.ControlExchange``), never through NCCL: it needs no CUDA stream and no
@@ -18,17 +22,27 @@ all ranks raise the same exception.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import socket
 import threading
 import weakref
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
-from .control import ControlExchange, ExchangeMismatch, ExchangeTimeout, _default_store
-from .workspace import WorkspacePool, _Workspace, control_bytes, held_memory
+from .. import _core
+from .control import ControlExchange, ExchangeMismatch, ExchangeTimeout, default_store
+from .workspace import Workspace, WorkspacePool, control_bytes
 
-__all__ = ["Communicator", "get_communicator", "find_communicator", "close_all", "memory_stats"]
+__all__ = [
+    "Attachment",
+    "Communicator",
+    "get_communicator",
+    "find_communicator",
+    "close_all",
+    "stream_capturing",
+    "setup_during_capture",
+]
 
 # Set to 1 to let several ranks share one GPU: a functional test of the multi-rank paths (CUDA
 # IPC, flags, entry barrier, cross-rank errors) on a one-GPU machine. The ranks' kernels then
@@ -37,10 +51,55 @@ SHARED_GPU_ENV = "DISTGEMM_ALLOW_SHARED_GPU"
 
 
 def _torch():
+    """torch and torch.distributed, imported at a communicator's first use: the plan layer and
+    the CPU tests of this module's pure parts run without them."""
     import torch
     import torch.distributed as dist
 
     return torch, dist
+
+
+def stream_capturing() -> bool:
+    """Whether torch's current CUDA stream is being captured (False where torch has no CUDA)."""
+    torch, _ = _torch()
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def refuse_during_capture(what: str) -> None:
+    """RuntimeError naming `what` when the current CUDA stream is being captured; raised before
+    any CUDA call, so the caller's capture stays valid."""
+    if stream_capturing():
+        raise RuntimeError(
+            f"{what}: not allowed inside a CUDA graph capture; call it outside "
+            "torch.cuda.graph(...)"
+        )
+
+
+def setup_during_capture():
+    """Context for setup work (a communicator, a plan's workspace and graphs) that happens while
+    the current stream is being captured: the thread may allocate and exchange IPC handles
+    (_core.RelaxedCaptureMode); device-wide synchronisation stays forbidden, and none is done."""
+    relaxed = getattr(_core, "RelaxedCaptureMode", None)  # absent in builds without CUDA
+    return relaxed() if relaxed is not None else contextlib.nullcontext()
+
+
+class Attachment(Protocol):
+    """Per-communicator state of a layer above (``Communicator.attach``), called back by the
+    communicator. Every method runs on every rank at the same point of the program."""
+
+    def workspace_grown(self, ws: Workspace, capturing: bool) -> None:
+        """The workspace was replaced by ``ws`` (the device was synchronised unless
+        ``capturing``): re-point what was placed in the old one."""
+
+    def launch_error(self) -> str:
+        """'' or the first timeout report of this state's launches (read after synchronising)."""
+
+    def memory_stats(self) -> dict[str, int]:
+        """This state's keys of ``distgemm.memory_stats``."""
+
+    def close(self) -> list[Workspace]:
+        """Drop everything; return the symmetric regions this state allocated itself, which the
+        communicator releases with its own (collective-safely)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -48,7 +107,7 @@ def _torch():
 # the same verdict and the CPU tests can exercise every message.
 
 
-def check_group_info(infos: Sequence[dict[str, Any]], allow_shared_gpu: bool = False) -> str | None:
+def group_problem(infos: Sequence[dict[str, Any]], allow_shared_gpu: bool = False) -> str | None:
     """The setup problem of a group, or None. ``infos[r]`` is what rank r reported: host name,
     GPU uuid, compute capability, CUDA ordinal, and ``peer_ok`` (uuid -> bool or None).
     ``allow_shared_gpu`` lets several ranks use one GPU (functional tests only, see
@@ -106,7 +165,7 @@ class Communicator:
         not arrive makes the others raise RuntimeError naming the exchange.
     wait_timeout_s: bound of every in-kernel wait (entry barrier, data flags) of a launch; a
         timeout is reported as RuntimeError naming the rank and the iteration, at the next op
-        call on this communicator or at ``check()``.
+        call on this communicator or at ``raise_launch_errors()``.
     """
 
     def __init__(self, group=None, *, timeout_s: float = 60.0, wait_timeout_s: float = 5.0):
@@ -118,9 +177,6 @@ class Communicator:
             )
         if not torch.cuda.is_available():
             raise RuntimeError("distgemm.Communicator needs CUDA GPUs; torch sees none")
-        from . import _core
-        from .entries import PlanCache
-
         if not getattr(_core, "cuda_runtime", False):
             raise RuntimeError(
                 "distgemm was built without the CUDA runtime (no nvcc at build time "
@@ -131,7 +187,6 @@ class Communicator:
                 f"timeouts must be in (0, 3600] s, got timeout_s={timeout_s} "
                 f"wait_timeout_s={wait_timeout_s}"
             )
-        self._core = _core
         self.group = group if group is not None else dist.group.WORLD
         self.rank = dist.get_rank(self.group)
         self.tp = dist.get_world_size(self.group)
@@ -142,44 +197,35 @@ class Communicator:
         self.device = torch.device("cuda", torch.cuda.current_device())
         self._closed = False
         self._lock = threading.RLock()
-        self.plans = PlanCache()  # the ops' entries (distgemm.entries)
-        self._broken: str | None = None
+        self.broken: str | None = None
+        # The layers above's per-communicator state, by name (see Attachment).
+        self._attachments: dict[str, Attachment] = {}
+        self._ipc_workspace = _core.IpcWorkspace  # what allocate_symmetric allocates
         ranks = dist.get_process_group_ranks(self.group)
         # Bounded, CPU-only control exchanges through the job's key-value store (see the module
         # docstring).
-        self._ctl = ControlExchange(_default_store(), ranks, self.rank, self.timeout_s)
+        self._ctl = ControlExchange(default_store(), ranks, self.rank, self.timeout_s)
         infos = self.all_gather(self._local_info(torch), "setup (host, GPU and peer-access check)")
-        problem = check_group_info(infos, os.environ.get(SHARED_GPU_ENV) == "1")
+        problem = group_problem(infos, os.environ.get(SHARED_GPU_ENV) == "1")
         if problem:
             raise RuntimeError(problem)
-        self._pool = self._new_pool(_core.LaunchOrder(self.device.index))
-        # Capture-only graphs of plans re-pointed by a growth (callers' graphs replay them:
-        # kept until close) and eager graphs dropped by a growth inside a capture (destroyed
-        # after the next synchronisation).
-        self._kept_capturers: list[Any] = []
-        self._retired_graphs: list[Any] = []
-        # The fused path's control region (made at the first fused entry: a collective) and
-        # launcher (distgemm.fused).
-        self._fused_control: _Workspace | None = None
-        self._fused_launcher: Any = None
-        self._fused_receive: WorkspacePool | None = None  # the decode kernel's (fused_receive_for)
+        # Orders this device's launches across streams; shared by every graph and kernel.
+        self.order = _core.LaunchOrder(self.device.index)
+        self._pool = self.new_pool(self._workspace_grown, control=control_bytes())
         _LIVE.add(self)
 
-    def _new_pool(self, order, *, receive: bool = False) -> WorkspacePool:
-        return WorkspacePool(
-            self._allocate,
-            self._repoint_receive if receive else self._repoint,
-            self._release,
-            # The receive region ends in no plan control region: no plan is placed there.
-            control=0 if receive else control_bytes(),
-            align=int(self._core.WORKSPACE_SLOT_ALIGN),
-            order=order,
-            # Inside a CUDA graph capture (no synchronisation, no cudaFree) a replaced workspace
-            # is kept until close().
-            keep_replaced=_stream_capturing,
-        )
+    # -- attachments ---------------------------------------------------------------------------
+    def attach(self, name: str, state: Attachment) -> Attachment:
+        """Hang ``state`` on this communicator under ``name`` (see Attachment); returns it."""
+        self._require_open()
+        self._attachments[name] = state
+        return state
 
-    # -- control plane ---------------------------------------------------------------------
+    def attachment(self, name: str) -> Attachment | None:
+        """The state attached under ``name``, or None."""
+        return self._attachments.get(name)
+
+    # -- control plane -------------------------------------------------------------------------
     def all_gather(self, obj: Any, what: str) -> list[Any]:
         """All-gather a picklable object over the control group; RuntimeError (naming ``what``)
         when a rank does not arrive within timeout_s."""
@@ -204,7 +250,7 @@ class Communicator:
                 + "; every rank must make the same distgemm calls in the same order"
             )
         # The ranks' exchange sequences no longer match: nothing later could pair up.
-        self._broken = (
+        self.broken = (
             msg + ". This communicator can no longer be used; create a new one on every rank"
         )
         raise RuntimeError(msg)
@@ -233,11 +279,27 @@ class Communicator:
             )
         return info
 
-    # -- workspace (distgemm.workspace) ------------------------------------------------------
-    def workspace_for(self, layout: dict[str, int]) -> tuple[_Workspace, list[int]]:
+    # -- symmetric memory (distgemm.runtime.workspace) -----------------------------------------
+    def new_pool(self, repoint: Callable[[Workspace], None], *, control: int) -> WorkspacePool:
+        """A pool of symmetric regions on this communicator (the workspace is one; the fused
+        path's receive region another) whose growth calls ``repoint(new)``; ``control`` bytes end
+        every region (0: none)."""
+        return WorkspacePool(
+            self.allocate_symmetric,
+            repoint,
+            self._release,
+            control=control,
+            align=int(_core.WORKSPACE_SLOT_ALIGN),
+            order=self.order,
+            # Inside a CUDA graph capture (no synchronisation, no cudaFree) a replaced region is
+            # kept until close().
+            keep_replaced=stream_capturing,
+        )
+
+    def workspace_for(self, layout: dict[str, int]) -> tuple[Workspace, list[int]]:
         """The communicator's workspace for a plan with this ``_core.workspace_layout``, and the
         plan's bases (one per rank, shifted so that its control region is the workspace's).
-        Collective when the workspace has to grow (see ``distgemm.workspace``)."""
+        Collective when the workspace has to grow (see ``distgemm.runtime.workspace``)."""
         self._require_open()
         return self._pool.place(layout)
 
@@ -246,41 +308,14 @@ class Communicator:
         """Bytes of the control region that ends every layout placed in the workspace."""
         return self._pool.control
 
-    def fused_control(self) -> list[int]:
-        """Every rank's fused control region (launch generation and tile flags) as seen from
-        this device; allocated zeroed and exchanged at the first call (collective: called at
-        the first fused entry, which every rank creates at the same call)."""
+    def allocate_symmetric(self, nbytes: int) -> tuple[Any, list[int]]:
+        """This rank's new zeroed region of ``nbytes``, exchanged with the peers (collective):
+        (the _core.IpcWorkspace, every rank's base as seen from this device)."""
         self._require_open()
-        if self._fused_control is None:
-            core, bases = self._allocate(int(self._core.FUSED_CONTROL_BYTES))
-            self._fused_control = _Workspace(core, 0, int(self._core.FUSED_CONTROL_BYTES), bases)
-        return list(self._fused_control.bases)
-
-    def fused_receive_for(self, layout: dict[str, int]) -> tuple[_Workspace, list[int]]:
-        """The region of the decode kernel's receive buffers (``distgemm.fused``) for a fused
-        entry with this layout, grown first when it does not fit (collective then, like the
-        workspace's growth). Only the decode kernel writes it: its peers push their partials
-        into it whenever their launch runs, which no plan's slots could allow."""
-        self._require_open()
-        if self._fused_receive is None:
-            self._fused_receive = self._new_pool(self._pool.order, receive=True)
-        return self._fused_receive.place(layout)
-
-    @property
-    def fused_launcher(self) -> Any:
-        """This rank's _core.FusedLauncher (ordered by the workspace's LaunchOrder)."""
-        if self._fused_launcher is None:
-            self._fused_launcher = self._core.FusedLauncher(
-                self.device.index, self._pool.order, self.wait_timeout_s
-            )
-        return self._fused_launcher
-
-    def _allocate(self, nbytes: int) -> tuple[Any, list[int]]:
-        """This rank's new workspace of ``nbytes``, exchanged with the peers (collective)."""
         core = None
         err = None
         try:
-            core = self._core.IpcWorkspace(self.device.index, nbytes)
+            core = self._ipc_workspace(self.device.index, nbytes)
             handle = core.handle()
         except Exception as e:
             handle, err = b"", f"allocating {nbytes} bytes on {self.device}: {e}"
@@ -300,54 +335,26 @@ class Communicator:
             raise RuntimeError(f"distgemm workspace setup failed on rank {r}: {e}")
         return core, core.bases()
 
-    def _synchronize(self) -> None:
+    def synchronize(self) -> None:
         torch, _ = _torch()
         torch.cuda.synchronize(self.device)
 
-    def _repoint(self, ws: _Workspace) -> None:
-        """Point every cached plan at the grown workspace ``ws``. Their graphs may still run:
-        outside a capture the device is synchronised before they are dropped; inside one (which
-        forbids synchronising) they are kept until the next growth outside a capture or
-        close(). A plan's capture-only graph, which callers' graphs replay, is kept until
-        close(); the plan gets a new one on the new workspace at its next capture. A fused
-        entry has no graphs: it only takes its bases in ``ws``."""
-        from .entries import attach_workspace, stream_capturing
-        from .fused import place_fused
-
+    def _workspace_grown(self, ws: Workspace) -> None:
+        """The workspace was replaced by ``ws``: every attachment re-points what it placed in the
+        old one. Outside a capture the device is synchronised first (graphs on the old one may
+        still run); inside one (which forbids it) the attachments keep what may still run."""
         capturing = stream_capturing()
         if not capturing:
-            self._synchronize()
-            self._retired_graphs.clear()
-        for entry in list(self.plans.values()):
-            if entry.ws is None or entry.ws is ws:
-                continue  # no workspace, or already on it
-            if entry.fused is not None:
-                if not entry.fused["receive"]:
-                    # ws is the pool's current workspace and holds every layout placed before.
-                    place_fused(self, entry)
-                continue
-            if capturing:
-                self._retired_graphs.extend(entry.graphs.values())
-            if entry.capturer is not None:
-                self._kept_capturers.append(entry.capturer)
-                entry.capturer = None
-            attach_workspace(self, entry, entry.want_gathered)
+            self.synchronize()
+        for state in list(self._attachments.values()):
+            state.workspace_grown(ws, capturing)
 
-    def _repoint_receive(self, ws: _Workspace) -> None:
-        """Point every decode fused entry at the grown receive region ``ws`` (they have no
-        graphs; a caller's graph that captured one pinned the old region, which is kept)."""
-        from .fused import place_fused
-
-        for entry in list(self.plans.values()):
-            if entry.fused is not None and entry.fused["receive"] and entry.ws is not ws:
-                place_fused(self, entry)
-
-    def _release(self, workspaces: list[_Workspace]) -> None:
-        """Free replaced workspaces on every rank (collective, also with none to free): each
-        rank synchronises its device (only when it frees) and unmaps its peers' workspaces, the
-        ranks meet, and only then does each rank free its own, which no peer maps any more."""
+    def _release(self, workspaces: list[Workspace]) -> None:
+        """Free replaced regions on every rank (collective, also with none to free): each rank
+        synchronises its device (only when it frees) and unmaps its peers' regions, the ranks
+        meet, and only then does each rank free its own, which no peer maps any more."""
         if workspaces:
-            self._synchronize()
+            self.synchronize()
         errors = []
         for w in workspaces:
             try:
@@ -368,55 +375,47 @@ class Communicator:
     @property
     def workspace_bytes(self) -> int:
         """Device memory held by this rank's workspaces (the current one and the kept ones)."""
-        return sum(w.nbytes for w in self._pool.live) + sum(self._fused_bytes())
+        stats = self.memory_stats()
+        return sum(v for k, v in stats.items() if k in _REGION_KEYS)
 
     def memory_stats(self) -> dict[str, int]:
-        """What this communicator holds on this rank (``distgemm.memory_stats``)."""
-        control, receive = self._fused_bytes()
-        return held_memory(
-            self._pool, list(self.plans.values()), len(self._kept_capturers), control, receive
-        )
+        """What this communicator holds on this rank: the workspace's keys, then every
+        attachment's (``distgemm.memory_stats``)."""
+        stats = self._pool.memory_stats()
+        for state in self._attachments.values():
+            stats.update(state.memory_stats())
+        return stats
 
-    def _fused_bytes(self) -> tuple[int, int]:
-        """Bytes of the fused path's control region and of its receive regions (current and
-        kept)."""
-        control = self._fused_control.nbytes if self._fused_control is not None else 0
-        pool = self._fused_receive
-        return control, sum(w.nbytes for w in pool.live) if pool is not None else 0
-
-    # -- errors ------------------------------------------------------------------------------
+    # -- errors --------------------------------------------------------------------------------
     def raise_if_broken(self) -> None:
-        if self._broken:
-            raise RuntimeError(self._broken)
+        if self.broken:
+            raise RuntimeError(self.broken)
 
     def mark_broken(self, message: str) -> None:
-        self._broken = (
+        self.broken = (
             f"rank {self.rank}: {message}. This communicator can no longer launch "
             "(the ranks' launch generations are out of step); close it and create a "
             "new one after fixing the cause"
         )
 
-    def check(self) -> None:
+    def raise_launch_errors(self) -> None:
         """Synchronise this rank's device and raise RuntimeError if any launch timed out (a rank
         did not arrive at the entry barrier, or a flag did not arrive), replays of CUDA graphs
         that captured an op included. RuntimeError inside a CUDA graph capture (it synchronises,
         which a capture forbids): call it after the replays."""
-        torch, _ = _torch()
-        _refuse_during_capture("Communicator.check() synchronises the device")
+        refuse_during_capture("Communicator.raise_launch_errors() synchronises the device")
         self.raise_if_broken()
         self._require_open()
-        torch.cuda.synchronize(self.device)
+        self.synchronize()
         e = (
-            self.plans.graph_error()
-            or next((err for g in self._kept_capturers if (err := g.error())), "")
-            or (self._fused_launcher.error() if self._fused_launcher is not None else "")
-            or self._pool.order.capture_error()  # captured fused launches report there
-        )
+            next((err for s in self._attachments.values() if (err := s.launch_error())), "")
+            or self.order.capture_error()
+        )  # captured launches report there
         if e:
             self.mark_broken(e)
             self.raise_if_broken()
 
-    # -- lifetime ----------------------------------------------------------------------------
+    # -- lifetime ------------------------------------------------------------------------------
     def _require_open(self) -> None:
         if self._closed:
             raise RuntimeError("this distgemm Communicator was closed; create a new one")
@@ -425,35 +424,26 @@ class Communicator:
     def closed(self) -> bool:
         return self._closed
 
-    def drop_plan(self, key) -> None:
-        torch, _ = _torch()
-        self.plans.drop(key, lambda: torch.cuda.synchronize(self.device))
-
     def close(self) -> None:
-        """Free every graph and workspace of this rank. Collective: call it on every rank (the
-        peers' mappings of this rank's memory are closed before it is freed). CUDA graphs that
-        captured an op of this communicator use that memory: replaying one after close() is
+        """Free every graph and symmetric region of this rank. Collective: call it on every rank
+        (the peers' mappings of this rank's memory are closed before it is freed). CUDA graphs
+        that captured an op of this communicator use that memory: replaying one after close() is
         invalid (reset or drop them first). RuntimeError inside a CUDA graph capture."""
         if self._closed:
             return
         torch, dist = _torch()
-        _refuse_during_capture("Communicator.close() frees memory the capture may use")
+        refuse_during_capture("Communicator.close() frees memory the capture may use")
         self._closed = True
         _LIVE.discard(self)
         try:
             torch.cuda.synchronize(self.device)
         except Exception:
             pass  # a broken context: still release what can be released
-        self.plans.release()
-        self._kept_capturers.clear()
-        self._retired_graphs.clear()
-        held = self._pool.close()
-        if self._fused_receive is not None:
-            held.extend(self._fused_receive.close())
-            self._fused_receive = None
-        if self._fused_control is not None:
-            held.append(self._fused_control)
-            self._fused_control, self._fused_launcher = None, None
+        held: list[Workspace] = []
+        for state in self._attachments.values():
+            held.extend(state.close())
+        self._attachments.clear()
+        held.extend(self._pool.close())
         for w in held:
             try:
                 w.core.close_peers()
@@ -480,28 +470,12 @@ class Communicator:
         self.close()
 
     def __repr__(self) -> str:
-        state = (
-            "closed"
-            if self._closed
-            else f"{len(self.plans)} plans, {self.workspace_bytes} workspace bytes"
-        )
+        state = "closed" if self._closed else f"{self.workspace_bytes} workspace bytes"
         return f"Communicator(rank={self.rank}, tp={self.tp}, device={self.device}, {state})"
 
 
-def _stream_capturing() -> bool:
-    from .entries import stream_capturing  # entries imports this module's users: import late
-
-    return stream_capturing()
-
-
-def _refuse_during_capture(what: str) -> None:
-    """RuntimeError naming `what` when the current CUDA stream is being captured; raised before
-    any CUDA call, so the caller's capture stays valid."""
-    if _stream_capturing():
-        raise RuntimeError(
-            f"{what}: not allowed inside a CUDA graph capture; call it outside "
-            "torch.cuda.graph(...)"
-        )
+# The memory_stats keys that count device memory held in symmetric regions.
+_REGION_KEYS = ("workspace_bytes", "kept_bytes", "fused_control_bytes", "fused_receive_bytes")
 
 
 _LIVE: weakref.WeakSet[Communicator] = weakref.WeakSet()
@@ -518,30 +492,6 @@ def find_communicator(group=None) -> Communicator | None:
         _, dist = _torch()
         comm = _DEFAULT.get(dist.group.WORLD) if dist.is_initialized() else None
     return None if comm is None or comm._closed else comm
-
-
-def memory_stats(group=None) -> dict[str, int]:
-    """What distgemm holds on this rank for ``group`` (a process group, default the world
-    group, or a Communicator); never creates a communicator (all zeros where none is open):
-
-    workspace_bytes       the symmetric workspace shared by every plan (device memory)
-    kept_bytes            replaced workspaces kept because captured graphs reference them
-    largest_plan_bytes    the largest plan layout placed in the workspace (total bytes); the
-                          workspace is at most ``distgemm.workspace.GROWTH_HEADROOM`` above it
-    workspace_allocations workspaces allocated so far (the first one and every growth)
-    plans                 cached plans, at most ``max_plans`` (least recently used ones go)
-    eager_graphs          instantiated graphs of the eager calls, at most ``graphs_per_plan``
-                          per plan
-    captured_graphs       graphs recorded into callers' CUDA graphs
-    fused_control_bytes   the fused path's control region (launch generation, tile flags;
-                          the CUTLASS kernel's partial buffers are placed in the workspace)
-    fused_receive_bytes   the decode kernel's receive regions (the current one and those kept
-                          for captured graphs): every rank's partials of the entries up to
-                          ``_core.FUSED_DECODE_MAX_TOKENS`` tokens
-    max_plans, graphs_per_plan  the bounds (``entries.MAX_PLANS``, ``entries.GRAPHS_PER_PLAN``)
-    """
-    comm = find_communicator(group)
-    return comm.memory_stats() if comm is not None else held_memory(None, [])
 
 
 def get_communicator(group=None) -> Communicator:

@@ -99,7 +99,7 @@ class ControlExchange:
         return [o for _, o in got]
 
 
-def _default_store():
+def default_store():
     """The store the default process group was set up with (torchrun's TCPStore)."""
     from torch.distributed import distributed_c10d
 

@@ -34,8 +34,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from . import _core
-from .timeline import CostModel
+from .. import _core
+from ..plan.timeline import CostModel
 
 # Resident CTAs of one GEMM kernel on the calibration GPU (an H200): the slots of the wave model,
 # as in _core.choose_tile_n's default.

@@ -1,4 +1,4 @@
-"""The precision of an op call, checked at the boundary (``check_precision``): the input dtype,
+"""The precision of an op call, checked at the boundary (``validate_precision``): the input dtype,
 for fp8 the kind of each scale and the accumulation mode, and the output dtype.
 
 bf16 and fp16 calls take every operand in one dtype. fp8 calls take ``a`` and ``w`` in
@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .scales import FP8_DTYPE, ScaleKind, check_scales
-from .validation import DTYPES, check_types
+from .scales import FP8_DTYPE, ScaleKind, validate_scales
+from .validate import DTYPES, validate_types
 
-__all__ = ["Precision", "check_precision", "FP8_OUT_DTYPE"]
+__all__ = ["Precision", "validate_precision", "FP8_OUT_DTYPE"]
 
 FP8_OUT_DTYPE = torch.bfloat16
 
@@ -60,7 +60,7 @@ class Precision:
         return f"{self.dtype} (scale_a {self.scales.a}-wise, scale_b {self.scales.b}-wise{accum})"
 
 
-def check_precision(
+def validate_precision(
     op: str,
     inputs: dict[str, torch.Tensor],
     outputs: dict[str, torch.Tensor | None],
@@ -70,7 +70,7 @@ def check_precision(
 ) -> Precision:
     """The Precision of a call with ``inputs`` (a, w: their names as the op calls them) and
     ``outputs`` (bias, c, out; None where absent). bf16/fp16: every tensor in one dtype and no
-    scales (``check_types``); fp8: both inputs e4m3 with their scales (``check_scales``), the
+    scales (``validate_types``); fp8: both inputs e4m3 with their scales (``validate_scales``), the
     outputs bf16. TypeError / ValueError naming the constraint and the values."""
     if not isinstance(fast_accum, bool):
         raise TypeError(f"{op}: fast_accum must be a bool, got {fast_accum!r}")
@@ -79,11 +79,11 @@ def check_precision(
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
     rows = [t.shape[0] if t.dim() > 0 else 1 for t in (a, w)]
-    kind = check_scales(op, a, w, scale_a, scale_b, a_rows=rows[0], w_rows=rows[1])
+    kind = validate_scales(op, a, w, scale_a, scale_b, a_rows=rows[0], w_rows=rows[1])
     if not kind.fp8:
         if fast_accum:
             raise ValueError(f"{op}: fast_accum=True is for {FP8_DTYPE} inputs; a is {a.dtype}")
-        return Precision(check_types(op, dict(inputs, **outputs)))
+        return Precision(validate_types(op, dict(inputs, **outputs)))
     for name, t in (*inputs.items(), ("scale_a", scale_a), ("scale_b", scale_b)):
         if not t.is_cuda:
             raise ValueError(
@@ -93,7 +93,7 @@ def check_precision(
     for name, t in (("scale_a", scale_a), ("scale_b", scale_b)):
         if not t.is_contiguous():
             raise ValueError(f"{op}: {name} is not contiguous (strides {list(t.stride())})")
-    out_dtype = check_types(op, outputs)
+    out_dtype = validate_types(op, outputs)
     if out_dtype not in (None, FP8_OUT_DTYPE):
         given = [n for n, t in outputs.items() if t is not None]
         raise TypeError(

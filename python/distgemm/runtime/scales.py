@@ -1,4 +1,4 @@
-"""FP8 scale arguments of an op call, checked at the boundary (``check_scales``): what kind each is.
+"""FP8 scale arguments of an op call, checked at the boundary (``validate_scales``): their kinds.
 
 An FP8 GEMM computes ``D = bf16(sa[m] * sb[n] * sum_k A[m, k] B[n, k] + ...)`` with A and B in
 ``torch.float8_e4m3fn``. Each scale is float32 on the inputs' device, and either tensor-wise (one
@@ -14,13 +14,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .validation import fmt_shape
+from .validate import fmt_shape
 
 __all__ = [
     "FP8_DTYPE",
     "E4M3_MAX",
     "ScaleKind",
-    "check_scales",
+    "validate_scales",
     "quantize",
     "dequantize",
     "scaled_mm_scales",
@@ -88,7 +88,7 @@ def _kind(op: str, name: str, scale, operand: torch.Tensor, rows: int, what: str
     )
 
 
-def check_scales(
+def validate_scales(
     op: str,
     a: torch.Tensor,
     w: torch.Tensor,

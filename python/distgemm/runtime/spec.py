@@ -1,19 +1,17 @@
-"""Checks of an op call before anything reaches the extension: operand types, placement, path,
-grad mode, and the plan spec of a first call (``make_spec``: global problem, S and GEMM tile (from
-the tuning table or the defaults), the Plan and every operand's expected shape)."""
+"""The spec of an op entry, made at its first call (``make_spec``): the global problem, S and GEMM
+tile (from the tuning table or the defaults), the Plan and every operand's expected shape."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from . import _core, tuning
+from .. import _core
+from . import tuning_table
+from .validate import DTYPES, fmt_shape, n_major_weight
 
-DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
-ALIGN = 16  # bytes: TMA needs 16-byte aligned bases and row strides
 # The built-in schedules' definitions (fixed at build time), by name.
 _DEFINITIONS = {d["name"]: d for d in _core.schedules()}
 _COLLECTIVE = {
@@ -21,116 +19,6 @@ _COLLECTIVE = {
     "gemm_reduce_scatter": "reduce_scatter",
     "gemm_all_reduce": "all_reduce",
 }
-
-
-def check_types(op: str, tensors: dict[str, torch.Tensor | None]) -> torch.dtype:
-    """Every given operand is a tensor, bf16 or fp16, all in one dtype, on a CUDA device.
-    Returns the dtype. (Runs on every call: attribute reads only, ~1 us.)"""
-    dtype = None
-    first = None
-    for name, t in tensors.items():
-        if t is None:
-            continue
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-        dt = t.dtype
-        if dt is dtype:
-            continue
-        if dt not in DTYPES:
-            raise TypeError(
-                f"{op}: {name} has dtype {dt}; distgemm supports torch.bfloat16 and torch.float16"
-            )
-        if dtype is not None:
-            raise TypeError(
-                f"{op}: mixed dtypes: {first} is {dtype} but {name} is {dt}; "
-                "pass every operand in one dtype"
-            )
-        dtype, first = dt, name
-    for name, t in tensors.items():
-        if t is not None and not t.is_cuda:
-            raise ValueError(
-                f"{op}: {name} is on {t.device}; distgemm ops need CUDA tensors on "
-                "this rank's GPU (torch.cuda.current_device())"
-            )
-    return dtype
-
-
-def n_major_weight(w: torch.Tensor) -> bool:
-    """Whether the weight ``w`` ``[N, K]`` is the transposed view of a contiguous ``[K, N]``
-    tensor (``x.t()``): the GEMM then reads it N-contiguous, without a copy."""
-    return (
-        w.dim() == 2
-        and min(w.shape) > 1
-        and not w.is_contiguous()
-        and w.stride() == (1, w.shape[0])
-    )
-
-
-def check_placement(op: str, device: torch.device, tensors: dict[str, torch.Tensor | None]) -> None:
-    """Every given operand lives on ``device``, is contiguous (the weight ``w`` may also be a
-    transposed view, see ``n_major_weight``) and 16-byte aligned."""
-    for name, t in tensors.items():
-        if t is None:
-            continue
-        if t.device != device:
-            raise ValueError(f"{op}: {name} is on {t.device} but this rank's device is {device}")
-        if not t.is_contiguous() and not (name == "w" and n_major_weight(t)):
-            raise ValueError(
-                f"{op}: {name} is not contiguous (shape {list(t.shape)}, strides "
-                f"{list(t.stride())}); distgemm takes dense row-major tensors (and a weight "
-                f"that is the .t() view of one): pass {name}.contiguous()"
-            )
-        ptr = t.data_ptr()
-        if ptr % ALIGN:
-            raise ValueError(
-                f"{op}: {name}'s data pointer {ptr:#x} is not {ALIGN}-byte aligned "
-                f"(offset {ptr % ALIGN} bytes; TMA requires it): a view that starts "
-                "at an odd element offset is the usual cause; pass a fresh tensor "
-                "(.clone())"
-            )
-
-
-PATHS = ("auto", "overlap", "collective", "fused")
-# The path of calls that pass none: DISTGEMM_PATH at import, else "auto". Pinning it (e.g. to
-# "overlap") makes a job's choice reproducible and spares the first calls their measurement.
-PATH_ENV = "DISTGEMM_PATH"
-DEFAULT_PATH = os.environ.get(PATH_ENV, "auto")
-# The ops that have a fused path (GEMM + all-reduce in one kernel, distgemm.fused).
-FUSED_OPS = ("gemm_all_reduce",)
-
-
-def check_path(op: str, path) -> str:
-    """``path`` (None: DEFAULT_PATH) names one of PATHS (ValueError otherwise); returns it.
-    "fused" only for FUSED_OPS: passed to another op it is a ValueError, set by DISTGEMM_PATH
-    it means "auto" there."""
-    name = f"{PATH_ENV}=" if path is None else "path="
-    from_env = path is None
-    path = DEFAULT_PATH if path is None else path
-    if path not in PATHS:
-        raise ValueError(f"{op}: {name}{path!r} is not one of {', '.join(map(repr, PATHS))}")
-    if path == "fused" and op not in FUSED_OPS:
-        if from_env:
-            return "auto"
-        raise ValueError(
-            f"{op}: path='fused' is only for {', '.join(FUSED_OPS)} (GEMM + all-reduce in one "
-            "kernel); use 'auto', 'overlap' or 'collective'"
-        )
-    return path
-
-
-def check_no_grad(op: str, tensors: dict[str, torch.Tensor | None]) -> None:
-    """The ops have no backward: refuse inputs that require grad while grad mode is on, rather
-    than return a result autograd cannot see (a training step would silently get no weight
-    gradient)."""
-    if not torch.is_grad_enabled():
-        return
-    for name, t in tensors.items():
-        if t is not None and t.requires_grad:
-            raise RuntimeError(
-                f"{op}: {name} requires grad, but distgemm ops have no backward (autograd) yet: "
-                "call them under torch.no_grad() or torch.inference_mode(), or pass "
-                f"{name}.detach() and compute the gradient yourself"
-            )
 
 
 @dataclass
@@ -148,7 +36,7 @@ class Spec:
     plan: Any = field(repr=False, default=None)  # the _core.Plan, built once per op entry
     tile_n: int = 0  # GEMM output tile 128 x tile_n for every GEMM; 0: per GEMM (wave model)
     b_n_major: bool = False  # w is a transposed view (n_major_weight): read N-contiguous
-    table: tuning.TableEntry | None = None  # the tuning-table entry behind steps and tile_n
+    table: tuning_table.TableEntry | None = None  # the tuning-table entry behind steps and tile_n
 
 
 def default_steps(schedule: str, tp: int, a: torch.Tensor, w: torch.Tensor) -> int:
@@ -178,10 +66,6 @@ def _global_problem(
         nb * tp if partition["b"] == "N" else nb,
         ka * tp if partition["a"] == "K" else ka,
     )
-
-
-def fmt_shape(s) -> str:
-    return "[" + ", ".join(str(x) for x in s) + "]"
 
 
 def make_spec(
@@ -221,7 +105,7 @@ def make_spec(
         )
     if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool)):
         raise TypeError(f"{op}: steps must be an int or None, got {steps!r}")
-    if tile_n not in tuning.TILES:
+    if tile_n not in tuning_table.TILES:
         raise ValueError(f"{op}: tile_n={tile_n!r} is not 0 (per GEMM), 128 or 256")
     for name, t in (("a" if op != "all_gather_gemm" else "a_shard", a), ("w", w)):
         if t.dim() != 2:
@@ -234,7 +118,7 @@ def make_spec(
     # else the default S; either way the op entry's one plan build.
     entry = None
     if steps is None and a.dtype in DTYPES and w.dtype in DTYPES:
-        entry = tuning.lookup(op, schedule, tp, DTYPES[a.dtype], n, k, m)
+        entry = tuning_table.lookup(op, schedule, tp, DTYPES[a.dtype], n, k, m)
     plan = _table_plan(entry, schedule, tp, m, n, k) if entry is not None else None
     entry = entry if plan is not None else None
     scales = dict(row_scale_a=row_scale_a, row_scale_b=row_scale_b)
@@ -304,16 +188,16 @@ def make_spec(
     )
 
 
-def _table_plan(entry: tuning.TableEntry, schedule: str, tp: int, m: int, n: int, k: int):
+def _table_plan(entry: tuning_table.TableEntry, schedule: str, tp: int, m: int, n: int, k: int):
     """The plan of a tuning-table entry's S, or None (with a warning, once per entry) where that
     S does not fit this M; the defaults then decide."""
     try:
         plan = _core.build_plan(schedule, tp, entry.steps, m, n, k, 1)
     except ValueError as e:
-        tuning.warn_unusable(entry, m, str(e))
+        tuning_table.warn_unusable(entry, m, str(e))
         return None
     why = plan.extent_problem(-1)  # every rank's sub-GEMMs: the same verdict on every rank
     if why:
-        tuning.warn_unusable(entry, m, why)
+        tuning_table.warn_unusable(entry, m, why)
         return None
     return plan

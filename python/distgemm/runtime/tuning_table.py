@@ -32,7 +32,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import _core
+from .. import _core
 
 __all__ = ["TableEntry", "TuningTable", "load_tuning_table", "active_table", "token_bucket"]
 

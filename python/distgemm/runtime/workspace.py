@@ -1,6 +1,7 @@
-"""The symmetric workspace of a Communicator: one per communicator, shared by every plan it
-builds, and the policy that sizes, grows and releases it (``WorkspacePool``), free of CUDA so
-that the CPU tests run it with an injected allocator.
+"""The symmetric workspace of a Communicator and the policy that sizes, grows and releases it.
+
+One per communicator, shared by every plan it builds (``WorkspacePool``), free of CUDA so that
+the CPU tests run it with an injected allocator.
 
 Layout. A workspace is receive slots (data, then the scale slots of FP8 row scales) followed by
 one control region: ``_core.MAX_FLAGS`` flags, ``_core.MAX_TP`` entry-barrier slots and the epoch
@@ -52,12 +53,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import _core
+
 __all__ = [
     "GROWTH_HEADROOM",
+    "Workspace",
     "WorkspacePool",
     "grown_slot_capacity",
     "control_bytes",
-    "held_memory",
 ]
 
 # Headroom of a new workspace over the plan that makes it grow, as a fraction of that plan's
@@ -66,7 +69,7 @@ GROWTH_HEADROOM = 0.10
 
 
 @dataclass
-class _Workspace:
+class Workspace:
     core: Any  # _core.IpcWorkspace (or a test's stand-in)
     slot_capacity: int  # bytes before the control region
     control_bytes: int  # the control region's bytes (the same for every plan)
@@ -83,8 +86,6 @@ class _Workspace:
 
 def control_bytes() -> int:
     """Bytes of the control region every plan places after its slots (from C++)."""
-    from . import _core
-
     return int(_core.workspace_control_layout()["total_bytes"])
 
 
@@ -114,8 +115,8 @@ class WorkspacePool:
     def __init__(
         self,
         allocate: Callable[[int], tuple[Any, list[int]]],
-        repoint: Callable[[_Workspace], None],
-        release: Callable[[list[_Workspace]], None],
+        repoint: Callable[[Workspace], None],
+        release: Callable[[list[Workspace]], None],
         *,
         control: int,
         align: int,
@@ -125,12 +126,12 @@ class WorkspacePool:
         self._allocate, self._repoint, self._release = allocate, repoint, release
         self._keep_replaced = keep_replaced
         self.control, self.align, self.order = control, align, order
-        self.current: _Workspace | None = None
-        self.kept: list[_Workspace] = []
+        self.current: Workspace | None = None
+        self.kept: list[Workspace] = []
         self.largest_plan_bytes = 0  # the largest plan layout (total bytes) placed so far
         self.allocations = 0
 
-    def place(self, layout: dict[str, int]) -> tuple[_Workspace, list[int]]:
+    def place(self, layout: dict[str, int]) -> tuple[Workspace, list[int]]:
         """The workspace for a plan with this ``_core.workspace_layout`` (grown first when its
         slots do not fit) and the plan's bases, one per rank, shifted so that the plan's control
         region is the workspace's."""
@@ -150,10 +151,10 @@ class WorkspacePool:
         shift = ws.slot_capacity - slots
         return ws, [b + shift for b in ws.bases]
 
-    def _grow(self, slots: int) -> _Workspace:
+    def _grow(self, slots: int) -> Workspace:
         capacity = grown_slot_capacity(slots, self.control, self.align)
         core, bases = self._allocate(capacity + self.control)
-        new = _Workspace(core, capacity, self.control, list(bases), self.order)
+        new = Workspace(core, capacity, self.control, list(bases), self.order)
         old, self.current = self.current, new
         self.allocations += 1
         if old is not None:
@@ -166,42 +167,24 @@ class WorkspacePool:
         return new
 
     @property
-    def live(self) -> list[_Workspace]:
+    def live(self) -> list[Workspace]:
         """Every workspace held: the current one, then the kept ones."""
         return ([self.current] if self.current is not None else []) + self.kept
 
-    def close(self) -> list[_Workspace]:
+    def close(self) -> list[Workspace]:
         """Forget every workspace and return them for the caller to release (pinned ones
         included)."""
         held = self.live
         self.current, self.kept = None, []
         return held
 
-
-def held_memory(
-    pool: WorkspacePool | None,
-    cached: list[Any],
-    kept_capturers: int = 0,
-    fused_control_bytes: int = 0,
-    fused_receive_bytes: int = 0,
-) -> dict[str, int]:
-    """``distgemm.memory_stats`` of a communicator's pool, cached plan entries, the
-    capture-only graphs kept from plans re-pointed by a growth and the fused path's control
-    region and receive regions (None, [], 0, 0, 0: no communicator)."""
-    from .entries import GRAPHS_PER_PLAN, MAX_PLANS
-
-    current = pool.current if pool is not None else None
-    return {
-        "workspace_bytes": current.nbytes if current is not None else 0,
-        "kept_bytes": sum(w.nbytes for w in pool.kept) if pool is not None else 0,
-        "largest_plan_bytes": pool.largest_plan_bytes if pool is not None else 0,
-        "workspace_allocations": pool.allocations if pool is not None else 0,
-        "plans": len(cached),
-        "eager_graphs": sum(len(e.graphs) for e in cached),
-        "captured_graphs": kept_capturers
-        + sum(getattr(e, "capturer", None) is not None for e in cached),
-        "fused_control_bytes": fused_control_bytes,
-        "fused_receive_bytes": fused_receive_bytes,
-        "max_plans": MAX_PLANS,
-        "graphs_per_plan": GRAPHS_PER_PLAN,
-    }
+    def memory_stats(self) -> dict[str, int]:
+        """The pool's part of ``distgemm.memory_stats``: the current workspace, the kept ones,
+        the largest plan placed and the allocations so far."""
+        current = self.current
+        return {
+            "workspace_bytes": current.nbytes if current is not None else 0,
+            "kept_bytes": sum(w.nbytes for w in self.kept),
+            "largest_plan_bytes": self.largest_plan_bytes,
+            "workspace_allocations": self.allocations,
+        }

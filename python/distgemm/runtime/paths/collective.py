@@ -1,24 +1,66 @@
-"""The collective path of one call, the baseline the overlapped one must beat: the group's NCCL
-collective and one torch GEMM, on the current stream (capturable: no synchronisation, and inside
-a capture its buffers come from the caller's graph pool)."""
+"""The collective path: the group's NCCL collective and one torch GEMM, the baseline to beat.
+
+On the current stream, capturable (no synchronisation, and inside a capture its buffers come from
+the caller's graph pool).
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 from torch.distributed.distributed_c10d import (
     AllgatherOptions,
     AllreduceOptions,
     ReduceScatterOptions,
 )
 
-from .entries import Entry
-from .launch import stream_ptr, user_ptrs
-from .scales import scaled_mm_scales
+from ..communicator import Communicator
+from ..scales import scaled_mm_scales
+from ..spec import Spec
+from .common import PathState, stream_ptr, user_ptrs
+from .overlapped import gathered_shape
 
-if TYPE_CHECKING:
-    from .comm import Communicator
+
+def collective_kind(spec: Spec) -> str:
+    """The collective path's branch, read from the C++ definition once per entry:
+    "gather_a" / "gather_w" (all-gather of the activations or of the weight), "all_reduce",
+    "scatter_n" (D sharded on N: rs_tile_b), "scatter_m" (D sharded on M)."""
+    d = spec.plan.definition
+    if d["collective"] == "all_gather":
+        return "gather_a" if d["rotating"] == "A" else "gather_w"
+    if d["collective"] == "all_reduce":
+        return "all_reduce"
+    return "scatter_n" if d["partition"]["d"] == "N" else "scatter_m"
+
+
+@dataclass(eq=False)
+class CollectiveState(PathState):
+    """A collective state: its branch, the gathered operand's shape and its scratch buffers."""
+
+    kind: str = ""
+    gathered_shape: tuple[int, int] = (0, 0)
+    scratch: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)  # (name, stream)
+
+    @classmethod
+    def create(cls, spec: Spec, precision, beta: float, gathered: bool) -> CollectiveState:
+        kind = collective_kind(spec)
+        return cls(
+            spec=spec,
+            precision=precision,
+            beta=beta,
+            want_gathered=gathered,
+            out_shape=torch.Size(spec.shapes["out"]),
+            kind=kind,
+            gathered_shape=gathered_shape(spec) if kind.startswith("gather") else (0, 0),
+        )
+
+    def run(self, op: str, comm: Communicator, tensors, out, capturing: bool):
+        return run_collective(op, comm, self, tensors, out, capturing)
+
+    def release(self) -> None:
+        self.scratch.clear()
 
 
 def _blocking(options):
@@ -44,11 +86,11 @@ _REDUCE_SCATTER = _blocking(ReduceScatterOptions())
 
 
 def run_collective(
-    op: str, comm: Communicator, entry: Entry, tensors, out, capturing: bool = False
+    op: str, comm: Communicator, state: CollectiveState, tensors, out, capturing: bool = False
 ):
     """The plain path, the baseline the overlapped one must beat: the group's collective (NCCL)
     and one torch GEMM, in the op's dtype, on the current stream. Same operands, shapes and
-    result as the plan of ``entry.spec``. ``capturing``: the current stream is being captured
+    result as the plan of ``state.spec``. ``capturing``: the current stream is being captured
     (torch.cuda.graph); the NCCL calls and GEMMs are recorded like any torch work.
 
     Written for host time, since it is chosen for small problems whose calls take tens of us:
@@ -57,20 +99,20 @@ def run_collective(
     buffers reused, and the overlapped path's per-call checks (``user_ptrs``)."""
     pg, device = comm.group, comm.device
     a, w, bias, c = tensors["a"], tensors["w"], tensors.get("bias"), tensors.get("c")
-    _, out = user_ptrs(op, entry, tensors, out, device)
-    if entry.precision.fp8:
-        return _run_fp8(comm, entry, tensors, out, capturing)
-    kind = entry.collective_kind  # the branch follows the C++ definition, not the name
+    _, out = user_ptrs(op, state, tensors, out, device)
+    if state.precision.fp8:
+        return _run_fp8(comm, state, tensors, out, capturing)
+    kind = state.kind  # the branch follows the C++ definition, not the name
     if kind in ("gather_a", "gather_w"):
         part = a if kind == "gather_a" else w
-        shape = entry.gathered_shape
+        shape = state.gathered_shape
         # The gathered operand goes back to the caller only with return_gathered; otherwise one
         # buffer per plan, as a hand-written baseline keeps it (a fresh allocation per call makes
         # the caching allocator alternate blocks that NCCL's stream still holds).
         gathered = (
             torch.empty(shape, dtype=part.dtype, device=part.device)
-            if entry.want_gathered
-            else _scratch(entry, "gathered", shape, part, stream_ptr(device), capturing)
+            if state.want_gathered
+            else _scratch(state, "gathered", shape, part, stream_ptr(device), capturing)
         )
         _finish(pg._allgather_base(gathered, part, _ALLGATHER))
         x, wf = (gathered, w) if kind == "gather_a" else (a, gathered)
@@ -78,7 +120,7 @@ def run_collective(
             torch.mm(x, wf.t(), out=out)
         else:
             torch.addmm(bias, x, wf.t(), out=out)
-        return (out, gathered) if entry.want_gathered else out
+        return (out, gathered) if state.want_gathered else out
     if kind == "all_reduce":
         torch.mm(a, w.t(), out=out)
         _finish(pg.allreduce([out], _ALLREDUCE))
@@ -88,12 +130,12 @@ def run_collective(
         part_t = torch.mm(
             w,
             a.t(),
-            out=_scratch(entry, "partial", (w.shape[0], a.shape[0]), a, stream, capturing),
+            out=_scratch(state, "partial", (w.shape[0], a.shape[0]), a, stream, capturing),
         )
         mine = _scratch(
-            entry,
+            state,
             "mine",
-            (part_t.shape[0] // entry.spec.tp, part_t.shape[1]),
+            (part_t.shape[0] // state.spec.tp, part_t.shape[1]),
             a,
             stream,
             capturing,
@@ -105,11 +147,11 @@ def run_collective(
             a,
             w.t(),
             out=_scratch(
-                entry, "partial", (a.shape[0], w.shape[0]), a, stream_ptr(device), capturing
+                state, "partial", (a.shape[0], w.shape[0]), a, stream_ptr(device), capturing
             ),
         )
         _finish(pg._reduce_scatter_base(out, partial, _REDUCE_SCATTER))
-    return _finish_epilogue(out, c, bias, entry.beta)
+    return _finish_epilogue(out, c, bias, state.beta)
 
 
 def _finish_epilogue(out, c, bias, beta: float) -> torch.Tensor:
@@ -134,13 +176,13 @@ def scaled_mm(x, x_scale, y, y_scale, fast_accum: bool, out=None) -> torch.Tenso
     return out.copy_(res)
 
 
-def _gather(pg, entry, name, part, stream, capturing, fresh: bool) -> torch.Tensor:
+def _gather(pg, state, name, part, stream, capturing, fresh: bool) -> torch.Tensor:
     """The all-gather of ``part`` along dim 0 (fp8 moved as bytes, which every NCCL has)."""
-    shape = (part.shape[0] * entry.spec.tp, *part.shape[1:])
+    shape = (part.shape[0] * state.spec.tp, *part.shape[1:])
     dst = (
         torch.empty(shape, dtype=part.dtype, device=part.device)
         if fresh
-        else _scratch(entry, name, shape, part, stream, capturing)
+        else _scratch(state, name, shape, part, stream, capturing)
     )
     as_bytes = part.element_size() == 1
     _finish(
@@ -153,23 +195,23 @@ def _gather(pg, entry, name, part, stream, capturing, fresh: bool) -> torch.Tens
     return dst
 
 
-def _run_fp8(comm: Communicator, entry: Entry, tensors, out, capturing: bool):
+def _run_fp8(comm: Communicator, state: CollectiveState, tensors, out, capturing: bool):
     """run_collective for fp8 operands: the collective and torch._scaled_mm (bf16 out). The
     all-gather schedules gather row scales with their rows; the reduce schedules reduce bf16
     partials."""
     pg, device = comm.group, comm.device
     a, w, bias, c = tensors["a"], tensors["w"], tensors.get("bias"), tensors.get("c")
     sa, sb = tensors["scale_a"], tensors["scale_b"]
-    fast = entry.precision.fast_accum
+    fast = state.precision.fast_accum
     stream = stream_ptr(device)
-    kind = entry.collective_kind
+    kind = state.kind
     if kind in ("gather_a", "gather_w"):
         gather_a = kind == "gather_a"
         part, scale = (a, sa) if gather_a else (w, sb)
-        gathered = _gather(pg, entry, "gathered", part, stream, capturing, entry.want_gathered)
+        gathered = _gather(pg, state, "gathered", part, stream, capturing, state.want_gathered)
         if scale.numel() > 1:
             scale = _gather(
-                pg, entry, "gathered_scale", scale.reshape(-1), stream, capturing, False
+                pg, state, "gathered_scale", scale.reshape(-1), stream, capturing, False
             )
         if gather_a:
             scaled_mm(gathered, scale, w, sb, fast, out=out)
@@ -177,30 +219,35 @@ def _run_fp8(comm: Communicator, entry: Entry, tensors, out, capturing: bool):
             scaled_mm(a, sa, gathered, scale, fast, out=out)
         if bias is not None:
             out.add_(bias)
-        return (out, gathered) if entry.want_gathered else out
+        return (out, gathered) if state.want_gathered else out
     if kind == "all_reduce":
         scaled_mm(a, sa, w, sb, fast, out=out)
         _finish(pg.allreduce([out], _ALLREDUCE))
     elif kind == "scatter_n":  # rs_tile_b: reduce D^T = W A^T, transpose this rank's rows
-        part_t = _scratch(entry, "partial", (w.shape[0], a.shape[0]), out, stream, capturing)
+        part_t = _scratch(state, "partial", (w.shape[0], a.shape[0]), out, stream, capturing)
         scaled_mm(w, sb, a, sa, fast, out=part_t)
         mine = _scratch(
-            entry, "mine", (part_t.shape[0] // entry.spec.tp, part_t.shape[1]), out, stream,
+            state, "mine", (part_t.shape[0] // state.spec.tp, part_t.shape[1]), out, stream,
             capturing,
         )  # fmt: skip
         _finish(pg._reduce_scatter_base(mine, part_t, _REDUCE_SCATTER))
         out.copy_(mine.t())
     else:  # scatter_m: rs_tile_a
-        partial = _scratch(entry, "partial", (a.shape[0], w.shape[0]), out, stream, capturing)
+        partial = _scratch(state, "partial", (a.shape[0], w.shape[0]), out, stream, capturing)
         scaled_mm(a, sa, w, sb, fast, out=partial)
         _finish(pg._reduce_scatter_base(out, partial, _REDUCE_SCATTER))
-    return _finish_epilogue(out, c, bias, entry.beta)
+    return _finish_epilogue(out, c, bias, state.beta)
 
 
 def _scratch(
-    entry: Entry, name: str, shape, like: torch.Tensor, stream: int, capturing: bool = False
+    state: CollectiveState,
+    name: str,
+    shape,
+    like: torch.Tensor,
+    stream: int,
+    capturing: bool = False,
 ) -> torch.Tensor:
-    """A buffer of the collective path kept with the plan, one per CUDA stream: calls on one
+    """A buffer of the collective path kept with the entry, one per CUDA stream: calls on one
     stream are ordered, calls on two streams (e.g. overlapped micro-batches) must not share a
     buffer that one's NCCL kernel writes while the other's GEMM reads it. Inside a capture a
     fresh one from the caller's graph pool, owned by that graph: captures share one capture
@@ -209,17 +256,15 @@ def _scratch(
     if capturing:
         return torch.empty(shape, dtype=like.dtype, device=like.device)
     key = (name, stream)
-    t = entry.scratch.get(key)
+    t = state.scratch.get(key)
     if t is None:
-        t = entry.scratch[key] = torch.empty(shape, dtype=like.dtype, device=like.device)
+        t = state.scratch[key] = torch.empty(shape, dtype=like.dtype, device=like.device)
     return t
 
 
 def collective_unavailable(group) -> str | None:
     """Why the collective path cannot run on ``group`` (None: it can): it needs a backend that
     runs collectives on CUDA tensors (NCCL). Depends on the group only, so every rank agrees."""
-    import torch.distributed as dist
-
     try:
         backend = str(dist.get_backend(group))
     except Exception as e:  # noqa: BLE001 - an unusual group object: say so, keep the plan

@@ -1,8 +1,9 @@
-"""The fused path of ``gemm_all_reduce`` (``path="fused"``; ``"auto"`` where
-``_core.fused_auto_problem`` allows: up to ``_core.FUSED_MAX_AUTO_TOKENS`` tokens): one kernel per
-rank computes its partial product and sums the tiles it owns over every rank's partials
-(kernel/fused_allreduce.hpp). No collective kernel, no copy engine, one kernel node inside a
-caller's CUDA graph. Two kernels:
+"""The fused path of ``gemm_all_reduce``: one kernel per rank makes its partial and sums its tiles.
+
+``path="fused"``, or ``"auto"`` where ``_core.fused_auto_problem`` allows (up to
+``_core.FUSED_MAX_AUTO_TOKENS`` tokens): one kernel per rank computes its partial product and
+sums the tiles it owns over every rank's partials (kernel/fused_allreduce.hpp). No collective
+kernel, no copy engine, one kernel node inside a caller's CUDA graph. Two kernels:
 - up to ``_core.FUSED_DECODE_MAX_TOKENS`` tokens the hand-written decode kernel (the weight
   streamed at memory bandwidth) pushes each partial, as generation-tagged lines, into every
   rank's receive buffer, and each rank sums what arrived in its own;
@@ -11,9 +12,9 @@ caller's CUDA graph. Two kernels:
 
 Where it runs: the shapes (``fused_problem``) and a K-contiguous weight (a transposed ``.t()``
 view is not read by this kernel). Its buffers (``_core.fused_partial_bytes``), two by launch
-parity, each in one half of its region (``place_fused``):
+parity, each in one half of its region (``FusedState.place``):
 - the decode kernel's receive buffers: a region of their own per communicator
-  (``Communicator.fused_receive_for``), grown like the workspace;
+  (``FusedResources.receive_for``), grown like the workspace;
 - the CUTLASS kernel's partial buffers: the communicator's one workspace, in its slots;
 - one small control region per communicator (launch generation and per-tile flags), allocated
   at the first fused call.
@@ -29,27 +30,25 @@ stream, or the communicator's LaunchOrder across streams).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import weakref
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from . import _core
-from .launch import stream_ptr, user_ptrs
-from .validation import DTYPES
+from ... import _core
+from ..spec import Spec
+from ..validate import DTYPES
+from ..workspace import Workspace, WorkspacePool
+from .common import PathState, stream_ptr, user_ptrs
 
 if TYPE_CHECKING:
-    from .comm import Communicator
-    from .entries import Entry
-    from .validation import Spec
+    from ..communicator import Communicator
 
-__all__ = [
-    "fused_problem",
-    "fused_auto",
-    "attach_fused",
-    "fused_layout",
-    "place_fused",
-    "launch_fused",
-]
+__all__ = ["fused_problem", "fused_auto", "fused_layout", "FusedResources", "FusedState"]
+
+# The name of the fused path's per-communicator state (Communicator.attach).
+ATTACHMENT = "fused"
 
 
 def _problem_shape(spec: Spec) -> tuple[int, int, int]:
@@ -87,42 +86,6 @@ def fused_auto(spec: Spec, dtype: torch.dtype) -> tuple[bool, str]:
     return True, f"fused: M={m} tokens <= {int(_core.FUSED_MAX_AUTO_TOKENS)} (decode size)"
 
 
-def attach_fused(comm: Communicator, entry: Entry) -> None:
-    """The fused entry's division of work (the CUTLASS kernel's split-K factor, the decode
-    kernel's grid and pieces per tile) and buffers, and the communicator's control region and
-    launcher (made at the first fused entry; collective, like plan creation)."""
-    m, n, k = _problem_shape(entry.spec)
-    dtype = DTYPES[entry.dtype]
-    resident = _core.fused_resident_ctas(dtype, m, comm.device.index)
-    splits = _core.fused_splits(m, n, k, resident)
-    ctas = _core.fused_ctas(m, n, k, resident)
-    decode = _core.fused_kernel(m) == "decode"
-    layout = fused_layout(m, n, splits, entry.dtype.itemsize, comm.tp, comm.workspace_control_bytes)
-    control = comm.fused_control()  # allocates and exchanges it at the first fused entry
-    entry.fused = {
-        "m": m,
-        "n": n,
-        "k": k,
-        "dtype": dtype,
-        "splits": splits,
-        "ctas": ctas,
-        # The decode kernel's peers push into this rank's buffers: a region of its own, which no
-        # plan writes (comm.fused_receive_for); the CUTLASS kernel's are read by the peers from
-        # the workspace's slots.
-        "receive": decode,
-        "layout": layout,
-        "control": control,
-    }
-    if entry.tuning is not None:
-        entry.tuning.update(
-            fused_kernel=_core.fused_kernel(m),
-            fused_splits=splits,
-            fused_ctas=ctas,
-            fused_token_tile=_core.fused_token_tile(m),
-        )
-    place_fused(comm, entry)
-
-
 def fused_layout(
     m: int, n: int, splits: int, itemsize: int, tp: int, workspace_control: int
 ) -> dict[str, int]:
@@ -143,52 +106,187 @@ def fused_layout(
     }
 
 
-def place_fused(comm: Communicator, entry: Entry) -> None:
-    """The fused entry's buffers in the communicator's current region (grown first when too
-    small; collective then): every rank's base, and the bytes between the two launch parities,
-    half the region's slots, so that the parities of entries of every size stay apart and a
-    launch never writes where a peer still reads the previous launch's partials."""
-    f = entry.fused
-    place = comm.fused_receive_for if f["receive"] else comm.workspace_for
-    entry.ws, _ = place(f["layout"])
-    line = int(_core.FUSED_LINE_BYTES)
-    entry.bases = list(entry.ws.bases)
-    f["parity_bytes"] = entry.ws.slot_capacity // 2 // line * line
+class FusedResources:
+    """The fused path's per-communicator state (a ``Communicator`` attachment): the control
+    region (launch generation and per-tile flags, allocated at the first fused entry, which
+    every rank creates at the same call: the allocation is collective), the decode kernel's
+    receive region (grown like the workspace) and this rank's launcher."""
+
+    def __init__(self, comm: Communicator):
+        self.comm = comm
+        self._control: Workspace | None = None
+        self._launcher: Any = None
+        # The decode kernel's receive buffers: a region of their own, which no plan writes.
+        self.receive: WorkspacePool = comm.new_pool(self._receive_grown, control=0)
+        self._receivers: weakref.WeakSet[FusedState] = weakref.WeakSet()
+
+    @classmethod
+    def of(cls, comm: Communicator) -> FusedResources:
+        """The communicator's fused resources, made at the first use."""
+        res = comm.attachment(ATTACHMENT)
+        if res is None:
+            res = comm.attach(ATTACHMENT, cls(comm))
+        return res
+
+    def control_bases(self) -> list[int]:
+        """Every rank's control region as seen from this device (allocated zeroed and exchanged
+        at the first call: collective)."""
+        if self._control is None:
+            nbytes = int(_core.FUSED_CONTROL_BYTES)
+            core, bases = self.comm.allocate_symmetric(nbytes)
+            self._control = Workspace(core, 0, nbytes, list(bases))
+        return list(self._control.bases)
+
+    @property
+    def launcher(self) -> Any:
+        """This rank's _core.FusedLauncher (ordered by the communicator's LaunchOrder)."""
+        if self._launcher is None:
+            c = self.comm
+            self._launcher = _core.FusedLauncher(c.device.index, c.order, c.wait_timeout_s)
+        return self._launcher
+
+    def receive_for(self, state: FusedState) -> tuple[Workspace, list[int]]:
+        """The receive region for a decode entry (grown first when it does not fit: collective,
+        like the workspace's growth); the entry is re-pointed at every later growth."""
+        self._receivers.add(state)
+        return self.receive.place(state.layout)
+
+    def _receive_grown(self, ws: Workspace) -> None:
+        for state in list(self._receivers):
+            if state.ws is not ws:
+                state.place(self.comm)
+
+    # -- Attachment ------------------------------------------------------------------------
+    def workspace_grown(self, ws: Workspace, capturing: bool) -> None:
+        """Nothing of these lives in the workspace (the entries' partial buffers are re-pointed
+        by the entry cache)."""
+
+    def launch_error(self) -> str:
+        return self._launcher.error() if self._launcher is not None else ""
+
+    def memory_stats(self) -> dict[str, int]:
+        return {
+            "fused_control_bytes": self._control.nbytes if self._control is not None else 0,
+            "fused_receive_bytes": sum(w.nbytes for w in self.receive.live),
+        }
+
+    def close(self) -> list[Workspace]:
+        held = self.receive.close()
+        if self._control is not None:
+            held.append(self._control)
+        self._control, self._launcher = None, None
+        self._receivers = weakref.WeakSet()
+        return held
 
 
-def launch_fused(
-    op: str, comm: Communicator, entry: Entry, tensors, out, capturing: bool = False
-) -> torch.Tensor:
-    """One fused launch on the current stream (recorded into its capture when one is in
-    progress)."""
-    f = entry.fused
-    (pa, pw, pc, po, pb, _, _), out = user_ptrs(op, entry, tensors, out, comm.device)
-    launcher = comm.fused_launcher
-    if capturing:
-        entry.ws.pinned = True  # callers' graphs keep reading it: never freed before close()
-    else:
-        err = launcher.error() or (entry.ws.order.capture_error() if entry.ws.pinned else "")
-        if err:
-            comm.mark_broken(err)
-            comm.raise_if_broken()
-    launcher.launch(
-        stream_ptr(comm.device),
-        f["dtype"],
-        f["m"],
-        f["n"],
-        f["k"],
-        pa,
-        pw,
-        po,
-        pb,
-        pc,
-        1.0,
-        entry.beta if pc else 0.0,
-        f["splits"],
-        f["ctas"],
-        comm.rank,
-        entry.bases,
-        f["parity_bytes"],
-        f["control"],
-    )
-    return out
+@dataclass(eq=False)
+class FusedState(PathState):
+    """A fused entry: its problem, its division of work (the CUTLASS kernel's split-K factor,
+    the decode kernel's grid) and its buffers."""
+
+    m: int = 0
+    n: int = 0
+    k: int = 0
+    dtype: str = ""
+    splits: int = 1
+    ctas: int = 0
+    # The decode kernel's peers push into this rank's receive region; the CUTLASS kernel's
+    # partials are read by the peers from the workspace's slots.
+    receive: bool = False
+    layout: dict[str, int] = field(default_factory=dict)
+    control: list[int] = field(default_factory=list)
+    parity_bytes: int = 0
+    ws: Any = None
+    bases: list[int] = field(default_factory=list)
+    resources: FusedResources | None = None
+
+    @classmethod
+    def create(
+        cls, comm: Communicator, spec: Spec, precision, beta: float, report: dict[str, Any]
+    ) -> FusedState:
+        """The fused entry of ``spec``; adds its kernel, splits and grid to ``report``."""
+        m, n, k = _problem_shape(spec)
+        dtype = DTYPES[precision.dtype]
+        resident = _core.fused_resident_ctas(dtype, m, comm.device.index)
+        splits = _core.fused_splits(m, n, k, resident)
+        ctas = _core.fused_ctas(m, n, k, resident)
+        resources = FusedResources.of(comm)
+        state = cls(
+            spec=spec,
+            precision=precision,
+            beta=beta,
+            want_gathered=False,
+            out_shape=torch.Size(spec.shapes["out"]),
+            m=m,
+            n=n,
+            k=k,
+            dtype=dtype,
+            splits=splits,
+            ctas=ctas,
+            receive=_core.fused_kernel(m) == "decode",
+            layout=fused_layout(
+                m, n, splits, precision.dtype.itemsize, comm.tp, comm.workspace_control_bytes
+            ),
+            control=resources.control_bases(),
+            resources=resources,
+        )
+        report.update(
+            fused_kernel=_core.fused_kernel(m),
+            fused_splits=splits,
+            fused_ctas=ctas,
+            fused_token_tile=_core.fused_token_tile(m),
+        )
+        state.place(comm)
+        return state
+
+    def place(self, comm: Communicator) -> None:
+        """The buffers in the current region (grown first when too small; collective then):
+        every rank's base, and the bytes between the two launch parities, half the region's
+        slots, so that the parities of entries of every size stay apart and a launch never
+        writes where a peer still reads the previous launch's partials."""
+        if self.receive:
+            self.ws, _ = self.resources.receive_for(self)
+        else:
+            self.ws, _ = comm.workspace_for(self.layout)
+        line = int(_core.FUSED_LINE_BYTES)
+        self.bases = list(self.ws.bases)
+        self.parity_bytes = self.ws.slot_capacity // 2 // line * line
+
+    def workspace_grown(self, comm, ws, capturing, retired, kept) -> None:
+        if not self.receive and self.ws is not ws:
+            # ws is the pool's current workspace and holds every layout placed before.
+            self.place(comm)
+
+    def run(self, op: str, comm: Communicator, tensors, out, capturing: bool) -> torch.Tensor:
+        """One fused launch on the current stream (recorded into its capture when one is in
+        progress)."""
+        (pa, pw, pc, po, pb, _, _), out = user_ptrs(op, self, tensors, out, comm.device)
+        launcher = self.resources.launcher
+        if capturing:
+            self.ws.pinned = True  # callers' graphs keep reading it: never freed before close()
+        else:
+            err = launcher.error() or (self.ws.order.capture_error() if self.ws.pinned else "")
+            if err:
+                comm.mark_broken(err)
+                comm.raise_if_broken()
+        launcher.launch(
+            stream_ptr(comm.device),
+            self.dtype,
+            self.m,
+            self.n,
+            self.k,
+            pa,
+            pw,
+            po,
+            pb,
+            pc,
+            1.0,
+            self.beta if pc else 0.0,
+            self.splits,
+            self.ctas,
+            comm.rank,
+            self.bases,
+            self.parity_bytes,
+            self.control,
+        )
+        return out

@@ -1,111 +1,227 @@
-"""The overlapped path of one call: the per-call checks of the user tensors, this rank's graph
-for their pointers, one graph launch on the current stream (inside a stream capture: the graph's
-nodes recorded into the caller's graph)."""
+"""The overlapped path: the plan's CUDA graph per rank, the communication hidden behind the GEMMs.
+
+An entry's state holds its place in the communicator's symmetric workspace, its graph setup and
+the graphs instantiated for it, one per set of user pointers; a call checks the user tensors,
+picks the graph for their pointers and launches it on the current stream (inside a stream
+capture: the graph's nodes are recorded into the caller's graph).
+"""
 
 from __future__ import annotations
 
-import contextlib
-from typing import TYPE_CHECKING
+import collections
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from . import _core
-from .entries import Entry, capture_graph, graph_for
-from .validation import ALIGN, check_placement, fmt_shape
+from ... import _core
+from ..communicator import Communicator
+from ..spec import Spec
+from ..workspace import Workspace
+from .common import PathState, stream_ptr, user_ptrs
 
-if TYPE_CHECKING:
-    from .comm import Communicator
-
-# torch's current raw stream as an int without building a Stream object (about 2 us less per
-# call); the public API where this private binding is missing.
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-
-
-def stream_ptr(device: torch.device) -> int:
-    if _raw_stream is not None:
-        return _raw_stream(device.index)
-    return torch.cuda.current_stream(device).cuda_stream
+# Instantiated graphs per plan, keyed by the user pointers. Activations from torch's caching
+# allocator tend to come back at a few addresses, so a small set of graphs turns most calls into
+# a plain replay; a miss retargets the least recently used graph (cudaGraphExecUpdate).
+GRAPHS_PER_PLAN = 4
 
 
-def _ptr(op: str, name: str, t: torch.Tensor, device: torch.device) -> int:
-    """The data pointer of a tensor that passes check_placement (the fast path of it)."""
-    p = t.data_ptr()
-    if p & (ALIGN - 1) or t.device != device or not t.is_contiguous():
-        check_placement(op, device, {name: t})
-    return p
+class _RawCuda:
+    """A device buffer for torch.as_tensor via __cuda_array_interface__ (no ownership)."""
+
+    def __init__(self, ptr: int, numel: int, itemsize: int = 2):
+        self.__cuda_array_interface__ = {
+            "shape": (numel,),
+            "typestr": f"<i{itemsize}",
+            "data": (ptr, False),
+            "version": 3,
+            "strides": None,
+        }
 
 
-def _scale_ptr(op: str, name: str, t: torch.Tensor | None, device: torch.device) -> int:
-    """The data pointer of an fp8 scale (0: none), on this rank's device."""
-    if t is None:
-        return 0
-    if t.device != device:
-        raise ValueError(f"{op}: {name} is on {t.device} but this rank's device is {device}")
-    return t.data_ptr()
+def gathered_shape(spec: Spec) -> tuple[int, int]:
+    """The whole all-gathered operand's shape of an all-gather plan."""
+    return (spec.m if spec.plan.definition["rotating"] == "A" else spec.n, spec.k)
 
 
-def user_ptrs(op: str, entry: Entry, tensors, out, device):
-    """The per-call checks of both paths (the fast path of check_placement, the output's shape,
-    no aliasing with an input) and the output, allocated when not given. Returns
-    ((a, w, c, out, bias, scale_a, scale_b) data pointers, 0 where absent; out)."""
-    a, w = tensors["a"], tensors["w"]
-    c = tensors.get("c")  # only passed when beta != 0 (_gemm_then_reduce)
-    bias = tensors.get("bias")
-    pa = _ptr(op, "a_shard" if op == "all_gather_gemm" else "a", a, device)
-    pw = _ptr(op, "w", w, device)
-    pc = 0 if c is None else _ptr(op, "c", c, device)
-    pb = 0 if bias is None else _ptr(op, "bias", bias, device)
-    psa = _scale_ptr(op, "scale_a", tensors.get("scale_a"), device)
-    psb = _scale_ptr(op, "scale_b", tensors.get("scale_b"), device)
-    if out is None:
-        out = torch.empty(entry.out_shape, dtype=entry.out_dtype, device=device)
-        return (pa, pw, pc, out.data_ptr(), pb, psa, psb), out
-    po = _ptr(op, "out", out, device)
-    if po in (pa, pw, pc, pb):
-        name = {pa: "a", pw: "w", pc: "c", pb: "bias"}[po]
-        raise ValueError(f"{op}: out shares memory with {name}; pass a separate output")
-    if out.shape != entry.out_shape:
-        raise ValueError(
-            f"{op}: out has shape {fmt_shape(out.shape)}, expected {fmt_shape(entry.out_shape)}"
+def gather_recipe(spec: Spec, rank: int) -> list[tuple[str, int, int, int]]:
+    """How to assemble the gathered operand of an all-gather plan on ``rank`` after a launch:
+    per sub-GEMM (source, offset, first row, rows), the rotating operand's rows from the user
+    tensor (own chunks) or from a receive slot (the peers' chunks, still valid until this rank's
+    next launch)."""
+    plan = spec.plan.to_dict()
+    rot = "a" if plan["definition"]["rotating"] == "A" else "b"
+    recipe = []
+    for g in plan["devices"][rank]["gemms"]:
+        r = g[rot]
+        row0, rows = (g["m0"], g["m"]) if rot == "a" else (g["n0"], g["n"])
+        recipe.append(("slots" if r["buffer"] == "slots" else rot, r["offset"], row0, rows))
+    return recipe
+
+
+@dataclass(eq=False)
+class OverlappedState(PathState):
+    """An overlapped entry: its workspace bases, graph setup and graphs."""
+
+    ws: Workspace | None = None
+    bases: list[int] = field(default_factory=list)
+    ws_bytes: int = 0  # bytes addressable from each base (the plan's layout total)
+    setup: Any = None  # _core.GraphSetup of this rank's graphs
+    graphs: collections.OrderedDict[tuple[int, ...], Any] = field(
+        default_factory=collections.OrderedDict
+    )
+    # The capture-only _core.DeviceGraph that records this plan into callers' CUDA graphs (see
+    # capture_graph). Callers' graphs keep referencing its error sink and the workspace, so it
+    # lives until the communicator closes: the entry is never evicted once it has one.
+    capturer: Any = None
+    gather: list[tuple[str, int, int, int]] | None = None  # gather_recipe, with return_gathered
+    gather_shape: tuple[int, int] = (0, 0)  # the gathered operand's, with return_gathered
+    slots: torch.Tensor | None = None  # this rank's receive slots, viewed as the operand dtype
+
+    @classmethod
+    def create(cls, comm: Communicator, spec: Spec, precision, beta: float, gathered: bool):
+        state = cls(
+            spec=spec,
+            precision=precision,
+            beta=beta,
+            want_gathered=gathered,
+            out_shape=torch.Size(spec.shapes["out"]),
         )
-    return (pa, pw, pc, po, pb, psa, psb), out
+        state.place(comm)
+        return state
 
+    def place(self, comm: Communicator) -> None:
+        """The entry's place in the communicator's workspace (grown first when too small;
+        collective then), its graphs' setup and the recipe of its gathered operand. Also
+        re-points the entry when the workspace grows: its eager graphs, built on the old bases,
+        are dropped (the caller has synchronised the device) and rebuilt at its next call."""
+        spec, dtype = self.spec, self.precision.dtype
+        # The entry's own plan (its partial transport and scale slots included), slots of its
+        # types.
+        layout = spec.plan.layout(
+            spec.plan.slot_elem_bytes(dtype.itemsize, self.precision.out_dtype.itemsize)
+        )
+        self.graphs.clear()
+        self.ws, self.bases = comm.workspace_for(layout)
+        # workspace_for shifts each base so that exactly the layout's bytes follow it: the graph
+        # checks its own plan's layout against this.
+        self.ws_bytes = int(layout["total_bytes"])
+        self.setup = _core.GraphSetup(
+            rank=comm.rank,
+            cuda_device=comm.device.index,
+            dtype=self.precision.name,
+            workspace_bases=self.bases,
+            workspace_bytes=self.ws_bytes,
+            timeout_s=comm.wait_timeout_s,
+            alpha=1.0,
+            beta=self.beta,
+            bias="bias" in spec.shapes,
+            tile_n=spec.tile_n,
+            b_n_major=spec.b_n_major,
+            fast_accum=self.precision.fast_accum,
+        )
+        if self.want_gathered:
+            self.gather = gather_recipe(spec, comm.rank)
+            self.gather_shape = gathered_shape(spec)
+            slot_elems = int(spec.plan.slot_elems)
+            if slot_elems:
+                # This rank's slots start at its shifted base (slots_offset is 0 in Plan::layout).
+                raw = _RawCuda(
+                    self.bases[comm.rank] + int(layout["slots_offset"]),
+                    slot_elems,
+                    dtype.itemsize,
+                )
+                self.slots = torch.as_tensor(raw, device=comm.device).view(dtype)
 
-def setup_during_capture():
-    """Context for setup work (a communicator, a plan's workspace and graphs) that happens while
-    the current stream is being captured: the thread may allocate and exchange IPC handles
-    (_core.RelaxedCaptureMode); device-wide synchronisation stays forbidden, and none is done."""
-    relaxed = getattr(_core, "RelaxedCaptureMode", None)  # absent in builds without CUDA
-    return relaxed() if relaxed is not None else contextlib.nullcontext()
+    def _new_graph(self, ptrs: tuple[int, ...], capture_only: bool = False):
+        """A DeviceGraph of the plan for ``ptrs`` (a, w, c, out, bias, scale_a, scale_b)."""
+        a, w, c, d, bias, scale_a, scale_b = ptrs
+        return _core.DeviceGraph(
+            self.spec.plan, self.setup, self.ws.order, a, w, c, d, bias,
+            capture_only=capture_only, scale_a=scale_a, scale_b=scale_b,
+        )  # fmt: skip
 
+    def graph_for(self, ptrs: tuple[int, ...]):
+        """This rank's graph of the plan for these user pointers: a cached one, a new one (up to
+        GRAPHS_PER_PLAN), or the least recently used one retargeted."""
+        g = self.graphs.get(ptrs)
+        if g is not None:
+            self.graphs.move_to_end(ptrs)  # LRU order
+            return g
+        if len(self.graphs) < GRAPHS_PER_PLAN:
+            g = self._new_graph(ptrs)
+        else:
+            _, g = self.graphs.popitem(last=False)
+            g.update(*ptrs)
+        self.graphs[ptrs] = g
+        return g
 
-def launch(op: str, comm: Communicator, entry: Entry, tensors, out, capturing: bool = False):
-    """The overlapped path: replay this rank's CUDA graph of the plan; ``capturing``: the current
-    stream is being captured, so record the plan's nodes into the caller's graph instead."""
-    device = comm.device
-    a, w = tensors["a"], tensors["w"]
-    ptrs, out = user_ptrs(op, entry, tensors, out, device)
-    stream = stream_ptr(device)
-    if capturing:
-        capture_graph(entry, ptrs).capture(stream, *ptrs)
-    else:
-        g = graph_for(entry, ptrs)
-        err = g.error()
-        if not err and entry.ws.pinned:  # a replay of a captured graph on this workspace failed
-            err = entry.ws.order.capture_error()
-        if err:
-            comm.mark_broken(err)
-            comm.raise_if_broken()
-        g.launch(stream)
-    if entry.gather is None:
-        return out
-    gathered = torch.empty(entry.gather_shape, dtype=entry.dtype, device=device)
-    kdim = entry.gather_shape[1]
-    for src, off, row0, rows in entry.gather:
-        base = entry.slots if src == "slots" else (a if src == "a" else w).view(-1)
-        gathered[row0 : row0 + rows].copy_(base[off : off + rows * kdim].view(rows, kdim))
-    # The slots are rewritten by the peers after this rank's next entry barrier: a launch on
-    # another stream must wait for these copies too, not only for the graph (inside a capture:
-    # a launch on another stream of the same capture).
-    entry.ws.order.record(stream)
-    return out, gathered
+    def capture_graph(self, ptrs: tuple[int, ...]):
+        """The capture-only graph (made at the first capture, for these pointers' checks):
+        ``capture(stream, *ptrs)`` records one launch into the caller's capture. One per entry,
+        whatever the pointers (each capture records its own); kept, with the entry and its
+        workspace, until the communicator closes."""
+        if self.capturer is None:
+            self.capturer = self._new_graph(ptrs, capture_only=True)
+            self.ws.pinned = True  # the workspace may not be freed while callers' graphs use it
+        return self.capturer
+
+    def run(self, op: str, comm: Communicator, tensors, out, capturing: bool):
+        """Replay this rank's CUDA graph of the plan; ``capturing``: the current stream is being
+        captured, so record the plan's nodes into the caller's graph instead."""
+        device = comm.device
+        ptrs, out = user_ptrs(op, self, tensors, out, device)
+        stream = stream_ptr(device)
+        if capturing:
+            self.capture_graph(ptrs).capture(stream, *ptrs)
+        else:
+            g = self.graph_for(ptrs)
+            err = g.error()
+            if not err and self.ws.pinned:  # a replay of a captured graph on this workspace failed
+                err = self.ws.order.capture_error()
+            if err:
+                comm.mark_broken(err)
+                comm.raise_if_broken()
+            g.launch(stream)
+        if self.gather is None:
+            return out
+        gathered = torch.empty(self.gather_shape, dtype=self.precision.dtype, device=device)
+        kdim = self.gather_shape[1]
+        a, w = tensors["a"], tensors["w"]
+        for src, off, row0, rows in self.gather:
+            base = self.slots if src == "slots" else (a if src == "a" else w).view(-1)
+            gathered[row0 : row0 + rows].copy_(base[off : off + rows * kdim].view(rows, kdim))
+        # The slots are rewritten by the peers after this rank's next entry barrier: a launch on
+        # another stream must wait for these copies too, not only for the graph (inside a
+        # capture: a launch on another stream of the same capture).
+        self.ws.order.record(stream)
+        return out, gathered
+
+    # -- what the entry cache calls ------------------------------------------------------------
+    def workspace_grown(self, comm, ws, capturing, retired, kept) -> None:
+        if self.ws is ws:
+            return
+        if capturing:
+            retired.extend(self.graphs.values())
+        if self.capturer is not None:
+            kept.append(self.capturer)
+            self.capturer = None
+        self.place(comm)
+
+    def launch_error(self) -> str:
+        graphs = list(self.graphs.values())
+        if self.capturer is not None:
+            graphs.append(self.capturer)
+        return next((e for g in graphs if (e := g.error())), "")
+
+    @property
+    def eager_graphs(self) -> int:
+        return len(self.graphs)
+
+    @property
+    def captured(self) -> bool:
+        return self.capturer is not None
+
+    def release(self) -> None:
+        self.graphs.clear()
+        self.capturer = None

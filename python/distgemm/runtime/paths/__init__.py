@@ -1,0 +1,3 @@
+"""The ways of running one op call, one module each, behind one interface (``common.PathState``):
+``overlapped`` (the plan's CUDA graph), ``collective`` (NCCL and one torch GEMM) and ``fused``
+(GEMM + all-reduce in one kernel)."""
