@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from distgemm.runtime.communicator import close_all
 from distgemm.ops import all_gather_gemm, gemm_reduce_scatter
+from distgemm.runtime.communicator import close_all
 
 
 def main():

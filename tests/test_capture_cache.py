@@ -1,7 +1,8 @@
-"""CPU checks of what the plan cache does for plans recorded into callers' CUDA graphs
-(distgemm.runtime.entry_cache): such an entry is never evicted nor dropped, nothing is evicted during a
-capture, timeouts of the capture-only graphs are reported, and an entry gets one capture-only
-graph, which pins its workspace."""
+"""CPU checks of what the entry cache does for entries recorded into callers' CUDA graphs.
+
+distgemm.runtime.entry_cache: such an entry is never evicted nor dropped, nothing is evicted
+during a capture, timeouts of the capture-only graphs are reported, and an entry gets one
+capture-only graph, which pins its workspace."""
 
 import collections
 import types
@@ -10,7 +11,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from distgemm import _core, entries, ops  # noqa: E402
+from distgemm import _core, ops  # noqa: E402
+from distgemm.runtime import entry_cache as entries  # noqa: E402
+from distgemm.runtime.paths.overlapped import OverlappedState  # noqa: E402
 from distgemm.runtime.precision import Precision  # noqa: E402
 
 
@@ -25,81 +28,91 @@ class Graph:
 
 
 def entry(captured=False, graphs=()):
-    e = entries.Entry(
+    """An overlapped entry with these eager graphs (and a capture-only one where captured)."""
+    state = OverlappedState(
         spec=None,
         precision=Precision(torch.bfloat16),
         beta=0.0,
-        ws=None,
-        bases=[],
+        want_gathered=False,
+        out_shape=torch.Size(),
         graphs=collections.OrderedDict((i, g) for i, g in enumerate(graphs)),
+        capturer=Graph() if captured else None,
     )
-    e.capturer = Graph() if captured else None
-    return e
+    return entries.Entry(None, None, "overlap", {}, state)
 
 
-def fill(cache, captured_keys, n, syncs):
+def new_cache(syncs):
+    """An entry cache whose communicator logs its device synchronisations in ``syncs``."""
+    return entries.EntryCache(types.SimpleNamespace(synchronize=lambda: syncs.append(1)))
+
+
+def fill(cache, captured_keys, n):
     for k in range(n):
-        cache.insert(k, entry(captured=k in captured_keys), lambda: syncs.append(1))
+        cache.insert(k, entry(captured=k in captured_keys))
 
 
 def test_the_least_recently_used_uncaptured_entry_is_evicted():
-    cache, syncs = entries.PlanCache(), []
-    fill(cache, {0, 1}, entries.MAX_PLANS, syncs)
+    syncs = []
+    cache = new_cache(syncs)
+    fill(cache, {0, 1}, entries.MAX_PLANS)
     assert cache.evictable() == 2
-    cache.insert("new", entry(), lambda: syncs.append(1))
+    cache.insert("new", entry())
     assert len(cache) == entries.MAX_PLANS
     assert 0 in cache and 1 in cache and 2 not in cache and "new" in cache
     assert syncs == [1]  # the device was synchronised before the evicted graphs went
 
 
 def test_captured_entries_are_kept_beyond_the_limit():
-    cache, syncs = entries.PlanCache(), []
-    fill(cache, set(range(entries.MAX_PLANS)), entries.MAX_PLANS, syncs)
+    syncs = []
+    cache = new_cache(syncs)
+    fill(cache, set(range(entries.MAX_PLANS)), entries.MAX_PLANS)
     assert cache.evictable() is None
-    cache.insert("new", entry(), lambda: syncs.append(1))
+    cache.insert("new", entry())
     assert len(cache) == entries.MAX_PLANS + 1 and syncs == []
     # Once the cache holds an uncaptured entry again, it is the one that goes.
-    cache.insert("newer", entry(), lambda: syncs.append(1))
+    cache.insert("newer", entry())
     assert "new" not in cache and "newer" in cache and len(cache) == entries.MAX_PLANS + 1
 
 
 def test_nothing_is_evicted_while_a_capture_is_in_progress():
-    cache, syncs = entries.PlanCache(), []
-    fill(cache, set(), entries.MAX_PLANS, syncs)
-    cache.insert("during", entry(), lambda: syncs.append(1), capturing=True)
+    syncs = []
+    cache = new_cache(syncs)
+    fill(cache, set(), entries.MAX_PLANS)
+    cache.insert("during", entry(), capturing=True)
     assert len(cache) == entries.MAX_PLANS + 1 and syncs == []
-    cache.insert("after", entry(), lambda: syncs.append(1))  # shrinks back to the limit
+    cache.insert("after", entry())  # shrinks back to the limit
     assert len(cache) == entries.MAX_PLANS and syncs == [1, 1]
     assert 0 not in cache and 1 not in cache and "during" in cache
 
 
 def test_a_captured_entry_is_never_dropped():
-    cache, syncs = entries.PlanCache(), []
-    cache.insert("k", entry(captured=True), lambda: syncs.append(1))
+    syncs = []
+    cache = new_cache(syncs)
+    cache.insert("k", entry(captured=True))
     with pytest.raises(RuntimeError, match="freed only by Communicator.close"):
-        cache.drop("k", lambda: syncs.append(1))
+        cache.drop("k")
     assert "k" in cache and syncs == []
-    cache.insert("u", entry(graphs=[Graph()]), lambda: syncs.append(1))
-    cache.drop("u", lambda: syncs.append(1))
+    cache.insert("u", entry(graphs=[Graph()]))
+    cache.drop("u")
     assert "u" not in cache and syncs == [1]
 
 
 def test_graph_error_reports_a_capture_only_graph():
-    cache = entries.PlanCache()
-    cache.insert("a", entry(graphs=[Graph(), Graph()]), lambda: None)
-    assert cache.graph_error() == ""
+    cache = new_cache([])
+    cache.insert("a", entry(graphs=[Graph(), Graph()]))
+    assert cache.launch_error() == ""
     captured = entry(captured=True, graphs=[Graph()])
-    captured.capturer = Graph("device 0, entry barrier: barrier slot of device 1 ...")
-    cache.insert("b", captured, lambda: None)
-    assert cache.graph_error() == "device 0, entry barrier: barrier slot of device 1 ..."
+    captured.state.capturer = Graph("device 0, entry barrier: barrier slot of device 1 ...")
+    cache.insert("b", captured)
+    assert cache.launch_error() == "device 0, entry barrier: barrier slot of device 1 ..."
 
 
 def test_release_drops_the_capture_only_graphs():
-    cache = entries.PlanCache()
+    cache = new_cache([])
     e = entry(captured=True, graphs=[Graph()])
-    cache.insert("k", e, lambda: None)
-    cache.release()
-    assert len(cache) == 0 and e.capturer is None and not e.graphs
+    cache.insert("k", e)
+    cache.close()
+    assert len(cache) == 0 and e.state.capturer is None and not e.state.graphs
 
 
 def test_an_entry_gets_one_capture_only_graph_which_pins_its_workspace(monkeypatch):
@@ -113,10 +126,10 @@ def test_an_entry_gets_one_capture_only_graph_which_pins_its_workspace(monkeypat
     a, w = torch.zeros(64, 32, dtype=torch.bfloat16), torch.zeros(24, 32, dtype=torch.bfloat16)
     spec = ops.make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, None, a, w)
     ws = types.SimpleNamespace(order="order", pinned=False)
-    e = entry()
+    e = entry().state
     e.spec, e.ws, e.setup = spec, ws, "setup"
-    g = entries.capture_graph(e, (16, 32, 0, 48, 0, 0, 0))
-    assert entries.capture_graph(e, (80, 96, 0, 112, 0, 0, 0)) is g  # any pointers: the same one
+    g = e.capture_graph((16, 32, 0, 48, 0, 0, 0))
+    assert e.capture_graph((80, 96, 0, 112, 0, 0, 0)) is g  # any pointers: the same one
     want = {"capture_only": True, "scale_a": 0, "scale_b": 0}
     assert made == [((spec.plan, "setup", "order", 16, 32, 0, 48, 0), want)]
     assert ws.pinned and e.capturer is g and not e.graphs  # not an eager graph of the plan

@@ -1,6 +1,8 @@
-"""CPU checks of distgemm.runtime.communicator and distgemm.control: the group checks every rank computes from
-all-gathered data, the control exchange over the job's key-value store, Communicator setup
-errors. The workspace (sharing, growth, release) is tests/test_workspace_sharing.py's."""
+"""CPU checks of distgemm.runtime.communicator and distgemm.runtime.control.
+
+The group checks every rank computes from all-gathered data, the control exchange over the job's
+key-value store, Communicator setup errors. The workspace (sharing, growth, release) is
+tests/test_workspace_sharing.py's."""
 
 import random
 
@@ -51,9 +53,7 @@ def test_two_ranks_on_one_gpu_are_rejected():
 
 def test_shared_gpu_only_when_allowed():
     # DISTGEMM_ALLOW_SHARED_GPU=1: functional tests of the multi-rank paths on one GPU.
-    assert (
-        comm_mod.group_problem([info(uuid="a"), info(uuid="a")], allow_shared_gpu=True) is None
-    )
+    assert comm_mod.group_problem([info(uuid="a"), info(uuid="a")], allow_shared_gpu=True) is None
 
 
 def test_non_hopper_is_rejected():
@@ -82,9 +82,7 @@ def test_group_size_limit_and_query_errors():
     )
     bad = info(uuid="b")
     bad["error"] = "querying cuda:1 failed: boom"
-    assert (
-        comm_mod.group_problem([info(uuid="a"), bad]) == "rank 1: querying cuda:1 failed: boom"
-    )
+    assert comm_mod.group_problem([info(uuid="a"), bad]) == "rank 1: querying cuda:1 failed: boom"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 import distgemm
-from distgemm import ExecutionError, _core, build_plan, verify_plan, clone_plan, run_reference
+from distgemm import ExecutionError, _core, build_plan, clone_plan, run_reference, verify_plan
 from distgemm.plan.reference import POLICIES, execute_plan, expected_outputs, reference_inputs
-from distgemm.simulate import step_table, tile_sizes
 from distgemm.runtime.workspace import WorkspacePool, control_bytes
+from distgemm.simulate import step_table, tile_sizes
 
 SCHEDULES = distgemm.schedule_names()
 ALL_GATHER = ["ag_rotate_a", "ag_rotate_b"]

@@ -1,18 +1,17 @@
 """CPU checks of gemm_all_reduce's fused path without a GPU: the kernel's host-only rules (which
 kernel, token tile and width, split-K factor, the decode kernel's grid and pieces, buffer sizes,
 the shape check, from C++ through _core), the path choice (``path="fused"`` requested,
-``"auto"`` at decode sizes, the reasons it is not taken) and the path argument's validation. The
+``"auto"`` at decode sizes, the reasons it is not taken) and the path argument's validate. The
 GPU runs it in tests/gpu/test_fused.py."""
-
-import types
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from distgemm import _core, autopath, fused, ops, validation  # noqa: E402
-
-NO_GROUP = types.SimpleNamespace(group=None)
+from distgemm import _core, ops  # noqa: E402
+from distgemm.runtime import validate  # noqa: E402
+from distgemm.runtime.choose import choose_path  # noqa: E402
+from distgemm.runtime.paths import fused  # noqa: E402
 
 
 def _spec(tokens, n=8192, k_local=4096, tp=2, transposed=False):
@@ -227,9 +226,8 @@ def test_auto_runs_fused_where_the_measured_rule_picks_it(
     monkeypatch, tokens, n, k_local, tp, fused
 ):
     monkeypatch.setattr(_core, "cuda_runtime", True, raising=False)
-    monkeypatch.setattr(autopath, "collective_unavailable", lambda group: None)
     spec = _spec(tokens, n=n, k_local=k_local, tp=tp)
-    path, info = autopath.decide_path(spec, "auto", NO_GROUP, torch.bfloat16)
+    path, info = choose_path(spec, "auto", torch.bfloat16, None)
     assert (path == "fused") == fused, info
     problem = _core.fused_auto_problem(tokens, n, k_local, 2, tp)
     assert (problem == "") == fused
@@ -251,31 +249,30 @@ def test_auto_refusals_name_the_rule_and_the_values(args, needle):
 
 def test_auto_keeps_other_paths_where_the_kernel_cannot_run(monkeypatch):
     monkeypatch.setattr(_core, "cuda_runtime", True, raising=False)
-    monkeypatch.setattr(autopath, "collective_unavailable", lambda group: None)
     # a transposed weight view, or a dtype the kernel has not: the other paths
-    path, _ = autopath.decide_path(_spec(8, transposed=True), "auto", NO_GROUP, torch.bfloat16)
+    path, _ = choose_path(_spec(8, transposed=True), "auto", torch.bfloat16, None)
     assert path != "fused"
-    path, _ = autopath.decide_path(_spec(8), "auto", NO_GROUP, torch.float32)
+    path, _ = choose_path(_spec(8), "auto", torch.float32, None)
     assert path != "fused"
 
 
 def test_requested_fused_raises_with_the_reason_where_it_cannot_run(monkeypatch):
     monkeypatch.setattr(_core, "cuda_runtime", True, raising=False)
-    path, info = autopath.decide_path(_spec(8), "fused", NO_GROUP, torch.bfloat16)
+    path, info = choose_path(_spec(8), "fused", torch.bfloat16, None)
     assert (path, info["source"]) == ("fused", "requested")
     with pytest.raises(ValueError, match="transposed view"):
-        autopath.decide_path(_spec(8, transposed=True), "fused", NO_GROUP, torch.bfloat16)
+        choose_path(_spec(8, transposed=True), "fused", torch.bfloat16, None)
     monkeypatch.setattr(_core, "cuda_runtime", False, raising=False)
     with pytest.raises(ValueError, match="built without the CUDA runtime"):
-        autopath.decide_path(_spec(8), "fused", NO_GROUP, torch.bfloat16)
+        choose_path(_spec(8), "fused", torch.bfloat16, None)
     assert "built without" in fused.fused_problem(_spec(8), torch.bfloat16)
 
 
 def test_fused_is_a_path_of_gemm_all_reduce_only(monkeypatch):
-    assert validation.validate_path("gemm_all_reduce", "fused") == "fused"
+    assert validate.validate_path("gemm_all_reduce", "fused") == "fused"
     with pytest.raises(ValueError, match="path='fused' is only for gemm_all_reduce"):
-        validation.validate_path("all_gather_gemm", "fused")
+        validate.validate_path("all_gather_gemm", "fused")
     # set for the whole job (DISTGEMM_PATH=fused), the other ops keep "auto"
-    monkeypatch.setattr(validation, "DEFAULT_PATH", "fused")
-    assert validation.validate_path("gemm_reduce_scatter", None) == "auto"
-    assert validation.validate_path("gemm_all_reduce", None) == "fused"
+    monkeypatch.setattr(validate, "DEFAULT_PATH", "fused")
+    assert validate.validate_path("gemm_reduce_scatter", None) == "auto"
+    assert validate.validate_path("gemm_all_reduce", None) == "fused"

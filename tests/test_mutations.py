@@ -4,7 +4,7 @@ partial — the invariant checker AND the reference executor must both reject ea
 import pytest
 
 import distgemm
-from distgemm import ExecutionError, build_plan, verify_plan, run_reference
+from distgemm import ExecutionError, build_plan, run_reference, verify_plan
 
 SCHEDULES = distgemm.schedule_names()
 CONFIGS = [(2, 2), (3, 6), (4, 8)]

@@ -1,6 +1,8 @@
-"""CPU checks of the two ways a call runs besides the plan's graph: the collective path
-(distgemm.runtime.paths.collective) on a one-rank gloo group, the "auto" choice between the paths at entry
-creation (distgemm.autopath: requested, table, model, a group without NCCL) and path_choices."""
+"""CPU checks of the collective path and of the path choice, on a one-rank gloo group.
+
+The collective path (distgemm.runtime.paths.collective), the "auto" choice between the paths at
+entry creation (distgemm.runtime.choose: requested, table, model, a group without NCCL) and
+path_choices."""
 
 import types
 
@@ -8,10 +10,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from distgemm import autopath, collective, entries, launch, ops  # noqa: E402
+from distgemm import _core, ops  # noqa: E402
+from distgemm.runtime import entry_cache as entries  # noqa: E402
+from distgemm.runtime.choose import choose_path  # noqa: E402
+from distgemm.runtime.paths import collective, common  # noqa: E402
 from distgemm.runtime.precision import Precision  # noqa: E402
-
-NO_GROUP = types.SimpleNamespace(group=None)  # a communicator without a process group
 
 
 @pytest.mark.parametrize(
@@ -30,7 +33,7 @@ def test_collective_path_computes_the_layer_on_a_one_rank_group(monkeypatch, sch
 
     import torch.distributed as dist
 
-    monkeypatch.setattr(launch, "_ptr", lambda op_, name, t, device: t.data_ptr())  # CPU tensors
+    monkeypatch.setattr(common, "_ptr", lambda op_, name, t, device: t.data_ptr())  # CPU tensors
     stream = {"now": 7}
     monkeypatch.setattr(collective, "stream_ptr", lambda device: stream["now"])
     dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
@@ -48,16 +51,7 @@ def test_collective_path_computes_the_layer_on_a_one_rank_group(monkeypatch, sch
                 spec = ops.make_spec(
                     op, schedule, 1, 0, None, a, w, bias=bias, beta=beta, c=None if ag else c
                 )
-                entry = entries.Entry(
-                    spec=spec,
-                    precision=Precision(torch.float32),
-                    beta=beta,
-                    ws=None,
-                    bases=[],
-                    graphs={},
-                    out_shape=torch.Size(spec.shapes["out"]),
-                    want_gathered=ag,
-                )
+                entry = collective.CollectiveState.create(spec, Precision(torch.float32), beta, ag)
             out = torch.full(tuple(entry.out_shape), float("nan"))
             res = collective.run_collective(
                 op, comm, entry, {"a": a, "w": w, "bias": bias, "c": c}, out
@@ -106,8 +100,6 @@ def _meta(*shape):
 
 def _spec(op, tokens, model="70B", layer=None, tp=2, steps=None):
     """make_spec of a Llama layer at ``tokens`` on ``tp`` ranks (meta tensors: shapes only)."""
-    from distgemm import _core
-
     layer = layer or ("QKV" if op == "all_gather_gemm" else "O")
     m, n, k = _core.llama_gemm(model, layer, tokens)
     schedule = "ag_rotate_a" if op == "all_gather_gemm" else "rs_tile_a"
@@ -125,18 +117,17 @@ def _spec(op, tokens, model="70B", layer=None, tp=2, steps=None):
 @pytest.mark.parametrize("requested", ["overlap", "collective"])
 def test_a_requested_path_is_taken_as_it_is(requested):
     spec = _spec("all_gather_gemm", 64)
-    assert autopath.decide_path(spec, requested, NO_GROUP) == (
+    assert choose_path(spec, requested, None, None) == (
         requested,
         {"source": "requested", "tile_n": 0},
     )
 
 
 def test_auto_takes_the_models_path_with_its_prediction(monkeypatch):
-    from distgemm import pathmodel
+    from distgemm.runtime import cost_model
 
-    monkeypatch.setattr(autopath, "collective_unavailable", lambda group: None)
     big = _spec("all_gather_gemm", 8192)  # 70B QKV: the overlap wins by ~13% in the sweep
-    path, info = autopath.decide_path(big, "auto", NO_GROUP)
+    path, info = choose_path(big, "auto", None, None)
     assert path == "overlap" and info["source"] == "model"
     assert (info["overlap_ms"], info["collective_ms"]) == pytest.approx(
         tuple(cost_model.predict(big.plan).values())
@@ -144,52 +135,45 @@ def test_auto_takes_the_models_path_with_its_prediction(monkeypatch):
     assert info["overlap_ms"] < info["collective_ms"] - cost_model.MIN_GAIN_MS
     assert info["why"].startswith("model: predicted overlap")
     for tokens in (2, 64, 256, 512):  # decode sizes: the collective path
-        path, info = autopath.decide_path(_spec("gemm_reduce_scatter", tokens), "auto", NO_GROUP)
+        path, info = choose_path(_spec("gemm_reduce_scatter", tokens), "auto", None, None)
         assert path == "collective"
         assert info["why"] == "model: below 1024 tokens: no overlap measurement"
 
 
 def test_auto_keeps_the_plan_where_the_group_cannot_run_the_collective(monkeypatch):
-    monkeypatch.setattr(
-        autopath, "collective_unavailable", lambda group: "the group's backend is 'gloo'"
-    )
-    path, info = autopath.decide_path(_spec("gemm_reduce_scatter", 64), "auto", NO_GROUP)
+    gloo = "the group's backend is 'gloo'"
+    path, info = choose_path(_spec("gemm_reduce_scatter", 64), "auto", None, gloo)
     assert path == "overlap" and info["source"] == "model"
     assert info["collective_unavailable"] == "the group's backend is 'gloo'"
-    path, _ = autopath.decide_path(_spec("gemm_reduce_scatter", 8192), "auto", NO_GROUP)
+    path, _ = choose_path(_spec("gemm_reduce_scatter", 8192), "auto", None, gloo)
     assert path == "overlap"
 
 
 def test_create_entry_decides_the_path_once_with_nothing_measured(monkeypatch):
-    """An "auto" entry leaves create_entry with its path and the reason: the op never runs
-    a path choice at a later call (launch and run_collective are all ops._run calls)."""
-    monkeypatch.setattr(autopath, "collective_unavailable", lambda group: None)
+    """An "auto" entry leaves EntryCache.create with its path and the reason: the op never runs
+    a path choice at a later call (every later call runs the entry's state)."""
+    monkeypatch.setattr(entries, "collective_unavailable", lambda group: None)  # a NCCL group
 
     class OneRank:
         rank, tp, group = 0, 1, None
-
-        def __init__(self):
-            self.plans = entries.PlanCache()
 
         def all_gather(self, obj, what):
             return [obj]
 
     a, w = _meta(64, 32), _meta(24, 32)
-    key = ("all_gather_gemm", "ag_rotate_a", None, Precision(torch.bfloat16), (("a", (64, 32)),),
-           0.0, False)  # fmt: skip
-    entry = entries.create_entry(
-        OneRank(),
-        (*key, "auto"),
-        lambda: ops.make_spec("all_gather_gemm", "ag_rotate_a", 1, 0, None, a, w),
+    key = entries.EntryKey("all_gather_gemm", "ag_rotate_a", None, Precision(torch.bfloat16),
+                           (("a", (64, 32)),), 0.0, False, "auto")  # fmt: skip
+    entry = entries.EntryCache(OneRank()).create(
+        key, lambda: ops.make_spec("all_gather_gemm", "ag_rotate_a", 1, 0, None, a, w)
     )
-    assert entry.path == "collective" and entry.ws is None  # 64 tokens: no workspace either
-    assert entry.tuning["source"] == "model" and entry.tuning["tile_n"] == 0
+    # 64 tokens: the collective path, no workspace either
+    assert entry.path == "collective" and isinstance(entry.state, collective.CollectiveState)
+    assert entry.choice["source"] == "model" and entry.choice["tile_n"] == 0
 
 
 def test_auto_keeps_the_collective_path_where_the_model_is_not_calibrated(monkeypatch):
-    monkeypatch.setattr(autopath, "collective_unavailable", lambda group: None)
     for tp in (4, 8):
-        path, info = autopath.decide_path(_spec("all_gather_gemm", 8192, tp=tp), "auto", NO_GROUP)
+        path, info = choose_path(_spec("all_gather_gemm", 8192, tp=tp), "auto", None, None)
         assert path == "collective" and info["source"] == "model"
         assert info["why"] == f"model: TP={tp}: the model is calibrated at TP=(2,)"
         assert info["overlap_ms"] > 0 and info["collective_ms"] > 0  # still predicted

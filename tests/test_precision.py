@@ -1,6 +1,7 @@
-"""The precision of an op call without a GPU: distgemm.runtime.precision.validate_precision's refusals and
-its result, make_spec's plans for fp8 row scales (the scale refs the GPU graph reads), and the
-workspace layout an fp8 entry sizes (one-byte slots for a gathered operand, bf16 for partials)."""
+"""The precision of an op call without a GPU: distgemm.runtime.precision.validate_precision's
+refusals and its result, make_spec's plans for fp8 row scales (the scale refs the GPU graph
+reads), and the workspace layout an fp8 entry sizes (one-byte slots for a gathered operand, bf16
+for partials)."""
 
 import pytest
 

@@ -1,5 +1,5 @@
-"""distgemm.runtime.scales.validate_scales: every error path names what it saw and what it accepts, and the
-accepted FP8 scale shapes give the right kinds (and so the right plan options)."""
+"""distgemm.runtime.scales.validate_scales: every error path names what it saw and what it accepts,
+and the accepted FP8 scale shapes give the right kinds (and so the right plan options)."""
 
 import re
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 import distgemm
-from distgemm import build_plan, verify_plan, simulate
+from distgemm import build_plan, simulate, verify_plan
 
 SCHEDULES = distgemm.schedule_names()
 GRID = [(tp, tp * k) for tp in (1, 2, 3, 4, 5, 8) for k in (1, 2, 4)]

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from distgemm import _core, tune, tuning
+from distgemm import _core, tune
+from distgemm.runtime import tuning_table
 
 
 def test_dry_run_lists_every_candidate_without_a_gpu():

@@ -57,7 +57,7 @@ def test_the_predictions_are_near_the_measured_times():
 def test_the_constants_are_the_sweeps_fit_rounded_to_three_digits():
     fitted, _ = fit_path_model.fit()
     for name, value in fitted.items():
-        mine = getattr(pathmodel, name)
+        mine = getattr(cost_model, name)
         if isinstance(value, dict):
             assert set(mine) == set(value), name
             for key, numbers in value.items():

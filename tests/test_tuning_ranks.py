@@ -1,7 +1,8 @@
 """The tuning table across ranks and through the reference executor: on 2 gloo ranks, ranks that
 loaded different tables (or only one of them a table) raise the same ValueError at plan creation
 and ranks with the same table make the same choice; and a plan whose S comes from a table entry,
-run by distgemm.reference on simulated devices, gives torch's result (float64, relative 1e-12)."""
+run by distgemm.plan.reference on simulated devices, gives torch's result (float64, relative
+1e-12)."""
 
 import json
 import types
@@ -14,7 +15,9 @@ import torch.distributed as dist  # noqa: E402
 from test_nn import run_ranks  # noqa: E402
 from test_tuning_table import _doc, _raw  # noqa: E402
 
-from distgemm import _core, control, entries, ops, reference, tuning  # noqa: E402
+from distgemm import _core, ops  # noqa: E402
+from distgemm.plan import reference  # noqa: E402
+from distgemm.runtime import control, entry_cache, tuning_table  # noqa: E402
 from distgemm.runtime.precision import Precision  # noqa: E402
 
 M, N, K = 64, 48, 32  # global; all-gather of A (ag_rotate_a) on 2 ranks
@@ -35,7 +38,7 @@ class _Comm:
         from torch.distributed import distributed_c10d
 
         self.rank, self.tp, self.group = rank, tp, dist.group.WORLD
-        self.plans = entries.PlanCache()
+        self.plans = entry_cache.EntryCache(self)
         store = distributed_c10d._get_default_store()
         self._ctl = control.ControlExchange(store, list(range(tp)), rank, 30.0)
 
@@ -53,14 +56,16 @@ def _create(rank: int, tp: int, table_path: str | None):
     w = torch.empty(N // tp, K, device="meta", dtype=torch.bfloat16)
     shapes = (("a_shard", (M // tp, K)), ("w", (N // tp, K)), ("bias", None))
     prec = Precision(torch.bfloat16)
-    key = ("all_gather_gemm", "ag_rotate_a", None, prec, shapes, 0.0, False, "auto")
+    key = entry_cache.EntryKey(
+        "all_gather_gemm", "ag_rotate_a", None, prec, shapes, 0.0, False, "auto"
+    )
     try:
-        e = entries.create_entry(
-            comm, key, lambda: ops.make_spec("all_gather_gemm", "ag_rotate_a", tp, rank, None, a, w)
+        e = comm.plans.create(
+            key, lambda: ops.make_spec("all_gather_gemm", "ag_rotate_a", tp, rank, None, a, w)
         )
     except ValueError as err:
         return ("ValueError", str(err))
-    return ("ok", e.path, e.spec.steps, e.setup.tile_n, e.tuning["source"])
+    return ("ok", e.path, e.spec.steps, e.spec.tile_n, e.choice["source"])
 
 
 def _rank_scenarios(rank, tp, tmp):
@@ -75,7 +80,9 @@ def test_ranks_with_different_tables_raise_the_same_value_error(tmp_path):
     (tmp_path / "same.json").write_text(json.dumps(_table(4, 128)))
     (tmp_path / "rank0.json").write_text(json.dumps(_table(4, 128)))
     (tmp_path / "rank1.json").write_text(json.dumps(_table(2, 256)))
-    digests = {r: tuning_table.TuningTable.load(tmp_path / f"rank{r}.json").digest for r in range(2)}
+    digests = {
+        r: tuning_table.TuningTable.load(tmp_path / f"rank{r}.json").digest for r in range(2)
+    }
     got = run_ranks(_rank_scenarios, tmp_path, str(tmp_path))
     same, different, only_one = ([got[r][i] for r in range(2)] for i in range(3))
     # The same table: the same entry on both ranks, S and tile from the table.

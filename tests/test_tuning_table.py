@@ -1,19 +1,18 @@
-"""CPU checks of distgemm.runtime.tuning_table, the tuning table: its format and validation (every field named
-with its value), token buckets and lookup, the digest, loading from the environment, and how
-make_spec takes a table entry's S and tile (and falls back to the defaults, warning once, where
-an entry does not fit the call)."""
+"""CPU checks of distgemm.runtime.tuning_table, the tuning table: its format and validation (every
+field named with its value), token buckets and lookup, the digest, loading from the environment,
+and how make_spec takes a table entry's S and tile (and falls back to the defaults, warning once,
+where an entry does not fit the call)."""
 
 import json
-import types
 import warnings
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from distgemm import _core, autopath, entries, ops, tuning  # noqa: E402
-
-NO_GROUP = types.SimpleNamespace(group=None)  # a communicator without a process group
+from distgemm import _core, ops  # noqa: E402
+from distgemm.runtime import entry_cache, tuning_table  # noqa: E402
+from distgemm.runtime.choose import choose_path  # noqa: E402
 
 
 def _raw(**kw):
@@ -156,7 +155,7 @@ def test_the_environment_names_the_table_the_first_lookup_reads(tmp_path, monkey
     path = tmp_path / "t.json"
     path.write_text(json.dumps(_doc(_raw())))
     monkeypatch.setenv(tuning_table.TABLE_ENV, str(path))
-    monkeypatch.setattr(tuning, "_active", None)  # as in a fresh process
+    monkeypatch.setattr(tuning_table, "_active", None)  # as in a fresh process
     table = tuning_table.active_table()
     assert table is not None and table.source == f"tuning table {path}"
     assert tuning_table.active_digest() == table.digest
@@ -173,7 +172,6 @@ def _qkv(tokens, tp=2, steps=None, dtype=torch.bfloat16):
 def test_make_spec_takes_the_tables_steps_and_tile_and_the_path_follows_the_table(
     tmp_path, monkeypatch
 ):
-    monkeypatch.setattr(autopath, "collective_unavailable", lambda group: None)  # as with NCCL
     path = tmp_path / "t.json"
     path.write_text(json.dumps(_doc(_raw(path="collective"))))
     assert _qkv(4096).steps == 2 and _qkv(4096).tile_n == 0  # no table: the default S
@@ -182,12 +180,12 @@ def test_make_spec_takes_the_tables_steps_and_tile_and_the_path_follows_the_tabl
     bucket = table.lookup("all_gather_gemm", "ag_rotate_a", 2, "bf16", 10240, 8192, 4096)
     assert (spec.steps, spec.tile_n, spec.table) == (4, 128, bucket)
     assert spec.plan.steps == 4
-    chosen, info = autopath.decide_path(spec, "auto", NO_GROUP)
+    chosen, info = choose_path(spec, "auto", None, None)
     assert chosen == "collective" and info["source"] == "table"
     assert (info["overlap_ms"], info["collective_ms"]) == (0.55, 0.65)
     assert _qkv(4096, steps=2).tile_n == 0 and _qkv(4096, steps=2).table is None  # S given
     assert _qkv(2048).table is None and _qkv(4096, dtype=torch.float16).table is None
-    sig = entries.signature(
+    sig = entry_cache.signature(
         ("all_gather_gemm", "ag_rotate_a", None, "bf16", (), 0.0, False, "auto"), None
     )
     assert sig["tuning_table"] == table.digest
@@ -205,7 +203,7 @@ def test_an_entry_that_does_not_fit_the_call_falls_back_to_the_defaults_warning_
     assert "the cost model decides for this bucket instead" in str(record[0].message)
     assert (spec.steps, spec.tile_n, spec.table) == (2, 0, None)
     assert (again.steps, again.table) == (2, None)
-    chosen, info = autopath.decide_path(spec, "auto", NO_GROUP)
+    chosen, info = choose_path(spec, "auto", None, None)
     assert info["source"] == "model"
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -266,9 +264,11 @@ def test_a_broken_table_file_is_every_first_calls_error_and_the_exchange_still_r
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(_doc(_raw(path="fast"))))
     monkeypatch.setenv(tuning_table.TABLE_ENV, str(bad))
-    monkeypatch.setattr(tuning, "_active", None)  # as in a fresh process
+    monkeypatch.setattr(tuning_table, "_active", None)  # as in a fresh process
     with pytest.raises(ValueError, match=rf"tuning table {bad}: entries\[0\]: path='fast'"):
         _qkv(4096)
-    key = ("all_gather_gemm", "ag_rotate_a", None, "bf16", (), 0.0, False, "auto")
-    digest = entries.signature(key, "ValueError: ...")["tuning_table"]
+    key = entry_cache.EntryKey(
+        "all_gather_gemm", "ag_rotate_a", None, "bf16", (), 0.0, False, "auto"
+    )
+    digest = entry_cache.signature(key, "ValueError: ...")["tuning_table"]
     assert digest.startswith(f"unreadable: tuning table {bad}: entries[0]: path='fast'")

@@ -133,9 +133,7 @@ def test_aligned_contiguous_tensors_pass():
 
 
 def test_spec_all_gather_gemm_shapes():
-    s = make_spec(
-        "all_gather_gemm", "ag_rotate_a", 2, 0, None, t(64, 32), t(24, 32), bias=t(24)
-    )
+    s = make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, None, t(64, 32), t(24, 32), bias=t(24))
     assert (s.m, s.n, s.k, s.steps) == (128, 48, 32, 2)
     assert s.shapes == {"a": (64, 32), "w": (24, 32), "out": (128, 24), "bias": (24,)}
 
@@ -187,9 +185,7 @@ def test_default_steps_of_a_bad_operand_leaves_the_error_to_validation():
 
 
 def test_spec_all_reduce_shapes():
-    s = make_spec(
-        "gemm_all_reduce", "gemm_allreduce", 4, 3, 8, t(64, 16), t(40, 16), bias=t(40)
-    )
+    s = make_spec("gemm_all_reduce", "gemm_allreduce", 4, 3, 8, t(64, 16), t(40, 16), bias=t(40))
     assert (s.m, s.n, s.k, s.steps) == (64, 40, 64, 8)
     assert s.shapes == {"a": (64, 16), "w": (40, 16), "out": (64, 40), "bias": (40,)}
 
@@ -214,9 +210,7 @@ def test_unknown_schedule_is_rejected():
 
 def test_schedule_must_be_a_name():
     with pytest.raises(TypeError, match=r"schedule must be a schedule name \(str\), got dict"):
-        make_spec(
-            "gemm_reduce_scatter", {"name": "rs_tile_a"}, 2, 0, None, t(8, 8), t(8, 8)
-        )
+        make_spec("gemm_reduce_scatter", {"name": "rs_tile_a"}, 2, 0, None, t(8, 8), t(8, 8))
 
 
 def test_steps_not_a_multiple_of_tp_uses_the_plan_message():
@@ -249,9 +243,7 @@ def test_reduce_scatter_m_not_divisible_by_tp():
 @pytest.mark.parametrize("tp", [2, 4, 8])
 @pytest.mark.parametrize("tokens", [1, 3, 7, 255])
 def test_all_reduce_takes_any_token_count(tp, tokens):
-    s = make_spec(
-        "gemm_all_reduce", "gemm_allreduce", tp, 0, None, t(tokens, 64), t(48, 64)
-    )
+    s = make_spec("gemm_all_reduce", "gemm_allreduce", tp, 0, None, t(tokens, 64), t(48, 64))
     assert (s.m, s.steps) == (tokens, tp) and s.shapes["out"] == (tokens, 48)
 
 
@@ -352,18 +344,14 @@ def test_bias_shape_is_checked():
         match=r"bias has shape \[48\], expected \[24\] \(per rank; "
         r"ag_rotate_a, TP=2",
     ):
-        make_spec(
-            "all_gather_gemm", "ag_rotate_a", 2, 0, None, t(64, 32), t(24, 32), bias=t(48)
-        )
+        make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, None, t(64, 32), t(24, 32), bias=t(48))
 
 
 def test_beta_without_c_is_rejected():
     with pytest.raises(
         ValueError, match=r"beta=0.5 but c is None: pass c \(shape \[32, 48\]\) or beta=0"
     ):
-        make_spec(
-            "gemm_reduce_scatter", "rs_tile_a", 2, 0, None, t(64, 16), t(48, 16), beta=0.5
-        )
+        make_spec("gemm_reduce_scatter", "rs_tile_a", 2, 0, None, t(64, 16), t(48, 16), beta=0.5)
 
 
 def test_c_shape_is_checked():
@@ -425,7 +413,9 @@ def test_path_none_takes_the_default_and_a_bad_default_is_named(monkeypatch):
     assert validate.validate_path("all_gather_gemm", None) == validate.DEFAULT_PATH
     monkeypatch.setattr(validate, "DEFAULT_PATH", "collective")
     assert validate.validate_path("all_gather_gemm", None) == "collective"
-    assert validate.validate_path("all_gather_gemm", "overlap") == "overlap"  # an explicit path wins
+    assert (
+        validate.validate_path("all_gather_gemm", "overlap") == "overlap"
+    )  # an explicit path wins
     monkeypatch.setattr(validate, "DEFAULT_PATH", "fast")
     with pytest.raises(
         ValueError,
@@ -440,18 +430,8 @@ def test_path_none_takes_the_default_and_a_bad_default_is_named(monkeypatch):
 
 
 def test_explicit_steps_are_kept():
-    assert (
-        make_spec(
-            "gemm_reduce_scatter", "rs_tile_a", 2, 0, 2, t(8192, 16), t(64, 16)
-        ).steps
-        == 2
-    )
-    assert (
-        make_spec(
-            "all_gather_gemm", "ag_rotate_a", 2, 0, 4, t(4096, 16), t(64, 16)
-        ).steps
-        == 4
-    )
+    assert make_spec("gemm_reduce_scatter", "rs_tile_a", 2, 0, 2, t(8192, 16), t(64, 16)).steps == 2
+    assert make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, 4, t(4096, 16), t(64, 16)).steps == 4
 
 
 def test_default_steps_of_an_unknown_schedule_leaves_the_error_to_validation():

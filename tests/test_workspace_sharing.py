@@ -1,8 +1,9 @@
-"""CPU checks of a communicator's one workspace (distgemm.runtime.workspace): the control region every plan
-shares (C++ layout), the pool's sizing, growth and release on the real plans of a 96-token-count
-loop, the Communicator's growth (plans re-pointed, the old workspace freed collective-safely) with
-the CUDA parts replaced, memory_stats, launches of several plans on one shared workspace through
-the reference executor, and a growth's exchanges across two gloo processes.
+"""CPU checks of a communicator's one workspace (distgemm.runtime.workspace): the control region
+every plan shares (C++ layout), the pool's sizing, growth and release on the real plans of a
+96-token-count loop, the Communicator's growth (plans re-pointed, the old workspace freed
+collective-safely) with the CUDA parts replaced, memory_stats, launches of several plans on one
+shared workspace through the reference executor, and a growth's exchanges across two gloo
+processes.
 
 Run as a script, this file is the worker of the gloo test (one process per rank)."""
 

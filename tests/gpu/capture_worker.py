@@ -18,8 +18,9 @@ rank 0 collects; inputs seeded, different per rank):
                 (a column- then a row-parallel layer)
   first_call    the first call of a new shape happens inside the capture: a fresh communicator
                 (workspace allocated and IPC-exchanged during the capture) and new shapes on
-                both paths; path="auto" undecided inside a capture, and Communicator.raise_launch_errors()
-                inside a capture, refused with a clear RuntimeError
+                both paths; path="auto" undecided inside a capture, and
+                Communicator.raise_launch_errors() inside a capture, refused with a clear
+                RuntimeError
   timeout       a captured op whose peer never replays: the replaying ranks get RuntimeError
                 naming the rank and where it waited, at the next op call and at check(), within
                 a few wait_timeout_s, and a second replay ends at once (aborted), never a hang
@@ -302,8 +303,8 @@ def test_first_call(dev):
             record(name, e < TOL_SAME_DTYPE, outcome="captured", rel_err_same_dtype=e)
         except Exception as ex:  # noqa: BLE001
             record_exception(name, ex)
-        # Communicator.raise_launch_errors() inside a capture: a clear RuntimeError, raised before any CUDA
-        # call, so the capture around it stays valid and replays correctly.
+        # Communicator.raise_launch_errors() inside a capture: a clear RuntimeError, raised before
+        # any CUDA call, so the capture around it stays valid and replays correctly.
         name = "first_call/check_inside_capture_refused"
         refused = []
 
@@ -321,7 +322,10 @@ def test_first_call(dev):
             g.replay()
             e = check(y, "ag_rotate_a", t, beta)[0]
             msg = refused[0] if refused else None
-            expected = "Communicator.raise_launch_errors() synchronises the device: not allowed inside a CUDA"
+            expected = (
+                "Communicator.raise_launch_errors() synchronises the device: not allowed inside "
+                "a CUDA"
+            )
             record(
                 name,
                 msg is not None and expected in msg and e < TOL_SAME_DTYPE,

@@ -41,8 +41,9 @@ import torch
 import torch.distributed as dist
 from gpu_requirements import SHARED_GPU_MODE, SHARED_SLOWDOWN, multi_gpu_mode
 
-from distgemm import _core, ops, pathmodel
+from distgemm import _core, ops
 from distgemm.runtime import communicator as dcomm
+from distgemm.runtime import cost_model, entry_cache
 
 RESULTS = []
 FAILED = []
@@ -918,8 +919,9 @@ def test_overhead(dev):
     changing = timed(
         lambda i: ops.all_gather_gemm(pool[i % 8], w, out=out, group=c2, path="overlap")
     )
-    entry = next(e for k, e in c2.plans.items() if k[4][0][1] == (256, 512))
-    g = next(iter(entry.graphs.values()))
+    cache = entry_cache.entry_cache(c2)
+    entry = next(e for k, e in cache.items() if k.shapes[0][1] == (256, 512))
+    g = next(iter(entry.state.graphs.values()))
     stream = torch.cuda.current_stream().cuda_stream
     raw = timed(lambda i: g.launch(stream))
     upd = timed(

@@ -17,8 +17,9 @@ import traceback
 import torch
 import torch.distributed as dist
 
+from distgemm import ops
 from distgemm.runtime import communicator as dcomm
-from distgemm import ops, tuning
+from distgemm.runtime import entry_cache, tuning_table
 
 TOL = 1e-2
 
@@ -52,10 +53,10 @@ def check_entry(e: tuning_table.TableEntry, tokens: int, comm, dev) -> dict:
     choice = ops.path_choices(comm)[-1]  # the entry just created (LRU order)
     ref = reference(e.op, a, w)
     err = float((y.float() - ref).norm() / ref.norm())
-    plan = list(comm.plans.values())[-1]
+    plan = list(entry_cache.entry_cache(comm).values())[-1]
     n128 = None
     if plan.path == "overlap":
-        n128 = next(iter(plan.graphs.values())).stats()["gemm_n128"]
+        n128 = next(iter(plan.state.graphs.values())).stats()["gemm_n128"]
     want_n128 = {128: plan.spec.steps, 256: 0}.get(e.tile_n)
     ok = (
         choice["source"] == "table"
@@ -117,7 +118,11 @@ def main() -> None:
         comm.all_gather(None, "forced table written")
         # The deployment's table first, from the environment; then the hand-written one.
         for path in (None, args.forced):
-            table = tuning_table.active_table() if path is None else tuning_table.load_tuning_table(path)
+            table = (
+                tuning_table.active_table()
+                if path is None
+                else tuning_table.load_tuning_table(path)
+            )
             sizes.append(len(table.entries))
             for e in sorted(table.entries.values(), key=lambda x: x.key):
                 for tokens in (e.tokens, e.tokens + e.tokens // 2):  # both ends of the bucket

@@ -205,9 +205,7 @@ def compat_fp8_worker(rank, tp, device="cpu"):
             full /= tp
         plain = full.chunk(tp, dim=scatter_dim)[rank].to(torch.bfloat16)
         before = calls["n"]
-        out = symm_mem_fp8.fused_scaled_matmul_reduce_scatter(
-            *args, name, list(output_shape), **kw
-        )
+        out = symm_mem_fp8.fused_scaled_matmul_reduce_scatter(*args, name, list(output_shape), **kw)
         try:  # torch's assertion: self.assertEqual (dtype-dependent tolerances)
             torch.testing.assert_close(out, ref)
             values = True
@@ -298,9 +296,7 @@ def _ag_reason(A_shape=(32, 64, 32), Ns=(16, 16, 16), tp=2, is_cuda=True, **list
         out_dtypes=[torch.bfloat16] * len(Ns), use_fast_accum=[False] * len(Ns),
     )  # fmt: skip
     kw.update(lists)
-    return symm_mem_fp8.all_gather_fallback_reason(
-        _fake(A_shape, is_cuda=is_cuda), Bs, tp, **kw
-    )
+    return symm_mem_fp8.all_gather_fallback_reason(_fake(A_shape, is_cuda=is_cuda), Bs, tp, **kw)
 
 
 @pytest.mark.parametrize(
@@ -340,9 +336,7 @@ def test_reduce_scatter_fallback_reason(A_shape, N, dim, shape, extra, reason):
     kw = dict(bias=None, result_scale=None, out_dtype=torch.bfloat16)
     kw.update(extra)
     A, B = _fake(A_shape), _fake([A_shape[-1], N])
-    assert_reason(
-        symm_mem_fp8.reduce_scatter_fallback_reason(A, B, 2, dim, shape, **kw), reason
-    )
+    assert_reason(symm_mem_fp8.reduce_scatter_fallback_reason(A, B, 2, dim, shape, **kw), reason)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -564,7 +558,7 @@ def test_op_reads_out_dtypes_as_dtypes(group_name, monkeypatch, out_dtypes):
         seen.append(args[5])
         return real(*args)
 
-    monkeypatch.setattr(torch_compat_fp8, "all_gather_fallback_reason", recording)
+    monkeypatch.setattr(symm_mem_fp8, "all_gather_fallback_reason", recording)
     g = torch.Generator().manual_seed(8)
     A = torch.rand(4, K, generator=g).to(E4M3)
     Bs = [torch.rand(N, K, generator=g).to(E4M3).T for _ in out_dtypes]
