@@ -23,7 +23,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 from test_nn import run_ranks  # noqa: E402
-from test_torch_compat import (  # noqa: E402
+from test_symm_mem import (  # noqa: E402
     assert_reason,
     compiled_distgemm_ops,
     count_distgemm_calls,

@@ -32,7 +32,8 @@ from typing import Any
 
 import torch
 
-from .runtime.communicator import find_communicator, get_communicator, setup_during_capture
+from .runtime.capture import setup_during_capture
+from .runtime.communicator import find_communicator, get_communicator
 from .runtime.entry_cache import ATTACHMENT, MAX_PLANS, EntryKey, entry_cache
 from .runtime.paths.overlapped import GRAPHS_PER_PLAN
 from .runtime.precision import validate_precision

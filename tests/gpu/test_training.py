@@ -11,7 +11,7 @@ judges it with the CPU tests' checks:
   equal to eager within bf16 rounding;
 - torch_compat on torch's own test cases, with distgemm serving every bf16/fp16 case but a gather
   of K; torch_compat_fp8 on torch's fp8 cases, distgemm serving what
-  tests/test_torch_compat_fp8.served says (on a shared GPU these need gloo to run torch's
+  tests/test_symm_mem_fp8.served says (on a shared GPU these need gloo to run torch's
   reference collectives on CUDA tensors; where it cannot, they skip with gloo's error).
 
     python3 -m pytest -q -rs tests/gpu/test_training.py

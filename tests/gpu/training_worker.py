@@ -1,6 +1,6 @@
 """GPU checks of the training layers, their compiled form and the torch drop-ins, one process per
-GPU: the CPU tests' workers (tests/test_nn.py, test_custom_ops.py, test_torch_compat.py,
-test_torch_compat_fp8.py) with CUDA tensors and distgemm, judged by the CPU tests' checks:
+GPU: the CPU tests' workers (tests/test_nn.py, test_custom_ops.py, test_symm_mem.py,
+test_symm_mem_fp8.py) with CUDA tensors and distgemm, judged by the CPU tests' checks:
 
     torchrun --nproc-per-node 2 tests/gpu/training_worker.py --out results.json
     DISTGEMM_ALLOW_SHARED_GPU=1 torchrun --nproc-per-node 2 tests/gpu/training_worker.py ...
@@ -18,7 +18,7 @@ each rank's results are gathered, then judged on every rank; one check per judge
   compat       distgemm.compat.symm_mem on torch's own test cases, distgemm serving every bf16/fp16
                case but a gather of K (compat/<case>)
   compat_fp8   distgemm.compat.symm_mem_fp8 on torch's fp8 test cases, distgemm serving what
-               test_torch_compat_fp8.served says (compat_fp8/<case>)
+               test_symm_mem_fp8.served says (compat_fp8/<case>)
 
 With DISTGEMM_ALLOW_SHARED_GPU=1 (tests/gpu/test_training.py on a one-GPU machine) 2 ranks share
 GPU 0 over a gloo group. The layers' collectives, torch's reference implementations of the
@@ -121,11 +121,11 @@ def test_compat(tp, dev, fp8: bool):
     if problem and left_out_when_shared(section, problem):
         return
     if fp8:
-        from test_torch_compat_fp8 import CASE_KEYS, case_failures, compat_fp8_worker
+        from test_symm_mem_fp8 import CASE_KEYS, case_failures, compat_fp8_worker
 
         outcomes = every_rank(lambda: compat_fp8_worker(rank(), tp, "cuda"))
     else:
-        from test_torch_compat import GATHER_CASES, SCATTER_CASES, case_failures, compat_worker
+        from test_symm_mem import GATHER_CASES, SCATTER_CASES, case_failures, compat_worker
 
         CASE_KEYS = [("gather", *c) for c in GATHER_CASES]
         CASE_KEYS += [("scatter", *c) for c in SCATTER_CASES]

@@ -70,7 +70,7 @@ def fallback_reason(
     return None
 
 
-def _normalise_dim(dim: int, ndim: int, name: str) -> int:
+def normalise_dim(dim: int, ndim: int, name: str) -> int:
     if not -ndim <= dim < ndim:
         raise ValueError(f"{name}={dim} is out of range for a {ndim}-D A")
     return dim % ndim
@@ -88,7 +88,7 @@ def _check_all_gather(A_shard, Bs, gather_dim: int, tp: int) -> int:
     if A_shard.dim() < 2:
         raise ValueError(f"{op}: A_shard must have at least 2 dims, got {list(A_shard.shape)}")
     _check_bs(A_shard, Bs, op)
-    gather_dim = _normalise_dim(gather_dim, A_shard.dim(), "gather_dim")
+    gather_dim = normalise_dim(gather_dim, A_shard.dim(), "gather_dim")
     k_mm = A_shard.shape[-1] * (tp if gather_dim == A_shard.dim() - 1 else 1)
     for i, B in enumerate(Bs):
         if B.shape[0] != k_mm:
@@ -176,7 +176,7 @@ def _check_reduce_scatter(A, B, reduce_op: str, scatter_dim: int, tp: int) -> in
     _check_bs(A, [B], op)
     if B.shape[0] != A.shape[-1]:
         raise ValueError(f"{op}: B.shape[0]={B.shape[0]} must equal K=A.shape[-1]={A.shape[-1]}")
-    scatter_dim = _normalise_dim(scatter_dim, A.dim(), "scatter_dim")
+    scatter_dim = normalise_dim(scatter_dim, A.dim(), "scatter_dim")
     extent = B.shape[1] if scatter_dim == A.dim() - 1 else A.shape[scatter_dim]
     if extent % tp:
         raise ValueError(f"{op}: dim {scatter_dim} of A @ B ({extent}) is not divisible by tp={tp}")

@@ -22,7 +22,6 @@ all ranks raise the same exception.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import os
 import socket
 import threading
@@ -31,6 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from .. import _core
+from .capture import refuse_during_capture, stream_capturing
 from .control import ControlExchange, ExchangeMismatch, ExchangeTimeout, default_store
 from .workspace import Workspace, WorkspacePool, control_bytes
 
@@ -40,8 +40,6 @@ __all__ = [
     "get_communicator",
     "find_communicator",
     "close_all",
-    "stream_capturing",
-    "setup_during_capture",
 ]
 
 # Set to 1 to let several ranks share one GPU: a functional test of the multi-rank paths (CUDA
@@ -57,30 +55,6 @@ def _torch():
     import torch.distributed as dist
 
     return torch, dist
-
-
-def stream_capturing() -> bool:
-    """Whether torch's current CUDA stream is being captured (False where torch has no CUDA)."""
-    torch, _ = _torch()
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-
-
-def refuse_during_capture(what: str) -> None:
-    """RuntimeError naming `what` when the current CUDA stream is being captured; raised before
-    any CUDA call, so the caller's capture stays valid."""
-    if stream_capturing():
-        raise RuntimeError(
-            f"{what}: not allowed inside a CUDA graph capture; call it outside "
-            "torch.cuda.graph(...)"
-        )
-
-
-def setup_during_capture():
-    """Context for setup work (a communicator, a plan's workspace and graphs) that happens while
-    the current stream is being captured: the thread may allocate and exchange IPC handles
-    (_core.RelaxedCaptureMode); device-wide synchronisation stays forbidden, and none is done."""
-    relaxed = getattr(_core, "RelaxedCaptureMode", None)  # absent in builds without CUDA
-    return relaxed() if relaxed is not None else contextlib.nullcontext()
 
 
 class Attachment(Protocol):

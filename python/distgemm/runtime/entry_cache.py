@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from . import tuning_table
+from .capture import stream_capturing
 from .choose import choose_path
-from .communicator import Communicator, stream_capturing
+from .communicator import Communicator
 from .paths.collective import CollectiveState, collective_unavailable
 from .paths.common import PathState
 from .paths.fused import FusedState
