@@ -1,4 +1,4 @@
-"""Type stubs of the compiled module distgemm._core (plan functions; see cpp/src/bindings.cpp)."""
+"""Type stubs of the compiled module distgemm._core (plan functions; see cpp/src/bindings/)."""
 
 from typing import Any
 

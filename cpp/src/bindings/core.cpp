@@ -1,7 +1,8 @@
-// distgemm._core: build and inspect Plans from Python. A Plan crosses the boundary as an object
-// (_core.Plan, built once per op entry and handed to the DeviceGraph); to_dict() gives the plain
-// dicts/lists that the simulator, the reference executor and the tests (which mutate plans on
-// purpose) work on. Tuning facts and defaults live in C++; Python reads them here.
+// distgemm._core's module and its host-only core: build and inspect Plans from Python. A Plan
+// crosses the boundary as an object (_core.Plan, built once per op entry and handed to the
+// DeviceGraph); to_dict() gives the plain dicts/lists that the simulator, the reference executor
+// and the tests (which mutate plans on purpose) work on. Tuning facts and defaults live in C++;
+// Python reads them here. Every binding source of _core is in this folder (cpp/src/bindings/).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -12,17 +13,18 @@
 #include "distgemm/kernel/gemm_extents.hpp"
 #include "distgemm/llama_shapes.hpp"
 #include "distgemm/schedule/plan.hpp"
-#include "python/graph_setup.hpp"
+#include "graph_setup.hpp"
 
 namespace py = pybind11;
 using namespace distgemm::schedule;
 
 #ifdef DISTGEMM_WITH_CUDA
-// cpp/src/python/: DeviceGraph, workspaces and CUDA IPC for the torch-facing API (runtime.cpp);
-// one GEMM of distgemm's kernel on caller memory, for single-GPU benchmarks (gemm.cpp).
+// Built with the CUDA runtime only: DeviceGraph, workspaces and CUDA IPC for the torch-facing API
+// (runtime.cpp); one GEMM of distgemm's kernel on caller memory, for single-GPU benchmarks
+// (gemm.cpp).
 void register_runtime(py::module_& m);
 void register_gemm(py::module_& m);
-void register_fused(py::module_& m);  // fused GEMM + all-reduce launches (fused.cpp)
+void register_fused(py::module_& m);  // fused GEMM + all-reduce launches (fused_launcher.cpp)
 #endif
 void register_fused_rules(py::module_& m);  // its host-only rules (fused_rules.cpp)
 void register_tile_choice(py::module_& m);  // the GEMM configuration model (tile_choice.cpp)
