@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from distgemm import autopath, collective, entries, launch, ops  # noqa: E402
+from distgemm import autopath, collective, entries, launch, llama3, ops  # noqa: E402
 from distgemm.precision import Precision  # noqa: E402
 
 NO_GROUP = types.SimpleNamespace(group=None)  # a communicator without a process group
@@ -106,10 +106,8 @@ def _meta(*shape):
 
 def _spec(op, tokens, model="70B", layer=None, tp=2, steps=None):
     """make_spec of a Llama layer at ``tokens`` on ``tp`` ranks (meta tensors: shapes only)."""
-    from distgemm import _core
-
     layer = layer or ("QKV" if op == "all_gather_gemm" else "O")
-    m, n, k = _core.llama_gemm(model, layer, tokens)
+    m, n, k = llama3.gemm(model, layer, tokens)
     schedule = "ag_rotate_a" if op == "all_gather_gemm" else "rs_tile_a"
     a, w = (
         (_meta(m // tp, k), _meta(n // tp, k))

@@ -23,7 +23,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import distgemm  # noqa: E402
-from distgemm import _core, entries, ops  # noqa: E402
+from distgemm import _core, entries, llama3, ops  # noqa: E402
 from distgemm import comm as comm_mod  # noqa: E402
 from distgemm import reference as ref  # noqa: E402
 from distgemm.fused import fused_layout, place_fused  # noqa: E402
@@ -110,11 +110,11 @@ def issue_ops(tp):
 
 def llama70b_ops(tp):
     """QKV, O, FC1, FC2 of Llama-70B per token count (the sweep's shapes)."""
-    layers = _core.llama_layers()
+    layers = llama3.layers()
     for m in TOKENS:
         for layer, d in layers.items():
             op = "all_gather_gemm" if d["collective"] == "all_gather" else "gemm_reduce_scatter"
-            yield (d["schedule"], op, *_core.llama_gemm("70B", layer, m))
+            yield (d["schedule"], op, *llama3.gemm("70B", layer, m))
 
 
 WORKLOADS = {"issue": issue_ops, "llama70b": llama70b_ops}

@@ -24,7 +24,7 @@ import argparse
 import json
 import sys
 
-from . import _core
+from . import _core, llama3
 from .check import check_plan
 from .plan import build_plan, schedule_names, workspace_bytes
 from .timeline import CostModel, format_timeline, predict
@@ -32,7 +32,7 @@ from .timeline import CostModel, format_timeline, predict
 __all__ = ["step_table", "format_table", "main"]
 
 # Llama-3-70B FC1 at 8192 tokens (the sweep's shape table): the default problem when none is given.
-DEFAULT_SHAPE = dict(zip("mnk", _core.llama_gemm("70B", "FC1", 8192)), l=1)
+DEFAULT_SHAPE = dict(zip("mnk", llama3.gemm("70B", "FC1", 8192)), l=1)
 
 
 def default_shape(tp: int, steps: int | None) -> dict:
