@@ -23,7 +23,7 @@ import pathlib
 
 import numpy as np
 
-from distgemm import _core, pathmodel
+from distgemm import _core, llama3, pathmodel
 
 DEFAULT_CSV = pathlib.Path(__file__).parent / "results" / "2026-11-23-llama-sweep.csv"
 SCHEDULE = {"all_gather": "ag_rotate_a", "reduce_scatter": "rs_tile_a"}
@@ -50,7 +50,7 @@ CONSTANTS = (
 
 def _cases(path: pathlib.Path):
     """(CSV row, collective, {S: plan} for S = TP and 2TP) of every ok case."""
-    layers = _core.llama_layers()
+    layers = llama3.layers()
     out = []
     for r in csv.DictReader(path.open()):
         if r["status"] != "ok":

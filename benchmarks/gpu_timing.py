@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from benchmarks.llama_cases import Case, shapes
-from distgemm import _core
+from distgemm import llama3
 
-_TIMING = _core.llama_sweep_timing()  # the C++ sweep times the same way
+_TIMING = llama3.sweep_timing()  # the C++ sweep times the same way
 WARMUP_S = _TIMING["warmup_ms"] / 1e3  # sustained replay before a case's first timing (clocks)
 REWARM_S = _TIMING["rewarm_ms"] / 1e3  # ... and before each further variant's window
 TIMED_S = _TIMING["timed_ms"] / 1e3  # timed work per variant, one window ...

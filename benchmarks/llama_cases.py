@@ -1,7 +1,7 @@
 """Llama-3 sweep cases: the case list, each case's global and per-rank shapes, and why a case or
-an S is skipped. Pure (no torch.distributed, no CUDA): the tables come from distgemm._core
-(cpp/include/distgemm/llama_shapes.hpp), which ``distgemm_bench --sweep`` reads too, so that the
-C++ and the torchrun numbers are of the same cases."""
+an S is skipped. Pure (no torch.distributed, no CUDA): the tables come from distgemm.llama3
+(python/distgemm/data/llama3.json), which ``distgemm_bench --sweep`` is built from too, so that
+the C++ and the torchrun numbers are of the same cases."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from distgemm import _core
+from distgemm import llama3
 
-MODELS: dict[str, dict[str, int]] = _core.llama_models()  # hidden, ffn, heads, kv heads, head dim
-_LAYERS = _core.llama_layers()
+MODELS: dict[str, dict[str, int]] = llama3.models()  # hidden, ffn, heads, kv heads, head dim
+_LAYERS = llama3.layers()
 LAYERS = tuple(_LAYERS)
-TOKENS = tuple(_core.llama_tokens())
-QUICK_MODELS = tuple(_core.llama_models(quick=True))
-QUICK_TOKENS = tuple(_core.llama_tokens(quick=True))
+TOKENS = tuple(llama3.tokens())
+QUICK_MODELS = tuple(llama3.models(quick=True))
+QUICK_TOKENS = tuple(llama3.tokens(quick=True))
 # Column-parallel layers gather the activations before the GEMM, row-parallel ones scatter the
 # summed result after it (sequence parallelism on both sides).
 COLLECTIVE = {la: d["collective"] for la, d in _LAYERS.items()}
@@ -62,7 +62,7 @@ def make_cases(
 def global_gemm(model: str, layer: str, tokens: int) -> tuple[int, int, int]:
     """(M, N, K) of the whole layer, D[M, N] = X[M, K] @ W[N, K]^T (ValueError naming the valid
     models / layers)."""
-    return tuple(_core.llama_gemm(model, layer, tokens))
+    return tuple(llama3.gemm(model, layer, tokens))
 
 
 def shapes(case: Case) -> dict[str, Any]:
@@ -111,7 +111,7 @@ def skip_reason(case: Case, plan_check=plan_rejects) -> tuple[str | None, dict[i
     """(why the whole case is skipped or None, {S: why that S is rejected}). The case is skipped
     when the tensor-parallel split itself is inexact or distgemm rejects S = TP (the default);
     an S = 2*TP rejection only narrows distgemm's best-S search."""
-    why = _core.llama_tp_split_reason(case.model, case.layer, case.tokens, case.tp)
+    why = llama3.tp_split_reason(case.model, case.layer, case.tokens, case.tp)
     if why:  # the same rule as distgemm_bench --sweep
         return why, {}
     s = shapes(case)

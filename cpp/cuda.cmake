@@ -104,3 +104,10 @@ set_target_properties(distgemm_bench PROPERTIES
   BUILD_RPATH "$<TARGET_FILE_DIR:distgemm_runtime>")
 target_compile_options(distgemm_bench PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${DISTGEMM_CUDA_FLAGS}>)
 target_link_libraries(distgemm_bench PRIVATE distgemm_runtime)
+# --sweep's Llama-3 cases (llama_shapes.inc) from the JSON the Python sweeps read; an edit of the
+# JSON configures again.
+include(cpp/examples/bench/llama_shapes.cmake)
+set(_llama_json ${CMAKE_CURRENT_SOURCE_DIR}/python/distgemm/data/llama3.json)
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${_llama_json})
+distgemm_llama_shapes(${_llama_json} ${CMAKE_CURRENT_BINARY_DIR}/generated/bench/llama_shapes.inc)
+target_include_directories(distgemm_bench PRIVATE ${CMAKE_CURRENT_BINARY_DIR}/generated/bench)

@@ -10,7 +10,7 @@
 //           pushes the tile into a receive slot of every peer and sets that peer's flag; each
 //           peer, after its last GEMM, waits for the flag and copies the slot into its D (local).
 //           Only pushes cross NVLink: a memcpy that reads a peer's memory may run on the peer's
-//           copy engine and couple the two devices' copy queues (it deadlocked S=8 on 2 H200s).
+//           copy engine and couple the two devices' copy queues, which can deadlock them.
 //           With S > TP the first finished chunks travel while the owner still computes the rest.
 //
 // Tile of M computed by device d at iteration i, TP=4, S=4 (k=1); '*' = final, on its owner:

@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from distgemm import _core, ops  # noqa: E402
+from distgemm import llama3, ops  # noqa: E402
 from distgemm.runtime import entry_cache as entries  # noqa: E402
 from distgemm.runtime.choose import choose_path  # noqa: E402
 from distgemm.runtime.paths import collective, common  # noqa: E402
@@ -101,7 +101,7 @@ def _meta(*shape):
 def _spec(op, tokens, model="70B", layer=None, tp=2, steps=None):
     """make_spec of a Llama layer at ``tokens`` on ``tp`` ranks (meta tensors: shapes only)."""
     layer = layer or ("QKV" if op == "all_gather_gemm" else "O")
-    m, n, k = _core.llama_gemm(model, layer, tokens)
+    m, n, k = llama3.gemm(model, layer, tokens)
     schedule = "ag_rotate_a" if op == "all_gather_gemm" else "rs_tile_a"
     a, w = (
         (_meta(m // tp, k), _meta(n // tp, k))

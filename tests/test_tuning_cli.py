@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from distgemm import _core, tune
+from distgemm import llama3, tune
 from distgemm.runtime import tuning_table
 
 
@@ -172,8 +172,6 @@ def test_wait_event_is_bounded_and_marks_the_communicator_broken():
 
 
 def test_every_case_of_the_default_run_has_a_collective_candidate():
-    cases = tune.make_cases(
-        "70B", 2, list(_core.llama_tokens()), list(_core.llama_layers()), [128, 256]
-    )
+    cases = tune.make_cases("70B", 2, list(llama3.tokens()), list(llama3.layers()), [128, 256])
     assert len(cases) == 20 and not any(c.skipped for c in cases)
     assert all(c.candidates[0].name == "collective" for c in cases)

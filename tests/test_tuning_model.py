@@ -9,7 +9,7 @@ import math
 import pytest
 
 from benchmarks import fit_path_model
-from distgemm import _core
+from distgemm import _core, llama3
 from distgemm.runtime import cost_model
 
 RULE = 1.02  # the public op within 2% of NCCL + torch.mm on every sweep case
@@ -72,12 +72,12 @@ def test_the_constants_are_the_sweeps_fit_rounded_to_three_digits():
 def test_decode_sizes_take_the_collective_path(tp):
     schedules = {"all_gather": "ag_rotate_a", "reduce_scatter": "rs_tile_a"}
     seen = 0
-    for model in _core.llama_models():
-        for layer, d in _core.llama_layers().items():
+    for model in llama3.models():
+        for layer, d in llama3.layers().items():
             for tokens in (tp, 8, 16, 64, 128, 256, 512):
-                if tokens % tp or _core.llama_tp_split_reason(model, layer, tokens, tp):
+                if tokens % tp or llama3.tp_split_reason(model, layer, tokens, tp):
                     continue
-                m, n, k = _core.llama_gemm(model, layer, tokens)
+                m, n, k = llama3.gemm(model, layer, tokens)
                 plan = _core.default_plan(schedules[d["collective"]], tp, m, n, k)
                 assert cost_model.choose(plan)[0] == "collective", (model, layer, tokens)
                 seen += 1

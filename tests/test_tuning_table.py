@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from distgemm import _core, ops  # noqa: E402
+from distgemm import _core, llama3, ops  # noqa: E402
 from distgemm.runtime import entry_cache, tuning_table  # noqa: E402
 from distgemm.runtime.choose import choose_path  # noqa: E402
 
@@ -163,7 +163,7 @@ def test_the_environment_names_the_table_the_first_lookup_reads(tmp_path, monkey
 
 
 def _qkv(tokens, tp=2, steps=None, dtype=torch.bfloat16):
-    m, n, k = _core.llama_gemm("70B", "QKV", tokens)
+    m, n, k = llama3.gemm("70B", "QKV", tokens)
     a = torch.empty(m // tp, k, device="meta", dtype=dtype)
     w = torch.empty(n // tp, k, device="meta", dtype=dtype)
     return ops.make_spec("all_gather_gemm", "ag_rotate_a", tp, 0, steps, a, w)

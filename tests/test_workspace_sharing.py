@@ -24,7 +24,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import distgemm  # noqa: E402
-from distgemm import _core, ops  # noqa: E402
+from distgemm import _core, llama3, ops  # noqa: E402
 from distgemm.plan import reference as ref  # noqa: E402
 from distgemm.runtime import communicator as comm_mod  # noqa: E402
 from distgemm.runtime import entry_cache as entries  # noqa: E402
@@ -113,11 +113,11 @@ def issue_ops(tp):
 
 def llama70b_ops(tp):
     """QKV, O, FC1, FC2 of Llama-70B per token count (the sweep's shapes)."""
-    layers = _core.llama_layers()
+    layers = llama3.layers()
     for m in TOKENS:
         for layer, d in layers.items():
             op = "all_gather_gemm" if d["collective"] == "all_gather" else "gemm_reduce_scatter"
-            yield (d["schedule"], op, *_core.llama_gemm("70B", layer, m))
+            yield (d["schedule"], op, *llama3.gemm("70B", layer, m))
 
 
 WORKLOADS = {"issue": issue_ops, "llama70b": llama70b_ops}

@@ -1,4 +1,4 @@
-"""Type stubs of the compiled module distgemm._core (plan functions; see cpp/src/bindings.cpp)."""
+"""Type stubs of the compiled module distgemm._core (plan functions; see cpp/src/bindings/)."""
 
 from typing import Any
 
@@ -138,20 +138,6 @@ MAX_FLAGS: int  # flags of one plan (the control region's capacity)
 WORKSPACE_SLOT_ALIGN: int  # slot bytes and the control region start at multiples of this
 
 def tile_map(schedule: str | ScheduleDef, tp: int, steps: int) -> dict[str, list[list[int]]]: ...
-
-# Llama-3 sweep shapes (cpp/include/distgemm/llama_shapes.hpp; distgemm_bench --sweep reads the
-# same).
-def llama_models(quick: bool = False) -> dict[str, dict[str, int]]:
-    """{model: {"hidden", "ffn", "q_heads", "kv_heads", "head_dim"}} in sweep order (8B, 70B, 405B);
-    quick=True: the quick sweep's models only (70B)."""
-
-def llama_layers() -> dict[str, dict[str, str]]:
-    """{layer: {"collective": "all_gather" | "reduce_scatter", "schedule": default schedule}} for
-    QKV, O, FC1 (gate+up), FC2, in sweep order."""
-
-def llama_tokens(quick: bool = False) -> list[int]:
-    """Token counts M: [1024, 2048, 4096, 8192, 16384]; quick=True: [4096, 8192]."""
-
 def choose_tile_n(
     m: int, n: int, l: int = 1, slots_n256: int = ..., slots_n128: int = ...
 ) -> dict[str, Any]:
@@ -219,21 +205,6 @@ L2_RESIDENT_OPERAND_BYTES: int  # an operand this small is read from DRAM once i
 def walk_clusters(minor: int, major: int, group: int) -> list[tuple[int, int]]:
     """The cluster (minor, major) each visit of the data-parallel kernels' tile order runs, for a
     grid of minor x major clusters swizzled in groups of ``group`` (kernel/tile_walk.hpp)."""
-
-def llama_tp_split_reason(model: str, layer: str, tokens: int, tp: int) -> str:
-    """'' when TP ranks split the layer exactly, else the reason (distgemm_bench --sweep's rule)."""
-
-def llama_gemm(model: str, layer: str, tokens: int) -> tuple[int, int, int]:
-    """Global (M, N, K) of the layer, D[M, N] = X[M, K] @ W[N, K]^T, M = tokens. ValueError names
-    the valid models / layers."""
-
-def llama_cases(quick: bool = False) -> list[tuple[str, str, int]]:
-    """(model, layer, tokens) of every sweep case in run order: model, then tokens, then layer."""
-
-def llama_sweep_timing() -> dict[str, int]:
-    """{"warmup_ms", "rewarm_ms", "timed_ms", "min_iterations", "max_iterations"}: at least
-    warmup_ms (a case's first) or rewarm_ms of sustained replays, then about timed_ms of timed
-    replays within [min_iterations, max_iterations]; the median counts."""
 
 # Runtime bindings (present when the package was built with nvcc; cuda_runtime is then True).
 def cuda_device_count() -> int: ...

@@ -24,7 +24,7 @@ import argparse
 import json
 import sys
 
-from . import _core
+from . import _core, llama3
 from .plan.invariants import verify_plan
 from .plan.timeline import CostModel, format_timeline, predict
 from .plan.view import build_plan, schedule_names, workspace_bytes
@@ -32,7 +32,7 @@ from .plan.view import build_plan, schedule_names, workspace_bytes
 __all__ = ["step_table", "format_table", "main"]
 
 # Llama-3-70B FC1 at 8192 tokens (the sweep's shape table): the default problem when none is given.
-DEFAULT_SHAPE = dict(zip("mnk", _core.llama_gemm("70B", "FC1", 8192)), l=1)
+DEFAULT_SHAPE = dict(zip("mnk", llama3.gemm("70B", "FC1", 8192)), l=1)
 
 
 def default_shape(tp: int, steps: int | None) -> dict:
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--timeline",
         action="store_true",
-        help="also print the predicted per-stream timeline (cost model in distgemm.timeline)",
+        help="also print the predicted per-stream timeline (cost model in distgemm.plan.timeline)",
     )
     ap.add_argument(
         "--tflops", type=float, default=CostModel.tflops, help="GEMM rate per GPU for --timeline"

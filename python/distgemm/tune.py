@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from . import _core
+from . import _core, llama3
 from .runtime import cost_model, tuning_table
 from .runtime.communicator import close_all, get_communicator
 from .runtime.entry_cache import EntryKey, entry_cache
@@ -76,14 +76,14 @@ def make_cases(model: str, tp: int, tokens, layers, tiles) -> list[Case]:
     """Every (layer, token count) of ``model`` on ``tp`` ranks with its candidates: the
     collective path, then the overlapped plan at S in {TP, 2TP} x ``tiles``, each with the
     plan's verdict and the model's prediction. Shapes only (no GPU)."""
-    defs = _core.llama_layers()
+    defs = llama3.layers()
     cases = []
     for t in tokens:
         for layer in layers:
             coll, schedule = defs[layer]["collective"], defs[layer]["schedule"]
-            m, n, k = _core.llama_gemm(model, layer, t)
+            m, n, k = llama3.gemm(model, layer, t)
             case = Case(model, layer, t, OPS[coll], schedule, m, n, k)
-            case.skipped = _core.llama_tp_split_reason(model, layer, t, tp) or None
+            case.skipped = llama3.tp_split_reason(model, layer, t, tp) or None
             cases.append(case)
             if case.skipped:
                 continue
@@ -303,15 +303,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="python -m distgemm.tune", description=__doc__.splitlines()[0].split(": ", 1)[1]
     )
-    ap.add_argument("--model", required=True, choices=list(_core.llama_models()))
+    ap.add_argument("--model", required=True, choices=list(llama3.models()))
     ap.add_argument("--tp", type=int, required=True, help="ranks (torchrun --nproc-per-node)")
     ap.add_argument(
         "--tokens",
         type=_ints,
-        default=list(_core.llama_tokens()),
+        default=list(llama3.tokens()),
         help="token counts, powers of two (each is its bucket); default: the sweep's",
     )
-    ap.add_argument("--layers", default=",".join(_core.llama_layers()), help="comma-separated")
+    ap.add_argument("--layers", default=",".join(llama3.layers()), help="comma-separated")
     ap.add_argument("--dtype", choices=tuple(DTYPE_NAMES), default="bf16")
     ap.add_argument("--tiles", type=_ints, default=[128, 256], help="GEMM tile widths to try")
     ap.add_argument("--warmup-ms", type=float, default=200.0)
@@ -322,9 +322,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--no-progress", action="store_true", help="no tqdm bar")
     args = ap.parse_args(argv)
     layers = [x for x in args.layers.split(",") if x]
-    unknown = sorted(set(layers) - set(_core.llama_layers()))
+    unknown = sorted(set(layers) - set(llama3.layers()))
     if unknown:
-        ap.error(f"--layers: {unknown[0]!r} is not one of {', '.join(_core.llama_layers())}")
+        ap.error(f"--layers: {unknown[0]!r} is not one of {', '.join(llama3.layers())}")
     args.layers = layers
     if not 1 <= args.tp <= 8:
         ap.error(f"--tp {args.tp} is not in 1..8")

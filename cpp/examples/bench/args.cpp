@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "distgemm/kernel/tile_choice.hpp"
-#include "distgemm/llama_shapes.hpp"
+#include "llama_shapes.hpp"
 
 namespace distgemm::bench {
 

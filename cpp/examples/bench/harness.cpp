@@ -13,7 +13,7 @@
 
 #include "all.hpp"
 #include "distgemm/device/check.hpp"
-#include "distgemm/llama_shapes.hpp"
+#include "llama_shapes.hpp"
 #include "reference.hpp"
 
 namespace distgemm::bench {

@@ -28,8 +28,8 @@
 #include <vector>
 
 #include "all.hpp"
-#include "distgemm/llama_shapes.hpp"
 #include "harness.hpp"
+#include "llama_shapes.hpp"
 
 namespace distgemm::bench {
 

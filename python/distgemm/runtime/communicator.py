@@ -13,7 +13,7 @@ grows, when it looks for launch errors, when it reports memory and when it close
 (``Attachment``). The communicator never imports them.
 
 Control traffic (host names, IPC handles, plan signatures) goes through the job's key-value
-store (``distgemm.control.ControlExchange``), never through NCCL: it needs no CUDA stream and no
+store (``runtime.control.ControlExchange``), never through NCCL: it needs no CUDA stream and no
 extra sockets, and a rank that does not arrive makes the others raise ``RuntimeError`` naming it
 after ``timeout_s`` instead of hanging. Every check is computed from the all-gathered data, so
 all ranks raise the same exception.

@@ -2,7 +2,7 @@
 for fp8 the kind of each scale and the accumulation mode, and the output dtype.
 
 bf16 and fp16 calls take every operand in one dtype. fp8 calls take ``a`` and ``w`` in
-``torch.float8_e4m3fn`` with float32 ``scale_a`` / ``scale_b`` (``distgemm.scales``), and
+``torch.float8_e4m3fn`` with float32 ``scale_a`` / ``scale_b`` (``runtime.scales``), and
 ``bias``, ``c`` and ``out`` in bf16, the output dtype of fp8 GEMMs here (as of torch's scaled
 GEMMs by default). The Precision is part of a plan's cache key: calls that differ in it get
 their own plans and graphs.
@@ -24,7 +24,7 @@ FP8_OUT_DTYPE = torch.bfloat16
 
 @dataclass(frozen=True)
 class Precision:
-    """``dtype``: A's and B's; ``scales``: each operand's scale kind (``distgemm.scales``:
+    """``dtype``: A's and B's; ``scales``: each operand's scale kind (``runtime.scales``:
     "none" for bf16/fp16, "tensor" or "row"); ``fast_accum``: the fp8 fast-accumulation
     kernel."""
 

@@ -4,7 +4,7 @@ process-wide active table and the lookup.
 
 A table is written by ``python -m distgemm.tune`` (measured ahead of time on the deployment's
 GPUs) and read from ``DISTGEMM_TUNING_TABLE`` at the first op call, or set with
-``distgemm.load_tuning_table(path)``. Without one, ``distgemm.pathmodel`` decides. Format::
+``distgemm.load_tuning_table(path)``. Without one, ``runtime.cost_model`` decides. Format::
 
     {"format": "distgemm-tuning-table", "version": 1, "meta": {...},
      "entries": [{"op": "all_gather_gemm", "schedule": "ag_rotate_a", "tp": 2, "dtype": "bf16",

@@ -26,7 +26,7 @@
 //             time + EB + the last step's tail (reduce-scatter: + the last partial's hop).
 //   degraded: a transfer is late (small steps, NVLink shared with the peer's traffic): the
 //             waiting GEMM holds the SMs while it spins. S > TP gives transfers more slack but
-//             smaller GEMMs (wave quantization; measured in benchmarks/results/).
+//             smaller GEMMs (wave quantization; docs/tuning.md).
 //
 // Nodes and why each edge exists:
 //   EB -> everything      : nobody writes a peer's slots/flags before the peer has finished the

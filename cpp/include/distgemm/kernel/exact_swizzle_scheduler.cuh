@@ -4,8 +4,8 @@
 // Why: CUTLASS's scheduler rounds both modes of the tile grid up to a multiple of swizzle x
 // cluster and runs the padding tiles through the whole mainloop, so a swizzle is only free where
 // it divides the grid. Grids such as 27 or 43 tiles of 192 columns (every fp8 Llama shape) then
-// run with swizzle 1, where a wave of 132 CTAs spreads over a whole operand: 1.3-2x the operand
-// rows of a swizzle-8 wave. The walk here keeps the group of 8 and narrows only the last group.
+// run with swizzle 1, where a wave of 132 CTAs spreads over a whole operand and reads more operand
+// rows than a swizzle-8 wave. The walk here keeps the group of 8 and narrows only the last group.
 //
 // The kernel selects it by tag (ExactSwizzleScheduler, as GemmUniversal's TileScheduler
 // argument). Everything but the tile order is CUTLASS's: the launch grid, the linear index of a

@@ -57,8 +57,7 @@ struct Fp8SplitPromotionMainloop : Fp8SplitPromotionBase<Built>::Collective {
   using typename Base::TiledMma;
 
   // k-tiles per unrolled run of the consumer loop (see mma): each run ends with one promotion that
-  // waits, so longer runs wait less (8 against 4: benchmarks/results/
-  // 2026-11-24-fp8-split-promotion.md).
+  // waits, so longer runs wait less (docs/tuning.md).
   static constexpr int kRun = 8;
 
   // The consumer loop. On return every k-tile's stage is released and `accum` holds the fp32

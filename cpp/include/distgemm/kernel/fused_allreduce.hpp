@@ -46,31 +46,21 @@ inline constexpr int kFusedTileN = 128;          // the CUTLASS kernel's
 inline constexpr int kFusedDecodeTileN = 64;     // the decode kernel's: a tile per SM on 70B/405B
 inline constexpr int kFusedTokenTileSmall = 32;  // the decode kernel's token block
 // The CUTLASS kernel's token tiles, one instantiation per dtype each (fused_token_tile picks;
-// cpp/cuda.cmake reads this line to generate them). Not 160 or 224: on the same tokens those
-// tiles ran up to 22% slower than 192 and 256 (13-22% on 405B O and the FC2 layers), more than
-// the up to 9% that 63 padded tokens cost (benchmarks/results/2026-11-24-token-tiles.md).
+// cpp/cuda.cmake reads this line to generate them). Not 160 or 224: on the same tokens they run
+// slower than 192 and 256 by more than the padding costs (docs/tuning.md).
 inline constexpr int kFusedTokenTiles[] = {64, 96, 128, 192, 256};
 // path="auto" runs gemm_all_reduce fused (fused_auto_problem) up to this many tokens, at TP up to
-// kFusedAutoMaxTp, where the decode kernel's weight is small enough. Measured on 2 H200s (TP=2,
-// benchmarks/results/2026-11-24-tp2-h200.md, CUDA graphs of 20 calls), the fused op against
-// the collective path that auto otherwise takes (torch.mm + all-reduce): at 64..256 tokens the
-// CUTLASS kernel's fused op was faster on all four 70B/405B O and FC2 shapes (by 0.2-26%); above
-// 256 tokens it was not measured.
+// kFusedAutoMaxTp, where the decode kernel's weight is small enough: the tokens and TP where the
+// fused op is measured faster than the collective path auto otherwise takes (docs/tuning.md).
 inline constexpr int64_t kFusedMaxAutoTokens = 256;
 inline constexpr int kFusedAutoMaxTp = 2;
-// Up to kFusedDecodeMaxTokens tokens the fused op saves about 3 us of fixed cost (no collective
-// kernel) but streams its weight at about 4.1 TB/s against the collective path's 4.3, so it
-// loses about 0.012 us per MB of this rank's weight: the two cross near 250 MB. At TP=2,
-// 1..32 tokens, fused vs collective (us): 70B O (67 MB) 25.6-27.3 vs 27.3-31.0, 70B FC2
-// (235 MB) 65.2-70.9 vs 67.7-73.2, 405B O (268 MB) 77.8-84.6 vs 72.8-81.7, 405B FC2 (872 MB)
-// 221-252 vs 216-229.
+// Up to kFusedDecodeMaxTokens tokens the fused op saves a fixed cost (no collective kernel) but
+// streams its weight a little slower than the collective path: the two cross near this weight
+// per rank (docs/tuning.md).
 inline constexpr int64_t kFusedDecodeAutoMaxWeightBytes = 250'000'000;
 // The decode kernel runs up to this many tokens (one block of kFusedTokenTileSmall), the CUTLASS
-// kernel above. Measured on one H200 at TP=1: at 64 tokens the decode kernel's 64-wide
-// instantiation took 31.4 us on 70B O (benchmarks/results/2026-11-24-decode-fixed-cost.md), the
-// CUTLASS kernel's 64-token tile 25.7-26.6 (2026-11-24-pingpong-t64.md, 2026-11-24-token-tiles.md);
-// at 1..32 tokens the CUTLASS GEMM alone takes about what the decode kernel's whole fused op
-// does.
+// kernel above: at 64 tokens the CUTLASS kernel is the faster, at 1..32 the decode kernel's whole
+// fused op takes about what the CUTLASS GEMM alone does (docs/tuning.md).
 inline constexpr int64_t kFusedDecodeMaxTokens = 32;
 // At most this many splits of K in the CUTLASS kernel's batches (each a whole number of
 // 64-element k-blocks), and pieces of a tile in the decode kernel's grid (fused_ctas), so that on
@@ -102,10 +92,7 @@ inline const char* fused_kernel_name(int64_t m) {
 // the fewest tokens (the larger tile on a tie: fewer tiles), so up to 256 tokens one token tile
 // covers them all and each weight tile is read once. Where two token tiles share a weight tile
 // they read it from L2 only while they run in step, and a tile mostly past m (its token boxes
-// zero-filled by TMA) falls behind. On one H200 (benchmarks/results/2026-11-24-token-tiles.md)
-// a 70B O GEMM of 129 tokens took 46.6 us in two 128-token tiles (the second holding one
-// token) and 29.1 on the tokens padded to 256 rows; the fused 405B FC2 took 427.9 us at 129
-// tokens in two 96-token tiles and 254.5 at 128 in one.
+// zero-filled by TMA) falls behind (docs/tuning.md).
 inline int fused_token_tile(int64_t m) {
   if (fused_kernel(m) == FusedKernel::Decode) return kFusedTokenTileSmall;
   int best = 0;
@@ -148,15 +135,12 @@ inline FusedDecodeWork fused_decode_work(int64_t m, int64_t n, int64_t k, int ct
 //    rounds, whole tiles each, where they are at least kFusedDecodeMinBusyPercent of the
 //    resident ones (256 tiles on an H200's 132: 128 CTAs of 2 tiles), else every resident CTA,
 //    whole tiles in rounds (128 tiles on 114: 1 or 2 each, where 64 CTAs of 2 would leave half
-//    the SMs idle). On one H200, 128 CTAs of 2 tiles ran 405B O 2.5-3% faster than 132 of 1
-//    or 2 in contiguous shares at 1, 8 and 32 tokens; on 405B FC2 (three times the K) they were
-//    within 1.5% either way (benchmarks/results/2026-11-25-decode-grid.md);
+//    the SMs idle). Equal rounds beat every resident CTA with unequal ones (docs/tuning.md);
 //  - with fewer tiles, every tile in the most equal pieces, up to kFusedDecodeMaxPieces and one K
 //    step each, that keep the CTAs resident (64 tiles on 132: 128 CTAs of half a tile).
-// Cutting the K steps into one equal share per resident CTA instead (every SM busy, most tiles in
-// 2 pieces) ran 2-17% slower on 70B and 405B O and FC2 at 1 and 32 tokens, on 405B FC2 at
-// 1 token 1.2% faster: each extra piece's exchange and partial cost more than the idle SMs. 0 for
-// the CUTLASS kernel, whose grid is its own.
+// Not one equal share of K steps per resident CTA (every SM busy, most tiles in 2 pieces): each
+// extra piece's exchange and partial cost more than the idle SMs (docs/tuning.md). 0 for the
+// CUTLASS kernel, whose grid is its own.
 inline constexpr int kFusedDecodeMinBusyPercent = 90;
 inline int fused_ctas(int64_t m, int64_t n, int64_t k, int resident_ctas) {
   if (fused_kernel(m) != FusedKernel::Decode) return 0;

@@ -9,8 +9,7 @@
 // epilogue D = alpha * acc (no C). K is split into `splits` batches (batch strides of k/splits
 // elements), each writing its own partial. Swapped, the tokens are the MMA's N side, which comes
 // in steps of 8, so the token tile follows m (64, 96, 128, 192 or 256: fused_token_tile) and up
-// to 256 tokens one token tile holds them all (fused_allreduce.hpp says why that matters; the
-// measurements are in benchmarks/results/2026-11-24-token-tiles.md).
+// to 256 tokens one token tile holds them all (fused_allreduce.hpp says why that matters).
 //
 // After the GEMM the two consumer warpgroups of each CTA (the producer warpgroup has given its
 // registers back and leaves):

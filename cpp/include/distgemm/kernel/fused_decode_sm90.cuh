@@ -11,10 +11,10 @@
 // tensor maps, one 64-row x 64-element box per operand and K step, completing on the stage's
 // mbarrier), as many stages ahead as shared memory holds (kStages: about 200 KB in flight per
 // SM), and runs on into the CTA's next piece while the consumers finish the current one.
-// Boxes are few and large on purpose: an SM keeps only so many TMA requests in flight, so one
-// bulk copy per row (512 bytes) streamed at a third of the bandwidth. The boxes land 128-byte
-// swizzled, so the consumers' fragment loads are free of bank conflicts, and TMA fills rows past
-// m or n and K past k with zeros. Consumer warp w takes K step w of every stage, all
+// Boxes are few and large on purpose: an SM keeps only so many TMA requests in flight, so small
+// requests (a bulk copy per 512-byte row) cap its bandwidth (docs/tuning.md). The boxes land
+// 128-byte swizzled, so the consumers' fragment loads are free of bank conflicts, and TMA fills
+// rows past m or n and K past k with zeros. Consumer warp w takes K step w of every stage, all
 // kFusedDecodeTileN weight rows of the CTA's tile (the MMA's M side, swapped: D^T = W X^T; four
 // m16 blocks) by the tokens (its N side, Width padded tokens: Width/8 n8 fragments), mma.sync
 // m16n8k16 with fp32 accumulation. Splitting K rather than the rows over the warps has each byte
@@ -596,8 +596,7 @@ inline PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
 
 // A 2-D bf16/fp16 tensor map of `rows` x `cols` (row stride `ld` elements), boxes of `box_rows`
 // x one K step, 128-byte swizzled, out-of-bounds elements read as zero. L2 promotion of 128 bytes,
-// a box row: with 256 bytes the one-token GEMMs of 70B FC2 and 405B FC2 took 3-8 us longer on
-// one H200 (benchmarks/results/2026-11-25-decode-lines.md, calls 4 and 5).
+// a box row: 256 bytes slows the long-K GEMMs (docs/tuning.md).
 inline CUtensorMap make_map(const void* base, int64_t rows, int64_t cols, int64_t ld,
                             int box_rows) {
   CUtensorMap map;

@@ -92,8 +92,8 @@ __device__ inline bool wait_tile(const FusedTail& t, int nb, int tb, uint32_t ge
 // Vectors of 8 elements [begin, end) of slice s of the `slices` slices of tile (nb, tb), and the
 // tile's geometry.
 template <int TokenTile, int TileN = kFusedTileN>
-// 32-bit indices within the tile (at most TokenTile x TileN / 8 vectors): 64-bit divisions per
-// vector were part of a 6 us one-token tail (benchmarks/results/2026-11-24-decode-tma.md).
+// 32-bit indices within the tile (at most TokenTile x TileN / 8 vectors): 64-bit divisions are
+// software routines, long enough per vector to show in a one-token tail (docs/tuning.md).
 struct FusedSlice {
   int64_t row0, col0;
   int vec_per_row, begin, end;
@@ -147,9 +147,8 @@ __device__ __forceinline__ void store_sum(const FusedTail& t, const Slice& sl, i
 // pieces along a row). Each pass issues up to kLoads loads per thread before any sum (peers' are
 // NVLink reads): every source of `vecs` vectors kThreads apart, or, with more sources than
 // kLoads, one vector's sources in rounds of kLoads. Few registers on purpose: the CUTLASS
-// kernel's consumers run this with the GEMM's register limit, and an earlier form holding 16
-// loads and their walk state spilled, reloading each value from L2 in turn (26 us for a 128 x
-// 128 tile, benchmarks/results/2026-11-24-decode-fixed-cost.md).
+// kernel's consumers run this under the GEMM's register limit, where 16 loads in flight and
+// their walk state spill and reload each value from L2 in turn (docs/tuning.md).
 template <class Element, int TokenTile, int kLoads = 8, int kThreads = 256, int TileN = kFusedTileN>
 __device__ inline void reduce_slice(const FusedTail& t, int nb, int tb, int s, uint32_t parity,
                                     int tid) {

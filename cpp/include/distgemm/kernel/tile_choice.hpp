@@ -158,11 +158,10 @@ struct ConfigShape {
   double min_gain = kTile128MinGain;
 };
 
-// Every configuration, the default first (ties go to the earlier entry). The relative costs are
-// provisional (docs/tuning.md): 128x128 measured on single-GPU GEMMs; cluster 1x1 adds ~7% for the
-// B tile it no longer multicasts; 256x192 has 1.5x a 128x256 tile's flops in 1.40x its time
-// (fitted on single-GPU GEMMs of full grids: it moves 0.78x the operand bytes per flop); 128x128
-// stream-K ran 0-6% behind 128x256 stream-K at the same waves, hence 0.58.
+// Every configuration, the default first (ties go to the earlier entry). The relative costs come
+// from single-GPU GEMMs, each derived in docs/tuning.md: 128x128 measured; cluster 1x1 that plus
+// the B tile it no longer multicasts; 256x192 fitted on full grids (1.5x the flops of 128x256 in
+// fewer operand bytes per flop); 128x128 stream-K from its lag behind 128x256 stream-K.
 inline constexpr ConfigShape kConfigs[] = {
     {GemmConfig::T128x256, "128x256", 128, 256, 2, 1, 1.0, false},
     {GemmConfig::T128x128, "128x128", 128, 128, 2, 1, kTile128RelativeCost, false},
@@ -186,8 +185,7 @@ inline constexpr int kConfigCount = sizeof(kConfigs) / sizeof(kConfigs[0]);
 // The decomposition a stream-K configuration runs for GemmDesc::decomposition `decomposition`:
 // the one asked for, or for Auto stream-K, which estimate_config prices. CUTLASS's heuristic
 // runs whole tiles where the last wave is more than half full, and so does not take the gain the
-// model expects from a stream-K configuration on a grid of 0.5-0.9 waves (70B QKV at 1024 tokens
-// and TP=4: 1.32x torch.mm's time in its heuristic, 1.17x in stream-K; docs/tuning.md).
+// model expects from a stream-K configuration on a grid of 0.5-0.9 waves (docs/tuning.md).
 inline Decomposition stream_k_decomposition(int decomposition) {
   return decomposition == static_cast<int>(Decomposition::Auto)
              ? Decomposition::StreamK
@@ -367,8 +365,7 @@ inline int64_t band_operand_rows(const ConfigShape& c, int64_t m, int64_t n, int
 // the whole GEMM (band_operand_rows); else CUTLASS's heuristic (0: along M where the grid has more
 // N tiles than M tiles). Where a small swizzle (a caller's) spreads a wave, the first decides;
 // with the default swizzle 8 the two orders' waves read about as many rows, and the second
-// decides. On the measured shapes the order picked was the faster one, or the two ran within 1%
-// (docs/tuning.md).
+// decides (docs/tuning.md has the measurements).
 inline constexpr double kRasterMinGain = 0.10;
 inline int choose_raster(int c, int64_t m, int64_t n, int64_t k, int slots, int swizzle) {
   const ConfigShape* s = config_shape(c);

@@ -300,7 +300,7 @@ inline void build_reduce_scatter(Plan& plan, const DistributedTileScheduler& sch
   // the peer's flag; the peer, after its last GEMM, waits for the flag and copies the slot into
   // its own D (a local copy). No memcpy ever reads a peer's memory: a peer read may be executed
   // by the peer's copy engine, queued behind (or ahead of) that peer's own transfers, which
-  // couples the two devices' copy queues and deadlocked S=8 on two H200s.
+  // couples the two devices' copy queues and can deadlock them (docs/tuning.md).
   for (int e = 0; e < tp; ++e) {
     struct Item {
       int ready;  // the finishing GEMM's iteration

@@ -1,6 +1,6 @@
 // The launch order of the work that shares one workspace on one device (graphs of plans, fused
 // GEMM + all-reduce launches), and whether a stream is being captured: shared by the runtime
-// bindings (runtime.cpp, fused.cpp).
+// bindings (runtime.cpp, fused_launcher.cpp).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -1,7 +1,8 @@
-// distgemm._core: build and inspect Plans from Python. A Plan crosses the boundary as an object
-// (_core.Plan, built once per op entry and handed to the DeviceGraph); to_dict() gives the plain
-// dicts/lists that the simulator, the reference executor and the tests (which mutate plans on
-// purpose) work on. Tuning facts and defaults live in C++; Python reads them here.
+// distgemm._core's module and its host-only core: build and inspect Plans from Python. A Plan
+// crosses the boundary as an object (_core.Plan, built once per op entry and handed to the
+// DeviceGraph); to_dict() gives the plain dicts/lists that the simulator, the reference executor
+// and the tests (which mutate plans on purpose) work on. Tuning facts and defaults live in C++;
+// Python reads them here. Every binding source of _core is in this folder (cpp/src/bindings/).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -10,19 +11,19 @@
 
 #include "all.hpp"
 #include "distgemm/kernel/gemm_extents.hpp"
-#include "distgemm/llama_shapes.hpp"
 #include "distgemm/schedule/plan.hpp"
-#include "python/graph_setup.hpp"
+#include "graph_setup.hpp"
 
 namespace py = pybind11;
 using namespace distgemm::schedule;
 
 #ifdef DISTGEMM_WITH_CUDA
-// cpp/src/python/: DeviceGraph, workspaces and CUDA IPC for the torch-facing API (runtime.cpp);
-// one GEMM of distgemm's kernel on caller memory, for single-GPU benchmarks (gemm.cpp).
+// Built with the CUDA runtime only: DeviceGraph, workspaces and CUDA IPC for the torch-facing API
+// (runtime.cpp); one GEMM of distgemm's kernel on caller memory, for single-GPU benchmarks
+// (gemm.cpp).
 void register_runtime(py::module_& m);
 void register_gemm(py::module_& m);
-void register_fused(py::module_& m);  // fused GEMM + all-reduce launches (fused.cpp)
+void register_fused(py::module_& m);  // fused GEMM + all-reduce launches (fused_launcher.cpp)
 #endif
 void register_fused_rules(py::module_& m);  // its host-only rules (fused_rules.cpp)
 void register_tile_choice(py::module_& m);  // the GEMM configuration model (tile_choice.cpp)
@@ -235,93 +236,6 @@ py::dict plan_dict(const Plan& p) {
   return out;
 }
 
-// Llama-3 sweep shapes (distgemm/llama_shapes.hpp), the one source for distgemm_bench --sweep
-// and benchmarks/llama_sweep.py.
-py::dict llama_models_dict(bool quick) {
-  namespace L = distgemm::llama;
-  py::dict out;
-  auto add = [&](const L::Model& c) {
-    py::dict d;
-    d["hidden"] = c.hidden;
-    d["ffn"] = c.ffn;
-    d["q_heads"] = c.q_heads;
-    d["kv_heads"] = c.kv_heads;
-    d["head_dim"] = c.head_dim;
-    out[c.name] = d;
-  };
-  for (const L::Model* c : L::models(quick)) add(*c);
-  return out;
-}
-
-void register_llama(py::module_& m) {
-  namespace L = distgemm::llama;
-  m.def("llama_models", &llama_models_dict, py::arg("quick") = false,
-        "Llama-3 model configs of the sweep, in sweep order: {name: {'hidden', 'ffn', 'q_heads', "
-        "'kv_heads', 'head_dim'}}. quick=True: only the quick sweep's models (70B).");
-  m.def(
-      "llama_layers",
-      []() {
-        py::dict out;
-        for (const L::Layer& l : L::kLayers) {
-          py::dict d;
-          d["collective"] = l.collective;
-          d["schedule"] = l.schedule;
-          out[l.name] = d;
-        }
-        return out;
-      },
-      "The tensor-parallel layers, in sweep order: {name: {'collective': 'all_gather' or "
-      "'reduce_scatter', 'schedule': the default distgemm schedule}}.");
-  m.def(
-      "llama_tokens", [](bool quick) { return py::cast(L::tokens(quick)); },
-      py::arg("quick") = false,
-      "Token counts M of the full sweep (quick=True: the quick sweep's).");
-  m.def(
-      "llama_tp_split_reason",
-      [](const std::string& model, const std::string& layer, int64_t tokens, int tp) {
-        return L::tp_split_reason(L::Case{&L::find_model(model), &L::find_layer(layer), tokens},
-                                  tp);
-      },
-      py::arg("model"), py::arg("layer"), py::arg("tokens"), py::arg("tp"),
-      "'' when TP ranks split the layer exactly (M; N of a column-parallel, K of a row-parallel "
-      "weight), else the reason with the values (the rule distgemm_bench --sweep skips by).");
-  m.def(
-      "llama_gemm",
-      [](const std::string& model, const std::string& layer, int64_t tokens) {
-        const L::Gemm g = L::global_gemm(model, layer, tokens);
-        return py::make_tuple(g.m, g.n, g.k);
-      },
-      py::arg("model"), py::arg("layer"), py::arg("tokens"),
-      "Global (M, N, K) of a layer, D[M, N] = X[M, K] @ W[N, K]^T with M = tokens. Raises "
-      "ValueError naming the valid models / layers, or for tokens < 1.");
-  m.def(
-      "llama_cases",
-      [](bool quick) {
-        py::list out;
-        for (const L::Case& c : L::cases(quick))
-          out.append(py::make_tuple(c.model->name, c.layer->name, c.tokens));
-        return out;
-      },
-      py::arg("quick") = false,
-      "(model, layer, tokens) of every sweep case, in the order the sweeps run them (model, then "
-      "tokens, then layer).");
-  m.def(
-      "llama_sweep_timing",
-      []() {
-        py::dict d;
-        d["warmup_ms"] = L::kSweepTiming.warmup_ms;
-        d["rewarm_ms"] = L::kSweepTiming.rewarm_ms;
-        d["timed_ms"] = L::kSweepTiming.timed_ms;
-        d["min_iterations"] = L::kSweepTiming.min_iterations;
-        d["max_iterations"] = L::kSweepTiming.max_iterations;
-        return d;
-      },
-      "How the sweeps time a variant: at least 'warmup_ms' (a case's first) or 'rewarm_ms' (the "
-      "others) of sustained replays, then about "
-      "'timed_ms' of timed replays within ['min_iterations', 'max_iterations']; the median "
-      "counts.");
-}
-
 void register_plan(py::module_& m) {
   py::class_<Plan>(m, "Plan",
                    "A built plan (schedule::Plan): built once by build_plan, read by the op "
@@ -413,7 +327,6 @@ PYBIND11_MODULE(_core, m) {
   register_gemm(m);
   register_fused(m);
 #endif
-  register_llama(m);
   register_fused_rules(m);
   register_tile_choice(m);
 

@@ -1,20 +1,20 @@
-// Llama-3 tensor-parallel layer shapes: the one definition of what the Llama sweeps measure.
-//
-// Read by `distgemm_bench --sweep` (cpp/examples/) and, through distgemm._core.llama_*, by the
-// Python sweep benchmarks/llama_sweep.py, so the single-process C++ numbers and the torchrun
+// Llama-3 tensor-parallel layer cases of `distgemm_bench --sweep`: the types and lookups over the
+// data in llama_shapes.inc, which CMake writes from python/distgemm/data/llama3.json
+// (llama_shapes.cmake), the one definition of what the Llama sweeps measure: the Python sweeps
+// read the same file (distgemm.llama3), so the single-process C++ numbers and the torchrun
 // numbers are taken on the same shapes. Host-only (no CUDA, no schedule headers): g++ alone.
 //
-// Every layer is one GEMM D[M, N] = X[M, K] @ W[N, K]^T (W in nn.Linear layout), M = tokens:
-//   QKV  N = (q_heads + 2 * kv_heads) * head_dim, K = hidden    column parallel: all-gather X
-//   O    N = hidden, K = q_heads * head_dim                      row parallel: reduce-scatter D
-//   FC1  N = 2 * ffn (gate and up in one weight), K = hidden     column parallel: all-gather X
-//   FC2  N = hidden, K = ffn                                     row parallel: reduce-scatter D
+// Every layer is one GEMM D[M, N] = X[M, K] @ W[N, K]^T (W in nn.Linear layout), M = tokens, N
+// and K from the model's config (the JSON says how). The all-gather layers (QKV, FC1) are column
+// parallel: all-gather X; the reduce-scatter layers (O, FC2) row parallel: reduce-scatter D.
 // Sequence parallelism on both sides: the activations X (all-gather) and the output D
 // (reduce-scatter) are sharded on M across the TP ranks.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -23,15 +23,6 @@ namespace distgemm::llama {
 
 struct Model {
   const char* name;
-  int64_t hidden, ffn, q_heads, kv_heads, head_dim;
-};
-
-// Llama-3 / 3.1 configs (config.json: hidden_size, intermediate_size, num_attention_heads,
-// num_key_value_heads, hidden_size / num_attention_heads).
-inline constexpr Model kModels[] = {
-    {"8B", 4096, 14336, 32, 8, 128},
-    {"70B", 8192, 28672, 64, 8, 128},
-    {"405B", 16384, 53248, 128, 8, 128},
 };
 
 struct Layer {
@@ -40,37 +31,29 @@ struct Layer {
   const char* schedule;    // the default distgemm schedule for it (a name in schedules/all.hpp)
 };
 
-// Both all-gather layers rotate the activation shard (A) around the ring and keep the weight
-// shard local; both reduce-scatter layers pass the partial output tiles of M.
-inline constexpr Layer kLayers[] = {
-    {"QKV", "all_gather", "ag_rotate_a"},
-    {"O", "reduce_scatter", "rs_tile_a"},
-    {"FC1", "all_gather", "ag_rotate_a"},
-    {"FC2", "reduce_scatter", "rs_tile_a"},
+// N and K of one model's layer.
+struct LayerGemm {
+  const char* model;
+  const char* layer;
+  int64_t n, k;
 };
 
-// Tokens per batch (M) of the full sweep; the quick sweep is 70B at 4096 and 8192 tokens.
-inline constexpr int64_t kTokens[] = {1024, 2048, 4096, 8192, 16384};
-inline constexpr const char* kQuickModels[] = {"70B"};
-inline constexpr int64_t kQuickTokens[] = {4096, 8192};
+// How the sweeps time one variant of a case, at the steady state of power-capped GPUs: at least
+// warmup_ms of sustained replays before a case's first timing, rewarm_ms of the variant's own
+// replays before each further one, then one window of about timed_ms with an event pair per
+// replay, within [min_iterations, max_iterations]; the median is reported (docs/tuning.md says
+// why).
+struct SweepTiming {
+  int warmup_ms, rewarm_ms, timed_ms, min_iterations, max_iterations;
+};
+
+// kModels, kLayers (sweep order), kLayerGemms, kTokens (the full sweep), kQuickModels and
+// kQuickTokens (the quick sweep), kSweepTiming.
+#include "llama_shapes.inc"
 
 struct Gemm {
   int64_t m = 0, n = 0, k = 0;
 };
-
-// How the sweeps time one variant of a case, at the steady state of power-capped GPUs (a short
-// burst, or a window right after lighter work, runs faster than the same kernel under sustained
-// load): at least warmup_ms of sustained replays before a case's first timing, rewarm_ms of the
-// variant's own replays before each further one, then one window of about timed_ms with an
-// event pair per replay, within [min_iterations, max_iterations]; the median is reported.
-// docs/tuning.md has the measurements behind the windows.
-struct SweepTiming {
-  int warmup_ms = 1000;
-  int rewarm_ms = 250;
-  int timed_ms = 1000;
-  int min_iterations = 10, max_iterations = 20000;
-};
-inline constexpr SweepTiming kSweepTiming{};
 
 namespace detail {
 template <class T, size_t N>
@@ -99,12 +82,11 @@ inline const Layer& find_layer(const std::string& name) {
 inline Gemm global_gemm(const Model& c, const Layer& l, int64_t tokens) {
   if (tokens < 1)
     throw std::invalid_argument("tokens=" + std::to_string(tokens) + " must be positive");
-  const std::string n = l.name;
-  if (n == "QKV") return {tokens, (c.q_heads + 2 * c.kv_heads) * c.head_dim, c.hidden};
-  if (n == "O") return {tokens, c.hidden, c.q_heads * c.head_dim};
-  if (n == "FC1") return {tokens, 2 * c.ffn, c.hidden};
-  if (n == "FC2") return {tokens, c.hidden, c.ffn};
-  throw std::logic_error("internal: kLayers has layer '" + n + "' without a GEMM shape");
+  for (const LayerGemm& g : kLayerGemms)
+    if (std::strcmp(g.model, c.name) == 0 && std::strcmp(g.layer, l.name) == 0)
+      return {tokens, g.n, g.k};
+  throw std::logic_error("internal: llama_shapes.inc has no GEMM of " + std::string(c.name) + "/" +
+                         l.name);
 }
 inline Gemm global_gemm(const std::string& model, const std::string& layer, int64_t tokens) {
   return global_gemm(find_model(model), find_layer(layer), tokens);
@@ -148,7 +130,8 @@ inline std::vector<Case> cases(bool quick) {
 }
 
 // "" when TP ranks can split the layer exactly (M for the sequence-parallel activations / output,
-// N of a column-parallel or K of a row-parallel weight), else the reason with the values.
+// N of a column-parallel or K of a row-parallel weight), else the reason with the values. The
+// same rule as distgemm.llama3.tp_split_reason.
 inline std::string tp_split_reason(const Case& c, int tp) {
   const Gemm g = c.gemm();
   const auto s = [](int64_t v) { return std::to_string(v); };
