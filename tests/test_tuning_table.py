@@ -186,7 +186,10 @@ def test_make_spec_takes_the_tables_steps_and_tile_and_the_path_follows_the_tabl
     assert _qkv(4096, steps=2).tile_n == 0 and _qkv(4096, steps=2).table is None  # S given
     assert _qkv(2048).table is None and _qkv(4096, dtype=torch.float16).table is None
     sig = entry_cache.signature(
-        ("all_gather_gemm", "ag_rotate_a", None, "bf16", (), 0.0, False, "auto"), None
+        entry_cache.EntryKey(
+            "all_gather_gemm", "ag_rotate_a", None, "bf16", (), 0.0, False, "auto"
+        ),
+        None,
     )
     assert sig["tuning_table"] == table.digest
 
