@@ -4,18 +4,22 @@ Usage: python3 diag/small_probe.py SO_PATH OUT_JSON"""
 
 import ctypes
 import json
-import os
 import math
+import os
 import sys
 
 import torch
 
-from benchmarks.gpu_timing import WARMUP_S, SingleGpuContext, graphed, time_variant
+from benchmarks.common.timing import WARMUP_S, SingleGpuContext, graphed, time_variant
 
 # variant: (name, token tile, weight tile, CTAs' units each: 1 cooperative, 2 ping-pong)
-VARIANTS = {0: ("coop_t128_w128", 128, 128, 1), 1: ("pp_t64_w128", 64, 128, 2),
-            2: ("pp_t64_w256", 64, 256, 2), 3: ("coopsw_w128_t64", 64, 128, 1),
-            4: ("ppsw_w64_t64", 64, 64, 2)}
+VARIANTS = {
+    0: ("coop_t128_w128", 128, 128, 1),
+    1: ("pp_t64_w128", 64, 128, 2),
+    2: ("pp_t64_w256", 64, 256, 2),
+    3: ("coopsw_w128_t64", 64, 128, 1),
+    4: ("ppsw_w64_t64", 64, 64, 2),
+}
 LAYERS = [("70B/O", 8192, 4096), ("70B/FC2", 8192, 14336), ("405B/O", 16384, 8192)]
 TOKENS = [int(x) for x in os.environ.get("PROBE_TOKENS", "33,64,128").split(",")]
 PICK = [int(x) for x in os.environ.get("PROBE_VARIANTS", "0,1,2,3,4").split(",")]
@@ -26,9 +30,12 @@ def main() -> None:
     lib = ctypes.CDLL(sys.argv[1])
     ctx = SingleGpuContext.current()
     dev = ctx.dev
-    out = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
-           "stages": {VARIANTS[v][0]: getattr(lib, f"dg_small_{v}_stages")() for v in PICK},
-           "cases": []}
+    out = {
+        "device": torch.cuda.get_device_name(dev),
+        "torch": torch.__version__,
+        "stages": {VARIANTS[v][0]: getattr(lib, f"dg_small_{v}_stages")() for v in PICK},
+        "cases": [],
+    }
     print(out["stages"], flush=True)
     first = True
     for li, (lname, n, k) in enumerate(LAYERS):
@@ -49,8 +56,15 @@ def main() -> None:
                     if tiles * s > SMS * per_cta or k % (s * 64):
                         continue
                     d = torch.zeros((s, m, n), device=dev, dtype=torch.bfloat16)
-                    args = (ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(w.data_ptr()),
-                            ctypes.c_void_p(d.data_ptr()), m, n, k, s)
+                    args = (
+                        ctypes.c_void_p(x.data_ptr()),
+                        ctypes.c_void_p(w.data_ptr()),
+                        ctypes.c_void_p(d.data_ptr()),
+                        m,
+                        n,
+                        k,
+                        s,
+                    )
                     rc = getattr(lib, f"dg_small_{v}_prepare")(*args)
                     if rc:
                         print(f"{lname} m={m} {vname} s={s}: prepare rc={rc}", flush=True)
@@ -66,13 +80,15 @@ def main() -> None:
             for fn in fns.values():
                 fn()
             torch.cuda.synchronize()
-            errs = {v: float((d.float().sum(0) - ref.float()).norm() / ref.float().norm())
-                    for v, d in outs.items()}
+            errs = {
+                v: float((d.float().sum(0) - ref.float()).norm() / ref.float().norm())
+                for v, d in outs.items()
+            }
             graphs = {v: graphed(torch, fn, 20) for v, fn in fns.items()}
             order = list(graphs)
             us = {v: [] for v in order}
             for rnd in range(2):
-                for v in (order if rnd == 0 else order[::-1]):
+                for v in order if rnd == 0 else order[::-1]:
                     t = time_variant(ctx, graphs[v].replay, warm_s=WARMUP_S if first else 0.25)
                     first = False
                     us[v].append(t / 20 * 1e3)

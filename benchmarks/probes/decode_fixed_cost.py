@@ -8,11 +8,10 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch
 
 import distgemm
-from benchmarks.fused_tp1 import graph_of, start_world_of_one, timed_window_us, uniform
+from benchmarks.decode.fused_tp1 import graph_of, start_world_of_one, timed_window_us, uniform
 
 dev = start_world_of_one()
 out = {}
@@ -54,12 +53,34 @@ for name, n, k in [("70B-O", 8192, 4096)]:
         st = st[st[:, 0] > 0]
         t0 = int(st[:, 0].min())
         rel = (st - t0).double() / 1000.0  # us
-        q = lambda col: [round(float(x), 2) for x in torch.quantile(rel[:, col], torch.tensor([0.0, 0.5, 0.9, 1.0], dtype=torch.double))]
+        q = lambda col: [
+            round(float(x), 2)
+            for x in torch.quantile(
+                rel[:, col], torch.tensor([0.0, 0.5, 0.9, 1.0], dtype=torch.double)
+            )
+        ]
         rec["ctas"] = int(st.shape[0])
-        names = {0: "start", 2: "mainloop_end", 6: "flagged", 7: "waited", 10: "synced2", 11: "loaded", 8: "reduced", 9: "synced", 3: "end"}
+        names = {
+            0: "start",
+            2: "mainloop_end",
+            6: "flagged",
+            7: "waited",
+            10: "synced2",
+            11: "loaded",
+            8: "reduced",
+            9: "synced",
+            3: "end",
+        }
         for i, nm in names.items():
             rec[nm + "_q"] = q(i)
-        for i, j, nm in [(2, 6, "store+flag"), (6, 7, "wait"), (7, 10, "2syncs"), (10, 8, "reduce"), (8, 9, "to_sync"), (9, 3, "finish")]:
+        for i, j, nm in [
+            (2, 6, "store+flag"),
+            (6, 7, "wait"),
+            (7, 10, "2syncs"),
+            (10, 8, "reduce"),
+            (8, 9, "to_sync"),
+            (9, 3, "finish"),
+        ]:
             d = rel[:, j] - rel[:, i]
             rec["d_" + nm] = [round(float(d.median()), 2), round(float(d.max()), 2)]
         out[f"{name}/m{m}"] = rec

@@ -1,11 +1,14 @@
 """Probe: is the fused op's ~1.4 us offset a property of the process (placement), not the build?
 Times 3 shapes at one token, and prints where the fused buffers landed."""
-import json, os, statistics, sys
-sys.path.insert(0, os.getcwd())
+
+import json
+import sys
+
 import torch
+
 import distgemm
-from benchmarks.fused_tp1 import start_world_of_one, uniform
-from benchmarks.gpu_timing import SingleGpuContext, graphed, time_variant
+from benchmarks.common.timing import SingleGpuContext, graphed, time_variant
+from benchmarks.decode.fused_tp1 import start_world_of_one, uniform
 from distgemm.comm import get_communicator
 
 CALLS = 20
@@ -26,10 +29,23 @@ for n, k in [(8192, 64), (8192, 4096), (16384, 64)]:
     c = get_communicator()
     recv = c._fused_receive.current.bases[0] if c._fused_receive else 0
     ctrl = c._fused_control.bases[0]
-    rec = dict(variant=label, n=n, k=k, mm_us=mm, fused_us=fu, recv=recv, ctrl=ctrl,
-               a=a.data_ptr(), w=w.data_ptr(), out=o2.data_ptr())
+    rec = dict(
+        variant=label,
+        n=n,
+        k=k,
+        mm_us=mm,
+        fused_us=fu,
+        recv=recv,
+        ctrl=ctrl,
+        a=a.data_ptr(),
+        w=w.data_ptr(),
+        out=o2.data_ptr(),
+    )
     rows.append(rec)
-    print(f"{label:6s} n={n:6d} k={k:5d} mm={mm:6.2f} fused={fu:6.2f} diff={fu-mm:5.2f} "
-          f"recv%2M={recv % (2<<20):8d} ctrl%2M={ctrl % (2<<20):8d} out%2M={o2.data_ptr() % (2<<20)} "
-          f"a%2M={a.data_ptr() % (2<<20)}", flush=True)
+    print(
+        f"{label:6s} n={n:6d} k={k:5d} mm={mm:6.2f} fused={fu:6.2f} diff={fu - mm:5.2f} "
+        f"recv%2M={recv % (2 << 20):8d} ctrl%2M={ctrl % (2 << 20):8d} out%2M={o2.data_ptr() % (2 << 20)} "
+        f"a%2M={a.data_ptr() % (2 << 20)}",
+        flush=True,
+    )
 json.dump(rows, open(out, "w"), indent=1)

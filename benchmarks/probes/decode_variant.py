@@ -1,5 +1,7 @@
 """Rewrites the decode kernel into a timing-only variant (probe; never committed)."""
+
 import sys
+
 p = "cpp/include/distgemm/kernel/fused_decode_sm90.cuh"
 s = open(p).read()
 v = sys.argv[1]
@@ -11,7 +13,9 @@ if v == "noflags":
 elif v == "notail":
     old = "      // 1. This split's partial"
     assert old in s
-    s = s.replace(old, """      {
+    s = s.replace(
+        old,
+        """      {
         float sum = 0.f;
 #pragma unroll
         for (int f = 0; f < kFrags; ++f)
@@ -20,7 +24,9 @@ elif v == "notail":
         if (sum == 12345.f) stop = 1u;
         continue;
       }
-""" + old)
+"""
+        + old,
+    )
 elif v == "nocompute":
     old = "        if (warp < steps) {"
     assert old in s

@@ -1,16 +1,25 @@
 """Rewrites the decode kernel's weight loads into a timing-only variant (probe; never committed)."""
+
 import sys
+
 p = "cpp/include/distgemm/kernel/fused_decode_sm90.cuh"
 s = open(p).read()
 v = sys.argv[1]
 if v in ("l2none", "l2_128"):
     old = "CU_TENSOR_MAP_L2_PROMOTION_L2_256B"
     assert old in s
-    s = s.replace(old, "CU_TENSOR_MAP_L2_PROMOTION_NONE" if v == "l2none" else "CU_TENSOR_MAP_L2_PROMOTION_L2_128B")
+    s = s.replace(
+        old,
+        "CU_TENSOR_MAP_L2_PROMOTION_NONE"
+        if v == "l2none"
+        else "CU_TENSOR_MAP_L2_PROMOTION_L2_128B",
+    )
 elif v == "evict":
     old = "// Fetches `map` into the TMA unit's descriptor cache ahead of its first copy."
     assert old in s
-    s = s.replace(old, """__device__ __forceinline__ void tma_load_2d_ef(void* dst, const CUtensorMap* map, int k, int row,
+    s = s.replace(
+        old,
+        """__device__ __forceinline__ void tma_load_2d_ef(void* dst, const CUtensorMap* map, int k, int row,
                                             uint64_t* bar) {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
@@ -21,7 +30,9 @@ elif v == "evict":
       : "memory");
 }
 
-""" + old)
+"""
+        + old,
+    )
     old = "          tma_load_2d(sw + j * kWeightBoxBytes, &maps.w,"
     assert old in s
     s = s.replace(old, "          tma_load_2d_ef(sw + j * kWeightBoxBytes, &maps.w,")

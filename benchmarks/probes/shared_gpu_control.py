@@ -8,10 +8,9 @@ import sys
 import time
 import traceback
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "gpu"))
 import torch
 import torch.distributed as dist
-from torchrun_worker import init_rank, rank, rel_err, reduce_scatter0
+from torchrun_worker import init_rank, rank, reduce_scatter0, rel_err
 
 from distgemm import _core, ops
 from distgemm import comm as dcomm
@@ -132,7 +131,13 @@ def variant(name, seq, setup=None, pregrow=None, markers=False):
         if pregrow and i == pregrow[0]:
             c.workspace_for(layout(pregrow[1]))
             torch.cuda.synchronize()
-            out.append(dict(case=f"{name}/pregrow", allocs=c.memory_stats()["workspace_allocations"], **dump(c)))
+            out.append(
+                dict(
+                    case=f"{name}/pregrow",
+                    allocs=c.memory_stats()["workspace_allocations"],
+                    **dump(c),
+                )
+            )
             flush()
             if markers:
                 marker(c, f"{name}/after-pregrow")

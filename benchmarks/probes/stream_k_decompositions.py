@@ -10,8 +10,8 @@ import time
 
 import torch
 
-from benchmarks import kernel_shapes as ks
-from benchmarks.gpu_timing import WARMUP_S, SingleGpuContext, graphed, time_variant
+from benchmarks.common.timing import WARMUP_S, SingleGpuContext, graphed, time_variant
+from benchmarks.kernel import shapes as ks
 from distgemm import _core
 
 
@@ -53,7 +53,9 @@ def main() -> None:
             break
         gen = torch.Generator(device=dev).manual_seed(11 + si)
         a = torch.empty((m, k), device=dev).uniform_(-1, 1, generator=gen).bfloat16()
-        w = (torch.empty((n, k), device=dev).uniform_(-1, 1, generator=gen) / math.sqrt(k)).bfloat16()
+        w = (
+            torch.empty((n, k), device=dev).uniform_(-1, 1, generator=gen) / math.sqrt(k)
+        ).bfloat16()
         d = torch.empty((m, n), device=dev, dtype=torch.bfloat16)
         dref = torch.empty_like(d)
         exact = torch.mm(a.float(), w.float().t())
@@ -64,14 +66,29 @@ def main() -> None:
         for v, (cfg, dec, sp) in vs.items():
             kw = {}
             if cfg != "auto":
-                nb = _core.gemm_workspace_bytes(m, n, k, cuda_device=dev.index, config=cfg,
-                                                decomposition=dec, splits=sp)
+                nb = _core.gemm_workspace_bytes(
+                    m, n, k, cuda_device=dev.index, config=cfg, decomposition=dec, splits=sp
+                )
                 wss[v] = torch.zeros(max(nb, 16), device=dev, dtype=torch.uint8)
-                kw = dict(config=cfg, workspace=wss[v].data_ptr(), workspace_bytes=wss[v].numel(),
-                          decomposition=dec, splits=sp)
-            fns[v] = (lambda kw=kw: _core.gemm(a.data_ptr(), w.data_ptr(), d.data_ptr(), m, n, k,
-                                               "bf16", cuda_device=dev.index, stream=stream(),
-                                               **kw))
+                kw = dict(
+                    config=cfg,
+                    workspace=wss[v].data_ptr(),
+                    workspace_bytes=wss[v].numel(),
+                    decomposition=dec,
+                    splits=sp,
+                )
+            fns[v] = lambda kw=kw: _core.gemm(
+                a.data_ptr(),
+                w.data_ptr(),
+                d.data_ptr(),
+                m,
+                n,
+                k,
+                "bf16",
+                cuda_device=dev.index,
+                stream=stream(),
+                **kw,
+            )
         errs = {}
         for v, fn in fns.items():
             d.fill_(float("nan"))
@@ -91,11 +108,25 @@ def main() -> None:
         refm = (ms["ref0"] + ms["ref1"]) / 2
         ratio = {v: ms[v] / refm for v in names}
         best = min(ratio, key=ratio.get)
-        rec = {"case": name, "m": m, "n": n, "k": k, "dp_config": dp_cfg, "calls": calls,
-               "variants": vs, "err": errs, "ms": ms, "ratio": ratio, "best": best}
-        print(f"{name} {m}x{n}x{k} mm {refm:.4f} dp({dp_cfg}) {ratio['dp']:.3f} "
-              + " ".join(f"{v} {r:.3f}" for v, r in ratio.items() if v != "dp")
-              + f" | best {best} {ratio[best]:.3f} maxerr {max(errs.values()):.1e}", flush=True)
+        rec = {
+            "case": name,
+            "m": m,
+            "n": n,
+            "k": k,
+            "dp_config": dp_cfg,
+            "calls": calls,
+            "variants": vs,
+            "err": errs,
+            "ms": ms,
+            "ratio": ratio,
+            "best": best,
+        }
+        print(
+            f"{name} {m}x{n}x{k} mm {refm:.4f} dp({dp_cfg}) {ratio['dp']:.3f} "
+            + " ".join(f"{v} {r:.3f}" for v, r in ratio.items() if v != "dp")
+            + f" | best {best} {ratio[best]:.3f} maxerr {max(errs.values()):.1e}",
+            flush=True,
+        )
         res["cases"].append(rec)
         del graphs
         torch.cuda.empty_cache()

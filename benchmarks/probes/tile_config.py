@@ -9,13 +9,22 @@ import time
 
 import torch
 
-from benchmarks import kernel_shapes as ks
-from benchmarks.gpu_timing import WARMUP_S, SingleGpuContext, graphed, time_variant
+from benchmarks.common.timing import WARMUP_S, SingleGpuContext, graphed, time_variant
+from benchmarks.kernel import shapes as ks
 from distgemm import _core
 
-MEASURED = {(4096, 28672, 8192), (8192, 8192, 4096), (8192, 8192, 14336), (4096, 16384, 8192),
-            (4096, 16384, 26624), (8192, 8192, 8192), (8192, 8192, 28672), (4096, 16384, 16384),
-            (4096, 16384, 53248), (8192, 18432, 16384)}
+MEASURED = {
+    (4096, 28672, 8192),
+    (8192, 8192, 4096),
+    (8192, 8192, 14336),
+    (4096, 16384, 8192),
+    (4096, 16384, 26624),
+    (8192, 8192, 8192),
+    (8192, 8192, 28672),
+    (4096, 16384, 16384),
+    (4096, 16384, 53248),
+    (8192, 18432, 16384),
+}
 
 
 def shapes(old_cost=1.44):
@@ -44,7 +53,9 @@ def main() -> None:
             break
         gen = torch.Generator(device=dev).manual_seed(7 + si)
         a = torch.empty((m, k), device=dev).uniform_(-1, 1, generator=gen).bfloat16()
-        w = (torch.empty((n, k), device=dev).uniform_(-1, 1, generator=gen) / math.sqrt(k)).bfloat16()
+        w = (
+            torch.empty((n, k), device=dev).uniform_(-1, 1, generator=gen) / math.sqrt(k)
+        ).bfloat16()
         d = torch.empty((m, n), device=dev, dtype=torch.bfloat16)
         dref = torch.empty_like(d)
         fns = {"ref": lambda: torch.mm(a, w.t(), out=dref)}
@@ -67,11 +78,22 @@ def main() -> None:
             ms[v] = time_variant(ctx, graphs[v].replay) / calls
         ms["ref1"] = time_variant(ctx, graphs["ref"].replay) / calls
         refm = (ms["ref0"] + ms["ref1"]) / 2
-        rec = {"case": name, "m": m, "n": n, "k": k, "calls": calls, "err": errs, "ms": ms,
-               "ratio": {v: ms[v] / refm for v in names}}
-        print(f"{name} {m}x{n}x{k} ref {refm:.4f} 128x256 {ms['128x256'] / refm:.3f} 256x192 "
-              f"{ms['256x192'] / refm:.3f} 192/256 {ms['256x192'] / ms['128x256']:.3f} "
-              f"err {max(errs.values()):.2e}", flush=True)
+        rec = {
+            "case": name,
+            "m": m,
+            "n": n,
+            "k": k,
+            "calls": calls,
+            "err": errs,
+            "ms": ms,
+            "ratio": {v: ms[v] / refm for v in names},
+        }
+        print(
+            f"{name} {m}x{n}x{k} ref {refm:.4f} 128x256 {ms['128x256'] / refm:.3f} 256x192 "
+            f"{ms['256x192'] / refm:.3f} 192/256 {ms['256x192'] / ms['128x256']:.3f} "
+            f"err {max(errs.values()):.2e}",
+            flush=True,
+        )
         res["cases"].append(rec)
         del graphs
         torch.cuda.empty_cache()

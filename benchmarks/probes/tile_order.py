@@ -10,26 +10,38 @@ import time
 
 import torch
 
-from benchmarks.gpu_timing import WARMUP_S, SingleGpuContext, graphed, time_variant
+from benchmarks.common.timing import WARMUP_S, SingleGpuContext, graphed, time_variant
 from distgemm import _core
 from distgemm.scales import quantize, scaled_mm_scales
 
 ORDERS = [(8, 1), (8, 2), (4, 1), (4, 2), (2, 1), (2, 2), (1, 1), (1, 2)]
 # (name, m, n, k): TP=2 local GEMMs
 SHAPES = [
-    ("70B/QKV/8192", 8192, 5120, 8192), ("70B/O/8192", 8192, 8192, 4096),
-    ("70B/FC1/8192", 8192, 28672, 8192), ("70B/FC2/8192", 8192, 8192, 14336),
-    ("405B/QKV/8192", 8192, 9216, 16384), ("405B/O/8192", 8192, 16384, 8192),
-    ("405B/FC2/8192", 8192, 16384, 26624), ("70B/QKV/4096", 4096, 5120, 8192),
-    ("70B/O/4096", 4096, 8192, 4096), ("405B/O/4096", 4096, 16384, 8192),
+    ("70B/QKV/8192", 8192, 5120, 8192),
+    ("70B/O/8192", 8192, 8192, 4096),
+    ("70B/FC1/8192", 8192, 28672, 8192),
+    ("70B/FC2/8192", 8192, 8192, 14336),
+    ("405B/QKV/8192", 8192, 9216, 16384),
+    ("405B/O/8192", 8192, 16384, 8192),
+    ("405B/FC2/8192", 8192, 16384, 26624),
+    ("70B/QKV/4096", 4096, 5120, 8192),
+    ("70B/O/4096", 4096, 8192, 4096),
+    ("405B/O/4096", 4096, 16384, 8192),
     ("405B/FC1/8192", 8192, 53248, 16384),
 ]
 if os.environ.get("PROBE_SHAPES") == "tp1":
-    SHAPES = [("70B/FC1/8192/TP1", 8192, 57344, 8192), ("70B/QKV/8192/TP1", 8192, 10240, 8192),
-              ("405B/FC1/8192", 8192, 53248, 16384)]
+    SHAPES = [
+        ("70B/FC1/8192/TP1", 8192, 57344, 8192),
+        ("70B/QKV/8192/TP1", 8192, 10240, 8192),
+        ("405B/FC1/8192", 8192, 53248, 16384),
+    ]
 if os.environ.get("PROBE_SHAPES") == "bf16model":  # where the rows model leaves the heuristic
-    SHAPES = [("405B/QKV/8192/TP4", 8192, 4608, 16384), ("405B/QKV/16384/TP4", 16384, 4608, 16384),
-              ("405B/FC1/16384/TP8", 16384, 13312, 16384), ("8B/FC1/16384/TP2", 16384, 14336, 4096)]
+    SHAPES = [
+        ("405B/QKV/8192/TP4", 8192, 4608, 16384),
+        ("405B/QKV/16384/TP4", 16384, 4608, 16384),
+        ("405B/FC1/16384/TP8", 16384, 13312, 16384),
+        ("8B/FC1/16384/TP2", 16384, 14336, 4096),
+    ]
 DTYPES = os.environ.get("PROBE_DTYPES", "bf16,e4m3").split(",")
 
 
@@ -67,8 +79,11 @@ def main() -> None:
                 cfg = "e4m3_128x192"
 
                 def ref_fn(qa=qa, qb=qb, ta=ta, tb=tb):
-                    dref.copy_(torch._scaled_mm(qa, qb.t(), scale_a=ta, scale_b=tb,
-                                                out_dtype=torch.bfloat16))
+                    dref.copy_(
+                        torch._scaled_mm(
+                            qa, qb.t(), scale_a=ta, scale_b=tb, out_dtype=torch.bfloat16
+                        )
+                    )
 
                 def ours(sw, ra, qa=qa, qb=qb, sa=sa, sb=sb):
                     return lambda: _core.gemm(
@@ -76,6 +91,7 @@ def main() -> None:
                         cuda_device=dev.index, stream=stream(), scale_a=sa.data_ptr(),
                         scale_a_rows=True, scale_b=sb.data_ptr(), scale_b_rows=True,
                         swizzle=sw, raster=ra)  # fmt: skip
+
             del a, w
             calls = max(1, int(2e10 / (2.0 * m * n * k) * (2 if dtype == "e4m3" else 1)) + 1)
             fns = {"ref": ref_fn}
@@ -97,12 +113,24 @@ def main() -> None:
                 ms[v] = time_variant(ctx, graphs[v].replay) / calls
             ms["ref1"] = time_variant(ctx, graphs["ref"].replay) / calls
             refm = (ms["ref0"] + ms["ref1"]) / 2
-            rec = {"case": name, "dtype": dtype, "config": cfg, "m": m, "n": n, "k": k,
-                   "calls": calls, "err_vs_ref": err, "ms": ms,
-                   "ratio": {v: ms[v] / refm for v in names}}
+            rec = {
+                "case": name,
+                "dtype": dtype,
+                "config": cfg,
+                "m": m,
+                "n": n,
+                "k": k,
+                "calls": calls,
+                "err_vs_ref": err,
+                "ms": ms,
+                "ratio": {v: ms[v] / refm for v in names},
+            }
             best = min(names, key=lambda v: ms[v])
-            print(f"{name} {dtype} {cfg} ref {refm:.4f} best {best} {ms[best] / refm:.3f} "
-                  + " ".join(f"{v}={ms[v] / refm:.3f}" for v in fns if v != "ref"), flush=True)
+            print(
+                f"{name} {dtype} {cfg} ref {refm:.4f} best {best} {ms[best] / refm:.3f} "
+                + " ".join(f"{v}={ms[v] / refm:.3f}" for v in fns if v != "ref"),
+                flush=True,
+            )
             res["cases"].append(rec)
             del graphs
             torch.cuda.empty_cache()

@@ -10,15 +10,17 @@ import time
 
 import torch
 
-from benchmarks.gpu_timing import WARMUP_S, SingleGpuContext, graphed, time_variant
+from benchmarks.common.timing import WARMUP_S, SingleGpuContext, graphed, time_variant
 from distgemm import _core
 from distgemm.scales import quantize, scaled_mm_scales
 
 SHAPES = []
 for model, layers in (
     ("70B", {"QKV": (5120, 8192), "O": (8192, 4096), "FC1": (28672, 8192), "FC2": (8192, 14336)}),
-    ("405B", {"QKV": (9216, 16384), "O": (16384, 8192), "FC1": (53248, 16384),
-              "FC2": (16384, 26624)}),
+    (
+        "405B",
+        {"QKV": (9216, 16384), "O": (16384, 8192), "FC1": (53248, 16384), "FC2": (16384, 26624)},
+    ),
 ):
     for tokens in (4096, 8192):
         for layer, (n, k) in layers.items():
@@ -27,7 +29,7 @@ SHAPES += [("70B/FC1/8192/TP1", 8192, 57344, 8192), ("70B/QKV/8192/TP1", 8192, 1
 DTYPES = os.environ.get("PROBE_DTYPES", "e4m3,bf16").split(",")
 if os.environ.get("PROBE_SET") == "bf16flips":
     # local bf16 GEMMs of the sweep where the DRAM rule leaves CUTLASS's heuristic
-    from benchmarks import kernel_shapes as ks
+    from benchmarks.kernel import shapes as ks
 
     SHAPES, DTYPES = [], ["bf16"]
     t = _core.gemm_config_table()
@@ -69,8 +71,10 @@ def old_rows(t, m, n, slots, raster):
         for a in range(cm):
             for b in range(cn):
                 covered.add((mi * cm + a, ni * cn + b))
-    return (len({x for x, _ in covered if x < tm}) * t["tile_m"]
-            + len({y for _, y in covered if y < tn}) * t["tile_n"])
+    return (
+        len({x for x, _ in covered if x < tm}) * t["tile_m"]
+        + len({y for _, y in covered if y < tn}) * t["tile_n"]
+    )
 
 
 def heuristic(t, m, n):
@@ -107,12 +111,16 @@ def main() -> None:
             if time.time() - t0 > budget:
                 print("budget reached", flush=True)
                 break
-            cfg = "e4m3_128x192" if dtype == "e4m3" else _core.gemm_resolve_config(
-                m, n, cuda_device=dev.index)
+            cfg = (
+                "e4m3_128x192"
+                if dtype == "e4m3"
+                else _core.gemm_resolve_config(m, n, cuda_device=dev.index)
+            )
             t = table[cfg]
             try:
-                slots = _core.gemm_resident_ctas("e4m3" if dtype == "e4m3" else "bf16",
-                                                 cuda_device=dev.index, config=cfg)
+                slots = _core.gemm_resident_ctas(
+                    "e4m3" if dtype == "e4m3" else "bf16", cuda_device=dev.index, config=cfg
+                )
             except Exception as e:  # noqa: BLE001
                 print(f"resident ctas of {cfg}: {e}; 132", flush=True)
                 slots = 132
@@ -143,8 +151,11 @@ def main() -> None:
                 ta, tb = scaled_mm_scales(sa, sb, m, n)
 
                 def ref_fn(qa=qa, qb=qb, ta=ta, tb=tb):
-                    dref.copy_(torch._scaled_mm(qa, qb.t(), scale_a=ta, scale_b=tb,
-                                                out_dtype=torch.bfloat16))
+                    dref.copy_(
+                        torch._scaled_mm(
+                            qa, qb.t(), scale_a=ta, scale_b=tb, out_dtype=torch.bfloat16
+                        )
+                    )
 
                 def ours(sw, ra, qa=qa, qb=qb, sa=sa, sb=sb):
                     return lambda: _core.gemm(
@@ -152,6 +163,7 @@ def main() -> None:
                         cuda_device=dev.index, stream=stream(), scale_a=sa.data_ptr(),
                         scale_a_rows=True, scale_b=sb.data_ptr(), scale_b_rows=True,
                         swizzle=sw, raster=ra)  # fmt: skip
+
             del a, w
             calls = max(1, int(2e10 / (2.0 * m * n * k) * (2 if dtype == "e4m3" else 1)) + 1)
             fns = {"ref": ref_fn}
@@ -177,14 +189,28 @@ def main() -> None:
                 ms[v] = time_variant(ctx, graphs[v].replay) / calls
             ms["ref1"] = time_variant(ctx, graphs["ref"].replay) / calls
             refm = (ms["ref0"] + ms["ref1"]) / 2
-            rec = {"case": name, "dtype": dtype, "config": cfg, "m": m, "n": n, "k": k,
-                   "slots": slots, "calls": calls, "variants": variants,
-                   "rows_new": new_rule, "err_vs_ref": errs, "ms": ms,
-                   "ratio": {v: ms[v] / refm for v in names}}
-            print(f"{name} {dtype} {cfg} ref {refm:.4f} old s{o_sw}r{o_ra} "
-                  f"{ms['old'] / refm:.3f} new s8r{n_ra} {ms['new'] / refm:.3f} other "
-                  f"{ms['new_other'] / refm:.3f} new/old {ms['new'] / ms['old']:.3f} "
-                  f"err {max(errs.values()):.2e}", flush=True)
+            rec = {
+                "case": name,
+                "dtype": dtype,
+                "config": cfg,
+                "m": m,
+                "n": n,
+                "k": k,
+                "slots": slots,
+                "calls": calls,
+                "variants": variants,
+                "rows_new": new_rule,
+                "err_vs_ref": errs,
+                "ms": ms,
+                "ratio": {v: ms[v] / refm for v in names},
+            }
+            print(
+                f"{name} {dtype} {cfg} ref {refm:.4f} old s{o_sw}r{o_ra} "
+                f"{ms['old'] / refm:.3f} new s8r{n_ra} {ms['new'] / refm:.3f} other "
+                f"{ms['new_other'] / refm:.3f} new/old {ms['new'] / ms['old']:.3f} "
+                f"err {max(errs.values()):.2e}",
+                flush=True,
+            )
             res["cases"].append(rec)
             del graphs
             torch.cuda.empty_cache()

@@ -1,9 +1,15 @@
 """Which workspace growths break an overlapped plan (2 ranks sharing one GPU). Each rank writes
 its own JSON; failures never desynchronise the ranks' collectives (agreement first)."""
-import os, sys, json, traceback
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "gpu"))
-import torch, torch.distributed as dist
+
+import json
+import os
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
 from torchrun_worker import init_rank, rank, reference, rel_err
+
 import distgemm
 from distgemm import comm as dcomm
 
@@ -11,19 +17,23 @@ dev = init_rank()
 out = []
 path = sys.argv[1].replace(".json", f"-r{rank()}.json")
 
+
 def flush():
     json.dump(out, open(path, "w"), indent=1)
+
 
 def agree(ok):
     t = torch.tensor([1 if ok else 0])
     dist.all_reduce(t, op=dist.ReduceOp.MIN)
     return bool(t.item())
 
+
 def inputs(m, n, k, seed):
     g = torch.Generator().manual_seed(seed * 1000 + rank())
     a = (torch.rand(m, k, generator=g) * 2 - 1).bfloat16().to(dev)
     w = ((torch.rand(n, k, generator=g) * 2 - 1) / k**0.5).bfloat16().to(dev)
     return a, w
+
 
 def rs(c, m, seed, tag):
     a, w = inputs(m, 4096, 2048, seed)
@@ -36,13 +46,18 @@ def rs(c, m, seed, tag):
         ok = True
     except Exception:
         ok, rec["exc"] = False, traceback.format_exc()[-1500:]
-    rec["allocs_before"], rec["allocs_after"] = allocs, c.memory_stats().get("workspace_allocations")
+    rec["allocs_before"], rec["allocs_after"] = (
+        allocs,
+        c.memory_stats().get("workspace_allocations"),
+    )
     both = agree(ok)
     if both:
         rec["err"] = rel_err(z, reference("rs_tile_a", a, w, None, None, 0.0, torch.bfloat16)[0])
     rec["ok_here"], rec["ok_both"] = ok, both
-    out.append(rec); flush()
+    out.append(rec)
+    flush()
     return both
+
 
 def case(name, prep, seq):
     c = dcomm.Communicator(timeout_s=60.0, wait_timeout_s=15.0)
@@ -62,10 +77,14 @@ def case(name, prep, seq):
         out.append(dict(case=name + "/close", exc=traceback.format_exc()[-800:]))
     flush()
 
+
 def nothing(c):
     pass
 
+
 keep = []
+
+
 def fused_captured(c):
     a, w = inputs(16, 8192, 4096, 9)
     o = torch.empty(16, 8192, dtype=torch.bfloat16, device=dev)
@@ -76,6 +95,7 @@ def fused_captured(c):
         distgemm.gemm_all_reduce(a, w, out=o, path="fused", group=c)
     g.replay()
     keep.append(g)
+
 
 def overlap_captured(c):
     a, w = inputs(256, 4096, 2048, 9)
@@ -88,8 +108,13 @@ def overlap_captured(c):
     g.replay()
     keep.append(g)
 
+
 SEQ = [2048, 8192, 8192, 2048, 2048, 16384, 2048]
-for name, prep in [("plain", nothing), ("fused_captured", fused_captured), ("overlap_captured", overlap_captured)]:
+for name, prep in [
+    ("plain", nothing),
+    ("fused_captured", fused_captured),
+    ("overlap_captured", overlap_captured),
+]:
     case(name, prep, SEQ)
     dist.barrier()
     if rank() == 0:
