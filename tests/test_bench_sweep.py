@@ -4,13 +4,11 @@ sweep's cases, and the refusals of bad arguments (exit code 2), the fp8 options'
 The binary is the installed distgemm/bin/distgemm_bench (or DISTGEMM_BENCH); its tests skip, with
 the reason, where the package was built without the CUDA runtime."""
 
-import importlib.util
 import os
 import pathlib
 import re
 import shutil
 import subprocess
-import sys
 
 import pytest
 
@@ -92,21 +90,12 @@ def test_unknown_names_raise_value_error(args, message):
         _core.llama_gemm(*args)
 
 
-def _load_llama_sweep():
-    spec = importlib.util.spec_from_file_location(
-        "llama_sweep_vs_core", ROOT / "benchmarks" / "llama_sweep.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_python_sweep_measures_the_same_shapes():
-    """benchmarks/llama_sweep.py reads its tables from _core: its cases, shapes and timing rules
-    are those of distgemm_bench --sweep, or the C++ and torchrun numbers would not sit side by
-    side."""
-    sweep = _load_llama_sweep()
+    """benchmarks/sweep/llama_sweep.py reads its tables from _core: its cases, shapes and timing
+    rules are those of distgemm_bench --sweep, or the C++ and torchrun numbers would not sit side
+    by side."""
+    from benchmarks.sweep import llama_sweep as sweep
+
     assert _core.llama_models() == sweep.MODELS
     assert tuple(_core.llama_layers()) == sweep.LAYERS
     assert {la: d["collective"] for la, d in _core.llama_layers().items()} == sweep.COLLECTIVE

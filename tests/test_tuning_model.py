@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from benchmarks import fit_path_model
+from benchmarks.sweep import fit_path_model
 from distgemm import _core, pathmodel
 
 RULE = 1.02  # the public op within 2% of NCCL + torch.mm on every sweep case

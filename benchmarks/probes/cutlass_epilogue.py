@@ -1,6 +1,6 @@
 """Probe (not shipped): CUTLASS epilogue/schedule variants of the 128x256 bf16 GEMM against
 distgemm's 128x256 kernel and torch.mm on full-grid Llama shapes, steady state, interleaved.
-Usage: python3 diag/epi_probe.py SO_PATH OUT_JSON"""
+Usage: python3 -m benchmarks.probes.cutlass_epilogue SO_PATH OUT_JSON"""
 
 import ctypes
 import json

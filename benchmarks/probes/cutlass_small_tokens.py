@@ -1,6 +1,6 @@
 """Probe (not shipped): CUTLASS schedules for 33..128 tokens x weight^T with split-K (the fused
 GEMM + all-reduce's CUTLASS range) against torch.mm, steady state, interleaved, one GPU.
-Usage: python3 diag/small_probe.py SO_PATH OUT_JSON"""
+Usage: python3 -m benchmarks.probes.cutlass_small_tokens SO_PATH OUT_JSON"""
 
 import ctypes
 import json

@@ -1,6 +1,6 @@
 """Probe (not shipped): the stream-K kernels' decompositions on the local sweep GEMMs whose
 128x256 grid leaves a partial wave, against torch.mm and the data-parallel pick, one GPU, steady
-state, interleaved. Usage: python3 diag/sk_probe.py OUT_JSON [BUDGET_S]"""
+state, interleaved. Usage: python3 -m benchmarks.probes.stream_k_decompositions OUT_JSON [BUDGET_S]"""
 
 import json
 import math

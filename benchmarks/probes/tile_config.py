@@ -1,6 +1,6 @@
 """Probe (not shipped): 128x256 against 256x192 on the local sweep GEMMs where the fitted 256x192
 cost (kConfigs) changes the model's pick, one GPU, steady state, interleaved against torch.mm.
-Usage: python3 diag/config_probe.py OUT_JSON [BUDGET_S]"""
+Usage: python3 -m benchmarks.probes.tile_config OUT_JSON [BUDGET_S]"""
 
 import json
 import math

@@ -1,6 +1,6 @@
 """Probe (not shipped): the persistent scheduler's tile order (swizzle x raster) of distgemm's bf16
 and accurate fp8 kernels against torch.mm / torch._scaled_mm, steady state, interleaved, one GPU.
-Usage: python3 diag/order_probe.py OUT_JSON [BUDGET_S]"""
+Usage: python3 -m benchmarks.probes.tile_order OUT_JSON [BUDGET_S]"""
 
 import json
 import math

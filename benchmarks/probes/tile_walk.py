@@ -1,6 +1,6 @@
 """Probe (not shipped): the unpadded swizzle walk against the old default order (swizzle lowered
 until it divides the grid, the rows rule of the padded walk), one GPU, steady state, interleaved
-against torch.mm / torch._scaled_mm. Usage: python3 diag/walk_probe.py OUT_JSON [BUDGET_S]"""
+against torch.mm / torch._scaled_mm. Usage: python3 -m benchmarks.probes.tile_walk OUT_JSON [BUDGET_S]"""
 
 import json
 import math
