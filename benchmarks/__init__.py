@@ -1,3 +1,3 @@
-"""distgemm's benchmarks: Llama-3 layer sweeps and timelines under torchrun, their reports, and
-the C++ binary's comparisons. Each script runs as a file (``python3 benchmarks/X.py``, under
-torchrun too) or as a module (``python3 -m benchmarks.X``)."""
+"""distgemm's benchmarks, one package per family (see benchmarks/README.md). Each entry point
+runs as a module from the repository root: ``python3 -m benchmarks.<family>.<script>``, or
+``torchrun --nproc-per-node N -m benchmarks.<family>.<script>``."""

@@ -10,7 +10,7 @@
 #   install          the README's install on a machine without network: the nvidia-cutlass wheel
 #                    from .whl/, then DISTGEMM_OFFLINE=1 bash scripts/install.sh "[test]"
 #   first-run        tests/gpu/test_first_run.py (main job, import orders, quick sweep, tp_mlp)
-#   timing-study     benchmarks/timing_study.py (short alternating chunks vs steady windows)
+#   timing-study     sweep.timing_study (short alternating chunks vs steady windows)
 #   api              tests/gpu/run_api_checks.sh (torchrun worker: correctness, paths, errors,
 #                    10,000 replays, host overhead; the Python-vs-C++ bench; examples/tp_mlp.py)
 #   kernel-tests     python3 -m pytest tests/gpu/test_kernel_gemm.py (every kernel configuration
@@ -30,32 +30,35 @@
 #   cpp-tests        python3 -m pytest tests/gpu/test_cpp_bench.py (the C++ runtime grid)
 #   cpp-fp8          the fp8 cases of tests/gpu/test_cpp_bench.py (-k fp8), then distgemm_bench
 #                    --sweep quick at fp8 (row scales; row scales with fast accumulation) and bf16
-#   timeline         benchmarks/overlap_timeline.py (per-stream picture of one case)
-#   sweep-quick|full benchmarks/llama_sweep.py [--quick] $SWEEP_ARGS (e.g. "--models 405B")
-#   sweep-fc         benchmarks/llama_sweep.py --models 70B --layers FC1,FC2 (every token count)
+#   timeline         timeline.overlap_timeline (per-stream picture of one case)
+#   sweep-quick|full sweep.llama_sweep [--quick] $SWEEP_ARGS (e.g. "--models 405B")
+#   sweep-fc         sweep.llama_sweep --models 70B --layers FC1,FC2 (every token count)
 #   cpp-sweep-quick|full  distgemm_bench --sweep quick|full
 #   cpp-variants     the quick C++ sweep per (reduce-scatter partial transport, PDL) pair, twice,
-#                    at TP = every GPU and TP = 2 (benchmarks/compare_variants.py summarises)
-#   training         benchmarks/training_step.py $TRAINING_ARGS (Llama-70B MLP block fwd+bwd: distgemm
+#                    at TP = every GPU and TP = 2 (sweep.compare_variants summarises)
+#   training         training.training_step $TRAINING_ARGS (Llama-70B MLP block fwd+bwd: distgemm
 #                    keep/regather vs NCCL + torch.mm vs torch async-TP vs the GEMM floor)
-#   training-local   benchmarks/training_step.py --local-only [--tp $TRAINING_LOCAL_TP] on GPU 0:
-#                    the block's two floors alone (GEMMs; the compiled step without communication)
-#   serving          benchmarks/serving.py $SERVING_ARGS (Llama-70B 8-layer TP stack: decode batches
+#   training-local   training.training_step --local-only [--tp $TRAINING_LOCAL_TP] on GPU 0: the
+#                    block's two floors alone (GEMMs; the compiled step without communication)
+#   serving          serving.serving_step $SERVING_ARGS (Llama-70B 8-layer TP stack: decode batches
 #                    1..256 in CUDA graphs, prefill 2048..8192 eager; distgemm vs NCCL + torch.mm vs
 #                    torch symm_mem; ms per step and memory per variant)
-#   decode           benchmarks/decode.py --models 70B,405B --tokens 1..256 $DECODE_ARGS (O, FC2
+#   decode           decode.decode_layers --models 70B,405B --tokens 1..256 $DECODE_ARGS (O, FC2
 #                    GEMM + all-reduce in graphs of 20 calls: mm, mm + NCCL, mm + one_shot, distgemm)
-#   fused-tp1        benchmarks/fused_tp1.py on GPU 0: the fused GEMM + all-reduce at TP=1 (its kernel,
+#   fused-tp1        decode.fused_tp1 on GPU 0: the fused GEMM + all-reduce at TP=1 (its kernel,
 #                    flags and reduction without NVLink) vs torch.mm on 70B/405B O and FC2 at tokens
 #                    1..256, weight bandwidth, and its correctness in bf16 and fp16
-#   cpp-tiles        benchmarks/compare_tiles.py (the GEMM's two tiles per shape, one GPU), then the
-#                    C++ sweep at 1024/2048 tokens with --tile-n auto and 256, two rounds each
-#   fp8-sweep        torchrun benchmarks/fp8_sweep.py $FP8_SWEEP_ARGS (70B layers at 8192 tokens: fp8
-#                    distgemm vs bf16 distgemm, NCCL + torch._scaled_mm, torch's fused scaled ops)
-#   fp8-kernel       benchmarks/fp8_kernel_vs_scaled_mm.py ${FP8_ARGS:---tp 2} on GPU 0: the fp8
-#                    kernels vs torch._scaled_mm, bf16 torch.mm and distgemm's bf16 kernel
-#   kernel-vs-cublas benchmarks/kernel_vs_cublas.py ${KERNEL_ARGS:---tp 2 --local-only} on GPU 0: distgemm's
-#                    GEMM kernel (both tiles, the wave model's pick) vs torch.mm per Llama GEMM shape
+#   cpp-tiles        kernel.compare_tiles (the GEMM's two tiles per shape, one GPU), then the C++
+#                    sweep at 1024/2048 tokens with --tile-n auto and 256, two rounds each
+#   fp8-sweep        fp8.fp8_sweep $FP8_SWEEP_ARGS (70B layers at 8192 tokens: fp8 distgemm vs bf16
+#                    distgemm, NCCL + torch._scaled_mm, torch's fused scaled ops)
+#   fp8-kernel       fp8.fp8_kernel_vs_scaled_mm ${FP8_ARGS:---tp 2} on GPU 0: the fp8 kernels vs
+#                    torch._scaled_mm, bf16 torch.mm and distgemm's bf16 kernel
+#   kernel-vs-cublas kernel.kernel_vs_cublas ${KERNEL_ARGS:---tp 2 --local-only} on GPU 0:
+#                    distgemm's GEMM kernel (both tiles, the wave model's pick) vs torch.mm per
+#                    Llama GEMM shape
+# Each benchmark part runs its module of benchmarks/ (benchmarks/README.md) from the repository
+# root: python3 -m benchmarks.<family>.<script>, or torchrun --nproc-per-node $NPROC -m ...
 # CPP_TESTS_K narrows cpp-tests to a pytest -k expression.
 # While the parts run, nvidia-smi samples SM clock, power and throttle reasons every 500 ms
 # ($OUT/smi.csv): the context for every TF/s number. At the end everything under $OUT is packed
@@ -125,13 +128,13 @@ for p in "$@"; do
         export INSTALLED_BY; env_report; unset BENCH ;;
     first-run) part first-run 600 env DISTGEMM_TEST_LOG="$OUT/first-run/commands.log" \
                  python3 -m pytest -q -rs tests/gpu/test_first_run.py ;;
-    timing-study) part timing-study 200 torchrun --nproc-per-node "$NPROC" benchmarks/timing_study.py --out "$OUT/timing-study" ;;
+    timing-study) part timing-study 200 torchrun --nproc-per-node "$NPROC" -m benchmarks.sweep.timing_study --out "$OUT/timing-study" ;;
     api) part api 300 env OUT="$OUT/api" API_TIMEOUT=240 bash tests/gpu/run_api_checks.sh ;;
     kernel-tests) part kernel-tests ${KERNEL_TESTS_S:-400} python3 -m pytest -q -rs tests/gpu/test_kernel_gemm.py ;;
     fp8-tests) part fp8-tests ${FP8_TESTS_S:-300} python3 -m pytest -q -rs tests/gpu/test_kernel_fp8.py ;;
     fp8-ops) part fp8-ops ${FP8_OPS_S:-400} env DISTGEMM_TEST_RESULTS="$OUT/fp8-ops" \
                  python3 -m pytest -q -rs tests/gpu/test_fp8_ops.py ;;
-    fp8-sweep) part fp8-sweep ${FP8_SWEEP_S:-400} torchrun --nproc-per-node "$NPROC" benchmarks/fp8_sweep.py \
+    fp8-sweep) part fp8-sweep ${FP8_SWEEP_S:-400} torchrun --nproc-per-node "$NPROC" -m benchmarks.fp8.fp8_sweep \
                  ${FP8_SWEEP_ARGS:-} --out "$OUT/fp8-sweep" ;;
     shared-api) part shared-api ${SHARED_API_S:-400} env DISTGEMM_ALLOW_SHARED_GPU=1 CUDA_VISIBLE_DEVICES=0 \
                  torchrun --nproc-per-node 2 tests/gpu/torchrun_worker.py --sections correctness,paths \
@@ -142,7 +145,7 @@ for p in "$@"; do
     gpu-tests) pytest_files_part gpu-tests ${GPU_TESTS_S:-590} ${GPU_TEST_S:-150} \
         "${GPU_TESTS:-fused capture workspace fp8_ops training torchrun_api tuning_gpu}" \
         DISTGEMM_CALLS=${GPU_CALLS:-2000} ;;
-    fp8-kernel) part fp8-kernel ${FP8_S:-400} python3 benchmarks/fp8_kernel_vs_scaled_mm.py \
+    fp8-kernel) part fp8-kernel ${FP8_S:-400} python3 -m benchmarks.fp8.fp8_kernel_vs_scaled_mm \
               ${FP8_ARGS:---tp 2} --budget-s $(( ${FP8_S:-400} - 30 )) --out "$OUT/fp8-kernel" ;;
     cpp-tests) part cpp-tests ${CPP_TESTS_S:-330} env DISTGEMM_BENCH="$BENCH" python3 -m pytest -q -x -rs \
                  ${CPP_TESTS_K:+-k "$CPP_TESTS_K"} tests/gpu/test_cpp_bench.py ;;
@@ -172,26 +175,26 @@ for p in "$@"; do
         done; exit $rc' "$NPROC" "$BENCH" "$OUT/cpp-variants" ;;
     cpp-tiles) part cpp-tiles ${CPP_TILES_S:-300} bash -c '
         set -u; rc=0
-        python3 benchmarks/compare_tiles.py --bench "$0" --csv "$1/tiles.csv" || rc=1
+        python3 -m benchmarks.kernel.compare_tiles --bench "$0" --csv "$1/tiles.csv" || rc=1
         for run in auto-r1 256-r1 256-r2 auto-r2; do  # interleaved: drift hits both alike
           "$0" --sweep full --tokens 1024,2048 --tile-n ${run%-*} --csv "$1/small-$run.csv" \
             > "$1/small-$run.log" 2>&1
           r=$?; [ $r -eq 0 ] || rc=1
           echo "small-token sweep --tile-n $run rc=$r"; tail -n 1 "$1/small-$run.log"
         done; exit $rc' "$BENCH" "$OUT/cpp-tiles" ;;
-    timeline) part timeline 150 torchrun --nproc-per-node "$NPROC" benchmarks/overlap_timeline.py --out "$OUT/timeline" ;;
-    sweep-quick) part sweep-quick 300 torchrun --nproc-per-node "$NPROC" benchmarks/llama_sweep.py --quick ${SWEEP_ARGS:-} --out "$OUT/sweep-quick" ;;
-    sweep-full) part sweep-full ${SWEEP_S:-590} torchrun --nproc-per-node "$NPROC" benchmarks/llama_sweep.py ${SWEEP_ARGS:-} --out "$OUT/sweep-full" ;;
-    sweep-fc) part sweep-fc 300 torchrun --nproc-per-node "$NPROC" benchmarks/llama_sweep.py --models 70B --layers FC1,FC2 --out "$OUT/sweep-fc" ;;
-    training) part training ${TRAINING_S:-450} torchrun --nproc-per-node "$NPROC" benchmarks/training_step.py ${TRAINING_ARGS:-} --out "$OUT/training" ;;
+    timeline) part timeline 150 torchrun --nproc-per-node "$NPROC" -m benchmarks.timeline.overlap_timeline --out "$OUT/timeline" ;;
+    sweep-quick) part sweep-quick 300 torchrun --nproc-per-node "$NPROC" -m benchmarks.sweep.llama_sweep --quick ${SWEEP_ARGS:-} --out "$OUT/sweep-quick" ;;
+    sweep-full) part sweep-full ${SWEEP_S:-590} torchrun --nproc-per-node "$NPROC" -m benchmarks.sweep.llama_sweep ${SWEEP_ARGS:-} --out "$OUT/sweep-full" ;;
+    sweep-fc) part sweep-fc 300 torchrun --nproc-per-node "$NPROC" -m benchmarks.sweep.llama_sweep --models 70B --layers FC1,FC2 --out "$OUT/sweep-fc" ;;
+    training) part training ${TRAINING_S:-450} torchrun --nproc-per-node "$NPROC" -m benchmarks.training.training_step ${TRAINING_ARGS:-} --out "$OUT/training" ;;
     training-local) part training-local ${TRAINING_LOCAL_S:-200} env CUDA_VISIBLE_DEVICES=0 python3 \
-              benchmarks/training_step.py --local-only ${TRAINING_LOCAL_TP:+--tp $TRAINING_LOCAL_TP} --out "$OUT/training-local" ;;
-    serving) part serving ${SERVING_S:-450} torchrun --nproc-per-node "$NPROC" benchmarks/serving.py ${SERVING_ARGS:-} --out "$OUT/serving" ;;
-    decode) part decode ${DECODE_S:-420} torchrun --nproc-per-node "$NPROC" benchmarks/decode.py --models 70B,405B \
+              -m benchmarks.training.training_step --local-only ${TRAINING_LOCAL_TP:+--tp $TRAINING_LOCAL_TP} --out "$OUT/training-local" ;;
+    serving) part serving ${SERVING_S:-450} torchrun --nproc-per-node "$NPROC" -m benchmarks.serving.serving_step ${SERVING_ARGS:-} --out "$OUT/serving" ;;
+    decode) part decode ${DECODE_S:-420} torchrun --nproc-per-node "$NPROC" -m benchmarks.decode.decode_layers --models 70B,405B \
               --tokens 1,2,4,8,16,32,64,128,256 ${DECODE_ARGS:-} --out "$OUT/decode" ;;
-    fused-tp1) part fused-tp1 ${FUSED_TP1_S:-420} env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/fused_tp1.py \
+    fused-tp1) part fused-tp1 ${FUSED_TP1_S:-420} env CUDA_VISIBLE_DEVICES=0 python3 -m benchmarks.decode.fused_tp1 \
               ${FUSED_TP1_ARGS:-} --out "$OUT/fused-tp1" ;;
-    kernel-vs-cublas) part kernel-vs-cublas ${KERNEL_S:-500} python3 benchmarks/kernel_vs_cublas.py \
+    kernel-vs-cublas) part kernel-vs-cublas ${KERNEL_S:-500} python3 -m benchmarks.kernel.kernel_vs_cublas \
               ${KERNEL_ARGS:---tp 2 --local-only} --budget-s $(( ${KERNEL_S:-500} - 40 )) --out "$OUT/kernel-vs-cublas" ;;
     cpp-sweep-quick) part cpp-sweep-quick 200 "$BENCH" --sweep quick --tp "$NPROC" --csv "$OUT/cpp-sweep-quick/cpp-sweep-quick.csv" ;;
     cpp-sweep-full) part cpp-sweep-full 400 "$BENCH" --sweep full --tp "$NPROC" --csv "$OUT/cpp-sweep-full/cpp-sweep-full.csv" ;;

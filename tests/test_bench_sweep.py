@@ -4,12 +4,10 @@ sweep's cases, and the refusals of bad arguments (exit code 2), the fp8 options'
 The binary is the installed distgemm/bin/distgemm_bench (or DISTGEMM_BENCH); its tests skip, with
 the reason, where the package was built without the CUDA runtime."""
 
-import importlib.util
 import os
 import pathlib
 import re
 import subprocess
-import sys
 
 import pytest
 
@@ -91,21 +89,12 @@ def test_unknown_names_raise_value_error(args, message):
         llama3.gemm(*args)
 
 
-def _load_llama_sweep():
-    spec = importlib.util.spec_from_file_location(
-        "llama_sweep_vs_core", ROOT / "benchmarks" / "llama_sweep.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_python_sweep_measures_the_same_shapes():
-    """benchmarks/llama_sweep.py reads its tables from llama3: its cases, shapes and timing rules
-    are those of distgemm_bench --sweep, or the C++ and torchrun numbers would not sit side by
+    """benchmarks/sweep/llama_sweep.py reads its tables from llama3: its cases, shapes and timing
+    rules are those of distgemm_bench --sweep, or the C++ and torchrun numbers would not sit side by
     side."""
-    sweep = _load_llama_sweep()
+    from benchmarks.sweep import llama_sweep as sweep
+
     assert llama3.models() == sweep.MODELS
     assert tuple(llama3.layers()) == sweep.LAYERS
     assert {la: d["collective"] for la, d in llama3.layers().items()} == sweep.COLLECTIVE

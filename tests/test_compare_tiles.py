@@ -1,11 +1,11 @@
-"""benchmarks/compare_tiles.py: the per-shape summary of the two GEMM tiles, on synthetic timings
-(the GPU part, running distgemm_bench, is run_on_gpus.sh's cpp-tiles)."""
+"""benchmarks/kernel/compare_tiles.py: the per-shape summary of the two GEMM tiles, on synthetic
+timings (the GPU part, running distgemm_bench, is run_on_gpus.sh's cpp-tiles)."""
 
 import random
 
 import pytest
 
-from benchmarks import compare_tiles as ct
+from benchmarks.kernel import compare_tiles as ct
 from distgemm import _core
 
 

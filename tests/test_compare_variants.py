@@ -1,4 +1,4 @@
-"""benchmarks/compare_variants.py: the (partial transport, PDL) summary of run_on_gpus.sh's
+"""benchmarks/sweep/compare_variants.py: the (partial transport, PDL) summary of run_on_gpus.sh's
 cpp-variants part, on synthetic CSVs and on the committed 4x H200 run."""
 
 import csv
@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-from benchmarks import compare_variants as cv
+from benchmarks.sweep import compare_variants as cv
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -1,7 +1,7 @@
-"""The decode benchmark without a GPU: benchmarks/decode_report.py's ratios, suspect and wrong
+"""The decode benchmark without a GPU: benchmarks/decode/report.py's ratios, suspect and wrong
 variants, issue 19's acceptance columns and summary, table, CSV, JSON round trip and plot from
-synthetic records; and ``torchrun benchmarks/decode.py --cpu-smoke`` on 2 gloo ranks, judged by
-the numbers each rank writes.
+synthetic records; and ``torchrun -m benchmarks.decode.decode_layers --cpu-smoke`` on 2 gloo
+ranks, judged by the numbers each rank writes.
 
 Tolerances: mm + the gloo all_reduce in bf16 against the fp32 product at the benchmark's ERR_TOL
 (relative Frobenius error < 2e-2) and above 1e-4 (bf16 is not exact: 0 would mean nothing was
@@ -14,8 +14,8 @@ import sys
 import pytest
 from test_serving_bench import _torchrun_smoke
 
-from benchmarks import decode_report as rep
-from benchmarks import serving_output as out
+from benchmarks.common import report as out
+from benchmarks.decode import report as rep
 
 META = {"torch": "2.11.0+cu128", "device": "NVIDIA H200", "installed_by": "README install"}
 TP = 2
@@ -163,40 +163,40 @@ def test_plot_written_with_matplotlib(tmp_path):
 
 def test_runner_pieces_on_cpu():
     torch = pytest.importorskip("torch")
-    from benchmarks import decode
+    from benchmarks.decode import decode_layers
 
-    assert decode.split_reason(8192, 28672, 2) is None
+    assert decode_layers.split_reason(8192, 28672, 2) is None
     assert (
-        decode.split_reason(64, 40, 2)
+        decode_layers.split_reason(64, 40, 2)
         == "K=40 does not split over tp=2 into multiples of 8 elements"
     )
-    a0, w0 = decode.full_layer(64, 128, 4, "cpu")
-    a1, w1 = decode.full_layer(64, 128, 4, "cpu")
+    a0, w0 = decode_layers.full_layer(64, 128, 4, "cpu")
+    a1, w1 = decode_layers.full_layer(64, 128, 4, "cpu")
     assert torch.equal(a0, a1) and torch.equal(w0, w1)  # the same on every rank
     assert float(w0.float().std()) == pytest.approx(128**-0.5, rel=0.1)
-    ops = decode.layer_operands(64, 128, 2, 1, 4, "cpu")
+    ops = decode_layers.layer_operands(64, 128, 2, 1, 4, "cpu")
     assert torch.equal(ops.w, w0[:, 64:]) and torch.equal(ops.a, a0[:, 64:])
-    decode.one_call("mm", ops, 3, None, "")()
+    decode_layers.one_call("mm", ops, 3, None, "")()
     assert torch.equal(ops.outs["mm"][:3], torch.mm(a0[:3, 64:], w0[:, 64:].t()))
     with pytest.raises(ValueError, match="unknown variant 'nope'"):
-        decode.one_call("nope", ops, 3, None, "")
+        decode_layers.one_call("nope", ops, 3, None, "")
     with pytest.raises(SystemExit):
-        decode.main(["--tokens", "0,1"])
+        decode_layers.main(["--tokens", "0,1"])
     with pytest.raises(SystemExit):
-        decode.main(["--models", "7B"])
+        decode_layers.main(["--models", "7B"])
 
 
 def test_cpu_smoke_under_torchrun(repo_root, tmp_path):
     pytest.importorskip("torch")
-    from benchmarks import decode
+    from benchmarks.decode import decode_layers
 
-    cases = {f"{la} M{t}" for la in decode.SMOKE_DIMS for t in decode.SMOKE_TOKENS}
-    for res in _torchrun_smoke(repo_root, tmp_path, "decode.py"):
-        assert decode.smoke_failures(res) == []
+    cases = {f"{la} M{t}" for la in decode_layers.SMOKE_DIMS for t in decode_layers.SMOKE_TOKENS}
+    for res in _torchrun_smoke(repo_root, tmp_path, "benchmarks.decode.decode_layers", "decode"):
+        assert decode_layers.smoke_failures(res) == []
         assert set(res["rel_err"]) == set(res["mm_finite"]) == set(res["plans"]) == cases
         assert all(1e-4 < e < rep.ERR_TOL for e in res["rel_err"].values())
         assert all(res["mm_finite"].values())
         for case, e in res["plans"].items():  # exact, or rejected with the constraint named
             tokens = int(case.split("M")[1])
-            assert (isinstance(e, str) and f"M={tokens}" in e) or e < decode.PLAN_TOL, case
-        assert all(isinstance(res["plans"][f"{la} M8"], float) for la in decode.SMOKE_DIMS)
+            assert (isinstance(e, str) and f"M={tokens}" in e) or e < decode_layers.PLAN_TOL, case
+        assert all(isinstance(res["plans"][f"{la} M8"], float) for la in decode_layers.SMOKE_DIMS)

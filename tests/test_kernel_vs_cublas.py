@@ -1,9 +1,9 @@
 """The kernel-vs-cuBLAS benchmark without a GPU: the shape list (distinct shapes, their sources,
-local GEMMs first, counts for known filters), benchmarks/kernel_report.py's derived numbers,
+local GEMMs first, counts for known filters), benchmarks/kernel/report.py's derived numbers,
 acceptance verdicts, compute-floor flags, table, CSV, JSON and PNG from synthetic records and
 their --replot round trip, --dry-run's listing, and _core.gemm's refusal of a GEMM the kernel
 cannot run (a ValueError with the reason, raised before any device is touched); the one-GPU
-context runs the sweep's steady-state timing (benchmarks/gpu_timing.py) on a fake event clock.
+context runs the sweep's steady-state timing (benchmarks/common/timing.py) on a fake event clock.
 
 Shapes are Llama-3 8B O (global M=tokens, N=K=4096; TP=2 splits K: local K=2048) and 405B at
 TP=8, checked against the hand-derived per-rank and per-step extents."""
@@ -14,10 +14,10 @@ import json
 
 import pytest
 
-from benchmarks import kernel_report as rep
-from benchmarks import kernel_vs_cublas as bench
-from benchmarks.gpu_timing import MAX_ITERS, TIMED_S, SingleGpuContext, time_around, time_variant
-from benchmarks.kernel_shapes import Source, kernel_shapes
+from benchmarks.common.timing import MAX_ITERS, TIMED_S, SingleGpuContext, time_around, time_variant
+from benchmarks.kernel import kernel_vs_cublas as bench
+from benchmarks.kernel import report as rep
+from benchmarks.kernel.shapes import Source, kernel_shapes
 from distgemm import _core
 
 

@@ -1,6 +1,6 @@
 """CPU tests of the pure parts of the Llama sweep: cases, shapes, skip logic
-(benchmarks/llama_cases.py), derived numbers, targets, CSV, table, plot, replot
-(benchmarks/sweep_report.py) and the progress bar of benchmarks/llama_sweep.py. The
+(benchmarks/common/llama_cases.py), derived numbers, targets, CSV, table, plot, replot
+(benchmarks/sweep/report.py) and the progress bar of benchmarks/sweep/llama_sweep.py. The
 torch.distributed / CUDA part (run_case, main) is not called here."""
 
 import csv
@@ -11,9 +11,8 @@ import sys
 
 import pytest
 
-from benchmarks import llama_cases as cases_mod
-from benchmarks import llama_sweep
-from benchmarks import sweep_report as report
+from benchmarks.common import llama_cases as cases_mod
+from benchmarks.sweep import llama_sweep, report
 
 
 def test_full_case_list():
@@ -470,18 +469,14 @@ def test_replot_joins_split_runs(tmp_path, capsys):
     assert "405B/O/M4096/TP2" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("how", ["file", "module"])
-def test_script_runs_as_a_file_and_as_a_module(tmp_path, repo_root, how):
-    """`python3 benchmarks/llama_sweep.py` (as torchrun runs it, from any directory) and
-    `python3 -m benchmarks.llama_sweep` (from the repository root) both find their modules."""
+def test_replot_as_a_module(tmp_path, repo_root):
+    """``python3 -m benchmarks.sweep.llama_sweep --replot`` from the repository root, as
+    benchmarks/README.md runs it, finds its modules and redraws a stored sweep."""
     stem = str(tmp_path / "2026-11-22-llama-sweep")
     report.write_outputs([_record()], stem, {"seconds": 1.0}, final=False)
-    if how == "file":
-        cmd, cwd = [sys.executable, str(repo_root / "benchmarks" / "llama_sweep.py")], tmp_path
-    else:
-        cmd, cwd = [sys.executable, "-m", "benchmarks.llama_sweep"], repo_root
+    cmd = [sys.executable, "-m", "benchmarks.sweep.llama_sweep"]
     args = ["--replot", stem + ".json", "--out", str(tmp_path / "re")]
-    r = subprocess.run(cmd + args, cwd=cwd, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(cmd + args, cwd=repo_root, capture_output=True, text=True, timeout=120)
     assert r.returncode in (0, 1), r.stderr  # 1: no matplotlib for the PNG
     assert (tmp_path / "re" / "2026-11-22-llama-sweep.csv").read_text() == report.to_csv(
         [_record()]
@@ -489,11 +484,30 @@ def test_script_runs_as_a_file_and_as_a_module(tmp_path, repo_root, how):
     assert "70B/FC1/M8192/TP2" in r.stdout
 
 
-@pytest.mark.parametrize("script", ["timing_study.py", "overlap_timeline.py", "compare_tiles.py"])
-def test_other_scripts_import_as_files(tmp_path, repo_root, script):
+# Every entry point of benchmarks/README.md, run as there: a module from the repository root.
+ENTRY_POINTS = (
+    "sweep.llama_sweep",
+    "sweep.timing_study",
+    "sweep.fit_path_model",
+    "sweep.compare_variants",
+    "timeline.overlap_timeline",
+    "kernel.kernel_vs_cublas",
+    "kernel.compare_tiles",
+    "fp8.fp8_sweep",
+    "fp8.fp8_kernel_vs_scaled_mm",
+    "serving.serving_step",
+    "decode.decode_layers",
+    "decode.fused_tp1",
+    "training.training_step",
+    "host.first_call",
+)
+
+
+@pytest.mark.parametrize("module", ENTRY_POINTS)
+def test_entry_points_run_as_modules(repo_root, module):
     r = subprocess.run(
-        [sys.executable, str(repo_root / "benchmarks" / script), "--help"],
-        cwd=tmp_path,
+        [sys.executable, "-m", f"benchmarks.{module}", "--help"],
+        cwd=repo_root,
         capture_output=True,
         text=True,
         timeout=120,

@@ -1,22 +1,18 @@
 """CPU tests of the pure parts of the overlap timeline: chrome-trace parsing, event
-classification, alignment, overlap, summary (benchmarks/timeline_events.py), lanes, JSON round
-trip, plotting and --replot (benchmarks/timeline_report.py, benchmarks/overlap_timeline.py). The
-torch.distributed / CUDA part (run_layer, main) is not called here."""
+classification, alignment, overlap, summary (benchmarks/timeline/events.py), lanes, JSON round
+trip, plotting and --replot (benchmarks/timeline/report.py,
+benchmarks/timeline/overlap_timeline.py). The torch.distributed / CUDA part (run_layer, main) is
+not called here."""
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
-from benchmarks import timeline_events as ev
-from benchmarks import timeline_report as rep
-from benchmarks.llama_cases import Case
-
-_PATH = os.path.join(
-    os.path.dirname(os.path.abspath(__file__)), os.pardir, "benchmarks", "overlap_timeline.py"
-)
+from benchmarks.common.llama_cases import Case
+from benchmarks.timeline import events as ev
+from benchmarks.timeline import report as rep
 
 try:
     import matplotlib  # noqa: F401
@@ -447,7 +443,7 @@ def test_outputs_without_matplotlib(tmp_path, monkeypatch):
 
 
 @NEEDS_MPL
-def test_replot_cli_without_torch(tmp_path):
+def test_replot_cli_without_torch(tmp_path, repo_root):
     meta = {"model": "70B", "date": "2026-11-23T10:00:00+00:00"}
     layers = [_layer(), dict(_layer(fallback=True), layer="O")]
     doc = tmp_path / "run.json"
@@ -457,9 +453,11 @@ def test_replot_cli_without_torch(tmp_path):
     code = (
         "import runpy, sys; sys.modules['torch'] = None; "
         f"sys.argv = ['overlap_timeline.py', '--replot', {str(doc)!r}, '--out', {str(out)!r}]; "
-        f"runpy.run_path({_PATH!r}, run_name='__main__')"
+        "runpy.run_module('benchmarks.timeline.overlap_timeline', run_name='__main__')"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=repo_root, capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert pngs == [

@@ -1,4 +1,4 @@
-"""benchmarks/python_layer_overhead.py still runs against the current Python layer: its
+"""benchmarks/host/python_layer_overhead.py still runs against the current Python layer: its
 stand-ins (communicator, type check, graph) patch the names the ops look up today, so a rename
 there shows up here instead of as a crash on the next measurement. Run as a subprocess: the
 benchmark patches module globals."""
@@ -15,7 +15,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_overhead_benchmark_runs_on_the_cpu_and_reports_both_cases():
-    code = "from benchmarks.python_layer_overhead import main; main(n=300)"
+    code = "from benchmarks.host.python_layer_overhead import main; main(n=300)"
     proc = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
     )

@@ -1,8 +1,8 @@
-"""The serving benchmark without a GPU: benchmarks/serving_report.py's ratios, suspect and wrong
+"""The serving benchmark without a GPU: benchmarks/serving/report.py's ratios, suspect and wrong
 variants, the decode acceptance rule, table, CSVs, JSON round trip and plot from synthetic runs;
-benchmarks/serving_stack.py's stack against a one-process fp32 stack; and
-``torchrun benchmarks/serving.py --cpu-smoke`` on 2 gloo ranks, judged by the numbers each rank
-writes.
+benchmarks/serving/stack.py's stack against a one-process fp32 stack; and
+``torchrun -m benchmarks.serving.serving_step --cpu-smoke`` on 2 gloo ranks, judged by the
+numbers each rank writes.
 
 Tolerances: the bf16 stack against fp32 at the benchmark's ERR_TOL (relative Frobenius error
 < 2e-2, a few times bf16's rounding of 2^-8); and at least 1e-4 (bf16 results are not exact, so
@@ -17,8 +17,8 @@ import sys
 
 import pytest
 
-from benchmarks import serving_output as out
-from benchmarks import serving_report as rep
+from benchmarks.common import report as out
+from benchmarks.serving import report as rep
 
 META = {"torch": "2.11.0+cu128", "device": "NVIDIA H200", "installed_by": "README install"}
 TP = 2
@@ -172,7 +172,7 @@ def test_plot_written_with_matplotlib(tmp_path):
 
 
 def test_stack_dims_and_layout_rules():
-    stack = pytest.importorskip("benchmarks.serving_stack")
+    stack = pytest.importorskip("benchmarks.serving.stack")
     dims = stack.model_dims("70B")
     assert dims == {
         "QKV": (10240, 8192),
@@ -191,10 +191,9 @@ def test_single_rank_stack_matches_fp32():
     """At TP=1 every layout is local: the floor's step is the stack itself, against the fp32
     stack from the same seed (layer outputs, in order)."""
     torch = pytest.importorskip("torch")
-    from benchmarks import serving
-    from benchmarks import serving_stack as stack
+    from benchmarks.serving import serving_step, stack
 
-    ops = stack.make_operands(serving.SMOKE_DIMS, 2, 1, 0, 16, "cpu")
+    ops = stack.make_operands(serving_step.SMOKE_DIMS, 2, 1, 0, 16, "cpu")
     bufs = stack.make_buffers(ops, "ar", 16)
     calls = stack.layer_calls("floor", "", None)
     got = stack.make_step("floor", ops, bufs, 5, calls)()
@@ -209,7 +208,7 @@ def test_single_rank_stack_matches_fp32():
 
 
 def test_smoke_failures_flags_what_is_off():
-    from benchmarks.serving import smoke_failures
+    from benchmarks.serving.serving_step import smoke_failures
 
     res = dict(
         rel_err={"nccl_mm M2": 3e-3, "nccl_mm_sp M2": 0.05},
@@ -224,51 +223,49 @@ def test_smoke_failures_flags_what_is_off():
     ]
 
 
-def _torchrun_smoke(repo_root, tmp_path, script):
-    """``torchrun --nproc-per-node 2 benchmarks/<script> --cpu-smoke`` from another directory;
-    each rank's JSON."""
-    script_path = str(repo_root / "benchmarks" / script)
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={TP}", script_path]
+def _torchrun_smoke(repo_root, tmp_path, module, name):
+    """``torchrun --nproc-per-node 2 -m <module> --cpu-smoke`` from the repository root, as
+    benchmarks/README.md says to run it; each rank's JSON (``<name>-cpu-smoke-rank<r>.json``)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={TP}", "-m", module]
     cmd += ["--cpu-smoke", "--out", str(tmp_path)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    r = subprocess.run(cmd, cwd=repo_root, capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, f"stdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}"
-    stem = script.removesuffix(".py")
     return [
-        json.loads((tmp_path / f"{stem}-cpu-smoke-rank{k}.json").read_text()) for k in range(TP)
+        json.loads((tmp_path / f"{name}-cpu-smoke-rank{k}.json").read_text()) for k in range(TP)
     ]
 
 
 def test_cpu_smoke_under_torchrun(repo_root, tmp_path):
     pytest.importorskip("torch")
-    from benchmarks import serving
+    from benchmarks.serving import serving_step
 
-    for res in _torchrun_smoke(repo_root, tmp_path, "serving.py"):
-        assert serving.smoke_failures(res) == []
-        want = {f"nccl_mm M{t}" for t in serving.SMOKE_TOKENS}
-        want |= {f"nccl_mm_sp M{t}" for t in serving.SMOKE_TOKENS if t % TP == 0}
+    for res in _torchrun_smoke(repo_root, tmp_path, "benchmarks.serving.serving_step", "serving"):
+        assert serving_step.smoke_failures(res) == []
+        want = {f"nccl_mm M{t}" for t in serving_step.SMOKE_TOKENS}
+        want |= {f"nccl_mm_sp M{t}" for t in serving_step.SMOKE_TOKENS if t % TP == 0}
         assert set(res["rel_err"]) == want
         assert all(1e-4 < e < rep.ERR_TOL for e in res["rel_err"].values())
         assert res["unavailable"] == {
             "nccl_mm_sp M1": "M=1 is not divisible by TP=2 (sequence-parallel activations)"
         }
-        assert set(res["floor_finite"]) == {f"M{t}" for t in serving.SMOKE_TOKENS}
+        assert set(res["floor_finite"]) == {f"M{t}" for t in serving_step.SMOKE_TOKENS}
         assert all(res["floor_finite"].values())
         plans = res["plans"]
-        assert set(plans) == {str(t) for t in serving.SMOKE_TOKENS}
+        assert set(plans) == {str(t) for t in serving_step.SMOKE_TOKENS}
         assert set(plans["16"]) == {"ar O", "ar FC2", "sp QKV", "sp O", "sp FC1", "sp FC2"}
-        assert all(isinstance(e, float) and e < serving.PLAN_TOL for e in plans["16"].values())
+        assert all(isinstance(e, float) and e < serving_step.PLAN_TOL for e in plans["16"].values())
         for e in plans["1"].values():  # a rejection names the constraint, or the plan is exact
-            assert (isinstance(e, str) and "M=1" in e) or e < serving.PLAN_TOL
+            assert (isinstance(e, str) and "M=1" in e) or e < serving_step.PLAN_TOL
 
 
 def test_replot_from_the_command_line(tmp_path, capsys):
-    from benchmarks import serving
+    from benchmarks.serving import serving_step
 
     stem = str(tmp_path / "2026-11-24-serving-tp2")
     rep.write_outputs(_run(), META, stem)
     capsys.readouterr()
-    rc = serving.main(["--replot", stem + ".json", "--out", str(tmp_path / "re")])
+    rc = serving_step.main(["--replot", stem + ".json", "--out", str(tmp_path / "re")])
     assert rc in (0, 1)  # 1: no matplotlib for the PNG
     assert (tmp_path / "re" / "2026-11-24-serving-tp2.txt").read_text() == open(
         stem + ".txt"

@@ -1,7 +1,7 @@
-"""The training-step benchmark without a GPU: benchmarks/training_report.py's derived ratios and
+"""The training-step benchmark without a GPU: benchmarks/training/report.py's derived ratios and
 floor_step bounds, suspect and wrong variants, targets, table, CSV and JSON round trips (also of
 a floors-only --local-only record) and the plot's clean skip without matplotlib; and
-benchmarks/training_step.py's variants on 2 gloo ranks (--cpu-smoke's math) against one
+benchmarks/training/training_step.py's variants on 2 gloo ranks (--cpu-smoke's math) against one
 process's fp32 block, floor_step's check failing by name, and --local-only's argument errors.
 
 Tolerances: the variants' output and gradients against megatron's, megatron's against the fp32
@@ -15,7 +15,8 @@ import sys
 
 import pytest
 
-from benchmarks import training_report as rep
+from benchmarks.common import report as out
+from benchmarks.training import report as rep
 
 META = {"torch": "2.11.0+cu128", "device": "NVIDIA H200", "installed_by": "README install"}
 
@@ -94,7 +95,7 @@ def test_check_sizes_names_the_values():
 def test_csv_and_table_round_trip():
     rec = _record(distgemm_regather=21.0)
     rec["unavailable"]["async_tp"] = "why"
-    rows = rep.read_csv(rep.to_csv(rec, META))
+    rows = out.read_csv(rep.to_csv(rec, META))
     assert [r["variant"] for r in rows] == list(rep.VARIANTS)
     by = {r["variant"]: r for r in rows}
     assert float(by["distgemm_keep"]["ms"]) == 25.0
@@ -140,10 +141,10 @@ def _fp32_block(sizes):
     import torch
     import torch.nn.functional as F
 
-    from benchmarks import training_step as ts
+    from benchmarks.training import block
 
     x, grad_out, gate, up, down = (
-        t.float().requires_grad_() for t in ts.full_block(*sizes, "cpu", torch.bfloat16)
+        t.float().requires_grad_() for t in block.full_block(*sizes, "cpu", torch.bfloat16)
     )
     y = (F.silu(x @ gate.t()) * (x @ up.t())) @ down.t()
     y.backward(grad_out.detach())
@@ -154,7 +155,7 @@ def test_cpu_smoke_variants_against_megatron_and_fp32(tmp_path):
     torch = pytest.importorskip("torch")
     from test_nn import run_ranks
 
-    from benchmarks import training_step as ts
+    from benchmarks.training import training_step as ts
 
     tp = 2
     results = run_ranks(ts.cpu_smoke, tmp_path, tp=tp)
@@ -199,11 +200,11 @@ def test_cpu_smoke_variants_against_megatron_and_fp32(tmp_path):
 
 def test_rel_errors_flags_nan():
     torch = pytest.importorskip("torch")
-    from benchmarks import training_step as ts
+    from benchmarks.training import block
 
     ref = {"out": torch.ones(4)}
-    assert ts.rel_errors({"out": torch.ones(4)}, ref) == {"out": 0.0}
-    assert math.isnan(ts.rel_errors({"out": torch.full((4,), math.nan)}, ref)["out"])
+    assert block.rel_errors({"out": torch.ones(4)}, ref) == {"out": 0.0}
+    assert math.isnan(block.rel_errors({"out": torch.full((4,), math.nan)}, ref)["out"])
 
 
 def test_async_tp_fused_ops_note():
@@ -285,7 +286,7 @@ def test_floors_only_record(tmp_path, monkeypatch):
     d = rep.derived(rec)
     assert d["distgemm_best"] is None and d["drift"] is None
     assert d["bound_vs_async_tp"] is None and d["bound_vs_megatron"] is None
-    rows = {r["variant"]: r for r in rep.read_csv(rep.to_csv(rec, meta))}
+    rows = {r["variant"]: r for r in out.read_csv(rep.to_csv(rec, meta))}
     assert list(rows) == list(rep.VARIANTS)
     assert float(rows["floor_step"]["ms"]) == 24.0
     assert float(rows["floor_step"]["eff_vs_floor"]) == pytest.approx(22.0 / 24.0, abs=1e-3)
@@ -303,19 +304,21 @@ def test_floors_only_record(tmp_path, monkeypatch):
 def _tiny_gathered():
     import torch
 
-    from benchmarks import training_step as ts
+    from benchmarks.training import block
+    from benchmarks.training import training_step as ts
 
-    full = ts.full_block(*ts.SMOKE_SIZES, "cpu", torch.bfloat16)
-    return ts.shard_block(full, 0, 2, gathered=True)
+    full = block.full_block(*ts.SMOKE_SIZES, "cpu", torch.bfloat16)
+    return block.shard_block(full, 0, 2, gathered=True)
 
 
 def test_check_floor_step_names_what_is_off(monkeypatch):
     pytest.importorskip("torch")
-    from benchmarks import training_step as ts
+    from benchmarks.training import block
+    from benchmarks.training import training_step as ts
 
     gathered = _tiny_gathered()
     assert gathered.x.shape == (ts.SMOKE_SIZES[0], ts.SMOKE_SIZES[1])  # all T tokens
-    eager = ts.make_floor_step
+    eager = block.make_floor_step
 
     def scaled(ops, compiled=True):  # the "compiled" step 10% off: every quantity about 0.1 off
         variant = eager(ops, compiled=False)
@@ -324,20 +327,20 @@ def test_check_floor_step_names_what_is_off(monkeypatch):
             variant.forward = lambda t: forward(t) * 1.1
         return variant
 
-    monkeypatch.setattr(ts, "make_floor_step", scaled)
+    monkeypatch.setattr(block, "make_floor_step", scaled)
     with pytest.raises(RuntimeError, match=r"floor_step: out rel\. err 0\.\d+ against the eager"):
-        ts.check_floor_step(gathered)
+        block.check_floor_step(gathered)
 
     def no_down_grad(ops, compiled=True):
         variant = eager(ops, compiled=False)
         if compiled:
             w1, w2 = variant.weights
-            variant.forward = lambda t: ts.local_block(t, w1, w2.detach())
+            variant.forward = lambda t: block.local_block(t, w1, w2.detach())
         return variant
 
-    monkeypatch.setattr(ts, "make_floor_step", no_down_grad)
+    monkeypatch.setattr(block, "make_floor_step", no_down_grad)
     with pytest.raises(RuntimeError, match="floor_step: grad_w_down is None"):
-        ts.check_floor_step(gathered)
+        block.check_floor_step(gathered)
 
 
 @pytest.mark.parametrize(
@@ -351,7 +354,7 @@ def test_check_floor_step_names_what_is_off(monkeypatch):
 )
 def test_local_only_arguments(argv, message, monkeypatch, capsys):
     torch = pytest.importorskip("torch")
-    from benchmarks import training_step as ts
+    from benchmarks.training import training_step as ts
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit) as e:

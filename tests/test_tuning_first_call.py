@@ -1,4 +1,4 @@
-"""CPU checks of benchmarks/first_call.py's bookkeeping: the 96 token counts, the phase timer
+"""CPU checks of benchmarks/host/first_call.py's bookkeeping: the 96 token counts, the phase timer
 (wraps and restores the library's functions, times only what it is told to, names what it could
 not wrap), disjoint phases and the summary statistics."""
 
@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from benchmarks import first_call
+from benchmarks.host import first_call
 
 
 def test_the_token_counts_are_96_multiples_of_64_up_to_6144():

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from benchmarks import fit_path_model
+from benchmarks.sweep import fit_path_model
 from distgemm import _core, llama3
 from distgemm.runtime import cost_model
 

@@ -4,8 +4,8 @@
 
 - ``python3 -m distgemm`` (the main job): exit 0 and a RESULT line with verify=PASS;
 - ``import distgemm._core`` before and after ``import torch``, each followed by CUDA work of both;
-- ``torchrun --nproc-per-node 2 benchmarks/llama_sweep.py --quick``: exit 0, every case measured,
-  right, and no time below its compute floor;
+- ``torchrun --nproc-per-node 2 -m benchmarks.sweep.llama_sweep --quick``: exit 0, every case
+  measured, right, and no time below its compute floor;
 - ``torchrun --nproc-per-node 2 examples/tp_mlp.py``: exit 0.
 
 Decides by exit codes and parsed output (the RESULT line, the sweep's JSON). Skips, with the
@@ -98,7 +98,8 @@ def test_quick_sweep(tmp_path):
             "torch.distributed.run",
             "--nproc-per-node",
             str(TP),
-            str(ROOT / "benchmarks" / "llama_sweep.py"),
+            "-m",
+            "benchmarks.sweep.llama_sweep",
             "--quick",
             "--out",
             str(tmp_path),
@@ -111,7 +112,7 @@ def test_quick_sweep(tmp_path):
     assert records and all(r["status"] == "ok" for r in records), [
         (r["case"], r["status"], r.get("reason")) for r in records if r["status"] != "ok"
     ]
-    from benchmarks.sweep_report import suspect
+    from benchmarks.sweep.report import suspect
 
     below = {r["case"]: suspect(r) for r in records if suspect(r)}
     assert not below, f"times below their compute floor: {below}"

@@ -12,8 +12,8 @@ on one Hopper GPU:
   they do not take, and launches of several shapes and graph replays sharing one workspace (each
   launch leaves its split counters zeroed);
 - a rejected GEMM is a ValueError and leaves the device usable;
-- benchmarks/kernel_vs_cublas.py on one small Llama shape: the record is measured, checked and
-  not below the compute floor.
+- benchmarks/kernel/kernel_vs_cublas.py on one small Llama shape: the record is measured, checked
+  and not below the compute floor.
 
     python3 -m pytest -q tests/gpu/test_kernel_gemm.py
 
@@ -304,8 +304,8 @@ def test_stream_k_launches_share_one_workspace(tmp_path):
 
 
 def test_benchmark_measures_one_shape(tmp_path):
-    from benchmarks import kernel_report as rep
-    from benchmarks import kernel_vs_cublas as bench
+    from benchmarks.kernel import kernel_vs_cublas as bench
+    from benchmarks.kernel import report as rep
 
     argv = ["--models", "8B", "--tp", "8", "--tokens", "1024", "--layers", "O", "--limit", "1"]
     assert bench.main(argv + ["--out", str(tmp_path), "--stem", "one"]) == 0

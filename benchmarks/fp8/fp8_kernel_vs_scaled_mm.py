@@ -1,0 +1,324 @@
+"""distgemm's fp8 (e4m3) GEMM kernels against torch._scaled_mm (cuBLAS) on one GPU, with bf16
+torch.mm and distgemm's bf16 kernel in the same run, on the local GEMMs of the Llama sweep.
+
+    python3 -m benchmarks.fp8.fp8_kernel_vs_scaled_mm [--models 70B,405B] [--tp 2]
+        [--tokens 4096,8192] [--layers QKV,O,FC1,FC2] [--scales row|tensor] [--budget-s S]
+        [--out DIR]
+    python3 -m benchmarks.fp8.fp8_kernel_vs_scaled_mm --dry-run     # the shapes, no GPU
+
+Per shape, on the current CUDA device: fresh uniform random A[m, k] in [-1, 1) with rows scaled
+by U(0.1, 4) and B[n, k] in [-1, 1)/sqrt(k), the same for every variant; fp8 operands quantized
+from them with one scale per row (--scales row, the default) or per tensor. Variants:
+
+    torch_bf16       torch.mm on the bf16 operands (cuBLAS)
+    ours_bf16        distgemm's bf16 kernel, the model's configuration (no workspace)
+    scaled_mm        torch._scaled_mm, bf16 out (use_fast_accum=False)
+    scaled_mm_fast   torch._scaled_mm with use_fast_accum=True
+    ours_fp8         distgemm's accurate fp8 kernel (e4m3_128x192)
+    ours_fp8_fast    distgemm's fast-accumulation fp8 kernel (e4m3_128x256fa)
+
+Each fp8 variant's relative Frobenius error against the fp32 GEMM of the dequantized operands
+is recorded (and must be < 1e-2 before timing). Timing: steady state as the sweep's
+(benchmarks/common/timing.time_variant), graph replays of back-to-back calls; scaled_mm first with
+the long warm-up, the others in an order reversed from shape to shape, scaled_mm again (its time
+is the mean of both windows, their spread the drift). Output: a line per shape, then a
+markdown table and ``<date>-fp8-kernel[-LABEL].{json,csv,md}`` under --out. A time below its
+compute floor (2mnk at the dense peak of its dtype) is flagged as a measurement bug.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import math
+import os
+import sys
+import time
+from typing import Any
+
+from benchmarks.common.llama_cases import LAYERS, MODELS
+from benchmarks.common.report import RESULTS_DIR
+from benchmarks.common.timing import (
+    ERR_TOL,
+    PEAK_TFLOPS,
+    REWARM_S,
+    TIMED_S,
+    WARMUP_S,
+    SingleGpuContext,
+    graphed,
+    short_error,
+    time_variant,
+)
+from benchmarks.kernel.kernel_vs_cublas import _csv_list, calls_per_replay
+from benchmarks.kernel.shapes import TP_CHOICES, kernel_shapes
+from distgemm import _core
+from distgemm.runtime.scales import dequantize, quantize, scaled_mm_scales
+
+VARIANTS = ("torch_bf16", "ours_bf16", "scaled_mm", "scaled_mm_fast", "ours_fp8", "ours_fp8_fast")
+FP8_VARIANTS = ("scaled_mm", "scaled_mm_fast", "ours_fp8", "ours_fp8_fast")
+DEFAULT_TOKENS = (4096, 8192)
+SHAPE_S = 6 * REWARM_S + 7 * TIMED_S + WARMUP_S + 1.0  # per shape, set-up included
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", type=_csv_list(str, tuple(MODELS)), default=["70B", "405B"])
+    ap.add_argument("--tp", type=_csv_list(int, TP_CHOICES), default=[2])
+    ap.add_argument("--tokens", type=_csv_list(int), default=list(DEFAULT_TOKENS))
+    ap.add_argument("--layers", type=_csv_list(str, LAYERS), default=None)
+    ap.add_argument("--scales", choices=("row", "tensor"), default="row")
+    ap.add_argument("--budget-s", type=float, default=None, help="start no shape past this")
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--dry-run", action="store_true", help="list the shapes; no GPU")
+    ap.add_argument("--out", default=RESULTS_DIR)
+    ap.add_argument("--stem", default=None, help="output file name without extension")
+    return ap.parse_args(argv)
+
+
+def select(args: argparse.Namespace):
+    """The local GEMM shapes of the filters whose K and N the fp8 kernel takes (multiples of
+    16)."""
+    shapes, _ = kernel_shapes(
+        models=args.models, tps=args.tp, tokens=args.tokens, layers=args.layers, local_only=True
+    )
+    return [s for s in shapes if s.k % 16 == 0 and s.n % 16 == 0]
+
+
+def floor_ms(flops: float, dtype: str) -> float:
+    return flops / (PEAK_TFLOPS[dtype] * 1e12) * 1e3
+
+
+def measure(ctx: SingleGpuContext, shape, index: int, rowwise: bool, seed: int) -> dict:
+    torch = ctx.torch
+    m, n, k = shape.m, shape.n, shape.k
+    dev = ctx.dev.index
+    rec: dict[str, Any] = dict(shape.as_dict(), status="ok", reason=None, ms={}, err={})
+    gen = torch.Generator(device=ctx.dev).manual_seed(seed + index)
+    a = torch.empty((m, k), device=ctx.dev).uniform_(-1, 1, generator=gen)
+    a *= torch.empty((m, 1), device=ctx.dev).uniform_(0.1, 4, generator=gen)
+    w = torch.empty((n, k), device=ctx.dev).uniform_(-1, 1, generator=gen) / math.sqrt(k)
+    a16, w16 = a.bfloat16(), w.bfloat16()
+    qa, sa = quantize(a, rowwise)
+    qb, sb = quantize(w, rowwise)
+    del a, w
+    ta, tb = scaled_mm_scales(sa, sb, m, n)
+    outs = {v: torch.empty((m, n), device=ctx.dev, dtype=torch.bfloat16) for v in VARIANTS}
+    stream = lambda: torch.cuda.current_stream().cuda_stream  # noqa: E731
+
+    def ours_fp8(fast: bool):
+        out = outs["ours_fp8_fast" if fast else "ours_fp8"]
+
+        def call() -> None:
+            _core.gemm(
+                qa.data_ptr(), qb.data_ptr(), out.data_ptr(),
+                m, n, k, "e4m3", cuda_device=dev, stream=stream(), scale_a=sa.data_ptr(),
+                scale_a_rows=rowwise, scale_b=sb.data_ptr(), scale_b_rows=rowwise, fast_accum=fast,
+            )  # fmt: skip
+
+        return call
+
+    def scaled(fast: bool):
+        out = outs["scaled_mm_fast" if fast else "scaled_mm"]
+
+        def call() -> None:
+            out.copy_(
+                torch._scaled_mm(
+                    qa,
+                    qb.t(),
+                    scale_a=ta,
+                    scale_b=tb,
+                    out_dtype=torch.bfloat16,
+                    use_fast_accum=fast,
+                )  # fmt: skip
+            )
+
+        return call
+
+    def ours_bf16() -> None:
+        _core.gemm(
+            a16.data_ptr(), w16.data_ptr(), outs["ours_bf16"].data_ptr(), m, n, k, "bf16",
+            cuda_device=dev, stream=stream(),
+        )  # fmt: skip
+
+    w16t = w16.t()
+    fns = {
+        "torch_bf16": lambda: torch.mm(a16, w16t, out=outs["torch_bf16"]),
+        "ours_bf16": ours_bf16,
+        "scaled_mm": scaled(False),
+        "scaled_mm_fast": scaled(True),
+        "ours_fp8": ours_fp8(False),
+        "ours_fp8_fast": ours_fp8(True),
+    }
+    for fn in fns.values():
+        fn()
+    torch.cuda.synchronize()
+    ref = dequantize(qa, sa) @ dequantize(qb, sb).t()
+    for v in FP8_VARIANTS:
+        x = outs[v].float()
+        rec["err"][v] = float((x - ref).norm() / ref.norm()) if x.isfinite().all() else math.nan
+    rec["err"]["ours_bf16"] = float(
+        (outs["ours_bf16"].float() - outs["torch_bf16"].float()).norm()
+        / outs["torch_bf16"].float().norm()
+    )
+    del ref
+    bad = [v for v, e in rec["err"].items() if not e < ERR_TOL]
+    if bad:
+        rec.update(status="failed", reason=f"error >= {ERR_TOL:g}: " + ", ".join(bad))
+        return rec
+    calls = calls_per_replay(m, n, k)
+    rec["calls"] = calls
+    graphs = {v: graphed(torch, fn, calls) for v, fn in fns.items()}
+    order = [v for v in VARIANTS if v != "scaled_mm"]
+    windows = [time_variant(ctx, graphs["scaled_mm"].replay, warm_s=WARMUP_S) / calls]
+    for v in order if index % 2 == 0 else order[::-1]:
+        rec["ms"][v] = time_variant(ctx, graphs[v].replay) / calls
+    windows.append(time_variant(ctx, graphs["scaled_mm"].replay) / calls)
+    rec["scaled_mm_windows"] = windows
+    rec["ms"]["scaled_mm"] = sum(windows) / 2
+    flops = 2.0 * m * n * k
+    below = [
+        v
+        for v, ms in rec["ms"].items()
+        if ms < floor_ms(flops, "bf16" if v.endswith("bf16") else "fp8")
+    ]
+    if below:
+        rec.update(status="failed", reason="below the compute floor: " + ", ".join(below))
+    return rec
+
+
+def ratios(rec: dict) -> dict:
+    ms = rec["ms"]
+    if not all(v in ms for v in VARIANTS):
+        return {}
+    return dict(
+        fp8_over_scaled_mm=ms["scaled_mm"] / ms["ours_fp8"],
+        fast_over_scaled_mm_fast=ms["scaled_mm_fast"] / ms["ours_fp8_fast"],
+        fp8_over_ours_bf16=ms["ours_bf16"] / ms["ours_fp8"],
+        fast_over_ours_bf16=ms["ours_bf16"] / ms["ours_fp8_fast"],
+        scaled_mm_over_torch_bf16=ms["torch_bf16"] / ms["scaled_mm"],
+    )
+
+
+def table(records: list[dict]) -> str:
+    head = (
+        "| shape (m x n x k) | source | torch bf16 | ours bf16 | scaled_mm | ours fp8 | "
+        "scaled_mm fast | ours fp8 fast | ours fp8 / scaled_mm | fast / fast | ours fp8 vs "
+        "ours bf16 | err ours fp8 | err fast |"
+    )
+    lines = [head, "|" + "---|" * 13]
+    for r in records:
+        src = r["sources"][0]
+        name = f"{src['model']} {src['layer']} {src['tokens']} TP={src['tp']}"
+        if r["status"] != "ok":
+            lines.append(f"| {r['m']}x{r['n']}x{r['k']} | {name} | {r['status']}: {r['reason']} |")
+            continue
+        ms, q = r["ms"], ratios(r)
+        lines.append(
+            f"| {r['m']}x{r['n']}x{r['k']} | {name} | "
+            + " | ".join(
+                f"{ms[v]:.4f}"
+                for v in (
+                    "torch_bf16",
+                    "ours_bf16",
+                    "scaled_mm",
+                    "ours_fp8",
+                    "scaled_mm_fast",
+                    "ours_fp8_fast",
+                )  # fmt: skip
+            )
+            + f" | {q['fp8_over_scaled_mm']:.3f}x | {q['fast_over_scaled_mm_fast']:.3f}x | "
+            f"{q['fp8_over_ours_bf16']:.3f}x | {r['err']['ours_fp8']:.2e} | "
+            f"{r['err']['ours_fp8_fast']:.2e} |"
+        )
+    lines.append("")
+    lines.append(
+        "Times in ms per GEMM (median, steady state). Ratios > 1: ours faster. Errors: relative "
+        "Frobenius against the fp32 GEMM of the dequantized operands."
+    )
+    return "\n".join(lines)
+
+
+def write(records: list[dict], stem: str, meta: dict) -> None:
+    os.makedirs(os.path.dirname(stem) or ".", exist_ok=True)
+    with open(stem + ".json", "w") as f:
+        json.dump(dict(meta=meta, records=records), f, indent=1)
+    with open(stem + ".csv", "w", newline="") as f:
+        wr = csv.writer(f)
+        wr.writerow(["m", "n", "k", "status", *[f"ms_{v}" for v in VARIANTS],
+                     *[f"err_{v}" for v in FP8_VARIANTS]])  # fmt: skip
+        for r in records:
+            wr.writerow(
+                [r["m"], r["n"], r["k"], r["status"]]
+                + [r["ms"].get(v, "") for v in VARIANTS]
+                + [r["err"].get(v, "") for v in FP8_VARIANTS]
+            )
+    with open(stem + ".md", "w") as f:
+        f.write(f"# {meta['title']}\n\n{table(records)}\n")
+
+
+def run(args: argparse.Namespace, shapes) -> int:
+    import torch
+
+    if not _core.cuda_runtime or not torch.cuda.is_available():
+        print("needs one CUDA GPU and a distgemm build with its CUDA runtime (--dry-run does not)")
+        return 2
+    ctx = SingleGpuContext.current()
+    t0 = time.time()
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    stem = os.path.join(args.out, args.stem or f"{date}-fp8-kernel-{args.scales}")
+    dev = torch.cuda.current_device()
+    meta = dict(
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        torch=torch.__version__,
+        device=torch.cuda.get_device_name(dev),
+        args=" ".join(sys.argv[1:]),
+        scales=args.scales,
+        timing=dict(warmup_s=WARMUP_S, rewarm_s=REWARM_S, timed_s=TIMED_S),
+        title=(
+            f"distgemm fp8 kernels vs torch._scaled_mm, {torch.cuda.get_device_name(dev)}, "
+            f"{args.scales}-wise scales, steady state (graph replays)"
+        ),
+    )
+    records = []
+    for i, shape in enumerate(shapes):
+        if args.budget_s is not None and time.time() - t0 + SHAPE_S > args.budget_s:
+            why = f"not started: --budget-s {args.budget_s:g} reached"
+            records += [dict(s.as_dict(), status="skipped", reason=why, ms={}, err={})
+                        for s in shapes[i:]]  # fmt: skip
+            break
+        try:
+            rec = measure(ctx, shape, i, args.scales == "row", args.seed)
+        except Exception as e:  # noqa: BLE001 - one shape's failure must not lose the others
+            rec = dict(shape.as_dict(), status="failed", reason=short_error(e), ms={}, err={})
+        torch.cuda.empty_cache()
+        records.append(rec)
+        q = ratios(rec)
+        print(
+            f"[{i + 1}/{len(shapes)}] {shape.m}x{shape.n}x{shape.k} {rec['status']} "
+            + " ".join(f"{v}={ms:.4f}" for v, ms in rec["ms"].items())
+            + (" " + " ".join(f"{k}={v:.3f}" for k, v in q.items()) if q else "")
+            + (f" ({rec['reason']})" if rec["reason"] else ""),
+            flush=True,
+        )
+        meta["seconds"] = round(time.time() - t0, 1)
+        write(records, stem, meta)
+    print(table(records))
+    return 0 if all(r["status"] == "ok" for r in records) else 1
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    shapes = select(args)
+    if args.dry_run:
+        for s in shapes:
+            src = s.sources[0]
+            print(f"{s.m}x{s.n}x{s.k}  {src.model} {src.layer} {src.tokens} TP={src.tp}")
+        print(f"{len(shapes)} shapes, about {len(shapes) * SHAPE_S:.0f} s")
+        return 0
+    return run(args, shapes)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

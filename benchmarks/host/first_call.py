@@ -1,0 +1,273 @@
+"""First calls of new token counts under torchrun: what a server sees when a batch of a new size
+arrives. Per token count (default 96 counts, 64..6144 in steps of 64) one all-gather op and one
+reduce-scatter op (Llama-70B-like, K=4096) with the default path, each a first call; prints the
+median and maximum first-call ms, the steady-call ms, and where a first call's host time goes, per
+phase; writes it all as JSON to --out.
+
+    torchrun --nproc-per-node 2 -m benchmarks.host.first_call --out first_call.json
+
+A first call's ms: host wall time from the call until its result is ready (the call, then a
+device synchronisation), the maximum over ranks. Host ms: until the call returns. Phases (host
+ms, wrapped around the library's functions where they exist; "other" is the remainder):
+validation and plan (make_spec), the signature exchange, the path decision, the workspace lookup
+(workspace_for) and, when it grows, its allocation and IPC exchange, the re-pointing of the
+cached plans and the freeing of the old one, graph setup (the rest of attach_workspace), the
+graph (graph_for: creation of the DeviceGraph) and the collective path's call. Steady ms: CUDA
+events around ``--steady-calls`` calls of an already created entry, per call, maximum over
+ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from collections import defaultdict
+
+TOKENS = tuple(range(64, 6144 + 1, 64))  # 96 token counts
+
+
+def summarize(values: list[float]) -> dict[str, float]:
+    """median, p90, max and total of a list of ms."""
+    ordered = sorted(values)
+    return {
+        "median": statistics.median(ordered),
+        "p90": ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))],
+        "max": ordered[-1],
+        "total": sum(ordered),
+    }
+
+
+class PhaseTimer:
+    """Host time per phase of the current call: ``wrap`` replaces a module attribute by a timed
+    wrapper (an attribute that does not exist is left out and reported in ``missing``). A phase
+    entered again from inside itself (a growing workspace re-points the cached plans through
+    the same functions) is timed once, by its outermost call."""
+
+    def __init__(self):
+        self.current: dict[str, float] = defaultdict(float)
+        self.missing: list[str] = []
+        self._restore: list[tuple] = []
+        self._active: dict[str, int] = defaultdict(int)
+
+    def wrap(self, owner, name: str, phase: str, when=None) -> None:
+        fn = getattr(owner, name, None)
+        if fn is None:
+            self.missing.append(f"{getattr(owner, '__name__', type(owner).__name__)}.{name}")
+            return
+
+        def timed(*args, **kwargs):
+            if self._active[phase] or (when is not None and not when(*args, **kwargs)):
+                return fn(*args, **kwargs)
+            self._active[phase] += 1
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.current[phase] += (time.perf_counter() - t0) * 1e3
+                self._active[phase] -= 1
+
+        self._restore.append((owner, name, fn))
+        setattr(owner, name, timed)
+
+    def take(self) -> dict[str, float]:
+        out, self.current = dict(self.current), defaultdict(float)
+        return out
+
+    def restore(self) -> None:
+        for owner, name, fn in reversed(self._restore):
+            setattr(owner, name, fn)
+
+
+def wrap_library(timer: PhaseTimer, comm) -> None:
+    """The phases of a first call, wrapped around the library's functions."""
+    from distgemm import ops
+    from distgemm.runtime import entry_cache
+    from distgemm.runtime.paths import collective
+    from distgemm.runtime.paths.overlapped import OverlappedState
+
+    timer.wrap(ops, "make_spec", "validate+plan")
+    timer.wrap(entry_cache, "choose_path", "path decision")
+    timer.wrap(type(comm), "workspace_for", "workspace")
+    # Growth of the shared workspace, inside workspace_for.
+    timer.wrap(type(comm), "allocate_symmetric", "workspace: allocate + IPC")
+    timer.wrap(type(comm), "_workspace_grown", "workspace: re-point plans")
+    timer.wrap(type(comm), "_release", "workspace: free the old one")
+    timer.wrap(OverlappedState, "place", "workspace+setup")
+    timer.wrap(OverlappedState, "graph_for", "graph")  # on a first call: the DeviceGraph's creation
+    timer.wrap(collective, "run_collective", "collective call")
+    timer.wrap(
+        type(comm), "all_gather", "signature exchange", when=lambda s, o, what: "signature" in what
+    )
+
+
+def phases_of(raw: dict[str, float], total: float) -> dict[str, float]:
+    """Nested phases made disjoint: the graph setup is OverlappedState.place without workspace_for,
+    the workspace's own lookup is workspace_for without its growth parts, and "other" is what
+    no phase covers."""
+    out = dict(raw)
+    if "workspace+setup" in out:
+        out["graph setup"] = out.pop("workspace+setup") - out.get("workspace", 0.0)
+    if "workspace" in out:
+        growth = sum(v for k, v in out.items() if k.startswith("workspace: "))
+        out["workspace"] -= growth
+    out["other"] = total - sum(out.values())
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="comma-separated M")
+    ap.add_argument("--k", type=int, default=4096, help="global K")
+    ap.add_argument("--n", type=int, default=8192, help="global N")
+    ap.add_argument("--steady-calls", type=int, default=50)
+    ap.add_argument("--steady-every", type=int, default=8, help="steady timing every n-th M")
+    ap.add_argument("--out", help="JSON file (rank 0)")
+    args = ap.parse_args(argv)
+    tokens = [int(t) for t in args.tokens.split(",") if t]
+
+    import torch
+    import torch.distributed as dist
+
+    import distgemm
+    from distgemm.runtime import communicator as dcomm
+
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    dev = torch.device("cuda", local)
+    dist.init_process_group("nccl", device_id=dev)
+    rank, tp = dist.get_rank(), dist.get_world_size()
+    comm = dcomm.get_communicator(None)
+    gen = torch.Generator(device=dev).manual_seed(7 + rank)
+    bf = torch.bfloat16
+    w_ag = torch.randn(args.n // tp, args.k, device=dev, dtype=bf, generator=gen) / 64
+    w_rs = torch.randn(args.n, args.k // tp, device=dev, dtype=bf, generator=gen) / 64
+
+    def ops_for(m: int, path: str | None = None):
+        a_ag = torch.randn(m // tp, args.k, device=dev, dtype=bf, generator=gen)
+        a_rs = torch.randn(m, args.k // tp, device=dev, dtype=bf, generator=gen)
+        return {
+            "all_gather_gemm": lambda: distgemm.all_gather_gemm(a_ag, w_ag, path=path),
+            "gemm_reduce_scatter": lambda: distgemm.gemm_reduce_scatter(a_rs, w_rs, path=path),
+        }
+
+    # Warm-up on a token count that is not measured: the communicator, NCCL's lazy setup and
+    # both paths' one-time costs (kernel modules, the first workspace), so that what the
+    # measured first calls cost is what every new token count costs.
+    warm = next(m for m in range(1056, 1 << 20, 32) if m not in set(tokens))  # 32 | 4 * TP
+    with torch.no_grad():
+        for path in ("collective", "overlap"):
+            for fn in ops_for(warm, path).values():
+                fn()
+    torch.cuda.synchronize()
+    mem0 = torch.cuda.memory_allocated(dev)
+    timer = PhaseTimer()
+    wrap_library(timer, comm)
+    records = []
+    steady = []
+    try:
+        with torch.no_grad():
+            for i, m in enumerate(tokens):
+                for op, fn in ops_for(m).items():
+                    torch.cuda.synchronize()
+                    comm.all_gather(None, "first_call settle")
+                    timer.take()
+                    t0 = time.perf_counter()
+                    fn()
+                    host = (time.perf_counter() - t0) * 1e3
+                    torch.cuda.synchronize()
+                    ready = (time.perf_counter() - t0) * 1e3
+                    phases = phases_of(timer.take(), host)
+                    chosen = distgemm.path_choices()[-1]  # the entry just created (LRU order)
+                    records.append(
+                        dict(op=op, m=m, host_ms=host, ms=ready, phases=phases)
+                        | dict(path=chosen["path"], source=chosen.get("source"))
+                    )
+                    if i % args.steady_every == 0:
+                        steady.append(dict(op=op, m=m, ms=_steady_ms(torch, fn, args.steady_calls)))
+    finally:
+        timer.restore()
+    mem1 = torch.cuda.memory_allocated(dev)
+    # The maximum over ranks of every timing.
+    mine = [[r["host_ms"], r["ms"]] for r in records] + [[s["ms"], 0.0] for s in steady]
+    everyone = comm.all_gather(mine, "first_call results")
+    for j, r in enumerate(records):
+        r["host_ms"], r["ms"] = (max(e[j][c] for e in everyone) for c in (0, 1))
+    for j, s in enumerate(steady):
+        s["ms"] = max(e[len(records) + j][0] for e in everyone)
+    if rank == 0:
+        meta = dict(tp=tp, k=args.k, n=args.n, device=torch.cuda.get_device_name(dev))
+        memory = dict(torch_grown=mem1 - mem0, distgemm=distgemm.memory_stats(comm))
+        report(records, steady, timer.missing, meta, memory, args.out)
+    dist.barrier()
+    dcomm.close_all()
+    dist.destroy_process_group()
+
+
+def _steady_ms(torch, fn, calls: int) -> float:
+    for _ in range(3):
+        fn()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop) / calls
+
+
+def report(records, steady, missing, meta, memory, out_path) -> None:
+    """Print the summary; write everything to ``out_path`` (JSON) when given."""
+    first = summarize([r["ms"] for r in records])
+    host = summarize([r["host_ms"] for r in records])
+    phases = defaultdict(list)
+    for r in records:
+        for name, v in r["phases"].items():
+            phases[name].append(v)
+    paths = defaultdict(int)
+    for r in records:
+        paths[f"{r['op']} {r['path']} ({r['source']})"] += 1
+    steady_median = statistics.median(s["ms"] for s in steady)
+    print(f"{len(records)} first calls, TP={meta['tp']}, K={meta['k']}, N={meta['n']}")
+    print(
+        f"first call ms (until ready): median {first['median']:.3f}, p90 {first['p90']:.3f}, "
+        f"max {first['max']:.3f}"
+    )
+    print(f"first call host ms (until return): median {host['median']:.3f}, max {host['max']:.3f}")
+    print(f"steady call ms: median {steady_median:.4f} over {len(steady)} entries")
+    print("host ms per phase of a first call: median / max / total")
+    for name, v in sorted(phases.items(), key=lambda kv: -sum(kv[1])):
+        s = summarize(v)
+        print(f"  {name:20s} {s['median']:8.3f} {s['max']:8.3f} {s['total']:9.1f}")
+    print("paths: " + ", ".join(f"{k}: {v}" for k, v in sorted(paths.items())))
+    held = memory["distgemm"]
+    print(
+        f"device memory: torch grew by {memory['torch_grown'] / 2**20:.1f} MiB; distgemm holds a "
+        f"{held['workspace_bytes'] / 2**20:.1f} MiB workspace after "
+        f"{held['workspace_allocations']} allocations (largest plan "
+        f"{held['largest_plan_bytes'] / 2**20:.1f} MiB)"
+    )
+    if missing:
+        print("not wrapped (absent): " + ", ".join(missing))
+    if out_path:
+        out = dict(
+            meta=meta,
+            first_call_ms=first,
+            first_call_host_ms=host,
+            steady_ms_median=steady_median,
+            steady=steady,
+            phases={k: summarize(v) for k, v in phases.items()},
+            paths=dict(paths),
+            memory_bytes=memory,
+            not_wrapped=missing,
+            calls=records,
+        )
+        with open(out_path, "w") as f:
+            json.dump(out, f, indent=1)
+        print(f"wrote {out_path}")
+
+
+if __name__ == "__main__":
+    main()
