@@ -25,7 +25,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from . import _core, pathmodel, tuning
+from . import _core, cli, pathmodel, tuning
 
 OPS = {"all_gather": "all_gather_gemm", "reduce_scatter": "gemm_reduce_scatter"}
 DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16"}
@@ -300,15 +300,17 @@ def run_measurement(cases: list[Case], args) -> tuning.TuningTable | None:
 
 
 def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
+    """An argparse type: comma-separated integers."""
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not comma-separated integers") from None
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
-        prog="python -m distgemm.tune", description=__doc__.splitlines()[0].split(": ", 1)[1]
-    )
+    ap = cli.ArgumentParser("python -m distgemm.tune", __doc__)
     ap.add_argument("--model", required=True, choices=list(_core.llama_models()))
-    ap.add_argument("--tp", type=int, required=True, help="ranks (torchrun --nproc-per-node)")
+    ap.add_argument("--tp", type=int, required=True, help="ranks, 1..8 (torchrun --nproc-per-node)")
     ap.add_argument(
         "--tokens",
         type=_ints,
@@ -316,12 +318,31 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="token counts, powers of two (each is its bucket); default: the sweep's",
     )
     ap.add_argument("--layers", default=",".join(_core.llama_layers()), help="comma-separated")
-    ap.add_argument("--dtype", choices=tuple(DTYPE_NAMES), default="bf16")
-    ap.add_argument("--tiles", type=_ints, default=[128, 256], help="GEMM tile widths to try")
-    ap.add_argument("--warmup-ms", type=float, default=200.0)
-    ap.add_argument("--round-ms", type=float, default=100.0)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--out", help="table file to write (rank 0)")
+    ap.add_argument(
+        "--dtype", choices=tuple(DTYPE_NAMES), default="bf16", help="operand dtype (default bf16)"
+    )
+    ap.add_argument(
+        "--tiles",
+        type=_ints,
+        default=[128, 256],
+        help="GEMM tile widths to try, of 128 and 256 (default both)",
+    )
+    ap.add_argument(
+        "--warmup-ms",
+        type=float,
+        default=200.0,
+        help="ms of calls before each candidate's rounds (default 200)",
+    )
+    ap.add_argument(
+        "--round-ms", type=float, default=100.0, help="ms of calls per timed round (default 100)"
+    )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=5,
+        help="timed rounds per candidate; their median counts (default 5)",
+    )
+    ap.add_argument("--out", help="table file to write (rank 0); needed unless --dry-run")
     ap.add_argument("--dry-run", action="store_true", help="print the candidates; no GPU")
     ap.add_argument("--no-progress", action="store_true", help="no tqdm bar")
     args = ap.parse_args(argv)
@@ -338,8 +359,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     for t in args.tiles:
         if t not in (128, 256):
             ap.error(f"--tiles: {t} is not 128 or 256")
-    if args.rounds < 1 or args.round_ms <= 0 or args.warmup_ms < 0:
-        ap.error("--rounds must be >= 1, --round-ms > 0 and --warmup-ms >= 0")
+    if args.rounds < 1 or not 0 < args.round_ms < math.inf or not 0 <= args.warmup_ms < math.inf:
+        ap.error(
+            "--rounds must be >= 1, --round-ms > 0 and --warmup-ms >= 0 (finite); got "
+            f"{args.rounds}, {args.round_ms}, {args.warmup_ms}"
+        )
     if not args.dry_run and not args.out:
         ap.error("--out is required unless --dry-run")
     return args
