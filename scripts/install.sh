@@ -69,7 +69,7 @@ if [ -z "${DISTGEMM_CUDA:-}" ]; then
   else
     export DISTGEMM_CUDA=OFF
     # _core.cuda_runtime_reason (CMakeLists.txt reads it)
-    export DISTGEMM_CUDA_OFF_REASON="no GPU visible at install (DISTGEMM_CUDA=ON builds it)"
+    export DISTGEMM_CUDA_OFF_REASON="no GPU visible at install"
     echo "distgemm: no GPU visible: building the host-only core (plans, simulator, CPU reference" \
       "executor); DISTGEMM_CUDA=ON bash scripts/install.sh builds the CUDA runtime too"
   fi
