@@ -172,6 +172,7 @@ OVERFLOW = "above 2**60: its byte count overflows 64 bits"
         (["--m", "0"], ["argument --m: 0 " + EXTENT]),
         (["--n", "-5"], ["argument --n: -5 " + EXTENT]),
         (["--k", "abc"], ["argument --k: 'abc' is not an integer"]),
+        (["--seed", "-1"], ["argument --seed: -1 is below 0"]),
         (["--m", "1000000000000"], ["argument --m: 1000000000000 " + EXTENT]),
         (
             ["--m", "2147483646", "--n", "2147483646", "--k", "64"],
@@ -278,6 +279,8 @@ def test_tune_refuses_with_one_line():
     assert_refused(proc, "python -m distgemm.tune: error: --tp 9 is not in 1..8")
     proc = run("-m", "distgemm.tune", "--model", "70B", "--tp", "2", "--tiles", "x")
     assert_refused(proc, "argument --tiles: 'x' is not comma-separated integers")
+    proc = run("-m", "distgemm.tune", "--model", "70B", "--tp", "2", "--tokens", str(2**70))
+    assert_refused(proc, f"--tokens: {2**70} is not a power of two up to 2**30")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -198,7 +198,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument(
         "--seed",
-        type=int,
+        type=cli.int_in(0),
         default=0,
         help="seed of the CPU reference executor's random inputs (default 0)",
     )

@@ -354,8 +354,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not 1 <= args.tp <= 8:
         ap.error(f"--tp {args.tp} is not in 1..8")
     for t in args.tokens:
-        if t < 1 or t & (t - 1):
-            ap.error(f"--tokens: {t} is not a power of two (the table's buckets are)")
+        if t < 1 or t & (t - 1) or t > 2**30:
+            ap.error(f"--tokens: {t} is not a power of two up to 2**30 (the table's buckets are)")
     for t in args.tiles:
         if t not in (128, 256):
             ap.error(f"--tiles: {t} is not 128 or 256")
