@@ -10,26 +10,56 @@ columns) and its reduce-scatter hands back token-sharded activations [T/TP, H] f
 The all-gather of x and the reduce-scatter of the output run under the GEMMs.
 
 Exit code 0 when the relative Frobenius error against the single-GPU computation (fp32) is below
-1e-2 on every rank.
+1e-2 on every rank. It needs torchrun (one process per GPU), CUDA GPUs and distgemm's CUDA
+runtime; without one of them it says how to run it, in one line, and exits 2.
 """
 
 import argparse
 import os
+import sys
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from distgemm import _core
 from distgemm.ops import all_gather_gemm, gemm_reduce_scatter
 from distgemm.runtime.communicator import close_all
 
+RUN = "torchrun --nproc-per-node 2 examples/tp_mlp.py"
+
+
+def why_not_runnable() -> str | None:
+    """What this process lacks to run the example (None: nothing)."""
+    if "RANK" not in os.environ or "LOCAL_RANK" not in os.environ:
+        return f"runs one process per GPU under torchrun: {RUN}"
+    if not torch.cuda.is_available():
+        return f"needs CUDA GPUs, one per rank; torch sees none (run `{RUN}` on a GPU machine)"
+    local, gpus = int(os.environ["LOCAL_RANK"]), torch.cuda.device_count()
+    if local >= gpus:
+        return f"rank {local} needs GPU {local}; this machine has {gpus} (--nproc-per-node {gpus})"
+    if not _core.cuda_runtime:
+        return (
+            f"distgemm was built without the CUDA runtime ({_core.cuda_runtime_reason}): "
+            "reinstall it with DISTGEMM_CUDA=ON bash scripts/install.sh"
+        )
+    return None
+
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--tokens", type=int, default=4096)
-    ap.add_argument("--hidden", type=int, default=4096)
-    ap.add_argument("--ffn", type=int, default=11008)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--tokens", type=int, default=4096, help="T, tokens (default 4096)")
+    ap.add_argument("--hidden", type=int, default=4096, help="H, hidden size (default 4096)")
+    ap.add_argument("--ffn", type=int, default=11008, help="F, MLP width (default 11008)")
     args = ap.parse_args()
+    why = why_not_runnable()
+    if why is None and min(args.tokens, args.hidden, args.ffn) < 1:
+        sizes = f"--tokens {args.tokens} --hidden {args.hidden} --ffn {args.ffn}"
+        why = f"sizes must be positive, got {sizes}"
+    if why is not None:
+        if os.environ.get("RANK", "0") == "0":  # one line, not one per rank
+            print(f"tp_mlp.py: {why}", file=sys.stderr)
+        raise SystemExit(2)
     rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local)
     dev = torch.device("cuda", local)

@@ -5,14 +5,45 @@
 #     so no dependency range can pull a multi-GB CUDA build; a GPU machine keeps its own torch.
 #   - the build runs without isolation, from build tools installed here first (scikit-build-core,
 #     pybind11, CMake, ninja, and nvidia-cutlass, whose wheel carries the CUTLASS headers).
-#   - the CUDA runtime and examples are built when nvcc is found (DISTGEMM_CUDA=OFF skips them).
+#   - the CUDA runtime and examples are built where they can run: a GPU is visible (nvidia-smi -L
+#     lists one, or /dev/nvidia0 exists) or DISTGEMM_CUDA=ON is set, and nvcc is found. Elsewhere
+#     the host-only core is built (about a minute; the CUDA runtime takes 20+ minutes on 2 cores)
+#     and one line says so; DISTGEMM_CUDA=OFF skips the runtime everywhere.
+#   - the long steps print their progress: pip's downloads and the build's [n/N] steps; the full
+#     log is kept in a temporary file and its end is printed when a step fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 EXTRA=${1:-}
+LOG=$(mktemp "${TMPDIR:-/tmp}/distgemm-install.XXXXXX")
+
+# Runs pip with its output in $LOG, printing the lines that show progress: downloads, installs,
+# scikit-build-core's phases and ninja's steps (done/total, seconds so far, the file built).
+export NINJA_STATUS="[%f/%t %es] "
+pip_with_progress() {
+  local rc=0
+  "$PY" -m pip "$@" 2>&1 | tee "$LOG" | awk '
+    /^ *\[[0-9]+\/[0-9]+ [0-9.]+s\] / {
+      n = split($NF, part, "/"); file = part[n]; sub(/\.o$/, "", file)
+      sub(/\.[0-9]+s\]$/, "s]", $2); print "  " $1 " " $2 " " file; fflush(); next
+    }
+    /^ *\*\*\* (Configuring|Building|Installing)/ { sub(/^ */, "  "); print; fflush(); next }
+    /^ *(Downloading|Successfully installed) / { sub(/^ */, "  "); print; fflush() }' || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    echo "distgemm: pip $1 failed (exit $rc); the end of its log ($LOG):" >&2
+    tail -n 60 "$LOG" >&2
+    exit "$rc"
+  fi
+}
+
+gpu_visible() {
+  { command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; } ||
+    [ -e /dev/nvidia0 ]
+}
 
 if ! "$PY" -c "import torch" 2>/dev/null; then
-  "$PY" -m pip install -q torch==2.13.0
+  echo "distgemm: installing torch==2.13.0 (the CPU build, about a minute)"
+  pip_with_progress install torch==2.13.0
 fi
 have_build_tools() {
   "$PY" - <<'PY'
@@ -28,15 +59,40 @@ sys.exit(0 if version >= (3, 26) else 1)
 PY
 }
 if ! have_build_tools; then
-  "$PY" -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" "cmake>=3.26" ninja numpy \
+  echo "distgemm: installing the build tools"
+  pip_with_progress install "scikit-build-core>=0.10" "pybind11>=2.12" "cmake>=3.26" ninja numpy \
       "nvidia-cutlass==4.2.0.0"
 fi
-if [ -z "${DISTGEMM_CUDA:-}" ] && ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
+if [ -z "${DISTGEMM_CUDA:-}" ]; then
+  if gpu_visible; then
+    export DISTGEMM_CUDA=ON
+  else
+    export DISTGEMM_CUDA=OFF
+    # _core.cuda_runtime_reason (CMakeLists.txt reads it)
+    export DISTGEMM_CUDA_OFF_REASON="no GPU visible at install"
+    echo "distgemm: no GPU visible: building the host-only core (plans, simulator, CPU reference" \
+      "executor); DISTGEMM_CUDA=ON bash scripts/install.sh builds the CUDA runtime too"
+  fi
+fi
+if [ "$DISTGEMM_CUDA" != "OFF" ] && ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH=/usr/local/cuda/bin:$PATH
 fi
-# --no-deps only where offline (the GPU machine); elsewhere pip resolves numpy, pybind11, ... itself.
-if [ "${DISTGEMM_OFFLINE:-0}" = "1" ]; then
-  "$PY" -m pip install -q --no-build-isolation --no-deps ".${EXTRA}"
-else
-  "$PY" -m pip install -q --no-build-isolation ".${EXTRA}"
+if [ "$DISTGEMM_CUDA" != "OFF" ]; then
+  echo "distgemm: building the CUDA runtime too (about 22 minutes on 2 cores)"
+elif [ -z "${DISTGEMM_CUDA_OFF_REASON:-}" ]; then
+  echo "distgemm: DISTGEMM_CUDA=OFF: building the host-only core"
 fi
+# --no-deps only where offline (the GPU machine); elsewhere pip resolves numpy, pybind11, ... itself.
+DEPS=()
+if [ "${DISTGEMM_OFFLINE:-0}" = "1" ]; then
+  DEPS=(--no-deps)
+fi
+pip_with_progress install -v --no-build-isolation "${DEPS[@]}" ".${EXTRA}"
+# What was built, where it is not what was asked for (DISTGEMM_CUDA=ON without a CUDA compiler).
+if [ "$DISTGEMM_CUDA" != "OFF" ]; then
+  (cd / && "$PY" -c 'from distgemm import _core as c
+if not c.cuda_runtime:
+    print(f"distgemm: installed without the CUDA runtime: {c.cuda_runtime_reason}; put nvcc on "
+          "PATH (or set CUDACXX) and run again")')
+fi
+rm -f "$LOG"

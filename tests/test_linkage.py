@@ -28,7 +28,8 @@ def _binaries():
 
 needs_runtime = pytest.mark.skipif(
     not getattr(_core, "cuda_runtime", False),
-    reason="distgemm was built without the CUDA runtime (no nvcc at build time): nothing to check",
+    reason=f"distgemm was built without the CUDA runtime ({_core.cuda_runtime_reason}): "
+    "nothing to check",
 )
 needs_binutils = pytest.mark.skipif(
     not (shutil.which("readelf") and shutil.which("nm")), reason="readelf/nm (binutils) not on PATH"

@@ -15,16 +15,16 @@ rows' scales (``sA=scale_slots[0:512]``) and a copy of scaled rows ends in ``+ r
 
 ``--check`` (default) runs ``distgemm.plan.verify_plan``; on a violation the command prints the
 invariant, device and step in words and exits 1. ``--json`` prints the plan, the table and the
-check result as JSON instead.
+check result as JSON instead. Bad input (a size above 2**31-1, an operand whose byte count
+overflows 64 bits, a shape the schedule cannot split) exits 2 with one line saying why.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
-from . import _core, llama3
+from . import _core, cli, llama3
 from .plan.invariants import verify_plan
 from .plan.timeline import CostModel, format_timeline, predict
 from .plan.view import build_plan, schedule_names, workspace_bytes
@@ -239,20 +239,29 @@ def describe(plan: dict) -> str:
     )
 
 
+@cli.quiet_on_broken_pipe
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m distgemm.simulate", description=__doc__.split("\n")[0]
-    )
+    ap = cli.ArgumentParser("python -m distgemm.simulate", __doc__)
     ap.add_argument("--schedule", required=True, help="one of: " + ", ".join(schedule_names()))
-    ap.add_argument("--tp", type=int, required=True, help="number of devices (1..8)")
-    ap.add_argument("--steps", type=int, default=None, help="S, a multiple of TP (default TP)")
+    ap.add_argument(
+        "--tp",
+        type=cli.int_in(1, _core.MAX_TP),
+        required=True,
+        help=f"number of devices (1..{_core.MAX_TP})",
+    )
+    ap.add_argument(
+        "--steps",
+        type=cli.int_in(1, _core.MAX_STEPS),
+        default=None,
+        help=f"S, a multiple of TP, at most {_core.MAX_STEPS} (default TP)",
+    )
     for dim in ("m", "n", "k", "l"):
         ap.add_argument(
             f"--{dim}",
-            type=int,
+            type=cli.extent,
             default=None,
-            help=f"problem {dim.upper()} (default {DEFAULT_SHAPE[dim]}, Llama-3-70B FC1 at 8192 "
-            "tokens, rounded down to a multiple of S*TP when that does not divide it)",
+            help=f"problem {dim.upper()}, 1..2**31-1 (default {DEFAULT_SHAPE[dim]}, Llama-3-70B "
+            "FC1 at 8192 tokens, rounded down to a multiple of S*TP when that does not divide it)",
         )
     ap.add_argument(
         "--partial-via",
@@ -291,15 +300,24 @@ def main(argv: list[str] | None = None) -> int:
         help="also print the predicted per-stream timeline (cost model in distgemm.plan.timeline)",
     )
     ap.add_argument(
-        "--tflops", type=float, default=CostModel.tflops, help="GEMM rate per GPU for --timeline"
+        "--tflops",
+        type=cli.positive_float,
+        default=CostModel.tflops,
+        help=f"GEMM rate per GPU for --timeline, TFLOP/s (default {CostModel.tflops})",
     )
     ap.add_argument(
-        "--link-gbs", type=float, default=CostModel.link_gbs, help="peer bandwidth for --timeline"
+        "--link-gbs",
+        type=cli.positive_float,
+        default=CostModel.link_gbs,
+        help=f"peer bandwidth for --timeline, GB/s (default {CostModel.link_gbs})",
     )
     args = ap.parse_args(argv)
     try:
         shape = default_shape(args.tp, args.steps)
         shape.update({d: getattr(args, d) for d in shape if getattr(args, d) is not None})
+        too_big = cli.operand_size_problem(**shape)
+        if too_big:
+            raise ValueError(too_big)
         plan = build_plan(
             args.schedule,
             args.tp,
@@ -311,8 +329,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         if args.slots < 1:
             raise ValueError(f"--slots={args.slots} must be at least 1")
+        if args.slots > cli.MAX_EXTENT:
+            raise ValueError(f"--slots={args.slots} is above 2**31-1")
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"python -m distgemm.simulate: error: {e}", file=sys.stderr)
         return 2
     rows = step_table(plan, args.slots)
     violations = verify_plan(plan) if args.check else []

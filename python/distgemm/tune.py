@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from . import _core, llama3
+from . import _core, cli, llama3
 from .runtime import cost_model, tuning_table
 from .runtime.communicator import close_all, get_communicator
 from .runtime.entry_cache import EntryKey, entry_cache
@@ -296,15 +296,22 @@ def run_measurement(cases: list[Case], args) -> tuning_table.TuningTable | None:
 
 
 def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
+    """An argparse type: comma-separated integers."""
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not comma-separated integers") from None
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
-        prog="python -m distgemm.tune", description=__doc__.splitlines()[0].split(": ", 1)[1]
+    ap = cli.ArgumentParser("python -m distgemm.tune", __doc__)
+    ap.add_argument(
+        "--model",
+        required=True,
+        choices=list(llama3.models()),
+        help="the Llama-3 model whose layers are tuned (python/distgemm/data/llama3.json)",
     )
-    ap.add_argument("--model", required=True, choices=list(llama3.models()))
-    ap.add_argument("--tp", type=int, required=True, help="ranks (torchrun --nproc-per-node)")
+    ap.add_argument("--tp", type=int, required=True, help="ranks, 1..8 (torchrun --nproc-per-node)")
     ap.add_argument(
         "--tokens",
         type=_ints,
@@ -312,12 +319,31 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="token counts, powers of two (each is its bucket); default: the sweep's",
     )
     ap.add_argument("--layers", default=",".join(llama3.layers()), help="comma-separated")
-    ap.add_argument("--dtype", choices=tuple(DTYPE_NAMES), default="bf16")
-    ap.add_argument("--tiles", type=_ints, default=[128, 256], help="GEMM tile widths to try")
-    ap.add_argument("--warmup-ms", type=float, default=200.0)
-    ap.add_argument("--round-ms", type=float, default=100.0)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--out", help="table file to write (rank 0)")
+    ap.add_argument(
+        "--dtype", choices=tuple(DTYPE_NAMES), default="bf16", help="operand dtype (default bf16)"
+    )
+    ap.add_argument(
+        "--tiles",
+        type=_ints,
+        default=[128, 256],
+        help="GEMM tile widths to try, of 128 and 256 (default both)",
+    )
+    ap.add_argument(
+        "--warmup-ms",
+        type=float,
+        default=200.0,
+        help="ms of calls before each candidate's rounds (default 200)",
+    )
+    ap.add_argument(
+        "--round-ms", type=float, default=100.0, help="ms of calls per timed round (default 100)"
+    )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=5,
+        help="timed rounds per candidate; their median counts (default 5)",
+    )
+    ap.add_argument("--out", help="table file to write (rank 0); needed unless --dry-run")
     ap.add_argument("--dry-run", action="store_true", help="print the candidates; no GPU")
     ap.add_argument("--no-progress", action="store_true", help="no tqdm bar")
     args = ap.parse_args(argv)
@@ -329,13 +355,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not 1 <= args.tp <= 8:
         ap.error(f"--tp {args.tp} is not in 1..8")
     for t in args.tokens:
-        if t < 1 or t & (t - 1):
-            ap.error(f"--tokens: {t} is not a power of two (the table's buckets are)")
+        if t < 1 or t & (t - 1) or t > 2**30:
+            ap.error(f"--tokens: {t} is not a power of two up to 2**30 (the table's buckets are)")
     for t in args.tiles:
         if t not in (128, 256):
             ap.error(f"--tiles: {t} is not 128 or 256")
-    if args.rounds < 1 or args.round_ms <= 0 or args.warmup_ms < 0:
-        ap.error("--rounds must be >= 1, --round-ms > 0 and --warmup-ms >= 0")
+    if args.rounds < 1 or not 0 < args.round_ms < math.inf or not 0 <= args.warmup_ms < math.inf:
+        ap.error(
+            "--rounds must be >= 1, --round-ms > 0 and --warmup-ms >= 0 (finite); got "
+            f"{args.rounds}, {args.round_ms}, {args.warmup_ms}"
+        )
     if not args.dry_run and not args.out:
         ap.error("--out is required unless --dry-run")
     return args

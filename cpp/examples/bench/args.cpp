@@ -3,6 +3,8 @@
 #include "args.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -13,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "all.hpp"
 #include "distgemm/kernel/tile_choice.hpp"
 #include "llama_shapes.hpp"
 
@@ -30,6 +33,61 @@ std::vector<std::string> split_list(const std::string& v) {
   for (std::string item; std::getline(ss, item, ',');)
     if (!item.empty()) out.push_back(item);
   return out;
+}
+
+// Option k's value v as an integer in lo..hi; usage() names the value and the range otherwise.
+int64_t int_arg(const std::string& k, const std::string& v, int64_t lo, int64_t hi,
+                const char* why = "") {
+  std::size_t used = 0;
+  long long x = 0;
+  bool in_range = true;
+  try {
+    x = std::stoll(v, &used);
+  } catch (const std::out_of_range&) {
+    in_range = false;
+    used = v.size();
+  } catch (const std::invalid_argument&) {
+    used = 0;
+  }
+  if (v.empty() || used != v.size()) usage(k + " takes an integer, got '" + v + "'");
+  if (!in_range || x < lo || x > hi)
+    usage(k + " " + v + " is not in " + std::to_string(lo) + ".." + std::to_string(hi) + why);
+  return x;
+}
+
+// Option k's value v as a finite number (above 0 with positive).
+double float_arg(const std::string& k, const std::string& v, bool positive = false) {
+  std::size_t used = 0;
+  double x = 0;
+  try {
+    x = std::stod(v, &used);
+  } catch (const std::logic_error&) {
+    used = 0;
+  }
+  if (v.empty() || used != v.size() || !std::isfinite(x))
+    usage(k + " takes a finite number, got '" + v + "'");
+  if (positive && !(x > 0)) usage(k + " " + v + " is not above 0");
+  return x;
+}
+
+// A problem extent: CUTLASS takes int32 problem shapes.
+int64_t extent_arg(const std::string& k, const std::string& v) {
+  return int_arg(k, v, 1, INT32_MAX, " (2**31-1: the GEMMs take int32 extents)");
+}
+
+// Each operand of the single case holds at most 2**60 elements, so that its byte count (8 bytes
+// per element at most, the fp32 reference's D included) fits int64.
+void check_operand_sizes(const Args& a) {
+  constexpr int64_t kMaxElements = int64_t(1) << 60;
+  const struct {
+    const char* name;
+    int64_t rows, cols;
+  } operands[] = {{"A (M*K*L)", a.m, a.k}, {"B (N*K*L)", a.n, a.k}, {"D (M*N*L)", a.m, a.n}};
+  for (const auto& o : operands)
+    if (o.rows > kMaxElements / (o.cols * a.l))  // cols * l <= 2**62: no overflow
+      usage(std::string(o.name) + " of --m " + std::to_string(a.m) + " --n " + std::to_string(a.n) +
+            " --k " + std::to_string(a.k) + " --l " + std::to_string(a.l) +
+            " is above 2**60 elements: its byte count overflows 64 bits");
 }
 
 // Sweep mode: the filters are names of llama_shapes.hpp; single-case options do not apply.
@@ -117,25 +175,76 @@ const char* scales_name(const Args& a) {
 }
 
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr,
-               "error: %s\nusage: distgemm_bench --schedule NAME --tp T --steps S|auto --m M --n N "
-               "--k K [--l L] [--dtype bf16|fp16|fp8] [--scales tensor|row] [--fast-accum] "
-               "[--iterations I|auto] [--warmup W] "
-               "[--warmup-ms T] [--alpha A] [--beta B] [--bias] [--timeout-s T] [--replays R] "
-               "[--simulate-missing-device D] [--check-update] [--no-verify] [--no-local] "
-               "[--seed X] [--swizzle 1|2|4|8] [--raster 0|1|2] [--pdl|--no-pdl] "
-               "[--partial-via epilogue|copy] [--tile-n auto|128|256] [--verify-rows R] "
-               "[--graph-json PATH]\n"
-               "       distgemm_bench --sweep [quick|full] [--tp T] [--models 8B,70B,405B] "
-               "[--tokens 1024,...,16384] [--layers QKV,O,FC1,FC2] [--csv PATH] [--dry-run] "
-               "[--dtype bf16|fp16|fp8] [--scales tensor|row] [--fast-accum] [--iterations I|auto] "
-               "[--warmup W] [--warmup-ms T>=200] "
-               "[--timeout-s T] [--seed X] [--swizzle 1|2|4|8] [--raster 0|1|2] [--pdl|--no-pdl] "
-               "[--partial-via epilogue|copy] [--tile-n auto|128|256] "
-               "[--verify-rows R]\n",
-               why.c_str());
+  std::fprintf(stderr, "error: %s (see distgemm_bench --help)\n", why.c_str());
   std::exit(2);
 }
+
+namespace {
+
+// --help: every option with its default, on stdout.
+[[noreturn]] void help() {
+  const Args d;
+  std::string names;
+  for (const schedule::ScheduleDef* def : schedules::kAll)
+    names += (names.empty() ? "" : ", ") + std::string(def->name);
+  std::printf(
+      "distgemm_bench: one distributed GEMM on TP GPUs of this process, verified against a "
+      "single-GPU\nreference and timed; or (--sweep) the Llama-3 layer sweep of "
+      "benchmarks/llama_sweep.py.\n\n"
+      "usage: distgemm_bench [--schedule NAME] [--tp T] [--steps S|auto] [--m M] [--n N] [--k K] "
+      "[options]\n"
+      "       distgemm_bench --sweep [quick|full] [--tp T] [--models ...] [--tokens ...] "
+      "[--layers ...] [options]\n\n"
+      "single case:\n"
+      "  --schedule NAME     one of %s (default %s)\n"
+      "  --tp T              GPUs, 1..%d (default %d; a sweep: every visible GPU)\n"
+      "  --steps S|auto      S, a multiple of TP, at most %d (default auto: the library's rule)\n"
+      "  --m M --n N --k K   the GEMM D[M,N] = A[M,K] B[N,K]^T, each 1..2**31-1 "
+      "(default %lld %lld %lld)\n"
+      "  --l L               batch count (default %lld)\n"
+      "  --alpha A --beta B  D = alpha A B^T + beta C (default 1, 0)\n"
+      "  --bias              add a bias row to D\n"
+      "  --replays R         replay the graphs R times and check host and device memory for "
+      "leaks\n"
+      "  --simulate-missing-device D  never launch device D's graph: the others must time out "
+      "with a report\n"
+      "  --check-update      retarget the graphs to new buffers and verify again\n"
+      "  --no-verify         skip the comparison with the reference GEMM\n"
+      "  --no-local          skip the local GEMM the overlap efficiency compares with\n"
+      "  --graph-json PATH   write every device's captured graph as JSON\n"
+      "both modes:\n"
+      "  --dtype bf16|fp16|fp8  operand type (default %s); fp8: e4m3 A and B, bf16 D, C, bias\n"
+      "  --scales tensor|row    fp8 scales: one per operand (default) or one per row of A and "
+      "B\n"
+      "  --fast-accum        fp8: the fast-accumulation kernel\n"
+      "  --iterations I|auto timed launches (default %d; auto: 1 s windows)\n"
+      "  --warmup W          untimed launches first (default %d)\n"
+      "  --warmup-ms T       ms of load before timing (default %d; a sweep: at least 200)\n"
+      "  --timeout-s T       seconds a device waits for a peer before it reports (default %g)\n"
+      "  --seed X            seed of the random inputs (default %llu)\n"
+      "  --swizzle 1|2|4|8 --raster 0|1|2  GEMM tile order (default %d, %d)\n"
+      "  --pdl | --no-pdl    programmatic dependent launch between GEMM steps (default: where "
+      "it pays)\n"
+      "  --partial-via epilogue|copy  how reduce-scatter partials travel (default: the "
+      "library's)\n"
+      "  --tile-n auto|128|256  GEMM output tile width (default auto: per GEMM)\n"
+      "  --verify-rows R     rows of D compared with the reference (default 0: all; a sweep: "
+      "256)\n"
+      "sweep:\n"
+      "  --sweep [quick|full]  the Llama-3 sweep (default full)\n"
+      "  --models 8B,70B,405B  --tokens 1024,...,16384  --layers QKV,O,FC1,FC2  filters\n"
+      "  --csv PATH          also write the rows as CSV\n"
+      "  --dry-run           list the cases without a GPU (needs --tp)\n"
+      "Exit code: 0 verified, 1 a failed check or runtime error, 2 bad arguments, a shape "
+      "rejected\nbefore launch, or no CUDA GPU visible.\n",
+      names.c_str(), d.schedule.c_str(), schedule::kMaxTp, d.tp, schedule::kMaxSteps,
+      static_cast<long long>(d.m), static_cast<long long>(d.n), static_cast<long long>(d.k),
+      static_cast<long long>(d.l), d.dtype.c_str(), d.iterations, d.warmup, d.warmup_ms,
+      d.timeout_s, static_cast<unsigned long long>(d.seed), d.swizzle, d.raster);
+  std::exit(0);
+}
+
+}  // namespace
 
 Args parse(int argc, char** argv) {
   Args a;
@@ -151,19 +260,18 @@ Args parse(int argc, char** argv) {
       if (k == "--schedule")
         a.schedule = val();
       else if (k == "--tp")
-        a.tp = std::stoi(val());
+        a.tp = int(int_arg(k, val(), 1, schedule::kMaxTp));
       else if (k == "--steps") {
         const std::string v = val();
-        a.steps = v == "auto" ? 0 : std::stoi(v);
-        if (a.steps < 1 && v != "auto") usage("--steps must be >= 1 or auto");
+        a.steps = v == "auto" ? 0 : int(int_arg(k, v, 1, schedule::kMaxSteps));
       } else if (k == "--m")
-        a.m = std::stoll(val());
+        a.m = extent_arg(k, val());
       else if (k == "--n")
-        a.n = std::stoll(val());
+        a.n = extent_arg(k, val());
       else if (k == "--k")
-        a.k = std::stoll(val());
+        a.k = extent_arg(k, val());
       else if (k == "--l")
-        a.l = std::stoll(val());
+        a.l = extent_arg(k, val());
       else if (k == "--dtype")
         a.dtype = val();
       else if (k == "--scales") {
@@ -174,24 +282,23 @@ Args parse(int argc, char** argv) {
         a.fast_accum = true;
       else if (k == "--iterations") {
         const std::string v = val();
-        a.iterations = v == "auto" ? 0 : std::stoi(v);
-        if (a.iterations < 1 && v != "auto") usage("--iterations must be >= 1 or auto");
+        a.iterations = v == "auto" ? 0 : int(int_arg(k, v, 1, INT32_MAX));
       } else if (k == "--warmup")
-        a.warmup = std::stoi(val());
+        a.warmup = int(int_arg(k, val(), 0, INT32_MAX));
       else if (k == "--warmup-ms")
-        a.warmup_ms = std::stoi(val());
+        a.warmup_ms = int(int_arg(k, val(), 0, INT32_MAX));
       else if (k == "--alpha")
-        a.alpha = std::stof(val());
+        a.alpha = float(float_arg(k, val()));
       else if (k == "--beta")
-        a.beta = std::stof(val());
+        a.beta = float(float_arg(k, val()));
       else if (k == "--bias")
         a.bias = true;
       else if (k == "--timeout-s")
-        a.timeout_s = std::stod(val());
+        a.timeout_s = float_arg(k, val(), true);
       else if (k == "--replays")
-        a.replays = std::stol(val());
+        a.replays = long(int_arg(k, val(), 0, INT32_MAX));
       else if (k == "--simulate-missing-device")
-        a.missing = std::stoi(val());
+        a.missing = int(int_arg(k, val(), 0, schedule::kMaxTp - 1));
       else if (k == "--check-update")
         a.check_update = true;
       else if (k == "--no-verify")
@@ -221,7 +328,7 @@ Args parse(int argc, char** argv) {
         if (!kernel::tile_n_problem(a.tile_n).empty())
           usage("--tile-n takes auto, 128 or 256, got " + v);
       } else if (k == "--verify-rows")
-        a.verify_rows = std::stoll(val());
+        a.verify_rows = int_arg(k, val(), 0, INT64_MAX);
       else if (k == "--sweep") {
         // The kind is optional: `--sweep` alone is the full sweep.
         a.sweep = (i + 1 < argc && std::strncmp(argv[i + 1], "--", 2) != 0) ? val() : "full";
@@ -234,21 +341,22 @@ Args parse(int argc, char** argv) {
       else if (k == "--layers")
         a.layers = split_list(val());
       else if (k == "--tokens") {
-        for (const std::string& t : split_list(val())) a.tokens.push_back(std::stoll(t));
+        for (const std::string& t : split_list(val())) a.tokens.push_back(extent_arg(k, t));
       } else if (k == "--dry-run")
         a.dry_run = true;
+      else if (k == "--help" || k == "-h")
+        help();
       else
         usage("unknown argument " + k);
     } catch (const std::logic_error&) {
-      usage("bad value for " + k);
+      usage("bad value for " + k + ": '" + argv[i] + "'");
     }
   }
   check_dtype(a, given);
-  if (a.iterations < 0 || a.warmup < 0) usage("--iterations must be >= 1 and --warmup >= 0");
-  if (a.verify_rows < 0) usage("--verify-rows must be >= 0 (0: every row)");
   if (!a.sweep.empty()) {
     finish_sweep_args(a, given);
   } else {
+    check_operand_sizes(a);
     for (const char* k : {"--csv", "--models", "--layers", "--tokens", "--dry-run"})
       if (given.count(k)) usage(std::string(k) + " needs --sweep");
   }

@@ -32,14 +32,31 @@
 // Sweep (sweep.cpp): a table on stdout, the same rows in --csv; exit code 1 when any check fails
 // or a case fails at run time, 2 for bad arguments. --dry-run lists the cases, their per-device
 // shapes and skip reasons without calling into CUDA (it needs --tp: it does not count the GPUs).
-// TP defaults to every visible GPU (at most schedule::kMaxTp).
+// TP defaults to every visible GPU (at most schedule::kMaxTp). On a machine without a CUDA GPU
+// it says so (exit code 2) rather than naming the first CUDA call that failed. --help lists every
+// option.
+#include <cuda_runtime.h>
+
 #include <cstdio>
 #include <exception>
 #include <stdexcept>
+#include <string>
 
 #include "args.hpp"
 #include "single_case.hpp"
 #include "sweep.hpp"
+
+namespace {
+
+// Why this process sees no CUDA GPU ("" when it sees one).
+std::string no_gpu_reason() {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) return std::string("cudaGetDeviceCount: ") + cudaGetErrorName(err);
+  return n > 0 ? "" : "cudaGetDeviceCount: 0 devices";
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace distgemm::bench;
@@ -52,6 +69,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: rejected: %s\n", e.what());
     return 2;
   } catch (const std::exception& e) {
+    // The arguments and the plan are checked before any GPU is asked for; a CUDA failure on a
+    // machine without a GPU is that.
+    if (const std::string why = no_gpu_reason(); !why.empty()) {
+      std::fprintf(stderr,
+                   "error: no CUDA GPU visible (%s): distgemm_bench runs on Hopper GPUs; "
+                   "--sweep quick --tp 2 --dry-run lists the sweep without one\n",
+                   why.c_str());
+      return 2;
+    }
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }

@@ -320,6 +320,7 @@ PYBIND11_MODULE(_core, m) {
       false
 #endif
   );
+  m.attr("cuda_runtime_reason") = DISTGEMM_NO_CUDA_REASON;  // "" with the runtime (CMakeLists.txt)
 
   register_plan(m);  // before the runtime, whose DeviceGraph takes a Plan and a GraphSetup
 #ifdef DISTGEMM_WITH_CUDA

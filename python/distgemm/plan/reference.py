@@ -382,7 +382,19 @@ def run_reference(
 ) -> float:
     """Run ``plan`` under every policy with fresh random inputs (FP8 values and scales with
     ``fp8``); return the worst relative Frobenius error against the full GEMM in float64 (``inf``
-    if any output element is NaN). Raises ``ExecutionError`` if the plan cannot complete."""
+    if any output element is NaN). Raises ``ExecutionError`` if the plan cannot complete, and
+    ``ValueError`` above the sizes it runs in seconds to a minute: 2**34 multiply-adds per GEMM
+    (each policy runs two in float64) and 2**27 elements of A, B and C together."""
+    p = plan["problem"]
+    macs = p["m"] * p["n"] * p["k"] * p["l"]
+    elems = p["l"] * (p["k"] * (p["m"] + p["n"]) + p["m"] * p["n"])
+    if macs > 2**34 or elems > 2**27:
+        raise ValueError(
+            f"run_reference: M={p['m']} N={p['n']} K={p['k']} L={p['l']} ({macs} multiply-adds, "
+            f"{elems} input elements) is above the CPU reference executor's 2**34 multiply-adds "
+            "or 2**27 elements: check a smaller shape with the same schedule, TP and S, or run "
+            "execute_plan once"
+        )
     worst = 0.0
     for n, policy in enumerate(policies or POLICIES):
         inputs = reference_inputs(plan, seed=seed + 7919 * n, fp8=fp8)
