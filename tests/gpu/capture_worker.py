@@ -360,7 +360,7 @@ def test_timeout(dev):
         aborted_replay = time.perf_counter() - t1
         where = f"entry barrier: barrier slot of device {tp - 1} did not reach generation"
         msgs = {}
-        for how, fn in (("next_op_call", op), ("check", c.check)):
+        for how, fn in (("next_op_call", op), ("raise_launch_errors", c.raise_launch_errors)):
             try:
                 fn()
                 msgs[how] = None
@@ -370,8 +370,8 @@ def test_timeout(dev):
             msgs["next_op_call"] is not None
             and where in msgs["next_op_call"]
             and f"rank {r}: device {r}" in msgs["next_op_call"]
-            and msgs["check"] is not None
-            and where in msgs["check"]
+            and msgs["raise_launch_errors"] is not None
+            and where in msgs["raise_launch_errors"]
             and waited < 4 * wait_s + 2
             and aborted_replay < wait_s / 2
         )

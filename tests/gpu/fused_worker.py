@@ -233,7 +233,7 @@ def test_timeout(dev):
         msgs = {}
         for how, fn in (
             ("next_op_call", lambda: distgemm.gemm_all_reduce(a, w, path="fused", group=c)),
-            ("check", c.check),
+            ("raise_launch_errors", c.raise_launch_errors),
         ):
             try:
                 fn()
@@ -241,9 +241,9 @@ def test_timeout(dev):
             except RuntimeError as ex:
                 msgs[how] = str(ex)
         ok = (
-            msgs["check"] is not None
-            and where in msgs["check"]
-            and f"rank {tp - 1}" in msgs["check"]
+            msgs["raise_launch_errors"] is not None
+            and where in msgs["raise_launch_errors"]
+            and f"rank {tp - 1}" in msgs["raise_launch_errors"]
             and msgs["next_op_call"] is not None
             and waited < 4 * wait_s + 2
             and aborted_replay < wait_s / 2
