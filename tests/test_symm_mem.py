@@ -50,20 +50,20 @@ def _plain_all_gather_matmul(A_shard, Bs, gather_dim, group):
 
 
 def count_distgemm_calls(device) -> dict[str, int]:
-    """``{"n": calls}``, counting the distgemm ops the drop-ins reach (looked up at call time)
-    from here on; on CPU they reach none, and nothing is wrapped."""
-    import distgemm
+    """``{"n": calls}``, counting the distgemm ops the drop-ins reach (``distgemm.ops``' names,
+    looked up at call time) from here on; on CPU they reach none, and nothing is wrapped."""
+    from distgemm import ops
 
     calls = {"n": 0}
     if device != "cpu":
         for name in ("all_gather_gemm", "gemm_reduce_scatter"):
-            op = getattr(distgemm, name)
+            op = getattr(ops, name)
 
             def counted(*args, _op=op, **kwargs):
                 calls["n"] += 1
                 return _op(*args, **kwargs)
 
-            setattr(distgemm, name, counted)
+            setattr(ops, name, counted)
     return calls
 
 

@@ -45,8 +45,8 @@ def test_every_check_passed_on_every_rank(results):
 def test_every_token_count_and_dtype_matched_torch_on_every_rank(results):
     _, _, data = results
     got = [e for e in named(data, "correctness/m") if e["ok"]]
-    # fused_worker.test_correctness: 15 token counts + 5 more shapes, 2 dtypes, on every rank
-    assert len(got) == 2 * 20 * TP, f"[{LAUNCH.mode}] {len(got)} passing checks of {2 * 20 * TP}"
+    # fused_worker.test_correctness: 15 token counts + 7 more shapes, 2 dtypes, on every rank
+    assert len(got) == 2 * 22 * TP, f"[{LAUNCH.mode}] {len(got)} passing checks of {2 * 22 * TP}"
     assert all(e["identical_on_ranks"] for e in got)
     # both kernels ran: the decode kernel up to FUSED_DECODE_MAX_TOKENS, CUTLASS's above
     assert {e["kernel"] for e in got} == {"decode", "cutlass"}
