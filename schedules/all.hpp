@@ -7,13 +7,13 @@
 
 #include "ag_rotate_a.hpp"
 #include "ag_rotate_b.hpp"
-#include "gemm_allreduce.hpp"
+#include "ar_tile_a.hpp"
 #include "rs_tile_a.hpp"
 #include "rs_tile_b.hpp"
 
 namespace distgemm::schedules {
 inline constexpr const ScheduleDef* kAll[] = {&ag_rotate_a, &ag_rotate_b, &rs_tile_a, &rs_tile_b,
-                                              &gemm_allreduce};
+                                              &ar_tile_a};
 inline const ScheduleDef* find(const char* name) {
   for (const ScheduleDef* s : kAll)
     if (std::strcmp(s->name, name) == 0) return s;

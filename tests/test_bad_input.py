@@ -53,8 +53,8 @@ def test_rows_not_divisible_by_tp_name_the_constraint(schedule, tp, message):
         ("ag_rotate_b", 2, 4, dict(m=64, n=66, k=64)),
         ("rs_tile_a", 2, 4, dict(m=66, n=64, k=64)),
         ("rs_tile_b", 2, 4, dict(m=64, n=66, k=64)),
-        ("gemm_allreduce", 2, 2, dict(m=63, n=64, k=64)),
-        ("gemm_allreduce", 8, 8, dict(m=1, n=64, k=64)),
+        ("ar_tile_a", 2, 2, dict(m=63, n=64, k=64)),
+        ("ar_tile_a", 8, 8, dict(m=1, n=64, k=64)),
     ],
 )
 def test_splits_that_s_does_not_divide_build_uneven_tiles(schedule, tp, steps, shape):
@@ -102,7 +102,7 @@ def test_non_integer_arguments():
 
 
 def test_valid_input_builds():
-    plan = build_plan("gemm_allreduce", 2, 4, m=64, n=64, k=64)
+    plan = build_plan("ar_tile_a", 2, 4, m=64, n=64, k=64)
     assert plan["steps"] == 4 and plan["chunks_per_shard"] == 2
 
 

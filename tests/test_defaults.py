@@ -90,7 +90,7 @@ def test_schedule_header_compiles_alone(tmp_path, repo_root, header):
     )
 
 
-@pytest.mark.parametrize("schedule", ["rs_tile_a", "rs_tile_b", "gemm_allreduce"])
+@pytest.mark.parametrize("schedule", ["rs_tile_a", "rs_tile_b", "ar_tile_a"])
 @pytest.mark.parametrize("tp,steps", [(2, 2), (2, 4), (4, 4), (4, 8), (8, 16)])
 def test_a_plans_layout_is_the_default_layout_for_its_options(schedule, tp, steps):
     """The op entry allocates Plan.layout() of the plan it built; the tools' workspace_layout

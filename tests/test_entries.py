@@ -234,7 +234,7 @@ class OneRankComm:
     [
         ("gemm_reduce_scatter", "rs_tile_a", (8192, 64), (48, 64), dict(beta=0.5, c=(8192, 48))),
         ("all_gather_gemm", "ag_rotate_b", (64, 32), (24, 32), dict(bias=(24,))),
-        ("gemm_all_reduce", "gemm_allreduce", (64, 16), (48, 16), {}),
+        ("gemm_all_reduce", "ar_tile_a", (64, 16), (48, 16), {}),
     ],
 )
 def test_an_entry_builds_its_plan_once_and_its_graph_takes_that_plan(

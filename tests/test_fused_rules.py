@@ -19,7 +19,7 @@ def _spec(tokens, n=8192, k_local=4096, tp=2, transposed=False):
     w = torch.empty(n, k_local, device="meta", dtype=torch.bfloat16)
     if transposed:
         w = torch.empty(k_local, n, device="meta", dtype=torch.bfloat16).t()
-    return ops.make_spec("gemm_all_reduce", "gemm_allreduce", tp, 0, None, a, w)
+    return ops.make_spec("gemm_all_reduce", "ar_tile_a", tp, 0, None, a, w)
 
 
 def test_decode_kernel_runs_up_to_its_token_limit_and_cutlass_above():

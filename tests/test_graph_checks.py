@@ -1,5 +1,5 @@
 """The CUDA-graph checks of tests/gpu/graph_checks.py on the CPU: two hand-written graphs
-(ag_rotate_a and gemm_allreduce at TP=2, S=2, as the runtime captures them) pass and each broken
+(ag_rotate_a and ar_tile_a at TP=2, S=2, as the runtime captures them) pass and each broken
 copy fails with the problem named; the graph every schedule's plan gives when issued as the
 runtime issues it passes."""
 
@@ -96,7 +96,7 @@ def ag_rotate_a():
     return dict(schedule="ag_rotate_a", tp=2, steps=2, partial_via="epilogue", devices=devices)
 
 
-def gemm_allreduce():
+def ar_tile_a():
     """GEMM 0 writes its partial into the peer's slot 0 and signals flag 0; GEMM 1 adds it and
     finishes a tile, which copy 0 pushes into the peer's slot 1 (flag 1); after every signal,
     a wait kernel on flag 1 and copy 1 takes the peer's finished tile into D."""
@@ -120,10 +120,10 @@ def gemm_allreduce():
         ]
         ring = edges((0, 1), (1, 2), (0, 3), (1, 3), (3, 4), (2, 4), (4, 5), (5, 6), (6, 7))
         devices.append(device(r, stats(2, 2, 2, 1, False), side, ring, gemms, copies))
-    return dict(schedule="gemm_allreduce", tp=2, steps=2, partial_via="epilogue", devices=devices)
+    return dict(schedule="ar_tile_a", tp=2, steps=2, partial_via="epilogue", devices=devices)
 
 
-@pytest.mark.parametrize("make", [ag_rotate_a, gemm_allreduce], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("make", [ag_rotate_a, ar_tile_a], ids=lambda f: f.__name__)
 def test_correct_graphs_pass(make):
     assert graph_checks.check_graphs(make()) == []
 
@@ -149,7 +149,7 @@ def _break(make, mutate):
     [
         (ag_rotate_a, lambda d: _drop_edge(d, 1, 2), "device 0: no edge into GEMM 1"),
         (ag_rotate_a, lambda d: d["edges"][1].update(programmatic=False), "is programmatic=False"),
-        (gemm_allreduce, lambda d: d["edges"][1].update(programmatic=True), "stats pdl=False"),
+        (ar_tile_a, lambda d: d["edges"][1].update(programmatic=True), "stats pdl=False"),
         (
             ag_rotate_a,
             lambda d: d["edges"].append(dict(programmatic=False, **{"from": 4, "to": 2})),
@@ -161,10 +161,10 @@ def _break(make, mutate):
         (ag_rotate_a, lambda d: d["stats"].update(copy_nodes=2), "1 copy nodes, the stats say 2"),
         (ag_rotate_a, lambda d: d["nodes"][3].update(role=""), "node(s) without a role"),
         (ag_rotate_a, lambda d: d["nodes"][2].update(waits=[]), "GEMM 1 waits for []"),
-        (gemm_allreduce, lambda d: _drop_edge(d, 5, 6), "does not precede the wait kernel"),
-        (gemm_allreduce, lambda d: _drop_edge(d, 6, 7), "wait kernel of copy 1 does not precede"),
+        (ar_tile_a, lambda d: _drop_edge(d, 5, 6), "does not precede the wait kernel"),
+        (ar_tile_a, lambda d: _drop_edge(d, 6, 7), "wait kernel of copy 1 does not precede"),
         (
-            gemm_allreduce,
+            ar_tile_a,
             lambda d: d["gemms"][1].update(partial=None),
             "device 1: GEMM 0 writes a slot of device 0 nobody reads",
         ),
@@ -242,7 +242,7 @@ def capture_model(plan, r):
 
 PLANS = [
     (s, tp, steps, via)
-    for s in ("ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "gemm_allreduce")
+    for s in ("ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "ar_tile_a")
     for tp in (2, 4)
     for steps in (tp, 2 * tp)
     for via in (None, "epilogue", "copy")

@@ -39,7 +39,7 @@ def test_corrupt_iteration_coefficient(schedule, tp, steps):
     assert_both_fail(build_plan(definition, tp, steps, **shape(tp, steps)), "tile map b=0")
 
 
-@pytest.mark.parametrize("schedule", ["rs_tile_a", "rs_tile_b", "gemm_allreduce"])
+@pytest.mark.parametrize("schedule", ["rs_tile_a", "rs_tile_b", "ar_tile_a"])
 @pytest.mark.parametrize("tp,steps", CONFIGS, ids=[f"tp{t}-S{s}" for t, s in CONFIGS])
 def test_corrupt_constant_coefficient(schedule, tp, steps):
     # c + 1: the ring still closes but the last partial lands on the wrong device.
@@ -48,7 +48,7 @@ def test_corrupt_constant_coefficient(schedule, tp, steps):
     assert_both_fail(build_plan(definition, tp, steps, **shape(tp, steps)), "tile map c+1")
 
 
-@pytest.mark.parametrize("schedule", ["ag_rotate_a", "ag_rotate_b", "gemm_allreduce"])
+@pytest.mark.parametrize("schedule", ["ag_rotate_a", "ag_rotate_b", "ar_tile_a"])
 @pytest.mark.parametrize("tp,steps", CONFIGS, ids=[f"tp{t}-S{s}" for t, s in CONFIGS])
 @pytest.mark.parametrize("which", [0, -1], ids=["first", "last"])
 def test_drop_one_copy(schedule, tp, steps, which):
@@ -124,8 +124,8 @@ def test_pull_copy_is_rejected():
 # 8-column units than chunks): the same mutations must be caught there, and so must an empty
 # tile's GEMM left in the plan.
 UNEVEN = [
-    ("gemm_allreduce", 2, 2, dict(m=1, n=16, k=16)),
-    ("gemm_allreduce", 4, 8, dict(m=5, n=16, k=32, l=2)),
+    ("ar_tile_a", 2, 2, dict(m=1, n=16, k=16)),
+    ("ar_tile_a", 4, 8, dict(m=5, n=16, k=32, l=2)),
     ("rs_tile_a", 4, 8, dict(m=4, n=16, k=32)),
     ("rs_tile_b", 2, 6, dict(m=3, n=16, k=16, l=2)),
     ("ag_rotate_a", 2, 4, dict(m=2, n=16, k=16)),

@@ -24,7 +24,7 @@ from distgemm.runtime.precision import Precision  # noqa: E402
         ("ag_rotate_b", "all_gather_gemm"),
         ("rs_tile_a", "gemm_reduce_scatter"),
         ("rs_tile_b", "gemm_reduce_scatter"),
-        ("gemm_allreduce", "gemm_all_reduce"),
+        ("ar_tile_a", "gemm_all_reduce"),
     ],
 )
 def test_collective_path_computes_the_layer_on_a_one_rank_group(monkeypatch, schedule, op):

@@ -72,7 +72,7 @@ def test_fp8_refusals_at_the_boundary():
         ("ag_rotate_a", 2, (64, 32), (48, 32)),
         ("ag_rotate_b", 2, (64, 32), (48, 32)),
         ("rs_tile_a", 4, (64, 32), (48, 32)),
-        ("gemm_allreduce", 2, (64, 32), (48, 32)),
+        ("ar_tile_a", 2, (64, 32), (48, 32)),
     ],
 )
 def test_make_spec_carries_fp8_row_scales_into_the_plan(schedule, tp, a_shape, w_shape):

@@ -104,7 +104,7 @@ def test_error_within_twice_torch(schedule, tp, steps, l, dtype):
     )
 
 
-RING = ["rs_tile_a", "rs_tile_b", "gemm_allreduce"]
+RING = ["rs_tile_a", "rs_tile_b", "ar_tile_a"]
 RING_CASES = [
     (tp, tp * k, l) for tp in (2, 3, 4, 8) for k in (1, 2) for l in (1, 2)
 ]  # TP=1: no partials

@@ -23,7 +23,7 @@ def test_all_five_schedules_registered():
         "ag_rotate_b",
         "rs_tile_a",
         "rs_tile_b",
-        "gemm_allreduce",
+        "ar_tile_a",
     }
 
 
@@ -37,7 +37,7 @@ def test_invariants_hold(schedule, tp, steps, l):
     assert all(len(dev["gemms"]) == steps for dev in plan["devices"])
 
 
-RING = ["rs_tile_a", "rs_tile_b", "gemm_allreduce"]  # schedules with partials
+RING = ["rs_tile_a", "rs_tile_b", "ar_tile_a"]  # schedules with partials
 
 
 @pytest.mark.parametrize("schedule", RING)
@@ -256,7 +256,7 @@ def test_timeline_prediction_bounds_and_finer_steps_shrink_the_allreduce_tail():
     cost = CostModel()
     times = {}
     for steps in (2, 4, 8):
-        plan = build_plan("gemm_allreduce", 2, steps, m=8192, n=8192, k=8192)
+        plan = build_plan("ar_tile_a", 2, steps, m=8192, n=8192, k=8192)
         pred = predict(plan, cost)
         assert pred["total_us"] >= pred["local_gemm_us"] > 0
         assert 0 < pred["overlap_efficiency"] <= 1

@@ -85,7 +85,7 @@ def test_decode_sizes_take_the_collective_path(tp):
 
 
 def test_the_model_covers_every_schedule_and_stays_positive():
-    for schedule in ("ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "gemm_allreduce"):
+    for schedule in ("ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "ar_tile_a"):
         for tp, steps in ((2, 2), (2, 4), (4, 4), (8, 16)):
             plan = _core.build_plan(schedule, tp, steps, 8192, 8192, 8192)
             pred = cost_model.predict(plan)

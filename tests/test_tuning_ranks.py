@@ -104,7 +104,7 @@ def test_ranks_with_different_tables_raise_the_same_value_error(tmp_path):
 
 @pytest.mark.parametrize(
     "schedule,steps",
-    [("ag_rotate_a", 4), ("rs_tile_a", 4), ("rs_tile_b", 2), ("gemm_allreduce", 4)],
+    [("ag_rotate_a", 4), ("rs_tile_a", 4), ("rs_tile_b", 2), ("ar_tile_a", 4)],
 )
 def test_a_plan_from_a_table_entry_computes_what_torch_does(tmp_path, schedule, steps):
     op = {"all_gather": "all_gather_gemm", "reduce_scatter": "gemm_reduce_scatter"}.get(

@@ -250,7 +250,7 @@ def test_default_plan_is_the_plan_of_default_steps():
         ("rs_tile_a", 2, 8192, 8192, 28672),  # long K: S = TP
         ("rs_tile_b", 4, 4096, 4096, 8192),
         ("ag_rotate_a", 2, 1024, 10240, 8192),
-        ("gemm_allreduce", 2, 64, 48, 32),
+        ("ar_tile_a", 2, 64, 48, 32),
         ("ag_rotate_b", 1, 64, 48, 32),
     ]:
         plan = _core.default_plan(schedule, tp, m, n, k)

@@ -1,4 +1,4 @@
-"""Uneven and empty tiles: every token count a schedule accepts (any M for gemm_allreduce and
+"""Uneven and empty tiles: every token count a schedule accepts (any M for ar_tile_a and
 rs_tile_b, M divisible by TP where M is sharded) builds a plan that the checker proves and the
 reference executor computes as torch does in float64, with no op of zero extent and no wait for a
 flag that nobody sets."""
@@ -124,9 +124,9 @@ def test_uneven_tiles_of_n_are_whole_16_byte_units(schedule, tp, steps):
 
 
 def test_one_token_on_two_devices_runs_one_gemm_each():
-    """gemm_allreduce at M=1, TP=2: tile 1 is empty. Each device runs one GEMM (tile 0); the
+    """ar_tile_a at M=1, TP=2: tile 1 is empty. Each device runs one GEMM (tile 0); the
     ring passes one partial and the owner pushes one row back; nothing of tile 1 exists."""
-    plan = build_plan("gemm_allreduce", 2, 2, m=1, n=64, k=64)
+    plan = build_plan("ar_tile_a", 2, 2, m=1, n=64, k=64)
     for dev in plan["devices"]:
         assert [(g["tile"], g["m0"], g["m"]) for g in dev["gemms"]] == [(0, 0, 1)]
     waits = [
@@ -139,7 +139,7 @@ def test_one_token_on_two_devices_runs_one_gemm_each():
         for s in op["signals"]
     ]
     assert len(waits) == len(signals) == 2  # the partial's flag and the finished row's flag
-    assert_plan_computes_the_gemm(plan, random.Random(1), "gemm_allreduce M=1 TP=2")
+    assert_plan_computes_the_gemm(plan, random.Random(1), "ar_tile_a M=1 TP=2")
 
 
 def test_even_splits_keep_one_tile_size():

@@ -166,7 +166,7 @@ def test_spec_reduce_scatter_shapes(schedule, out):
         ("rs_tile_a", 2, (4096, 8200), (48, 8200), 2),  # longer K per rank: TP
         ("rs_tile_b", 2, (4096, 16), (64, 16), 4),
         ("rs_tile_b", 2, (4096, 16), (48, 16), 2),  # N/4 = 12 columns: not whole 8-column units
-        ("gemm_allreduce", 2, (4096, 16), (48, 16), 2),
+        ("ar_tile_a", 2, (4096, 16), (48, 16), 2),
         ("rs_tile_a", 1, (4096, 16), (48, 16), 1),  # TP=1: nothing to overlap
     ],
 )
@@ -185,7 +185,7 @@ def test_default_steps_of_a_bad_operand_leaves_the_error_to_validation():
 
 
 def test_spec_all_reduce_shapes():
-    s = make_spec("gemm_all_reduce", "gemm_allreduce", 4, 3, 8, t(64, 16), t(40, 16), bias=t(40))
+    s = make_spec("gemm_all_reduce", "ar_tile_a", 4, 3, 8, t(64, 16), t(40, 16), bias=t(40))
     assert (s.m, s.n, s.k, s.steps) == (64, 40, 64, 8)
     assert s.shapes == {"a": (64, 16), "w": (40, 16), "out": (64, 40), "bias": (40,)}
 
@@ -243,7 +243,7 @@ def test_reduce_scatter_m_not_divisible_by_tp():
 @pytest.mark.parametrize("tp", [2, 4, 8])
 @pytest.mark.parametrize("tokens", [1, 3, 7, 255])
 def test_all_reduce_takes_any_token_count(tp, tokens):
-    s = make_spec("gemm_all_reduce", "gemm_allreduce", tp, 0, None, t(tokens, 64), t(48, 64))
+    s = make_spec("gemm_all_reduce", "ar_tile_a", tp, 0, None, t(tokens, 64), t(48, 64))
     assert (s.m, s.steps) == (tokens, tp) and s.shapes["out"] == (tokens, 48)
 
 
@@ -378,7 +378,7 @@ def test_out_shape_is_checked():
 
 def test_empty_operands_are_rejected():
     with pytest.raises(ValueError, match=r"empty operands"):
-        make_spec("gemm_all_reduce", "gemm_allreduce", 2, 0, None, t(0, 16), t(48, 16))
+        make_spec("gemm_all_reduce", "ar_tile_a", 2, 0, None, t(0, 16), t(48, 16))
 
 
 @pytest.mark.parametrize("op", ["all_gather_gemm", "gemm_reduce_scatter", "gemm_all_reduce"])

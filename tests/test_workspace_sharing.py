@@ -38,7 +38,7 @@ from distgemm.runtime.workspace import (  # noqa: E402
     grown_slot_capacity,
 )
 
-SCHEDULES = ["ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "gemm_allreduce"]
+SCHEDULES = ["ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "ar_tile_a"]
 CONTROL = control_bytes()
 ALIGN = _core.WORKSPACE_SLOT_ALIGN
 TOKENS = range(64, 6145, 64)  # the 96 token counts of the serving loop
@@ -85,8 +85,8 @@ def test_the_flags_of_every_plan_fit_the_control_region(schedule):
         plan = _core.build_plan(schedule, tp, steps, 8 * steps, 8 * steps, 8 * tp, 1)
         assert plan.num_flags <= _core.MAX_FLAGS
         worst = max(worst, plan.num_flags)
-    # gemm_allreduce comes closest: 2(S - S/TP) flags.
-    assert worst > (_core.MAX_FLAGS * 3) // 4 if schedule == "gemm_allreduce" else worst > 0
+    # ar_tile_a comes closest: 2(S - S/TP) flags.
+    assert worst > (_core.MAX_FLAGS * 3) // 4 if schedule == "ar_tile_a" else worst > 0
 
 
 def test_steps_above_the_bound_are_refused():

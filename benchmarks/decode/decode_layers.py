@@ -225,7 +225,7 @@ def run(args) -> int:
 def cpu_smoke(rank: int, tp: int) -> dict[str, Any]:
     """The CPU-runnable variants on a gloo group, tiny shapes, no capture or timing: mm + the
     group's all_reduce against the one-process fp32 product, mm alone written and finite, and
-    distgemm's gemm_allreduce plan at each token count on the CPU reference executor (an
+    distgemm's ar_tile_a plan at each token count on the CPU reference executor (an
     error, or the reason the plan is rejected)."""
     res: dict[str, Any] = dict(rel_err={}, mm_finite={}, plans={})
     for layer, (n, k) in SMOKE_DIMS.items():
@@ -237,7 +237,7 @@ def cpu_smoke(rank: int, tp: int) -> dict[str, Any]:
             res["rel_err"][f"{layer} M{t}"] = max_rel_err([got], [a_full[:t] @ w_full.t()])
             one_call("mm", ops, t, None, "")()
             res["mm_finite"][f"{layer} M{t}"] = bool(torch.isfinite(ops.outs["mm"][:t]).all())
-            err, why = runtime.plan_reference_error("gemm_allreduce", tp, t, n, k)
+            err, why = runtime.plan_reference_error("ar_tile_a", tp, t, n, k)
             res["plans"][f"{layer} M{t}"] = err if why is None else why
     return res
 

@@ -33,7 +33,7 @@ from distgemm.compat import custom_ops
 STACK_LAYERS = ("QKV", "O", "FC1", "FC2")
 COLUMN = ("QKV", "FC1")  # column-parallel: the input is gathered (sp) or replicated (ar)
 SCHEDULE = {"QKV": "ag_rotate_a", "FC1": "ag_rotate_a", "O": "rs_tile_a", "FC2": "rs_tile_a"}
-AR_SCHEDULE = "gemm_allreduce"
+AR_SCHEDULE = "ar_tile_a"
 SEED = 1234
 
 

@@ -294,8 +294,8 @@ static void test_bad_input() {
   expect_error(rs_tile_a, {64, 64, 63, 1}, 2, 2, "K=63 is not divisible by TP=2");
   expect_error(rs_tile_b, {64, 62, 64, 1}, 4, 8, "N=62 is not divisible by TP=4");
   expect_error(ag_rotate_b, {64, 63, 64, 1}, 3, 3, "M=64 is not divisible by TP=3");
-  expect_error(gemm_allreduce, {64, 64, 64, 1}, 9, 9, "TP=9 is out of range");
-  expect_error(gemm_allreduce, {64, 64, 64, 1}, 0, 0, "TP=0 is out of range");
+  expect_error(ar_tile_a, {64, 64, 64, 1}, 9, 9, "TP=9 is out of range");
+  expect_error(ar_tile_a, {64, 64, 64, 1}, 0, 0, "TP=0 is out of range");
   expect_error(rs_tile_a, {64, 64, 64, 1}, 2, 3, "S=3 is not a positive multiple of TP=2");
   expect_error(rs_tile_a, {64, 64, 64, 0}, 2, 2, "problem sizes must be positive");
   CHECK(distgemm::schedules::find("nope") == nullptr, "unknown schedule found");
@@ -319,17 +319,17 @@ static void test_bad_input() {
     }
 }
 
-// Uneven splits that used to be refused build now; gemm_allreduce takes any M.
+// Uneven splits that used to be refused build now; ar_tile_a takes any M.
 static void test_accepted_uneven() {
   using namespace distgemm::schedules;
   for (int tp = 1; tp <= kMaxTp; ++tp)
     for (int64_t m = 1; m <= 64; ++m)
-      CHECK(validate(gemm_allreduce, {m, 64, int64_t(tp) * 8, 1}, tp, tp).empty(),
-            "gemm_allreduce TP=%d M=%lld refused", tp, (long long)m);
+      CHECK(validate(ar_tile_a, {m, 64, int64_t(tp) * 8, 1}, tp, tp).empty(),
+            "ar_tile_a TP=%d M=%lld refused", tp, (long long)m);
   CHECK(validate(ag_rotate_a, {8190, 64, 64, 1}, 2, 8).empty(), "M=8190 at TP=2 S=8 refused");
   CHECK(validate(rs_tile_b, {64, 60, 64, 1}, 2, 8).empty(), "N=60 at TP=2 S=8 refused");
   // M=1 at TP=2: tile 1 is empty, so each device runs one GEMM, on row 0.
-  const Plan one = build_plan(gemm_allreduce, {1, 64, 64, 1}, 2, 2);
+  const Plan one = build_plan(ar_tile_a, {1, 64, 64, 1}, 2, 2);
   for (const DeviceProgram& dp : one.devices)
     CHECK(dp.gemms.size() == 1 && dp.gemms[0].m0 == 0 && dp.gemms[0].m == 1,
           "M=1: %zu GEMMs, first of %lld rows", dp.gemms.size(), (long long)dp.gemms[0].m);

@@ -144,8 +144,8 @@ def _run(
     tensors: dict[str, torch.Tensor | None],
     out: torch.Tensor | None,
 ):
-    # The per-call path is written for host time (goal: under 20 us per call with a cached plan):
-    # one dict lookup for the plan, one for the graph, a handful of tensor attribute reads.
+    # The per-call path is written for host time: one dict lookup for the entry, one for the
+    # graph, a handful of tensor attribute reads.
     capturing = torch.cuda.is_current_stream_capturing()
     if capturing:
         with setup_during_capture():  # a new communicator or plan: allocation, IPC exchange
@@ -340,7 +340,7 @@ def gemm_all_reduce(
     scale_b: torch.Tensor | None = None,
     fast_accum: bool = False,
 ) -> torch.Tensor:
-    """A GEMM overlapped with the all-reduce of its result (schedule ``gemm_allreduce``:
+    """A GEMM overlapped with the all-reduce of its result (schedule ``ar_tile_a``:
     reduce-scatter of tiles along M, then all-gather of the finished tiles, in one plan).
 
     Plain torch equivalent::
@@ -370,7 +370,7 @@ def gemm_all_reduce(
     ``fast_accum``) as for ``gemm_reduce_scatter``; the fused path is bf16/fp16 only.
     """
     return _gemm_then_reduce(
-        "gemm_all_reduce", "gemm_allreduce", a, w, bias, c, beta, steps, out, group, path,
+        "gemm_all_reduce", "ar_tile_a", a, w, bias, c, beta, steps, out, group, path,
         (scale_a, scale_b, fast_accum),
     )  # fmt: skip
 

@@ -60,7 +60,7 @@ from torchrun_worker import (
 
 from distgemm.runtime import communicator as dcomm
 
-SCHEDULES = ["ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "gemm_allreduce"]
+SCHEDULES = ["ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "ar_tile_a"]
 # Relative Frobenius error bounds: against fp32 from the same inputs (as tests/gpu/
 # torchrun_worker.py), and against torch's collective + mm in the op's dtype, which rounds
 # differently (NCCL sums bf16 partials) and so may differ from ours by both roundings.
@@ -79,7 +79,7 @@ def capture(fn):
 
 
 def refill(schedule, tensors, seed, weights=True):
-    """New data in place in the static inputs. bias and c of gemm_allreduce are the same on
+    """New data in place in the static inputs. bias and c of ar_tile_a are the same on
     every rank (each tile takes them from the rank that finishes it); the rest differs per
     rank."""
     dev = tensors["a"].device
@@ -89,7 +89,7 @@ def refill(schedule, tensors, seed, weights=True):
         t = tensors.get(name)
         if t is None or (name != "a" and not weights):
             continue
-        gen = shared if schedule == "gemm_allreduce" and name in ("bias", "c") else g
+        gen = shared if schedule == "ar_tile_a" and name in ("bias", "c") else g
         x = torch.randn(t.shape, generator=gen, device=dev)
         if name == "w":
             x /= t.shape[1] ** 0.5
@@ -183,7 +183,7 @@ def test_many_replays(dev, replays):
     cases = [
         ("ag_rotate_a", "overlap", None),
         ("rs_tile_a", "overlap", 2 * tp),
-        ("gemm_allreduce", "overlap", None),
+        ("ar_tile_a", "overlap", None),
         ("rs_tile_b", "collective", None),
     ]
     for i, (schedule, path, steps) in enumerate(cases):
@@ -207,7 +207,7 @@ def test_many_replays(dev, replays):
 
 def test_interleaved(dev):
     tp = dist.get_world_size()
-    pairs = (("ag_rotate_a", "rs_tile_a"), ("rs_tile_a", "gemm_allreduce"))
+    pairs = (("ag_rotate_a", "rs_tile_a"), ("rs_tile_a", "ar_tile_a"))
     for i, (schedule, other) in enumerate(pairs):
         name = f"interleaved/{schedule}"
         try:
@@ -268,7 +268,7 @@ def test_first_call(dev):
     with communicator() as comm:
         cases = (
             ("ag_rotate_a", "overlap"),
-            ("gemm_allreduce", "overlap"),
+            ("ar_tile_a", "overlap"),
             ("rs_tile_b", "collective"),
         )
         for i, (schedule, path) in enumerate(cases):

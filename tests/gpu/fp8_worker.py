@@ -51,7 +51,7 @@ OPS = {
     "ag_rotate_b": "all_gather_gemm",
     "rs_tile_a": "gemm_reduce_scatter",
     "rs_tile_b": "gemm_reduce_scatter",
-    "gemm_allreduce": "gemm_all_reduce",
+    "ar_tile_a": "gemm_all_reduce",
 }
 
 

@@ -72,7 +72,7 @@ def digest(t: torch.Tensor) -> str:
 
 
 def check(name, y, a, w, b, c, beta, dtype, **extra):
-    ref32, ref_dt = reference("gemm_allreduce", a, w, b, c, beta, dtype)
+    ref32, ref_dt = reference("ar_tile_a", a, w, b, c, beta, dtype)
     e32, edt = rel_err(y, ref32), rel_err(y, ref_dt)
     same = len(set(same_on_all_ranks(digest(y)))) == 1
     record(
@@ -132,7 +132,7 @@ def test_capture(dev, replays):
         if i % 100 == 99:
             w.copy_(((torch.rand(n, k, generator=gen) * 2 - 1) / k**0.5).to(dtype))
         g.replay()
-        ref32 = reference("gemm_allreduce", a, w, b, None, 0.0, dtype)[0]
+        ref32 = reference("ar_tile_a", a, w, b, None, 0.0, dtype)[0]
         e = rel_err(out, ref32)
         worst = max(worst, e)
         bad += e >= TOL
@@ -147,7 +147,7 @@ def test_capture(dev, replays):
         held = comm.workspace_bytes
         z = distgemm.gemm_reduce_scatter(big_a, big_w, path="overlap")
         y = distgemm.gemm_all_reduce(a, w, bias=b, path="fused")
-        ref32 = reference("gemm_allreduce", a, w, b, None, 0.0, dtype)[0]
+        ref32 = reference("ar_tile_a", a, w, b, None, 0.0, dtype)[0]
         worst = max(worst, rel_err(y, ref32))
         g.replay()
         worst = max(worst, rel_err(out, ref32))
@@ -197,7 +197,7 @@ def test_mixed_sizes(dev, replays):
             a.copy_((torch.rand(a.shape, generator=gen) * 2 - 1).to(dtype))
         g.replay()
         for a, w, b, out in ops:
-            e = rel_err(out, reference("gemm_allreduce", a, w, b, None, 0.0, dtype)[0])
+            e = rel_err(out, reference("ar_tile_a", a, w, b, None, 0.0, dtype)[0])
             worst = max(worst, e)
             bad += e >= TOL
     torch.cuda.synchronize()

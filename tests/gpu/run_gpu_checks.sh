@@ -16,7 +16,7 @@ BIN=$PWD/build-gpu/distgemm_bench
 SUM=$FINAL/summary.txt
 : > "$SUM"
 parts=${*:-fail verify tune perf replays}
-SCHEDS=${SCHEDS:-ag_rotate_a ag_rotate_b rs_tile_a rs_tile_b gemm_allreduce}
+SCHEDS=${SCHEDS:-ag_rotate_a ag_rotate_b rs_tile_a rs_tile_b ar_tile_a}
 TUNED=${TUNED:-}  # e.g. "--swizzle 4 --raster 2" from an earlier tune
 
 { nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
@@ -69,7 +69,7 @@ if [[ $parts == *fail* ]]; then
     --timeout-s 2 --simulate-missing-device 1
   run fail_missing_dev0_rs 60 1 --schedule rs_tile_a --tp 2 --steps 4 --m 2048 --n 1024 --k 1024 \
     --timeout-s 2 --simulate-missing-device 0
-  run fail_missing_dev1_ar 60 1 --schedule gemm_allreduce --tp 2 --steps 2 --m 2048 --n 1024 \
+  run fail_missing_dev1_ar 60 1 --schedule ar_tile_a --tp 2 --steps 2 --m 2048 --n 1024 \
     --k 1024 --timeout-s 2 --simulate-missing-device 1
   run reject_k_unaligned 60 2 --schedule ag_rotate_a --tp 2 --steps 2 --m 512 --n 512 --k 516
   run reject_tile_unaligned 60 2 --schedule rs_tile_b --tp 2 --steps 8 --m 512 --n 1056 --k 512

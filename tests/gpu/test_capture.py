@@ -26,7 +26,7 @@ from gpu_requirements import (  # noqa: E402
 )
 
 HERE = pathlib.Path(__file__).resolve().parent
-SCHEDULES = ["ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "gemm_allreduce"]
+SCHEDULES = ["ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "ar_tile_a"]
 LAUNCH = launch_here()
 TP = LAUNCH.tp
 REPLAYS = 1000
@@ -68,7 +68,7 @@ def test_every_op_on_the_collective_path_captured_and_replayed(results, schedule
     [
         "ag_rotate_a/overlap/S{tp}",
         "rs_tile_a/overlap/S{tp2}",
-        "gemm_allreduce/overlap/S{tp}",
+        "ar_tile_a/overlap/S{tp}",
         "rs_tile_b/collective/S{tp}",
     ],
 )
@@ -86,7 +86,7 @@ def test_a_thousand_replays_with_fresh_data(results, case):
         "interleaved/rs_tile_a",
         "interleaved/layer_in_one_graph",
         "first_call/ag_rotate_a/overlap",
-        "first_call/gemm_allreduce/overlap",
+        "first_call/ar_tile_a/overlap",
         "first_call/rs_tile_b/collective",
         "first_call/workspace_allocated_in_capture",
         "first_call/auto_inside_capture",

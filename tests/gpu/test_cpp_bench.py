@@ -113,7 +113,7 @@ def run_bench(*args, timeout=180):
     return proc, result
 
 
-SCHEDULES = ["ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "gemm_allreduce"]
+SCHEDULES = ["ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "ar_tile_a"]
 CASES = [
     (s, steps, dt, beta, bias)
     for s in SCHEDULES
@@ -149,7 +149,7 @@ def test_verifies(schedule, steps, dtype, beta, bias):
     assert float(res["rel_err"]) < 1e-2
 
 
-RING = ["rs_tile_a", "rs_tile_b", "gemm_allreduce"]  # the schedules with partials
+RING = ["rs_tile_a", "rs_tile_b", "ar_tile_a"]  # the schedules with partials
 TRANSPORT = [
     (s, steps, via, pdl)
     for s in RING
@@ -357,7 +357,7 @@ def test_batched_and_graph_update(schedule):
         ("ag_rotate_a", 1, "epilogue"),
         ("rs_tile_a", 0, "epilogue"),
         ("rs_tile_a", 0, "copy"),
-        ("gemm_allreduce", 1, "copy"),
+        ("ar_tile_a", 1, "copy"),
     ],
 )
 def test_missing_device_reports_timeout(schedule, missing, via):
@@ -546,7 +546,7 @@ def test_fp8_fast_accum_verifies(schedule):
     assert res["k"] == "4096"
 
 
-@pytest.mark.parametrize("schedule", ["ag_rotate_b", "rs_tile_a", "gemm_allreduce"])
+@pytest.mark.parametrize("schedule", ["ag_rotate_b", "rs_tile_a", "ar_tile_a"])
 def test_fp8_batched_with_c_bias_and_update(schedule):
     """Tensor-wise scales with L=2 batches, bf16 C (beta) and bias, partials by the copy engine
     and a graph-exec update to new buffers: each added in the fp8 epilogue after the scales."""
@@ -592,8 +592,8 @@ def test_fp8_llama_sweep_subset(tmp_path):
 # tile's C rows and bias slice are read at its own offset and the TMA stores of a tile of m rows
 # (m not a multiple of 128, the next tile's rows right behind it) must stay inside the tile.
 UNEVEN = [
-    *[("gemm_allreduce", TP, m, 1024) for m in (1, 3, TP + 1, 127, 255)],
-    *[("gemm_allreduce", 2 * TP, m, 1024) for m in (1, 2 * TP + 1, 129)],
+    *[("ar_tile_a", TP, m, 1024) for m in (1, 3, TP + 1, 127, 255)],
+    *[("ar_tile_a", 2 * TP, m, 1024) for m in (1, 2 * TP + 1, 129)],
     ("rs_tile_a", 2 * TP, 3 * TP, 1024),  # shards of 3 rows in 2 steps: 2 + 1
     ("rs_tile_a", 4 * TP, 2 * TP, 1024),  # shards of 2 rows in 4 steps: 2 empty
     ("rs_tile_a", 2 * TP, 1001 * TP, 1024),
@@ -624,7 +624,7 @@ def test_uneven_steps_verify(schedule, steps, m, n):
     assert res.get("verify") == "PASS" and float(res["rel_err"]) < 1e-2
 
 
-UNEVEN_RING = [(s, via) for s in ("rs_tile_a", "gemm_allreduce") for via in ("epilogue", "copy")]
+UNEVEN_RING = [(s, via) for s in ("rs_tile_a", "ar_tile_a") for via in ("epilogue", "copy")]
 
 
 @pytest.mark.parametrize("schedule,via", UNEVEN_RING, ids=[f"{s}-{v}" for s, v in UNEVEN_RING])
@@ -642,7 +642,7 @@ def test_uneven_partials_batched_with_update(schedule, via):
 
 
 @pytest.mark.parametrize(
-    "schedule,steps,m", [("gemm_allreduce", max(TP, 2), 1), ("rs_tile_a", 4 * TP, 2 * TP)]
+    "schedule,steps,m", [("ar_tile_a", max(TP, 2), 1), ("rs_tile_a", 4 * TP, 2 * TP)]
 )
 def test_uneven_graph_skips_empty_tiles(schedule, steps, m, tmp_path):
     """The captured graphs of plans with empty tiles: fewer GEMM nodes than S, and every signal,

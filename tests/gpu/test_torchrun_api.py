@@ -33,7 +33,7 @@ import distgemm  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
 WORKER = HERE / "torchrun_worker.py"
-SCHEDULES = ["ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "gemm_allreduce"]
+SCHEDULES = ["ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "ar_tile_a"]
 # Ranks of the torchrun launch = TP (default 2; DISTGEMM_TEST_TP=4 or 8 with that many GPUs).
 LAUNCH = launch_here(default_tp=2)
 TP = LAUNCH.tp

@@ -320,7 +320,7 @@ def shapes_for(schedule, tp, steps, gen):
         return int(torch.randint(lo, hi, (1,), generator=gen))
 
     # M (or N for ag_rotate_b / rs_tile_b) need not divide into S steps: uneven steps differ by
-    # a row (by 8 columns along N), and gemm_allreduce takes any M, also fewer rows than steps.
+    # a row (by 8 columns along N), and ar_tile_a takes any M, also fewer rows than steps.
     if schedule == "ag_rotate_a":
         m = tp * ri(3, 120)  # M/TP rows per rank: any count
         k, nl = r8(8, 520), r8(8, 400)
@@ -337,7 +337,7 @@ def shapes_for(schedule, tp, steps, gen):
     if schedule == "rs_tile_b":
         m, n = ri(5, 300), tp * r8(8, 300)
         return (m, kl), (n, kl), n // tp, (m, n // tp)
-    m, n = ri(1, 300), r8(8, 400)  # gemm_allreduce: any token count
+    m, n = ri(1, 300), r8(8, 400)  # ar_tile_a: any token count
     return (m, kl), (n, kl), n, (m, n)
 
 
@@ -386,7 +386,7 @@ def make_inputs(schedule, tp, steps, dtype, gen, dev, with_bias, with_c):
     w = (torch.randn(w_shape, generator=g) / w_shape[1] ** 0.5).to(dtype).to(dev)
     # bias and c of the all-reduce are read from the rank that finishes each tile: the same on
     # every rank (as documented); elsewhere per rank.
-    gs = torch.Generator(device="cpu").manual_seed(77) if schedule == "gemm_allreduce" else g
+    gs = torch.Generator(device="cpu").manual_seed(77) if schedule == "ar_tile_a" else g
     bias = torch.randn(blen, generator=gs).to(dtype).to(dev) if with_bias else None
     c = torch.randn(c_shape, generator=gs).to(dtype).to(dev) if (with_c and c_shape) else None
     return a, w, bias, c
@@ -395,7 +395,7 @@ def make_inputs(schedule, tp, steps, dtype, gen, dev, with_bias, with_c):
 def test_correctness(dev):
     tp = dist.get_world_size()
     gen = torch.Generator(device="cpu").manual_seed(2026)
-    for schedule in ["ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "gemm_allreduce"]:
+    for schedule in ["ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "ar_tile_a"]:
         for dtype in (torch.bfloat16, torch.float16):
             # Last field: w passed as the .t() view of a contiguous [K, N] tensor (read
             # N-contiguous in place; ag_rotate_b refuses it).
@@ -476,7 +476,7 @@ def test_paths(dev):
         left_out_when_shared("paths/auto", auto_why)
         return
     gen = torch.Generator(device="cpu").manual_seed(4242)
-    for schedule in ["ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "gemm_allreduce"]:
+    for schedule in ["ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "ar_tile_a"]:
         for with_bias, beta, use_out, gathered in [
             (False, 0.0, False, False),
             (True, 0.75, True, True),
@@ -534,7 +534,7 @@ def test_paths(dev):
         ("ag_rotate_a", (4096, 8192), (4096, 8192)),
         ("rs_tile_a", (64 * tp, 128), (256, 128)),
         ("rs_tile_a", (8192, 4096), (8192, 4096)),
-        ("gemm_allreduce", (64 * tp, 128), (256, 128)),
+        ("ar_tile_a", (64 * tp, 128), (256, 128)),
     ]
     with communicator() as comm:
         for schedule, a_shape, w_shape in cases:
@@ -560,7 +560,7 @@ def test_paths(dev):
                 e1, e2 = rel_err(y1, ref32), rel_err(y2, ref32)
                 # gemm_all_reduce at decode sizes: the fused kernel where its shape rule allows
                 # (_core.fused_auto_problem); elsewhere the model's overlap or collective path.
-                fused = schedule == "gemm_allreduce" and not _core.fused_auto_problem(
+                fused = schedule == "ar_tile_a" and not _core.fused_auto_problem(
                     a_shape[0], w_shape[0], w_shape[1], 2, tp
                 )
                 if fused:

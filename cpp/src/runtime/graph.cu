@@ -278,7 +278,7 @@ void DeviceGraph::validate(const UserBuffers& user) const {
           plan_.schedule +
           " moves B between ranks: an N-contiguous B (a transposed weight view) is read in place "
           "only by plans that keep B on its rank (ag_rotate_a, rs_tile_a, rs_tile_b, "
-          "gemm_allreduce); pass the weight K-contiguous ([n, k], .contiguous())");
+          "ar_tile_a); pass the weight K-contiguous ([n, k], .contiguous())");
   }
   for (const auto& op : prog.gemms) {
     if (static_cast<int>(op.waits.size()) > kernel::kMaxWaits)

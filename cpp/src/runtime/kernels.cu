@@ -289,7 +289,7 @@ __global__ void entry_barrier_kernel(const EntryBarrierSpec s) {
       return;
 }
 
-// Wait before a copy-engine transfer (only gemm_allreduce's local copies of pushed tiles need one).
+// Wait before a copy-engine transfer (only ar_tile_a's local copies of pushed tiles need one).
 // One thread; it never blocks a GEMM's progress (GEMMs never depend on the copy branch), see
 // device/graph.hpp.
 __global__ void copy_wait_kernel(const WaitSpec w) {

@@ -12,21 +12,17 @@ What it models (one rank; every constant below says where it comes from):
 - torch's GEMM (cuBLAS, the collective path): ``launch + flops / rate``; cuBLAS picks among
   many tiles, so its time follows the flops closely.
 - NCCL: ``latency + bytes moved per rank / bandwidth``, plus a share of the GEMM time (the
-  collective path's GEMM ran slower beside NCCL than alone in the sweep).
+  collective path's GEMM shares the GPU with NCCL's kernels).
 - the overlapped plan: its steps' GEMMs, the exposed part of one step's transfer
   (``max(0, transfer - step GEMM)``, the first gather or the last partial), and per transport a
   cost per step, a share of the GEMM time and a cost per byte moved (copy engine and epilogue
   traffic slowing the GEMM).
 
-Calibration: every constant was fitted by least squares of the relative error over the 60 cases
-of ``benchmarks/results/2026-11-23-llama-sweep.csv`` (Llama-3 8B/70B/405B, TP=2, 1024-16384
-tokens, 2x H200, steady-state windows); ``benchmarks/fit_path_model.py`` refits them and prints
-this table. ``tests/test_tuning_model.py`` checks the choice against every case of that sweep.
-Outside what the sweep covers the model keeps the collective path: below ``MIN_TOKENS`` tokens
-(decode sizes) there is no overlap measurement at all, and at a TP other than
-``CALIBRATED_TP`` the model's terms are not calibrated (the older TP=4 runs show it optimistic
-about the overlapped plan there); a tuning table measured there decides instead.
-docs/tuning.md has the validation table.
+Calibration: the constants are fitted to a TP=2 Llama sweep by
+``benchmarks/sweep/fit_path_model.py``; docs/tuning.md has their values' sources and the
+validation table, ``tests/test_tuning_model.py`` checks the choice on that sweep. Outside what the
+fit covers the model keeps the collective path: below ``MIN_TOKENS`` tokens and at a TP other
+than ``CALIBRATED_TP``; a tuning table measured there decides instead.
 """
 
 from __future__ import annotations
@@ -75,8 +71,7 @@ MIN_TOKENS = 1024
 # The TP the constants were fitted at (the sweep's); at any other TP the collective path.
 CALIBRATED_TP = (2,)
 # The overlapped path only where the model predicts it faster by at least this many ms: the
-# largest error of a predicted gain over the sweep's small calls (8B FC2 at 1024 tokens: 3 us
-# predicted, 6 us lost).
+# largest error of a predicted gain over the sweep's small calls (docs/tuning.md).
 MIN_GAIN_MS = 5e-3
 
 

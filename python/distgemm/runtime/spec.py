@@ -42,7 +42,7 @@ class Spec:
 def default_steps(schedule: str, tp: int, a: torch.Tensor, w: torch.Tensor) -> int:
     """S for ``steps=None`` where the tuning table has no entry for the call's bucket
     (``make_spec`` takes the table's S where it has one): TP for the all-gather schedules and
-    gemm_allreduce; for rs_tile_a / rs_tile_b, 2*TP from ``_core.RS_TWO_STEPS_MIN_TOKENS``
+    ar_tile_a; for rs_tile_a / rs_tile_b, 2*TP from ``_core.RS_TWO_STEPS_MIN_TOKENS``
     tokens (M) on with at most ``_core.RS_TWO_STEPS_MAX_K_PER_RANK`` of K per rank, where the
     plan accepts it (partials then travel by copy engine with a step of slack), else TP. The rule
     is the C++ one (schedule/defaults.hpp). Shapes only, so every rank agrees; an operand that is

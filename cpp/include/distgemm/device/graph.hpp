@@ -16,7 +16,7 @@
 //   rs_tile_a, S>=2TP (partials by copy engine, the default there): per non-final GEMM i,
 //           [push staging slot i -> peer slot i, sig] after GEMM i; the push has k-1 steps of
 //           slack before the peer's GEMM i+k needs it.
-//   gemm_allreduce: the ring as rs_tile_a (partial signals, or staging pushes), then per tile
+//   ar_tile_a: the ring as rs_tile_a (partial signals, or staging pushes), then per tile
 //           this device finishes: [push tile -> peer.recv slot, sig peer] for every peer, in GEMM
 //           order; after the last GEMM, per tile a peer finished: [wait kernel on its flag, local
 //           copy recv slot -> own D]. Every transfer is a push; the only memcpy that reads
@@ -48,7 +48,7 @@
 //                           induction over the steps no node waits (through the chain) for
 //                           anything that depends on itself, whatever hardware queues the graph
 //                           executor maps branches to.
-//   last GEMM -> wait kernel -> copy : gemm_allreduce's local copies of a finished tile that a
+//   last GEMM -> wait kernel -> copy : ar_tile_a's local copies of a finished tile that a
 //                           peer pushed into this device's slot wait for its flag in a 1-block
 //                           kernel placed after every signal of this device, so a spinning node
 //                           never holds back something a peer needs.

@@ -8,7 +8,7 @@
 //   rs_tile_a / rs_tile_b     : (S - S/TP) slots of one D tile = (S - S/TP) * L*M*N/S elements
 //                               with partials by epilogue; 2(S - S/TP) with partials by copy
 //                               engine (a local staging slot per non-final step)
-//   gemm_allreduce            : 2(S - S/TP) slots of one D tile (partials + the finished tiles
+//   ar_tile_a            : 2(S - S/TP) slots of one D tile (partials + the finished tiles
 //                               pushed by their owners); 3(S - S/TP) with partials by copy engine
 // plus the control region after the slots (schedule::control_layout(): kMaxFlags flags, kMaxTp
 // barrier slots and the epoch word, 1280 bytes), the same for every plan.

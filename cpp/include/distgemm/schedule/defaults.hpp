@@ -72,7 +72,7 @@ inline PlanOptions with_scales(const ScheduleDef& def, int tp, int steps,
 // (partials staged for the copy engine with a step of slack), where S = 2*TP cuts the split mode
 // into equal tiles, of whole 8-column units along N (the shapes the rule was measured on) and the
 // plan and the kernel's extent rule accept it; nullopt where the rule keeps S = TP. S = TP is valid
-// for every problem validate accepts: its tiles are the devices' shards, or for gemm_allreduce a
+// for every problem validate accepts: its tiles are the devices' shards, or for ar_tile_a a
 // split of any M (empty tiles below TP tokens, which cost nothing; fewer steps are not possible, S
 // is a multiple of TP). Shapes only, so every rank agrees.
 // `scales`: the row scales the plan carries (PlanOptions::row_scale_a / row_scale_b).

@@ -352,7 +352,7 @@ inline void build_reduce_scatter(Plan& plan, const DistributedTileScheduler& sch
 
 // Where a copy sits in its device's side chain (device/graph.hpp): after GEMM `after_gemm`;
 // -1 (first) for a copy that follows no GEMM (all-gather pushes); `steps` (after the last GEMM)
-// for a copy that waits for a flag (gemm_allreduce's local copies of the tiles peers pushed).
+// for a copy that waits for a flag (ar_tile_a's local copies of the tiles peers pushed).
 // build_plan emits every device's copies sorted by this key (stable), so the order that the
 // checker, the simulator and the reference executor follow is the order the graph runs.
 inline int side_chain_key(const CopyOp& cp, int steps) {

@@ -140,7 +140,7 @@ inline constexpr int kMaxTp = 8;  // devices of one plan (the runtime's kernel::
 // region, so that plans of any shape share one workspace per communicator.
 inline constexpr int kMaxSteps = 128;
 // Flags of one plan (build_plan): S - S/TP for the all-gather and reduce-scatter schedules,
-// 2(S - S/TP) for gemm_allreduce (partials + finished tiles); all fewer than 2*S.
+// 2(S - S/TP) for ar_tile_a (partials + finished tiles); all fewer than 2*S.
 inline constexpr int kMaxFlags = 2 * kMaxSteps;
 // Receive slots start at multiples of this many bytes, and so do the scale slots and the
 // control region.
@@ -165,7 +165,7 @@ inline constexpr WorkspaceLayout control_layout() {
 }
 
 // How a reduce-scatter partial reaches the device that continues it (the ring of rs_tile_a,
-// rs_tile_b and gemm_allreduce; all-gather plans have no partials).
+// rs_tile_b and ar_tile_a; all-gather plans have no partials).
 //   Epilogue:   the GEMM's epilogue stores the partial straight into the peer's receive slot
 //               (a peer write over NVLink from the SMs) and a signal follows the GEMM. No extra
 //               memory; the epilogue's stores cross NVLink, which lengthens GEMMs with short K.
@@ -174,7 +174,7 @@ inline constexpr WorkspaceLayout control_layout() {
 //               local and the transfer runs on the copy engine, but it is on the consumer's
 //               critical path unless S > TP gives it steps of slack; one staging slot per
 //               non-final iteration doubles the partial slots (rs_tile_a/b: all the slots;
-//               gemm_allreduce: 1.5x, its all-gather slots stay).
+//               ar_tile_a: 1.5x, its all-gather slots stay).
 enum class PartialVia : uint8_t { Epilogue = 0, CopyEngine = 1 };
 
 inline const char* partial_via_name(PartialVia v) {

@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from ..communicator import Communicator
     from ..workspace import Workspace
 
-# torch's current raw stream as an int without building a Stream object (about 2 us less per
-# call); the public API where this private binding is missing.
+# torch's current raw stream as an int, without building a Stream object per call; the public
+# API where this private binding is missing.
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 

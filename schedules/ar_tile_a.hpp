@@ -1,4 +1,4 @@
-// gemm_allreduce — GEMM + AllReduce as one plan: the rs_tile_a ring, then an all-gather of the
+// ar_tile_a — GEMM + AllReduce as one plan: the rs_tile_a ring, then an all-gather of the
 // finished D tiles (for decode-style layers whose next op wants the full D everywhere).
 //
 // Purpose: D = A_d @ B_d^T summed over devices, replicated on every device.
@@ -25,8 +25,8 @@
 
 namespace distgemm::schedules {
 using namespace distgemm::schedule;
-inline constexpr ScheduleDef gemm_allreduce{
-    "gemm_allreduce",
+inline constexpr ScheduleDef ar_tile_a{
+    "ar_tile_a",
     "GEMM overlapped with reduce-scatter of D, then all-gather of D (all-reduce)",
     Collective::AllReduce,
     Operand::C,
