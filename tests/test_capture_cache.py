@@ -18,7 +18,7 @@ from distgemm.runtime.precision import Precision  # noqa: E402
 
 
 class Graph:
-    """A graph's error report, as _core.DeviceGraph.error() gives it."""
+    """A graph's error report, as _core.GraphLauncher.error() gives it."""
 
     def __init__(self, error=""):
         self.message = error
@@ -122,7 +122,7 @@ def test_an_entry_gets_one_capture_only_graph_which_pins_its_workspace(monkeypat
         made.append((args, kwargs))
         return Graph()
 
-    monkeypatch.setattr(_core, "DeviceGraph", device_graph, raising=False)
+    monkeypatch.setattr(_core, "GraphLauncher", device_graph, raising=False)
     a, w = torch.zeros(64, 32, dtype=torch.bfloat16), torch.zeros(24, 32, dtype=torch.bfloat16)
     spec = ops.make_spec("all_gather_gemm", "ag_rotate_a", 2, 0, None, a, w)
     ws = types.SimpleNamespace(order="order", pinned=False)

@@ -207,7 +207,7 @@ def test_ranks_asking_for_different_paths_get_the_same_value_error():
 
 # ---------------------------------------------------------------------------------------------
 # One Plan per op entry: built once by make_spec, read by the workspace and graph setup, handed
-# to DeviceGraph as it is.
+# to GraphLauncher as it is.
 
 
 class OneRankComm:
@@ -258,7 +258,7 @@ def test_an_entry_builds_its_plan_once_and_its_graph_takes_that_plan(
     monkeypatch.setattr(_core, "workspace_layout", never)
     monkeypatch.setattr(
         _core,
-        "DeviceGraph",
+        "GraphLauncher",
         lambda *args, **kw: graphs.append(args + tuple(sorted(kw.items()))) or len(graphs),
         raising=False,
     )
@@ -323,7 +323,7 @@ def test_graph_setup_refuses_a_negative_workspace_size():
 def test_device_graph_takes_a_plan_a_setup_and_needs_a_launch_order():
     plan = _core.build_plan("rs_tile_a", 2, 4, 8192, 64, 1024)
     setup = _core.GraphSetup(0, 0, "bf16", [1 << 40, 1 << 41], plan.layout(2)["total_bytes"], 5.0)
-    with pytest.raises(ValueError, match="DeviceGraph needs a LaunchOrder"):
-        _core.DeviceGraph(plan, setup, None, 16, 32, 0, 48, 0)
+    with pytest.raises(ValueError, match="GraphLauncher needs a LaunchOrder"):
+        _core.GraphLauncher(plan, setup, None, 16, 32, 0, 48, 0)
     with pytest.raises(TypeError):  # a plan dict is not a Plan: build it with _core.build_plan
-        _core.DeviceGraph(plan.to_dict(), setup, None, 16, 32, 0, 48, 0)
+        _core.GraphLauncher(plan.to_dict(), setup, None, 16, 32, 0, 48, 0)

@@ -12,7 +12,7 @@ ms, wrapped around the library's functions where they exist; "other" is the rema
 validation and plan (make_spec), the signature exchange, the path decision, the workspace lookup
 (workspace_for) and, when it grows, its allocation and IPC exchange, the re-pointing of the
 cached plans and the freeing of the old one, graph setup (the rest of attach_workspace), the
-graph (graph_for: creation of the DeviceGraph) and the collective path's call. Steady ms: CUDA
+graph (graph_for: creation of the GraphLauncher) and the collective path's call. Steady ms: CUDA
 events around ``--steady-calls`` calls of an already created entry, per call, maximum over
 ranks.
 """
@@ -96,7 +96,7 @@ def wrap_library(timer: PhaseTimer, comm) -> None:
     timer.wrap(type(comm), "_workspace_grown", "workspace: re-point plans")
     timer.wrap(type(comm), "_release", "workspace: free the old one")
     timer.wrap(OverlappedState, "place", "workspace+setup")
-    timer.wrap(OverlappedState, "graph_for", "graph")  # on a first call: the DeviceGraph's creation
+    timer.wrap(OverlappedState, "graph_for", "graph")  # a first call: its GraphLauncher made
     timer.wrap(collective, "run_collective", "collective call")
     timer.wrap(
         type(comm), "all_gather", "signature exchange", when=lambda s, o, what: "signature" in what

@@ -76,7 +76,7 @@ def main(n=20000):
     core = types.SimpleNamespace(
         **{k: getattr(overlapped._core, k) for k in dir(overlapped._core) if not k.startswith("__")}
     )
-    core.DeviceGraph = lambda *args, **kwargs: _Graph()
+    core.GraphLauncher = lambda *args, **kwargs: _Graph()
     core.GraphSetup = lambda *args, **kwargs: None  # the graph stand-in takes no setup
     overlapped._core = core
     torch.cuda.is_current_stream_capturing = lambda: False

@@ -85,7 +85,7 @@ RS_TWO_STEPS_MIN_TOKENS: int
 RS_TWO_STEPS_MAX_K_PER_RANK: int
 
 class GraphSetup:
-    """What one rank's DeviceGraph needs besides the Plan and the user pointers."""
+    """What one rank's GraphLauncher needs besides the Plan and the user pointers."""
 
     def __init__(
         self,
@@ -335,7 +335,7 @@ class RelaxedCaptureMode:
     def __enter__(self) -> RelaxedCaptureMode: ...
     def __exit__(self, *exc: object) -> bool: ...
 
-class DeviceGraph:
+class GraphLauncher:
     def __init__(
         self,
         plan: Plan,

@@ -733,7 +733,7 @@ def test_errors(dev):
             timeout_s=5.0,
         )
         order = _core.LaunchOrder(dev.index)
-        _core.DeviceGraph(plan, setup, order, a2.data_ptr(), w2.data_ptr(), 0, out2.data_ptr(), 0)
+        _core.GraphLauncher(plan, setup, order, a2.data_ptr(), w2.data_ptr(), 0, out2.data_ptr(), 0)
 
     if sized["copy"] > sized["epilogue"]:
         expect(

@@ -5,7 +5,7 @@
 For every entry of the table (read from DISTGEMM_TUNING_TABLE, as a deployment would) and of a
 hand-written table that forces each GEMM tile, the op with steps=None and path="auto" at a token
 count in the entry's bucket: the plan takes the entry's S, the path is the entry's (source
-"table"), an overlapped plan's graph runs the entry's tile (DeviceGraph.stats), and the result
+"table"), an overlapped plan's graph runs the entry's tile (GraphLauncher.stats), and the result
 matches torch in fp32 (NCCL collective + mm; relative Frobenius error < 1e-2).
 """
 

@@ -1,6 +1,6 @@
 // distgemm._core's module and its host-only core: build and inspect Plans from Python. A Plan
 // crosses the boundary as an object (_core.Plan, built once per op entry and handed to the
-// DeviceGraph); to_dict() gives the plain dicts/lists that the simulator, the reference executor
+// GraphLauncher); to_dict() gives the plain dicts/lists that the simulator, the reference executor
 // and the tests (which mutate plans on purpose) work on. Tuning facts and defaults live in C++;
 // Python reads them here. Every binding source of _core is in this folder (cpp/src/bindings/).
 #include <pybind11/pybind11.h>
@@ -18,7 +18,7 @@ namespace py = pybind11;
 using namespace distgemm::schedule;
 
 #ifdef DISTGEMM_WITH_CUDA
-// Built with the CUDA runtime only: DeviceGraph, workspaces and CUDA IPC for the torch-facing API
+// Built with the CUDA runtime only: GraphLauncher, workspaces and CUDA IPC for the torch-facing API
 // (runtime.cpp); one GEMM of distgemm's kernel on caller memory, for single-GPU benchmarks
 // (gemm.cpp).
 void register_runtime(py::module_& m);
@@ -239,7 +239,7 @@ py::dict plan_dict(const Plan& p) {
 void register_plan(py::module_& m) {
   py::class_<Plan>(m, "Plan",
                    "A built plan (schedule::Plan): built once by build_plan, read by the op "
-                   "entry and handed to DeviceGraph as it is. to_dict() gives the plain dict "
+                   "entry and handed to GraphLauncher as it is. to_dict() gives the plain dict "
                    "that the simulator, the checker and the reference executor take.")
       .def_readonly("schedule", &Plan::schedule)
       .def_property_readonly("definition", [](const Plan& p) { return def_dict(p.def); })
@@ -287,7 +287,7 @@ void register_plan(py::module_& m) {
 
   using distgemm::python::GraphSetup;
   py::class_<GraphSetup>(m, "GraphSetup",
-                         "What one rank's DeviceGraph needs besides the Plan and the user "
+                         "What one rank's GraphLauncher needs besides the Plan and the user "
                          "pointers; built once per op entry.")
       .def(py::init<int, int, std::string, std::vector<uint64_t>, int64_t, double, float, float,
                     bool, int, bool, bool>(),
@@ -322,7 +322,7 @@ PYBIND11_MODULE(_core, m) {
   );
   m.attr("cuda_runtime_reason") = DISTGEMM_NO_CUDA_REASON;  // "" with the runtime (CMakeLists.txt)
 
-  register_plan(m);  // before the runtime, whose DeviceGraph takes a Plan and a GraphSetup
+  register_plan(m);  // before the runtime, whose GraphLauncher takes a Plan and a GraphSetup
 #ifdef DISTGEMM_WITH_CUDA
   register_runtime(m);
   register_gemm(m);

@@ -1,4 +1,4 @@
-// GraphSetup: what one rank's DeviceGraph of a plan needs besides the Plan and the user pointers
+// GraphSetup: what one rank's GraphLauncher of a plan needs besides the Plan and the user pointers
 // (rank, device, dtype, epilogue, workspace bases, wait bound, GEMM tile), built once per op
 // entry. Plain data, so that distgemm._core binds it in host-only builds too.
 #pragma once

@@ -6,7 +6,7 @@
 //                 it opened or allocated on close()/destruction.
 //   LaunchOrder   the launch order of every graph that shares one workspace on this device
 //                 (see below why it exists), and the error sink its captured graphs share.
-//   DeviceGraph   device::DeviceGraph of one rank for a _core.Plan as it was built, with a
+//   GraphLauncher device::DeviceGraph of one rank for a _core.Plan as it was built, with a
 //                 GraphSetup (graph_setup.hpp): update(pointers), launch(stream), error();
 //                 capture(stream, pointers) records it into the caller's stream capture.
 //   RelaxedCaptureMode  context manager: setup work allowed while a stream is being captured.
@@ -209,15 +209,15 @@ UserBuffers user_from(uint64_t a, uint64_t b, uint64_t c, uint64_t d, uint64_t b
 }
 
 // A rank's graph for one plan, plus its launch order.
-class PyGraph {
+class GraphLauncher {
  public:
   // capture_only: the graph only records into callers' captures (capture()), has no
   // executable of its own and reports timeouts into the order's shared capture error sink.
-  PyGraph(const distgemm::schedule::Plan& plan, const distgemm::python::GraphSetup& setup,
-          std::shared_ptr<LaunchOrder> order, uint64_t a, uint64_t b, uint64_t c, uint64_t d,
-          uint64_t bias_ptr, bool capture_only, uint64_t scale_a, uint64_t scale_b)
+  GraphLauncher(const distgemm::schedule::Plan& plan, const distgemm::python::GraphSetup& setup,
+                std::shared_ptr<LaunchOrder> order, uint64_t a, uint64_t b, uint64_t c, uint64_t d,
+                uint64_t bias_ptr, bool capture_only, uint64_t scale_a, uint64_t scale_b)
       : order_(std::move(order)) {
-    if (!order_) throw std::invalid_argument("DeviceGraph needs a LaunchOrder");
+    if (!order_) throw std::invalid_argument("GraphLauncher needs a LaunchOrder");
     if (order_->device() != setup.cuda_device)
       throw std::invalid_argument("LaunchOrder of CUDA device " + std::to_string(order_->device()) +
                                   " used for a graph on CUDA device " +
@@ -281,7 +281,7 @@ class PyGraph {
     const StreamCapture cap = stream_capture(s);
     if (cap.active)
       throw std::runtime_error(
-          "DeviceGraph.launch() on a stream that is being captured: use capture() (the "
+          "GraphLauncher.launch() on a stream that is being captured: use capture() (the "
           "distgemm ops do so inside torch.cuda.graph)");
     DISTGEMM_CUDA_CHECK(cudaSetDevice(graph_->cuda_device()));
     order_->before(s, cap);
@@ -298,7 +298,7 @@ class PyGraph {
     const StreamCapture cap = stream_capture(s);
     if (!cap.active)
       throw std::runtime_error(
-          "DeviceGraph.capture() on a stream that is not being captured: use launch()");
+          "GraphLauncher.capture() on a stream that is not being captured: use launch()");
     DISTGEMM_CUDA_CHECK(cudaSetDevice(graph_->cuda_device()));
     order_->before(s, cap);
     graph_->capture_into(s, u);
@@ -393,9 +393,10 @@ void register_runtime(py::module_& m) {
         return false;
       });
 
-  py::class_<PyGraph>(m, "DeviceGraph",
-                      "One rank's CUDA graph of a plan (device::DeviceGraph). Pointers and streams "
-                      "are integers (tensor.data_ptr(), stream.cuda_stream); 0 means absent.")
+  py::class_<GraphLauncher>(
+      m, "GraphLauncher",
+      "One rank's CUDA graph of a plan (device::DeviceGraph). Pointers and streams "
+      "are integers (tensor.data_ptr(), stream.cuda_stream); 0 means absent.")
       .def(py::init<const distgemm::schedule::Plan&, const distgemm::python::GraphSetup&,
                     std::shared_ptr<LaunchOrder>, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t,
                     bool, uint64_t, uint64_t>(),
@@ -406,24 +407,24 @@ void register_runtime(py::module_& m) {
            "workspace layout) for setup.rank; ValueError when setup.workspace_bytes (if set) is "
            "smaller than the plan's layout. capture_only: no executable of its own, only "
            "capture() (timeouts go to the order's shared capture error sink).")
-      .def("update", &PyGraph::update, py::arg("a"), py::arg("b"), py::arg("c"), py::arg("d"),
+      .def("update", &GraphLauncher::update, py::arg("a"), py::arg("b"), py::arg("c"), py::arg("d"),
            py::arg("bias_ptr"), py::arg("scale_a") = 0, py::arg("scale_b") = 0,
            "Retarget the graph at new user buffers: a graph-exec update, or a re-instantiation "
            "where the driver refuses the update (returns True then).")
-      .def_property_readonly("rebuilds", &PyGraph::rebuilds,
+      .def_property_readonly("rebuilds", &GraphLauncher::rebuilds,
                              "How many retargets needed a re-instantiation.")
-      .def("launch", &PyGraph::launch, py::arg("stream"), "Enqueue one launch on `stream`.")
-      .def("capture", &PyGraph::capture, py::arg("stream"), py::arg("a"), py::arg("b"),
+      .def("launch", &GraphLauncher::launch, py::arg("stream"), "Enqueue one launch on `stream`.")
+      .def("capture", &GraphLauncher::capture, py::arg("stream"), py::arg("a"), py::arg("b"),
            py::arg("c"), py::arg("d"), py::arg("bias_ptr"), py::arg("scale_a") = 0,
            py::arg("scale_b") = 0,
            "Record one launch for these user pointers into the capture in progress on `stream` "
            "(the nodes themselves, not a graph launch).")
-      .def("error", &PyGraph::error,
+      .def("error", &GraphLauncher::error,
            "'' or the timeout report of this rank (read after synchronising).")
-      .def("check", &PyGraph::check, "Raise RuntimeError with error() when there is one.")
-      .def_property_readonly("rank", &PyGraph::rank)
-      .def_property_readonly("cuda_device", &PyGraph::cuda_device)
-      .def("stats", &PyGraph::stats, "Node counts of the graph.");
+      .def("check", &GraphLauncher::check, "Raise RuntimeError with error() when there is one.")
+      .def_property_readonly("rank", &GraphLauncher::rank)
+      .def_property_readonly("cuda_device", &GraphLauncher::cuda_device)
+      .def("stats", &GraphLauncher::stats, "Node counts of the graph.");
 
   m.def(
       "cuda_device_count",

@@ -70,7 +70,7 @@ class OverlappedState(PathState):
     graphs: collections.OrderedDict[tuple[int, ...], Any] = field(
         default_factory=collections.OrderedDict
     )
-    # The capture-only _core.DeviceGraph that records this plan into callers' CUDA graphs (see
+    # The capture-only _core.GraphLauncher that records this plan into callers' CUDA graphs (see
     # capture_graph). Callers' graphs keep referencing its error sink and the workspace, so it
     # lives until the communicator closes: the entry is never evicted once it has one.
     capturer: Any = None
@@ -134,9 +134,9 @@ class OverlappedState(PathState):
                 self.slots = torch.as_tensor(raw, device=comm.device).view(dtype)
 
     def _new_graph(self, ptrs: tuple[int, ...], capture_only: bool = False):
-        """A DeviceGraph of the plan for ``ptrs`` (a, w, c, out, bias, scale_a, scale_b)."""
+        """A GraphLauncher of the plan for ``ptrs`` (a, w, c, out, bias, scale_a, scale_b)."""
         a, w, c, d, bias, scale_a, scale_b = ptrs
-        return _core.DeviceGraph(
+        return _core.GraphLauncher(
             self.spec.plan, self.setup, self.ws.order, a, w, c, d, bias,
             capture_only=capture_only, scale_a=scale_a, scale_b=scale_b,
         )  # fmt: skip
