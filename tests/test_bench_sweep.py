@@ -135,8 +135,8 @@ def _bench():
 BENCH = _bench()
 needs_bench = pytest.mark.skipif(
     BENCH is None,
-    reason="distgemm/bin/distgemm_bench is not installed: the package was built "
-    "without the CUDA runtime (no nvcc); set DISTGEMM_BENCH to a built binary",
+    reason="distgemm/bin/distgemm_bench is not installed: the package was built without the "
+    f"CUDA runtime ({_core.cuda_runtime_reason}); set DISTGEMM_BENCH to a built binary",
 )
 
 

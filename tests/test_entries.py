@@ -319,8 +319,10 @@ def test_graph_setup_refuses_a_negative_workspace_size():
     assert (s.workspace_bytes, s.timeout_s, s.alpha, s.beta, s.bias) == (0, 2.5, 1.0, 0.25, True)
 
 
-@pytest.mark.skipif(not _core.cuda_runtime, reason="built without the CUDA runtime (no nvcc)")
-def test_device_graph_takes_a_plan_a_setup_and_needs_a_launch_order():
+@pytest.mark.skipif(
+    not _core.cuda_runtime, reason=f"built without the CUDA runtime ({_core.cuda_runtime_reason})"
+)
+def test_graph_launcher_takes_a_plan_a_setup_and_needs_a_launch_order():
     plan = _core.build_plan("rs_tile_a", 2, 4, 8192, 64, 1024)
     setup = _core.GraphSetup(0, 0, "bf16", [1 << 40, 1 << 41], plan.layout(2)["total_bytes"], 5.0)
     with pytest.raises(ValueError, match="GraphLauncher needs a LaunchOrder"):

@@ -8,7 +8,7 @@ from distgemm import _core
 
 needs_runtime = pytest.mark.skipif(
     not getattr(_core, "cuda_runtime", False),
-    reason="_core built without the CUDA runtime (DISTGEMM_CUDA=OFF or no nvcc): no _core.gemm",
+    reason=f"_core built without the CUDA runtime ({_core.cuda_runtime_reason}): no _core.gemm",
 )
 BASE = 1 << 20  # a 16-byte aligned address; gemm_problem never dereferences it
 

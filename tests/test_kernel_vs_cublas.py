@@ -245,7 +245,7 @@ def test_calls_per_replay_and_estimate():
 
 needs_runtime = pytest.mark.skipif(
     not getattr(_core, "cuda_runtime", False),
-    reason="_core built without the CUDA runtime (DISTGEMM_CUDA=OFF or no nvcc): no _core.gemm",
+    reason=f"_core built without the CUDA runtime ({_core.cuda_runtime_reason}): no _core.gemm",
 )
 
 

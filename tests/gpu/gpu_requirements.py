@@ -65,7 +65,7 @@ def skip_reason(tp: int, what: str = "", shared: bool = False) -> str | None:
     """Why tests needing `tp` Hopper GPUs (`shared`: one GPU for every rank) and the CUDA runtime
     cannot run here (None: they can). `what` names where tp came from, for the message."""
     if not getattr(_core, "cuda_runtime", False):
-        return "distgemm was built without the CUDA runtime (no nvcc at build time)"
+        return f"distgemm was built without the CUDA runtime ({_core.cuda_runtime_reason})"
     n = visible_gpus()
     if n == 0:
         return f"needs a CUDA GPU (with one, {SHARED_GPU_MODE}), this machine has none"

@@ -153,8 +153,9 @@ class Communicator:
             raise RuntimeError("distgemm.Communicator needs CUDA GPUs; torch sees none")
         if not getattr(_core, "cuda_runtime", False):
             raise RuntimeError(
-                "distgemm was built without the CUDA runtime (no nvcc at build time "
-                "or DISTGEMM_CUDA=OFF): reinstall with nvcc on PATH"
+                f"distgemm was built without the CUDA runtime ({_core.cuda_runtime_reason}): "
+                "reinstall on a machine with a GPU and nvcc, or with DISTGEMM_CUDA=ON bash "
+                "scripts/install.sh"
             )
         if not (0 < timeout_s <= 3600) or not (0 < wait_timeout_s <= 3600):
             raise ValueError(

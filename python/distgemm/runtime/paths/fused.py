@@ -63,7 +63,7 @@ def fused_problem(spec: Spec, dtype: torch.dtype) -> str:
     if spec.op != "gemm_all_reduce":
         return f"the fused path is gemm_all_reduce's only, not {spec.op}'s"
     if not getattr(_core, "cuda_runtime", False):
-        return "distgemm was built without the CUDA runtime"
+        return f"distgemm was built without the CUDA runtime ({_core.cuda_runtime_reason})"
     if dtype not in DTYPES:
         return f"dtype {dtype} is not bf16 or fp16"
     if spec.b_n_major:
