@@ -353,3 +353,26 @@ def test_bench_without_a_gpu_says_so(bench_binary):
     assert proc.returncode == 2, proc.stderr
     (line,) = proc.stderr.splitlines()
     assert line.startswith("error: no CUDA GPU visible (cudaGetDeviceCount: "), line
+
+
+@pytest.mark.parametrize(
+    "sizes,needle",
+    [
+        (dict(m=10**22), f"m={10**22} is out of range: problem sizes are at most 2147483647"),
+        (dict(k=-(2**70)), f"k={-(2**70)} is out of range"),
+        (dict(m=2**31), "problem sizes must be at most 2**31-1 (the GEMMs take int32 extents)"),
+        (dict(m=2**31 - 2, n=2**31 - 2), "D (M*N*L) of M=2147483646 N=2147483646 K=64 L=1"),
+        (dict(m=2**31 - 2, k=2**31 - 2), "A (M*K*L) of M=2147483646 N=64 K=2147483646"),
+    ],
+)
+def test_build_plan_refuses_sizes_past_the_bounds_in_words(sizes, needle):
+    """The library's boundary, not only the CLIs': every size is checked in C++ (int32 extents,
+    operands of at most 2**60 elements) and ints past int64 before the binding sees them."""
+    import distgemm
+
+    shape = dict(m=64, n=64, k=64) | sizes
+    with pytest.raises(ValueError) as e:
+        distgemm.build_plan("ag_rotate_a", 2, 2, **shape)
+    assert needle in str(e.value)
+    if "(M*" in needle:
+        assert "is above 2**60 elements: its byte count overflows 64 bits" in str(e.value)

@@ -133,6 +133,8 @@ def workspace_control_layout() -> dict[str, int]:
     slots (offsets from the slots' end; total_bytes: the region's size)."""
 
 MAX_TP: int  # devices of one plan
+MAX_EXTENT: int  # the largest M, N, K or L (int32 extents)
+MAX_OPERAND_ELEMENTS: int  # the most elements of one operand (2**60)
 MAX_STEPS: int  # pipeline steps S of one plan
 MAX_FLAGS: int  # flags of one plan (the control region's capacity)
 WORKSPACE_SLOT_ALIGN: int  # slot bytes and the control region start at multiples of this

@@ -9,11 +9,12 @@ import functools
 import os
 import sys
 
-# distgemm's GEMMs take int32 extents (CUTLASS's problem shape; kernel/gemm_extents.hpp).
-MAX_EXTENT = 2**31 - 1
-# Elements of one operand: at 8 bytes each (the CPU reference executor's float64) its byte count
-# fits a signed 64-bit integer.
-MAX_OPERAND_ELEMENTS = 2**60
+from . import _core
+
+# The bounds of a problem, from C++ (schedule/plan_types.hpp), where every plan is checked
+# against them: int32 extents, and operands whose byte counts fit 64 bits.
+MAX_EXTENT = int(_core.MAX_EXTENT)
+MAX_OPERAND_ELEMENTS = int(_core.MAX_OPERAND_ELEMENTS)
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -72,22 +72,13 @@ double float_arg(const std::string& k, const std::string& v, bool positive = fal
 
 // A problem extent: CUTLASS takes int32 problem shapes.
 int64_t extent_arg(const std::string& k, const std::string& v) {
-  return int_arg(k, v, 1, INT32_MAX, " (2**31-1: the GEMMs take int32 extents)");
+  return int_arg(k, v, 1, schedule::kMaxExtent, " (2**31-1: the GEMMs take int32 extents)");
 }
 
-// Each operand of the single case holds at most 2**60 elements, so that its byte count (8 bytes
-// per element at most, the fp32 reference's D included) fits int64.
+// Each operand of the single case holds at most 2**60 elements (schedule::operand_size_problem).
 void check_operand_sizes(const Args& a) {
-  constexpr int64_t kMaxElements = int64_t(1) << 60;
-  const struct {
-    const char* name;
-    int64_t rows, cols;
-  } operands[] = {{"A (M*K*L)", a.m, a.k}, {"B (N*K*L)", a.n, a.k}, {"D (M*N*L)", a.m, a.n}};
-  for (const auto& o : operands)
-    if (o.rows > kMaxElements / (o.cols * a.l))  // cols * l <= 2**62: no overflow
-      usage(std::string(o.name) + " of --m " + std::to_string(a.m) + " --n " + std::to_string(a.n) +
-            " --k " + std::to_string(a.k) + " --l " + std::to_string(a.l) +
-            " is above 2**60 elements: its byte count overflows 64 bits");
+  const std::string why = schedule::operand_size_problem({a.m, a.n, a.k, a.l});
+  if (!why.empty()) usage(why + " (--m --n --k --l)");
 }
 
 // Sweep mode: the filters are names of llama_shapes.hpp; single-case options do not apply.

@@ -403,6 +403,8 @@ PYBIND11_MODULE(_core, m) {
       "without slots: MAX_FLAGS flags, MAX_TP barrier slots, the epoch word (total_bytes: the "
       "region); the same for every plan, so that plans of any shape share one workspace.");
   m.attr("MAX_TP") = kMaxTp;
+  m.attr("MAX_EXTENT") = kMaxExtent;
+  m.attr("MAX_OPERAND_ELEMENTS") = kMaxOperandElems;
   m.attr("MAX_STEPS") = kMaxSteps;
   m.attr("MAX_FLAGS") = kMaxFlags;
   m.attr("WORKSPACE_SLOT_ALIGN") = kSlotAlign;

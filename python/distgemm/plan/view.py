@@ -60,13 +60,18 @@ def build_plan(
     plan_types.hpp). Raises ``ValueError`` naming the violated constraint and the values, e.g.
     ``M=30 is not divisible by TP=4``.
     """
-    for name, v in (("tp", tp), ("m", m), ("n", n), ("k", k), ("l", l)):
-        if not isinstance(v, int) or isinstance(v, bool):
-            raise ValueError(f"{name} must be an int, got {v!r}")
     if steps is None:
         steps = tp
-    if not isinstance(steps, int) or isinstance(steps, bool):
-        raise ValueError(f"steps must be an int, got {steps!r}")
+    # Every int crosses into C++ as int64 (the plan checks the bounds in words): larger ones are
+    # refused here, before the binding's conversion would fail without naming them.
+    for name, v in (("tp", tp), ("steps", steps), ("m", m), ("n", n), ("k", k), ("l", l)):
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise ValueError(f"{name} must be an int, got {v!r}")
+        if not -(2**63) <= v < 2**63:
+            raise ValueError(
+                f"{name}={v} is out of range: problem sizes are at most "
+                f"{_core.MAX_EXTENT} (2**31-1), TP at most {_core.MAX_TP}"
+            )
     for name, v in (("row_scale_a", row_scale_a), ("row_scale_b", row_scale_b)):
         if not isinstance(v, bool):
             raise ValueError(f"{name} must be a bool, got {v!r}")

@@ -136,6 +136,11 @@ struct WorkspaceLayout {
 inline constexpr int64_t round_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
 inline constexpr int kMaxTp = 8;  // devices of one plan (the runtime's kernel::kMaxDevices)
+// Extents of one problem (M, N, K, L): the GEMM kernels take int32 problem shapes.
+inline constexpr int64_t kMaxExtent = 2147483647;
+// Elements of one operand (A, B or D, times L): at 8 bytes each, the widest element a reference
+// executor uses, its byte count fits int64.
+inline constexpr int64_t kMaxOperandElems = int64_t(1) << 60;
 // Pipeline steps of one plan. The bound makes the flags of every plan fit one fixed control
 // region, so that plans of any shape share one workspace per communicator.
 inline constexpr int kMaxSteps = 128;
@@ -251,6 +256,21 @@ inline int slot_elem_bytes(const Plan& p, int operand_bytes, int out_bytes) {
 // ---------------------------------------------------------------------------------------------
 // Validation: every constraint in words, with the values.
 
+// "" when every operand of the problem (extents 1..kMaxExtent) holds at most kMaxOperandElems
+// elements; otherwise the first that does not, with the sizes.
+inline std::string operand_size_problem(const Problem& p) {
+  auto s = [](int64_t v) { return std::to_string(v); };
+  const struct {
+    const char* name;
+    int64_t rows, cols;
+  } operands[] = {{"A (M*K*L)", p.m, p.k}, {"B (N*K*L)", p.n, p.k}, {"D (M*N*L)", p.m, p.n}};
+  for (const auto& o : operands)
+    if (o.rows > kMaxOperandElems / (o.cols * p.l))  // cols * l < 2**62: no overflow
+      return std::string(o.name) + " of M=" + s(p.m) + " N=" + s(p.n) + " K=" + s(p.k) +
+             " L=" + s(p.l) + " is above 2**60 elements: its byte count overflows 64 bits";
+  return "";
+}
+
 inline std::string validate(const ScheduleDef& def, const Problem& p, int tp, int steps,
                             const PlanOptions& options = {}) {
   auto s = [](int64_t v) { return std::to_string(v); };
@@ -264,6 +284,10 @@ inline std::string validate(const ScheduleDef& def, const Problem& p, int tp, in
   if (p.m < 1 || p.n < 1 || p.k < 1 || p.l < 1)
     return "problem sizes must be positive, got M=" + s(p.m) + " N=" + s(p.n) + " K=" + s(p.k) +
            " L=" + s(p.l);
+  if (p.m > kMaxExtent || p.n > kMaxExtent || p.k > kMaxExtent || p.l > kMaxExtent)
+    return "problem sizes must be at most 2**31-1 (the GEMMs take int32 extents), got M=" + s(p.m) +
+           " N=" + s(p.n) + " K=" + s(p.k) + " L=" + s(p.l);
+  if (std::string big = operand_size_problem(p); !big.empty()) return big;
   if ((options.row_scale_a || options.row_scale_b) && p.l != 1)
     return std::string("row-wise scales (") +
            (options.row_scale_a && options.row_scale_b ? "of A and B"
