@@ -20,15 +20,23 @@ LOG=$(mktemp "${TMPDIR:-/tmp}/distgemm-install.XXXXXX")
 # Runs pip with its output in $LOG, printing the lines that show progress: downloads, installs,
 # scikit-build-core's phases and ninja's steps (done/total, seconds so far, the file built).
 export NINJA_STATUS="[%f/%t %es] "
+# A line at a time as it arrives (awk implementations such as mawk read their input in blocks, so
+# a long build would print nothing until its end).
+show_progress() {
+  local line step='^ *\[([0-9]+/[0-9]+) ([0-9]+)(\.[0-9]+)?s\] (.*[ /])?([^ /]+)$'
+  while IFS= read -r line; do
+    if [[ $line =~ $step ]]; then
+      echo "  [${BASH_REMATCH[1]} ${BASH_REMATCH[2]}s] ${BASH_REMATCH[5]%.o}"
+    elif [[ $line =~ ^\ *(\*\*\*\ (Configuring|Building|Installing).*) ]]; then
+      echo "  ${BASH_REMATCH[1]}"
+    elif [[ $line =~ ^\ *((Downloading|Successfully\ installed)\ .*) ]]; then
+      echo "  ${BASH_REMATCH[1]}"
+    fi
+  done
+}
 pip_with_progress() {
   local rc=0
-  "$PY" -m pip "$@" 2>&1 | tee "$LOG" | awk '
-    /^ *\[[0-9]+\/[0-9]+ [0-9.]+s\] / {
-      n = split($NF, part, "/"); file = part[n]; sub(/\.o$/, "", file)
-      sub(/\.[0-9]+s\]$/, "s]", $2); print "  " $1 " " $2 " " file; fflush(); next
-    }
-    /^ *\*\*\* (Configuring|Building|Installing)/ { sub(/^ */, "  "); print; fflush(); next }
-    /^ *(Downloading|Successfully installed) / { sub(/^ */, "  "); print; fflush() }' || rc=$?
+  "$PY" -m pip "$@" 2>&1 | tee "$LOG" | show_progress || rc=$?
   if [ "$rc" -ne 0 ]; then
     echo "distgemm: pip $1 failed (exit $rc); the end of its log ($LOG):" >&2
     tail -n 60 "$LOG" >&2
