@@ -1,4 +1,5 @@
 """The runtime layer: the communicator, the entry cache, the path choice and the paths.
 
-Imported by ``distgemm.ops`` only; each module imports the ones below it (docs/architecture.md).
+Used by ``distgemm.ops`` (and by ``compat/`` and ``tune`` for a few of its names); each module
+imports only the ones below it (docs/architecture.md, tests/test_layers.py).
 """
