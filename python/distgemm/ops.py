@@ -162,7 +162,9 @@ def _entry(op, group, key: EntryKey, make, tensors, out):
     comm = get_communicator(group)
     if comm.broken:
         comm.raise_if_broken()
-    plans = comm.attachment(ATTACHMENT) or entry_cache(comm)
+    plans = comm.attachment(ATTACHMENT)
+    if plans is None:  # the communicator's first op call
+        plans = entry_cache(comm)
     entry = plans.get(key)
     if entry is None:
 
