@@ -334,7 +334,7 @@ def test_bench_help_describes_every_option(bench_binary):
         (("--m", "0"), "--m 0 is not in 1..2147483647"),
         (("--m", str(10**22)), f"--m {10**22} is not in 1..2147483647"),
         (("--k", "12abc"), "--k takes an integer, got '12abc'"),
-        (("--m", "2147483647", "--n", "2147483647"), "D (M*N*L) of --m 2147483647 --n 2147483647"),
+        (("--m", "2147483647", "--n", "2147483647"), "D (M*N*L) of M=2147483647 N=2147483647"),
         (("--timeout-s", "0"), "--timeout-s 0 is not above 0"),
         (("--bogus",), "unknown argument --bogus"),
     ],

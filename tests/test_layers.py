@@ -147,12 +147,16 @@ def test_the_plan_layer_loads_without_torch():
         "import sys, distgemm, distgemm.plan, distgemm.simulate; "
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
-    env_path = str(PACKAGE.parent)
+    import distgemm  # the package under test: the sources, or where it is installed (CI)
+
     res = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,
-        env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"},
+        env={
+            "PYTHONPATH": str(pathlib.Path(distgemm.__file__).parents[1]),
+            "PATH": "/usr/bin:/bin",
+        },
         timeout=120,
     )
     assert res.returncode == 0, res.stderr[-2000:]

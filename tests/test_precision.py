@@ -76,7 +76,7 @@ def test_fp8_refusals_at_the_boundary():
     ],
 )
 def test_make_spec_carries_fp8_row_scales_into_the_plan(schedule, tp, a_shape, w_shape):
-    op = {"ag": "all_gather_gemm", "rs": "gemm_reduce_scatter", "ge": "gemm_all_reduce"}[
+    op = {"ag": "all_gather_gemm", "rs": "gemm_reduce_scatter", "ar": "gemm_all_reduce"}[
         schedule[:2]
     ]
     a, w = fp8(*a_shape), fp8(*w_shape)

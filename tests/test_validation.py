@@ -172,7 +172,7 @@ def test_spec_reduce_scatter_shapes(schedule, out):
 )
 def test_default_steps(schedule, tp, a, w, want):
     assert distgemm.default_steps(schedule, tp, t(*a), t(*w)) == want
-    op = {"ag": "all_gather_gemm", "rs": "gemm_reduce_scatter", "ge": "gemm_all_reduce"}[
+    op = {"ag": "all_gather_gemm", "rs": "gemm_reduce_scatter", "ar": "gemm_all_reduce"}[
         schedule[:2]
     ]
     assert make_spec(op, schedule, tp, 0, None, t(*a), t(*w)).steps == want
