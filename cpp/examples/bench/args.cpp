@@ -181,7 +181,7 @@ namespace {
   std::printf(
       "distgemm_bench: one distributed GEMM on TP GPUs of this process, verified against a "
       "single-GPU\nreference and timed; or (--sweep) the Llama-3 layer sweep of "
-      "benchmarks/llama_sweep.py.\n\n"
+      "benchmarks/sweep/llama_sweep.py.\n\n"
       "usage: distgemm_bench [--schedule NAME] [--tp T] [--steps S|auto] [--m M] [--n N] [--k K] "
       "[options]\n"
       "       distgemm_bench --sweep [quick|full] [--tp T] [--models ...] [--tokens ...] "

@@ -97,7 +97,7 @@ struct Case {
   const Layer* layer;
   int64_t tokens;
   Gemm gemm() const { return global_gemm(*model, *layer, tokens); }
-  // "70B/FC1/M8192/TP2", the case name benchmarks/llama_sweep.py uses.
+  // "70B/FC1/M8192/TP2", the case name benchmarks/sweep/llama_sweep.py uses.
   std::string name(int tp) const {
     return std::string(model->name) + "/" + layer->name + "/M" + std::to_string(tokens) + "/TP" +
            std::to_string(tp);

@@ -1,7 +1,7 @@
 // distgemm_bench: runs one schedule on TP GPUs of this process, verifies it against a
 // single-GPU reference GEMM of the full problem and times it; with --sweep, the Llama-3
-// tensor-parallel layer sweep of benchmarks/llama_sweep.py from one process, on the same shapes
-// (both from python/distgemm/data/llama3.json), so single-process numbers sit beside the
+// tensor-parallel layer sweep of benchmarks/sweep/llama_sweep.py from one process, on the same
+// shapes (both from python/distgemm/data/llama3.json), so single-process numbers sit beside the
 // torchrun ones.
 //
 //   distgemm_bench --schedule ag_rotate_a --tp 2 --steps 2 --m 8192 --n 57344 --k 8192

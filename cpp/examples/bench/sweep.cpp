@@ -1,5 +1,5 @@
 // distgemm_bench --sweep: the Llama-3 tensor-parallel layer cases of llama_shapes.hpp (the shapes
-// benchmarks/llama_sweep.py runs under torchrun), each verified and timed beside its local
+// benchmarks/sweep/llama_sweep.py runs under torchrun), each verified and timed beside its local
 // kernel, reported as a table and a CSV; --dry-run lists the cases without CUDA.
 //
 // Per case, with the layer's default schedule (QKV, FC1: ag_rotate_a; O, FC2: rs_tile_a) and for

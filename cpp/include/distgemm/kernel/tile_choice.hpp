@@ -20,9 +20,9 @@
 // 128x256 runs unless another configuration is rated at least its min_gain cheaper: inside a
 // plan, programmatic dependent launch lets the next step's GEMM fill the last wave's idle SMs,
 // which the model does not see, so a small modelled gain from a smaller tile is not a real one. The
-// constants are provisional until calibrated by benchmarks/kernel_vs_cublas.py; their derivation is
-// in docs/tuning.md. choose_tile_n is the two-tile model without padding that the plan simulator
-// and the path model annotate with.
+// constants are provisional until calibrated by benchmarks/kernel/kernel_vs_cublas.py; their
+// derivation is in docs/tuning.md. choose_tile_n is the two-tile model without padding that the
+// plan simulator and the path model annotate with.
 #pragma once
 
 #include <algorithm>
