@@ -39,6 +39,7 @@ from benchmarks.common.llama_cases import global_gemm
 from benchmarks.decode import report
 from benchmarks.serving import runtime
 from benchmarks.serving.stack import cols_of, max_rel_err
+from distgemm import cli
 
 # A run longer than this is hung (a case takes ~6 s): dump every thread's stack and exit.
 HANG_BASE_S, HANG_PER_CASE_S = 60, 8
@@ -266,7 +267,7 @@ def _names(valid):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = cli.ArgumentParser("python3 -m benchmarks.decode.decode_layers", __doc__)
     ap.add_argument("--models", type=_names(report.MODELS), default=list(report.MODELS))
     ap.add_argument("--layers", type=_names(report.LAYERS), default=list(report.LAYERS))
     ap.add_argument("--tokens", type=runtime.parse_tokens, default=list(report.TOKENS))

@@ -23,7 +23,6 @@ when a check failed or a time is below its floor.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -42,7 +41,7 @@ from benchmarks.common.timing import (
     rel_err,
     time_variant,
 )
-from distgemm import _core
+from distgemm import _core, cli
 from distgemm.runtime.communicator import get_communicator
 
 LAYERS = {  # name: (N, K) of one rank's GEMM at TP=2
@@ -200,7 +199,7 @@ def row(columns, rec: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = cli.ArgumentParser("python3 -m benchmarks.decode.fused_tp1", __doc__)
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     ap.add_argument("--layers", default=",".join(LAYERS))
     ap.add_argument("--out", default=".")

@@ -53,7 +53,7 @@ from benchmarks.common.timing import (
 )
 from benchmarks.kernel.kernel_vs_cublas import _csv_list, calls_per_replay
 from benchmarks.kernel.shapes import TP_CHOICES, kernel_shapes
-from distgemm import _core
+from distgemm import _core, cli
 from distgemm.runtime.scales import dequantize, quantize, scaled_mm_scales
 
 VARIANTS = ("torch_bf16", "ours_bf16", "scaled_mm", "scaled_mm_fast", "ours_fp8", "ours_fp8_fast")
@@ -63,7 +63,7 @@ SHAPE_S = 6 * REWARM_S + 7 * TIMED_S + WARMUP_S + 1.0  # per shape, set-up inclu
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = cli.ArgumentParser("python3 -m benchmarks.fp8.fp8_kernel_vs_scaled_mm", __doc__)
     ap.add_argument("--models", type=_csv_list(str, tuple(MODELS)), default=["70B", "405B"])
     ap.add_argument("--tp", type=_csv_list(int, TP_CHOICES), default=[2])
     ap.add_argument("--tokens", type=_csv_list(int), default=list(DEFAULT_TOKENS))

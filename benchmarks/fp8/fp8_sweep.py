@@ -29,7 +29,6 @@ below its compute floor (2mnk/TP at the fp8 dense peak) is flagged as a measurem
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import functools
 import json
@@ -55,6 +54,7 @@ from benchmarks.common.timing import (
     time_variant,
     try_symm_mem,
 )
+from distgemm import cli
 from distgemm.runtime.scales import dequantize, quantize, scaled_mm_scales
 
 VARIANTS = ("floor_fp8", "base_fp8", "symm_fp8", "dg_fp8", "dg_bf16")
@@ -240,7 +240,7 @@ def table(records, meta) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = cli.ArgumentParser("python3 -m benchmarks.fp8.fp8_sweep", __doc__)
     ap.add_argument("--models", default="70B", help="comma-separated subset of " + ",".join(MODELS))
     ap.add_argument("--tokens", default="8192", help="comma-separated token counts")
     ap.add_argument("--layers", default=",".join(LAYERS))

@@ -19,12 +19,13 @@ ranks.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import time
 from collections import defaultdict
+
+from distgemm import cli
 
 TOKENS = tuple(range(64, 6144 + 1, 64))  # 96 token counts
 
@@ -118,7 +119,7 @@ def phases_of(raw: dict[str, float], total: float) -> dict[str, float]:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = cli.ArgumentParser("python3 -m benchmarks.host.first_call", __doc__)
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="comma-separated M")
     ap.add_argument("--k", type=int, default=4096, help="global K")
     ap.add_argument("--n", type=int, default=8192, help="global N")

@@ -10,7 +10,6 @@ per-GPU GEMMs and sub-GEMM steps of the Llama sweep at TP=2 where the choice mat
 ones where both tiles run at full occupancy (the model's relative tile cost is fitted there);
 their (M, N, K) come from distgemm._core's Llama tables (benchmarks/common/llama_cases.py)."""
 
-import argparse
 import csv
 import statistics
 import subprocess
@@ -18,6 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from benchmarks.common.llama_cases import SCHEDULE, Case, shapes
+from distgemm import cli
 from distgemm.simulate import H200_RESIDENT_CTAS
 
 # (model, layer, tokens, TP, S): S=None for a rank's whole GEMM (the sweep's floor), else one
@@ -132,7 +132,7 @@ def summarise(
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = cli.ArgumentParser("python3 -m benchmarks.kernel.compare_tiles", __doc__)
     ap.add_argument("--bench", default="build-gpu/distgemm_bench")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument(

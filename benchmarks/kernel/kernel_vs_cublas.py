@@ -50,7 +50,7 @@ from benchmarks.common.timing import (
 )
 from benchmarks.kernel import report
 from benchmarks.kernel.shapes import TP_CHOICES, KernelShape, describe_sources, kernel_shapes
-from distgemm import _core
+from distgemm import _core, cli
 
 # Graph replays are sized so that one replay takes about this long (at the compute floor).
 REPLAY_TARGET_MS = 0.1
@@ -92,7 +92,7 @@ def _csv_list(kind, valid=None):
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = cli.ArgumentParser("python3 -m benchmarks.kernel.kernel_vs_cublas", __doc__)
     ap.add_argument("--models", type=_csv_list(str, tuple(MODELS)), default=None)
     ap.add_argument("--tp", type=_csv_list(int, TP_CHOICES), default=list(TP_CHOICES))
     ap.add_argument("--tokens", type=_csv_list(int), default=None, help=f"default {TOKENS}")

@@ -24,7 +24,6 @@ windows (the floor first, with the long warm-up). Output: ``<date>-serving-tp<N>
 
 from __future__ import annotations
 
-import argparse
 import faulthandler
 import math
 import os
@@ -38,6 +37,7 @@ import torch.distributed as dist
 
 from benchmarks.common import report as out
 from benchmarks.serving import report, runtime, stack
+from distgemm import cli
 
 RUN_TIMEOUT_S = 400  # a run that takes longer is hung (~3 min expected): dump stacks, exit
 SMOKE_DIMS = {"QKV": (96, 64), "O": (64, 64), "FC1": (256, 64), "FC2": (64, 128)}
@@ -260,7 +260,7 @@ def smoke_failures(res: dict[str, Any]) -> list[str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = cli.ArgumentParser("python3 -m benchmarks.serving.serving_step", __doc__)
     ap.add_argument("--model", default=report.MODEL)
     ap.add_argument("--layers", type=int, default=report.STACK_DEPTH, help="stack depth")
     ap.add_argument(

@@ -12,7 +12,6 @@ columns repeat the same plan and show run-to-run noise.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import csv
 import pathlib
@@ -20,7 +19,7 @@ import re
 import statistics
 import sys
 
-from distgemm import _core
+from distgemm import _core, cli
 
 NAME = re.compile(r"tp(\d+)-(epilogue|copy)-(pdl|no-pdl)-r(\d+)\.csv$")
 VARIANTS = [("epilogue", "no-pdl"), ("epilogue", "pdl"), ("copy", "no-pdl"), ("copy", "pdl")]
@@ -92,7 +91,7 @@ def summarise(folder: pathlib.Path) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = cli.ArgumentParser("python3 -m benchmarks.sweep.compare_variants", __doc__)
     ap.add_argument("folder", type=pathlib.Path)
     ap.add_argument("--md", type=pathlib.Path, help="also write the table here")
     args = ap.parse_args(argv)

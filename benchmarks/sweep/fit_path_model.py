@@ -18,14 +18,13 @@ path's time to be the sweep's NCCL + torch.mm baseline, which is what that path 
 
 from __future__ import annotations
 
-import argparse
 import csv
 import pathlib
 
 import numpy as np
 
 from benchmarks.common.report import RESULTS_DIR
-from distgemm import _core, llama3
+from distgemm import _core, cli, llama3
 from distgemm.runtime import cost_model
 
 DEFAULT_CSV = pathlib.Path(RESULTS_DIR) / "2026-11-23-llama-sweep.csv"
@@ -182,7 +181,7 @@ def _fmt(v: float) -> str:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = cli.ArgumentParser("python3 -m benchmarks.sweep.fit_path_model", __doc__)
     ap.add_argument("csv", nargs="?", type=pathlib.Path, default=DEFAULT_CSV)
     args = ap.parse_args(argv)
     constants, errors = fit(args.csv)

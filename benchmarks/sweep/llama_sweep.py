@@ -39,7 +39,6 @@ benchmarks/sweep/report.py.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import functools
 import math
@@ -85,6 +84,7 @@ from benchmarks.common.timing import (
     try_symm_mem,
 )
 from benchmarks.sweep.report import output_stem, replot, write_outputs
+from distgemm import cli
 
 # The sweep's cases and timing rules, which tests/test_bench_sweep.py holds against _core.
 __all__ = [
@@ -314,7 +314,7 @@ def measure(ctx: RankContext, case: Case, group_name: str, solo, symm_setup) -> 
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = cli.ArgumentParser("python3 -m benchmarks.sweep.llama_sweep", __doc__)
     ap.add_argument("--quick", action="store_true", help="70B only, M in {4096, 8192}")
     ap.add_argument("--out", default=RESULTS_DIR)
     ap.add_argument("--models", help="comma-separated subset of " + ",".join(MODELS))

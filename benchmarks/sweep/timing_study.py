@@ -14,7 +14,6 @@ prints a table and writes JSON to --out.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import math
@@ -30,6 +29,7 @@ from benchmarks.common.timing import (
     settle,
     time_variant,
 )
+from distgemm import cli
 
 
 def _clock_mhz(torch, dev) -> float:
@@ -137,7 +137,7 @@ def print_table(results) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = cli.ArgumentParser("python3 -m benchmarks.sweep.timing_study", __doc__)
     ap.add_argument("--cases", default="70B/QKV/4096,70B/O/4096")
     ap.add_argument("--out", default=".")
     args = ap.parse_args(argv)

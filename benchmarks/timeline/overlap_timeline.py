@@ -30,7 +30,6 @@ benchmarks/timeline/report.py, both tested by tests/test_overlap_timeline.py on 
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import math
@@ -62,6 +61,7 @@ from benchmarks.timeline.events import (
     parse_chrome_trace,
 )
 from benchmarks.timeline.report import replot, summary_lines, write_outputs
+from distgemm import cli
 
 FIRST_REWARM_S = 0.3  # sustained calls inside the profiler before the first window (clock ramp)
 REWARM_S = 0.1  # ... before each later window (the GPUs were busy until just before)
@@ -179,7 +179,7 @@ def run_layer(ctx, case, steps: int | None, calls: int, group_name: str) -> dict
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = cli.ArgumentParser("python3 -m benchmarks.timeline.overlap_timeline", __doc__)
     ap.add_argument("--model", default="70B", choices=sorted(MODELS))
     ap.add_argument("--layer", default="FC1,O", help="comma-separated, of " + ", ".join(LAYERS))
     ap.add_argument("--tokens", type=int, default=8192)

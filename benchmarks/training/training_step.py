@@ -28,7 +28,6 @@ TP = --tp on the one current GPU, without torchrun, into ``...-t<T>-local``.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import faulthandler
 import math
@@ -52,6 +51,7 @@ from benchmarks.training.block import (
     rel_errors,
     shard_block,
 )
+from distgemm import cli
 
 SMOKE_SIZES = (16, 32, 48)  # tokens, hidden, ffn of --cpu-smoke
 LOCAL_TP = 2  # --local-only's TP when --tp is not given
@@ -312,7 +312,7 @@ def smoke_main() -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = cli.ArgumentParser("python3 -m benchmarks.training.training_step", __doc__)
     ap.add_argument("--tokens", type=int, default=report.TOKENS)
     ap.add_argument("--hidden", type=int, default=report.HIDDEN)
     ap.add_argument("--ffn", type=int, default=report.FFN)
