@@ -38,7 +38,7 @@ def entry(captured=False, graphs=()):
         graphs=collections.OrderedDict((i, g) for i, g in enumerate(graphs)),
         capturer=Graph() if captured else None,
     )
-    return entries.Entry(None, None, "overlap", {}, state)
+    return entries.Entry(None, "overlap", {}, state)
 
 
 def new_cache(syncs):

@@ -11,7 +11,8 @@ torch = pytest.importorskip("torch")
 from distgemm import _core, ops  # noqa: E402
 from distgemm.runtime import entry_cache as entries  # noqa: E402
 from distgemm.runtime.paths.collective import CollectiveState  # noqa: E402
-from distgemm.runtime.paths.overlapped import gather_recipe, gathered_shape  # noqa: E402
+from distgemm.runtime.paths.common import gathered_shape  # noqa: E402
+from distgemm.runtime.paths.overlapped import gather_recipe  # noqa: E402
 from distgemm.runtime.precision import Precision  # noqa: E402
 
 BF16, FP16 = torch.bfloat16, torch.float16

@@ -504,15 +504,20 @@ ENTRY_POINTS = (
 )
 
 
-@pytest.mark.parametrize("module", ENTRY_POINTS)
-def test_entry_points_run_as_modules(repo_root, module):
-    r = subprocess.run(
-        [sys.executable, "-m", f"benchmarks.{module}", "--help"],
+def run_entry_point(repo_root, module: str, *args: str) -> subprocess.CompletedProcess:
+    """``python3 -m benchmarks.<module> args...`` from the repository root, as its README says."""
+    return subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{module}", *args],
         cwd=repo_root,
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+@pytest.mark.parametrize("module", ENTRY_POINTS)
+def test_entry_points_run_as_modules(repo_root, module):
+    r = run_entry_point(repo_root, module, "--help")
     assert r.returncode == 0 and r.stdout.startswith("usage:"), r.stderr
 
 
@@ -520,22 +525,10 @@ def test_entry_points_run_as_modules(repo_root, module):
 def test_entry_points_refuse_bad_arguments_in_one_line(repo_root, module):
     """Bad arguments to a benchmark end as for distgemm's own tools (distgemm.cli): exit code 2
     and one line naming the tool and the problem, nothing on stdout; --help has the docstring."""
-    r = subprocess.run(
-        [sys.executable, "-m", f"benchmarks.{module}", "--no-such-option"],
-        cwd=repo_root,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    r = run_entry_point(repo_root, module, "--no-such-option")
     assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout, r.stderr)
     (line,) = r.stderr.splitlines()
     assert line.startswith(f"python3 -m benchmarks.{module}: error: ") and "--help" in line
-    doc = subprocess.run(
-        [sys.executable, "-m", f"benchmarks.{module}", "--help"],
-        cwd=repo_root,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    ).stdout
+    doc = run_entry_point(repo_root, module, "--help").stdout
     first_line = importlib.import_module(f"benchmarks.{module}").__doc__.splitlines()[0]
     assert first_line.replace("``", "`") in doc

@@ -357,7 +357,7 @@ def fused_entry(c, slots, receive):
         resources=FusedResources.of(c),
     )
     state.place(c)
-    c.plans[f"fused {slots} {receive}"] = entries.Entry(None, None, "fused", {}, state)
+    c.plans[f"fused {slots} {receive}"] = entries.Entry(None, "fused", {}, state)
     return state
 
 

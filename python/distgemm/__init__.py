@@ -16,45 +16,9 @@ planning tools run without importing torch.
 
 import importlib
 
-from .plan import (
-    ExecutionError,
-    PlanDict,
-    Violation,
-    build_plan,
-    clone_plan,
-    run_reference,
-    schedule_definition,
-    schedule_names,
-    tile_map,
-    verify_plan,
-    workspace_bytes,
-)
+from . import plan
+from .plan import *  # noqa: F403 - the plan layer's public names are the package's
 
-__all__ = [
-    "PlanDict",
-    "Violation",
-    "ExecutionError",
-    "build_plan",
-    "verify_plan",
-    "clone_plan",
-    "run_reference",
-    "schedule_definition",
-    "schedule_names",
-    "tile_map",
-    "workspace_bytes",
-    # torch-facing, imported on first use:
-    "all_gather_gemm",
-    "gemm_reduce_scatter",
-    "gemm_all_reduce",
-    "default_steps",
-    "path_choices",
-    "memory_stats",
-    "load_tuning_table",
-    "Communicator",
-    "close_all",
-    "ColumnParallelLinear",
-    "RowParallelLinear",
-]
 # The one home of the version: pyproject.toml reads it from here (scikit-build-core's regex).
 __version__ = "0.1.0"
 
@@ -72,6 +36,8 @@ _ON_FIRST_USE = {
     "ColumnParallelLinear": "compat.nn",
     "RowParallelLinear": "compat.nn",
 }
+
+__all__ = [*plan.__all__, *_ON_FIRST_USE]
 
 
 def __getattr__(name):

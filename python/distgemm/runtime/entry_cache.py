@@ -54,7 +54,9 @@ class EntryKey(NamedTuple):
 
 @dataclass(eq=False)
 class Entry:
-    key: EntryKey
+    """One cached call signature's spec, the path it runs, why, and that path's state (the
+    cache maps its EntryKey to it)."""
+
     spec: Spec
     path: str  # the path it runs: "overlap", "collective" or "fused" (choose_path)
     choice: dict[str, Any]  # why that path (path_choices reports it)
@@ -162,7 +164,7 @@ class EntryCache(collections.OrderedDict):
         path, choice = choose_path(
             spec, key.path, key.precision.dtype, collective_unavailable(comm.group)
         )
-        entry = Entry(key, spec, path, choice, make_state(comm, spec, key, path, choice))
+        entry = Entry(spec, path, choice, make_state(comm, spec, key, path, choice))
         self.insert(key, entry, stream_capturing())
         return entry
 

@@ -19,8 +19,7 @@ from torch.distributed.distributed_c10d import (
 from ..communicator import Communicator
 from ..scales import scaled_mm_scales
 from ..spec import Spec
-from .common import PathState, stream_ptr, user_ptrs
-from .overlapped import gathered_shape
+from .common import PathState, gathered_shape, stream_ptr, user_ptrs
 
 
 def collective_kind(spec: Spec) -> str:
@@ -47,11 +46,7 @@ class CollectiveState(PathState):
     def create(cls, spec: Spec, precision, beta: float, gathered: bool) -> CollectiveState:
         kind = collective_kind(spec)
         return cls(
-            spec=spec,
-            precision=precision,
-            beta=beta,
-            want_gathered=gathered,
-            out_shape=torch.Size(spec.shapes["out"]),
+            **cls.call_fields(spec, precision, beta, gathered),
             kind=kind,
             gathered_shape=gathered_shape(spec) if kind.startswith("gather") else (0, 0),
         )

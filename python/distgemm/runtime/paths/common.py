@@ -41,6 +41,18 @@ class PathState:
     want_gathered: bool  # all_gather_gemm(..., return_gathered=True)
     out_shape: torch.Size
 
+    @staticmethod
+    def call_fields(spec: Spec, precision: Precision, beta: float, want_gathered: bool) -> dict:
+        """The fields every path's state takes from its entry's call (the output's shape read
+        from the spec once, at entry creation)."""
+        return dict(
+            spec=spec,
+            precision=precision,
+            beta=beta,
+            want_gathered=want_gathered,
+            out_shape=torch.Size(spec.shapes["out"]),
+        )
+
     def run(self, op: str, comm: Communicator, tensors, out, capturing: bool):
         """One call on the current stream (recorded into its capture when ``capturing``)."""
         raise NotImplementedError(f"internal: {type(self).__name__} has no run()")
@@ -68,6 +80,11 @@ class PathState:
 
     def release(self) -> None:
         """Drop what this state holds (the device is synchronised by the caller)."""
+
+
+def gathered_shape(spec: Spec) -> tuple[int, int]:
+    """The whole all-gathered operand's shape of an all-gather plan."""
+    return (spec.m if spec.plan.definition["rotating"] == "A" else spec.n, spec.k)
 
 
 def _ptr(op: str, name: str, t: torch.Tensor, device: torch.device) -> int:

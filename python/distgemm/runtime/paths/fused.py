@@ -212,11 +212,7 @@ class FusedState(PathState):
         ctas = _core.fused_ctas(m, n, k, resident)
         resources = FusedResources.of(comm)
         state = cls(
-            spec=spec,
-            precision=precision,
-            beta=beta,
-            want_gathered=False,
-            out_shape=torch.Size(spec.shapes["out"]),
+            **cls.call_fields(spec, precision, beta, False),
             m=m,
             n=n,
             k=k,

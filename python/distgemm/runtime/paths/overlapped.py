@@ -18,7 +18,7 @@ from ... import _core
 from ..communicator import Communicator
 from ..spec import Spec
 from ..workspace import Workspace
-from .common import PathState, stream_ptr, user_ptrs
+from .common import PathState, gathered_shape, stream_ptr, user_ptrs
 
 # Instantiated graphs per plan, keyed by the user pointers. Activations from torch's caching
 # allocator tend to come back at a few addresses, so a small set of graphs turns most calls into
@@ -37,11 +37,6 @@ class _RawCuda:
             "version": 3,
             "strides": None,
         }
-
-
-def gathered_shape(spec: Spec) -> tuple[int, int]:
-    """The whole all-gathered operand's shape of an all-gather plan."""
-    return (spec.m if spec.plan.definition["rotating"] == "A" else spec.n, spec.k)
 
 
 def gather_recipe(spec: Spec, rank: int) -> list[tuple[str, int, int, int]]:
@@ -75,18 +70,12 @@ class OverlappedState(PathState):
     # lives until the communicator closes: the entry is never evicted once it has one.
     capturer: Any = None
     gather: list[tuple[str, int, int, int]] | None = None  # gather_recipe, with return_gathered
-    gather_shape: tuple[int, int] = (0, 0)  # the gathered operand's, with return_gathered
+    gathered_shape: tuple[int, int] = (0, 0)  # the gathered operand's, with return_gathered
     slots: torch.Tensor | None = None  # this rank's receive slots, viewed as the operand dtype
 
     @classmethod
     def create(cls, comm: Communicator, spec: Spec, precision, beta: float, gathered: bool):
-        state = cls(
-            spec=spec,
-            precision=precision,
-            beta=beta,
-            want_gathered=gathered,
-            out_shape=torch.Size(spec.shapes["out"]),
-        )
+        state = cls(**cls.call_fields(spec, precision, beta, gathered))
         state.place(comm)
         return state
 
@@ -122,7 +111,7 @@ class OverlappedState(PathState):
         )
         if self.want_gathered:
             self.gather = gather_recipe(spec, comm.rank)
-            self.gather_shape = gathered_shape(spec)
+            self.gathered_shape = gathered_shape(spec)
             slot_elems = int(spec.plan.slot_elems)
             if slot_elems:
                 # This rank's slots start at its shifted base (slots_offset is 0 in Plan::layout).
@@ -185,8 +174,8 @@ class OverlappedState(PathState):
             g.launch(stream)
         if self.gather is None:
             return out
-        gathered = torch.empty(self.gather_shape, dtype=self.precision.dtype, device=device)
-        kdim = self.gather_shape[1]
+        gathered = torch.empty(self.gathered_shape, dtype=self.precision.dtype, device=device)
+        kdim = self.gathered_shape[1]
         a, w = tensors["a"], tensors["w"]
         for src, off, row0, rows in self.gather:
             base = self.slots if src == "slots" else (a if src == "a" else w).view(-1)
