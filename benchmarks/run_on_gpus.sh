@@ -30,6 +30,8 @@
 #   cpp-tests        python3 -m pytest tests/gpu/test_cpp_bench.py (the C++ runtime grid)
 #   cpp-fp8          the fp8 cases of tests/gpu/test_cpp_bench.py (-k fp8), then distgemm_bench
 #                    --sweep quick at fp8 (row scales; row scales with fast accumulation) and bf16
+#   calibrate        python -m distgemm.tune --calibrate at TP = every GPU, and at TP = 2 on GPUs 0
+#                    and 1 where there are more: the cost model's machine constants, in calibrate/
 #   timeline         timeline.overlap_timeline (per-stream picture of one case)
 #   sweep-quick|full sweep.llama_sweep [--quick] $SWEEP_ARGS (e.g. "--models 405B")
 #   sweep-fc         sweep.llama_sweep --models 70B --layers FC1,FC2 (every token count)
@@ -182,6 +184,10 @@ for p in "$@"; do
           r=$?; [ $r -eq 0 ] || rc=1
           echo "small-token sweep --tile-n $run rc=$r"; tail -n 1 "$1/small-$run.log"
         done; exit $rc' "$BENCH" "$OUT/cpp-tiles" ;;
+    calibrate) part calibrate 400 bash -c 'set -e  # TP = every GPU, then TP = 2 on GPUs 0 and 1
+        torchrun --nproc-per-node "$0" -m distgemm.tune --calibrate --out "$1/calibrate/tp$0.json"
+        if [ "$0" -gt 2 ]; then CUDA_VISIBLE_DEVICES=0,1 torchrun --nproc-per-node 2 \
+          -m distgemm.tune --calibrate --out "$1/calibrate/tp2.json"; fi' "$NPROC" "$OUT" ;;
     timeline) part timeline 150 torchrun --nproc-per-node "$NPROC" -m benchmarks.timeline.overlap_timeline --out "$OUT/timeline" ;;
     sweep-quick) part sweep-quick 300 torchrun --nproc-per-node "$NPROC" -m benchmarks.sweep.llama_sweep --quick ${SWEEP_ARGS:-} --out "$OUT/sweep-quick" ;;
     sweep-full) part sweep-full ${SWEEP_S:-590} torchrun --nproc-per-node "$NPROC" -m benchmarks.sweep.llama_sweep ${SWEEP_ARGS:-} --out "$OUT/sweep-full" ;;

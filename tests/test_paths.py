@@ -123,21 +123,27 @@ def test_a_requested_path_is_taken_as_it_is(requested):
     )
 
 
-def test_auto_takes_the_models_path_with_its_prediction(monkeypatch):
-    from distgemm.runtime import cost_model
+def test_auto_takes_the_models_path_with_its_prediction():
+    from distgemm.runtime import cost_model, machine
 
+    h200 = machine.load(machine.SHIPPED_DIR / "nvidia-h200-tp2-nvlink18.json")
     big = _spec("all_gather_gemm", 8192)  # 70B QKV: the overlap wins by ~13% in the sweep
-    path, info = choose_path(big, "auto", None, None)
+    path, info = choose_path(big, "auto", None, None, h200)
     assert path == "overlap" and info["source"] == "model"
     assert (info["overlap_ms"], info["collective_ms"]) == pytest.approx(
-        tuple(cost_model.predict(big.plan).values())
+        tuple(cost_model.predict(h200, big.plan).values())
     )
     assert info["overlap_ms"] < info["collective_ms"] - cost_model.MIN_GAIN_MS
     assert info["why"].startswith("model: predicted overlap")
-    for tokens in (2, 64, 256, 512):  # decode sizes: the collective path
-        path, info = choose_path(_spec("gemm_reduce_scatter", tokens), "auto", None, None)
-        assert path == "collective"
-        assert info["why"] == "model: below 1024 tokens: no overlap measurement"
+    for tokens in (2, 64, 256):  # decode sizes: the model predicts the collective path faster
+        path, info = choose_path(_spec("gemm_reduce_scatter", tokens), "auto", None, None, h200)
+        assert path == "collective" and info["overlap_ms"] > info["collective_ms"], tokens
+
+
+def test_auto_without_a_calibration_keeps_the_collective_path():
+    path, info = choose_path(_spec("all_gather_gemm", 8192), "auto", None, None, None)
+    assert path == "collective" and info["source"] == "model"
+    assert "no calibration of this machine" in info["why"]
 
 
 def test_auto_keeps_the_plan_where_the_group_cannot_run_the_collective(monkeypatch):
@@ -155,7 +161,7 @@ def test_create_entry_decides_the_path_once_with_nothing_measured(monkeypatch):
     monkeypatch.setattr(entries, "collective_unavailable", lambda group: None)  # a NCCL group
 
     class OneRank:
-        rank, tp, group = 0, 1, None
+        rank, tp, group, device = 0, 1, None, torch.device("cpu")  # off CUDA: no constants
 
         def all_gather(self, obj, what):
             return [obj]
@@ -166,17 +172,22 @@ def test_create_entry_decides_the_path_once_with_nothing_measured(monkeypatch):
     entry = entries.EntryCache(OneRank()).create(
         key, lambda: ops.make_spec("all_gather_gemm", "ag_rotate_a", 1, 0, None, a, w)
     )
-    # 64 tokens: the collective path, no workspace either
+    # no calibration: the collective path, no workspace either
     assert entry.path == "collective" and isinstance(entry.state, collective.CollectiveState)
     assert entry.choice["source"] == "model" and entry.choice["tile_n"] == 0
+    assert "no calibration" in entry.choice["why"]
 
 
-def test_auto_keeps_the_collective_path_where_the_model_is_not_calibrated(monkeypatch):
+def test_auto_at_tp_4_and_8_prices_with_the_constants_predicted_from_tp_2():
+    from distgemm.runtime import machine
+
+    h200 = machine.load(machine.SHIPPED_DIR / "nvidia-h200-tp2-nvlink18.json")
     for tp in (4, 8):
-        path, info = choose_path(_spec("all_gather_gemm", 8192, tp=tp), "auto", None, None)
-        assert path == "collective" and info["source"] == "model"
-        assert info["why"] == f"model: TP={tp}: the model is calibrated at TP=(2,)"
-        assert info["overlap_ms"] > 0 and info["collective_ms"] > 0  # still predicted
+        mc = machine.find(machine.MachineKey(h200.key.gpu, tp, h200.key.topology), [h200])
+        assert mc.key.tp == tp and mc.meta["predicted_from_tp"] == [2]
+        path, info = choose_path(_spec("all_gather_gemm", 8192, tp=tp), "auto", None, None, mc)
+        assert path == "overlap" and info["source"] == "model", info
+        assert f"tp{tp}" in info["why"]
 
 
 def test_finish_waits_on_work_and_accepts_none():

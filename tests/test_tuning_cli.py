@@ -10,7 +10,7 @@ import time
 import pytest
 
 from distgemm import llama3, tune
-from distgemm.runtime import tuning_table
+from distgemm.runtime import machine, tuning_table
 
 
 def test_dry_run_lists_every_candidate_without_a_gpu():
@@ -28,6 +28,8 @@ def test_dry_run_lists_every_candidate_without_a_gpu():
             "--layers",
             "QKV,O",
             "--dry-run",
+            "--constants",
+            str(machine.SHIPPED_DIR / "nvidia-h200-tp2-nvlink18.json"),
         ],
         capture_output=True,
         text=True,

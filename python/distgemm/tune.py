@@ -6,6 +6,10 @@ GPU::
 
     torchrun --nproc-per-node 2 -m distgemm.tune --model 70B --tp 2 --out table.json
     python -m distgemm.tune --model 70B --tp 2 --dry-run      # the candidate list, no GPU
+    torchrun --nproc-per-node 4 -m distgemm.tune --calibrate  # the cost model's constants
+
+``--calibrate`` measures the machine's constants instead of a table (``distgemm.calibrate``):
+``path="auto"`` then prices every shape on this machine, tuned or not.
 
 Timing: per candidate, a settled start (device sync + control exchange), ``--warmup-ms`` of
 calls, then ``--rounds`` windows of about ``--round-ms`` each between two CUDA events; per round
@@ -28,8 +32,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from . import _core, cli, llama3
-from .runtime import cost_model, tuning_table
+from . import _core, calibrate, cli, llama3
+from .runtime import cost_model, machine, tuning_table
 from .runtime.communicator import close_all, get_communicator
 from .runtime.entry_cache import EntryKey, entry_cache
 from .runtime.precision import Precision
@@ -72,10 +76,11 @@ class Case:
         return f"{self.model}/{self.layer}/M{self.tokens}"
 
 
-def make_cases(model: str, tp: int, tokens, layers, tiles) -> list[Case]:
+def make_cases(model: str, tp: int, tokens, layers, tiles, mc=None) -> list[Case]:
     """Every (layer, token count) of ``model`` on ``tp`` ranks with its candidates: the
     collective path, then the overlapped plan at S in {TP, 2TP} x ``tiles``, each with the
-    plan's verdict and the model's prediction. Shapes only (no GPU)."""
+    plan's verdict and, given the machine's constants ``mc``, the model's prediction. Shapes
+    only (no GPU)."""
     defs = llama3.layers()
     cases = []
     for t in tokens:
@@ -97,8 +102,8 @@ def make_cases(model: str, tp: int, tokens, layers, tiles) -> list[Case]:
                     c.rejected = plan.extent_problem(-1) or None
                 except ValueError as e:
                     plan, c.rejected = None, str(e)
-                if plan is not None:
-                    pred = cost_model.predict(plan, c.tile_n)
+                if plan is not None and mc is not None:
+                    pred = cost_model.predict(mc, plan, c.tile_n)
                     c.predicted_ms = pred[
                         "collective_ms" if c.path == "collective" else "overlap_ms"
                     ]
@@ -121,6 +126,8 @@ def format_cases(cases: list[Case]) -> str:
                 f"skipped: {cand.rejected}"
                 if cand.rejected
                 else f"model {cand.predicted_ms:.4f} ms"
+                if cand.predicted_ms is not None
+                else "no model (no calibration of this machine)"
             )
             if cand.ms is not None:
                 what += f", measured {cand.ms:.4f} ms"
@@ -345,6 +352,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     ap.add_argument("--out", help="table file to write (rank 0); needed unless --dry-run")
     ap.add_argument("--dry-run", action="store_true", help="print the candidates; no GPU")
+    ap.add_argument(
+        "--constants",
+        help="a machine-constants file to price the candidates with (runtime.machine; default: "
+        "this machine's, where a GPU is visible)",
+    )
     ap.add_argument("--no-progress", action="store_true", help="no tqdm bar")
     args = ap.parse_args(argv)
     layers = [x for x in args.layers.split(",") if x]
@@ -371,8 +383,19 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
+    if "--calibrate" in (sys.argv[1:] if argv is None else argv):
+        return calibrate.main(argv)
     args = parse_args(argv)
-    cases = make_cases(args.model, args.tp, args.tokens, args.layers, args.tiles)
+    mc = None  # the machine whose constants price the candidates beside the measurements
+    if args.constants:
+        try:
+            mc = machine.load(args.constants).at_tp(args.tp)
+        except ValueError as e:
+            cli.ArgumentParser("python -m distgemm.tune", __doc__).error(str(e))
+    elif torch.cuda.is_available():
+        local = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        mc = machine.find(machine.local_key(local, args.tp))
+    cases = make_cases(args.model, args.tp, args.tokens, args.layers, args.tiles, mc)
     if args.dry_run:
         print(format_cases(cases))
         n = sum(1 for c in cases for cand in c.candidates if not cand.rejected)

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from . import tuning_table
+from . import machine, tuning_table
 from .capture import stream_capturing
 from .choose import choose_path
 from .communicator import Communicator
@@ -162,7 +162,11 @@ class EntryCache(collections.OrderedDict):
         if problem:
             raise ValueError(problem)
         path, choice = choose_path(
-            spec, key.path, key.precision.dtype, collective_unavailable(comm.group)
+            spec,
+            key.path,
+            key.precision.dtype,
+            collective_unavailable(comm.group),
+            machine.constants_for(comm.device, spec.tp) if key.path == "auto" else None,
         )
         entry = Entry(spec, path, choice, make_state(comm, spec, key, path, choice))
         self.insert(key, entry, stream_capturing())

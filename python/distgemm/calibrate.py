@@ -1,0 +1,255 @@
+"""Measures this machine's cost-model constants on its GPUs and stores them, keyed by GPU model,
+TP and NVLink topology, where ``path="auto"`` finds them.
+
+    torchrun --nproc-per-node N -m distgemm.tune --calibrate [--out FILE] [--window-ms MS]
+
+TP = N. It runs, on shapes of its own (none of them a Llama layer's): our GEMM kernel and
+torch.mm alone; copy-engine reads from 1..TP-1 peers at once; NCCL's all-gather and
+reduce-scatter alone; and the all-gather and reduce-scatter ops on the collective path and on the
+overlapped plan at S = TP and 2 TP. Each run: calls until ``--window-ms`` of them are timed with
+CUDA events, after a warm-up of a quarter of that, the slowest rank's ms per call. Then
+``runtime.calibration_fit`` fits the constants, and rank 0 writes them (default: the directory
+of ``DISTGEMM_CALIBRATION`` or ``~/.cache/distgemm/machines``, file ``<gpu>-tp<N>-<topology>.json``)
+with every run and the fit's errors. About a minute on 2 or 4 H100s.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import math
+import os
+import sys
+import time
+from typing import Any
+
+from . import cli
+from .runtime import calibration_fit, machine
+
+WARMUP_S = 1.0  # the GPUs' clocks settle under sustained load (a 700 W cap) before any run
+# Per-rank GEMMs of the kernel and torch.mm fits: (m, n, k), both tiles for the kernel.
+GEMMS = [(m, n, k) for m in (256, 1024, 3072) for n in (2560, 6144, 11264) for k in (2560, 6144)]
+COPY_BYTES = (1 << 18, 1 << 22, 1 << 25)  # per peer
+NCCL_BYTES = (1 << 17, 1 << 21, 1 << 24, 1 << 26)  # moved per rank
+# Global (m, n, k) of the path runs, for the all-gather (ag_rotate_a) and the reduce-scatter
+# (rs_tile_a) op alike, before path_shapes rounds them for the TP.
+PATH_SHAPES = [(2048, 24576, 7168), (4096, 16384, 5120), (8192, 12288, 3072), (16384, 10240, 6144)]
+SCHEDULES = {"all_gather_gemm": "ag_rotate_a", "gemm_reduce_scatter": "rs_tile_a"}
+
+
+def path_shapes(tp: int) -> list[tuple[int, int, int]]:
+    """PATH_SHAPES with every extent rounded up to a multiple of 128 TP: S up to 2 TP steps of
+    a shard of 64-element (128-byte) aligned rows and columns."""
+    unit = 128 * tp
+    return [tuple(-(-x // unit) * unit for x in shape) for shape in PATH_SHAPES]
+
+
+def default_dir() -> str:
+    """Where a calibration goes without --out: DISTGEMM_CALIBRATION when it names a directory,
+    else ~/.cache/distgemm/machines."""
+    env = os.environ.get(machine.CALIBRATION_ENV)
+    if env and os.path.isdir(env):
+        return env
+    return os.path.join(os.path.expanduser("~"), ".cache", "distgemm", "machines")
+
+
+class Runner:
+    """Times calls on every rank alike: the ranks agree on a call count from the slowest rank's
+    estimate, so that collectives pair up."""
+
+    def __init__(self, torch, dist, device, window_ms: float):
+        self.torch, self.dist, self.device, self.window_ms = torch, dist, device, window_ms
+
+    def _agree_max(self, value: float) -> float:
+        t = self.torch.tensor([value], device=self.device, dtype=self.torch.float64)
+        self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX)
+        return float(t.item())
+
+    def ms(self, fn) -> float:
+        torch = self.torch
+        fn()
+        torch.cuda.synchronize(self.device)
+        t0 = time.perf_counter()
+        fn()
+        fn()
+        torch.cuda.synchronize(self.device)
+        est = self._agree_max((time.perf_counter() - t0) / 2 * 1e3)
+        calls = int(min(5000, max(3, math.ceil(self.window_ms / max(est, 1e-3)))))
+        for _ in range(max(1, calls // 4)):
+            fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / calls
+
+
+def _warm(torch, device) -> None:
+    a = torch.rand(8192, 8192, device=device, dtype=torch.bfloat16)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < WARMUP_S:
+        for _ in range(10):
+            torch.mm(a, a)
+        torch.cuda.synchronize(device)
+
+
+def measure(torch, dist, device, tp: int, rank: int, window_ms: float, say) -> list[dict[str, Any]]:
+    """Every run of a calibration on this rank (its own ms; the caller takes the maximum)."""
+    from . import _core, ops
+
+    run = Runner(torch, dist, device, window_ms)
+    stream = lambda: torch.cuda.current_stream(device).cuda_stream  # noqa: E731
+    gen = torch.Generator(device=device).manual_seed(1234 + rank)
+
+    def rand(*shape):
+        return torch.rand(shape, device=device, generator=gen, dtype=torch.bfloat16) - 0.5
+
+    runs: list[dict[str, Any]] = []
+    _warm(torch, device)
+    say(f"kernels: {len(GEMMS)} GEMMs x (2 tiles, torch.mm)")
+    for m, n, k in GEMMS:
+        a, b, d = rand(m, k), rand(n, k), torch.empty(m, n, device=device, dtype=torch.bfloat16)
+        shape = {"m": m, "n": n, "k": k}
+        for tile in (128, 256):
+            args = (a.data_ptr(), b.data_ptr(), d.data_ptr(), m, n, k, "bf16", tile)
+
+            def ours(args=args):
+                _core.gemm(*args, cuda_device=device.index, stream=stream())
+
+            runs.append({"kind": "gemm", **shape, "tile_n": tile, "ms": run.ms(ours)})
+        runs.append(
+            {"kind": "mm", **shape, "ms": run.ms(functools.partial(torch.mm, a, b.t(), out=d))}
+        )
+    if tp > 1:
+        runs += _copy_runs(torch, dist, device, tp, rank, run, say)
+        say("NCCL all-gather and reduce-scatter alone")
+        for nbytes in NCCL_BYTES:
+            per = max(1, nbytes // (2 * (tp - 1)))  # elements per rank: moved = (TP-1)/TP of all
+            part, whole = rand(per), torch.empty(per * tp, device=device, dtype=torch.bfloat16)
+            moved = per * tp * 2 * (tp - 1) / tp
+            ag = run.ms(functools.partial(dist.all_gather_into_tensor, whole, part))
+            rs = run.ms(functools.partial(dist.reduce_scatter_tensor, part, whole))
+            runs.append({"kind": "nccl", "collective": "all_gather", "bytes": moved, "ms": ag})
+            runs.append({"kind": "nccl", "collective": "reduce_scatter", "bytes": moved, "ms": rs})
+        say(f"the ops: {len(PATH_SHAPES)} shapes x 2 ops x (collective, S = TP, 2 TP)")
+        for m, n, k in path_shapes(tp):
+            for op, schedule in SCHEDULES.items():
+                if op == "all_gather_gemm":
+                    a, w = rand(m // tp, k), rand(n // tp, k)
+                else:
+                    a, w = rand(m, k // tp), rand(n, k // tp)
+                fn = getattr(ops, op)
+                for path, steps in (("collective", None), ("overlap", tp), ("overlap", 2 * tp)):
+                    call = functools.partial(fn, a, w, path=path, steps=steps)
+                    plan_steps = steps or _core.default_steps(schedule, tp, m, n, k, 1)
+                    where = {"path": path, "schedule": schedule, "tp": tp, "steps": plan_steps}
+                    shape = {"m": m, "n": n, "k": k}
+                    runs.append({"kind": "path", **where, **shape, "ms": run.ms(call)})
+                del a, w
+        torch.cuda.synchronize(device)
+    return runs
+
+
+def _copy_runs(torch, dist, device, tp, rank, run, say) -> list[dict[str, Any]]:
+    """Copy-engine reads into this GPU from 1..TP-1 peers at once (torch's symmetric memory maps
+    the peers' buffers; a same-device copy of mapped peer memory is a copy-engine memcpy)."""
+    import torch.distributed._symmetric_memory as symm
+
+    say(f"copy engine: 1..{tp - 1} peers x {len(COPY_BYTES)} sizes")
+    biggest = max(COPY_BYTES)
+    buf = symm.empty(biggest, dtype=torch.uint8, device=device)
+    buf.fill_(rank)
+    handle = symm.rendezvous(buf, dist.group.WORLD.group_name)
+    peers = [(rank + i) % tp for i in range(1, tp)]
+    remote = [handle.get_buffer(p, (biggest,), torch.uint8) for p in peers]
+    dst = torch.empty(tp - 1, biggest, dtype=torch.uint8, device=device)
+    streams = [torch.cuda.Stream(device) for _ in peers]
+    runs = []
+    for count in range(1, tp):
+        for nbytes in COPY_BYTES:
+
+            def copies(count=count, nbytes=nbytes):
+                cur = torch.cuda.current_stream(device)
+                for i in range(count):
+                    streams[i].wait_stream(cur)
+                    with torch.cuda.stream(streams[i]):
+                        dst[i, :nbytes].copy_(remote[i][:nbytes])
+                for i in range(count):
+                    cur.wait_stream(streams[i])
+
+            runs.append({"kind": "copy", "peers": count, "bytes": nbytes, "ms": run.ms(copies)})
+    torch.cuda.synchronize(device)
+    dist.barrier()
+    return runs
+
+
+def parse_args(argv=None):
+    """(the parser, the arguments)."""
+    ap = cli.ArgumentParser("python -m distgemm.tune --calibrate", __doc__)
+    ap.add_argument("--calibrate", action="store_true", help="this mode (distgemm.tune's flag)")
+    ap.add_argument("--out", help="the file to write (rank 0); default: see above")
+    ap.add_argument("--window-ms", type=float, default=30.0, help="timed ms per run (default 30)")
+    args = ap.parse_args(argv)
+    if not 1 <= args.window_ms <= 10_000:
+        ap.error(f"--window-ms {args.window_ms} is not in 1..10000")
+    return ap, args
+
+
+def main(argv=None) -> int:
+    ap, args = parse_args(argv)
+    import torch
+    import torch.distributed as dist
+
+    if not torch.cuda.is_available():
+        ap.error("it measures this machine's GPUs, and torch sees none")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local)
+    torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        if "RANK" in os.environ:
+            dist.init_process_group("nccl", device_id=device)
+        else:
+            dist.init_process_group("nccl", init_method="tcp://127.0.0.1:29531", rank=0,
+                                    world_size=1, device_id=device)  # fmt: skip
+    tp, rank = dist.get_world_size(), dist.get_rank()
+    t0 = time.perf_counter()
+
+    def say(text: str) -> None:
+        if rank == 0:
+            print(f"[{time.perf_counter() - t0:6.1f} s] {text}", flush=True)
+
+    runs = measure(torch, dist, device, tp, rank, args.window_ms, say)
+    ms = torch.tensor([r["ms"] for r in runs], device=device, dtype=torch.float64)
+    dist.all_reduce(ms, op=dist.ReduceOp.MAX)
+    for r, v in zip(runs, ms.tolist(), strict=True):
+        r["ms"] = v
+    key = machine.local_key(device, tp)
+    props = torch.cuda.get_device_properties(device)
+    meta = {
+        "command": " ".join(["python -m distgemm.tune --calibrate", *(argv or sys.argv[1:])]),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+        "seconds": round(time.perf_counter() - t0, 1),
+        "runs": runs,
+    }
+    if rank == 0:
+        mc = calibration_fit.fit(runs, key, props.multi_processor_count, meta)
+        out = args.out or os.path.join(default_dir(), key.slug() + ".json")
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        mc.save(out)
+        for stage, e in mc.meta["fit"].items():
+            rms, worst = e["rms"], e["max"]
+            print(f"  {stage:24s} runs {e['runs']:3d}  rel. err. rms {rms:.3f} max {worst:.3f}")
+        took = time.perf_counter() - t0
+        print(f"choice error {mc.choice_error:.3f}; wrote {out} in {took:.1f} s")
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

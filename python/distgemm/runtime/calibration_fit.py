@@ -1,0 +1,224 @@
+"""Fits a machine's cost-model constants to a calibration's measured runs (least squares of the
+relative error, stage by stage, each stage using the ones before it), and reports the model's
+error on those runs.
+
+A run is a dict with "kind" and "ms" (per call, the slowest rank's):
+
+- ``{"kind": "gemm", "m", "n", "k", "tile_n"}``: our kernel alone, one GEMM;
+- ``{"kind": "mm", "m", "n", "k"}``: torch.mm alone;
+- ``{"kind": "copy", "peers", "bytes"}``: ``bytes`` from each of ``peers`` peers at once into
+  one GPU by copy engine;
+- ``{"kind": "nccl", "collective", "bytes"}``: an all-gather or reduce-scatter moving ``bytes``
+  per rank;
+- ``{"kind": "path", "path", "schedule", "tp", "steps", "m", "n", "k"}``: an op on the
+  collective path or the overlapped plan of ``steps`` steps (global m, n, k).
+
+Pure arithmetic on the runs (numpy and host-only plans): ``distgemm.calibrate`` measures them on
+GPUs, tests fit recorded ones.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from .. import _core
+from . import cost_model
+from .machine import COLLECTIVES, TRANSPORTS, MachineConstants, MachineKey
+
+__all__ = ["fit", "path_errors"]
+
+
+def _lstsq(rows, target, measured) -> tuple[np.ndarray, np.ndarray]:
+    """x minimising the relative error of ``rows @ x + (measured - target)`` against
+    ``measured``; returns x and those relative errors."""
+    a, y, w = np.array(rows, float), np.array(target, float), 1.0 / np.array(measured, float)
+    x, *_ = np.linalg.lstsq(a * w[:, None], y * w, rcond=None)
+    pred = a @ x + (np.array(measured) - y)
+    return x, pred / np.array(measured) - 1.0
+
+
+def _of(runs, kind: str, **match) -> list[dict[str, Any]]:
+    return [r for r in runs if r["kind"] == kind and all(r[k] == v for k, v in match.items())]
+
+
+def _need(rows, count: int, what: str) -> None:
+    if len(rows) < count:
+        raise ValueError(f"calibration fit: {what} needs at least {count} runs, got {len(rows)}")
+
+
+def _plan(r: dict[str, Any]):
+    return _core.build_plan(r["schedule"], r["tp"], r["steps"], r["m"], r["n"], r["k"], 1)
+
+
+def fit(
+    runs: list[dict[str, Any]], key: MachineKey, slots: int, meta=None, copy_default=None
+) -> MachineConstants:
+    """The constants of ``key`` fitted to ``runs`` (``slots``: the GPU's resident CTAs of one
+    GEMM), with each stage's relative errors in ``meta["fit"]``; ValueError where a stage has
+    too few runs. ``copy_default``: (latency ms, (bytes per ms from 1, 2, ... peers)) where
+    ``runs`` has no copy-engine runs."""
+    errors: dict[str, list[float]] = {}
+    # Our kernel: launch, then (full, wave) per tile width.
+    gemm = _of(runs, "gemm")
+    _need(gemm, 5, "our GEMM kernel")
+    cols = {128: 1, 256: 3}
+    rows = []
+    for r in gemm:
+        terms = cost_model.gemm_terms(slots, r["m"], r["n"], r["k"], r["tile_n"])
+        tile, launches, work, waves = terms
+        row = [float(launches), 0.0, 0.0, 0.0, 0.0]
+        row[cols[tile]], row[cols[tile] + 1] = work, waves
+        rows.append(row)
+    x, errors["gemm"] = _lstsq(rows, [r["ms"] for r in gemm], [r["ms"] for r in gemm])
+    gemm_ms_per_k = {128: (float(x[1]), float(x[2])), 256: (float(x[3]), float(x[4]))}
+    # torch.mm: launch and rate.
+    mm = _of(runs, "mm")
+    _need(mm, 2, "torch.mm")
+    ms = [r["ms"] for r in mm]
+    y, errors["mm"] = _lstsq([[1.0, 2.0 * r["m"] * r["n"] * r["k"]] for r in mm], ms, ms)
+    # The copy engine: one latency, a bandwidth per number of peers (``copy_default``
+    # (latency, (bandwidth, ...)) where no copy was measured).
+    copies = _of(runs, "copy")
+    if copies:
+        peers = sorted({r["peers"] for r in copies})
+        ms = [r["ms"] for r in copies]
+        rows = [
+            [1.0] + [r["bytes"] * r["peers"] * (r["peers"] == p) for p in peers] for r in copies
+        ]
+        z, errors["copy"] = _lstsq(rows, ms, ms)
+        copy_latency = max(0.0, float(z[0]))
+        copy_bytes_per_ms = tuple(1.0 / max(float(v), 1e-15) for v in z[1:])
+    elif copy_default is not None:
+        copy_latency, copy_bytes_per_ms = copy_default[0], tuple(copy_default[1])
+    else:
+        raise ValueError("calibration fit: no copy-engine runs and no copy_default")
+    mc = MachineConstants(
+        key=key,
+        slots=slots,
+        gemm_launch_ms=float(x[0]),
+        gemm_ms_per_k=gemm_ms_per_k,
+        mm_launch_ms=float(y[0]),
+        mm_flops_per_ms=1.0 / float(y[1]),
+        copy_latency_ms=copy_latency,
+        copy_bytes_per_ms=copy_bytes_per_ms,
+        nccl={c: (0.0, 0.0, 0.0) for c in COLLECTIVES},
+        overlap={t: (0.0, 0.0, 0.0) for t in TRANSPORTS},
+        choice_error=0.0,
+        meta=dict(meta or {}),
+    )
+    mc = _with(mc, nccl={c: _fit_nccl(mc, runs, c, errors) for c in COLLECTIVES})
+    # The overlapped plan beyond its GEMMs, per transport.
+    overlap = {}
+    for t in TRANSPORTS:
+        mine = [(r, _plan(r)) for r in _of(runs, "path", path="overlap")]
+        mine = [(r, p) for r, p in mine if cost_model.transport(p) == t]
+        if len(mine) < 3:
+            overlap[t] = _fallback_overlap(t, overlap)
+            continue
+        rows, target = [], []
+        for r, plan in mine:
+            rm, rn, rk = cost_model.rank_problem(plan.definition, plan.tp, r["m"], r["n"], r["k"])
+            sm, sn = cost_model.step_gemm(plan.definition, plan.steps, rm, rn)
+            steps, chained = plan.steps, plan.pdl_by_default
+            gemms = cost_model.gemm_ms(mc, sm, sn, rk, count=steps, chained=chained)
+            moved = cost_model.moved_bytes(plan.definition, plan.tp, r["m"], r["n"], r["k"])
+            rows.append([float(plan.steps), gemms, moved])
+            target.append(r["ms"] - cost_model.predict(mc, plan)["overlap_ms"])
+        o, errors[f"overlap/{t}"] = _lstsq(rows, target, [r["ms"] for r, _ in mine])
+        overlap[t] = (float(o[0]), float(o[1]), float(o[2]))
+    mc = _with(mc, overlap=overlap)
+    gain_err = gain_errors(mc, runs)
+    choice_error = math.sqrt(sum(e * e for e in gain_err) / len(gain_err)) if gain_err else 0.0
+    fit_meta = {k: _summary(v) for k, v in errors.items()}
+    return _with(mc, choice_error=min(choice_error, 0.5), meta={**mc.meta, "fit": fit_meta})
+
+
+def _fit_nccl(mc: MachineConstants, runs, name: str, errors) -> tuple[float, float, float]:
+    """NCCL's (latency, ms per byte, share of the GEMM) for collective ``name``: latency and
+    per byte from its runs alone and the share from the collective path's runs; all three from
+    the collective path's runs where NCCL alone was not measured (a sweep's records)."""
+    alone = _of(runs, "nccl", collective=name)
+    coll = [
+        r for r in _of(runs, "path", path="collective") if _collective_of(r["schedule"]) == name
+    ]
+    lat = per_byte = 0.0
+    if alone:
+        _need(alone, 2, f"NCCL {name}")
+        ms = [r["ms"] for r in alone]
+        v, errors[f"nccl/{name}"] = _lstsq([[1.0, r["bytes"]] for r in alone], ms, ms)
+        lat, per_byte = float(v[0]), float(v[1])
+    if not coll:
+        _need(alone, 2, f"NCCL {name}")
+        return lat, per_byte, 0.0
+    rows, target = [], []
+    for r in coll:
+        plan = _plan(r)
+        rm, rn, rk = cost_model.rank_problem(plan.definition, r["tp"], r["m"], r["n"], r["k"])
+        mm = cost_model.mm_ms(mc, rm, rn, rk)
+        times = 2 if plan.definition["collective"] == "all_reduce" else 1
+        moved = cost_model.moved_bytes(plan.definition, r["tp"], r["m"], r["n"], r["k"])
+        if alone:
+            rows.append([mm])
+            target.append(r["ms"] - mm - times * lat - moved * per_byte)
+        else:
+            rows.append([float(times), moved, mm])
+            target.append(r["ms"] - mm)
+    v, errors[f"collective/{name}"] = _lstsq(rows, target, [r["ms"] for r in coll])
+    if alone:
+        return lat, per_byte, float(v[0])
+    _need(coll, 3, f"the collective path's {name}")
+    return float(v[0]), float(v[1]), float(v[2])
+
+
+def _fallback_overlap(t: str, fitted: dict) -> tuple[float, float, float]:
+    """A transport without enough runs takes another transport's constants (the partial
+    transports share their costs' form): "copy" takes "epilogue"'s and the other way round."""
+    other = {"copy": "epilogue", "epilogue": "copy"}.get(t)
+    if other in fitted:
+        return fitted[other]
+    raise ValueError(f"calibration fit: the overlapped plan's {t} transport needs at least 3 runs")
+
+
+def _collective_of(schedule: str) -> str:
+    coll = {d["name"]: d["collective"] for d in _core.schedules()}[schedule]
+    return "all_gather" if coll == "all_gather" else "reduce_scatter"
+
+
+def _with(mc: MachineConstants, **changes) -> MachineConstants:
+    return replace(mc, **changes)
+
+
+def _summary(errs) -> dict[str, float]:
+    e = np.abs(np.asarray(errs, float))
+    return {"runs": int(e.size), "max": float(e.max()), "rms": float(np.sqrt((e * e).mean()))}
+
+
+def gain_errors(mc: MachineConstants, runs: list[dict[str, Any]]) -> list[float]:
+    """The model's error on the gain of the overlapped plan over the collective path, as a share
+    of the collective time: (predicted gain - measured gain) / measured collective ms, for every
+    overlapped run with a collective run of the same schedule and shape."""
+    coll = {
+        (r["schedule"], r["tp"], r["m"], r["n"], r["k"]): r["ms"]
+        for r in _of(runs, "path", path="collective")
+    }
+    out = []
+    for r in _of(runs, "path", path="overlap"):
+        c = coll.get((r["schedule"], r["tp"], r["m"], r["n"], r["k"]))
+        if c is None:
+            continue
+        pred = cost_model.predict(mc, _plan(r))
+        out.append(((pred["collective_ms"] - pred["overlap_ms"]) - (c - r["ms"])) / c)
+    return out
+
+
+def path_errors(mc: MachineConstants, runs: list[dict[str, Any]]) -> list[float]:
+    """The model's relative error (predicted / measured - 1) on every path run of ``runs``."""
+    out = []
+    for r in _of(runs, "path"):
+        pred = cost_model.predict(mc, _plan(r))[f"{r['path']}_ms"]
+        out.append(pred / r["ms"] - 1.0)
+    return out

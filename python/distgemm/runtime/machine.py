@@ -1,0 +1,283 @@
+"""The machine constants behind the cost model: one calibration per GPU model, TP and NVLink
+topology, stored as JSON, and the lookup of the one that prices a communicator's calls.
+
+A calibration (``python -m distgemm.tune --calibrate``, ``distgemm.calibrate``) measures the
+constants on the deployment's GPUs; the package ships those of the machines it was measured on
+(``distgemm/data/machines/*.json``). The lookup, for a GPU model, TP and topology:
+
+1. the calibration of exactly that key (``DISTGEMM_CALIBRATION``'s file or directory first,
+   then the shipped ones);
+2. else one of the same GPU model and topology at other TPs, with its TP-dependent terms
+   predicted (``MachineConstants.at_tp``: the collectives' latency on a line through the TPs
+   measured, by ring hops; the copy engine's aggregate bandwidth with more peers than measured
+   stays at the most peers measured);
+3. else none: the cost model then keeps the collective path (never slower than it).
+
+Pure data and arithmetic: no torch (``local_key`` imports it to read the device).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+__all__ = ["MachineKey", "MachineConstants", "load", "find", "CALIBRATION_ENV", "SHIPPED_DIR"]
+
+FORMAT, VERSION = "distgemm-machine-constants", 1
+CALIBRATION_ENV = "DISTGEMM_CALIBRATION"  # a calibration file, or a directory of them
+SHIPPED_DIR = pathlib.Path(__file__).resolve().parent.parent / "data" / "machines"
+TRANSPORTS = ("all_gather", "epilogue", "copy")
+COLLECTIVES = ("all_gather", "reduce_scatter")
+NVML_NVLINK_MAX_LINKS = 18  # nvml.h's NVML_NVLINK_MAX_LINKS (Hopper: 18 links)
+
+
+@dataclass(frozen=True)
+class MachineKey:
+    """What a calibration is keyed by: the GPU's model name (``torch.cuda`` device name), the
+    TP, and the NVLink topology seen from one GPU (e.g. "nvlink18": 18 active NVLinks; "pcie")."""
+
+    gpu: str
+    tp: int
+    topology: str
+
+    def slug(self) -> str:
+        """A file name stem for this key."""
+        gpu = "".join(c if c.isalnum() else "-" for c in self.gpu.lower()).strip("-")
+        while "--" in gpu:
+            gpu = gpu.replace("--", "-")
+        return f"{gpu}-tp{self.tp}-{self.topology}"
+
+
+@dataclass(frozen=True)
+class MachineConstants:
+    """The cost model's constants of one machine key (ms, bytes, flops; per rank).
+
+    - ``slots``: CTAs of one GEMM kernel resident at once (the wave model's slots).
+    - ``gemm_launch_ms``, ``gemm_ms_per_k``: our kernel, ``launch + k * (full * tiles / slots +
+      wave * waves)`` per tile width {128: (full, wave), 256: (...)}.
+    - ``mm_launch_ms``, ``mm_flops_per_ms``: torch's GEMM (cuBLAS), ``launch + flops / rate``.
+    - ``copy_latency_ms``, ``copy_bytes_per_ms``: a copy-engine peer copy, ``latency + bytes /
+      bandwidth``; entry p-1 is the aggregate bandwidth into one GPU when p peers send at once.
+    - ``nccl``: per collective (latency ms, ms per byte moved per rank, share of the GEMM time
+      added on the collective path).
+    - ``overlap``: the overlapped plan beyond its GEMMs, per transport (ms per step, share of the
+      steps' GEMM time, ms per byte moved per rank).
+    - ``choice_error``: the model's error on the overlapped plan's gain over the collective path
+      in the calibration's own runs, as a share of the collective time (root mean square,
+      ``calibration_fit.gain_errors``): a predicted gain smaller than that is not taken.
+    - ``meta``: where the numbers come from (command, date, device, versions, the fit's errors).
+    """
+
+    key: MachineKey
+    slots: int
+    gemm_launch_ms: float
+    gemm_ms_per_k: dict[int, tuple[float, float]]
+    mm_launch_ms: float
+    mm_flops_per_ms: float
+    copy_latency_ms: float
+    copy_bytes_per_ms: tuple[float, ...]
+    nccl: dict[str, tuple[float, float, float]]
+    overlap: dict[str, tuple[float, float, float]]
+    choice_error: float
+    meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def link_bytes_per_ms(self, peers: int = 1) -> float:
+        """Aggregate copy-engine bandwidth into one GPU from ``peers`` peers at once (the most
+        peers measured where more are asked)."""
+        bw = self.copy_bytes_per_ms
+        return bw[min(max(peers, 1), len(bw)) - 1]
+
+    def at_tp(self, tp: int, others: list[MachineConstants] = ()) -> MachineConstants:
+        """These constants predicted at ``tp``: the per-GPU terms (GEMMs, copy engine, overlap)
+        as they are, the collectives' latency on the line through (hops, latency) of this and
+        ``others`` (the same GPU and topology at other TPs; hops = TP - 1), never below the
+        least measured; from this one alone, its latency (NCCL's small-message protocols do not
+        pay per hop what its ring would: keeping the latency under-prices the collective path,
+        so the prediction leans to the baseline)."""
+        if tp == self.key.tp:
+            return self
+        nccl = {}
+        for name, (lat, per_byte, share) in self.nccl.items():
+            pts = sorted({(c.key.tp - 1, c.nccl[name][0]) for c in (self, *others)})
+            if len(pts) >= 2:
+                (x0, y0), (x1, y1) = pts[0], pts[-1]
+                slope = (y1 - y0) / (x1 - x0)
+                lat_tp = max(y1 + slope * (tp - 1 - x1), min(y for _, y in pts))
+            else:
+                lat_tp = lat
+            nccl[name] = (lat_tp, per_byte, share)
+        measured = sorted(c.key.tp for c in (self, *others))
+        return replace(
+            self,
+            key=replace(self.key, tp=tp),
+            nccl=nccl,
+            meta={**self.meta, "predicted_from_tp": measured},
+        )
+
+    # -- JSON ------------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["gemm_ms_per_k"] = {str(t): list(v) for t, v in self.gemm_ms_per_k.items()}
+        d["nccl"] = {k: list(v) for k, v in self.nccl.items()}
+        d["overlap"] = {k: list(v) for k, v in self.overlap.items()}
+        d["copy_bytes_per_ms"] = list(self.copy_bytes_per_ms)
+        return {"format": FORMAT, "version": VERSION, **d}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any], source: str = "") -> MachineConstants:
+        """Constants from their JSON form; ValueError naming ``source`` and the problem."""
+        where = source or "machine constants"
+        if d.get("format") != FORMAT or d.get("version") != VERSION:
+            raise ValueError(
+                f"{where}: not a {FORMAT} file of version {VERSION} "
+                f"(format {d.get('format')!r}, version {d.get('version')!r})"
+            )
+        try:
+            key = MachineKey(str(d["key"]["gpu"]), int(d["key"]["tp"]), str(d["key"]["topology"]))
+            mc = cls(
+                key=key,
+                slots=int(d["slots"]),
+                gemm_launch_ms=float(d["gemm_launch_ms"]),
+                gemm_ms_per_k={int(t): _pair(v) for t, v in d["gemm_ms_per_k"].items()},
+                mm_launch_ms=float(d["mm_launch_ms"]),
+                mm_flops_per_ms=float(d["mm_flops_per_ms"]),
+                copy_latency_ms=float(d["copy_latency_ms"]),
+                copy_bytes_per_ms=tuple(float(x) for x in d["copy_bytes_per_ms"]),
+                nccl={k: _triple(d["nccl"][k]) for k in COLLECTIVES},
+                overlap={k: _triple(d["overlap"][k]) for k in TRANSPORTS},
+                choice_error=float(d["choice_error"]),
+                meta=dict(d.get("meta", {})),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{where}: missing or malformed field: {type(e).__name__}: {e}") from e
+        problem = mc.problem()
+        if problem:
+            raise ValueError(f"{where}: {problem}")
+        return mc
+
+    def problem(self) -> str | None:
+        """Why these constants cannot price anything (None: they can)."""
+        if self.key.tp < 1 or self.slots < 1:
+            return f"tp {self.key.tp} and slots {self.slots} must be >= 1"
+        if set(self.gemm_ms_per_k) != {128, 256}:
+            return f"gemm_ms_per_k has tiles {sorted(self.gemm_ms_per_k)}, not [128, 256]"
+        rates = [self.mm_flops_per_ms, *self.copy_bytes_per_ms]
+        if not self.copy_bytes_per_ms or min(rates) <= 0:
+            return "the GEMM rate and every copy bandwidth must be positive"
+        if not 0 <= self.choice_error < 1:
+            return f"choice_error {self.choice_error} is not in [0, 1)"
+        return None
+
+    def save(self, path: str | os.PathLike) -> None:
+        pathlib.Path(path).write_text(json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n")
+
+
+def _pair(v) -> tuple[float, float]:
+    a, b = v
+    return float(a), float(b)
+
+
+def _triple(v) -> tuple[float, float, float]:
+    a, b, c = v
+    return float(a), float(b), float(c)
+
+
+def load(path: str | os.PathLike) -> MachineConstants:
+    """The constants in the file at ``path``; ValueError naming it when it is not one."""
+    p = pathlib.Path(path)
+    try:
+        d = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"machine constants {p}: cannot be read: {e}") from e
+    return MachineConstants.from_json(d, str(p))
+
+
+def _files(directory: pathlib.Path) -> list[pathlib.Path]:
+    return sorted(directory.glob("*.json")) if directory.is_dir() else []
+
+
+def candidates() -> list[MachineConstants]:
+    """Every calibration the lookup sees: ``DISTGEMM_CALIBRATION``'s (a file or a directory)
+    first, then the shipped ones. A named file that cannot be read is an error; so is a shipped
+    one (the package is broken)."""
+    out: list[MachineConstants] = []
+    env = os.environ.get(CALIBRATION_ENV)
+    if env:
+        p = pathlib.Path(env)
+        if p.is_dir():
+            out += [load(f) for f in _files(p)]
+        else:
+            out.append(load(p))
+    out += [load(f) for f in _files(SHIPPED_DIR)]
+    return out
+
+
+def find(key: MachineKey, pool: list[MachineConstants] | None = None) -> MachineConstants | None:
+    """The constants that price calls on ``key``: the first of ``pool`` (default
+    ``candidates()``) with exactly that key; else those of the same GPU and topology at the TP
+    nearest to ``key.tp`` (the larger on a tie), predicted at ``key.tp``; else None."""
+    pool = candidates() if pool is None else pool
+    for mc in pool:
+        if mc.key == key:
+            return mc
+    same = [mc for mc in pool if (mc.key.gpu, mc.key.topology) == (key.gpu, key.topology)]
+    if not same:
+        return None
+    by_tp = {mc.key.tp: mc for mc in reversed(same)}  # the first file of each TP wins
+    nearest = min(by_tp, key=lambda t: (abs(t - key.tp), -t))
+    others = [mc for t, mc in by_tp.items() if t != nearest]
+    return by_tp[nearest].at_tp(key.tp, others)
+
+
+def local_key(device, tp: int) -> MachineKey:
+    """The key of a communicator's machine: ``device``'s model name, ``tp``, and its topology
+    (``topology``)."""
+    import torch
+
+    return MachineKey(torch.cuda.get_device_properties(device).name, tp, topology(device))
+
+
+def topology(device) -> str:
+    """The NVLink topology seen from ``device``: "nvlink<N>" with N its active NVLinks, "pcie"
+    with none, "unknown" where the driver's NVML library cannot say. NVML through ctypes: the
+    library ships with the driver, its Python module does not always."""
+    import ctypes
+
+    import torch
+
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+        if nvml.nvmlInit_v2() != 0:
+            return "unknown"
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+        uuid = uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+        handle = ctypes.c_void_p()
+        if nvml.nvmlDeviceGetHandleByUUID(uuid.encode(), ctypes.byref(handle)) != 0:
+            return "unknown"
+        links, state = 0, ctypes.c_int()
+        for link in range(NVML_NVLINK_MAX_LINKS):
+            if nvml.nvmlDeviceGetNvLinkState(handle, link, ctypes.byref(state)) != 0:
+                break  # past the device's last link, or no NVLink at all
+            links += state.value == 1
+        return f"nvlink{links}" if links else "pcie"
+    except (OSError, AttributeError):
+        return "unknown"
+
+
+_FOUND: dict[tuple, MachineConstants | None] = {}
+
+
+def constants_for(device, tp: int) -> MachineConstants | None:
+    """``find(local_key(device, tp))``, looked up once per device, TP and
+    ``DISTGEMM_CALIBRATION`` value in a process; None off CUDA devices."""
+    import torch
+
+    if getattr(device, "type", "cuda") != "cuda" or not torch.cuda.is_available():
+        return None
+    memo = (getattr(device, "index", device), tp, os.environ.get(CALIBRATION_ENV))
+    if memo not in _FOUND:
+        _FOUND[memo] = find(local_key(device, tp))
+    return _FOUND[memo]

@@ -1,0 +1,188 @@
+"""The machine constants (runtime.machine) and their fit (runtime.calibration_fit): a fit of runs
+the model itself priced gives back the constants that priced them, the JSON form round-trips and
+names what is wrong, the lookup takes the exact key, predicts another TP of the same GPU and
+finds nothing for an unknown GPU, and without constants the model keeps the collective path."""
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from distgemm import _core, calibrate
+from distgemm.runtime import calibration_fit, cost_model, machine
+
+KEY = machine.MachineKey("Test GPU 80GB", 2, "nvlink18")
+
+
+def constants(
+    tp: int = 2, gpu: str = KEY.gpu, nccl_latency: float = 0.02
+) -> machine.MachineConstants:
+    return machine.MachineConstants(
+        key=machine.MachineKey(gpu, tp, "nvlink18"),
+        slots=132,
+        gemm_launch_ms=8e-3,
+        gemm_ms_per_k={128: (3.0e-6, 3.9e-6), 256: (7.3e-6, 5.9e-6)},
+        mm_launch_ms=5e-3,
+        mm_flops_per_ms=6.7e11,
+        copy_latency_ms=4e-3,
+        copy_bytes_per_ms=tuple(3.6e8 * min(p, 2) for p in range(1, tp)),
+        nccl={
+            "all_gather": (nccl_latency, 2.9e-9, 2.9e-2),
+            "reduce_scatter": (nccl_latency * 1.1, 3.4e-9, 2.5e-3),
+        },
+        overlap={
+            "all_gather": (1.0e-3, 3.5e-2, 2.0e-10),
+            "epilogue": (5.9e-3, -1.7e-2, 1.5e-9),
+            "copy": (5.2e-3, 8.3e-3, 5.3e-10),
+        },
+        choice_error=0.0,
+    )
+
+
+def priced_runs(mc: machine.MachineConstants) -> list[dict]:
+    """The runs of a calibration at mc's TP, each priced by the model under ``mc``."""
+    tp, runs = mc.key.tp, []
+    for m, n, k in calibrate.GEMMS:
+        for tile in (128, 256):
+            ms = cost_model.gemm_ms(mc, m, n, k, tile_n=tile)
+            runs.append({"kind": "gemm", "m": m, "n": n, "k": k, "tile_n": tile, "ms": ms})
+        runs.append({"kind": "mm", "m": m, "n": n, "k": k, "ms": cost_model.mm_ms(mc, m, n, k)})
+    for peers in range(1, tp):
+        for nbytes in calibrate.COPY_BYTES:
+            ms = mc.copy_latency_ms + nbytes * peers / mc.link_bytes_per_ms(peers)
+            runs.append({"kind": "copy", "peers": peers, "bytes": nbytes, "ms": ms})
+    for name, (lat, per_byte, _) in mc.nccl.items():
+        for nbytes in calibrate.NCCL_BYTES:
+            ms = lat + nbytes * per_byte
+            runs.append({"kind": "nccl", "collective": name, "bytes": nbytes, "ms": ms})
+    for m, n, k in calibrate.path_shapes(tp):
+        for schedule in calibrate.SCHEDULES.values():
+            for path, steps in (("collective", tp), ("overlap", tp), ("overlap", 2 * tp)):
+                plan = _core.build_plan(schedule, tp, steps, m, n, k, 1)
+                ms = cost_model.predict(mc, plan)[f"{path}_ms"]
+                runs.append({"kind": "path", "path": path, "schedule": schedule, "tp": tp,
+                             "steps": steps, "m": m, "n": n, "k": k, "ms": ms})  # fmt: skip
+    return runs
+
+
+def close(a, b, rel=1e-6, abs_=1e-12):
+    return a == pytest.approx(b, rel=rel, abs=abs_)
+
+
+@pytest.mark.parametrize("tp", [2, 3, 4, 8])
+def test_a_fit_of_runs_the_model_priced_gives_back_its_constants(tp):
+    want = constants(tp)
+    got = calibration_fit.fit(priced_runs(want), want.key, want.slots)
+    assert close(got.gemm_launch_ms, want.gemm_launch_ms)
+    for tile in (128, 256):
+        assert all(close(g, w) for g, w in zip(got.gemm_ms_per_k[tile], want.gemm_ms_per_k[tile]))
+    assert close(got.mm_flops_per_ms, want.mm_flops_per_ms) and close(got.mm_launch_ms, 5e-3)
+    assert close(got.copy_latency_ms, want.copy_latency_ms)
+    assert all(close(g, w) for g, w in zip(got.copy_bytes_per_ms, want.copy_bytes_per_ms))
+    for name in machine.COLLECTIVES:
+        assert all(close(g, w, 1e-5) for g, w in zip(got.nccl[name], want.nccl[name])), name
+    for t in machine.TRANSPORTS:
+        assert all(close(g, w, 1e-4, 1e-9) for g, w in zip(got.overlap[t], want.overlap[t])), t
+    assert got.choice_error < 1e-6
+    assert set(got.meta["fit"]) >= {"gemm", "mm", "copy", "nccl/all_gather", "overlap/copy"}
+
+
+def test_a_fit_without_nccl_or_copy_runs_takes_nccl_from_the_collective_path():
+    want = constants(2)
+    runs = [r for r in priced_runs(want) if r["kind"] not in ("nccl", "copy")]
+    with pytest.raises(ValueError, match="no copy-engine runs"):
+        calibration_fit.fit(runs, want.key, want.slots)
+    got = calibration_fit.fit(runs, want.key, want.slots, copy_default=(4e-3, (3.6e8,)))
+    for name in machine.COLLECTIVES:
+        assert all(close(g, w, 1e-4, 1e-9) for g, w in zip(got.nccl[name], want.nccl[name])), name
+
+
+def test_a_fit_with_too_few_runs_says_which_stage():
+    runs = [r for r in priced_runs(constants(2)) if r["kind"] != "gemm"]
+    with pytest.raises(ValueError, match="our GEMM kernel needs at least 5 runs, got 0"):
+        calibration_fit.fit(runs, KEY, 132)
+
+
+def test_noisy_runs_give_a_choice_error_of_their_noise():
+    want = constants(2)
+    runs = priced_runs(want)
+    for i, r in enumerate(runs):
+        r["ms"] *= 1.03 if i % 2 else 0.97
+    got = calibration_fit.fit(runs, want.key, want.slots)
+    assert 0.01 < got.choice_error < 0.06
+
+
+def test_the_json_form_round_trips_and_names_what_is_wrong(tmp_path):
+    mc = replace(constants(4), choice_error=0.02, meta={"command": "x"})
+    path = tmp_path / (mc.key.slug() + ".json")
+    mc.save(path)
+    assert machine.load(path) == mc
+    assert mc.key.slug() == "test-gpu-80gb-tp4-nvlink18"
+    d = json.loads(path.read_text())
+    del d["nccl"]["reduce_scatter"]
+    path.write_text(json.dumps(d))
+    with pytest.raises(ValueError, match=rf"{path}: missing or malformed field: KeyError"):
+        machine.load(path)
+    path.write_text(json.dumps({**mc.to_json(), "version": 9}))
+    with pytest.raises(ValueError, match="not a distgemm-machine-constants file of version 1"):
+        machine.load(path)
+    path.write_text(json.dumps({**mc.to_json(), "choice_error": 2.0}))
+    with pytest.raises(ValueError, match=r"choice_error 2.0 is not in \[0, 1\)"):
+        machine.load(path)
+    with pytest.raises(ValueError, match="cannot be read"):
+        machine.load(tmp_path / "missing.json")
+
+
+def test_the_lookup_takes_the_exact_key_then_predicts_other_tps_of_that_gpu():
+    tp2, tp4 = constants(2, nccl_latency=0.020), constants(4, nccl_latency=0.026)
+    pool = [tp2, tp4, constants(2, gpu="Other GPU")]
+    assert machine.find(tp4.key, pool) is tp4
+    tp8 = machine.find(replace(tp4.key, tp=8), pool)
+    # Latency on the line through (1 hop, 0.020) and (3 hops, 0.026): 7 hops, 0.038.
+    assert tp8.nccl["all_gather"][0] == pytest.approx(0.038)
+    assert tp8.nccl["reduce_scatter"][0] == pytest.approx(0.038 * 1.1)
+    assert tp8.key.tp == 8 and tp8.meta["predicted_from_tp"] == [2, 4]
+    assert tp8.link_bytes_per_ms(7) == tp4.link_bytes_per_ms(3)  # the most peers measured
+    tp3 = machine.find(replace(tp4.key, tp=3), pool)  # nearest TP, the larger on a tie: 4
+    assert tp3.overlap == tp4.overlap and tp3.key.tp == 3
+    assert machine.find(machine.MachineKey("Unknown GPU", 2, "nvlink18"), pool) is None
+    assert machine.find(replace(tp2.key, topology="pcie"), pool) is None
+
+
+def test_one_calibration_alone_keeps_its_latency_at_another_tp():
+    tp2 = constants(2, nccl_latency=0.02)
+    tp8 = machine.find(replace(tp2.key, tp=8), [tp2])
+    assert tp8.nccl == tp2.nccl and tp8.key.tp == 8
+
+
+def test_the_calibration_file_in_the_environment_comes_first(tmp_path, monkeypatch):
+    mc = constants(2)
+    mc.save(tmp_path / "mine.json")
+    monkeypatch.setenv(machine.CALIBRATION_ENV, str(tmp_path))
+    assert machine.find(mc.key) == mc
+    monkeypatch.setenv(machine.CALIBRATION_ENV, str(tmp_path / "mine.json"))
+    assert machine.find(mc.key) == mc
+    (tmp_path / "bad.json").write_text("{")
+    monkeypatch.setenv(machine.CALIBRATION_ENV, str(tmp_path / "bad.json"))
+    with pytest.raises(ValueError, match="bad.json: cannot be read"):
+        machine.find(mc.key)
+
+
+def test_without_constants_the_model_keeps_the_collective_path():
+    plan = _core.build_plan("ag_rotate_a", 2, 2, 16384, 28672, 8192, 1)
+    path, pred, why = cost_model.choose(None, plan)
+    assert path == "collective" and pred == {} and "--calibrate" in why
+    path, pred, why = cost_model.choose(constants(2), plan)
+    assert path == "overlap", why
+    assert pred["overlap_ms"] < pred["collective_ms"]
+
+
+def test_the_choice_takes_a_gain_only_beyond_the_calibrations_error():
+    plan = _core.build_plan("ag_rotate_a", 2, 2, 16384, 28672, 8192, 1)
+    pred = cost_model.predict(constants(2), plan)
+    share = 1 - pred["overlap_ms"] / pred["collective_ms"]
+    assert share > 0.01
+    tolerated = cost_model.TOLERATED_LOSS
+    below, above = (replace(constants(2), choice_error=share * f + tolerated) for f in (0.9, 1.1))
+    assert cost_model.choose(below, plan)[0] == "overlap"
+    assert cost_model.choose(above, plan)[0] == "collective"
