@@ -186,3 +186,13 @@ def test_the_choice_takes_a_gain_only_beyond_the_calibrations_error():
     below, above = (replace(constants(2), choice_error=share * f + tolerated) for f in (0.9, 1.1))
     assert cost_model.choose(below, plan)[0] == "overlap"
     assert cost_model.choose(above, plan)[0] == "collective"
+
+
+def test_without_the_environment_the_users_calibration_directory_is_read(tmp_path, monkeypatch):
+    mc = constants(4, gpu="User GPU")
+    monkeypatch.delenv(machine.CALIBRATION_ENV, raising=False)
+    monkeypatch.setattr(machine, "USER_DIR", tmp_path)
+    assert machine.calibration_dir() == tmp_path
+    assert machine.find(mc.key) is None
+    mc.save(tmp_path / (mc.key.slug() + ".json"))
+    assert machine.find(mc.key) == mc

@@ -7,10 +7,12 @@ TP = N. It runs, on shapes of its own (none of them a Llama layer's): our GEMM k
 torch.mm alone; copy-engine reads from 1..TP-1 peers at once; NCCL's all-gather and
 reduce-scatter alone; and the all-gather and reduce-scatter ops on the collective path and on the
 overlapped plan at S = TP and 2 TP. Each run: calls until ``--window-ms`` of them are timed with
-CUDA events, after a warm-up of a quarter of that, the slowest rank's ms per call. Then
-``runtime.calibration_fit`` fits the constants, and rank 0 writes them (default: the directory
-of ``DISTGEMM_CALIBRATION`` or ``~/.cache/distgemm/machines``, file ``<gpu>-tp<N>-<topology>.json``)
-with every run and the fit's errors. About a minute on 2 or 4 H100s.
+CUDA events, after a warm-up of a quarter of that, enqueued behind a sleeping kernel where the
+host is slower than the GPU (GPU time is what the model prices); the slowest rank's ms per
+call. Then ``runtime.calibration_fit`` fits the constants, and rank 0 writes them with every
+run and the fit's errors (default: the directory of ``DISTGEMM_CALIBRATION`` or
+``~/.cache/distgemm/machines``, file ``<gpu>-tp<N>-<topology>.json``). Under a minute on 2 or 4
+H100s.
 """
 
 from __future__ import annotations
@@ -28,12 +30,23 @@ from .runtime import calibration_fit, machine
 
 WARMUP_S = 1.0  # the GPUs' clocks settle under sustained load (a 700 W cap) before any run
 # Per-rank GEMMs of the kernel and torch.mm fits: (m, n, k), both tiles for the kernel.
-GEMMS = [(m, n, k) for m in (256, 1024, 3072) for n in (2560, 6144, 11264) for k in (2560, 6144)]
-COPY_BYTES = (1 << 18, 1 << 22, 1 << 25)  # per peer
-NCCL_BYTES = (1 << 17, 1 << 21, 1 << 24, 1 << 26)  # moved per rank
+GEMMS = [(m, n, k) for m in (512, 2048, 6144) for n in (2560, 6144, 11264) for k in (2560, 6144)]
+COPY_BYTES = (1 << 23, 1 << 25, 1 << 27)  # per peer
+NCCL_BYTES = (1 << 20, 1 << 23, 1 << 25, 1 << 27)  # moved per rank
 # Global (m, n, k) of the path runs, for the all-gather (ag_rotate_a) and the reduce-scatter
-# (rs_tile_a) op alike, before path_shapes rounds them for the TP.
-PATH_SHAPES = [(2048, 24576, 7168), (4096, 16384, 5120), (8192, 12288, 3072), (16384, 10240, 6144)]
+# (rs_tile_a) op alike, before path_shapes rounds them for the TP: tokens from 512 to 16 Ki, and
+# K and N varied apart so that the bytes moved and the GEMM's work are not proportional.
+PATH_SHAPES = [
+    (512, 14336, 4096),
+    (2048, 28672, 4096),
+    (4096, 8192, 14336),
+    (4096, 20480, 3072),
+    (8192, 6144, 8192),
+    (8192, 16384, 2048),
+    (16384, 4096, 5120),
+    (12288, 12288, 12288),
+]
+CYCLES_PER_MS = 2.0e6  # torch.cuda._sleep's cycles per ms at up to 2 GHz (sleeps at least that)
 SCHEDULES = {"all_gather_gemm": "ag_rotate_a", "gemm_reduce_scatter": "rs_tile_a"}
 
 
@@ -42,15 +55,6 @@ def path_shapes(tp: int) -> list[tuple[int, int, int]]:
     a shard of 64-element (128-byte) aligned rows and columns."""
     unit = 128 * tp
     return [tuple(-(-x // unit) * unit for x in shape) for shape in PATH_SHAPES]
-
-
-def default_dir() -> str:
-    """Where a calibration goes without --out: DISTGEMM_CALIBRATION when it names a directory,
-    else ~/.cache/distgemm/machines."""
-    env = os.environ.get(machine.CALIBRATION_ENV)
-    if env and os.path.isdir(env):
-        return env
-    return os.path.join(os.path.expanduser("~"), ".cache", "distgemm", "machines")
 
 
 class Runner:
@@ -66,6 +70,9 @@ class Runner:
         return float(t.item())
 
     def ms(self, fn) -> float:
+        """GPU ms per call of ``fn``: the calls are enqueued behind a sleeping kernel long enough
+        for the host to enqueue them all, so that the host's time per call (Python, NCCL's
+        and the ops' host work) is not what is timed where it exceeds the GPU's."""
         torch = self.torch
         fn()
         torch.cuda.synchronize(self.device)
@@ -75,8 +82,16 @@ class Runner:
         torch.cuda.synchronize(self.device)
         est = self._agree_max((time.perf_counter() - t0) / 2 * 1e3)
         calls = int(min(5000, max(3, math.ceil(self.window_ms / max(est, 1e-3)))))
-        for _ in range(max(1, calls // 4)):
+        warm = max(1, calls // 4)
+        t0 = time.perf_counter()
+        for _ in range(warm):
             fn()
+        host_ms = self._agree_max((time.perf_counter() - t0) * 1e3 / warm)
+        # Host-bound calls (host time near the call's whole time) sleep while all are enqueued;
+        # GPU-bound ones only long enough to get ahead (a long idle GPU would run the window
+        # at the higher clocks of a cooled-down power cap).
+        ahead = calls if host_ms > est / 2 else 10
+        torch.cuda._sleep(int(min(host_ms * ahead * 1.5, 200.0) * CYCLES_PER_MS))
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(calls):
@@ -190,7 +205,7 @@ def parse_args(argv=None):
     ap = cli.ArgumentParser("python -m distgemm.tune --calibrate", __doc__)
     ap.add_argument("--calibrate", action="store_true", help="this mode (distgemm.tune's flag)")
     ap.add_argument("--out", help="the file to write (rank 0); default: see above")
-    ap.add_argument("--window-ms", type=float, default=30.0, help="timed ms per run (default 30)")
+    ap.add_argument("--window-ms", type=float, default=50.0, help="timed ms per run (default 50)")
     args = ap.parse_args(argv)
     if not 1 <= args.window_ms <= 10_000:
         ap.error(f"--window-ms {args.window_ms} is not in 1..10000")
@@ -238,7 +253,7 @@ def main(argv=None) -> int:
     }
     if rank == 0:
         mc = calibration_fit.fit(runs, key, props.multi_processor_count, meta)
-        out = args.out or os.path.join(default_dir(), key.slug() + ".json")
+        out = args.out or str(machine.calibration_dir() / (key.slug() + ".json"))
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
         mc.save(out)
         for stage, e in mc.meta["fit"].items():

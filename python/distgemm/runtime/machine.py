@@ -5,8 +5,8 @@ A calibration (``python -m distgemm.tune --calibrate``, ``distgemm.calibrate``) 
 constants on the deployment's GPUs; the package ships those of the machines it was measured on
 (``distgemm/data/machines/*.json``). The lookup, for a GPU model, TP and topology:
 
-1. the calibration of exactly that key (``DISTGEMM_CALIBRATION``'s file or directory first,
-   then the shipped ones);
+1. the calibration of exactly that key (``DISTGEMM_CALIBRATION``'s file or directory, else
+   ``~/.cache/distgemm/machines``, first; then the shipped ones);
 2. else one of the same GPU model and topology at other TPs, with its TP-dependent terms
    predicted (``MachineConstants.at_tp``: the collectives' latency on a line through the TPs
    measured, by ring hops; the copy engine's aggregate bandwidth with more peers than measured
@@ -29,6 +29,8 @@ __all__ = ["MachineKey", "MachineConstants", "load", "find", "CALIBRATION_ENV", 
 FORMAT, VERSION = "distgemm-machine-constants", 1
 CALIBRATION_ENV = "DISTGEMM_CALIBRATION"  # a calibration file, or a directory of them
 SHIPPED_DIR = pathlib.Path(__file__).resolve().parent.parent / "data" / "machines"
+# Where a calibration goes and is found when DISTGEMM_CALIBRATION names no directory.
+USER_DIR = pathlib.Path("~/.cache/distgemm/machines").expanduser()
 TRANSPORTS = ("all_gather", "epilogue", "copy")
 COLLECTIVES = ("all_gather", "reduce_scatter")
 NVML_NVLINK_MAX_LINKS = 18  # nvml.h's NVML_NVLINK_MAX_LINKS (Hopper: 18 links)
@@ -199,18 +201,22 @@ def _files(directory: pathlib.Path) -> list[pathlib.Path]:
     return sorted(directory.glob("*.json")) if directory.is_dir() else []
 
 
+def calibration_dir() -> pathlib.Path:
+    """The directory of this user's calibrations: ``DISTGEMM_CALIBRATION`` where it names a
+    directory, else USER_DIR."""
+    env = os.environ.get(CALIBRATION_ENV)
+    return pathlib.Path(env) if env and pathlib.Path(env).is_dir() else USER_DIR
+
+
 def candidates() -> list[MachineConstants]:
-    """Every calibration the lookup sees: ``DISTGEMM_CALIBRATION``'s (a file or a directory)
-    first, then the shipped ones. A named file that cannot be read is an error; so is a shipped
-    one (the package is broken)."""
+    """Every calibration the lookup sees: ``DISTGEMM_CALIBRATION``'s file where it names one,
+    the calibration directory's files (``calibration_dir``), then the shipped ones. A file that
+    cannot be read is an error naming it."""
     out: list[MachineConstants] = []
     env = os.environ.get(CALIBRATION_ENV)
-    if env:
-        p = pathlib.Path(env)
-        if p.is_dir():
-            out += [load(f) for f in _files(p)]
-        else:
-            out.append(load(p))
+    if env and not pathlib.Path(env).is_dir():
+        out.append(load(env))
+    out += [load(f) for f in _files(calibration_dir())]
     out += [load(f) for f in _files(SHIPPED_DIR)]
     return out
 
