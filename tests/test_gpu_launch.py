@@ -30,6 +30,7 @@ WORKERS = [
     "workspace_worker",
     "training_worker",
     "fp8_worker",
+    "collective_memory_worker",
 ]
 
 

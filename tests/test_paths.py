@@ -4,8 +4,6 @@ The collective path (distgemm.runtime.paths.collective), the "auto" choice betwe
 entry creation (distgemm.runtime.choose: requested, table, model, a group without NCCL) and
 path_choices."""
 
-import types
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -38,7 +36,7 @@ def test_collective_path_computes_the_layer_on_a_one_rank_group(monkeypatch, sch
     monkeypatch.setattr(collective, "stream_ptr", lambda device: stream["now"])
     dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
     try:
-        comm = types.SimpleNamespace(group=dist.group.WORLD, device=torch.device("cpu"))
+        comm = OneRankComm(dist.group.WORLD)
         ag = op == "all_gather_gemm"
         g = torch.Generator().manual_seed(sum(map(ord, schedule)))  # not hash(): PYTHONHASHSEED
         beta = 0.0 if ag else -0.75
@@ -64,16 +62,32 @@ def test_collective_path_computes_the_layer_on_a_one_rank_group(monkeypatch, sch
                 assert torch.equal(res[1], a if schedule == "ag_rotate_a" else w)
         with pytest.raises(ValueError, match="out shares memory with a"):
             collective.run_collective(op, comm, entry, {"a": a, "w": w, "bias": bias, "c": c}, a)
-        # A call on another stream gets its own buffers (none are needed by the all-reduce, and
-        # return_gathered hands the gathered operand over instead of keeping it).
-        before = dict(entry.scratch)
+        # A call on another stream gets its own buffer, the communicator's (none is needed by the
+        # all-reduce, and return_gathered hands the gathered operand over instead of keeping it).
+        scratch = collective.CollectiveScratch.of(comm)
+        before = {s: b.flat for s, b in scratch.buffers.items()}
         stream["now"] = 9
         collective.run_collective(op, comm, entry, {"a": a, "w": w, "bias": bias, "c": c}, None)
-        names = {n for n, _ in before}
-        assert {k for k in entry.scratch if k[1] == 9} == {(n, 9) for n in names}
-        assert all(entry.scratch[k] is before[k] for k in before)
+        assert set(before) == ({7} if schedule.startswith("rs_") else set())
+        assert set(scratch.buffers) == set(before) | ({9} if before else set())
+        assert all(scratch.buffers[s].flat is before[s] for s in before)
+        assert not hasattr(entry, "scratch")  # the entry holds no buffer
     finally:
         dist.destroy_process_group()
+
+
+class OneRankComm:
+    """What run_collective reads of a Communicator: the group, the device, the attachments."""
+
+    def __init__(self, group):
+        self.group, self.device, self._attachments = group, torch.device("cpu"), {}
+
+    def attach(self, name, obj):
+        self._attachments[name] = obj
+        return obj
+
+    def attachment(self, name):
+        return self._attachments.get(name)
 
 
 def test_collective_path_needs_nccl_every_rank_decides_from_the_group():

@@ -49,6 +49,11 @@ def test_phases_are_made_disjoint_and_the_rest_is_other():
     out = first_call.phases_of(grown, 4.0)
     assert out["workspace"] == pytest.approx(0.5) and out["graph setup"] == pytest.approx(0.1)
     assert sum(out.values()) == pytest.approx(4.0)
+    coll = {"collective call": 0.9, "collective: scratch growth": 0.3}
+    out = first_call.phases_of(coll, 1.0)
+    assert out == pytest.approx(
+        {"collective call": 0.6, "collective: scratch growth": 0.3, "other": 0.1}
+    )
 
 
 def test_a_phase_entered_from_inside_itself_is_timed_once():

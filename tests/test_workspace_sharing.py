@@ -574,6 +574,9 @@ def test_memory_stats_counts_plans_and_graphs_and_states_the_bounds():
         "captured_graphs": 1,
         "fused_control_bytes": 0,  # no fused entry: its control region is not allocated
         "fused_receive_bytes": 0,
+        "collective_bytes": 0,  # no collective call: no scratch
+        "collective_buffers": 0,
+        "collective_allocations": 0,
         "max_plans": entries.MAX_PLANS,
         "graphs_per_plan": GRAPHS_PER_PLAN,
     }

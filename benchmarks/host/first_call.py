@@ -1,10 +1,12 @@
 """First calls of new token counts under torchrun: what a server sees when a batch of a new size
 arrives. Per token count (default 96 counts, 64..6144 in steps of 64) one all-gather op and one
-reduce-scatter op (Llama-70B-like, K=4096) with the default path, each a first call; prints the
-median and maximum first-call ms, the steady-call ms, and where a first call's host time goes, per
-phase; writes it all as JSON to --out.
+reduce-scatter op (Llama-70B-like, K=4096) on the path --path names (default: the library's,
+DISTGEMM_PATH else "auto"), each a first call; prints the median and maximum first-call ms, the
+steady-call ms, where a first call's host time goes, per phase, and the memory distgemm holds
+afterwards (the workspace, the collective path's scratch); writes it all as JSON to --out.
 
     torchrun --nproc-per-node 2 -m benchmarks.host.first_call --out first_call.json
+    torchrun --nproc-per-node 4 -m benchmarks.host.first_call --path collective --n 3072
 
 A first call's ms: host wall time from the call until its result is ready (the call, then a
 device synchronisation), the maximum over ranks. Host ms: until the call returns. Phases (host
@@ -12,9 +14,9 @@ ms, wrapped around the library's functions where they exist; "other" is the rema
 validation and plan (make_spec), the signature exchange, the path decision, the workspace lookup
 (workspace_for) and, when it grows, its allocation and IPC exchange, the re-pointing of the
 cached plans and the freeing of the old one, graph setup (the rest of attach_workspace), the
-graph (graph_for: creation of the GraphLauncher) and the collective path's call. Steady ms: CUDA
-events around ``--steady-calls`` calls of an already created entry, per call, maximum over
-ranks.
+graph (graph_for: creation of the GraphLauncher), the collective path's call and, inside it, the
+growth of its scratch. Steady ms: CUDA events around ``--steady-calls`` calls of an already
+created entry, per call, maximum over ranks.
 """
 
 from __future__ import annotations
@@ -99,6 +101,8 @@ def wrap_library(timer: PhaseTimer, comm) -> None:
     timer.wrap(OverlappedState, "place", "workspace+setup")
     timer.wrap(OverlappedState, "graph_for", "graph")  # a first call: its GraphLauncher made
     timer.wrap(collective, "run_collective", "collective call")
+    # Growth of the communicator's collective scratch, inside the collective call.
+    timer.wrap(collective.CollectiveScratch, "_grow", "collective: scratch growth")
     timer.wrap(
         type(comm), "all_gather", "signature exchange", when=lambda s, o, what: "signature" in what
     )
@@ -106,14 +110,16 @@ def wrap_library(timer: PhaseTimer, comm) -> None:
 
 def phases_of(raw: dict[str, float], total: float) -> dict[str, float]:
     """Nested phases made disjoint: the graph setup is OverlappedState.place without workspace_for,
-    the workspace's own lookup is workspace_for without its growth parts, and "other" is what
-    no phase covers."""
+    the workspace's own lookup is workspace_for without its growth parts, the collective call is
+    run_collective without its scratch's growth, and "other" is what no phase covers."""
     out = dict(raw)
     if "workspace+setup" in out:
         out["graph setup"] = out.pop("workspace+setup") - out.get("workspace", 0.0)
     if "workspace" in out:
         growth = sum(v for k, v in out.items() if k.startswith("workspace: "))
         out["workspace"] -= growth
+    if "collective call" in out:
+        out["collective call"] -= out.get("collective: scratch growth", 0.0)
     out["other"] = total - sum(out.values())
     return out
 
@@ -123,6 +129,11 @@ def main(argv=None) -> None:
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="comma-separated M")
     ap.add_argument("--k", type=int, default=4096, help="global K")
     ap.add_argument("--n", type=int, default=8192, help="global N")
+    ap.add_argument(
+        "--path",
+        choices=("auto", "collective", "overlap"),  # both ops' paths ("fused" is all-reduce's)
+        help="the ops' path (default: the library's)",
+    )
     ap.add_argument("--steady-calls", type=int, default=50)
     ap.add_argument("--steady-every", type=int, default=8, help="steady timing every n-th M")
     ap.add_argument("--out", help="JSON file (rank 0)")
@@ -171,7 +182,7 @@ def main(argv=None) -> None:
     try:
         with torch.no_grad():
             for i, m in enumerate(tokens):
-                for op, fn in ops_for(m).items():
+                for op, fn in ops_for(m, args.path).items():
                     torch.cuda.synchronize()
                     comm.all_gather(None, "first_call settle")
                     timer.take()
@@ -200,6 +211,7 @@ def main(argv=None) -> None:
         s["ms"] = max(e[len(records) + j][0] for e in everyone)
     if rank == 0:
         meta = dict(tp=tp, k=args.k, n=args.n, device=torch.cuda.get_device_name(dev))
+        meta["path"] = args.path or "default"
         memory = dict(torch_grown=mem1 - mem0, distgemm=distgemm.memory_stats(comm))
         report(records, steady, timer.missing, meta, memory, args.out)
     dist.barrier()
@@ -231,7 +243,10 @@ def report(records, steady, missing, meta, memory, out_path) -> None:
     for r in records:
         paths[f"{r['op']} {r['path']} ({r['source']})"] += 1
     steady_median = statistics.median(s["ms"] for s in steady)
-    print(f"{len(records)} first calls, TP={meta['tp']}, K={meta['k']}, N={meta['n']}")
+    print(
+        f"{len(records)} first calls, TP={meta['tp']}, K={meta['k']}, N={meta['n']}, "
+        f"path {meta['path']}"
+    )
     print(
         f"first call ms (until ready): median {first['median']:.3f}, p90 {first['p90']:.3f}, "
         f"max {first['max']:.3f}"
@@ -249,6 +264,11 @@ def report(records, steady, missing, meta, memory, out_path) -> None:
         f"{held['workspace_bytes'] / 2**20:.1f} MiB workspace after "
         f"{held['workspace_allocations']} allocations (largest plan "
         f"{held['largest_plan_bytes'] / 2**20:.1f} MiB)"
+    )
+    print(
+        f"collective scratch: {held['collective_bytes'] / 2**20:.1f} MiB in "
+        f"{held['collective_buffers']} buffer(s) after {held['collective_allocations']} "
+        "allocations"
     )
     if missing:
         print("not wrapped (absent): " + ", ".join(missing))

@@ -105,6 +105,13 @@ def memory_stats(group=None) -> dict[str, int]:
     fused_receive_bytes   the decode kernel's receive regions (the current one and those kept
                           for captured graphs): every rank's partials of the entries up to
                           ``_core.FUSED_DECODE_MAX_TOKENS`` tokens
+    collective_bytes      the collective path's scratch (gathered operands, partial products):
+                          one buffer per CUDA stream, shared by every collective plan, each at
+                          most ``runtime.paths.collective.SCRATCH_HEADROOM`` above the largest
+                          call made on its stream
+    collective_buffers    those buffers (one per stream that made a collective call)
+    collective_allocations  scratch buffers allocated so far (each stream's first and every
+                          growth)
     max_plans, graphs_per_plan  the bounds (``runtime.entry_cache.MAX_PLANS``,
                                 ``runtime.paths.overlapped.GRAPHS_PER_PLAN``)
     """
@@ -116,7 +123,7 @@ def memory_stats(group=None) -> dict[str, int]:
 
 
 # The counted keys of memory_stats, in its docstring's order: 0 where nothing made them yet (no
-# communicator, no entry, no fused entry).
+# communicator, no entry, no fused entry, no collective call).
 _MEMORY_KEYS = (
     "workspace_bytes",
     "kept_bytes",
@@ -127,6 +134,9 @@ _MEMORY_KEYS = (
     "captured_graphs",
     "fused_control_bytes",
     "fused_receive_bytes",
+    "collective_bytes",
+    "collective_buffers",
+    "collective_allocations",
 )
 
 

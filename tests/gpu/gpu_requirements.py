@@ -232,6 +232,15 @@ def ran_or_skip(data, name: str) -> list:
     return got
 
 
+def rank0_check(results, name: str, launch: Launch) -> dict:
+    """Rank 0's numbers of check `name` in a run_worker_json result, once every rank of `launch`
+    ran it (each rank's verdict: assert_every_check_passed), or pytest.skip with the worker's
+    reason where it left the check out."""
+    got = ran_or_skip(results[2], name)
+    assert len(got) == launch.tp, f"[{launch.mode}] {name}: {len(got)} ranks of {launch.tp}"
+    return next(e for e in got if e["rank"] == 0)
+
+
 def assert_every_check_passed(results) -> None:
     """A run_worker_json result: exit code 0 and no failed check on any rank (the first 20
     failures, with their errors and tracebacks, and the log's tail in the message)."""

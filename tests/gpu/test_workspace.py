@@ -28,7 +28,7 @@ torch = pytest.importorskip("torch")
 from gpu_requirements import (  # noqa: E402
     assert_every_check_passed,
     launch_here,
-    ran_or_skip,
+    rank0_check,
     results_file,
     run_worker_json,
 )
@@ -44,11 +44,7 @@ def results(tmp_path_factory):
 
 
 def rank0(results, name):
-    """Rank 0's numbers of check `name` (every rank's verdict: test_every_check_passed), or a
-    skip with the reason where the worker left it out."""
-    got = ran_or_skip(results[2], name)
-    assert len(got) == LAUNCH.tp, f"[{LAUNCH.mode}] {name}: {len(got)} ranks of {LAUNCH.tp}"
-    return next(e for e in got if e["rank"] == 0)
+    return rank0_check(results, name, LAUNCH)
 
 
 def test_every_check_passed_on_every_rank(results):

@@ -8,9 +8,9 @@ exchanges its CUDA IPC handles through the group and opens the peers' mappings. 
 freed on ``close()``, on context-manager exit and at interpreter exit.
 
 The layers above hang their per-communicator state on it as *attachments* (the entry cache of
-the ops, the fused path's buffers): objects that the communicator calls back when its workspace
-grows, when it looks for launch errors, when it reports memory and when it closes
-(``Attachment``). The communicator never imports them.
+the ops, the fused path's buffers, the collective path's scratch): objects that the communicator
+calls back when its workspace grows, when it looks for launch errors, when it reports memory and
+when it closes (``Attachment``). The communicator never imports them.
 
 Control traffic (host names, IPC handles, plan signatures) goes through the job's key-value
 store (``runtime.control.ControlExchange``), never through NCCL: it needs no CUDA stream and no

@@ -3,8 +3,8 @@
 An entry is made once, collectively: the ranks exchange their call signatures (the same error on
 every rank), the path is chosen (``choose.choose_path``: the same on every rank) and the path's
 state is made (``paths``): the workspace and graph setup of the overlapped plan, the buffers of
-the fused kernel, or nothing but scratch for the collective path. Later calls find the entry with
-one dict lookup and run its state.
+the fused kernel, or nothing for the collective path (its scratch is the communicator's,
+``CollectiveScratch``). Later calls find the entry with one dict lookup and run its state.
 
 The cache hangs on the communicator as an attachment (``Communicator.attach``): the communicator
 calls it back when its workspace grows (every entry is re-pointed), when it looks for launch

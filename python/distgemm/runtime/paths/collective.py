@@ -1,11 +1,15 @@
 """The collective path: the group's NCCL collective and one torch GEMM, the baseline to beat.
 
 On the current stream, capturable (no synchronisation, and inside a capture its buffers come from
-the caller's graph pool).
+the caller's graph pool). Its scratch buffers (the gathered operand, the partial product) are
+one flat buffer per communicator and CUDA stream (``CollectiveScratch``, an attachment of the
+communicator), shared by every entry and sized to the largest call, as the overlapped path's
+workspace is shared per communicator.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -19,6 +23,7 @@ from torch.distributed.distributed_c10d import (
 from ..communicator import Communicator
 from ..scales import scaled_mm_scales
 from ..spec import Spec
+from ..workspace import GROWTH_HEADROOM
 from .common import PathState, gathered_shape, stream_ptr, user_ptrs
 
 
@@ -36,11 +41,11 @@ def collective_kind(spec: Spec) -> str:
 
 @dataclass(eq=False)
 class CollectiveState(PathState):
-    """A collective state: its branch, the gathered operand's shape and its scratch buffers."""
+    """A collective state: its branch and the gathered operand's shape. Its scratch buffers are
+    the communicator's (``CollectiveScratch``), so dropping the entry frees nothing."""
 
     kind: str = ""
     gathered_shape: tuple[int, int] = (0, 0)
-    scratch: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)  # (name, stream)
 
     @classmethod
     def create(cls, spec: Spec, precision, beta: float, gathered: bool) -> CollectiveState:
@@ -53,9 +58,6 @@ class CollectiveState(PathState):
 
     def run(self, op: str, comm: Communicator, tensors, out, capturing: bool):
         return run_collective(op, comm, self, tensors, out, capturing)
-
-    def release(self) -> None:
-        self.scratch.clear()
 
 
 def _blocking(options):
@@ -90,8 +92,9 @@ def run_collective(
 
     Written for host time, since it is chosen for small problems whose calls take tens of us:
     the process group's own methods (``_allgather_base`` etc., what ``torch.distributed``'s
-    wrappers call, without their per-call argument checks and deprecation shims), the plan's
-    buffers reused, and the overlapped path's per-call checks (``user_ptrs``)."""
+    wrappers call, without their per-call argument checks and deprecation shims), the
+    communicator's scratch reused (``CollectiveScratch``: two dict lookups when warm), and the
+    overlapped path's per-call checks (``user_ptrs``)."""
     pg, device = comm.group, comm.device
     a, w, bias, c = tensors["a"], tensors["w"], tensors.get("bias"), tensors.get("c")
     _, out = user_ptrs(op, state, tensors, out, device)
@@ -101,14 +104,15 @@ def run_collective(
     if kind in ("gather_a", "gather_w"):
         part = a if kind == "gather_a" else w
         shape = state.gathered_shape
-        # The gathered operand goes back to the caller only with return_gathered; otherwise one
-        # buffer per plan, as a hand-written baseline keeps it (a fresh allocation per call makes
-        # the caching allocator alternate blocks that NCCL's stream still holds).
-        gathered = (
-            torch.empty(shape, dtype=part.dtype, device=part.device)
-            if state.want_gathered
-            else _scratch(state, "gathered", shape, part, stream_ptr(device), capturing)
-        )
+        # The gathered operand goes back to the caller only with return_gathered; otherwise the
+        # communicator's scratch, as a hand-written baseline keeps one buffer (a fresh allocation
+        # per call makes the caching allocator alternate blocks that NCCL's stream still holds).
+        if state.want_gathered:
+            gathered = torch.empty(shape, dtype=part.dtype, device=part.device)
+        else:
+            (gathered,) = _scratch(
+                comm, (("gathered", shape, part.dtype),), stream_ptr(device), capturing
+            )
         _finish(pg._allgather_base(gathered, part, _ALLGATHER))
         x, wf = (gathered, w) if kind == "gather_a" else (a, gathered)
         if bias is None:
@@ -121,32 +125,25 @@ def run_collective(
         _finish(pg.allreduce([out], _ALLREDUCE))
     elif kind == "scatter_n":  # rs_tile_b
         # reduce-scatter splits dim 0: reduce D^T = W A^T and transpose this rank's rows.
-        stream = stream_ptr(device)
-        part_t = torch.mm(
-            w,
-            a.t(),
-            out=_scratch(state, "partial", (w.shape[0], a.shape[0]), a, stream, capturing),
+        part_t, mine = _scratch(
+            comm, _transposed_regions(state, a, w, a.dtype), stream_ptr(device), capturing
         )
-        mine = _scratch(
-            state,
-            "mine",
-            (part_t.shape[0] // state.spec.tp, part_t.shape[1]),
-            a,
-            stream,
-            capturing,
-        )
+        torch.mm(w, a.t(), out=part_t)
         _finish(pg._reduce_scatter_base(mine, part_t, _REDUCE_SCATTER))
         out.copy_(mine.t())
     else:  # scatter_m: rs_tile_a
-        partial = torch.mm(
-            a,
-            w.t(),
-            out=_scratch(
-                state, "partial", (a.shape[0], w.shape[0]), a, stream_ptr(device), capturing
-            ),
+        (partial,) = _scratch(
+            comm, (("partial", (a.shape[0], w.shape[0]), a.dtype),), stream_ptr(device), capturing
         )
+        torch.mm(a, w.t(), out=partial)
         _finish(pg._reduce_scatter_base(out, partial, _REDUCE_SCATTER))
     return _finish_epilogue(out, c, bias, state.beta)
+
+
+def _transposed_regions(state: CollectiveState, a, w, dtype) -> tuple:
+    """The scratch of rs_tile_b: this rank's partial D^T [N, M] and its reduced rows."""
+    n, m = w.shape[0], a.shape[0]
+    return (("partial", (n, m), dtype), ("mine", (n // state.spec.tp, m), dtype))
 
 
 def _finish_epilogue(out, c, bias, beta: float) -> torch.Tensor:
@@ -171,14 +168,9 @@ def scaled_mm(x, x_scale, y, y_scale, fast_accum: bool, out=None) -> torch.Tenso
     return out.copy_(res)
 
 
-def _gather(pg, state, name, part, stream, capturing, fresh: bool) -> torch.Tensor:
-    """The all-gather of ``part`` along dim 0 (fp8 moved as bytes, which every NCCL has)."""
-    shape = (part.shape[0] * state.spec.tp, *part.shape[1:])
-    dst = (
-        torch.empty(shape, dtype=part.dtype, device=part.device)
-        if fresh
-        else _scratch(state, name, shape, part, stream, capturing)
-    )
+def _gather(pg, dst: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
+    """The all-gather of ``part`` along dim 0 into ``dst`` (fp8 moved as bytes, which every NCCL
+    has)."""
     as_bytes = part.element_size() == 1
     _finish(
         pg._allgather_base(
@@ -203,11 +195,17 @@ def _run_fp8(comm: Communicator, state: CollectiveState, tensors, out, capturing
     if kind in ("gather_a", "gather_w"):
         gather_a = kind == "gather_a"
         part, scale = (a, sa) if gather_a else (w, sb)
-        gathered = _gather(pg, state, "gathered", part, stream, capturing, state.want_gathered)
+        tp = state.spec.tp
+        shape = (part.shape[0] * tp, *part.shape[1:])
+        regions = () if state.want_gathered else (("gathered", shape, part.dtype),)
+        if scale.numel() > 1:  # row scales, gathered with their rows
+            regions += (("gathered_scale", (scale.numel() * tp,), scale.dtype),)
+        bufs = list(_scratch(comm, regions, stream, capturing)) if regions else []
+        if state.want_gathered:
+            bufs.insert(0, torch.empty(shape, dtype=part.dtype, device=part.device))
+        gathered = _gather(pg, bufs[0], part)
         if scale.numel() > 1:
-            scale = _gather(
-                pg, state, "gathered_scale", scale.reshape(-1), stream, capturing, False
-            )
+            scale = _gather(pg, bufs[1], scale.reshape(-1))
         if gather_a:
             scaled_mm(gathered, scale, w, sb, fast, out=out)
         else:
@@ -219,42 +217,157 @@ def _run_fp8(comm: Communicator, state: CollectiveState, tensors, out, capturing
         scaled_mm(a, sa, w, sb, fast, out=out)
         _finish(pg.allreduce([out], _ALLREDUCE))
     elif kind == "scatter_n":  # rs_tile_b: reduce D^T = W A^T, transpose this rank's rows
-        part_t = _scratch(state, "partial", (w.shape[0], a.shape[0]), out, stream, capturing)
+        part_t, mine = _scratch(
+            comm, _transposed_regions(state, a, w, out.dtype), stream, capturing
+        )
         scaled_mm(w, sb, a, sa, fast, out=part_t)
-        mine = _scratch(
-            state, "mine", (part_t.shape[0] // state.spec.tp, part_t.shape[1]), out, stream,
-            capturing,
-        )  # fmt: skip
         _finish(pg._reduce_scatter_base(mine, part_t, _REDUCE_SCATTER))
         out.copy_(mine.t())
     else:  # scatter_m: rs_tile_a
-        partial = _scratch(state, "partial", (a.shape[0], w.shape[0]), out, stream, capturing)
+        (partial,) = _scratch(
+            comm, (("partial", (a.shape[0], w.shape[0]), out.dtype),), stream, capturing
+        )
         scaled_mm(a, sa, w, sb, fast, out=partial)
         _finish(pg._reduce_scatter_base(out, partial, _REDUCE_SCATTER))
     return _finish_epilogue(out, c, bias, state.beta)
 
 
-def _scratch(
-    state: CollectiveState,
-    name: str,
-    shape,
-    like: torch.Tensor,
-    stream: int,
-    capturing: bool = False,
-) -> torch.Tensor:
-    """A buffer of the collective path kept with the entry, one per CUDA stream: calls on one
-    stream are ordered, calls on two streams (e.g. overlapped micro-batches) must not share a
-    buffer that one's NCCL kernel writes while the other's GEMM reads it. Inside a capture a
-    fresh one from the caller's graph pool, owned by that graph: captures share one capture
-    stream, and a buffer kept here would be shared by graphs that may replay on different
-    streams."""
-    if capturing:
-        return torch.empty(shape, dtype=like.dtype, device=like.device)
-    key = (name, stream)
-    t = state.scratch.get(key)
-    if t is None:
-        t = state.scratch[key] = torch.empty(shape, dtype=like.dtype, device=like.device)
-    return t
+# The name of the collective path's per-communicator scratch (Communicator.attach).
+ATTACHMENT = "collective"
+# Headroom of a grown scratch buffer over the call that grows it: token counts that rise a little
+# at a time (a server's batch sizes) reallocate about once per 10% of growth instead of at every
+# call, and a buffer never exceeds the largest call's scratch by more than that. The workspace's
+# bound, one number for both: what distgemm holds stays within 10% of its largest call.
+SCRATCH_HEADROOM = GROWTH_HEADROOM
+# Every region of a call starts at a multiple of this many bytes, the caching allocator's own
+# granularity: a view is as aligned as a fresh tensor (cuBLAS and NCCL choose their vectorised
+# kernels by alignment) and a view of any dtype is valid.
+SCRATCH_ALIGN = 512
+# View sets cached per buffer (one per call layout, host memory only); beyond it they are dropped
+# and carved again.
+MAX_VIEW_SETS = 256
+
+# A call's scratch regions: ((name, shape, dtype), ...), disjoint parts of one buffer.
+Regions = tuple[tuple[str, tuple[int, ...], torch.dtype], ...]
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // SCRATCH_ALIGN) * SCRATCH_ALIGN
+
+
+def scratch_bytes(regions: Regions) -> int:
+    """The bytes a call's regions take in a scratch buffer, each starting aligned."""
+    return sum(_aligned(math.prod(shape) * dtype.itemsize) for _, shape, dtype in regions)
+
+
+def _carve(flat: torch.Tensor, regions: Regions) -> tuple[torch.Tensor, ...]:
+    """Views of the byte buffer ``flat``, one per region, in order, each starting aligned."""
+    views, offset = [], 0
+    for _, shape, dtype in regions:
+        nbytes = math.prod(shape) * dtype.itemsize
+        views.append(flat[offset : offset + nbytes].view(dtype).view(shape))
+        offset += _aligned(nbytes)
+    return tuple(views)
+
+
+@dataclass(eq=False)
+class _Buffer:
+    """One stream's scratch: the flat bytes and the views carved from them, by call layout."""
+
+    flat: torch.Tensor  # torch.uint8
+    views: dict[Regions, tuple[torch.Tensor, ...]] = field(default_factory=dict)
+
+
+class CollectiveScratch:
+    """The collective path's scratch of one communicator (a ``Communicator`` attachment): one flat
+    byte buffer per CUDA stream, shared by every collective entry; a call takes views of the
+    shapes and dtypes it needs (``views``), so entries of every shape and dtype share it.
+
+    Streams. Calls on one stream are ordered by it: a call's NCCL kernel and GEMM have finished
+    with the buffer before the next call's start, whatever its entry. Calls on two streams may run
+    concurrently (overlapped micro-batches), so each stream has its own buffer, never shared. The
+    regions of one call (rs_tile_b's partial and its reduced rows) are disjoint.
+
+    Size. A buffer grows when a call needs more than it holds, to that call's bytes plus
+    ``SCRATCH_HEADROOM``, so it stays within that of the largest call made on its stream; a
+    smaller call takes views of its first bytes. The memory is kept until ``close()``: evicting an
+    entry frees nothing, and the next call of any size finds the buffer ready."""
+
+    def __init__(self):
+        self.buffers: dict[int, _Buffer] = {}  # by raw CUDA stream
+        self.allocations = 0  # buffers allocated so far (each stream's first and every growth)
+
+    @classmethod
+    def of(cls, comm: Communicator) -> CollectiveScratch:
+        """The communicator's scratch, made at its first collective call."""
+        scratch = comm.attachment(ATTACHMENT)
+        if scratch is None:
+            scratch = comm.attach(ATTACHMENT, cls())
+        return scratch
+
+    def views(
+        self, stream: int, regions: Regions, device: torch.device, capturing: bool = False
+    ) -> tuple[torch.Tensor, ...]:
+        """One tensor per region for a call on ``stream``: views of that stream's buffer (grown
+        first when too small), made once per layout and buffer. Inside a capture fresh tensors
+        from the caller's graph pool, owned by that graph: captures share one capture stream, and
+        a buffer kept here would be shared by graphs that may replay on different streams."""
+        if capturing:
+            return tuple(torch.empty(s, dtype=dt, device=device) for _, s, dt in regions)
+        buf = self.buffers.get(stream)
+        if buf is not None:
+            got = buf.views.get(regions)
+            if got is not None:
+                return got
+        need = scratch_bytes(regions)
+        if buf is None or buf.flat.numel() < need:
+            buf = self._grow(stream, need, device)
+        elif len(buf.views) >= MAX_VIEW_SETS:
+            buf.views.clear()
+        # Normal tensors, also when made under torch.inference_mode: the next call may run
+        # outside it, where an inference tensor cannot be written in place.
+        with torch.inference_mode(False):
+            got = buf.views[regions] = _carve(buf.flat, regions)
+        return got
+
+    def _grow(self, stream: int, need: int, device: torch.device) -> _Buffer:
+        """A new buffer of ``need`` bytes plus the headroom for ``stream``. The old one is dropped
+        first, while this stream's earlier calls may still use it on the device: safe, because
+        torch's caching allocator is stream-ordered (a freed block goes again only to work on the
+        stream it was allocated on, this one, which runs after those calls) and the path's NCCL
+        calls are blocking ones that run on the caller's stream (``_blocking``), so no other
+        stream touches the buffer."""
+        size = max(need, int(need * (1 + SCRATCH_HEADROOM)) // SCRATCH_ALIGN * SCRATCH_ALIGN)
+        self.buffers.pop(stream, None)
+        with torch.inference_mode(False):
+            flat = torch.empty(size, dtype=torch.uint8, device=device)
+        buf = self.buffers[stream] = _Buffer(flat)
+        self.allocations += 1
+        return buf
+
+    # -- Attachment ------------------------------------------------------------------------
+    def workspace_grown(self, ws, capturing: bool) -> None:
+        """Nothing of this lives in the workspace."""
+
+    def launch_error(self) -> str:
+        return ""
+
+    def memory_stats(self) -> dict[str, int]:
+        return {
+            "collective_bytes": sum(b.flat.numel() for b in self.buffers.values()),
+            "collective_buffers": len(self.buffers),
+            "collective_allocations": self.allocations,
+        }
+
+    def close(self) -> list:
+        """Drop every buffer (the device is synchronised by the communicator)."""
+        self.buffers.clear()
+        return []
+
+
+def _scratch(comm: Communicator, regions: Regions, stream: int, capturing: bool):
+    """A call's scratch tensors, one per region (``CollectiveScratch.views``)."""
+    return CollectiveScratch.of(comm).views(stream, regions, comm.device, capturing)
 
 
 def collective_unavailable(group) -> str | None:
