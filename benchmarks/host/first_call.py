@@ -6,7 +6,7 @@ steady-call ms, where a first call's host time goes, per phase, and the memory d
 afterwards (the workspace, the collective path's scratch); writes it all as JSON to --out.
 
     torchrun --nproc-per-node 2 -m benchmarks.host.first_call --out first_call.json
-    torchrun --nproc-per-node 4 -m benchmarks.host.first_call --path collective --n 3072
+    torchrun --nproc-per-node 4 -m benchmarks.host.first_call --path collective
 
 A first call's ms: host wall time from the call until its result is ready (the call, then a
 device synchronisation), the maximum over ranks. Host ms: until the call returns. Phases (host
@@ -127,8 +127,9 @@ def phases_of(raw: dict[str, float], total: float) -> dict[str, float]:
 def main(argv=None) -> None:
     ap = cli.ArgumentParser("python3 -m benchmarks.host.first_call", __doc__)
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="comma-separated M")
-    ap.add_argument("--k", type=int, default=4096, help="global K")
-    ap.add_argument("--n", type=int, default=8192, help="global N")
+    # --global-k / --global-n: torchrun reads an abbreviation like "--n" as its own option.
+    ap.add_argument("--global-k", type=int, default=4096, help="K (default: issue 41's loop)")
+    ap.add_argument("--global-n", type=int, default=3072, help="N (default: issue 41's loop)")
     ap.add_argument(
         "--path",
         choices=("auto", "collective", "overlap"),  # both ops' paths ("fused" is all-reduce's)
@@ -154,12 +155,12 @@ def main(argv=None) -> None:
     comm = dcomm.get_communicator(None)
     gen = torch.Generator(device=dev).manual_seed(7 + rank)
     bf = torch.bfloat16
-    w_ag = torch.randn(args.n // tp, args.k, device=dev, dtype=bf, generator=gen) / 64
-    w_rs = torch.randn(args.n, args.k // tp, device=dev, dtype=bf, generator=gen) / 64
+    w_ag = torch.randn(args.global_n // tp, args.global_k, device=dev, dtype=bf, generator=gen) / 64
+    w_rs = torch.randn(args.global_n, args.global_k // tp, device=dev, dtype=bf, generator=gen) / 64
 
     def ops_for(m: int, path: str | None = None):
-        a_ag = torch.randn(m // tp, args.k, device=dev, dtype=bf, generator=gen)
-        a_rs = torch.randn(m, args.k // tp, device=dev, dtype=bf, generator=gen)
+        a_ag = torch.randn(m // tp, args.global_k, device=dev, dtype=bf, generator=gen)
+        a_rs = torch.randn(m, args.global_k // tp, device=dev, dtype=bf, generator=gen)
         return {
             "all_gather_gemm": lambda: distgemm.all_gather_gemm(a_ag, w_ag, path=path),
             "gemm_reduce_scatter": lambda: distgemm.gemm_reduce_scatter(a_rs, w_rs, path=path),
@@ -210,7 +211,7 @@ def main(argv=None) -> None:
     for j, s in enumerate(steady):
         s["ms"] = max(e[len(records) + j][0] for e in everyone)
     if rank == 0:
-        meta = dict(tp=tp, k=args.k, n=args.n, device=torch.cuda.get_device_name(dev))
+        meta = dict(tp=tp, k=args.global_k, n=args.global_n, device=torch.cuda.get_device_name(dev))
         meta["path"] = args.path or "default"
         memory = dict(torch_grown=mem1 - mem0, distgemm=distgemm.memory_stats(comm))
         report(records, steady, timer.missing, meta, memory, args.out)

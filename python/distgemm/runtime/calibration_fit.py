@@ -138,40 +138,35 @@ def fit(
 
 
 def _fit_nccl(mc: MachineConstants, runs, name: str, errors) -> tuple[float, float, float]:
-    """NCCL's (latency, ms per byte, share of the GEMM) for collective ``name``: latency and
-    per byte from its runs alone and the share from the collective path's runs; all three from
-    the collective path's runs where NCCL alone was not measured (a sweep's records)."""
+    """NCCL's (latency, ms per byte, share of the GEMM) for collective ``name``, one least
+    squares over its runs alone (no GEMM) and the collective path's runs (NCCL + torch.mm):
+    what the model predicts is the collective path, so its runs weigh in the latency and the
+    bandwidth as much as NCCL's alone. A sweep's records have only the collective path's."""
     alone = _of(runs, "nccl", collective=name)
     coll = [
         r for r in _of(runs, "path", path="collective") if _collective_of(r["schedule"]) == name
     ]
-    lat = per_byte = 0.0
-    if alone:
-        _need(alone, 2, f"NCCL {name}")
-        ms = [r["ms"] for r in alone]
-        v, errors[f"nccl/{name}"] = _lstsq([[1.0, r["bytes"]] for r in alone], ms, ms)
-        lat, per_byte = float(v[0]), float(v[1])
-    if not coll:
-        _need(alone, 2, f"NCCL {name}")
-        return lat, per_byte, 0.0
-    rows, target = [], []
+    _need(alone + coll, 3, f"NCCL {name} (alone or on the collective path)")
+    rows, target, measured = [], [], []
+    for r in alone:
+        rows.append([1.0, r["bytes"], 0.0])
+        target.append(r["ms"])
+        measured.append(r["ms"])
     for r in coll:
         plan = _plan(r)
         rm, rn, rk = cost_model.rank_problem(plan.definition, r["tp"], r["m"], r["n"], r["k"])
         mm = cost_model.mm_ms(mc, rm, rn, rk)
         times = 2 if plan.definition["collective"] == "all_reduce" else 1
         moved = cost_model.moved_bytes(plan.definition, r["tp"], r["m"], r["n"], r["k"])
-        if alone:
-            rows.append([mm])
-            target.append(r["ms"] - mm - times * lat - moved * per_byte)
-        else:
-            rows.append([float(times), moved, mm])
-            target.append(r["ms"] - mm)
-    v, errors[f"collective/{name}"] = _lstsq(rows, target, [r["ms"] for r in coll])
+        rows.append([float(times), moved, mm])
+        target.append(r["ms"] - mm)
+        measured.append(r["ms"])
+    v, errs = _lstsq(rows, target, measured)
     if alone:
-        return lat, per_byte, float(v[0])
-    _need(coll, 3, f"the collective path's {name}")
-    return float(v[0]), float(v[1]), float(v[2])
+        errors[f"nccl/{name}"] = errs[: len(alone)]
+    if coll:
+        errors[f"collective/{name}"] = errs[len(alone) :]
+    return float(v[0]), float(v[1]), float(v[2]) if coll else 0.0
 
 
 def _fallback_overlap(t: str, fitted: dict) -> tuple[float, float, float]:
