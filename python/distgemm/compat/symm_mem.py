@@ -15,7 +15,9 @@ any dim but the last moves that dim to the front (one copy unless it is already 
 ``all_gather_gemm`` (``ag_rotate_a``) or ``gemm_reduce_scatter`` (``rs_tile_a``) on the rows, and
 moves it back; a scatter along the last dim (N) runs ``gemm_reduce_scatter`` with
 ``schedule="rs_tile_b", steps=TP``. Several ``Bs`` share one all-gather: they are concatenated
-along N. Everything else runs the plain collective + ``torch.matmul``; ``fallback_reason`` says why.
+along N. Everything else runs the plain collective + ``torch.matmul``; ``fallback_reason`` says why,
+``all_gather_matmul_reason`` / ``matmul_reduce_scatter_reason`` for one call (with the op's
+arguments; ``compat.async_tp`` routes torch's ops by them).
 """
 
 from __future__ import annotations
@@ -24,7 +26,13 @@ import torch
 
 from .. import ops
 from ..runtime.scales import FP8_DTYPE
-from .custom_ops import DISTGEMM_DTYPES, all_gather_into, group_of, reduce_scatter_into
+from .custom_ops import (
+    DISTGEMM_DTYPES,
+    all_gather_into,
+    group_of,
+    group_size,
+    reduce_scatter_into,
+)
 
 REDUCE_OPS = ("sum", "avg")
 ALIGN_ELEMENTS = 8  # distgemm's contiguous GEMM extents are multiples of 8 elements
@@ -121,14 +129,9 @@ def fused_all_gather_matmul(
     group = group_of(group_name)
     tp = group.size()
     gather_dim = _check_all_gather(A_shard, Bs, gather_dim, tp)
-    k = A_shard.shape[-1]
-    n_total = sum(B.shape[1] for B in Bs)
-    if gather_dim == A_shard.dim() - 1:
-        reason = "gather_dim is the contracted dim K: no distgemm schedule gathers K"
-    else:
-        reason = fallback_reason([A_shard, *Bs], tp, {"K": k, "sum of N": n_total})
-    if reason is not None:
+    if _all_gather_reason(A_shard, Bs, gather_dim, tp) is not None:
         return _all_gather_matmul_collective(A_shard, Bs, gather_dim, group, return_A)
+    k = A_shard.shape[-1]
     # Rows of A_shard with the gathered dim first: rank r's rows follow rank r-1's.
     a_rows = A_shard.movedim(gather_dim, 0).contiguous()
     moved_shape = (tp * a_rows.shape[0], *a_rows.shape[1:-1])
@@ -138,6 +141,23 @@ def fused_all_gather_matmul(
     results = [o.contiguous().view(*moved_shape, o.shape[1]).movedim(0, gather_dim) for o in outs]
     A = a.view(*moved_shape, k).movedim(0, gather_dim) if return_A else None
     return A, results
+
+
+def _all_gather_reason(A_shard, Bs, gather_dim: int, tp: int) -> str | None:
+    """fallback_reason of a checked all-gather call (``gather_dim`` >= 0)."""
+    if gather_dim == A_shard.dim() - 1:
+        return "gather_dim is the contracted dim K: no distgemm schedule gathers K"
+    n_total = sum(B.shape[1] for B in Bs)
+    return fallback_reason([A_shard, *Bs], tp, {"K": A_shard.shape[-1], "sum of N": n_total})
+
+
+def all_gather_matmul_reason(A_shard, Bs, gather_dim, group_name, *, return_A=True) -> str | None:
+    """Why ``fused_all_gather_matmul`` with these arguments (its own signature) runs the plain
+    collective + matmul instead of distgemm, None when distgemm serves it; ValueError as the op
+    raises it."""
+    tp = group_size(group_name)
+    gather_dim = _check_all_gather(A_shard, Bs, gather_dim, tp)
+    return _all_gather_reason(A_shard, Bs, gather_dim, tp)
 
 
 @fused_all_gather_matmul.register_fake
@@ -198,17 +218,10 @@ def fused_matmul_reduce_scatter(
     group = group_of(group_name)
     tp = group.size()
     scatter_dim = _check_reduce_scatter(A, B, reduce_op, scatter_dim, tp)
-    ndim = A.dim()
-    last = scatter_dim == ndim - 1
-    rows = A.numel() // A.shape[-1]
-    if last:  # rs_tile_b at S = TP: each step's N/TP columns are one contiguous GEMM extent
-        reason = fallback_reason([A, B], tp, {"K": A.shape[-1], "N/tp": B.shape[1] // tp})
-    else:  # rs_tile_a: S is TP or 2*TP (default_steps), and M must split into S steps
-        reason = fallback_reason(
-            [A, B], tp, {"K": A.shape[-1], "N": B.shape[1]}, {"M": (rows, 2 * tp)}
-        )
-    if reason is not None:
+    if _reduce_scatter_reason(A, B, scatter_dim, tp) is not None:
         return _matmul_reduce_scatter_collective(A, B, reduce_op, scatter_dim, group)
+    last = scatter_dim == A.dim() - 1
+    rows = A.numel() // A.shape[-1]
     w = _weight(B)
     if last:
         out = ops.gemm_reduce_scatter(
@@ -225,6 +238,25 @@ def fused_matmul_reduce_scatter(
         out = out.view(a_rows.shape[0] // tp, *a_rows.shape[1:-1], out.shape[-1])
         out = out.movedim(0, scatter_dim).contiguous()
     return out.div_(tp) if reduce_op == "avg" else out
+
+
+def _reduce_scatter_reason(A, B, scatter_dim: int, tp: int) -> str | None:
+    """fallback_reason of a checked reduce-scatter call (``scatter_dim`` >= 0)."""
+    if scatter_dim == A.dim() - 1:  # rs_tile_b at S = TP: each step's N/TP columns, one GEMM
+        return fallback_reason([A, B], tp, {"K": A.shape[-1], "N/tp": B.shape[1] // tp})
+    # rs_tile_a: S is TP or 2*TP (default_steps), and M must split into S steps
+    rows = A.numel() // A.shape[-1]
+    extents = {"K": A.shape[-1], "N": B.shape[1]}
+    return fallback_reason([A, B], tp, extents, {"M": (rows, 2 * tp)})
+
+
+def matmul_reduce_scatter_reason(A, B, reduce_op, scatter_dim, group_name) -> str | None:
+    """Why ``fused_matmul_reduce_scatter`` with these arguments (its own signature) runs the
+    plain matmul + reduce-scatter instead of distgemm, None when distgemm serves it; ValueError
+    as the op raises it."""
+    tp = group_size(group_name)
+    scatter_dim = _check_reduce_scatter(A, B, reduce_op, scatter_dim, tp)
+    return _reduce_scatter_reason(A, B, scatter_dim, tp)
 
 
 @fused_matmul_reduce_scatter.register_fake

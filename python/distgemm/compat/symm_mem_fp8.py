@@ -31,6 +31,8 @@ ones expanded to rows), the weight distgemm's K-contiguous ``[N, K]`` (``B.t()``
 already contiguous). Everything else runs the plain collective + ``torch._scaled_mm`` (fp8
 gathered as bytes, which every backend moves); ``fallback_reason`` says why. torch refuses a
 gather of K here (its reference flattens the gathered dim into rows), so do these.
+``all_gather_scaled_matmul_reason`` / ``scaled_matmul_reduce_scatter_reason`` give the reason
+for one call, from the op's arguments (``compat.async_tp`` routes torch's ops by them).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from collections.abc import Sequence
 import torch
 
 from .. import ops
-from .custom_ops import all_gather_into, group_of, reduce_scatter_into
+from .custom_ops import all_gather_into, group_of, group_size, reduce_scatter_into
 from .fp8_arguments import (
     OUT_DTYPE,
     ROW_REPLICATED,
@@ -60,6 +62,8 @@ __all__ = [
     "fused_scaled_matmul_reduce_scatter",
     "all_gather_fallback_reason",
     "reduce_scatter_fallback_reason",
+    "all_gather_scaled_matmul_reason",
+    "scaled_matmul_reduce_scatter_reason",
 ]
 
 
@@ -88,6 +92,25 @@ def all_gather_fallback_reason(
                 f"{OUT_DTYPE} [N] bias"
             )
     return None
+
+
+def all_gather_scaled_matmul_reason(
+    A_shard, Bs, A_scale, B_scales, gather_dim, group_name, biases, result_scales, out_dtypes,
+    use_fast_accum,
+) -> str | None:  # fmt: skip
+    """Why ``fused_all_gather_scaled_matmul`` with these arguments (its own signature) runs the
+    plain collective + torch._scaled_mm instead of distgemm, None when distgemm serves it;
+    TypeError / ValueError as the op raises them."""
+    tp = group_size(group_name)
+    out_dtypes = as_dtypes(out_dtypes)
+    lists = dict(
+        biases=biases, result_scales=result_scales, out_dtypes=out_dtypes,
+        use_fast_accum=use_fast_accum,
+    )  # fmt: skip
+    validate_all_gather(A_shard, Bs, A_scale, B_scales, gather_dim, tp, lists)
+    return all_gather_fallback_reason(
+        A_shard, Bs, tp, biases, result_scales, out_dtypes, use_fast_accum
+    )
 
 
 _AG_SCHEMA = (
@@ -251,6 +274,21 @@ def reduce_scatter_fallback_reason(
             "distgemm once after it"
         )
     return None
+
+
+def scaled_matmul_reduce_scatter_reason(
+    A, B, A_scale, B_scale, reduce_op, orig_scatter_dim, scatter_dim_after_maybe_reshape,
+    group_name, output_shape, bias=None, result_scale=None, out_dtype=None, use_fast_accum=False,
+) -> str | None:  # fmt: skip
+    """Why ``fused_scaled_matmul_reduce_scatter`` with these arguments (its own signature) runs
+    torch._scaled_mm + the plain reduce-scatter instead of distgemm, None when distgemm serves
+    it; TypeError / ValueError as the op raises them."""
+    tp = group_size(group_name)
+    dim, shape = validate_reduce_scatter(
+        A, B, A_scale, B_scale, reduce_op, orig_scatter_dim, scatter_dim_after_maybe_reshape,
+        output_shape, tp,
+    )  # fmt: skip
+    return reduce_scatter_fallback_reason(A, B, tp, dim, shape, bias, result_scale, out_dtype)
 
 
 _RS_SCHEMA = (

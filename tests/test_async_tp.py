@@ -1,0 +1,367 @@
+"""distgemm.compat.async_tp, the one switch for torch's async-TP, on the CPU.
+
+- install() / uninstall(): idempotent and reversible (the dispatcher's table of every routed op
+  is what it was), the router is the active CUDA kernel of the four ops and nothing else changes
+  (Meta and CPU keys), DISTGEMM_ASYNC_TP at the import of distgemm.compat.
+- The router with fakes: a servable call goes to distgemm's drop-in, any other to torch's kernel
+  with the keyset and the arguments unchanged, with the reason counted (routing_stats); refused
+  arguments and a build without the CUDA runtime are reasons too.
+- The real rules through the router on one gloo rank: CPU tensors, a gather of K, refused
+  arguments, the fp8 ops.
+- torch.compile on 2 gloo ranks: torch's micro-pipeline TP pass
+  (torch._inductor.config._micro_pipeline_tp) rewrites a sequence-parallel MLP's all-gather +
+  matmul and matmul + reduce-scatter into torch.ops.symm_mem's fused ops, and the compiled graph
+  (inductor, fullgraph, no graph break) reaches the router: with distgemm's rules it gives CPU
+  calls back to torch, with the rules waived distgemm's drop-ins serve them; the outputs equal
+  the uncompiled function's within fp32 rounding (RTOL, ATOL). Also a compiled function that
+  calls the fused ops itself.
+
+The CUDA key cannot run here, so these tests register the router for the CPU key in a test
+library (``cpu_routers``; the package registers CUDA only), with torch's reference
+implementation of each op (its Meta kernel, which computes on any device) in the place of
+torch's CUDA kernel. torch's pass fuses only where ``torch.distributed.is_nccl_available()``
+(False in a CPU build of torch) and symmetric memory is enabled for the group: the workers set
+the first to True and use torch's ``_test_mode`` for the second. The GPU test with the real
+CUDA kernels is tests/gpu/test_async_tp.py.
+"""
+
+import contextlib
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+import torch.distributed._functional_collectives as funcol  # noqa: E402
+import torch.distributed._symmetric_memory as torch_symm_mem  # noqa: E402
+from test_nn import run_ranks  # noqa: E402
+
+from distgemm import _core  # noqa: E402
+from distgemm.compat import async_tp  # noqa: E402
+
+OPS = list(async_tp.ROUTES)
+BF16_OPS = ["fused_all_gather_matmul", "fused_matmul_reduce_scatter"]
+RTOL, ATOL = 1e-5, 1e-5  # fp32: compiled and eager sum the same products in another order
+CPU_REASON = "CPU tensors: distgemm runs on CUDA GPUs only"
+REFUSED = "distgemm's checks refuse the arguments: "
+# funcol's names in the running torch (torch 2.11 has only the *_tensor ones)
+_all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+_reduce_scatter = getattr(funcol, "reduce_scatter_single", None) or funcol.reduce_scatter_tensor
+
+
+@pytest.fixture
+def switch():
+    """async_tp with empty counts, uninstalled and counts cleared again afterwards."""
+    async_tp.uninstall()
+    async_tp.reset_routing_stats()
+    yield async_tp
+    async_tp.uninstall()
+    async_tp.reset_routing_stats()
+
+
+def dispatch_tables() -> dict[str, str]:
+    return {name: torch._C._dispatch_dump(f"symm_mem::{name}") for name in OPS}
+
+
+def active_kernel_line(table: str, key: str) -> str:
+    """The line of ``key``'s active kernel in a ``_dispatch_dump`` table."""
+    lines = [line for line in table.splitlines() if line.startswith(f"{key}: ")]
+    assert len(lines) == 1, table
+    return lines[0]
+
+
+def test_install_uninstall_idempotent_and_reversible(switch):
+    before = dispatch_tables()
+    impls_before = set(torch.library._impls)
+    assert not switch.installed() and not switch.routing_stats().installed
+    switch.install()
+    switch.install()  # a second install is a no-op: one router per op
+    assert switch.installed() and switch.routing_stats().installed
+    for name, table in dispatch_tables().items():
+        qualname = f"symm_mem::{name}"
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(qualname, "CUDA")
+        assert "compat/async_tp.py" in active_kernel_line(table, "CUDA"), table
+        # torch's kernel stays, shadowed; Meta (shapes under compile) is torch's; no CPU kernel
+        assert "CUDA (inactive): registered at" in table, table
+        assert table.count("CUDA: registered at") == 1, table
+        assert active_kernel_line(table, "Meta") == active_kernel_line(before[name], "Meta")
+        assert not torch._C._dispatch_has_kernel_for_dispatch_key(qualname, "CPU")
+    switch.uninstall()
+    switch.uninstall()
+    assert not switch.installed() and not switch.routing_stats().installed
+    assert dispatch_tables() == before
+    assert set(torch.library._impls) == impls_before
+    switch.install()  # and again after an uninstall
+    assert all(
+        "compat/async_tp.py" in active_kernel_line(t, "CUDA") for t in dispatch_tables().values()
+    )
+
+
+@pytest.mark.parametrize(
+    "value, installed", [("1", True), ("0", False), ("", False), ("yes", None)]
+)
+def test_environment_variable(value, installed):
+    """DISTGEMM_ASYNC_TP at the import of distgemm.compat (in a process of its own)."""
+    code = "from distgemm.compat import async_tp; print(async_tp.installed())"
+    env = {**os.environ, async_tp.ENV: value}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    if installed is None:
+        assert proc.returncode != 0
+        assert "DISTGEMM_ASYNC_TP='yes': 1 routes torch's async-TP ops" in proc.stderr
+    else:
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.split() == [str(installed)]
+
+
+class FakeKernel:
+    """torch's kernel as the router sees it (``call_boxed``), recording its calls."""
+
+    def __init__(self, result="torch"):
+        self.calls, self.result = [], result
+
+    def call_boxed(self, keyset, *args, **kwargs):
+        self.calls.append((keyset, args, kwargs))
+        return self.result
+
+
+def fake_route(reason):
+    """A Route whose rule says ``reason`` (an exception: raises it) and whose drop-in records."""
+    served = []
+
+    def rule(*args, **kwargs):
+        if isinstance(reason, Exception):
+            raise reason
+        return reason
+
+    def serve(*args, **kwargs):
+        served.append((args, kwargs, torch.is_grad_enabled()))
+        return "distgemm"
+
+    return async_tp.Route(rule, serve), served
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_router_serves_or_falls_back(switch, monkeypatch, name):
+    monkeypatch.setattr(_core, "cuda_runtime", True, raising=False)
+    keyset = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
+    args, kwargs = ("A", ["B"], 0, "group"), {"return_A": False}
+    torch_kernel = FakeKernel()
+    router = switch.make_router(name, torch_kernel)
+
+    route, served = fake_route(None)
+    monkeypatch.setitem(switch.ROUTES, name, route)
+    assert router(keyset, *args, **kwargs) == "distgemm"
+    assert served == [(args, kwargs, False)] and torch_kernel.calls == []  # under no_grad
+
+    rules = [
+        "K=12 is not a multiple of 8",
+        ValueError("Bs[0].shape[0]=16 must equal K=32"),
+        TypeError("B is torch.float8_e5m2"),
+    ]
+    for rule in rules:
+        route, served = fake_route(rule)
+        monkeypatch.setitem(switch.ROUTES, name, route)
+        assert router(keyset, *args, **kwargs) == "torch"
+        assert served == [] and torch_kernel.calls[-1] == (keyset, args, kwargs)
+    monkeypatch.setattr(_core, "cuda_runtime", False, raising=False)
+    monkeypatch.setitem(switch.ROUTES, name, fake_route(None)[0])
+    assert router(keyset, *args, **kwargs) == "torch"
+
+    stats = switch.routing_stats().ops[name]
+    assert stats.served == 1 and stats.fallen_back == 4
+    assert sorted(stats.fallbacks) == sorted(
+        [
+            "K=12 is not a multiple of 8",
+            REFUSED + "Bs[0].shape[0]=16 must equal K=32",
+            REFUSED + "B is torch.float8_e5m2",
+            f"distgemm was built without the CUDA runtime ({_core.cuda_runtime_reason})",
+        ]
+    )
+    others = [o for n, o in switch.routing_stats().ops.items() if n != name]
+    assert all(o.served == 0 and o.fallen_back == 0 for o in others)
+    switch.reset_routing_stats()
+    assert switch.routing_stats().served == 0 and switch.routing_stats().fallen_back == 0
+
+
+def test_unknown_op_is_refused(switch):
+    with pytest.raises(ValueError, match=r"symm_mem::fused_all_reduce is not routed"):
+        switch.make_router("fused_all_reduce", FakeKernel())
+
+
+def _fp8_args(group_name, A_dtype=torch.float8_e4m3fn):
+    g = torch.Generator().manual_seed(3)
+    A = torch.rand(4, 16, 32, generator=g).to(A_dtype)
+    B = torch.rand(16, 32, generator=g).to(torch.float8_e4m3fn).t()
+    one = torch.tensor(0.1)
+    gather = (A, [B], one, [one], 0, group_name, [None], [None], [torch.bfloat16], [False])
+    scatter = (A, B, one, one, "sum", 0, 0, group_name, [4, 16, 16])
+    return gather, scatter
+
+
+def test_real_rules_through_the_router(switch, group_name):
+    """The rules of compat.symm_mem / symm_mem_fp8 behind the router, on one gloo rank."""
+    torch_kernel = FakeKernel()
+    route = {name: switch.make_router(name, torch_kernel) for name in OPS}
+    keyset = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+    g = torch.Generator().manual_seed(2)
+    A, B = torch.rand(4, 16, 32, generator=g), torch.rand(32, 16, generator=g)
+    fp8_gather, fp8_scatter = _fp8_args(group_name)
+    bad_gather, bad_scatter = _fp8_args(group_name, torch.float8_e5m2)
+    ag, rs = "fused_all_gather_matmul", "fused_matmul_reduce_scatter"
+    ag8, rs8 = "fused_all_gather_scaled_matmul", "fused_scaled_matmul_reduce_scatter"
+    refused = re.escape(REFUSED) + ".*"  # then the op's own error
+    calls = [  # op, arguments, keyword arguments, the reason (a regex)
+        (ag, (A, [B], 0, group_name), {"return_A": True}, CPU_REASON),
+        (ag, (A, [B], 2, group_name), {}, "gather_dim is the contracted dim K"),
+        (ag, (A, [B[:8]], 0, group_name), {}, refused + r"Bs\[0\].shape\[0\]=8 must equal K=32"),
+        (rs, (A, B, "sum", 1, group_name), {}, CPU_REASON),
+        (rs, (A, B, "max", 1, group_name), {}, refused + "reduce_op='max' is not one of"),
+        (ag8, fp8_gather, {}, CPU_REASON),
+        (ag8, bad_gather, {}, refused + "A_shard is torch.float8_e5m2"),
+        (rs8, fp8_scatter, {}, CPU_REASON),
+        (rs8, bad_scatter, {}, refused + "A is torch.float8_e5m2"),
+    ]
+    for name, args, kwargs, reason in calls:
+        assert route[name](keyset, *args, **kwargs) == "torch"
+        assert torch_kernel.calls[-1] == (keyset, args, kwargs)
+        fallbacks = switch.routing_stats().ops[name].fallbacks
+        assert any(re.search(reason, r) for r in fallbacks), (name, reason, fallbacks)
+    assert switch.routing_stats().served == 0
+    assert switch.routing_stats().fallen_back == len(calls)
+
+
+class TorchReference:
+    """torch's reference implementation of a symm_mem op (its Meta kernel, which computes on any
+    device) in the place of torch's CUDA kernel, as the router calls it."""
+
+    def __init__(self, name: str):
+        self.fn = getattr(torch_symm_mem, f"_{name}_fallback")
+
+    def call_boxed(self, keyset, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def cpu_routers(names):
+    """The router of each op in ``names`` as its CPU kernel, for the duration (tests only)."""
+    library = torch.library.Library("symm_mem", "IMPL")
+    for name in names:
+        router = async_tp.make_router(name, TorchReference(name))
+        library.impl(name, router, "CPU", with_keyset=True)
+    try:
+        yield
+    finally:
+        library._destroy()
+
+
+@contextlib.contextmanager
+def rules_waived(names):
+    """distgemm's rules waived for ``names`` (and the CUDA runtime taken as built): the router
+    hands every call to the drop-in, which runs its collective path on CPU tensors."""
+    saved = dict(async_tp.ROUTES)
+    had_runtime = getattr(_core, "cuda_runtime", False)
+    for name in names:
+        async_tp.ROUTES[name] = dataclasses.replace(saved[name], reason=lambda *a, **k: None)
+    _core.cuda_runtime = True
+    try:
+        yield
+    finally:
+        async_tp.ROUTES.update(saved)
+        _core.cuda_runtime = had_runtime
+
+
+def sequence_parallel_mlp(x_shard, w1, w2, group_name):
+    """x_shard [B, S/TP, H] -> all-gather of S -> x @ w1.T, relu, @ w2.T -> reduce-scatter of S:
+    the column- then row-parallel MLP of a sequence-parallel block (torchtitan's layout)."""
+    x = _all_gather(x_shard, 1, group_name)
+    h = torch.relu(x @ w1.t())
+    return _reduce_scatter(h @ w2.t(), "sum", 1, group_name)
+
+
+def _fused_ops_called(A_shard, B1, B2, group_name):
+    """The fused ops called directly (the form torch's pass leaves in the graph)."""
+    x, (h,) = torch.ops.symm_mem.fused_all_gather_matmul(A_shard, [B1], 1, group_name)
+    return torch.ops.symm_mem.fused_matmul_reduce_scatter(torch.relu(h), B2, "sum", 1, group_name)
+
+
+def routed(before, after, names=tuple(OPS)) -> dict:
+    """What the router did between two RoutingStats, per op of ``names``:
+    ``[served, {reason: calls given back}]``."""
+    out = {}
+    for name in names:
+        b, a = before.ops[name], after.ops[name]
+        reasons = {r: n - b.fallbacks.get(r, 0) for r, n in a.fallbacks.items()}
+        out[name] = [a.served - b.served, {r: n for r, n in reasons.items() if n}]
+    return out
+
+
+def compile_worker(rank, tp):
+    """torch's pass and a direct call of the fused ops, compiled with inductor (fullgraph) with
+    the switch installed and the CPU routers registered: per function, the graph breaks and, for
+    distgemm's rules and for the rules waived, what the router did and whether the compiled
+    output equals the eager one."""
+    from torch._dynamo.utils import counters
+
+    group_name = dist.group.WORLD.group_name
+    torch.manual_seed(0)  # the same weights on every rank, this rank's rows of the input
+    w1, w2 = torch.randn(48, 64), torch.randn(64, 48)
+    x_shard = torch.randn(tp, 2, 16, 64)[rank]
+    cases = {
+        "pass": (sequence_parallel_mlp, (x_shard, w1, w2, group_name)),
+        "direct": (_fused_ops_called, (x_shard, w1.t(), w2.t(), group_name)),
+    }
+    nccl_available = dist.is_nccl_available
+    dist.is_nccl_available = lambda: True  # the pass's gate; a CPU torch has no NCCL
+    results = {}
+    async_tp.install()
+    try:
+        with (
+            cpu_routers(BF16_OPS),
+            torch_symm_mem._test_mode(),
+            torch._inductor.config.patch(_micro_pipeline_tp=True),
+        ):
+            for case, (fn, args) in cases.items():
+                torch._dynamo.reset()
+                counters.clear()
+                compiled = torch.compile(fn, fullgraph=True)
+                eager = sequence_parallel_mlp(x_shard, w1, w2, group_name)
+                result = {}
+                for rules in ("distgemm's rules", "rules waived"):
+                    waived = rules_waived(BF16_OPS) if rules == "rules waived" else None
+                    with waived or contextlib.nullcontext():
+                        before = async_tp.routing_stats()
+                        out = compiled(*args)
+                        result[rules] = {
+                            "routed": routed(before, async_tp.routing_stats(), BF16_OPS),
+                            "equal": torch.allclose(out, eager, rtol=RTOL, atol=ATOL),
+                            "shape": list(out.shape),
+                        }
+                result["graph breaks"] = sum(counters["graph_break"].values())
+                results[case] = result
+    finally:
+        dist.is_nccl_available = nccl_available
+        async_tp.uninstall()
+    return results
+
+
+@pytest.fixture(scope="module")
+def compiled_results(tmp_path_factory):
+    return run_ranks(compile_worker, tmp_path_factory.mktemp("async_tp"))
+
+
+@pytest.mark.parametrize("case", ["pass", "direct"])
+@pytest.mark.parametrize("rules", ["distgemm's rules", "rules waived"])
+def test_compiled_graph_reaches_distgemm(compiled_results, case, rules):
+    for rank, result in enumerate(compiled_results):
+        got = result[case]
+        assert got["graph breaks"] == 0, (rank, got)
+        r = got[rules]
+        assert r["equal"] and r["shape"] == [2, 16, 64], (rank, r)  # x_shard's shape
+        if rules == "rules waived":  # every fused op of the graph served by the drop-in
+            assert r["routed"] == {name: [1, {}] for name in BF16_OPS}, (rank, r)
+        else:  # CPU tensors: every call given back to torch's kernel, with the reason
+            assert r["routed"] == {name: [0, {CPU_REASON: 1}] for name in BF16_OPS}, (rank, r)
