@@ -275,17 +275,19 @@ def rules_waived(names):
 
 
 def sequence_parallel_mlp(x_shard, w1, w2, group_name):
-    """x_shard [B, S/TP, H] -> all-gather of S -> x @ w1.T, relu, @ w2.T -> reduce-scatter of S:
-    the column- then row-parallel MLP of a sequence-parallel block (torchtitan's layout)."""
-    x = _all_gather(x_shard, 1, group_name)
+    """x_shard [S/TP, B, H] -> all-gather of S -> x @ w1.T, relu, @ w2.T -> reduce-scatter of S:
+    the column- then row-parallel MLP of a sequence-parallel block in Megatron's sequence-first
+    layout (torch 2.11's dynamo refuses a functional all-gather along dim 1 under fullgraph:
+    ``_maybe_view_chunk_cat`` is marked skipped)."""
+    x = _all_gather(x_shard, 0, group_name)
     h = torch.relu(x @ w1.t())
-    return _reduce_scatter(h @ w2.t(), "sum", 1, group_name)
+    return _reduce_scatter(h @ w2.t(), "sum", 0, group_name)
 
 
 def _fused_ops_called(A_shard, B1, B2, group_name):
     """The fused ops called directly (the form torch's pass leaves in the graph)."""
-    x, (h,) = torch.ops.symm_mem.fused_all_gather_matmul(A_shard, [B1], 1, group_name)
-    return torch.ops.symm_mem.fused_matmul_reduce_scatter(torch.relu(h), B2, "sum", 1, group_name)
+    x, (h,) = torch.ops.symm_mem.fused_all_gather_matmul(A_shard, [B1], 0, group_name)
+    return torch.ops.symm_mem.fused_matmul_reduce_scatter(torch.relu(h), B2, "sum", 0, group_name)
 
 
 def routed(before, after, names=tuple(OPS)) -> dict:
@@ -309,7 +311,7 @@ def compile_worker(rank, tp):
     group_name = dist.group.WORLD.group_name
     torch.manual_seed(0)  # the same weights on every rank, this rank's rows of the input
     w1, w2 = torch.randn(48, 64), torch.randn(64, 48)
-    x_shard = torch.randn(tp, 2, 16, 64)[rank]
+    x_shard = torch.randn(tp, 16, 2, 64)[rank]
     cases = {
         "pass": (sequence_parallel_mlp, (x_shard, w1, w2, group_name)),
         "direct": (_fused_ops_called, (x_shard, w1.t(), w2.t(), group_name)),
@@ -360,7 +362,7 @@ def test_compiled_graph_reaches_distgemm(compiled_results, case, rules):
         got = result[case]
         assert got["graph breaks"] == 0, (rank, got)
         r = got[rules]
-        assert r["equal"] and r["shape"] == [2, 16, 64], (rank, r)  # x_shard's shape
+        assert r["equal"] and r["shape"] == [16, 2, 64], (rank, r)  # x_shard's shape
         if rules == "rules waived":  # every fused op of the graph served by the drop-in
             assert r["routed"] == {name: [1, {}] for name in BF16_OPS}, (rank, r)
         else:  # CPU tensors: every call given back to torch's kernel, with the reason

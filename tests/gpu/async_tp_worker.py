@@ -54,14 +54,14 @@ NEEDS_ONE_GPU_PER_RANK = (
 def _shards(dev, rank: int, tp: int):
     """The full MLP's tensors (seeded, the same on every rank) and this rank's shards."""
     g = torch.Generator(device=dev).manual_seed(0)
-    x = torch.randn(BATCH, SEQ, HIDDEN, device=dev, generator=g).bfloat16()
+    x = torch.randn(SEQ, BATCH, HIDDEN, device=dev, generator=g).bfloat16()
     w1 = (torch.randn(FFN, HIDDEN, device=dev, generator=g) / HIDDEN**0.5).bfloat16()
     w2 = (torch.randn(HIDDEN, FFN, device=dev, generator=g) / FFN**0.5).bfloat16()
     s, f = SEQ // tp, FFN // tp
     rows, cols = slice(rank * s, (rank + 1) * s), slice(rank * f, (rank + 1) * f)
     ref = torch.relu(x.float() @ w1.float().t()) @ w2.float().t()
-    shards = (x[:, rows].contiguous(), w1[cols].contiguous(), w2[:, cols].contiguous())
-    return shards, ref[:, rows]
+    shards = (x[rows].contiguous(), w1[cols].contiguous(), w2[:, cols].contiguous())
+    return shards, ref[rows]
 
 
 def test_switch(dev) -> None:
@@ -90,7 +90,7 @@ def test_switch(dev) -> None:
             routed_on == want
             and breaks == 0
             and err_on <= TOLERANCE
-            and list(on.shape) == [BATCH, SEQ // tp, HIDDEN],
+            and list(on.shape) == [SEQ // tp, BATCH, HIDDEN],
             routed=routed_on,
             graph_breaks=breaks,
             rel_err_vs_fp32=err_on,
