@@ -43,10 +43,13 @@
 #   training-local   training.training_step --local-only [--tp $TRAINING_LOCAL_TP] on GPU 0: the
 #                    block's two floors alone (GEMMs; the compiled step without communication)
 #   serving          serving.serving_step $SERVING_ARGS (Llama-70B 8-layer TP stack: decode batches
-#                    1..256 in CUDA graphs, prefill 2048..8192 eager; distgemm vs NCCL + torch.mm vs
-#                    torch symm_mem; ms per step and memory per variant)
+#                    1..256 in CUDA graphs, prefill 2048..8192 eager; distgemm vs the best unfused
+#                    of mm + NCCL, one-shot, two-shot, NCCL symmetric; torch symm_mem at prefill;
+#                    ms per step and memory per variant)
 #   decode           decode.decode_layers --models 70B,405B --tokens 1..256 $DECODE_ARGS (O, FC2
-#                    GEMM + all-reduce in graphs of 20 calls: mm, mm + NCCL, mm + one_shot, distgemm)
+#                    GEMM + all-reduce in graphs of 20 calls: mm, mm + NCCL, mm + one_shot,
+#                    mm + two_shot, mm + NCCL symmetric, distgemm; distgemm vs the best unfused
+#                    and issue 42's acceptance; DECODE_ARGS="--models 8B" adds the rest)
 #   fused-tp1        decode.fused_tp1 on GPU 0: the fused GEMM + all-reduce at TP=1 (its kernel,
 #                    flags and reduction without NVLink) vs torch.mm on 70B/405B O and FC2 at tokens
 #                    1..256, weight bandwidth, and its correctness in bf16 and fp16
@@ -196,7 +199,7 @@ for p in "$@"; do
     training-local) part training-local ${TRAINING_LOCAL_S:-200} env CUDA_VISIBLE_DEVICES=0 python3 \
               -m benchmarks.training.training_step --local-only ${TRAINING_LOCAL_TP:+--tp $TRAINING_LOCAL_TP} --out "$OUT/training-local" ;;
     serving) part serving ${SERVING_S:-450} torchrun --nproc-per-node "$NPROC" -m benchmarks.serving.serving_step ${SERVING_ARGS:-} --out "$OUT/serving" ;;
-    decode) part decode ${DECODE_S:-420} torchrun --nproc-per-node "$NPROC" -m benchmarks.decode.decode_layers --models 70B,405B \
+    decode) part decode ${DECODE_S:-560} torchrun --nproc-per-node "$NPROC" -m benchmarks.decode.decode_layers --models 70B,405B \
               --tokens 1,2,4,8,16,32,64,128,256 ${DECODE_ARGS:-} --out "$OUT/decode" ;;
     fused-tp1) part fused-tp1 ${FUSED_TP1_S:-420} env CUDA_VISIBLE_DEVICES=0 python3 -m benchmarks.decode.fused_tp1 \
               ${FUSED_TP1_ARGS:-} --out "$OUT/fused-tp1" ;;

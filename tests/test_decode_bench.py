@@ -1,7 +1,9 @@
-"""The decode benchmark without a GPU: benchmarks/decode/report.py's ratios, suspect and wrong
-variants, issue 19's acceptance columns and summary, table, CSV, JSON round trip and plot from
-synthetic records; and ``torchrun -m benchmarks.decode.decode_layers --cpu-smoke`` on 2 gloo
-ranks, judged by the numbers each rank writes.
+"""The decode benchmark without a GPU: the best unfused variant and the ratios against it, issue
+42's acceptance (median, minimum, distgemm over torch.mm alone) and its lines, suspect and wrong
+variants, table, CSV, JSON round trip, merged replots and plot from synthetic records; the case
+list with its non-Llama layers; refused arguments (exit 2, one line); and
+``torchrun -m benchmarks.decode.decode_layers --cpu-smoke`` on 2 gloo ranks, judged by the
+numbers each rank writes.
 
 Tolerances: mm + the gloo all_reduce in bf16 against the fp32 product at the benchmark's ERR_TOL
 (relative Frobenius error < 2e-2) and above 1e-4 (bf16 is not exact: 0 would mean nothing was
@@ -9,22 +11,27 @@ compared); distgemm's plans on the reference executor against float64 below 1e-9
 
 import json
 import math
+import subprocess
 import sys
 
 import pytest
 from test_serving_bench import _torchrun_smoke
 
+from benchmarks.common import best_unfused as bu
 from benchmarks.common import report as out
+from benchmarks.decode import cases
 from benchmarks.decode import report as rep
 
 META = {"torch": "2.11.0+cu128", "device": "NVIDIA H200", "installed_by": "README install"}
 TP = 2
+SCOPE_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 def _case(model="70B", layer="O", tokens=8, **us):
-    """A measured case in µs per call: issue 19's numbers at 8 tokens (mm 18.9, NCCL 29.8,
-    one_shot 27.9) and distgemm at 20.0; ``us`` overrides (None: unavailable)."""
-    times = dict(mm=18.9, nccl=29.8, one_shot=27.9, distgemm=20.0)
+    """A measured case in µs per call: mm 18.9, the unfused baselines NCCL 29.8, one-shot
+    27.9, two-shot 26.0 (the best) and NCCL symmetric 28.5, distgemm 20.0; ``us`` overrides
+    (None: unavailable)."""
+    times = dict(mm=18.9, nccl=29.8, one_shot=27.9, two_shot=26.0, nccl_symm=28.5, distgemm=20.0)
     times.update(us)
     unavailable = {
         v: "ValueError: M=1 is not divisible by S=2" for v, t in times.items() if t is None
@@ -45,103 +52,170 @@ def _case(model="70B", layer="O", tokens=8, **us):
     )
 
 
-def test_derived_and_verdicts():
+def _scope(**us_by_model):
+    """Every in-scope case (Llama 8B/70B/405B, O and FC2, 1..256 tokens): distgemm's time per
+    model from ``us_by_model`` (default 20.0)."""
+    return [
+        _case(model=m, layer=la, tokens=t, distgemm=us_by_model.get(f"m{m}", 20.0))
+        for m in ("8B", "70B", "405B")
+        for la in ("O", "FC2")
+        for t in SCOPE_TOKENS
+    ]
+
+
+def test_best_unfused_and_the_ratios_against_it():
     d = rep.derived(_case())
     assert d == {
-        "vs_one_shot": pytest.approx(27.9 / 20.0),
-        "vs_nccl": pytest.approx(29.8 / 20.0),
+        "best_unfused": "two_shot",
+        "best_us": 26.0,
+        "vs_best": pytest.approx(26.0 / 20.0),
+        "fused_vs_best": None,  # distgemm_fused not timed
         "over_mm": pytest.approx(20.0 / 18.9),
     }
-    assert rep.verdicts(_case()) == dict(vs_one_shot=True, vs_nccl=True, over_mm=True)
-    # 27.9 / 25.5 = 1.094 < 1.1; 29.8 / 25.5 >= 1.0; 25.5 / 18.9 = 1.349 > 1.25
-    assert rep.verdicts(_case(distgemm=25.5)) == dict(
-        vs_one_shot=False, vs_nccl=True, over_mm=False
-    )
-    # over mm alone is judged at 1..32 tokens only
-    assert rep.verdicts(_case(tokens=64, distgemm=25.5))["over_mm"] is None
-    assert rep.verdicts(_case(distgemm=None)) == dict.fromkeys(rep.CRITERIA)
-    assert rep.verdicts(_case(one_shot=None))["vs_one_shot"] is None
+    assert rep.derived(_case(distgemm_fused=13.0))["fused_vs_best"] == pytest.approx(2.0)
+    assert rep.best(_case(two_shot=None)) == ("one_shot", 27.9)
+    rec = _case()
+    rec["rel_err"]["two_shot"] = math.nan  # a wrong baseline is never the best
+    assert rep.best(rec) == ("one_shot", 27.9)
+    # below mm alone (18.9 * 0.99 = 18.711): suspect, not the best
+    assert rep.best(_case(nccl_symm=18.0)) == ("two_shot", 26.0)
+    none = _case(nccl=None, one_shot=None, two_shot=None, nccl_symm=None)
+    assert rep.best(none) == (None, None) and rep.derived(none)["vs_best"] is None
 
 
-def test_suspect_and_wrong_fail_their_verdicts():
-    # bound = 18.9 * 0.99 = 18.711: 18.7 is suspect, 18.8 is not
+def test_suspect_and_wrong():
     assert rep.suspect(_case(distgemm=18.8)) == []
     rec = _case(distgemm=18.7)
     assert rep.suspect(rec) == ["distgemm"]
-    assert rep.verdicts(rec) == dict.fromkeys(rep.CRITERIA, False)
+    assert rep.point(rec).bad == "distgemm below mm alone"
     rec = _case()
-    rec["rel_err"]["one_shot"] = math.nan
-    assert rep.wrong(rec) == ["one_shot"]
-    assert rep.verdicts(rec) == dict(vs_one_shot=False, vs_nccl=True, over_mm=True)
-    assert rep.variant_status(rec, "one_shot") == "wrong"
+    rec["rel_err"]["distgemm"] = 0.05
+    assert rep.wrong(rec) == ["distgemm"] and rep.variant_status(rec, "distgemm") == "wrong"
+    assert rep.point(rec).bad == "distgemm wrong"
     assert rep.suspect(_case(mm=None)) == []
 
 
-def test_acceptance_scope_met_missed_and_unmeasured():
-    records = [
-        _case(model=m, layer=la, tokens=t)
-        for m in ("70B", "405B")
-        for la in rep.LAYERS
-        for t in (1, 32, 256)
-    ]
-    out_of_scope = [_case(model="8B", distgemm=99.0), _case(tokens=512, distgemm=99.0)]
-    acc = rep.acceptance(records + out_of_scope)
-    assert acc["vs_one_shot"] == dict(met=True, measured=12, of=12, missed=[])
-    assert acc["over_mm"] == dict(met=True, measured=8, of=8, missed=[])  # 1 and 32 tokens
-    records[0] = _case(model="70B", layer="O", tokens=1, distgemm=None)
-    assert rep.acceptance(records)["vs_nccl"] == dict(met=None, measured=11, of=12, missed=[])
-    records[1] = _case(model="70B", layer="O", tokens=32, distgemm=30.0)
+def test_acceptance_met():
+    acc = rep.acceptance(_scope() + [_case(model="Qwen2-72B", layer="FC2", distgemm=99.0)])
+    assert acc["points"] == acc["measured"] == 54  # the Qwen layer is reported, not judged
+    assert acc["median"] == pytest.approx(1.3) and acc["median_met"] is True
+    assert acc["min"] == pytest.approx(1.3) and acc["min_met"] is True
+    assert acc["over_mm"] == pytest.approx(20.0 / 18.9) and acc["over_mm_met"] is True
+    assert (acc["over_mm_measured"], acc["over_mm_of"]) == (16, 16)  # 70B, 405B x 2 x 1..8
+
+
+def test_acceptance_median_minimum_and_over_mm_missed():
+    # 8B at 26/27 = 0.963, 70B at 26/25 = 1.04, 405B at 1.3: the median is 1.04
+    acc = rep.acceptance(_scope(m8B=27.0, m70B=25.0))
+    assert acc["median"] == pytest.approx(1.04) and acc["median_met"] is False
+    assert acc["min"] == pytest.approx(26 / 27) and acc["min_met"] is False
+    assert len(acc["below_min"]) == 18 and all(n.startswith("8B/") for n in acc["below_min"])
+    # 70B at 1..8 tokens: 25 / 18.9 = 1.323 > 1.2; 405B: 1.058
+    assert acc["over_mm"] == pytest.approx(25.0 / 18.9) and acc["over_mm_met"] is False
+    assert sorted(acc["over_mm_missed"]) == sorted(
+        f"70B/{la}/M{t}/TP2" for la in ("O", "FC2") for t in (1, 2, 4, 8)
+    )
+    # one point a little slow: the minimum misses, the median does not
+    records = _scope()
+    records[0] = _case(model="8B", layer="O", tokens=1, distgemm=26.6)  # 26 / 26.6 = 0.977
     acc = rep.acceptance(records)
-    assert acc["vs_nccl"] == dict(met=False, measured=11, of=12, missed=["70B/O/M32/TP2"])
-    assert acc["over_mm"]["missed"] == ["70B/O/M32/TP2"]
+    assert (acc["median_met"], acc["min_met"], acc["min_at"]) == (True, False, "8B/O/M1/TP2")
+
+
+def test_acceptance_unmeasured_and_bad_points():
+    records = _scope()
+    records[5] = _case(model="8B", layer="O", tokens=32, distgemm=None)
+    acc = rep.acceptance(records)
+    assert (acc["measured"], acc["points"], acc["unmeasured"]) == (53, 54, ["8B/O/M32/TP2"])
+    assert acc["median_met"] is None and acc["min_met"] is None  # not every point measured
+    records[5] = _case(model="8B", layer="O", tokens=32, distgemm=18.0)  # below mm alone
+    acc = rep.acceptance(records)
+    assert acc["bad"] == ["8B/O/M32/TP2"] and acc["median_met"] is False
+    assert acc["min_met"] is False
+    assert rep.acceptance([])["median_met"] is None
+
+
+def test_acceptance_lines():
+    lines = bu.acceptance_lines(rep.acceptance(_scope(m8B=27.0)), TP, rep.SCOPE_TEXT)
+    assert lines[0] == (
+        "acceptance (issue 42, tp=2; 8B, 70B, 405B O and FC2, tokens 1..256; ratio = best "
+        "unfused time / distgemm time, above 1 = distgemm faster):"
+    )
+    assert lines[1] == (
+        "  median of distgemm vs best unfused: 1.300x over 54 of 54 points (target >= 1.1): met"
+    )
+    assert lines[2].startswith(
+        "  minimum: 0.963x at 8B/O/M1/TP2 (target >= 0.98): MISSED; below it: 8B/O/M1/TP2, "
+    ) and lines[2].endswith(" and 12 more")
+    assert lines[3] == (
+        "  distgemm / torch.mm alone at 1..8 tokens on 70B, 405B: worst 1.058x at "
+        "70B/O/M1/TP2 (target <= 1.2x): met (16 of 16 measured)"
+    )
 
 
 def test_csv_round_trip():
-    records = [_case(tokens=1, distgemm=None), _case(model="8B", tokens=512)]
+    records = [_case(tokens=1, distgemm=None), _case(model="Qwen2-72B", layer="FC2", tokens=64)]
     rows = out.read_csv(out.csv_text(rep.CSV_FIELDS, rep.csv_rows(records, META)))
-    assert [(r["model"], r["tokens"]) for r in rows] == [("70B", "1"), ("8B", "512")]
+    assert [(r["model"], r["tokens"]) for r in rows] == [("70B", "1"), ("Qwen2-72B", "64")]
     first, second = rows
     assert first["status_distgemm"] == "unavailable" and first["us_distgemm"] == ""
     assert first["note"] == "distgemm: ValueError: M=1 is not divisible by S=2"
-    assert first["verdict_vs_nccl"] == "" and first["in_scope"] == "yes"
-    assert float(second["us_one_shot"]) == 27.9 and second["in_scope"] == ""
-    assert float(second["vs_one_shot"]) == pytest.approx(1.395, abs=1e-3)
-    assert second["verdict_vs_one_shot"] == "met" and second["verdict_over_mm"] == ""
+    assert first["vs_best"] == "" and first["in_scope"] == "yes"
+    assert (second["best_unfused"], float(second["us_best_unfused"])) == ("two_shot", 26.0)
+    assert float(second["vs_best"]) == pytest.approx(1.3) and second["in_scope"] == ""
+    assert float(second["us_two_shot"]) == 26.0 and second["status_nccl_symm"] == "ok"
     assert {(r["torch"], r["device"], r["installed_by"]) for r in rows} == {tuple(META.values())}
 
 
-def test_table_shows_verdicts_reasons_and_summary():
-    records = [
-        _case(tokens=1, distgemm=None),
-        _case(tokens=2),
-        _case(tokens=4, distgemm=25.5),
-        _case(tokens=8, distgemm=18.0),
-    ]
+def test_table_shows_best_unfused_ratios_reasons_and_acceptance():
+    why = "NCCL symmetric window: NCCL 2.26.2 has no symmetric-memory kernels"
+    records = [_case(tokens=1, distgemm=None), _case(tokens=2), _case(tokens=8, distgemm=18.0)]
+    for r in records:
+        del r["us"]["nccl_symm"]
+        r["unavailable"]["nccl_symm"] = why
     table = rep.format_table(records, META)
     for text in (
         *META.values(),
         "CUDA graph of 20 calls",
-        "1.395x met",  # 27.9 / 20.0 at 2 tokens
-        "1.094x MISSED",  # 27.9 / 25.5 at 4 tokens
+        "ratios = best unfused time / variant time (above 1 = faster than the best unfused path)",
+        "mm+two_shot",
+        "1.300x",  # 26.0 / 20.0 at 2 tokens
         "18.00!",  # below mm alone (18.9)
         "70B/O distgemm (tokens 1): ValueError: M=1 is not divisible by S=2",
-        "distgemm >= 1.1x mm + one_shot: MISSED (3 of 4 cases measured; missed: 70B/O/M4/TP2, "
-        "70B/O/M8/TP2)",
+        f"70B/O nccl_symm (tokens 1, 2, 8): {why}",
+        "acceptance (issue 42, tp=2;",
+        "median of distgemm vs best unfused: 1.300x over 1 of 3 points",
     ):
         assert text in table, text
 
 
-def test_outputs_without_matplotlib_and_replot(tmp_path, monkeypatch):
+def test_outputs_without_matplotlib_replot_and_merge(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    stem = str(tmp_path / "run" / out.output_stem("decode", TP, date="2026-11-24"))
-    records = [_case(tokens=t) for t in (1, 2)]
-    assert rep.write_outputs(records, META, stem).startswith("matplotlib unavailable")
-    doc = json.loads(open(stem + ".json").read())
-    assert doc["records"] == records and doc["acceptance"]["vs_nccl"]["met"] is True
-    assert rep.replot(stem + ".json", str(tmp_path / "again")) == 1
-    again = str(tmp_path / "again" / "2026-11-24-decode-tp2")
+    stems = [
+        str(tmp_path / f"run{i}" / out.output_stem("decode", TP, date="2026-11-27")) for i in (0, 1)
+    ]
+    first = [_case(tokens=t) for t in (1, 2)]
+    second = [_case(tokens=2, distgemm=13.0), _case(model="405B", tokens=1)]
+    for stem, records in zip(stems, (first, second)):
+        meta = dict(META, tp=TP, argv=[stem])
+        assert rep.write_outputs(records, meta, stem).startswith("matplotlib unavailable")
+    doc = json.loads(open(stems[0] + ".json").read())
+    assert doc["records"] == first and doc["acceptance"]["median"] == pytest.approx(1.3)
+    assert rep.replot([stems[0] + ".json"], str(tmp_path / "again")) == 1
+    again = str(tmp_path / "again" / "2026-11-27-decode-tp2")
     for suffix in (".csv", ".txt"):
-        assert open(again + suffix).read() == open(stem + suffix).read()
+        assert open(again + suffix).read() == open(stems[0] + suffix).read()
+    # two runs of one TP: one report, the later run's case replacing the earlier one's
+    rep.replot([s + ".json" for s in stems], str(tmp_path / "merged"))
+    merged = json.loads((tmp_path / "merged" / "2026-11-27-decode-tp2.json").read_text())
+    assert [(r["model"], r["tokens"], r["us"]["distgemm"]) for r in merged["records"]] == [
+        ("70B", 1, 20.0),
+        ("70B", 2, 13.0),
+        ("405B", 1, 20.0),
+    ]
+    assert [r["argv"] for r in merged["meta"]["merged_runs"]] == [[s] for s in stems]
+    with pytest.raises(ValueError, match=r"the runs are at different TPs \(2, 4\)"):
+        rep.merge([dict(meta=dict(tp=2), records=[]), dict(meta=dict(tp=4), records=[])])
 
 
 def test_plot_written_with_matplotlib(tmp_path):
@@ -149,27 +223,73 @@ def test_plot_written_with_matplotlib(tmp_path):
     path = tmp_path / "run.png"
     records = [
         _case(model=m, layer=la, tokens=t)
-        for m in ("70B", "405B")
-        for la in rep.LAYERS
+        for m in ("70B", "405B", "Qwen2-72B")
+        for la in cases.LAYERS
         for t in (1, 8, 64)
     ]
     assert rep.plot(records, META, str(path)) is None
     assert path.stat().st_size > 1000
+    empty = _case(mm=None, nccl=None, one_shot=None, two_shot=None, nccl_symm=None, distgemm=None)
+    assert rep.plot([empty], META, str(path)) == "no variant timed"
+
+
+def test_case_list_with_non_llama_layers():
+    layers = cases.layer_list()
+    assert [(la.model, la.layer, la.n, la.k) for la in layers] == [
+        ("8B", "O", 4096, 4096),
+        ("8B", "FC2", 4096, 14336),
+        ("70B", "O", 8192, 8192),
+        ("70B", "FC2", 8192, 28672),
+        ("405B", "O", 16384, 16384),
+        ("405B", "FC2", 16384, 53248),
+        ("Qwen2-72B", "FC2", 8192, 29568),
+        ("Mixtral-8x22B", "O", 6144, 6144),
+    ]
+    llama = {(la.n, la.k) for la in layers[:6]}
+    assert all((la.n, la.k) not in llama for la in layers[6:])  # shapes Llama does not have
+    for la in layers:
+        assert all(cases.split_reason(la.n, la.k, tp) is None for tp in (2, 4, 8)), la
     assert (
-        rep.plot([_case(mm=None, nccl=None, one_shot=None, distgemm=None)], META, str(path))
-        == "no variant timed"
+        cases.split_reason(64, 40, 2)
+        == "K=40 does not split over tp=2 into multiples of 8 elements"
     )
+    assert cases.TOKENS == SCOPE_TOKENS
+    # an extra layer already in the grid is not run twice; --extra none
+    grid = cases.layer_list(["Mistral-Nemo-12B"], ["O"], ["Mistral-Nemo-12B/O", "Qwen2-72B/O"])
+    assert [(la.model, la.layer, la.n, la.k) for la in grid] == [
+        ("Mistral-Nemo-12B", "O", 5120, 4096),
+        ("Qwen2-72B", "O", 8192, 8192),
+    ]
+    assert len(cases.layer_list(extra=[])) == 6
+    with pytest.raises(ValueError, match=r"unknown 'QKV': models 8B, 70B, 405B, Qwen2-72B"):
+        cases.layer_list(layers=["QKV"])
+    assert cases.in_scope("405B", "FC2", 256) and not cases.in_scope("405B", "FC2", 512)
+    assert not cases.in_scope("Qwen2-72B", "FC2", 8)
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--models", "7B"], "argument --models: '7B': give some of 8B, 70B, 405B, Qwen2-72B"),
+        (["--layers", "QKV"], "argument --layers: 'QKV': give some of O, FC2"),
+        (["--extra", "Qwen2-72B/QKV"], "argument --extra: 'Qwen2-72B/QKV': give some of "),
+        (["--tokens", "0,1"], "argument --tokens: token counts must be positive integers"),
+        (["--tokens", ""], "--tokens: give at least one token count"),
+    ],
+)
+def test_refused_arguments_exit_2_with_one_line(repo_root, argv, message):
+    cmd = [sys.executable, "-m", "benchmarks.decode.decode_layers", *argv]
+    r = subprocess.run(cmd, cwd=repo_root, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    (line,) = r.stderr.splitlines()
+    assert line.startswith("python3 -m benchmarks.decode.decode_layers: error: "), line
+    assert message in line and line.endswith("(see --help)") and r.stdout == ""
 
 
 def test_runner_pieces_on_cpu():
     torch = pytest.importorskip("torch")
     from benchmarks.decode import decode_layers
 
-    assert decode_layers.split_reason(8192, 28672, 2) is None
-    assert (
-        decode_layers.split_reason(64, 40, 2)
-        == "K=40 does not split over tp=2 into multiples of 8 elements"
-    )
     a0, w0 = decode_layers.full_layer(64, 128, 4, "cpu")
     a1, w1 = decode_layers.full_layer(64, 128, 4, "cpu")
     assert torch.equal(a0, a1) and torch.equal(w0, w1)  # the same on every rank
@@ -178,22 +298,24 @@ def test_runner_pieces_on_cpu():
     assert torch.equal(ops.w, w0[:, 64:]) and torch.equal(ops.a, a0[:, 64:])
     decode_layers.one_call("mm", ops, 3, None, "")()
     assert torch.equal(ops.outs["mm"][:3], torch.mm(a0[:3, 64:], w0[:, 64:].t()))
+    # the in-place baselines' outputs are views of their symmetric buffers
+    flat = torch.zeros(4 * 64 + 8, dtype=torch.bfloat16)
+    base = decode_layers.Baselines(two_shot=flat)
+    ops = decode_layers.layer_operands(64, 128, 2, 1, 4, "cpu", base)
+    assert ops.outs["two_shot"].data_ptr() == flat.data_ptr()
+    assert ops.outs["two_shot"].shape == (4, 64) and ops.outs["two_shot"].is_contiguous()
     with pytest.raises(ValueError, match="unknown variant 'nope'"):
         decode_layers.one_call("nope", ops, 3, None, "")
-    with pytest.raises(SystemExit):
-        decode_layers.main(["--tokens", "0,1"])
-    with pytest.raises(SystemExit):
-        decode_layers.main(["--models", "7B"])
 
 
 def test_cpu_smoke_under_torchrun(repo_root, tmp_path):
     pytest.importorskip("torch")
     from benchmarks.decode import decode_layers
 
-    cases = {f"{la} M{t}" for la in decode_layers.SMOKE_DIMS for t in decode_layers.SMOKE_TOKENS}
+    smoke = {f"{la} M{t}" for la in decode_layers.SMOKE_DIMS for t in decode_layers.SMOKE_TOKENS}
     for res in _torchrun_smoke(repo_root, tmp_path, "benchmarks.decode.decode_layers", "decode"):
         assert decode_layers.smoke_failures(res) == []
-        assert set(res["rel_err"]) == set(res["mm_finite"]) == set(res["plans"]) == cases
+        assert set(res["rel_err"]) == set(res["mm_finite"]) == set(res["plans"]) == smoke
         assert all(1e-4 < e < rep.ERR_TOL for e in res["rel_err"].values())
         assert all(res["mm_finite"].values())
         for case, e in res["plans"].items():  # exact, or rejected with the constraint named

@@ -99,3 +99,16 @@ def test_a_layer_dimension_is_sums_and_products_of_fields(expr):
     fields = llama3.models()["8B"]
     with pytest.raises(ValueError, match="is not \\+ and \\* over integers and hidden"):
         llama3._evaluate(expr, fields)
+
+
+def test_layer_nk_of_any_model_config():
+    """The JSON's formulas serve models outside its list (the decode and serving benchmarks'
+    non-Llama shapes); for its own models they give what gemm() does."""
+    for model, fields in llama3.models().items():
+        for layer in llama3.layers():
+            assert llama3.layer_nk(fields, layer) == llama3.gemm(model, layer, 1)[1:]
+    qwen2_72b = dict(hidden=8192, ffn=29568, q_heads=64, kv_heads=8, head_dim=128)
+    assert llama3.layer_nk(qwen2_72b, "FC2") == (8192, 29568)
+    assert llama3.layer_nk(qwen2_72b, "QKV") == (10240, 8192)
+    with pytest.raises(ValueError, match="unknown Llama layer 'MLP'; valid layers: QKV, O"):
+        llama3.layer_nk(qwen2_72b, "MLP")

@@ -15,6 +15,7 @@ import copy
 import os
 import pathlib
 import sys
+import time
 import types
 
 import pytest
@@ -51,10 +52,18 @@ def _rank_entry(rank, fn, tp, tmp, args):
     os._exit(0)
 
 
-def run_ranks(fn, tmp_path: pathlib.Path, *args, tp: int = TP) -> list:
+def run_ranks(fn, tmp_path: pathlib.Path, *args, tp: int = TP, timeout_s: float = 300.0) -> list:
     """``fn(rank, tp, *args)`` on ``tp`` spawned processes joined in one gloo group; returns each
-    rank's result (anything ``torch.save`` takes). A rank that raises fails the spawn."""
-    mp.spawn(_rank_entry, args=(fn, tp, str(tmp_path), args), nprocs=tp, join=True)
+    rank's result (anything ``torch.save`` takes). A rank that raises fails the spawn; ranks
+    still running after ``timeout_s`` are killed and the test fails (a hang)."""
+    ctx = mp.spawn(_rank_entry, args=(fn, tp, str(tmp_path), args), nprocs=tp, join=False)
+    deadline = time.monotonic() + timeout_s
+    while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
+        if time.monotonic() >= deadline:
+            for p in ctx.processes:  # the ranks this call spawned
+                if p.is_alive():
+                    p.kill()
+            pytest.fail(f"{tp} ranks of {fn.__name__} did not finish within {timeout_s:g} s")
     return [torch.load(tmp_path / f"result{r}.pt") for r in range(tp)]
 
 

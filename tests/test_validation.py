@@ -376,6 +376,28 @@ def test_out_shape_is_checked():
         )
 
 
+@pytest.mark.parametrize(
+    "a,w,message",
+    [
+        ((0, 16), (48, 16), "a [0, 16] has 0 rows (M=0 tokens)"),
+        ((8, 0), (48, 0), "a [8, 0] has 0 columns (K=0)"),
+        ((8, 16), (0, 16), "w [0, 16] has 0 rows (N=0)"),
+        ((8, 16), (48, 0), "w [48, 0] has 0 columns (K=0)"),
+    ],
+)
+def test_empty_operands_name_the_extent(a, w, message):
+    """Checked at an entry's first call (exchanged over the ranks: tests/test_bad_input_ranks.py):
+    a batch of 0 tokens names M and the remedy."""
+    with pytest.raises(ValueError) as e:
+        validate.validate_extents("gemm_all_reduce", "a", t(*a), t(*w))
+    assert str(e.value) == (
+        f"gemm_all_reduce: {message}; every rank must call it with M, N and K of at least 1: "
+        "skip the call on every rank when the batch is empty"
+    )
+    validate.validate_extents("gemm_all_reduce", "a", t(1, 16), t(48, 16))
+    validate.validate_extents("gemm_all_reduce", "a", t(0), t(48, 16))  # not 2-D: make_spec's
+
+
 def test_empty_operands_are_rejected():
     with pytest.raises(ValueError, match=r"empty operands"):
         make_spec("gemm_all_reduce", "ar_tile_a", 2, 0, None, t(0, 16), t(48, 16))

@@ -1,65 +1,100 @@
-"""Decode benchmark: the row-parallel layers of Llama-8B/70B/405B (O, FC2) at decode token
-counts with their output all-reduced, TP = world size: torch.mm alone (the floor), mm + NCCL
-all_reduce, mm + torch's symm_mem one_shot_all_reduce and distgemm.gemm_all_reduce, each captured
-in a CUDA graph of 20 calls, in one torchrun run.
+"""Decode benchmark: row-parallel layers (O, FC2) at decode token counts with their output
+all-reduced, TP = world size: torch.mm alone (the floor), the unfused baselines (torch.mm, then
+NCCL all_reduce, torch's one_shot_all_reduce or two_shot_all_reduce_, or NCCL's symmetric-memory
+all_reduce: benchmarks/common/allreduce_baselines.py) and distgemm.gemm_all_reduce (auto and
+fused), each captured in a CUDA graph of 20 calls, in one torchrun run.
 
-    torchrun --nproc-per-node N -m benchmarks.decode.decode_layers [--models 70B,405B]
-        [--tokens 1,8] [--out DIR]
+    torchrun --nproc-per-node N -m benchmarks.decode.decode_layers [--models 8B,70B,405B]
+        [--layers O,FC2] [--extra Qwen2-72B/FC2,Mixtral-8x22B/O|none] [--tokens 1,8] [--out DIR]
     torchrun --nproc-per-node 2 -m benchmarks.decode.decode_layers --cpu-smoke --out DIR  # no time
-    python3 -m benchmarks.decode.decode_layers --replot RUN.json --out DIR                # no GPU
+    python3 -m benchmarks.decode.decode_layers --replot RUN.json[,RUN2.json] --out DIR    # no GPU
 
-(from the repository root).
+(from the repository root). The layers: benchmarks/decode/cases.py (default: the Llama-3 models
+of distgemm.llama3, plus a Qwen2-72B FC2 and a Mixtral-8x22B O); --replot of several runs at one
+TP merges them into one report.
 
 Per rank: ``a`` ``[M, K/TP]``, ``w`` ``[N, K/TP]`` (this rank's columns of the full weight, one
-seed on every rank), ``out`` ``[M, N]`` = the all-reduced ``a @ w.T``, bf16. Per case, every
-variant is first called eagerly, then captured (a variant that raises, eagerly or under capture,
-is recorded with the reason and the run goes on); the outputs are checked against mm + NCCL once
-(poisoned with NaN first), then the graphs are timed back to back with the steady-state windows
-of benchmarks/common/timing.py, mm alone first with the long warm-up. benchmarks/decode/report.py
-states the acceptance columns. Output: ``<date>-decode-tp<N>`` .json/.csv/.txt/.png under --out,
+seed on every rank), ``out`` ``[M, N]`` = the all-reduced ``a @ w.T``, bf16 (two_shot and
+nccl_symm reduce in place: their ``out`` is their symmetric buffer). Per case, every variant is
+first called eagerly, then captured (a variant that raises, eagerly or under capture, or whose
+buffers could not be set up, is recorded with the reason and the run goes on); the outputs are
+checked against mm + NCCL once (poisoned with NaN first), then the graphs are timed back to back
+with the steady-state windows of benchmarks/common/timing.py, mm alone first with the long
+warm-up. benchmarks/decode/report.py takes the best unfused variant per case, the ratios against
+it and issue 42's acceptance. Output: ``<date>-decode-tp<N>`` .json/.csv/.txt/.png under --out,
 each naming torch, the device and INSTALLED_BY.
 """
 
 from __future__ import annotations
 
-import argparse
 import faulthandler
 import math
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from benchmarks.common import allreduce_baselines as ab
 from benchmarks.common import report as out
-from benchmarks.common.llama_cases import global_gemm
-from benchmarks.decode import report
+from benchmarks.common.models import MODELS
+from benchmarks.common.timing import REWARM_S, WARMUP_S, RankContext, enable_symm_mem
+from benchmarks.decode import cases, report
 from benchmarks.serving import runtime
 from benchmarks.serving.stack import cols_of, max_rel_err
 from distgemm import cli
 
-# A run longer than this is hung (a case takes ~6 s): dump every thread's stack and exit.
-HANG_BASE_S, HANG_PER_CASE_S = 60, 8
+# A run longer than this is hung (a case takes ~10 s): dump every thread's stack and exit.
+HANG_BASE_S, HANG_PER_CASE_S = 60, 14
 SMOKE_DIMS = {"O": (64, 128), "FC2": (64, 256)}  # (N, K) of --cpu-smoke's layers
 SMOKE_TOKENS = (1, 2, 3, 8)
 PLAN_TOL = 1e-9  # the reference executor against float64: rounding of float64 sums only
 SEED = 4321
 
 
-def split_reason(n: int, k: int, tp: int) -> str | None:
-    """Why a layer's K cannot be split over tp ranks into 16-byte rows (None: it can)."""
-    if k % tp or (k // tp) % 8:
-        return f"K={k} does not split over tp={tp} into multiples of 8 elements"
-    return None
+@dataclass
+class Baselines:
+    """The buffers of the symmetric-memory baselines, shared by every case and sized for the
+    largest (flat, ``numel`` elements): one_shot's input, two_shot's and nccl_symm's input and
+    result; ``unavailable``: the variants that cannot run, with the reason."""
+
+    one_shot: Any = None
+    two_shot: Any = None
+    window: Any = None  # allreduce_baselines.NcclWindow
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+
+def make_baselines(ctx, numel: int, group_name: str) -> Baselines:
+    """Each baseline's buffer, allocated and registered over the ranks (agreed attempts: a
+    failure is that variant's reason in every case, never fatal)."""
+    b = Baselines()
+    setup = enable_symm_mem(group_name)
+    for v in ("one_shot", "two_shot"):
+        if setup:
+            b.unavailable[v] = f"symmetric memory setup: {setup}"
+            continue
+        buf, why = runtime.attempt(
+            ctx, lambda: ab.symm_buffer(torch, numel, torch.bfloat16, ctx.dev, group_name)
+        )
+        setattr(b, v, buf)
+        if why:
+            b.unavailable[v] = f"symmetric buffer: {why}"
+    b.window, why = runtime.attempt(
+        ctx, lambda: ab.nccl_window(torch, dist, numel, torch.bfloat16, ctx.dev)
+    )
+    if why:
+        b.unavailable["nccl_symm"] = f"NCCL symmetric window: {why}"
+    return b
 
 
 @dataclass
 class LayerOperands:
     """One rank's shard of a layer at up to ``max_tokens``: ``a`` ``[max_tokens, K/TP]``,
-    ``w`` ``[N, K/TP]`` and ``wt`` its transposed view, one output buffer per variant."""
+    ``w`` ``[N, K/TP]`` and ``wt`` its transposed view, one output buffer per variant (the
+    in-place baselines': a view of their symmetric buffer)."""
 
     a: torch.Tensor
     w: torch.Tensor
@@ -76,45 +111,49 @@ def full_layer(n: int, k: int, max_tokens: int, device, dtype=torch.bfloat16):
     return a, w
 
 
-def layer_operands(n, k, tp, rank, max_tokens, device) -> LayerOperands:
+def layer_operands(n, k, tp, rank, max_tokens, device, base: Baselines | None = None):
     a, w = full_layer(n, k, max_tokens, device)
     w = cols_of(w, rank, tp)
     outs = {v: a.new_empty(max_tokens, n) for v in report.VARIANTS}
+    if base is not None:
+        window = base.window.buf if base.window is not None else None
+        for v, buf in (("two_shot", base.two_shot), ("nccl_symm", window)):
+            if buf is not None:
+                outs[v] = ab.rows_view(buf, max_tokens, n)
     return LayerOperands(cols_of(a, rank, tp), w, w.t(), outs)
 
 
-def one_call(variant: str, ops: LayerOperands, tokens: int, symm_buf, group_name: str):
+def one_call(variant: str, ops: LayerOperands, tokens: int, base: Baselines | None, group_name):
     """One call of ``variant`` at ``tokens`` into its output buffer (a callable)."""
     import distgemm
 
     if variant not in report.VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; one of {', '.join(report.VARIANTS)}")
-    a, o = ops.a[:tokens], ops.outs[variant][:tokens]
+    a, o, wt = ops.a[:tokens], ops.outs[variant][:tokens], ops.wt
     if variant == "mm":
-        return lambda: torch.mm(a, ops.wt, out=o)
+        return lambda: torch.mm(a, wt, out=o)
     if variant == "nccl":
-
-        def call():
-            torch.mm(a, ops.wt, out=o)
-            dist.all_reduce(o)
-
-        return call
+        return lambda: ab.mm_nccl(torch, dist, a, wt, o)
     if variant == "one_shot":
-        return lambda: runtime.mm_one_shot_all_reduce(torch, a, ops.wt, symm_buf, group_name, o)
+        return lambda: ab.mm_one_shot(torch, a, wt, base.one_shot, group_name, o)
+    if variant == "two_shot":  # o: a view of its symmetric buffer, reduced in place
+        return lambda: ab.mm_two_shot(torch, a, wt, o, group_name)
+    if variant == "nccl_symm":  # o: a view of the NCCL window
+        return lambda: ab.mm_nccl(torch, dist, a, wt, o)
     if variant == "distgemm_fused":
         return lambda: distgemm.gemm_all_reduce(a, ops.w, out=o, path="fused")
     return lambda: distgemm.gemm_all_reduce(a, ops.w, out=o)
 
 
-def build(ctx, ops, tokens, symm_buf, symm_why, group_name, rec) -> dict[str, Any]:
+def build(ctx, ops, tokens, base: Baselines, group_name, rec) -> dict[str, Any]:
     """Every variant's graph of CALLS_PER_GRAPH calls (after one eager call); failures go to
     ``rec["unavailable"]``."""
     graphs = {}
     for v in report.VARIANTS:
-        if v == "one_shot" and symm_why:
-            rec["unavailable"][v] = symm_why
+        if v in base.unavailable:
+            rec["unavailable"][v] = base.unavailable[v]
             continue
-        call = one_call(v, ops, tokens, symm_buf, group_name)
+        call = one_call(v, ops, tokens, base, group_name)
         res = None
 
         def body(call=call):
@@ -153,55 +192,50 @@ def check(ctx, ops, tokens, graphs, rec) -> None:
         rec["rel_err"][v] = worst if worst != math.inf else math.nan
 
 
+def run_layer(ctx, layer: cases.Layer, tokens, base: Baselines, group_name) -> list[dict]:
+    """Every token count of one layer: build, check, time; the records."""
+    n, k = layer.n, layer.k
+    head = dict(model=layer.model, layer=layer.layer, tp=ctx.tp, n=n, k=k)
+    why = cases.split_reason(n, k, ctx.tp)
+    if why:
+        skip = dict.fromkeys(report.VARIANTS, why)
+        return [dict(head, tokens=t, m=t, us={}, rel_err={}, unavailable=skip) for t in tokens]
+    ops = layer_operands(n, k, ctx.tp, ctx.rank, max(tokens), ctx.dev, base)
+    records = []
+    for t in tokens:
+        rec = dict(head, tokens=t, m=t, us={}, rel_err={}, unavailable={})
+        graphs = build(ctx, ops, t, base, group_name, rec)
+        check(ctx, ops, t, graphs, rec)
+        warm = WARMUP_S
+        for v, g in graphs.items():
+            ms, why = runtime.timed(ctx, g.replay, warm)
+            if why:
+                rec["unavailable"][v] = why
+            else:
+                rec["us"][v] = ms * 1e3 / report.CALLS_PER_GRAPH
+            warm = REWARM_S
+        print(f"{report.case_name(rec)}: us {rec['us']}", flush=True)
+        records.append(rec)
+        del graphs
+    del ops
+    torch.cuda.empty_cache()
+    return records
+
+
 def run(args) -> int:
     """The GPU run: build, check, time every case, write (rank 0). Returns 1 when a variant is
     wrong."""
-    from benchmarks.common.timing import REWARM_S, WARMUP_S, RankContext, enable_symm_mem
-
     ctx = RankContext.from_torchrun(ctrl_timeout_s=120.0)
     t_start = time.perf_counter()
-    cases = len(args.models) * len(args.layers) * len(args.tokens)
-    faulthandler.dump_traceback_later(HANG_BASE_S + HANG_PER_CASE_S * cases, exit=True)
+    layers = cases.layer_list(args.models, args.layers, args.extra)
+    faulthandler.dump_traceback_later(
+        HANG_BASE_S + HANG_PER_CASE_S * len(layers) * len(args.tokens), exit=True
+    )
     group_name = dist.group.WORLD.group_name
-    symm_setup = enable_symm_mem(group_name)
-    max_tokens = max(args.tokens)
-    layers = [(m, la, *global_gemm(m, la, 1)[1:]) for m in args.models for la in args.layers]
-    max_numel = max_tokens * max(n for _m, _la, n, _k in layers)
-    symm_buf, symm_why = None, f"symmetric memory setup: {symm_setup}" if symm_setup else None
-    if symm_why is None:
-        symm_buf, why = runtime.attempt(
-            ctx, lambda: runtime.symm_buffer(torch, max_numel, torch.bfloat16, ctx.dev, group_name)
-        )
-        symm_why = f"symmetric buffer: {why}" if why else None
+    base = make_baselines(ctx, max(args.tokens) * max(la.n for la in layers), group_name)
     records = []
-    for model, layer, n, k in layers:
-        base = dict(model=model, layer=layer, tp=ctx.tp, n=n, k=k)
-        why = split_reason(n, k, ctx.tp)
-        if why:
-            unavailable = dict.fromkeys(report.VARIANTS, why)
-            records += [
-                dict(base, tokens=t, m=t, us={}, rel_err={}, unavailable=unavailable)
-                for t in args.tokens
-            ]
-            continue
-        ops = layer_operands(n, k, ctx.tp, ctx.rank, max_tokens, ctx.dev)
-        for t in args.tokens:
-            rec = dict(base, tokens=t, m=t, us={}, rel_err={}, unavailable={})
-            graphs = build(ctx, ops, t, symm_buf, symm_why, group_name, rec)
-            check(ctx, ops, t, graphs, rec)
-            warm = WARMUP_S
-            for v, g in graphs.items():
-                ms, why = runtime.timed(ctx, g.replay, warm)
-                if why:
-                    rec["unavailable"][v] = why
-                else:
-                    rec["us"][v] = ms * 1e3 / report.CALLS_PER_GRAPH
-                warm = REWARM_S
-            print(f"{report.case_name(rec)}: us {rec['us']}", flush=True)
-            records.append(rec)
-            del graphs
-        del ops
-        torch.cuda.empty_cache()
+    for layer in layers:
+        records += run_layer(ctx, layer, args.tokens, base, group_name)
     faulthandler.cancel_dump_traceback_later()
     bad = [(report.case_name(r), report.wrong(r)) for r in records if report.wrong(r)]
     if ctx.rank == 0:
@@ -210,7 +244,8 @@ def run(args) -> int:
             ctx.dev,
             ctx.tp,
             time.perf_counter() - t_start,
-            symm_mem_setup_error=symm_setup,
+            nccl=".".join(map(str, ab.nccl_version(torch) or ())) or None,
+            baselines_unavailable=base.unavailable,
             calls_per_graph=report.CALLS_PER_GRAPH,
             distgemm_paths=runtime.distgemm_paths(),
         )
@@ -219,6 +254,12 @@ def run(args) -> int:
         )
         if bad:
             print(f"WRONG results: {bad}", flush=True)
+    if base.window is not None:
+        torch.cuda.synchronize()
+        try:
+            base.window.release()
+        except Exception as e:  # noqa: BLE001 - the results are written; say it, end cleanly
+            print(f"NCCL window release: {type(e).__name__}: {e}", flush=True)
     ctx.close()
     return 1 if bad else 0
 
@@ -255,26 +296,36 @@ def smoke_failures(res: dict[str, Any]) -> list[str]:
     return bad
 
 
-def _names(valid):
-    def parse(text: str) -> list[str]:
-        vals = [x.strip() for x in text.split(",") if x.strip()]
-        bad = [x for x in vals if x not in valid]
-        if bad or not vals:
-            raise argparse.ArgumentTypeError(f"{text!r}: give some of {', '.join(valid)}")
-        return vals
-
-    return parse
-
-
 def main(argv=None) -> int:
     ap = cli.ArgumentParser("python3 -m benchmarks.decode.decode_layers", __doc__)
-    ap.add_argument("--models", type=_names(report.MODELS), default=list(report.MODELS))
-    ap.add_argument("--layers", type=_names(report.LAYERS), default=list(report.LAYERS))
-    ap.add_argument("--tokens", type=runtime.parse_tokens, default=list(report.TOKENS))
+    ap.add_argument(
+        "--models",
+        type=cases.names(MODELS),
+        default=list(cases.SCOPE_MODELS),
+        help="comma-separated models of the grid (with --layers)",
+    )
+    ap.add_argument(
+        "--layers",
+        type=cases.names(cases.LAYERS),
+        default=list(cases.LAYERS),
+        help="comma-separated row-parallel layers of the grid",
+    )
+    ap.add_argument(
+        "--extra",
+        type=cases.names(cases.EXTRA, none_ok=True),
+        default=list(cases.EXTRA_DEFAULT),
+        help="comma-separated single layers of other models (model/layer), or none",
+    )
+    ap.add_argument(
+        "--tokens",
+        type=runtime.parse_tokens,
+        default=list(cases.TOKENS),
+        help="comma-separated token counts",
+    )
     runtime.add_output_options(ap)
     args = ap.parse_args(argv)
     if args.replot:
-        return report.replot(args.replot, args.out)
+        return report.replot(args.replot.split(","), args.out)
     if args.cpu_smoke:
         return runtime.run_smoke("decode", cpu_smoke, smoke_failures, args.out)
     if not args.tokens:

@@ -1,13 +1,15 @@
-"""Decode benchmark reporting: the variants, derived ratios, suspect (below the floor) and wrong
-times, issue 19's acceptance columns (met/MISSED), and the table, CSV, JSON and plot of a run.
-Pure (no torch, no GPU): records in, text and files out; benchmarks/decode/decode_layers.py is
-the torchrun part.
+"""Decode benchmark reporting: the variants, the best unfused path and the ratios against it,
+suspect (below the floor) and wrong times, issue 42's acceptance, and the table, CSV, JSON and
+plot of a run. Pure (no torch, no GPU): records in, text and files out;
+benchmarks/decode/decode_layers.py is the torchrun part.
 
 A record is one (model, layer, tokens) case of a row-parallel layer with its output all-reduced:
 ``us`` per variant (per call: a CUDA graph of CALLS_PER_GRAPH calls, median replay over a
 steady-state window, max over ranks, divided by the calls), ``rel_err`` against mm + NCCL
 all_reduce (mm alone: 0.0 when its output was written and finite, else NaN) and
-``unavailable`` per variant with the reason."""
+``unavailable`` per variant with the reason. Every ratio is a speed-up against the best
+unfused variant of the case: ``best unfused time / variant time``, above 1 = the variant is
+faster (benchmarks/common/best_unfused.py)."""
 
 from __future__ import annotations
 
@@ -15,33 +17,38 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from benchmarks.common import best_unfused as bu
+from benchmarks.common import models
 from benchmarks.common import report as out
+from benchmarks.decode import cases
 
-MODELS = ("8B", "70B", "405B")
-LAYERS = ("O", "FC2")  # the row-parallel layers, all-reduced at decode
-TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 CALLS_PER_GRAPH = 20
-VARIANTS = ("mm", "nccl", "one_shot", "distgemm", "distgemm_fused")
+VARIANTS = ("mm", "nccl", "one_shot", "two_shot", "nccl_symm", "distgemm", "distgemm_fused")
+UNFUSED = ("nccl", "one_shot", "two_shot", "nccl_symm")  # best unfused: the fastest of these
+FUSED = ("distgemm", "distgemm_fused")
 REFERENCE = "nccl"
 DESCRIPTION = {
     "mm": "torch.mm alone, this rank's partial product (the floor)",
     "nccl": "torch.mm + NCCL all_reduce",
     "one_shot": "torch.mm into symmetric memory + torch.ops.symm_mem.one_shot_all_reduce_out",
+    "two_shot": "torch.mm into symmetric memory + torch.ops.symm_mem.two_shot_all_reduce_ "
+    "(in place)",
+    "nccl_symm": "torch.mm into an NCCL symmetric window + NCCL all_reduce (in place)",
     "distgemm": "distgemm.gemm_all_reduce",
     "distgemm_fused": 'distgemm.gemm_all_reduce(path="fused"): GEMM + all-reduce in one kernel',
 }
+HEADERS = {
+    "mm": "mm",
+    "nccl": "mm+nccl",
+    "one_shot": "mm+one_shot",
+    "two_shot": "mm+two_shot",
+    "nccl_symm": "mm+nccl_symm",
+    "distgemm": "distgemm",
+    "distgemm_fused": "distgemm fused",
+}
 ERR_TOL = 2e-2  # relative Frobenius error against mm + NCCL, bf16
 SUSPECT_SLACK = 0.01  # a time more than 1% below mm alone is a measurement error
-# Issue 19's acceptance: distgemm >= 1.1x mm + one_shot and >= 1.0x mm + NCCL at 1..256 tokens
-# on 70B and 405B O and FC2, and at most 1.25x mm alone at 1..32 tokens.
-TARGET_VS_ONE_SHOT, TARGET_VS_NCCL, MAX_OVER_MM = 1.1, 1.0, 1.25
-OVER_MM_TOKENS = 32
-SCOPE_MODELS, SCOPE_TOKENS = ("70B", "405B"), 256
-CRITERIA = {
-    "vs_one_shot": f"distgemm >= {TARGET_VS_ONE_SHOT}x mm + one_shot",
-    "vs_nccl": f"distgemm >= {TARGET_VS_NCCL}x mm + NCCL",
-    "over_mm": f"distgemm <= {MAX_OVER_MM}x mm alone (tokens <= {OVER_MM_TOKENS})",
-}
+RATIOS = ("vs_best", "fused_vs_best", "over_mm")
 
 
 def case_name(rec: dict[str, Any]) -> str:
@@ -59,66 +66,59 @@ def suspect(rec: dict[str, Any]) -> list[str]:
     return out.below_floor(rec.get("us", {}), "mm", VARIANTS, SUSPECT_SLACK)
 
 
-def derived(rec: dict[str, Any]) -> dict[str, float | None]:
-    """``vs_one_shot`` and ``vs_nccl`` (their time / distgemm's: > 1 is faster) and
-    ``over_mm`` (distgemm's time / mm alone); None where a time is missing."""
+def best(rec: dict[str, Any]) -> tuple[str | None, float | None]:
+    """The best unfused variant of a case and its time: the fastest of UNFUSED that is neither
+    wrong nor suspect."""
+    bad = set(wrong(rec)) | set(suspect(rec))
+    return bu.best_of(rec.get("us", {}), UNFUSED, excluded=bad)
+
+
+def derived(rec: dict[str, Any]) -> dict[str, Any]:
+    """``best_unfused`` (its variant) and ``best_us``; ``vs_best`` and ``fused_vs_best``
+    (best unfused time / distgemm's, resp. its fused path's: > 1 is faster) and ``over_mm``
+    (distgemm's time / mm alone); None where a time is missing."""
     us = rec.get("us", {})
+    name, t = best(rec)
     dg = us.get("distgemm")
-
-    def ratio(a, b):
-        return a / b if (a and b) else None
-
     return {
-        "vs_one_shot": ratio(us.get("one_shot"), dg),
-        "vs_nccl": ratio(us.get("nccl"), dg),
-        "over_mm": ratio(dg, us.get("mm")),
+        "best_unfused": name,
+        "best_us": t,
+        "vs_best": bu.speedup(t, dg),
+        "fused_vs_best": bu.speedup(t, us.get("distgemm_fused")),
+        "over_mm": bu.speedup(dg, us.get("mm")),
     }
 
 
 def in_scope(rec: dict[str, Any]) -> bool:
-    """Whether the case counts for the acceptance (70B and 405B, 1..256 tokens)."""
-    return rec["model"] in SCOPE_MODELS and rec["tokens"] <= SCOPE_TOKENS
+    """Whether the case counts for issue 42's acceptance (cases.in_scope)."""
+    return cases.in_scope(rec["model"], rec["layer"], rec["tokens"])
 
 
-def verdicts(rec: dict[str, Any]) -> dict[str, bool | None]:
-    """Per criterion: True/False, None where a time is missing or (over_mm) the token count is
-    above OVER_MM_TOKENS; False where a variant it uses is suspect or wrong."""
+def point(rec: dict[str, Any]) -> bu.Point:
+    """The case as a point of the acceptance: distgemm's speed-up over the best unfused path,
+    its time over mm alone at 1..MM_TOKENS tokens on MM_MODELS, and why its number cannot
+    count (wrong or suspect)."""
     d = derived(rec)
-    bad = set(suspect(rec)) | set(wrong(rec))
-
-    def judge(value, ok, uses):
-        if value is None:
-            return None
-        return False if bad & set(uses) else ok(value)
-
-    return {
-        "vs_one_shot": judge(
-            d["vs_one_shot"], lambda x: x >= TARGET_VS_ONE_SHOT, ("distgemm", "one_shot")
-        ),
-        "vs_nccl": judge(d["vs_nccl"], lambda x: x >= TARGET_VS_NCCL, ("distgemm", "nccl")),
-        "over_mm": None
-        if rec["tokens"] > OVER_MM_TOKENS
-        else judge(d["over_mm"], lambda x: x <= MAX_OVER_MM, ("distgemm", "mm")),
-    }
+    why = []
+    if "distgemm" in wrong(rec):
+        why.append("distgemm wrong")
+    if "distgemm" in suspect(rec):
+        why.append("distgemm below mm alone")
+    mm_scope = rec["model"] in bu.MM_MODELS and rec["tokens"] <= bu.MM_TOKENS
+    return bu.Point(
+        case_name(rec), d["vs_best"], d["over_mm"] if mm_scope else None, mm_scope, ", ".join(why)
+    )
 
 
-def acceptance(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per criterion over the in-scope cases it applies to: ``met`` (True only when every one
-    was measured and met; False when one missed; None otherwise), ``measured``, ``of`` and the
-    ``missed`` case names."""
-    res = {}
-    for key in CRITERIA:
-        applies = [
-            r
-            for r in records
-            if in_scope(r) and (key != "over_mm" or r["tokens"] <= OVER_MM_TOKENS)
-        ]
-        got = [(r, verdicts(r)[key]) for r in applies]
-        missed = [case_name(r) for r, ok in got if ok is False]
-        measured = sum(ok is not None for _, ok in got)
-        met = False if missed else (True if applies and measured == len(applies) else None)
-        res[key] = dict(met=met, measured=measured, of=len(applies), missed=missed)
-    return res
+def acceptance(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Issue 42's acceptance over the in-scope cases (benchmarks/common/best_unfused.py)."""
+    return bu.acceptance([point(r) for r in records if in_scope(r)])
+
+
+SCOPE_TEXT = (
+    f"{', '.join(cases.SCOPE_MODELS)} {' and '.join(cases.SCOPE_LAYERS)}, "
+    f"tokens 1..{cases.SCOPE_TOKENS}"
+)
 
 
 def variant_status(rec: dict[str, Any], v: str) -> str:
@@ -138,8 +138,9 @@ CSV_FIELDS = (
     *(f"status_{v}" for v in VARIANTS),
     *(f"rel_err_{v}" for v in VARIANTS),
     "suspect",
-    *CRITERIA,
-    *(f"verdict_{c}" for c in CRITERIA),
+    "best_unfused",
+    "us_best_unfused",
+    *RATIOS,
     "in_scope",
     "note",
     "torch",
@@ -152,16 +153,17 @@ def csv_rows(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> list[di
     """One row per case, each naming torch, the device and INSTALLED_BY."""
     rows = []
     for rec in records:
-        d, vd, errs = derived(rec), verdicts(rec), rec.get("rel_err", {})
+        d, errs = derived(rec), rec.get("rel_err", {})
         row = {f: str(rec.get(f, "")) for f in ("model", "layer", "tokens", "m", "n", "k", "tp")}
         for v in VARIANTS:
             row[f"us_{v}"] = out.number_cell(rec.get("us", {}).get(v), 2)
             row[f"status_{v}"] = variant_status(rec, v)
             row[f"rel_err_{v}"] = out.number_cell(errs[v], 3) if v in errs else ""
         row["suspect"] = " ".join(suspect(rec))
-        for c in CRITERIA:
+        row["best_unfused"] = d["best_unfused"] or ""
+        row["us_best_unfused"] = out.number_cell(d["best_us"], 2)
+        for c in RATIOS:
             row[c] = out.number_cell(d[c], 3)
-            row[f"verdict_{c}"] = "" if vd[c] is None else out.verdict(vd[c])
         row["in_scope"] = "yes" if in_scope(rec) else ""
         row["note"] = "; ".join(f"{v}: {w}" for v, w in rec.get("unavailable", {}).items())
         row.update(
@@ -180,62 +182,53 @@ def _cell(rec, v, bad, off) -> str:
     )
 
 
-def _judged(value: float | None, ok: bool | None) -> str:
-    if value is None:
-        return ""
-    return f"{value:.3f}x" + ("" if ok is None else f" {out.verdict(ok)}")
+def _ratio(value: float | None) -> str:
+    return "" if value is None else f"{value:.3f}x"
 
 
 def format_table(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
-    """The run as text: header, one line per case (µs per call per variant, the three ratios
-    with their verdicts), the legend, what did not run and why, the acceptance summary."""
+    """The run as text: header (with the ratios' direction), one line per case (us per call per
+    variant, the best unfused variant, the ratios), the legend, what did not run and why, and
+    issue 42's acceptance."""
     tp = records[0]["tp"] if records else meta.get("tp")
     lines = out.header_lines(
         f"Decode row-parallel layers (GEMM + all-reduce), tp={tp}, bf16: us per call "
-        f"(CUDA graph of {CALLS_PER_GRAPH} calls, median, max over ranks)",
+        f"(CUDA graph of {CALLS_PER_GRAPH} calls, median, max over ranks); ratios = best "
+        "unfused time / variant time (above 1 = faster than the best unfused path)",
         meta,
     )
     header = [
         "model",
         "layer",
         "tokens",
-        "mm",
-        "mm+nccl",
-        "mm+one_shot",
-        "distgemm",
-        "distgemm fused",
-        f"vs one_shot (>={TARGET_VS_ONE_SHOT}x)",
-        f"vs nccl (>={TARGET_VS_NCCL}x)",
-        f"/ mm (<={MAX_OVER_MM}x, <={OVER_MM_TOKENS} tok)",
+        *(HEADERS[v] for v in VARIANTS),
+        "best unfused",
+        "distgemm vs best",
+        "fused vs best",
+        "distgemm / mm",
     ]
     rows = []
     for rec in records:
         bad, off = set(suspect(rec)), set(wrong(rec))
-        d, vd = derived(rec), verdicts(rec)
+        d = derived(rec)
         rows.append(
             [
                 rec["model"],
                 rec["layer"],
                 str(rec["tokens"]),
                 *(_cell(rec, v, bad, off) for v in VARIANTS),
-                *(_judged(d[c], vd[c]) for c in CRITERIA),
+                d["best_unfused"] or "",
+                *(_ratio(d[c]) for c in RATIOS),
             ]
         )
     lines += ["", *out.text_table(header, rows), ""]
     lines.append(
+        f"best unfused: the fastest of {', '.join(HEADERS[v] for v in UNFUSED)} that ran right; "
         f"'!': below mm alone (a measurement bug); 'x': wrong (rel. err >= {ERR_TOL} vs "
         "mm + NCCL); '-': did not run"
     )
     lines += out.did_not_run(records, lambda r: f"{r['model']}/{r['layer']}")
-    lines.append(
-        f"acceptance (issue 19: {', '.join(SCOPE_MODELS)} O and FC2, tokens 1..{SCOPE_TOKENS}):"
-    )
-    for key, acc in acceptance(records).items():
-        tail = f"; missed: {', '.join(acc['missed'])}" if acc["missed"] else ""
-        lines.append(
-            f"  {CRITERIA[key]}: {out.verdict(acc['met'])} "
-            f"({acc['measured']} of {acc['of']} cases measured{tail})"
-        )
+    lines += bu.acceptance_lines(acceptance(records), tp, SCOPE_TEXT)
     return "\n".join(lines)
 
 
@@ -245,9 +238,10 @@ def plot(records: Sequence[dict[str, Any]], meta: dict[str, Any], path: str) -> 
     plt, why = out.load_pyplot()
     if plt is None:
         return why
+    order = {m: i for i, m in enumerate(models.MODELS)}
     panels = sorted(
         {(r["model"], r["layer"]) for r in records if r.get("us")},
-        key=lambda p: (MODELS.index(p[0]) if p[0] in MODELS else 99, p[1]),
+        key=lambda p: (order.get(p[0], 99), p[1]),
     )
     if not panels:
         return "no variant timed"
@@ -265,6 +259,8 @@ def plot(records: Sequence[dict[str, Any]], meta: dict[str, Any], path: str) -> 
                 style = dict(marker="o", ms=3)
                 if v == "mm":
                     style.update(color="k", ls="--")
+                elif v in UNFUSED:
+                    style.update(ls=":")
                 ax.plot(*zip(*pts), label=DESCRIPTION[v].split(",")[0][:40], **style)
             bad = [(r["tokens"], r["us"][v]) for r in recs if v in suspect(r)]
             if bad:
@@ -272,8 +268,8 @@ def plot(records: Sequence[dict[str, Any]], meta: dict[str, Any], path: str) -> 
         ax.set_xscale("log", base=2)
         ax.set_xlabel("tokens")
         ax.set_ylabel("us per call")
-        ax.set_title(f"Llama-{model} {layer}", fontsize=9)
-        ax.legend(fontsize=7)
+        ax.set_title(f"{models.label(model)} {layer}", fontsize=9)
+        ax.legend(fontsize=6)
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     tp = records[0]["tp"] if records else meta.get("tp")
@@ -291,7 +287,28 @@ def write_outputs(records: Sequence[dict[str, Any]], meta: dict[str, Any], stem:
     return out.draw(plot, records, meta, path=stem + ".png")
 
 
-def replot(path: str, out_dir: str) -> int:
-    """Table, CSV and PNG again from a stored JSON, without a GPU (1 when the PNG failed)."""
-    doc, stem = out.load_doc(path, out_dir)
-    return 0 if write_outputs(doc["records"], doc["meta"], stem) is None else 1
+def merge(docs: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The records of several runs at one TP as one run (a later run's case replaces an
+    earlier one's), with the first run's meta and ``merged_runs``: each run's date and argv;
+    ValueError where the runs' TPs differ."""
+    tps = sorted({d["meta"].get("tp") for d in docs}, key=str)
+    if len(tps) > 1:
+        raise ValueError(f"the runs are at different TPs ({', '.join(map(str, tps))})")
+    merged: dict[tuple, dict[str, Any]] = {}
+    for d in docs:
+        for r in d["records"]:
+            merged[(r["model"], r["layer"], r["tokens"])] = r
+    meta = dict(docs[0]["meta"])
+    if len(docs) > 1:
+        meta["merged_runs"] = [
+            dict(date=d["meta"].get("date"), argv=d["meta"].get("argv")) for d in docs
+        ]
+    return list(merged.values()), meta
+
+
+def replot(paths: Sequence[str], out_dir: str) -> int:
+    """Table, CSV and PNG again from stored JSONs of one TP (several: merged into one run, named
+    after the first), without a GPU; 1 when the PNG failed."""
+    loaded = [out.load_doc(p, out_dir) for p in paths]
+    records, meta = merge([doc for doc, _ in loaded])
+    return 0 if write_outputs(records, meta, loaded[0][1]) is None else 1

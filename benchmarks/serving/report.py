@@ -1,12 +1,14 @@
-"""Serving benchmark reporting: the variants and phases, derived ratios, suspect (below the
-floor) and wrong times, the decode acceptance rule, and the table, CSVs, JSON and plot of a run.
-Pure (no torch, no GPU): one run's records in, text and files out;
-benchmarks/serving/serving_step.py is the torchrun part.
+"""Serving benchmark reporting: the variants and phases, the best unfused variant per bucket and
+the ratios against it, suspect (below the floor) and wrong times, issue 42's decode acceptance,
+and the table, CSVs, JSON and plot of a run. Pure (no torch, no GPU): one run's records in, text
+and files out; benchmarks/serving/serving_step.py is the torchrun part.
 
 A record is one (phase, tokens) bucket: ``ms`` per variant (one step of the whole stack, median
 over a steady-state window, max over ranks), ``rel_err`` per variant against the NCCL + torch.mm
 variant of its layout (the floor: 0.0 when every output was written and finite, else NaN) and
-``unavailable`` per variant with the reason."""
+``unavailable`` per variant with the reason. Every ratio is a speed-up against the best unfused
+variant of the bucket in the variant's layout: ``best unfused time / variant time``, above 1 =
+the variant is faster (benchmarks/common/best_unfused.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +16,12 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from benchmarks.common import best_unfused as bu
+from benchmarks.common import models
 from benchmarks.common import report as out
 
 MODEL, STACK_DEPTH = "70B", 8  # Llama-3 70B, 8 transformer layers of QKV, O, FC1, FC2
+MODELS = models.MODELS  # --model: the Llama-3 models of the sweeps and the others
 DECODE_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 PREFILL_TOKENS = (2048, 4096, 8192)
 PHASES = ("decode", "prefill")
@@ -34,6 +39,8 @@ VARIANTS = (
     "floor",
     "nccl_mm",
     "symm_mem_one_shot",
+    "symm_mem_two_shot",
+    "nccl_symm_mm",
     "distgemm_ar",
     "nccl_mm_sp",
     "symm_mem_fused",
@@ -43,6 +50,8 @@ LAYOUT = {
     "floor": "",
     "nccl_mm": "ar",
     "symm_mem_one_shot": "ar",
+    "symm_mem_two_shot": "ar",
+    "nccl_symm_mm": "ar",
     "distgemm_ar": "ar",
     "nccl_mm_sp": "sp",
     "symm_mem_fused": "sp",
@@ -50,19 +59,31 @@ LAYOUT = {
 }
 REFERENCE = {"ar": "nccl_mm", "sp": "nccl_mm_sp"}  # each layout's variants are checked against
 DISTGEMM = {"ar": "distgemm_ar", "sp": "distgemm_sp"}
-# One-shot all-reduce reads the whole tensor from every peer: a decode-size op (servers switch
-# to NCCL or two-shot above a few MiB), so prefill leaves it out.
+# The unfused variants of each layout: the best of them per bucket is what the layout's others
+# are measured against.
+UNFUSED = {
+    "ar": ("nccl_mm", "symm_mem_one_shot", "symm_mem_two_shot", "nccl_symm_mm"),
+    "sp": ("nccl_mm_sp",),
+}
+# Their O and FC2 outputs live in symmetric memory (torch's for two-shot, an NCCL window for
+# NCCL's symmetric kernels), all-reduced in place, as a server that uses them allocates them.
+SYMMETRIC_OUTPUTS = ("symm_mem_two_shot", "nccl_symm_mm")
+# The all-reduce baselines on symmetric memory are decode-size ops (servers switch to NCCL above
+# a few MiB; at prefill sizes their buffers would take GiBs), so prefill leaves them out.
 # torch's fused async-TP ops are not captured at decode: their first captured run on 2x H200
 # ended the process with an illegal memory access (benchmarks/results/2026-11-23-serving.md);
 # servers turn async-TP off under CUDA graphs for the same reason. They run in prefill (eager).
 PHASE_VARIANTS = {
     "decode": tuple(v for v in VARIANTS if v != "symm_mem_fused"),
-    "prefill": tuple(v for v in VARIANTS if v != "symm_mem_one_shot"),
+    "prefill": tuple(v for v in VARIANTS if v not in ("symm_mem_one_shot", *SYMMETRIC_OUTPUTS)),
 }
 DESCRIPTION = {
     "floor": "the stack's GEMMs alone (per-rank shapes, no communication)",
     "nccl_mm": "torch.mm + NCCL all_reduce after O and FC2",
     "symm_mem_one_shot": "torch.mm into symmetric memory + torch.ops.symm_mem.one_shot_all_reduce",
+    "symm_mem_two_shot": "torch.mm into symmetric memory + torch.ops.symm_mem.two_shot_all_reduce_",
+    "nccl_symm_mm": "torch.mm into an NCCL symmetric window + NCCL all_reduce (its symmetric "
+    "kernels)",
     "distgemm_ar": "torch.mm for QKV, FC1; distgemm.gemm_all_reduce for O, FC2",
     "nccl_mm_sp": "NCCL all_gather + torch.mm; torch.mm + NCCL reduce_scatter",
     "symm_mem_fused": "torch.ops.symm_mem.fused_all_gather_matmul / fused_matmul_reduce_scatter",
@@ -70,7 +91,6 @@ DESCRIPTION = {
 }
 ERR_TOL = 2e-2  # relative Frobenius error of every layer output against the reference, bf16
 SUSPECT_SLACK = 0.01  # a time more than 1% below the floor is a measurement error
-DECODE_SLACK = 1.02  # issue 15: at decode distgemm is never slower than NCCL + mm (within 2%)
 
 
 def wrong(rec: dict[str, Any]) -> list[str]:
@@ -84,46 +104,50 @@ def suspect(rec: dict[str, Any]) -> list[str]:
     return out.below_floor(rec.get("ms", {}), "floor", VARIANTS, SUSPECT_SLACK)
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if (a and b) else None
+def best(rec: dict[str, Any], layout: str) -> tuple[str | None, float | None]:
+    """The best unfused variant of ``layout`` in a bucket and its time: the fastest of
+    UNFUSED[layout] that is neither wrong nor suspect."""
+    bad = set(wrong(rec)) | set(suspect(rec))
+    return bu.best_of(rec.get("ms", {}), UNFUSED[layout], excluded=bad)
 
 
 def derived(rec: dict[str, Any]) -> dict[str, Any]:
-    """Per variant: ``vs_ref_<v>`` (its layout's NCCL + mm time / its time: > 1 is faster) and
+    """Per layout ``best_<layout>`` (the best unfused variant) and ``best_ms_<layout>``; per
+    variant ``vs_best_<v>`` (its layout's best unfused time / its time: > 1 is faster) and
     ``floor_frac_<v>`` (floor / its time); None where a time is missing."""
     ms = rec.get("ms", {})
     d: dict[str, Any] = {}
+    for layout in UNFUSED:
+        d[f"best_{layout}"], d[f"best_ms_{layout}"] = best(rec, layout)
     for v in VARIANTS:
-        ref = REFERENCE.get(LAYOUT[v])
-        d[f"vs_ref_{v}"] = _ratio(ms.get(ref), ms.get(v)) if ref else None
-        d[f"floor_frac_{v}"] = _ratio(ms.get("floor"), ms.get(v))
+        base = d[f"best_ms_{LAYOUT[v]}"] if LAYOUT[v] else None
+        d[f"vs_best_{v}"] = bu.speedup(base, ms.get(v))
+        d[f"floor_frac_{v}"] = bu.speedup(ms.get("floor"), ms.get(v))
     return d
 
 
-def decode_verdict(rec: dict[str, Any]) -> bool | None:
-    """Issue 15 at one decode bucket: distgemm_ar's time at most DECODE_SLACK x nccl_mm's
-    (both captured). None where either is missing, False where either is suspect or wrong."""
-    ms = rec.get("ms", {})
-    dg, ref = ms.get("distgemm_ar"), ms.get("nccl_mm")
-    if rec.get("phase") != "decode" or not (dg and ref):
-        return None
-    if {"distgemm_ar", "nccl_mm"} & (set(suspect(rec)) | set(wrong(rec))):
-        return False
-    return dg <= DECODE_SLACK * ref
+def point(rec: dict[str, Any], model: str) -> bu.Point:
+    """A decode bucket as a point of issue 42's acceptance: distgemm_ar's speed-up over the
+    best unfused all-reduce variant; its time over the floor (the stack's GEMMs alone) at
+    1..MM_TOKENS tokens on MM_MODELS; why its number cannot count (wrong or suspect)."""
+    d = derived(rec)
+    why = ["distgemm_ar wrong"] if "distgemm_ar" in wrong(rec) else []
+    if "distgemm_ar" in suspect(rec):
+        why.append("distgemm_ar below the floor")
+    mm_scope = model in bu.MM_MODELS and rec["tokens"] <= bu.MM_TOKENS
+    over = d["floor_frac_distgemm_ar"]
+    return bu.Point(
+        f"decode/M{rec['tokens']}/TP{rec['tp']}",
+        d["vs_best_distgemm_ar"],
+        (1 / over if over else None) if mm_scope else None,
+        mm_scope,
+        ", ".join(why),
+    )
 
 
-def acceptance(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The decode rule over every decode bucket: ``met`` (True only when every bucket was
-    measured and met), ``buckets`` measured and ``missed`` token counts."""
-    verdicts = {r["tokens"]: decode_verdict(r) for r in records if r.get("phase") == "decode"}
-    missed = [t for t, ok in verdicts.items() if ok is False]
-    measured = [t for t, ok in verdicts.items() if ok is not None]
-    met = None
-    if missed:
-        met = False
-    elif verdicts and len(measured) == len(verdicts):
-        met = True
-    return dict(met=met, buckets=len(measured), of=len(verdicts), missed=missed)
+def acceptance(records: Sequence[dict[str, Any]], model: str = MODEL) -> dict[str, Any]:
+    """Issue 42's acceptance over the decode buckets (benchmarks/common/best_unfused.py)."""
+    return bu.acceptance([point(r, model) for r in records if r.get("phase") == "decode"])
 
 
 def variant_status(rec: dict[str, Any], v: str) -> str:
@@ -139,7 +163,8 @@ CSV_FIELDS = (
     "captured",
     "status",
     "ms",
-    "vs_reference",
+    "best_unfused",
+    "vs_best_unfused",
     "floor_frac",
     "max_rel_err",
     "suspect",
@@ -192,7 +217,8 @@ def csv_rows(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> list[di
                     "captured": "yes" if CAPTURED[rec["phase"]] else "no",
                     "status": variant_status(rec, v),
                     "ms": out.number_cell(rec.get("ms", {}).get(v)),
-                    "vs_reference": out.number_cell(d[f"vs_ref_{v}"], 3),
+                    "best_unfused": (d[f"best_{LAYOUT[v]}"] or "") if LAYOUT[v] else "",
+                    "vs_best_unfused": out.number_cell(d[f"vs_best_{v}"], 3),
                     "floor_frac": out.number_cell(d[f"floor_frac_{v}"], 3),
                     "max_rel_err": out.number_cell(err, 3) if err is not None else "",
                     "suspect": "yes" if v in bad else "",
@@ -239,29 +265,26 @@ def _cell(rec: dict[str, Any], v: str, bad: set[str], off: set[str]) -> str:
 
 def phase_table(records: Sequence[dict[str, Any]], phase: str) -> list[str]:
     """One phase: a line per token count, ms per step per variant ('!' below the floor, 'x'
-    wrong), distgemm's speedup over NCCL + mm in the server's layout, and at decode the
-    acceptance verdict."""
+    wrong), the best unfused variant in the server's layout and distgemm's speed-up over it."""
     recs = sorted((r for r in records if r["phase"] == phase), key=lambda r: r["tokens"])
     if not recs:
         return []
     layout = SERVER_LAYOUT[phase]
-    dg, ref = DISTGEMM[layout], REFERENCE[layout]
+    dg = DISTGEMM[layout]
     variants = PHASE_VARIANTS[phase]
-    header = ["tokens", *variants, f"{dg} vs {ref}"]
-    if phase == "decode":
-        header.append(f"{dg} <= {DECODE_SLACK}x {ref}")
+    header = ["tokens", *variants, "best unfused", f"{dg} vs best"]
     rows = []
     for rec in recs:
         bad, off = set(suspect(rec)), set(wrong(rec))
-        speed = derived(rec)[f"vs_ref_{dg}"]
+        d = derived(rec)
+        speed = d[f"vs_best_{dg}"]
         row = [str(rec["tokens"]), *(_cell(rec, v, bad, off) for v in variants)]
-        row.append(f"{speed:.3f}x" if speed else "")
-        if phase == "decode":
-            row.append(out.verdict(decode_verdict(rec)))
+        row += [d[f"best_{layout}"] or "", f"{speed:.3f}x" if speed else ""]
         rows.append(row)
     how = "CUDA graph per batch bucket" if CAPTURED[phase] else "eager"
     return [
-        f"{phase} ({how}); a server's layout here: {LAYOUT_TEXT[layout]}",
+        f"{phase} ({how}); a server's layout here: {LAYOUT_TEXT[layout]}; best unfused: the "
+        f"fastest of {', '.join(UNFUSED[layout])} that ran right",
         *out.text_table(header, rows),
         "",
     ]
@@ -314,12 +337,14 @@ def memory_lines(run: dict[str, Any]) -> list[str]:
 
 def format_table(run: dict[str, Any], meta: dict[str, Any]) -> str:
     """The run as text: the header, a table per phase, the legend, what did not run and why,
-    the numerics, memory and the acceptance line."""
+    the numerics, memory and issue 42's acceptance."""
     records = run["records"]
     tp = run.get("tp", meta.get("tp"))
+    name, depth = models.label(run.get("model", MODEL)), run.get("layers", STACK_DEPTH)
     lines = out.header_lines(
-        f"Llama-{run.get('model', MODEL)} TP layer stack: {run.get('layers', STACK_DEPTH)} layers "
-        f"x (QKV, O, FC1, FC2), tp={tp}, bf16; ms per step (median, max over ranks)",
+        f"{name} TP layer stack: {depth} layers "
+        f"x (QKV, O, FC1, FC2), tp={tp}, bf16; ms per step (median, max over ranks); ratios = "
+        "best unfused time / variant time (above 1 = faster than the best unfused path)",
         meta,
     )
     lines.append("")
@@ -334,12 +359,9 @@ def format_table(run: dict[str, Any], meta: dict[str, Any]) -> str:
     lines += numerics_lines(records)
     lines.append("")
     lines += memory_lines(run)
-    acc = acceptance(records)
-    lines.append(
-        f"acceptance (decode: distgemm_ar <= {DECODE_SLACK}x captured nccl_mm at every batch): "
-        f"{out.verdict(acc['met'])} ({acc['buckets']} of {acc['of']} buckets measured"
-        + (f"; missed at tokens {acc['missed']})" if acc["missed"] else ")")
-    )
+    model = run.get("model", MODEL)
+    scope = f"{models.label(model)} stack, distgemm_ar at every decode batch"
+    lines += bu.acceptance_lines(acceptance(records, model), tp, scope)
     return "\n".join(lines)
 
 
@@ -382,7 +404,7 @@ def plot(run: dict[str, Any], meta: dict[str, Any], path: str) -> str | None:
         ax.set_ylabel("device MiB added (graphs, workspaces)")
     ax.set_title("memory per variant", fontsize=9)
     title = (
-        f"Llama-{run.get('model', MODEL)} x{run.get('layers', STACK_DEPTH)} layers, "
+        f"{models.label(run.get('model', MODEL))} x{run.get('layers', STACK_DEPTH)} layers, "
         f"TP={run.get('tp', meta.get('tp'))} bf16"
     )
     out.save_figure(plt, fig, title, meta, path)
@@ -392,7 +414,7 @@ def plot(run: dict[str, Any], meta: dict[str, Any], path: str) -> str | None:
 def write_outputs(run: dict[str, Any], meta: dict[str, Any], stem: str) -> str | None:
     """``stem``.json (meta, run, acceptance), .csv (times), -memory.csv, .txt (the table) and
     .png; prints the table. Returns why the PNG was not drawn, or None."""
-    doc = dict(meta=meta, run=run, acceptance=acceptance(run["records"]))
+    doc = dict(meta=meta, run=run, acceptance=acceptance(run["records"], run.get("model", MODEL)))
     csvs = {
         "": out.csv_text(CSV_FIELDS, csv_rows(run["records"], meta)),
         "-memory": out.csv_text(MEMORY_FIELDS, memory_rows(run, meta)),

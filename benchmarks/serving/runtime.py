@@ -1,9 +1,9 @@
 """Runtime pieces the serving and decode benchmarks share: a step captured into a CUDA graph the
 way a server captures its forward (eager warm-up first, one memory pool per variant), an attempt
 agreed over the ranks (a failure is a recorded reason, never fatal), memory snapshots and their
-deltas, torch's symmetric-memory buffer for one_shot_all_reduce, distgemm's plan of a layer on
-the CPU reference executor, the --cpu-smoke driver and the token-list option. torch is passed
-in or imported where used, so importing this needs no torch."""
+deltas, distgemm's plan of a layer on the CPU reference executor, the --cpu-smoke driver and the
+token-list option. torch is passed in or imported where used, so importing this needs no
+torch."""
 
 from __future__ import annotations
 
@@ -112,27 +112,6 @@ def memory_delta(torch, before: dict[str, int]) -> dict[str, Any]:
     )
 
 
-def symm_buffer(torch, numel: int, dtype, device, group_name: str):
-    """A flat symmetric-memory buffer of ``numel`` elements, rendezvoused over the group (a
-    collective): the input buffer of ``torch.ops.symm_mem.one_shot_all_reduce_out``; views of
-    its first elements serve smaller shapes."""
-    from torch.distributed import _symmetric_memory as symm_mem
-
-    buf = symm_mem.empty(numel, dtype=dtype, device=device)
-    symm_mem.rendezvous(buf, group_name)
-    return buf
-
-
-def mm_one_shot_all_reduce(torch, a, wt, buf, group_name: str, out):
-    """``out = all_reduce(a @ wt)`` through torch's symmetric memory: the GEMM writes into the
-    symmetric buffer, ``one_shot_all_reduce_out`` reads every peer's buffer and writes the sum
-    into ``out`` (its entry and exit barriers make reusing the buffer in the next call safe)."""
-    m, n = a.shape[0], wt.shape[1]
-    partial = buf[: m * n].view(m, n)
-    torch.mm(a, wt, out=partial)
-    return torch.ops.symm_mem.one_shot_all_reduce_out(partial, "sum", group_name, out)
-
-
 def plan_reference_error(schedule: str, tp: int, m: int, n: int, k: int):
     """distgemm's plan of one layer (its default S) run by the CPU reference executor:
     ``(worst relative error against float64, None)``, or ``(None, why the plan is
@@ -172,7 +151,12 @@ def add_output_options(ap: argparse.ArgumentParser) -> None:
     """--out (default benchmarks/results), --cpu-smoke and --replot, alike in both benchmarks."""
     ap.add_argument("--out", default=RESULTS_DIR, help="directory of the results files")
     ap.add_argument("--cpu-smoke", action="store_true", help="gloo, tiny shapes, no timing")
-    ap.add_argument("--replot", metavar="JSON", help="no GPU: table, CSV and PNG of a stored run")
+    ap.add_argument(
+        "--replot",
+        metavar="JSON",
+        help="no GPU: table, CSV and PNG of a stored run (decode: comma-separated runs of one "
+        "TP are merged)",
+    )
 
 
 def parse_tokens(text: str) -> list[int]:

@@ -1,10 +1,12 @@
-"""Serving benchmark: a Llama-70B tensor-parallel layer stack (QKV, O, FC1, FC2 per layer) at
-decode batch sizes, each captured in a CUDA graph per batch bucket, and at prefill chunk sizes,
-eager; distgemm against NCCL + torch.mm and torch's symmetric-memory ops, ms per step and memory
-per variant, in one torchrun run.
+"""Serving benchmark: a tensor-parallel layer stack (QKV, O, FC1, FC2 per layer; Llama-70B by
+default) at decode batch sizes, each captured in a CUDA graph per batch bucket, and at prefill
+chunk sizes, eager; distgemm against the unfused baselines (torch.mm, then NCCL all_reduce,
+torch's one-shot or two-shot all-reduce, or NCCL's symmetric-memory all_reduce at decode; NCCL
+collectives + torch.mm and torch's fused symmetric-memory ops at prefill), ms per step and
+memory per variant, in one torchrun run.
 
     torchrun --nproc-per-node N -m benchmarks.serving.serving_step [--out DIR]
-        [--decode-tokens 1,8,64]
+        [--model 70B|405B|Qwen2-72B|...] [--decode-tokens 1,8,64]
     torchrun --nproc-per-node 2 -m benchmarks.serving.serving_step --cpu-smoke --out DIR  # no time
     python3 -m benchmarks.serving.serving_step --replot RUN.json --out DIR                # no GPU
 
@@ -24,17 +26,19 @@ windows (the floor first, with the long warm-up). Output: ``<date>-serving-tp<N>
 
 from __future__ import annotations
 
+import argparse
 import faulthandler
 import math
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from benchmarks.common import allreduce_baselines as ab
 from benchmarks.common import report as out
 from benchmarks.serving import report, runtime, stack
 from distgemm import cli
@@ -50,8 +54,8 @@ class Built:
     """A variant at one token count: ``time`` (what is timed: the graph's replay or the eager
     step), ``outputs()`` (one step, returning every layer output), the tensors to poison
     before a check and ``keep``: what the step's graph reads without holding a reference (the
-    symmetric buffer of one_shot_all_reduce, freed with its last Python reference while a
-    captured graph would still read it)."""
+    symmetric buffer of one_shot_all_reduce or of the in-place variants' outputs, the NCCL
+    window: freed with its last Python reference while a captured graph would still read it)."""
 
     time: Any
     outputs: Any
@@ -64,31 +68,56 @@ def _poison(tensors) -> None:
         t.fill_(math.nan)
 
 
-def _setup_reason(ctx, variant, group_name, symm_setup, ops, max_tokens):
-    """(symmetric buffer or None, why the variant cannot run at all or None)."""
-    if variant.startswith("symm_mem") and symm_setup:
-        return None, f"symmetric memory setup: {symm_setup}"
-    if variant != "symm_mem_one_shot":
+@dataclass
+class Shared:
+    """What every variant's setup shares: the group's name, why torch's symmetric memory could
+    not be enabled (None: it was) and the NCCL windows made (released at the end of the run)."""
+
+    group_name: str
+    symm_setup: str | None
+    windows: list = field(default_factory=list)
+
+
+def _setup(ctx, variant, shared: Shared, ops, max_tokens):
+    """(what the variant's step reads beyond its own buffers: the one-shot's symmetric input,
+    or the flat symmetric buffer of the in-place variants' outputs, or None; why the variant
+    cannot run at all, or None)."""
+    if variant.startswith("symm_mem") and shared.symm_setup:
+        return None, f"symmetric memory setup: {shared.symm_setup}"
+    dtype, dev = ops.x0.dtype, ctx.dev
+    if variant == "symm_mem_one_shot":
+        numel = max_tokens * ops.dims["O"][0]
+    elif variant in report.SYMMETRIC_OUTPUTS:
+        numel = stack.symmetric_numel(ops, max_tokens)
+    else:
         return None, None
-    numel = max_tokens * ops.dims["O"][0]
+    if variant == "nccl_symm_mm":
+        win, why = runtime.attempt(ctx, lambda: ab.nccl_window(torch, dist, numel, dtype, dev))
+        if win is not None:
+            shared.windows.append(win)
+        return win, (f"NCCL symmetric window: {why}" if why else None)
     buf, why = runtime.attempt(
-        ctx, lambda: runtime.symm_buffer(torch, numel, ops.x0.dtype, ctx.dev, group_name)
+        ctx, lambda: ab.symm_buffer(torch, numel, dtype, dev, shared.group_name)
     )
     return buf, (f"symmetric buffer: {why}" if why else None)
 
 
-def build_variant(ctx, variant, phase, ops, bufs, tokens, group_name, symm_setup, recs):
+def build_variant(ctx, variant, phase, ops, bufs, tokens, shared: Shared, recs):
     """The variant's step at every token count, first called eagerly and at decode captured;
     ``{tokens: Built}``. Failures go to ``recs[tokens]["unavailable"]``."""
     captured = report.CAPTURED[phase]
-    symm_buf, why = _setup_reason(ctx, variant, group_name, symm_setup, ops, max(tokens))
+    keep, why = _setup(ctx, variant, shared, ops, max(tokens))
     built: dict[int, Built] = {}
     if why:
         for t in tokens:
             recs[t]["unavailable"][variant] = why
         return built
+    if variant in report.SYMMETRIC_OUTPUTS:
+        stack.place_outputs(bufs, keep.buf if variant == "nccl_symm_mm" else keep, max(tokens))
+    symm_buf = keep if variant == "symm_mem_one_shot" else None
     flat = [x for ts in bufs.values() for x in ts]
-    calls = stack.layer_calls(variant, group_name, bufs.get("scratch", [None])[0], symm_buf)
+    scratch = bufs.get("scratch", [None])[0]
+    calls = stack.layer_calls(variant, shared.group_name, scratch, symm_buf)
     pool = torch.cuda.graph_pool_handle() if captured else None
     for t in sorted(tokens, reverse=True):  # largest first: later graphs reuse the pool
         res = None
@@ -109,9 +138,9 @@ def build_variant(ctx, variant, phase, ops, bufs, tokens, group_name, symm_setup
                 graph.replay()
                 return outs
 
-            built[t] = Built(graph.replay, replayed, flat + list(outs), keep=symm_buf)
+            built[t] = Built(graph.replay, replayed, flat + list(outs), keep=keep)
         else:
-            built[t] = Built(step, step, flat, keep=symm_buf)
+            built[t] = Built(step, step, flat, keep=keep)
     return built
 
 
@@ -147,7 +176,7 @@ def check_bucket(ctx, phase, t, built, rec) -> None:
         rec["rel_err"][v] = worst if worst != math.inf else math.nan
 
 
-def run_phase(ctx, phase, tokens, ops, group_name, symm_setup) -> dict[str, Any]:
+def run_phase(ctx, phase, tokens, ops, shared: Shared) -> dict[str, Any]:
     """Build, check and time every variant of ``phase`` at every token count: the records,
     the memory each variant added and the activation buffers of each layout (MiB)."""
     from benchmarks.common.timing import REWARM_S, WARMUP_S
@@ -161,7 +190,7 @@ def run_phase(ctx, phase, tokens, ops, group_name, symm_setup) -> dict[str, Any]
         bufs = stack.make_buffers(ops, layout, max(tokens))
         buffers[layout] = stack.buffers_bytes(bufs) / out.MIB
         before = runtime.memory_snapshot(torch)
-        built[v] = build_variant(ctx, v, phase, ops, bufs, tokens, group_name, symm_setup, recs)
+        built[v] = build_variant(ctx, v, phase, ops, bufs, tokens, shared, recs)
         memory[v] = runtime.memory_delta(torch, before)  # synchronises: a fault shows here
         print(f"[{phase}] {v}: built for tokens {sorted(built[v])}", flush=True)
     for t in tokens:
@@ -187,7 +216,7 @@ def run(args) -> int:
     t_start = time.perf_counter()
     faulthandler.dump_traceback_later(RUN_TIMEOUT_S, exit=True)
     group_name = dist.group.WORLD.group_name
-    symm_setup = enable_symm_mem(group_name)
+    shared = Shared(group_name, enable_symm_mem(group_name))
     dims = stack.model_dims(args.model)
     phases = {"decode": args.decode_tokens, "prefill": args.prefill_tokens}
     max_tokens = max(t for ts in phases.values() for t in ts)
@@ -197,7 +226,7 @@ def run(args) -> int:
     )
     for phase, tokens in phases.items():
         if tokens:
-            res = run_phase(ctx, phase, tokens, ops, group_name, symm_setup)
+            res = run_phase(ctx, phase, tokens, ops, shared)
             result["records"] += res["records"]
             result["memory"][phase] = res["memory"]
             result["buffers_mib"][phase] = res["buffers_mib"]
@@ -207,12 +236,23 @@ def run(args) -> int:
     bad = [b for b in bad if b[2]]
     if ctx.rank == 0:
         meta = out.run_meta(
-            torch, ctx.dev, ctx.tp, time.perf_counter() - t_start, symm_mem_setup_error=symm_setup
+            torch,
+            ctx.dev,
+            ctx.tp,
+            time.perf_counter() - t_start,
+            symm_mem_setup_error=shared.symm_setup,
+            nccl=".".join(map(str, ab.nccl_version(torch) or ())) or None,
         )
         stem = os.path.join(args.out, out.output_stem("serving", ctx.tp))
         report.write_outputs(result, meta, stem)
         if bad:
             print(f"WRONG results: {bad}", flush=True)
+    torch.cuda.synchronize()
+    for win in shared.windows:  # the graphs that read them are gone with their phase
+        try:
+            win.release()
+        except Exception as e:  # noqa: BLE001 - the results are written; say it, end cleanly
+            print(f"NCCL window release: {type(e).__name__}: {e}", flush=True)
     ctx.close()
     return 1 if bad else 0
 
@@ -259,9 +299,21 @@ def smoke_failures(res: dict[str, Any]) -> list[str]:
     return bad
 
 
+def cli_model(text: str) -> str:
+    """An argparse type: a model of report.MODELS."""
+    if text not in report.MODELS:
+        raise argparse.ArgumentTypeError(f"{text!r}: give one of {', '.join(report.MODELS)}")
+    return text
+
+
 def main(argv=None) -> int:
     ap = cli.ArgumentParser("python3 -m benchmarks.serving.serving_step", __doc__)
-    ap.add_argument("--model", default=report.MODEL)
+    ap.add_argument(
+        "--model",
+        type=cli_model,
+        default=report.MODEL,
+        help=f"the stack's model: one of {', '.join(report.MODELS)}",
+    )
     ap.add_argument("--layers", type=int, default=report.STACK_DEPTH, help="stack depth")
     ap.add_argument(
         "--decode-tokens",

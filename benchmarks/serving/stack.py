@@ -25,7 +25,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from benchmarks.common.llama_cases import global_gemm
+from benchmarks.common import allreduce_baselines as ab
+from benchmarks.common import models
 from benchmarks.serving import runtime
 from benchmarks.serving.report import LAYOUT
 from distgemm.compat import custom_ops
@@ -38,8 +39,9 @@ SEED = 1234
 
 
 def model_dims(model: str) -> dict[str, tuple[int, int]]:
-    """Global (N, K) of each stack layer of a Llama model, from the project's table."""
-    return {la: tuple(global_gemm(model, la, 1)[1:]) for la in STACK_LAYERS}
+    """Global (N, K) of each stack layer of a model (benchmarks/common/models.py: the Llama-3
+    models of the project's table and the others)."""
+    return {la: models.layer_nk(model, la) for la in STACK_LAYERS}
 
 
 def check_dims(dims: dict[str, tuple[int, int]], tp: int) -> None:
@@ -154,6 +156,26 @@ def make_buffers(ops: StackOperands, layout: str, max_tokens: int) -> dict[str, 
     return bufs
 
 
+def symmetric_numel(ops: StackOperands, max_tokens: int) -> int:
+    """Elements of the flat symmetric buffer that holds every O and FC2 output of the
+    all-reduce layout (``place_outputs``)."""
+    return 2 * ops.depth * max_tokens * ops.dims["O"][0]
+
+
+def place_outputs(bufs: dict[str, list], flat: torch.Tensor, max_tokens: int) -> None:
+    """Point the all-reduce layout's O and FC2 outputs at consecutive ``[max_tokens, H]`` views
+    of ``flat`` (a symmetric buffer of ``symmetric_numel`` elements), for the variants that
+    all-reduce in place in symmetric memory."""
+    hidden = bufs["o"][0].shape[1]
+    size = max_tokens * hidden
+    views = [
+        flat[i * size : (i + 1) * size].view(max_tokens, hidden)
+        for i in range(flat.numel() // size)
+    ]
+    depth = len(bufs["o"])
+    bufs["o"], bufs["fc2"] = views[:depth], views[depth : 2 * depth]
+
+
 def buffers_bytes(bufs: dict[str, list[torch.Tensor]]) -> int:
     return sum(t.numel() * t.element_size() for ts in bufs.values() for t in ts)
 
@@ -171,7 +193,8 @@ class LayerCalls:
 def layer_calls(variant: str, group_name: str, scratch, symm_buf=None) -> LayerCalls:
     """The calls of ``variant`` (names in benchmarks/serving/report.py): ``scratch`` is the
     gathered input / partial sum of NCCL + mm in the sequence-parallel layout, ``symm_buf``
-    the symmetric buffer of the one-shot all-reduce."""
+    the symmetric buffer of the one-shot all-reduce (the in-place ones reduce their outputs,
+    which ``place_outputs`` put in symmetric memory)."""
     import distgemm
 
     def mm(x, w, wt, o):
@@ -179,21 +202,14 @@ def layer_calls(variant: str, group_name: str, scratch, symm_buf=None) -> LayerC
 
     if variant == "floor":
         return LayerCalls(mm, mm)
-    if variant == "nccl_mm":
-
-        def row(a, w, wt, o):
-            torch.mm(a, wt, out=o)
-            dist.all_reduce(o)
-            return o
-
-        return LayerCalls(mm, row)
+    if variant in ("nccl_mm", "nccl_symm_mm"):  # the latter's o: in an NCCL window
+        return LayerCalls(mm, lambda a, w, wt, o: ab.mm_nccl(torch, dist, a, wt, o))
     if variant == "symm_mem_one_shot":
         return LayerCalls(
-            mm,
-            lambda a, w, wt, o: runtime.mm_one_shot_all_reduce(
-                torch, a, wt, symm_buf, group_name, o
-            ),
+            mm, lambda a, w, wt, o: ab.mm_one_shot(torch, a, wt, symm_buf, group_name, o)
         )
+    if variant == "symm_mem_two_shot":  # o: in torch symmetric memory
+        return LayerCalls(mm, lambda a, w, wt, o: ab.mm_two_shot(torch, a, wt, o, group_name))
     if variant == "distgemm_ar":
         return LayerCalls(mm, lambda a, w, wt, o: distgemm.gemm_all_reduce(a, w, out=o))
     if variant == "nccl_mm_sp":

@@ -37,11 +37,19 @@ def _evaluate(expr: str, fields: dict[str, int]) -> int:
     return value(ast.parse(expr, mode="eval").body)
 
 
+def layer_nk(fields: dict[str, int], layer: str) -> tuple[int, int]:
+    """(N, K) of ``layer`` for a model given by its fields (hidden, ffn, q_heads, kv_heads,
+    head_dim): the JSON's formulas, also for models outside its list; ValueError naming the
+    valid layers or the missing field."""
+    if layer not in _LAYERS:
+        raise ValueError(f"unknown Llama layer '{layer}'; valid layers: {', '.join(_LAYERS)}")
+    la = _LAYERS[layer]
+    return _evaluate(la["n"], fields), _evaluate(la["k"], fields)
+
+
 # (N, K) of every model's layers, evaluated once.
 _NK = {
-    (model, name): (_evaluate(la["n"], fields), _evaluate(la["k"], fields))
-    for model, fields in _MODELS.items()
-    for name, la in _LAYERS.items()
+    (model, name): layer_nk(fields, name) for model, fields in _MODELS.items() for name in _LAYERS
 }
 
 

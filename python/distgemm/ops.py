@@ -41,6 +41,7 @@ from .runtime.spec import default_steps, make_spec
 from .runtime.validate import (
     PATHS,
     n_major_weight,
+    validate_extents,
     validate_no_grad,
     validate_path,
     validate_placement,
@@ -179,10 +180,12 @@ def _entry(op, group, key: EntryKey, make, tensors, out):
     if entry is None:
 
         def first():
-            # Device, contiguity and alignment errors of the first call are exchanged with the
-            # shapes, so that every rank raises the same exception.
-            # Scales need no TMA alignment (the kernel reads them as floats): check_precision
-            # checked them.
+            # Empty operands (a token count of 0), device, contiguity and alignment errors of
+            # the first call are exchanged with the shapes, so that every rank raises the same
+            # exception. Scales need no TMA alignment (the kernel reads them as floats):
+            # check_precision checked them.
+            a_name = "a_shard" if op == "all_gather_gemm" else "a"
+            validate_extents(op, a_name, tensors["a"], tensors["w"])
             operands = {n: t for n, t in tensors.items() if not n.startswith("scale_")}
             validate_placement(op, comm.device, dict(operands, out=out))
             return make(comm)
@@ -399,6 +402,15 @@ def _gemm_then_reduce(op, schedule, a, w, bias, c, beta, steps, out, group, path
     )  # fmt: skip
     validate_no_grad(op, {"a": a, "w": w, "bias": bias, "c": c_used})
     tensors = {"a": a, "w": w, "bias": bias, "c": c_used, "scale_a": scale_a, "scale_b": scale_b}
+    key, make = _reduce_entry(op, schedule, tensors, beta, steps, out, prec, path)
+    return _run(op, group, key, make, tensors, out)
+
+
+def _reduce_entry(op, schedule, tensors, beta, steps, out, prec, path):
+    """The EntryKey of a gemm_reduce_scatter / gemm_all_reduce call and the function that makes
+    its Spec at the entry's first call, from the call's validated ``tensors`` (``c`` only where
+    ``beta != 0``)."""
+    a, w, bias, c = tensors["a"], tensors["w"], tensors["bias"], tensors["c"]
     key = EntryKey(
         op,
         schedule,
@@ -408,7 +420,7 @@ def _gemm_then_reduce(op, schedule, a, w, bias, c, beta, steps, out, group, path
             ("a", a.shape),
             (weight_key(w), w.shape),
             ("bias", None if bias is None else bias.shape),
-            ("c", None if c_used is None else c_used.shape),
+            ("c", None if c is None else c.shape),
         ),
         beta,
         False,
@@ -421,4 +433,4 @@ def _gemm_then_reduce(op, schedule, a, w, bias, c, beta, steps, out, group, path
             row_scale_a=prec.row_scale_a, row_scale_b=prec.row_scale_b,
         )  # fmt: skip
 
-    return _run(op, group, key, make, tensors, out)
+    return key, make

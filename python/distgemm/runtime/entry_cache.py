@@ -148,14 +148,25 @@ class EntryCache(collections.OrderedDict):
     def create(self, key: EntryKey, make) -> Entry:
         """The entry of a first call: ``make()`` validates and builds the Spec (its Plan built
         once: S and tile from the tuning table or the defaults), the ranks exchange their
-        signatures (the same error on every rank), the path is chosen and its state made."""
+        signatures (the same error on every rank), the path is chosen and its state made.
+        Where the others do not come to the exchange within the communicator's timeout (they
+        called shapes whose entries they hold already), a rank whose own inputs were refused
+        raises its own error, naming the exchange that failed; else the exchange's RuntimeError
+        (the communicator is then broken)."""
         comm = self.comm
         spec, error, exc = None, None, None
         try:
             spec = make()
         except (ValueError, TypeError) as e:
             error, exc = f"{type(e).__name__}: {e}", e
-        sigs = comm.all_gather(signature(key, error), f"{key.op} plan signature")
+        try:
+            sigs = comm.all_gather(signature(key, error), f"{key.op} plan signature")
+        except RuntimeError as lost:  # the others did not come (they may hold this entry)
+            if exc is None:
+                raise
+            # This rank's own inputs were refused: that is the error to see, with the reason
+            # no rank could be told.
+            raise type(exc)(f"{exc} (and the ranks could not compare: {lost})") from lost
         if exc is not None and all(s["error"] == error for s in sigs):
             raise exc  # every rank rejected the same inputs the same way: the plain error
         problem = signature_mismatch(sigs, key.op)

@@ -1,7 +1,9 @@
 """Checks of an op call's arguments at the boundary, before anything reaches the extension.
 
-Operand types, placement (device, contiguity, TMA alignment), the path argument and grad mode;
-each raises on the violated constraint with the values.
+Operand types, empty operands (a token count of 0), placement (device, contiguity, TMA
+alignment), the path argument and grad mode; each raises on the violated constraint with the
+values. The extent and placement checks of an entry's first call run inside its creation, whose
+signature exchange gives every rank the same error (``entry_cache.EntryCache.create``).
 """
 
 from __future__ import annotations
@@ -48,6 +50,23 @@ def validate_types(op: str, tensors: dict[str, torch.Tensor | None]) -> torch.dt
                 "this rank's GPU (torch.cuda.current_device())"
             )
     return dtype
+
+
+def validate_extents(op: str, a_name: str, a: torch.Tensor, w: torch.Tensor) -> None:
+    """Neither GEMM operand is empty: ``a`` has at least one row (token, M) and one column (K),
+    ``w`` at least one row (N) and one column (K). A batch of 0 tokens is an error, the same on
+    every rank, rather than an empty result: skip the call on every rank instead. (Operands that
+    are not 2-D are left to ``spec.make_spec``.)"""
+    for name, t, dims in ((a_name, a, ("M", "K")), ("w", w, ("N", "K"))):
+        if t.dim() != 2 or min(t.shape) > 0:
+            continue
+        i = 0 if t.shape[0] == 0 else 1
+        tokens = " tokens" if (name == a_name and i == 0) else ""
+        raise ValueError(
+            f"{op}: {name} {fmt_shape(t.shape)} has 0 {('rows', 'columns')[i]} "
+            f"({dims[i]}=0{tokens}); every rank must call it with M, N and K of at least 1: "
+            "skip the call on every rank when the batch is empty"
+        )
 
 
 def n_major_weight(w: torch.Tensor) -> bool:
