@@ -196,3 +196,9 @@ def test_without_the_environment_the_users_calibration_directory_is_read(tmp_pat
     assert machine.find(mc.key) is None
     mc.save(tmp_path / (mc.key.slug() + ".json"))
     assert machine.find(mc.key) == mc
+
+
+def test_the_choice_error_counts_only_over_predicted_gains():
+    assert calibration_fit.over_prediction([]) == 0.0
+    assert calibration_fit.over_prediction([-0.2, -0.1]) == 0.0  # gains left untaken only
+    assert calibration_fit.over_prediction([0.03, -0.5, 0.04, 0.0]) == pytest.approx(0.025)

@@ -103,6 +103,7 @@ def validation_rows(mc: machine.MachineConstants, path: pathlib.Path = DEFAULT_C
     return rows
 
 
+@cli.quiet_on_broken_pipe
 def main(argv=None) -> None:
     ap = cli.ArgumentParser("python3 -m benchmarks.sweep.fit_path_model", __doc__)
     ap.add_argument("csv", nargs="?", type=pathlib.Path, default=DEFAULT_CSV)

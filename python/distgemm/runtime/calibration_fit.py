@@ -131,8 +131,7 @@ def fit(
         o, errors[f"overlap/{t}"] = _lstsq(rows, target, [r["ms"] for r, _ in mine])
         overlap[t] = (float(o[0]), float(o[1]), float(o[2]))
     mc = _with(mc, overlap=overlap)
-    gain_err = gain_errors(mc, runs)
-    choice_error = math.sqrt(sum(e * e for e in gain_err) / len(gain_err)) if gain_err else 0.0
+    choice_error = over_prediction(gain_errors(mc, runs))
     fit_meta = {k: _summary(v) for k, v in errors.items()}
     return _with(mc, choice_error=min(choice_error, 0.5), meta={**mc.meta, "fit": fit_meta})
 
@@ -190,6 +189,16 @@ def _with(mc: MachineConstants, **changes) -> MachineConstants:
 def _summary(errs) -> dict[str, float]:
     e = np.abs(np.asarray(errs, float))
     return {"runs": int(e.size), "max": float(e.max()), "rms": float(np.sqrt((e * e).mean()))}
+
+
+def over_prediction(gain_errs: list[float]) -> float:
+    """The root mean square of the over-predicted gains among ``gain_errs`` (an under-predicted
+    gain counts as 0): the error a choice must guard against, since over-predicting the
+    overlapped plan's gain is what makes the public op slower than the collective path, while
+    under-predicting it only leaves a gain untaken."""
+    if not gain_errs:
+        return 0.0
+    return math.sqrt(sum(max(0.0, e) ** 2 for e in gain_errs) / len(gain_errs))
 
 
 def gain_errors(mc: MachineConstants, runs: list[dict[str, Any]]) -> list[float]:

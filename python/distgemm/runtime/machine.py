@@ -67,9 +67,10 @@ class MachineConstants:
       added on the collective path).
     - ``overlap``: the overlapped plan beyond its GEMMs, per transport (ms per step, share of the
       steps' GEMM time, ms per byte moved per rank).
-    - ``choice_error``: the model's error on the overlapped plan's gain over the collective path
-      in the calibration's own runs, as a share of the collective time (root mean square,
-      ``calibration_fit.gain_errors``): a predicted gain smaller than that is not taken.
+    - ``choice_error``: how far the model over-predicts the overlapped plan's gain over the
+      collective path in the calibration's own runs, as a share of the collective time (root
+      mean square of the over-predictions, ``calibration_fit.over_prediction``): the choice
+      takes a predicted gain only beyond it (less the tolerated loss, ``cost_model``).
     - ``meta``: where the numbers come from (command, date, device, versions, the fit's errors).
     """
 
