@@ -7,6 +7,7 @@ sizes take the collective path."""
 import math
 
 import pytest
+from ranks import CPU_TPS
 
 from benchmarks.sweep import fit_path_model
 from distgemm import _core, llama3
@@ -68,7 +69,7 @@ def test_the_constants_are_the_sweeps_fit_rounded_to_three_digits():
     assert cost_model.GEMM_LAUNCH_MS == 7.91e-3  # fit() leaves the module's constants alone
 
 
-@pytest.mark.parametrize("tp", [2, 4, 8])
+@pytest.mark.parametrize("tp", [2, 4, 8])  # the TPs that split Llama's 8 KV heads
 def test_decode_sizes_take_the_collective_path(tp):
     schedules = {"all_gather": "ag_rotate_a", "reduce_scatter": "rs_tile_a"}
     seen = 0
@@ -86,8 +87,8 @@ def test_decode_sizes_take_the_collective_path(tp):
 
 def test_the_model_covers_every_schedule_and_stays_positive():
     for schedule in ("ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "ar_tile_a"):
-        for tp, steps in ((2, 2), (2, 4), (4, 4), (8, 16)):
-            plan = _core.build_plan(schedule, tp, steps, 8192, 8192, 8192)
+        for tp, steps in [(tp, tp * k) for tp in CPU_TPS for k in (1, 2)]:
+            plan = _core.build_plan(schedule, tp, steps, 6144, 6144, 6144)  # splits at each
             pred = cost_model.predict(plan)
             assert 0 < pred["overlap_ms"] < 10 and 0 < pred["collective_ms"] < 10, schedule
     # More tokens cost more; a forced tile is priced with that tile.
