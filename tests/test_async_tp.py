@@ -38,7 +38,7 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.distributed._functional_collectives as funcol  # noqa: E402
 import torch.distributed._symmetric_memory as torch_symm_mem  # noqa: E402
-from test_nn import run_ranks  # noqa: E402
+from ranks import run_ranks  # noqa: E402
 
 from distgemm import _core  # noqa: E402
 from distgemm.compat import async_tp  # noqa: E402

@@ -17,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-from test_nn import run_ranks  # noqa: E402
+from ranks import run_ranks  # noqa: E402
 
 from distgemm import ops  # noqa: E402
 from distgemm.runtime import control  # noqa: E402

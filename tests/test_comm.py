@@ -10,6 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from ranks import CPU_TPS  # noqa: E402
+
 from distgemm.runtime import communicator as comm_mod  # noqa: E402
 from distgemm.runtime import control  # noqa: E402
 
@@ -86,54 +88,61 @@ def test_group_size_limit_and_query_errors():
 
 
 # ---------------------------------------------------------------------------------------------
-# The control exchange over the job's key-value store (two ranks as two threads).
+# The control exchange over the job's key-value store (each rank a thread).
+
+
+def _exchanges(store, ranks, timeout_s=5.0):
+    """Each member's ControlExchange over the global ``ranks``, as its own process makes it."""
+    out = []
+    for member in range(len(ranks)):
+        control._EXCHANGES_PER_RANKS.clear()  # every "process" counts from 1: the same prefix
+        out.append(control.ControlExchange(store, ranks, member, timeout_s))
+    return out
 
 
 def _exchange_pair(store, timeout_s=5.0):
-    control._EXCHANGES_PER_RANKS.clear()  # both "processes" count from 1: the same prefix
-    a = control.ControlExchange(store, [3, 5], 0, timeout_s)
-    control._EXCHANGES_PER_RANKS.clear()
-    b = control.ControlExchange(store, [3, 5], 1, timeout_s)
-    return a, b
+    return _exchanges(store, [3, 5], timeout_s)
 
 
-def test_control_exchange_all_gathers_in_rank_order_and_cleans_up():
+def _run_threads(fn, tp, timeout_s):
     import threading
 
+    ts = [threading.Thread(target=fn, args=(r,)) for r in range(tp)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout_s)
+
+
+@pytest.mark.parametrize("tp", CPU_TPS)
+def test_control_exchange_all_gathers_in_rank_order_and_cleans_up(tp):
     import torch.distributed as dist
 
     store = dist.HashStore()
-    ex = _exchange_pair(store)
-    got = [[], []]
+    ex = _exchanges(store, list(range(1, 2 * tp, 2)))  # global ranks 1, 3, 5, ...
+    got = [[] for _ in range(tp)]
     rng = random.Random(5)
-    payloads = [[{"r": r, "i": i, "x": rng.random()} for i in range(4)] for r in range(2)]
+    payloads = [[{"r": r, "i": i, "x": rng.random()} for i in range(4)] for r in range(tp)]
 
     def run(r):
         for obj in payloads[r]:
             got[r].append(ex[r].all_gather(obj))
 
-    ts = [threading.Thread(target=run, args=(r,)) for r in range(2)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(30)
-    for r in range(2):
-        assert got[r] == [[payloads[0][i], payloads[1][i]] for i in range(4)]
+    _run_threads(run, tp, 30)
+    for r in range(tp):
+        assert got[r] == [[payloads[q][i] for q in range(tp)] for i in range(4)]
     # Keys of exchanges 1-3 were deleted by their writers (the verdicts by rank 0); only the
     # last exchange's remain.
-    assert not any(
-        store.check([f"distgemm/ctl/3-5/1/{s}/{r}"]) for s in (1, 2, 3) for r in (0, 1, "verdict")
-    )
-    assert store.check(
-        ["distgemm/ctl/3-5/1/4/0", "distgemm/ctl/3-5/1/4/1", "distgemm/ctl/3-5/1/4/verdict"]
-    )
+    prefix = ex[0].prefix
+    keys = [*range(tp), "verdict"]
+    assert not any(store.check([f"{prefix}/{s}/{k}"]) for s in (1, 2, 3) for k in keys)
+    assert store.check([f"{prefix}/4/{k}" for k in keys])
 
 
 def test_control_exchange_over_torchruns_tcp_store():
     """The store torchrun gives the ranks (a TCPStore server and a client): exchanges in order,
     stale keys deleted, a timeout bounded and naming the absent rank."""
     import datetime
-    import threading
     import time
 
     import torch.distributed as dist
@@ -155,11 +164,7 @@ def test_control_exchange_over_torchruns_tcp_store():
     def run(r):
         got[r] = [ex[r].all_gather(x, "plan signature") for x in sent[r]]
 
-    ts = [threading.Thread(target=run, args=(r,)) for r in range(2)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(30)
+    _run_threads(run, 2, 30)
     assert got[0] == got[1] == [[sent[0][i], sent[1][i]] for i in range(3)]
     assert not any(
         server.check([f"distgemm/ctl/0-1/1/{s}/{k}"]) for s in (1, 2) for k in (0, 1, "verdict")
@@ -211,29 +216,24 @@ def test_control_exchange_a_late_rank_raises_too():
     assert "gave up waiting before this rank arrived" in str(errors[1])
 
 
-def test_control_exchange_out_of_step_ranks_raise_a_mismatch():
-    import threading
-
+@pytest.mark.parametrize("tp", CPU_TPS)
+def test_control_exchange_out_of_step_ranks_raise_a_mismatch(tp):
+    """The last rank closes while the others exchange a plan signature: every rank raises,
+    naming what each exchanged."""
     import torch.distributed as dist
 
-    ex = _exchange_pair(dist.HashStore())
+    ex = _exchanges(dist.HashStore(), list(range(tp)))
+    whats = ["plan signature"] * (tp - 1) + ["close"]
     errors = {}
 
-    def run(r, what):
+    def run(r):
         try:
-            ex[r].all_gather({"r": r}, what)
+            ex[r].all_gather({"r": r}, whats[r])
         except control.ExchangeMismatch as e:
             errors[r] = e.whats
 
-    ts = [
-        threading.Thread(target=run, args=(0, "plan signature")),
-        threading.Thread(target=run, args=(1, "close")),
-    ]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(10)
-    assert errors == {0: ["plan signature", "close"], 1: ["plan signature", "close"]}
+    _run_threads(run, tp, 10)
+    assert errors == {r: whats for r in range(tp)}
 
 
 def test_each_new_exchange_of_the_same_ranks_gets_a_fresh_prefix():

@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from test_nn import run_ranks  # noqa: E402
+from ranks import CPU_TPS, run_ranks, value_error  # noqa: E402
 from torch import nn  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
@@ -25,7 +25,7 @@ OPS = {
 
 @pytest.fixture
 def group_of(request):
-    """A one-rank gloo group (real collectives) or a two-rank fake group (shapes only)."""
+    """A one-rank gloo group (real collectives) or a fake group of ``tp`` ranks (shapes only)."""
 
     def make(tp):
         if tp == 1:
@@ -56,8 +56,9 @@ def test_opcheck(group_of, with_bias, dtype):
         assert set(result.values()) == {"SUCCESS"}, (op_name, result)
 
 
-def test_fake_shapes_on_two_ranks(group_of):
-    name = group_of(2)
+@pytest.mark.parametrize("tp", CPU_TPS)
+def test_fake_shapes_and_indivisible_rows_on_tp_ranks(group_of, tp):
+    name = group_of(tp)
     with FakeTensorMode():
         x_shard = torch.empty(8, 64, dtype=torch.bfloat16)
         out, gathered = custom_ops.all_gather_linear(
@@ -67,14 +68,20 @@ def test_fake_shapes_on_two_ranks(group_of):
             name,
         )
         rs = custom_ops.linear_reduce_scatter(
-            torch.empty(16, 40, dtype=torch.float16),
+            torch.empty(48, 40, dtype=torch.float16),
             torch.empty(64, 40, dtype=torch.float16),
             None,
             name,
         )
-    assert (tuple(out.shape), out.dtype) == ((16, 40), torch.bfloat16)
-    assert tuple(gathered.shape) == (16, 64)
-    assert (tuple(rs.shape), rs.dtype) == ((8, 64), torch.float16)
+        with pytest.raises(
+            ValueError, match=rf"M=x.shape\[0\]={2 * tp + 1} is not divisible by tp={tp}"
+        ):
+            custom_ops.linear_reduce_scatter(
+                torch.empty(2 * tp + 1, 40), torch.empty(64, 40), None, name
+            )
+    assert (tuple(out.shape), out.dtype) == ((8 * tp, 40), torch.bfloat16)
+    assert tuple(gathered.shape) == (8 * tp, 64)
+    assert (tuple(rs.shape), rs.dtype) == ((48 // tp, 64), torch.float16)
 
 
 @pytest.mark.parametrize(
@@ -216,3 +223,59 @@ def compile_results(tmp_path_factory):
 def test_compiled_fullgraph_one_node_per_op_equal_to_eager(compile_results):
     failures = compile_failures(compile_results, tolerance=1e-6)
     assert not failures, failures
+
+
+EVERY_TP_SIZES = (48, 48, 24)  # M, K, N: each divides by 2, 3, 4, 6, 8
+EVERY_TP_TOLERANCE = 1e-5  # relative, fp32: a 48-term sum's rounding is about 1e-6
+
+
+def every_tp_worker(rank, tp):
+    """Both ops in fp32, eager, with
+    their gradients, against the same products of the full operands on one rank (relative
+    errors), and the ValueError of rows indivisible by TP, raised before any collective."""
+    from test_nn import rel_err
+
+    name = dist.group.WORLD.group_name
+    m, k, n = EVERY_TP_SIZES
+    g = torch.Generator().manual_seed(7)  # the same full operands on every rank
+    x, w_ag, w_rs, bias, grad = (
+        torch.randn(*shape, generator=g) for shape in ((m, k), (n, k), (n, k), (n,), (m, n))
+    )
+    rows, ks, ns = (slice(rank * e // tp, (rank + 1) * e // tp) for e in (m, k, n))
+    # all_gather_linear: x's rows sharded, w's and bias's rows (a column-parallel layer's shard).
+    leaves = [t.clone().requires_grad_() for t in (x[rows], w_ag[ns], bias[ns])]
+    out, gathered = custom_ops.all_gather_linear(*leaves, name)
+    (out * grad[:, ns]).sum().backward()
+    got_ag = [out, gathered, *(t.grad for t in leaves)]
+    want_ag = [
+        (x @ w_ag.T + bias)[:, ns],
+        x,
+        (grad @ w_ag)[rows],
+        (grad.T @ x)[ns],
+        grad.sum(0)[ns],
+    ]
+    # linear_reduce_scatter: x's and w's K sharded, bias whole; rank's rows out.
+    leaves = [t.clone().requires_grad_() for t in (x[:, ks], w_rs[:, ks], bias)]
+    out = custom_ops.linear_reduce_scatter(*leaves, name)
+    (out * grad[rows]).sum().backward()
+    got_rs = [out, *(t.grad for t in leaves)]
+    want_rs = [(x @ w_rs.T + bias)[rows], (grad @ w_rs)[:, ks], grad.T @ x[:, ks], grad.sum(0)]
+    rows = torch.randn(2 * tp + 1, k // tp)
+    error = value_error(lambda: custom_ops.linear_reduce_scatter(rows, w_rs[:, ks], None, name))
+    return {
+        "all_gather_linear": [rel_err(a.detach(), b) for a, b in zip(got_ag, want_ag)],
+        "linear_reduce_scatter": [rel_err(a.detach(), b) for a, b in zip(got_rs, want_rs)],
+        "error": error,
+    }
+
+
+@pytest.mark.parametrize("tp", CPU_TPS)
+def test_every_tp_matches_the_full_product_and_every_rank_raises_on_indivisible_rows(tmp_path, tp):
+    results = run_ranks(every_tp_worker, tmp_path, tp=tp)
+    assert len(results) == tp
+    for rank, r in enumerate(results):
+        for op in ("all_gather_linear", "linear_reduce_scatter"):
+            assert max(r[op]) < EVERY_TP_TOLERANCE, (rank, op, r[op])
+        assert r["error"] == (
+            f"linear_reduce_scatter: M=x.shape[0]={2 * tp + 1} is not divisible by tp={tp}"
+        )

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 
 import pytest
+from ranks import CPU_TPS
 
 from distgemm import _core
 
@@ -48,7 +49,7 @@ def test_default_steps_follows_its_rule_on_random_shapes(schedule):
     rng = random.Random(sum(map(ord, schedule)))  # not hash(): PYTHONHASHSEED
     doubled = set()
     for _ in range(60):
-        tp = rng.choice([1, 2, 4, 8])
+        tp = rng.choice([1, *CPU_TPS])
         m = rng.choice([2048, 4094, 4096, 4100, 8192, 12288]) * rng.choice([1, 2])
         n = 8 * rng.randint(1, 64)
         k = tp * rng.choice([8, 16, 8184, 8192, 8200])
@@ -67,7 +68,7 @@ def test_a_definition_dict_gets_the_same_default_as_its_name():
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
-@pytest.mark.parametrize("tp", [1, 2, 4])
+@pytest.mark.parametrize("tp", [1, *CPU_TPS])
 def test_partials_travel_by_copy_engine_from_two_steps_per_rank(schedule, tp):
     for steps in (tp, 2 * tp):
         plan = _core.build_plan(schedule, tp, steps, 64 * tp * 2, 64 * tp * 2, 64 * tp)
@@ -91,7 +92,7 @@ def test_schedule_header_compiles_alone(tmp_path, repo_root, header):
 
 
 @pytest.mark.parametrize("schedule", ["rs_tile_a", "rs_tile_b", "ar_tile_a"])
-@pytest.mark.parametrize("tp,steps", [(2, 2), (2, 4), (4, 4), (4, 8), (8, 16)])
+@pytest.mark.parametrize("tp,steps", [(tp, tp * k) for tp in CPU_TPS for k in (1, 2)])
 def test_a_plans_layout_is_the_default_layout_for_its_options(schedule, tp, steps):
     """The op entry allocates Plan.layout() of the plan it built; the tools' workspace_layout
     resolves the same default options, and the slots hold the plan's slot elements."""

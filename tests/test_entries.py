@@ -7,6 +7,7 @@ import types
 import pytest
 
 torch = pytest.importorskip("torch")
+from ranks import CPU_TPS  # noqa: E402
 
 from distgemm import _core, ops  # noqa: E402
 from distgemm.runtime import entry_cache as entries  # noqa: E402
@@ -28,11 +29,11 @@ def t(*shape, dtype=BF16):
 
 
 @pytest.mark.parametrize("schedule", ["ag_rotate_a", "ag_rotate_b"])
-@pytest.mark.parametrize("tp,steps", [(2, 2), (2, 4), (4, 8)])
+@pytest.mark.parametrize("tp,steps", [(tp, tp * k) for tp in CPU_TPS for k in (1, 2)])
 def test_gather_recipe_covers_every_row_once(schedule, tp, steps):
-    rows_a, rows_w = (64, 16) if schedule == "ag_rotate_a" else (16, 64 // tp)
-    a = t(rows_a if schedule == "ag_rotate_a" else 64, 16)
-    w = t(16 if schedule == "ag_rotate_a" else 64 // tp, 16)
+    # ag_rotate_b gathers w: N = 384 rows, whole 8-column tiles at every TP and S here.
+    a = t(64, 16)
+    w = t(16 if schedule == "ag_rotate_a" else 384 // tp, 16)
     for rank in range(tp):
         spec = ops.make_spec("all_gather_gemm", schedule, tp, rank, steps, a, w)
         recipe, shape = gather_recipe(spec, rank), gathered_shape(spec)

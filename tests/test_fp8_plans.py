@@ -9,6 +9,7 @@ import zlib
 
 import numpy as np
 import pytest
+from ranks import CPU_TPS
 
 import distgemm
 from distgemm import ExecutionError, _core, build_plan, clone_plan, run_reference, verify_plan
@@ -162,7 +163,7 @@ def test_a_row_scaled_plan_refuses_inputs_without_row_scales():
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
-@pytest.mark.parametrize("tp,steps", [(1, 2), (3, 6), (4, 4)])
+@pytest.mark.parametrize("tp,steps", [(1, 2)] + [(tp, 2 * tp) for tp in CPU_TPS])
 def test_plans_without_row_scales_are_todays(schedule, tp, steps):
     plan = _core.build_plan(schedule, tp, steps, 24 * steps, 48 * steps, 16 * tp, 2)
     d = plan.to_dict()
@@ -303,7 +304,8 @@ def assert_caught(plan, what):
     return violations
 
 
-MUTANT_CASES = [(s, tp, steps) for s in SCHEDULES for tp, steps in ((2, 2), (3, 6), (4, 8))]
+MUTANT_TPS = [(tp, 2 * tp if tp in (3, 4) else tp) for tp in CPU_TPS]  # S = 2 TP at 3 and 4
+MUTANT_CASES = [(s, tp, steps) for s in SCHEDULES for tp, steps in MUTANT_TPS]
 
 
 def scaled_plan(schedule, tp, steps):
@@ -319,7 +321,7 @@ def scale_copies(plan):
 
 
 @pytest.mark.parametrize("schedule", ALL_GATHER)
-@pytest.mark.parametrize("tp,steps", [(2, 2), (3, 6), (4, 8)])
+@pytest.mark.parametrize("tp,steps", MUTANT_TPS)
 @pytest.mark.parametrize("which", [0, -1], ids=["first", "last"])
 def test_a_dropped_scale_copy_is_caught(schedule, tp, steps, which):
     plan = scaled_plan(schedule, tp, steps)

@@ -82,6 +82,22 @@ def test_launch_here_reads_the_machine_and_the_setting(monkeypatch):
     assert req.launch_here(default_tp=2, honour_tp_env=False).tp == 2
 
 
+@pytest.mark.parametrize(
+    "gpus, setting, expected",
+    [(8, None, 8), (4, None, 4), (8, "2", 2), (1, None, 2), (1, "4", 4), (0, "0", 2)],
+)
+def test_a_test_that_never_shares_a_gpu_takes_every_gpu_or_the_setting(
+    monkeypatch, gpus, setting, expected
+):
+    """One GPU or none: the TP whose skip says what is missing; never 2 ranks on one GPU."""
+    monkeypatch.setattr(req, "visible_gpus", lambda: gpus)
+    if setting is None:
+        monkeypatch.delenv("DISTGEMM_TEST_TP", raising=False)
+    else:
+        monkeypatch.setenv("DISTGEMM_TEST_TP", setting)
+    assert req.tp_one_gpu_per_rank() == expected
+
+
 def test_mode_says_shared_gpu_or_gpus_per_rank():
     assert req.Launch(2, True, None).mode == "shared GPU (2 ranks on one device)"
     assert req.Launch(4, False, None).mode == "4 GPUs, one rank per GPU"

@@ -2,12 +2,13 @@
 partial — the invariant checker AND the reference executor must both reject each mutant."""
 
 import pytest
+from ranks import CPU_TPS
 
 import distgemm
 from distgemm import ExecutionError, build_plan, run_reference, verify_plan
 
 SCHEDULES = distgemm.schedule_names()
-CONFIGS = [(2, 2), (3, 6), (4, 8)]
+CONFIGS = [(tp, 2 * tp if tp in (3, 4) else tp) for tp in CPU_TPS]  # S = 2 TP at 3 and 4
 
 
 def shape(tp, steps):
@@ -130,6 +131,9 @@ UNEVEN = [
     ("rs_tile_b", 2, 6, dict(m=3, n=16, k=16, l=2)),
     ("ag_rotate_a", 2, 4, dict(m=2, n=16, k=16)),
     ("ag_rotate_b", 4, 12, dict(m=4, n=64, k=16)),
+    ("ag_rotate_b", 3, 6, dict(m=3, n=24, k=24)),
+    ("rs_tile_a", 6, 12, dict(m=6, n=16, k=48)),
+    ("ar_tile_a", 8, 16, dict(m=5, n=16, k=64, l=2)),
 ]
 UNEVEN_IDS = [f"{s}-tp{t}-S{st}-{'x'.join(map(str, sh.values()))}" for s, t, st, sh in UNEVEN]
 

@@ -1,8 +1,7 @@
 """distgemm.compat.nn on the CPU: forward output and every gradient (input, weight, bias) of
-ColumnParallelLinear and RowParallelLinear on 2 gloo ranks against one process's fp32 nn.Linear;
-sharding from an nn.Linear and gathering back; the shape errors.
-
-Also home of ``run_ranks``, the 2-rank gloo harness the other CPU distributed tests import.
+ColumnParallelLinear and RowParallelLinear on 2 gloo ranks against one process's fp32 nn.Linear
+(fp32 and bf16 at every TP of ranks.CPU_TPS too); sharding from an nn.Linear and gathering
+back; the shape errors, at every TP raised by every rank.
 
 Tolerances (relative Frobenius error against fp32): fp32 1e-5, fp16 2e-3, bf16 1e-2. Each is
 a few times the rounding of one operand to that dtype (relative 2^-11 = 4.9e-4 for fp16,
@@ -12,17 +11,13 @@ in the same dtype on one process.
 """
 
 import copy
-import os
-import pathlib
-import sys
-import time
 import types
 
 import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
+from ranks import CPU_TPS, run_ranks, value_error  # noqa: E402
 from torch import nn  # noqa: E402
 
 from distgemm.compat.nn import ColumnParallelLinear, RowParallelLinear  # noqa: E402
@@ -30,41 +25,9 @@ from distgemm.compat.nn import ColumnParallelLinear, RowParallelLinear  # noqa: 
 TP = 2
 TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}
 TOKENS, HIDDEN, FFN = 16, 32, 48
+EVERY_TP_SIZES = (48, 32, 48)  # tokens, hidden, ffn: tokens and ffn divide by 2, 3, 4, 6, 8
 BASELINE_RATIO = 3  # our error may be at most this multiple of one process's in the same dtype
 REGATHER = "(keep_gathered_input=False)"  # marks the column layer that gathers x again
-
-
-def _rank_entry(rank, fn, tp, tmp, args):
-    dist.init_process_group(
-        "gloo", store=dist.FileStore(f"{tmp}/store", tp), rank=rank, world_size=tp
-    )
-    try:
-        result = fn(rank, tp, *args)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-    torch.save(result, f"{tmp}/result{rank}.pt")
-    # The result is on disk: leave without the interpreter's teardown, where gloo's threads
-    # have ended a finished rank with SIGABRT ("terminate called without an active exception")
-    # about once in several CPU suite runs.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
-def run_ranks(fn, tmp_path: pathlib.Path, *args, tp: int = TP, timeout_s: float = 300.0) -> list:
-    """``fn(rank, tp, *args)`` on ``tp`` spawned processes joined in one gloo group; returns each
-    rank's result (anything ``torch.save`` takes). A rank that raises fails the spawn; ranks
-    still running after ``timeout_s`` are killed and the test fails (a hang)."""
-    ctx = mp.spawn(_rank_entry, args=(fn, tp, str(tmp_path), args), nprocs=tp, join=False)
-    deadline = time.monotonic() + timeout_s
-    while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
-        if time.monotonic() >= deadline:
-            for p in ctx.processes:  # the ranks this call spawned
-                if p.is_alive():
-                    p.kill()
-            pytest.fail(f"{tp} ranks of {fn.__name__} did not finish within {timeout_s:g} s")
-    return [torch.load(tmp_path / f"result{r}.pt") for r in range(tp)]
 
 
 def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -186,6 +149,33 @@ def test_output_and_every_gradient_match_fp32(layer_results, dtype_name):
         layer_results, dtype_name, TOLERANCE[dtype_name], (TOKENS, HIDDEN, FFN), TP
     )
     assert not failures, failures
+
+
+def every_tp_worker(rank, tp):
+    """layers_worker in fp32 and bf16 on sizes that split over ``tp``, and the ValueError of each
+    layer's constraint on TP, raised before any collective (so by every rank)."""
+    layers = layers_worker(rank, tp, ["float32", "bfloat16"], sizes=EVERY_TP_SIZES)
+    errors = [
+        value_error(lambda: ColumnParallelLinear(HIDDEN, 8 * tp + 1)),
+        value_error(lambda: RowParallelLinear(FFN, HIDDEN)(torch.randn(2 * tp + 1, FFN // tp))),
+    ]
+    return {"layers": layers, "errors": errors}
+
+
+@pytest.mark.parametrize("tp", CPU_TPS)
+def test_every_tp_matches_fp32_and_every_rank_raises_on_indivisible_shapes(tmp_path, tp):
+    results = run_ranks(every_tp_worker, tmp_path, tp=tp)
+    assert len(results) == tp
+    layers = [r["layers"] for r in results]
+    failures = []
+    for dtype_name in ("float32", "bfloat16"):
+        failures += layer_failures(layers, dtype_name, TOLERANCE[dtype_name], EVERY_TP_SIZES, tp)
+    assert not failures, failures
+    want = [
+        f"out_features={8 * tp + 1} is not divisible by tp={tp}",
+        f"RowParallelLinear: tokens={2 * tp + 1} (input dim 0) is not divisible by tp={tp}",
+    ]
+    assert [r["errors"] for r in results] == [want] * tp
 
 
 @pytest.fixture

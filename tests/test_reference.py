@@ -6,13 +6,15 @@ import zlib
 import numpy as np
 import pytest
 import torch
+from ranks import CPU_TPS
 
 import distgemm
 from distgemm import build_plan, run_reference
 from distgemm.plan.reference import execute_plan, expected_outputs, reference_inputs, shard_outputs
 
 SCHEDULES = distgemm.schedule_names()
-CASES = [(tp, tp * k, l) for tp in (1, 2, 3, 4, 5, 8) for k in (1, 2, 4) for l in (1, 3)]
+TPS = sorted({1, 5, *CPU_TPS})  # CPU_TPS, one rank, and a prime TP (5)
+CASES = [(tp, tp * k, l) for tp in TPS for k in (1, 2, 4) for l in (1, 3)]
 TOL = 1e-9  # float64 end to end: only summation-order rounding
 
 
@@ -106,7 +108,7 @@ def test_error_within_twice_torch(schedule, tp, steps, l, dtype):
 
 RING = ["rs_tile_a", "rs_tile_b", "ar_tile_a"]
 RING_CASES = [
-    (tp, tp * k, l) for tp in (2, 3, 4, 8) for k in (1, 2) for l in (1, 2)
+    (tp, tp * k, l) for tp in CPU_TPS for k in (1, 2) for l in (1, 2)
 ]  # TP=1: no partials
 
 

@@ -3,12 +3,14 @@
 import json
 
 import pytest
+from ranks import CPU_TPS
 
 import distgemm
 from distgemm import build_plan, simulate, verify_plan
 
 SCHEDULES = distgemm.schedule_names()
-GRID = [(tp, tp * k) for tp in (1, 2, 3, 4, 5, 8) for k in (1, 2, 4)]
+TPS = sorted({1, 5, *CPU_TPS})  # CPU_TPS, one rank, and a prime TP (5)
+GRID = [(tp, tp * k) for tp in TPS for k in (1, 2, 4)]
 
 
 def shape_for(tp, steps, l=1, scale=1):
@@ -85,7 +87,7 @@ def test_partials_by_copy_engine_stage_locally_then_push_and_signal():
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
-@pytest.mark.parametrize("tp,steps", [(2, 2), (2, 4), (3, 6), (4, 4), (4, 8), (8, 16)])
+@pytest.mark.parametrize("tp,steps", [(tp, tp * k) for tp in CPU_TPS for k in (1, 2)])
 @pytest.mark.parametrize("via", ["epilogue", "copy"])
 def test_copies_come_in_side_chain_order(schedule, tp, steps, via):
     """The graph runs each device's copies in one chain keyed by the GEMM each follows (-1 none,

@@ -3,7 +3,8 @@ torch.ops.symm_mem.fused_all_gather_matmul / fused_matmul_reduce_scatter
 (test/distributed/test_symmetric_memory.py: BATCH=8, M=64, N=16, K=32 resp. 1024, every gather and
 scatter dim, three Bs, "avg"), with their assertions: values allclose to torch's reference
 implementation and the same strides. Also against a plain all_gather + matmul written here, the
-fallback reasons, and the ValueErrors.
+fallback reasons, and the ValueErrors; a few of the cases, and a ValueError every rank raises, at
+every TP of ranks.CPU_TPS.
 """
 
 import itertools
@@ -14,7 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-from test_nn import run_ranks  # noqa: E402
+from ranks import CPU_TPS, run_ranks, value_error  # noqa: E402
 from torch.distributed._symmetric_memory import (  # noqa: E402
     _fused_all_gather_matmul_fallback,
     _fused_matmul_reduce_scatter_fallback,
@@ -67,17 +68,20 @@ def count_distgemm_calls(device) -> dict[str, int]:
     return calls
 
 
-def compat_worker(rank, tp, device="cpu"):
-    """Every ported case: torch_compat's results against torch's reference and a plain
-    all_gather/all_reduce, their strides and shapes, and how many distgemm calls served it."""
+def compat_worker(
+    rank, tp, device="cpu", gather_cases=GATHER_CASES, scatter_cases=SCATTER_CASES, sizes=(BATCH, M)
+):
+    """Every ported case (or those given, of A's leading ``sizes`` [BATCH, M]): torch_compat's
+    results against torch's reference and a plain all_gather/all_reduce, their strides and
+    shapes, and how many distgemm calls served it."""
     calls = count_distgemm_calls(device)
     group = dist.group.WORLD
     name = group.group_name
     results = {}
-    for gather_dim, dtype_name, return_A in GATHER_CASES:
+    for gather_dim, dtype_name, return_A in gather_cases:
         dtype = getattr(torch, dtype_name)
         torch.manual_seed(42 + rank)
-        shape = [BATCH, M, K_GATHER]
+        shape = [*sizes, K_GATHER]
         shape[gather_dim] //= tp
         A_shard = torch.rand(shape, dtype=dtype, device=device)
         Bs = [torch.rand(K_GATHER, N, dtype=dtype, device=device) for _ in range(3)]
@@ -102,10 +106,10 @@ def compat_worker(rank, tp, device="cpu"):
             "shapes": [list(a.shape) for a in mm],
             "distgemm calls": calls["n"] - before,
         }
-    for scatter_dim, dtype_name, reduce_op in SCATTER_CASES:
+    for scatter_dim, dtype_name, reduce_op in scatter_cases:
         dtype = getattr(torch, dtype_name)
         torch.manual_seed(42 + rank)
-        A = torch.rand(BATCH, M, K_SCATTER, dtype=dtype, device=device)
+        A = torch.rand(*sizes, K_SCATTER, dtype=dtype, device=device)
         B = torch.rand(K_SCATTER, N, dtype=dtype, device=device)
         ref = _fused_matmul_reduce_scatter_fallback(
             A, B, reduce_op, scatter_dim=scatter_dim, group_name=name
@@ -132,12 +136,12 @@ def compat_results(tmp_path_factory):
     return run_ranks(compat_worker, tmp_path_factory.mktemp("compat"))
 
 
-def case_failures(results, key, on_cuda: bool) -> list[str]:
+def case_failures(results, key, on_cuda: bool, sizes=(BATCH, M)) -> list[str]:
     """What compat_worker got wrong on any rank for one case (``key``): values, strides or
     shapes against torch, or distgemm serving a case it should not (or not serving one it
     should: on CUDA every bf16/fp16 case but a gather of K)."""
     kind, dim, dtype_name = key[:3]
-    shape = [BATCH, M, N]
+    shape = [*sizes, N]
     if kind == "scatter":
         shape[dim] //= len(results)
     served = on_cuda and dtype_name != "float32" and not (kind == "gather" and dim == 2)
@@ -165,6 +169,44 @@ def test_fused_all_gather_matmul(compat_results, gather_dim, dtype_name, return_
 def test_fused_matmul_reduce_scatter(compat_results, scatter_dim, dtype_name, reduce_op):
     key = ("scatter", scatter_dim, dtype_name, reduce_op)
     failures = case_failures(compat_results, key, on_cuda=False)
+    assert not failures, failures
+
+
+# Every TP of CPU_TPS: a gather and a scatter along each leading dim (fp32, bf16), on leading
+# sizes that split over each TP; and the ValueError of a scatter dim that does not.
+EVERY_TP_SIZES = (24, 48)  # BATCH, M
+EVERY_TP_GATHER = [(0, "float32", True), (1, "bfloat16", False)]
+EVERY_TP_SCATTER = [(0, "bfloat16", "sum"), (1, "float32", "avg")]
+
+
+def every_tp_worker(rank, tp):
+    """compat_worker's results for the EVERY_TP cases, and the ValueError of a reduce-scatter
+    whose scatter dim does not split over ``tp``, raised before any collective."""
+    results = compat_worker(rank, tp, "cpu", EVERY_TP_GATHER, EVERY_TP_SCATTER, EVERY_TP_SIZES)
+    A, B = torch.rand(2 * tp + 1, 4, 32), torch.rand(32, 16)  # dim 0 of A @ B: 2 * tp + 1
+    name = dist.group.WORLD.group_name
+    return results, value_error(lambda: symm_mem.fused_matmul_reduce_scatter(A, B, "sum", 0, name))
+
+
+def every_tp_failures(results, tp, cases, failures_of, error) -> list[str]:
+    """What an every_tp_worker's results on each rank get wrong: fewer than ``tp`` ranks, a case
+    of ``cases`` (gather cases, scatter cases) by ``failures_of`` (a case_failures), an error
+    other than ``error``."""
+    compat = [r for r, _ in results]
+    keys = [("gather", *c) for c in cases[0]] + [("scatter", *c) for c in cases[1]]
+    failures = [] if len(results) == tp else [f"{len(results)} ranks, not {tp}"]
+    failures += [f for key in keys for f in failures_of(compat, key, False, EVERY_TP_SIZES)]
+    return failures + [f"rank {r}: {e!r}" for r, (_, e) in enumerate(results) if e != error]
+
+
+@pytest.mark.parametrize("tp", CPU_TPS)
+def test_every_tp_matches_torch_and_every_rank_raises_on_an_indivisible_scatter(tmp_path, tp):
+    results = run_ranks(every_tp_worker, tmp_path, tp=tp)
+    error = (
+        f"fused_matmul_reduce_scatter: dim 0 of A @ B ({2 * tp + 1}) is not divisible by tp={tp}"
+    )
+    cases = (EVERY_TP_GATHER, EVERY_TP_SCATTER)
+    failures = every_tp_failures(results, tp, cases, case_failures, error)
     assert not failures, failures
 
 

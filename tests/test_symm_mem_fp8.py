@@ -8,7 +8,8 @@ strides, each output allclose with the same strides and dtype (all-gather), outp
 within assertEqual's tolerance with the same strides (reduce-scatter). Beyond torch's: a
 scatter of N, "sum", a 2-D A with a 3-D output_shape, biases and use_fast_accum, a plain
 all_gather / all_reduce + torch._scaled_mm reference written here, the fallback reasons and
-every refusal.
+every refusal. A few of the cases, and a ValueError every rank raises, at every TP of
+ranks.CPU_TPS.
 
 gloo has no fp8 all-gather, so the workers run torch's reference with fp8 moved as bytes
 (``_bytes_all_gather``); on CPU both sides then run the same torch._scaled_mm calls and must
@@ -22,11 +23,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-from test_nn import run_ranks  # noqa: E402
+from ranks import CPU_TPS, run_ranks, value_error  # noqa: E402
 from test_symm_mem import (  # noqa: E402
+    EVERY_TP_SIZES,
     assert_reason,
     compiled_distgemm_ops,
     count_distgemm_calls,
+    every_tp_failures,
 )
 from torch.distributed._symmetric_memory import (  # noqa: E402
     _fused_all_gather_scaled_matmul_fallback,
@@ -70,10 +73,12 @@ def _bytes_all_gather():
     return lambda: setattr(ns, "all_gather_into_tensor", real)
 
 
-def _close(got, ref) -> bool:
+def _close(got, ref, partials=2) -> bool:
     """Equal up to twice the rounding of one output in its dtype (the plain references sum or
-    order the same products differently): fp8 e4m3 2^-3, bf16 2^-8, fp32 2^-23 relative."""
-    rtol = {E4M3: 0.25, torch.bfloat16: 8e-3, torch.float32: 2.5e-7}[ref.dtype]
+    order the same products differently): fp8 e4m3 2^-3, bf16 2^-8, fp32 2^-23 relative, per two
+    ``partials`` summed in that dtype (a reduce-scatter over TP ranks rounds at each of its TP - 1
+    additions: about 1.2e-2 in bf16 at TP=8)."""
+    rtol = {E4M3: 0.25, torch.bfloat16: 8e-3, torch.float32: 2.5e-7}[ref.dtype] * partials / 2
     return got.dtype == ref.dtype and torch.allclose(got.float(), ref.float(), rtol=rtol, atol=1e-6)
 
 
@@ -84,9 +89,10 @@ def _all_gather(t, group):
     return [p.view(t.dtype) for p in parts]
 
 
-def _gather_inputs(rank, tp, gather_dim, mode, variant, device):
-    """torch's test's operands for one case (seeded per rank, as torch's are)."""
-    leading = [BATCH, M]
+def _gather_inputs(rank, tp, gather_dim, mode, variant, device, sizes=(BATCH, M)):
+    """torch's test's operands for one case (seeded per rank, as torch's are), of A's leading
+    ``sizes``."""
+    leading = list(sizes)
     leading[gather_dim] //= tp
     torch.manual_seed(42 + rank)
     A_shard = torch.rand(*leading, K, device=device).to(E4M3)
@@ -96,7 +102,7 @@ def _gather_inputs(rank, tp, gather_dim, mode, variant, device):
         B_scales = [torch.tensor(SCALE, device=device) for _ in range(3)]
         out_dtypes = [None, torch.bfloat16, torch.float32]
     else:
-        full = leading if mode == "row-wise-sharded" else [BATCH, M]
+        full = leading if mode == "row-wise-sharded" else list(sizes)
         # one scale per row (torch's are all 0.1: these differ, so that a row meeting another
         # row's scale shows)
         A_scale = 0.05 + torch.rand(*full, 1, device=device) / 10
@@ -134,12 +140,12 @@ def _plain_all_gather_scaled_matmul(A_shard, Bs, A_scale, B_scales, gather_dim, 
     return A, outs
 
 
-def _scatter_inputs(rank, row_wise, variant, device):
+def _scatter_inputs(rank, row_wise, variant, device, sizes=(BATCH, M)):
     torch.manual_seed(42 + rank)
-    A = torch.rand(BATCH, M, K, device=device).to(E4M3)
+    A = torch.rand(*sizes, K, device=device).to(E4M3)
     B = torch.rand(N, K, device=device).to(E4M3).T
     if row_wise:
-        A_scale = 0.05 + torch.rand(BATCH, M, 1, device=device) / 10
+        A_scale = 0.05 + torch.rand(*sizes, 1, device=device) / 10
         B_scale = 0.05 + torch.rand(1, N, device=device) / 10
     else:
         A_scale = torch.tensor(SCALE, device=device)
@@ -150,18 +156,20 @@ def _scatter_inputs(rank, row_wise, variant, device):
     return A, B, A_scale, B_scale, bias
 
 
-def compat_fp8_worker(rank, tp, device="cpu"):
-    """Every ported case: torch_compat_fp8's results against torch's reference and a plain
-    all_gather/all_reduce, their dtypes, strides and shapes, and how many distgemm calls
-    served it."""
+def compat_fp8_worker(
+    rank, tp, device="cpu", gather_cases=GATHER_CASES, scatter_cases=SCATTER_CASES, sizes=(BATCH, M)
+):
+    """Every ported case (or those given, of A's leading ``sizes`` [BATCH, M]): torch_compat_fp8's
+    results against torch's reference and a plain all_gather/all_reduce, their dtypes, strides
+    and shapes, and how many distgemm calls served it."""
     calls = count_distgemm_calls(device)
     group = dist.group.WORLD
     name = group.group_name
     restore = _bytes_all_gather()
     results = {}
-    for gather_dim, mode, variant in GATHER_CASES:
+    for gather_dim, mode, variant in gather_cases:
         A_shard, Bs, A_scale, B_scales, kw = _gather_inputs(
-            rank, tp, gather_dim, mode, variant, device
+            rank, tp, gather_dim, mode, variant, device, sizes
         )
         ref_A, ref_mm = _fused_all_gather_scaled_matmul_fallback(
             A_shard, Bs, A_scale, B_scales, gather_dim=gather_dim, group_name=name, **kw
@@ -189,9 +197,9 @@ def compat_fp8_worker(rank, tp, device="cpu"):
             "shapes": [list(a.shape) for a in mm],
             "distgemm calls": calls["n"] - before,
         }
-    for scatter_dim, row_wise, reduce_op, variant in SCATTER_CASES:
-        A, B, A_scale, B_scale, bias = _scatter_inputs(rank, row_wise, variant, device)
-        output_shape = [BATCH, M, N]
+    for scatter_dim, row_wise, reduce_op, variant in scatter_cases:
+        A, B, A_scale, B_scale, bias = _scatter_inputs(rank, row_wise, variant, device, sizes)
+        output_shape = [*sizes, N]
         args = (A, B, A_scale, B_scale, reduce_op, scatter_dim, 0 if A.dim() == 2 else scatter_dim)
         kw = dict(bias=bias, out_dtype=torch.bfloat16)
         ref = _fused_scaled_matmul_reduce_scatter_fallback(*args, name, list(output_shape), **kw)
@@ -214,7 +222,7 @@ def compat_fp8_worker(rank, tp, device="cpu"):
         results[("scatter", scatter_dim, row_wise, reduce_op, variant)] = {
             "values": values,
             "exact": torch.equal(out, ref),
-            "plain": _close(out, plain),
+            "plain": _close(out, plain, max(2, tp)),
             "strides": out.stride() == ref.stride(),
             "dtypes": [str(out.dtype)],
             "ref dtypes": [str(ref.dtype)],
@@ -241,12 +249,12 @@ def served(key, on_cuda: bool) -> bool:
     return key[1] != 2 and key[4] != "bias"
 
 
-def case_failures(results, key, on_cuda: bool) -> list[str]:
+def case_failures(results, key, on_cuda: bool, sizes=(BATCH, M)) -> list[str]:
     """What compat_fp8_worker got wrong on any rank for one case (``key``): values, dtypes,
     strides or shapes against torch, or distgemm serving a case it should not (or not serving
     one it should). Where torch's computation runs (the fallback), bit-equal to torch's."""
     kind, dim = key[:2]
-    shape = [BATCH, M, N]
+    shape = [*sizes, N]
     if kind == "scatter":
         shape[dim] //= len(results)
     failures = []
@@ -279,6 +287,37 @@ def test_ported_output_dtypes(compat_results):
     """torch's tensor-wise case asks for out_dtypes [None, bf16, fp32]: None is A's dtype."""
     got = compat_results[0][("gather", 0, "tensor-wise", "torch")]["dtypes"]
     assert got == ["torch.float8_e4m3fn", "torch.bfloat16", "torch.float32"]
+
+
+# Every TP of CPU_TPS: a gather and a scatter along each leading dim, on leading sizes that split
+# over each TP (test_symm_mem.EVERY_TP_SIZES); and the ValueError of an output_shape whose scatter
+# dim does not.
+EVERY_TP_GATHER = [(0, "tensor-wise", "torch"), (1, "row-wise-sharded", "torch")]
+EVERY_TP_SCATTER = [(0, True, "avg", "torch"), (1, False, "sum", "2-D A")]
+
+
+def every_tp_worker(rank, tp):
+    """compat_fp8_worker's results for the EVERY_TP cases, and the ValueError of a reduce-scatter
+    whose scatter dim does not split over ``tp``, raised before any collective."""
+    results = compat_fp8_worker(rank, tp, "cpu", EVERY_TP_GATHER, EVERY_TP_SCATTER, EVERY_TP_SIZES)
+    rows, scale = 2 * tp + 1, torch.tensor(SCALE)
+    A, B = torch.rand(rows, 4, K).to(E4M3), torch.rand(N, K).to(E4M3).T
+    args = (A, B, scale, scale, "sum", 0, 0, dist.group.WORLD.group_name, [rows, 4, N])
+    return results, value_error(
+        lambda: symm_mem_fp8.fused_scaled_matmul_reduce_scatter(*args, out_dtype=torch.bfloat16)
+    )
+
+
+@pytest.mark.parametrize("tp", CPU_TPS)
+def test_every_tp_matches_torch_and_every_rank_raises_on_an_indivisible_scatter(tmp_path, tp):
+    results = run_ranks(every_tp_worker, tmp_path, tp=tp)
+    error = (
+        f"fused_scaled_matmul_reduce_scatter: output_shape[0]={2 * tp + 1} is not divisible by "
+        f"tp={tp}"
+    )
+    cases = (EVERY_TP_GATHER, EVERY_TP_SCATTER)
+    failures = every_tp_failures(results, tp, cases, case_failures, error)
+    assert not failures, failures
 
 
 # ---------------------------------------------------------------------------------------------

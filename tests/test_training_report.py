@@ -153,7 +153,7 @@ def _fp32_block(sizes):
 
 def test_cpu_smoke_variants_against_megatron_and_fp32(tmp_path):
     torch = pytest.importorskip("torch")
-    from test_nn import run_ranks
+    from ranks import run_ranks
 
     from benchmarks.training import training_step as ts
 

@@ -6,6 +6,7 @@ predictions are near the measured times, and the shipped constants are that swee
 import math
 
 import pytest
+from ranks import CPU_TPS
 
 from benchmarks.sweep import fit_path_model
 from distgemm import _core
@@ -65,8 +66,8 @@ def test_the_shipped_constants_are_the_sweeps_fit():
 
 def test_the_model_covers_every_schedule_and_stays_positive():
     for schedule in ("ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "ar_tile_a"):
-        for tp, steps in ((2, 2), (2, 4), (4, 4), (8, 16)):
-            plan = _core.build_plan(schedule, tp, steps, 8192, 8192, 8192)
+        for tp, steps in [(tp, tp * k) for tp in CPU_TPS for k in (1, 2)]:
+            plan = _core.build_plan(schedule, tp, steps, 6144, 6144, 6144)  # splits at each
             pred = cost_model.predict(H200.at_tp(tp), plan)
             assert 0 < pred["overlap_ms"] < 10 and 0 < pred["collective_ms"] < 10, schedule
     # More tokens cost more; a forced tile is priced with that tile.

@@ -1,8 +1,8 @@
-"""The tuning table across ranks and through the reference executor: on 2 gloo ranks, ranks that
-loaded different tables (or only one of them a table) raise the same ValueError at plan creation
-and ranks with the same table make the same choice; and a plan whose S comes from a table entry,
-run by distgemm.plan.reference on simulated devices, gives torch's result (float64, relative
-1e-12)."""
+"""The tuning table across ranks and through the reference executor, at every TP of
+ranks.CPU_TPS: on gloo ranks, ranks that loaded different tables (or only one of them a table)
+raise the same ValueError at plan creation and ranks with the same table make the same choice;
+and a plan whose S comes from a table entry, run by distgemm.plan.reference on simulated devices,
+gives torch's result (float64, relative 1e-12)."""
 
 import json
 import types
@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-from test_nn import run_ranks  # noqa: E402
+from ranks import CPU_TPS, run_ranks  # noqa: E402
 from test_tuning_table import _doc, _raw  # noqa: E402
 
 from distgemm import _core, ops  # noqa: E402
@@ -20,11 +20,14 @@ from distgemm.plan import reference  # noqa: E402
 from distgemm.runtime import control, entry_cache, tuning_table  # noqa: E402
 from distgemm.runtime.precision import Precision  # noqa: E402
 
-M, N, K = 64, 48, 32  # global; all-gather of A (ag_rotate_a) on 2 ranks
+# Global, all-gather of A (ag_rotate_a): M and N/TP (the rows of w and of the output's tile)
+# multiples of 8 at every TP of CPU_TPS.
+M, N, K = 192, 192, 32
 
 
-def _table(steps: int, tile_n: int) -> dict:
-    return _doc(_raw(n=N, k=K, tokens=M, steps=steps, tile_n=tile_n))
+def _table(tp: int, steps: int, tile_n: int) -> dict:
+    bucket = tuning_table.token_bucket(M)
+    return _doc(_raw(n=N, k=K, tokens=bucket, tp=tp, steps=steps, tile_n=tile_n))
 
 
 class _Comm:
@@ -76,42 +79,48 @@ def _rank_scenarios(rank, tp, tmp):
     ]
 
 
-def test_ranks_with_different_tables_raise_the_same_value_error(tmp_path):
-    (tmp_path / "same.json").write_text(json.dumps(_table(4, 128)))
-    (tmp_path / "rank0.json").write_text(json.dumps(_table(4, 128)))
-    (tmp_path / "rank1.json").write_text(json.dumps(_table(2, 256)))
+@pytest.mark.parametrize("tp", CPU_TPS)
+def test_ranks_with_different_tables_raise_the_same_value_error(tmp_path, tp):
+    """Rank 0 loads one table, every other rank another (different) one, or only rank 1 one."""
+    (tmp_path / "same.json").write_text(json.dumps(_table(tp, 2 * tp, 128)))
+    for r in range(tp):
+        table = _table(tp, 2 * tp, 128) if r == 0 else _table(tp, tp, 256)
+        (tmp_path / f"rank{r}.json").write_text(json.dumps(table))
     digests = {
         r: tuning_table.TuningTable.load(tmp_path / f"rank{r}.json").digest for r in range(2)
     }
-    got = run_ranks(_rank_scenarios, tmp_path, str(tmp_path))
-    same, different, only_one = ([got[r][i] for r in range(2)] for i in range(3))
-    # The same table: the same entry on both ranks, S and tile from the table.
-    assert same[0] == same[1] == ("ok", "overlap", 4, 128, "table")
+    got = run_ranks(_rank_scenarios, tmp_path, str(tmp_path), tp=tp)
+    same, different, only_one = ([got[r][i] for r in range(tp)] for i in range(3))
+    # The same table: the same entry on every rank, S and tile from the table.
+    assert same == [("ok", "overlap", 2 * tp, 128, "table")] * tp
     # Different tables: one error, the same on every rank, naming both digests.
-    assert different[0] == different[1]
+    assert different == [different[0]] * tp
     assert different[0] == (
         "ValueError",
         f"all_gather_gemm: ranks disagree at plan creation: rank 1 has tuning_table="
         f"'{digests[1]}' where rank 0 has tuning_table='{digests[0]}'; every rank must load the "
         "same tuning table (DISTGEMM_TUNING_TABLE or distgemm.load_tuning_table)",
     )
-    assert only_one[0] == only_one[1]
+    assert only_one == [only_one[0]] * tp and only_one[0][0] == "ValueError"
     assert (
         f"rank 1 has tuning_table='{digests[1]}' where rank 0 has tuning_table=None"
         in (only_one[0][1])
     )
 
 
+@pytest.mark.parametrize("tp", CPU_TPS)
 @pytest.mark.parametrize(
-    "schedule,steps",
-    [("ag_rotate_a", 4), ("rs_tile_a", 4), ("rs_tile_b", 2), ("ar_tile_a", 4)],
+    "schedule,steps_per_rank",
+    [("ag_rotate_a", 2), ("rs_tile_a", 2), ("rs_tile_b", 1), ("ar_tile_a", 2)],
 )
-def test_a_plan_from_a_table_entry_computes_what_torch_does(tmp_path, schedule, steps):
+def test_a_plan_from_a_table_entry_computes_what_torch_does(tmp_path, schedule, steps_per_rank, tp):
     op = {"all_gather": "all_gather_gemm", "reduce_scatter": "gemm_reduce_scatter"}.get(
         _core.schedule_definition(schedule)["collective"], "gemm_all_reduce"
     )
-    tp, m, n, k = 2, 64, 48, 32
-    entry = _raw(op=op, schedule=schedule, n=n, k=k, tokens=64, steps=steps, tile_n=0)
+    # M, N, K and their shards (K/TP where K is sharded) multiples of 8 at every TP of CPU_TPS.
+    steps, m, n, k = steps_per_rank * tp, 96, 192, 192
+    bucket = tuning_table.token_bucket(m)
+    entry = _raw(op=op, schedule=schedule, tp=tp, n=n, k=k, tokens=bucket, steps=steps, tile_n=0)
     path = tmp_path / "t.json"
     path.write_text(json.dumps(_doc(entry)))
     local = _core.build_plan(schedule, tp, tp, m, n, k).local_shapes

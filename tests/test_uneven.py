@@ -9,13 +9,14 @@ import zlib
 import numpy as np
 import pytest
 import torch
+from ranks import CPU_TPS
 
 import distgemm
 from distgemm import build_plan, verify_plan
 from distgemm.plan.reference import execute_plan, reference_inputs, shard_outputs
 
 SCHEDULES = distgemm.schedule_names()
-GRID = [(tp, tp * k) for tp in (2, 4, 8) for k in (1, 2)]
+GRID = [(tp, tp * k) for tp in CPU_TPS for k in (1, 2)]
 TOL = 1e-12  # relative, float64 end to end: only summation-order rounding
 POLICIES = ("compute_first_low", "random:1")
 
@@ -88,7 +89,7 @@ RING = [s for s in SCHEDULES if distgemm.schedule_definition(s)["collective"] !=
 
 
 @pytest.mark.parametrize("schedule", RING)
-@pytest.mark.parametrize("tp,steps", [(2, 4), (4, 8), (8, 16)], ids=lambda v: str(v))
+@pytest.mark.parametrize("tp,steps", [(tp, 2 * tp) for tp in CPU_TPS], ids=lambda v: str(v))
 def test_partials_by_copy_engine_and_uneven_tiles(schedule, tp, steps):
     rng = random.Random(seed_of("copy", schedule, tp, steps))
     for m in (1, steps - 1, steps + 1, 2 * steps + 3):
@@ -99,7 +100,9 @@ def test_partials_by_copy_engine_and_uneven_tiles(schedule, tp, steps):
 
 
 @pytest.mark.parametrize("schedule", ["ag_rotate_b", "rs_tile_b"])
-@pytest.mark.parametrize("tp,steps", [(2, 4), (2, 6), (4, 8), (8, 24)], ids=lambda v: str(v))
+@pytest.mark.parametrize(
+    "tp,steps", [(tp, 2 * tp) for tp in CPU_TPS] + [(2, 6), (8, 24)], ids=lambda v: str(v)
+)
 def test_uneven_tiles_of_n_are_whole_16_byte_units(schedule, tp, steps):
     """Along N an uneven split (S does not divide N) cuts whole units of 8 columns, so every
     sub-GEMM keeps the kernel's extent rule (N a multiple of 8) when N/TP is one; the rest below

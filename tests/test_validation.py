@@ -8,6 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from ranks import CPU_TPS  # noqa: E402
+
 import distgemm  # noqa: E402
 from distgemm import ops  # noqa: E402
 from distgemm.runtime import validate  # noqa: E402
@@ -231,16 +233,18 @@ def test_m_not_divisible_by_steps_splits_unevenly():
     assert rows == [31, 31, 32, 32]
 
 
-def test_reduce_scatter_m_not_divisible_by_tp():
+@pytest.mark.parametrize("tp", CPU_TPS)
+def test_reduce_scatter_m_not_divisible_by_tp(tp):
+    m, k = 8 * tp + 1, 16 * tp
     with pytest.raises(
         ValueError,
-        match=r"gemm_reduce_scatter \(rs_tile_a, TP=4, S=4, global M=30 N=48 K=64\): M=30 is not "
-        r"divisible by TP=4: rs_tile_a shards C/D on M",
+        match=rf"gemm_reduce_scatter \(rs_tile_a, TP={tp}, S={tp}, global M={m} N=48 K={k}\): "
+        rf"M={m} is not divisible by TP={tp}: rs_tile_a shards C/D on M",
     ):
-        make_spec("gemm_reduce_scatter", "rs_tile_a", 4, 0, None, t(30, 16), t(48, 16))
+        make_spec("gemm_reduce_scatter", "rs_tile_a", tp, 0, None, t(m, 16), t(48, 16))
 
 
-@pytest.mark.parametrize("tp", [2, 4, 8])
+@pytest.mark.parametrize("tp", CPU_TPS)
 @pytest.mark.parametrize("tokens", [1, 3, 7, 255])
 def test_all_reduce_takes_any_token_count(tp, tokens):
     s = make_spec("gemm_all_reduce", "ar_tile_a", tp, 0, None, t(tokens, 64), t(48, 64))

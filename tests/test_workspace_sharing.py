@@ -2,19 +2,11 @@
 every plan shares (C++ layout), the pool's sizing, growth and release on the real plans of a
 96-token-count loop, the Communicator's growth (plans re-pointed, the old workspace freed
 collective-safely) with the CUDA parts replaced, memory_stats, launches of several plans on one
-shared workspace through the reference executor, and a growth's exchanges across two gloo
-processes.
+shared workspace through the reference executor, and a growth's exchanges across gloo ranks at
+every TP of ranks.CPU_TPS."""
 
-Run as a script, this file is the worker of the gloo test (one process per rank)."""
-
-import argparse
 import collections
-import json
-import os
-import pathlib
 import random
-import subprocess
-import sys
 import time
 import types
 
@@ -22,6 +14,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+from ranks import CPU_TPS, run_ranks  # noqa: E402
 
 import distgemm  # noqa: E402
 from distgemm import _core, llama3, ops  # noqa: E402
@@ -60,7 +53,7 @@ def test_control_region_sizes_come_from_the_bounds():
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
-@pytest.mark.parametrize("tp", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("tp", [1, *CPU_TPS])
 def test_every_plan_ends_in_the_same_control_region(schedule, tp):
     c = _core.workspace_control_layout()
     for steps in (tp, 2 * tp, 4 * tp):
@@ -646,7 +639,7 @@ def run_shared(tp, order, plans, advance_generation=True, seed=0):
     return worst
 
 
-@pytest.mark.parametrize("tp", [2, 4])
+@pytest.mark.parametrize("tp", CPU_TPS)
 def test_plans_sharing_one_workspace_stay_exact(tp):
     plans = shared_launch_plans(tp)
     by_size = sorted(range(len(plans)), key=lambda i: plans[i][1]["slots_bytes"])
@@ -668,20 +661,26 @@ def test_without_new_generations_a_stale_flag_lets_a_gemm_read_stale_slots():
 
 
 # ---------------------------------------------------------------------------------------------
-# Two processes over gloo: the issue's 96-token-count loop through the real control exchange on
-# the process group's store. Every rank grows at the same call (the fake IPC open checks that the
-# handles are of the same allocation), and no rank frees a workspace before every rank unmapped
-# it.
+# Ranks over gloo, at every TP of CPU_TPS: the issue's serving loop (with shapes that split over
+# each TP) through the real control exchange on the process group's store. Every rank grows at the
+# same call (the fake IPC open checks that the handles are of the same allocation), and no rank
+# frees a workspace before every rank unmapped it. Then a growth whose IPC open fails on the last
+# rank raises the same error on every rank, which keeps its workspace.
 
 
-def _gloo_worker(rank, world, init, out):
-    import torch.distributed as dist
+def every_tp_ops(tp):
+    """issue_ops with M a multiple of 96 (64 token counts), N = 6144 and K = 3072: M, N and K
+    and their shards split over every TP of CPU_TPS."""
+    for m in range(96, 6145, 96):
+        yield "ag_rotate_a", "all_gather_gemm", m, 6144, 3072
+        yield "rs_tile_a", "gemm_reduce_scatter", m, 6144, 3072
 
+
+def _gloo_worker(rank, tp):
     from distgemm.runtime.control import ControlExchange, default_store
 
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    ctl = ControlExchange(default_store(), list(range(world)), rank, 60.0)
-    c = fake_comm(tp=world, rank=rank, ctl=ctl)
+    ctl = ControlExchange(default_store(), list(range(tp)), rank, 60.0)
+    c = fake_comm(tp=tp, rank=rank, ctl=ctl)
     stamps = collections.defaultdict(dict)
 
     class StampedLog(list):
@@ -692,43 +691,34 @@ def _gloo_worker(rank, world, init, out):
 
     FakeIpcWorkspace.log = StampedLog()
     steps = []
-    for schedule, op, m, n, k in issue_ops(world):
+    for schedule, op, m, n, k in every_tp_ops(tp):
         add_entry(c, op, schedule, m, n, k)
         s = c.memory_stats()
         steps.append((s["workspace_allocations"], s["workspace_bytes"], s["largest_plan_bytes"]))
+    before = c._pool.current
+    FakeIpcWorkspace.fail_open = "cudaIpcOpenMemHandle failed" if rank == tp - 1 else None
+    try:
+        c.workspace_for(_core.workspace_layout("ag_rotate_a", tp, tp, 16 * 6144, 6144, 3072))
+        error = None
+    except RuntimeError as e:
+        error = str(e)
+    failed = FakeIpcWorkspace.made[-1]
+    failed_growth = {
+        "error": error,
+        "kept": c._pool.current is before and not before.core.freed,
+        "new freed": failed is not before.core and failed.freed,
+    }
+    stamps.pop(failed.index, None)  # never mapped by the peers: freed at once
     final = c.memory_stats()
     c.close()
-    dist.destroy_process_group()
-    pathlib.Path(out).write_text(json.dumps({"steps": steps, "final": final, "stamps": stamps}))
+    stamps = {index: dict(events) for index, events in stamps.items()}
+    return {"steps": steps, "final": final, "stamps": stamps, "failed growth": failed_growth}
 
 
-def test_growth_stays_in_step_across_two_gloo_processes(tmp_path):
-    init = f"file://{tmp_path / 'store'}"
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                __file__,
-                "--rank",
-                str(r),
-                "--world",
-                "2",
-                "--init",
-                init,
-                "--out",
-                str(tmp_path / f"rank{r}.json"),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    outs = [p.communicate(timeout=600) for p in procs]
-    for p, (_, err) in zip(procs, outs):
-        assert p.returncode == 0, err[-3000:]
-    res = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
-    assert res[0]["steps"] == res[1]["steps"]  # every rank grew at the same call
+@pytest.mark.parametrize("tp", CPU_TPS)
+def test_growth_stays_in_step_across_gloo_ranks_and_a_failed_one_raises_on_every_rank(tmp_path, tp):
+    res = run_ranks(_gloo_worker, tmp_path, tp=tp)
+    assert all(r["steps"] == res[0]["steps"] for r in res)  # every rank grew at the same call
     final = res[0]["final"]
     assert final["plans"] == entries.MAX_PLANS and final["workspace_allocations"] > 1
     assert final["workspace_bytes"] <= final["largest_plan_bytes"] * (1 + GROWTH_HEADROOM)
@@ -737,14 +727,7 @@ def test_growth_stays_in_step_across_two_gloo_processes(tmp_path):
         unmapped = max(r["stamps"][index]["close_peers"] for r in res)
         freed = min(r["stamps"][index]["free"] for r in res)
         assert unmapped < freed, index
-
-
-if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    for name in ("--rank", "--world"):
-        ap.add_argument(name, type=int, required=True)
-    ap.add_argument("--init", required=True)
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args()
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    _gloo_worker(args.rank, args.world, args.init, args.out)
+    want = f"distgemm workspace setup failed on rank {tp - 1}: cudaIpcOpenMemHandle failed"
+    assert [r["failed growth"] for r in res] == [
+        {"error": want, "kept": True, "new freed": True}
+    ] * tp

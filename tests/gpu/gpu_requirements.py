@@ -61,6 +61,16 @@ def choose_ranks(gpus: int, tp_setting: str | None, default_tp: int | None) -> t
     return (default_tp or gpus), False
 
 
+def tp_one_gpu_per_rank() -> int:
+    """The ranks of a test that never shares a GPU (it times, or runs what a user runs):
+    DISTGEMM_TEST_TP, else every visible GPU; 2 with fewer than 2 visible, where skip_reason
+    then says what is missing."""
+    gpus = visible_gpus()
+    if gpus == 0:  # nothing runs; the setting (run_on_gpus.sh's 0) is not read
+        return 2
+    return choose_ranks(max(gpus, 2), os.environ.get(TP_ENV), None)[0]
+
+
 def skip_reason(tp: int, what: str = "", shared: bool = False) -> str | None:
     """Why tests needing `tp` Hopper GPUs (`shared`: one GPU for every rank) and the CUDA runtime
     cannot run here (None: they can). `what` names where tp came from, for the message."""

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The Python API checks on a 2-GPU Hopper machine, in one call:
+# The Python API checks on a Hopper machine at TP = every visible GPU (DISTGEMM_TEST_TP sets
+# another), in one call:
 #   bash tests/gpu/run_api_checks.sh
 # Uses a distgemm importable from PYTHONPATH when it has the CUDA runtime (e.g. a prebuilt
 # package carried in .whl/py312), else builds and installs the repository here (log kept).
@@ -34,7 +35,7 @@ PY
 DISTGEMM_BENCH=1 DISTGEMM_BENCH_OUT="$OUT/bench.txt" DISTGEMM_TORCHRUN_TIMEOUT=120 python3 -m pytest -q \
   tests/gpu/test_torchrun_api.py::test_python_path_within_2_percent_of_cpp > "$OUT/pytest_bench.log" 2>&1 || rc=1
 tail -4 "$OUT/pytest_bench.log"; cut -c1-200 "$OUT/bench.txt" 2>/dev/null
-timeout 120 torchrun --nproc-per-node "${DISTGEMM_TEST_TP:-2}" examples/tp_mlp.py > "$OUT/tp_mlp.log" 2>&1; echo "tp_mlp rc=$?"
+timeout 120 torchrun --nproc-per-node "${DISTGEMM_TEST_TP:-$(nvidia-smi -L | wc -l)}" examples/tp_mlp.py > "$OUT/tp_mlp.log" 2>&1; echo "tp_mlp rc=$?"
 grep tp_mlp: "$OUT/tp_mlp.log"
 python3 -m pytest -q -rA tests/gpu/test_training.py > "$OUT/pytest_training.log" 2>&1 || rc=1
 tail -8 "$OUT/pytest_training.log"

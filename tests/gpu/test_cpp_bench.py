@@ -61,8 +61,9 @@ def _gpus():
 
 BENCH = _bench_path()
 NGPU, CAPS = _gpus()
-# TP of these tests (default 2; DISTGEMM_TEST_TP=4 or 8 on a machine with that many GPUs).
-TP = int(os.environ.get("DISTGEMM_TEST_TP", "2"))
+# TP of these tests: every visible GPU (2 with fewer: the skip below says so); DISTGEMM_TEST_TP
+# sets another.
+TP = int(os.environ.get("DISTGEMM_TEST_TP") or max(NGPU, 2))
 
 pytestmark = [
     pytest.mark.skipif(NGPU == 0, reason="no CUDA GPU (nvidia-smi finds none)"),

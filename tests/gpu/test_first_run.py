@@ -4,12 +4,13 @@
 
 - ``python3 -m distgemm`` (the main job): exit 0 and a RESULT line with verify=PASS;
 - ``import distgemm._core`` before and after ``import torch``, each followed by CUDA work of both;
-- ``torchrun --nproc-per-node 2 -m benchmarks.sweep.llama_sweep --quick``: exit 0, every case
+- ``torchrun --nproc-per-node TP -m benchmarks.sweep.llama_sweep --quick``: exit 0, every case
   measured, right, and no time below its compute floor;
-- ``torchrun --nproc-per-node 2 examples/tp_mlp.py``: exit 0.
+- ``torchrun --nproc-per-node TP examples/tp_mlp.py``: exit 0.
 
-Decides by exit codes and parsed output (the RESULT line, the sweep's JSON). Skips, with the
-reason, without 2 Hopper GPUs or without the CUDA runtime in the installed package.
+TP = every visible GPU (DISTGEMM_TEST_TP sets another). Decides by exit codes and parsed output
+(the RESULT line, the sweep's JSON). Skips, with the reason, without TP (at least 2) Hopper GPUs
+or without the CUDA runtime in the installed package.
 """
 
 import json
@@ -22,11 +23,11 @@ import sys
 import pytest
 
 torch = pytest.importorskip("torch")
-from gpu_requirements import ENV, skip_reason  # noqa: E402
+from gpu_requirements import ENV, skip_reason, tp_one_gpu_per_rank  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-TP = 2
-_SKIP = skip_reason(TP)
+TP = tp_one_gpu_per_rank()
+_SKIP = skip_reason(TP, " (DISTGEMM_TEST_TP or every visible GPU)")
 
 pytestmark = pytest.mark.skipif(_SKIP is not None, reason=str(_SKIP))
 

@@ -1,5 +1,5 @@
-"""The Python API on 2 Hopper GPUs under torchrun (tests/gpu/torchrun_worker.py does the work);
-DISTGEMM_TEST_TP=4 (or 8) runs it on that many. With one GPU, 2 ranks share it (gloo,
+"""The Python API under torchrun at TP = every visible Hopper GPU (tests/gpu/torchrun_worker.py
+does the work); DISTGEMM_TEST_TP sets another. With one GPU, 2 ranks share it (gloo,
 DISTGEMM_ALLOW_SHARED_GPU=1: a functional run, said so in the results' "mode"; the collective
 and auto paths and the wrong-device error are left out, their tests skip with the reason).
 
@@ -34,8 +34,8 @@ import distgemm  # noqa: E402
 HERE = pathlib.Path(__file__).resolve().parent
 WORKER = HERE / "torchrun_worker.py"
 SCHEDULES = ["ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "ar_tile_a"]
-# Ranks of the torchrun launch = TP (default 2; DISTGEMM_TEST_TP=4 or 8 with that many GPUs).
-LAUNCH = launch_here(default_tp=2)
+# Ranks of the torchrun launch = TP: every visible GPU, or DISTGEMM_TEST_TP.
+LAUNCH = launch_here()
 TP = LAUNCH.tp
 CALLS = int(os.environ.get("DISTGEMM_CALLS", "10000"))
 ERROR_PATHS = [

@@ -34,7 +34,9 @@ from gpu_requirements import (  # noqa: E402
     run_worker_json,
 )
 
-LAUNCH = launch_here(default_tp=2, honour_tp_env=False)  # 2 ranks: the CPU tests' layout
+# 2 ranks on any machine: the ported torch cases (N = 16) and which of them distgemm serves
+# (test_symm_mem*.case_failures) are those of TP = 2; N/TP falls below the kernels' unit above it.
+LAUNCH = launch_here(default_tp=2, honour_tp_env=False)
 WORKER = pathlib.Path(__file__).resolve().parent / "training_worker.py"
 pytestmark = pytest.mark.skipif(LAUNCH.skip is not None, reason=str(LAUNCH.skip))
 

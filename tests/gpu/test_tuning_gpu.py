@@ -1,8 +1,8 @@
-"""Tuning tables on 2 Hopper GPUs: ``python -m distgemm.tune`` under torchrun measures a few
-Llama-8B buckets and writes a table; then tests/gpu/tuning_worker.py, with the table in
-DISTGEMM_TUNING_TABLE, checks that the ops follow it (path, S, GEMM tile in the graph) and stay
-correct, and that a hand-written table forces each tile. DISTGEMM_TEST_TP=4 (or 8) runs it on
-that many GPUs.
+"""Tuning tables at TP = every visible Hopper GPU (DISTGEMM_TEST_TP sets another; never 2 ranks
+on one GPU): ``python -m distgemm.tune`` under torchrun measures a few Llama-8B buckets and writes
+a table; then tests/gpu/tuning_worker.py, with the table in DISTGEMM_TUNING_TABLE, checks that
+the ops follow it (path, S, GEMM tile in the graph) and stay correct, and that a hand-written
+table forces each tile.
 
     python3 -m pytest -q tests/gpu/test_tuning_gpu.py
 
@@ -11,19 +11,18 @@ GPUs, without Hopper, or without distgemm's CUDA runtime.
 """
 
 import json
-import os
 import pathlib
 
 import pytest
 
 torch = pytest.importorskip("torch")
-from gpu_requirements import run_torchrun, skip_reason  # noqa: E402
+from gpu_requirements import run_torchrun, skip_reason, tp_one_gpu_per_rank  # noqa: E402
 
 from distgemm.runtime import tuning_table  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
-TP = int(os.environ.get("DISTGEMM_TEST_TP", "2"))
-_SKIP = skip_reason(TP, " (DISTGEMM_TEST_TP)")
+TP = tp_one_gpu_per_rank()
+_SKIP = skip_reason(TP, " (DISTGEMM_TEST_TP or every visible GPU)")
 pytestmark = pytest.mark.skipif(_SKIP is not None, reason=str(_SKIP))
 
 

@@ -1,6 +1,6 @@
-"""The communicator's one workspace on 2 Hopper GPUs under torchrun (DISTGEMM_TEST_TP=4: 4 GPUs;
-with one GPU, 2 ranks share it: gloo, DISTGEMM_ALLOW_SHARED_GPU=1, a functional run said so in
-the results' "mode"); tests/gpu/workspace_worker.py does the work:
+"""The communicator's one workspace under torchrun at TP = every visible Hopper GPU
+(DISTGEMM_TEST_TP sets another; with one GPU, 2 ranks share it: gloo, DISTGEMM_ALLOW_SHARED_GPU=1,
+a functional run said so in the results' "mode"); tests/gpu/workspace_worker.py does the work:
 
 - after 96 token counts (64..6144) of an all_gather_gemm and a gemm_reduce_scatter (K = 4096),
   distgemm holds one workspace of at most the largest plan's layout + 10% (memory_stats), device
@@ -33,7 +33,7 @@ from gpu_requirements import (  # noqa: E402
     run_worker_json,
 )
 
-LAUNCH = launch_here(default_tp=2)
+LAUNCH = launch_here()  # every visible GPU, or DISTGEMM_TEST_TP
 WORKER = pathlib.Path(__file__).resolve().parent / "workspace_worker.py"
 pytestmark = pytest.mark.skipif(LAUNCH.skip is not None, reason=str(LAUNCH.skip))
 
