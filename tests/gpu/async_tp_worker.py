@@ -2,7 +2,7 @@
 
     torchrun --nproc-per-node 4 tests/gpu/async_tp_worker.py --out results.json
 
-Started by tests/gpu/test_async_tp.py. One section, ``async_tp``, run by every rank:
+Started by tests/gpu/test_async_tp_switch.py. One section, ``async_tp``, run by every rank:
 
 A sequence-parallel MLP (tests/test_async_tp.sequence_parallel_mlp: all-gather of the sequence,
 ``x @ w1.T``, relu, ``@ w2.T``, reduce-scatter of the sequence; x ``[B, S, H]`` =

@@ -10,7 +10,7 @@ work:
 - an eager fp32 call of the fused all-gather op with the switch on goes to torch's CUDA kernel,
   with distgemm's reason counted, and its result is right.
 
-    DISTGEMM_TEST_TP=4 python3 -m pytest -q -rs tests/gpu/test_async_tp.py
+    DISTGEMM_TEST_TP=4 python3 -m pytest -q -rs tests/gpu/test_async_tp_switch.py
 
 Decides by the worker's exit code and the checks it writes (JSON, kept under
 DISTGEMM_TEST_RESULTS when set). Skips, with the reason, without a Hopper GPU or without the
