@@ -202,3 +202,28 @@ def test_the_choice_error_counts_only_over_predicted_gains():
     assert calibration_fit.over_prediction([]) == 0.0
     assert calibration_fit.over_prediction([-0.2, -0.1]) == 0.0  # gains left untaken only
     assert calibration_fit.over_prediction([0.03, -0.5, 0.04, 0.0]) == pytest.approx(0.025)
+
+
+@pytest.mark.parametrize(
+    "argv,line",
+    [
+        ([], "it measures this machine's GPUs, and torch sees none"),
+        (["--window-ms", "0"], "--window-ms 0.0 is not in 1..10000"),
+    ],
+)
+def test_the_calibration_cli_refuses_in_one_line(argv, line):
+    import subprocess
+    import sys
+
+    res = subprocess.run(
+        [sys.executable, "-m", "distgemm.tune", "--calibrate", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if line.startswith("it measures") and "torch sees none" not in res.stderr:
+        pytest.skip("torch sees a GPU here: the calibration would run")
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [
+        f"python -m distgemm.tune --calibrate: error: {line} (see --help)"
+    ]
