@@ -66,7 +66,7 @@ def sweep_runs(path: pathlib.Path = DEFAULT_CSV) -> list[dict]:
 def fit(path: pathlib.Path = DEFAULT_CSV, gpu: str = "NVIDIA H200", topology: str = "nvlink18"):
     """The machine constants of ``gpu`` / ``topology`` at the sweep's TP fitted to the sweep."""
     runs = sweep_runs(path)
-    tp = runs[0]["tp"] if runs[0]["kind"] == "path" else next(r["tp"] for r in runs if "tp" in r)
+    tp = next(r["tp"] for r in runs if r["kind"] == "path")
     meta = {"source": f"fit of the Llama sweep {path.name} (benchmarks.sweep.fit_path_model)"}
     key = machine.MachineKey(gpu, tp, topology)
     return calibration_fit.fit(runs, key, SLOTS, meta, copy_default=COPY_DEFAULT)

@@ -27,6 +27,7 @@ from typing import Any
 
 from . import cli
 from .runtime import calibration_fit, machine
+from .runtime.event_wait import wait_event
 
 WARMUP_S = 1.0  # the GPUs' clocks settle under sustained load (a 700 W cap) before any run
 # Per-rank GEMMs of the kernel and torch.mm fits: (m, n, k), both tiles for the kernel.
@@ -46,6 +47,7 @@ PATH_SHAPES = [
     (16384, 4096, 5120),
     (12288, 12288, 12288),
 ]
+WAIT_S = 60.0  # the longest wait for this rank's GPU work (one run is at most a few seconds)
 CYCLES_PER_MS = 2.0e6  # torch.cuda._sleep's cycles per ms at up to 2 GHz (sleeps at least that)
 SCHEDULES = {"all_gather_gemm": "ag_rotate_a", "gemm_reduce_scatter": "rs_tile_a"}
 
@@ -64,6 +66,13 @@ class Runner:
     def __init__(self, torch, dist, device, window_ms: float):
         self.torch, self.dist, self.device, self.window_ms = torch, dist, device, window_ms
 
+    def sync(self, what: str) -> None:
+        """Wait for this rank's GPU work so far, at most WAIT_S (a rank that never joins a
+        collective would otherwise hold the others until NCCL's watchdog)."""
+        done = self.torch.cuda.Event()
+        done.record()
+        wait_event(done, WAIT_S, f"calibration: {what}")
+
     def _agree_max(self, value: float) -> float:
         t = self.torch.tensor([value], device=self.device, dtype=self.torch.float64)
         self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX)
@@ -75,11 +84,11 @@ class Runner:
         and the ops' host work) is not what is timed where it exceeds the GPU's."""
         torch = self.torch
         fn()
-        torch.cuda.synchronize(self.device)
+        self.sync("a first call")
         t0 = time.perf_counter()
         fn()
         fn()
-        torch.cuda.synchronize(self.device)
+        self.sync("two calls")
         est = self._agree_max((time.perf_counter() - t0) / 2 * 1e3)
         calls = int(min(5000, max(3, math.ceil(self.window_ms / max(est, 1e-3)))))
         warm = max(1, calls // 4)
@@ -97,7 +106,7 @@ class Runner:
         for _ in range(calls):
             fn()
         end.record()
-        end.synchronize()
+        wait_event(end, WAIT_S, "calibration: a timed window")
         return start.elapsed_time(end) / calls
 
 
@@ -163,7 +172,7 @@ def measure(torch, dist, device, tp: int, rank: int, window_ms: float, say) -> l
                     shape = {"m": m, "n": n, "k": k}
                     runs.append({"kind": "path", **where, **shape, "ms": run.ms(call)})
                 del a, w
-        torch.cuda.synchronize(device)
+        run.sync("the ops' runs")
     return runs
 
 
@@ -195,7 +204,7 @@ def _copy_runs(torch, dist, device, tp, rank, run, say) -> list[dict[str, Any]]:
                     cur.wait_stream(streams[i])
 
             runs.append({"kind": "copy", "peers": count, "bytes": nbytes, "ms": run.ms(copies)})
-    torch.cuda.synchronize(device)
+    run.sync("the copies")
     dist.barrier()
     return runs
 

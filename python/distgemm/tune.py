@@ -36,6 +36,7 @@ from . import _core, calibrate, cli, llama3
 from .runtime import cost_model, machine, tuning_table
 from .runtime.communicator import close_all, get_communicator
 from .runtime.entry_cache import EntryKey, entry_cache
+from .runtime.event_wait import wait_event
 from .runtime.precision import Precision
 from .runtime.spec import make_spec
 
@@ -157,24 +158,6 @@ def table_entries(cases: list[Case], tp: int, dtype: str) -> list[tuning_table.T
 
 # ---------------------------------------------------------------------------------------------
 # Measuring (torchrun, one process per GPU).
-
-
-def wait_event(event, timeout_s: float, what: str, comm=None) -> None:
-    """Wait for a CUDA event with a bound (``torch.cuda.Event.synchronize`` has none): a
-    collective that a rank never joined would otherwise hold this rank until NCCL's watchdog.
-    RuntimeError after ``timeout_s``; the communicator is then marked broken."""
-    deadline = time.monotonic() + timeout_s
-    while not event.query():
-        if time.monotonic() > deadline:
-            msg = (
-                f"{what}: the GPU work did not finish within {timeout_s:g} s (a rank did not "
-                "join a collective, or a kernel hangs)"
-            )
-            if comm is None:
-                raise RuntimeError(msg)
-            comm.mark_broken(msg)
-            comm.raise_if_broken()  # the message with this rank and what to do next
-        time.sleep(2e-5)
 
 
 def steady_ms(fn, comm, what: str, warmup_ms: float, round_ms: float, rounds: int) -> float:

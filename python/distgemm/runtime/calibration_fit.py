@@ -143,7 +143,9 @@ def _fit_nccl(mc: MachineConstants, runs, name: str, errors) -> tuple[float, flo
     bandwidth as much as NCCL's alone. A sweep's records have only the collective path's."""
     alone = _of(runs, "nccl", collective=name)
     coll = [
-        r for r in _of(runs, "path", path="collective") if _collective_of(r["schedule"]) == name
+        r
+        for r in _of(runs, "path", path="collective")
+        if cost_model.nccl_kind(_core.schedule_definition(r["schedule"])) == name
     ]
     _need(alone + coll, 3, f"NCCL {name} (alone or on the collective path)")
     rows, target, measured = [], [], []
@@ -175,11 +177,6 @@ def _fallback_overlap(t: str, fitted: dict) -> tuple[float, float, float]:
     if other in fitted:
         return fitted[other]
     raise ValueError(f"calibration fit: the overlapped plan's {t} transport needs at least 3 runs")
-
-
-def _collective_of(schedule: str) -> str:
-    coll = {d["name"]: d["collective"] for d in _core.schedules()}[schedule]
-    return "all_gather" if coll == "all_gather" else "reduce_scatter"
 
 
 def _with(mc: MachineConstants, **changes) -> MachineConstants:

@@ -110,7 +110,7 @@ def predict(mc: MachineConstants, plan: Any, tile_n: int = 0) -> dict[str, float
     rm, rn, rk = rank_problem(d, tp, m, n, k)
     moved = moved_bytes(d, tp, m, n, k)
     coll = d["collective"]
-    latency, per_byte, share = mc.nccl["all_gather" if coll == "all_gather" else "reduce_scatter"]
+    latency, per_byte, share = mc.nccl[nccl_kind(d)]
     times = 2 if coll == "all_reduce" else 1  # ring all-reduce: a reduce-scatter + an all-gather
     mm = mm_ms(mc, rm, rn, rk)
     collective = mm * (1.0 + share) + times * latency + moved * per_byte
@@ -137,6 +137,13 @@ def exposed_copy_ms(mc: MachineConstants, moved: float, steps: int, tp: int) -> 
     """ms of one step's transfer (the first gather or the last partial): its share of the bytes
     moved, from one peer, on the copy engine."""
     return mc.copy_latency_ms + moved / (steps * (tp - 1) / tp) / mc.link_bytes_per_ms(1)
+
+
+def nccl_kind(definition: dict) -> str:
+    """The NCCL constants' collective of a schedule's collective path: "all_gather", or
+    "reduce_scatter" (an all-reduce is priced as a reduce-scatter and an all-gather of that
+    size, both at the reduce-scatter's constants)."""
+    return "all_gather" if definition["collective"] == "all_gather" else "reduce_scatter"
 
 
 def transport(plan: Any) -> str:
