@@ -9,7 +9,8 @@
 #  - fp8 GEMM (e4m3 in, bf16 out): 128x192 promoting its accumulator, 128x256 with fast
 #    accumulation;
 #  - fused GEMM + all-reduce, per dtype: the hand-written decode kernel (every token width in one
-#    unit) and CUTLASS's kernel at token tiles 64, 96, 128, 192 and 256.
+#    unit) and CUTLASS's kernel at token tiles 64, 96, 128, 192 and 256;
+#  - the one-shot / two-shot all-reduce, bf16 and fp16 in one unit (allreduce.cu, no CUTLASS).
 enable_language(CUDA)
 find_package(CUDAToolkit REQUIRED)
 
@@ -65,6 +66,7 @@ add_library(distgemm_runtime SHARED
   cpp/src/runtime/fused_decode_fp16.cu
   ${DISTGEMM_FUSED_SOURCES}
   cpp/src/runtime/fused_allreduce.cu
+  cpp/src/runtime/allreduce.cu
   cpp/src/runtime/kernels.cu
   cpp/src/runtime/graph.cu
   cpp/src/runtime/graph_topology.cpp

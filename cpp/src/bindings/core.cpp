@@ -23,10 +23,12 @@ using namespace distgemm::schedule;
 // (gemm.cpp).
 void register_runtime(py::module_& m);
 void register_gemm(py::module_& m);
-void register_fused(py::module_& m);  // fused GEMM + all-reduce launches (fused_launcher.cpp)
+void register_fused(py::module_& m);      // fused GEMM + all-reduce launches (fused_launcher.cpp)
+void register_allreduce(py::module_& m);  // one/two-shot all-reduce (allreduce_launcher.cpp)
 #endif
-void register_fused_rules(py::module_& m);  // its host-only rules (fused_rules.cpp)
-void register_tile_choice(py::module_& m);  // the GEMM configuration model (tile_choice.cpp)
+void register_fused_rules(py::module_& m);      // its host-only rules (fused_rules.cpp)
+void register_allreduce_rules(py::module_& m);  // the all-reduce's (allreduce_rules.cpp)
+void register_tile_choice(py::module_& m);      // the GEMM configuration model (tile_choice.cpp)
 
 namespace {
 
@@ -327,8 +329,10 @@ PYBIND11_MODULE(_core, m) {
   register_runtime(m);
   register_gemm(m);
   register_fused(m);
+  register_allreduce(m);
 #endif
   register_fused_rules(m);
+  register_allreduce_rules(m);
   register_tile_choice(m);
 
   m.def("gemm_extent_problem", &distgemm::kernel::gemm_extent_problem, py::arg("m"), py::arg("n"),

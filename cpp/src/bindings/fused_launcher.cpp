@@ -10,7 +10,6 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
@@ -19,38 +18,24 @@
 
 #include "distgemm/device/check.hpp"
 #include "distgemm/kernel/fused_allreduce.hpp"
-#include "launch_order.hpp"
+#include "kernel_launcher.hpp"
 
 namespace py = pybind11;
 
 namespace {
 
-using distgemm::device::ErrorSink;
 using distgemm::kernel::FusedAllReduceDesc;
 using distgemm::python::LaunchOrder;
-using distgemm::python::stream_capture;
-using distgemm::python::StreamCapture;
 
 template <class T>
 T* as(uint64_t v) {
   return reinterpret_cast<T*>(static_cast<uintptr_t>(v));
 }
 
-class FusedLauncher {
+class FusedLauncher : public distgemm::python::KernelLauncher {
  public:
   FusedLauncher(int cuda_device, std::shared_ptr<LaunchOrder> order, double timeout_s)
-      : device_(cuda_device), order_(std::move(order)) {
-    if (!order_) throw std::invalid_argument("FusedLauncher needs a LaunchOrder");
-    if (order_->device() != cuda_device)
-      throw std::invalid_argument("LaunchOrder of CUDA device " + std::to_string(order_->device()) +
-                                  " used for a launcher on CUDA device " +
-                                  std::to_string(cuda_device));
-    if (!(timeout_s > 0) || !std::isfinite(timeout_s))
-      throw std::invalid_argument("timeout_s must be positive, got " + std::to_string(timeout_s));
-    timeout_ns_ = static_cast<uint64_t>(timeout_s * 1e9);
-    py::gil_scoped_release nogil;
-    sink_ = std::make_shared<ErrorSink>(cuda_device);
-  }
+      : KernelLauncher("FusedLauncher", cuda_device, std::move(order), timeout_s) {}
 
   void launch(uint64_t stream, const std::string& dtype, int64_t m, int64_t n, int64_t k,
               uint64_t a, uint64_t w, uint64_t out, uint64_t bias, uint64_t c, float alpha,
@@ -87,26 +72,15 @@ class FusedLauncher {
       f.partial[q] = as<void>(partial[q]);
       f.control[q] = as<uint32_t>(control[q]);
     }
-    f.timeout_ns = timeout_ns_;
+    f.timeout_ns = timeout_ns();
     cudaStream_t s = as<CUstream_st>(stream);
     py::gil_scoped_release nogil;
-    const StreamCapture cap = stream_capture(s);
-    const std::shared_ptr<ErrorSink> sink = cap.active ? order_->capture_errors() : sink_;
-    f.abort = sink->abort();
-    f.record = sink->record_dev();
-    DISTGEMM_CUDA_CHECK(cudaSetDevice(device_));
-    order_->before(s, cap);
-    distgemm::kernel::fused_allreduce_launch(f, device_, s);
-    order_->after(s, cap);
+    issue(s, [&](uint32_t* abort, distgemm::kernel::ErrorRecord* record) {
+      f.abort = abort;
+      f.record = record;
+      distgemm::kernel::fused_allreduce_launch(f, device(), s);
+    });
   }
-
-  std::string error() const { return sink_->error(); }
-
- private:
-  int device_;
-  std::shared_ptr<LaunchOrder> order_;
-  std::shared_ptr<ErrorSink> sink_;
-  uint64_t timeout_ns_ = 0;
 };
 
 }  // namespace

@@ -12,6 +12,7 @@
 
 #include "distgemm/device/check.hpp"
 #include "distgemm/device/graph.hpp"
+#include "distgemm/kernel/allreduce.hpp"  // kAllReduceMaxCtas (the error record of its waits)
 #include "distgemm/kernel/tile_choice.hpp"
 
 namespace distgemm::device {
@@ -625,6 +626,15 @@ std::string ErrorSink::error() const {
            ": the partial of rank " + std::to_string(r->flag) + " did not reach generation " +
            std::to_string(r->expected) + " within " + secs + " s (last value " +
            std::to_string(r->observed) + "; rank " + std::to_string(r->flag) +
+           " did not run this launch)";
+  } else if (r->kind == kernel::kWaitAllReduce) {
+    // iteration: phase * kAllReduceMaxCtas + CTA slot (kernel/allreduce.hpp).
+    const int phase = r->iteration / kernel::kAllReduceMaxCtas;
+    what = dev + ", all-reduce, CTA slot " +
+           std::to_string(r->iteration % kernel::kAllReduceMaxCtas) +
+           (phase == 0 ? ": the data" : ": the chunk sum") + " of rank " + std::to_string(r->flag) +
+           " did not reach generation " + std::to_string(r->expected) + " within " + secs +
+           " s (last value " + std::to_string(r->observed) + "; rank " + std::to_string(r->flag) +
            " did not run this launch)";
   } else {
     what = dev + (r->kind == kernel::kWaitCopy ? ", copy " : ", iteration ") +

@@ -1,0 +1,158 @@
+// Host rules of distgemm's own one-shot and two-shot all-reduce of a bf16/fp16 vector over the
+// ranks' symmetric buffers (the kernel: cpp/src/runtime/allreduce.cu): algorithms, buffer bytes,
+// the control region's layout, the grid and the argument check. No CUDA in this header, so the
+// bindings and the CPU tests use it without a GPU.
+//
+// Both algorithms push: a rank writes its data plainly (16-byte stores) into the peers' receive
+// buffers, then one thread per CTA fences (fence.acq_rel.sys) and sets the CTA's flag on each
+// destination to the launch generation; the reader waits on its own copy of the flag (bounded,
+// wrap-safe) and reads what arrived from its own memory. Every rank sums in float32 over ranks
+// 0..tp-1 in that order, so every rank gets the same bits.
+//  - one_shot: CTA c owns slice c of the vector; it pushes its slice to every peer, then sums
+//    slice c over every rank's copy (own from src) into out. (tp - 1) x the vector leaves each
+//    rank; one step of latency.
+//  - two_shot: the vector is cut into tp chunks (rank r owns chunk r; allreduce_chunk_elems);
+//    CTA c owns slice c of every chunk. It pushes its slice of chunk r to rank r (area 1), sums
+//    its slice of its own chunk over the ranks into out and pushes that sum to every peer
+//    (area 2), then copies the peers' sums of their chunks from area 2 into out. 2 (tp - 1) / tp
+//    x the vector leaves each rank; two steps of latency.
+//
+// Launch generations: one word per CTA slot at the start of this all-reduce's own control region
+// (the fused kernels' scheme, fused_allreduce.hpp): a CTA reads its word + 1 at entry and writes
+// it back at the end, and CTA 0 also advances the slots its grid leaves unused, so that every word
+// holds the same generation between launches, whatever the grid. Nothing is reset between
+// launches: flags carry the generation and waits compare with `reached`.
+//
+// Parity: the receive buffers alternate between two halves by generation parity (gen & 1),
+// parity_bytes apart. A rank finishes launch g only after every peer's same-slot pushes of
+// launch g arrived, and a peer starts launch g + 1 only after its whole launch g (stream order):
+// so a peer is at most one launch ahead, and its pushes of launch g + 1 land in the half that
+// this rank no longer reads (launch g - 1's, finished before this rank pushed anything of launch
+// g that the peer waited for). This holds whatever the sizes of consecutive launches, since each
+// launch's buffers lie within one half.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "distgemm/kernel/gemm.hpp"  // DType, dtype_bytes
+#include "distgemm/kernel/wait_spec.hpp"
+
+namespace distgemm::kernel {
+
+enum class AllReduceAlgorithm { OneShot = 0, TwoShot = 1 };
+
+inline constexpr const char* kAllReduceAlgorithmNames[] = {"one_shot", "two_shot"};
+
+// Threads per CTA: each moves 16-byte vectors (8 elements).
+inline constexpr int kAllReduceThreads = 512;
+inline constexpr int kAllReduceVecElems = 8;
+// Bytes of a CTA's slice before the grid takes one more CTA: one_shot's slice of the vector,
+// two_shot's slice of a chunk (one 16-byte vector per thread).
+inline constexpr int64_t kAllReduceCtaBytes = int64_t(kAllReduceThreads) * 16;
+// CTA slots of the control region: generation words and flags per source and phase.
+inline constexpr int kAllReduceMaxCtas = 256;
+// The control region: kAllReduceMaxCtas generation words, then flags
+// [phase 2][source kMaxDevices][slot kAllReduceMaxCtas] (phase 0: a source's pushed data;
+// phase 1: two_shot's pushed sums), 4 bytes each.
+inline constexpr int64_t kAllReduceFlagsOffsetWords = kAllReduceMaxCtas;
+inline constexpr int64_t allreduce_control_bytes() {
+  return (kAllReduceFlagsOffsetWords + 2 * int64_t(kMaxDevices) * kAllReduceMaxCtas) * 4;
+}
+// Every flag's word index within a rank's control region.
+inline constexpr int64_t allreduce_flag_word(int phase, int source, int slot) {
+  return kAllReduceFlagsOffsetWords + (int64_t(phase) * kMaxDevices + source) * kAllReduceMaxCtas +
+         slot;
+}
+
+// False for an unknown name.
+inline bool parse_allreduce_algorithm(const std::string& name, AllReduceAlgorithm& out) {
+  for (int i = 0; i < 2; ++i)
+    if (name == kAllReduceAlgorithmNames[i]) {
+      out = static_cast<AllReduceAlgorithm>(i);
+      return true;
+    }
+  return false;
+}
+
+// two_shot's chunk: numel / tp rounded up to a multiple of 8 elements (16-byte vectors); chunk r
+// is [r * chunk, min((r + 1) * chunk, numel)), the last ones shorter or empty.
+inline int64_t allreduce_chunk_elems(int64_t numel, int tp) {
+  const int64_t per = int64_t(tp) * kAllReduceVecElems;
+  return (numel + per - 1) / per * kAllReduceVecElems;
+}
+
+// "" when the all-reduce runs these arguments, else the reason with the values.
+inline std::string allreduce_problem(const std::string& algorithm, int64_t numel, int element_bytes,
+                                     int tp) {
+  AllReduceAlgorithm a;
+  if (!parse_allreduce_algorithm(algorithm, a))
+    return "algorithm '" + algorithm + "' is not one_shot or two_shot";
+  if (element_bytes != 2)
+    return "element_bytes=" + std::to_string(element_bytes) + " is not 2 (bf16 or fp16)";
+  if (tp < 1 || tp > kMaxDevices)
+    return "tp=" + std::to_string(tp) + " is not in 1.." + std::to_string(kMaxDevices);
+  if (numel < kAllReduceVecElems || numel % kAllReduceVecElems != 0)
+    return "numel=" + std::to_string(numel) + " must be a positive multiple of " +
+           std::to_string(kAllReduceVecElems) + " (16-byte vectors)";
+  return "";
+}
+
+// Bytes of one rank's receive buffers, both parities: one_shot [parity][source tp][numel];
+// two_shot [parity][area 2][tp][chunk] (area 1: the sources' pieces of this rank's chunk, area 2:
+// the owners' sums of their chunks). Call after allreduce_problem passed.
+inline int64_t allreduce_receive_bytes(const std::string& algorithm, int64_t numel,
+                                       int element_bytes, int tp) {
+  AllReduceAlgorithm a = AllReduceAlgorithm::OneShot;
+  parse_allreduce_algorithm(algorithm, a);
+  const int64_t per_parity =
+      a == AllReduceAlgorithm::OneShot
+          ? int64_t(tp) * numel * element_bytes
+          : 2 * int64_t(tp) * allreduce_chunk_elems(numel, tp) * element_bytes;
+  return 2 * per_parity;
+}
+
+// The grid: one CTA per kAllReduceCtaBytes of a CTA's slice (one_shot: of the vector; two_shot:
+// of a chunk), at least 1, at most `resident_ctas` (a CTA waits for the peers' CTAs of its index,
+// so every CTA must be resident at once) and the kAllReduceMaxCtas slots. Every rank must use the
+// same grid for the same numel (the caller passes the smallest resident count of the ranks).
+inline int allreduce_ctas(const std::string& algorithm, int64_t numel, int element_bytes, int tp,
+                          int resident_ctas) {
+  AllReduceAlgorithm a = AllReduceAlgorithm::OneShot;
+  parse_allreduce_algorithm(algorithm, a);
+  const int64_t elems = a == AllReduceAlgorithm::OneShot ? numel : allreduce_chunk_elems(numel, tp);
+  int64_t ctas = (elems * element_bytes + kAllReduceCtaBytes - 1) / kAllReduceCtaBytes;
+  if (ctas > resident_ctas) ctas = resident_ctas;
+  if (ctas > kAllReduceMaxCtas) ctas = kAllReduceMaxCtas;
+  return ctas < 1 ? 1 : static_cast<int>(ctas);
+}
+
+// One launch on one rank. Pointers are device addresses as seen from this rank (peers' through
+// CUDA IPC).
+struct AllReduceDesc {
+  DType dtype = DType::BF16;
+  AllReduceAlgorithm algorithm = AllReduceAlgorithm::OneShot;
+  int64_t numel = 0;
+  const void* src = nullptr;  // this rank's [numel], 16-byte aligned
+  void* out = nullptr;        // [numel]: src itself (in place) or a tensor apart from it
+  int tp = 1, rank = 0;
+  int ctas = 1;  // allreduce_ctas
+  // Every rank's receive buffers (allreduce_receive_bytes), parity 1 parity_bytes after parity 0:
+  // at least half the receive bytes and a multiple of 16, the same on every rank.
+  void* receive[kMaxDevices] = {};
+  int64_t parity_bytes = 0;
+  uint32_t* control[kMaxDevices] = {};  // every rank's all-reduce control region
+  uint32_t* abort = nullptr;            // this rank's sticky abort word
+  ErrorRecord* record = nullptr;        // where a timeout is reported
+  uint64_t timeout_ns = static_cast<uint64_t>(kDefaultTimeoutS * 1e9);
+};
+
+// "" when the kernel can run `d` (sizes, grid, pointers and their alignment), else the reason.
+std::string allreduce_can_implement(const AllReduceDesc& d);
+// CTAs of the all-reduce kernel resident at once on `device`, at most one per SM and at most
+// kAllReduceMaxCtas (allreduce_ctas' bound).
+int allreduce_resident_ctas(int device);
+// Records one launch on `stream` (capturable: no synchronisation, no allocation).
+void allreduce_launch(const AllReduceDesc& d, int device, cudaStream_t stream);
+
+}  // namespace distgemm::kernel
