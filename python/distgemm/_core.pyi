@@ -380,3 +380,36 @@ class GraphLauncher:
     @property
     def cuda_device(self) -> int: ...
     def stats(self) -> dict[str, int | bool]: ...
+
+# distgemm's one-shot / two-shot all-reduce (kernel/allreduce.hpp; allreduce_rules.cpp, and
+# allreduce_launcher.cpp with the CUDA runtime).
+ALLREDUCE_ALGORITHMS: tuple[str, str]
+ALLREDUCE_CONTROL_BYTES: int
+ALLREDUCE_MAX_CTAS: int
+ALLREDUCE_CTA_BYTES: int
+
+def allreduce_problem(algorithm: str, numel: int, element_bytes: int, tp: int) -> str: ...
+def allreduce_receive_bytes(algorithm: str, numel: int, element_bytes: int, tp: int) -> int: ...
+def allreduce_chunk_elems(numel: int, tp: int) -> int: ...
+def allreduce_ctas(
+    algorithm: str, numel: int, element_bytes: int, tp: int, resident_ctas: int
+) -> int: ...
+def allreduce_resident_ctas(cuda_device: int) -> int: ...
+
+class AllReduceLauncher:
+    def __init__(self, cuda_device: int, order: LaunchOrder, timeout_s: float) -> None: ...
+    def launch(
+        self,
+        stream: int,
+        dtype: str,
+        algorithm: str,
+        numel: int,
+        src: int,
+        out: int,
+        rank: int,
+        receive: list[int],
+        parity_bytes: int,
+        control: list[int],
+        ctas: int = 0,
+    ) -> None: ...
+    def error(self) -> str: ...

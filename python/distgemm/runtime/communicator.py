@@ -8,9 +8,10 @@ exchanges its CUDA IPC handles through the group and opens the peers' mappings. 
 freed on ``close()``, on context-manager exit and at interpreter exit.
 
 The layers above hang their per-communicator state on it as *attachments* (the entry cache of
-the ops, the fused path's buffers, the collective path's scratch): objects that the communicator
-calls back when its workspace grows, when it looks for launch errors, when it reports memory and
-when it closes (``Attachment``). The communicator never imports them.
+the ops, the fused path's buffers, the collective path's scratch, the all-reduce's buffers):
+objects that the communicator calls back when its workspace grows, when it looks for launch
+errors, when it reports memory and when it closes (``Attachment``). The communicator never
+imports them.
 
 Control traffic (host names, IPC handles, plan signatures) goes through the job's key-value
 store (``runtime.control.ControlExchange``), never through NCCL: it needs no CUDA stream and no
@@ -450,7 +451,14 @@ class Communicator:
 
 
 # The memory_stats keys that count device memory held in symmetric regions.
-_REGION_KEYS = ("workspace_bytes", "kept_bytes", "fused_control_bytes", "fused_receive_bytes")
+_REGION_KEYS = (
+    "workspace_bytes",
+    "kept_bytes",
+    "fused_control_bytes",
+    "fused_receive_bytes",
+    "allreduce_control_bytes",
+    "allreduce_receive_bytes",
+)
 
 
 _LIVE: weakref.WeakSet[Communicator] = weakref.WeakSet()

@@ -1,0 +1,203 @@
+"""distgemm's own one-shot and two-shot all-reduce of a bf16/fp16 tensor over symmetric buffers.
+
+``run_all_reduce(comm, tensor, algorithm, capturing, out=None)`` sums ``tensor`` over the ranks
+of ``comm`` on the current stream with distgemm's kernel (kernel/allreduce.hpp: the protocol, the
+parity argument, the grid), in place or into ``out``: every rank gets the same bits, summed in
+float32 over ranks 0..tp-1 in that order. Capturable: one kernel node per call in a caller's CUDA
+graph, its launch generation advanced on the device, so replays need no host work.
+
+Its memory (``AllReduceResources``, an attachment of the communicator):
+- a control region of ``_core.ALLREDUCE_CONTROL_BYTES`` (launch generations and flags),
+  allocated zeroed at the first call, which every rank makes at the same point: collective;
+- a receive region (``_core.allreduce_receive_bytes``: both parities), a ``WorkspacePool`` of its
+  own grown collectively to the largest call (plus the pool's headroom); the parities are its two
+  halves (``parity_bytes``), so calls of every size share it.
+Neither is shared with the fused path or the workspace. Both are kept until ``close()``; a
+region a captured graph uses is pinned (kept past a growth until ``close()``).
+
+Grid: ``_core.allreduce_ctas`` on the smallest resident CTA count of the ranks (agreed once, at
+the first call), so that every rank launches the same grid for the same size.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ... import _core
+from ..capture import setup_during_capture
+from ..validate import DTYPES
+from ..workspace import Workspace, WorkspacePool
+from .common import stream_ptr
+
+if TYPE_CHECKING:
+    from ..communicator import Communicator
+
+__all__ = ["AllReduceResources", "run_all_reduce", "allreduce_layout"]
+
+# The name of the all-reduce's per-communicator state (Communicator.attach).
+ATTACHMENT = "allreduce"
+_VECTOR_BYTES = 16
+
+
+def allreduce_layout(algorithm: str, numel: int, itemsize: int, tp: int) -> dict[str, int]:
+    """The receive region a call needs (``WorkspacePool.place``'s layout, no control region)."""
+    need = int(_core.allreduce_receive_bytes(algorithm, numel, itemsize, tp))
+    align = int(_core.WORKSPACE_SLOT_ALIGN)
+    slots = -(-need // align) * align
+    return {"slots_offset": 0, "slots_bytes": slots, "total_bytes": slots}
+
+
+class AllReduceResources:
+    """The all-reduce's per-communicator state (a ``Communicator`` attachment): the control
+    region, the receive region's pool, the agreed resident CTA count and this rank's launcher."""
+
+    def __init__(self, comm: Communicator):
+        self.comm = comm
+        self._control: Workspace | None = None
+        self._launcher: Any = None
+        self._resident: int | None = None
+        # Nothing to re-point at a growth: every call places its layout afresh.
+        self.receive: WorkspacePool = comm.new_pool(lambda ws: None, control=0)
+
+    @classmethod
+    def of(cls, comm: Communicator) -> AllReduceResources:
+        """The communicator's all-reduce resources, made at the first use."""
+        res = comm.attachment(ATTACHMENT)
+        if res is None:
+            res = comm.attach(ATTACHMENT, cls(comm))
+        return res
+
+    def control_bases(self) -> list[int]:
+        """Every rank's control region as seen from this device (allocated zeroed and exchanged
+        at the first call: collective)."""
+        if self._control is None:
+            nbytes = int(_core.ALLREDUCE_CONTROL_BYTES)
+            core, bases = self.comm.allocate_symmetric(nbytes)
+            self._control = Workspace(core, 0, nbytes, list(bases))
+        return list(self._control.bases)
+
+    @property
+    def resident_ctas(self) -> int:
+        """The smallest count of the ranks' resident all-reduce CTAs (agreed at the first call:
+        collective), the bound of every rank's grid."""
+        if self._resident is None:
+            mine = int(_core.allreduce_resident_ctas(self.comm.device.index))
+            self._resident = min(self.comm.all_gather(mine, "all-reduce resident CTAs"))
+        return self._resident
+
+    @property
+    def launcher(self) -> Any:
+        """This rank's _core.AllReduceLauncher (ordered by the communicator's LaunchOrder)."""
+        if self._launcher is None:
+            c = self.comm
+            self._launcher = _core.AllReduceLauncher(c.device.index, c.order, c.wait_timeout_s)
+        return self._launcher
+
+    def receive_for(self, algorithm: str, numel: int, itemsize: int) -> tuple[Workspace, int]:
+        """The receive region for a call (grown first when it does not fit: collective) and the
+        bytes between its two parities (half the region, a multiple of 16)."""
+        ws, _ = self.receive.place(allreduce_layout(algorithm, numel, itemsize, self.comm.tp))
+        return ws, ws.slot_capacity // 2 // _VECTOR_BYTES * _VECTOR_BYTES
+
+    # -- Attachment ------------------------------------------------------------------------
+    def workspace_grown(self, ws: Workspace, capturing: bool) -> None:
+        """Nothing of these lives in the communicator's workspace."""
+
+    def launch_error(self) -> str:
+        return self._launcher.error() if self._launcher is not None else ""
+
+    def memory_stats(self) -> dict[str, int]:
+        return {
+            "allreduce_control_bytes": self._control.nbytes if self._control is not None else 0,
+            "allreduce_receive_bytes": sum(w.nbytes for w in self.receive.live),
+        }
+
+    def close(self) -> list[Workspace]:
+        held = self.receive.close()
+        if self._control is not None:
+            held.append(self._control)
+        self._control, self._launcher = None, None
+        return held
+
+
+def _check_tensor(name: str, t: torch.Tensor, comm: Communicator) -> None:
+    """ValueError naming the constraint and the values unless ``t`` is a contiguous bf16/fp16
+    tensor on the communicator's device, 16-byte aligned."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device != comm.device:
+        raise ValueError(f"{name} is on {t.device}, the communicator's device is {comm.device}")
+    if t.dtype not in DTYPES:
+        raise ValueError(f"{name} has dtype {t.dtype}; the all-reduce takes bf16 or fp16")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (shape {tuple(t.shape)}, {t.stride()})")
+    if t.data_ptr() % _VECTOR_BYTES:
+        raise ValueError(f"{name}'s address {t.data_ptr():#x} is not 16-byte aligned")
+
+
+def run_all_reduce(
+    comm: Communicator,
+    tensor: torch.Tensor,
+    algorithm: str,
+    capturing: bool,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``out = sum over ranks of tensor`` (in place when ``out`` is None or ``tensor``) with
+    distgemm's ``algorithm`` ("one_shot" or "two_shot", ``_core.ALLREDUCE_ALGORITHMS``), on the
+    current stream (recorded into its capture when ``capturing``); returns the result.
+
+    tensor: contiguous bf16/fp16 on the communicator's device, numel a multiple of 8, 16-byte
+        aligned; the same shape, dtype and algorithm on every rank, every rank calling in the
+        same order.
+    out: None, ``tensor``, or a tensor of the same shape and dtype apart from it.
+
+    ValueError for bad arguments (before any collective); RuntimeError where a previous launch
+    timed out (a peer did not arrive), as the other paths raise it."""
+    if algorithm not in _core.ALLREDUCE_ALGORITHMS:
+        raise ValueError(f"algorithm {algorithm!r} is not one of {_core.ALLREDUCE_ALGORITHMS}")
+    _check_tensor("tensor", tensor, comm)
+    if out is None:
+        out = tensor
+    elif out is not tensor:
+        _check_tensor("out", out, comm)
+        if out.shape != tensor.shape or out.dtype != tensor.dtype:
+            raise ValueError(
+                f"out {tuple(out.shape)} {out.dtype} must match tensor "
+                f"{tuple(tensor.shape)} {tensor.dtype}"
+            )
+    numel, itemsize = tensor.numel(), tensor.element_size()
+    problem = _core.allreduce_problem(algorithm, numel, itemsize, comm.tp)
+    if problem:
+        raise ValueError(f"all-reduce of tensor {tuple(tensor.shape)}: {problem}")
+    comm.raise_if_broken()
+    res = AllReduceResources.of(comm)
+    if capturing:
+        with setup_during_capture():  # a first call or a growth: allocation, IPC exchange
+            ws, parity_bytes = res.receive_for(algorithm, numel, itemsize)
+            control, resident = res.control_bases(), res.resident_ctas
+        ws.pinned = True  # callers' graphs keep writing it: never freed before close()
+    else:
+        ws, parity_bytes = res.receive_for(algorithm, numel, itemsize)
+        control, resident = res.control_bases(), res.resident_ctas
+    launcher = res.launcher
+    if not capturing:
+        err = launcher.error() or (comm.order.capture_error() if ws.pinned else "")
+        if err:
+            comm.mark_broken(err)
+            comm.raise_if_broken()
+    launcher.launch(
+        stream_ptr(comm.device),
+        DTYPES[tensor.dtype],
+        algorithm,
+        numel,
+        tensor.data_ptr(),
+        out.data_ptr(),
+        comm.rank,
+        list(ws.bases),
+        parity_bytes,
+        control,
+        _core.allreduce_ctas(algorithm, numel, itemsize, comm.tp, resident),
+    )
+    return out
