@@ -1,0 +1,256 @@
+"""GPU checks of distgemm's one-shot / two-shot all-reduce kernel (runtime/paths/allreduce.py), one
+process per GPU:
+
+    torchrun --nproc-per-node 4 tests/gpu/allreduce_kernel_worker.py --out results.json
+
+Started by tests/gpu/test_allreduce_kernel.py. Sections, run by every rank in the same order
+(inputs seeded uniform in [-1, 1), different per rank):
+
+  correctness  both algorithms, bf16 and fp16, numel from 8 to 4M (multiples of tp * 8 and not:
+               two_shot chunks that are short or empty on the last ranks), in place and out of
+               place: the output bitwise equal to torch's float32 sum over ranks 0..tp-1 in that
+               order rounded to the dtype (what the kernel computes), within 1 ulp relative
+               (finfo.eps * |ref| + 1e-6) of the float64 sum, bitwise equal on every rank; an
+               out-of-place call leaves its input as it was
+  interleaved  calls of mixed sizes and both algorithms back to back without synchronising
+               (large, small, large: each launch's parity apart from the previous one's,
+               whatever their sizes), every output checked afterwards
+  capture      several calls captured in one CUDA graph (in place and out of place, both
+               algorithms, mixed sizes), replayed REPLAYS times with fresh inputs copied in
+               before each replay and an eager call between replays, every output checked
+  timeout      rank tp-1 skips a call: the other ranks' launch ends after wait_timeout_s with
+               RuntimeError naming the all-reduce and rank tp-1, at the next call and at
+               raise_launch_errors(); nobody hangs (each algorithm on a communicator of its own)
+
+Exit code 0 when every check passed on every rank. Rank 0 writes every result to --out (JSON).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+import torch
+import torch.distributed as dist
+from torchrun_worker import communicator, gather0, rank, record, same_on_all_ranks, worker_main
+
+from distgemm.runtime import communicator as dcomm
+from distgemm.runtime.paths.allreduce import AllReduceResources, run_all_reduce
+
+ALGOS = ("one_shot", "two_shot")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+M = 1024 * 1024
+
+
+def numels(tp: int) -> list[int]:
+    """8 .. 4M elements: multiples of tp * 8 and sizes whose two_shot chunks are short or empty
+    on the last ranks."""
+    edge = [8, 24, 8 * tp, 8 * tp + 8, 8 * tp * 3 - 8, 1000, 4096, 8 * 1024 + 8]
+    return sorted(set(edge + [65536 + 24, M, M + 24, 4 * M - 8 * tp - 8, 4 * M]))
+
+
+def uniform(numel: int, dtype, dev, seed: int) -> torch.Tensor:
+    gen = torch.Generator(device=dev).manual_seed(seed * 16 + rank())
+    return (torch.rand(numel, device=dev, generator=gen) * 2 - 1).to(dtype)
+
+
+def references(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the float32 sum over ranks 0..tp-1 in order rounded to x's dtype, the float64 sum)."""
+    parts = gather0(x.view(1, -1))
+    acc = torch.zeros(x.numel(), dtype=torch.float32, device=x.device)
+    for q in range(parts.shape[0]):
+        acc += parts[q].float()
+    return acc.to(x.dtype), parts.double().sum(0)
+
+
+def digest(t: torch.Tensor) -> str:
+    return hashlib.sha1(t.view(torch.int16).cpu().numpy().tobytes()).hexdigest()
+
+
+class Verdict:
+    """One result's checks: bitwise to the ordered float32 reference, within 1 ulp of the float64
+    sum, the same bits on every rank (compared when recorded)."""
+
+    def __init__(self):
+        self.bad, self.worst_ulps, self.digests, self.calls = [], 0.0, [], 0
+
+    def check(self, what: str, out: torch.Tensor, want: torch.Tensor, exact: torch.Tensor):
+        self.calls += 1
+        eps = torch.finfo(out.dtype).eps
+        diff = (out.double() - exact).abs()
+        bound = eps * exact.abs() + 1e-6
+        self.worst_ulps = max(self.worst_ulps, float((diff / (eps * exact.abs() + 1e-6)).max()))
+        if not torch.equal(out.view(torch.int16), want.view(torch.int16)):
+            mism = int((out.view(torch.int16) != want.view(torch.int16)).sum())
+            self.bad.append(f"{what}: {mism} elements differ from the ordered float32 sum")
+        if bool((diff > bound).any()):
+            self.bad.append(f"{what}: beyond 1 ulp of the float64 sum")
+        self.digests.append(digest(out))
+
+    def record(self, name: str, **numbers):
+        everyone = same_on_all_ranks(self.digests)
+        same = all(d == everyone[0] for d in everyone)
+        record(
+            name,
+            not self.bad and same and self.calls > 0,
+            calls=self.calls,
+            failures=self.bad[:10],
+            bitwise_same_on_every_rank=same,
+            worst_diff_in_ulps=self.worst_ulps,
+            **numbers,
+        )
+
+
+def test_correctness(dev, comm):
+    tp = dist.get_world_size()
+    sizes = numels(tp)
+    for algo in ALGOS:
+        for dname, dtype in DTYPES.items():
+            v = Verdict()
+            for i, numel in enumerate(sizes):
+                x = uniform(numel, dtype, dev, seed=i)
+                want, exact = references(x)
+                y = x.clone()
+                run_all_reduce(comm, y, algo, False)
+                out = torch.full_like(x, float("nan"))
+                run_all_reduce(comm, x, algo, False, out=out)
+                torch.cuda.synchronize()
+                v.check(f"{numel} in place", y, want, exact)
+                v.check(f"{numel} out of place", out, want, exact)
+                x_again = uniform(numel, dtype, dev, seed=i)
+                if not torch.equal(x.view(torch.int16), x_again.view(torch.int16)):
+                    v.bad.append(f"{numel}: out of place changed the input")
+            comm.raise_launch_errors()
+            v.record(f"correctness/{algo}/{dname}", numels=sizes)
+    stats = comm.memory_stats()
+    record(
+        "correctness/memory_reported",
+        stats["allreduce_control_bytes"] > 0 and stats["allreduce_receive_bytes"] > 0,
+        **{k: v for k, v in stats.items() if k.startswith("allreduce")},
+    )
+
+
+def test_interleaved(dev, comm):
+    plan = [
+        ("one_shot", 4 * M),
+        ("one_shot", 8),
+        ("two_shot", 4 * M),
+        ("two_shot", 24),
+        ("one_shot", M + 24),
+        ("two_shot", 8),
+        ("two_shot", 4 * M - 8),
+        ("one_shot", 4 * M),
+    ]
+    for dname, dtype in DTYPES.items():
+        v = Verdict()
+        calls = []
+        for i, (algo, numel) in enumerate(plan):
+            x = uniform(numel, dtype, dev, seed=100 + i)
+            calls.append((algo, numel, x, references(x)))
+        torch.cuda.synchronize()
+        dist.barrier()
+        outs = []
+        for algo, _, x, _ in calls:  # back to back, no synchronisation
+            y = x.clone()
+            outs.append(run_all_reduce(comm, y, algo, False))
+        torch.cuda.synchronize()
+        for (algo, numel, _, (want, exact)), out in zip(calls, outs):
+            v.check(f"{algo} {numel}", out, want, exact)
+        comm.raise_launch_errors()
+        v.record(f"interleaved/{dname}", plan=plan)
+
+
+def test_capture(dev, comm, replays: int):
+    dtype = torch.bfloat16
+    # (algorithm, numel, in place)
+    calls = [
+        ("one_shot", 4096, True),
+        ("two_shot", M + 24, False),
+        ("one_shot", M, False),
+        ("two_shot", 24, True),
+        ("two_shot", 4 * M, True),
+    ]
+    srcs = [torch.empty(n, device=dev, dtype=dtype) for _, n, _ in calls]
+    outs = [s if inplace else torch.empty_like(s) for s, (_, _, inplace) in zip(srcs, calls)]
+    for s, (algo, _, _), o in zip(srcs, calls, outs):  # eager first: the buffers exist
+        s.uniform_(-1, 1)
+        run_all_reduce(comm, s, algo, False, out=o)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for s, (algo, _, _), o in zip(srcs, calls, outs):
+            run_all_reduce(comm, s, algo, True, out=o)
+    v = Verdict()
+    eager = uniform(8 * 1024, dtype, dev, seed=999)
+    eager_want, eager_exact = references(eager)
+    for r in range(replays):
+        fresh = [
+            uniform(n, dtype, dev, seed=1000 + 10 * r + j) for j, (_, n, _) in enumerate(calls)
+        ]
+        refs = [references(x) for x in fresh]
+        for s, x in zip(srcs, fresh):
+            s.copy_(x)
+        g.replay()
+        y = eager.clone()
+        run_all_reduce(comm, y, "two_shot" if r % 2 else "one_shot", False)
+        torch.cuda.synchronize()
+        for j, (o, (want, exact)) in enumerate(zip(outs, refs)):
+            v.check(f"replay {r} call {j}", o, want, exact)
+        v.check(f"eager after replay {r}", y, eager_want, eager_exact)
+    torch.cuda.synchronize()
+    comm.raise_launch_errors()
+    v.record("capture/replays", replays=replays, calls_per_graph=len(calls))
+
+
+def test_timeout(dev):
+    tp, r = dist.get_world_size(), rank()
+    wait_s = 1.0
+    for algo in ALGOS:
+        c = dcomm.Communicator(wait_timeout_s=wait_s, timeout_s=60.0)
+        x = uniform(64 * 1024, torch.bfloat16, dev, seed=7)
+        run_all_reduce(c, x.clone(), algo, False)  # every rank: the buffers exist
+        c.raise_launch_errors()
+        dist.barrier()
+        if r != tp - 1:
+            t0 = time.perf_counter()
+            run_all_reduce(c, x.clone(), algo, False)
+            torch.cuda.synchronize()
+            waited = time.perf_counter() - t0
+            msgs = {}
+            for how, fn in (
+                ("next_call", lambda c=c, x=x, a=algo: run_all_reduce(c, x.clone(), a, False)),
+                ("raise_launch_errors", c.raise_launch_errors),
+            ):
+                try:
+                    fn()
+                    msgs[how] = None
+                except RuntimeError as ex:
+                    msgs[how] = str(ex)
+            text = msgs["raise_launch_errors"] or ""
+            ok = (
+                "all-reduce, CTA slot" in text
+                and f"rank {tp - 1}" in text
+                and msgs["next_call"] is not None
+                and waited < 4 * wait_s + 2
+            )
+            record(f"timeout/{algo}/peer_skips_a_call", ok, seconds=waited, **msgs)
+        dist.barrier()
+        c.close()
+
+
+def main():
+    def sections(dev, args):
+        comm = communicator()
+        AllReduceResources.of(comm)
+        return {
+            "correctness": lambda: test_correctness(dev, comm),
+            "interleaved": lambda: test_interleaved(dev, comm),
+            "capture": lambda: test_capture(dev, comm, args.replays),
+            "timeout": lambda: test_timeout(dev),
+        }
+
+    worker_main("allreduce_kernel_results.json", sections, replays=20)
+
+
+if __name__ == "__main__":
+    main()
