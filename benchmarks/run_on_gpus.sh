@@ -29,7 +29,7 @@
 #                    summary per JSON at the end (tests/gpu/results_summary.py)
 #   gpu-tests        the multi-rank GPU tests at TP = every GPU, one pytest each under
 #                    ${GPU_TEST_S:-150} s: tests/gpu/test_{fused,capture,workspace,fp8_ops,training,
-#                    torchrun_api,tuning_gpu,collective_memory,async_tp_switch}.py ($GPU_TESTS picks
+#                    torchrun_api,tuning_gpu,collective_memory,async_tp_switch,allreduce_kernel}.py ($GPU_TESTS picks
 #                    some); logs and the workers' JSON in $OUT/gpu-tests/
 #   cpp-tests        python3 -m pytest tests/gpu/test_cpp_bench.py (the C++ runtime grid)
 #   cpp-fp8          the fp8 cases of tests/gpu/test_cpp_bench.py (-k fp8), then distgemm_bench
@@ -152,7 +152,7 @@ for p in "$@"; do
         "${SHARED_GPU_TESTS:-fused capture workspace training torchrun_api fp8_ops}" \
         CUDA_VISIBLE_DEVICES=0 DISTGEMM_CALLS=${SHARED_CALLS:-2000} ;;
     gpu-tests) pytest_files_part gpu-tests ${GPU_TESTS_S:-590} ${GPU_TEST_S:-150} \
-        "${GPU_TESTS:-fused capture workspace fp8_ops training torchrun_api tuning_gpu collective_memory async_tp_switch}" \
+        "${GPU_TESTS:-fused capture workspace fp8_ops training torchrun_api tuning_gpu collective_memory async_tp_switch allreduce_kernel}" \
         DISTGEMM_CALLS=${GPU_CALLS:-2000} ;;
     fp8-kernel) part fp8-kernel ${FP8_S:-400} python3 -m benchmarks.fp8.fp8_kernel_vs_scaled_mm \
               ${FP8_ARGS:---tp 2} --budget-s $(( ${FP8_S:-400} - 30 )) --out "$OUT/fp8-kernel" ;;

@@ -1,8 +1,8 @@
 """CPU checks of gemm_all_reduce's fused path without a GPU: the kernel's host-only rules (which
 kernel, token tile and width, split-K factor, the decode kernel's grid and pieces, buffer sizes,
-the shape check, from C++ through _core), the path choice (``path="fused"`` requested,
-``"auto"`` at decode sizes, the reasons it is not taken) and the path argument's validate. The
-GPU runs it in tests/gpu/test_fused.py."""
+the shape check, from C++ through _core), the path choice (``path="fused"`` requested, the
+reasons ``"auto"`` does not take it; where it does, by the decode model: test_reduce_cost.py)
+and the path argument's validate. The GPU runs it in tests/gpu/test_fused.py."""
 
 import pytest
 
@@ -207,44 +207,6 @@ def test_partial_buffers_hold_two_parities_of_every_split():
 )
 def test_shape_problems_name_the_constraint_and_the_values(args, needle):
     assert needle in _core.fused_shape_problem(*args)
-
-
-@pytest.mark.parametrize(
-    "tokens, n, k_local, tp, fused",
-    [
-        (1, 8192, 4096, 2, True),  # 70B O: 67 MB of weight per rank
-        (32, 8192, 14336, 2, True),  # 70B FC2: 235 MB
-        (1, 16384, 8192, 2, False),  # 405B O: 268 MB, streamed faster by the collective path
-        (32, 16384, 26624, 2, False),  # 405B FC2: 872 MB
-        (33, 16384, 26624, 2, True),  # the CUTLASS kernel from 33 tokens, whatever the weight
-        (256, 16384, 8192, 2, True),
-        (257, 8192, 4096, 2, False),  # above the measured token counts
-        (8, 8192, 4096, 4, False),  # TP above the measured 2
-    ],
-)
-def test_auto_runs_fused_where_the_measured_rule_picks_it(
-    monkeypatch, tokens, n, k_local, tp, fused
-):
-    monkeypatch.setattr(_core, "cuda_runtime", True, raising=False)
-    spec = _spec(tokens, n=n, k_local=k_local, tp=tp)
-    path, info = choose_path(spec, "auto", torch.bfloat16, None)
-    assert (path == "fused") == fused, info
-    problem = _core.fused_auto_problem(tokens, n, k_local, 2, tp)
-    assert (problem == "") == fused
-    if fused:
-        assert info["why"] == f"fused: M={tokens} tokens <= 256 (decode size)"
-
-
-@pytest.mark.parametrize(
-    "args, needle",
-    [
-        ((8, 8192, 4096, 2, 8), "tp=8 is above 2"),
-        ((257, 8192, 4096, 2, 2), "M=257 tokens is above the fused path's 256"),
-        ((16, 16384, 8192, 2, 2), "weight of 268435456 bytes per rank, above 250000000"),
-    ],
-)
-def test_auto_refusals_name_the_rule_and_the_values(args, needle):
-    assert needle in _core.fused_auto_problem(*args)
 
 
 def test_auto_keeps_other_paths_where_the_kernel_cannot_run(monkeypatch):

@@ -145,6 +145,18 @@ def one_call(variant: str, ops: LayerOperands, tokens: int, base: Baselines | No
     return lambda: distgemm.gemm_all_reduce(a, ops.w, out=o)
 
 
+def auto_choice(tokens: int, n: int) -> dict[str, Any]:
+    """What ``path="auto"`` runs at ``tokens`` x ``n`` (``distgemm.path_choices``): the path,
+    its all-reduce and the model's reason."""
+    import distgemm
+
+    for ch in distgemm.path_choices():
+        if ch["op"] == "gemm_all_reduce" and ch["requested"] == "auto" and ch["m"] == tokens:
+            if ch["n"] == n:
+                return {k: ch.get(k) for k in ("path", "all_reduce", "why")}
+    return {}
+
+
 def build(ctx, ops, tokens, base: Baselines, group_name, rec) -> dict[str, Any]:
     """Every variant's graph of CALLS_PER_GRAPH calls (after one eager call); failures go to
     ``rec["unavailable"]``."""
@@ -205,6 +217,7 @@ def run_layer(ctx, layer: cases.Layer, tokens, base: Baselines, group_name) -> l
     for t in tokens:
         rec = dict(head, tokens=t, m=t, us={}, rel_err={}, unavailable={})
         graphs = build(ctx, ops, t, base, group_name, rec)
+        rec["auto"] = auto_choice(t, n)
         check(ctx, ops, t, graphs, rec)
         warm = WARMUP_S
         for v, g in graphs.items():
@@ -214,7 +227,7 @@ def run_layer(ctx, layer: cases.Layer, tokens, base: Baselines, group_name) -> l
             else:
                 rec["us"][v] = ms * 1e3 / report.CALLS_PER_GRAPH
             warm = REWARM_S
-        print(f"{report.case_name(rec)}: us {rec['us']}", flush=True)
+        print(f"{report.case_name(rec)}: auto {report.auto_label(rec)}, us {rec['us']}", flush=True)
         records.append(rec)
         del graphs
     del ops

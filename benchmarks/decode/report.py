@@ -141,6 +141,7 @@ CSV_FIELDS = (
     "best_unfused",
     "us_best_unfused",
     *RATIOS,
+    "auto_runs",
     "in_scope",
     "note",
     "torch",
@@ -164,6 +165,7 @@ def csv_rows(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> list[di
         row["us_best_unfused"] = out.number_cell(d["best_us"], 2)
         for c in RATIOS:
             row[c] = out.number_cell(d[c], 3)
+        row["auto_runs"] = auto_label(rec)
         row["in_scope"] = "yes" if in_scope(rec) else ""
         row["note"] = "; ".join(f"{v}: {w}" for v, w in rec.get("unavailable", {}).items())
         row.update(
@@ -180,6 +182,14 @@ def _cell(rec, v, bad, off) -> str:
     return (
         out.number_cell(t, 2) + ("!" if v in bad else "") + ("x" if v in off else "") if t else ""
     )
+
+
+def auto_label(rec: dict[str, Any]) -> str:
+    """What path="auto" ran at this case: "fused", or "collective/<all-reduce>" ('' unknown)."""
+    auto = rec.get("auto") or {}
+    if auto.get("path") == "collective":
+        return f"collective/{auto.get('all_reduce') or 'nccl'}"
+    return auto.get("path") or ""
 
 
 def _ratio(value: float | None) -> str:
@@ -206,6 +216,7 @@ def format_table(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str
         "distgemm vs best",
         "fused vs best",
         "distgemm / mm",
+        "auto runs",
     ]
     rows = []
     for rec in records:
@@ -219,6 +230,7 @@ def format_table(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str
                 *(_cell(rec, v, bad, off) for v in VARIANTS),
                 d["best_unfused"] or "",
                 *(_ratio(d[c]) for c in RATIOS),
+                auto_label(rec),
             ]
         )
     lines += ["", *out.text_table(header, rows), ""]

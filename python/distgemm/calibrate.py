@@ -2,17 +2,21 @@
 TP and NVLink topology, where ``path="auto"`` finds them.
 
     torchrun --nproc-per-node N -m distgemm.tune --calibrate [--out FILE] [--window-ms MS]
+        [--reduce-only]
 
 TP = N. It runs, on shapes of its own (none of them a Llama layer's): our GEMM kernel and
 torch.mm alone; copy-engine reads from 1..TP-1 peers at once; NCCL's all-gather and
-reduce-scatter alone; and the all-gather and reduce-scatter ops on the collective path and on the
-overlapped plan at S = TP and 2 TP. Each run: calls until ``--window-ms`` of them are timed with
-CUDA events, after a warm-up of a quarter of that, enqueued behind a sleeping kernel where the
-host is slower than the GPU (GPU time is what the model prices); the slowest rank's ms per
-call. Then ``runtime.calibration_fit`` fits the constants, and rank 0 writes them with every
-run and the fit's errors (default: the directory of ``DISTGEMM_CALIBRATION`` or
-``~/.cache/distgemm/machines``, file ``<gpu>-tp<N>-<topology>.json``). Under a minute on 2 or 4
-H100s.
+reduce-scatter alone; the all-gather and reduce-scatter ops on the collective path and on the
+overlapped plan at S = TP and 2 TP; and gemm_all_reduce's decode terms: torch.mm, NCCL's and our
+all-reduces and the fused kernel at 1..256 tokens (``REDUCE_SHAPES``). ``--reduce-only``
+measures only the last and adds them to the machine's calibration already found (the file
+written, or shipped, for this GPU, TP and topology). Each run: calls until ``--window-ms`` of
+them are timed with CUDA events, after a warm-up of a quarter of that, enqueued behind a
+sleeping kernel where the host is slower than the GPU (GPU time is what the model prices); the
+slowest rank's ms per call. Then ``runtime.calibration_fit`` fits the constants, and rank 0
+writes them with every run and the fit's errors (default: the directory of
+``DISTGEMM_CALIBRATION`` or ``~/.cache/distgemm/machines``, file
+``<gpu>-tp<N>-<topology>.json``). Under a minute on 2 or 4 H100s.
 """
 
 from __future__ import annotations
@@ -47,6 +51,10 @@ PATH_SHAPES = [
     (16384, 4096, 5120),
     (12288, 12288, 12288),
 ]
+# gemm_all_reduce at decode token counts: this rank's (n, k), each at every token count of
+# REDUCE_TOKENS (the weight from 17 to 173 MB, the all-reduce from 11 KB to 8.6 MB).
+REDUCE_SHAPES = [(5632, 1536), (10240, 3584), (16896, 5120)]
+REDUCE_TOKENS = (1, 4, 16, 32, 64, 128, 256)
 WAIT_S = 60.0  # the longest wait for this rank's GPU work (one run is at most a few seconds)
 CYCLES_PER_MS = 2.0e6  # torch.cuda._sleep's cycles per ms at up to 2 GHz (sleeps at least that)
 SCHEDULES = {"all_gather_gemm": "ag_rotate_a", "gemm_reduce_scatter": "rs_tile_a"}
@@ -119,8 +127,11 @@ def _warm(torch, device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure(torch, dist, device, tp: int, rank: int, window_ms: float, say) -> list[dict[str, Any]]:
-    """Every run of a calibration on this rank (its own ms; the caller takes the maximum)."""
+def measure(
+    torch, dist, device, tp: int, rank: int, window_ms: float, say, reduce_only: bool = False
+) -> list[dict[str, Any]]:
+    """Every run of a calibration on this rank (its own ms; the caller takes the maximum);
+    ``reduce_only``: gemm_all_reduce's decode runs alone."""
     from . import _core, ops
 
     run = Runner(torch, dist, device, window_ms)
@@ -132,6 +143,8 @@ def measure(torch, dist, device, tp: int, rank: int, window_ms: float, say) -> l
 
     runs: list[dict[str, Any]] = []
     _warm(torch, device)
+    if reduce_only:
+        return reduce_runs(torch, dist, device, tp, run, rand, say) if tp > 1 else []
     say(f"kernels: {len(GEMMS)} GEMMs x (2 tiles, torch.mm)")
     for m, n, k in GEMMS:
         a, b, d = rand(m, k), rand(n, k), torch.empty(m, n, device=device, dtype=torch.bfloat16)
@@ -173,6 +186,51 @@ def measure(torch, dist, device, tp: int, rank: int, window_ms: float, say) -> l
                     runs.append({"kind": "path", **where, **shape, "ms": run.ms(call)})
                 del a, w
         run.sync("the ops' runs")
+        runs += reduce_runs(torch, dist, device, tp, run, rand, say)
+    return runs
+
+
+def reduce_runs(torch, dist, device, tp, run, rand, say) -> list[dict[str, Any]]:
+    """gemm_all_reduce's decode runs (calibration_fit.fit_reduce): torch.mm and the fused path
+    at every REDUCE_SHAPES x REDUCE_TOKENS, NCCL's and our all-reduces at each one's bytes."""
+    from . import ops
+    from .runtime.communicator import get_communicator
+    from .runtime.paths.allreduce import run_all_reduce
+    from .runtime.paths.collective import OWN_ALL_REDUCES, own_all_reduce_problem
+    from .runtime.paths.fused import fused_problem
+    from .runtime.spec import make_spec
+
+    comm = get_communicator(None)
+    say(f"gemm_all_reduce at decode sizes: {len(REDUCE_SHAPES)} shapes x {len(REDUCE_TOKENS)}"
+        " token counts x (torch.mm, fused, NCCL and our all-reduces)")  # fmt: skip
+    runs: list[dict[str, Any]] = []
+    for n, k in REDUCE_SHAPES:
+        w = rand(n, k)
+        for m in REDUCE_TOKENS:
+            a, d = rand(m, k), torch.empty(m, n, device=device, dtype=torch.bfloat16)
+            shape = {"m": m, "n": n, "k": k}
+            mm = run.ms(functools.partial(torch.mm, a, w.t(), out=d))
+            runs.append({"kind": "reduce_mm", **shape, "ms": mm})
+            spec = make_spec("gemm_all_reduce", "ar_tile_a", tp, 0, None, a, w)
+            if not fused_problem(spec, torch.bfloat16):
+                call = functools.partial(ops.gemm_all_reduce, a, w, path="fused", out=d)
+                runs.append({"kind": "fused", "tp": tp, **shape, "ms": run.ms(call)})
+            vec, nbytes = d.view(-1), m * n * 2
+            runs.append(
+                {"kind": "all_reduce", "algorithm": "nccl", "bytes": nbytes,
+                 "ms": run.ms(functools.partial(dist.all_reduce, vec))}
+            )  # fmt: skip
+            for algorithm in OWN_ALL_REDUCES:
+                if own_all_reduce_problem(algorithm, vec.numel(), vec.dtype, tp):
+                    continue
+                call = functools.partial(run_all_reduce, comm, vec, algorithm, False)
+                runs.append(
+                    {"kind": "all_reduce", "algorithm": algorithm, "bytes": nbytes,
+                     "ms": run.ms(call)}
+                )  # fmt: skip
+            del a, d
+        del w
+    run.sync("the decode runs")
     return runs
 
 
@@ -215,6 +273,11 @@ def parse_args(argv=None):
     ap.add_argument("--calibrate", action="store_true", help="this mode (distgemm.tune's flag)")
     ap.add_argument("--out", help="the file to write (rank 0); default: see above")
     ap.add_argument("--window-ms", type=float, default=50.0, help="timed ms per run (default 50)")
+    ap.add_argument(
+        "--reduce-only",
+        action="store_true",
+        help="measure gemm_all_reduce's decode terms only, added to this machine's calibration",
+    )
     args = ap.parse_args(argv)
     if not 1 <= args.window_ms <= 10_000:
         ap.error(f"--window-ms {args.window_ms} is not in 1..10000")
@@ -244,12 +307,17 @@ def main(argv=None) -> int:
         if rank == 0:
             print(f"[{time.perf_counter() - t0:6.1f} s] {text}", flush=True)
 
-    runs = measure(torch, dist, device, tp, rank, args.window_ms, say)
+    key = machine.local_key(device, tp)
+    base = machine.find(key) if args.reduce_only else None
+    if args.reduce_only and (base is None or base.key != key or tp < 2):
+        ap.error(
+            f"--reduce-only adds to a calibration of {key.slug()} at TP >= 2, and none is found"
+        )
+    runs = measure(torch, dist, device, tp, rank, args.window_ms, say, args.reduce_only)
     ms = torch.tensor([r["ms"] for r in runs], device=device, dtype=torch.float64)
     dist.all_reduce(ms, op=dist.ReduceOp.MAX)
     for r, v in zip(runs, ms.tolist(), strict=True):
         r["ms"] = v
-    key = machine.local_key(device, tp)
     props = torch.cuda.get_device_properties(device)
     meta = {
         "command": " ".join(["python -m distgemm.tune --calibrate", *(argv or sys.argv[1:])]),
@@ -261,7 +329,10 @@ def main(argv=None) -> int:
         "runs": runs,
     }
     if rank == 0:
-        mc = calibration_fit.fit(runs, key, props.multi_processor_count, meta)
+        if base is not None:
+            mc = calibration_fit.with_reduce(base, runs, meta)
+        else:
+            mc = calibration_fit.fit(runs, key, props.multi_processor_count, meta)
         out = args.out or str(machine.calibration_dir() / (key.slug() + ".json"))
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
         mc.save(out)
@@ -269,7 +340,8 @@ def main(argv=None) -> int:
             rms, worst = e["rms"], e["max"]
             print(f"  {stage:24s} runs {e['runs']:3d}  rel. err. rms {rms:.3f} max {worst:.3f}")
         took = time.perf_counter() - t0
-        print(f"choice error {mc.choice_error:.3f}; wrote {out} in {took:.1f} s")
+        reduce_error = f", decode {mc.reduce.choice_error:.3f}" if mc.reduce else ""
+        print(f"choice error {mc.choice_error:.3f}{reduce_error}; wrote {out} in {took:.1f} s")
     dist.barrier()
     dist.destroy_process_group()
     return 0

@@ -113,6 +113,9 @@ def memory_stats(group=None) -> dict[str, int]:
     collective_buffers    those buffers (one per stream that made a collective call)
     collective_allocations  scratch buffers allocated so far (each stream's first and every
                           growth)
+    allreduce_control_bytes  our all-reduce's control region (launch generations, flags)
+    allreduce_receive_bytes  its receive regions (the current one, grown to the largest
+                          all-reduce, and those kept for captured graphs)
     max_plans, graphs_per_plan  the bounds (``runtime.entry_cache.MAX_PLANS``,
                                 ``runtime.paths.overlapped.GRAPHS_PER_PLAN``)
     """
@@ -138,6 +141,8 @@ _MEMORY_KEYS = (
     "collective_bytes",
     "collective_buffers",
     "collective_allocations",
+    "allreduce_control_bytes",
+    "allreduce_receive_bytes",
 )
 
 

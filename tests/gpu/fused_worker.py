@@ -14,7 +14,7 @@ inputs seeded, different per rank):
                with and without bias and beta * c: against torch in fp32 from the same inputs
                (relative Frobenius error < TOL) and against torch.mm + NCCL all_reduce in the
                op's dtype (< TOL_SAME_DTYPE); the output bitwise equal on every rank; "auto"
-               runs fused at decode sizes and not above
+               runs what the machine's decode model picks where it covers the call
   capture      one fused op captured in torch.cuda.graph, replayed REPLAYS times with fresh
                activations copied in place (new weights every 100), every replay checked;
                eager calls and an overlapped op (which grows the workspace) interleaved with
@@ -51,6 +51,8 @@ from torchrun_worker import (
 
 import distgemm
 from distgemm.runtime import communicator as dcomm
+from distgemm.runtime import machine, reduce_cost
+from distgemm.runtime.paths import collective
 
 TOL = 1e-2
 TOL_SAME_DTYPE = 2e-2
@@ -103,15 +105,28 @@ def test_correctness(dev):
             y = distgemm.gemm_all_reduce(a, w, bias=b, c=c, beta=beta, path="fused")
             kernel = distgemm._core.fused_kernel(m)
             check(f"correctness/m{m}_n{n}_k{k}/{dtype}", y, a, w, b, c, beta, dtype, kernel=kernel)
-    # "auto": fused where _core.fused_auto_problem allows only
+    # "auto": what the machine's decode model picks (runtime.reduce_cost) where its constants
+    # cover the call, else the path model's overlap or collective
+    tp = dist.get_world_size()
+    mc = machine.constants_for(dev, tp)
     for m in (8, 256, 512):
         a, w, _, _ = inputs(m, 1024, 1024, torch.bfloat16, dev, seed=77)
         distgemm.gemm_all_reduce(a, w)
         chosen = [p for p in distgemm.path_choices() if p["m"] == m and p["requested"] == "auto"]
-        path = chosen[-1]["path"] if chosen else None
-        fused = distgemm._core.fused_auto_problem(m, 1024, 1024, 2, dist.get_world_size()) == ""
-        ok = path == "fused" if fused else path not in (None, "fused")
-        record(f"correctness/auto_m{m}", ok, path=path, fused_expected=fused)
+        got = chosen[-1] if chosen else {}
+        rc = mc.reduce if mc is not None else None
+        if rc is not None and m <= rc.max_tokens:
+            offered = {"fused": ""}
+            for alg in collective.OWN_ALL_REDUCES:
+                offered[alg] = collective.own_all_reduce_problem(alg, m * 1024, torch.bfloat16, tp)
+            want, _, _ = reduce_cost.choose(rc, m, 1024, 1024, tp, offered, mc.key.slug())
+            path = "fused" if want == "fused" else "collective"
+            alg = "nccl" if want == "fused" else want.split("/")[1]
+            ok = got.get("path") == path and got.get("all_reduce") == alg
+        else:
+            want = "overlap or collective"
+            ok = got.get("path") in ("overlap", "collective")
+        record(f"correctness/auto_m{m}", ok, path=got.get("path"), expected=want)
     torch.cuda.synchronize()
     dcomm.get_communicator().raise_launch_errors()
 

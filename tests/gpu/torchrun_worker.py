@@ -43,7 +43,8 @@ from gpu_requirements import SHARED_GPU_MODE, SHARED_SLOWDOWN, multi_gpu_mode
 
 from distgemm import _core, ops
 from distgemm.runtime import communicator as dcomm
-from distgemm.runtime import cost_model, entry_cache
+from distgemm.runtime import cost_model, entry_cache, machine, reduce_cost
+from distgemm.runtime.paths import collective
 
 RESULTS = []
 FAILED = []
@@ -558,13 +559,23 @@ def test_paths(dev):
                 everyone = same_on_all_ranks(choice)
                 agree = all(x["path"] == everyone[0]["path"] for x in everyone)
                 e1, e2 = rel_err(y1, ref32), rel_err(y2, ref32)
-                # gemm_all_reduce at decode sizes: the fused kernel where its shape rule allows
-                # (_core.fused_auto_problem); elsewhere the model's overlap or collective path.
-                fused = schedule == "ar_tile_a" and not _core.fused_auto_problem(
-                    a_shape[0], w_shape[0], w_shape[1], 2, tp
-                )
-                if fused:
-                    chose_right = choice["path"] == "fused" and choice["why"].startswith("fused:")
+                # gemm_all_reduce at the token counts the machine's decode model covers: its
+                # pick (runtime.reduce_cost); elsewhere the path model's overlap or collective.
+                mc = machine.constants_for(dev, tp)
+                rc = mc.reduce if mc is not None else None
+                m_rank, n_rank = a_shape[0], w_shape[0]
+                if schedule == "ar_tile_a" and rc is not None and m_rank <= rc.max_tokens:
+                    offered = {"fused": ""}
+                    for alg in collective.OWN_ALL_REDUCES:
+                        offered[alg] = collective.own_all_reduce_problem(
+                            alg, m_rank * n_rank, bf, tp
+                        )
+                    want, _, _ = reduce_cost.choose(
+                        rc, m_rank, n_rank, w_shape[1], tp, offered, mc.key.slug()
+                    )
+                    chose_right = choice["path"] == (
+                        "fused" if want == "fused" else "collective"
+                    ) and choice["why"].startswith("model: predicted")
                 else:
                     chose_right = (
                         choice["path"] in ("overlap", "collective")

@@ -18,9 +18,6 @@ void register_fused_rules(py::module_& m) {
   m.attr("FUSED_DECODE_MAX_TOKENS") = py::int_(k::kFusedDecodeMaxTokens);
   m.attr("FUSED_MAX_TILES") = py::int_(k::kFusedMaxTiles);
   m.attr("FUSED_MAX_CTAS") = py::int_(k::kFusedMaxCtas);
-  m.attr("FUSED_MAX_AUTO_TOKENS") = py::int_(k::kFusedMaxAutoTokens);
-  m.attr("FUSED_AUTO_MAX_TP") = py::int_(k::kFusedAutoMaxTp);
-  m.attr("FUSED_DECODE_AUTO_MAX_WEIGHT_BYTES") = py::int_(k::kFusedDecodeAutoMaxWeightBytes);
   m.attr("FUSED_LINE_BYTES") = py::int_(k::kFusedLineBytes);
   m.def("fused_kernel", &k::fused_kernel_name, py::arg("m"),
         "The fused kernel that runs m tokens: 'decode' (up to FUSED_DECODE_MAX_TOKENS) or "
@@ -59,10 +56,6 @@ void register_fused_rules(py::module_& m) {
         py::arg("splits"), py::arg("element_bytes"), py::arg("tp"),
         "Bytes of one rank's partial buffers: two parities of every split's partial (the decode "
         "kernel's: of every rank's too, as generation-tagged lines).");
-  m.def("fused_auto_problem", &k::fused_auto_problem, py::arg("m"), py::arg("n"), py::arg("k"),
-        py::arg("element_bytes"), py::arg("tp"),
-        "'' when path='auto' runs this rank's GEMM fused (token count, weight bytes, TP), else "
-        "the reason with the values.");
   m.def("fused_shape_problem", &k::fused_shape_problem, py::arg("m"), py::arg("n"), py::arg("k"),
         py::arg("splits"), py::arg("tp"),
         "'' when the fused kernel takes these shapes, else the reason with the values.");

@@ -11,7 +11,11 @@ A run is a dict with "kind" and "ms" (per call, the slowest rank's):
 - ``{"kind": "nccl", "collective", "bytes"}``: an all-gather or reduce-scatter moving ``bytes``
   per rank;
 - ``{"kind": "path", "path", "schedule", "tp", "steps", "m", "n", "k"}``: an op on the
-  collective path or the overlapped plan of ``steps`` steps (global m, n, k).
+  collective path or the overlapped plan of ``steps`` steps (global m, n, k);
+- ``{"kind": "reduce_mm", "m", "n", "k"}``: torch.mm alone at decode token counts;
+- ``{"kind": "all_reduce", "algorithm", "bytes"}``: an all-reduce of ``bytes`` per rank;
+- ``{"kind": "fused", "tp", "m", "n", "k"}``: gemm_all_reduce on the fused path (this rank's
+  m, n, k).
 
 Pure arithmetic on the runs (numpy and host-only plans): ``distgemm.calibrate`` measures them on
 GPUs, tests fit recorded ones.
@@ -26,10 +30,10 @@ from typing import Any
 import numpy as np
 
 from .. import _core
-from . import cost_model
-from .machine import COLLECTIVES, TRANSPORTS, MachineConstants, MachineKey
+from . import cost_model, reduce_cost
+from .machine import COLLECTIVES, TRANSPORTS, MachineConstants, MachineKey, ReduceConstants
 
-__all__ = ["fit", "path_errors"]
+__all__ = ["fit", "fit_reduce", "with_reduce", "path_errors"]
 
 
 def _lstsq(rows, target, measured) -> tuple[np.ndarray, np.ndarray]:
@@ -132,8 +136,97 @@ def fit(
         overlap[t] = (float(o[0]), float(o[1]), float(o[2]))
     mc = _with(mc, overlap=overlap)
     choice_error = over_prediction(gain_errors(mc, runs))
+    reduce = fit_reduce(runs, key.tp, errors) if _of(runs, "reduce_mm") else None
     fit_meta = {k: _summary(v) for k, v in errors.items()}
-    return _with(mc, choice_error=min(choice_error, 0.5), meta={**mc.meta, "fit": fit_meta})
+    return _with(
+        mc, choice_error=min(choice_error, 0.5), reduce=reduce, meta={**mc.meta, "fit": fit_meta}
+    )
+
+
+def fit_reduce(runs: list[dict[str, Any]], tp: int, errors=None) -> ReduceConstants:
+    """gemm_all_reduce's decode constants fitted to ``runs`` (``reduce_mm``, ``all_reduce`` and
+    ``fused`` runs, module docstring), each stage's relative errors added to ``errors``;
+    ValueError where torch.mm or NCCL has too few runs. An own algorithm or a fused kernel with
+    fewer runs than constants is left out (the model then never offers it)."""
+    errors = {} if errors is None else errors
+    mm_runs = _of(runs, "reduce_mm")
+    _need(mm_runs, 3, "torch.mm at decode token counts")
+    ms = [r["ms"] for r in mm_runs]
+    rows = [reduce_cost.mm_terms(r["m"], r["n"], r["k"]) for r in mm_runs]
+    x, errors["reduce/mm"] = _lstsq(rows, ms, ms)
+    mm = (float(x[0]), float(x[1]), float(x[2]))
+    all_reduce = {}
+    for algorithm in sorted({r["algorithm"] for r in _of(runs, "all_reduce")}):
+        mine = _of(runs, "all_reduce", algorithm=algorithm)
+        if len(mine) < 2:
+            continue
+        ms = [r["ms"] for r in mine]
+        y, errors[f"reduce/{algorithm}"] = _lstsq([[1.0, r["bytes"]] for r in mine], ms, ms)
+        all_reduce[algorithm] = (float(y[0]), float(y[1]))
+    if "nccl" not in all_reduce:
+        raise ValueError("calibration fit: NCCL's all-reduce needs at least 2 runs")
+    fused = {}
+    by_kernel: dict[str, list[dict[str, Any]]] = {}
+    for r in _of(runs, "fused"):
+        by_kernel.setdefault(_core.fused_kernel(r["m"]), []).append(r)
+    for kernel, mine in sorted(by_kernel.items()):
+        if len(mine) < 4:
+            continue
+        ms = [r["ms"] for r in mine]
+        rows = [reduce_cost.fused_terms(r["m"], r["n"], r["k"], tp) for r in mine]
+        z, errors[f"reduce/fused/{kernel}"] = _lstsq(rows, ms, ms)
+        fused[kernel] = tuple(float(v) for v in z)
+    shapes = _of(runs, "reduce_mm") + _of(runs, "fused")
+    rc = ReduceConstants(
+        mm=mm,
+        all_reduce=all_reduce,
+        fused=fused,
+        max_tokens=max(r["m"] for r in shapes),
+        max_bytes=int(max(r["bytes"] for r in _of(runs, "all_reduce"))),
+        choice_error=0.0,
+    )
+    error = over_prediction(reduce_gain_errors(rc, runs, tp))
+    return replace(rc, choice_error=min(error, 0.5))
+
+
+def with_reduce(
+    base: MachineConstants, runs: list[dict[str, Any]], meta: dict[str, Any]
+) -> MachineConstants:
+    """``base`` with reduce constants fitted to ``runs`` (a ``--reduce-only`` calibration:
+    ``meta`` its command, date and versions, kept under ``meta["reduce"]`` with the runs)."""
+    errors: dict[str, list[float]] = {}
+    reduce = fit_reduce(runs, base.key.tp, errors)
+    fit_meta = {**base.meta.get("fit", {}), **{k: _summary(v) for k, v in errors.items()}}
+    return replace(
+        base, reduce=reduce, meta={**base.meta, "fit": fit_meta, "reduce": {**meta, "runs": runs}}
+    )
+
+
+def reduce_gain_errors(rc: ReduceConstants, runs: list[dict[str, Any]], tp: int) -> list[float]:
+    """The model's error on each candidate's gain over mm + NCCL, as a share of mm + NCCL's
+    measured time, at every decode shape of ``runs`` with torch.mm measured: the fused kernel
+    where it ran, mm + an own all-reduce where one ran at the shape's bytes."""
+    ar = {(r["algorithm"], int(r["bytes"])): r["ms"] for r in _of(runs, "all_reduce")}
+    fused = {(r["m"], r["n"], r["k"]): r["ms"] for r in _of(runs, "fused")}
+    out = []
+    for r in _of(runs, "reduce_mm"):
+        m, n, k = r["m"], r["n"], r["k"]
+        nbytes = m * n * cost_model.ELEM_BYTES
+        if ("nccl", nbytes) not in ar:
+            continue
+        base = r["ms"] + ar[("nccl", nbytes)]
+        offered = {"fused": "" if (m, n, k) in fused else "not measured"}
+        measured = {"fused": fused.get((m, n, k))}
+        for algorithm in rc.all_reduce:
+            t = ar.get((algorithm, nbytes))
+            offered[algorithm] = "" if t is not None else "not measured"
+            measured[f"collective/{algorithm}"] = None if t is None else r["ms"] + t
+        pred = reduce_cost.predict(rc, m, n, k, tp, offered)
+        for cand, p in pred.items():
+            t = measured.get(cand)
+            if cand != reduce_cost.BASELINE and t is not None:
+                out.append(((pred[reduce_cost.BASELINE] - p) - (base - t)) / base)
+    return out
 
 
 def _fit_nccl(mc: MachineConstants, runs, name: str, errors) -> tuple[float, float, float]:

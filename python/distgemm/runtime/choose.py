@@ -1,11 +1,12 @@
 """The path of an op entry, chosen once when the entry is created: a pure function of its spec.
 
-The requested path, or for ``path="auto"``: the fused kernel where its shape rule allows
-(``paths.fused.fused_auto``), else the tuning table's path for the call's bucket
-(``tuning_table``), else the cost model's under the machine's constants (``cost_model``,
-``machine``); the overlapped plan where the group cannot run the collective path. Shapes, the
-table, the constants and the group's backend only, so every rank chooses the same; nothing is
-measured on the user's call.
+The requested path, or for ``path="auto"``: for ``gemm_all_reduce`` at the token counts the
+machine's calibration measured, the fastest of mm + NCCL, mm + our one-shot or two-shot
+all-reduce and the fused kernel under its model (``reduce_cost``); else the tuning table's path
+for the call's bucket (``tuning_table``), else the cost model's under the machine's constants
+(``cost_model``, ``machine``); the overlapped plan where the group cannot run the collective
+path. Shapes, the table, the constants and the group's backend only, so every rank chooses the
+same; nothing is measured on the user's call.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from typing import Any
 
 import torch
 
+from . import reduce_cost
 from .cost_model import choose as model_choice
 from .machine import MachineConstants
-from .paths.fused import fused_auto, fused_problem
+from .paths.collective import OWN_ALL_REDUCES, own_all_reduce_problem
+from .paths.fused import fused_problem
 from .spec import Spec
 from .tuning_table import candidate_name
 
@@ -31,22 +34,26 @@ def choose_path(
     """(path, what ``path_choices()`` reports about it) for an entry of ``spec`` (operands of
     ``dtype``) called with ``path=requested``; ``collective_problem``: why the group cannot run
     the collective path (None: it can); ``mc``: the machine's constants (``runtime.machine``;
-    None: no calibration, the model keeps the collective path). The report: ``source``
-    ("requested", "table", "model"),
-    ``tile_n`` (0: per GEMM) and, for "auto", ``overlap_ms`` / ``collective_ms`` (the table's
-    measured ms or the model's prediction), ``why`` in words and, where the collective path was
-    chosen but cannot run, ``collective_unavailable``."""
+    None: no calibration, the model keeps the collective path with NCCL). The report:
+    ``source`` ("requested", "table", "model"), ``tile_n`` (0: per GEMM), ``all_reduce`` (the
+    collective path's all-reduce of a gemm_all_reduce: "nccl", "one_shot", "two_shot") and, for
+    "auto", the predictions in ms (``overlap_ms`` / ``collective_ms``: the table's measured ms or
+    the model's; at decode token counts one ``<candidate>_ms`` each), ``why`` in words and,
+    where the collective path was chosen but cannot run, ``collective_unavailable``."""
     info: dict[str, Any] = {"source": "requested", "tile_n": spec.tile_n}
     if requested == "fused":
         problem = fused_problem(spec, dtype)
         if problem:
             raise ValueError(f"{spec.op}: path='fused' cannot run this call: {problem}")
+    if spec.op == "gemm_all_reduce":
+        info["all_reduce"] = "nccl"
     if requested != "auto":
         return requested, info
-    fused, why_fused = fused_auto(spec, dtype)
-    if fused:
-        info.update(source="model", why=why_fused)
-        return "fused", info
+    decode = _reduce_choice(spec, dtype, collective_problem, mc)
+    if decode is not None:
+        path, more = decode
+        info.update(source="model", **more)
+        return path, info
     entry = spec.table
     if entry is not None:
         path = entry.path
@@ -63,3 +70,27 @@ def choose_path(
         path = "overlap"
         info["collective_unavailable"] = collective_problem
     return path, info
+
+
+def _reduce_choice(
+    spec: Spec, dtype: torch.dtype, collective_problem: str | None, mc: MachineConstants | None
+) -> tuple[str, dict[str, Any]] | None:
+    """(path, report) of a gemm_all_reduce entry at the token counts the machine's reduce
+    constants cover (``reduce_cost.choose``), or None where they do not (no constants, more
+    tokens, or a group that cannot run the collective path, the baseline)."""
+    rc = mc.reduce if mc is not None else None
+    if spec.op != "gemm_all_reduce" or rc is None or collective_problem:
+        return None
+    m, k = (int(x) for x in spec.shapes["a"])
+    n = int(spec.shapes["w"][0])
+    if m > rc.max_tokens:
+        return None
+    offered = {"fused": fused_problem(spec, dtype)}
+    offered.update({a: own_all_reduce_problem(a, m * n, dtype, spec.tp) for a in OWN_ALL_REDUCES})
+    pick, pred, why = reduce_cost.choose(rc, m, n, k, spec.tp, offered, mc.key.slug())
+    report = {f"{c.replace('/', '_')}_ms": v for c, v in pred.items()}
+    report.update(why=f"model: {why}", all_reduce="nccl")
+    if pick == "fused":
+        return "fused", report
+    report["all_reduce"] = pick.split("/", 1)[1]
+    return "collective", report

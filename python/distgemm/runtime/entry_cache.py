@@ -126,7 +126,9 @@ def make_state(
         return OverlappedState.create(comm, spec, key.precision, key.beta, key.return_gathered)
     if path == "fused":
         return FusedState.create(comm, spec, key.precision, key.beta, choice)
-    return CollectiveState.create(spec, key.precision, key.beta, key.return_gathered)
+    return CollectiveState.create(
+        spec, key.precision, key.beta, key.return_gathered, choice.get("all_reduce", "nccl")
+    )
 
 
 class EntryCache(collections.OrderedDict):

@@ -24,7 +24,15 @@ import pathlib
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-__all__ = ["MachineKey", "MachineConstants", "load", "find", "CALIBRATION_ENV", "SHIPPED_DIR"]
+__all__ = [
+    "MachineKey",
+    "MachineConstants",
+    "ReduceConstants",
+    "load",
+    "find",
+    "CALIBRATION_ENV",
+    "SHIPPED_DIR",
+]
 
 FORMAT, VERSION = "distgemm-machine-constants", 1
 CALIBRATION_ENV = "DISTGEMM_CALIBRATION"  # a calibration file, or a directory of them
@@ -34,6 +42,69 @@ USER_DIR = pathlib.Path("~/.cache/distgemm/machines").expanduser()
 TRANSPORTS = ("all_gather", "epilogue", "copy")
 COLLECTIVES = ("all_gather", "reduce_scatter")
 NVML_NVLINK_MAX_LINKS = 18  # nvml.h's NVML_NVLINK_MAX_LINKS (Hopper: 18 links)
+# The all-reduce algorithms a calibration prices: NCCL's and our own kernel's (paths/allreduce.py).
+ALL_REDUCES = ("nccl", "one_shot", "two_shot")
+FUSED_KERNELS = ("decode", "cutlass")  # the fused GEMM + all-reduce's two kernels
+
+
+@dataclass(frozen=True)
+class ReduceConstants:
+    """The constants of ``gemm_all_reduce`` at the token counts a calibration measured (ms, bytes,
+    flops; per rank), where the GEMM streams its weight and the all-reduce is latency bound:
+
+    - ``mm``: torch.mm, (launch ms, ms per byte of its operands and result, ms per flop);
+    - ``all_reduce``: per algorithm (``ALL_REDUCES``), (latency ms, ms per byte of the vector);
+    - ``fused``: per fused kernel (``FUSED_KERNELS``), (fixed ms, ms per byte of the weight, ms
+      per flop, ms per byte pushed to the peers: the result times TP - 1);
+    - ``max_tokens``, ``max_bytes``: the most tokens and the largest all-reduce measured; the
+      model prices nothing beyond them;
+    - ``choice_error``: as ``MachineConstants.choice_error``, for the gains over mm + NCCL.
+    """
+
+    mm: tuple[float, float, float]
+    all_reduce: dict[str, tuple[float, float]]
+    fused: dict[str, tuple[float, float, float, float]]
+    max_tokens: int
+    max_bytes: int
+    choice_error: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mm": list(self.mm),
+            "all_reduce": {k: list(v) for k, v in self.all_reduce.items()},
+            "fused": {k: list(v) for k, v in self.fused.items()},
+            "max_tokens": self.max_tokens,
+            "max_bytes": self.max_bytes,
+            "choice_error": self.choice_error,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ReduceConstants:
+        return cls(
+            mm=_triple(d["mm"]),
+            all_reduce={k: _pair(v) for k, v in d["all_reduce"].items()},
+            fused={k: tuple(float(x) for x in v) for k, v in d["fused"].items()},
+            max_tokens=int(d["max_tokens"]),
+            max_bytes=int(d["max_bytes"]),
+            choice_error=float(d["choice_error"]),
+        )
+
+    def problem(self) -> str | None:
+        """Why these constants cannot price anything (None: they can)."""
+        if "nccl" not in self.all_reduce:
+            return "reduce.all_reduce has no NCCL constants (the baseline)"
+        unknown = (set(self.all_reduce) - set(ALL_REDUCES)) | (set(self.fused) - set(FUSED_KERNELS))
+        if unknown:
+            return f"reduce names unknown algorithms or kernels {sorted(unknown)}"
+        if any(len(v) != 4 for v in self.fused.values()):
+            return "reduce.fused needs 4 constants per kernel"
+        if self.max_tokens < 1 or self.max_bytes < 1:
+            return (
+                f"reduce.max_tokens {self.max_tokens} and max_bytes {self.max_bytes} must be >= 1"
+            )
+        if not 0 <= self.choice_error < 1:
+            return f"reduce.choice_error {self.choice_error} is not in [0, 1)"
+        return None
 
 
 @dataclass(frozen=True)
@@ -71,6 +142,8 @@ class MachineConstants:
       collective path in the calibration's own runs, as a share of the collective time (root
       mean square of the over-predictions, ``calibration_fit.over_prediction``): the choice
       takes a predicted gain only beyond it (less the tolerated loss, ``cost_model``).
+    - ``reduce``: ``gemm_all_reduce`` at decode token counts (``ReduceConstants``), or None
+      where the calibration did not measure it (the model then keeps mm + NCCL there).
     - ``meta``: where the numbers come from (command, date, device, versions, the fit's errors).
     """
 
@@ -85,6 +158,7 @@ class MachineConstants:
     nccl: dict[str, tuple[float, float, float]]
     overlap: dict[str, tuple[float, float, float]]
     choice_error: float
+    reduce: ReduceConstants | None = None
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def link_bytes_per_ms(self, peers: int = 1) -> float:
@@ -102,23 +176,37 @@ class MachineConstants:
         so the prediction leans to the baseline)."""
         if tp == self.key.tp:
             return self
-        nccl = {}
-        for name, (lat, per_byte, share) in self.nccl.items():
-            pts = sorted({(c.key.tp - 1, c.nccl[name][0]) for c in (self, *others)})
-            if len(pts) >= 2:
-                (x0, y0), (x1, y1) = pts[0], pts[-1]
-                slope = (y1 - y0) / (x1 - x0)
-                lat_tp = max(y1 + slope * (tp - 1 - x1), min(y for _, y in pts))
-            else:
-                lat_tp = lat
-            nccl[name] = (lat_tp, per_byte, share)
+        nccl = {
+            name: (_on_line([(c.key.tp, c.nccl[name][0]) for c in (self, *others)], tp), b, sh)
+            for name, (_, b, sh) in self.nccl.items()
+        }
         measured = sorted(c.key.tp for c in (self, *others))
         return replace(
             self,
             key=replace(self.key, tp=tp),
             nccl=nccl,
+            reduce=self._reduce_at(tp, others),
             meta={**self.meta, "predicted_from_tp": measured},
         )
+
+    def _reduce_at(self, tp: int, others) -> ReduceConstants | None:
+        """``reduce`` predicted at ``tp`` as the collectives are: each all-reduce's latency and
+        each fused kernel's fixed cost on the line through the TPs measured (those of ``others``
+        that have reduce constants), the per-byte and per-flop terms as they are."""
+        if self.reduce is None:
+            return None
+        known = [c for c in (self, *others) if c.reduce is not None]
+        all_reduce = {
+            a: (_on_line([(c.key.tp, c.reduce.all_reduce[a][0]) for c in known
+                          if a in c.reduce.all_reduce], tp), per_byte)
+            for a, (_, per_byte) in self.reduce.all_reduce.items()
+        }  # fmt: skip
+        fused = {
+            f: (_on_line([(c.key.tp, c.reduce.fused[f][0]) for c in known
+                          if f in c.reduce.fused], tp), *rest)
+            for f, (_, *rest) in self.reduce.fused.items()
+        }  # fmt: skip
+        return replace(self.reduce, all_reduce=all_reduce, fused=fused)
 
     # -- JSON ------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -127,6 +215,7 @@ class MachineConstants:
         d["nccl"] = {k: list(v) for k, v in self.nccl.items()}
         d["overlap"] = {k: list(v) for k, v in self.overlap.items()}
         d["copy_bytes_per_ms"] = list(self.copy_bytes_per_ms)
+        d["reduce"] = self.reduce.to_json() if self.reduce is not None else None
         return {"format": FORMAT, "version": VERSION, **d}
 
     @classmethod
@@ -152,6 +241,7 @@ class MachineConstants:
                 nccl={k: _triple(d["nccl"][k]) for k in COLLECTIVES},
                 overlap={k: _triple(d["overlap"][k]) for k in TRANSPORTS},
                 choice_error=float(d["choice_error"]),
+                reduce=ReduceConstants.from_json(d["reduce"]) if d.get("reduce") else None,
                 meta=dict(d.get("meta", {})),
             )
         except (KeyError, TypeError, ValueError) as e:
@@ -172,10 +262,23 @@ class MachineConstants:
             return "the GEMM rate and every copy bandwidth must be positive"
         if not 0 <= self.choice_error < 1:
             return f"choice_error {self.choice_error} is not in [0, 1)"
-        return None
+        return self.reduce.problem() if self.reduce is not None else None
 
     def save(self, path: str | os.PathLike) -> None:
         pathlib.Path(path).write_text(json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n")
+
+
+def _on_line(points: list[tuple[int, float]], tp: int) -> float:
+    """A latency at ``tp`` from (TP, latency) points: on the line through the fewest and the
+    most ring hops (TP - 1) measured, never below the least measured; the one point's latency
+    where only one TP was measured (small-message protocols do not pay per hop what a ring
+    would: keeping it under-prices the baseline collective, so predictions lean to it)."""
+    pts = sorted({(t - 1, y) for t, y in points})
+    if len(pts) < 2:
+        return pts[0][1]
+    (x0, y0), (x1, y1) = pts[0], pts[-1]
+    slope = (y1 - y0) / (x1 - x0) if x1 != x0 else 0.0
+    return max(y1 + slope * (tp - 1 - x1), min(y for _, y in pts))
 
 
 def _pair(v) -> tuple[float, float]:

@@ -49,15 +49,6 @@ inline constexpr int kFusedTokenTileSmall = 32;  // the decode kernel's token bl
 // cpp/cuda.cmake reads this line to generate them). Not 160 or 224: on the same tokens they run
 // slower than 192 and 256 by more than the padding costs (docs/tuning.md).
 inline constexpr int kFusedTokenTiles[] = {64, 96, 128, 192, 256};
-// path="auto" runs gemm_all_reduce fused (fused_auto_problem) up to this many tokens, at TP up to
-// kFusedAutoMaxTp, where the decode kernel's weight is small enough: the tokens and TP where the
-// fused op is measured faster than the collective path auto otherwise takes (docs/tuning.md).
-inline constexpr int64_t kFusedMaxAutoTokens = 256;
-inline constexpr int kFusedAutoMaxTp = 2;
-// Up to kFusedDecodeMaxTokens tokens the fused op saves a fixed cost (no collective kernel) but
-// streams its weight a little slower than the collective path: the two cross near this weight
-// per rank (docs/tuning.md).
-inline constexpr int64_t kFusedDecodeAutoMaxWeightBytes = 250'000'000;
 // The decode kernel runs up to this many tokens (one block of kFusedTokenTileSmall), the CUTLASS
 // kernel above: at 64 tokens the CUTLASS kernel is the faster, at 1..32 the decode kernel's whole
 // fused op takes about what the CUTLASS GEMM alone does (docs/tuning.md).
@@ -230,24 +221,6 @@ inline std::string fused_shape_problem(int64_t m, int64_t n, int64_t k, int spli
     return "m=" + std::to_string(m) + " n=" + std::to_string(n) + " needs " +
            std::to_string(tiles) + " tiles, more than the " + std::to_string(kFusedMaxTiles) +
            " flags of the fused control region (use the overlapped or collective path)";
-  return "";
-}
-
-// "" when path="auto" runs this rank's GEMM (a [m, k], w [n, k]) fused, else the reason with the
-// values (the shapes must also pass fused_shape_problem).
-inline std::string fused_auto_problem(int64_t m, int64_t n, int64_t k, int element_bytes, int tp) {
-  if (tp > kFusedAutoMaxTp)
-    return "tp=" + std::to_string(tp) + " is above " + std::to_string(kFusedAutoMaxTp) +
-           ", the most the fused path's auto choice is measured at";
-  if (m > kFusedMaxAutoTokens)
-    return "M=" + std::to_string(m) + " tokens is above the fused path's " +
-           std::to_string(kFusedMaxAutoTokens);
-  const int64_t weight_bytes = n * k * element_bytes;
-  if (fused_kernel(m) == FusedKernel::Decode && weight_bytes > kFusedDecodeAutoMaxWeightBytes)
-    return "M=" + std::to_string(m) + " tokens (decode kernel) with a weight of " +
-           std::to_string(weight_bytes) + " bytes per rank, above " +
-           std::to_string(kFusedDecodeAutoMaxWeightBytes) +
-           ": the collective path streams it faster than the fused kernel saves";
   return "";
 }
 

@@ -1,4 +1,5 @@
-"""The collective path: the group's NCCL collective and one torch GEMM, the baseline to beat.
+"""The collective path: the group's NCCL collective (or, for an all-reduce, our one-shot or
+two-shot kernel: ``paths/allreduce.py``) and one torch GEMM, the baseline to beat.
 
 On the current stream, capturable (no synchronisation, and inside a capture its buffers come from
 the caller's graph pool). Its scratch buffers (the gathered operand, the partial product) are
@@ -20,11 +21,27 @@ from torch.distributed.distributed_c10d import (
     ReduceScatterOptions,
 )
 
+from ... import _core
 from ..communicator import Communicator
 from ..scales import scaled_mm_scales
 from ..spec import Spec
+from ..validate import DTYPES
 from ..workspace import GROWTH_HEADROOM
+from .allreduce import run_all_reduce
 from .common import PathState, gathered_shape, stream_ptr, user_ptrs
+
+# Our own all-reduce algorithms (paths/allreduce.py), the alternatives to NCCL's.
+OWN_ALL_REDUCES = ("one_shot", "two_shot")
+
+
+def own_all_reduce_problem(algorithm: str, numel: int, dtype: torch.dtype, tp: int) -> str:
+    """'' where our ``algorithm`` kernel can all-reduce ``numel`` elements of ``dtype`` at
+    ``tp``, else the reason (the build, the dtype and the size only: the same on every rank)."""
+    if not getattr(_core, "cuda_runtime", False):
+        return f"distgemm was built without the CUDA runtime ({_core.cuda_runtime_reason})"
+    if dtype not in DTYPES:
+        return f"dtype {dtype} is not bf16 or fp16"
+    return _core.allreduce_problem(algorithm, numel, dtype.itemsize, tp)
 
 
 def collective_kind(spec: Spec) -> str:
@@ -46,14 +63,18 @@ class CollectiveState(PathState):
 
     kind: str = ""
     gathered_shape: tuple[int, int] = (0, 0)
+    all_reduce: str = "nccl"  # an all-reduce's algorithm: "nccl" or one of OWN_ALL_REDUCES
 
     @classmethod
-    def create(cls, spec: Spec, precision, beta: float, gathered: bool) -> CollectiveState:
+    def create(
+        cls, spec: Spec, precision, beta: float, gathered: bool, all_reduce: str = "nccl"
+    ) -> CollectiveState:
         kind = collective_kind(spec)
         return cls(
             **cls.call_fields(spec, precision, beta, gathered),
             kind=kind,
             gathered_shape=gathered_shape(spec) if kind.startswith("gather") else (0, 0),
+            all_reduce=all_reduce if kind == "all_reduce" and not precision.fp8 else "nccl",
         )
 
     def run(self, op: str, comm: Communicator, tensors, out, capturing: bool):
@@ -122,7 +143,10 @@ def run_collective(
         return (out, gathered) if state.want_gathered else out
     if kind == "all_reduce":
         torch.mm(a, w.t(), out=out)
-        _finish(pg.allreduce([out], _ALLREDUCE))
+        if state.all_reduce == "nccl":
+            _finish(pg.allreduce([out], _ALLREDUCE))
+        else:  # in place, on the current stream
+            run_all_reduce(comm, out, state.all_reduce, capturing)
     elif kind == "scatter_n":  # rs_tile_b
         # reduce-scatter splits dim 0: reduce D^T = W A^T and transpose this rank's rows.
         part_t, mine = _scratch(

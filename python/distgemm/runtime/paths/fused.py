@@ -1,7 +1,7 @@
 """The fused path of ``gemm_all_reduce``: one kernel per rank makes its partial and sums its tiles.
 
-``path="fused"``, or ``"auto"`` where ``_core.fused_auto_problem`` allows (up to
-``_core.FUSED_MAX_AUTO_TOKENS`` tokens): one kernel per rank computes its partial product and
+``path="fused"``, or ``"auto"`` where the machine's model predicts it the fastest
+(``runtime.reduce_cost``): one kernel per rank computes its partial product and
 sums the tiles it owns over every rank's partials (kernel/fused_allreduce.hpp). No collective
 kernel, no copy engine, one kernel node inside a caller's CUDA graph. Two kernels:
 - up to ``_core.FUSED_DECODE_MAX_TOKENS`` tokens the hand-written decode kernel (the weight
@@ -45,7 +45,7 @@ from .common import PathState, stream_ptr, user_ptrs
 if TYPE_CHECKING:
     from ..communicator import Communicator
 
-__all__ = ["fused_problem", "fused_auto", "fused_layout", "FusedResources", "FusedState"]
+__all__ = ["fused_problem", "fused_layout", "FusedResources", "FusedState"]
 
 # The name of the fused path's per-communicator state (Communicator.attach).
 ATTACHMENT = "fused"
@@ -70,20 +70,6 @@ def fused_problem(spec: Spec, dtype: torch.dtype) -> str:
         return "the weight is a transposed view (N-contiguous); the fused kernel reads [N, K]"
     m, n, k = _problem_shape(spec)
     return _core.fused_shape_problem(m, n, k, 1, spec.tp)
-
-
-def fused_auto(spec: Spec, dtype: torch.dtype) -> tuple[bool, str]:
-    """Whether ``path="auto"`` runs this entry fused: shapes the kernel takes, at most
-    ``_core.FUSED_MAX_AUTO_TOKENS`` tokens and where the measured rule picks it
-    (``_core.fused_auto_problem``); with the reason in words."""
-    problem = fused_problem(spec, dtype)
-    if problem:
-        return False, problem
-    m, n, k = _problem_shape(spec)
-    problem = _core.fused_auto_problem(m, n, k, dtype.itemsize, spec.tp)
-    if problem:
-        return False, problem
-    return True, f"fused: M={m} tokens <= {int(_core.FUSED_MAX_AUTO_TOKENS)} (decode size)"
 
 
 def fused_layout(

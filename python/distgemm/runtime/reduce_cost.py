@@ -1,0 +1,96 @@
+"""The cost model of ``gemm_all_reduce`` at the token counts a calibration measured (decode):
+torch.mm then an all-reduce (NCCL's, or our one-shot or two-shot kernel), or one fused kernel,
+and the choice among them.
+
+What it models (one rank, the constants ``machine.ReduceConstants``, fitted by
+``calibration_fit.fit_reduce`` to ``distgemm.calibrate``'s runs):
+
+- torch.mm: ``launch + bytes * per_byte + flops * per_flop``: at a few tokens the GEMM streams
+  its weight (bytes), at hundreds its flops start to count;
+- an all-reduce of ``bytes``: ``latency + bytes * per_byte``, per algorithm;
+- the fused kernel (``_core.fused_kernel``: the decode kernel or the CUTLASS one):
+  ``fixed + weight bytes * per_byte + flops * per_flop + pushed bytes * per_pushed`` with the
+  bytes it pushes to its peers (the result, times TP - 1).
+
+The baseline is mm + NCCL. Another candidate is taken where it is predicted faster by at least
+``MIN_GAIN_MS`` and by the calibration's ``choice_error`` less ``cost_model.TOLERATED_LOSS`` of
+the baseline's time, as the overlapped plan is.
+"""
+
+from __future__ import annotations
+
+from .. import _core
+from .cost_model import ELEM_BYTES, TOLERATED_LOSS
+from .machine import ReduceConstants
+
+BASELINE = "collective/nccl"
+# The least predicted gain taken: decode calls are replayed from CUDA graphs, whose per-call
+# times a calibration's windows resolve to a fraction of a microsecond (the path model's 5 us
+# floor is the jitter of eager calls of large GEMMs, a fifth of a whole decode call).
+MIN_GAIN_MS = 5e-4
+
+
+def mm_terms(m: int, n: int, k: int) -> tuple[float, float, float]:
+    """torch.mm's terms before the constants: (1, bytes of a, w and the result, flops)."""
+    return 1.0, float((m * k + n * k + m * n) * ELEM_BYTES), 2.0 * m * n * k
+
+
+def fused_terms(m: int, n: int, k: int, tp: int) -> tuple[float, float, float, float]:
+    """The fused kernel's terms before the constants: (1, weight bytes, flops, bytes pushed to
+    the peers)."""
+    return 1.0, float(n * k * ELEM_BYTES), 2.0 * m * n * k, float(m * n * ELEM_BYTES * (tp - 1))
+
+
+def _dot(consts, terms) -> float:
+    return sum(c * t for c, t in zip(consts, terms, strict=True))
+
+
+def mm_ms(rc: ReduceConstants, m: int, n: int, k: int) -> float:
+    """Predicted ms of torch.mm m x n x k at decode token counts."""
+    return _dot(rc.mm, mm_terms(m, n, k))
+
+
+def all_reduce_ms(rc: ReduceConstants, algorithm: str, nbytes: float) -> float:
+    """Predicted ms of an all-reduce of ``nbytes`` per rank by ``algorithm``."""
+    latency, per_byte = rc.all_reduce[algorithm]
+    return latency + nbytes * per_byte
+
+
+def fused_ms(rc: ReduceConstants, m: int, n: int, k: int, tp: int) -> float:
+    """Predicted ms of the fused GEMM + all-reduce of this rank's m x n x k."""
+    return _dot(rc.fused[_core.fused_kernel(m)], fused_terms(m, n, k, tp))
+
+
+def predict(
+    rc: ReduceConstants, m: int, n: int, k: int, tp: int, offered: dict[str, str]
+) -> dict[str, float]:
+    """Predicted ms of every candidate this rank's m x n x k can run: "collective/<algorithm>"
+    for each all-reduce the constants price, "fused" where its kernel is; ``offered`` maps
+    "fused" and each own algorithm to '' where it can run the call, else the reason. Nothing
+    past the calibration's ``max_tokens`` or ``max_bytes`` but the baseline."""
+    nbytes = m * n * ELEM_BYTES
+    mm = mm_ms(rc, m, n, k)
+    out = {BASELINE: mm + all_reduce_ms(rc, "nccl", nbytes)}
+    if m > rc.max_tokens:
+        return out
+    for algorithm in rc.all_reduce:
+        if algorithm != "nccl" and offered.get(algorithm) == "" and nbytes <= rc.max_bytes:
+            out[f"collective/{algorithm}"] = mm + all_reduce_ms(rc, algorithm, nbytes)
+    if offered.get("fused") == "" and _core.fused_kernel(m) in rc.fused:
+        out["fused"] = fused_ms(rc, m, n, k, tp)
+    return out
+
+
+def choose(
+    rc: ReduceConstants, m: int, n: int, k: int, tp: int, offered: dict[str, str], slug: str = ""
+) -> tuple[str, dict[str, float], str]:
+    """(candidate, the predictions, why in words): the fastest predicted candidate where it
+    beats mm + NCCL by the margin (module docstring), else mm + NCCL. Shapes and constants
+    only, so every rank picks the same."""
+    pred = predict(rc, m, n, k, tp, offered)
+    base = pred[BASELINE]
+    best = min(pred, key=lambda c: (pred[c], c != BASELINE))
+    margin = max(MIN_GAIN_MS, (rc.choice_error - TOLERATED_LOSS) * base)
+    pick = best if base - pred[best] >= margin else BASELINE
+    listed = ", ".join(f"{c} {v * 1e3:.1f} us" for c, v in sorted(pred.items(), key=lambda x: x[1]))
+    return pick, pred, f"predicted {listed}; margin {margin * 1e3:.2f} us ({slug})"

@@ -1,0 +1,245 @@
+"""gemm_all_reduce's decode model (runtime.reduce_cost) and its constants: a fit of runs the model
+priced gives back the constants at TP 2, 3, 4 and 8, the choice takes the fastest candidate only
+beyond its margin and never past what the calibration measured, the JSON form and the TP
+prediction carry the constants, and path="auto" follows the model (fused, or the collective path
+with NCCL's or our all-reduce) at shapes the calibration did not run."""
+
+import json
+from dataclasses import replace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from test_machine import constants  # noqa: E402
+
+from distgemm import _core, calibrate, ops  # noqa: E402
+from distgemm.runtime import calibration_fit, machine, reduce_cost  # noqa: E402
+from distgemm.runtime.choose import choose_path  # noqa: E402
+from distgemm.runtime.paths import collective  # noqa: E402
+
+TPS = (2, 3, 4, 8)
+
+
+def reduce_constants(error: float = 0.0) -> machine.ReduceConstants:
+    """H100-like: torch.mm streams 3 TB/s, NCCL's all-reduce 18 us + 150 GB/s, our one-shot 6 us
+    and our two-shot 10 us; the decode kernel 8 us over its weight's stream."""
+    return machine.ReduceConstants(
+        mm=(5e-3, 1 / 3.0e9, 1 / 6.7e11),
+        all_reduce={
+            "nccl": (18e-3, 1 / 1.5e8),
+            "one_shot": (6e-3, 1 / 0.6e8),
+            "two_shot": (10e-3, 1 / 1.4e8),
+        },
+        fused={
+            "decode": (8e-3, 1 / 2.9e9, 0.0, 1 / 1.0e8),
+            "cutlass": (14e-3, 1 / 2.8e9, 1 / 6.0e11, 1 / 0.8e8),
+        },
+        max_tokens=256,
+        max_bytes=16 << 20,
+        choice_error=error,
+    )
+
+
+def priced_runs(rc: machine.ReduceConstants, tp: int) -> list[dict]:
+    """A calibration's decode runs (calibrate.REDUCE_SHAPES x REDUCE_TOKENS), each priced by the
+    model under ``rc``."""
+    runs = []
+    for n, k in calibrate.REDUCE_SHAPES:
+        for m in calibrate.REDUCE_TOKENS:
+            shape = {"m": m, "n": n, "k": k}
+            runs.append({"kind": "reduce_mm", **shape, "ms": reduce_cost.mm_ms(rc, m, n, k)})
+            fused = reduce_cost.fused_ms(rc, m, n, k, tp)
+            runs.append({"kind": "fused", "tp": tp, **shape, "ms": fused})
+            for algorithm in rc.all_reduce:
+                nbytes = m * n * 2
+                ms = reduce_cost.all_reduce_ms(rc, algorithm, nbytes)
+                runs.append({"kind": "all_reduce", "algorithm": algorithm, "bytes": nbytes,
+                             "ms": ms})  # fmt: skip
+    return runs
+
+
+def close(a, b):
+    return a == pytest.approx(b, rel=1e-5, abs=1e-12)
+
+
+@pytest.mark.parametrize("tp", TPS)
+def test_a_fit_of_runs_the_model_priced_gives_back_its_constants(tp):
+    want = reduce_constants()
+    got = calibration_fit.fit_reduce(priced_runs(want, tp), tp)
+    assert all(close(g, w) for g, w in zip(got.mm, want.mm, strict=True))
+    for algorithm, consts in want.all_reduce.items():
+        assert all(close(g, w) for g, w in zip(got.all_reduce[algorithm], consts, strict=True))
+    # The decode kernel's flop term is collinear with nothing measured at zero: compare times.
+    for n, k in calibrate.REDUCE_SHAPES:
+        for m in calibrate.REDUCE_TOKENS:
+            assert close(
+                reduce_cost.fused_ms(got, m, n, k, tp), reduce_cost.fused_ms(want, m, n, k, tp)
+            )
+    assert got.max_tokens == max(calibrate.REDUCE_TOKENS)
+    biggest = max(m * n * 2 for n, _ in calibrate.REDUCE_SHAPES for m in calibrate.REDUCE_TOKENS)
+    assert got.max_bytes == biggest
+    assert got.choice_error == pytest.approx(0.0, abs=1e-9)
+
+
+def test_the_fit_refuses_too_few_runs_and_leaves_out_what_it_cannot_fit():
+    runs = priced_runs(reduce_constants(), 2)
+    with pytest.raises(ValueError, match="torch.mm at decode token counts needs at least 3 runs"):
+        calibration_fit.fit_reduce([r for r in runs if r["kind"] != "reduce_mm"], 2)
+    no_nccl = [r for r in runs if r.get("algorithm") != "nccl"]
+    with pytest.raises(ValueError, match="NCCL's all-reduce needs at least 2 runs"):
+        calibration_fit.fit_reduce(no_nccl, 2)
+    # No own all-reduce and no fused run (a build without them): only NCCL is priced.
+    bare = [r for r in runs if r["kind"] == "reduce_mm" or r.get("algorithm") == "nccl"]
+    rc = calibration_fit.fit_reduce(bare, 2)
+    assert set(rc.all_reduce) == {"nccl"} and rc.fused == {}
+    offered = {"fused": "", "one_shot": "", "two_shot": ""}
+    assert set(reduce_cost.predict(rc, 8, 8192, 4096, 2, offered)) == {reduce_cost.BASELINE}
+
+
+def test_the_error_is_the_over_predicted_gain():
+    want = reduce_constants()
+    runs = priced_runs(want, 4)
+    # The fused kernel measured 20% slower than the model prices it: its gain over-predicted.
+    slower = [dict(r, ms=r["ms"] * 1.2) if r["kind"] == "fused" else r for r in runs]
+    errs = calibration_fit.reduce_gain_errors(want, slower, 4)
+    assert errs and max(errs) > 0.05
+    assert calibration_fit.over_prediction(errs) > 0.05
+    # Faster than priced: an under-predicted gain costs nothing.
+    faster = [dict(r, ms=r["ms"] * 0.8) if r["kind"] == "fused" else r for r in runs]
+    errs = calibration_fit.reduce_gain_errors(want, faster, 4)
+    assert calibration_fit.over_prediction(errs) == pytest.approx(0.0, abs=1e-12)
+
+
+ALL = {"fused": "", "one_shot": "", "two_shot": ""}
+
+
+@pytest.mark.parametrize("tp", TPS)
+def test_the_choice_is_the_fastest_prediction(tp):
+    rc = reduce_constants()
+    for m, n, k in [(1, 8192, 2048), (8, 16384, 4096), (96, 4096, 1024), (256, 16384, 6656)]:
+        pick, pred, why = reduce_cost.choose(rc, m, n, k, tp, ALL, "slug")
+        assert pick == min(pred, key=pred.get), (m, n, k, pred)
+        assert set(pred) == {reduce_cost.BASELINE, "fused", "collective/one_shot",
+                             "collective/two_shot"}  # fmt: skip
+        assert "margin" in why and "(slug)" in why
+
+
+def test_the_choice_keeps_the_baseline_within_its_margin_and_honours_the_offer():
+    rc = reduce_constants()
+    m, n, k, tp = 4, 8192, 2048, 4
+    pick, pred, _ = reduce_cost.choose(rc, m, n, k, tp, ALL)
+    assert pick != reduce_cost.BASELINE
+    gain = pred[reduce_cost.BASELINE] - pred[pick]
+    # An error that makes the margin larger than the gain keeps mm + NCCL.
+    big = gain / pred[reduce_cost.BASELINE] + cost_tolerated() + 0.01
+    assert reduce_cost.choose(replace(rc, choice_error=big), m, n, k, tp, ALL)[0] == (
+        reduce_cost.BASELINE
+    )
+    # A candidate that cannot run the call (its reason given) is never priced.
+    offered = {"fused": "transposed weight", "one_shot": "", "two_shot": "too large"}
+    pick, pred, _ = reduce_cost.choose(rc, m, n, k, tp, offered)
+    assert set(pred) == {reduce_cost.BASELINE, "collective/one_shot"}
+
+
+def cost_tolerated():
+    from distgemm.runtime import cost_model
+
+    return cost_model.TOLERATED_LOSS
+
+
+def test_nothing_is_priced_past_what_the_calibration_measured():
+    rc = replace(reduce_constants(), max_tokens=64, max_bytes=1 << 20)
+    assert set(reduce_cost.predict(rc, 65, 8192, 4096, 2, ALL)) == {reduce_cost.BASELINE}
+    pred = reduce_cost.predict(rc, 64, 16384, 4096, 2, ALL)  # 2 MB: past max_bytes
+    assert set(pred) == {reduce_cost.BASELINE, "fused"}
+
+
+def test_json_round_trip_problems_and_the_tp_prediction(tmp_path):
+    mc = replace(constants(2), reduce=reduce_constants(0.03))
+    path = tmp_path / "m.json"
+    mc.save(path)
+    back = machine.load(path)
+    assert back.reduce == mc.reduce
+    d = json.loads(path.read_text())
+    d["reduce"]["all_reduce"].pop("nccl")
+    path.write_text(json.dumps(d))
+    with pytest.raises(ValueError, match="no NCCL constants"):
+        machine.load(path)
+    d["reduce"]["all_reduce"]["nccl"] = [0.01, 1e-9]
+    d["reduce"]["choice_error"] = 1.5
+    path.write_text(json.dumps(d))
+    with pytest.raises(ValueError, match=r"reduce.choice_error 1.5 is not in \[0, 1\)"):
+        machine.load(path)
+    # Older files have no reduce constants: the model then keeps mm + NCCL at decode sizes.
+    d.pop("reduce")
+    path.write_text(json.dumps(d))
+    assert machine.load(path).reduce is None
+    # Another TP: latencies on the line through the TPs measured, per-byte terms kept.
+    at2 = replace(constants(2), reduce=reduce_constants())
+    rc4 = reduce_constants()
+    rc4 = replace(rc4, all_reduce={**rc4.all_reduce, "one_shot": (9e-3, 1 / 0.6e8)})
+    at4 = replace(constants(4), reduce=rc4)
+    at8 = at4.at_tp(8, [at2])
+    lat2, lat4 = 6e-3, 9e-3  # hops 1 and 3: 1.5 us per hop
+    assert at8.reduce.all_reduce["one_shot"][0] == pytest.approx(lat4 + (lat4 - lat2) / 2 * 4)
+    assert at8.reduce.all_reduce["one_shot"][1] == rc4.all_reduce["one_shot"][1]
+    assert at4.at_tp(8).reduce.all_reduce["one_shot"] == rc4.all_reduce["one_shot"]
+
+
+def _spec(tokens, n, k_local, tp, transposed=False):
+    a = torch.empty(tokens, k_local, device="meta", dtype=torch.bfloat16)
+    w = torch.empty(n, k_local, device="meta", dtype=torch.bfloat16)
+    if transposed:
+        w = torch.empty(k_local, n, device="meta", dtype=torch.bfloat16).t()
+    return ops.make_spec("gemm_all_reduce", "ar_tile_a", tp, 0, None, a, w)
+
+
+@pytest.fixture
+def cuda_build(monkeypatch):
+    """A build with the CUDA runtime, as the choice sees it (shapes only: no GPU is touched)."""
+    monkeypatch.setattr(_core, "cuda_runtime", True, raising=False)
+    if not hasattr(_core, "allreduce_problem"):
+        pytest.fail("distgemm._core has no allreduce_problem (the all-reduce kernel's rules)")
+
+
+@pytest.mark.parametrize("tp", TPS)
+def test_auto_follows_the_model_on_shapes_the_calibration_did_not_run(cuda_build, tp):
+    mc = replace(constants(tp), reduce=reduce_constants())
+    # Neither these (n, k) nor these token counts are the calibration's.
+    for tokens, n, k in [(2, 6144, 1280), (24, 12288, 3072), (100, 7168, 2304), (200, 3584, 896)]:
+        spec = _spec(tokens, n, k, tp)
+        path, info = choose_path(spec, "auto", torch.bfloat16, None, mc)
+        offered = {"fused": ""}
+        offered.update(
+            {a: _core.allreduce_problem(a, tokens * n, 2, tp) for a in ("one_shot", "two_shot")}
+        )
+        want, pred, _ = reduce_cost.choose(mc.reduce, tokens, n, k, tp, offered)
+        assert path == ("fused" if want == "fused" else "collective"), (tokens, n, k, info)
+        if path == "collective":
+            assert info["all_reduce"] == want.split("/")[1]
+        assert info["source"] == "model" and info["why"].startswith("model: predicted")
+        assert info["collective_nccl_ms"] == pytest.approx(pred[reduce_cost.BASELINE])
+
+
+def test_auto_without_reduce_constants_never_runs_fused(cuda_build):
+    for mc in (None, constants(2)):  # no calibration; one without decode terms
+        path, info = choose_path(_spec(8, 8192, 4096, 2), "auto", torch.bfloat16, None, mc)
+        assert path != "fused" and info["all_reduce"] == "nccl", info
+
+
+def test_auto_past_the_calibrated_tokens_uses_the_path_model(cuda_build):
+    mc = replace(constants(2), reduce=reduce_constants())
+    path, info = choose_path(_spec(257, 8192, 4096, 2), "auto", torch.bfloat16, None, mc)
+    assert path in ("overlap", "collective") and "overlap_ms" in info
+    # a group that cannot run the collective path (the baseline) leaves the decode model out
+    path, info = choose_path(_spec(8, 8192, 4096, 2), "auto", torch.bfloat16, "gloo", mc)
+    assert path == "overlap" and info["collective_unavailable"] == "gloo"
+
+
+def test_a_transposed_weight_is_never_fused_and_own_all_reduce_refusals_name_the_reason(cuda_build):
+    mc = replace(constants(2), reduce=reduce_constants())
+    path, info = choose_path(_spec(8, 8192, 4096, 2, transposed=True), "auto", torch.bfloat16,
+                             None, mc)  # fmt: skip
+    assert path == "collective" and "fused_ms" not in info
+    assert "bf16 or fp16" in collective.own_all_reduce_problem("one_shot", 64, torch.float32, 2)
