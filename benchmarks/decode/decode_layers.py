@@ -145,15 +145,15 @@ def one_call(variant: str, ops: LayerOperands, tokens: int, base: Baselines | No
     return lambda: distgemm.gemm_all_reduce(a, ops.w, out=o)
 
 
-def auto_choice(tokens: int, n: int) -> dict[str, Any]:
-    """What ``path="auto"`` runs at ``tokens`` x ``n`` (``distgemm.path_choices``): the path,
-    its all-reduce and the model's reason."""
+def auto_choice(tokens: int, n: int, k: int) -> dict[str, Any]:
+    """What ``path="auto"`` runs on the layer of global ``n`` x ``k`` at ``tokens``
+    (``distgemm.path_choices``): the path, its all-reduce and the model's reason."""
     import distgemm
 
     for ch in distgemm.path_choices():
-        if ch["op"] == "gemm_all_reduce" and ch["requested"] == "auto" and ch["m"] == tokens:
-            if ch["n"] == n:
-                return {k: ch.get(k) for k in ("path", "all_reduce", "why")}
+        if ch["op"] == "gemm_all_reduce" and ch["requested"] == "auto":
+            if (ch["m"], ch["n"], ch["k"]) == (tokens, n, k):
+                return {key: ch.get(key) for key in ("path", "all_reduce", "why")}
     return {}
 
 
@@ -217,7 +217,7 @@ def run_layer(ctx, layer: cases.Layer, tokens, base: Baselines, group_name) -> l
     for t in tokens:
         rec = dict(head, tokens=t, m=t, us={}, rel_err={}, unavailable={})
         graphs = build(ctx, ops, t, base, group_name, rec)
-        rec["auto"] = auto_choice(t, n)
+        rec["auto"] = auto_choice(t, n, k)
         check(ctx, ops, t, graphs, rec)
         warm = WARMUP_S
         for v, g in graphs.items():

@@ -55,6 +55,7 @@ PATH_SHAPES = [
 # REDUCE_TOKENS (the weight from 17 to 173 MB, the all-reduce from 11 KB to 8.6 MB).
 REDUCE_SHAPES = [(5632, 1536), (10240, 3584), (16896, 5120)]
 REDUCE_TOKENS = (1, 4, 16, 32, 64, 128, 256)
+GRAPH_CALLS = 20  # calls per CUDA graph of a decode run
 WAIT_S = 60.0  # the longest wait for this rank's GPU work (one run is at most a few seconds)
 CYCLES_PER_MS = 2.0e6  # torch.cuda._sleep's cycles per ms at up to 2 GHz (sleeps at least that)
 SCHEDULES = {"all_gather_gemm": "ag_rotate_a", "gemm_reduce_scatter": "rs_tile_a"}
@@ -192,7 +193,9 @@ def measure(
 
 def reduce_runs(torch, dist, device, tp, run, rand, say) -> list[dict[str, Any]]:
     """gemm_all_reduce's decode runs (calibration_fit.fit_reduce): torch.mm and the fused path
-    at every REDUCE_SHAPES x REDUCE_TOKENS, NCCL's and our all-reduces at each one's bytes."""
+    at every REDUCE_SHAPES x REDUCE_TOKENS, NCCL's and our all-reduces at each one's bytes. Each
+    is timed as servers run it: a CUDA graph of GRAPH_CALLS calls, replayed (eager launches of
+    calls of a few microseconds time the launch gaps, not the call)."""
     from . import ops
     from .runtime.communicator import get_communicator
     from .runtime.paths.allreduce import run_all_reduce
@@ -202,35 +205,45 @@ def reduce_runs(torch, dist, device, tp, run, rand, say) -> list[dict[str, Any]]
 
     comm = get_communicator(None)
     say(f"gemm_all_reduce at decode sizes: {len(REDUCE_SHAPES)} shapes x {len(REDUCE_TOKENS)}"
-        " token counts x (torch.mm, fused, NCCL and our all-reduces)")  # fmt: skip
+        " token counts x (torch.mm, fused, NCCL and our all-reduces), in CUDA graphs")  # fmt: skip
+
+    def graphed_ms(call) -> float:
+        call()  # eagerly first: an entry's setup is no part of a capture
+        run.sync("an eager call before capture")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(GRAPH_CALLS):
+                call()
+        ms = run.ms(graph.replay) / GRAPH_CALLS
+        run.sync("a graph's replays")
+        del graph
+        return ms
+
     runs: list[dict[str, Any]] = []
     for n, k in REDUCE_SHAPES:
         w = rand(n, k)
         for m in REDUCE_TOKENS:
             a, d = rand(m, k), torch.empty(m, n, device=device, dtype=torch.bfloat16)
             shape = {"m": m, "n": n, "k": k}
-            mm = run.ms(functools.partial(torch.mm, a, w.t(), out=d))
+            mm = graphed_ms(functools.partial(torch.mm, a, w.t(), out=d))
             runs.append({"kind": "reduce_mm", **shape, "ms": mm})
             spec = make_spec("gemm_all_reduce", "ar_tile_a", tp, 0, None, a, w)
             if not fused_problem(spec, torch.bfloat16):
                 call = functools.partial(ops.gemm_all_reduce, a, w, path="fused", out=d)
-                runs.append({"kind": "fused", "tp": tp, **shape, "ms": run.ms(call)})
+                runs.append({"kind": "fused", "tp": tp, **shape, "ms": graphed_ms(call)})
             vec, nbytes = d.view(-1), m * n * 2
-            runs.append(
-                {"kind": "all_reduce", "algorithm": "nccl", "bytes": nbytes,
-                 "ms": run.ms(functools.partial(dist.all_reduce, vec))}
-            )  # fmt: skip
+            calls = {"nccl": functools.partial(dist.all_reduce, vec)}
             for algorithm in OWN_ALL_REDUCES:
-                if own_all_reduce_problem(algorithm, vec.numel(), vec.dtype, tp):
-                    continue
-                call = functools.partial(run_all_reduce, comm, vec, algorithm, False)
-                runs.append(
-                    {"kind": "all_reduce", "algorithm": algorithm, "bytes": nbytes,
-                     "ms": run.ms(call)}
-                )  # fmt: skip
+                if not own_all_reduce_problem(algorithm, vec.numel(), vec.dtype, tp):
+                    capturing = torch.cuda.is_current_stream_capturing
+                    calls[algorithm] = lambda alg=algorithm, capturing=capturing: run_all_reduce(
+                        comm, vec, alg, capturing()
+                    )
+            for algorithm, call in calls.items():
+                runs.append({"kind": "all_reduce", "algorithm": algorithm, "bytes": nbytes,
+                             "ms": graphed_ms(call)})  # fmt: skip
             del a, d
         del w
-    run.sync("the decode runs")
     return runs
 
 

@@ -45,6 +45,22 @@ def _lstsq(rows, target, measured) -> tuple[np.ndarray, np.ndarray]:
     return x, pred / np.array(measured) - 1.0
 
 
+def _lstsq_nonneg(rows, target, measured) -> tuple[np.ndarray, np.ndarray]:
+    """``_lstsq`` with every constant at least 0 (each term is a cost: a negative one is two
+    collinear terms cancelling on the runs, which extrapolates to nonsense): the most negative
+    term is dropped (its constant 0) and the rest fitted again until none is negative."""
+    a = np.array(rows, float)
+    active = list(range(a.shape[1]))
+    while True:
+        x_act, errs = _lstsq(a[:, active], target, measured)
+        if len(active) == 1 or x_act.min() >= 0:
+            break
+        active.pop(int(np.argmin(x_act)))
+    x = np.zeros(a.shape[1])
+    x[active] = np.maximum(x_act, 0.0)
+    return x, errs
+
+
 def _of(runs, kind: str, **match) -> list[dict[str, Any]]:
     return [r for r in runs if r["kind"] == kind and all(r[k] == v for k, v in match.items())]
 
@@ -147,13 +163,14 @@ def fit_reduce(runs: list[dict[str, Any]], tp: int, errors=None) -> ReduceConsta
     """gemm_all_reduce's decode constants fitted to ``runs`` (``reduce_mm``, ``all_reduce`` and
     ``fused`` runs, module docstring), each stage's relative errors added to ``errors``;
     ValueError where torch.mm or NCCL has too few runs. An own algorithm or a fused kernel with
-    fewer runs than constants is left out (the model then never offers it)."""
+    fewer runs than constants is left out (the model then never offers it). Every constant is
+    at least 0 (``_lstsq_nonneg``)."""
     errors = {} if errors is None else errors
     mm_runs = _of(runs, "reduce_mm")
     _need(mm_runs, 3, "torch.mm at decode token counts")
     ms = [r["ms"] for r in mm_runs]
     rows = [reduce_cost.mm_terms(r["m"], r["n"], r["k"]) for r in mm_runs]
-    x, errors["reduce/mm"] = _lstsq(rows, ms, ms)
+    x, errors["reduce/mm"] = _lstsq_nonneg(rows, ms, ms)
     mm = (float(x[0]), float(x[1]), float(x[2]))
     all_reduce = {}
     for algorithm in sorted({r["algorithm"] for r in _of(runs, "all_reduce")}):
@@ -161,20 +178,25 @@ def fit_reduce(runs: list[dict[str, Any]], tp: int, errors=None) -> ReduceConsta
         if len(mine) < 2:
             continue
         ms = [r["ms"] for r in mine]
-        y, errors[f"reduce/{algorithm}"] = _lstsq([[1.0, r["bytes"]] for r in mine], ms, ms)
+        rows = [[1.0, r["bytes"]] for r in mine]
+        y, errors[f"reduce/{algorithm}"] = _lstsq_nonneg(rows, ms, ms)
         all_reduce[algorithm] = (float(y[0]), float(y[1]))
     if "nccl" not in all_reduce:
         raise ValueError("calibration fit: NCCL's all-reduce needs at least 2 runs")
+    # The fused kernels' overhead over torch.mm measured at the same shape.
+    mm_at = {(r["m"], r["n"], r["k"]): r["ms"] for r in mm_runs}
     fused = {}
     by_kernel: dict[str, list[dict[str, Any]]] = {}
     for r in _of(runs, "fused"):
-        by_kernel.setdefault(_core.fused_kernel(r["m"]), []).append(r)
+        if (r["m"], r["n"], r["k"]) in mm_at:
+            by_kernel.setdefault(_core.fused_kernel(r["m"]), []).append(r)
     for kernel, mine in sorted(by_kernel.items()):
         if len(mine) < 4:
             continue
         ms = [r["ms"] for r in mine]
+        over = [r["ms"] - mm_at[(r["m"], r["n"], r["k"])] for r in mine]
         rows = [reduce_cost.fused_terms(r["m"], r["n"], r["k"], tp) for r in mine]
-        z, errors[f"reduce/fused/{kernel}"] = _lstsq(rows, ms, ms)
+        z, errors[f"reduce/fused/{kernel}"] = _lstsq_nonneg(rows, over, ms)
         fused[kernel] = tuple(float(v) for v in z)
     shapes = _of(runs, "reduce_mm") + _of(runs, "fused")
     rc = ReduceConstants(

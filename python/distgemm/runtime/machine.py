@@ -54,8 +54,9 @@ class ReduceConstants:
 
     - ``mm``: torch.mm, (launch ms, ms per byte of its operands and result, ms per flop);
     - ``all_reduce``: per algorithm (``ALL_REDUCES``), (latency ms, ms per byte of the vector);
-    - ``fused``: per fused kernel (``FUSED_KERNELS``), (fixed ms, ms per byte of the weight, ms
-      per flop, ms per byte pushed to the peers: the result times TP - 1);
+    - ``fused``: per fused kernel (``FUSED_KERNELS``), its overhead over torch.mm: (fixed ms, ms
+      per byte of the weight, ms per token, ms per byte pushed to the peers: the result times
+      TP - 1);
     - ``max_tokens``, ``max_bytes``: the most tokens and the largest all-reduce measured; the
       model prices nothing beyond them;
     - ``choice_error``: as ``MachineConstants.choice_error``, for the gains over mm + NCCL.

@@ -8,9 +8,12 @@ What it models (one rank, the constants ``machine.ReduceConstants``, fitted by
 - torch.mm: ``launch + bytes * per_byte + flops * per_flop``: at a few tokens the GEMM streams
   its weight (bytes), at hundreds its flops start to count;
 - an all-reduce of ``bytes``: ``latency + bytes * per_byte``, per algorithm;
-- the fused kernel (``_core.fused_kernel``: the decode kernel or the CUTLASS one):
-  ``fixed + weight bytes * per_byte + flops * per_flop + pushed bytes * per_pushed`` with the
-  bytes it pushes to its peers (the result, times TP - 1).
+- the fused kernel (``_core.fused_kernel``: the decode kernel or the CUTLASS one): torch.mm's
+  time plus its own overhead, ``fixed + weight bytes * per_byte + tokens * per_token + pushed
+  bytes * per_pushed`` (pushed: the result times TP - 1): the GEMM streams the same weight, and
+  what it adds is the exchange and the sum, whose rows each cost a latency. Priced as an
+  overhead over torch.mm, a fused-against-unfused choice compares that overhead with the
+  all-reduce alone: torch.mm's own error does not enter it.
 
 The baseline is mm + NCCL. Another candidate is taken where it is predicted faster by at least
 ``MIN_GAIN_MS`` and by the calibration's ``choice_error`` less ``cost_model.TOLERATED_LOSS`` of
@@ -36,9 +39,9 @@ def mm_terms(m: int, n: int, k: int) -> tuple[float, float, float]:
 
 
 def fused_terms(m: int, n: int, k: int, tp: int) -> tuple[float, float, float, float]:
-    """The fused kernel's terms before the constants: (1, weight bytes, flops, bytes pushed to
-    the peers)."""
-    return 1.0, float(n * k * ELEM_BYTES), 2.0 * m * n * k, float(m * n * ELEM_BYTES * (tp - 1))
+    """The fused kernel's overhead terms over torch.mm before the constants: (1, weight bytes,
+    tokens, bytes pushed to the peers)."""
+    return 1.0, float(n * k * ELEM_BYTES), float(m), float(m * n * ELEM_BYTES * (tp - 1))
 
 
 def _dot(consts, terms) -> float:
@@ -56,9 +59,14 @@ def all_reduce_ms(rc: ReduceConstants, algorithm: str, nbytes: float) -> float:
     return latency + nbytes * per_byte
 
 
+def fused_overhead_ms(rc: ReduceConstants, m: int, n: int, k: int, tp: int) -> float:
+    """Predicted ms the fused GEMM + all-reduce of this rank's m x n x k takes over torch.mm."""
+    return _dot(rc.fused[_core.fused_kernel(m)], fused_terms(m, n, k, tp))
+
+
 def fused_ms(rc: ReduceConstants, m: int, n: int, k: int, tp: int) -> float:
     """Predicted ms of the fused GEMM + all-reduce of this rank's m x n x k."""
-    return _dot(rc.fused[_core.fused_kernel(m)], fused_terms(m, n, k, tp))
+    return mm_ms(rc, m, n, k) + fused_overhead_ms(rc, m, n, k, tp)
 
 
 def predict(
@@ -77,7 +85,7 @@ def predict(
         if algorithm != "nccl" and offered.get(algorithm) == "" and nbytes <= rc.max_bytes:
             out[f"collective/{algorithm}"] = mm + all_reduce_ms(rc, algorithm, nbytes)
     if offered.get("fused") == "" and _core.fused_kernel(m) in rc.fused:
-        out["fused"] = fused_ms(rc, m, n, k, tp)
+        out["fused"] = mm + fused_overhead_ms(rc, m, n, k, tp)
     return out
 
 
