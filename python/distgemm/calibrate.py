@@ -191,6 +191,10 @@ def measure(
     return runs
 
 
+def _own_all_reduce(torch, comm, vec, algorithm: str, run_all_reduce) -> None:
+    run_all_reduce(comm, vec, algorithm, torch.cuda.is_current_stream_capturing())
+
+
 def reduce_runs(torch, dist, device, tp, run, rand, say) -> list[dict[str, Any]]:
     """gemm_all_reduce's decode runs (calibration_fit.fit_reduce): torch.mm and the fused path
     at every REDUCE_SHAPES x REDUCE_TOKENS, NCCL's and our all-reduces at each one's bytes. Each
@@ -235,10 +239,8 @@ def reduce_runs(torch, dist, device, tp, run, rand, say) -> list[dict[str, Any]]
             calls = {"nccl": functools.partial(dist.all_reduce, vec)}
             for algorithm in OWN_ALL_REDUCES:
                 if not own_all_reduce_problem(algorithm, vec.numel(), vec.dtype, tp):
-                    capturing = torch.cuda.is_current_stream_capturing
-                    calls[algorithm] = lambda alg=algorithm, capturing=capturing: run_all_reduce(
-                        comm, vec, alg, capturing()
-                    )
+                    calls[algorithm] = functools.partial(_own_all_reduce, torch, comm, vec,
+                                                         algorithm, run_all_reduce)  # fmt: skip
             for algorithm, call in calls.items():
                 runs.append({"kind": "all_reduce", "algorithm": algorithm, "bytes": nbytes,
                              "ms": graphed_ms(call)})  # fmt: skip
