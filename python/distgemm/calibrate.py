@@ -335,7 +335,10 @@ def main(argv=None) -> int:
         r["ms"] = v
     props = torch.cuda.get_device_properties(device)
     meta = {
-        "command": " ".join(["python -m distgemm.tune --calibrate", *(argv or sys.argv[1:])]),
+        "command": " ".join(
+            ["python -m distgemm.tune --calibrate"]
+            + [a for a in (argv or sys.argv[1:]) if a != "--calibrate"]
+        ),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
