@@ -127,7 +127,7 @@ class _Comm:
 
 def test_attachment_grows_its_receive_region_to_the_largest_call_and_reports_it():
     pytest.importorskip("torch")
-    from distgemm.runtime.paths.allreduce import AllReduceResources
+    from distgemm.runtime.allreduce import AllReduceResources
 
     comm = _Comm()
     res = AllReduceResources(comm)
@@ -155,7 +155,7 @@ def test_attachment_grows_its_receive_region_to_the_largest_call_and_reports_it(
 
 def test_the_grid_bound_is_the_smallest_resident_count_of_the_ranks(monkeypatch):
     pytest.importorskip("torch")
-    from distgemm.runtime.paths.allreduce import AllReduceResources
+    from distgemm.runtime.allreduce import AllReduceResources
 
     comm = _Comm()
     comm.device = type("Dev", (), {"index": 0})()

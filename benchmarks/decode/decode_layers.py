@@ -227,7 +227,11 @@ def run_layer(ctx, layer: cases.Layer, tokens, base: Baselines, group_name) -> l
             else:
                 rec["us"][v] = ms * 1e3 / report.CALLS_PER_GRAPH
             warm = REWARM_S
-        print(f"{report.case_name(rec)}: auto {report.auto_label(rec)}, us {rec['us']}", flush=True)
+        if ctx.rank == 0:
+            print(
+                f"{report.case_name(rec)}: auto {report.auto_label(rec)}, us {rec['us']}",
+                flush=True,
+            )
         records.append(rec)
         del graphs
     del ops

@@ -27,8 +27,8 @@ def main() -> None:
     ctx = RankContext.from_torchrun()
     torch, dist = ctx.torch, ctx.dist
 
+    from distgemm.runtime.allreduce import run_all_reduce
     from distgemm.runtime.communicator import Communicator
-    from distgemm.runtime.paths.allreduce import run_all_reduce
 
     comm = Communicator()
     rows = []

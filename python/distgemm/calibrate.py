@@ -201,8 +201,8 @@ def reduce_runs(torch, dist, device, tp, run, rand, say) -> list[dict[str, Any]]
     is timed as servers run it: a CUDA graph of GRAPH_CALLS calls, replayed (eager launches of
     calls of a few microseconds time the launch gaps, not the call)."""
     from . import ops
+    from .runtime.allreduce import run_all_reduce
     from .runtime.communicator import get_communicator
-    from .runtime.paths.allreduce import run_all_reduce
     from .runtime.paths.collective import OWN_ALL_REDUCES, own_all_reduce_problem
     from .runtime.paths.fused import fused_problem
     from .runtime.spec import make_spec

@@ -1,4 +1,4 @@
-"""GPU checks of distgemm's one-shot / two-shot all-reduce kernel (runtime/paths/allreduce.py), one
+"""GPU checks of distgemm's one-shot / two-shot all-reduce kernel (runtime/allreduce.py), one
 process per GPU:
 
     torchrun --nproc-per-node 4 tests/gpu/allreduce_kernel_worker.py --out results.json
@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torchrun_worker import communicator, gather0, rank, record, same_on_all_ranks, worker_main
 
 from distgemm.runtime import communicator as dcomm
-from distgemm.runtime.paths.allreduce import AllReduceResources, run_all_reduce
+from distgemm.runtime.allreduce import AllReduceResources, run_all_reduce
 
 ALGOS = ("one_shot", "two_shot")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}

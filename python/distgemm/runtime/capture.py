@@ -1,4 +1,5 @@
-"""Whether torch's current stream is being captured, and what setup may do during a capture.
+"""Whether torch's current stream is being captured, what setup may do during a capture, and
+the current stream's handle.
 
 The ops may be called inside a caller's ``torch.cuda.graph(...)``: setup then allocates and
 exchanges without synchronising, and what must synchronise refuses with a clear error.
@@ -11,6 +12,17 @@ import contextlib
 import torch
 
 from .. import _core
+
+# torch's current raw stream as an int, without building a Stream object per call; the public
+# API where this private binding is missing.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def stream_ptr(device: torch.device) -> int:
+    """The current CUDA stream of ``device`` as an int (a launch's stream argument)."""
+    if _raw_stream is not None:
+        return _raw_stream(device.index)
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 def stream_capturing() -> bool:

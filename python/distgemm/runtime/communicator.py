@@ -451,14 +451,8 @@ class Communicator:
 
 
 # The memory_stats keys that count device memory held in symmetric regions.
-_REGION_KEYS = (
-    "workspace_bytes",
-    "kept_bytes",
-    "fused_control_bytes",
-    "fused_receive_bytes",
-    "allreduce_control_bytes",
-    "allreduce_receive_bytes",
-)
+_REGION_KEYS = ("workspace_bytes", "kept_bytes", "fused_control_bytes", "fused_receive_bytes",
+                "allreduce_control_bytes", "allreduce_receive_bytes")  # fmt: skip
 
 
 _LIVE: weakref.WeakSet[Communicator] = weakref.WeakSet()

@@ -1,5 +1,5 @@
 """The collective path: the group's NCCL collective (or, for an all-reduce, our one-shot or
-two-shot kernel: ``paths/allreduce.py``) and one torch GEMM, the baseline to beat.
+two-shot kernel: ``runtime/allreduce.py``) and one torch GEMM, the baseline to beat.
 
 On the current stream, capturable (no synchronisation, and inside a capture its buffers come from
 the caller's graph pool). Its scratch buffers (the gathered operand, the partial product) are
@@ -22,15 +22,16 @@ from torch.distributed.distributed_c10d import (
 )
 
 from ... import _core
+from ..allreduce import run_all_reduce
+from ..capture import stream_ptr
 from ..communicator import Communicator
 from ..scales import scaled_mm_scales
 from ..spec import Spec
 from ..validate import DTYPES
 from ..workspace import GROWTH_HEADROOM
-from .allreduce import run_all_reduce
-from .common import PathState, gathered_shape, stream_ptr, user_ptrs
+from .common import PathState, gathered_shape, user_ptrs
 
-# Our own all-reduce algorithms (paths/allreduce.py), the alternatives to NCCL's.
+# Our own all-reduce algorithms (runtime/allreduce.py), the alternatives to NCCL's.
 OWN_ALL_REDUCES = ("one_shot", "two_shot")
 
 

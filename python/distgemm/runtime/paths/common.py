@@ -20,16 +20,6 @@ if TYPE_CHECKING:
     from ..communicator import Communicator
     from ..workspace import Workspace
 
-# torch's current raw stream as an int, without building a Stream object per call; the public
-# API where this private binding is missing.
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-
-
-def stream_ptr(device: torch.device) -> int:
-    if _raw_stream is not None:
-        return _raw_stream(device.index)
-    return torch.cuda.current_stream(device).cuda_stream
-
 
 @dataclass(eq=False)
 class PathState:

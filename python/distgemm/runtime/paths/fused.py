@@ -37,10 +37,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ... import _core
+from ..capture import stream_ptr
+from ..kernel_resources import KernelResources
 from ..spec import Spec
 from ..validate import DTYPES
 from ..workspace import Workspace, WorkspacePool
-from .common import PathState, stream_ptr, user_ptrs
+from .common import PathState, user_ptrs
 
 if TYPE_CHECKING:
     from ..communicator import Communicator
@@ -92,44 +94,21 @@ def fused_layout(
     }
 
 
-class FusedResources:
+class FusedResources(KernelResources):
     """The fused path's per-communicator state (a ``Communicator`` attachment): the control
     region (launch generation and per-tile flags, allocated at the first fused entry, which
     every rank creates at the same call: the allocation is collective), the decode kernel's
-    receive region (grown like the workspace) and this rank's launcher."""
+    receive region (grown like the workspace) and this rank's launcher (``KernelResources``)."""
+
+    ATTACHMENT = ATTACHMENT
+    CONTROL_BYTES = "FUSED_CONTROL_BYTES"
+    LAUNCHER = "FusedLauncher"
 
     def __init__(self, comm: Communicator):
-        self.comm = comm
-        self._control: Workspace | None = None
-        self._launcher: Any = None
+        super().__init__(comm)
         # The decode kernel's receive buffers: a region of their own, which no plan writes.
         self.receive: WorkspacePool = comm.new_pool(self._receive_grown, control=0)
         self._receivers: weakref.WeakSet[FusedState] = weakref.WeakSet()
-
-    @classmethod
-    def of(cls, comm: Communicator) -> FusedResources:
-        """The communicator's fused resources, made at the first use."""
-        res = comm.attachment(ATTACHMENT)
-        if res is None:
-            res = comm.attach(ATTACHMENT, cls(comm))
-        return res
-
-    def control_bases(self) -> list[int]:
-        """Every rank's control region as seen from this device (allocated zeroed and exchanged
-        at the first call: collective)."""
-        if self._control is None:
-            nbytes = int(_core.FUSED_CONTROL_BYTES)
-            core, bases = self.comm.allocate_symmetric(nbytes)
-            self._control = Workspace(core, 0, nbytes, list(bases))
-        return list(self._control.bases)
-
-    @property
-    def launcher(self) -> Any:
-        """This rank's _core.FusedLauncher (ordered by the communicator's LaunchOrder)."""
-        if self._launcher is None:
-            c = self.comm
-            self._launcher = _core.FusedLauncher(c.device.index, c.order, c.wait_timeout_s)
-        return self._launcher
 
     def receive_for(self, state: FusedState) -> tuple[Workspace, list[int]]:
         """The receive region for a decode entry (grown first when it does not fit: collective,
@@ -146,9 +125,6 @@ class FusedResources:
     def workspace_grown(self, ws: Workspace, capturing: bool) -> None:
         """Nothing of these lives in the workspace (the entries' partial buffers are re-pointed
         by the entry cache)."""
-
-    def launch_error(self) -> str:
-        return self._launcher.error() if self._launcher is not None else ""
 
     def memory_stats(self) -> dict[str, int]:
         return {

@@ -15,10 +15,11 @@ from typing import Any
 import torch
 
 from ... import _core
+from ..capture import stream_ptr
 from ..communicator import Communicator
 from ..spec import Spec
 from ..workspace import Workspace
-from .common import PathState, gathered_shape, stream_ptr, user_ptrs
+from .common import PathState, gathered_shape, user_ptrs
 
 # Instantiated graphs per plan, keyed by the user pointers. Activations from torch's caching
 # allocator tend to come back at a few addresses, so a small set of graphs turns most calls into

@@ -21,18 +21,18 @@ the first call), so that every rank launches the same grid for the same size.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
-from ... import _core
-from ..capture import setup_during_capture
-from ..validate import DTYPES
-from ..workspace import Workspace, WorkspacePool
-from .common import stream_ptr
+from .. import _core
+from .capture import setup_during_capture, stream_ptr
+from .kernel_resources import KernelResources
+from .validate import DTYPES
+from .workspace import Workspace, WorkspacePool
 
 if TYPE_CHECKING:
-    from ..communicator import Communicator
+    from .communicator import Communicator
 
 __all__ = ["AllReduceResources", "run_all_reduce", "allreduce_layout"]
 
@@ -49,34 +49,20 @@ def allreduce_layout(algorithm: str, numel: int, itemsize: int, tp: int) -> dict
     return {"slots_offset": 0, "slots_bytes": slots, "total_bytes": slots}
 
 
-class AllReduceResources:
+class AllReduceResources(KernelResources):
     """The all-reduce's per-communicator state (a ``Communicator`` attachment): the control
-    region, the receive region's pool, the agreed resident CTA count and this rank's launcher."""
+    region, the receive region's pool, the agreed resident CTA count and this rank's launcher
+    (``KernelResources``)."""
+
+    ATTACHMENT = ATTACHMENT
+    CONTROL_BYTES = "ALLREDUCE_CONTROL_BYTES"
+    LAUNCHER = "AllReduceLauncher"
 
     def __init__(self, comm: Communicator):
-        self.comm = comm
-        self._control: Workspace | None = None
-        self._launcher: Any = None
+        super().__init__(comm)
         self._resident: int | None = None
         # Nothing to re-point at a growth: every call places its layout afresh.
         self.receive: WorkspacePool = comm.new_pool(lambda ws: None, control=0)
-
-    @classmethod
-    def of(cls, comm: Communicator) -> AllReduceResources:
-        """The communicator's all-reduce resources, made at the first use."""
-        res = comm.attachment(ATTACHMENT)
-        if res is None:
-            res = comm.attach(ATTACHMENT, cls(comm))
-        return res
-
-    def control_bases(self) -> list[int]:
-        """Every rank's control region as seen from this device (allocated zeroed and exchanged
-        at the first call: collective)."""
-        if self._control is None:
-            nbytes = int(_core.ALLREDUCE_CONTROL_BYTES)
-            core, bases = self.comm.allocate_symmetric(nbytes)
-            self._control = Workspace(core, 0, nbytes, list(bases))
-        return list(self._control.bases)
 
     @property
     def resident_ctas(self) -> int:
@@ -87,14 +73,6 @@ class AllReduceResources:
             self._resident = min(self.comm.all_gather(mine, "all-reduce resident CTAs"))
         return self._resident
 
-    @property
-    def launcher(self) -> Any:
-        """This rank's _core.AllReduceLauncher (ordered by the communicator's LaunchOrder)."""
-        if self._launcher is None:
-            c = self.comm
-            self._launcher = _core.AllReduceLauncher(c.device.index, c.order, c.wait_timeout_s)
-        return self._launcher
-
     def receive_for(self, algorithm: str, numel: int, itemsize: int) -> tuple[Workspace, int]:
         """The receive region for a call (grown first when it does not fit: collective) and the
         bytes between its two parities (half the region, a multiple of 16)."""
@@ -104,9 +82,6 @@ class AllReduceResources:
     # -- Attachment ------------------------------------------------------------------------
     def workspace_grown(self, ws: Workspace, capturing: bool) -> None:
         """Nothing of these lives in the communicator's workspace."""
-
-    def launch_error(self) -> str:
-        return self._launcher.error() if self._launcher is not None else ""
 
     def memory_stats(self) -> dict[str, int]:
         return {
