@@ -570,6 +570,8 @@ def test_memory_stats_counts_plans_and_graphs_and_states_the_bounds():
         "collective_bytes": 0,  # no collective call: no scratch
         "collective_buffers": 0,
         "collective_allocations": 0,
+        "allreduce_control_bytes": 0,  # no call of our all-reduce: nothing allocated
+        "allreduce_receive_bytes": 0,
         "max_plans": entries.MAX_PLANS,
         "graphs_per_plan": GRAPHS_PER_PLAN,
     }

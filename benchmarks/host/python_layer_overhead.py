@@ -17,8 +17,8 @@ import types
 import torch
 
 from distgemm import ops
-from distgemm.runtime import precision
-from distgemm.runtime.paths import common, overlapped
+from distgemm.runtime import capture, precision
+from distgemm.runtime.paths import overlapped
 
 
 class _Graph:
@@ -72,7 +72,7 @@ def main(n=20000):
     comm = _Comm()
     ops.get_communicator = lambda group: comm
     precision.validate_types = _cpu_check_types  # where the ops' precision check looks it up
-    common._raw_stream = lambda index: 0
+    capture._raw_stream = lambda index: 0
     core = types.SimpleNamespace(
         **{k: getattr(overlapped._core, k) for k in dir(overlapped._core) if not k.startswith("__")}
     )
