@@ -44,6 +44,11 @@
 #                    at TP = every GPU and TP = 2 (sweep.compare_variants summarises)
 #   training         training.training_step $TRAINING_ARGS (Llama-70B MLP block fwd+bwd: distgemm
 #                    keep/regather vs NCCL + torch.mm vs torch async-TP vs the GEMM floor)
+#   titan            training.titan_async_tp at TP = every GPU: torchtitan 0.2.2's Llama-3 (8B layer
+#                    shapes, $TITAN_ARGS, default 4 layers, 50 steps, 8192 tokens) with torch's
+#                    async-TP, distgemm's switch off then on, then training.titan_compare (losses
+#                    within bf16 tolerance, tokens/s on/off); wheels from .whl/titan/
+#                    (benchmarks/training/titan_wheels.sh; benchmarks/training/TITAN.md)
 #   training-local   training.training_step --local-only [--tp $TRAINING_LOCAL_TP] on GPU 0: the
 #                    block's two floors alone (GEMMs; the compiled step without communication)
 #   serving          serving.serving_step $SERVING_ARGS (Llama-70B 8-layer TP stack: decode batches
@@ -200,6 +205,15 @@ for p in "$@"; do
     sweep-full) part sweep-full ${SWEEP_S:-590} torchrun --nproc-per-node "$NPROC" -m benchmarks.sweep.llama_sweep ${SWEEP_ARGS:-} --out "$OUT/sweep-full" ;;
     sweep-fc) part sweep-fc 300 torchrun --nproc-per-node "$NPROC" -m benchmarks.sweep.llama_sweep --models 70B --layers FC1,FC2 --out "$OUT/sweep-fc" ;;
     training) part training ${TRAINING_S:-450} torchrun --nproc-per-node "$NPROC" -m benchmarks.training.training_step ${TRAINING_ARGS:-} --out "$OUT/training" ;;
+    titan) part titan ${TITAN_S:-560} bash -c 'set -e
+        python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/titan-site .whl/titan/*.whl
+        export PYTHONPATH=/tmp/titan-site${PYTHONPATH:+:$PYTHONPATH}
+        for s in off on; do
+          torchrun --nproc-per-node "$0" -m benchmarks.training.titan_async_tp --switch $s \
+            ${TITAN_ARGS:-} --out "$1/titan/tp$0-$s.json"
+        done
+        python3 -m benchmarks.training.titan_compare "$1/titan/tp$0-off.json" "$1/titan/tp$0-on.json"' \
+        "$NPROC" "$OUT" ;;
     training-local) part training-local ${TRAINING_LOCAL_S:-200} env CUDA_VISIBLE_DEVICES=0 python3 \
               -m benchmarks.training.training_step --local-only ${TRAINING_LOCAL_TP:+--tp $TRAINING_LOCAL_TP} --out "$OUT/training-local" ;;
     serving) part serving ${SERVING_S:-450} torchrun --nproc-per-node "$NPROC" -m benchmarks.serving.serving_step ${SERVING_ARGS:-} --out "$OUT/serving" ;;
