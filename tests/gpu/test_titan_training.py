@@ -16,13 +16,12 @@ import importlib.util
 import json
 import os
 import pathlib
-import subprocess
 import sys
 
 import pytest
 
 pytest.importorskip("torch")
-from gpu_requirements import ENV, TIMEOUT_ENV, skip_reason, tp_one_gpu_per_rank  # noqa: E402
+from gpu_requirements import run_torchrun, skip_reason, tp_one_gpu_per_rank  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -43,21 +42,10 @@ pytestmark = pytest.mark.skipif(SKIP is not None, reason=str(SKIP))
 
 
 def _train(switch: str, out: pathlib.Path) -> dict:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(TP)]
-    cmd += ["-m", "benchmarks.training.titan_async_tp", "--switch", switch, "--out", str(out)]
-    env = {k: v for k, v in os.environ.items() if k != "DISTGEMM_ASYNC_TP"}
-    proc = subprocess.run(
-        [*cmd, *ARGS],
-        cwd=ROOT,
-        env={**env, **ENV},
-        capture_output=True,
-        text=True,
-        timeout=float(os.environ.get(TIMEOUT_ENV, "900")),
-    )
-    log = os.environ.get("DISTGEMM_TEST_LOG")
-    if log:
-        with open(log, "a") as f:
-            f.write(f"$ {' '.join(cmd)}\nrc={proc.returncode}\n{proc.stdout}\n{proc.stderr}\n")
+    # torchrun -m from the repository root (the client is a module of benchmarks/).
+    os.chdir(ROOT)
+    args = ("benchmarks.training.titan_async_tp", "--switch", switch, "--out", str(out), *ARGS)
+    proc = run_torchrun("-m", TP, *args)
     assert proc.returncode == 0, f"{switch}: rc={proc.returncode}\n{proc.stderr[-4000:]}"
     return json.loads(out.read_text())
 
