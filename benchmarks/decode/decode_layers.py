@@ -6,6 +6,7 @@ fused), each captured in a CUDA graph of 20 calls, in one torchrun run.
 
     torchrun --nproc-per-node N -m benchmarks.decode.decode_layers [--models 8B,70B,405B]
         [--layers O,FC2] [--extra Qwen2-72B/FC2,Mixtral-8x22B/O|none] [--tokens 1,8] [--out DIR]
+        [--own-all-reduce]
     torchrun --nproc-per-node 2 -m benchmarks.decode.decode_layers --cpu-smoke --out DIR  # no time
     python3 -m benchmarks.decode.decode_layers --replot RUN.json[,RUN2.json] --out DIR    # no GPU
 
@@ -67,10 +68,19 @@ class Baselines:
     unavailable: dict[str, str] = field(default_factory=dict)
 
 
-def make_baselines(ctx, numel: int, group_name: str) -> Baselines:
+def make_baselines(ctx, numel: int, group_name: str, own_all_reduce: bool = False) -> Baselines:
     """Each baseline's buffer, allocated and registered over the ranks (agreed attempts: a
-    failure is that variant's reason in every case, never fatal)."""
+    failure is that variant's reason in every case, never fatal); ``own_all_reduce``: time
+    torch.mm + our all-reduce forced too (else those variants are recorded as not asked for)."""
+    from distgemm.runtime.paths.collective import own_all_reduce_problem
+
     b = Baselines()
+    for v, algorithm in report.OWN_ALL_REDUCE.items():
+        why = own_all_reduce_problem(algorithm, numel, torch.bfloat16, ctx.tp)
+        if not own_all_reduce:
+            b.unavailable[v] = "not asked for (--own-all-reduce)"
+        elif why:
+            b.unavailable[v] = why
     setup = enable_symm_mem(group_name)
     for v in ("one_shot", "two_shot"):
         if setup:
@@ -142,6 +152,17 @@ def one_call(variant: str, ops: LayerOperands, tokens: int, base: Baselines | No
         return lambda: ab.mm_nccl(torch, dist, a, wt, o)
     if variant == "distgemm_fused":
         return lambda: distgemm.gemm_all_reduce(a, ops.w, out=o, path="fused")
+    if variant in report.OWN_ALL_REDUCE:
+        from distgemm.runtime.allreduce import run_all_reduce
+        from distgemm.runtime.communicator import get_communicator
+
+        comm, algorithm = get_communicator(None), report.OWN_ALL_REDUCE[variant]
+
+        def mm_own():
+            torch.mm(a, wt, out=o)
+            run_all_reduce(comm, o, algorithm, torch.cuda.is_current_stream_capturing())
+
+        return mm_own
     return lambda: distgemm.gemm_all_reduce(a, ops.w, out=o)
 
 
@@ -249,7 +270,8 @@ def run(args) -> int:
         HANG_BASE_S + HANG_PER_CASE_S * len(layers) * len(args.tokens), exit=True
     )
     group_name = dist.group.WORLD.group_name
-    base = make_baselines(ctx, max(args.tokens) * max(la.n for la in layers), group_name)
+    numel = max(args.tokens) * max(la.n for la in layers)
+    base = make_baselines(ctx, numel, group_name, args.own_all_reduce)
     records = []
     for layer in layers:
         records += run_layer(ctx, layer, args.tokens, base, group_name)
@@ -338,6 +360,11 @@ def main(argv=None) -> int:
         type=runtime.parse_tokens,
         default=list(cases.TOKENS),
         help="comma-separated token counts",
+    )
+    ap.add_argument(
+        "--own-all-reduce",
+        action="store_true",
+        help="also time torch.mm + distgemm's one-shot and two-shot all-reduce, forced",
     )
     runtime.add_output_options(ap)
     args = ap.parse_args(argv)

@@ -6,7 +6,8 @@ choice on every case of such a CSV against its measured times (CPU only, numpy).
 
 A case's columns become calibration runs (``distgemm.runtime.calibration_fit.fit_reduce``):
 torch.mm alone, NCCL's all-reduce (mm + NCCL less mm), the fused path where it ran, and our
-all-reduce where ``path="auto"`` ran the collective path with it (auto less mm). Both of the
+all-reduce where ``path="auto"`` ran the collective path with it (auto less mm) or where
+``--own-all-reduce`` timed it forced. Both of the
 decode benchmark's CSV forms are read: ``benchmarks/decode/decode_layers.py``'s (``us_mm``,
 ``us_nccl``, ``us_distgemm_fused``, ...) and the 2026-11-24 one (``case`` = model/layer/M/TP,
 ``mm_us``, ``mm_nccl_us``, ``distgemm_fused_us``). ``--base`` names the machine file the
@@ -53,6 +54,10 @@ def cases(path: pathlib.Path) -> list[dict[str, Any]]:
         auto = row.get("auto_runs", "")
         if auto.startswith("collective/") and auto != "collective/nccl":
             us[auto] = _float(row, "us_distgemm")
+        for algorithm in ("one_shot", "two_shot"):  # --own-all-reduce's forced variants
+            forced = _float(row, f"us_dg_{algorithm}")
+            if forced is not None:
+                us[f"collective/{algorithm}"] = forced
         out.append({"tp": tp, "m": m, "n": n, "k": k // tp, "us": us})
     return out
 

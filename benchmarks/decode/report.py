@@ -23,7 +23,13 @@ from benchmarks.common import report as out
 from benchmarks.decode import cases
 
 CALLS_PER_GRAPH = 20
-VARIANTS = ("mm", "nccl", "one_shot", "two_shot", "nccl_symm", "distgemm", "distgemm_fused")
+VARIANTS = (
+    "mm", "nccl", "one_shot", "two_shot", "nccl_symm", "distgemm", "distgemm_fused",
+    "dg_one_shot", "dg_two_shot",
+)  # fmt: skip
+# torch.mm + our all-reduce forced (decode_layers --own-all-reduce): what the model chooses
+# among, timed so that a run validates its choice (benchmarks/decode/fit_reduce.py).
+OWN_ALL_REDUCE = {"dg_one_shot": "one_shot", "dg_two_shot": "two_shot"}
 UNFUSED = ("nccl", "one_shot", "two_shot", "nccl_symm")  # best unfused: the fastest of these
 FUSED = ("distgemm", "distgemm_fused")
 REFERENCE = "nccl"
@@ -36,6 +42,8 @@ DESCRIPTION = {
     "nccl_symm": "torch.mm into an NCCL symmetric window + NCCL all_reduce (in place)",
     "distgemm": "distgemm.gemm_all_reduce",
     "distgemm_fused": 'distgemm.gemm_all_reduce(path="fused"): GEMM + all-reduce in one kernel',
+    "dg_one_shot": "torch.mm + distgemm's own one-shot all-reduce (runtime/allreduce.py), forced",
+    "dg_two_shot": "torch.mm + distgemm's own two-shot all-reduce (runtime/allreduce.py), forced",
 }
 HEADERS = {
     "mm": "mm",
@@ -45,6 +53,8 @@ HEADERS = {
     "nccl_symm": "mm+nccl_symm",
     "distgemm": "distgemm",
     "distgemm_fused": "distgemm fused",
+    "dg_one_shot": "mm+dg one_shot",
+    "dg_two_shot": "mm+dg two_shot",
 }
 ERR_TOL = 2e-2  # relative Frobenius error against mm + NCCL, bf16
 SUSPECT_SLACK = 0.01  # a time more than 1% below mm alone is a measurement error
