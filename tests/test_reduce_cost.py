@@ -210,10 +210,7 @@ def test_auto_follows_the_model_on_shapes_the_calibration_did_not_run(cuda_build
     for tokens, n, k in [(2, 6144, 1280), (24, 12288, 3072), (100, 7168, 2304), (200, 3584, 896)]:
         spec = _spec(tokens, n, k, tp)
         path, info = choose_path(spec, "auto", torch.bfloat16, None, mc)
-        offered = {"fused": ""}
-        offered.update(
-            {a: _core.allreduce_problem(a, tokens * n, 2, tp) for a in ("one_shot", "two_shot")}
-        )
+        offered = {"fused": "", **collective.own_all_reduce_offer(tokens * n, torch.bfloat16, tp)}
         want, pred, _ = reduce_cost.choose(mc.reduce, tokens, n, k, tp, offered)
         assert path == ("fused" if want == "fused" else "collective"), (tokens, n, k, info)
         if path == "collective":

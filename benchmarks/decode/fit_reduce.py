@@ -25,6 +25,7 @@ from typing import Any
 from benchmarks.common import models
 from distgemm import cli
 from distgemm.runtime import calibration_fit, machine, reduce_cost
+from distgemm.runtime.paths.collective import OWN_ALL_REDUCES
 
 
 def _float(row: dict[str, str], *names: str) -> float | None:
@@ -54,7 +55,7 @@ def cases(path: pathlib.Path) -> list[dict[str, Any]]:
         auto = row.get("auto_runs", "")
         if auto.startswith("collective/") and auto != "collective/nccl":
             us[auto] = _float(row, "us_distgemm")
-        for algorithm in ("one_shot", "two_shot"):  # --own-all-reduce's forced variants
+        for algorithm in OWN_ALL_REDUCES:  # --own-all-reduce's forced variants
             forced = _float(row, f"us_dg_{algorithm}")
             if forced is not None:
                 us[f"collective/{algorithm}"] = forced
@@ -95,8 +96,8 @@ def validate(rows: list[dict[str, Any]], mc: machine.MachineConstants) -> list[s
         if us["fused"] is not None:
             measured["fused"] = us["fused"]
         measured.update({k: v for k, v in us.items() if k.startswith("collective/") and v})
-        offered = {"fused": "" if "fused" in measured else "not measured", "one_shot": "",
-                   "two_shot": ""}  # fmt: skip
+        offered = {"fused": "" if "fused" in measured else "not measured"}
+        offered.update(dict.fromkeys(OWN_ALL_REDUCES, ""))
         pick, _, _ = reduce_cost.choose(rc, c["m"], c["n"], c["k"], c["tp"], offered)
         fastest = min(measured, key=measured.get)
         got = measured.get(pick)

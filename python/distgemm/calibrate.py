@@ -203,7 +203,7 @@ def reduce_runs(torch, dist, device, tp, run, rand, say) -> list[dict[str, Any]]
     from . import ops
     from .runtime.allreduce import run_all_reduce
     from .runtime.communicator import get_communicator
-    from .runtime.paths.collective import OWN_ALL_REDUCES, own_all_reduce_problem
+    from .runtime.paths.collective import own_all_reduce_offer
     from .runtime.paths.fused import fused_problem
     from .runtime.spec import make_spec
 
@@ -237,8 +237,8 @@ def reduce_runs(torch, dist, device, tp, run, rand, say) -> list[dict[str, Any]]
                 runs.append({"kind": "fused", "tp": tp, **shape, "ms": graphed_ms(call)})
             vec, nbytes = d.view(-1), m * n * 2
             calls = {"nccl": functools.partial(dist.all_reduce, vec)}
-            for algorithm in OWN_ALL_REDUCES:
-                if not own_all_reduce_problem(algorithm, vec.numel(), vec.dtype, tp):
+            for algorithm, problem in own_all_reduce_offer(vec.numel(), vec.dtype, tp).items():
+                if not problem:
                     calls[algorithm] = functools.partial(_own_all_reduce, torch, comm, vec,
                                                          algorithm, run_all_reduce)  # fmt: skip
             for algorithm, call in calls.items():

@@ -116,9 +116,7 @@ def test_correctness(dev):
         got = chosen[-1] if chosen else {}
         rc = mc.reduce if mc is not None else None
         if rc is not None and m <= rc.max_tokens:
-            offered = {"fused": ""}
-            for alg in collective.OWN_ALL_REDUCES:
-                offered[alg] = collective.own_all_reduce_problem(alg, m * 1024, torch.bfloat16, tp)
+            offered = {"fused": "", **collective.own_all_reduce_offer(m * 1024, torch.bfloat16, tp)}
             want, _, _ = reduce_cost.choose(rc, m, 1024, 1024, tp, offered, mc.key.slug())
             path = "fused" if want == "fused" else "collective"
             alg = "nccl" if want == "fused" else want.split("/")[1]

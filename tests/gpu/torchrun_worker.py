@@ -565,11 +565,8 @@ def test_paths(dev):
                 rc = mc.reduce if mc is not None else None
                 m_rank, n_rank = a_shape[0], w_shape[0]
                 if schedule == "ar_tile_a" and rc is not None and m_rank <= rc.max_tokens:
-                    offered = {"fused": ""}
-                    for alg in collective.OWN_ALL_REDUCES:
-                        offered[alg] = collective.own_all_reduce_problem(
-                            alg, m_rank * n_rank, bf, tp
-                        )
+                    own = collective.own_all_reduce_offer(m_rank * n_rank, bf, tp)
+                    offered = {"fused": "", **own}
                     want, _, _ = reduce_cost.choose(
                         rc, m_rank, n_rank, w_shape[1], tp, offered, mc.key.slug()
                     )

@@ -34,7 +34,7 @@ from .workspace import Workspace, WorkspacePool
 if TYPE_CHECKING:
     from .communicator import Communicator
 
-__all__ = ["AllReduceResources", "run_all_reduce", "allreduce_layout"]
+__all__ = ["AllReduceResources", "run_all_reduce", "launch_all_reduce", "allreduce_layout"]
 
 # The name of the all-reduce's per-communicator state (Communicator.attach).
 ATTACHMENT = "allreduce"
@@ -142,10 +142,20 @@ def run_all_reduce(
                 f"out {tuple(out.shape)} {out.dtype} must match tensor "
                 f"{tuple(tensor.shape)} {tensor.dtype}"
             )
-    numel, itemsize = tensor.numel(), tensor.element_size()
-    problem = _core.allreduce_problem(algorithm, numel, itemsize, comm.tp)
+    problem = _core.allreduce_problem(algorithm, tensor.numel(), tensor.element_size(), comm.tp)
     if problem:
         raise ValueError(f"all-reduce of tensor {tuple(tensor.shape)}: {problem}")
+    return launch_all_reduce(comm, tensor, out, algorithm, capturing)
+
+
+def launch_all_reduce(
+    comm: Communicator, tensor: torch.Tensor, out: torch.Tensor, algorithm: str, capturing: bool
+) -> torch.Tensor:
+    """``run_all_reduce`` without its argument checks, for callers that made them once (the
+    collective path: its output is checked per call by the op, the size when its entry chose
+    the algorithm): the receive region placed (grown where the call needs more: collective),
+    then one launch; returns ``out``."""
+    numel, itemsize = tensor.numel(), tensor.element_size()
     comm.raise_if_broken()
     res = AllReduceResources.of(comm)
     if capturing:

@@ -18,8 +18,8 @@ import torch
 from . import reduce_cost
 from .cost_model import choose as model_choice
 from .machine import MachineConstants
-from .paths.collective import OWN_ALL_REDUCES, own_all_reduce_problem
-from .paths.fused import fused_problem
+from .paths.collective import own_all_reduce_offer
+from .paths.fused import fused_problem, rank_problem_shape
 from .spec import Spec
 from .tuning_table import candidate_name
 
@@ -81,12 +81,10 @@ def _reduce_choice(
     rc = mc.reduce if mc is not None else None
     if spec.op != "gemm_all_reduce" or rc is None or collective_problem:
         return None
-    m, k = (int(x) for x in spec.shapes["a"])
-    n = int(spec.shapes["w"][0])
+    m, n, k = rank_problem_shape(spec)
     if m > rc.max_tokens:
         return None
-    offered = {"fused": fused_problem(spec, dtype)}
-    offered.update({a: own_all_reduce_problem(a, m * n, dtype, spec.tp) for a in OWN_ALL_REDUCES})
+    offered = {"fused": fused_problem(spec, dtype), **own_all_reduce_offer(m * n, dtype, spec.tp)}
     pick, pred, why = reduce_cost.choose(rc, m, n, k, spec.tp, offered, mc.key.slug())
     report = {f"{c.replace('/', '_')}_ms": v for c, v in pred.items()}
     report.update(why=f"model: {why}", all_reduce="nccl")

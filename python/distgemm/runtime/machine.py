@@ -13,7 +13,8 @@ constants on the deployment's GPUs; the package ships those of the machines it w
    stays at the most peers measured);
 3. else none: the cost model then keeps the collective path (never slower than it).
 
-Pure data and arithmetic: no torch (``local_key`` imports it to read the device).
+Pure data and arithmetic: no torch (``local_key`` imports it to read the device); ``_core`` for
+the names of our all-reduce's algorithms.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import os
 import pathlib
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+
+from .. import _core
 
 __all__ = [
     "MachineKey",
@@ -43,7 +46,7 @@ TRANSPORTS = ("all_gather", "epilogue", "copy")
 COLLECTIVES = ("all_gather", "reduce_scatter")
 NVML_NVLINK_MAX_LINKS = 18  # nvml.h's NVML_NVLINK_MAX_LINKS (Hopper: 18 links)
 # The all-reduce algorithms a calibration prices: NCCL's and our kernel's (runtime/allreduce.py).
-ALL_REDUCES = ("nccl", "one_shot", "two_shot")
+ALL_REDUCES = ("nccl", *_core.ALLREDUCE_ALGORITHMS)
 FUSED_KERNELS = ("decode", "cutlass")  # the fused GEMM + all-reduce's two kernels
 
 

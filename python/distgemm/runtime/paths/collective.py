@@ -22,7 +22,7 @@ from torch.distributed.distributed_c10d import (
 )
 
 from ... import _core
-from ..allreduce import run_all_reduce
+from ..allreduce import launch_all_reduce
 from ..capture import stream_ptr
 from ..communicator import Communicator
 from ..scales import scaled_mm_scales
@@ -32,7 +32,7 @@ from ..workspace import GROWTH_HEADROOM
 from .common import PathState, gathered_shape, user_ptrs
 
 # Our own all-reduce algorithms (runtime/allreduce.py), the alternatives to NCCL's.
-OWN_ALL_REDUCES = ("one_shot", "two_shot")
+OWN_ALL_REDUCES = tuple(_core.ALLREDUCE_ALGORITHMS)
 
 
 def own_all_reduce_problem(algorithm: str, numel: int, dtype: torch.dtype, tp: int) -> str:
@@ -43,6 +43,12 @@ def own_all_reduce_problem(algorithm: str, numel: int, dtype: torch.dtype, tp: i
     if dtype not in DTYPES:
         return f"dtype {dtype} is not bf16 or fp16"
     return _core.allreduce_problem(algorithm, numel, dtype.itemsize, tp)
+
+
+def own_all_reduce_offer(numel: int, dtype: torch.dtype, tp: int) -> dict[str, str]:
+    """``own_all_reduce_problem`` of every one of OWN_ALL_REDUCES: the offer the decode model
+    prices ('' where the algorithm can run)."""
+    return {a: own_all_reduce_problem(a, numel, dtype, tp) for a in OWN_ALL_REDUCES}
 
 
 def collective_kind(spec: Spec) -> str:
@@ -146,8 +152,8 @@ def run_collective(
         torch.mm(a, w.t(), out=out)
         if state.all_reduce == "nccl":
             _finish(pg.allreduce([out], _ALLREDUCE))
-        else:  # in place, on the current stream
-            run_all_reduce(comm, out, state.all_reduce, capturing)
+        else:  # in place, on the current stream (the entry's choice checked the size)
+            launch_all_reduce(comm, out, out, state.all_reduce, capturing)
     elif kind == "scatter_n":  # rs_tile_b
         # reduce-scatter splits dim 0: reduce D^T = W A^T and transpose this rank's rows.
         part_t, mine = _scratch(

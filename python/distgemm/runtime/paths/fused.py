@@ -47,13 +47,13 @@ from .common import PathState, user_ptrs
 if TYPE_CHECKING:
     from ..communicator import Communicator
 
-__all__ = ["fused_problem", "fused_layout", "FusedResources", "FusedState"]
+__all__ = ["fused_problem", "rank_problem_shape", "fused_layout", "FusedResources", "FusedState"]
 
 # The name of the fused path's per-communicator state (Communicator.attach).
 ATTACHMENT = "fused"
 
 
-def _problem_shape(spec: Spec) -> tuple[int, int, int]:
+def rank_problem_shape(spec: Spec) -> tuple[int, int, int]:
     """This rank's (m, n, k) of a gemm_all_reduce spec: a [m, k], w [n, k]."""
     m, k = spec.shapes["a"]
     return int(m), int(spec.shapes["w"][0]), int(k)
@@ -70,7 +70,7 @@ def fused_problem(spec: Spec, dtype: torch.dtype) -> str:
         return f"dtype {dtype} is not bf16 or fp16"
     if spec.b_n_major:
         return "the weight is a transposed view (N-contiguous); the fused kernel reads [N, K]"
-    m, n, k = _problem_shape(spec)
+    m, n, k = rank_problem_shape(spec)
     return _core.fused_shape_problem(m, n, k, 1, spec.tp)
 
 
@@ -167,7 +167,7 @@ class FusedState(PathState):
         cls, comm: Communicator, spec: Spec, precision, beta: float, report: dict[str, Any]
     ) -> FusedState:
         """The fused entry of ``spec``; adds its kernel, splits and grid to ``report``."""
-        m, n, k = _problem_shape(spec)
+        m, n, k = rank_problem_shape(spec)
         dtype = DTYPES[precision.dtype]
         resident = _core.fused_resident_ctas(dtype, m, comm.device.index)
         splits = _core.fused_splits(m, n, k, resident)
