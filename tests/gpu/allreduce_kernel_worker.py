@@ -32,7 +32,15 @@ import time
 
 import torch
 import torch.distributed as dist
-from torchrun_worker import communicator, gather0, rank, record, same_on_all_ranks, worker_main
+from torchrun_worker import (
+    communicator,
+    gather0,
+    rank,
+    record,
+    runtime_errors,
+    same_on_all_ranks,
+    worker_main,
+)
 
 from distgemm.runtime import communicator as dcomm
 from distgemm.runtime.allreduce import AllReduceResources, run_all_reduce
@@ -216,16 +224,12 @@ def test_timeout(dev):
             run_all_reduce(c, x.clone(), algo, False)
             torch.cuda.synchronize()
             waited = time.perf_counter() - t0
-            msgs = {}
-            for how, fn in (
-                ("next_call", lambda c=c, x=x, a=algo: run_all_reduce(c, x.clone(), a, False)),
-                ("raise_launch_errors", c.raise_launch_errors),
-            ):
-                try:
-                    fn()
-                    msgs[how] = None
-                except RuntimeError as ex:
-                    msgs[how] = str(ex)
+            msgs = runtime_errors(
+                (
+                    ("next_call", lambda c=c, x=x, a=algo: run_all_reduce(c, x.clone(), a, False)),
+                    ("raise_launch_errors", c.raise_launch_errors),
+                )
+            )
             text = msgs["raise_launch_errors"] or ""
             ok = (
                 "all-reduce, CTA slot" in text

@@ -55,6 +55,7 @@ from torchrun_worker import (
     reduce_scatter0,
     reference,
     rel_err,
+    runtime_errors,
     worker_main,
 )
 
@@ -359,13 +360,9 @@ def test_timeout(dev):
         torch.cuda.synchronize()
         aborted_replay = time.perf_counter() - t1
         where = f"entry barrier: barrier slot of device {tp - 1} did not reach generation"
-        msgs = {}
-        for how, fn in (("next_op_call", op), ("raise_launch_errors", c.raise_launch_errors)):
-            try:
-                fn()
-                msgs[how] = None
-            except RuntimeError as ex:
-                msgs[how] = str(ex)
+        msgs = runtime_errors(
+            (("next_op_call", op), ("raise_launch_errors", c.raise_launch_errors))
+        )
         ok = (
             msgs["next_op_call"] is not None
             and where in msgs["next_op_call"]

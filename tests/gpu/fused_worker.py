@@ -45,6 +45,7 @@ from torchrun_worker import (
     record,
     reference,
     rel_err,
+    runtime_errors,
     same_on_all_ranks,
     worker_main,
 )
@@ -243,16 +244,12 @@ def test_timeout(dev):
         torch.cuda.synchronize()
         aborted_replay = time.perf_counter() - t1
         where = "fused GEMM + all-reduce, tile"
-        msgs = {}
-        for how, fn in (
-            ("next_op_call", lambda: distgemm.gemm_all_reduce(a, w, path="fused", group=c)),
-            ("raise_launch_errors", c.raise_launch_errors),
-        ):
-            try:
-                fn()
-                msgs[how] = None
-            except RuntimeError as ex:
-                msgs[how] = str(ex)
+        msgs = runtime_errors(
+            (
+                ("next_op_call", lambda: distgemm.gemm_all_reduce(a, w, path="fused", group=c)),
+                ("raise_launch_errors", c.raise_launch_errors),
+            )
+        )
         ok = (
             msgs["raise_launch_errors"] is not None
             and where in msgs["raise_launch_errors"]

@@ -204,6 +204,29 @@ def run_worker_json(worker, launch: Launch, out, *args: str, timeout_s: float = 
     return rc, log, data
 
 
+def skip_unless_launchable(launch: Launch):
+    """A test module's ``pytestmark``: skip, with the reason, where `launch` cannot run."""
+    import pytest
+
+    return pytest.mark.skipif(launch.skip is not None, reason=str(launch.skip))
+
+
+def worker_results(launch: Launch, worker: str, name: str, *args: str, timeout_s: float = 600):
+    """A module-scoped fixture: `worker` (a file of tests/gpu) run once under torchrun as
+    `launch` says, with `args`, its JSON under ``results_file(..., name)``; the fixture's value
+    is run_worker_json's (exit code, log, data)."""
+    import pytest
+
+    path = pathlib.Path(__file__).resolve().parent / worker
+
+    @pytest.fixture(scope="module")
+    def results(tmp_path_factory):
+        out = results_file(tmp_path_factory, name)
+        return run_worker_json(path, launch, out, *args, timeout_s=timeout_s)
+
+    return results
+
+
 def named(data, prefix: str) -> list:
     """The worker results whose check name starts with ``prefix``."""
     return [e for e in data["results"] if e["name"].startswith(prefix)]

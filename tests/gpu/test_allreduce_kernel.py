@@ -16,8 +16,6 @@ DISTGEMM_TEST_RESULTS when set). Skips, with the reason, without a Hopper GPU or
 runtime in the installed package.
 """
 
-import pathlib
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -25,20 +23,18 @@ from gpu_requirements import (  # noqa: E402
     assert_every_check_passed,
     launch_here,
     named,
-    results_file,
-    run_worker_json,
+    skip_unless_launchable,
+    worker_results,
 )
 
 LAUNCH = launch_here()
-WORKER = pathlib.Path(__file__).resolve().parent / "allreduce_kernel_worker.py"
-pytestmark = pytest.mark.skipif(LAUNCH.skip is not None, reason=str(LAUNCH.skip))
+pytestmark = skip_unless_launchable(LAUNCH)
 REPLAYS = 20
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    out = results_file(tmp_path_factory, "allreduce_kernel")
-    return run_worker_json(WORKER, LAUNCH, out, "--replays", str(REPLAYS))
+results = worker_results(
+    LAUNCH, "allreduce_kernel_worker.py", "allreduce_kernel", "--replays", str(REPLAYS)
+)
 
 
 def every_rank(results, name):

@@ -18,8 +18,6 @@ CUDA runtime in the installed package; with one GPU the ranks share it over gloo
 that run torch's own kernels are left out (each such test skips saying so).
 """
 
-import pathlib
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -27,19 +25,16 @@ from gpu_requirements import (  # noqa: E402
     assert_every_check_passed,
     launch_here,
     rank0_check,
-    results_file,
-    run_worker_json,
+    skip_unless_launchable,
+    worker_results,
 )
 
 LAUNCH = launch_here()
-WORKER = pathlib.Path(__file__).resolve().parent / "async_tp_worker.py"
 FUSED = ("fused_all_gather_matmul", "fused_matmul_reduce_scatter")
-pytestmark = pytest.mark.skipif(LAUNCH.skip is not None, reason=str(LAUNCH.skip))
+pytestmark = skip_unless_launchable(LAUNCH)
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    return run_worker_json(WORKER, LAUNCH, results_file(tmp_path_factory, "async_tp"))
+results = worker_results(LAUNCH, "async_tp_worker.py", "async_tp")
 
 
 def test_every_check_passed_on_every_rank(results):

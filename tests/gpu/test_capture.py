@@ -11,8 +11,6 @@ DISTGEMM_TEST_RESULTS when set), never by grepping output. Skips, with the reaso
 Hopper GPU or without distgemm's CUDA runtime.
 """
 
-import pathlib
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -21,23 +19,19 @@ from gpu_requirements import (  # noqa: E402
     launch_here,
     named,
     ran_or_skip,
-    results_file,
-    run_worker_json,
+    skip_unless_launchable,
+    worker_results,
 )
 
-HERE = pathlib.Path(__file__).resolve().parent
 SCHEDULES = ["ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "ar_tile_a"]
 LAUNCH = launch_here()
 TP = LAUNCH.tp
 REPLAYS = 1000
 
-pytestmark = pytest.mark.skipif(LAUNCH.skip is not None, reason=str(LAUNCH.skip))
+pytestmark = skip_unless_launchable(LAUNCH)
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    out = results_file(tmp_path_factory, "capture")
-    return run_worker_json(HERE / "capture_worker.py", LAUNCH, out, "--replays", str(REPLAYS))
+results = worker_results(LAUNCH, "capture_worker.py", "capture", "--replays", str(REPLAYS))
 
 
 def test_every_check_passed_on_every_rank(results):

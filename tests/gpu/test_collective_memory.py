@@ -16,8 +16,6 @@ CUDA runtime in the installed package; with one GPU the ranks share it over gloo
 run the collective path: the worker leaves its checks out and each test skips saying so.
 """
 
-import pathlib
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -25,20 +23,17 @@ from gpu_requirements import (  # noqa: E402
     assert_every_check_passed,
     launch_here,
     rank0_check,
-    results_file,
-    run_worker_json,
+    skip_unless_launchable,
+    worker_results,
 )
 
 from distgemm.runtime.paths.collective import SCRATCH_HEADROOM  # noqa: E402
 
 LAUNCH = launch_here()
-WORKER = pathlib.Path(__file__).resolve().parent / "collective_memory_worker.py"
-pytestmark = pytest.mark.skipif(LAUNCH.skip is not None, reason=str(LAUNCH.skip))
+pytestmark = skip_unless_launchable(LAUNCH)
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    return run_worker_json(WORKER, LAUNCH, results_file(tmp_path_factory, "collective_memory"))
+results = worker_results(LAUNCH, "collective_memory_worker.py", "collective_memory")
 
 
 def rank0(results, name):

@@ -13,8 +13,6 @@ code and the results it writes (JSON). Skips, with the reason, without a Hopper 
 distgemm's CUDA runtime.
 """
 
-import pathlib
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -23,22 +21,18 @@ from gpu_requirements import (  # noqa: E402
     launch_here,
     named,
     ran_or_skip,
-    results_file,
-    run_worker_json,
+    skip_unless_launchable,
+    worker_results,
 )
 
-HERE = pathlib.Path(__file__).resolve().parent
 LAUNCH = launch_here()  # one GPU: 2 ranks share it (the multi-rank paths are the point)
 TP = LAUNCH.tp
 REPLAYS = 50
 
-pytestmark = pytest.mark.skipif(LAUNCH.skip is not None, reason=str(LAUNCH.skip))
+pytestmark = skip_unless_launchable(LAUNCH)
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    out = results_file(tmp_path_factory, "fp8_ops")
-    return run_worker_json(HERE / "fp8_worker.py", LAUNCH, out, "--replays", str(REPLAYS))
+results = worker_results(LAUNCH, "fp8_worker.py", "fp8_ops", "--replays", str(REPLAYS))
 
 
 def test_every_check_passed_on_every_rank(results):

@@ -10,8 +10,6 @@ DISTGEMM_TEST_RESULTS when set), never by grepping output. Skips, with the reaso
 Hopper GPU or without distgemm's CUDA runtime.
 """
 
-import pathlib
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -19,22 +17,18 @@ from gpu_requirements import (  # noqa: E402
     assert_every_check_passed,
     launch_here,
     named,
-    results_file,
-    run_worker_json,
+    skip_unless_launchable,
+    worker_results,
 )
 
-HERE = pathlib.Path(__file__).resolve().parent
 LAUNCH = launch_here()
 TP = LAUNCH.tp
 REPLAYS = 1000
 
-pytestmark = pytest.mark.skipif(LAUNCH.skip is not None, reason=str(LAUNCH.skip))
+pytestmark = skip_unless_launchable(LAUNCH)
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    out = results_file(tmp_path_factory, "fused")
-    return run_worker_json(HERE / "fused_worker.py", LAUNCH, out, "--replays", str(REPLAYS))
+results = worker_results(LAUNCH, "fused_worker.py", "fused", "--replays", str(REPLAYS))
 
 
 def test_every_check_passed_on_every_rank(results):

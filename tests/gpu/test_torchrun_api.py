@@ -25,8 +25,9 @@ from gpu_requirements import (  # noqa: E402
     launch_here,
     named,
     ran_or_skip,
-    results_file,
     run_worker_json,
+    skip_unless_launchable,
+    worker_results,
 )
 
 import distgemm  # noqa: E402
@@ -59,13 +60,12 @@ ERROR_PATHS = [
     "closed_communicator",
 ]
 
-pytestmark = pytest.mark.skipif(LAUNCH.skip is not None, reason=str(LAUNCH.skip))
+pytestmark = skip_unless_launchable(LAUNCH)
 
 
-@pytest.fixture(scope="module")
-def api(tmp_path_factory):
-    out = results_file(tmp_path_factory, "torchrun_api")
-    return run_worker_json(WORKER, LAUNCH, out, "--calls", str(CALLS), timeout_s=900)
+api = worker_results(
+    LAUNCH, "torchrun_worker.py", "torchrun_api", "--calls", str(CALLS), timeout_s=900
+)
 
 
 def test_every_check_passed_on_every_rank(api):

@@ -21,8 +21,6 @@ DISTGEMM_TEST_RESULTS when set). Skips, with the reason, without a Hopper GPU or
 CUDA runtime in the installed package.
 """
 
-import pathlib
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -30,20 +28,17 @@ from gpu_requirements import (  # noqa: E402
     assert_every_check_passed,
     launch_here,
     ran_or_skip,
-    results_file,
-    run_worker_json,
+    skip_unless_launchable,
+    worker_results,
 )
 
 # 2 ranks on any machine: the ported torch cases (N = 16) and which of them distgemm serves
 # (test_symm_mem*.case_failures) are those of TP = 2; N/TP falls below the kernels' unit above it.
 LAUNCH = launch_here(default_tp=2, honour_tp_env=False)
-WORKER = pathlib.Path(__file__).resolve().parent / "training_worker.py"
-pytestmark = pytest.mark.skipif(LAUNCH.skip is not None, reason=str(LAUNCH.skip))
+pytestmark = skip_unless_launchable(LAUNCH)
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    return run_worker_json(WORKER, LAUNCH, results_file(tmp_path_factory, "training"))
+results = worker_results(LAUNCH, "training_worker.py", "training")
 
 
 def judged(results, name) -> list:

@@ -20,8 +20,6 @@ DISTGEMM_TEST_RESULTS when set). Skips, with the reason, without a Hopper GPU or
 CUDA runtime in the installed package.
 """
 
-import pathlib
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -29,18 +27,15 @@ from gpu_requirements import (  # noqa: E402
     assert_every_check_passed,
     launch_here,
     rank0_check,
-    results_file,
-    run_worker_json,
+    skip_unless_launchable,
+    worker_results,
 )
 
 LAUNCH = launch_here()  # every visible GPU, or DISTGEMM_TEST_TP
-WORKER = pathlib.Path(__file__).resolve().parent / "workspace_worker.py"
-pytestmark = pytest.mark.skipif(LAUNCH.skip is not None, reason=str(LAUNCH.skip))
+pytestmark = skip_unless_launchable(LAUNCH)
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    return run_worker_json(WORKER, LAUNCH, results_file(tmp_path_factory, "workspace"))
+results = worker_results(LAUNCH, "workspace_worker.py", "workspace")
 
 
 def rank0(results, name):

@@ -123,6 +123,19 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     return float((x - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
+def runtime_errors(calls) -> dict:
+    """Each (name, call) pair's RuntimeError message, or None where the call returned: what a
+    timeout check expects of the next call and of raise_launch_errors()."""
+    msgs = {}
+    for name, fn in calls:
+        try:
+            fn()
+            msgs[name] = None
+        except RuntimeError as ex:
+            msgs[name] = str(ex)
+    return msgs
+
+
 def same_on_all_ranks(value):
     out = [None] * dist.get_world_size()
     dist.all_gather_object(out, value)
