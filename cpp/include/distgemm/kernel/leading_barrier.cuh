@@ -62,11 +62,14 @@ __device__ __forceinline__ uint32_t ld_shared_cluster(const uint32_t* local, uin
   return v;
 }
 
-// Wrap-safe "flag value v has reached generation g": generations increase by one per launch and
-// wrap at 2^32; a flag is never more than 2^31 launches behind.
-__device__ __forceinline__ bool reached(uint32_t v, uint32_t g) {
-  return static_cast<int32_t>(v - g) >= 0;
-}
+// "Flag value v has reached generation g": v is g, or g + 1. A writer is at most one launch
+// ahead of a reader of its flag (the entry barrier: no rank passes launch g's barrier before
+// every rank has arrived at it; the fused kernels and the all-reduce: a rank ends launch g only
+// after every peer's pushes of launch g, and starts g + 1 only after its own launch g), so any
+// other value is an older launch's, however old: a flag slot a launch leaves unused keeps its
+// value, and "v - g >= 0 as int32" would take a slot left unused for 2^31 launches as reached.
+// Generations wrap at 2^32.
+__device__ __forceinline__ bool reached(uint32_t v, uint32_t g) { return v - g <= 1u; }
 
 // Claims the device's abort word and, if this is the first failure, fills the error record.
 __device__ inline void report_timeout(uint32_t* abort, ErrorRecord* rec, uint32_t kind, int device,
