@@ -43,7 +43,7 @@ TRANSPORTS = ("all_gather", "epilogue", "copy")
 COLLECTIVES = ("all_gather", "reduce_scatter")
 NVML_NVLINK_MAX_LINKS = 18  # nvml.h's NVML_NVLINK_MAX_LINKS (Hopper: 18 links)
 # The all-reduce algorithms a calibration prices: NCCL's and our kernel's (runtime/allreduce.py).
-ALL_REDUCES = ("nccl", "one_shot", "two_shot")
+ALL_REDUCES = ("nccl", "one_shot", "two_shot", "one_shot_ll", "two_shot_ll")
 FUSED_KERNELS = ("decode", "cutlass")  # the fused GEMM + all-reduce's two kernels
 
 

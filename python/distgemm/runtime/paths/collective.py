@@ -1,5 +1,5 @@
 """The collective path: the group's NCCL collective (or, for an all-reduce, our one-shot or
-two-shot kernel: ``runtime/allreduce.py``) and one torch GEMM, the baseline to beat.
+two-shot kernel, flag or LL: ``runtime/allreduce.py``) and one torch GEMM, the baseline to beat.
 
 On the current stream, capturable (no synchronisation, and inside a capture its buffers come from
 the caller's graph pool). Its scratch buffers (the gathered operand, the partial product) are
@@ -31,8 +31,9 @@ from ..validate import DTYPES
 from ..workspace import GROWTH_HEADROOM
 from .common import PathState, gathered_shape, user_ptrs
 
-# Our own all-reduce algorithms (runtime/allreduce.py), the alternatives to NCCL's.
-OWN_ALL_REDUCES = ("one_shot", "two_shot")
+# Our own all-reduce algorithms (runtime/allreduce.py), the alternatives to NCCL's: the calibration
+# measures each, and the model offers one only where a machine's calibration prices it.
+OWN_ALL_REDUCES = ("one_shot", "two_shot", "one_shot_ll", "two_shot_ll")
 
 
 def own_all_reduce_problem(algorithm: str, numel: int, dtype: torch.dtype, tp: int) -> str:
