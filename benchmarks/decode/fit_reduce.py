@@ -90,8 +90,8 @@ def validate(rows: list[dict[str, Any]], mc: machine.MachineConstants) -> list[s
         if us["fused"] is not None:
             measured["fused"] = us["fused"]
         measured.update({k: v for k, v in us.items() if k.startswith("collective/") and v})
-        offered = {"fused": "" if "fused" in measured else "not measured", "one_shot": "",
-                   "two_shot": ""}  # fmt: skip
+        offered = {a: "" for a in machine.ALL_REDUCES if a != "nccl"}
+        offered["fused"] = "" if "fused" in measured else "not measured"
         pick, _, _ = reduce_cost.choose(rc, c["m"], c["n"], c["k"], c["tp"], offered)
         fastest = min(measured, key=measured.get)
         got = measured.get(pick)
