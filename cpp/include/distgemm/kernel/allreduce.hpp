@@ -12,8 +12,9 @@
 //    data1, gen} (8 bytes of data per line; kernel/ll_line.cuh), each thread its own lines, and
 //    the reader polls each line in its own receive buffer until both generation words equal this
 //    launch's generation (each 8-byte half lands whole: NCCL's LL protocol). No fence, no flag,
-//    no CTA barrier between a push and the reads that wait for it: the fixed cost of a phase is
-//    one NVLink store's latency, at twice the bytes.
+//    no CTA barrier before a push (two_shot_ll has one before it polls the chunk sums, so that a
+//    timeout names the rank that did not push): the fixed cost of a phase is one NVLink store's
+//    latency, at twice the bytes.
 // Every rank sums in float32 over ranks 0..tp-1 in that order, so every rank gets the same bits.
 //  - one_shot(_ll): CTA c owns slice c of the vector; it pushes its slice to every peer, then
 //    sums slice c over every rank's copy (own from src) into out. (tp - 1) x the vector leaves
@@ -45,7 +46,8 @@
 // LL lines of the previous use of a half are told apart by their generation: a line of the half
 // that launch g reads, not yet written by launch g, was written by an earlier launch of the same
 // parity, so it carries g - 2, g - 4, ... (or 0: never written since the zeroed allocation), never
-// g. Lines are told apart by generation alone, so the LL algorithms get receive buffers of their
+// g (the 32-bit generation repeats only after 2^32 launches, as the fused decode kernel's).
+// Lines are told apart by generation alone, so the LL algorithms get receive buffers of their
 // own (runtime/allreduce.py) in which nothing but lines is ever written: a flag algorithm's data
 // in the same bytes could hold any value, this launch's generation included.
 #pragma once
