@@ -1,15 +1,21 @@
-"""CPU checks of distgemm's one-shot / two-shot all-reduce without a GPU: its host-only rules from
-C++ through _core (algorithms, the control region, receive bytes of both parities, two_shot's
-chunks, the grid, the argument check's reasons) at TP 2, 3, 4 and 8, and the Python attachment's
-buffers on an injected allocator (grown to the largest call, reported, returned by close()). The
-GPU runs the kernel in tests/gpu/test_allreduce_kernel.py."""
+"""CPU checks of distgemm's one-shot / two-shot all-reduce (flag and LL) without a GPU: its
+host-only rules from C++ through _core (algorithms, the control region, receive bytes of both
+parities, two_shot's chunks, the grid, the argument check's reasons) at TP 2, 3, 4 and 8, and the
+Python attachment's buffers on an injected allocator (grown to the largest call, flag and LL
+algorithms in regions apart, reported, returned by close()). The GPU runs the kernel in
+tests/gpu/test_allreduce_kernel.py."""
 
 import pytest
 
 from distgemm import _core
 
 TPS = [2, 3, 4, 8]
-ALGOS = ["one_shot", "two_shot"]
+ALGOS = ["one_shot", "two_shot", "one_shot_ll", "two_shot_ll"]
+LINES = ("one_shot_ll", "two_shot_ll")  # 16-byte lines carry 8 bytes of data
+
+
+def _line_factor(algo):
+    return 2 if algo in LINES else 1
 
 
 def _chunk(numel, tp):
@@ -17,7 +23,8 @@ def _chunk(numel, tp):
 
 
 def test_algorithms_and_control_region():
-    assert _core.ALLREDUCE_ALGORITHMS == ("one_shot", "two_shot")
+    assert _core.ALLREDUCE_ALGORITHMS == tuple(ALGOS)
+    assert _core.ALLREDUCE_LINE_ALGORITHMS == LINES
     slots = _core.ALLREDUCE_MAX_CTAS
     # a generation word per CTA slot, then flags [phase 2][source 8][slot]
     assert _core.ALLREDUCE_CONTROL_BYTES == (slots + 2 * _core.MAX_TP * slots) * 4
@@ -32,6 +39,14 @@ def test_receive_bytes_hold_both_parities(tp, numel):
     assert chunk == _chunk(numel, tp) and chunk % 8 == 0 and chunk * tp >= numel
     assert (chunk - 8) * tp < numel  # the smallest multiple of 8 that covers numel in tp chunks
     assert _core.allreduce_receive_bytes("two_shot", numel, 2, tp) == 2 * 2 * tp * chunk * 2
+    # LL: the same layouts as 16-byte lines of 8 data bytes, twice the bytes
+    assert _core.allreduce_receive_bytes("one_shot_ll", numel, 2, tp) == 2 * tp * (numel // 4) * 16
+    assert _core.allreduce_receive_bytes("two_shot_ll", numel, 2, tp) == 2 * 2 * tp * chunk * 4
+    for algo in ("one_shot", "two_shot"):
+        flag = _core.allreduce_receive_bytes(algo, numel, 2, tp)
+        assert _core.allreduce_receive_bytes(f"{algo}_ll", numel, 2, tp) == 2 * flag
+        # each parity of both holds whole 16-byte vectors / lines
+        assert flag % 32 == 0
 
 
 @pytest.mark.parametrize("tp", TPS)
@@ -47,17 +62,36 @@ def test_grid_grows_with_the_slice_and_stops_at_resident_and_slots(tp, algo):
     per = _core.ALLREDUCE_CTA_BYTES
     ctas = lambda numel, resident=132: _core.allreduce_ctas(algo, numel, 2, tp, resident)  # noqa: E731
     assert ctas(8) == 1
-    # one CTA per ALLREDUCE_CTA_BYTES of the slice: the vector (one_shot) or a chunk (two_shot)
+    # one CTA per ALLREDUCE_CTA_BYTES pushed to a peer of the slice: the vector (one_shot) or a
+    # chunk (two_shot), as data or as LL lines (twice the data)
+    one = algo.startswith("one_shot")
     numel = 16 * 1024 * 1024 // 2  # 16 MB
-    work = numel * 2 if algo == "one_shot" else _chunk(numel, tp) * 2
+    work = (numel * 2 if one else _chunk(numel, tp) * 2) * _line_factor(algo)
     assert ctas(numel, 10_000) == min(-(-work // per), _core.ALLREDUCE_MAX_CTAS)
     assert ctas(numel, 100) == min(100, -(-work // per))
     assert ctas(numel, 1) == 1
     small = 8 * 1024  # 16 KB
-    work = small * 2 if algo == "one_shot" else _chunk(small, tp) * 2
+    work = (small * 2 if one else _chunk(small, tp) * 2) * _line_factor(algo)
     assert ctas(small) == -(-work // per)
     # never more than the slots, whatever is resident
     assert ctas(1 << 30, 1 << 20) == _core.ALLREDUCE_MAX_CTAS
+
+
+@pytest.mark.parametrize(
+    "algo,numel,tp,want",
+    [
+        ("one_shot", 8192, 4, 2),  # 16 KB: 2 x 8 KB of data
+        ("one_shot_ll", 8192, 4, 4),  # 16 KB as 32 KB of lines: one line per thread
+        ("two_shot", 8192, 4, 1),  # 4 KB chunks
+        ("two_shot_ll", 8192, 4, 1),  # 8 KB of lines per chunk
+        ("two_shot_ll", 8192, 2, 2),  # 8 KB chunks, 16 KB of lines
+        ("one_shot_ll", 8, 8, 1),
+        ("two_shot_ll", 8, 8, 1),
+        ("one_shot_ll", 1024 * 1024, 3, 256),  # 4 MB of lines: every slot
+    ],
+)
+def test_grid_examples(algo, numel, tp, want):
+    assert _core.allreduce_ctas(algo, numel, 2, tp, 1024) == want
 
 
 @pytest.mark.parametrize("tp", TPS)
@@ -70,7 +104,11 @@ def test_problem_is_empty_for_runnable_arguments(tp, algo):
 @pytest.mark.parametrize(
     "args,words",
     [
-        (("three_shot", 8, 2, 2), ["'three_shot'", "one_shot or two_shot"]),
+        (("three_shot", 8, 2, 2), ["'three_shot'", "one_shot, two_shot, one_shot_ll, two_shot_ll"]),
+        (("one_shot_LL", 8, 2, 2), ["'one_shot_LL'", "not one of"]),
+        (("one_shot_ll", 12, 2, 2), ["numel=12", "multiple of 8"]),
+        (("two_shot_ll", 8, 2, 9), ["tp=9", "1..8"]),
+        (("two_shot_ll", 8, 1, 4), ["element_bytes=1", "bf16 or fp16"]),
         (("one_shot", 12, 2, 2), ["numel=12", "multiple of 8"]),
         (("two_shot", 0, 2, 4), ["numel=0", "positive"]),
         (("one_shot", 8, 4, 2), ["element_bytes=4", "bf16 or fp16"]),
@@ -151,6 +189,34 @@ def test_attachment_grows_its_receive_region_to_the_largest_call_and_reports_it(
     held = res.close()
     assert ws2 in held and len(held) == 2
     assert res.memory_stats() == {"allreduce_control_bytes": 0, "allreduce_receive_bytes": 0}
+
+
+def test_ll_algorithms_get_a_receive_region_apart_from_the_flag_ones():
+    # An LL line has arrived when it carries the launch's generation: a flag algorithm's data in
+    # the same bytes could look like one, so the two kinds never share a region.
+    pytest.importorskip("torch")
+    from distgemm.runtime.allreduce import AllReduceResources
+
+    comm = _Comm()
+    res = AllReduceResources(comm)
+    big = 1 << 20
+    flag, _ = res.receive_for("two_shot", big, 2)
+    lines, parity = res.receive_for("one_shot_ll", big, 2)
+    assert lines is not flag and not comm.released
+    need = _core.allreduce_receive_bytes("one_shot_ll", big, 2, 4)
+    assert lines.slot_capacity >= need and parity >= need // 2 and parity % 16 == 0
+    # the other LL algorithm and smaller calls share the LL region; flag calls keep theirs
+    assert res.receive_for("two_shot_ll", big, 2)[0] is lines
+    assert res.receive_for("one_shot_ll", 8, 2)[0] is lines
+    assert res.receive_for("one_shot", 8, 2)[0] is flag
+    assert len(comm.allocated) == 2 and not comm.released  # no control region asked for yet
+    grown, _ = res.receive_for("one_shot_ll", 4 * big, 2)  # grows the LL region only
+    assert grown is not lines and comm.released == [lines]
+    assert res.receive_for("two_shot", big, 2)[0] is flag
+    stats = res.memory_stats()
+    assert stats["allreduce_receive_bytes"] == flag.nbytes + grown.nbytes
+    held = res.close()
+    assert flag in held and grown in held
 
 
 def test_the_grid_bound_is_the_smallest_resident_count_of_the_ranks(monkeypatch):

@@ -1,5 +1,6 @@
 """Probe of distgemm's own all-reduce against NCCL at decode sizes: per size (16 KB .. 8 MB of bf16)
-the steady-state time per call of one_shot, two_shot and NCCL all_reduce, each from a CUDA graph
+the steady-state time per call of one_shot, two_shot, one_shot_ll, two_shot_ll (LL lines: no fence,
+no flag, twice the bytes) and NCCL all_reduce, each from a CUDA graph
 of CALLS back-to-back calls (benchmarks/common/timing.py: >= 1 s warm-up, then a >= 1 s window,
 the median over calls of the slowest rank), and a table plus JSON.
 
@@ -17,6 +18,7 @@ import json
 from benchmarks.common.timing import WARMUP_S, RankContext, graphed, rel_err, time_variant
 
 CALLS = 20
+OURS = ("one_shot", "two_shot", "one_shot_ll", "two_shot_ll")
 SIZES_KB = [16 << i for i in range(10)]  # 16 KB .. 8 MB
 
 
@@ -40,7 +42,7 @@ def main() -> None:
         ref = src.clone()
         dist.all_reduce(ref)
         errs = {}
-        for algo in ("one_shot", "two_shot"):
+        for algo in OURS:
             run_all_reduce(comm, src, algo, False, out=out)
             torch.cuda.synchronize()
             errs[algo] = rel_err(torch, out, ref)
@@ -54,11 +56,8 @@ def main() -> None:
 
             return call
 
-        variants = {
-            "one_shot": ours("one_shot"),
-            "two_shot": ours("two_shot"),
-            "nccl": lambda: dist.all_reduce(nccl_buf),
-        }
+        variants = {algo: ours(algo) for algo in OURS}
+        variants["nccl"] = lambda: dist.all_reduce(nccl_buf)
         row = {"kb": kb, "numel": numel, "tp": ctx.tp, "rel_err_vs_nccl": errs}
         for name, fn in variants.items():
             g = graphed(torch, fn, CALLS)
@@ -66,26 +65,24 @@ def main() -> None:
             row[f"{name}_us"] = ms * 1e3 / CALLS
             del g
         comm.raise_launch_errors()
-        best = min(("one_shot", "two_shot"), key=lambda a: row[f"{a}_us"])
+        best = min(OURS, key=lambda a: row[f"{a}_us"])
         row["best_ours"] = best
         row["speedup_vs_nccl"] = row["nccl_us"] / row[f"{best}_us"]
         rows.append(row)
         if ctx.rank == 0:
+            times = "  ".join(f"{a} {row[f'{a}_us']:8.2f} us" for a in (*OURS, "nccl"))
             print(
-                f"{kb:>6} KB  one_shot {row['one_shot_us']:8.2f} us  two_shot "
-                f"{row['two_shot_us']:8.2f} us  nccl {row['nccl_us']:8.2f} us  "
-                f"best {best} x{row['speedup_vs_nccl']:.2f}  err {errs}",
+                f"{kb:>6} KB  {times}  best {best} x{row['speedup_vs_nccl']:.2f}  err {errs}",
                 flush=True,
             )
     if ctx.rank == 0:
         name = torch.cuda.get_device_name(ctx.dev)
         print(f"\nTP={ctx.tp} on {name}, us per call, graph of {CALLS} calls, median")
-        print(f"{'size':>8} {'one_shot':>10} {'two_shot':>10} {'nccl':>10} {'best/nccl':>10}")
+        names = (*OURS, "nccl")
+        print(f"{'size':>8} " + " ".join(f"{a:>11}" for a in names) + f" {'best/nccl':>10}")
         for r in rows:
-            print(
-                f"{r['kb']:>5} KB {r['one_shot_us']:>10.2f} {r['two_shot_us']:>10.2f} "
-                f"{r['nccl_us']:>10.2f} {r['speedup_vs_nccl']:>9.2f}x"
-            )
+            times = " ".join(f"{r[f'{a}_us']:>11.2f}" for a in names)
+            print(f"{r['kb']:>5} KB {times} {r['speedup_vs_nccl']:>9.2f}x")
         with open(args.out, "w") as f:
             json.dump({"tp": ctx.tp, "device": name, "calls_per_graph": CALLS, "rows": rows}, f)
     comm.close()

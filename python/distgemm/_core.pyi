@@ -381,9 +381,10 @@ class GraphLauncher:
     def cuda_device(self) -> int: ...
     def stats(self) -> dict[str, int | bool]: ...
 
-# distgemm's one-shot / two-shot all-reduce (kernel/allreduce.hpp; allreduce_rules.cpp, and
-# allreduce_launcher.cpp with the CUDA runtime).
-ALLREDUCE_ALGORITHMS: tuple[str, str]
+# distgemm's one-shot / two-shot all-reduce, flag and LL (kernel/allreduce.hpp;
+# allreduce_rules.cpp, and allreduce_launcher.cpp with the CUDA runtime).
+ALLREDUCE_ALGORITHMS: tuple[str, ...]
+ALLREDUCE_LINE_ALGORITHMS: tuple[str, ...]
 ALLREDUCE_CONTROL_BYTES: int
 ALLREDUCE_MAX_CTAS: int
 ALLREDUCE_CTA_BYTES: int

@@ -1,26 +1,32 @@
-"""GPU checks of distgemm's one-shot / two-shot all-reduce kernel (runtime/allreduce.py), one
-process per GPU:
+"""GPU checks of distgemm's one-shot / two-shot all-reduce kernels, flag and LL
+(runtime/allreduce.py), one process per GPU:
 
     torchrun --nproc-per-node 4 tests/gpu/allreduce_kernel_worker.py --out results.json
 
 Started by tests/gpu/test_allreduce_kernel.py. Sections, run by every rank in the same order
 (inputs seeded uniform in [-1, 1), different per rank):
 
-  correctness  both algorithms, bf16 and fp16, numel from 8 to 4M (multiples of tp * 8 and not:
-               two_shot chunks that are short or empty on the last ranks), in place and out of
-               place: the output bitwise equal to torch's float32 sum over ranks 0..tp-1 in that
-               order rounded to the dtype (what the kernel computes), within 1 ulp relative
-               (finfo.eps * |ref| + 1e-6) of the float64 sum, bitwise equal on every rank; an
-               out-of-place call leaves its input as it was
-  interleaved  calls of mixed sizes and both algorithms back to back without synchronising
+  correctness  every algorithm (one_shot, two_shot, one_shot_ll, two_shot_ll), bf16 and fp16,
+               numel from 8 to 4M (multiples of tp * 8 and not: two_shot chunks that are short
+               or empty on the last ranks), in place and out of place: the output bitwise
+               equal to torch's float32 sum over ranks 0..tp-1 in that order rounded to the
+               dtype (what the kernel computes), within 1 ulp relative (finfo.eps * |ref| +
+               1e-6) of the float64 sum, bitwise equal on every rank; an out-of-place call
+               leaves its input as it was
+  interleaved  calls of mixed sizes and all four algorithms back to back without synchronising
                (large, small, large: each launch's parity apart from the previous one's,
-               whatever their sizes), every output checked afterwards
-  capture      several calls captured in one CUDA graph (in place and out of place, both
+               whatever their sizes and algorithms; LL lines left by a larger call two launches
+               earlier at the same parity must not pass for this launch's), every output checked
+               afterwards
+  capture      several calls captured in one CUDA graph (in place and out of place, all four
                algorithms, mixed sizes), replayed REPLAYS times with fresh inputs copied in
-               before each replay and an eager call between replays, every output checked
+               before each replay and an eager call between replays (each algorithm in turn),
+               every output checked
   timeout      rank tp-1 skips a call: the other ranks' launch ends after wait_timeout_s with
                RuntimeError naming the all-reduce and rank tp-1, at the next call and at
-               raise_launch_errors(); nobody hangs (each algorithm on a communicator of its own)
+               raise_launch_errors(); nobody hangs (each algorithm on a communicator of its own;
+               at the size used every rank's chunk is long enough for every CTA to own some of
+               it, so every CTA waits for rank tp-1's piece before any chunk sum)
 
 Exit code 0 when every check passed on every rank. Rank 0 writes every result to --out (JSON).
 """
@@ -45,7 +51,7 @@ from torchrun_worker import (
 from distgemm.runtime import communicator as dcomm
 from distgemm.runtime.allreduce import AllReduceResources, run_all_reduce
 
-ALGOS = ("one_shot", "two_shot")
+ALGOS = ("one_shot", "two_shot", "one_shot_ll", "two_shot_ll")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 M = 1024 * 1024
 
@@ -148,6 +154,19 @@ def test_interleaved(dev, comm):
         ("two_shot", 8),
         ("two_shot", 4 * M - 8),
         ("one_shot", 4 * M),
+        # LL: a large call, then smaller ones and the other LL algorithm over its lines
+        ("one_shot_ll", 4 * M),
+        ("one_shot_ll", 8),
+        ("two_shot_ll", 4 * M),
+        ("one_shot_ll", 24),
+        ("two_shot_ll", M + 24),
+        ("one_shot", 4096),
+        ("two_shot_ll", 8),
+        ("one_shot_ll", M),
+        ("two_shot", 4096),
+        ("two_shot_ll", 4 * M - 8),
+        ("one_shot_ll", 4 * M),
+        ("two_shot_ll", 24),
     ]
     for dname, dtype in DTYPES.items():
         v = Verdict()
@@ -174,9 +193,13 @@ def test_capture(dev, comm, replays: int):
     calls = [
         ("one_shot", 4096, True),
         ("two_shot", M + 24, False),
+        ("one_shot_ll", 4096, False),
         ("one_shot", M, False),
+        ("two_shot_ll", M + 24, True),
         ("two_shot", 24, True),
+        ("one_shot_ll", M, True),
         ("two_shot", 4 * M, True),
+        ("two_shot_ll", 24, False),
     ]
     srcs = [torch.empty(n, device=dev, dtype=dtype) for _, n, _ in calls]
     outs = [s if inplace else torch.empty_like(s) for s, (_, _, inplace) in zip(srcs, calls)]
@@ -200,7 +223,7 @@ def test_capture(dev, comm, replays: int):
             s.copy_(x)
         g.replay()
         y = eager.clone()
-        run_all_reduce(comm, y, "two_shot" if r % 2 else "one_shot", False)
+        run_all_reduce(comm, y, ALGOS[r % len(ALGOS)], False)
         torch.cuda.synchronize()
         for j, (o, (want, exact)) in enumerate(zip(outs, refs)):
             v.check(f"replay {r} call {j}", o, want, exact)

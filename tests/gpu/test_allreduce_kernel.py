@@ -1,10 +1,11 @@
-"""distgemm's one-shot / two-shot all-reduce kernel on Hopper GPUs under torchrun, at TP = every
-visible GPU (DISTGEMM_TEST_TP sets another; one GPU: 2 ranks sharing it, a functional run);
-tests/gpu/allreduce_kernel_worker.py does the work:
+"""distgemm's one-shot / two-shot all-reduce kernels (flag and LL) on Hopper GPUs under torchrun,
+at TP = every visible GPU (DISTGEMM_TEST_TP sets another; one GPU: 2 ranks sharing it, a
+functional run); tests/gpu/allreduce_kernel_worker.py does the work:
 
-- both algorithms, bf16 and fp16, numel 8 .. 4M (chunking edge cases), in place and out of place:
-  bitwise the float32 sum over ranks in rank order rounded to the dtype, within 1 ulp relative of
-  the float64 sum, bitwise the same on every rank;
+- every algorithm (one_shot, two_shot, one_shot_ll, two_shot_ll), bf16 and fp16, numel 8 .. 4M
+  (chunking edge cases), in place and out of place: bitwise the float32 sum over ranks in rank
+  order rounded to the dtype, within 1 ulp relative of the float64 sum, bitwise the same on every
+  rank;
 - mixed sizes and algorithms back to back; a CUDA graph of several calls replayed with fresh
   inputs and eager calls between replays;
 - a rank that skips a call: the others' launch times out with an error naming it.
@@ -30,6 +31,7 @@ from gpu_requirements import (  # noqa: E402
 LAUNCH = launch_here()
 pytestmark = skip_unless_launchable(LAUNCH)
 REPLAYS = 20
+ALGOS = ["one_shot", "two_shot", "one_shot_ll", "two_shot_ll"]
 
 
 results = worker_results(
@@ -47,7 +49,7 @@ def test_every_check_passed_on_every_rank(results):
     assert_every_check_passed(results)
 
 
-@pytest.mark.parametrize("algo", ["one_shot", "two_shot"])
+@pytest.mark.parametrize("algo", ALGOS)
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_sum_is_the_ordered_float32_sum_and_the_same_bits_everywhere(results, algo, dtype):
     for e in every_rank(results, f"correctness/{algo}/{dtype}"):
@@ -74,7 +76,7 @@ def test_captured_graph_replays_with_fresh_inputs(results):
         assert e["calls"] == REPLAYS * (e["calls_per_graph"] + 1)
 
 
-@pytest.mark.parametrize("algo", ["one_shot", "two_shot"])
+@pytest.mark.parametrize("algo", ALGOS)
 def test_a_rank_that_skips_a_call_ends_in_a_timeout_error(results, algo):
     got = named(results[2], f"timeout/{algo}/")
     assert len(got) == LAUNCH.tp - 1 and all(e["ok"] for e in got), got

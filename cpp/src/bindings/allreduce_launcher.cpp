@@ -1,5 +1,5 @@
 // distgemm._core.AllReduceLauncher / allreduce_resident_ctas: launches of distgemm's one-shot and
-// two-shot all-reduce (kernel/allreduce.hpp) on caller-owned tensors, ordered with the
+// two-shot all-reduce, flag or LL (kernel/allreduce.hpp) on caller-owned tensors, ordered with the
 // communicator's other launches (kernel_launcher.hpp). Pointers and streams cross as Python ints.
 //
 // As FusedLauncher: a launch on a stream being captured records one kernel node into the
@@ -51,7 +51,8 @@ class AllReduceLauncher : public distgemm::python::KernelLauncher {
       throw std::invalid_argument("dtype '" + dtype + "' is not bf16 or fp16");
     d.dtype = k::parse_dtype(dtype);
     if (!k::parse_allreduce_algorithm(algorithm, d.algorithm))
-      throw std::invalid_argument("algorithm '" + algorithm + "' is not one_shot or two_shot");
+      throw std::invalid_argument("all-reduce rejected: " +
+                                  k::allreduce_algorithm_problem(algorithm));
     d.numel = numel;
     d.src = as<const void>(src);
     d.out = as<void>(out);
@@ -87,8 +88,8 @@ class AllReduceLauncher : public distgemm::python::KernelLauncher {
 void register_allreduce(py::module_& m) {
   py::class_<AllReduceLauncher>(
       m, "AllReduceLauncher",
-      "Launches of distgemm's one-shot / two-shot all-reduce on one device, ordered by the "
-      "communicator's LaunchOrder; eager timeouts are reported by error().")
+      "Launches of distgemm's one-shot / two-shot (flag or LL) all-reduce on one device, "
+      "ordered by the communicator's LaunchOrder; eager timeouts are reported by error().")
       .def(py::init<int, std::shared_ptr<LaunchOrder>, double>(), py::arg("cuda_device"),
            py::arg("order"), py::arg("timeout_s"))
       .def("launch", &AllReduceLauncher::launch, py::arg("stream"), py::arg("dtype"),

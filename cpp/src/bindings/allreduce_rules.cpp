@@ -1,4 +1,4 @@
-// distgemm._core's host-only rules of distgemm's one-shot and two-shot all-reduce
+// distgemm._core's host-only rules of distgemm's one-shot and two-shot all-reduce, flag and LL
 // (kernel/allreduce.hpp): algorithms, buffer bytes, the grid and the argument check, so that
 // Python sizes its buffers and chooses the same way with or without a GPU.
 #include <pybind11/pybind11.h>
@@ -21,8 +21,16 @@ void require_runnable(const std::string& algorithm, int64_t numel, int element_b
 }  // namespace
 
 void register_allreduce_rules(py::module_& m) {
-  m.attr("ALLREDUCE_ALGORITHMS") =
-      py::make_tuple(k::kAllReduceAlgorithmNames[0], k::kAllReduceAlgorithmNames[1]);
+  py::tuple names(k::kAllReduceAlgorithms);
+  py::list lines;
+  for (int i = 0; i < k::kAllReduceAlgorithms; ++i) {
+    names[i] = k::kAllReduceAlgorithmNames[i];
+    if (k::allreduce_lines(static_cast<k::AllReduceAlgorithm>(i)))
+      lines.append(k::kAllReduceAlgorithmNames[i]);
+  }
+  m.attr("ALLREDUCE_ALGORITHMS") = names;
+  // The algorithms that push LL lines: their receive buffers hold nothing else (allreduce.hpp).
+  m.attr("ALLREDUCE_LINE_ALGORITHMS") = py::tuple(lines);
   m.attr("ALLREDUCE_CONTROL_BYTES") = py::int_(k::allreduce_control_bytes());
   m.attr("ALLREDUCE_MAX_CTAS") = py::int_(k::kAllReduceMaxCtas);
   m.attr("ALLREDUCE_CTA_BYTES") = py::int_(k::kAllReduceCtaBytes);
@@ -58,6 +66,7 @@ void register_allreduce_rules(py::module_& m) {
       },
       py::arg("algorithm"), py::arg("numel"), py::arg("element_bytes"), py::arg("tp"),
       py::arg("resident_ctas"),
-      "The grid: one CTA per ALLREDUCE_CTA_BYTES of a CTA's slice (one_shot: of the vector, "
-      "two_shot: of a chunk), at most resident_ctas and ALLREDUCE_MAX_CTAS.");
+      "The grid: one CTA per ALLREDUCE_CTA_BYTES that a CTA pushes to one peer, of its slice "
+      "(one_shot: of the vector, two_shot: of a chunk) as data, or with LL as lines (twice the "
+      "data), at most resident_ctas and ALLREDUCE_MAX_CTAS.");
 }

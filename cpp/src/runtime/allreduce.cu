@@ -1,8 +1,8 @@
-// The one-shot and two-shot all-reduce kernel (kernel/allreduce.hpp: the protocol, the parity
-// argument and the host rules), instantiated for bf16 and fp16, its dispatch and boundary checks.
-// No CUTLASS.
+// The one-shot and two-shot all-reduce kernels (kernel/allreduce.hpp: the protocols, the parity
+// argument and the host rules), flag and LL, instantiated for bf16 and fp16, their dispatch and
+// boundary checks. No CUTLASS.
 //
-// Per CTA c (slot c), one launch:
+// Flag kernel (one_shot, two_shot), per CTA c (slot c), one launch:
 //   0. thread 0 reads the abort word (a previous launch timed out: write nothing) and the
 //      generation (its control word + 1);
 //   1. push: its slice(s) into the peers' receive buffers (plain 16-byte stores), a CTA barrier,
@@ -16,8 +16,16 @@
 //      flagged [phase 1][source me][c]; 4. the peers' sums of their chunks' slice c are waited for
 //      and copied into out;
 //   5. a CTA barrier, then the generation words advance (the fused kernels' scheme).
+// LL kernel (one_shot_ll, two_shot_ll): steps 0 and 5 the same; in between each thread works on
+// its own lines (8 bytes of data each) with no CTA barrier: it pushes its lines of the slice(s)
+// to the peers as LL lines tagged with the generation, then polls (bounded, wait_line) the lines
+// it sums in its own receive buffer until each carries the generation, sums in rank order and
+// (two_shot_ll) pushes its sums as lines, and after a CTA barrier (every piece of the CTA's
+// slice of its own chunk arrived) polls the peers' sums the same way. A thread whose wait fails
+// stops pushing (a peer never sees a line of this launch that holds no sum).
 // In place (out == src) is safe: CTA c alone reads and writes slice c of every chunk, and reads
-// each element of src before the same thread (or, after a barrier, the same CTA) writes it.
+// each element of src before the same thread (or, after a barrier, the same CTA) writes it (LL:
+// the same thread, since every loop over a slice gives a thread the same indices).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -30,6 +38,7 @@
 #include "distgemm/kernel/allreduce.hpp"
 #include "distgemm/kernel/fused_tail.cuh"  // ld_partial_v4, fused_occupancy
 #include "distgemm/kernel/leading_barrier.cuh"
+#include "distgemm/kernel/ll_line.cuh"
 
 namespace distgemm::kernel {
 
@@ -43,9 +52,9 @@ struct AllReduceArgs {
   uint32_t* control[kMaxDevices];
   uint32_t* abort;
   ErrorRecord* record;
-  int64_t vecs;         // numel / 8
+  int64_t vecs;         // numel / 8 (LL: 2 x vecs lines)
   int64_t chunk_vecs;   // two_shot: allreduce_chunk_elems / 8
-  int64_t parity_vecs;  // parity_bytes / 16
+  int64_t parity_vecs;  // parity_bytes / 16 (16-byte vectors or LL lines)
   uint64_t timeout_ns;
   int tp, rank;
 };
@@ -63,19 +72,23 @@ struct Convert<__half> {
   __device__ static __half from_float(float x) { return __float2half_rn(x); }
 };
 
-template <class Element>
-__device__ __forceinline__ void add_vec(float (&acc)[8], const uint4& v) {
+// acc[i] += element i of `v` (a 16-byte vector: 8 elements; an LL line's data words: 4).
+template <class Element, int N, class Vec>
+__device__ __forceinline__ void add_elems(float (&acc)[N], const Vec& v) {
+  static_assert(sizeof(Vec) == N * sizeof(Element), "one accumulator per element of v");
   const Element* e = reinterpret_cast<const Element*>(&v);
 #pragma unroll
-  for (int i = 0; i < 8; ++i) acc[i] += Convert<Element>::to_float(e[i]);
+  for (int i = 0; i < N; ++i) acc[i] += Convert<Element>::to_float(e[i]);
 }
 
-template <class Element>
-__device__ __forceinline__ uint4 round_vec(const float (&acc)[8]) {
-  uint4 v;
+// The accumulators rounded to the element type, as a vector of N elements.
+template <class Element, class Vec, int N>
+__device__ __forceinline__ Vec round_elems(const float (&acc)[N]) {
+  static_assert(sizeof(Vec) == N * sizeof(Element), "one accumulator per element of the result");
+  Vec v;
   Element* e = reinterpret_cast<Element*>(&v);
 #pragma unroll
-  for (int i = 0; i < 8; ++i) e[i] = Convert<Element>::from_float(acc[i]);
+  for (int i = 0; i < N; ++i) e[i] = Convert<Element>::from_float(acc[i]);
   return v;
 }
 
@@ -138,8 +151,8 @@ __device__ inline void sum_slice(const AllReduceArgs& a, const Slice& s, const u
     for (int i = 0; i < 8; ++i) acc[i] = 0.f;
 #pragma unroll
     for (int q = 0; q < kMaxDevices; ++q)
-      if (q < a.tp) add_vec<Element>(acc, x[q]);
-    const uint4 y = round_vec<Element>(acc);
+      if (q < a.tp) add_elems<Element>(acc, x[q]);
+    const uint4 y = round_elems<Element, uint4>(acc);
     out[v] = y;
     if (push)
       for (int i = 1; i < a.tp; ++i)
@@ -147,19 +160,40 @@ __device__ inline void sum_slice(const AllReduceArgs& a, const Slice& s, const u
   }
 }
 
+// Whole CTA, at entry: false when the device has aborted (a previous launch timed out: the
+// communicator is broken, write nothing), else true with this launch's generation (the CTA's
+// control word + 1).
+__device__ __forceinline__ bool begin_launch(const AllReduceArgs& a, uint32_t& gen) {
+  __shared__ uint32_t gen_s, live_s;
+  if (threadIdx.x == 0) {
+    live_s = aborted(a.abort) ? 0u : 1u;
+    gen_s = *reinterpret_cast<volatile uint32_t*>(a.control[a.rank] + blockIdx.x) + 1u;
+  }
+  __syncthreads();
+  gen = gen_s;
+  return live_s != 0u;
+}
+
+// Whole CTA, at the end: the generation, into this CTA's word and, by CTA 0, the slots the grid
+// leaves unused. Plain stores: the next launch on the stream reads them after this one has ended.
+__device__ __forceinline__ void finish_launch(const AllReduceArgs& a, uint32_t gen) {
+  __syncthreads();
+  uint32_t* words = a.control[a.rank];
+  if (threadIdx.x == 0) words[blockIdx.x] = gen;
+  if (blockIdx.x == 0)
+    for (int i = gridDim.x + threadIdx.x; i < kAllReduceMaxCtas; i += kAllReduceThreads)
+      words[i] = gen;
+}
+
 template <class Element, bool TwoShot>
 __global__ void __launch_bounds__(kAllReduceThreads, 1)
     allreduce_kernel(const __grid_constant__ AllReduceArgs a) {
-  __shared__ uint32_t gen_s, live_s, ok_s;
+  __shared__ uint32_t ok_s;
   const int tid = threadIdx.x, cta = blockIdx.x, ctas = gridDim.x;
-  if (tid == 0) {
-    live_s = aborted(a.abort) ? 0u : 1u;
-    gen_s = *reinterpret_cast<volatile uint32_t*>(a.control[a.rank] + cta) + 1u;
-    ok_s = 1u;
-  }
-  __syncthreads();
-  if (!live_s) return;  // a previous launch timed out: the communicator is broken
-  const uint32_t gen = gen_s, parity = gen & 1u;
+  if (tid == 0) ok_s = 1u;
+  uint32_t gen;
+  if (!begin_launch(a, gen)) return;
+  const uint32_t parity = gen & 1u;
   uint4* mine = receive_of(a, a.rank, parity);
 
   if (!TwoShot) {
@@ -207,20 +241,167 @@ __global__ void __launch_bounds__(kAllReduceThreads, 1)
     }
   }
 
-  // The generation: this CTA's word, and CTA 0 the slots the grid leaves unused. Plain stores:
-  // the next launch on the stream reads them after this one has ended.
-  __syncthreads();
-  uint32_t* words = a.control[a.rank];
-  if (tid == 0) words[cta] = gen;
-  if (cta == 0)
-    for (int i = ctas + tid; i < kAllReduceMaxCtas; i += kAllReduceThreads) words[i] = gen;
+  finish_launch(a, gen);
+}
+
+// LL: line `l` of rank q's receive buffer of this launch's parity, as seen from here.
+__device__ __forceinline__ uint4* line_of(const AllReduceArgs& a, int q, uint32_t parity,
+                                          int64_t l) {
+  return receive_of(a, q, parity) + l;
+}
+
+// LL, one thread: line `p` (already read once as `v`) once it carries `gen`, polled and bounded
+// by keep_waiting (`start`: one bound for all of this thread's waits); a timeout is reported as
+// rank q's data (phase 0) or chunk sum (phase 1) of this CTA's slot not arriving. On timeout or
+// when the device has aborted, the last line read, which has not arrived (the caller checks
+// line_arrived). By value: a line passed by reference would live in local memory.
+__device__ __forceinline__ uint4 wait_line(const AllReduceArgs& a, const uint4* p, uint4 v,
+                                           uint32_t gen, uint64_t& start, int phase, int q) {
+  while (!line_arrived(v, gen)) {
+    if (!keep_waiting(a.abort, a.record, a.timeout_ns, start, kWaitAllReduce, a.rank,
+                      phase * kAllReduceMaxCtas + int(blockIdx.x), q, gen, line_observed(v, gen),
+                      20))
+      break;
+    v = ld_line(p);
+  }
+  return v;
+}
+
+// LL, one thread: the sum over ranks 0..tp-1 of line `l` (this rank's data from `own`, peer q's
+// from line `q * stride + l` of this rank's receive buffer, polled until it carries `gen`),
+// rounded, into `y`. False when a wait failed.
+template <class Element>
+__device__ inline bool sum_lines(const AllReduceArgs& a, const uint2* own, int64_t stride,
+                                 int64_t l, uint32_t parity, uint32_t gen, uint64_t& start,
+                                 uint2& y) {
+  const uint4* mine = line_of(a, a.rank, parity, l);
+  uint4 x[kMaxDevices];
+#pragma unroll
+  for (int q = 0; q < kMaxDevices; ++q)
+    if (q < a.tp && q != a.rank) x[q] = ld_line(mine + q * stride);
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int q = 0; q < kMaxDevices; ++q) {
+    if (q >= a.tp) continue;
+    if (q == a.rank) {
+      const uint2 o = own[l];
+      add_elems<Element>(acc, o);
+      continue;
+    }
+    const uint4 v = wait_line(a, mine + q * stride, x[q], gen, start, 0, q);
+    if (!line_arrived(v, gen)) return false;
+    add_elems<Element>(acc, make_uint2(v.x, v.z));
+  }
+  y = round_elems<Element, uint2>(acc);
+  return true;
+}
+
+// LL, one thread: `v` as line `l` of every peer's receive buffer of this parity.
+__device__ __forceinline__ void push_line(const AllReduceArgs& a, uint32_t parity, int64_t l,
+                                          const uint2& v, uint32_t gen) {
+  for (int i = 1; i < a.tp; ++i) st_line(line_of(a, (a.rank + i) % a.tp, parity, l), v.x, v.y, gen);
+}
+
+// LL, one thread: one_shot_ll. [parity][source][lines]: its lines of slice `cta` of src to every
+// peer at [me], then the sum of each over the ranks into out.
+template <class Element>
+__device__ inline void one_shot_lines(const AllReduceArgs& a, uint32_t gen) {
+  const uint32_t parity = gen & 1u;
+  const uint2* src = reinterpret_cast<const uint2*>(a.src);
+  uint2* out = reinterpret_cast<uint2*>(a.out);
+  const int64_t lines = 2 * a.vecs;
+  const Slice s(lines, blockIdx.x, gridDim.x);
+  for (int64_t l = s.begin + threadIdx.x; l < s.end; l += kAllReduceThreads)
+    push_line(a, parity, a.rank * lines + l, src[l], gen);
+  uint64_t start = 0;
+  for (int64_t l = s.begin + threadIdx.x; l < s.end; l += kAllReduceThreads) {
+    uint2 y;
+    if (!sum_lines<Element>(a, src, lines, l, parity, gen, start, y)) return;
+    out[l] = y;
+  }
+}
+
+// LL, one thread: two_shot_ll. [parity][area 1: source][chunk lines], then [area 2: owner][chunk
+// lines]: its lines of slice `cta` of chunk r to rank r (area 1, at [me]); the sum of each of
+// its lines of its own chunk into out and to every peer (area 2, at [me]); then the peers' sums
+// of their chunks from area 2 into out.
+template <class Element>
+__device__ inline void two_shot_lines(const AllReduceArgs& a, uint32_t gen) {
+  const uint32_t parity = gen & 1u;
+  const uint2* src = reinterpret_cast<const uint2*>(a.src);
+  uint2* out = reinterpret_cast<uint2*>(a.out);
+  const int64_t lines = 2 * a.vecs, cl = 2 * a.chunk_vecs, area2 = int64_t(a.tp) * cl;
+  auto chunk_slice = [&](int r) {
+    int64_t len = lines - r * cl;
+    len = len < 0 ? 0 : (len > cl ? cl : len);
+    return Slice(len, blockIdx.x, gridDim.x);
+  };
+  for (int i = 1; i < a.tp; ++i) {
+    const int r = (a.rank + i) % a.tp;
+    const Slice s = chunk_slice(r);
+    for (int64_t l = s.begin + threadIdx.x; l < s.end; l += kAllReduceThreads) {
+      const uint2 x = src[r * cl + l];
+      st_line(line_of(a, r, parity, a.rank * cl + l), x.x, x.y, gen);
+    }
+  }
+  uint64_t start = 0;
+  const int64_t base = a.rank * cl;
+  const Slice own = chunk_slice(a.rank);
+  bool ok = true;
+  for (int64_t l = own.begin + threadIdx.x; l < own.end; l += kAllReduceThreads) {
+    uint2 y;
+    ok = sum_lines<Element>(a, src + base, cl, l, parity, gen, start, y);
+    if (!ok) break;
+    out[base + l] = y;
+    push_line(a, parity, area2 + base + l, y, gen);
+  }
+  // The CTA waits for the chunk sums only once all of its own chunk's pieces arrived (as the
+  // flag kernel does): a timeout then names the rank whose piece is missing, not an owner that
+  // waits for it.
+  if (!__syncthreads_and(ok)) return;
+  const uint4* sums = line_of(a, a.rank, parity, area2);
+  for (int i = 1; i < a.tp; ++i) {
+    const int r = (a.rank + i) % a.tp;
+    const Slice s = chunk_slice(r);
+    for (int64_t l = s.begin + threadIdx.x; l < s.end; l += kAllReduceThreads) {
+      const uint4* p = sums + r * cl + l;
+      const uint4 v = wait_line(a, p, ld_line(p), gen, start, 1, r);
+      if (!line_arrived(v, gen)) return;
+      out[r * cl + l] = make_uint2(v.x, v.z);
+    }
+  }
 }
 
 template <class Element, bool TwoShot>
-void launch_kernel(const AllReduceArgs& a, int ctas, cudaStream_t stream) {
-  allreduce_kernel<Element, TwoShot>
-      <<<dim3(unsigned(ctas)), dim3(kAllReduceThreads), 0, stream>>>(a);
-  DISTGEMM_CUDA_CHECK(cudaGetLastError());
+__global__ void __launch_bounds__(kAllReduceThreads, 1)
+    allreduce_ll_kernel(const __grid_constant__ AllReduceArgs a) {
+  uint32_t gen;
+  if (!begin_launch(a, gen)) return;
+  if (TwoShot)
+    two_shot_lines<Element>(a, gen);
+  else
+    one_shot_lines<Element>(a, gen);
+  finish_launch(a, gen);
+}
+
+// The kernel of (element, algorithm).
+template <class Element>
+const void* kernel_of(AllReduceAlgorithm algorithm) {
+  switch (algorithm) {
+    case AllReduceAlgorithm::OneShot:
+      return reinterpret_cast<const void*>(allreduce_kernel<Element, false>);
+    case AllReduceAlgorithm::TwoShot:
+      return reinterpret_cast<const void*>(allreduce_kernel<Element, true>);
+    case AllReduceAlgorithm::OneShotLL:
+      return reinterpret_cast<const void*>(allreduce_ll_kernel<Element, false>);
+    case AllReduceAlgorithm::TwoShotLL:
+      return reinterpret_cast<const void*>(allreduce_ll_kernel<Element, true>);
+  }
+  return nullptr;
+}
+
+const void* kernel_of(DType dtype, AllReduceAlgorithm algorithm) {
+  return dtype == DType::BF16 ? kernel_of<__nv_bfloat16>(algorithm) : kernel_of<__half>(algorithm);
 }
 
 std::string aligned16(const char* name, const void* p) {
@@ -263,17 +444,15 @@ std::string allreduce_can_implement(const AllReduceDesc& d) {
 }
 
 int allreduce_resident_ctas(int device) {
-  // One occupancy for all four instantiations: the smallest (they differ only in code).
-  const void* fns[] = {reinterpret_cast<const void*>(allreduce_kernel<__nv_bfloat16, false>),
-                       reinterpret_cast<const void*>(allreduce_kernel<__nv_bfloat16, true>),
-                       reinterpret_cast<const void*>(allreduce_kernel<__half, false>),
-                       reinterpret_cast<const void*>(allreduce_kernel<__half, true>)};
+  // One occupancy for every instantiation: the smallest (they differ only in code).
   int sms = 0, resident = kAllReduceMaxCtas;
-  for (const void* fn : fns) {
-    const std::pair<int, int> occ = fused_occupancy(fn, kAllReduceThreads, 0, device);
-    sms = occ.first;
-    if (occ.second < resident) resident = occ.second;
-  }
+  for (DType dtype : {DType::BF16, DType::FP16})
+    for (int i = 0; i < kAllReduceAlgorithms; ++i) {
+      const void* fn = kernel_of(dtype, static_cast<AllReduceAlgorithm>(i));
+      const std::pair<int, int> occ = fused_occupancy(fn, kAllReduceThreads, 0, device);
+      sms = occ.first;
+      if (occ.second < resident) resident = occ.second;
+    }
   return resident < sms ? resident : sms;
 }
 
@@ -301,13 +480,9 @@ void allreduce_launch(const AllReduceDesc& d, int device, cudaStream_t stream) {
   a.timeout_ns = d.timeout_ns;
   a.tp = d.tp;
   a.rank = d.rank;
-  const bool two = d.algorithm == AllReduceAlgorithm::TwoShot;
-  if (d.dtype == DType::BF16)
-    two ? launch_kernel<__nv_bfloat16, true>(a, d.ctas, stream)
-        : launch_kernel<__nv_bfloat16, false>(a, d.ctas, stream);
-  else
-    two ? launch_kernel<__half, true>(a, d.ctas, stream)
-        : launch_kernel<__half, false>(a, d.ctas, stream);
+  void* args[] = {&a};
+  DISTGEMM_CUDA_CHECK(cudaLaunchKernel(kernel_of(d.dtype, d.algorithm), dim3(unsigned(d.ctas)),
+                                       dim3(kAllReduceThreads), args, 0, stream));
 }
 
 }  // namespace distgemm::kernel

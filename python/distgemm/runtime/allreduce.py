@@ -1,4 +1,5 @@
-"""distgemm's own one-shot and two-shot all-reduce of a bf16/fp16 tensor over symmetric buffers.
+"""distgemm's own one-shot and two-shot all-reduce of a bf16/fp16 tensor over symmetric buffers,
+each signalled by a flag or as LL lines (``one_shot_ll``, ``two_shot_ll``).
 
 ``run_all_reduce(comm, tensor, algorithm, capturing, out=None)`` sums ``tensor`` over the ranks
 of ``comm`` on the current stream with distgemm's kernel (kernel/allreduce.hpp: the protocol, the
@@ -11,7 +12,10 @@ Its memory (``AllReduceResources``, an attachment of the communicator):
   allocated zeroed at the first call, which every rank makes at the same point: collective;
 - a receive region (``_core.allreduce_receive_bytes``: both parities), a ``WorkspacePool`` of its
   own grown collectively to the largest call (plus the pool's headroom); the parities are its two
-  halves (``parity_bytes``), so calls of every size share it.
+  halves (``parity_bytes``), so calls of every size share it. The flag algorithms share one pool
+  and the LL ones (``_core.ALLREDUCE_LINE_ALGORITHMS``) another: a line has arrived when it
+  carries the launch's generation, so nothing but lines (or the allocation's zeros) may ever be
+  in an LL region (kernel/allreduce.hpp's parity argument).
 Neither is shared with the fused path or the workspace. Both are kept until ``close()``; a
 region a captured graph uses is pinned (kept past a growth until ``close()``).
 
@@ -51,8 +55,8 @@ def allreduce_layout(algorithm: str, numel: int, itemsize: int, tp: int) -> dict
 
 class AllReduceResources(KernelResources):
     """The all-reduce's per-communicator state (a ``Communicator`` attachment): the control
-    region, the receive region's pool, the agreed resident CTA count and this rank's launcher
-    (``KernelResources``)."""
+    region, the receive regions' pools (flag and LL algorithms apart), the agreed resident CTA
+    count and this rank's launcher (``KernelResources``)."""
 
     ATTACHMENT = ATTACHMENT
     CONTROL_BYTES = "ALLREDUCE_CONTROL_BYTES"
@@ -63,6 +67,7 @@ class AllReduceResources(KernelResources):
         self._resident: int | None = None
         # Nothing to re-point at a growth: every call places its layout afresh.
         self.receive: WorkspacePool = comm.new_pool(lambda ws: None, control=0)
+        self.receive_lines: WorkspacePool = comm.new_pool(lambda ws: None, control=0)
 
     @property
     def resident_ctas(self) -> int:
@@ -74,9 +79,11 @@ class AllReduceResources(KernelResources):
         return self._resident
 
     def receive_for(self, algorithm: str, numel: int, itemsize: int) -> tuple[Workspace, int]:
-        """The receive region for a call (grown first when it does not fit: collective) and the
-        bytes between its two parities (half the region, a multiple of 16)."""
-        ws, _ = self.receive.place(allreduce_layout(algorithm, numel, itemsize, self.comm.tp))
+        """The receive region for a call (its algorithm's pool's, grown first when it does not
+        fit: collective) and the bytes between its two parities (half the region, a multiple of
+        16)."""
+        pool = self.receive_lines if algorithm in _core.ALLREDUCE_LINE_ALGORITHMS else self.receive
+        ws, _ = pool.place(allreduce_layout(algorithm, numel, itemsize, self.comm.tp))
         return ws, ws.slot_capacity // 2 // _VECTOR_BYTES * _VECTOR_BYTES
 
     # -- Attachment ------------------------------------------------------------------------
@@ -86,11 +93,13 @@ class AllReduceResources(KernelResources):
     def memory_stats(self) -> dict[str, int]:
         return {
             "allreduce_control_bytes": self._control.nbytes if self._control is not None else 0,
-            "allreduce_receive_bytes": sum(w.nbytes for w in self.receive.live),
+            "allreduce_receive_bytes": sum(
+                w.nbytes for pool in (self.receive, self.receive_lines) for w in pool.live
+            ),
         }
 
     def close(self) -> list[Workspace]:
-        held = self.receive.close()
+        held = self.receive.close() + self.receive_lines.close()
         if self._control is not None:
             held.append(self._control)
         self._control, self._launcher = None, None
@@ -120,7 +129,8 @@ def run_all_reduce(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``out = sum over ranks of tensor`` (in place when ``out`` is None or ``tensor``) with
-    distgemm's ``algorithm`` ("one_shot" or "two_shot", ``_core.ALLREDUCE_ALGORITHMS``), on the
+    distgemm's ``algorithm`` (``_core.ALLREDUCE_ALGORITHMS``: "one_shot", "two_shot",
+    "one_shot_ll", "two_shot_ll"), on the
     current stream (recorded into its capture when ``capturing``); returns the result.
 
     tensor: contiguous bf16/fp16 on the communicator's device, numel a multiple of 8, 16-byte

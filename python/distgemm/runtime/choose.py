@@ -36,10 +36,10 @@ def choose_path(
     the collective path (None: it can); ``mc``: the machine's constants (``runtime.machine``;
     None: no calibration, the model keeps the collective path with NCCL). The report:
     ``source`` ("requested", "table", "model"), ``tile_n`` (0: per GEMM), ``all_reduce`` (the
-    collective path's all-reduce of a gemm_all_reduce: "nccl", "one_shot", "two_shot") and, for
-    "auto", the predictions in ms (``overlap_ms`` / ``collective_ms``: the table's measured ms or
-    the model's; at decode token counts one ``<candidate>_ms`` each), ``why`` in words and,
-    where the collective path was chosen but cannot run, ``collective_unavailable``."""
+    collective path's all-reduce of a gemm_all_reduce: "nccl" or one of ``OWN_ALL_REDUCES``)
+    and, for "auto", the predictions in ms (``overlap_ms`` / ``collective_ms``: the table's
+    measured ms or the model's; at decode token counts one ``<candidate>_ms`` each), ``why`` in
+    words and, where the collective path was chosen but cannot run, ``collective_unavailable``."""
     info: dict[str, Any] = {"source": "requested", "tile_n": spec.tile_n}
     if requested == "fused":
         problem = fused_problem(spec, dtype)

@@ -3,33 +3,53 @@
 // the control region's layout, the grid and the argument check. No CUDA in this header, so the
 // bindings and the CPU tests use it without a GPU.
 //
-// Both algorithms push: a rank writes its data plainly (16-byte stores) into the peers' receive
-// buffers, then one thread per CTA fences (fence.acq_rel.sys) and sets the CTA's flag on each
-// destination to the launch generation; the reader waits on its own copy of the flag (bounded,
-// wrap-safe) and reads what arrived from its own memory. Every rank sums in float32 over ranks
-// 0..tp-1 in that order, so every rank gets the same bits.
-//  - one_shot: CTA c owns slice c of the vector; it pushes its slice to every peer, then sums
-//    slice c over every rank's copy (own from src) into out. (tp - 1) x the vector leaves each
-//    rank; one step of latency.
-//  - two_shot: the vector is cut into tp chunks (rank r owns chunk r; allreduce_chunk_elems);
-//    CTA c owns slice c of every chunk. It pushes its slice of chunk r to rank r (area 1), sums
-//    its slice of its own chunk over the ranks into out and pushes that sum to every peer
-//    (area 2), then copies the peers' sums of their chunks from area 2 into out. 2 (tp - 1) / tp
-//    x the vector leaves each rank; two steps of latency.
+// Two ways to tell that pushed data has arrived:
+//  - flag (one_shot, two_shot): a rank writes its data plainly (16-byte stores) into the peers'
+//    receive buffers, then one thread per CTA fences (fence.acq_rel.sys) and sets the CTA's flag
+//    on each destination to the launch generation; the reader waits on its own copy of the flag
+//    (bounded, wrap-safe) and reads what arrived from its own memory.
+//  - LL lines (one_shot_ll, two_shot_ll): a rank writes its data as 16-byte lines {data0, gen,
+//    data1, gen} (8 bytes of data per line; kernel/ll_line.cuh), each thread its own lines, and
+//    the reader polls each line in its own receive buffer until both generation words equal this
+//    launch's generation (each 8-byte half lands whole: NCCL's LL protocol). No fence, no flag,
+//    no CTA barrier before a push (two_shot_ll has one before it polls the chunk sums, so that a
+//    timeout names the rank that did not push): the fixed cost of a phase is one NVLink store's
+//    latency, at twice the bytes.
+// Every rank sums in float32 over ranks 0..tp-1 in that order, so every rank gets the same bits.
+//  - one_shot(_ll): CTA c owns slice c of the vector; it pushes its slice to every peer, then
+//    sums slice c over every rank's copy (own from src) into out. (tp - 1) x the vector leaves
+//    each rank (x 2 as lines); one step of latency.
+//  - two_shot(_ll): the vector is cut into tp chunks (rank r owns chunk r;
+//    allreduce_chunk_elems); CTA c owns slice c of every chunk. It pushes its slice of chunk r to
+//    rank r (area 1), sums its slice of its own chunk over the ranks into out and pushes that sum
+//    to every peer (area 2), then copies the peers' sums of their chunks from area 2 into out.
+//    2 (tp - 1) / tp x the vector leaves each rank (x 2 as lines); two steps of latency.
 //
 // Launch generations: one word per CTA slot at the start of this all-reduce's own control region
 // (the fused kernels' scheme, fused_allreduce.hpp): a CTA reads its word + 1 at entry and writes
 // it back at the end, and CTA 0 also advances the slots its grid leaves unused, so that every word
-// holds the same generation between launches, whatever the grid. Nothing is reset between
-// launches: flags carry the generation and waits compare with `reached`.
+// holds the same generation between launches, whatever the grid and the algorithm (the four
+// share the words: a launch of any of them advances them by one). Generations start at 1 (the
+// words are zeroed at allocation). Nothing is reset between launches: flags carry the
+// generation and waits compare with `reached`; lines carry it and waits compare with ==.
 //
 // Parity: the receive buffers alternate between two halves by generation parity (gen & 1),
-// parity_bytes apart. A rank finishes launch g only after every peer's same-slot pushes of
-// launch g arrived, and a peer starts launch g + 1 only after its whole launch g (stream order):
-// so a peer is at most one launch ahead, and its pushes of launch g + 1 land in the half that
-// this rank no longer reads (launch g - 1's, finished before this rank pushed anything of launch
-// g that the peer waited for). This holds whatever the sizes of consecutive launches, since each
-// launch's buffers lie within one half.
+// parity_bytes apart. A rank finishes launch g only after every peer has started launch g: with
+// flags it waits for every peer's same-slot flag; one_shot_ll reads the whole vector from every
+// peer; in two_shot_ll chunk 0 is never empty (numel >= 8), so some CTA of every rank waits for
+// owner 0's sums of launch g, which owner 0 pushes only after the pieces of every rank's launch
+// g arrived. A peer starts launch g + 1 only after its whole launch g (stream order): so a peer
+// is at most one launch ahead, and its pushes of launch g + 1 land in the half that this rank no
+// longer reads (launch g - 1's, finished before this rank pushed anything of launch g). This
+// holds whatever the sizes and algorithms of consecutive launches, since each launch's buffers
+// lie within one half.
+// LL lines of the previous use of a half are told apart by their generation: a line of the half
+// that launch g reads, not yet written by launch g, was written by an earlier launch of the same
+// parity, so it carries g - 2, g - 4, ... (or 0: never written since the zeroed allocation), never
+// g (the 32-bit generation repeats only after 2^32 launches, as the fused decode kernel's).
+// Lines are told apart by generation alone, so the LL algorithms get receive buffers of their
+// own (runtime/allreduce.py) in which nothing but lines is ever written: a flag algorithm's data
+// in the same bytes could hold any value, this launch's generation included.
 #pragma once
 
 #include <cstdint>
@@ -40,15 +60,29 @@
 
 namespace distgemm::kernel {
 
-enum class AllReduceAlgorithm { OneShot = 0, TwoShot = 1 };
+enum class AllReduceAlgorithm { OneShot = 0, TwoShot = 1, OneShotLL = 2, TwoShotLL = 3 };
 
-inline constexpr const char* kAllReduceAlgorithmNames[] = {"one_shot", "two_shot"};
+inline constexpr int kAllReduceAlgorithms = 4;
+inline constexpr const char* kAllReduceAlgorithmNames[kAllReduceAlgorithms] = {
+    "one_shot", "two_shot", "one_shot_ll", "two_shot_ll"};
 
-// Threads per CTA: each moves 16-byte vectors (8 elements).
+inline constexpr bool allreduce_two_shot(AllReduceAlgorithm a) {
+  return a == AllReduceAlgorithm::TwoShot || a == AllReduceAlgorithm::TwoShotLL;
+}
+// Whether `a` pushes LL lines (16 bytes carry 8 bytes of data) rather than data and a flag.
+inline constexpr bool allreduce_lines(AllReduceAlgorithm a) {
+  return a == AllReduceAlgorithm::OneShotLL || a == AllReduceAlgorithm::TwoShotLL;
+}
+
+// Threads per CTA: each moves 16-byte vectors (8 elements), or with LL 16-byte lines (4 elements).
 inline constexpr int kAllReduceThreads = 512;
 inline constexpr int kAllReduceVecElems = 8;
-// Bytes of a CTA's slice before the grid takes one more CTA: one_shot's slice of the vector,
-// two_shot's slice of a chunk (one 16-byte vector per thread).
+// An LL line's bytes, and the bytes of data it carries.
+inline constexpr int kAllReduceLineBytes = 16;
+inline constexpr int kAllReduceLineDataBytes = 8;
+// Bytes a CTA pushes to one peer before the grid takes one more CTA: one_shot's slice of the
+// vector, two_shot's slice of a chunk, as data (one 16-byte vector per thread) or as LL lines
+// (one line per thread: half the data).
 inline constexpr int64_t kAllReduceCtaBytes = int64_t(kAllReduceThreads) * 16;
 // CTA slots of the control region: generation words and flags per source and phase.
 inline constexpr int kAllReduceMaxCtas = 256;
@@ -67,7 +101,7 @@ inline constexpr int64_t allreduce_flag_word(int phase, int source, int slot) {
 
 // False for an unknown name.
 inline bool parse_allreduce_algorithm(const std::string& name, AllReduceAlgorithm& out) {
-  for (int i = 0; i < 2; ++i)
+  for (int i = 0; i < kAllReduceAlgorithms; ++i)
     if (name == kAllReduceAlgorithmNames[i]) {
       out = static_cast<AllReduceAlgorithm>(i);
       return true;
@@ -82,12 +116,21 @@ inline int64_t allreduce_chunk_elems(int64_t numel, int tp) {
   return (numel + per - 1) / per * kAllReduceVecElems;
 }
 
+// "" for an algorithm's name, else the reason.
+inline std::string allreduce_algorithm_problem(const std::string& algorithm) {
+  AllReduceAlgorithm a;
+  if (parse_allreduce_algorithm(algorithm, a)) return "";
+  std::string known;
+  for (const char* name : kAllReduceAlgorithmNames)
+    known += (known.empty() ? "" : ", ") + std::string(name);
+  return "algorithm '" + algorithm + "' is not one of " + known;
+}
+
 // "" when the all-reduce runs these arguments, else the reason with the values.
 inline std::string allreduce_problem(const std::string& algorithm, int64_t numel, int element_bytes,
                                      int tp) {
-  AllReduceAlgorithm a;
-  if (!parse_allreduce_algorithm(algorithm, a))
-    return "algorithm '" + algorithm + "' is not one_shot or two_shot";
+  const std::string unknown = allreduce_algorithm_problem(algorithm);
+  if (!unknown.empty()) return unknown;
   if (element_bytes != 2)
     return "element_bytes=" + std::to_string(element_bytes) + " is not 2 (bf16 or fp16)";
   if (tp < 1 || tp > kMaxDevices)
@@ -100,28 +143,34 @@ inline std::string allreduce_problem(const std::string& algorithm, int64_t numel
 
 // Bytes of one rank's receive buffers, both parities: one_shot [parity][source tp][numel];
 // two_shot [parity][area 2][tp][chunk] (area 1: the sources' pieces of this rank's chunk, area 2:
-// the owners' sums of their chunks). Call after allreduce_problem passed.
+// the owners' sums of their chunks); the LL algorithms the same as lines, twice the bytes. Call
+// after allreduce_problem passed.
 inline int64_t allreduce_receive_bytes(const std::string& algorithm, int64_t numel,
                                        int element_bytes, int tp) {
   AllReduceAlgorithm a = AllReduceAlgorithm::OneShot;
   parse_allreduce_algorithm(algorithm, a);
+  const int64_t data = allreduce_two_shot(a)
+                           ? 2 * int64_t(tp) * allreduce_chunk_elems(numel, tp) * element_bytes
+                           : int64_t(tp) * numel * element_bytes;
   const int64_t per_parity =
-      a == AllReduceAlgorithm::OneShot
-          ? int64_t(tp) * numel * element_bytes
-          : 2 * int64_t(tp) * allreduce_chunk_elems(numel, tp) * element_bytes;
+      allreduce_lines(a) ? data / kAllReduceLineDataBytes * kAllReduceLineBytes : data;
   return 2 * per_parity;
 }
 
-// The grid: one CTA per kAllReduceCtaBytes of a CTA's slice (one_shot: of the vector; two_shot:
-// of a chunk), at least 1, at most `resident_ctas` (a CTA waits for the peers' CTAs of its index,
-// so every CTA must be resident at once) and the kAllReduceMaxCtas slots. Every rank must use the
-// same grid for the same numel (the caller passes the smallest resident count of the ranks).
+// The grid: one CTA per kAllReduceCtaBytes that a CTA pushes to one peer, of its slice (one_shot:
+// of the vector; two_shot: of a chunk) as data, or with LL as lines (twice the data: one line per
+// thread, so that a small vector is polled by as many threads as it has lines), at least 1, at
+// most `resident_ctas` (a CTA waits for the peers' CTAs of its index, so every CTA must be
+// resident at once) and the kAllReduceMaxCtas slots. Every rank must use the same grid for the
+// same numel (the caller passes the smallest resident count of the ranks).
 inline int allreduce_ctas(const std::string& algorithm, int64_t numel, int element_bytes, int tp,
                           int resident_ctas) {
   AllReduceAlgorithm a = AllReduceAlgorithm::OneShot;
   parse_allreduce_algorithm(algorithm, a);
-  const int64_t elems = a == AllReduceAlgorithm::OneShot ? numel : allreduce_chunk_elems(numel, tp);
-  int64_t ctas = (elems * element_bytes + kAllReduceCtaBytes - 1) / kAllReduceCtaBytes;
+  const int64_t elems = allreduce_two_shot(a) ? allreduce_chunk_elems(numel, tp) : numel;
+  int64_t bytes = elems * element_bytes;
+  if (allreduce_lines(a)) bytes = bytes / kAllReduceLineDataBytes * kAllReduceLineBytes;
+  int64_t ctas = (bytes + kAllReduceCtaBytes - 1) / kAllReduceCtaBytes;
   if (ctas > resident_ctas) ctas = resident_ctas;
   if (ctas > kAllReduceMaxCtas) ctas = kAllReduceMaxCtas;
   return ctas < 1 ? 1 : static_cast<int>(ctas);

@@ -60,6 +60,7 @@
 
 #include "distgemm/device/check.hpp"
 #include "distgemm/kernel/fused_tail.cuh"
+#include "distgemm/kernel/ll_line.cuh"  // st_line, ld_line, line_arrived
 
 namespace distgemm::kernel::decode {
 
@@ -171,28 +172,6 @@ __device__ __forceinline__ uint4 lds_v4(const void* p) {
   return v;
 }
 
-// A line of the receive buffer: two 32-bit words of data, each beside the generation. One
-// 16-byte volatile store; each 8-byte half is written whole, so a reader that sees the
-// generation in a half also sees that half's data (NCCL's LL protocol).
-__device__ __forceinline__ void st_line(void* p, uint32_t d0, uint32_t d1, uint32_t gen) {
-  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(d0), "r"(gen),
-               "r"(d1), "r"(gen)
-               : "memory");
-}
-
-__device__ __forceinline__ uint4 ld_line(const void* p) {
-  uint4 v;
-  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p)
-               : "memory");
-  return v;
-}
-
-__device__ __forceinline__ bool line_arrived(const uint4& v, uint32_t gen) {
-  return v.y == gen && v.w == gen;
-}
-
 // Line `line` of source (rank q, piece sp) at `parity` in a receive buffer: each parity (at
 // parity x parity_bytes) holds [source rank][piece][m][n / kFusedLineElements] lines, t.splits
 // pieces per rank (the most of any tile).
@@ -209,7 +188,7 @@ __device__ inline bool wait_line(const FusedTail& t, const void* p, uint4& v, ui
                                  uint64_t& start, int tile, int q) {
   while (!line_arrived(v, gen)) {
     if (!keep_waiting(t.abort, t.record, t.timeout_ns, start, kWaitFusedTile, t.rank, tile, q, gen,
-                      v.y == gen ? v.w : v.y, 20))
+                      line_observed(v, gen), 20))
       return false;
     v = ld_line(p);
   }

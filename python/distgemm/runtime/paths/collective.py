@@ -1,5 +1,5 @@
 """The collective path: the group's NCCL collective (or, for an all-reduce, our one-shot or
-two-shot kernel: ``runtime/allreduce.py``) and one torch GEMM, the baseline to beat.
+two-shot kernel, flag or LL: ``runtime/allreduce.py``) and one torch GEMM, the baseline to beat.
 
 On the current stream, capturable (no synchronisation, and inside a capture its buffers come from
 the caller's graph pool). Its scratch buffers (the gathered operand, the partial product) are
