@@ -83,6 +83,16 @@ def test_best_unfused_and_the_ratios_against_it():
     assert rep.best(none) == (None, None) and rep.derived(none)["vs_best"] is None
 
 
+def test_forced_all_reduce_variants_are_every_algorithm_of_ours():
+    """--own-all-reduce times each of our all-reduce algorithms once, and each has its column."""
+    from distgemm import _core
+
+    assert sorted(rep.OWN_ALL_REDUCE.values()) == sorted(_core.ALLREDUCE_ALGORITHMS)
+    for variant, algorithm in rep.OWN_ALL_REDUCE.items():
+        assert variant == f"dg_{algorithm}"
+        assert variant in rep.VARIANTS and variant in rep.HEADERS and variant in rep.DESCRIPTION
+
+
 def test_suspect_and_wrong():
     assert rep.suspect(_case(distgemm=18.8)) == []
     rec = _case(distgemm=18.7)

@@ -25,11 +25,14 @@ from benchmarks.decode import cases
 CALLS_PER_GRAPH = 20
 VARIANTS = (
     "mm", "nccl", "one_shot", "two_shot", "nccl_symm", "distgemm", "distgemm_fused",
-    "dg_one_shot", "dg_two_shot",
+    "dg_one_shot", "dg_two_shot", "dg_one_shot_ll", "dg_two_shot_ll",
 )  # fmt: skip
 # torch.mm + our all-reduce forced (decode_layers --own-all-reduce): what the model chooses
 # among, timed so that a run validates its choice (benchmarks/decode/fit_reduce.py).
-OWN_ALL_REDUCE = {"dg_one_shot": "one_shot", "dg_two_shot": "two_shot"}
+OWN_ALL_REDUCE = {
+    "dg_one_shot": "one_shot", "dg_two_shot": "two_shot",
+    "dg_one_shot_ll": "one_shot_ll", "dg_two_shot_ll": "two_shot_ll",
+}  # fmt: skip
 UNFUSED = ("nccl", "one_shot", "two_shot", "nccl_symm")  # best unfused: the fastest of these
 FUSED = ("distgemm", "distgemm_fused")
 REFERENCE = "nccl"
@@ -44,6 +47,8 @@ DESCRIPTION = {
     "distgemm_fused": 'distgemm.gemm_all_reduce(path="fused"): GEMM + all-reduce in one kernel',
     "dg_one_shot": "torch.mm + distgemm's own one-shot all-reduce (runtime/allreduce.py), forced",
     "dg_two_shot": "torch.mm + distgemm's own two-shot all-reduce (runtime/allreduce.py), forced",
+    "dg_one_shot_ll": "torch.mm + distgemm's own one-shot all-reduce with LL lines, forced",
+    "dg_two_shot_ll": "torch.mm + distgemm's own two-shot all-reduce with LL lines, forced",
 }
 HEADERS = {
     "mm": "mm",
@@ -55,6 +60,8 @@ HEADERS = {
     "distgemm_fused": "distgemm fused",
     "dg_one_shot": "mm+dg one_shot",
     "dg_two_shot": "mm+dg two_shot",
+    "dg_one_shot_ll": "mm+dg one_shot_ll",
+    "dg_two_shot_ll": "mm+dg two_shot_ll",
 }
 ERR_TOL = 2e-2  # relative Frobenius error against mm + NCCL, bf16
 SUSPECT_SLACK = 0.01  # a time more than 1% below mm alone is a measurement error
