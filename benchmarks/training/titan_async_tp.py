@@ -81,6 +81,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="init and data seed")
     p.add_argument("--lr", type=float, default=8e-4, help="AdamW's constant learning rate")
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="parameter dtype")
+    p.add_argument(
+        "--automatic-dynamic",
+        choices=("on", "off"),
+        default="off",
+        help="dynamo's automatic dynamic shapes (default off: the client trains at one shape, so "
+        "a recompile stays static; DTensor's sharding propagation on torch 2.11 fails on the "
+        "symbolic sizes that a dynamic recompile brings)",
+    )
     p.add_argument("--out", required=True, help="JSON file rank 0 writes")
     p.add_argument(
         "--cpu-smoke",
@@ -246,9 +254,11 @@ def build_model(torch, titan, args, jc, parallel_dims, device):
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
     import torch
+    import torch._dynamo
     import torch.distributed as dist
 
     titan = import_titan()
+    torch._dynamo.config.automatic_dynamic_shapes = args.automatic_dynamic == "on"
     if args.switch == "on":
         from distgemm.compat import async_tp
 
@@ -338,7 +348,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             async_tp=jc.parallelism.enable_async_tensor_parallel,
             compile=jc.compile.enable,
             symm_mem_enabled_for_tp_group=symm_mem,
+            automatic_dynamic=args.automatic_dynamic,
         ),
+        dynamo_stats=dict(torch._dynamo.utils.counters["stats"]),
         tokens_per_step=tokens,
         tokens_per_s=tokens * len(timed) / sum(timed),
         step_ms=[round(s * 1e3, 3) for s in step_s],
