@@ -172,6 +172,38 @@ def test_fused_matmul_reduce_scatter(compat_results, scatter_dim, dtype_name, re
     assert not failures, failures
 
 
+# A batch of one split along dim 1 (sequence parallelism's [1, seq, dim], torchtitan's layout):
+# the results keep the strides of torch's Meta kernels, the size-1 batch dim's included, which
+# inductor takes the real outputs to have.
+BATCH1_SIZES = (1, 48)  # BATCH, M
+BATCH1_GATHER = [(1, "bfloat16", True)]
+BATCH1_SCATTER = [(1, "bfloat16", "sum"), (1, "float32", "avg")]
+
+
+def batch1_worker(rank, tp):
+    return compat_worker(rank, tp, "cpu", BATCH1_GATHER, BATCH1_SCATTER, BATCH1_SIZES)
+
+
+@pytest.mark.parametrize("tp", (2, 4))
+def test_batch_of_one_along_dim_1_keeps_torchs_strides(tmp_path, tp):
+    results = run_ranks(batch1_worker, tmp_path, tp=tp)
+    keys = [("gather", *c) for c in BATCH1_GATHER] + [("scatter", *c) for c in BATCH1_SCATTER]
+    failures = [] if len(results) == tp else [f"{len(results)} ranks, not {tp}"]
+    failures += [f for key in keys for f in case_failures(results, key, False, BATCH1_SIZES)]
+    assert not failures, failures
+
+
+def test_row_major_strides():
+    t = torch.arange(6.0).view(3, 1, 2).movedim(0, 1)  # [1, 3, 2], contiguous, strides (2, 2, 1)
+    assert t.is_contiguous() and t.stride() == (2, 2, 1)
+    r = symm_mem.row_major(t)
+    assert r.stride() == (6, 2, 1) and torch.equal(r, t) and r.data_ptr() == t.data_ptr()
+    u = torch.arange(6.0).view(2, 3).t()  # not contiguous: copied
+    assert symm_mem.row_major(u).stride() == (2, 1) and torch.equal(symm_mem.row_major(u), u)
+    e = torch.empty(0, 1, 4)
+    assert symm_mem.row_major(e).shape == (0, 1, 4)
+
+
 # Every TP of CPU_TPS: a gather and a scatter along each leading dim (fp32, bf16), on leading
 # sizes that split over each TP; and the ValueError of a scatter dim that does not.
 EVERY_TP_SIZES = (24, 48)  # BATCH, M

@@ -39,6 +39,20 @@ ALIGN_ELEMENTS = 8  # distgemm's contiguous GEMM extents are multiples of 8 elem
 FP8_ALIGN_ELEMENTS = 16  # and of 16 for fp8 (16 bytes either way)
 
 
+def row_major(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with row-major strides, those of a size-1 dim included: the strides torch's Meta
+    kernels of the reduce-scatter ops give, which inductor takes the real output to have. A
+    contiguous tensor can differ there (``movedim`` of a batch of 1), and a compiled region whose
+    output keeps such strides hands the next region an input whose strides differ from the first
+    call's: a recompile that makes them symbolic (dynamo's automatic dynamic shapes)."""
+    t = t.contiguous()
+    expected, step = [], 1
+    for size in reversed(t.shape):
+        expected.append(step)
+        step *= size
+    return t if t.stride() == tuple(reversed(expected)) else t.view(-1).view(t.shape)
+
+
 def _weight(B: torch.Tensor) -> torch.Tensor:
     """torch's ``B [K, N]`` as distgemm's weight ``[N, K]``: the ``.t()`` view of a contiguous B
     (read in place, N-contiguous), else a contiguous copy."""
@@ -236,7 +250,7 @@ def fused_matmul_reduce_scatter(
         a_rows = A.movedim(scatter_dim, 0).contiguous()
         out = ops.gemm_reduce_scatter(a_rows.view(rows, A.shape[-1]), w, group=group)
         out = out.view(a_rows.shape[0] // tp, *a_rows.shape[1:-1], out.shape[-1])
-        out = out.movedim(0, scatter_dim).contiguous()
+        out = row_major(out.movedim(0, scatter_dim))
     return out.div_(tp) if reduce_op == "avg" else out
 
 
@@ -274,5 +288,5 @@ def _matmul_reduce_scatter_collective(A, B, reduce_op, scatter_dim, group):
     partial = torch.matmul(A, B).movedim(scatter_dim, 0).contiguous()
     out = partial.new_empty((partial.shape[0] // tp, *partial.shape[1:]))
     reduce_scatter_into(out, partial, group=group)
-    out = out.movedim(0, scatter_dim).contiguous()
+    out = row_major(out.movedim(0, scatter_dim))
     return out.div_(tp) if reduce_op == "avg" else out

@@ -55,7 +55,7 @@ from .fp8_arguments import (
     validate_all_gather,
     validate_reduce_scatter,
 )
-from .symm_mem import fallback_reason
+from .symm_mem import fallback_reason, row_major
 
 __all__ = [
     "fused_all_gather_scaled_matmul",
@@ -363,7 +363,7 @@ def fused_scaled_matmul_reduce_scatter(
             a_rows.view(-1, k), fp8_weight([B]), scale_a=scale_a, group=group, **fp8
         )
         out = out.view(a_rows.shape[0] // tp, *a_rows.shape[1:-1], n)
-        out = out.movedim(0, dim).contiguous()
+        out = row_major(out.movedim(0, dim))
     return out.div_(tp) if reduce_op == "avg" else out
 
 
@@ -394,5 +394,5 @@ def _reduce_scatter_collective(
     partial = product.view(*shape[:-1], B.shape[1]).movedim(dim, 0).contiguous()
     out = partial.new_empty((partial.shape[0] // tp, *partial.shape[1:]))
     reduce_scatter_into(out, partial, group=group)
-    out = out.movedim(0, dim).contiguous()
+    out = row_major(out.movedim(0, dim))
     return out.div_(tp) if reduce_op == "avg" else out
