@@ -52,8 +52,10 @@ PATH_SHAPES = [
     (12288, 12288, 12288),
 ]
 # gemm_all_reduce at decode token counts: this rank's (n, k), each at every token count of
-# REDUCE_TOKENS (the weight from 17 to 173 MB, the all-reduce from 11 KB to 8.6 MB).
-REDUCE_SHAPES = [(5632, 1536), (10240, 3584), (16896, 5120)]
+# REDUCE_TOKENS (the weight from 17 to 503 MB, the all-reduce from 11 KB to 8.6 MB). The weights
+# reach into those of the layers the model prices (a 405B FC2 holds 872 MB per rank at TP=2), so
+# that the fused kernel's cost per weight byte is measured there rather than extrapolated.
+REDUCE_SHAPES = [(5632, 1536), (10240, 3584), (16896, 5120), (12288, 20480)]
 REDUCE_TOKENS = (1, 4, 16, 32, 64, 128, 256)
 GRAPH_CALLS = 20  # calls per CUDA graph of a decode run
 WAIT_S = 60.0  # the longest wait for this rank's GPU work (one run is at most a few seconds)
