@@ -33,6 +33,7 @@ def main() -> None:
     from distgemm.runtime.communicator import Communicator
 
     comm = Communicator()
+    device = torch.cuda.get_device_name(ctx.dev)
     rows = []
     for kb in SIZES_KB:
         numel = kb * 1024 // 2
@@ -69,22 +70,23 @@ def main() -> None:
         row["best_ours"] = best
         row["speedup_vs_nccl"] = row["nccl_us"] / row[f"{best}_us"]
         rows.append(row)
-        if ctx.rank == 0:
+        if ctx.rank == 0:  # written after every size: a run stopped by its time limit keeps them
+            with open(args.out, "w") as f:
+                json.dump(
+                    {"tp": ctx.tp, "device": device, "calls_per_graph": CALLS, "rows": rows}, f
+                )
             times = "  ".join(f"{a} {row[f'{a}_us']:8.2f} us" for a in (*OURS, "nccl"))
             print(
                 f"{kb:>6} KB  {times}  best {best} x{row['speedup_vs_nccl']:.2f}  err {errs}",
                 flush=True,
             )
     if ctx.rank == 0:
-        name = torch.cuda.get_device_name(ctx.dev)
-        print(f"\nTP={ctx.tp} on {name}, us per call, graph of {CALLS} calls, median")
+        print(f"\nTP={ctx.tp} on {device}, us per call, graph of {CALLS} calls, median")
         names = (*OURS, "nccl")
         print(f"{'size':>8} " + " ".join(f"{a:>11}" for a in names) + f" {'best/nccl':>10}")
         for r in rows:
             times = " ".join(f"{r[f'{a}_us']:>11.2f}" for a in names)
             print(f"{r['kb']:>5} KB {times} {r['speedup_vs_nccl']:>9.2f}x")
-        with open(args.out, "w") as f:
-            json.dump({"tp": ctx.tp, "device": name, "calls_per_graph": CALLS, "rows": rows}, f)
     comm.close()
     ctx.close()
 
