@@ -84,9 +84,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         default=3e-5,
         help="AdamW's constant learning rate (default 3e-5: small steps keep the loss curve "
-        "smooth, so that two runs differing in bf16 rounding stay comparable over 50 steps; at "
-        "8e-4 the model memorised the cycled sequences within one pass and the loss then jumped "
-        "chaotically, which amplified rounding differences of 1e-4 into 40%)",
+        "smooth, so that two runs differing only in bf16 rounding stay comparable over the steps; "
+        "benchmarks/training/TITAN.md)",
     )
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="parameter dtype")
     p.add_argument(
