@@ -54,6 +54,10 @@ SMOKE_DIMS = {"O": (64, 128), "FC2": (64, 256)}  # (N, K) of --cpu-smoke's layer
 SMOKE_TOKENS = (1, 2, 3, 8)
 PLAN_TOL = 1e-9  # the reference executor against float64: rounding of float64 sums only
 SEED = 4321
+# The weights one graph cycles through span at least this many L2 caches, so that every call
+# streams its weight from HBM, as a server's layers (each its own weight) do; one weight replayed
+# 20 times stays in L2 where it fits (a 70B O shard at TP=4 does) and times below HBM's floor.
+COLD_L2_SPAN = 2
 
 
 @dataclass
@@ -103,13 +107,33 @@ def make_baselines(ctx, numel: int, group_name: str, own_all_reduce: bool = Fals
 @dataclass
 class LayerOperands:
     """One rank's shard of a layer at up to ``max_tokens``: ``a`` ``[max_tokens, K/TP]``,
-    ``w`` ``[N, K/TP]`` and ``wt`` its transposed view, one output buffer per variant (the
-    in-place baselines': a view of their symmetric buffer)."""
+    ``weights``: copies of ``w`` ``[N, K/TP]`` (weight_copies of them; a graph's calls cycle
+    through them), one output buffer per variant (the in-place baselines': a view of their
+    symmetric buffer)."""
 
     a: torch.Tensor
-    w: torch.Tensor
-    wt: torch.Tensor
+    weights: list[torch.Tensor]
     outs: dict[str, torch.Tensor]
+
+    @property
+    def w(self) -> torch.Tensor:
+        return self.weights[0]
+
+
+def weight_copies(weight_bytes: int, l2_bytes: int) -> int:
+    """How many copies of a weight of ``weight_bytes`` a graph cycles through: enough to span
+    COLD_L2_SPAN L2 caches of ``l2_bytes`` (0: none known, one copy), at most one per call."""
+    if l2_bytes <= 0 or weight_bytes <= 0:
+        return 1
+    need = -(-COLD_L2_SPAN * l2_bytes // weight_bytes)
+    return max(1, min(report.CALLS_PER_GRAPH, need))
+
+
+def l2_bytes(device) -> int:
+    """The L2 cache's bytes of a CUDA ``device`` (0 on the CPU or where torch does not say)."""
+    if torch.device(device).type != "cuda":
+        return 0
+    return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0))
 
 
 def full_layer(n: int, k: int, max_tokens: int, device, dtype=torch.bfloat16):
@@ -124,22 +148,28 @@ def full_layer(n: int, k: int, max_tokens: int, device, dtype=torch.bfloat16):
 def layer_operands(n, k, tp, rank, max_tokens, device, base: Baselines | None = None):
     a, w = full_layer(n, k, max_tokens, device)
     w = cols_of(w, rank, tp)
+    copies = weight_copies(w.numel() * w.element_size(), l2_bytes(device))
+    weights = [w] + [w.clone() for _ in range(copies - 1)]
     outs = {v: a.new_empty(max_tokens, n) for v in report.VARIANTS}
     if base is not None:
         window = base.window.buf if base.window is not None else None
         for v, buf in (("two_shot", base.two_shot), ("nccl_symm", window)):
             if buf is not None:
                 outs[v] = ab.rows_view(buf, max_tokens, n)
-    return LayerOperands(cols_of(a, rank, tp), w, w.t(), outs)
+    return LayerOperands(cols_of(a, rank, tp), weights, outs)
 
 
-def one_call(variant: str, ops: LayerOperands, tokens: int, base: Baselines | None, group_name):
-    """One call of ``variant`` at ``tokens`` into its output buffer (a callable)."""
+def one_call(
+    variant: str, ops: LayerOperands, tokens: int, base: Baselines | None, group_name, copy=0
+):
+    """One call of ``variant`` at ``tokens`` with weight copy ``copy`` into its output buffer (a
+    callable)."""
     import distgemm
 
     if variant not in report.VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; one of {', '.join(report.VARIANTS)}")
-    a, o, wt = ops.a[:tokens], ops.outs[variant][:tokens], ops.wt
+    w = ops.weights[copy]
+    a, o, wt = ops.a[:tokens], ops.outs[variant][:tokens], w.t()
     if variant == "mm":
         return lambda: torch.mm(a, wt, out=o)
     if variant == "nccl":
@@ -151,7 +181,7 @@ def one_call(variant: str, ops: LayerOperands, tokens: int, base: Baselines | No
     if variant == "nccl_symm":  # o: a view of the NCCL window
         return lambda: ab.mm_nccl(torch, dist, a, wt, o)
     if variant == "distgemm_fused":
-        return lambda: distgemm.gemm_all_reduce(a, ops.w, out=o, path="fused")
+        return lambda: distgemm.gemm_all_reduce(a, w, out=o, path="fused")
     if variant in report.OWN_ALL_REDUCE:
         from distgemm.runtime.allreduce import run_all_reduce
         from distgemm.runtime.communicator import get_communicator
@@ -163,7 +193,7 @@ def one_call(variant: str, ops: LayerOperands, tokens: int, base: Baselines | No
             run_all_reduce(comm, o, algorithm, torch.cuda.is_current_stream_capturing())
 
         return mm_own
-    return lambda: distgemm.gemm_all_reduce(a, ops.w, out=o)
+    return lambda: distgemm.gemm_all_reduce(a, w, out=o)
 
 
 def auto_choice(tokens: int, n: int, k: int) -> dict[str, Any]:
@@ -179,19 +209,20 @@ def auto_choice(tokens: int, n: int, k: int) -> dict[str, Any]:
 
 
 def build(ctx, ops, tokens, base: Baselines, group_name, rec) -> dict[str, Any]:
-    """Every variant's graph of CALLS_PER_GRAPH calls (after one eager call); failures go to
-    ``rec["unavailable"]``."""
+    """Every variant's graph of CALLS_PER_GRAPH calls cycling through the weight copies (after one
+    eager call); failures go to ``rec["unavailable"]``."""
     graphs = {}
     for v in report.VARIANTS:
         if v in base.unavailable:
             rec["unavailable"][v] = base.unavailable[v]
             continue
-        call = one_call(v, ops, tokens, base, group_name)
+        calls = [one_call(v, ops, tokens, base, group_name, j) for j in range(len(ops.weights))]
+        call = calls[0]
         res = None
 
-        def body(call=call):
-            for _ in range(report.CALLS_PER_GRAPH):
-                call()
+        def body(calls=calls):
+            for i in range(report.CALLS_PER_GRAPH):
+                calls[i % len(calls)]()
 
         _, why = runtime.attempt(ctx, call)
         if why is None:
@@ -237,6 +268,7 @@ def run_layer(ctx, layer: cases.Layer, tokens, base: Baselines, group_name) -> l
     records = []
     for t in tokens:
         rec = dict(head, tokens=t, m=t, us={}, rel_err={}, unavailable={})
+        rec["weight_copies"] = len(ops.weights)
         graphs = build(ctx, ops, t, base, group_name, rec)
         rec["auto"] = auto_choice(t, n, k)
         check(ctx, ops, t, graphs, rec)

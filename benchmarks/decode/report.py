@@ -6,10 +6,11 @@ benchmarks/decode/decode_layers.py is the torchrun part.
 A record is one (model, layer, tokens) case of a row-parallel layer with its output all-reduced:
 ``us`` per variant (per call: a CUDA graph of CALLS_PER_GRAPH calls, median replay over a
 steady-state window, max over ranks, divided by the calls), ``rel_err`` against mm + NCCL
-all_reduce (mm alone: 0.0 when its output was written and finite, else NaN) and
-``unavailable`` per variant with the reason. Every ratio is a speed-up against the best
-unfused variant of the case: ``best unfused time / variant time``, above 1 = the variant is
-faster (benchmarks/common/best_unfused.py)."""
+all_reduce (mm alone: 0.0 when its output was written and finite, else NaN),
+``unavailable`` per variant with the reason and ``weight_copies`` (the weights the graph's calls
+cycle through, so that each call reads its weight from HBM: decode_layers.weight_copies).
+Every ratio is a speed-up against the best unfused variant of the case: ``best unfused time /
+variant time``, above 1 = the variant is faster (benchmarks/common/best_unfused.py)."""
 
 from __future__ import annotations
 
@@ -151,6 +152,7 @@ CSV_FIELDS = (
     "n",
     "k",
     "tp",
+    "weight_copies",
     *(f"us_{v}" for v in VARIANTS),
     *(f"status_{v}" for v in VARIANTS),
     *(f"rel_err_{v}" for v in VARIANTS),
@@ -172,7 +174,8 @@ def csv_rows(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> list[di
     rows = []
     for rec in records:
         d, errs = derived(rec), rec.get("rel_err", {})
-        row = {f: str(rec.get(f, "")) for f in ("model", "layer", "tokens", "m", "n", "k", "tp")}
+        head = ("model", "layer", "tokens", "m", "n", "k", "tp", "weight_copies")
+        row = {f: str(rec.get(f, "")) for f in head}
         for v in VARIANTS:
             row[f"us_{v}"] = out.number_cell(rec.get("us", {}).get(v), 2)
             row[f"status_{v}"] = variant_status(rec, v)
