@@ -94,18 +94,18 @@ def test_forced_all_reduce_variants_are_every_algorithm_of_ours():
 
 
 def test_weight_copies_span_the_l2_cache():
-    """A graph's calls cycle through enough copies of a weight that together they span
+    """A decode graph's calls (the benchmark's and the calibration's) cycle through enough copies of a weight that together they span
     COLD_L2_SPAN L2 caches (one copy per call at most; one where the L2 is unknown)."""
-    from benchmarks.decode import decode_layers as dl
+    from distgemm import calibrate as dl
 
     l2 = 50 * 2**20
     assert dl.weight_copies(33 * 2**20, l2) == 4  # 70B O at TP=4: 4 x 33 MB >= 100 MB
     assert dl.weight_copies(200 * 2**20, l2) == 1
-    assert dl.weight_copies(1 * 2**20, l2) == rep.CALLS_PER_GRAPH
+    assert dl.weight_copies(1 * 2**20, l2) == dl.GRAPH_CALLS
     assert dl.weight_copies(33 * 2**20, 0) == 1
     for size in (2**20, 7 * 2**20, 49 * 2**20, 99 * 2**20, 101 * 2**20):
         c = dl.weight_copies(size, l2)
-        assert c == rep.CALLS_PER_GRAPH or c * size >= dl.COLD_L2_SPAN * l2
+        assert c == dl.GRAPH_CALLS == rep.CALLS_PER_GRAPH or c * size >= dl.COLD_L2_SPAN * l2
         assert c == 1 or (c - 1) * size < dl.COLD_L2_SPAN * l2
 
 
@@ -340,7 +340,9 @@ def test_weight_copies_are_distinct_tensors_of_one_value(monkeypatch):
 
     monkeypatch.setattr(decode_layers, "l2_bytes", lambda device: 64 * 64 * 2)  # one shard
     ops = decode_layers.layer_operands(64, 128, 2, 1, 4, "cpu")
-    assert len(ops.weights) == decode_layers.COLD_L2_SPAN
+    from distgemm.calibrate import COLD_L2_SPAN
+
+    assert len(ops.weights) == COLD_L2_SPAN
     assert len({w.data_ptr() for w in ops.weights}) == len(ops.weights)
     assert all(torch.equal(w, ops.w) for w in ops.weights)
     decode_layers.one_call("mm", ops, 3, None, "", copy=1)()

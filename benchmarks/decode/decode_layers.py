@@ -47,6 +47,7 @@ from benchmarks.decode import cases, report
 from benchmarks.serving import runtime
 from benchmarks.serving.stack import cols_of, max_rel_err
 from distgemm import cli
+from distgemm.calibrate import l2_bytes, weight_copies
 
 # A run longer than this is hung (a case takes ~10 s): dump every thread's stack and exit.
 HANG_BASE_S, HANG_PER_CASE_S = 60, 14
@@ -54,10 +55,6 @@ SMOKE_DIMS = {"O": (64, 128), "FC2": (64, 256)}  # (N, K) of --cpu-smoke's layer
 SMOKE_TOKENS = (1, 2, 3, 8)
 PLAN_TOL = 1e-9  # the reference executor against float64: rounding of float64 sums only
 SEED = 4321
-# The weights one graph cycles through span at least this many L2 caches, so that every call
-# streams its weight from HBM, as a server's layers (each its own weight) do; one weight replayed
-# 20 times stays in L2 where it fits (a 70B O shard at TP=4 does) and times below HBM's floor.
-COLD_L2_SPAN = 2
 
 
 @dataclass
@@ -107,9 +104,9 @@ def make_baselines(ctx, numel: int, group_name: str, own_all_reduce: bool = Fals
 @dataclass
 class LayerOperands:
     """One rank's shard of a layer at up to ``max_tokens``: ``a`` ``[max_tokens, K/TP]``,
-    ``weights``: copies of ``w`` ``[N, K/TP]`` (weight_copies of them; a graph's calls cycle
-    through them), one output buffer per variant (the in-place baselines': a view of their
-    symmetric buffer)."""
+    ``weights``: copies of ``w`` ``[N, K/TP]`` (distgemm.calibrate.weight_copies of them: a
+    graph's calls cycle through them, each reading its weight from HBM), one output buffer per
+    variant (the in-place baselines': a view of their symmetric buffer)."""
 
     a: torch.Tensor
     weights: list[torch.Tensor]
@@ -118,22 +115,6 @@ class LayerOperands:
     @property
     def w(self) -> torch.Tensor:
         return self.weights[0]
-
-
-def weight_copies(weight_bytes: int, l2_bytes: int) -> int:
-    """How many copies of a weight of ``weight_bytes`` a graph cycles through: enough to span
-    COLD_L2_SPAN L2 caches of ``l2_bytes`` (0: none known, one copy), at most one per call."""
-    if l2_bytes <= 0 or weight_bytes <= 0:
-        return 1
-    need = -(-COLD_L2_SPAN * l2_bytes // weight_bytes)
-    return max(1, min(report.CALLS_PER_GRAPH, need))
-
-
-def l2_bytes(device) -> int:
-    """The L2 cache's bytes of a CUDA ``device`` (0 on the CPU or where torch does not say)."""
-    if torch.device(device).type != "cuda":
-        return 0
-    return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0))
 
 
 def full_layer(n: int, k: int, max_tokens: int, device, dtype=torch.bfloat16):

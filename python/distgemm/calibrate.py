@@ -58,6 +58,10 @@ PATH_SHAPES = [
 REDUCE_SHAPES = [(5632, 1536), (10240, 3584), (16896, 5120), (12288, 20480)]
 REDUCE_TOKENS = (1, 4, 16, 32, 64, 128, 256)
 GRAPH_CALLS = 20  # calls per CUDA graph of a decode run
+# The weights one decode graph cycles through span at least this many L2 caches, so that every
+# call streams its weight from HBM, as a server's layers (each its own weight) do: one weight
+# replayed GRAPH_CALLS times stays in L2 where it fits and times below HBM's floor.
+COLD_L2_SPAN = 2
 WAIT_S = 60.0  # the longest wait for this rank's GPU work (one run is at most a few seconds)
 CYCLES_PER_MS = 2.0e6  # torch.cuda._sleep's cycles per ms at up to 2 GHz (sleeps at least that)
 SCHEDULES = {"all_gather_gemm": "ag_rotate_a", "gemm_reduce_scatter": "rs_tile_a"}
@@ -197,11 +201,30 @@ def _own_all_reduce(torch, comm, vec, algorithm: str, run_all_reduce) -> None:
     run_all_reduce(comm, vec, algorithm, torch.cuda.is_current_stream_capturing())
 
 
+def weight_copies(weight_bytes: int, l2_bytes: int) -> int:
+    """How many copies of a weight of ``weight_bytes`` a decode graph cycles through: enough to
+    span COLD_L2_SPAN L2 caches of ``l2_bytes`` (0: none known, one copy), at most one per call."""
+    if l2_bytes <= 0 or weight_bytes <= 0:
+        return 1
+    need = -(-COLD_L2_SPAN * l2_bytes // weight_bytes)
+    return max(1, min(GRAPH_CALLS, need))
+
+
+def l2_bytes(device) -> int:
+    """The L2 cache's bytes of a CUDA ``device`` (0 on the CPU or where torch does not say)."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return 0
+    return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0))
+
+
 def reduce_runs(torch, dist, device, tp, run, rand, say) -> list[dict[str, Any]]:
     """gemm_all_reduce's decode runs (calibration_fit.fit_reduce): torch.mm and the fused path
     at every REDUCE_SHAPES x REDUCE_TOKENS, NCCL's and our all-reduces at each one's bytes. Each
     is timed as servers run it: a CUDA graph of GRAPH_CALLS calls, replayed (eager launches of
-    calls of a few microseconds time the launch gaps, not the call)."""
+    calls of a few microseconds time the launch gaps, not the call), torch.mm's and the fused
+    path's calls cycling through weight_copies copies of the weight."""
     from . import ops
     from .runtime.allreduce import run_all_reduce
     from .runtime.communicator import get_communicator
@@ -213,13 +236,13 @@ def reduce_runs(torch, dist, device, tp, run, rand, say) -> list[dict[str, Any]]
     say(f"gemm_all_reduce at decode sizes: {len(REDUCE_SHAPES)} shapes x {len(REDUCE_TOKENS)}"
         " token counts x (torch.mm, fused, NCCL and our all-reduces), in CUDA graphs")  # fmt: skip
 
-    def graphed_ms(call) -> float:
-        call()  # eagerly first: an entry's setup is no part of a capture
+    def graphed_ms(*calls) -> float:
+        calls[0]()  # eagerly first: an entry's setup is no part of a capture
         run.sync("an eager call before capture")
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            for _ in range(GRAPH_CALLS):
-                call()
+            for i in range(GRAPH_CALLS):
+                calls[i % len(calls)]()
         ms = run.ms(graph.replay) / GRAPH_CALLS
         run.sync("a graph's replays")
         del graph
@@ -228,15 +251,19 @@ def reduce_runs(torch, dist, device, tp, run, rand, say) -> list[dict[str, Any]]
     runs: list[dict[str, Any]] = []
     for n, k in REDUCE_SHAPES:
         w = rand(n, k)
+        copies = weight_copies(w.numel() * w.element_size(), l2_bytes(device))
+        ws = [w] + [w.clone() for _ in range(copies - 1)]
         for m in REDUCE_TOKENS:
             a, d = rand(m, k), torch.empty(m, n, device=device, dtype=torch.bfloat16)
             shape = {"m": m, "n": n, "k": k}
-            mm = graphed_ms(functools.partial(torch.mm, a, w.t(), out=d))
+            mm = graphed_ms(*(functools.partial(torch.mm, a, x.t(), out=d) for x in ws))
             runs.append({"kind": "reduce_mm", **shape, "ms": mm})
             spec = make_spec("gemm_all_reduce", "ar_tile_a", tp, 0, None, a, w)
             if not fused_problem(spec, torch.bfloat16):
-                call = functools.partial(ops.gemm_all_reduce, a, w, path="fused", out=d)
-                runs.append({"kind": "fused", "tp": tp, **shape, "ms": graphed_ms(call)})
+                fused_calls = (
+                    functools.partial(ops.gemm_all_reduce, a, x, path="fused", out=d) for x in ws
+                )
+                runs.append({"kind": "fused", "tp": tp, **shape, "ms": graphed_ms(*fused_calls)})
             vec, nbytes = d.view(-1), m * n * 2
             calls = {"nccl": functools.partial(dist.all_reduce, vec)}
             for algorithm, problem in own_all_reduce_offer(vec.numel(), vec.dtype, tp).items():
@@ -247,7 +274,7 @@ def reduce_runs(torch, dist, device, tp, run, rand, say) -> list[dict[str, Any]]
                 runs.append({"kind": "all_reduce", "algorithm": algorithm, "bytes": nbytes,
                              "ms": graphed_ms(call)})  # fmt: skip
             del a, d
-        del w
+        del w, ws
     return runs
 
 
