@@ -94,19 +94,19 @@ def test_forced_all_reduce_variants_are_every_algorithm_of_ours():
 
 
 def test_weight_copies_span_the_l2_cache():
-    """A decode graph's calls (the benchmark's and the calibration's) cycle through enough copies of a weight that together they span
-    COLD_L2_SPAN L2 caches (one copy per call at most; one where the L2 is unknown)."""
-    from distgemm import calibrate as dl
+    """A decode graph's calls (the benchmark's and the calibration's) cycle through enough copies
+    of a weight to span COLD_L2_SPAN L2 caches (one per call at most; one where L2 is unknown)."""
+    from distgemm import calibrate as cal
 
     l2 = 50 * 2**20
-    assert dl.weight_copies(33 * 2**20, l2) == 4  # 70B O at TP=4: 4 x 33 MB >= 100 MB
-    assert dl.weight_copies(200 * 2**20, l2) == 1
-    assert dl.weight_copies(1 * 2**20, l2) == dl.GRAPH_CALLS
-    assert dl.weight_copies(33 * 2**20, 0) == 1
+    assert cal.weight_copies(33 * 2**20, l2) == 4  # 70B O at TP=4: 4 x 33 MB >= 100 MB
+    assert cal.weight_copies(200 * 2**20, l2) == 1
+    assert cal.weight_copies(1 * 2**20, l2) == cal.GRAPH_CALLS
+    assert cal.weight_copies(33 * 2**20, 0) == 1
     for size in (2**20, 7 * 2**20, 49 * 2**20, 99 * 2**20, 101 * 2**20):
-        c = dl.weight_copies(size, l2)
-        assert c == dl.GRAPH_CALLS == rep.CALLS_PER_GRAPH or c * size >= dl.COLD_L2_SPAN * l2
-        assert c == 1 or (c - 1) * size < dl.COLD_L2_SPAN * l2
+        c = cal.weight_copies(size, l2)
+        assert c == cal.GRAPH_CALLS == rep.CALLS_PER_GRAPH or c * size >= cal.COLD_L2_SPAN * l2
+        assert c == 1 or (c - 1) * size < cal.COLD_L2_SPAN * l2
 
 
 def test_suspect_and_wrong():
