@@ -301,6 +301,28 @@ def routed(before, after, names=tuple(OPS)) -> dict:
     return out
 
 
+@contextlib.contextmanager
+def pass_on_cpu(*contexts):
+    """torch's pass on a CPU torch, for the duration: its NCCL gate opened, the switch installed
+    with the CPU routers, symm_mem's test mode, ``_micro_pipeline_tp`` on, and ``contexts``."""
+    nccl_available = dist.is_nccl_available
+    dist.is_nccl_available = lambda: True  # the pass's gate; a CPU torch has no NCCL
+    async_tp.install()
+    try:
+        with contextlib.ExitStack() as stack:
+            for context in (
+                cpu_routers(BF16_OPS),
+                *contexts,
+                torch_symm_mem._test_mode(),
+                torch._inductor.config.patch(_micro_pipeline_tp=True),
+            ):
+                stack.enter_context(context)
+            yield
+    finally:
+        dist.is_nccl_available = nccl_available
+        async_tp.uninstall()
+
+
 def compile_worker(rank, tp):
     """torch's pass and a direct call of the fused ops, compiled with inductor (fullgraph) with
     the switch installed and the CPU routers registered: per function, the graph breaks and, for
@@ -316,37 +338,26 @@ def compile_worker(rank, tp):
         "pass": (sequence_parallel_mlp, (x_shard, w1, w2, group_name)),
         "direct": (_fused_ops_called, (x_shard, w1.t(), w2.t(), group_name)),
     }
-    nccl_available = dist.is_nccl_available
-    dist.is_nccl_available = lambda: True  # the pass's gate; a CPU torch has no NCCL
     results = {}
-    async_tp.install()
-    try:
-        with (
-            cpu_routers(BF16_OPS),
-            torch_symm_mem._test_mode(),
-            torch._inductor.config.patch(_micro_pipeline_tp=True),
-        ):
-            for case, (fn, args) in cases.items():
-                torch._dynamo.reset()
-                counters.clear()
-                compiled = torch.compile(fn, fullgraph=True)
-                eager = sequence_parallel_mlp(x_shard, w1, w2, group_name)
-                result = {}
-                for rules in ("distgemm's rules", "rules waived"):
-                    waived = rules_waived(BF16_OPS) if rules == "rules waived" else None
-                    with waived or contextlib.nullcontext():
-                        before = async_tp.routing_stats()
-                        out = compiled(*args)
-                        result[rules] = {
-                            "routed": routed(before, async_tp.routing_stats(), BF16_OPS),
-                            "equal": torch.allclose(out, eager, rtol=RTOL, atol=ATOL),
-                            "shape": list(out.shape),
-                        }
-                result["graph breaks"] = sum(counters["graph_break"].values())
-                results[case] = result
-    finally:
-        dist.is_nccl_available = nccl_available
-        async_tp.uninstall()
+    with pass_on_cpu():
+        for case, (fn, args) in cases.items():
+            torch._dynamo.reset()
+            counters.clear()
+            compiled = torch.compile(fn, fullgraph=True)
+            eager = sequence_parallel_mlp(x_shard, w1, w2, group_name)
+            result = {}
+            for rules in ("distgemm's rules", "rules waived"):
+                waived = rules_waived(BF16_OPS) if rules == "rules waived" else None
+                with waived or contextlib.nullcontext():
+                    before = async_tp.routing_stats()
+                    out = compiled(*args)
+                    result[rules] = {
+                        "routed": routed(before, async_tp.routing_stats(), BF16_OPS),
+                        "equal": torch.allclose(out, eager, rtol=RTOL, atol=ATOL),
+                        "shape": list(out.shape),
+                    }
+            result["graph breaks"] = sum(counters["graph_break"].values())
+            results[case] = result
     return results
 
 
@@ -367,3 +378,166 @@ def test_compiled_graph_reaches_distgemm(compiled_results, case, rules):
             assert r["routed"] == {name: [1, {}] for name in BF16_OPS}, (rank, r)
         else:  # CPU tensors: every call given back to torch's kernel, with the reason
             assert r["routed"] == {name: [0, {CPU_REASON: 1}] for name in BF16_OPS}, (rank, r)
+
+
+def test_install_sets_and_uninstall_restores_the_gather_rewrite(switch):
+    import torch._inductor.config as inductor_config
+
+    from distgemm.compat import gather_rewrite
+
+    def users_pass(graph):
+        pass
+
+    with torch._inductor.config.patch(post_grad_custom_pre_pass=users_pass):
+        switch.install()
+        ours = inductor_config.post_grad_custom_pre_pass
+        assert isinstance(ours, gather_rewrite.GatherRewritePass) and ours.chained is users_pass
+        switch.install()
+        assert inductor_config.post_grad_custom_pre_pass is ours  # not wrapped twice
+        assert ours.uuid() == gather_rewrite.GatherRewritePass(users_pass).uuid()
+        switch.uninstall()
+        assert inductor_config.post_grad_custom_pre_pass is users_pass
+
+
+def sequence_parallel_block(mesh, hidden=64, ffn=96):
+    """A DTensor sequence-parallel MLP block as torchtitan builds it: RMSNorm on the sequence
+    shard, then gate/up column-parallel (input Shard(1): the sequence all-gathered), down
+    row-parallel back to Shard(1); the same weights on every rank."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = torch.nn.RMSNorm(hidden)
+            self.w1 = torch.nn.Linear(hidden, ffn, bias=False)
+            self.w3 = torch.nn.Linear(hidden, ffn, bias=False)
+            self.w2 = torch.nn.Linear(ffn, hidden, bias=False)
+
+        def forward(self, x):
+            y = self.norm(x)
+            return x + self.w2(torch.nn.functional.silu(self.w1(y)) * self.w3(y))
+
+    torch.manual_seed(0)
+    block = Block()
+    plan = {
+        "norm": SequenceParallel(),
+        "w1": ColwiseParallel(input_layouts=Shard(1)),
+        "w3": ColwiseParallel(input_layouts=Shard(1)),
+        "w2": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
+    }
+    return parallelize_module(block, mesh, plan)
+
+
+def dtensor_block_worker(rank, tp):
+    """The block compiled with torch's pass, the switch installed (CPU routers, rules waived),
+    at batch 1 and 2: per batch, the all-gather + matmul fusions torch's pass inserted, the
+    fused ops the router served, and whether the output equals the uncompiled block's."""
+    from torch._inductor.fx_passes import micro_pipeline_tp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (tp,))
+    block = sequence_parallel_block(mesh)
+    inserted = {"n": 0}
+    original = micro_pipeline_tp._insert_fused_all_gather_matmul
+
+    def counting(*args, **kwargs):
+        inserted["n"] += 1
+        return original(*args, **kwargs)
+
+    micro_pipeline_tp._insert_fused_all_gather_matmul = counting
+    results = {}
+    try:
+        with pass_on_cpu(rules_waived(BF16_OPS)):
+            for batch in (1, 2):
+                torch._dynamo.reset()
+                inserted["n"] = 0
+                torch.manual_seed(1)
+                x = distribute_tensor(torch.randn(batch, 8 * tp, 64), mesh, [Shard(1)])
+                eager = block(x).full_tensor()
+                before = async_tp.routing_stats()
+                out = torch.compile(block)(x).full_tensor()
+                after = async_tp.routing_stats()
+                results[batch] = {
+                    "fusions": inserted["n"],
+                    "served": routed(before, after, BF16_OPS),
+                    "equal": torch.allclose(out, eager, rtol=RTOL, atol=ATOL),
+                }
+    finally:
+        micro_pipeline_tp._insert_fused_all_gather_matmul = original
+    return results
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_batch_one_sequence_gather_is_fused_and_served(tmp_path, tp):
+    """At batch 1 DTensor gathers the sequence as a dim-0 all-gather + reshape, which torch's
+    pass fuses only after gather_rewrite; at batch 2 (split + cat) it fuses it anyway."""
+    results = run_ranks(dtensor_block_worker, tmp_path, tp=tp)
+    assert len(results) == tp
+    for rank, res in enumerate(results):
+        for batch in (1, 2):
+            r = res[batch]
+            assert r["equal"], (rank, batch, r)
+            assert r["fusions"] >= 1, (rank, batch, r)
+            assert r["served"]["fused_all_gather_matmul"][0] >= 1, (rank, batch, r)
+
+
+def _gather_graph(shard_shape, tp, *, extra_user=False):
+    """A post-grad-like graph: all_gather_into_tensor(x) -> wait -> reshape [1, S, H] ->
+    reshape [S, H] -> mm (and, with ``extra_user``, the wait's result also returned as is),
+    each node with its fake value."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    c10d, aten = torch.ops._c10d_functional, torch.ops.aten
+    mode = FakeTensorMode()
+    with mode:
+        x, w = torch.empty(shard_shape), torch.empty(shard_shape[-1], 16)
+        gathered = torch.empty(tp * shard_shape[0], *shard_shape[1:])
+        rows = gathered.numel() // shard_shape[-1]
+        seq, flat = gathered.reshape(1, rows, shard_shape[-1]), gathered.reshape(rows, -1)
+        product = flat @ w
+    g = torch.fx.Graph()
+    nx, nw = g.placeholder("x"), g.placeholder("w")
+    nx.meta["val"], nw.meta["val"] = x, w
+    ag = g.call_function(c10d.all_gather_into_tensor.default, (nx, tp, "0"))
+    wait = g.call_function(c10d.wait_tensor.default, (ag,))
+    ag.meta["val"] = wait.meta["val"] = gathered
+    r1 = g.call_function(aten.reshape.default, (wait, list(seq.shape)))
+    r2 = g.call_function(aten.reshape.default, (r1, list(flat.shape)))
+    r1.meta["val"], r2.meta["val"] = seq, flat
+    mm = g.call_function(aten.mm.default, (r2, nw))
+    mm.meta["val"] = product
+    g.output((mm, wait) if extra_user else (mm,))
+    return g
+
+
+def test_gather_rewrite_feeds_the_matmul_from_a_2d_gather():
+    from distgemm.compat import gather_rewrite
+
+    c10d, aten = torch.ops._c10d_functional, torch.ops.aten
+    g = _gather_graph((1, 8, 32), 4)
+    assert gather_rewrite.rewrite(g) == 1
+    g.lint()
+    (ag,) = [n for n in g.nodes if n.target is c10d.all_gather_into_tensor.default]
+    assert ag.args[0].target is aten.reshape.default and list(ag.args[0].args[1]) == [8, 32]
+    (mm,) = [n for n in g.nodes if n.target is aten.mm.default]
+    wait = mm.args[0]  # the 2-D gather feeds the mm with no reshape between
+    assert wait.target is c10d.wait_tensor.default and wait.args[0] is ag
+    assert tuple(wait.meta["val"].shape) == (32, 32)
+    assert gather_rewrite.rewrite(g) == 0  # a 2-D shard: nothing more to do
+
+
+@pytest.mark.parametrize("shape, extra_user", [((8, 32), False), ((1, 8, 32), True)])
+def test_gather_rewrite_leaves_other_graphs_as_they_are(shape, extra_user):
+    from distgemm.compat import gather_rewrite
+
+    g = _gather_graph(shape, 2, extra_user=extra_user)
+    before = str(g)
+    assert gather_rewrite.rewrite(g) == 0
+    assert str(g) == before

@@ -25,8 +25,12 @@ fused_scaled_matmul_reduce_scatter  compat.symm_mem_fp8.fused_scaled_matmul_redu
 Every routed call is counted per process: ``routing_stats()`` gives, per op, the calls distgemm
 served and those it gave back to torch with each reason (``reset_routing_stats()`` starts
 over); the first call with a new reason is logged at INFO (logger ``distgemm.compat.async_tp``).
-``uninstall()`` removes the router; torch's kernels are the active ones again. Both are
-idempotent. ``DISTGEMM_ASYNC_TP=1`` at the import of ``distgemm.compat`` calls ``install()``.
+``install()`` also sets ``compat.gather_rewrite``'s graph rewrite as inductor's post-grad custom
+pre-pass (chaining any set before), so that torch's pass fuses the sequence all-gather of a
+batch-1 shard too, which DTensor emits in a form the pass does not match.
+``uninstall()`` removes the router and the rewrite; torch's kernels are the active ones again.
+Both are idempotent. ``DISTGEMM_ASYNC_TP=1`` at the import of ``distgemm.compat`` calls
+``install()``.
 
 Only the CUDA key is taken: the Meta kernels (shapes and strides under torch.compile) stay
 torch's, and the drop-ins return torch's strides. The router decides per call, on every rank the
@@ -46,7 +50,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from .. import _core
-from . import symm_mem, symm_mem_fp8
+from . import gather_rewrite, symm_mem, symm_mem_fp8
 
 __all__ = [
     "ENV",
@@ -204,6 +208,26 @@ def install() -> None:
                 # allow_override: torch 2.11 refuses to replace a python kernel without it
                 library.impl(name, router, DISPATCH_KEY, with_keyset=True, allow_override=True)
         _library = library
+        _install_gather_rewrite()
+
+
+def _install_gather_rewrite() -> None:
+    """gather_rewrite's pass as inductor's post-grad custom pre-pass, chaining the one set before
+    (so that torch's pass also fuses the all-gathers of batch-1 sequence-parallel shards)."""
+    import torch._inductor.config as inductor_config
+
+    current = inductor_config.post_grad_custom_pre_pass
+    if not isinstance(current, gather_rewrite.GatherRewritePass):
+        inductor_config.post_grad_custom_pre_pass = gather_rewrite.GatherRewritePass(current)
+
+
+def _uninstall_gather_rewrite() -> None:
+    """Put back the pre-pass that install() found, where ours is still the one set."""
+    import torch._inductor.config as inductor_config
+
+    current = inductor_config.post_grad_custom_pre_pass
+    if isinstance(current, gather_rewrite.GatherRewritePass):
+        inductor_config.post_grad_custom_pre_pass = current.chained
 
 
 def uninstall() -> None:
@@ -215,6 +239,7 @@ def uninstall() -> None:
             return
         _library._destroy()
         _library = None
+        _uninstall_gather_rewrite()
         # _destroy forgets torch.library's record of the kernels it shadowed (same keys): restore
         torch.library._impls.update(_known_impls)
 
