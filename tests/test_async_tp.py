@@ -530,6 +530,8 @@ def test_gather_rewrite_feeds_the_matmul_from_a_2d_gather():
     wait = mm.args[0]  # the 2-D gather feeds the mm with no reshape between
     assert wait.target is c10d.wait_tensor.default and wait.args[0] is ag
     assert tuple(wait.meta["val"].shape) == (32, 32)
+    reshapes = [n for n in g.nodes if n.target is aten.reshape.default]
+    assert reshapes == [ag.args[0]]  # the chain to [1, S, H] and back is gone
     assert gather_rewrite.rewrite(g) == 0  # a 2-D shard: nothing more to do
 
 

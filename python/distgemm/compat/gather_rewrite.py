@@ -106,6 +106,7 @@ def _rebase_reshape(node: torch.fx.Node, source: torch.fx.Node) -> None:
             _rebase_reshape(user, source)
     if tuple(_val(node).shape) == tuple(_val(source).shape):
         node.replace_all_uses_with(source)
+    if not node.users:  # read by no one now (its readers read `source`)
         node.graph.erase_node(node)
 
 
