@@ -24,13 +24,9 @@ namespace py = pybind11;
 namespace {
 
 using distgemm::kernel::AllReduceDesc;
+using distgemm::python::as;
 using distgemm::python::LaunchOrder;
 namespace k = distgemm::kernel;
-
-template <class T>
-T* as(uint64_t v) {
-  return reinterpret_cast<T*>(static_cast<uintptr_t>(v));
-}
 
 class AllReduceLauncher : public distgemm::python::KernelLauncher {
  public:
@@ -41,11 +37,7 @@ class AllReduceLauncher : public distgemm::python::KernelLauncher {
               int64_t numel, uint64_t src, uint64_t out, int rank,
               const std::vector<uint64_t>& receive, int64_t parity_bytes,
               const std::vector<uint64_t>& control, int ctas) {
-    if (receive.size() != control.size() || receive.empty() ||
-        receive.size() > size_t(k::kMaxDevices))
-      throw std::invalid_argument(
-          "receive and control need one address per rank (1.." + std::to_string(k::kMaxDevices) +
-          "), got " + std::to_string(receive.size()) + " and " + std::to_string(control.size()));
+    distgemm::python::check_rank_addresses("receive", receive, "control", control);
     AllReduceDesc d;
     if (dtype != "bf16" && dtype != "fp16")
       throw std::invalid_argument("dtype '" + dtype + "' is not bf16 or fp16");

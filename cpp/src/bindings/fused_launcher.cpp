@@ -25,12 +25,8 @@ namespace py = pybind11;
 namespace {
 
 using distgemm::kernel::FusedAllReduceDesc;
+using distgemm::python::as;
 using distgemm::python::LaunchOrder;
-
-template <class T>
-T* as(uint64_t v) {
-  return reinterpret_cast<T*>(static_cast<uintptr_t>(v));
-}
 
 class FusedLauncher : public distgemm::python::KernelLauncher {
  public:
@@ -41,12 +37,7 @@ class FusedLauncher : public distgemm::python::KernelLauncher {
               uint64_t a, uint64_t w, uint64_t out, uint64_t bias, uint64_t c, float alpha,
               float beta, int splits, int ctas, int rank, const std::vector<uint64_t>& partial,
               int64_t parity_bytes, const std::vector<uint64_t>& control) {
-    if (partial.size() != control.size() || partial.empty() ||
-        partial.size() > size_t(distgemm::kernel::kMaxDevices))
-      throw std::invalid_argument("partial and control need one address per rank (1.." +
-                                  std::to_string(distgemm::kernel::kMaxDevices) + "), got " +
-                                  std::to_string(partial.size()) + " and " +
-                                  std::to_string(control.size()));
+    distgemm::python::check_rank_addresses("partial", partial, "control", control);
     FusedAllReduceDesc f;
     f.dtype = distgemm::kernel::parse_dtype(dtype);
     f.m = m;

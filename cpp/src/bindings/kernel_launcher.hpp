@@ -1,7 +1,8 @@
 // What the launchers of single kernels on caller-owned tensors share (FusedLauncher,
-// AllReduceLauncher): the device, the wait bound, the eager error sink, and each launch issued
-// between the communicator's LaunchOrder's before/after with the error sink that fits the stream
-// (the LaunchOrder's capture sink when the stream is being captured).
+// AllReduceLauncher): device addresses from Python and their per-rank check, the device, the wait
+// bound, the eager error sink, and each launch issued between the communicator's LaunchOrder's
+// before/after with the error sink that fits the stream (the LaunchOrder's capture sink when the
+// stream is being captured).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -13,12 +14,30 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "distgemm/device/check.hpp"
 #include "distgemm/kernel/wait_spec.hpp"
 #include "launch_order.hpp"
 
 namespace distgemm::python {
+
+// A device address passed from Python as an integer, as a pointer.
+template <class T>
+T* as(uint64_t v) {
+  return reinterpret_cast<T*>(static_cast<uintptr_t>(v));
+}
+
+// ValueError (std::invalid_argument) unless `first` and `second` (named so) hold one address per
+// rank each: as many, 1..kMaxDevices.
+inline void check_rank_addresses(const char* first_name, const std::vector<uint64_t>& first,
+                                 const char* second_name, const std::vector<uint64_t>& second) {
+  if (first.size() != second.size() || first.empty() || first.size() > size_t(kernel::kMaxDevices))
+    throw std::invalid_argument(
+        std::string(first_name) + " and " + second_name + " need one address per rank (1.." +
+        std::to_string(kernel::kMaxDevices) + "), got " + std::to_string(first.size()) + " and " +
+        std::to_string(second.size()));
+}
 
 class KernelLauncher {
  public:
