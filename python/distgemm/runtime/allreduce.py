@@ -65,9 +65,11 @@ class AllReduceResources(KernelResources):
     def __init__(self, comm: Communicator):
         super().__init__(comm)
         self._resident: int | None = None
-        # Nothing to re-point at a growth: every call places its layout afresh.
-        self.receive: WorkspacePool = comm.new_pool(lambda ws: None, control=0)
-        self.receive_lines: WorkspacePool = comm.new_pool(lambda ws: None, control=0)
+        # The receive pools by whether the algorithm pushes LL lines. Nothing to re-point at a
+        # growth: every call places its layout afresh.
+        self.receive_pools: dict[bool, WorkspacePool] = {
+            lines: comm.new_pool(lambda ws: None, control=0) for lines in (False, True)
+        }
 
     @property
     def resident_ctas(self) -> int:
@@ -82,7 +84,7 @@ class AllReduceResources(KernelResources):
         """The receive region for a call (its algorithm's pool's, grown first when it does not
         fit: collective) and the bytes between its two parities (half the region, a multiple of
         16)."""
-        pool = self.receive_lines if algorithm in _core.ALLREDUCE_LINE_ALGORITHMS else self.receive
+        pool = self.receive_pools[algorithm in _core.ALLREDUCE_LINE_ALGORITHMS]
         ws, _ = pool.place(allreduce_layout(algorithm, numel, itemsize, self.comm.tp))
         return ws, ws.slot_capacity // 2 // _VECTOR_BYTES * _VECTOR_BYTES
 
@@ -94,12 +96,12 @@ class AllReduceResources(KernelResources):
         return {
             "allreduce_control_bytes": self._control.nbytes if self._control is not None else 0,
             "allreduce_receive_bytes": sum(
-                w.nbytes for pool in (self.receive, self.receive_lines) for w in pool.live
+                w.nbytes for pool in self.receive_pools.values() for w in pool.live
             ),
         }
 
     def close(self) -> list[Workspace]:
-        held = self.receive.close() + self.receive_lines.close()
+        held = [w for pool in self.receive_pools.values() for w in pool.close()]
         if self._control is not None:
             held.append(self._control)
         self._control, self._launcher = None, None
