@@ -129,7 +129,7 @@ def full_layer(n: int, k: int, max_tokens: int, device, dtype=torch.bfloat16):
 def layer_operands(n, k, tp, rank, max_tokens, device, base: Baselines | None = None):
     a, w = full_layer(n, k, max_tokens, device)
     w = cols_of(w, rank, tp)
-    copies = weight_copies(w.numel() * w.element_size(), l2_bytes(device))
+    copies = weight_copies(w.numel() * w.element_size(), l2_bytes(device), report.CALLS_PER_GRAPH)
     weights = [w] + [w.clone() for _ in range(copies - 1)]
     outs = {v: a.new_empty(max_tokens, n) for v in report.VARIANTS}
     if base is not None:

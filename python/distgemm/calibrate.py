@@ -201,13 +201,14 @@ def _own_all_reduce(torch, comm, vec, algorithm: str, run_all_reduce) -> None:
     run_all_reduce(comm, vec, algorithm, torch.cuda.is_current_stream_capturing())
 
 
-def weight_copies(weight_bytes: int, l2_bytes: int) -> int:
-    """How many copies of a weight of ``weight_bytes`` a decode graph cycles through: enough to
-    span COLD_L2_SPAN L2 caches of ``l2_bytes`` (0: none known, one copy), at most one per call."""
+def weight_copies(weight_bytes: int, l2_bytes: int, calls: int = GRAPH_CALLS) -> int:
+    """How many copies of a weight of ``weight_bytes`` a decode graph of ``calls`` calls cycles
+    through: enough to span COLD_L2_SPAN L2 caches of ``l2_bytes`` (0: none known, one copy), at
+    most one per call."""
     if l2_bytes <= 0 or weight_bytes <= 0:
         return 1
     need = -(-COLD_L2_SPAN * l2_bytes // weight_bytes)
-    return max(1, min(GRAPH_CALLS, need))
+    return max(1, min(calls, need))
 
 
 def l2_bytes(device) -> int:

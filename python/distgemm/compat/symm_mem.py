@@ -45,12 +45,7 @@ def row_major(t: torch.Tensor) -> torch.Tensor:
     contiguous tensor can differ there (``movedim`` of a batch of 1), and a compiled region whose
     output keeps such strides hands the next region an input whose strides differ from the first
     call's: a recompile that makes them symbolic (dynamo's automatic dynamic shapes)."""
-    t = t.contiguous()
-    expected, step = [], 1
-    for size in reversed(t.shape):
-        expected.append(step)
-        step *= size
-    return t if t.stride() == tuple(reversed(expected)) else t.view(-1).view(t.shape)
+    return t.contiguous().view(-1).view(t.shape)  # a view of a view: no copy once contiguous
 
 
 def _weight(B: torch.Tensor) -> torch.Tensor:
