@@ -14,7 +14,8 @@
 //      0..tp-1 in float32 (its own data from src);
 //   two_shot only: 3. the sum of its own chunk's slice is pushed to every peer (area 2) and
 //      flagged [phase 1][source me][c]; 4. the peers' sums of their chunks' slice c are waited for
-//      and copied into out;
+//      and copied into out. In steps 1 and 4 of two_shot a thread loads its vector of every
+//      peer's chunk before it stores any, so it waits one load latency per index, not tp - 1;
 //   5. a CTA barrier, then the generation words advance (the fused kernels' scheme).
 // LL kernel (one_shot_ll, two_shot_ll): steps 0 and 5 the same; in between each thread works on
 // its own lines (8 bytes of data each) with no CTA barrier: it pushes its lines of the slice(s)
@@ -216,11 +217,29 @@ __global__ void __launch_bounds__(kAllReduceThreads, 1)
       len = len < 0 ? 0 : (len > cv ? cv : len);
       return Slice(len, cta, ctas);
     };
-    for (int i = 1; i < a.tp; ++i) {
-      const int r = (a.rank + i) % a.tp;
-      const Slice s = chunk_slice(r);
-      uint4* dst = receive_of(a, r, parity) + a.rank * cv;
-      for (int64_t v = s.begin + tid; v < s.end; v += kAllReduceThreads) dst[v] = a.src[r * cv + v];
+    // Slice `cta` of peer i's chunk (i = 1..tp-1 after this rank): [begin[i], end[i]).
+    int64_t begin[kMaxDevices], end[kMaxDevices], longest = 0;
+#pragma unroll
+    for (int i = 1; i < kMaxDevices; ++i) {
+      begin[i] = end[i] = 0;
+      if (i < a.tp) {
+        const Slice s = chunk_slice((a.rank + i) % a.tp);
+        begin[i] = s.begin, end[i] = s.end;
+        longest = s.end - s.begin > longest ? s.end - s.begin : longest;
+      }
+    }
+    // Each thread loads its vector of every peer's chunk before it stores any: one load latency
+    // per vector index, not tp - 1 in a row (a store needs its loaded value).
+    for (int64_t k = tid; k < longest; k += kAllReduceThreads) {
+      uint4 x[kMaxDevices];
+#pragma unroll
+      for (int i = 1; i < kMaxDevices; ++i)
+        if (i < a.tp && begin[i] + k < end[i])
+          x[i] = a.src[((a.rank + i) % a.tp) * cv + begin[i] + k];
+#pragma unroll
+      for (int i = 1; i < kMaxDevices; ++i)
+        if (i < a.tp && begin[i] + k < end[i])
+          receive_of(a, (a.rank + i) % a.tp, parity)[a.rank * cv + begin[i] + k] = x[i];
     }
     __syncthreads();
     if (tid == 0) signal_peers(a, 0, cta, gen);
@@ -231,12 +250,16 @@ __global__ void __launch_bounds__(kAllReduceThreads, 1)
       __syncthreads();
       if (tid == 0) signal_peers(a, 1, cta, gen);
       if (wait_peers(a, 1, cta, gen, &ok_s))
-        for (int i = 1; i < a.tp; ++i) {
-          const int r = (a.rank + i) % a.tp;
-          const Slice s = chunk_slice(r);
-          const uint4* from = mine + area2 + r * cv;
-          for (int64_t v = s.begin + tid; v < s.end; v += kAllReduceThreads)
-            a.out[r * cv + v] = ld_partial_v4(from + v);
+        for (int64_t k = tid; k < longest; k += kAllReduceThreads) {  // loads first, as above
+          uint4 x[kMaxDevices];
+#pragma unroll
+          for (int i = 1; i < kMaxDevices; ++i)
+            if (i < a.tp && begin[i] + k < end[i])
+              x[i] = ld_partial_v4(mine + area2 + ((a.rank + i) % a.tp) * cv + begin[i] + k);
+#pragma unroll
+          for (int i = 1; i < kMaxDevices; ++i)
+            if (i < a.tp && begin[i] + k < end[i])
+              a.out[((a.rank + i) % a.tp) * cv + begin[i] + k] = x[i];
         }
     }
   }
