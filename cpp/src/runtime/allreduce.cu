@@ -14,7 +14,9 @@
 //      0..tp-1 in float32 (its own data from src);
 //   two_shot only: 3. the sum of its own chunk's slice is pushed to every peer (area 2) and
 //      flagged [phase 1][source me][c]; 4. the peers' sums of their chunks' slice c are waited for
-//      and copied into out;
+//      and copied into out. In steps 1 and 4 of two_shot (flag and LL) a thread loads its
+//      vector or line of every peer's chunk before it stores or waits on any, so it waits one
+//      load latency per index, not tp - 1;
 //   5. a CTA barrier, then the generation words advance (the fused kernels' scheme).
 // LL kernel (one_shot_ll, two_shot_ll): steps 0 and 5 the same; in between each thread works on
 // its own lines (8 bytes of data each) with no CTA barrier: it pushes its lines of the slice(s)
@@ -216,11 +218,29 @@ __global__ void __launch_bounds__(kAllReduceThreads, 1)
       len = len < 0 ? 0 : (len > cv ? cv : len);
       return Slice(len, cta, ctas);
     };
-    for (int i = 1; i < a.tp; ++i) {
-      const int r = (a.rank + i) % a.tp;
-      const Slice s = chunk_slice(r);
-      uint4* dst = receive_of(a, r, parity) + a.rank * cv;
-      for (int64_t v = s.begin + tid; v < s.end; v += kAllReduceThreads) dst[v] = a.src[r * cv + v];
+    // Slice `cta` of peer i's chunk (i = 1..tp-1 after this rank): [begin[i], end[i]).
+    int64_t begin[kMaxDevices], end[kMaxDevices], longest = 0;
+#pragma unroll
+    for (int i = 1; i < kMaxDevices; ++i) {
+      begin[i] = end[i] = 0;
+      if (i < a.tp) {
+        const Slice s = chunk_slice((a.rank + i) % a.tp);
+        begin[i] = s.begin, end[i] = s.end;
+        longest = s.end - s.begin > longest ? s.end - s.begin : longest;
+      }
+    }
+    // Each thread loads its vector of every peer's chunk before it stores any: one load latency
+    // per vector index, not tp - 1 in a row (a store needs its loaded value).
+    for (int64_t k = tid; k < longest; k += kAllReduceThreads) {
+      uint4 x[kMaxDevices];
+#pragma unroll
+      for (int i = 1; i < kMaxDevices; ++i)
+        if (i < a.tp && begin[i] + k < end[i])
+          x[i] = a.src[((a.rank + i) % a.tp) * cv + begin[i] + k];
+#pragma unroll
+      for (int i = 1; i < kMaxDevices; ++i)
+        if (i < a.tp && begin[i] + k < end[i])
+          receive_of(a, (a.rank + i) % a.tp, parity)[a.rank * cv + begin[i] + k] = x[i];
     }
     __syncthreads();
     if (tid == 0) signal_peers(a, 0, cta, gen);
@@ -231,12 +251,16 @@ __global__ void __launch_bounds__(kAllReduceThreads, 1)
       __syncthreads();
       if (tid == 0) signal_peers(a, 1, cta, gen);
       if (wait_peers(a, 1, cta, gen, &ok_s))
-        for (int i = 1; i < a.tp; ++i) {
-          const int r = (a.rank + i) % a.tp;
-          const Slice s = chunk_slice(r);
-          const uint4* from = mine + area2 + r * cv;
-          for (int64_t v = s.begin + tid; v < s.end; v += kAllReduceThreads)
-            a.out[r * cv + v] = ld_partial_v4(from + v);
+        for (int64_t k = tid; k < longest; k += kAllReduceThreads) {  // loads first, as above
+          uint4 x[kMaxDevices];
+#pragma unroll
+          for (int i = 1; i < kMaxDevices; ++i)
+            if (i < a.tp && begin[i] + k < end[i])
+              x[i] = ld_partial_v4(mine + area2 + ((a.rank + i) % a.tp) * cv + begin[i] + k);
+#pragma unroll
+          for (int i = 1; i < kMaxDevices; ++i)
+            if (i < a.tp && begin[i] + k < end[i])
+              a.out[((a.rank + i) % a.tp) * cv + begin[i] + k] = x[i];
         }
     }
   }
@@ -336,13 +360,29 @@ __device__ inline void two_shot_lines(const AllReduceArgs& a, uint32_t gen) {
     len = len < 0 ? 0 : (len > cl ? cl : len);
     return Slice(len, blockIdx.x, gridDim.x);
   };
-  for (int i = 1; i < a.tp; ++i) {
-    const int r = (a.rank + i) % a.tp;
-    const Slice s = chunk_slice(r);
-    for (int64_t l = s.begin + threadIdx.x; l < s.end; l += kAllReduceThreads) {
-      const uint2 x = src[r * cl + l];
-      st_line(line_of(a, r, parity, a.rank * cl + l), x.x, x.y, gen);
+  // Slice `cta` of peer i's chunk (i = 1..tp-1 after this rank): lines [begin[i], end[i]).
+  int64_t begin[kMaxDevices], end[kMaxDevices], longest = 0;
+#pragma unroll
+  for (int i = 1; i < kMaxDevices; ++i) {
+    begin[i] = end[i] = 0;
+    if (i < a.tp) {
+      const Slice s = chunk_slice((a.rank + i) % a.tp);
+      begin[i] = s.begin, end[i] = s.end;
+      longest = s.end - s.begin > longest ? s.end - s.begin : longest;
     }
+  }
+  // Each thread loads its line of every peer's chunk before it pushes any (one load latency per
+  // index, not tp - 1 in a row), as the flag kernel does.
+  for (int64_t k = threadIdx.x; k < longest; k += kAllReduceThreads) {
+    uint2 x[kMaxDevices];
+#pragma unroll
+    for (int i = 1; i < kMaxDevices; ++i)
+      if (i < a.tp && begin[i] + k < end[i]) x[i] = src[((a.rank + i) % a.tp) * cl + begin[i] + k];
+#pragma unroll
+    for (int i = 1; i < kMaxDevices; ++i)
+      if (i < a.tp && begin[i] + k < end[i])
+        st_line(line_of(a, (a.rank + i) % a.tp, parity, a.rank * cl + begin[i] + k), x[i].x, x[i].y,
+                gen);
   }
   uint64_t start = 0;
   const int64_t base = a.rank * cl;
@@ -360,14 +400,20 @@ __device__ inline void two_shot_lines(const AllReduceArgs& a, uint32_t gen) {
   // waits for it.
   if (!__syncthreads_and(ok)) return;
   const uint4* sums = line_of(a, a.rank, parity, area2);
-  for (int i = 1; i < a.tp; ++i) {
-    const int r = (a.rank + i) % a.tp;
-    const Slice s = chunk_slice(r);
-    for (int64_t l = s.begin + threadIdx.x; l < s.end; l += kAllReduceThreads) {
-      const uint4* p = sums + r * cl + l;
-      const uint4 v = wait_line(a, p, ld_line(p), gen, start, 1, r);
+  // Every peer's sum line of this index read once before any is waited for (as above).
+  for (int64_t k = threadIdx.x; k < longest; k += kAllReduceThreads) {
+    uint4 x[kMaxDevices];
+#pragma unroll
+    for (int i = 1; i < kMaxDevices; ++i)
+      if (i < a.tp && begin[i] + k < end[i])
+        x[i] = ld_line(sums + ((a.rank + i) % a.tp) * cl + begin[i] + k);
+#pragma unroll
+    for (int i = 1; i < kMaxDevices; ++i) {
+      if (i >= a.tp || begin[i] + k >= end[i]) continue;
+      const int r = (a.rank + i) % a.tp;
+      const uint4 v = wait_line(a, sums + r * cl + begin[i] + k, x[i], gen, start, 1, r);
       if (!line_arrived(v, gen)) return;
-      out[r * cl + l] = make_uint2(v.x, v.z);
+      out[r * cl + begin[i] + k] = make_uint2(v.x, v.z);
     }
   }
 }
