@@ -160,11 +160,10 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock,
   while (w.is_valid()) {
     if (in_problem(w)) {
       const int nb = int(w.M_idx), tb = int(w.N_idx), s = int(w.L_idx);
-      const int idx = fused_tile_index(t, nb, tb, s);
       const int owner = fused_owner(t, nb, tb, s);
       if (tid == 0) {
         bool ok = wait_tile(t, nb, tb, gen);
-        if (ok && owner != t.rank) ok = wait_sum(t, idx, owner, gen);
+        if (ok && owner != t.rank) ok = wait_sum(t, fused_tile_index(t, nb, tb, s), owner, gen);
         *word = ok ? 1u : 0u;
       }
       consumers_sync();
@@ -175,15 +174,11 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock,
       if (owner == t.rank) {
         reduce_slice<Element, TokenTile, kTailLoads>(t, nb, tb, s, parity, tid);
         if (t.two_shot) {
-          // The finished slice from out into this rank's sum buffer, then its sum flag. The
-          // slice is found again from its flag index: one register, rather than its three
-          // coordinates, stays live through the sum, under the GEMM's register limit.
-          int snb, stb, ss;
-          fused_tile_of(t, idx, snb, stb, ss);
+          // The finished slice from out into this rank's sum buffer, then its sum flag.
           copy_slice<Element, TokenTile, kTailLoads>(
-              t, snb, stb, ss, out, t.ldo, fused_sum_buffer<Element>(t, t.rank, parity), t.n, tid);
+              t, nb, tb, s, out, t.ldo, fused_sum_buffer<Element>(t, t.rank, parity), t.n, tid);
           consumers_sync();  // every thread's stores of the slice precede the release
-          if (tid == 0) publish_sum(t, idx, gen);
+          if (tid == 0) publish_sum(t, fused_tile_index(t, nb, tb, s), gen);
         }
       } else {
         copy_slice<Element, TokenTile, kTailLoads>(

@@ -57,15 +57,6 @@ __device__ __forceinline__ int fused_tile_index(const FusedTail& t, int nb, int 
   return (s * t.token_blocks + tb) * t.n_blocks + nb;
 }
 
-// Tile (nb, tb) and split s of flag index `idx` (fused_tile_index's inverse).
-__device__ __forceinline__ void fused_tile_of(const FusedTail& t, int idx, int& nb, int& tb,
-                                              int& s) {
-  nb = idx % t.n_blocks;
-  const int rest = idx / t.n_blocks;
-  tb = rest % t.token_blocks;
-  s = rest / t.token_blocks;
-}
-
 // Flag `idx` of section `section` (the rank that sets it) of `rank`'s control region.
 __device__ __forceinline__ uint32_t* fused_flag(const FusedTail& t, int rank, int section,
                                                 int idx) {
