@@ -70,9 +70,12 @@ def test_best_unfused_and_the_ratios_against_it():
         "best_us": 26.0,
         "vs_best": pytest.approx(26.0 / 20.0),
         "fused_vs_best": None,  # distgemm_fused not timed
+        "fused_two_shot_vs_best": None,  # distgemm_fused_two_shot not timed
         "over_mm": pytest.approx(20.0 / 18.9),
     }
     assert rep.derived(_case(distgemm_fused=13.0))["fused_vs_best"] == pytest.approx(2.0)
+    two = rep.derived(_case(distgemm_fused=13.0, distgemm_fused_two_shot=10.4))
+    assert two["fused_two_shot_vs_best"] == pytest.approx(2.5)
     assert rep.best(_case(two_shot=None)) == ("one_shot", 27.9)
     rec = _case()
     rec["rel_err"]["two_shot"] = math.nan  # a wrong baseline is never the best
@@ -107,6 +110,26 @@ def test_weight_copies_span_the_l2_cache():
         c = cal.weight_copies(size, l2)
         assert c == cal.GRAPH_CALLS == rep.CALLS_PER_GRAPH or c * size >= cal.COLD_L2_SPAN * l2
         assert c == 1 or (c - 1) * size < cal.COLD_L2_SPAN * l2
+
+
+def test_forced_fused_variants_are_every_fused_path_and_auto_names_its_tail():
+    """decode_layers times gemm_all_reduce forced onto each fused path, each with its column,
+    and labels an auto choice of the two-shot tail by the path that forces it."""
+    from distgemm.runtime import machine
+
+    assert sorted(rep.FUSED_PATH_VARIANTS.values()) == sorted(machine.FUSED_PATHS)
+    for variant, path in rep.FUSED_PATH_VARIANTS.items():
+        assert variant == f"distgemm_{path}" and variant in rep.FUSED
+        assert variant in rep.VARIANTS and variant in rep.HEADERS and variant in rep.DESCRIPTION
+        assert f"us_{variant}" in rep.CSV_FIELDS
+    rec = _case(tokens=128, distgemm_fused=24.0, distgemm_fused_two_shot=22.0)
+    rec["auto"] = {"path": "fused", "fused_tail": "two_shot", "all_reduce": "nccl"}
+    assert rep.auto_label(rec) == "fused_two_shot"
+    rec["auto"]["fused_tail"] = "one_shot"
+    assert rep.auto_label(rec) == "fused"
+    row = rep.csv_rows([rec], META)[0]
+    assert row["us_distgemm_fused_two_shot"] == "22.00" and row["fused_two_shot_vs_best"]
+    assert "distgemm fused 2shot" in rep.format_table([rec], META)
 
 
 def test_suspect_and_wrong():
@@ -363,3 +386,40 @@ def test_cpu_smoke_under_torchrun(repo_root, tmp_path):
             tokens = int(case.split("M")[1])
             assert (isinstance(e, str) and f"M={tokens}" in e) or e < decode_layers.PLAN_TOL, case
         assert all(isinstance(res["plans"][f"{la} M8"], float) for la in decode_layers.SMOKE_DIMS)
+
+
+def test_fit_reduce_reads_both_fused_paths_from_a_decode_csv(tmp_path):
+    """benchmarks/decode/fit_reduce.py on a decode CSV priced by the model: the forced two-shot
+    column becomes two-shot runs, and the fit prices the two-shot tail again."""
+    from test_reduce_cost import reduce_constants
+
+    from benchmarks.decode import fit_reduce
+    from distgemm.runtime import calibration_fit, machine, reduce_cost
+
+    rc = reduce_constants()
+    records = []
+    for n, k in ((8192, 8192), (16384, 26624), (5120, 13824), (8192, 28672)):  # global k
+        for t in (1, 8, 32, 64, 128, 256):
+            kr = k // TP
+            mm = reduce_cost.mm_ms(rc, t, n, kr)
+            nccl = mm + reduce_cost.all_reduce_ms(rc, "nccl", t * n * 2)
+            us = {"mm": mm * 1e3, "nccl": nccl * 1e3}
+            for variant, path in rep.FUSED_PATH_VARIANTS.items():
+                tail = machine.FUSED_PATHS[path]
+                if machine.fused_constants_key(t, tail) in rc.fused:
+                    us[variant] = reduce_cost.fused_ms(rc, t, n, kr, TP, tail) * 1e3
+            records.append(dict(model="70B", layer="O", tokens=t, m=t, n=n, k=k, tp=TP, us=us,
+                                rel_err={}, unavailable={}))  # fmt: skip
+    path = tmp_path / "decode.csv"
+    path.write_text(out.csv_text(rep.CSV_FIELDS, rep.csv_rows(records, META)))
+    runs = fit_reduce.decode_runs(fit_reduce.cases(path))
+    tails = [r["tail"] for r in runs if r["kind"] == "fused"]
+    assert tails.count("two_shot") == 4 * 3 and tails.count("one_shot") == 4 * 6
+    got = calibration_fit.fit_reduce(runs, TP)
+    assert set(got.fused) == set(machine.FUSED_KERNELS)
+    # the CSV keeps 2 decimals of a us: the fit gives the times back to that
+    for t in (64, 256):
+        want = reduce_cost.fused_ms(rc, t, 8192, 4096, TP, "two_shot")
+        assert reduce_cost.fused_ms(got, t, 8192, 4096, TP, "two_shot") == pytest.approx(
+            want, rel=2e-2
+        )

@@ -1,8 +1,10 @@
 """CPU checks of gemm_all_reduce's fused path without a GPU: the kernel's host-only rules (which
-kernel, token tile and width, split-K factor, the decode kernel's grid and pieces, buffer sizes,
-the shape check, from C++ through _core), the path choice (``path="fused"`` requested, the
-reasons ``"auto"`` does not take it; where it does, by the decode model: test_reduce_cost.py)
-and the path argument's validate. The GPU runs it in tests/gpu/test_fused.py."""
+kernel, token tile and width, split-K factor, the decode kernel's grid and pieces, the tails and
+their slice owners, buffer sizes, the control region's flag layout, the shape check, from C++
+through _core), the two-shot sum buffers' placement against the launch's own check, the path
+choice (``path="fused"`` and ``"fused_two_shot"`` requested, the reasons ``"auto"`` does not take
+them; where it does, by the decode model: test_reduce_cost.py) and the path argument's validate.
+The GPU runs it in tests/gpu/test_fused.py."""
 
 import pytest
 
@@ -186,9 +188,121 @@ def test_partial_buffers_hold_two_parities_of_every_split():
         assert _core.fused_partial_bytes(8, 8192, 4, 2, tp) == 2 * tp * (2 * 4 * 8 * 8192 * 2)
     # the decode kernel's largest case of 405B at TP=2: 32 tokens x 16384 columns, 8 MiB a rank
     assert _core.fused_partial_bytes(32, 16384, 1, 2, 2) == 8 * 2**20
-    # the control region: a generation word per CTA slot, a flag section per rank
+    # the control region: a generation word per CTA slot, a flag section per rank, and the
+    # two-shot tail's section of sum flags
+    assert _core.FUSED_FLAG_SECTIONS == _core.MAX_TP + 1
     assert _core.FUSED_CONTROL_BYTES == 4 * _core.FUSED_MAX_CTAS + (
-        4 * _core.FUSED_MAX_TILES * _core.MAX_TP
+        4 * _core.FUSED_MAX_TILES * (_core.MAX_TP + 1)
+    )
+
+
+def test_flag_sections_follow_the_generation_words_apart_and_within_the_region():
+    tiles, words = _core.FUSED_MAX_TILES, _core.FUSED_CONTROL_BYTES // 4
+    assert _core.fused_flag_word(0, 0) == _core.FUSED_MAX_CTAS  # after the generation words
+    assert _core.FUSED_SUM_SECTION == _core.MAX_TP  # after every rank's partial flags
+    seen = set()
+    for section in range(_core.FUSED_FLAG_SECTIONS):
+        first, last = _core.fused_flag_word(section, 0), _core.fused_flag_word(section, tiles - 1)
+        assert last - first == tiles - 1
+        span = set(range(first, last + 1))
+        assert not span & seen, section
+        seen |= span
+    assert max(seen) == words - 1 and min(seen) == _core.FUSED_MAX_CTAS
+
+
+def test_tails_are_named_and_two_shot_is_the_cutlass_kernels_only():
+    assert _core.FUSED_TAILS == ("one_shot", "two_shot")
+    limit = _core.FUSED_DECODE_MAX_TOKENS
+    for m in (1, 8, limit, limit + 1, 256, 4096):
+        assert _core.fused_tail_problem("one_shot", m) == ""
+    for m in (1, limit):
+        why = _core.fused_tail_problem("two_shot", m)
+        assert "two-shot tail is the CUTLASS kernel's" in why and f"m={m}" in why
+    for m in (limit + 1, 128, 300):
+        assert _core.fused_tail_problem("two_shot", m) == ""
+    assert "tail 'three_shot' is not one of one_shot, two_shot" == _core.fused_tail_problem(
+        "three_shot", 64
+    )
+    with pytest.raises(ValueError, match="tail 'x' is not one of"):
+        _core.fused_sum_bytes(64, 1024, 2, "x")
+
+
+def test_sum_buffers_hold_two_parities_of_the_output_for_two_shot_only():
+    for m, n in ((64, 8192), (256, 16384), (33, 1024)):
+        assert _core.fused_sum_bytes(m, n, 2, "two_shot") == 2 * m * n * 2
+        assert _core.fused_sum_bytes(m, n, 2, "one_shot") == 0
+
+
+def _owners(m, n, splits, tp):
+    """Every slice's owner rank, in the CUTLASS scheduler's walk (token blocks fastest, then n
+    blocks, then splits)."""
+    nbs, tbs = -(-n // 128), -(-m // _core.fused_token_tile(m))
+    return [
+        _core.fused_slice_owner(nb, tb, s, nbs, tbs, tp)
+        for s in range(splits)
+        for nb in range(nbs)
+        for tb in range(tbs)
+    ]
+
+
+@pytest.mark.parametrize("tp", (2, 3, 4, 8))
+@pytest.mark.parametrize(
+    "m,n,splits",
+    [(64, 8192, 2), (128, 8192, 2), (256, 16384, 1), (300, 1024, 3), (100, 6144, 4), (33, 128, 1)],
+)
+def test_every_rank_owns_an_equal_share_of_slices_and_neighbours_differ(m, n, splits, tp):
+    owners = _owners(m, n, splits, tp)
+    counts = [owners.count(r) for r in range(tp)]
+    assert sum(counts) == len(owners) and max(counts) - min(counts) <= 1, counts
+    # consecutive slices of the walk (consecutive CTAs of the grid's first round) go to
+    # consecutive ranks: a rank's owning CTAs are every tp-th, spread over the SMs
+    assert all((b - a) % tp == 1 % tp for a, b in zip(owners, owners[1:]))
+
+
+def _placed(m, n, splits, tp, tail, itemsize=2, base=1 << 40):
+    """Every rank's (partial, sum) addresses and parity bytes as FusedState.place sets them in a
+    workspace sized by fused_layout (each rank's region 1 TiB apart)."""
+    layout = fused.fused_layout(m, n, splits, itemsize, tp, 0, tail)
+    parity = layout["slots_bytes"] // 2 // _core.FUSED_LINE_BYTES * _core.FUSED_LINE_BYTES
+    partial = [base * (q + 1) for q in range(tp)]
+    off = fused.fused_sum_offset(m, n, splits, itemsize, tp)
+    sums = [p + off for p in partial] if tail == "two_shot" else [0] * tp
+    return partial, sums, parity
+
+
+@pytest.mark.parametrize("tp", (2, 3, 4, 8))
+@pytest.mark.parametrize("m,n,splits", [(33, 1024, 1), (64, 8192, 2), (256, 16384, 4)])
+def test_the_python_placement_passes_the_launchs_sum_buffer_check(m, n, splits, tp):
+    for tail in ("one_shot", "two_shot"):
+        partial, sums, parity = _placed(m, n, splits, tp, tail)
+        problem = _core.fused_sum_buffers_problem("bf16", m, n, splits, tail, partial, sums, parity)
+        assert problem == "", (tail, problem)
+    # The layout holds both parities of the partials and the sums.
+    part = _core.fused_partial_bytes(m, n, splits, 2, tp)
+    layout = fused.fused_layout(m, n, splits, 2, tp, 0, "two_shot")
+    assert layout["slots_bytes"] >= part + _core.fused_sum_bytes(m, n, 2, "two_shot")
+
+
+def test_the_sum_buffer_check_refuses_overlaps_missing_and_stray_buffers():
+    m, n, splits, tp = 64, 8192, 2, 2
+    partial, sums, parity = _placed(m, n, splits, tp, "two_shot")
+    check = _core.fused_sum_buffers_problem
+    # a sum inside its rank's partials of the same parity, or of the other
+    inside = [partial[0] + 16, sums[1]]
+    assert "overlap its partial buffers" in check("bf16", m, n, splits, "two_shot", partial,
+                                                  inside, parity)  # fmt: skip
+    other = [partial[0] + parity, sums[1]]
+    assert "rank 0's" in check("bf16", m, n, splits, "two_shot", partial, other, parity)
+    # parities too close: parity 1's sum on parity 0's
+    assert "overlap" in check("bf16", m, n, splits, "two_shot", partial, sums, 16)
+    assert "no two-shot sum buffer of rank 1" in check(
+        "bf16", m, n, splits, "two_shot", partial, [sums[0], 0], parity
+    )
+    assert "not 16-byte aligned" in check(
+        "bf16", m, n, splits, "two_shot", partial, [sums[0] + 8, sums[1]], parity
+    )
+    assert "sum buffer given for the one-shot tail" in check(
+        "bf16", m, n, splits, "one_shot", partial, sums, parity
     )
 
 
@@ -231,10 +345,29 @@ def test_requested_fused_raises_with_the_reason_where_it_cannot_run(monkeypatch)
 
 
 def test_fused_is_a_path_of_gemm_all_reduce_only(monkeypatch):
-    assert validate.validate_path("gemm_all_reduce", "fused") == "fused"
-    with pytest.raises(ValueError, match="path='fused' is only for gemm_all_reduce"):
-        validate.validate_path("all_gather_gemm", "fused")
-    # set for the whole job (DISTGEMM_PATH=fused), the other ops keep "auto"
-    monkeypatch.setattr(validate, "DEFAULT_PATH", "fused")
-    assert validate.validate_path("gemm_reduce_scatter", None) == "auto"
-    assert validate.validate_path("gemm_all_reduce", None) == "fused"
+    for path in ("fused", "fused_two_shot"):
+        assert validate.validate_path("gemm_all_reduce", path) == path
+        with pytest.raises(ValueError, match=f"path='{path}' is only for gemm_all_reduce"):
+            validate.validate_path("all_gather_gemm", path)
+        # set for the whole job (DISTGEMM_PATH=fused), the other ops keep "auto"
+        monkeypatch.setattr(validate, "DEFAULT_PATH", path)
+        assert validate.validate_path("gemm_reduce_scatter", None) == "auto"
+        assert validate.validate_path("gemm_all_reduce", None) == path
+
+
+def test_requested_two_shot_runs_the_fused_path_with_its_tail_above_the_decode_kernel(
+    monkeypatch,
+):
+    monkeypatch.setattr(_core, "cuda_runtime", True, raising=False)
+    path, info = choose_path(_spec(64), "fused_two_shot", torch.bfloat16, None)
+    assert (path, info["fused_tail"], info["source"]) == ("fused", "two_shot", "requested")
+    path, info = choose_path(_spec(64), "fused", torch.bfloat16, None)
+    assert (path, info["fused_tail"]) == ("fused", "one_shot")
+    limit = _core.FUSED_DECODE_MAX_TOKENS
+    with pytest.raises(ValueError, match=r"path='fused_two_shot' cannot run this call: the "
+                       r"two-shot tail is the CUTLASS kernel's \(m > 32\)"):  # fmt: skip
+        choose_path(_spec(limit), "fused_two_shot", torch.bfloat16, None)
+    with pytest.raises(ValueError, match="transposed view"):
+        choose_path(_spec(64, transposed=True), "fused_two_shot", torch.bfloat16, None)
+    assert fused.fused_problem(_spec(8), torch.bfloat16, "two_shot") != ""
+    assert fused.fused_problem(_spec(8), torch.bfloat16) == ""

@@ -1,8 +1,10 @@
 """gemm_all_reduce's decode model (runtime.reduce_cost) and its constants: a fit of runs the model
-priced gives back the constants at TP 2, 3, 4 and 8, the choice takes the fastest candidate only
-beyond its margin and never past what the calibration measured, the JSON form and the TP
-prediction carry the constants, and path="auto" follows the model (fused, or the collective path
-with NCCL's or our all-reduce) at shapes the calibration did not run."""
+priced gives back the constants at TP 2, 3, 4 and 8 (the fused kernel's two-shot tail with its
+own), the choice takes the fastest candidate only beyond its margin and never past what the
+calibration measured, a fused tail is offered only where the calibration priced it (the shipped
+machine files price no two-shot tail), the JSON form and the TP prediction carry the constants,
+and path="auto" follows the model (fused with either tail, or the collective path with NCCL's or
+our all-reduce) at shapes the calibration did not run."""
 
 import json
 from dataclasses import replace
@@ -23,7 +25,9 @@ TPS = (2, 3, 4, 8)
 
 def reduce_constants(error: float = 0.0) -> machine.ReduceConstants:
     """H100-like: torch.mm streams 3 TB/s, NCCL's all-reduce 18 us + 150 GB/s, our one-shot 6 us
-    and our two-shot 10 us; the decode kernel 4 us and 0.45 us per token over torch.mm."""
+    and our two-shot 10 us; the decode kernel 4 us and 0.45 us per token over torch.mm; the
+    CUTLASS kernel's two-shot tail more fixed cost than its one-shot, less per token and per
+    pushed byte."""
     return machine.ReduceConstants(
         mm=(5e-3, 1 / 3.0e9, 1 / 6.7e11),
         all_reduce={
@@ -34,6 +38,7 @@ def reduce_constants(error: float = 0.0) -> machine.ReduceConstants:
         fused={  # the overhead over torch.mm: fixed, per weight byte, per token, per pushed byte
             "decode": (4e-3, 1e-12, 4.5e-4, 1e-9),
             "cutlass": (12e-3, 2e-12, 3.3e-4, 5e-10),
+            "cutlass_two_shot": (16e-3, 2e-12, 0.6e-4, 1e-10),
         },
         max_tokens=256,
         max_bytes=16 << 20,
@@ -43,14 +48,16 @@ def reduce_constants(error: float = 0.0) -> machine.ReduceConstants:
 
 def priced_runs(rc: machine.ReduceConstants, tp: int) -> list[dict]:
     """A calibration's decode runs (calibrate.REDUCE_SHAPES x REDUCE_TOKENS), each priced by the
-    model under ``rc``."""
+    model under ``rc``: the fused path with each tail that runs the tokens (as calibrate does)."""
     runs = []
     for n, k in calibrate.REDUCE_SHAPES:
         for m in calibrate.REDUCE_TOKENS:
             shape = {"m": m, "n": n, "k": k}
             runs.append({"kind": "reduce_mm", **shape, "ms": reduce_cost.mm_ms(rc, m, n, k)})
-            fused = reduce_cost.fused_ms(rc, m, n, k, tp)
-            runs.append({"kind": "fused", "tp": tp, **shape, "ms": fused})
+            for tail in _core.FUSED_TAILS:
+                if _core.fused_tail_problem(tail, m) == "":
+                    fused = reduce_cost.fused_ms(rc, m, n, k, tp, tail)
+                    runs.append({"kind": "fused", "tp": tp, **shape, "tail": tail, "ms": fused})
             for algorithm in rc.all_reduce:
                 nbytes = m * n * 2
                 ms = reduce_cost.all_reduce_ms(rc, algorithm, nbytes)
@@ -71,11 +78,15 @@ def test_a_fit_of_runs_the_model_priced_gives_back_its_constants(tp):
     for algorithm, consts in want.all_reduce.items():
         assert all(close(g, w) for g, w in zip(got.all_reduce[algorithm], consts, strict=True))
     # Compare times: a constant the runs cannot tell from 0 may come back as 0.
+    assert set(got.fused) == set(machine.FUSED_KERNELS)
     for n, k in calibrate.REDUCE_SHAPES:
         for m in calibrate.REDUCE_TOKENS:
-            assert close(
-                reduce_cost.fused_ms(got, m, n, k, tp), reduce_cost.fused_ms(want, m, n, k, tp)
-            )
+            for tail in _core.FUSED_TAILS:
+                if _core.fused_tail_problem(tail, m) == "":
+                    assert close(
+                        reduce_cost.fused_ms(got, m, n, k, tp, tail),
+                        reduce_cost.fused_ms(want, m, n, k, tp, tail),
+                    ), (m, n, k, tail)
     assert got.max_tokens == max(calibrate.REDUCE_TOKENS)
     biggest = max(m * n * 2 for n, _ in calibrate.REDUCE_SHAPES for m in calibrate.REDUCE_TOKENS)
     assert got.max_bytes == biggest
@@ -97,6 +108,23 @@ def test_the_fit_refuses_too_few_runs_and_leaves_out_what_it_cannot_fit():
     assert set(reduce_cost.predict(rc, 8, 8192, 4096, 2, offered)) == {reduce_cost.BASELINE}
 
 
+def test_runs_without_a_tail_are_one_shot_and_too_few_two_shot_runs_leave_it_out():
+    runs = priced_runs(reduce_constants(), 4)
+    # A calibration before the two-shot tail: its fused runs name no tail.
+    old = [{k: v for k, v in r.items() if k != "tail"} for r in runs
+           if r.get("tail", "one_shot") == "one_shot"]  # fmt: skip
+    rc = calibration_fit.fit_reduce(old, 4)
+    assert set(rc.fused) == {"decode", "cutlass"}
+    # Three two-shot runs cannot fit its four constants: it is left out, never offered.
+    two = [r for r in runs if r.get("tail") == "two_shot"]
+    rc = calibration_fit.fit_reduce(old + two[:3], 4)
+    assert "cutlass_two_shot" not in rc.fused
+    offered = {"fused": "", "fused_two_shot": ""}
+    assert "fused_two_shot" not in reduce_cost.predict(rc, 128, 8192, 4096, 4, offered)
+    rc = calibration_fit.fit_reduce(old + two, 4)
+    assert "fused_two_shot" in reduce_cost.predict(rc, 128, 8192, 4096, 4, offered)
+
+
 def test_the_error_is_the_over_predicted_gain():
     want = reduce_constants()
     runs = priced_runs(want, 4)
@@ -109,9 +137,51 @@ def test_the_error_is_the_over_predicted_gain():
     faster = [dict(r, ms=r["ms"] * 0.8) if r["kind"] == "fused" else r for r in runs]
     errs = calibration_fit.reduce_gain_errors(want, faster, 4)
     assert calibration_fit.over_prediction(errs) == pytest.approx(0.0, abs=1e-12)
+    # The two-shot tail alone measured slower: its own gain is over-predicted.
+    slower2 = [dict(r, ms=r["ms"] * 1.2) if r.get("tail") == "two_shot" else r for r in runs]
+    assert (
+        calibration_fit.over_prediction(calibration_fit.reduce_gain_errors(want, slower2, 4)) > 0.05
+    )
 
 
 ALL = {"fused": "", "one_shot": "", "two_shot": ""}
+ALL_TAILS = {**ALL, "fused_two_shot": ""}
+
+
+@pytest.mark.parametrize("tp", TPS)
+def test_the_two_shot_tail_is_priced_by_its_own_constants_where_offered(tp):
+    rc = reduce_constants()
+    m, n, k = 128, 8192, 4096
+    pred = reduce_cost.predict(rc, m, n, k, tp, ALL_TAILS)
+    terms = reduce_cost.fused_terms(m, n, k, tp)
+    own = sum(c * t for c, t in zip(rc.fused["cutlass_two_shot"], terms, strict=True))
+    assert pred["fused_two_shot"] == pytest.approx(reduce_cost.mm_ms(rc, m, n, k) + own)
+    assert pred["fused_two_shot"] != pytest.approx(pred["fused"])
+    # not offered (absent from the offer, or with a reason): not priced
+    assert "fused_two_shot" not in reduce_cost.predict(rc, m, n, k, tp, ALL)
+    refused = {**ALL, "fused_two_shot": "the two-shot tail is the CUTLASS kernel's"}
+    assert "fused_two_shot" not in reduce_cost.predict(rc, m, n, k, tp, refused)
+    # at the decode kernel's tokens there is no two-shot constant to price it by
+    assert "fused_two_shot" not in reduce_cost.predict(rc, 8, n, k, tp, ALL_TAILS)
+    # constants without the two-shot tail (every shipped file): never offered
+    old = replace(rc, fused={k: v for k, v in rc.fused.items() if k != "cutlass_two_shot"})
+    assert "fused_two_shot" not in reduce_cost.predict(old, m, n, k, tp, ALL_TAILS)
+    # with the most tokens and bytes pushed, its lower per-byte cost wins over the one-shot
+    pick, pred, _ = reduce_cost.choose(rc, 256, 16384, 4096, tp, ALL_TAILS)
+    assert pred["fused_two_shot"] < pred["fused"]
+    assert pick == min(pred, key=pred.get)
+
+
+def test_the_shipped_machine_files_load_unchanged_and_price_no_two_shot_tail():
+    files = sorted(machine.SHIPPED_DIR.glob("*.json"))
+    assert files
+    for path in files:
+        mc = machine.load(path)
+        assert mc.reduce is not None and set(mc.reduce.fused) <= set(machine.FUSED_KERNELS)
+        assert "cutlass_two_shot" not in mc.reduce.fused
+        for m in (64, 128, 256):
+            pred = reduce_cost.predict(mc.reduce, m, 8192, 4096, mc.key.tp, ALL_TAILS)
+            assert "fused_two_shot" not in pred and "fused" in pred, path.name
 
 
 @pytest.mark.parametrize("tp", TPS)
@@ -179,12 +249,17 @@ def test_json_round_trip_problems_and_the_tp_prediction(tmp_path):
     at2 = replace(constants(2), reduce=reduce_constants())
     rc4 = reduce_constants()
     rc4 = replace(rc4, all_reduce={**rc4.all_reduce, "one_shot": (9e-3, 1 / 0.6e8)})
+    rc4 = replace(rc4, fused={**rc4.fused, "cutlass_two_shot": (19e-3, 2e-12, 2.0e-4, 1.5e-10)})
     at4 = replace(constants(4), reduce=rc4)
     at8 = at4.at_tp(8, [at2])
     lat2, lat4 = 6e-3, 9e-3  # hops 1 and 3: 1.5 us per hop
     assert at8.reduce.all_reduce["one_shot"][0] == pytest.approx(lat4 + (lat4 - lat2) / 2 * 4)
     assert at8.reduce.all_reduce["one_shot"][1] == rc4.all_reduce["one_shot"][1]
     assert at4.at_tp(8).reduce.all_reduce["one_shot"] == rc4.all_reduce["one_shot"]
+    # the two-shot tail's fixed cost on its own line (16 us at TP 2, 19 at TP 4)
+    fixed = at8.reduce.fused["cutlass_two_shot"]
+    assert fixed[0] == pytest.approx(19e-3 + (19e-3 - 16e-3) / 2 * 4)
+    assert fixed[1:] == rc4.fused["cutlass_two_shot"][1:]
 
 
 def _spec(tokens, n, k_local, tp, transposed=False):
@@ -207,16 +282,26 @@ def cuda_build(monkeypatch):
 def test_auto_follows_the_model_on_shapes_the_calibration_did_not_run(cuda_build, tp):
     mc = replace(constants(tp), reduce=reduce_constants())
     # Neither these (n, k) nor these token counts are the calibration's.
-    for tokens, n, k in [(2, 6144, 1280), (24, 12288, 3072), (100, 7168, 2304), (200, 3584, 896)]:
+    picked = set()
+    for tokens, n, k in [(2, 6144, 1280), (24, 12288, 3072), (100, 7168, 2304), (200, 3584, 896),
+                         (192, 14336, 2048)]:  # fmt: skip
         spec = _spec(tokens, n, k, tp)
         path, info = choose_path(spec, "auto", torch.bfloat16, None, mc)
-        offered = {"fused": "", **collective.own_all_reduce_offer(tokens * n, torch.bfloat16, tp)}
+        offered = {p: _core.fused_tail_problem(tail, tokens)
+                   for p, tail in machine.FUSED_PATHS.items()}  # fmt: skip
+        offered.update(collective.own_all_reduce_offer(tokens * n, torch.bfloat16, tp))
         want, pred, _ = reduce_cost.choose(mc.reduce, tokens, n, k, tp, offered)
-        assert path == ("fused" if want == "fused" else "collective"), (tokens, n, k, info)
+        picked.add(want)
+        fused_want = want in machine.FUSED_PATHS
+        assert path == ("fused" if fused_want else "collective"), (tokens, n, k, info)
         if path == "collective":
             assert info["all_reduce"] == want.split("/")[1]
+        else:
+            assert info["fused_tail"] == machine.FUSED_PATHS[want]
         assert info["source"] == "model" and info["why"].startswith("model: predicted")
         assert info["collective_nccl_ms"] == pytest.approx(pred[reduce_cost.BASELINE])
+        assert ("fused_two_shot_ms" in info) == ("fused_two_shot" in pred)
+    assert "fused_two_shot" in picked, picked  # the two-shot tail is chosen somewhere
 
 
 def test_auto_without_reduce_constants_never_runs_fused(cuda_build):

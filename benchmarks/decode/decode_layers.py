@@ -1,8 +1,10 @@
 """Decode benchmark: row-parallel layers (O, FC2) at decode token counts with their output
 all-reduced, TP = world size: torch.mm alone (the floor), the unfused baselines (torch.mm, then
 NCCL all_reduce, torch's one_shot_all_reduce or two_shot_all_reduce_, or NCCL's symmetric-memory
-all_reduce: benchmarks/common/allreduce_baselines.py) and distgemm.gemm_all_reduce (auto and
-fused), each captured in a CUDA graph of 20 calls, in one torchrun run.
+all_reduce: benchmarks/common/allreduce_baselines.py) and distgemm.gemm_all_reduce (auto, and
+forced onto each fused path: path="fused", the one-shot tail, and path="fused_two_shot", the
+CUTLASS kernel's two-shot tail, above the decode kernel's tokens), each captured in a CUDA
+graph of 20 calls, in one torchrun run.
 
     torchrun --nproc-per-node N -m benchmarks.decode.decode_layers [--models 8B,70B,405B]
         [--layers O,FC2] [--extra Qwen2-72B/FC2,Mixtral-8x22B/O|none] [--tokens 1,8] [--out DIR]
@@ -161,8 +163,9 @@ def one_call(
         return lambda: ab.mm_two_shot(torch, a, wt, o, group_name)
     if variant == "nccl_symm":  # o: a view of the NCCL window
         return lambda: ab.mm_nccl(torch, dist, a, wt, o)
-    if variant == "distgemm_fused":
-        return lambda: distgemm.gemm_all_reduce(a, w, out=o, path="fused")
+    if variant in report.FUSED_PATH_VARIANTS:
+        path = report.FUSED_PATH_VARIANTS[variant]
+        return lambda: distgemm.gemm_all_reduce(a, w, out=o, path=path)
     if variant in report.OWN_ALL_REDUCE:
         from distgemm.runtime.allreduce import run_all_reduce
         from distgemm.runtime.communicator import get_communicator
@@ -185,17 +188,25 @@ def auto_choice(tokens: int, n: int, k: int) -> dict[str, Any]:
     for ch in distgemm.path_choices():
         if ch["op"] == "gemm_all_reduce" and ch["requested"] == "auto":
             if (ch["m"], ch["n"], ch["k"]) == (tokens, n, k):
-                return {key: ch.get(key) for key in ("path", "all_reduce", "why")}
+                return {key: ch.get(key) for key in ("path", "all_reduce", "fused_tail", "why")}
     return {}
 
 
 def build(ctx, ops, tokens, base: Baselines, group_name, rec) -> dict[str, Any]:
     """Every variant's graph of CALLS_PER_GRAPH calls cycling through the weight copies (after one
     eager call); failures go to ``rec["unavailable"]``."""
+    from distgemm import _core
+    from distgemm.runtime.machine import FUSED_PATHS
+
     graphs = {}
     for v in report.VARIANTS:
         if v in base.unavailable:
             rec["unavailable"][v] = base.unavailable[v]
+            continue
+        path = report.FUSED_PATH_VARIANTS.get(v)
+        why = _core.fused_tail_problem(FUSED_PATHS[path], tokens) if path else ""
+        if why:  # the two-shot tail at the decode kernel's token counts
+            rec["unavailable"][v] = why
             continue
         calls = [one_call(v, ops, tokens, base, group_name, j) for j in range(len(ops.weights))]
         call = calls[0]

@@ -5,11 +5,12 @@ choice on every case of such a CSV against its measured times (CPU only, numpy).
     python3 -m benchmarks.decode.fit_reduce DECODE.csv --constants FILE   # validation only
 
 A case's columns become calibration runs (``distgemm.runtime.calibration_fit.fit_reduce``):
-torch.mm alone, NCCL's all-reduce (mm + NCCL less mm), the fused path where it ran, and our
-all-reduce where ``path="auto"`` ran the collective path with it (auto less mm) or where
-``--own-all-reduce`` timed it forced. Both of the
-decode benchmark's CSV forms are read: ``benchmarks/decode/decode_layers.py``'s (``us_mm``,
-``us_nccl``, ``us_distgemm_fused``, ...) and the 2026-11-24 one (``case`` = model/layer/M/TP,
+torch.mm alone, NCCL's all-reduce (mm + NCCL less mm), each fused path where it ran forced
+(``path="fused"``, and ``path="fused_two_shot"``: the two-shot tail), and our all-reduce where
+``path="auto"`` ran the collective path with it (auto less mm) or where ``--own-all-reduce``
+timed it forced. Both of the decode benchmark's CSV forms are read:
+``benchmarks/decode/decode_layers.py``'s (``us_mm``, ``us_nccl``, ``us_distgemm_fused``,
+``us_distgemm_fused_two_shot``, ...) and the 2026-11-24 one (``case`` = model/layer/M/TP,
 ``mm_us``, ``mm_nccl_us``, ``distgemm_fused_us``). ``--base`` names the machine file the
 constants are added to (its GPU and TP); ``--out`` writes the result. ``--constants`` reports
 instead, per case, the candidate the model picks under another file's constants, its measured
@@ -25,6 +26,7 @@ from typing import Any
 from benchmarks.common import models
 from distgemm import cli
 from distgemm.runtime import calibration_fit, machine, reduce_cost
+from distgemm.runtime.machine import FUSED_PATHS
 from distgemm.runtime.paths.collective import OWN_ALL_REDUCES
 
 
@@ -38,7 +40,8 @@ def _float(row: dict[str, str], *names: str) -> float | None:
 
 def cases(path: pathlib.Path) -> list[dict[str, Any]]:
     """Every case of a decode CSV: tp, this rank's m, n, k and the measured us per variant
-    ("mm", "nccl", "fused", and "collective/<algorithm>" where auto ran our all-reduce)."""
+    ("mm", "nccl", each fused path of FUSED_PATHS, and "collective/<algorithm>" where auto ran
+    our all-reduce)."""
     out = []
     for row in csv.DictReader(path.open()):
         if "case" in row:  # model/layer/M<tokens>/TP<tp>
@@ -51,6 +54,7 @@ def cases(path: pathlib.Path) -> list[dict[str, Any]]:
             "mm": _float(row, "us_mm", "mm_us"),
             "nccl": _float(row, "us_nccl", "mm_nccl_us"),
             "fused": _float(row, "us_distgemm_fused", "distgemm_fused_us"),
+            "fused_two_shot": _float(row, "us_distgemm_fused_two_shot"),
         }
         auto = row.get("auto_runs", "")
         if auto.startswith("collective/") and auto != "collective/nccl":
@@ -74,8 +78,10 @@ def decode_runs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         runs.append({"kind": "reduce_mm", **shape, "ms": us["mm"] / 1e3})
         runs.append({"kind": "all_reduce", "algorithm": "nccl", "bytes": nbytes,
                      "ms": (us["nccl"] - us["mm"]) / 1e3})  # fmt: skip
-        if us["fused"] is not None:
-            runs.append({"kind": "fused", "tp": c["tp"], **shape, "ms": us["fused"] / 1e3})
+        for path, tail in FUSED_PATHS.items():
+            if us.get(path) is not None:
+                runs.append({"kind": "fused", "tp": c["tp"], **shape, "tail": tail,
+                             "ms": us[path] / 1e3})  # fmt: skip
         for name, v in us.items():
             if name.startswith("collective/") and v is not None:
                 runs.append({"kind": "all_reduce", "algorithm": name.split("/")[1],
@@ -93,10 +99,9 @@ def validate(rows: list[dict[str, Any]], mc: machine.MachineConstants) -> list[s
         if us["mm"] is None or us["nccl"] is None:
             continue
         measured = {reduce_cost.BASELINE: us["nccl"]}
-        if us["fused"] is not None:
-            measured["fused"] = us["fused"]
+        measured.update({p: us[p] for p in FUSED_PATHS if us.get(p) is not None})
         measured.update({k: v for k, v in us.items() if k.startswith("collective/") and v})
-        offered = {"fused": "" if "fused" in measured else "not measured"}
+        offered = {p: "" if p in measured else "not measured" for p in FUSED_PATHS}
         offered.update(dict.fromkeys(OWN_ALL_REDUCES, ""))
         pick, _, _ = reduce_cost.choose(rc, c["m"], c["n"], c["k"], c["tp"], offered)
         fastest = min(measured, key=measured.get)

@@ -26,8 +26,12 @@ from benchmarks.decode import cases
 CALLS_PER_GRAPH = 20
 VARIANTS = (
     "mm", "nccl", "one_shot", "two_shot", "nccl_symm", "distgemm", "distgemm_fused",
-    "dg_one_shot", "dg_two_shot", "dg_one_shot_ll", "dg_two_shot_ll",
+    "distgemm_fused_two_shot", "dg_one_shot", "dg_two_shot", "dg_one_shot_ll", "dg_two_shot_ll",
 )  # fmt: skip
+# distgemm.gemm_all_reduce forced onto each fused path (distgemm.runtime.machine.FUSED_PATHS):
+# the fused kernel with its one-shot tail, and with the CUTLASS kernel's two-shot tail (not run
+# at the decode kernel's token counts).
+FUSED_PATH_VARIANTS = {"distgemm_fused": "fused", "distgemm_fused_two_shot": "fused_two_shot"}
 # torch.mm + our all-reduce forced (decode_layers --own-all-reduce): what the model chooses
 # among, timed so that a run validates its choice (benchmarks/decode/fit_reduce.py).
 OWN_ALL_REDUCE = {
@@ -35,7 +39,7 @@ OWN_ALL_REDUCE = {
     "dg_one_shot_ll": "one_shot_ll", "dg_two_shot_ll": "two_shot_ll",
 }  # fmt: skip
 UNFUSED = ("nccl", "one_shot", "two_shot", "nccl_symm")  # best unfused: the fastest of these
-FUSED = ("distgemm", "distgemm_fused")
+FUSED = ("distgemm", *FUSED_PATH_VARIANTS)
 REFERENCE = "nccl"
 DESCRIPTION = {
     "mm": "torch.mm alone, this rank's partial product (the floor)",
@@ -46,6 +50,9 @@ DESCRIPTION = {
     "nccl_symm": "torch.mm into an NCCL symmetric window + NCCL all_reduce (in place)",
     "distgemm": "distgemm.gemm_all_reduce",
     "distgemm_fused": 'distgemm.gemm_all_reduce(path="fused"): GEMM + all-reduce in one kernel',
+    "distgemm_fused_two_shot": 'distgemm.gemm_all_reduce(path="fused_two_shot"): the fused '
+    "kernel with its two-shot tail (each tile's slices summed by one owner rank, copied by the "
+    "others)",
     "dg_one_shot": "torch.mm + distgemm's own one-shot all-reduce (runtime/allreduce.py), forced",
     "dg_two_shot": "torch.mm + distgemm's own two-shot all-reduce (runtime/allreduce.py), forced",
     "dg_one_shot_ll": "torch.mm + distgemm's own one-shot all-reduce with LL lines, forced",
@@ -59,6 +66,7 @@ HEADERS = {
     "nccl_symm": "mm+nccl_symm",
     "distgemm": "distgemm",
     "distgemm_fused": "distgemm fused",
+    "distgemm_fused_two_shot": "distgemm fused 2shot",
     "dg_one_shot": "mm+dg one_shot",
     "dg_two_shot": "mm+dg two_shot",
     "dg_one_shot_ll": "mm+dg one_shot_ll",
@@ -66,7 +74,7 @@ HEADERS = {
 }
 ERR_TOL = 2e-2  # relative Frobenius error against mm + NCCL, bf16
 SUSPECT_SLACK = 0.01  # a time more than 1% below mm alone is a measurement error
-RATIOS = ("vs_best", "fused_vs_best", "over_mm")
+RATIOS = ("vs_best", "fused_vs_best", "fused_two_shot_vs_best", "over_mm")
 
 
 def case_name(rec: dict[str, Any]) -> str:
@@ -92,9 +100,10 @@ def best(rec: dict[str, Any]) -> tuple[str | None, float | None]:
 
 
 def derived(rec: dict[str, Any]) -> dict[str, Any]:
-    """``best_unfused`` (its variant) and ``best_us``; ``vs_best`` and ``fused_vs_best``
-    (best unfused time / distgemm's, resp. its fused path's: > 1 is faster) and ``over_mm``
-    (distgemm's time / mm alone); None where a time is missing."""
+    """``best_unfused`` (its variant) and ``best_us``; ``vs_best``, ``fused_vs_best`` and
+    ``fused_two_shot_vs_best`` (best unfused time / distgemm's, resp. its fused path's with the
+    one-shot and the two-shot tail: > 1 is faster) and ``over_mm`` (distgemm's time / mm
+    alone); None where a time is missing."""
     us = rec.get("us", {})
     name, t = best(rec)
     dg = us.get("distgemm")
@@ -103,6 +112,7 @@ def derived(rec: dict[str, Any]) -> dict[str, Any]:
         "best_us": t,
         "vs_best": bu.speedup(t, dg),
         "fused_vs_best": bu.speedup(t, us.get("distgemm_fused")),
+        "fused_two_shot_vs_best": bu.speedup(t, us.get("distgemm_fused_two_shot")),
         "over_mm": bu.speedup(dg, us.get("mm")),
     }
 
@@ -205,10 +215,14 @@ def _cell(rec, v, bad, off) -> str:
 
 
 def auto_label(rec: dict[str, Any]) -> str:
-    """What path="auto" ran at this case: "fused", or "collective/<all-reduce>" ('' unknown)."""
+    """What path="auto" ran at this case: the fused path that forces it ("fused",
+    "fused_two_shot"), or "collective/<all-reduce>" ('' unknown)."""
     auto = rec.get("auto") or {}
     if auto.get("path") == "collective":
         return f"collective/{auto.get('all_reduce') or 'nccl'}"
+    tail = auto.get("fused_tail")
+    if auto.get("path") == "fused" and tail not in (None, "one_shot"):
+        return f"fused_{tail}"
     return auto.get("path") or ""
 
 
@@ -235,6 +249,7 @@ def format_table(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str
         "best unfused",
         "distgemm vs best",
         "fused vs best",
+        "fused 2shot vs best",
         "distgemm / mm",
         "auto runs",
     ]

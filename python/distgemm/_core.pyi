@@ -414,3 +414,69 @@ class AllReduceLauncher:
         ctas: int = 0,
     ) -> None: ...
     def error(self) -> str: ...
+
+# The fused GEMM + all-reduce (kernel/fused_allreduce.hpp; fused_rules.cpp, and
+# fused_launcher.cpp with the CUDA runtime).
+FUSED_CONTROL_BYTES: int
+FUSED_MAX_SPLITS: int
+FUSED_DECODE_MAX_PIECES: int
+FUSED_DECODE_MAX_TOKENS: int
+FUSED_MAX_TILES: int
+FUSED_MAX_CTAS: int
+FUSED_LINE_BYTES: int
+FUSED_TAILS: tuple[str, ...]  # "one_shot", "two_shot"
+FUSED_SUM_SECTION: int
+FUSED_FLAG_SECTIONS: int
+
+def fused_kernel(m: int) -> str: ...
+def fused_decode_token_width(m: int) -> int: ...
+def fused_token_tile(m: int) -> int: ...
+def fused_splits(m: int, n: int, k: int, resident_ctas: int) -> int: ...
+def fused_ctas(m: int, n: int, k: int, resident_ctas: int) -> int: ...
+def fused_decode_pieces(m: int, n: int, k: int, ctas: int) -> list[tuple[int, int]]: ...
+def fused_partial_bytes(m: int, n: int, splits: int, element_bytes: int, tp: int) -> int: ...
+def fused_sum_bytes(m: int, n: int, element_bytes: int, tail: str) -> int: ...
+def fused_shape_problem(m: int, n: int, k: int, splits: int, tp: int) -> str: ...
+def fused_tail_problem(tail: str, m: int) -> str: ...
+def fused_slice_owner(
+    nb: int, tb: int, s: int, n_blocks: int, token_blocks: int, tp: int
+) -> int: ...
+def fused_flag_word(section: int, index: int) -> int: ...
+def fused_sum_buffers_problem(
+    dtype: str,
+    m: int,
+    n: int,
+    splits: int,
+    tail: str,
+    partial: list[int],
+    sum: list[int],
+    parity_bytes: int,
+) -> str: ...
+def fused_resident_ctas(dtype: str, m: int, cuda_device: int) -> int: ...
+
+class FusedLauncher:
+    def __init__(self, cuda_device: int, order: LaunchOrder, timeout_s: float) -> None: ...
+    def launch(
+        self,
+        stream: int,
+        dtype: str,
+        m: int,
+        n: int,
+        k: int,
+        a: int,
+        w: int,
+        out: int,
+        bias: int,
+        c: int,
+        alpha: float,
+        beta: float,
+        splits: int,
+        ctas: int,
+        tail: str,
+        rank: int,
+        partial: list[int],
+        sum: list[int],
+        parity_bytes: int,
+        control: list[int],
+    ) -> None: ...
+    def error(self) -> str: ...

@@ -8,14 +8,14 @@ TP = N. It runs, on shapes of its own (none of them a Llama layer's): our GEMM k
 torch.mm alone; copy-engine reads from 1..TP-1 peers at once; NCCL's all-gather and
 reduce-scatter alone; the all-gather and reduce-scatter ops on the collective path and on the
 overlapped plan at S = TP and 2 TP; and gemm_all_reduce's decode terms: torch.mm, NCCL's and our
-all-reduces and the fused kernel at 1..256 tokens (``REDUCE_SHAPES``). ``--reduce-only``
-measures only the last and adds them to the machine's calibration already found (the file
-written, or shipped, for this GPU, TP and topology). Each run: calls until ``--window-ms`` of
-them are timed with CUDA events, after a warm-up of a quarter of that, enqueued behind a
-sleeping kernel where the host is slower than the GPU (GPU time is what the model prices); the
-slowest rank's ms per call. Then ``runtime.calibration_fit`` fits the constants, and rank 0
-writes them with every run and the fit's errors (default: the directory of
-``DISTGEMM_CALIBRATION`` or ``~/.cache/distgemm/machines``, file
+all-reduces and the fused kernel with each tail it runs at 1..256 tokens (``REDUCE_SHAPES``).
+``--reduce-only`` measures only the last and adds them to the machine's calibration already
+found (the file written, or shipped, for this GPU, TP and topology). Each run: calls until
+``--window-ms`` of them are timed with CUDA events, after a warm-up of a quarter of that,
+enqueued behind a sleeping kernel where the host is slower than the GPU (GPU time is what the
+model prices); the slowest rank's ms per call. Then ``runtime.calibration_fit`` fits the
+constants, and rank 0 writes them with every run and the fit's errors (default: the directory
+of ``DISTGEMM_CALIBRATION`` or ``~/.cache/distgemm/machines``, file
 ``<gpu>-tp<N>-<topology>.json``). Under a minute on 2 or 4 H100s.
 """
 
@@ -222,7 +222,8 @@ def l2_bytes(device) -> int:
 
 def reduce_runs(torch, dist, device, tp, run, rand, say) -> list[dict[str, Any]]:
     """gemm_all_reduce's decode runs (calibration_fit.fit_reduce): torch.mm and the fused path
-    at every REDUCE_SHAPES x REDUCE_TOKENS, NCCL's and our all-reduces at each one's bytes. Each
+    with each tail that runs the shape (``machine.FUSED_PATHS``) at every REDUCE_SHAPES x
+    REDUCE_TOKENS, NCCL's and our all-reduces at each one's bytes. Each
     is timed as servers run it: a CUDA graph of GRAPH_CALLS calls, replayed (eager launches of
     calls of a few microseconds time the launch gaps, not the call), torch.mm's and the fused
     path's calls cycling through weight_copies copies of the weight."""
@@ -260,11 +261,13 @@ def reduce_runs(torch, dist, device, tp, run, rand, say) -> list[dict[str, Any]]
             mm = graphed_ms(*(functools.partial(torch.mm, a, x.t(), out=d) for x in ws))
             runs.append({"kind": "reduce_mm", **shape, "ms": mm})
             spec = make_spec("gemm_all_reduce", "ar_tile_a", tp, 0, None, a, w)
-            if not fused_problem(spec, torch.bfloat16):
-                fused_calls = (
-                    functools.partial(ops.gemm_all_reduce, a, x, path="fused", out=d) for x in ws
-                )
-                runs.append({"kind": "fused", "tp": tp, **shape, "ms": graphed_ms(*fused_calls)})
+            for path, tail in machine.FUSED_PATHS.items():
+                if not fused_problem(spec, torch.bfloat16, tail):
+                    fused_calls = (
+                        functools.partial(ops.gemm_all_reduce, a, x, path=path, out=d) for x in ws
+                    )
+                    runs.append({"kind": "fused", "tp": tp, **shape, "tail": tail,
+                                 "ms": graphed_ms(*fused_calls)})  # fmt: skip
             vec, nbytes = d.view(-1), m * n * 2
             calls = {"nccl": functools.partial(dist.all_reduce, vec)}
             for algorithm, problem in own_all_reduce_offer(vec.numel(), vec.dtype, tp).items():

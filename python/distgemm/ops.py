@@ -21,7 +21,8 @@ graph capture, paths, tuning tables and the default steps; docs/architecture.md 
 
 ``path="auto"`` (the default; ``DISTGEMM_PATH`` sets another) chooses among "overlap" (the
 plan's CUDA graph), "collective" (NCCL and one torch GEMM) and, for ``gemm_all_reduce``, "fused"
-(GEMM and all-reduce in one kernel), from the shapes when the entry is made, never by measuring
+(GEMM and all-reduce in one kernel; "fused_two_shot" forces its two-shot tail), from the shapes
+when the entry is made, never by measuring
 the call; ``path_choices()`` reports each choice and why. No autograd: an input that requires
 grad while grad mode is on is refused (``distgemm.compat.nn`` has the autograd layers).
 """
@@ -101,8 +102,9 @@ def memory_stats(group=None) -> dict[str, int]:
     eager_graphs          instantiated graphs of the eager calls, at most ``graphs_per_plan``
                           per plan
     captured_graphs       graphs recorded into callers' CUDA graphs
-    fused_control_bytes   the fused path's control region (launch generation, tile flags;
-                          the CUTLASS kernel's partial buffers are placed in the workspace)
+    fused_control_bytes   the fused path's control region (launch generation, tile flags,
+                          two-shot sum flags; the CUTLASS kernel's partial buffers and its
+                          two-shot sum buffers are placed in the workspace)
     fused_receive_bytes   the decode kernel's receive regions (the current one and those kept
                           for captured graphs): every rank's partials of the entries up to
                           ``_core.FUSED_DECODE_MAX_TOKENS`` tokens
@@ -384,9 +386,12 @@ def gemm_all_reduce(
     ``path``: "auto", "overlap", "collective" (torch GEMM + NCCL all-reduce), as for
     ``all_gather_gemm``, or "fused": one kernel computes this rank's partial into the symmetric
     workspace, signals each tile to every rank and sums its own tiles over every rank's
-    partials (NVLink reads); "auto" takes it where ``_core.fused_auto_problem`` allows. It
-    needs a K-contiguous ``w`` (not a ``.t()`` view) and bf16/fp16; ``path="fused"`` on a call
-    it cannot run is a ValueError with the reason. fp8 (``scale_a``, ``scale_b``,
+    partials (NVLink reads); "auto" takes it where the machine's decode model predicts it the
+    fastest (``runtime.reduce_cost``). "fused_two_shot": the same kernel above
+    ``_core.FUSED_DECODE_MAX_TOKENS`` tokens with its two-shot tail (each slice of a tile summed
+    by one owner rank, which the others copy it from; the same bits). It needs a K-contiguous
+    ``w`` (not a ``.t()`` view) and bf16/fp16; a fused path on a call it cannot run is a
+    ValueError with the reason. fp8 (``scale_a``, ``scale_b``,
     ``fast_accum``) as for ``gemm_reduce_scatter``; the fused path is bf16/fp16 only.
     """
     return _gemm_then_reduce(

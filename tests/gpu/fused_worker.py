@@ -25,6 +25,17 @@ inputs seeded, different per rank):
   timeout      rank tp-1 never replays its captured fused op: the other ranks' replay ends
                after wait_timeout_s with RuntimeError naming the rank and the tile, at the next
                op call and at check(); the next replay exits at once; nobody hangs
+  two_shot*    path="fused_two_shot" (the CUTLASS kernel's two-shot tail), at token counts
+               33..300, every token tile, split-K 1..4, partial n blocks, bias and beta * c,
+               bf16 and fp16: bitwise equal to path="fused" (the one-shot tail: the same
+               partials summed in float32 in the same order) and on every rank, and within
+               TOL of torch in fp32; captured beside the one-shot op and replayed REPLAYS / 5
+               times with fresh activations, bitwise equal at every replay; both tails and both
+               kernels back to back in one captured graph, every output checked at every
+               replay; its timeouts: rank tp-1 never replays (the others name it, waiting for
+               its partials), and rank tp-1 runs the one-shot tail where the others run the
+               two-shot (its partials arrive, its sums never: the others name it, waiting for
+               the sum of a slice it owns)
 
 With DISTGEMM_ALLOW_SHARED_GPU=1 (tests/gpu/test_fused.py on a one-GPU machine) 2 ranks share
 GPU 0 over a gloo group: every section runs (the references' collectives on CPU copies); the
@@ -74,13 +85,15 @@ def digest(t: torch.Tensor) -> str:
     return hashlib.sha256(t.contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
 
 
-def check(name, y, a, w, b, c, beta, dtype, **extra):
+def check(name, y, a, w, b, c, beta, dtype, also_ok=True, **extra):
+    """Records `name`: y within TOL of torch in fp32 and TOL_SAME_DTYPE of torch in `dtype`,
+    bitwise the same on every rank, and `also_ok` (a further check of the caller's)."""
     ref32, ref_dt = reference("ar_tile_a", a, w, b, c, beta, dtype)
     e32, edt = rel_err(y, ref32), rel_err(y, ref_dt)
     same = len(set(same_on_all_ranks(digest(y)))) == 1
     record(
         name,
-        e32 < TOL and edt < TOL_SAME_DTYPE and same,
+        e32 < TOL and edt < TOL_SAME_DTYPE and same and also_ok,
         rel_err_fp32=e32,
         rel_err_same_dtype=edt,
         identical_on_ranks=same,
@@ -117,11 +130,16 @@ def test_correctness(dev):
         got = chosen[-1] if chosen else {}
         rc = mc.reduce if mc is not None else None
         if rc is not None and m <= rc.max_tokens:
-            offered = {"fused": "", **collective.own_all_reduce_offer(m * 1024, torch.bfloat16, tp)}
+            offered = {p: distgemm._core.fused_tail_problem(tail, m)
+                       for p, tail in machine.FUSED_PATHS.items()}  # fmt: skip
+            offered.update(collective.own_all_reduce_offer(m * 1024, torch.bfloat16, tp))
             want, _, _ = reduce_cost.choose(rc, m, 1024, 1024, tp, offered, mc.key.slug())
-            path = "fused" if want == "fused" else "collective"
-            alg = "nccl" if want == "fused" else want.split("/")[1]
+            fused = want in machine.FUSED_PATHS
+            path = "fused" if fused else "collective"
+            alg = "nccl" if fused else want.split("/")[1]
             ok = got.get("path") == path and got.get("all_reduce") == alg
+            if fused:
+                ok = ok and got.get("fused_tail") == machine.FUSED_PATHS[want]
         else:
             want = "overlap or collective"
             ok = got.get("path") in ("overlap", "collective")
@@ -223,16 +241,19 @@ def test_mixed_sizes(dev, replays):
     )  # fmt: skip
 
 
-def test_timeout(dev):
+def test_timeout(dev, path="fused", m=8, name="timeout/peer_never_replays"):
+    """Rank tp-1 never replays its captured op on ``path`` at ``m`` tokens: the others' replay
+    ends after wait_timeout_s naming it, the next replay exits at once. (The two-shot tail: its
+    non-owners wait for the tile's partials too, so they name rank tp-1, not an owner.)"""
     tp, r = dist.get_world_size(), rank()
     wait_s = 1.0
     c = dcomm.Communicator(wait_timeout_s=wait_s, timeout_s=60.0)
-    a, w, _, _ = inputs(8, 1024, 1024, torch.bfloat16, dev, seed=3)
-    distgemm.gemm_all_reduce(a, w, path="fused", group=c)
+    a, w, _, _ = inputs(m, 1024, 1024, torch.bfloat16, dev, seed=3)
+    distgemm.gemm_all_reduce(a, w, path=path, group=c)
     c.raise_launch_errors()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        distgemm.gemm_all_reduce(a, w, path="fused", group=c)
+        distgemm.gemm_all_reduce(a, w, path=path, group=c)
     dist.barrier()
     if r != tp - 1:
         t0 = time.perf_counter()
@@ -246,7 +267,7 @@ def test_timeout(dev):
         where = "fused GEMM + all-reduce, tile"
         msgs = runtime_errors(
             (
-                ("next_op_call", lambda: distgemm.gemm_all_reduce(a, w, path="fused", group=c)),
+                ("next_op_call", lambda: distgemm.gemm_all_reduce(a, w, path=path, group=c)),
                 ("raise_launch_errors", c.raise_launch_errors),
             )
         )
@@ -259,12 +280,179 @@ def test_timeout(dev):
             and aborted_replay < wait_s / 2
         )
         record(
-            "timeout/peer_never_replays",
+            name,
             ok,
             replay_seconds=waited,
             aborted_replay_seconds=aborted_replay,
             **msgs,
         )
+    dist.barrier()
+    c.close()
+
+
+def test_two_shot(dev):
+    """path="fused_two_shot" against path="fused" (bitwise: the same partials, summed in float32
+    in the same order, one by every rank, the other by each slice's owner and copied), against
+    torch in fp32 and across ranks."""
+    shapes = [(m, 1024, 4096) for m in (33, 64, 80, 100, 128, 129, 200, 256, 300)]
+    shapes += [
+        (64, 8192, 4096),  # 64 n blocks x 2 splits: every rank owns 128 / tp slices
+        (256, 16384, 2048),  # 128 n blocks
+        (40, 2048, 200),  # k = 200: one split
+        (96, 1000, 1024),  # a partial last n block
+        (300, 1024, 192),  # 5 token blocks x 8 n blocks x 3 splits
+        (129, 3000, 4104),  # 192-token tile, a partial n block, k of 513 8-element vectors
+    ]
+    for i, (m, n, k) in enumerate(shapes):
+        for dtype in (torch.bfloat16, torch.float16):
+            bias, beta = i % 2 == 0, (0.5 if i % 3 == 1 else 0.0)
+            a, w, b, c = inputs(m, n, k, dtype, dev, seed=500 + i, bias=bias, beta=beta)
+            one = distgemm.gemm_all_reduce(a, w, bias=b, c=c, beta=beta, path="fused")
+            two = distgemm.gemm_all_reduce(a, w, bias=b, c=c, beta=beta, path="fused_two_shot")
+            same_as_one_shot = bool(torch.equal(one, two))
+            check(
+                f"two_shot/m{m}_n{n}_k{k}/{dtype}", two, a, w, b, c, beta, dtype,
+                same_as_one_shot=same_as_one_shot, also_ok=same_as_one_shot,
+                token_tile=distgemm._core.fused_token_tile(m),
+            )  # fmt: skip
+    chosen = [p for p in distgemm.path_choices() if p["requested"] == "fused_two_shot"]
+    record(
+        "two_shot/entries_run_the_two_shot_tail",
+        bool(chosen)
+        and all(p["path"] == "fused" and p["fused_tail"] == "two_shot" for p in chosen),
+        entries=len(chosen),
+    )
+    torch.cuda.synchronize()
+    dcomm.get_communicator().raise_launch_errors()
+
+
+def test_two_shot_capture(dev, replays):
+    """The two-shot op captured beside the one-shot op of the same inputs, replayed with fresh
+    activations (new weights every 50): bitwise equal and within TOL at every replay."""
+    m, n, k, dtype = 128, 8192, 4096, torch.bfloat16
+    a, w, b, _ = inputs(m, n, k, dtype, dev, seed=600, bias=True)
+    one = torch.empty(m, n, dtype=dtype, device=dev)
+    two = torch.empty(m, n, dtype=dtype, device=dev)
+
+    def both():
+        distgemm.gemm_all_reduce(a, w, bias=b, out=one, path="fused")
+        distgemm.gemm_all_reduce(a, w, bias=b, out=two, path="fused_two_shot")
+
+    both()  # entries made eagerly
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        both()
+    gen = torch.Generator(device="cpu").manual_seed(601 + rank())
+    worst, bad, differ = 0.0, 0, 0
+    for i in range(replays):
+        a.copy_((torch.rand(m, k, generator=gen) * 2 - 1).to(dtype))
+        if i % 50 == 49:
+            w.copy_(((torch.rand(n, k, generator=gen) * 2 - 1) / k**0.5).to(dtype))
+        two.fill_(float("nan"))
+        g.replay()
+        ref32 = reference("ar_tile_a", a, w, b, None, 0.0, dtype)[0]
+        e = rel_err(two, ref32)
+        worst = max(worst, e)
+        bad += not e < TOL
+        differ += not bool(torch.equal(one, two))
+    torch.cuda.synchronize()
+    dcomm.get_communicator().raise_launch_errors()
+    same = len(set(same_on_all_ranks(digest(two)))) == 1
+    record(
+        "two_shot/capture_replays", bad == 0 and differ == 0 and same, replays=replays,
+        worst_rel_err=worst, replays_off_one_shot=differ, identical_on_ranks=same,
+    )  # fmt: skip
+
+
+def test_two_shot_mixed(dev, replays):
+    """Both tails and both kernels back to back in one captured graph: a two-shot launch's sums
+    lie in its parity's half, apart from the next launch's partials whatever its shape and
+    tail. Every output of every replay checked, fresh activations each replay."""
+    dtype = torch.bfloat16
+    ops = [
+        (1, 8192, 4096, "fused"),
+        (64, 2048, 4096, "fused_two_shot"),
+        (100, 1024, 1024, "fused"),
+        (256, 4096, 2048, "fused_two_shot"),
+        (129, 8192, 1024, "fused_two_shot"),
+        (8, 4096, 2048, "fused"),
+        (40, 1024, 4096, "fused_two_shot"),
+    ] * 2
+    calls = []
+    for i, (m, n, k, path) in enumerate(ops):
+        a, w, b, _ = inputs(m, n, k, dtype, dev, seed=700 + i, bias=i % 2 == 1)
+        out = torch.empty(m, n, dtype=dtype, device=dev)
+        distgemm.gemm_all_reduce(a, w, bias=b, out=out, path=path)  # entries made eagerly
+        calls.append((a, w, b, out, path))
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for a, w, b, out, path in calls:
+            distgemm.gemm_all_reduce(a, w, bias=b, out=out, path=path)
+    gen = torch.Generator(device="cpu").manual_seed(800 + rank())
+    worst, bad = 0.0, 0
+    for _ in range(replays):
+        for a, _, _, out, _ in calls:
+            a.copy_((torch.rand(a.shape, generator=gen) * 2 - 1).to(dtype))
+            out.fill_(float("nan"))
+        g.replay()
+        for a, w, b, out, _ in calls:
+            e = rel_err(out, reference("ar_tile_a", a, w, b, None, 0.0, dtype)[0])
+            worst = max(worst, e)
+            bad += not e < TOL
+    torch.cuda.synchronize()
+    dcomm.get_communicator().raise_launch_errors()
+    record(
+        "two_shot/mixed_sizes", bad == 0, replays=replays, ops=len(ops), worst_rel_err=worst,
+        paths=[p for _, _, _, p in ops], kernels=[distgemm._core.fused_kernel(m) for m, *_ in ops],
+    )  # fmt: skip
+
+
+def _fused_state(comm, tail: str):
+    """The communicator's fused entry with ``tail`` (the only one made on it)."""
+    from distgemm.runtime.paths.fused import FusedState
+
+    states = [e.state for e in comm.attachment("entries").values()
+              if isinstance(e.state, FusedState) and e.state.tail == tail]  # fmt: skip
+    assert len(states) == 1, states
+    return states[0]
+
+
+def test_two_shot_timeout(dev):
+    """The two-shot tail's bounded waits: (1) rank tp-1 never replays its captured two-shot op
+    (test_timeout): every other rank names rank tp-1 (its partials, which every CTA waits for
+    before any sum); (2) rank tp-1's entry is made to launch the one-shot tail while the others
+    launch the two-shot (a disagreement the entry's signature exchange otherwise refuses): its
+    partials arrive, its sums never, so the others end naming the sum of a slice rank tp-1
+    owns; rank tp-1 itself finishes. Nobody hangs."""
+    test_timeout(dev, "fused_two_shot", 64, "two_shot/timeout/peer_never_replays")
+    tp, r = dist.get_world_size(), rank()
+    wait_s = 1.0
+    # 8 n blocks x 4 splits, one slice a CTA: every rank owns slices, no CTA waits for two
+    a, w, _, _ = inputs(64, 1024, 1024, torch.bfloat16, dev, seed=900)
+    c = dcomm.Communicator(wait_timeout_s=wait_s, timeout_s=60.0)
+    distgemm.gemm_all_reduce(a, w, path="fused_two_shot", group=c)
+    torch.cuda.synchronize()
+    c.raise_launch_errors()
+    if r == tp - 1:
+        state = _fused_state(c, "two_shot")
+        state.tail, state.sums = "one_shot", []
+    dist.barrier()
+    t0 = time.perf_counter()
+    distgemm.gemm_all_reduce(a, w, path="fused_two_shot", group=c)
+    torch.cuda.synchronize()
+    waited = time.perf_counter() - t0
+    msgs = runtime_errors((("raise_launch_errors", c.raise_launch_errors),))
+    err = msgs["raise_launch_errors"] or ""
+    if r == tp - 1:
+        ok = err == ""  # the one-shot tail waits only for partials, which every rank wrote
+    else:
+        ok = (
+            "(two-shot): the sum of its owner rank " + str(tp - 1) in err
+            and waited < 4 * wait_s + 2
+        )
+    record("two_shot/timeout/owner_never_sums", ok, seconds=waited, **msgs)
     dist.barrier()
     c.close()
 
@@ -277,6 +465,10 @@ def main():
             "capture": lambda: test_capture(dev, args.replays),
             "mixed": lambda: test_mixed_sizes(dev, max(1, args.replays // 5)),
             "timeout": lambda: test_timeout(dev),
+            "two_shot": lambda: test_two_shot(dev),
+            "two_shot_capture": lambda: test_two_shot_capture(dev, max(1, args.replays // 5)),
+            "two_shot_mixed": lambda: test_two_shot_mixed(dev, max(1, args.replays // 5)),
+            "two_shot_timeout": lambda: test_two_shot_timeout(dev),
         },
         replays=1000,
     )

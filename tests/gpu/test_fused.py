@@ -77,3 +77,41 @@ def test_missing_peer_ends_in_timeout_error(results):
     _, _, data = results
     got = named(data, "timeout/")
     assert len(got) == TP - 1 and all(e["ok"] for e in got), got
+
+
+def test_two_shot_tail_is_bitwise_the_one_shot_on_every_rank(results):
+    """fused_worker.test_two_shot: path="fused_two_shot" at 15 shapes above the decode
+    kernel's tokens, 2 dtypes, every rank: the one-shot tail's bits, the same on every rank,
+    within TOL of torch in fp32; its entries run the fused path with the two-shot tail."""
+    _, _, data = results
+    got = [e for e in named(data, "two_shot/m") if e["ok"]]
+    assert len(got) == 2 * 15 * TP, f"[{LAUNCH.mode}] {len(got)} passing checks of {2 * 15 * TP}"
+    assert all(e["same_as_one_shot"] and e["identical_on_ranks"] for e in got)
+    assert {e["token_tile"] for e in got} == {64, 96, 128, 192, 256}  # every CUTLASS tile
+    entries = named(data, "two_shot/entries_run_the_two_shot_tail")
+    assert len(entries) == TP and all(e["ok"] for e in entries), entries
+
+
+def test_two_shot_tail_in_captured_replays_and_mixed_graphs(results):
+    """fused_worker.test_two_shot_capture and test_two_shot_mixed: replays of the two-shot op
+    bitwise equal to the one-shot op's; both tails and both kernels back to back in one graph,
+    every output of every replay within TOL."""
+    _, _, data = results
+    got = named(data, "two_shot/capture_replays")
+    assert len(got) == TP and all(e["ok"] and e["replays"] == REPLAYS // 5 for e in got), got
+    assert all(e["replays_off_one_shot"] == 0 for e in got)
+    mixed = named(data, "two_shot/mixed_sizes")
+    assert len(mixed) == TP and all(e["ok"] and e["replays"] == REPLAYS // 5 for e in mixed)
+    assert all({"fused", "fused_two_shot"} == set(e["paths"]) for e in mixed)
+    assert all({"decode", "cutlass"} == set(e["kernels"]) for e in mixed)
+
+
+def test_two_shot_tail_times_out_naming_the_missing_rank(results):
+    """fused_worker.test_two_shot_timeout: a rank that never replays is named by its partials;
+    a rank that never sums its slices (it runs the one-shot tail) is named by the sums the
+    others wait for; it finishes itself."""
+    _, _, data = results
+    never = named(data, "two_shot/timeout/peer_never_replays")
+    assert len(never) == TP - 1 and all(e["ok"] for e in never), never
+    sums = named(data, "two_shot/timeout/owner_never_sums")
+    assert len(sums) == TP and all(e["ok"] for e in sums), sums

@@ -35,10 +35,17 @@ class FusedLauncher : public distgemm::python::KernelLauncher {
 
   void launch(uint64_t stream, const std::string& dtype, int64_t m, int64_t n, int64_t k,
               uint64_t a, uint64_t w, uint64_t out, uint64_t bias, uint64_t c, float alpha,
-              float beta, int splits, int ctas, int rank, const std::vector<uint64_t>& partial,
+              float beta, int splits, int ctas, const std::string& tail, int rank,
+              const std::vector<uint64_t>& partial, const std::vector<uint64_t>& sum,
               int64_t parity_bytes, const std::vector<uint64_t>& control) {
     distgemm::python::check_rank_addresses("partial", partial, "control", control);
+    if (!sum.empty() && sum.size() != partial.size())
+      throw std::invalid_argument("sum needs one address per rank or none, got " +
+                                  std::to_string(sum.size()) + " for " +
+                                  std::to_string(partial.size()) + " ranks");
     FusedAllReduceDesc f;
+    if (!distgemm::kernel::parse_fused_tail(tail, f.tail))
+      throw std::invalid_argument("tail '" + tail + "' is not one_shot or two_shot");
     f.dtype = distgemm::kernel::parse_dtype(dtype);
     f.m = m;
     f.n = n;
@@ -61,6 +68,7 @@ class FusedLauncher : public distgemm::python::KernelLauncher {
     f.parity_bytes = parity_bytes;
     for (size_t q = 0; q < partial.size(); ++q) {
       f.partial[q] = as<void>(partial[q]);
+      f.sum[q] = sum.empty() ? nullptr : as<void>(sum[q]);
       f.control[q] = as<uint32_t>(control[q]);
     }
     f.timeout_ns = timeout_ns();
@@ -86,8 +94,10 @@ void register_fused(py::module_& m) {
       .def("launch", &FusedLauncher::launch, py::arg("stream"), py::arg("dtype"), py::arg("m"),
            py::arg("n"), py::arg("k"), py::arg("a"), py::arg("w"), py::arg("out"), py::arg("bias"),
            py::arg("c"), py::arg("alpha"), py::arg("beta"), py::arg("splits"), py::arg("ctas"),
-           py::arg("rank"), py::arg("partial"), py::arg("parity_bytes"), py::arg("control"),
-           "Record one launch on `stream` (into its capture when one is in progress). "
+           py::arg("tail"), py::arg("rank"), py::arg("partial"), py::arg("sum"),
+           py::arg("parity_bytes"), py::arg("control"),
+           "Record one launch on `stream` (into its capture when one is in progress); `tail` is "
+           "one of FUSED_TAILS, `sum` every rank's two-shot sum buffer (empty for one_shot). "
            "ValueError when the kernel cannot run the shapes or pointers.")
       .def("error", &FusedLauncher::error,
            "'' or the timeout report of an eager launch (read after synchronising).");

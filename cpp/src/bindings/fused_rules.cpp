@@ -1,15 +1,37 @@
 // distgemm._core's host-only rules of the fused GEMM + all-reduce (kernel/fused_allreduce.hpp):
-// which kernel, token tile, split-K factor or the decode kernel's grid and pieces, buffer sizes
-// and the shape check, so that Python
-// decides the path and sizes the workspace the same way with or without a GPU.
+// which kernel, token tile, split-K factor or the decode kernel's grid and pieces, the tails
+// (one-shot, two-shot) and their slice owners, buffer sizes, the control region's flag layout
+// and the shape check, so that Python decides the path and sizes the workspace the same way
+// with or without a GPU.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "distgemm/kernel/fused_allreduce.hpp"
 
 namespace py = pybind11;
 namespace k = distgemm::kernel;
+
+namespace {
+
+std::string unknown_tail(const std::string& tail) {
+  std::string known;
+  for (const char* name : k::kFusedTailModeNames)
+    known += (known.empty() ? "" : ", ") + std::string(name);
+  return "tail '" + tail + "' is not one of " + known;
+}
+
+// The tail named `tail`; ValueError with fused_tail_problem's reason for an unknown name.
+k::FusedTailMode tail_of(const std::string& tail) {
+  k::FusedTailMode mode;
+  if (!k::parse_fused_tail(tail, mode)) throw py::value_error(unknown_tail(tail));
+  return mode;
+}
+
+}  // namespace
 
 void register_fused_rules(py::module_& m) {
   m.attr("FUSED_CONTROL_BYTES") = py::int_(k::fused_control_bytes());
@@ -19,6 +41,61 @@ void register_fused_rules(py::module_& m) {
   m.attr("FUSED_MAX_TILES") = py::int_(k::kFusedMaxTiles);
   m.attr("FUSED_MAX_CTAS") = py::int_(k::kFusedMaxCtas);
   m.attr("FUSED_LINE_BYTES") = py::int_(k::kFusedLineBytes);
+  py::tuple tails(k::kFusedTailModes);
+  for (int i = 0; i < k::kFusedTailModes; ++i) tails[i] = k::kFusedTailModeNames[i];
+  m.attr("FUSED_TAILS") = tails;
+  m.attr("FUSED_SUM_SECTION") = py::int_(k::kFusedSumSection);
+  m.attr("FUSED_FLAG_SECTIONS") = py::int_(k::kFusedFlagSections);
+  m.def("fused_flag_word", &k::fused_flag_word, py::arg("section"), py::arg("index"),
+        "Word of flag `index` of flag section `section` in a rank's fused control region "
+        "(sections 0..MAX_TP-1: each rank's partials; FUSED_SUM_SECTION: the two-shot sums).");
+  m.def(
+      "fused_tail_problem",
+      [](const std::string& tail, int64_t m) {
+        k::FusedTailMode mode;
+        if (!k::parse_fused_tail(tail, mode)) return unknown_tail(tail);
+        return k::fused_tail_problem(mode, m);
+      },
+      py::arg("tail"), py::arg("m"),
+      "'' when the tail (FUSED_TAILS) runs m tokens, else the reason.");
+  m.def("fused_slice_owner", &k::fused_slice_owner, py::arg("nb"), py::arg("tb"), py::arg("s"),
+        py::arg("n_blocks"), py::arg("token_blocks"), py::arg("tp"),
+        "The rank that sums slice s of tile (nb, tb) in the two-shot tail.");
+  m.def(
+      "fused_sum_bytes",
+      [](int64_t mm, int64_t n, int element_bytes, const std::string& tail) {
+        return k::fused_sum_bytes(mm, n, element_bytes, tail_of(tail));
+      },
+      py::arg("m"), py::arg("n"), py::arg("element_bytes"), py::arg("tail"),
+      "Bytes of one rank's two-shot sum buffers (two parities of m x n elements); 0 for the "
+      "one-shot tail.");
+  m.def(
+      "fused_sum_buffers_problem",
+      [](const std::string& dtype, int64_t mm, int64_t n, int splits, const std::string& tail,
+         const std::vector<uint64_t>& partial, const std::vector<uint64_t>& sum,
+         int64_t parity_bytes) {
+        if (partial.size() != sum.size() || partial.empty() ||
+            partial.size() > size_t(k::kMaxDevices))
+          throw py::value_error("partial and sum need one address per rank (1.." +
+                                std::to_string(k::kMaxDevices) + ")");
+        k::FusedAllReduceDesc f;
+        f.dtype = k::parse_dtype(dtype);
+        f.m = mm;
+        f.n = n;
+        f.splits = splits;
+        f.tail = tail_of(tail);
+        f.tp = static_cast<int>(partial.size());
+        f.parity_bytes = parity_bytes;
+        for (size_t q = 0; q < partial.size(); ++q) {
+          f.partial[q] = reinterpret_cast<void*>(static_cast<uintptr_t>(partial[q]));
+          f.sum[q] = reinterpret_cast<void*>(static_cast<uintptr_t>(sum[q]));
+        }
+        return k::fused_sum_buffers_problem(f);
+      },
+      py::arg("dtype"), py::arg("m"), py::arg("n"), py::arg("splits"), py::arg("tail"),
+      py::arg("partial"), py::arg("sum"), py::arg("parity_bytes"),
+      "'' when the two-shot sum buffers at these addresses (0: none) are apart from the partial "
+      "buffers and each other in both parities, else the reason (the launch's own check).");
   m.def("fused_kernel", &k::fused_kernel_name, py::arg("m"),
         "The fused kernel that runs m tokens: 'decode' (up to FUSED_DECODE_MAX_TOKENS) or "
         "'cutlass'.");

@@ -67,6 +67,9 @@ std::string aligned(const char* name, const void* p, int64_t ld) {
 std::string fused_allreduce_can_implement(const FusedAllReduceDesc& f) {
   std::string e = fused_shape_problem(f.m, f.n, f.k, f.splits, f.tp);
   if (!e.empty()) return e;
+  if (f.tail != FusedTailMode::OneShot && f.tail != FusedTailMode::TwoShot)
+    return "internal: tail=" + std::to_string(static_cast<int>(f.tail)) + " is no FusedTailMode";
+  if (!(e = fused_tail_problem(f.tail, f.m)).empty()) return e;
   if (fused_kernel(f.m) == FusedKernel::Decode) {
     const FusedDecodeWork w = fused_decode_work(f.m, f.n, f.k, f.ctas);
     if (f.ctas < 1 || f.ctas > kFusedMaxCtas || uint32_t(f.ctas) > w.units())
@@ -107,7 +110,7 @@ std::string fused_allreduce_can_implement(const FusedAllReduceDesc& f) {
     return "internal: parity_bytes=" + std::to_string(f.parity_bytes) + " must be a multiple of " +
            std::to_string(kFusedLineBytes) + " and at least " + std::to_string(half) +
            " (half of the partial buffers)";
-  return "";
+  return fused_sum_buffers_problem(f);
 }
 
 int fused_allreduce_resident_ctas(DType dtype, int64_t m, int device) {

@@ -627,6 +627,12 @@ std::string ErrorSink::error() const {
            std::to_string(r->expected) + " within " + secs + " s (last value " +
            std::to_string(r->observed) + "; rank " + std::to_string(r->flag) +
            " did not run this launch)";
+  } else if (r->kind == kernel::kWaitFusedSum) {
+    what = dev + ", fused GEMM + all-reduce, tile " + std::to_string(r->iteration) +
+           " (two-shot): the sum of its owner rank " + std::to_string(r->flag) +
+           " did not reach generation " + std::to_string(r->expected) + " within " + secs +
+           " s (last value " + std::to_string(r->observed) + "; every partial had arrived: rank " +
+           std::to_string(r->flag) + " did not finish this tile of this launch)";
   } else if (r->kind == kernel::kWaitAllReduce) {
     // iteration: phase * kAllReduceMaxCtas + CTA slot (kernel/allreduce.hpp).
     const int phase = r->iteration / kernel::kAllReduceMaxCtas;

@@ -14,8 +14,8 @@ A run is a dict with "kind" and "ms" (per call, the slowest rank's):
   collective path or the overlapped plan of ``steps`` steps (global m, n, k);
 - ``{"kind": "reduce_mm", "m", "n", "k"}``: torch.mm alone at decode token counts;
 - ``{"kind": "all_reduce", "algorithm", "bytes"}``: an all-reduce of ``bytes`` per rank;
-- ``{"kind": "fused", "tp", "m", "n", "k"}``: gemm_all_reduce on the fused path (this rank's
-  m, n, k).
+- ``{"kind": "fused", "tp", "m", "n", "k", "tail"}``: gemm_all_reduce on the fused path (this
+  rank's m, n, k) with ``tail`` (``_core.FUSED_TAILS``; a run without one: "one_shot").
 
 Pure arithmetic on the runs (numpy and host-only plans): ``distgemm.calibrate`` measures them on
 GPUs, tests fit recorded ones.
@@ -31,7 +31,15 @@ import numpy as np
 
 from .. import _core
 from . import cost_model, reduce_cost
-from .machine import COLLECTIVES, TRANSPORTS, MachineConstants, MachineKey, ReduceConstants
+from .machine import (
+    COLLECTIVES,
+    FUSED_PATHS,
+    TRANSPORTS,
+    MachineConstants,
+    MachineKey,
+    ReduceConstants,
+    fused_constants_key,
+)
 
 __all__ = ["fit", "fit_reduce", "with_reduce", "path_errors"]
 
@@ -162,9 +170,9 @@ def fit(
 def fit_reduce(runs: list[dict[str, Any]], tp: int, errors=None) -> ReduceConstants:
     """gemm_all_reduce's decode constants fitted to ``runs`` (``reduce_mm``, ``all_reduce`` and
     ``fused`` runs, module docstring), each stage's relative errors added to ``errors``;
-    ValueError where torch.mm or NCCL has too few runs. An own algorithm or a fused kernel with
-    fewer runs than constants is left out (the model then never offers it). Every constant is
-    at least 0 (``_lstsq_nonneg``)."""
+    ValueError where torch.mm or NCCL has too few runs. An own algorithm or a fused kernel and
+    tail (``machine.fused_constants_key``) with fewer runs than constants is left out (the model
+    then never offers it). Every constant is at least 0 (``_lstsq_nonneg``)."""
     errors = {} if errors is None else errors
     mm_runs = _of(runs, "reduce_mm")
     _need(mm_runs, 3, "torch.mm at decode token counts")
@@ -183,13 +191,14 @@ def fit_reduce(runs: list[dict[str, Any]], tp: int, errors=None) -> ReduceConsta
         all_reduce[algorithm] = (float(y[0]), float(y[1]))
     if "nccl" not in all_reduce:
         raise ValueError("calibration fit: NCCL's all-reduce needs at least 2 runs")
-    # The fused kernels' overhead over torch.mm measured at the same shape.
+    # The fused kernels' overhead over torch.mm measured at the same shape, per kernel and tail.
     mm_at = {(r["m"], r["n"], r["k"]): r["ms"] for r in mm_runs}
     fused = {}
     by_kernel: dict[str, list[dict[str, Any]]] = {}
     for r in _of(runs, "fused"):
         if (r["m"], r["n"], r["k"]) in mm_at:
-            by_kernel.setdefault(_core.fused_kernel(r["m"]), []).append(r)
+            key = fused_constants_key(r["m"], _tail(r))
+            by_kernel.setdefault(key, []).append(r)
     for kernel, mine in sorted(by_kernel.items()):
         if len(mine) < 4:
             continue
@@ -224,12 +233,17 @@ def with_reduce(
     )
 
 
+def _tail(run: dict[str, Any]) -> str:
+    """A fused run's tail (runs of calibrations before the two-shot tail have none: one-shot)."""
+    return run.get("tail", "one_shot")
+
+
 def reduce_gain_errors(rc: ReduceConstants, runs: list[dict[str, Any]], tp: int) -> list[float]:
     """The model's error on each candidate's gain over mm + NCCL, as a share of mm + NCCL's
     measured time, at every decode shape of ``runs`` with torch.mm measured: the fused kernel
-    where it ran, mm + an own all-reduce where one ran at the shape's bytes."""
+    with each tail where it ran, mm + an own all-reduce where one ran at the shape's bytes."""
     ar = {(r["algorithm"], int(r["bytes"])): r["ms"] for r in _of(runs, "all_reduce")}
-    fused = {(r["m"], r["n"], r["k"]): r["ms"] for r in _of(runs, "fused")}
+    fused = {(r["m"], r["n"], r["k"], _tail(r)): r["ms"] for r in _of(runs, "fused")}
     out = []
     for r in _of(runs, "reduce_mm"):
         m, n, k = r["m"], r["n"], r["k"]
@@ -237,8 +251,10 @@ def reduce_gain_errors(rc: ReduceConstants, runs: list[dict[str, Any]], tp: int)
         if ("nccl", nbytes) not in ar:
             continue
         base = r["ms"] + ar[("nccl", nbytes)]
-        offered = {"fused": "" if (m, n, k) in fused else "not measured"}
-        measured = {"fused": fused.get((m, n, k))}
+        offered, measured = {}, {}
+        for path, tail in FUSED_PATHS.items():
+            measured[path] = fused.get((m, n, k, tail))
+            offered[path] = "" if measured[path] is not None else "not measured"
         for algorithm in rc.all_reduce:
             t = ar.get((algorithm, nbytes))
             offered[algorithm] = "" if t is not None else "not measured"

@@ -2,7 +2,8 @@
 
 The requested path, or for ``path="auto"``: for ``gemm_all_reduce`` at the token counts the
 machine's calibration measured, the fastest of mm + NCCL, mm + our one-shot or two-shot
-all-reduce and the fused kernel under its model (``reduce_cost``); else the tuning table's path
+all-reduce and the fused kernel with each tail its calibration priced, under its model
+(``reduce_cost``); else the tuning table's path
 for the call's bucket (``tuning_table``), else the cost model's under the machine's constants
 (``cost_model``, ``machine``); the overlapped plan where the group cannot run the collective
 path. Shapes, the table, the constants and the group's backend only, so every rank chooses the
@@ -17,7 +18,7 @@ import torch
 
 from . import reduce_cost
 from .cost_model import choose as model_choice
-from .machine import MachineConstants
+from .machine import FUSED_PATHS, MachineConstants
 from .paths.collective import own_all_reduce_offer
 from .paths.fused import fused_problem, rank_problem_shape
 from .spec import Spec
@@ -36,17 +37,22 @@ def choose_path(
     the collective path (None: it can); ``mc``: the machine's constants (``runtime.machine``;
     None: no calibration, the model keeps the collective path with NCCL). The report:
     ``source`` ("requested", "table", "model"), ``tile_n`` (0: per GEMM), ``all_reduce`` (the
-    collective path's all-reduce of a gemm_all_reduce: "nccl" or one of ``OWN_ALL_REDUCES``)
-    and, for "auto", the predictions in ms (``overlap_ms`` / ``collective_ms``: the table's
+    collective path's all-reduce of a gemm_all_reduce: "nccl" or one of ``OWN_ALL_REDUCES``),
+    ``fused_tail`` (the fused path's tail, one of ``_core.FUSED_TAILS``: a requested
+    "fused_two_shot" runs path "fused" with the two-shot tail) and, for "auto", the predictions
+    in ms (``overlap_ms`` / ``collective_ms``: the table's
     measured ms or the model's; at decode token counts one ``<candidate>_ms`` each), ``why`` in
     words and, where the collective path was chosen but cannot run, ``collective_unavailable``."""
     info: dict[str, Any] = {"source": "requested", "tile_n": spec.tile_n}
-    if requested == "fused":
-        problem = fused_problem(spec, dtype)
+    if requested in FUSED_PATHS:
+        problem = fused_problem(spec, dtype, FUSED_PATHS[requested])
         if problem:
-            raise ValueError(f"{spec.op}: path='fused' cannot run this call: {problem}")
+            raise ValueError(f"{spec.op}: path={requested!r} cannot run this call: {problem}")
     if spec.op == "gemm_all_reduce":
         info["all_reduce"] = "nccl"
+    if requested in FUSED_PATHS:
+        info["fused_tail"] = FUSED_PATHS[requested]
+        return "fused", info
     if requested != "auto":
         return requested, info
     decode = _reduce_choice(spec, dtype, collective_problem, mc)
@@ -84,11 +90,12 @@ def _reduce_choice(
     m, n, k = rank_problem_shape(spec)
     if m > rc.max_tokens:
         return None
-    offered = {"fused": fused_problem(spec, dtype), **own_all_reduce_offer(m * n, dtype, spec.tp)}
+    offered = {path: fused_problem(spec, dtype, tail) for path, tail in FUSED_PATHS.items()}
+    offered.update(own_all_reduce_offer(m * n, dtype, spec.tp))
     pick, pred, why = reduce_cost.choose(rc, m, n, k, spec.tp, offered, mc.key.slug())
     report = {f"{c.replace('/', '_')}_ms": v for c, v in pred.items()}
     report.update(why=f"model: {why}", all_reduce="nccl")
-    if pick == "fused":
-        return "fused", report
+    if pick in FUSED_PATHS:
+        return "fused", dict(report, fused_tail=FUSED_PATHS[pick])
     report["all_reduce"] = pick.split("/", 1)[1]
     return "collective", report

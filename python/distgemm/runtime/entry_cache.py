@@ -49,7 +49,7 @@ class EntryKey(NamedTuple):
     shapes: tuple[tuple[str, tuple[int, ...] | None], ...]  # (operand name, shape)
     beta: float
     return_gathered: bool
-    path: str  # the requested path ("auto", "overlap", "collective", "fused")
+    path: str  # the requested path (validate.PATHS: "auto", "overlap", "collective", "fused", ...)
 
 
 @dataclass(eq=False)

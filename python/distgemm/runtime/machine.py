@@ -35,6 +35,9 @@ __all__ = [
     "find",
     "CALIBRATION_ENV",
     "SHIPPED_DIR",
+    "FUSED_PATHS",
+    "FUSED_KERNELS",
+    "fused_constants_key",
 ]
 
 FORMAT, VERSION = "distgemm-machine-constants", 1
@@ -47,7 +50,20 @@ COLLECTIVES = ("all_gather", "reduce_scatter")
 NVML_NVLINK_MAX_LINKS = 18  # nvml.h's NVML_NVLINK_MAX_LINKS (Hopper: 18 links)
 # The all-reduce algorithms a calibration prices: NCCL's and our kernel's (runtime/allreduce.py).
 ALL_REDUCES = ("nccl", *_core.ALLREDUCE_ALGORITHMS)
-FUSED_KERNELS = ("decode", "cutlass")  # the fused GEMM + all-reduce's two kernels
+# The fused GEMM + all-reduce as paths of gemm_all_reduce, each with its tail (_core.FUSED_TAILS):
+# "fused" the one-shot tail, "fused_two_shot" the two-shot one (the CUTLASS kernel's only). The
+# decode model prices each as a candidate of the same name.
+FUSED_PATHS = {"fused": "one_shot", "fused_two_shot": "two_shot"}
+# The keys of the fused constants (fused_constants_key): each kernel with the one-shot tail, and
+# the CUTLASS kernel with the two-shot tail. A calibration that did not price one leaves it out.
+FUSED_KERNELS = ("decode", "cutlass", "cutlass_two_shot")
+
+
+def fused_constants_key(m: int, tail: str) -> str:
+    """The key of the fused constants that price m tokens with ``tail``: the kernel that runs
+    them (``_core.fused_kernel``), suffixed by any tail but the one-shot."""
+    kernel = _core.fused_kernel(m)
+    return kernel if tail == "one_shot" else f"{kernel}_{tail}"
 
 
 @dataclass(frozen=True)
@@ -57,9 +73,9 @@ class ReduceConstants:
 
     - ``mm``: torch.mm, (launch ms, ms per byte of its operands and result, ms per flop);
     - ``all_reduce``: per algorithm (``ALL_REDUCES``), (latency ms, ms per byte of the vector);
-    - ``fused``: per fused kernel (``FUSED_KERNELS``), its overhead over torch.mm: (fixed ms, ms
-      per byte of the weight, ms per token, ms per byte pushed to the peers: the result times
-      TP - 1);
+    - ``fused``: per fused kernel and tail (``FUSED_KERNELS``), its overhead over torch.mm:
+      (fixed ms, ms per byte of the weight, ms per token, ms per byte pushed to the peers: the
+      result times TP - 1); a key absent is never offered;
     - ``max_tokens``, ``max_bytes``: the most tokens and the largest all-reduce measured; the
       model prices nothing beyond them;
     - ``choice_error``: as ``MachineConstants.choice_error``, for the gains over mm + NCCL.
@@ -101,7 +117,7 @@ class ReduceConstants:
         if unknown:
             return f"reduce names unknown algorithms or kernels {sorted(unknown)}"
         if any(len(v) != 4 for v in self.fused.values()):
-            return "reduce.fused needs 4 constants per kernel"
+            return "reduce.fused needs 4 constants per kernel and tail"
         if self.max_tokens < 1 or self.max_bytes < 1:
             return (
                 f"reduce.max_tokens {self.max_tokens} and max_bytes {self.max_bytes} must be >= 1"

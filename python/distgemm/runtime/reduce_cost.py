@@ -8,12 +8,15 @@ What it models (one rank, the constants ``machine.ReduceConstants``, fitted by
 - torch.mm: ``launch + bytes * per_byte + flops * per_flop``: at a few tokens the GEMM streams
   its weight (bytes), at hundreds its flops start to count;
 - an all-reduce of ``bytes``: ``latency + bytes * per_byte``, per algorithm;
-- the fused kernel (``_core.fused_kernel``: the decode kernel or the CUTLASS one): torch.mm's
-  time plus its own overhead, ``fixed + weight bytes * per_byte + tokens * per_token + pushed
-  bytes * per_pushed`` (pushed: the result times TP - 1): the GEMM streams the same weight, and
-  what it adds is the exchange and the sum, whose rows each cost a latency. Priced as an
-  overhead over torch.mm, a fused-against-unfused choice compares that overhead with the
-  all-reduce alone: torch.mm's own error does not enter it.
+- the fused kernel (``_core.fused_kernel``: the decode kernel or the CUTLASS one) with each of
+  its tails (``machine.FUSED_PATHS``: "fused" the one-shot, "fused_two_shot" the CUTLASS
+  kernel's two-shot): torch.mm's time plus its own overhead, ``fixed + weight bytes * per_byte +
+  tokens * per_token + pushed bytes * per_pushed`` (pushed: the result times TP - 1), each
+  kernel and tail with constants of its own (``machine.fused_constants_key``): the GEMM streams
+  the same weight, and what it adds is the exchange and the sum, whose rows each cost a latency.
+  Priced as an overhead over torch.mm, a fused-against-unfused choice compares that overhead
+  with the all-reduce alone: torch.mm's own error does not enter it. A tail whose constants the
+  machine's calibration has not is not offered, as an own all-reduce is not.
 
 The baseline is mm + NCCL. Another candidate is taken where it is predicted faster by at least
 ``MIN_GAIN_MS`` and by the calibration's ``choice_error`` less ``cost_model.TOLERATED_LOSS`` of
@@ -22,9 +25,8 @@ the baseline's time, as the overlapped plan is.
 
 from __future__ import annotations
 
-from .. import _core
 from .cost_model import ELEM_BYTES, TOLERATED_LOSS
-from .machine import ReduceConstants
+from .machine import FUSED_PATHS, ReduceConstants, fused_constants_key
 
 BASELINE = "collective/nccl"
 # The least predicted gain taken: decode calls are replayed from CUDA graphs, whose per-call
@@ -59,23 +61,27 @@ def all_reduce_ms(rc: ReduceConstants, algorithm: str, nbytes: float) -> float:
     return latency + nbytes * per_byte
 
 
-def fused_overhead_ms(rc: ReduceConstants, m: int, n: int, k: int, tp: int) -> float:
-    """Predicted ms the fused GEMM + all-reduce of this rank's m x n x k takes over torch.mm."""
-    return _dot(rc.fused[_core.fused_kernel(m)], fused_terms(m, n, k, tp))
+def fused_overhead_ms(
+    rc: ReduceConstants, m: int, n: int, k: int, tp: int, tail: str = "one_shot"
+) -> float:
+    """Predicted ms the fused GEMM + all-reduce of this rank's m x n x k with ``tail`` takes over
+    torch.mm."""
+    return _dot(rc.fused[fused_constants_key(m, tail)], fused_terms(m, n, k, tp))
 
 
-def fused_ms(rc: ReduceConstants, m: int, n: int, k: int, tp: int) -> float:
-    """Predicted ms of the fused GEMM + all-reduce of this rank's m x n x k."""
-    return mm_ms(rc, m, n, k) + fused_overhead_ms(rc, m, n, k, tp)
+def fused_ms(rc: ReduceConstants, m: int, n: int, k: int, tp: int, tail: str = "one_shot") -> float:
+    """Predicted ms of the fused GEMM + all-reduce of this rank's m x n x k with ``tail``."""
+    return mm_ms(rc, m, n, k) + fused_overhead_ms(rc, m, n, k, tp, tail)
 
 
 def predict(
     rc: ReduceConstants, m: int, n: int, k: int, tp: int, offered: dict[str, str]
 ) -> dict[str, float]:
     """Predicted ms of every candidate this rank's m x n x k can run: "collective/<algorithm>"
-    for each all-reduce the constants price, "fused" where its kernel is; ``offered`` maps
-    "fused" and each own algorithm to '' where it can run the call, else the reason. Nothing
-    past the calibration's ``max_tokens`` or ``max_bytes`` but the baseline."""
+    for each all-reduce the constants price, each fused path (``FUSED_PATHS``: "fused",
+    "fused_two_shot") where its kernel and tail are; ``offered`` maps each fused path and each
+    own algorithm to '' where it can run the call, else the reason (a name absent: not
+    offered). Nothing past the calibration's ``max_tokens`` or ``max_bytes`` but the baseline."""
     nbytes = m * n * ELEM_BYTES
     mm = mm_ms(rc, m, n, k)
     out = {BASELINE: mm + all_reduce_ms(rc, "nccl", nbytes)}
@@ -84,8 +90,9 @@ def predict(
     for algorithm in rc.all_reduce:
         if algorithm != "nccl" and offered.get(algorithm) == "" and nbytes <= rc.max_bytes:
             out[f"collective/{algorithm}"] = mm + all_reduce_ms(rc, algorithm, nbytes)
-    if offered.get("fused") == "" and _core.fused_kernel(m) in rc.fused:
-        out["fused"] = mm + fused_overhead_ms(rc, m, n, k, tp)
+    for path, tail in FUSED_PATHS.items():
+        if offered.get(path) == "" and fused_constants_key(m, tail) in rc.fused:
+            out[path] = mm + fused_overhead_ms(rc, m, n, k, tp, tail)
     return out
 
 

@@ -12,6 +12,8 @@ import os
 
 import torch
 
+from .machine import FUSED_PATHS
+
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 ALIGN = 16  # bytes: TMA needs 16-byte aligned bases and row strides
 
@@ -106,7 +108,8 @@ def validate_placement(
             )
 
 
-PATHS = ("auto", "overlap", "collective", "fused")
+# The fused paths (FUSED_PATHS: "fused", "fused_two_shot") name the fused kernel's tail.
+PATHS = ("auto", "overlap", "collective", *FUSED_PATHS)
 # The path of calls that pass none: DISTGEMM_PATH at import, else "auto".
 PATH_ENV = "DISTGEMM_PATH"
 DEFAULT_PATH = os.environ.get(PATH_ENV, "auto")
@@ -116,18 +119,18 @@ FUSED_OPS = ("gemm_all_reduce",)
 
 def validate_path(op: str, path) -> str:
     """``path`` (None: DEFAULT_PATH) names one of PATHS (ValueError otherwise); returns it.
-    "fused" only for FUSED_OPS: passed to another op it is a ValueError, set by DISTGEMM_PATH
-    it means "auto" there."""
+    The fused paths only for FUSED_OPS: passed to another op they are a ValueError, set by
+    DISTGEMM_PATH they mean "auto" there."""
     name = f"{PATH_ENV}=" if path is None else "path="
     from_env = path is None
     path = DEFAULT_PATH if path is None else path
     if path not in PATHS:
         raise ValueError(f"{op}: {name}{path!r} is not one of {', '.join(map(repr, PATHS))}")
-    if path == "fused" and op not in FUSED_OPS:
+    if path in FUSED_PATHS and op not in FUSED_OPS:
         if from_env:
             return "auto"
         raise ValueError(
-            f"{op}: path='fused' is only for {', '.join(FUSED_OPS)} (GEMM + all-reduce in one "
+            f"{op}: path={path!r} is only for {', '.join(FUSED_OPS)} (GEMM + all-reduce in one "
             "kernel); use 'auto', 'overlap' or 'collective'"
         )
     return path

@@ -19,7 +19,9 @@
 // generation-tagged lines (kFusedLineBytes); the CUTLASS kernel writes each split's into its own
 // rank's partial buffer, signals the tile's flag on every rank, and the peers read it. Every rank
 // runs the same tiles, and a tile's output is summed over every rank and split (piece) in a fixed
-// order by the rank's CTAs of that tile, each CTA one slice of the rows.
+// order by the rank's CTAs of that tile, each CTA one slice of the rows. The CUTLASS kernel's
+// tail does that on every rank (one-shot) or, per launch, on one owner rank per slice, which
+// the others copy the finished slice from (two-shot: FusedTailMode).
 //
 // Launch generations: each CTA reads its generation from its own control word at entry and
 // advances that word when it finishes; CTA 0 also advances the words of the slots this launch
@@ -29,7 +31,9 @@
 // launch never overwrites the buffer a peer may still read from the previous launch (a peer
 // can be at most one launch behind: it waits for this rank's tiles of every launch); the
 // parities sit parity_bytes apart, in the two halves of a region that launches of every shape
-// share.
+// share. The two-shot tail's sum buffers alternate the same way, in the same halves: a launch's
+// partials are written before it waits for anything, so a sum of launch g a peer still copies
+// must not lie where launch g + 1's partials go.
 #pragma once
 
 #include <cstdint>
@@ -63,10 +67,53 @@ inline constexpr int kFusedMaxTiles = 4096;
 // A fused launch has at most this many CTAs (one generation word each, below).
 inline constexpr int kFusedMaxCtas = 1024;
 // The control region: one launch-generation word per CTA slot, then kMaxDevices sections of
-// kFusedMaxTiles flags (section q is set by rank q: its partial of that tile and split is ready).
+// kFusedMaxTiles flags (section q is set by rank q: its partial of that tile and split is ready),
+// then section kFusedSumSection of kFusedMaxTiles flags (the two-shot tail: flag (tile, slice) is
+// set by the slice's owner, fused_slice_owner, once the finished slice is in its sum buffer).
+// Every section is indexed as fused_tile_index (fused_tail.cuh) orders (tile, split).
 inline constexpr int64_t kFusedHeaderBytes = int64_t(kFusedMaxCtas) * 4;
+inline constexpr int kFusedSumSection = kMaxDevices;
+inline constexpr int kFusedFlagSections = kMaxDevices + 1;
+// Word `idx` of flag section `section` within a rank's control region.
+inline constexpr int64_t fused_flag_word(int section, int idx) {
+  return kFusedHeaderBytes / 4 + int64_t(section) * kFusedMaxTiles + idx;
+}
 inline constexpr int64_t fused_control_bytes() {
-  return kFusedHeaderBytes + int64_t(kMaxDevices) * kFusedMaxTiles * 4;
+  return kFusedHeaderBytes + int64_t(kFusedFlagSections) * kFusedMaxTiles * 4;
+}
+
+// How the CUTLASS kernel's tail gets each tile's sum to every rank (the decode kernel's is
+// always the one-shot):
+//  - one_shot: every rank sums every tile's slices over every rank's partials: each rank reads
+//    (tp - 1) x the output over NVLink;
+//  - two_shot: each slice (a tile's split s) has an owner rank (fused_slice_owner), which sums it
+//    as one_shot does, writes the finished slice (+ beta * c + bias, in the output's dtype) to
+//    out and to its sum buffer, then sets the slice's sum flag on every other rank; the others
+//    wait for that flag and copy the slice from the owner's sum buffer: each rank reads
+//    2 (tp - 1) / tp x the output, one more NVLink hop on the way.
+// Every rank gets the same bits either way (the owner's fixed-order sum).
+enum class FusedTailMode { OneShot = 0, TwoShot = 1 };
+inline constexpr int kFusedTailModes = 2;
+inline constexpr const char* kFusedTailModeNames[kFusedTailModes] = {"one_shot", "two_shot"};
+
+// False for an unknown name.
+inline bool parse_fused_tail(const std::string& name, FusedTailMode& out) {
+  const bool two = name == kFusedTailModeNames[int(FusedTailMode::TwoShot)];
+  if (!two && name != kFusedTailModeNames[int(FusedTailMode::OneShot)]) return false;
+  out = two ? FusedTailMode::TwoShot : FusedTailMode::OneShot;
+  return true;
+}
+
+// The owner rank of slice s of tile (nb, tb) in the two-shot tail, of n_blocks x token_blocks
+// tiles: the slice's place in the CUTLASS scheduler's walk (token blocks fastest, then n
+// blocks, then splits; FusedRunner sets that raster) modulo tp. Consecutive slices of the walk
+// go to consecutive ranks, so every rank owns tiles x splits / tp of them (one more for some),
+// and on every rank the CTAs that own their slice (whose sum reads tp x what a copy does) are
+// every tp-th CTA of the grid's first round, spread over the SMs rather than bunched. Shapes and
+// tp only: every rank computes the same owner, whatever its grid.
+inline constexpr int fused_slice_owner(int nb, int tb, int s, int n_blocks, int token_blocks,
+                                       int tp) {
+  return static_cast<int>(((int64_t(s) * n_blocks + nb) * token_blocks + tb) % tp);
 }
 
 enum class FusedKernel { Decode, Cutlass };
@@ -187,6 +234,22 @@ inline int64_t fused_partial_bytes(int64_t m, int64_t n, int splits, int element
   return 2 * int64_t(splits) * m * n * element_bytes;
 }
 
+// Bytes of one rank's two-shot sum buffers: two parities x m x n elements, the finished output
+// of the slices it owns (the rest of each parity's [m, n] unused, so that a slice's place does
+// not depend on its owner). 0 for the one-shot tail.
+inline int64_t fused_sum_bytes(int64_t m, int64_t n, int element_bytes, FusedTailMode tail) {
+  return tail == FusedTailMode::TwoShot ? 2 * m * n * element_bytes : 0;
+}
+
+// "" when the tail `tail` runs m tokens, else the reason.
+inline std::string fused_tail_problem(FusedTailMode tail, int64_t m) {
+  if (tail == FusedTailMode::TwoShot && fused_kernel(m) == FusedKernel::Decode)
+    return "the two-shot tail is the CUTLASS kernel's (m > " +
+           std::to_string(kFusedDecodeMaxTokens) + "); the decode kernel (m=" + std::to_string(m) +
+           ") sums every tile on every rank";
+  return "";
+}
+
 // "" when the shapes fit the fused kernel, else the reason with the values.
 inline std::string fused_shape_problem(int64_t m, int64_t n, int64_t k, int splits, int tp) {
   if (m < 1 || n < 1 || k < 1)
@@ -245,19 +308,60 @@ struct FusedAllReduceDesc {
   int splits = 1;
   int ctas = 0;  // the decode kernel's grid (fused_ctas); 0 for the CUTLASS kernel
   int tp = 1, rank = 0;
+  FusedTailMode tail = FusedTailMode::OneShot;  // the CUTLASS kernel's only (fused_tail_problem)
   // Every rank's partial buffers (CUTLASS kernel) or receive buffers (decode kernel), both
   // parities (fused_partial_bytes).
   void* partial[kMaxDevices] = {};
+  // The two-shot tail: every rank's sum buffer of parity 0 (fused_sum_bytes / 2), parity 1's
+  // parity_bytes further, like the partials; null for the one-shot tail.
+  void* sum[kMaxDevices] = {};
   // Bytes from parity 0's buffers to parity 1's, the same on every rank: at least half of
   // fused_partial_bytes and a multiple of kFusedLineBytes. The caller places the parities in the
   // two halves of a region shared by launches of every shape, so that a launch never writes where
-  // a peer may still read the previous launch's partials, whatever their shapes.
+  // a peer may still read the previous launch's partials or sums, whatever their shapes.
   int64_t parity_bytes = 0;
   uint32_t* control[kMaxDevices] = {};  // every rank's fused control region
   uint32_t* abort = nullptr;            // this rank's sticky abort word
   ErrorRecord* record = nullptr;        // where a timeout is reported
   uint64_t timeout_ns = static_cast<uint64_t>(kDefaultTimeoutS * 1e9);
 };
+
+// "" when the two-shot tail's sum buffers of `f` are usable (none for the one-shot tail), else
+// the reason: every rank's, 16-byte aligned, and apart from that rank's partial buffers and
+// from each other in both parities (parity_bytes apart), so that no store of a launch lands in
+// a buffer a peer may still read. Addresses only: the CPU tests check the Python placement
+// with it.
+inline std::string fused_sum_buffers_problem(const FusedAllReduceDesc& f) {
+  const int64_t sum_half = fused_sum_bytes(f.m, f.n, dtype_bytes(f.dtype), f.tail) / 2;
+  const int64_t partial_half =
+      fused_partial_bytes(f.m, f.n, f.splits, dtype_bytes(f.dtype), f.tp) / 2;
+  for (int q = 0; q < f.tp; ++q) {
+    const auto p0 = reinterpret_cast<uintptr_t>(f.partial[q]);
+    const auto s0 = reinterpret_cast<uintptr_t>(f.sum[q]);
+    const std::string who = "rank " + std::to_string(q) + "'s ";
+    if (sum_half == 0) {
+      if (s0 != 0) return "internal: " + who + "sum buffer given for the one-shot tail";
+      continue;
+    }
+    if (s0 == 0) return "internal: no two-shot sum buffer of rank " + std::to_string(q);
+    if (s0 % 16 != 0) return who + "sum buffer: address is not 16-byte aligned";
+    // [begin, end) of parity 0 and 1 of the partials and of the sums: pairwise apart.
+    const auto pb = static_cast<uintptr_t>(f.parity_bytes);
+    const uintptr_t lo[4] = {p0, p0 + pb, s0, s0 + pb};
+    const uintptr_t len[4] = {uintptr_t(partial_half), uintptr_t(partial_half), uintptr_t(sum_half),
+                              uintptr_t(sum_half)};
+    for (int i = 0; i < 4; ++i)
+      for (int j = i + 1; j < 4; ++j)
+        if (lo[i] < lo[j] + len[j] && lo[j] < lo[i] + len[i])
+          return "internal: " + who + "two-shot sum buffers (" + std::to_string(sum_half) +
+                 " bytes a parity, " + std::to_string(int64_t(s0 - p0)) +
+                 " bytes past its partials) overlap its partial buffers (" +
+                 std::to_string(partial_half) +
+                 " bytes a parity) or each other (parity_bytes=" + std::to_string(f.parity_bytes) +
+                 ")";
+  }
+  return "";
+}
 
 // "" when the fused kernel can run `f` (shapes, pointers and their alignment), else the reason.
 // The CUTLASS kernel's own check runs in the launch, on the arguments it builds anyway.

@@ -17,12 +17,29 @@
 //      went through the async proxy, the flag is a generic release);
 //   2. one thread releases the CTA's tiles: flag[rank][tile] = generation on every rank;
 //   3. for each of its tiles (n block, token block, split s): wait until every rank's flags of
-//      all splits of that (n block, token block) reached the generation, then sum slice s of its
-//      rows over ranks and splits in a fixed order (rank 0.., split 0..: the same bits on every
-//      rank), add beta * c and bias in fp32, and store to out;
+//      all splits of that (n block, token block) reached the generation, then
+//      - one-shot, or the two-shot slice's owner (fused_slice_owner): sum slice s of its rows
+//        over ranks and splits in a fixed order (rank 0.., split 0..: the same bits on every
+//        rank), add beta * c and bias in fp32, and store to out; the two-shot owner then
+//        copies the finished slice from out into its sum buffer and (a CTA barrier, one
+//        thread's system-scope fence) sets the slice's sum flag on every other rank;
+//      - a two-shot non-owner: wait until the owner's sum flag of the slice reached the
+//        generation, then copy the slice from the owner's sum buffer into out;
 //   4. each CTA advances its generation word (fused_tail.cuh's fused_finish_cta).
 // Every wait is bounded; a timeout sets the abort word and the error record, and the CTA skips
 // the rest of its work.
+//
+// No wait can deadlock. Every CTA of the grid is resident at once (the launch refuses a larger
+// grid), and each publishes the flags of all its tiles (step 2) before its first wait, after
+// its GEMM, which waits for nothing outside the CTA: so every partial flag of a launch is set on
+// every rank, and the waits of step 3 for them end. A two-shot owner's sum waits for nothing
+// else, so it ends too; a non-owner's copy waits for that one owner's sum. A CTA takes its tiles
+// in the order of the scheduler's walk (its linear index grows by the grid each round), which is
+// the same order on every rank whatever the grid: by induction over that order, every rank's
+// CTA gets past each slice, since the owner's CTA of the slice got past the earlier ones and
+// then waits only for partial flags. The non-owner waits for the tile's partial flags before the
+// sum flag though it does not read the partials: with a rank missing, every rank then names
+// that rank (kWaitFusedTile), rather than an owner that gave up waiting for it (kWaitFusedSum).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -142,13 +159,31 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock,
   auto w = sched.initial_work_tile_info(Cluster{});
   while (w.is_valid()) {
     if (in_problem(w)) {
-      if (tid == 0) *word = wait_tile(t, int(w.M_idx), int(w.N_idx), gen) ? 1u : 0u;
+      const int nb = int(w.M_idx), tb = int(w.N_idx), s = int(w.L_idx);
+      const int owner = fused_owner(t, nb, tb, s);
+      if (tid == 0) {
+        bool ok = wait_tile(t, nb, tb, gen);
+        if (ok && owner != t.rank) ok = wait_sum(t, fused_tile_index(t, nb, tb, s), owner, gen);
+        *word = ok ? 1u : 0u;
+      }
       consumers_sync();
       const bool ok = *word != 0u;
       consumers_sync();  // every thread has read `word` before it is rewritten
       if (!ok) break;
-      reduce_slice<Element, TokenTile, kTailLoads>(t, int(w.M_idx), int(w.N_idx), int(w.L_idx),
-                                                   parity, tid);
+      Element* out = static_cast<Element*>(t.out);
+      if (owner == t.rank) {
+        reduce_slice<Element, TokenTile, kTailLoads>(t, nb, tb, s, parity, tid);
+        if (t.two_shot) {
+          // The finished slice from out into this rank's sum buffer, then its sum flag.
+          copy_slice<Element, TokenTile, kTailLoads>(
+              t, nb, tb, s, out, t.ldo, fused_sum_buffer<Element>(t, t.rank, parity), t.n, tid);
+          consumers_sync();  // every thread's stores of the slice precede the release
+          if (tid == 0) publish_sum(t, fused_tile_index(t, nb, tb, s), gen);
+        }
+      } else {
+        copy_slice<Element, TokenTile, kTailLoads>(
+            t, nb, tb, s, fused_sum_buffer<Element>(t, owner, parity), t.n, out, t.ldo, tid);
+      }
     }
     auto next = sched.fetch_next_work(w);
     w = cute::get<0>(next);

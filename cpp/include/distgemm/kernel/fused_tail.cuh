@@ -1,7 +1,8 @@
 // The cross-rank tail shared by both fused GEMM + all-reduce kernels (fused_allreduce.hpp): the
 // per-tile flags, the fixed-order sum of a tile's slice over every rank's partials (+ beta * c +
-// bias) into the output, and the generation advance at the end of a launch. No CUTLASS here, so
-// the decode kernel's translation units stay light.
+// bias) into the output, the two-shot tail's sum flags and copy of an owner's finished slice,
+// and the generation advance at the end of a launch. No CUTLASS here, so the decode kernel's
+// translation units stay light.
 //
 // Tile geometry: a tile is TileN output columns (the kernel's: kFusedTileN for the CUTLASS
 // kernel, kFusedDecodeTileN for the decode kernel) by TokenTile tokens (nb, tb); its rows x
@@ -9,7 +10,8 @@
 // of the tile (the CUTLASS kernel's `splits`, the decode kernel's pieces), which sums its slice.
 // The CUTLASS kernel's partial buffers of a rank: parity p at byte offset p * parity_bytes, source
 // split sp at element offset sp * split_elems from there, each [m, n] row-major (the decode
-// kernel's receive buffers: fused_decode_sm90.cuh).
+// kernel's receive buffers: fused_decode_sm90.cuh). Its two-shot sum buffers: parity p at byte
+// offset p * parity_bytes from FusedTail::sum[rank], [m, n] row-major.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -30,6 +32,7 @@ namespace distgemm::kernel {
 // What the tail needs: one set per launch.
 struct FusedTail {
   const void* partial[kMaxDevices];  // FusedAllReduceDesc::partial
+  void* sum[kMaxDevices];            // FusedAllReduceDesc::sum (two-shot; null otherwise)
   uint32_t* control[kMaxDevices];    // every rank's control region
   const void* bias;
   const void* c;
@@ -46,6 +49,7 @@ struct FusedTail {
   // sum), the decode kernel's most pieces of a tile (its receive buffer's sources per rank).
   int splits;
   int n_blocks, token_blocks;
+  int two_shot;  // FusedAllReduceDesc::tail is FusedTailMode::TwoShot
 };
 
 // Tile (n block, token block, split) -> its flag within a rank's section.
@@ -56,7 +60,17 @@ __device__ __forceinline__ int fused_tile_index(const FusedTail& t, int nb, int 
 // Flag `idx` of section `section` (the rank that sets it) of `rank`'s control region.
 __device__ __forceinline__ uint32_t* fused_flag(const FusedTail& t, int rank, int section,
                                                 int idx) {
-  return t.control[rank] + kFusedHeaderBytes / 4 + section * kFusedMaxTiles + idx;
+  return t.control[rank] + fused_flag_word(section, idx);
+}
+
+// The two-shot sum flag `idx` (tile, slice) of `rank`'s control region (set by the owner).
+__device__ __forceinline__ uint32_t* fused_sum_flag(const FusedTail& t, int rank, int idx) {
+  return fused_flag(t, rank, kFusedSumSection, idx);
+}
+
+// The owner of slice s of tile (nb, tb) (fused_slice_owner); this rank in the one-shot tail.
+__device__ __forceinline__ int fused_owner(const FusedTail& t, int nb, int tb, int s) {
+  return t.two_shot ? fused_slice_owner(nb, tb, s, t.n_blocks, t.token_blocks, t.tp) : t.rank;
 }
 
 // A partial written by another CTA or rank, read after that writer's flag was acquired (by one
@@ -87,6 +101,16 @@ __device__ inline bool wait_tile(const FusedTail& t, int nb, int tb, uint32_t ge
       if (!wait_fused_flag(t, fused_flag(t, t.rank, q, idx), idx, q, gen, start)) return false;
     }
   return true;
+}
+
+// One thread of a non-owner, after wait_tile: wait until the owner's sum flag `idx` (tile,
+// slice) on this rank reaches `gen` (the owner releases it after its sum: publish_sum). The
+// flag's only writer of launch g + 1 writes it after every rank's partials of g + 1, i.e. after
+// this rank finished launch g, so `reached` sees g or an older launch's value here.
+__device__ inline bool wait_sum(const FusedTail& t, int idx, int owner, uint32_t gen) {
+  uint64_t start = 0;
+  return wait_reached(fused_sum_flag(t, t.rank, idx), gen, t.abort, t.record, t.timeout_ns, start,
+                      kWaitFusedSum, t.rank, idx, owner, 20);
 }
 
 // Vectors of 8 elements [begin, end) of slice s of the `slices` slices of tile (nb, tb), and the
@@ -189,6 +213,41 @@ __device__ inline void reduce_slice(const FusedTail& t, int nb, int tb, int s, u
   }
 }
 
+// This rank's two-shot sum buffer of launch parity `parity`.
+template <class Element>
+__device__ __forceinline__ Element* fused_sum_buffer(const FusedTail& t, int rank,
+                                                     uint32_t parity) {
+  return reinterpret_cast<Element*>(static_cast<char*>(t.sum[rank]) +
+                                    int64_t(parity) * t.parity_bytes);
+}
+
+// Threads 0..kThreads-1 of a CTA: slice `s` of tile (nb, tb) copied from `src` to `dst`, both
+// [m, n] of row strides `lds` and `ldd` elements, each thread the vectors reduce_slice gives it
+// (tid, tid + kThreads, ...): the two-shot owner's finished slice from out into its sum buffer
+// (each thread rereads what it stored itself), a non-owner's from the owner's sum buffer into
+// out, after its sum flag was acquired (wait_sum, then a CTA barrier). Each thread issues kLoads
+// loads before it stores any, so that several NVLink reads are in flight per thread, as in
+// reduce_slice. A copy apart from the sum, rather than a second store in store_sum: that store's
+// address in the sum's unrolled loop spills registers the GEMM's limit does not have.
+template <class Element, int TokenTile, int kLoads = 8, int kThreads = 256, int TileN = kFusedTileN>
+__device__ inline void copy_slice(const FusedTail& t, int nb, int tb, int s, const Element* src,
+                                  int64_t lds, Element* dst, int64_t ldd, int tid) {
+  const FusedSlice<TokenTile, TileN> sl(t, nb, tb, s, t.splits);
+  for (int v0 = sl.begin + tid; v0 < sl.end; v0 += kThreads * kLoads) {
+    uint4 x[kLoads];
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      const int v = v0 + i * kThreads;
+      if (v < sl.end) x[i] = ld_partial_v4(src + sl.offset(v, lds));
+    }
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      const int v = v0 + i * kThreads;
+      if (v < sl.end) *reinterpret_cast<uint4*>(dst + sl.offset(v, ldd)) = x[i];
+    }
+  }
+}
+
 // Threads 0..threads-1 of a CTA, after all of them finished the launch: the CTA's generation
 // word advances to `gen`, and CTA 0 advances the words of the slots this grid leaves unused (see
 // fused_allreduce.hpp). Plain stores: the next launch on the stream reads them after this one
@@ -225,6 +284,16 @@ __device__ __forceinline__ void release_tile(const FusedTail& t, int idx, uint32
   publish_tile(t, idx, gen);
 }
 
+// One thread of the two-shot owner, after a CTA barrier that follows its CTA's stores of slice
+// `idx` into its sum buffer (generic stores): sum flag `idx` set to `gen` on every other rank.
+// The fence makes each flag store a system-scope release of those stores (cumulative over the
+// CTA through the barrier), as release_tile's are of the partials.
+__device__ __forceinline__ void publish_sum(const FusedTail& t, int idx, uint32_t gen) {
+  fence_acq_rel_sys();
+  for (int q = 0; q < t.tp; ++q)
+    if (q != t.rank) st_relaxed_sys(fused_sum_flag(t, q, idx), gen);
+}
+
 // Host: the tail's parameters of launch `f`, its tiles those of the kernel that runs f.m tokens
 // (fused_token_tile, fused_tile_n).
 inline FusedTail make_fused_tail(const FusedAllReduceDesc& f) {
@@ -232,6 +301,7 @@ inline FusedTail make_fused_tail(const FusedAllReduceDesc& f) {
   FusedTail t{};
   for (int q = 0; q < f.tp; ++q) {
     t.partial[q] = f.partial[q];
+    t.sum[q] = f.sum[q];
     t.control[q] = f.control[q];
   }
   t.bias = f.bias;
@@ -252,6 +322,7 @@ inline FusedTail make_fused_tail(const FusedAllReduceDesc& f) {
   t.splits = f.splits;
   t.n_blocks = static_cast<int>((f.n + tile_n - 1) / tile_n);
   t.token_blocks = static_cast<int>((f.m + token_tile - 1) / token_tile);
+  t.two_shot = f.tail == FusedTailMode::TwoShot ? 1 : 0;
   return t;
 }
 

@@ -15,6 +15,7 @@ enum WaitKind : uint32_t {
   kWaitEntryBarrier = 2,  // the entry barrier waiting for a device's barrier slot
   kWaitFusedTile = 3,     // the fused GEMM + all-reduce waiting for a rank's tile
   kWaitAllReduce = 4,     // the one/two-shot all-reduce waiting for a rank's pushed slice
+  kWaitFusedSum = 5,      // the fused two-shot tail waiting for a slice's owner's sum
 };
 
 // Written once per device, by the first wait that times out, into mapped host memory; the host
