@@ -14,10 +14,12 @@ Where distgemm runs (CUDA, bf16/fp16, the extents distgemm needs): a gather or s
 any dim but the last moves that dim to the front (one copy unless it is already first), runs
 ``all_gather_gemm`` (``ag_rotate_a``) or ``gemm_reduce_scatter`` (``rs_tile_a``) on the rows, and
 moves it back; a scatter along the last dim (N) runs ``gemm_reduce_scatter`` with
-``schedule="rs_tile_b", steps=TP``. Several ``Bs`` share one all-gather: they are concatenated
-along N. Everything else runs the plain collective + ``torch.matmul``; ``fallback_reason`` says why,
-``all_gather_matmul_reason`` / ``matmul_reduce_scatter_reason`` for one call (with the op's
-arguments; ``compat.async_tp`` routes torch's ops by them).
+``schedule="rs_tile_b", steps=TP``. Several ``Bs`` share one all-gather: it hides under the GEMM
+of the widest B, and the others run ``torch.matmul`` on the gathered A, so that no call
+concatenates weights or copies its outputs apart. Everything else runs the plain collective +
+``torch.matmul``; ``fallback_reason`` says why, ``all_gather_matmul_reason`` /
+``matmul_reduce_scatter_reason`` for one call (with the op's arguments; ``compat.async_tp``
+routes torch's ops by them).
 """
 
 from __future__ import annotations
@@ -144,20 +146,29 @@ def fused_all_gather_matmul(
     # Rows of A_shard with the gathered dim first: rank r's rows follow rank r-1's.
     a_rows = A_shard.movedim(gather_dim, 0).contiguous()
     moved_shape = (tp * a_rows.shape[0], *a_rows.shape[1:-1])
-    w = torch.cat(Bs, dim=1).t() if len(Bs) > 1 else _weight(Bs[0])
-    out, a = ops.all_gather_gemm(a_rows.view(-1, k), w, return_gathered=True, group=group)
-    outs = out.split([B.shape[1] for B in Bs], dim=1) if len(Bs) > 1 else (out,)
-    results = [o.contiguous().view(*moved_shape, o.shape[1]).movedim(0, gather_dim) for o in outs]
+    widest = _widest(Bs)
+    out, a = ops.all_gather_gemm(
+        a_rows.view(-1, k), _weight(Bs[widest]), return_gathered=True, group=group
+    )
+    outs = [out if i == widest else torch.matmul(a, B) for i, B in enumerate(Bs)]
+    results = [o.view(*moved_shape, o.shape[1]).movedim(0, gather_dim) for o in outs]
     A = a.view(*moved_shape, k).movedim(0, gather_dim) if return_A else None
     return A, results
 
 
+def _widest(Bs) -> int:
+    """The index of the B with the most columns (the first of equals): the GEMM the all-gather
+    hides under."""
+    return max(range(len(Bs)), key=lambda i: Bs[i].shape[1])
+
+
 def _all_gather_reason(A_shard, Bs, gather_dim: int, tp: int) -> str | None:
-    """fallback_reason of a checked all-gather call (``gather_dim`` >= 0)."""
+    """fallback_reason of a checked all-gather call (``gather_dim`` >= 0): distgemm runs the
+    widest B's GEMM, torch.matmul the others."""
     if gather_dim == A_shard.dim() - 1:
         return "gather_dim is the contracted dim K: no distgemm schedule gathers K"
-    n_total = sum(B.shape[1] for B in Bs)
-    return fallback_reason([A_shard, *Bs], tp, {"K": A_shard.shape[-1], "sum of N": n_total})
+    n = Bs[_widest(Bs)].shape[1]
+    return fallback_reason([A_shard, *Bs], tp, {"K": A_shard.shape[-1], "N of the widest B": n})
 
 
 def all_gather_matmul_reason(A_shard, Bs, gather_dim, group_name, *, return_A=True) -> str | None:
