@@ -89,6 +89,19 @@ def test_losses_within_bf16_tolerance_agree_and_ratio():
     assert "agree" in c.lines()[0] and "1.0500x" in c.lines()[1]
 
 
+def test_median_step_ratio_leaves_out_warm_up_and_ignores_one_stall():
+    off = _run("off", [1.0] * 6, 1000.0, warmup=2)
+    on = _run("on", [1.0] * 6, 900.0, warmup=2)
+    off["step_ms"] = [9000.0, 70.0, 60.0, 61.0, 59.0, 500.0]  # a stalled last step
+    on["step_ms"] = [8000.0, 70.0, 55.0, 56.0, 54.0, 55.0]
+    c = cmp.compare(off, on)
+    assert c.median_step_ms_off == pytest.approx(60.5) and c.median_step_ms_on == 55.0
+    assert "off/on 1.1000x" in c.lines()[2]
+    del on["step_ms"]
+    c = cmp.compare(off, on)
+    assert c.median_step_ms_on is None and len(c.lines()) == 2
+
+
 def test_a_step_beyond_tolerance_is_named():
     off = _run("off", [10.0, 8.0, 6.0], 1.0)
     on = _run("on", [10.0, 8.0 + 0.02 + 0.02 * 8.0 + 1e-3, 6.0], 1.0)

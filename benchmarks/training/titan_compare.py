@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import json
 import math
+import statistics
 import sys
 from typing import Any
 
@@ -34,7 +35,9 @@ class Incomparable(ValueError):
 class Comparison:
     """The verdict on two runs: ``steps`` compared, the first step whose losses differ beyond
     tolerance (None: none), the largest absolute and relative differences, tokens/s of each and
-    ON / OFF."""
+    ON / OFF, and each run's median time of the steps after its warm-up (None where the record
+    has no step times): tokens/s counts every timed step, so one stalled step moves it, the
+    median does not."""
 
     steps: int
     first_bad_step: int | None
@@ -44,6 +47,8 @@ class Comparison:
     tokens_per_s_on: float
     rtol: float
     atol: float
+    median_step_ms_off: float | None = None
+    median_step_ms_on: float | None = None
 
     @property
     def agree(self) -> bool:
@@ -64,7 +69,21 @@ class Comparison:
             f"max relative {self.max_rel_diff:.3g} (atol {self.atol:g}, rtol {self.rtol:g})",
             f"tokens/s: off {self.tokens_per_s_off:.1f}, on {self.tokens_per_s_on:.1f}, "
             f"on/off {self.speedup:.4f}x",
-        ]
+        ] + (
+            [
+                f"median step: off {self.median_step_ms_off:.2f} ms, on "
+                f"{self.median_step_ms_on:.2f} ms, off/on "
+                f"{self.median_step_ms_off / self.median_step_ms_on:.4f}x"
+            ]
+            if self.median_step_ms_off and self.median_step_ms_on
+            else []
+        )
+
+
+def median_step_ms(rec: dict[str, Any]) -> float | None:
+    """The median of the record's step times after its warm-up steps, None without them."""
+    timed = rec.get("step_ms", [])[rec["config"].get("warmup", 0) :]
+    return statistics.median(timed) if timed else None
 
 
 def _config(rec: dict[str, Any], which: str) -> dict[str, Any]:
@@ -104,6 +123,8 @@ def compare(off: dict[str, Any], on: dict[str, Any], rtol=RTOL, atol=ATOL) -> Co
         tokens_per_s_on=float(on["tokens_per_s"]),
         rtol=rtol,
         atol=atol,
+        median_step_ms_off=median_step_ms(off),
+        median_step_ms_on=median_step_ms(on),
     )
 
 

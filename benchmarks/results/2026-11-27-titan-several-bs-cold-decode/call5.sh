@@ -1,0 +1,4 @@
+#!/usr/bin/env bash
+# Session 5 call 5 (4 GPUs, warm: the install of call 4 on this machine): torchtitan switch on
+# then off at TP=4, then at TP=2 on GPUs 0 and 1 (the order reversed from call 4's).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONPATH=/tmp/titan-site INSTALLED_BY='README install: pip install .whl/nvidia_cutlass-*.whl; DISTGEMM_OFFLINE=1 bash scripts/install.sh "[test]" (previous call on this machine)'; S=$OUT/s; mkdir -p $S/titan; for n in 4 2; do for s in on off; do CUDA_VISIBLE_DEVICES=$([ $n = 2 ] && echo 0,1 || echo 0,1,2,3) timeout 70 torchrun --nproc-per-node $n -m benchmarks.training.titan_async_tp --switch $s --out $S/titan/r2-tp$n-$s.json > $S/r2-tp$n-$s.log 2>&1; echo "tp$n $s rc=$? $(grep tokens/s $S/r2-tp$n-$s.log | tail -1)"; done; python3 -m benchmarks.training.titan_compare $S/titan/r2-tp$n-off.json $S/titan/r2-tp$n-on.json 2>&1 | tail -3; done; cd $OUT && tar czf a.tgz s && rm -rf s
