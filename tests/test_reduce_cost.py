@@ -1,10 +1,10 @@
 """gemm_all_reduce's decode model (runtime.reduce_cost) and its constants: a fit of runs the model
 priced gives back the constants at TP 2, 3, 4 and 8 (the fused kernel's two-shot tail with its
 own), the choice takes the fastest candidate only beyond its margin and never past what the
-calibration measured, a fused tail is offered only where the calibration priced it (the shipped
-machine files price no two-shot tail), the JSON form and the TP prediction carry the constants,
-and path="auto" follows the model (fused with either tail, or the collective path with NCCL's or
-our all-reduce) at shapes the calibration did not run."""
+calibration measured, each candidate with its own margin (its own over-predicted gains), a fused
+tail is offered only where the calibration priced it, the JSON form and the TP prediction carry
+the constants, and path="auto" follows the model (fused with either tail, or the collective path
+with NCCL's or our all-reduce) at shapes the calibration did not run."""
 
 import json
 from dataclasses import replace
@@ -212,6 +212,52 @@ def test_the_choice_keeps_the_baseline_within_its_margin_and_honours_the_offer()
     assert set(pred) == {reduce_cost.BASELINE, "collective/one_shot"}
 
 
+def test_each_candidate_needs_the_margin_of_its_own_error():
+    rc = reduce_constants()
+    m, n, k, tp = 4, 8192, 2048, 4
+    pick, pred, _ = reduce_cost.choose(rc, m, n, k, tp, ALL)
+    base = pred[reduce_cost.BASELINE]
+    # The fastest predicted candidate with an error that makes its margin larger than its gain
+    # gives way to the fastest of the others that clear theirs.
+    gain = base - pred[pick]
+    own = {pick: gain / base + cost_tolerated() + 0.01}
+    rest = sorted((c for c in pred if c not in (pick, reduce_cost.BASELINE)), key=pred.get)
+    assert rest and base - pred[rest[0]] > reduce_cost.MIN_GAIN_MS
+    got, _, why = reduce_cost.choose(replace(rc, candidate_errors=own), m, n, k, tp, ALL)
+    assert got == rest[0] and f"{pick} " in why and "margin" in why
+    # Every candidate's own error too large: mm + NCCL, whatever the common error says.
+    every = {c: 0.9 for c in pred if c != reduce_cost.BASELINE}
+    assert reduce_cost.choose(replace(rc, candidate_errors=every), m, n, k, tp, ALL)[0] == (
+        reduce_cost.BASELINE
+    )
+    assert reduce_cost.margin(rc, pick, base) == pytest.approx(reduce_cost.MIN_GAIN_MS)
+
+
+def test_the_fit_gives_each_candidate_the_error_of_its_own_gains():
+    want = reduce_constants()
+    runs = priced_runs(want, 4)
+    for a in ("nccl", "one_shot", "two_shot"):
+        for n, _ in calibrate.REDUCE_SHAPES:
+            for m in calibrate.REDUCE_TOKENS:
+                b = m * n * 2
+                runs.append({"kind": "all_reduce", "algorithm": a, "bytes": b,
+                             "ms": reduce_cost.all_reduce_ms(want, a, b)})  # fmt: skip
+    fitted = calibration_fit.fit_reduce(runs, 4)  # exact runs: every candidate's error ~0
+    assert set(fitted.candidate_errors) == {
+        "fused", "fused_two_shot", "collective/one_shot", "collective/two_shot"
+    }  # fmt: skip
+    assert max(fitted.candidate_errors.values()) == pytest.approx(0.0, abs=1e-6)
+    # The fused kernel measured 20% slower than priced: only its own gains are over-predicted.
+    slower = [dict(r, ms=r["ms"] * 1.2) if r["kind"] == "fused" else r for r in runs]
+    errs = calibration_fit.candidate_gain_errors(want, slower, 4)
+    each = {c: calibration_fit.over_prediction(v) for c, v in errs.items()}
+    assert each["fused"] > 0.05 and each["fused_two_shot"] > 0.05
+    assert each["collective/one_shot"] == pytest.approx(0.0, abs=1e-9)
+    assert each["collective/two_shot"] == pytest.approx(0.0, abs=1e-9)
+    flat = calibration_fit.reduce_gain_errors(want, slower, 4)
+    assert sorted(flat) == sorted(e for v in errs.values() for e in v)
+
+
 def cost_tolerated():
     from distgemm.runtime import cost_model
 
@@ -231,6 +277,18 @@ def test_json_round_trip_problems_and_the_tp_prediction(tmp_path):
     mc.save(path)
     back = machine.load(path)
     assert back.reduce == mc.reduce
+    each = replace(mc, reduce=replace(mc.reduce, candidate_errors={"fused": 0.1}))
+    each.save(path)
+    assert machine.load(path).reduce.candidate_errors == {"fused": 0.1}
+    d = json.loads(path.read_text())
+    d["reduce"].pop("candidate_errors")  # a file written before them: the common error serves
+    path.write_text(json.dumps(d))
+    assert machine.load(path).reduce.candidate_errors == {}
+    d["reduce"]["candidate_errors"] = {"fused": 1.2}
+    path.write_text(json.dumps(d))
+    with pytest.raises(ValueError, match=r"candidate_errors \{'fused': 1.2\} are not in"):
+        machine.load(path)
+    mc.save(path)
     d = json.loads(path.read_text())
     d["reduce"]["all_reduce"].pop("nccl")
     path.write_text(json.dumps(d))

@@ -3,6 +3,7 @@ TP and NVLink topology, where ``path="auto"`` finds them.
 
     torchrun --nproc-per-node N -m distgemm.tune --calibrate [--out FILE] [--window-ms MS]
         [--reduce-only]
+    python -m distgemm.tune --calibrate --refit FILE [--out FILE2]   # no GPU
 
 TP = N. It runs, on shapes of its own (none of them a Llama layer's): our GEMM kernel and
 torch.mm alone; copy-engine reads from 1..TP-1 peers at once; NCCL's all-gather and
@@ -16,7 +17,9 @@ enqueued behind a sleeping kernel where the host is slower than the GPU (GPU tim
 model prices); the slowest rank's ms per call. Then ``runtime.calibration_fit`` fits the
 constants, and rank 0 writes them with every run and the fit's errors (default: the directory
 of ``DISTGEMM_CALIBRATION`` or ``~/.cache/distgemm/machines``, file
-``<gpu>-tp<N>-<topology>.json``). Under a minute on 2 or 4 H100s.
+``<gpu>-tp<N>-<topology>.json``). Under a minute on 2 or 4 H100s. ``--refit FILE`` fits the
+constants again from the runs FILE stores (the model's terms changed, not the machine), without
+a GPU, and writes them to ``--out`` (default: FILE itself).
 """
 
 from __future__ import annotations
@@ -326,14 +329,43 @@ def parse_args(argv=None):
         action="store_true",
         help="measure gemm_all_reduce's decode terms only, added to this machine's calibration",
     )
+    ap.add_argument("--refit", metavar="FILE", help="fit FILE's stored runs again (no GPU)")
     args = ap.parse_args(argv)
+    if args.refit and args.reduce_only:
+        ap.error("--refit fits a whole calibration's runs: give it without --reduce-only")
     if not 1 <= args.window_ms <= 10_000:
         ap.error(f"--window-ms {args.window_ms} is not in 1..10000")
     return ap, args
 
 
+def refit(path: str, out: str | None, argv) -> tuple[machine.MachineConstants, str]:
+    """The constants fitted again from the runs the machine file ``path`` stores, written to
+    ``out`` (None: ``path``); ValueError where the file stores no runs."""
+    old = machine.load(path)
+    runs = old.meta.get("runs")
+    if not runs:
+        raise ValueError(f"{path} stores no calibration runs: it was fitted elsewhere")
+    command = " ".join(
+        ["python -m distgemm.tune --calibrate"] + [a for a in argv if a != "--calibrate"]
+    )
+    meta = {k: v for k, v in old.meta.items() if k != "fit"}
+    meta["refit"] = command
+    mc = calibration_fit.fit(runs, old.key, old.slots, meta)
+    out = out or path
+    mc.save(out)
+    return mc, out
+
+
 def main(argv=None) -> int:
     ap, args = parse_args(argv)
+    if args.refit:
+        try:
+            mc, out = refit(args.refit, args.out, argv if argv is not None else sys.argv[1:])
+        except (OSError, ValueError) as e:
+            ap.error(str(e))
+        reduce_error = f", decode {mc.reduce.choice_error:.3f}" if mc.reduce else ""
+        print(f"choice error {mc.choice_error:.3f}{reduce_error}; wrote {out}")
+        return 0
     import torch
     import torch.distributed as dist
 

@@ -216,8 +216,10 @@ def fit_reduce(runs: list[dict[str, Any]], tp: int, errors=None) -> ReduceConsta
         max_bytes=int(max(r["bytes"] for r in _of(runs, "all_reduce"))),
         choice_error=0.0,
     )
-    error = over_prediction(reduce_gain_errors(rc, runs, tp))
-    return replace(rc, choice_error=min(error, 0.5))
+    by_candidate = candidate_gain_errors(rc, runs, tp)
+    error = over_prediction([e for errs in by_candidate.values() for e in errs])
+    each = {c: min(over_prediction(errs), 0.5) for c, errs in sorted(by_candidate.items())}
+    return replace(rc, choice_error=min(error, 0.5), candidate_errors=each)
 
 
 def with_reduce(
@@ -239,12 +241,20 @@ def _tail(run: dict[str, Any]) -> str:
 
 
 def reduce_gain_errors(rc: ReduceConstants, runs: list[dict[str, Any]], tp: int) -> list[float]:
-    """The model's error on each candidate's gain over mm + NCCL, as a share of mm + NCCL's
-    measured time, at every decode shape of ``runs`` with torch.mm measured: the fused kernel
-    with each tail where it ran, mm + an own all-reduce where one ran at the shape's bytes."""
+    """``candidate_gain_errors`` of every candidate, in one list."""
+    return [e for errs in candidate_gain_errors(rc, runs, tp).values() for e in errs]
+
+
+def candidate_gain_errors(
+    rc: ReduceConstants, runs: list[dict[str, Any]], tp: int
+) -> dict[str, list[float]]:
+    """Per candidate (``reduce_cost`` names), the model's error on its gain over mm + NCCL, as a
+    share of mm + NCCL's measured time, at every decode shape of ``runs`` with torch.mm
+    measured: the fused kernel with each tail where it ran, mm + an own all-reduce where one ran
+    at the shape's bytes."""
     ar = {(r["algorithm"], int(r["bytes"])): r["ms"] for r in _of(runs, "all_reduce")}
     fused = {(r["m"], r["n"], r["k"], _tail(r)): r["ms"] for r in _of(runs, "fused")}
-    out = []
+    out: dict[str, list[float]] = {}
     for r in _of(runs, "reduce_mm"):
         m, n, k = r["m"], r["n"], r["k"]
         nbytes = m * n * cost_model.ELEM_BYTES
@@ -263,7 +273,9 @@ def reduce_gain_errors(rc: ReduceConstants, runs: list[dict[str, Any]], tp: int)
         for cand, p in pred.items():
             t = measured.get(cand)
             if cand != reduce_cost.BASELINE and t is not None:
-                out.append(((pred[reduce_cost.BASELINE] - p) - (base - t)) / base)
+                out.setdefault(cand, []).append(
+                    ((pred[reduce_cost.BASELINE] - p) - (base - t)) / base
+                )
     return out
 
 

@@ -78,7 +78,10 @@ class ReduceConstants:
       result times TP - 1); a key absent is never offered;
     - ``max_tokens``, ``max_bytes``: the most tokens and the largest all-reduce measured; the
       model prices nothing beyond them;
-    - ``choice_error``: as ``MachineConstants.choice_error``, for the gains over mm + NCCL.
+    - ``choice_error``: as ``MachineConstants.choice_error``, for the gains over mm + NCCL of
+      every candidate together;
+    - ``candidate_errors``: the same per candidate (``reduce_cost`` names: "fused",
+      "collective/one_shot", ...), each the margin that candidate needs (absent: choice_error).
     """
 
     mm: tuple[float, float, float]
@@ -87,6 +90,7 @@ class ReduceConstants:
     max_tokens: int
     max_bytes: int
     choice_error: float
+    candidate_errors: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -96,6 +100,7 @@ class ReduceConstants:
             "max_tokens": self.max_tokens,
             "max_bytes": self.max_bytes,
             "choice_error": self.choice_error,
+            "candidate_errors": dict(self.candidate_errors),
         }
 
     @classmethod
@@ -107,6 +112,7 @@ class ReduceConstants:
             max_tokens=int(d["max_tokens"]),
             max_bytes=int(d["max_bytes"]),
             choice_error=float(d["choice_error"]),
+            candidate_errors={k: float(v) for k, v in d.get("candidate_errors", {}).items()},
         )
 
     def problem(self) -> str | None:
@@ -124,6 +130,9 @@ class ReduceConstants:
             )
         if not 0 <= self.choice_error < 1:
             return f"reduce.choice_error {self.choice_error} is not in [0, 1)"
+        bad = {k: v for k, v in self.candidate_errors.items() if not 0 <= v < 1}
+        if bad:
+            return f"reduce.candidate_errors {bad} are not in [0, 1)"
         return None
 
 

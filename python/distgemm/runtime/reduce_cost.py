@@ -18,9 +18,13 @@ What it models (one rank, the constants ``machine.ReduceConstants``, fitted by
   with the all-reduce alone: torch.mm's own error does not enter it. A tail whose constants the
   machine's calibration has not is not offered, as an own all-reduce is not.
 
-The baseline is mm + NCCL. Another candidate is taken where it is predicted faster by at least
-``MIN_GAIN_MS`` and by the calibration's ``choice_error`` less ``cost_model.TOLERATED_LOSS`` of
-the baseline's time, as the overlapped plan is.
+The baseline is mm + NCCL. Another candidate can be taken where it is predicted faster by at
+least ``MIN_GAIN_MS`` and by its own error less ``cost_model.TOLERATED_LOSS`` of the baseline's
+time: the calibration's over-predicted gain of that candidate (``candidate_errors``; the
+candidates' common ``choice_error`` where the constants have none for it), as the overlapped
+plan is taken. The fastest predicted of those is taken. Each candidate's own error, because they
+differ in kind: mm + an all-reduce shares torch.mm with the baseline, so only the all-reduces'
+fits enter its gain, while a fused kernel's gain carries its own overhead fit.
 """
 
 from __future__ import annotations
@@ -99,13 +103,22 @@ def predict(
 def choose(
     rc: ReduceConstants, m: int, n: int, k: int, tp: int, offered: dict[str, str], slug: str = ""
 ) -> tuple[str, dict[str, float], str]:
-    """(candidate, the predictions, why in words): the fastest predicted candidate where it
-    beats mm + NCCL by the margin (module docstring), else mm + NCCL. Shapes and constants
-    only, so every rank picks the same."""
+    """(candidate, the predictions, why in words): the fastest predicted of the candidates that
+    beat mm + NCCL by their margins (module docstring, ``margin``), else mm + NCCL. Shapes and
+    constants only, so every rank picks the same."""
     pred = predict(rc, m, n, k, tp, offered)
     base = pred[BASELINE]
-    best = min(pred, key=lambda c: (pred[c], c != BASELINE))
-    margin = max(MIN_GAIN_MS, (rc.choice_error - TOLERATED_LOSS) * base)
-    pick = best if base - pred[best] >= margin else BASELINE
-    listed = ", ".join(f"{c} {v * 1e3:.1f} us" for c, v in sorted(pred.items(), key=lambda x: x[1]))
-    return pick, pred, f"predicted {listed}; margin {margin * 1e3:.2f} us ({slug})"
+    margins = {c: margin(rc, c, base) for c in pred if c != BASELINE}
+    taken = [c for c, need in margins.items() if base - pred[c] >= need]
+    pick = min(taken, key=lambda c: (pred[c], c)) if taken else BASELINE
+    listed = ", ".join(
+        f"{c} {v * 1e3:.1f} us" + (f" (margin {margins[c] * 1e3:.2f})" if c in margins else "")
+        for c, v in sorted(pred.items(), key=lambda x: x[1])
+    )
+    return pick, pred, f"predicted {listed} us ({slug})"
+
+
+def margin(rc: ReduceConstants, candidate: str, base_ms: float) -> float:
+    """The predicted gain over mm + NCCL (``base_ms``) that ``candidate`` needs to be taken."""
+    error = rc.candidate_errors.get(candidate, rc.choice_error)
+    return max(MIN_GAIN_MS, (error - TOLERATED_LOSS) * base_ms)
