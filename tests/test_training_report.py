@@ -21,8 +21,9 @@ from benchmarks.training import report as rep
 META = {"torch": "2.11.0+cu128", "device": "NVIDIA H200", "installed_by": "README install"}
 
 
-def _record(**ms):
-    """A measured run at TP=2 with megatron re-timed (first 29, last 31 ms) and clean numerics."""
+def _record(tp=2, **ms):
+    """A measured run at ``tp`` with megatron re-timed (first 29, last 31 ms) and clean
+    numerics."""
     times = dict(floor=22.0, floor_step=24.0, megatron=30.0, async_tp=28.0, distgemm_keep=25.0)
     times.update(distgemm_regather=26.0)
     times.update(ms)
@@ -31,7 +32,7 @@ def _record(**ms):
         tokens=8192,
         hidden=8192,
         ffn=28672,
-        tp=2,
+        tp=tp,
         ms=times,
         retimed=dict(variant="megatron", first=29.0, last=31.0),
         rel_err={v: dict(errs) for v in rep.VARIANTS if v != "floor"},
@@ -56,10 +57,21 @@ def test_derived_ratios():
 
 
 def test_targets_met_missed_and_missing():
-    assert rep.targets(_record()) == {"vs_async_tp": True, "vs_megatron": True}
-    # 28/27 = 1.037 < 1.05 and 30/27 = 1.11 >= 1.10
-    tg = rep.targets(_record(distgemm_keep=27.0, distgemm_regather=27.5))
-    assert tg == {"vs_async_tp": False, "vs_megatron": True}
+    # TP=2: 1.02x async_tp only; 28/27.4 = 1.022 >= 1.02, 28/27.5 = 1.018 < 1.02
+    assert rep.targets(_record()) == {"vs_async_tp": True}
+    for keep, met in ((27.4, True), (27.5, False)):
+        assert rep.targets(_record(distgemm_keep=keep, distgemm_regather=27.6)) == {
+            "vs_async_tp": met
+        }
+    # TP=4: 1.05x async_tp and 1.12x megatron; 28/26.5 = 1.057 and 30/26.5 = 1.132 both met,
+    # 28/27 = 1.037 < 1.05 and 30/27 = 1.111 < 1.12 both missed
+    assert rep.targets(_record(tp=4, distgemm_keep=26.5)) == {
+        "vs_async_tp": True, "vs_megatron": True
+    }  # fmt: skip
+    tg = rep.targets(_record(tp=4, distgemm_keep=27.0, distgemm_regather=27.5))
+    assert tg == {"vs_async_tp": False, "vs_megatron": False}
+    assert rep.targets(_record(tp=8)) == {}  # no target named at TP=8
+    assert "no speed target at tp=8" in rep.format_table(_record(tp=8), META)
     rec = _record(async_tp=None)
     rec["unavailable"]["async_tp"] = "RuntimeError: no symmetric memory"
     assert rep.targets(rec)["vs_async_tp"] is None
@@ -71,7 +83,10 @@ def test_suspect_below_floor_fails_its_targets():
     assert rep.suspect(_record(distgemm_keep=21.8)) == []
     rec = _record(distgemm_keep=21.7)
     assert rep.suspect(rec) == ["distgemm_keep"]
-    assert rep.targets(rec) == {"vs_async_tp": False, "vs_megatron": False}
+    assert rep.targets(rec) == {"vs_async_tp": False}
+    assert rep.targets(_record(tp=4, distgemm_keep=21.7)) == {
+        "vs_async_tp": False, "vs_megatron": False
+    }  # fmt: skip
     assert rep.suspect(_record(floor=None)) == []
 
 
@@ -80,7 +95,7 @@ def test_wrong_numerics_fail_the_targets():
     rec["rel_err"]["distgemm_keep"]["grad_w_down"] = 0.03
     rec["rel_err"]["async_tp"]["out"] = math.nan
     assert rep.wrong(rec) == ["async_tp", "distgemm_keep"]
-    assert rep.targets(rec) == {"vs_async_tp": False, "vs_megatron": False}
+    assert rep.targets(rec) == {"vs_async_tp": False}
     assert rep.variant_status(rec, "distgemm_keep") == "wrong"
 
 
@@ -107,7 +122,9 @@ def test_csv_and_table_round_trip():
     table = rep.format_table(rec, META)
     for text in (*META.values(), "21.0000!", "SUSPECT", "UNAVAILABLE", "drift of megatron"):
         assert text in table
-    assert "target distgemm vs_megatron >= 1.1x: 1.429x MISSED" in table  # suspect: fails
+    assert "target distgemm vs_async_tp >= 1.02x: 1.333x MISSED" in table  # suspect: fails
+    table4 = rep.format_table(dict(rec, tp=4), META)
+    assert "target distgemm vs_megatron >= 1.12x: 1.429x MISSED" in table4
 
 
 def test_outputs_without_matplotlib_and_replot(tmp_path, monkeypatch):
@@ -117,7 +134,7 @@ def test_outputs_without_matplotlib_and_replot(tmp_path, monkeypatch):
     assert why.startswith("matplotlib unavailable")
     assert stem.endswith("2026-11-24-training-step-tp2-t8192")
     doc = json.loads(open(stem + ".json").read())
-    assert doc["meta"] == META and doc["targets"] == {"vs_async_tp": True, "vs_megatron": True}
+    assert doc["meta"] == META and doc["targets"] == {"vs_async_tp": True}
     assert not (tmp_path / "run" / (stem + ".png")).exists()
     assert rep.replot(stem + ".json", str(tmp_path / "again")) == 1  # still no matplotlib
     again = tmp_path / "again" / "2026-11-24-training-step-tp2-t8192"
@@ -270,7 +287,7 @@ def test_suspect_ignores_floor_step():
     rec = _record(floor_step=10.0)
     assert rep.suspect(rec) == []
     assert rep.derived(rec)["distgemm_best"] == "distgemm_keep"
-    assert rep.targets(rec) == {"vs_async_tp": True, "vs_megatron": True}
+    assert rep.targets(rec) == {"vs_async_tp": True}
     by = {r["variant"]: r for r in rep.csv_rows(rec, META)}
     assert by["floor_step"]["suspect"] == "" and by["floor_step"]["status"] == "ok"
     assert by["floor_step"]["note"] == "err vs its own eager block"
@@ -282,7 +299,7 @@ def test_suspect_ignores_floor_step():
 def test_floors_only_record(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     rec, meta = _floors_only(), {**META, "local_only": True}
-    assert rep.targets(rec) == {"vs_async_tp": None, "vs_megatron": None}
+    assert rep.targets(rec) == {"vs_async_tp": None}
     d = rep.derived(rec)
     assert d["distgemm_best"] is None and d["drift"] is None
     assert d["bound_vs_async_tp"] is None and d["bound_vs_megatron"] is None
@@ -293,12 +310,12 @@ def test_floors_only_record(tmp_path, monkeypatch):
     assert {rows[v]["status"] for v in rep.TIMED_ORDER} == {"missing"}
     table = rep.format_table(rec, meta)
     assert "local only: one GPU" in table and "at best" not in table
-    assert "target distgemm vs_async_tp >= 1.05x: - n/a" in table
+    assert "target distgemm vs_async_tp >= 1.02x: - n/a" in table
     stem = str(tmp_path / (rep.output_stem(2, 8192, date="2026-11-25") + "-local"))
     assert rep.write_outputs(rec, meta, stem).startswith("matplotlib unavailable")
     doc = json.loads(open(stem + ".json").read())
     assert doc["meta"]["local_only"] is True and doc["record"]["tp"] == 2
-    assert doc["targets"] == {"vs_async_tp": None, "vs_megatron": None}
+    assert doc["targets"] == {"vs_async_tp": None}
 
 
 def _tiny_gathered():
