@@ -239,6 +239,15 @@ def test_targets_apply_to_big_models_at_large_m_only():
     assert report.targets(_record(tokens=2048))["eff_own"] is None
 
 
+def test_the_efficiency_target_follows_the_tp():
+    # 5.1/5.4 = 0.944: short of TP=2's 0.97, above TP=4's and TP=8's 0.93; no target at TP=3
+    ms = dict(_record()["ms"], dg_best=5.4)
+    got = {tp: report.targets(_record(tp=tp, ms=ms))["eff_own"] for tp in (2, 3, 4, 8)}
+    assert got == {2: False, 3: None, 4: True, 8: True}
+    summary = report.target_summary([_record(tp=4, ms=ms)])
+    assert "0.97 at TP=2, 0.93 at TP=4, 0.93 at TP=8" in summary
+
+
 def test_auto_target_allows_two_percent_over_the_baseline():
     at = lambda auto: report.targets(_record(ms=dict(_record()["ms"], dg_auto=auto)))  # noqa: E731
     assert at(8.16)["auto_vs_baseline"] is True  # exactly 1.02x

@@ -18,10 +18,12 @@ VARIANTS = ("floor", "floor_dg", "baseline", "symm_mem", "dg_default", "dg_best"
 FLOORS = ("floor", "floor_dg")
 DG = ("dg_default", "dg_best", "dg_auto")
 # The acceptance targets, checked per case by ``targets``: for 70B/405B at M >= 4096, distgemm's
-# best >= 1.3x torch async-TP and >= 0.97 of its own kernel's floor; everywhere, the public op
-# (dg_auto) at most 2% slower than the plain baseline.
+# best >= 1.3x torch async-TP and at least TARGET_EFF_OWN of its own kernel's floor (per TP: the
+# TP=2 sweep's 0.97, the TP issue's 0.93 at TP 4 and 8, where each GPU's GEMM is smaller; none
+# at another TP); everywhere, the public op (dg_auto) at most 2% slower than the plain baseline.
 TARGET_MODELS, TARGET_MIN_TOKENS = ("70B", "405B"), 4096
-TARGET_VS_SYMM, TARGET_EFF_OWN, TARGET_AUTO_SLACK = 1.3, 0.97, 1.02
+TARGET_VS_SYMM, TARGET_AUTO_SLACK = 1.3, 1.02
+TARGET_EFF_OWN = {2: 0.97, 4: 0.93, 8: 0.93}
 # A variant timed more than 1% below the case's compute floor is a measurement error: marked
 # suspect in the table, the CSV and the plot, and it fails every target it takes part in.
 SUSPECT_SLACK = 0.01
@@ -70,14 +72,15 @@ def suspect(rec: dict[str, Any]) -> list[str]:
 
 def targets(rec: dict[str, Any]) -> dict[str, bool | None]:
     """The acceptance targets of one measured record: ``vs_symm_mem`` (dg_best >= 1.3x symm_mem)
-    and ``eff_own`` (dg_best >= 0.97 of floor_dg) apply to 70B/405B at M >= 4096 (None
-    elsewhere or when a time is missing); ``auto_vs_baseline`` (dg_auto <= 1.02 x baseline)
-    applies to every case."""
+    and ``eff_own`` (dg_best >= TARGET_EFF_OWN[tp] of floor_dg) apply to 70B/405B at M >= 4096
+    (None elsewhere, at a TP without an efficiency target, or when a time is missing);
+    ``auto_vs_baseline`` (dg_auto <= 1.02 x baseline) applies to every case."""
     d, ms = derived(rec), rec.get("ms", {})
     big = rec.get("model") in TARGET_MODELS and rec.get("tokens", 0) >= TARGET_MIN_TOKENS
     bad = set(suspect(rec))
     vs, eff = d["dg_best_vs_symm_mem"], d["eff_own_dg_best"]
     auto, base = ms.get("dg_auto"), ms.get("baseline")
+    goal = TARGET_EFF_OWN.get(rec.get("tp"))
 
     def verdict(applies: bool, ok: bool | None, uses: Sequence[str]) -> bool | None:
         if not applies or ok is None:
@@ -86,7 +89,7 @@ def targets(rec: dict[str, Any]) -> dict[str, bool | None]:
 
     return {
         "vs_symm_mem": verdict(big, vs and vs >= TARGET_VS_SYMM, ("dg_best", "symm_mem")),
-        "eff_own": verdict(big, eff and eff >= TARGET_EFF_OWN, ("dg_best",)),
+        "eff_own": verdict(big and goal is not None, eff and goal and eff >= goal, ("dg_best",)),
         "auto_vs_baseline": verdict(
             True,
             (auto <= TARGET_AUTO_SLACK * base) if (auto and base) else None,
@@ -271,9 +274,10 @@ def target_summary(records: Sequence[dict[str, Any]]) -> str:
     the cases that miss it."""
     lines = []
     big = f"{'/'.join(TARGET_MODELS)}, M >= {TARGET_MIN_TOKENS}"
+    effs = ", ".join(f"{v} at TP={tp}" for tp, v in TARGET_EFF_OWN.items())
     names = {
         "vs_symm_mem": f"dg best >= {TARGET_VS_SYMM}x torch symm_mem ({big})",
-        "eff_own": f"dg best >= {TARGET_EFF_OWN} of its own kernel floor ({big})",
+        "eff_own": f"dg best >= {effs} of its own kernel floor ({big})",
         "auto_vs_baseline": f"public op (auto) <= {TARGET_AUTO_SLACK}x NCCL + torch.mm "
         "(every case)",
     }
@@ -353,7 +357,9 @@ def plot(records: Sequence[dict[str, Any]], path: str) -> str | None:
         ys = [derived(r)[f"{kind}_{v}"] or 0.0 for r in ok]
         axes[1].bar([x + (j - 1) * wbar for x in xs], ys, wbar, label=label, color=colors[v])
     axes[1].axhline(1.0, color="k", lw=0.8)
-    axes[1].axhline(TARGET_EFF_OWN, color="k", lw=0.6, ls=":")
+    goals = {TARGET_EFF_OWN.get(r.get("tp")) for r in ok} - {None}
+    for goal in goals:
+        axes[1].axhline(goal, color="k", lw=0.6, ls=":")
     axes[1].set_ylabel("overlap efficiency\n(compute floor / time)")
     axes[1].set_ylim(0.0, 1.15)
     axes[1].legend(fontsize=8)
