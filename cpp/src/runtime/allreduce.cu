@@ -102,6 +102,34 @@ struct Slice {
       : begin(vecs * cta / ctas), end(vecs * (cta + 1) / ctas) {}
 };
 
+// two_shot: slice `cta` of rank r's chunk of a vector of `units` units (vectors or LL lines) cut
+// in chunks of `chunk` units; a chunk ends at the vector's end.
+__device__ inline Slice chunk_slice(int64_t units, int64_t chunk, int r, int cta, int ctas) {
+  int64_t len = units - r * chunk;
+  len = len < 0 ? 0 : (len > chunk ? chunk : len);
+  return Slice(len, cta, ctas);
+}
+
+// two_shot: slice `cta` of every peer's chunk, units [begin[i], end[i]) of peer (rank + i) % tp's
+// (i = 1..tp-1), and the most units of any of them: what a thread walks when it handles unit k of
+// every peer's slice at once (its loads first, then its stores or waits).
+struct PeerSlices {
+  int64_t begin[kMaxDevices], end[kMaxDevices], longest = 0;
+  __device__ PeerSlices(int rank, int tp, int64_t units, int64_t chunk, int cta, int ctas) {
+#pragma unroll
+    for (int i = 0; i < kMaxDevices; ++i) {
+      begin[i] = end[i] = 0;
+      if (i > 0 && i < tp) {
+        const Slice s = chunk_slice(units, chunk, (rank + i) % tp, cta, ctas);
+        begin[i] = s.begin, end[i] = s.end;
+        longest = s.end - s.begin > longest ? s.end - s.begin : longest;
+      }
+    }
+  }
+  // Whether peer i (1..tp-1) has a unit k in its slice.
+  __device__ bool has(int i, int64_t k) const { return begin[i] + k < end[i]; }
+};
+
 // This rank's receive buffer of this launch's parity, as seen from here, of rank q.
 __device__ __forceinline__ uint4* receive_of(const AllReduceArgs& a, int q, uint32_t parity) {
   return a.receive[q] + int64_t(parity) * a.parity_vecs;
@@ -213,54 +241,37 @@ __global__ void __launch_bounds__(kAllReduceThreads, 1)
   } else {
     // [parity][area 1: source][chunk], then [area 2: owner][chunk].
     const int64_t cv = a.chunk_vecs, area2 = int64_t(a.tp) * cv;
-    auto chunk_slice = [&](int r) {
-      int64_t len = a.vecs - r * cv;
-      len = len < 0 ? 0 : (len > cv ? cv : len);
-      return Slice(len, cta, ctas);
-    };
-    // Slice `cta` of peer i's chunk (i = 1..tp-1 after this rank): [begin[i], end[i]).
-    int64_t begin[kMaxDevices], end[kMaxDevices], longest = 0;
-#pragma unroll
-    for (int i = 1; i < kMaxDevices; ++i) {
-      begin[i] = end[i] = 0;
-      if (i < a.tp) {
-        const Slice s = chunk_slice((a.rank + i) % a.tp);
-        begin[i] = s.begin, end[i] = s.end;
-        longest = s.end - s.begin > longest ? s.end - s.begin : longest;
-      }
-    }
+    const PeerSlices p(a.rank, a.tp, a.vecs, cv, cta, ctas);
     // Each thread loads its vector of every peer's chunk before it stores any: one load latency
     // per vector index, not tp - 1 in a row (a store needs its loaded value).
-    for (int64_t k = tid; k < longest; k += kAllReduceThreads) {
+    for (int64_t k = tid; k < p.longest; k += kAllReduceThreads) {
       uint4 x[kMaxDevices];
 #pragma unroll
       for (int i = 1; i < kMaxDevices; ++i)
-        if (i < a.tp && begin[i] + k < end[i])
-          x[i] = a.src[((a.rank + i) % a.tp) * cv + begin[i] + k];
+        if (p.has(i, k)) x[i] = a.src[((a.rank + i) % a.tp) * cv + p.begin[i] + k];
 #pragma unroll
       for (int i = 1; i < kMaxDevices; ++i)
-        if (i < a.tp && begin[i] + k < end[i])
-          receive_of(a, (a.rank + i) % a.tp, parity)[a.rank * cv + begin[i] + k] = x[i];
+        if (p.has(i, k))
+          receive_of(a, (a.rank + i) % a.tp, parity)[a.rank * cv + p.begin[i] + k] = x[i];
     }
     __syncthreads();
     if (tid == 0) signal_peers(a, 0, cta, gen);
     if (wait_peers(a, 0, cta, gen, &ok_s)) {
       const int64_t base = a.rank * cv;
-      sum_slice<Element>(a, chunk_slice(a.rank), a.src + base, mine, cv, a.out + base, area2 + base,
-                         parity, true);
+      sum_slice<Element>(a, chunk_slice(a.vecs, cv, a.rank, cta, ctas), a.src + base, mine, cv,
+                         a.out + base, area2 + base, parity, true);
       __syncthreads();
       if (tid == 0) signal_peers(a, 1, cta, gen);
       if (wait_peers(a, 1, cta, gen, &ok_s))
-        for (int64_t k = tid; k < longest; k += kAllReduceThreads) {  // loads first, as above
+        for (int64_t k = tid; k < p.longest; k += kAllReduceThreads) {  // loads first, as above
           uint4 x[kMaxDevices];
 #pragma unroll
           for (int i = 1; i < kMaxDevices; ++i)
-            if (i < a.tp && begin[i] + k < end[i])
-              x[i] = ld_partial_v4(mine + area2 + ((a.rank + i) % a.tp) * cv + begin[i] + k);
+            if (p.has(i, k))
+              x[i] = ld_partial_v4(mine + area2 + ((a.rank + i) % a.tp) * cv + p.begin[i] + k);
 #pragma unroll
           for (int i = 1; i < kMaxDevices; ++i)
-            if (i < a.tp && begin[i] + k < end[i])
-              a.out[((a.rank + i) % a.tp) * cv + begin[i] + k] = x[i];
+            if (p.has(i, k)) a.out[((a.rank + i) % a.tp) * cv + p.begin[i] + k] = x[i];
         }
     }
   }
@@ -355,38 +366,23 @@ __device__ inline void two_shot_lines(const AllReduceArgs& a, uint32_t gen) {
   const uint2* src = reinterpret_cast<const uint2*>(a.src);
   uint2* out = reinterpret_cast<uint2*>(a.out);
   const int64_t lines = 2 * a.vecs, cl = 2 * a.chunk_vecs, area2 = int64_t(a.tp) * cl;
-  auto chunk_slice = [&](int r) {
-    int64_t len = lines - r * cl;
-    len = len < 0 ? 0 : (len > cl ? cl : len);
-    return Slice(len, blockIdx.x, gridDim.x);
-  };
-  // Slice `cta` of peer i's chunk (i = 1..tp-1 after this rank): lines [begin[i], end[i]).
-  int64_t begin[kMaxDevices], end[kMaxDevices], longest = 0;
-#pragma unroll
-  for (int i = 1; i < kMaxDevices; ++i) {
-    begin[i] = end[i] = 0;
-    if (i < a.tp) {
-      const Slice s = chunk_slice((a.rank + i) % a.tp);
-      begin[i] = s.begin, end[i] = s.end;
-      longest = s.end - s.begin > longest ? s.end - s.begin : longest;
-    }
-  }
+  const PeerSlices p(a.rank, a.tp, lines, cl, blockIdx.x, gridDim.x);
   // Each thread loads its line of every peer's chunk before it pushes any (one load latency per
   // index, not tp - 1 in a row), as the flag kernel does.
-  for (int64_t k = threadIdx.x; k < longest; k += kAllReduceThreads) {
+  for (int64_t k = threadIdx.x; k < p.longest; k += kAllReduceThreads) {
     uint2 x[kMaxDevices];
 #pragma unroll
     for (int i = 1; i < kMaxDevices; ++i)
-      if (i < a.tp && begin[i] + k < end[i]) x[i] = src[((a.rank + i) % a.tp) * cl + begin[i] + k];
+      if (p.has(i, k)) x[i] = src[((a.rank + i) % a.tp) * cl + p.begin[i] + k];
 #pragma unroll
     for (int i = 1; i < kMaxDevices; ++i)
-      if (i < a.tp && begin[i] + k < end[i])
-        st_line(line_of(a, (a.rank + i) % a.tp, parity, a.rank * cl + begin[i] + k), x[i].x, x[i].y,
-                gen);
+      if (p.has(i, k))
+        st_line(line_of(a, (a.rank + i) % a.tp, parity, a.rank * cl + p.begin[i] + k), x[i].x,
+                x[i].y, gen);
   }
   uint64_t start = 0;
   const int64_t base = a.rank * cl;
-  const Slice own = chunk_slice(a.rank);
+  const Slice own = chunk_slice(lines, cl, a.rank, blockIdx.x, gridDim.x);
   bool ok = true;
   for (int64_t l = own.begin + threadIdx.x; l < own.end; l += kAllReduceThreads) {
     uint2 y;
@@ -401,19 +397,18 @@ __device__ inline void two_shot_lines(const AllReduceArgs& a, uint32_t gen) {
   if (!__syncthreads_and(ok)) return;
   const uint4* sums = line_of(a, a.rank, parity, area2);
   // Every peer's sum line of this index read once before any is waited for (as above).
-  for (int64_t k = threadIdx.x; k < longest; k += kAllReduceThreads) {
+  for (int64_t k = threadIdx.x; k < p.longest; k += kAllReduceThreads) {
     uint4 x[kMaxDevices];
 #pragma unroll
     for (int i = 1; i < kMaxDevices; ++i)
-      if (i < a.tp && begin[i] + k < end[i])
-        x[i] = ld_line(sums + ((a.rank + i) % a.tp) * cl + begin[i] + k);
+      if (p.has(i, k)) x[i] = ld_line(sums + ((a.rank + i) % a.tp) * cl + p.begin[i] + k);
 #pragma unroll
     for (int i = 1; i < kMaxDevices; ++i) {
-      if (i >= a.tp || begin[i] + k >= end[i]) continue;
+      if (!p.has(i, k)) continue;
       const int r = (a.rank + i) % a.tp;
-      const uint4 v = wait_line(a, sums + r * cl + begin[i] + k, x[i], gen, start, 1, r);
+      const uint4 v = wait_line(a, sums + r * cl + p.begin[i] + k, x[i], gen, start, 1, r);
       if (!line_arrived(v, gen)) return;
-      out[r * cl + begin[i] + k] = make_uint2(v.x, v.z);
+      out[r * cl + p.begin[i] + k] = make_uint2(v.x, v.z);
     }
   }
 }
