@@ -318,9 +318,17 @@ def _copy_runs(torch, dist, device, tp, rank, run, say) -> list[dict[str, Any]]:
     return runs
 
 
+PROG = "python -m distgemm.tune --calibrate"
+
+
+def command(argv: list[str]) -> str:
+    """The command line of a run with arguments ``argv``, as the machine file records it."""
+    return " ".join([PROG] + [a for a in argv if a != "--calibrate"])
+
+
 def parse_args(argv=None):
     """(the parser, the arguments)."""
-    ap = cli.ArgumentParser("python -m distgemm.tune --calibrate", __doc__)
+    ap = cli.ArgumentParser(PROG, __doc__)
     ap.add_argument("--calibrate", action="store_true", help="this mode (distgemm.tune's flag)")
     ap.add_argument("--out", help="the file to write (rank 0); default: see above")
     ap.add_argument("--window-ms", type=float, default=50.0, help="timed ms per run (default 50)")
@@ -345,11 +353,8 @@ def refit(path: str, out: str | None, argv) -> tuple[machine.MachineConstants, s
     runs = old.meta.get("runs")
     if not runs:
         raise ValueError(f"{path} stores no calibration runs: it was fitted elsewhere")
-    command = " ".join(
-        ["python -m distgemm.tune --calibrate"] + [a for a in argv if a != "--calibrate"]
-    )
     meta = {k: v for k, v in old.meta.items() if k != "fit"}
-    meta["refit"] = command
+    meta["refit"] = command(argv)
     mc = calibration_fit.fit(runs, old.key, old.slots, meta)
     out = out or path
     mc.save(out)
@@ -357,10 +362,11 @@ def refit(path: str, out: str | None, argv) -> tuple[machine.MachineConstants, s
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     ap, args = parse_args(argv)
     if args.refit:
         try:
-            mc, out = refit(args.refit, args.out, argv if argv is not None else sys.argv[1:])
+            mc, out = refit(args.refit, args.out, argv)
         except (OSError, ValueError) as e:
             ap.error(str(e))
         reduce_error = f", decode {mc.reduce.choice_error:.3f}" if mc.reduce else ""
@@ -400,10 +406,7 @@ def main(argv=None) -> int:
         r["ms"] = v
     props = torch.cuda.get_device_properties(device)
     meta = {
-        "command": " ".join(
-            ["python -m distgemm.tune --calibrate"]
-            + [a for a in (argv or sys.argv[1:]) if a != "--calibrate"]
-        ),
+        "command": command(argv),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
