@@ -31,7 +31,6 @@ GPU's time per call, host gaps included), variants in order and the first again 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 
@@ -221,14 +220,17 @@ def write(torch, ctx, records, args, seconds) -> None:
     lines.append(
         "dg vs unfused: the mean of unfused's two windows over dg's time (above 1: faster)"
     )
-    text = "\n".join(lines)
-    print(text, flush=True)
-    os.makedirs(args.out, exist_ok=True)
+    fields = ("op", "kind", "variant", "ms", "host_us", "rel_err")
+    csv_rows = [
+        dict(op=r["op"], kind=r["kind"], variant=v, ms=out.number_cell(ms),
+             host_us=out.number_cell(r["host_us"].get(v)),
+             rel_err=out.number_cell(r["err"].get(v.removesuffix("_again"))))
+        for r in records
+        for v, ms in r["ms"].items()
+    ]  # fmt: skip
     stem = os.path.join(args.out, out.output_stem("compat-ops", ctx.tp))
-    with open(stem + ".json", "w") as f:
-        json.dump({"meta": meta, "records": records}, f, indent=1)
-    with open(stem + ".txt", "w") as f:
-        f.write(text + "\n")
+    doc = {"meta": meta, "records": records}
+    out.write_files(stem, doc, {"": out.csv_text(fields, csv_rows)}, "\n".join(lines))
 
 
 if __name__ == "__main__":
