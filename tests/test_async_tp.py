@@ -192,6 +192,19 @@ def test_unknown_op_is_refused(switch):
         switch.make_router("fused_all_reduce", FakeKernel())
 
 
+def test_routes_serve_the_drop_ins_python_functions_not_their_ops():
+    """The router already runs inside torch's dispatcher: each route calls the drop-in's function
+    directly, not the torch.library op that wraps it (a second dispatch per call)."""
+    import inspect
+
+    for name, route in async_tp.ROUTES.items():
+        assert inspect.isfunction(route.serve), (name, type(route.serve))
+        module = inspect.getmodule(route.serve)
+        op = getattr(module, name)  # compat.symm_mem(_fp8).<the symm_mem op's name>
+        assert isinstance(op, torch.library.CustomOpDef) and hasattr(torch.ops.distgemm, name)
+        assert route.serve.__name__ == name.removeprefix("fused_")
+
+
 def _fp8_args(group_name, A_dtype=torch.float8_e4m3fn):
     g = torch.Generator().manual_seed(3)
     A = torch.rand(4, 16, 32, generator=g).to(A_dtype)

@@ -550,6 +550,30 @@ def test_close_frees_every_workspace_pinned_ones_included(monkeypatch):
     assert c.workspace_bytes == 0 and len(c.plans) == 0
 
 
+class FakeGraph:
+    def __init__(self):
+        self.updates = []
+
+    def update(self, *ptrs):
+        self.updates.append(ptrs)
+
+
+def test_a_call_with_new_pointers_on_a_full_plan_retargets_the_oldest_graph_and_counts_it():
+    c = fake_comm()
+    state = add_entry(c, "all_gather_gemm", "ag_rotate_a", 128, 512, 256)
+    state.graphs.clear()
+    fakes = {(i, 2, 0, 3, 0, 0, 0): FakeGraph() for i in range(GRAPHS_PER_PLAN)}
+    state.graphs.update(fakes)
+    oldest = next(iter(fakes))
+    assert state.graph_for(oldest) is fakes[oldest]  # a hit: now the most recent
+    new = (99, 2, 0, 3, 0, 0, 0)
+    g = state.graph_for(new)  # a miss with every graph made: the least recent is retargeted
+    second = list(fakes)[1]
+    assert g is fakes[second] and g.updates == [new] and second not in state.graphs
+    assert state.graph_retargets == 1 and c.memory_stats()["graph_retargets"] == 1
+    assert state.graph_for(new) is g and state.graph_retargets == 1  # a hit again
+
+
 def test_memory_stats_counts_plans_and_graphs_and_states_the_bounds():
     c = fake_comm()
     es = [add_entry(c, "all_gather_gemm", "ag_rotate_a", m, 512, 256) for m in (192, 128, 64)]
@@ -565,6 +589,7 @@ def test_memory_stats_counts_plans_and_graphs_and_states_the_bounds():
         "plans": 3,
         "eager_graphs": 4,
         "captured_graphs": 1,
+        "graph_retargets": 0,
         "fused_control_bytes": 0,  # no fused entry: its control region is not allocated
         "fused_receive_bytes": 0,
         "collective_bytes": 0,  # no collective call: no scratch

@@ -2,7 +2,8 @@
 Llama-3-8B layers: distgemm's drop-ins against what torch runs there, TP = world size, eager
 (torchtitan compiles per block, without CUDA graphs), one table plus JSON.
 
-    torchrun --nproc-per-node N -m benchmarks.probes.compat_ops [--tokens 8192] --out DIR
+    torchrun --nproc-per-node N -m benchmarks.probes.compat_ops [--tokens 8192] [--layers 4]
+        [--profile-calls 50] --out DIR
 
 All-gather ops, ``A_shard [tokens/TP, 4096]``, ``return_A=True`` (QKV: ``Bs`` ``[4096, 4096/TP]``,
 ``[4096, 1024/TP]`` twice; FC1/FC3: ``[4096, 14336/TP]`` twice; each B the ``.t()`` view of an
@@ -21,11 +22,14 @@ Reduce-scatter ops, ``A [tokens, K/TP]``, ``B [K/TP, 4096]`` (O: K 4096; FC2: K 
 ``unfused`` (``torch.matmul``, then NCCL ``reduce_scatter_tensor``), ``torch_fused``
 (``torch.ops.symm_mem.fused_matmul_reduce_scatter``) and ``dg`` (distgemm's drop-in).
 
-Each call takes the next of LAYERS operand sets (the pointers a model's layers give), so that
-nothing is timed on one set of addresses. Per variant: its output checked against ``unfused``
-once, then benchmarks/common/timing.py's steady-state window (CUDA events around each call: the
-GPU's time per call, host gaps included), variants in order and the first again at the end (A B
-.. A); ``host_us``: the host's time to enqueue one call, over a window of calls.
+Each call takes the next of ``--layers`` operand sets (the pointers a model's layers give), so
+that nothing is timed on one set of addresses. Per variant: its output checked against
+``unfused`` once, then benchmarks/common/timing.py's steady-state window (CUDA events around each
+call: the GPU's time per call, host gaps included), variants in order and the first again at the
+end (A B .. A); ``host_us``: the host's time to enqueue one call, over a window of calls;
+``host_profile`` (distgemm's variants): where that host time goes, cProfile over
+``--profile-calls`` calls on rank 0 (every rank makes the calls), the functions of the largest
+cumulative time, in us per call.
 """
 
 from __future__ import annotations
@@ -45,9 +49,9 @@ from benchmarks.common.timing import (
     time_variant,
 )
 
-LAYERS = 4
 HIDDEN, KV_DIM, FFN = 4096, 1024, 14336  # Llama-3-8B
 HOST_CALLS = 50
+PROFILE_ROWS = 25  # functions kept per profile
 ERR_TOL = 2e-2  # bf16 outputs of a K=4096..14336 GEMM: a relative Frobenius error well below it
 
 
@@ -64,6 +68,8 @@ def scatter_cases(tp: int) -> dict[str, int]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--layers", type=int, default=4, help="operand sets cycled through")
+    ap.add_argument("--profile-calls", type=int, default=50, help="0: no host profile")
     ap.add_argument("--out", default=".")
     args = ap.parse_args()
     ctx = RankContext.from_torchrun()
@@ -82,7 +88,9 @@ def main() -> None:
     t_start = time.perf_counter()
     records = []
     for name, ns in gather_cases(tp).items():
-        sets = [(rand(m // tp, HIDDEN), [rand(n, HIDDEN).t() for n in ns]) for _ in range(LAYERS)]
+        sets = [
+            (rand(m // tp, HIDDEN), [rand(n, HIDDEN).t() for n in ns]) for _ in range(args.layers)
+        ]
         gathered = torch.empty(m, HIDDEN, device=ctx.dev, dtype=torch.bfloat16)
 
         def unfused(a, bs):
@@ -108,9 +116,9 @@ def main() -> None:
             "dg": dg_fused,
             "dg_concat": dg_concat,
         }
-        records.append(run_case(ctx, "all_gather", name, sets, fns, symm_problem, m, tp))
+        records.append(run_case(ctx, "all_gather", name, sets, fns, symm_problem, args))
     for name, k in scatter_cases(tp).items():
-        sets = [(rand(m, k), rand(HIDDEN, k).t()) for _ in range(LAYERS)]
+        sets = [(rand(m, k), rand(HIDDEN, k).t()) for _ in range(args.layers)]
         partial = torch.empty(m, HIDDEN, device=ctx.dev, dtype=torch.bfloat16)
 
         def rs_unfused(a, b):
@@ -126,7 +134,7 @@ def main() -> None:
             return dg.fused_matmul_reduce_scatter(a, b, "sum", 0, group_name)
 
         fns = {"unfused": rs_unfused, "torch_fused": rs_torch, "dg": rs_dg}
-        records.append(run_case(ctx, "reduce_scatter", name, sets, fns, symm_problem, m, tp))
+        records.append(run_case(ctx, "reduce_scatter", name, sets, fns, symm_problem, args))
 
     if ctx.rank == 0:
         write(torch, ctx, records, args, time.perf_counter() - t_start)
@@ -141,12 +149,13 @@ def flat(result) -> list:
     return [result]
 
 
-def run_case(ctx, kind, name, sets, fns, symm_problem, m, tp) -> dict:
-    """One op: each variant checked against the first, then timed (A B .. A)."""
+def run_case(ctx, kind, name, sets, fns, symm_problem, args) -> dict:
+    """One op: each variant checked against the first, then timed (A B .. A); distgemm's
+    variants' host time profiled."""
     torch = ctx.torch
     ref = [t.clone() for t in flat(fns["unfused"](*sets[0]))]
-    rec = {"kind": kind, "op": name, "tokens": m, "tp": tp, "ms": {}, "host_us": {}, "err": {}}
-    rec["not_run"] = {}
+    rec = {"kind": kind, "op": name, "tokens": args.tokens, "tp": ctx.tp, "layers": len(sets)}
+    rec.update(ms={}, host_us={}, retargets_per_call={}, err={}, not_run={}, host_profile={})
     usable = {}
     for v, fn in fns.items():
         why = symm_problem if v == "torch_fused" else None
@@ -168,12 +177,46 @@ def run_case(ctx, kind, name, sets, fns, symm_problem, m, tp) -> dict:
         ms = time_variant(ctx, usable[v], WARMUP_S if i == 0 else REWARM_S)
         key = v if i < len(order) - 1 else "unfused_again"
         rec["ms"][key] = ms
-        rec["host_us"][key] = host_us(ctx, usable[v])
+        rec["host_us"][key], rec["retargets_per_call"][key] = host_us(ctx, usable[v])
         if ctx.rank == 0:
             print(
                 f"{kind} {name} {key}: {ms:.4f} ms, host {rec['host_us'][key]:.1f} us", flush=True
             )
+    for v in usable:
+        if v.startswith("dg") and args.profile_calls > 0:
+            rec["host_profile"][v] = host_profile(ctx, usable[v], args.profile_calls)
     return rec
+
+
+def host_profile(ctx, fn, calls: int) -> list[dict]:
+    """cProfile of ``calls`` calls of ``fn`` on rank 0 (every rank makes them): the PROFILE_ROWS
+    functions of the largest cumulative time, us per call (rank 0's; [] on the others)."""
+    import cProfile
+    import pstats
+
+    torch = ctx.torch
+    torch.cuda.synchronize()
+    prof = cProfile.Profile() if ctx.rank == 0 else None
+    if prof:
+        prof.enable()
+    for _ in range(calls):
+        fn()
+    if prof:
+        prof.disable()
+    torch.cuda.synchronize()
+    if not prof:
+        return []
+    stats = pstats.Stats(prof).stats  # (file, line, function) -> (cc, nc, tottime, cumtime, ...)
+    rows = sorted(stats.items(), key=lambda kv: kv[1][3], reverse=True)[:PROFILE_ROWS]
+    return [
+        dict(
+            function=f"{name} ({file.rsplit('/', 2)[-1]}:{line})",
+            ncalls_per_call=nc / calls,
+            cum_us_per_call=cum / calls * 1e6,
+            own_us_per_call=tot / calls * 1e6,
+        )
+        for (file, line, name), (_cc, nc, tot, cum, _callers) in rows
+    ]
 
 
 def cycled(fn, sets):
@@ -187,16 +230,21 @@ def cycled(fn, sets):
     return call
 
 
-def host_us(ctx, fn) -> float:
-    """The host's time per call to enqueue HOST_CALLS calls (the slowest rank's), in us."""
+def host_us(ctx, fn) -> tuple[float, float]:
+    """The host's time per call to enqueue HOST_CALLS calls (the slowest rank's), in us, and the
+    graph retargets per call (distgemm.memory_stats' graph_retargets; 0 for torch's variants)."""
+    import distgemm
+
     torch = ctx.torch
     torch.cuda.synchronize()
+    before = distgemm.memory_stats()["graph_retargets"]
     t0 = time.perf_counter()
     for _ in range(HOST_CALLS):
         fn()
     t = (time.perf_counter() - t0) / HOST_CALLS * 1e6
     torch.cuda.synchronize()
-    return ctx.agree_max([t])[0]
+    retargets = (distgemm.memory_stats()["graph_retargets"] - before) / HOST_CALLS
+    return ctx.agree_max([t])[0], retargets
 
 
 def write(torch, ctx, records, args, seconds) -> None:
@@ -204,13 +252,17 @@ def write(torch, ctx, records, args, seconds) -> None:
     variants = ["unfused", "torch_fused", "dg", "dg_concat", "unfused_again"]
     lines = out.header_lines("symm_mem fused ops of torchtitan's Llama-3-8B layers, eager", meta)
     header = ["op", "kind", *[f"{v} ms" for v in variants], "dg vs unfused", "dg host us"]
+    header.append("dg retargets/call")
     rows = []
     for r in records:
         ms = r["ms"]
         base = (ms["unfused"] + ms["unfused_again"]) / 2
         cells = [out.number_cell(ms.get(v)) if v in ms else "-" for v in variants]
         ratio = f"{base / ms['dg']:.3f}x" if "dg" in ms else "-"
-        rows.append([r["op"], r["kind"], *cells, ratio, f"{r['host_us'].get('dg', 0):.0f}"])
+        host = f"{r['host_us'].get('dg', 0):.0f}"
+        rows.append(
+            [r["op"], r["kind"], *cells, ratio, host, f"{r['retargets_per_call'].get('dg', 0):.2f}"]
+        )
         for v, why in r["not_run"].items():
             lines.append(f"not run: {r['op']} {v}: {why}")
         for v, e in r["err"].items():
@@ -220,6 +272,14 @@ def write(torch, ctx, records, args, seconds) -> None:
     lines.append(
         "dg vs unfused: the mean of unfused's two windows over dg's time (above 1: faster)"
     )
+    for r in records:
+        for v, prof in r["host_profile"].items():
+            lines.append(f"host profile, {r['op']} {v} (us per call: cumulative, own; calls):")
+            lines += [
+                f"  {p['cum_us_per_call']:8.1f} {p['own_us_per_call']:8.1f} "
+                f"{p['ncalls_per_call']:5.1f}  {p['function']}"
+                for p in prof[:12]
+            ]
     fields = ("op", "kind", "variant", "ms", "host_us", "rel_err")
     csv_rows = [
         dict(op=r["op"], kind=r["kind"], variant=v, ms=out.number_cell(ms),

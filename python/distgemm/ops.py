@@ -102,6 +102,10 @@ def memory_stats(group=None) -> dict[str, int]:
     eager_graphs          instantiated graphs of the eager calls, at most ``graphs_per_plan``
                           per plan
     captured_graphs       graphs recorded into callers' CUDA graphs
+    graph_retargets       eager calls (of the cached plans, so far) whose pointers matched none
+                          of their plan's graphs: each re-captures a graph and updates it
+                          (host time; a model cycling more pointer sets than graphs_per_plan
+                          through a plan retargets at every call)
     fused_control_bytes   the fused path's control region (launch generation, tile flags,
                           two-shot sum flags; the CUTLASS kernel's partial buffers and its
                           two-shot sum buffers are placed in the workspace)
@@ -138,6 +142,7 @@ _MEMORY_KEYS = (
     "plans",
     "eager_graphs",
     "captured_graphs",
+    "graph_retargets",
     "fused_control_bytes",
     "fused_receive_bytes",
     "collective_bytes",

@@ -82,19 +82,17 @@ class Route:
 
 # op name in torch.ops.symm_mem -> its route; read at every call (a test may swap an entry).
 ROUTES: dict[str, Route] = {
-    "fused_all_gather_matmul": Route(
-        symm_mem.all_gather_matmul_reason, symm_mem.fused_all_gather_matmul
-    ),
+    "fused_all_gather_matmul": Route(symm_mem.all_gather_matmul_reason, symm_mem.all_gather_matmul),
     "fused_matmul_reduce_scatter": Route(
-        symm_mem.matmul_reduce_scatter_reason, symm_mem.fused_matmul_reduce_scatter
+        symm_mem.matmul_reduce_scatter_reason, symm_mem.matmul_reduce_scatter
     ),
     "fused_all_gather_scaled_matmul": Route(
         symm_mem_fp8.all_gather_scaled_matmul_reason,
-        symm_mem_fp8.fused_all_gather_scaled_matmul,
+        symm_mem_fp8.all_gather_scaled_matmul,
     ),
     "fused_scaled_matmul_reduce_scatter": Route(
         symm_mem_fp8.scaled_matmul_reduce_scatter_reason,
-        symm_mem_fp8.fused_scaled_matmul_reduce_scatter,
+        symm_mem_fp8.scaled_matmul_reduce_scatter,
     ),
 }
 

@@ -115,13 +115,7 @@ def _check_all_gather(A_shard, Bs, gather_dim: int, tp: int) -> int:
     return gather_dim
 
 
-@torch.library.custom_op(
-    "distgemm::fused_all_gather_matmul",
-    mutates_args=(),
-    schema="(Tensor A_shard, Tensor[] Bs, int gather_dim, str group_name, *, "
-    "bool return_A=True) -> (Tensor?, Tensor[])",
-)
-def fused_all_gather_matmul(
+def all_gather_matmul(
     A_shard: torch.Tensor,
     Bs: list[torch.Tensor],
     gather_dim: int,
@@ -134,8 +128,8 @@ def fused_all_gather_matmul(
     Per-rank shapes: ``A_shard``: ``[..., K]`` with dim ``gather_dim`` this rank's slice (rank r
     holds slice r); ``Bs``: ``[K, N_i]`` each (for ``gather_dim`` the last dim, ``[TP*K, N_i]``).
     Returns ``(A, [A @ B_i])`` with ``A`` the gathered ``A_shard`` (None when ``return_A`` is
-    False), strides as torch's op returns them. A torch.library op (``distgemm::``), so
-    ``torch.compile`` keeps it as one node; no autograd, as torch's op.
+    False), strides as torch's op returns them. No autograd, as torch's op; the torch.library
+    op ``torch.ops.distgemm.fused_all_gather_matmul`` (below) runs it.
     """
     group = group_of(group_name)
     tp = group.size()
@@ -178,6 +172,16 @@ def all_gather_matmul_reason(A_shard, Bs, gather_dim, group_name, *, return_A=Tr
     tp = group_size(group_name)
     gather_dim = _check_all_gather(A_shard, Bs, gather_dim, tp)
     return _all_gather_reason(A_shard, Bs, gather_dim, tp)
+
+
+# all_gather_matmul as the torch.library op torch.ops.distgemm.fused_all_gather_matmul
+# (one node under torch.compile); compat.async_tp's router calls the function itself.
+fused_all_gather_matmul = torch.library.custom_op(
+    "distgemm::fused_all_gather_matmul",
+    mutates_args=(),
+    schema="(Tensor A_shard, Tensor[] Bs, int gather_dim, str group_name, *, "
+    "bool return_A=True) -> (Tensor?, Tensor[])",
+)(all_gather_matmul)
 
 
 @fused_all_gather_matmul.register_fake
@@ -223,8 +227,7 @@ def _check_reduce_scatter(A, B, reduce_op: str, scatter_dim: int, tp: int) -> in
     return scatter_dim
 
 
-@torch.library.custom_op("distgemm::fused_matmul_reduce_scatter", mutates_args=())
-def fused_matmul_reduce_scatter(
+def matmul_reduce_scatter(
     A: torch.Tensor, B: torch.Tensor, reduce_op: str, scatter_dim: int, group_name: str
 ) -> torch.Tensor:
     """``reduce_scatter(A @ B, reduce_op, scatter_dim)``.
@@ -232,8 +235,8 @@ def fused_matmul_reduce_scatter(
     Per-rank shapes: ``A``: ``[..., K]`` (this rank's partial operand), ``B``: ``[K, N]``;
     returns ``A @ B`` reduced over the ranks (``"sum"`` or ``"avg"``) and split along
     ``scatter_dim`` (rank r gets slice r), contiguous, e.g. ``[BATCH, M/TP, N]`` for
-    ``scatter_dim=1`` and ``A: [BATCH, M, K]``. A torch.library op (``distgemm::``); no
-    autograd, as torch's op.
+    ``scatter_dim=1`` and ``A: [BATCH, M, K]``. No autograd, as torch's op; the torch.library
+    op ``torch.ops.distgemm.fused_matmul_reduce_scatter`` (below) runs it.
     """
     group = group_of(group_name)
     tp = group.size()
@@ -277,6 +280,13 @@ def matmul_reduce_scatter_reason(A, B, reduce_op, scatter_dim, group_name) -> st
     tp = group_size(group_name)
     scatter_dim = _check_reduce_scatter(A, B, reduce_op, scatter_dim, tp)
     return _reduce_scatter_reason(A, B, scatter_dim, tp)
+
+
+# matmul_reduce_scatter as the torch.library op torch.ops.distgemm.fused_matmul_reduce_scatter
+# (one node under torch.compile); compat.async_tp's router calls the function itself.
+fused_matmul_reduce_scatter = torch.library.custom_op(
+    "distgemm::fused_matmul_reduce_scatter", mutates_args=()
+)(matmul_reduce_scatter)
 
 
 @fused_matmul_reduce_scatter.register_fake

@@ -120,10 +120,7 @@ _AG_SCHEMA = (
 )
 
 
-@torch.library.custom_op(
-    "distgemm::fused_all_gather_scaled_matmul", mutates_args=(), schema=_AG_SCHEMA
-)
-def fused_all_gather_scaled_matmul(
+def all_gather_scaled_matmul(
     A_shard: torch.Tensor,
     Bs: list[torch.Tensor],
     A_scale: torch.Tensor,
@@ -145,8 +142,9 @@ def fused_all_gather_scaled_matmul(
     row-wise A_scale only); ``biases[i]``: ``[N_i]`` or None; ``result_scales[i]``: a float32
     scalar or None; ``out_dtypes[i]``: None (fp8) or a dtype; ``use_fast_accum[i]``: bool.
     Returns ``(A, [out_i])``, ``A`` the gathered float8_e4m3fn ``[..., K]``, ``out_i``
-    ``[..., N_i]`` in ``out_dtypes[i]``, strides as torch's op returns them. A torch.library op
-    (``distgemm::``) with a fake kernel; no autograd, as torch's op.
+    ``[..., N_i]`` in ``out_dtypes[i]``, strides as torch's op returns them. No autograd, as
+    torch's op; the torch.library op ``torch.ops.distgemm.fused_all_gather_scaled_matmul``
+    (below, with a fake kernel) runs it.
     """
     group = group_of(group_name)
     tp = group.size()
@@ -186,6 +184,13 @@ def fused_all_gather_scaled_matmul(
     outs = out.split([B.shape[1] for B in Bs], dim=1) if len(Bs) > 1 else (out,)
     results = [o.contiguous().view(*moved_shape, o.shape[1]).movedim(0, gather_dim) for o in outs]
     return a.view(*moved_shape, k).movedim(0, gather_dim), results
+
+
+# all_gather_scaled_matmul as the torch.library op torch.ops.distgemm.fused_all_gather_scaled_matmul
+# (one node under torch.compile); compat.async_tp's router calls the function itself.
+fused_all_gather_scaled_matmul = torch.library.custom_op(
+    "distgemm::fused_all_gather_scaled_matmul", mutates_args=(), schema=_AG_SCHEMA
+)(all_gather_scaled_matmul)
 
 
 @fused_all_gather_scaled_matmul.register_fake
@@ -299,10 +304,7 @@ _RS_SCHEMA = (
 )
 
 
-@torch.library.custom_op(
-    "distgemm::fused_scaled_matmul_reduce_scatter", mutates_args=(), schema=_RS_SCHEMA
-)
-def fused_scaled_matmul_reduce_scatter(
+def scaled_matmul_reduce_scatter(
     A: torch.Tensor,
     B: torch.Tensor,
     A_scale: torch.Tensor,
@@ -329,7 +331,8 @@ def fused_scaled_matmul_reduce_scatter(
     layout (checked, as torch's op does; the result does not depend on it). Returns the product
     reduced over the ranks (``"sum"`` or ``"avg"``) and split along ``orig_scatter_dim`` (rank r
     gets slice r), contiguous, in ``out_dtype`` (None: fp8). ``bias [N]`` is added to every
-    rank's partial (as torch's op adds it). A torch.library op (``distgemm::``); no autograd.
+    rank's partial (as torch's op adds it). No autograd; the torch.library op
+    ``torch.ops.distgemm.fused_scaled_matmul_reduce_scatter`` (below) runs it.
     """
     group = group_of(group_name)
     tp = group.size()
@@ -365,6 +368,14 @@ def fused_scaled_matmul_reduce_scatter(
         out = out.view(a_rows.shape[0] // tp, *a_rows.shape[1:-1], n)
         out = row_major(out.movedim(0, dim))
     return out.div_(tp) if reduce_op == "avg" else out
+
+
+# scaled_matmul_reduce_scatter as the torch.library op
+# torch.ops.distgemm.fused_scaled_matmul_reduce_scatter (one node under torch.compile);
+# compat.async_tp's router calls the function itself.
+fused_scaled_matmul_reduce_scatter = torch.library.custom_op(
+    "distgemm::fused_scaled_matmul_reduce_scatter", mutates_args=(), schema=_RS_SCHEMA
+)(scaled_matmul_reduce_scatter)
 
 
 @fused_scaled_matmul_reduce_scatter.register_fake

@@ -63,6 +63,11 @@ class PathState:
         return 0
 
     @property
+    def graph_retargets(self) -> int:
+        """Eager calls that retargeted one of this state's graphs at new pointers."""
+        return 0
+
+    @property
     def captured(self) -> bool:
         """Whether a caller's CUDA graph recorded this state's work (its memory then stays
         until the communicator closes)."""

@@ -73,6 +73,7 @@ class OverlappedState(PathState):
     gather: list[tuple[str, int, int, int]] | None = None  # gather_recipe, with return_gathered
     gathered_shape: tuple[int, int] = (0, 0)  # the gathered operand's, with return_gathered
     slots: torch.Tensor | None = None  # this rank's receive slots, viewed as the operand dtype
+    retargets: int = 0  # calls whose pointers matched none of the graphs (graph_for's misses)
 
     @classmethod
     def create(cls, comm: Communicator, spec: Spec, precision, beta: float, gathered: bool):
@@ -143,6 +144,7 @@ class OverlappedState(PathState):
         else:
             _, g = self.graphs.popitem(last=False)
             g.update(*ptrs)
+            self.retargets += 1
         self.graphs[ptrs] = g
         return g
 
@@ -207,6 +209,10 @@ class OverlappedState(PathState):
     @property
     def eager_graphs(self) -> int:
         return len(self.graphs)
+
+    @property
+    def graph_retargets(self) -> int:
+        return self.retargets
 
     @property
     def captured(self) -> bool:
