@@ -141,6 +141,9 @@ def all_gather_matmul(
     a_rows = A_shard.movedim(gather_dim, 0).contiguous()
     moved_shape = (tp * a_rows.shape[0], *a_rows.shape[1:-1])
     widest = _widest(Bs)
+    if not return_A and len(Bs) == 1:  # nothing needs the gathered A: no copy of it
+        out = ops.all_gather_gemm(a_rows.view(-1, k), _weight(Bs[0]), group=group)
+        return None, [out.view(*moved_shape, out.shape[1]).movedim(0, gather_dim)]
     out, a = ops.all_gather_gemm(
         a_rows.view(-1, k), _weight(Bs[widest]), return_gathered=True, group=group
     )
