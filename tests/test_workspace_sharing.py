@@ -22,7 +22,7 @@ from distgemm.plan import reference as ref  # noqa: E402
 from distgemm.runtime import communicator as comm_mod  # noqa: E402
 from distgemm.runtime import entry_cache as entries  # noqa: E402
 from distgemm.runtime.paths.fused import FusedResources, FusedState, fused_layout  # noqa: E402
-from distgemm.runtime.paths.overlapped import GRAPHS_PER_PLAN  # noqa: E402
+from distgemm.runtime.paths.overlapped import GRAPHS_PER_PLAN, SEEN_PER_PLAN  # noqa: E402
 from distgemm.runtime.precision import Precision  # noqa: E402
 from distgemm.runtime.workspace import (  # noqa: E402
     GROWTH_HEADROOM,
@@ -558,20 +558,73 @@ class FakeGraph:
         self.updates.append(ptrs)
 
 
-def test_a_call_with_new_pointers_on_a_full_plan_retargets_the_oldest_graph_and_counts_it():
-    c = fake_comm()
+def full_plan(c):
+    """An overlapped entry's state with GRAPHS_PER_PLAN fake graphs for pointer sets 0..3, made
+    by calls in that order (graph_for with a stand-in for graph creation)."""
     state = add_entry(c, "all_gather_gemm", "ag_rotate_a", 128, 512, 256)
     state.graphs.clear()
-    fakes = {(i, 2, 0, 3, 0, 0, 0): FakeGraph() for i in range(GRAPHS_PER_PLAN)}
-    state.graphs.update(fakes)
-    oldest = next(iter(fakes))
-    assert state.graph_for(oldest) is fakes[oldest]  # a hit: now the most recent
-    new = (99, 2, 0, 3, 0, 0, 0)
-    g = state.graph_for(new)  # a miss with every graph made: the least recent is retargeted
-    second = list(fakes)[1]
-    assert g is fakes[second] and g.updates == [new] and second not in state.graphs
-    assert state.graph_retargets == 1 and c.memory_stats()["graph_retargets"] == 1
-    assert state.graph_for(new) is g and state.graph_retargets == 1  # a hit again
+    state._new_graph = lambda ptrs, capture_only=False: FakeGraph()
+    for i in range(GRAPHS_PER_PLAN):
+        g, direct = state.graph_for(ptrs_of(i))
+        assert not direct and isinstance(g, FakeGraph)
+    return state
+
+
+def ptrs_of(i):
+    return (1000 + i, 2, 0, 3, 0, 0, 0)
+
+
+def calls(state, order, rounds):
+    """graph_for over ``order`` ``rounds`` times: per call (pointers, hit/new/retarget/direct)."""
+    out = []
+    for _ in range(rounds):
+        for i in order:
+            before = (len(state.graphs), state.retargets, state.direct_launches)
+            had = ptrs_of(i) in state.graphs
+            g, direct = state.graph_for(ptrs_of(i))
+            kind = "direct" if direct else "hit" if had else "retarget"
+            if kind == "retarget" and state.retargets == before[1]:
+                kind = "new"
+            out.append((i, kind))
+            assert direct or state.graphs[ptrs_of(i)] is g
+    return out
+
+
+def test_a_cycle_through_more_pointer_sets_than_graphs_keeps_the_graphs_replaying():
+    # A model's 8 layers of one shape: 4 keep their graphs, the other 4 go without, and nothing is
+    # re-captured (retargeting the least recently used graph would miss at every call).
+    c = fake_comm()
+    state = full_plan(c)
+    got = calls(state, range(2 * GRAPHS_PER_PLAN), 3)
+    kinds = {i: {k for j, k in got if j == i} for i in range(2 * GRAPHS_PER_PLAN)}
+    assert all(kinds[i] == {"hit"} for i in range(GRAPHS_PER_PLAN))
+    assert all(kinds[i] == {"direct"} for i in range(GRAPHS_PER_PLAN, 2 * GRAPHS_PER_PLAN))
+    assert state.retargets == 0 and state.direct_launches == 3 * GRAPHS_PER_PLAN
+    stats = c.memory_stats()
+    assert stats["direct_launches"] == 3 * GRAPHS_PER_PLAN and stats["graph_retargets"] == 0
+
+
+def test_pointers_that_replace_the_old_ones_get_the_graphs_after_one_round():
+    # Steady-state pointers (4..7) after warm-up ones (0..3): the first round goes without graphs,
+    # then each set that came back retargets the stalest graph, and every later call replays.
+    c = fake_comm()
+    state = full_plan(c)
+    new = range(GRAPHS_PER_PLAN, 2 * GRAPHS_PER_PLAN)
+    first, second, third = (calls(state, new, 1) for _ in range(3))
+    assert {k for _, k in first} == {"direct"}
+    assert {k for _, k in second} == {"retarget"} and state.retargets == GRAPHS_PER_PLAN
+    assert {k for _, k in third} == {"hit"}
+    assert set(state.graphs) == {ptrs_of(i) for i in new}
+    assert all(g.updates for g in state.graphs.values())
+
+
+def test_pointers_seen_once_never_retarget_and_their_memory_is_bounded():
+    c = fake_comm()
+    state = full_plan(c)
+    for i in range(SEEN_PER_PLAN + 10):  # fresh pointers at every call, as an unpooled output
+        g, direct = state.graph_for(ptrs_of(100 + i))
+        assert direct and not g.updates
+    assert len(state.seen_at) == SEEN_PER_PLAN and state.retargets == 0
 
 
 def test_memory_stats_counts_plans_and_graphs_and_states_the_bounds():
@@ -590,6 +643,7 @@ def test_memory_stats_counts_plans_and_graphs_and_states_the_bounds():
         "eager_graphs": 4,
         "captured_graphs": 1,
         "graph_retargets": 0,
+        "direct_launches": 0,
         "fused_control_bytes": 0,  # no fused entry: its control region is not allocated
         "fused_receive_bytes": 0,
         "collective_bytes": 0,  # no collective call: no scratch

@@ -373,6 +373,19 @@ class GraphLauncher:
         scale_a: int = 0,
         scale_b: int = 0,
     ) -> None: ...
+    def launch_direct(
+        self,
+        stream: int,
+        a: int,
+        b: int,
+        c: int,
+        d: int,
+        bias_ptr: int,
+        scale_a: int = 0,
+        scale_b: int = 0,
+    ) -> None:
+        """One launch for these pointers on ``stream`` (not being captured) as plain stream
+        work, without a graph: no re-capture, no graph-exec update."""
     def error(self) -> str: ...
     def check(self) -> None: ...
     @property

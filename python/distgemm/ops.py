@@ -102,10 +102,11 @@ def memory_stats(group=None) -> dict[str, int]:
     eager_graphs          instantiated graphs of the eager calls, at most ``graphs_per_plan``
                           per plan
     captured_graphs       graphs recorded into callers' CUDA graphs
-    graph_retargets       eager calls (of the cached plans, so far) whose pointers matched none
-                          of their plan's graphs: each re-captures a graph and updates it
-                          (host time; a model cycling more pointer sets than graphs_per_plan
-                          through a plan retargets at every call)
+    graph_retargets       eager calls (of the cached plans, so far) that retargeted one of their
+                          plan's graphs at new pointers (a re-capture and a graph-exec update)
+    direct_launches       eager calls (likewise) enqueued without a graph: pointers that have no
+                          graph and did not come back since the stalest graph's last use
+                          (``runtime.paths.overlapped.GRAPHS_PER_PLAN``)
     fused_control_bytes   the fused path's control region (launch generation, tile flags,
                           two-shot sum flags; the CUTLASS kernel's partial buffers and its
                           two-shot sum buffers are placed in the workspace)
@@ -143,6 +144,7 @@ _MEMORY_KEYS = (
     "eager_graphs",
     "captured_graphs",
     "graph_retargets",
+    "direct_launches",
     "fused_control_bytes",
     "fused_receive_bytes",
     "collective_bytes",

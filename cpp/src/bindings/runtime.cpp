@@ -305,6 +305,23 @@ class GraphLauncher {
     order_->after(s, cap);
   }
 
+  // Enqueue one launch for these user pointers on `stream` (not capturing) as plain stream work,
+  // without a graph: for pointers the caller keeps no graph for (OverlappedState.graph_for).
+  void launch_direct(uint64_t stream, uint64_t a, uint64_t b, uint64_t c, uint64_t d, uint64_t bias,
+                     uint64_t scale_a, uint64_t scale_b) {
+    cudaStream_t s = reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(stream));
+    const UserBuffers u = user_from(a, b, c, d, bias, scale_a, scale_b);
+    py::gil_scoped_release nogil;
+    const StreamCapture cap = stream_capture(s);
+    if (cap.active)
+      throw std::runtime_error(
+          "GraphLauncher.launch_direct() on a stream that is being captured: use capture()");
+    DISTGEMM_CUDA_CHECK(cudaSetDevice(graph_->cuda_device()));
+    order_->before(s, cap);
+    graph_->enqueue_on(s, u);
+    order_->after(s, cap);
+  }
+
   std::string error() const { return graph_->error(); }
   void check() const { graph_->check(); }
   int rank() const { return graph_->rank(); }
@@ -419,6 +436,11 @@ void register_runtime(py::module_& m) {
            py::arg("scale_b") = 0,
            "Record one launch for these user pointers into the capture in progress on `stream` "
            "(the nodes themselves, not a graph launch).")
+      .def("launch_direct", &GraphLauncher::launch_direct, py::arg("stream"), py::arg("a"),
+           py::arg("b"), py::arg("c"), py::arg("d"), py::arg("bias_ptr"), py::arg("scale_a") = 0,
+           py::arg("scale_b") = 0,
+           "Enqueue one launch for these user pointers on `stream` (not being captured) as plain "
+           "stream work, without a graph: no re-capture, no graph-exec update.")
       .def("error", &GraphLauncher::error,
            "'' or the timeout report of this rank (read after synchronising).")
       .def("check", &GraphLauncher::check, "Raise RuntimeError with error() when there is one.")

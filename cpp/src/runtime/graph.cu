@@ -121,6 +121,7 @@ DeviceGraph::~DeviceGraph() {
   if (graph_) cudaGraphDestroy(graph_);
   destroy_lanes(own_);
   destroy_lanes(into_);
+  destroy_lanes(direct_);
 }
 
 void DeviceGraph::create_lanes(Lanes& lanes, bool with_gemm_stream) {
@@ -521,6 +522,20 @@ void DeviceGraph::capture_into(cudaStream_t caller, const UserBuffers& user) {
   lanes.gemm = caller;
   // An error leaves the caller's capture as it is (possibly invalidated by the failed call):
   // the caller's cudaStreamEndCapture reports it; there is nothing of ours to unwind.
+  stats_ = enqueue(user, lanes, false);
+}
+
+void DeviceGraph::enqueue_on(cudaStream_t stream, const UserBuffers& user) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  DISTGEMM_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  if (status != cudaStreamCaptureStatusNone)
+    throw std::logic_error(
+        "DeviceGraph::enqueue_on: the stream is capturing; use capture_into() inside a capture");
+  validate(user);
+  DISTGEMM_CUDA_CHECK(cudaSetDevice(cuda_device_));
+  if (!direct_.copy) create_lanes(direct_, false);
+  Lanes lanes = direct_;
+  lanes.gemm = stream;
   stats_ = enqueue(user, lanes, false);
 }
 

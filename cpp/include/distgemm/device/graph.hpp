@@ -254,6 +254,11 @@ class DeviceGraph {
   // then references this object's error sink and the workspace: both must outlive every replay.
   // Throws std::logic_error when `caller` is not capturing.
   void capture_into(cudaStream_t caller, const UserBuffers& user);
+  // Enqueue one launch's nodes for `user` on `stream` (a stream of this device, not capturing)
+  // as plain stream work, with no graph: a launch for pointers no graph is kept for costs no
+  // re-capture and no graph-exec update. The same node sequence (enqueue()), the side chain on a
+  // private stream of its own. Throws std::logic_error when `stream` is capturing.
+  void enqueue_on(cudaStream_t stream, const UserBuffers& user);
 
   // After the launches were synchronised: "" or the timeout report of this device, e.g.
   // "device 0, iteration 1: flag 0 did not reach generation 7 within 5 s (last value 6)"
@@ -302,10 +307,11 @@ class DeviceGraph {
   GraphStats stats_;
 
   // own_: the private captures (GEMM chain stream, side chain stream); into_: capture_into()
-  // (side chain only: the GEMM chain runs on the caller's stream), made at its first use. Two
-  // sets, because the streams of a capture_into() stay in the caller's capture until the caller
-  // ends it, while update() may need a private capture before that.
-  Lanes own_, into_;
+  // (side chain only: the GEMM chain runs on the caller's stream), made at its first use;
+  // direct_: enqueue_on(), likewise. Apart, because the streams of a capture_into() stay in the
+  // caller's capture until the caller ends it, while update() may need a private capture and
+  // enqueue_on() plain stream work before that.
+  Lanes own_, into_, direct_;
   std::shared_ptr<ErrorSink> errors_;
   cudaGraphExec_t exec_ = nullptr;
   cudaGraph_t graph_ = nullptr;  // the capture exec_ was made from (or last updated with)

@@ -68,6 +68,11 @@ class PathState:
         return 0
 
     @property
+    def graph_direct_launches(self) -> int:
+        """Eager calls enqueued without a graph (pointers no graph is kept for)."""
+        return 0
+
+    @property
     def captured(self) -> bool:
         """Whether a caller's CUDA graph recorded this state's work (its memory then stays
         until the communicator closes)."""

@@ -22,9 +22,18 @@ from ..workspace import Workspace
 from .common import PathState, gathered_shape, user_ptrs
 
 # Instantiated graphs per plan, keyed by the user pointers. Activations from torch's caching
-# allocator tend to come back at a few addresses, so a small set of graphs turns most calls into
-# a plain replay; a miss retargets the least recently used graph (cudaGraphExecUpdate).
+# allocator come back at the same addresses step after step, so a small set of graphs turns
+# most calls into a plain replay. A call whose pointers have no graph (graph_for): while there is
+# room, a new graph; else the least recently used graph is retargeted at them (re-capture and
+# cudaGraphExecUpdate) only if they came back since that graph's last use, and otherwise the
+# plan's nodes are enqueued on the stream without a graph. A model's layers of one shape cycle
+# more pointer sets through a plan than it keeps graphs: retargeting at every miss would
+# re-capture at every call and never replay, while this keeps GRAPHS_PER_PLAN of them replaying
+# and still follows a lasting change of addresses within one cycle.
 GRAPHS_PER_PLAN = 4
+# Pointer sets remembered per plan after a miss without a graph (with the call they came at): a
+# bound on host memory, above the calls of one shape that one step of a large model makes.
+SEEN_PER_PLAN = 256
 
 
 class _RawCuda:
@@ -73,7 +82,13 @@ class OverlappedState(PathState):
     gather: list[tuple[str, int, int, int]] | None = None  # gather_recipe, with return_gathered
     gathered_shape: tuple[int, int] = (0, 0)  # the gathered operand's, with return_gathered
     slots: torch.Tensor | None = None  # this rank's receive slots, viewed as the operand dtype
-    retargets: int = 0  # calls whose pointers matched none of the graphs (graph_for's misses)
+    clock: int = 0  # eager calls so far
+    used_at: dict[tuple[int, ...], int] = field(default_factory=dict)  # each graph's last call
+    seen_at: collections.OrderedDict[tuple[int, ...], int] = field(
+        default_factory=collections.OrderedDict
+    )  # pointers that missed without getting a graph, with their last call
+    retargets: int = 0  # graphs retargeted at new pointers
+    direct_launches: int = 0  # calls enqueued without a graph
 
     @classmethod
     def create(cls, comm: Communicator, spec: Spec, precision, beta: float, gathered: bool):
@@ -93,6 +108,7 @@ class OverlappedState(PathState):
             spec.plan.slot_elem_bytes(dtype.itemsize, self.precision.out_dtype.itemsize)
         )
         self.graphs.clear()
+        self.used_at.clear()
         self.ws, self.bases = comm.workspace_for(layout)
         # workspace_for shifts each base so that exactly the layout's bytes follow it: the graph
         # checks its own plan's layout against this.
@@ -132,21 +148,34 @@ class OverlappedState(PathState):
             capture_only=capture_only, scale_a=scale_a, scale_b=scale_b,
         )  # fmt: skip
 
-    def graph_for(self, ptrs: tuple[int, ...]):
-        """This rank's graph of the plan for these user pointers: a cached one, a new one (up to
-        GRAPHS_PER_PLAN), or the least recently used one retargeted."""
+    def graph_for(self, ptrs: tuple[int, ...]) -> tuple[Any, bool]:
+        """(graph, direct) for a call with these user pointers (see GRAPHS_PER_PLAN): a cached
+        graph, a new one, or the least recently used one retargeted, to launch (direct False);
+        or a cached graph whose ``launch_direct`` enqueues the call without a graph (True)."""
+        self.clock += 1
         g = self.graphs.get(ptrs)
         if g is not None:
             self.graphs.move_to_end(ptrs)  # LRU order
-            return g
+            self.used_at[ptrs] = self.clock
+            return g, False
         if len(self.graphs) < GRAPHS_PER_PLAN:
             g = self._new_graph(ptrs)
         else:
-            _, g = self.graphs.popitem(last=False)
+            stale, g = next(iter(self.graphs.items()))
+            seen = self.seen_at.pop(ptrs, None)
+            if seen is None or seen < self.used_at.get(stale, 0):
+                self.seen_at[ptrs] = self.clock
+                if len(self.seen_at) > SEEN_PER_PLAN:
+                    self.seen_at.popitem(last=False)
+                self.direct_launches += 1
+                return g, True
+            del self.graphs[stale]
+            self.used_at.pop(stale, None)
             g.update(*ptrs)
             self.retargets += 1
         self.graphs[ptrs] = g
-        return g
+        self.used_at[ptrs] = self.clock
+        return g, False
 
     def capture_graph(self, ptrs: tuple[int, ...]):
         """The capture-only graph (made at the first capture, for these pointers' checks):
@@ -167,14 +196,17 @@ class OverlappedState(PathState):
         if capturing:
             self.capture_graph(ptrs).capture(stream, *ptrs)
         else:
-            g = self.graph_for(ptrs)
+            g, direct = self.graph_for(ptrs)
             err = g.error()
             if not err and self.ws.pinned:  # a replay of a captured graph on this workspace failed
                 err = self.ws.order.capture_error()
             if err:
                 comm.mark_broken(err)
                 comm.raise_if_broken()
-            g.launch(stream)
+            if direct:
+                g.launch_direct(stream, *ptrs)
+            else:
+                g.launch(stream)
         if self.gather is None:
             return out
         gathered = torch.empty(self.gathered_shape, dtype=self.precision.dtype, device=device)
@@ -215,9 +247,14 @@ class OverlappedState(PathState):
         return self.retargets
 
     @property
+    def graph_direct_launches(self) -> int:
+        return self.direct_launches
+
+    @property
     def captured(self) -> bool:
         return self.capturer is not None
 
     def release(self) -> None:
         self.graphs.clear()
+        self.used_at.clear()
         self.capturer = None
