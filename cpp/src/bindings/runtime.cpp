@@ -292,34 +292,14 @@ class GraphLauncher {
   // Record one launch for these user pointers into the capture in progress on `stream`.
   void capture(uint64_t stream, uint64_t a, uint64_t b, uint64_t c, uint64_t d, uint64_t bias,
                uint64_t scale_a, uint64_t scale_b) {
-    cudaStream_t s = reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(stream));
-    const UserBuffers u = user_from(a, b, c, d, bias, scale_a, scale_b);
-    py::gil_scoped_release nogil;
-    const StreamCapture cap = stream_capture(s);
-    if (!cap.active)
-      throw std::runtime_error(
-          "GraphLauncher.capture() on a stream that is not being captured: use launch()");
-    DISTGEMM_CUDA_CHECK(cudaSetDevice(graph_->cuda_device()));
-    order_->before(s, cap);
-    graph_->capture_into(s, u);
-    order_->after(s, cap);
+    enqueue_nodes(stream, user_from(a, b, c, d, bias, scale_a, scale_b), true);
   }
 
   // Enqueue one launch for these user pointers on `stream` (not capturing) as plain stream work,
   // without a graph: for pointers the caller keeps no graph for (OverlappedState.graph_for).
   void launch_direct(uint64_t stream, uint64_t a, uint64_t b, uint64_t c, uint64_t d, uint64_t bias,
                      uint64_t scale_a, uint64_t scale_b) {
-    cudaStream_t s = reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(stream));
-    const UserBuffers u = user_from(a, b, c, d, bias, scale_a, scale_b);
-    py::gil_scoped_release nogil;
-    const StreamCapture cap = stream_capture(s);
-    if (cap.active)
-      throw std::runtime_error(
-          "GraphLauncher.launch_direct() on a stream that is being captured: use capture()");
-    DISTGEMM_CUDA_CHECK(cudaSetDevice(graph_->cuda_device()));
-    order_->before(s, cap);
-    graph_->enqueue_on(s, u);
-    order_->after(s, cap);
+    enqueue_nodes(stream, user_from(a, b, c, d, bias, scale_a, scale_b), false);
   }
 
   std::string error() const { return graph_->error(); }
@@ -339,6 +319,26 @@ class GraphLauncher {
   }
 
  private:
+  // The plan's nodes for `u` on `stream`, between the launch order's before and after: recorded
+  // into the capture in progress there (`into_capture`), or enqueued as plain stream work.
+  void enqueue_nodes(uint64_t stream, const UserBuffers& u, bool into_capture) {
+    cudaStream_t s = reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(stream));
+    py::gil_scoped_release nogil;
+    const StreamCapture cap = stream_capture(s);
+    if (cap.active != into_capture)
+      throw std::runtime_error(
+          into_capture
+              ? "GraphLauncher.capture() on a stream that is not being captured: use launch()"
+              : "GraphLauncher.launch_direct() on a stream that is being captured: use capture()");
+    DISTGEMM_CUDA_CHECK(cudaSetDevice(graph_->cuda_device()));
+    order_->before(s, cap);
+    if (into_capture)
+      graph_->capture_into(s, u);
+    else
+      graph_->enqueue_on(s, u);
+    order_->after(s, cap);
+  }
+
   std::shared_ptr<LaunchOrder> order_;
   std::unique_ptr<DeviceGraph> graph_;
   bool update_refused_ = false;
