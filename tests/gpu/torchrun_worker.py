@@ -960,6 +960,11 @@ def test_overhead(dev):
     upd = timed(
         lambda i: g.update(pool[i % 8].data_ptr(), w.data_ptr(), 0, out.data_ptr(), 0), n=200
     )
+    direct = timed(
+        lambda i: g.launch_direct(
+            stream, pool[i % 8].data_ptr(), w.data_ptr(), 0, out.data_ptr(), 0
+        )
+    )  # the plan's nodes without a graph: what a call whose pointers keep no graph costs
     rebuilt = g.rebuilds > 0  # the driver refused the graph-exec update: re-instantiated
     c2.close()  # g was retargeted behind the plan cache's back: never launched again
     # The goal is < 20 us per call on a cached plan; the hard bound only catches regressions.
@@ -972,6 +977,7 @@ def test_overhead(dev):
         us_per_call_changing_pointers=changing,
         us_raw_graph_launch=raw,
         us_graph_update=upd,
+        us_direct_launch=direct,
         update_needed_rebuild=rebuilt,
         communicator_setup_ms=t_comm * 1e3,
         first_call_ms=t_first * 1e3,
