@@ -155,7 +155,8 @@ def run_case(ctx, kind, name, sets, fns, symm_problem, args) -> dict:
     torch = ctx.torch
     ref = [t.clone() for t in flat(fns["unfused"](*sets[0]))]
     rec = {"kind": kind, "op": name, "tokens": args.tokens, "tp": ctx.tp, "layers": len(sets)}
-    rec.update(ms={}, host_us={}, retargets_per_call={}, err={}, not_run={}, host_profile={})
+    rec.update(ms={}, host_us={}, retargets_per_call={}, direct_per_call={}, err={}, not_run={})
+    rec["host_profile"] = {}
     usable = {}
     for v, fn in fns.items():
         why = symm_problem if v == "torch_fused" else None
@@ -177,7 +178,12 @@ def run_case(ctx, kind, name, sets, fns, symm_problem, args) -> dict:
         ms = time_variant(ctx, usable[v], WARMUP_S if i == 0 else REWARM_S)
         key = v if i < len(order) - 1 else "unfused_again"
         rec["ms"][key] = ms
-        rec["host_us"][key], rec["retargets_per_call"][key] = host_us(ctx, usable[v])
+        host, retargets, direct = host_us(ctx, usable[v])
+        rec["host_us"][key], rec["retargets_per_call"][key], rec["direct_per_call"][key] = (
+            host,
+            retargets,
+            direct,
+        )
         if ctx.rank == 0:
             print(
                 f"{kind} {name} {key}: {ms:.4f} ms, host {rec['host_us'][key]:.1f} us", flush=True
@@ -230,21 +236,23 @@ def cycled(fn, sets):
     return call
 
 
-def host_us(ctx, fn) -> tuple[float, float]:
+def host_us(ctx, fn) -> tuple[float, float, float]:
     """The host's time per call to enqueue HOST_CALLS calls (the slowest rank's), in us, and the
-    graph retargets per call (distgemm.memory_stats' graph_retargets; 0 for torch's variants)."""
+    graph retargets and the launches without a graph per call (distgemm.memory_stats'
+    graph_retargets and direct_launches; 0 for torch's variants)."""
     import distgemm
 
     torch = ctx.torch
     torch.cuda.synchronize()
-    before = distgemm.memory_stats()["graph_retargets"]
+    before = distgemm.memory_stats()
     t0 = time.perf_counter()
     for _ in range(HOST_CALLS):
         fn()
     t = (time.perf_counter() - t0) / HOST_CALLS * 1e6
     torch.cuda.synchronize()
-    retargets = (distgemm.memory_stats()["graph_retargets"] - before) / HOST_CALLS
-    return ctx.agree_max([t])[0], retargets
+    after = distgemm.memory_stats()
+    per_call = [(after[k] - before[k]) / HOST_CALLS for k in ("graph_retargets", "direct_launches")]
+    return ctx.agree_max([t])[0], *per_call
 
 
 def write(torch, ctx, records, args, seconds) -> None:
@@ -252,7 +260,7 @@ def write(torch, ctx, records, args, seconds) -> None:
     variants = ["unfused", "torch_fused", "dg", "dg_concat", "unfused_again"]
     lines = out.header_lines("symm_mem fused ops of torchtitan's Llama-3-8B layers, eager", meta)
     header = ["op", "kind", *[f"{v} ms" for v in variants], "dg vs unfused", "dg host us"]
-    header.append("dg retargets/call")
+    header += ["dg retargets/call", "dg direct/call"]
     rows = []
     for r in records:
         ms = r["ms"]
@@ -260,9 +268,8 @@ def write(torch, ctx, records, args, seconds) -> None:
         cells = [out.number_cell(ms.get(v)) if v in ms else "-" for v in variants]
         ratio = f"{base / ms['dg']:.3f}x" if "dg" in ms else "-"
         host = f"{r['host_us'].get('dg', 0):.0f}"
-        rows.append(
-            [r["op"], r["kind"], *cells, ratio, host, f"{r['retargets_per_call'].get('dg', 0):.2f}"]
-        )
+        counts = [f"{r[c].get('dg', 0):.2f}" for c in ("retargets_per_call", "direct_per_call")]
+        rows.append([r["op"], r["kind"], *cells, ratio, host, *counts])
         for v, why in r["not_run"].items():
             lines.append(f"not run: {r['op']} {v}: {why}")
         for v, e in r["err"].items():
