@@ -280,10 +280,12 @@ def test_an_entry_builds_its_plan_once_and_its_graph_takes_that_plan(
     assert (s.workspace_bases, s.workspace_bytes) == ([1 << 20], plan.layout(2)["total_bytes"])
     assert (s.alpha, s.beta, s.bias) == (1.0, beta, "bias" in tensors)
     ptrs = (16, 32, 0, 48, 0, 0, 0)  # a, w, c, out, bias, scale_a, scale_b
-    assert entry.state.graph_for(ptrs) == (1, False)  # (the graph, not a direct launch)
-    assert entry.state.graph_for(ptrs) == (1, False)  # cached: no second graph
-    extra = (("capture_only", False), ("scale_a", 0), ("scale_b", 0))
-    assert graphs == [(plan, entry.state.setup, "order", *ptrs[:5], *extra)]
+    # the first call: the capture-only launcher, launched directly (no graph instantiated)
+    assert entry.state.graph_for(ptrs) == (1, True)
+    assert entry.state.graph_for(ptrs) == (2, False)  # the pointers came back: their graph
+    assert entry.state.graph_for(ptrs) == (2, False)  # cached: no third launcher
+    made = [(plan, entry.state.setup, "order", *ptrs[:5], ("capture_only", c)) for c in (1, 0)]
+    assert graphs == [(*m, ("scale_a", 0), ("scale_b", 0)) for m in made]
     assert len(built) == 1
 
 

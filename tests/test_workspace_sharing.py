@@ -560,13 +560,17 @@ class FakeGraph:
 
 def full_plan(c):
     """An overlapped entry's state with GRAPHS_PER_PLAN fake graphs for pointer sets 0..3, made
-    by calls in that order (graph_for with a stand-in for graph creation)."""
+    by two calls of each in that order (graph_for with a stand-in for graph creation): the first
+    launched directly, the second with its new graph."""
     state = add_entry(c, "all_gather_gemm", "ag_rotate_a", 128, 512, 256)
     state.graphs.clear()
     state._new_graph = lambda ptrs, capture_only=False: FakeGraph()
     for i in range(GRAPHS_PER_PLAN):
+        first, direct = state.graph_for(ptrs_of(i))
+        assert direct and first is state.direct
         g, direct = state.graph_for(ptrs_of(i))
-        assert not direct and isinstance(g, FakeGraph)
+        assert not direct and state.graphs[ptrs_of(i)] is g is not state.direct
+    assert state.direct_launches == GRAPHS_PER_PLAN and state.retargets == 0
     return state
 
 
@@ -599,9 +603,9 @@ def test_a_cycle_through_more_pointer_sets_than_graphs_keeps_the_graphs_replayin
     kinds = {i: {k for j, k in got if j == i} for i in range(2 * GRAPHS_PER_PLAN)}
     assert all(kinds[i] == {"hit"} for i in range(GRAPHS_PER_PLAN))
     assert all(kinds[i] == {"direct"} for i in range(GRAPHS_PER_PLAN, 2 * GRAPHS_PER_PLAN))
-    assert state.retargets == 0 and state.direct_launches == 3 * GRAPHS_PER_PLAN
+    assert state.retargets == 0 and state.direct_launches == 4 * GRAPHS_PER_PLAN
     stats = c.memory_stats()
-    assert stats["direct_launches"] == 3 * GRAPHS_PER_PLAN and stats["graph_retargets"] == 0
+    assert stats["direct_launches"] == 4 * GRAPHS_PER_PLAN and stats["graph_retargets"] == 0
 
 
 def test_pointers_that_replace_the_old_ones_get_the_graphs_after_one_round():
@@ -616,6 +620,20 @@ def test_pointers_that_replace_the_old_ones_get_the_graphs_after_one_round():
     assert {k for _, k in third} == {"hit"}
     assert set(state.graphs) == {ptrs_of(i) for i in new}
     assert all(g.updates for g in state.graphs.values())
+
+
+def test_a_first_call_instantiates_no_graph_and_the_workspace_drops_the_direct_launcher():
+    c = fake_comm()
+    state = add_entry(c, "all_gather_gemm", "ag_rotate_a", 128, 512, 256)
+    state.graphs.clear()
+    made = []
+    state._new_graph = lambda ptrs, capture_only=False: made.append(capture_only) or FakeGraph()
+    assert state.graph_for(ptrs_of(0))[1] and made == [True]  # direct, the launcher made once
+    assert state.graph_for(ptrs_of(1))[1] and made == [True]
+    assert not state.graph_for(ptrs_of(0))[1] and made == [True, False]  # back: a graph
+    launcher = state.direct
+    state.release()
+    assert state.direct is None and not state.graphs and launcher is not None
 
 
 def test_pointers_seen_once_never_retarget_and_their_memory_is_bounded():

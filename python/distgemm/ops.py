@@ -104,8 +104,8 @@ def memory_stats(group=None) -> dict[str, int]:
     captured_graphs       graphs recorded into callers' CUDA graphs
     graph_retargets       eager calls (of the cached plans, so far) that retargeted one of their
                           plan's graphs at new pointers (a re-capture and a graph-exec update)
-    direct_launches       eager calls (likewise) enqueued without a graph: pointers that have no
-                          graph and did not come back since the stalest graph's last use
+    direct_launches       eager calls (likewise) enqueued without a graph: pointers seen for the
+                          first time, or not come back since the stalest graph's last use
                           (``runtime.paths.overlapped.GRAPHS_PER_PLAN``)
     fused_control_bytes   the fused path's control region (launch generation, tile flags,
                           two-shot sum flags; the CUTLASS kernel's partial buffers and its

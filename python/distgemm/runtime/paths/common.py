@@ -69,7 +69,8 @@ class PathState:
 
     @property
     def graph_direct_launches(self) -> int:
-        """Eager calls enqueued without a graph (pointers no graph is kept for)."""
+        """Eager calls enqueued without a graph (pointers seen for the first time, or that no
+        graph is kept for)."""
         return 0
 
     @property

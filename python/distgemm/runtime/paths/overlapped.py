@@ -23,13 +23,14 @@ from .common import PathState, gathered_shape, user_ptrs
 
 # Instantiated graphs per plan, keyed by the user pointers. Activations from torch's caching
 # allocator come back at the same addresses step after step, so a small set of graphs turns
-# most calls into a plain replay. A call whose pointers have no graph (graph_for): while there is
-# room, a new graph; else the least recently used graph is retargeted at them (re-capture and
-# cudaGraphExecUpdate) only if they came back since that graph's last use, and otherwise the
-# plan's nodes are enqueued on the stream without a graph. A model's layers of one shape cycle
-# more pointer sets through a plan than it keeps graphs: retargeting at every miss would
-# re-capture at every call and never replay, while this keeps GRAPHS_PER_PLAN of them replaying
-# and still follows a lasting change of addresses within one cycle.
+# most calls into a plain replay. A call whose pointers have no graph (graph_for) is enqueued on
+# the stream without a graph unless they came back: pointers seen before get a new graph while
+# there is room, else the least recently used graph retargeted at them (re-capture and
+# cudaGraphExecUpdate) if they came back since that graph's last use. So a pointer set seen once
+# (a first call, a fresh output) costs no graph instantiation, and a model's layers of one shape,
+# which cycle more pointer sets through a plan than it keeps graphs, keep GRAPHS_PER_PLAN of them
+# replaying instead of re-capturing at every call, while a lasting change of addresses still
+# gets the graphs within one cycle.
 GRAPHS_PER_PLAN = 4
 # Pointer sets remembered per plan after a miss without a graph (with the call they came at): a
 # bound on host memory, above the calls of one shape that one step of a large model makes.
@@ -79,6 +80,9 @@ class OverlappedState(PathState):
     # capture_graph). Callers' graphs keep referencing its error sink and the workspace, so it
     # lives until the communicator closes: the entry is never evicted once it has one.
     capturer: Any = None
+    # The capture-only _core.GraphLauncher whose launch_direct enqueues the calls that get no
+    # graph (see GRAPHS_PER_PLAN); made at the first such call, remade with the workspace.
+    direct: Any = None
     gather: list[tuple[str, int, int, int]] | None = None  # gather_recipe, with return_gathered
     gathered_shape: tuple[int, int] = (0, 0)  # the gathered operand's, with return_gathered
     slots: torch.Tensor | None = None  # this rank's receive slots, viewed as the operand dtype
@@ -109,6 +113,7 @@ class OverlappedState(PathState):
         )
         self.graphs.clear()
         self.used_at.clear()
+        self.direct = None
         self.ws, self.bases = comm.workspace_for(layout)
         # workspace_for shifts each base so that exactly the layout's bytes follow it: the graph
         # checks its own plan's layout against this.
@@ -149,27 +154,30 @@ class OverlappedState(PathState):
         )  # fmt: skip
 
     def graph_for(self, ptrs: tuple[int, ...]) -> tuple[Any, bool]:
-        """(graph, direct) for a call with these user pointers (see GRAPHS_PER_PLAN): a cached
-        graph, a new one, or the least recently used one retargeted, to launch (direct False);
-        or a cached graph whose ``launch_direct`` enqueues the call without a graph (True)."""
+        """(launcher, direct) for a call with these user pointers (see GRAPHS_PER_PLAN): a
+        cached graph, a new one, or the least recently used one retargeted, to launch (direct
+        False); or the entry's capture-only launcher, whose ``launch_direct`` enqueues the call
+        without a graph (True)."""
         self.clock += 1
         g = self.graphs.get(ptrs)
         if g is not None:
             self.graphs.move_to_end(ptrs)  # LRU order
             self.used_at[ptrs] = self.clock
             return g, False
-        if len(self.graphs) < GRAPHS_PER_PLAN:
+        seen = self.seen_at.pop(ptrs, None)
+        stale = next(iter(self.graphs)) if len(self.graphs) >= GRAPHS_PER_PLAN else None
+        if seen is None or (stale is not None and seen < self.used_at.get(stale, 0)):
+            self.seen_at[ptrs] = self.clock
+            if len(self.seen_at) > SEEN_PER_PLAN:
+                self.seen_at.popitem(last=False)
+            self.direct_launches += 1
+            if self.direct is None:
+                self.direct = self._new_graph(ptrs, capture_only=True)
+            return self.direct, True
+        if stale is None:
             g = self._new_graph(ptrs)
         else:
-            stale, g = next(iter(self.graphs.items()))
-            seen = self.seen_at.pop(ptrs, None)
-            if seen is None or seen < self.used_at.get(stale, 0):
-                self.seen_at[ptrs] = self.clock
-                if len(self.seen_at) > SEEN_PER_PLAN:
-                    self.seen_at.popitem(last=False)
-                self.direct_launches += 1
-                return g, True
-            del self.graphs[stale]
+            g = self.graphs.pop(stale)
             self.used_at.pop(stale, None)
             g.update(*ptrs)
             self.retargets += 1
@@ -227,6 +235,8 @@ class OverlappedState(PathState):
             return
         if capturing:
             retired.extend(self.graphs.values())
+            if self.direct is not None:
+                retired.append(self.direct)
         if self.capturer is not None:
             kept.append(self.capturer)
             self.capturer = None
@@ -234,8 +244,7 @@ class OverlappedState(PathState):
 
     def launch_error(self) -> str:
         graphs = list(self.graphs.values())
-        if self.capturer is not None:
-            graphs.append(self.capturer)
+        graphs += [g for g in (self.capturer, self.direct) if g is not None]
         return next((e for g in graphs if (e := g.error())), "")
 
     @property
@@ -258,3 +267,4 @@ class OverlappedState(PathState):
         self.graphs.clear()
         self.used_at.clear()
         self.capturer = None
+        self.direct = None
