@@ -4,7 +4,7 @@
 
 Runs ``distgemm.ops.all_gather_gemm`` with a cached plan, TP=2, on CPU tensors, with the four
 things that need a GPU replaced: the communicator (a two-rank stand-in that agrees with itself),
-the CUDA device check, the capture check and the graph (launch and update do nothing). What is
+the CUDA device check, the capture check and the graph (its launches and update do nothing). What is
 left is exactly the per-call Python path: plan and graph lookup, tensor checks, pointers. On the
 GPU the extension adds the graph launch (cudaGraphLaunch plus one event record) and torch's
 capture/stream queries; tests/gpu/torchrun_worker.py (section overhead) measures the whole.
@@ -23,6 +23,9 @@ from distgemm.runtime.paths import overlapped
 
 class _Graph:
     def launch(self, stream):
+        pass
+
+    def launch_direct(self, stream, *ptrs):
         pass
 
     def update(self, *ptrs):
