@@ -184,8 +184,11 @@ def test_cpu_smoke_variants_against_megatron_and_fp32(tmp_path):
             "distgemm_compiled",
             "megatron_after_poison",
             "floor_step",
+            "distgemm_fp8",
         }
         assert set(res["rel_err"].pop("megatron_after_poison").values()) == {0.0}
+        # the fp8 forward against bf16: off by fp8's rounding (3 mantissa bits), reported only
+        assert 1e-3 < max(res["fp8_vs_bf16"].values()) < 0.2
         for errs in res["rel_err"].values():
             assert set(errs) == set(rep.QUANTITIES)
             assert max(errs.values()) < rep.ERR_TOL
@@ -258,10 +261,29 @@ def test_variant_order_and_retimed():
         "distgemm_keep",
         "distgemm_regather",
         "distgemm_compiled",
+        "megatron_fp8",
+        "async_tp_fp8",
+        "distgemm_fp8",
     )
     assert rep.RETIMED == "megatron"
+    assert rep.FP8_VARIANTS[0] == "megatron_fp8"  # the fp8 reference, checked before the others
+    assert not set(rep.FP8_VARIANTS) & set(rep.DISTGEMM)  # the bf16 targets take bf16 variants
     assert set(rep.DESCRIPTION) == set(rep.VARIANTS)
     assert not set(rep.FLOORS) & set(rep.DISTGEMM)
+
+
+def test_fp8_variants_ratios_and_their_own_floor():
+    rec = _record(megatron_fp8=24.0, async_tp_fp8=22.0, distgemm_fp8=20.0)
+    d = rep.derived(rec)
+    assert d["distgemm_fp8_vs_async_tp_fp8"] == pytest.approx(1.1)
+    assert d["distgemm_fp8_vs_megatron_fp8"] == pytest.approx(1.2)
+    assert d["distgemm_best"] == "distgemm_keep"  # fp8 variants never count for bf16 targets
+    table = rep.format_table(rec, META)
+    assert "fp8 forward: distgemm_fp8 runs at 1.100x async_tp_fp8, 1.200x megatron_fp8" in table
+    # below the bf16 GEMMs' floor (22) but above 5/6 of it (18.15): not suspect; below: suspect
+    assert rep.suspect(rec) == []
+    assert rep.suspect(_record(distgemm_fp8=18.0)) == ["distgemm_fp8"]
+    assert rep.derived(_record())["distgemm_fp8_vs_async_tp_fp8"] is None  # not measured
 
 
 def test_floor_step_bounds():

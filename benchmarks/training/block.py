@@ -122,6 +122,116 @@ class MatmulScatter(torch.autograd.Function):
         return torch.mm(grad, w), torch.mm(grad.t(), h), None
 
 
+FP8 = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8).max
+
+
+def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row-wise dynamic fp8 (e4m3) of ``t`` ``[rows, cols]``: ``(q, s)``, ``q`` fp8 and ``s``
+    float32 ``[rows, 1]``, with ``t ~ q * s`` and each row's largest magnitude at fp8's
+    largest value (the row-wise recipe of torch's scaled fused ops)."""
+    s = t.abs().amax(dim=-1, keepdim=True).float().clamp_min(1e-12) / FP8_MAX
+    return (t.float() / s).to(FP8), s
+
+
+def _gather(x_shard, group):
+    """all_gather(x_shard) along dim 0 (fp8 moved as bytes: gloo and NCCL both have bytes)."""
+    x = x_shard.new_empty((group.size() * x_shard.shape[0], *x_shard.shape[1:]))
+    as_bytes = x_shard.dtype == FP8
+    src, dst = (x_shard.view(torch.uint8), x.view(torch.uint8)) if as_bytes else (x_shard, x)
+    custom_ops.all_gather_into(dst, src.contiguous(), group=group)
+    return x
+
+
+class _Fp8Forward(torch.autograd.Function):
+    """The fp8 linears' forward: ``a`` and ``w`` quantized row-wise (``quantize_rows``), then
+    ``gemm(aq, a_scales, wq, w_scales)`` (bf16); ``a`` and ``w`` kept in bf16 for the backward."""
+
+    @staticmethod
+    def forward(ctx, a, w, group, gemm):
+        (aq, a_s), (wq, ws) = quantize_rows(a), quantize_rows(w)
+        ctx.save_for_backward(a, w)
+        ctx.group = group
+        return gemm(aq, a_s, wq, ws)
+
+
+class Fp8GatherMatmul(_Fp8Forward):
+    """The column-parallel linear with an fp8 forward: ``all_gather(x_shard) @ w.T``, the
+    ``gemm`` taking this rank's fp8 rows and giving bf16 ``[T, N]``; backward in bf16 as
+    Megatron's, the input gathered again (the fp8 forward keeps no bf16 gathered input), its
+    all-gather in flight under the dgrad GEMM and the dgrad's reduce-scatter under the wgrad
+    GEMM."""
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x_shard, w = ctx.saved_tensors
+        group, grad_out = ctx.group, grad_out.contiguous()
+        x = x_shard.new_empty((group.size() * x_shard.shape[0], x_shard.shape[1]))
+        gathering = custom_ops.all_gather_into(x, x_shard, group=group, async_op=True)
+        grad_x = torch.mm(grad_out, w)
+        grad_shard = grad_x.new_empty((grad_x.shape[0] // group.size(), grad_x.shape[1]))
+        gathering.wait()
+        scattering = custom_ops.reduce_scatter_into(grad_shard, grad_x, group=group, async_op=True)
+        grad_w = torch.mm(grad_out.t(), x)
+        scattering.wait()
+        return grad_shard, grad_w, None, None
+
+
+class Fp8MatmulScatter(_Fp8Forward):
+    """The row-parallel linear with an fp8 forward: ``reduce_scatter(h @ w.T)``, the ``gemm``
+    giving bf16 ``[T/TP, H]``; backward in bf16 as Megatron's."""
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        grad_h, grad_w, _ = MatmulScatter.backward(ctx, grad_out)
+        return grad_h, grad_w, None, None
+
+
+def _scaled_mm(aq, a_s, wq, ws):
+    """bf16 ``(a_s * aq) @ (ws * wq).T`` (row-wise scales) by torch._scaled_mm."""
+    return torch._scaled_mm(aq, wq.t(), scale_a=a_s, scale_b=ws.t(), out_dtype=torch.bfloat16)
+
+
+def fp8_gemms(name: str, group, tokens: int):
+    """(column gemm, row gemm) of Fp8GatherMatmul and Fp8MatmulScatter for variant ``name``:
+    megatron_fp8 (NCCL + torch._scaled_mm), async_tp_fp8 (torch's fused scaled symm_mem ops)
+    or distgemm_fp8 (distgemm's drop-ins of those ops, compat.symm_mem_fp8); ``tokens``: T."""
+    group_name = group.group_name
+    lists = dict(biases=[None], result_scales=[None], out_dtypes=[torch.bfloat16])
+    lists["use_fast_accum"] = [False]
+    if name == "megatron_fp8":
+
+        def column(xq, xs, wq, ws):
+            return _scaled_mm(_gather(xq, group), _gather(xs, group), wq, ws)
+
+        def row(hq, hs, wq, ws):
+            partial = _scaled_mm(hq, hs, wq, ws)
+            out = partial.new_empty((partial.shape[0] // group.size(), partial.shape[1]))
+            custom_ops.reduce_scatter_into(out, partial, group=group)
+            return out
+
+        return column, row
+    if name == "async_tp_fp8":
+        ag = torch.ops.symm_mem.fused_all_gather_scaled_matmul
+        rs = torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter
+    elif name == "distgemm_fp8":
+        from distgemm.compat import symm_mem_fp8
+
+        ag = symm_mem_fp8.fused_all_gather_scaled_matmul
+        rs = symm_mem_fp8.fused_scaled_matmul_reduce_scatter
+    else:
+        raise ValueError(f"unknown fp8 variant {name!r}")
+
+    def column(xq, xs, wq, ws):
+        return ag(xq, [wq.t()], xs, [ws.t()], 0, group_name, **lists)[1][0]
+
+    def row(hq, hs, wq, ws):
+        shape = [tokens, wq.shape[0]]
+        return rs(hq, wq.t(), hs, ws.t(), "sum", 0, 0, group_name, shape, out_dtype=torch.bfloat16)
+
+    return column, row
+
+
 def functional_block(x_shard, w_gate_up, w_down, group_name: str):
     """The block in functional collectives (with autograd) + torch.mm, the form torch's
     micro-pipeline TP pass rewrites into its fused symmetric-memory ops under torch.compile."""
@@ -182,7 +292,7 @@ def _leaf(t: torch.Tensor) -> torch.Tensor:
 def make_variant(name: str, ops: BlockOperands, group) -> Variant:
     """The variant ``name`` of the block on ``ops`` (its own copies of the leaves)."""
     x = _leaf(ops.x)
-    if name.startswith("distgemm"):
+    if name in report.DISTGEMM:
         hidden, ffn2 = ops.x.shape[1], ops.w_gate_up.shape[0] * group.size()
         dev, dtype = ops.x.device, ops.x.dtype
         col = ColumnParallelLinear(
@@ -216,6 +326,13 @@ def make_variant(name: str, ops: BlockOperands, group) -> Variant:
 
         def forward(t):
             return functional_block(t, w1, w2, group_name)
+
+    elif name in report.FP8_VARIANTS:
+        column, row = fp8_gemms(name, group, group.size() * ops.x.shape[0])
+
+        def forward(t):
+            y = Fp8GatherMatmul.apply(t, w1, group, column)
+            return Fp8MatmulScatter.apply(swiglu(y), w2, group, row)
 
     else:
         raise ValueError(f"unknown variant {name!r}")

@@ -22,9 +22,12 @@ HIDDEN, FFN, TOKENS = 8192, 28672, 8192
 FLOORS = ("floor", "floor_step")
 # The floors first, then the distributed variants in this order, interleaved; the first of
 # those is re-timed last so that a clock drift shows.
+# The fp8 variants: the forward's GEMMs in fp8 with row-wise dynamic scales, through each side's
+# scaled fused ops, the backward shared in bf16; checked against megatron_fp8, their reference.
+FP8_VARIANTS = ("megatron_fp8", "async_tp_fp8", "distgemm_fp8")
 VARIANTS = FLOORS + (
     "megatron", "async_tp", "distgemm_keep", "distgemm_regather", "distgemm_compiled",
-)  # fmt: skip
+) + FP8_VARIANTS  # fmt: skip
 TIMED_ORDER = VARIANTS[len(FLOORS) :]
 RETIMED = TIMED_ORDER[0]
 DISTGEMM = ("distgemm_keep", "distgemm_regather", "distgemm_compiled")
@@ -39,6 +42,13 @@ DESCRIPTION = {
     "distgemm_regather": "distgemm.compat.nn layers, keep_gathered_input=False",
     "distgemm_compiled": "torch.compile(fullgraph=True) of the distgemm.compat.nn block "
     "(kept input)",
+    "megatron_fp8": "fp8 forward (row-wise dynamic scales): NCCL all-gather of the fp8 input and "
+    "its scales + torch._scaled_mm, torch._scaled_mm + NCCL reduce-scatter; bf16 backward, the "
+    "input gathered again; the fp8 variants' reference",
+    "async_tp_fp8": "the same, the forward by torch's symm_mem fused_all_gather_scaled_matmul "
+    "and fused_scaled_matmul_reduce_scatter",
+    "distgemm_fp8": "the same, the forward by distgemm's drop-ins of those ops "
+    "(distgemm.compat.symm_mem_fp8)",
 }
 # torch's fused ops that the micro-pipeline TP pass puts in async_tp's compiled code.
 FUSED_OPS = ("fused_all_gather_matmul", "fused_matmul_reduce_scatter")
@@ -52,6 +62,9 @@ ERR_TOL = 2e-2
 TARGETS = {2: {"vs_async_tp": 1.02}, 4: {"vs_async_tp": 1.05, "vs_megatron": 1.12}}
 # A variant timed more than 1% below the GEMMs-alone floor is a measurement error.
 SUSPECT_SLACK = 0.01
+# The fp8 variants' share of that floor: their forward's two GEMMs are a third of the step's
+# flops and fp8's dense peak is twice bf16's, so at best 2/3 + 1/3 / 2 of the bf16 GEMMs' time.
+FP8_FLOOR_SHARE = 5.0 / 6.0
 
 
 def check_sizes(tokens: int, hidden: int, ffn: int, tp: int) -> None:
@@ -79,21 +92,24 @@ def max_err(rec: dict[str, Any], variant: str) -> float | None:
 
 
 def wrong(rec: dict[str, Any]) -> list[str]:
-    """The variants whose output or a gradient is off its reference (megatron's; floor_step's
-    own eager block) by ERR_TOL or more."""
+    """The variants whose output or a gradient is off its reference (megatron's; the fp8
+    variants' megatron_fp8's; floor_step's own eager block) by ERR_TOL or more."""
     return [v for v in VARIANTS if (e := max_err(rec, v)) is not None and not e < ERR_TOL]
 
 
 def suspect(rec: dict[str, Any]) -> list[str]:
     """The distributed variants timed more than SUSPECT_SLACK below the floor (the GEMMs
-    alone): each does at least the floor's GEMMs, so such a time is a measurement error, not a
-    result."""
+    alone; FP8_FLOOR_SHARE of it for the fp8 variants): each does at least those GEMMs, so
+    such a time is a measurement error, not a result."""
     ms = rec.get("ms", {})
     floor = ms.get("floor")
     if not floor:
         return []
-    bound = floor * (1.0 - SUSPECT_SLACK)
-    return [v for v in TIMED_ORDER if ms.get(v) and ms[v] < bound]
+
+    def bound(v):
+        return floor * (FP8_FLOOR_SHARE if v in FP8_VARIANTS else 1.0) * (1.0 - SUSPECT_SLACK)
+
+    return [v for v in TIMED_ORDER if ms.get(v) and ms[v] < bound(v)]
 
 
 def best_distgemm(rec: dict[str, Any]) -> str | None:
@@ -127,6 +143,8 @@ def derived(rec: dict[str, Any]) -> dict[str, Any]:
     t_best = ms.get(best) if best else None
     out["distgemm_vs_megatron"] = ratio(ms.get("megatron"), t_best)
     out["distgemm_vs_async_tp"] = ratio(ms.get("async_tp"), t_best)
+    out["distgemm_fp8_vs_megatron_fp8"] = ratio(ms.get("megatron_fp8"), ms.get("distgemm_fp8"))
+    out["distgemm_fp8_vs_async_tp_fp8"] = ratio(ms.get("async_tp_fp8"), ms.get("distgemm_fp8"))
     out["bound_vs_async_tp"] = ratio(ms.get("async_tp"), ms.get("floor_step"))
     out["bound_vs_megatron"] = ratio(ms.get("megatron"), ms.get("floor_step"))
     retimed = rec.get("retimed") or {}
@@ -283,6 +301,18 @@ def format_table(rec: dict[str, Any], meta: dict[str, Any]) -> str:
     ]
     if bounds:
         lines.append(f"at best (floor_step, all communication hidden): {', '.join(bounds)}")
+    fp8 = [
+        f"{d[f'distgemm_fp8_vs_{v}']:.3f}x {v}"
+        for v in ("async_tp_fp8", "megatron_fp8")
+        if d[f"distgemm_fp8_vs_{v}"]
+    ]
+    if fp8:
+        lines.append(f"fp8 forward: distgemm_fp8 runs at {', '.join(fp8)}")
+    if rec.get("fp8_vs_bf16"):
+        worst = max(rec["fp8_vs_bf16"].values())
+        lines.append(
+            f"fp8 forward's rel. err against bf16 megatron (reported, not judged): {worst:.3g}"
+        )
     tg = targets(rec)
     for key, goal in TARGETS.get(rec["tp"], {}).items():
         value = d[f"distgemm_{key}"]

@@ -11,7 +11,10 @@ torch.mm and torch async-TP and two one-GPU floors, all in one torchrun run.
 The block, TP = world size, per rank: gate+up as one column-parallel linear ``[2F/TP, H]``
 (this rank's gate rows, then its up rows), ``silu(gate) * up``, down as a row-parallel linear
 ``[H, F/TP]``; input and output ``[T/TP, H]``, bf16, no bias (benchmarks/training/block.py
-builds it and its variants). The variants (benchmarks/training/report.py describes them) are
+builds it and its variants). The fp8 variants (megatron_fp8, async_tp_fp8, distgemm_fp8) run the
+forward's two GEMMs in fp8 with row-wise dynamic scales, each through its side's ops, and share a
+bf16 backward; they are checked against megatron_fp8, whose error against bf16 megatron is
+reported. The variants (benchmarks/training/report.py describes them) are
 each checked once against ``megatron`` (output and every gradient) and then timed with the
 steady-state windows of benchmarks/common/timing.py:
 the floor first with the long warm-up, then floor_step, megatron, async_tp, distgemm_keep,
@@ -75,9 +78,20 @@ def cpu_smoke(rank: int, tp: int, sizes=SMOKE_SIZES) -> dict[str, Any]:
         megatron.poisoned_step()
         errs[name] = rel_errors(make_variant(name, ops, group).values(), ref)
     errs["megatron_after_poison"] = rel_errors(megatron.values(), ref)  # input restored
+    # fp8: distgemm's drop-ins (their gloo fallback here) against megatron_fp8; torch's fused
+    # scaled ops need CUDA symmetric memory
+    fp8 = make_variant("megatron_fp8", ops, group)
+    fp8_ref = fp8.values()
+    fp8.poisoned_step()
+    errs["distgemm_fp8"] = rel_errors(make_variant("distgemm_fp8", ops, group).values(), fp8_ref)
     check_floor(ops, tp)
     whole, errs["floor_step"] = check_floor_step(shard_block(full, rank, tp, gathered=True))
-    return dict(rel_err=errs, megatron=ref, floor_step=whole.values())
+    return dict(
+        rel_err=errs,
+        megatron=ref,
+        floor_step=whole.values(),
+        fp8_vs_bf16=rel_errors(fp8_ref, ref),
+    )
 
 
 def _agreed(ctx, why: str | None) -> bool:
@@ -131,6 +145,28 @@ def _try_check(ctx, name, ops, megatron, ref, rec) -> Variant | None:
         return variant, rel_errors(values, ref)
 
     return _checked(ctx, name, rec, check)
+
+
+def _fp8_reference(ctx, ops, megatron, ref, rec) -> tuple[Variant | None, dict | None]:
+    """megatron_fp8 built and stepped once, after a poisoned megatron step, through _checked:
+    (the variant, its values: the fp8 variants' reference), or (None, None) where it failed
+    on any rank. Its errors against bf16 megatron go under ``fp8_vs_bf16``: what the fp8
+    forward costs in accuracy, reported and not judged."""
+    held = {}
+
+    def check():
+        variant = make_variant("megatron_fp8", ops, ctx.dist.group.WORLD)
+        megatron.poisoned_step()
+        held["values"] = variant.values()
+        return variant, {q: 0.0 for q in held["values"]}
+
+    variant = _checked(ctx, "megatron_fp8", rec, check)
+    if variant is None:
+        return None, None
+    errs = rel_errors(held["values"], ref)
+    keys = sorted(errs)
+    rec["fp8_vs_bf16"] = dict(zip(keys, ctx.agree_max([errs[k] for k in keys])))
+    return variant, held["values"]
 
 
 def _floors(ctx, ops: BlockOperands, gathered: BlockOperands, tp: int, rec) -> dict[str, Any]:
@@ -243,14 +279,24 @@ def run(args) -> int:
     ref = megatron.values()
     rec["rel_err"]["megatron"] = {q: 0.0 for q in ref}
     variants = {"megatron": megatron}
+    fp8, fp8_ref = None, None
     for name in report.TIMED_ORDER[1:]:
-        if symm_setup and name == "async_tp":
+        if symm_setup and name in ("async_tp", "async_tp_fp8"):
             rec["unavailable"][name] = f"symmetric memory setup: {symm_setup}"
             continue
-        variant = _try_check(ctx, name, ops, megatron, ref, rec)
+        if name == "megatron_fp8":
+            fp8, fp8_ref = _fp8_reference(ctx, ops, megatron, ref, rec)
+            variant = fp8
+        elif name in report.FP8_VARIANTS:
+            if fp8 is None:
+                rec["unavailable"][name] = "megatron_fp8, its reference, did not run"
+                continue
+            variant = _try_check(ctx, name, ops, fp8, fp8_ref, rec)
+        else:
+            variant = _try_check(ctx, name, ops, megatron, ref, rec)
         if variant is not None:
             variants[name] = variant
-    del ref
+    del ref, fp8_ref
     floors = _floors(ctx, ops, gathered, ctx.tp, rec)
     for name in report.TIMED_ORDER:
         if name in variants:
