@@ -73,3 +73,30 @@ def test_a_phase_entered_from_inside_itself_is_timed_once():
 def test_summary_statistics():
     s = first_call.summarize([float(x) for x in range(1, 11)])
     assert s == {"median": 5.5, "p90": 10.0, "max": 10.0, "total": 55.0}
+
+
+@pytest.mark.parametrize("tp", [2, 3, 4, 8])
+def test_the_torch_baseline_gathers_then_multiplies_and_multiplies_then_scatters(tp):
+    """unfused_ops on a stand-in for torch.distributed where every rank holds the same shard:
+    the gather repeats it TP times, the reduce-scatter sums TP copies of this rank's rows."""
+    import torch
+
+    def all_gather_into_tensor(out, part):
+        out.copy_(part.repeat(tp, 1))
+
+    def reduce_scatter_tensor(out, partial):
+        out.copy_(partial[: out.shape[0]] * tp)
+
+    dist = types.SimpleNamespace(
+        all_gather_into_tensor=all_gather_into_tensor, reduce_scatter_tensor=reduce_scatter_tensor
+    )
+    gen = torch.Generator().manual_seed(3)
+    m, k, n = 8 * tp, 16, 12
+    a_ag, w_ag = torch.randn(m // tp, k, generator=gen), torch.randn(n, k, generator=gen)
+    a_rs, w_rs = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen)
+    ops = first_call.unfused_ops(torch, dist, a_ag, w_ag, a_rs, w_rs, tp)
+    assert set(ops) == {"all_gather_gemm", "gemm_reduce_scatter"}
+    torch.testing.assert_close(ops["all_gather_gemm"](), a_ag.repeat(tp, 1) @ w_ag.t())
+    got = ops["gemm_reduce_scatter"]()
+    assert got.shape == (m // tp, n)
+    torch.testing.assert_close(got, (a_rs @ w_rs.t())[: m // tp] * tp)

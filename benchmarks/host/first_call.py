@@ -21,8 +21,10 @@ created entry, per call, maximum over ranks.
 
 from __future__ import annotations
 
+import cProfile
 import json
 import os
+import pstats
 import statistics
 import time
 from collections import defaultdict
@@ -135,8 +137,17 @@ def main(argv=None) -> None:
         choices=("auto", "collective", "overlap"),  # both ops' paths ("fused" is all-reduce's)
         help="the ops' path (default: the library's)",
     )
+    ap.add_argument(
+        "--impl",
+        choices=("distgemm", "torch"),
+        default="distgemm",
+        help="distgemm's ops, or the unfused torch + NCCL baseline (default: distgemm)",
+    )
     ap.add_argument("--steady-calls", type=int, default=50)
     ap.add_argument("--steady-every", type=int, default=8, help="steady timing every n-th M")
+    ap.add_argument(
+        "--profile", action="store_true", help="cProfile the first calls; rank 0 prints the top"
+    )
     ap.add_argument("--out", help="JSON file (rank 0)")
     args = ap.parse_args(argv)
     tokens = [int(t) for t in args.tokens.split(",") if t]
@@ -161,6 +172,8 @@ def main(argv=None) -> None:
     def ops_for(m: int, path: str | None = None):
         a_ag = torch.randn(m // tp, args.global_k, device=dev, dtype=bf, generator=gen)
         a_rs = torch.randn(m, args.global_k // tp, device=dev, dtype=bf, generator=gen)
+        if args.impl == "torch":
+            return unfused_ops(torch, dist, a_ag, w_ag, a_rs, w_rs, tp)
         return {
             "all_gather_gemm": lambda: distgemm.all_gather_gemm(a_ag, w_ag, path=path),
             "gemm_reduce_scatter": lambda: distgemm.gemm_reduce_scatter(a_rs, w_rs, path=path),
@@ -171,7 +184,7 @@ def main(argv=None) -> None:
     # measured first calls cost is what every new token count costs.
     warm = next(m for m in range(1056, 1 << 20, 32) if m not in set(tokens))  # 32 | 4 * TP
     with torch.no_grad():
-        for path in ("collective", "overlap"):
+        for path in ("collective", "overlap") if args.impl == "distgemm" else (None,):
             for fn in ops_for(warm, path).values():
                 fn()
     torch.cuda.synchronize()
@@ -180,6 +193,7 @@ def main(argv=None) -> None:
     wrap_library(timer, comm)
     records = []
     steady = []
+    profiler = cProfile.Profile() if args.profile else None
     try:
         with torch.no_grad():
             for i, m in enumerate(tokens):
@@ -188,15 +202,19 @@ def main(argv=None) -> None:
                     comm.all_gather(None, "first_call settle")
                     timer.take()
                     t0 = time.perf_counter()
-                    fn()
+                    if profiler is not None:
+                        profiler.runcall(fn)
+                    else:
+                        fn()
                     host = (time.perf_counter() - t0) * 1e3
                     torch.cuda.synchronize()
                     ready = (time.perf_counter() - t0) * 1e3
                     phases = phases_of(timer.take(), host)
-                    chosen = distgemm.path_choices()[-1]  # the entry just created (LRU order)
+                    # The entry just created (LRU order); the baseline has none.
+                    chosen = distgemm.path_choices()[-1] if args.impl == "distgemm" else {}
                     records.append(
                         dict(op=op, m=m, host_ms=host, ms=ready, phases=phases)
-                        | dict(path=chosen["path"], source=chosen.get("source"))
+                        | dict(path=chosen.get("path", "torch"), source=chosen.get("source"))
                     )
                     if i % args.steady_every == 0:
                         steady.append(dict(op=op, m=m, ms=_steady_ms(torch, fn, args.steady_calls)))
@@ -213,11 +231,33 @@ def main(argv=None) -> None:
     if rank == 0:
         meta = dict(tp=tp, k=args.global_k, n=args.global_n, device=torch.cuda.get_device_name(dev))
         meta["path"] = args.path or "default"
+        meta["impl"] = args.impl
         memory = dict(torch_grown=mem1 - mem0, distgemm=distgemm.memory_stats(comm))
         report(records, steady, timer.missing, meta, memory, args.out)
+        if profiler is not None:
+            print("host profile of the first calls (top 30 by own time, whole loop):")
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
     dist.barrier()
     dcomm.close_all()
     dist.destroy_process_group()
+
+
+def unfused_ops(torch, dist, a_ag, w_ag, a_rs, w_rs, tp: int) -> dict:
+    """The two ops as a user writes them without distgemm: NCCL all-gather of the activations,
+    then torch.mm; torch.mm, then NCCL reduce-scatter of the partial result."""
+
+    def all_gather_gemm():
+        gathered = a_ag.new_empty((a_ag.shape[0] * tp, a_ag.shape[1]))
+        dist.all_gather_into_tensor(gathered, a_ag)
+        return torch.mm(gathered, w_ag.t())
+
+    def gemm_reduce_scatter():
+        partial = torch.mm(a_rs, w_rs.t())
+        out = partial.new_empty((partial.shape[0] // tp, partial.shape[1]))
+        dist.reduce_scatter_tensor(out, partial)
+        return out
+
+    return {"all_gather_gemm": all_gather_gemm, "gemm_reduce_scatter": gemm_reduce_scatter}
 
 
 def _steady_ms(torch, fn, calls: int) -> float:
@@ -246,7 +286,7 @@ def report(records, steady, missing, meta, memory, out_path) -> None:
     steady_median = statistics.median(s["ms"] for s in steady)
     print(
         f"{len(records)} first calls, TP={meta['tp']}, K={meta['k']}, N={meta['n']}, "
-        f"path {meta['path']}"
+        f"{meta['impl']}, path {meta['path']}"
     )
     print(
         f"first call ms (until ready): median {first['median']:.3f}, p90 {first['p90']:.3f}, "
