@@ -512,17 +512,7 @@ void DeviceGraph::capture_into(cudaStream_t caller, const UserBuffers& user) {
         std::string("DeviceGraph::capture_into: the caller's stream is ") +
         (status == cudaStreamCaptureStatusNone ? "not capturing" : "in an invalidated capture") +
         "; use launch() outside a capture");
-  validate(user);
-  DISTGEMM_CUDA_CHECK(cudaSetDevice(cuda_device_));
-  if (!into_.copy) {
-    RelaxedCaptureMode relaxed;  // creating streams and events while the caller captures
-    create_lanes(into_, false);
-  }
-  Lanes lanes = into_;
-  lanes.gemm = caller;
-  // An error leaves the caller's capture as it is (possibly invalidated by the failed call):
-  // the caller's cudaStreamEndCapture reports it; there is nothing of ours to unwind.
-  stats_ = enqueue(user, lanes, false);
+  enqueue_on_caller(caller, user, into_);
 }
 
 void DeviceGraph::enqueue_on(cudaStream_t stream, const UserBuffers& user) {
@@ -531,12 +521,22 @@ void DeviceGraph::enqueue_on(cudaStream_t stream, const UserBuffers& user) {
   if (status != cudaStreamCaptureStatusNone)
     throw std::logic_error(
         "DeviceGraph::enqueue_on: the stream is capturing; use capture_into() inside a capture");
+  enqueue_on_caller(stream, user, direct_);
+}
+
+void DeviceGraph::enqueue_on_caller(cudaStream_t stream, const UserBuffers& user, Lanes& lanes) {
   validate(user);
   DISTGEMM_CUDA_CHECK(cudaSetDevice(cuda_device_));
-  if (!direct_.copy) create_lanes(direct_, false);
-  Lanes lanes = direct_;
-  lanes.gemm = stream;
-  stats_ = enqueue(user, lanes, false);
+  if (!lanes.copy) {
+    RelaxedCaptureMode relaxed;  // creating streams and events while the caller may capture
+    create_lanes(lanes, false);
+  }
+  Lanes on_caller = lanes;
+  on_caller.gemm = stream;
+  // Inside a capture, an error leaves the caller's capture as it is (possibly invalidated by the
+  // failed call): the caller's cudaStreamEndCapture reports it; there is nothing of ours to
+  // unwind.
+  stats_ = enqueue(user, on_caller, false);
 }
 
 void DeviceGraph::require_executable(const char* what) const {

@@ -284,9 +284,13 @@ class DeviceGraph {
   void create_lanes(Lanes& lanes, bool with_gemm_stream);
   static void destroy_lanes(Lanes& lanes);
   // Enqueues one launch's nodes on lanes.gemm (and lanes.copy, joined back into lanes.gemm):
-  // the one definition of the node sequence, recorded by capture() and capture_into(). With
-  // `tag`, records each node's role for topology().
+  // the one definition of the node sequence, recorded by capture() and capture_into() and
+  // enqueued by enqueue_on(). With `tag`, records each node's role for topology().
   GraphStats enqueue(const UserBuffers& user, const Lanes& lanes, bool tag);
+  // enqueue() on the caller's `stream` as the GEMM chain, the side chain on `lanes` (into_ or
+  // direct_, made at first use under a relaxed capture mode): the shared part of capture_into()
+  // and enqueue_on() once each has checked the stream's capture status.
+  void enqueue_on_caller(cudaStream_t stream, const UserBuffers& user, Lanes& lanes);
   cudaGraph_t capture(const UserBuffers& user);
   void require_executable(const char* what) const;
   // Makes `graph` (the capture behind the current executable) the one topology() reads.
