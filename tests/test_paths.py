@@ -217,3 +217,83 @@ def test_finish_waits_on_work_and_accepts_none():
     _finish(None)
     _finish(Work())
     assert Work.waited
+
+
+def _spec_of(op, tp, m, n, k, steps=None):
+    """make_spec of global m x n x k on ``tp`` ranks (meta tensors: shapes only)."""
+    schedule = "ag_rotate_a" if op == "all_gather_gemm" else "rs_tile_a"
+    a, w = (
+        (_meta(m // tp, k), _meta(n // tp, k))
+        if op == "all_gather_gemm"
+        else (_meta(m, k // tp), _meta(n, k // tp))
+    )
+    return ops.make_spec(op, schedule, tp, 0, steps, a, w)
+
+
+def test_auto_takes_the_s_the_model_prices_fastest_at_tp_2_3_4_and_8():
+    """steps=None under constants: the S among TP and 2 TP with the lower predicted overlapped
+    time, the predictions reported; the same answer from the same shapes (every rank agrees)."""
+    from distgemm.runtime import cost_model, machine
+    from distgemm.runtime.choose import MODEL_STEPS_PER_RANK, choose_steps
+
+    h200 = machine.load(machine.SHIPPED_DIR / "nvidia-h200-tp2-nvlink18.json")
+    chosen_steps = set()
+    for tp in (2, 3, 4, 8):
+        mc = machine.find(machine.MachineKey(h200.key.gpu, tp, h200.key.topology), [h200])
+        for op, (m, n, k) in (
+            ("gemm_reduce_scatter", (8192 * 3, 8192 * 3, 3072 * 8)),
+            ("gemm_reduce_scatter", (768 * 8, 8192 * 3, 3072 * 8)),
+            ("all_gather_gemm", (4096 * 3, 3072 * 8, 8192)),
+        ):
+            spec = _spec_of(op, tp, m, n, k)
+            chosen, report = choose_steps(spec, None, torch.bfloat16, mc)
+            priced = report["steps_ms"]
+            assert sorted(priced) == [per * tp for per in MODEL_STEPS_PER_RANK], (tp, op)
+            for steps, ms in priced.items():
+                plan = _spec_of(op, tp, m, n, k, steps).plan
+                assert ms == pytest.approx(cost_model.predict(mc, plan)["overlap_ms"])
+            assert chosen.steps == min(priced, key=lambda s: (priced[s], s))
+            assert chosen.plan.steps == chosen.steps and chosen.shapes == spec.shapes
+            again, _ = choose_steps(_spec_of(op, tp, m, n, k), None, torch.bfloat16, mc)
+            assert again.steps == chosen.steps
+            chosen_steps.add(chosen.steps // tp)
+    assert chosen_steps == {1, 2}  # the shapes above take both
+
+
+def test_the_s_stays_where_the_call_table_or_dtype_decides_it():
+    from distgemm.runtime import machine
+    from distgemm.runtime.choose import choose_steps
+
+    h200 = machine.load(machine.SHIPPED_DIR / "nvidia-h200-tp2-nvlink18.json")
+    spec = _spec("gemm_reduce_scatter", 8192)
+    for requested, dtype, mc in (
+        (2, torch.bfloat16, h200),  # the call's S
+        (None, torch.float8_e4m3fn, h200),  # fp8: the constants are bf16's
+        (None, torch.bfloat16, None),  # no constants: the defaults' S
+    ):
+        chosen, report = choose_steps(spec, requested, dtype, mc)
+        assert chosen is spec and report == {}
+
+
+def test_a_step_count_the_plan_refuses_is_not_offered(monkeypatch):
+    """Where the plan of another S is refused (build_plan's ValueError), the model prices the
+    spec's own S alone and keeps it."""
+    from distgemm import _core
+    from distgemm.runtime import machine
+    from distgemm.runtime import spec as spec_module
+    from distgemm.runtime.choose import choose_steps
+
+    h200 = machine.load(machine.SHIPPED_DIR / "nvidia-h200-tp2-nvlink18.json")
+    spec = _spec_of("gemm_reduce_scatter", 2, 8192, 8192, 8192)
+    assert spec.steps == 4  # the defaults' S = 2 TP here
+    build = _core.build_plan
+
+    def refuse_two(schedule, tp, steps, *rest, **options):
+        if steps == 2:
+            raise ValueError("S=2 refused")
+        return build(schedule, tp, steps, *rest, **options)
+
+    monkeypatch.setattr(spec_module._core, "build_plan", refuse_two)
+    chosen, report = choose_steps(spec, None, torch.bfloat16, h200)
+    assert list(report["steps_ms"]) == [4] and chosen is spec
+    assert spec_module.with_steps(spec, 2) is None

@@ -55,6 +55,7 @@ from benchmarks.training.block import (
     shard_block,
 )
 from distgemm import cli
+from distgemm import ops as distgemm_ops
 
 SMOKE_SIZES = (16, 32, 48)  # tokens, hidden, ffn of --cpu-smoke
 LOCAL_TP = 2  # --local-only's TP when --tp is not given
@@ -314,6 +315,7 @@ def run(args) -> int:
         stem = os.path.join(args.out, report.output_stem(ctx.tp, args.tokens))
         counters = _inductor_counters()
         meta = _meta(ctx, args, ctx.tp, t_start, counters, symm_mem_setup_error=symm_setup)
+        meta["path_choices"] = distgemm_ops.path_choices()  # the S and path of every GEMM
         report.write_outputs(rec, meta, stem)
     ctx.close()
     return 1 if _failed(rec) else 0

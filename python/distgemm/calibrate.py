@@ -37,8 +37,21 @@ from .runtime import calibration_fit, machine
 from .runtime.event_wait import wait_event
 
 WARMUP_S = 1.0  # the GPUs' clocks settle under sustained load (a 700 W cap) before any run
-# Per-rank GEMMs of the kernel and torch.mm fits: (m, n, k), both tiles for the kernel.
-GEMMS = [(m, n, k) for m in (512, 2048, 6144) for n in (2560, 6144, 11264) for k in (2560, 6144)]
+# Each run's own warm-up before its timed window: RUN_WARMUP_MS of its calls, or
+# RUN_WARMUP_CALLS calls where those take less (and at least a quarter of the window). Without
+# it, a run of long calls after runs of short ones starts on the higher clocks of a cooler chip
+# under the 700 W cap, and its window times those: the rates of large GEMMs came out 5-15% above
+# what they sustain.
+RUN_WARMUP_MS = 200.0
+RUN_WARMUP_CALLS = 40
+# Per-rank GEMMs of the kernel and torch.mm fits: (m, n, k), both tiles for the kernel; the last
+# two as large as the largest layers' per-rank GEMMs (a 405B-class FC1 at 8 Ki tokens, TP=4),
+# so that the rates are measured there rather than extrapolated.
+GEMMS = [
+    *((m, n, k) for m in (512, 2048, 6144) for n in (2560, 6144, 11264) for k in (2560, 6144)),
+    (8192, 13312, 10240),
+    (10240, 24576, 15360),
+]
 COPY_BYTES = (1 << 23, 1 << 25, 1 << 27)  # per peer
 NCCL_BYTES = (1 << 20, 1 << 23, 1 << 25, 1 << 27)  # moved per rank
 # Global (m, n, k) of the path runs, for the all-gather (ag_rotate_a) and the reduce-scatter
@@ -53,6 +66,8 @@ PATH_SHAPES = [
     (8192, 16384, 2048),
     (16384, 4096, 5120),
     (12288, 12288, 12288),
+    (16384, 24576, 10240),
+    (8192, 49152, 18432),
 ]
 # gemm_all_reduce at decode token counts: this rank's (n, k), each at every token count of
 # REDUCE_TOKENS (the weight from 17 to 503 MB, the all-reduce from 11 KB to 8.6 MB). The weights
@@ -109,7 +124,7 @@ class Runner:
         self.sync("two calls")
         est = self._agree_max((time.perf_counter() - t0) / 2 * 1e3)
         calls = int(min(5000, max(3, math.ceil(self.window_ms / max(est, 1e-3)))))
-        warm = max(1, calls // 4)
+        warm = max(1, calls // 4, math.ceil(min(RUN_WARMUP_MS, RUN_WARMUP_CALLS * est) / est))
         t0 = time.perf_counter()
         for _ in range(warm):
             fn()

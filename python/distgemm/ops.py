@@ -67,7 +67,9 @@ def path_choices(group=None) -> list[dict[str, Any]]:
     it runs: "overlap" or "collective"), ``source`` ("requested", "table" or "model"),
     ``tile_n`` (0: per GEMM) and, for "auto" plans, ``overlap_ms`` / ``collective_ms`` (the
     table's measured or the model's predicted ms per call) with ``why`` in words, or
-    ``collective_unavailable`` with the reason when the collective path could not run."""
+    ``collective_unavailable`` with the reason when the collective path could not run, and
+    where the model chose S (``steps=None``, no table entry) ``steps_ms``: its predicted ms of
+    the overlapped plan at each S it priced."""
     comm = find_communicator(group)  # a lookup: creating a communicator is a collective
     cache = comm.attachment(ATTACHMENT) if comm is not None else None
     res: list[dict[str, Any]] = []

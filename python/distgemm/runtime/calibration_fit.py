@@ -156,7 +156,7 @@ def fit(
             moved = cost_model.moved_bytes(plan.definition, plan.tp, r["m"], r["n"], r["k"])
             rows.append([float(plan.steps), gemms, moved])
             target.append(r["ms"] - cost_model.predict(mc, plan)["overlap_ms"])
-        o, errors[f"overlap/{t}"] = _lstsq(rows, target, [r["ms"] for r, _ in mine])
+        o, errors[f"overlap/{t}"] = _lstsq_nonneg(rows, target, [r["ms"] for r, _ in mine])
         overlap[t] = (float(o[0]), float(o[1]), float(o[2]))
     mc = _with(mc, overlap=overlap)
     choice_error = over_prediction(gain_errors(mc, runs))
@@ -305,7 +305,7 @@ def _fit_nccl(mc: MachineConstants, runs, name: str, errors) -> tuple[float, flo
         rows.append([float(times), moved, mm])
         target.append(r["ms"] - mm)
         measured.append(r["ms"])
-    v, errs = _lstsq(rows, target, measured)
+    v, errs = _lstsq_nonneg(rows, target, measured)
     if alone:
         errors[f"nccl/{name}"] = errs[: len(alone)]
     if coll:

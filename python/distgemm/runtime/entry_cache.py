@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 from . import machine, tuning_table
 from .capture import stream_capturing
-from .choose import choose_path
+from .choose import choose_path, choose_steps
 from .communicator import Communicator
 from .paths.collective import CollectiveState, collective_unavailable
 from .paths.common import PathState
@@ -174,13 +174,12 @@ class EntryCache(collections.OrderedDict):
         problem = signature_mismatch(sigs, key.op)
         if problem:
             raise ValueError(problem)
+        mc = machine.constants_for(comm.device, spec.tp) if key.path == "auto" else None
+        spec, steps_report = choose_steps(spec, key.steps, key.precision.dtype, mc)
         path, choice = choose_path(
-            spec,
-            key.path,
-            key.precision.dtype,
-            collective_unavailable(comm.group),
-            machine.constants_for(comm.device, spec.tp) if key.path == "auto" else None,
+            spec, key.path, key.precision.dtype, collective_unavailable(comm.group), mc
         )
+        choice.update(steps_report)
         entry = Entry(spec, path, choice, make_state(comm, spec, key, path, choice))
         self.insert(key, entry, stream_capturing())
         return entry

@@ -3,7 +3,7 @@ tile (from the tuning table or the defaults), the Plan and every operand's expec
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -186,6 +186,22 @@ def make_spec(
     return Spec(
         op, schedule, tp, steps, m, n, k, shapes, plan, tile_n, table=entry, b_n_major=b_n_major
     )
+
+
+def with_steps(spec: Spec, steps: int) -> Spec | None:
+    """``spec`` (16-bit operands) with the plan of ``steps`` steps and that S's default options,
+    or None where that plan cannot run it: the schedule does not split the problem into
+    ``steps`` steps, or a rank's sub-GEMM breaks the kernel's extent rule (checked for every
+    rank, so that every rank gets the same answer). Shapes only."""
+    if steps == spec.steps:
+        return spec
+    try:
+        plan = _core.build_plan(spec.schedule, spec.tp, steps, spec.m, spec.n, spec.k, 1)
+    except ValueError:
+        return None
+    if plan.extent_problem(-1):
+        return None
+    return replace(spec, steps=steps, plan=plan)
 
 
 def _table_plan(entry: tuning_table.TableEntry, schedule: str, tp: int, m: int, n: int, k: int):
