@@ -6,13 +6,13 @@ TP and NVLink topology, where ``path="auto"`` finds them.
     python -m distgemm.tune --calibrate --refit FILE [--out FILE2]   # no GPU
 
 TP = N. It runs, on shapes of its own (none of them a Llama layer's): our GEMM kernel and
-torch.mm alone; copy-engine reads from 1..TP-1 peers at once; NCCL's all-gather and
-reduce-scatter alone; the all-gather and reduce-scatter ops on the collective path and on the
-overlapped plan at S = TP and 2 TP; and gemm_all_reduce's decode terms: torch.mm, NCCL's and our
-all-reduces and the fused kernel with each tail it runs at 1..256 tokens (``REDUCE_SHAPES``).
+torch.mm alone; copy-engine reads from 1..TP-1 peers at once; the all-gather and reduce-scatter
+ops on the collective path (NCCL + torch.mm) and on the overlapped plan at S = TP and 2 TP; and
+gemm_all_reduce's decode terms: torch.mm, NCCL's and our all-reduces and the fused kernel with
+each tail it runs at 1..256 tokens (``REDUCE_SHAPES``).
 ``--reduce-only`` measures only the last and adds them to the machine's calibration already
 found (the file written, or shipped, for this GPU, TP and topology). Each run: calls until
-``--window-ms`` of them are timed with CUDA events, after a warm-up of a quarter of that,
+``--window-ms`` of them are timed with CUDA events, after a warm-up (``RUN_WARMUP_MS``),
 enqueued behind a sleeping kernel where the host is slower than the GPU (GPU time is what the
 model prices); the slowest rank's ms per call. Then ``runtime.calibration_fit`` fits the
 constants, and rank 0 writes them with every run and the fit's errors (default: the directory
@@ -53,7 +53,6 @@ GEMMS = [
     (10240, 24576, 15360),
 ]
 COPY_BYTES = (1 << 23, 1 << 25, 1 << 27)  # per peer
-NCCL_BYTES = (1 << 20, 1 << 23, 1 << 25, 1 << 27)  # moved per rank
 # Global (m, n, k) of the path runs, for the all-gather (ag_rotate_a) and the reduce-scatter
 # (rs_tile_a) op alike, before path_shapes rounds them for the TP: tokens from 512 to 16 Ki, and
 # K and N varied apart so that the bytes moved and the GEMM's work are not proportional.
@@ -186,15 +185,6 @@ def measure(
         )
     if tp > 1:
         runs += _copy_runs(torch, dist, device, tp, rank, run, say)
-        say("NCCL all-gather and reduce-scatter alone")
-        for nbytes in NCCL_BYTES:
-            per = max(1, nbytes // (2 * (tp - 1)))  # elements per rank: moved = (TP-1)/TP of all
-            part, whole = rand(per), torch.empty(per * tp, device=device, dtype=torch.bfloat16)
-            moved = per * tp * 2 * (tp - 1) / tp
-            ag = run.ms(functools.partial(dist.all_gather_into_tensor, whole, part))
-            rs = run.ms(functools.partial(dist.reduce_scatter_tensor, part, whole))
-            runs.append({"kind": "nccl", "collective": "all_gather", "bytes": moved, "ms": ag})
-            runs.append({"kind": "nccl", "collective": "reduce_scatter", "bytes": moved, "ms": rs})
         say(f"the ops: {len(PATH_SHAPES)} shapes x 2 ops x (collective, S = TP, 2 TP)")
         for m, n, k in path_shapes(tp):
             for op, schedule in SCHEDULES.items():

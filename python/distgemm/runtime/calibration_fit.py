@@ -8,8 +8,6 @@ A run is a dict with "kind" and "ms" (per call, the slowest rank's):
 - ``{"kind": "mm", "m", "n", "k"}``: torch.mm alone;
 - ``{"kind": "copy", "peers", "bytes"}``: ``bytes`` from each of ``peers`` peers at once into
   one GPU by copy engine;
-- ``{"kind": "nccl", "collective", "bytes"}``: an all-gather or reduce-scatter moving ``bytes``
-  per rank;
 - ``{"kind": "path", "path", "schedule", "tp", "steps", "m", "n", "k"}``: an op on the
   collective path or the overlapped plan of ``steps`` steps (global m, n, k);
 - ``{"kind": "reduce_mm", "m", "n", "k"}``: torch.mm alone at decode token counts;
@@ -43,6 +41,13 @@ from .machine import (
 
 __all__ = ["fit", "fit_reduce", "with_reduce", "path_errors"]
 
+# The least share of the GEMM time the overlapped plan's GEMMs may cost beyond the kernel model's
+# price (cost_model.predict: ``gemms * (1 + share)``). Every other fitted constant is a cost, at
+# least 0. The share may go below 0 because the plan's GEMMs, chained by programmatic dependent
+# launch, ran up to 15% under the one-GEMM model's price on 2 and 4 H100s (docs/tuning.md); the
+# floor keeps a fit from pricing a plan far below its own GEMMs, as a free fit did (-0.66).
+OVERLAP_SHARE_FLOOR = -0.15
+
 
 def _lstsq(rows, target, measured) -> tuple[np.ndarray, np.ndarray]:
     """x minimising the relative error of ``rows @ x + (measured - target)`` against
@@ -55,18 +60,30 @@ def _lstsq(rows, target, measured) -> tuple[np.ndarray, np.ndarray]:
 
 def _lstsq_nonneg(rows, target, measured) -> tuple[np.ndarray, np.ndarray]:
     """``_lstsq`` with every constant at least 0 (each term is a cost: a negative one is two
-    collinear terms cancelling on the runs, which extrapolates to nonsense): the most negative
-    term is dropped (its constant 0) and the rest fitted again until none is negative."""
-    a = np.array(rows, float)
-    active = list(range(a.shape[1]))
+    collinear terms cancelling on the runs, which extrapolates to nonsense)."""
+    return _lstsq_bounded(rows, target, measured, [0.0] * len(rows[0]))
+
+
+def _lstsq_bounded(rows, target, measured, lower) -> tuple[np.ndarray, np.ndarray]:
+    """``_lstsq`` with constant j at least ``lower[j]``: the constant furthest below its bound
+    is fixed at it (its term moved into the target) and the rest fitted again, until none is
+    below its bound."""
+    a, y = np.array(rows, float), np.array(target, float)
+    lo = np.array(lower, float)
+    x = lo.copy()
+    free = list(range(a.shape[1]))
     while True:
-        x_act, errs = _lstsq(a[:, active], target, measured)
-        if len(active) == 1 or x_act.min() >= 0:
-            break
-        active.pop(int(np.argmin(x_act)))
-    x = np.zeros(a.shape[1])
-    x[active] = np.maximum(x_act, 0.0)
-    return x, errs
+        fixed = [j for j in range(a.shape[1]) if j not in free]
+        shifted = y - a[:, fixed] @ lo[fixed] if fixed else y
+        if not free:
+            errs = (a @ x + (np.array(measured) - y)) / np.array(measured) - 1.0
+            return x, errs
+        x_free, errs = _lstsq(a[:, free], shifted, measured)
+        below = x_free - lo[free]
+        if below.min() >= 0:
+            x[free] = x_free
+            return x, errs
+        free.pop(int(np.argmin(below)))
 
 
 def _of(runs, kind: str, **match) -> list[dict[str, Any]]:
@@ -156,10 +173,12 @@ def fit(
             moved = cost_model.moved_bytes(plan.definition, plan.tp, r["m"], r["n"], r["k"])
             rows.append([float(plan.steps), gemms, moved])
             target.append(r["ms"] - cost_model.predict(mc, plan)["overlap_ms"])
-        o, errors[f"overlap/{t}"] = _lstsq_nonneg(rows, target, [r["ms"] for r, _ in mine])
+        measured = [r["ms"] for r, _ in mine]
+        lower = [0.0, OVERLAP_SHARE_FLOOR, 0.0]
+        o, errors[f"overlap/{t}"] = _lstsq_bounded(rows, target, measured, lower)
         overlap[t] = (float(o[0]), float(o[1]), float(o[2]))
     mc = _with(mc, overlap=overlap)
-    choice_error = over_prediction(gain_errors(mc, runs))
+    choice_error = over_prediction(*gain_errors(mc, runs))
     reduce = fit_reduce(runs, key.tp, errors) if _of(runs, "reduce_mm") else None
     fit_meta = {k: _summary(v) for k, v in errors.items()}
     return _with(
@@ -280,22 +299,17 @@ def candidate_gain_errors(
 
 
 def _fit_nccl(mc: MachineConstants, runs, name: str, errors) -> tuple[float, float, float]:
-    """NCCL's (latency, ms per byte, share of the GEMM) for collective ``name``, one least
-    squares over its runs alone (no GEMM) and the collective path's runs (NCCL + torch.mm):
-    what the model predicts is the collective path, so its runs weigh in the latency and the
-    bandwidth as much as NCCL's alone. A sweep's records have only the collective path's."""
-    alone = _of(runs, "nccl", collective=name)
+    """NCCL's (latency, ms per byte, share of the GEMM) for collective ``name``, every one at
+    least 0, fitted to the collective path's runs (NCCL + torch.mm: what the model predicts).
+    NCCL timed alone ran up to 20% slower per byte than on the collective path, so it is not
+    what prices that path."""
     coll = [
         r
         for r in _of(runs, "path", path="collective")
         if cost_model.nccl_kind(_core.schedule_definition(r["schedule"])) == name
     ]
-    _need(alone + coll, 3, f"NCCL {name} (alone or on the collective path)")
+    _need(coll, 3, f"the collective path with NCCL {name}")
     rows, target, measured = [], [], []
-    for r in alone:
-        rows.append([1.0, r["bytes"], 0.0])
-        target.append(r["ms"])
-        measured.append(r["ms"])
     for r in coll:
         plan = _plan(r)
         rm, rn, rk = cost_model.rank_problem(plan.definition, r["tp"], r["m"], r["n"], r["k"])
@@ -305,12 +319,8 @@ def _fit_nccl(mc: MachineConstants, runs, name: str, errors) -> tuple[float, flo
         rows.append([float(times), moved, mm])
         target.append(r["ms"] - mm)
         measured.append(r["ms"])
-    v, errs = _lstsq_nonneg(rows, target, measured)
-    if alone:
-        errors[f"nccl/{name}"] = errs[: len(alone)]
-    if coll:
-        errors[f"collective/{name}"] = errs[len(alone) :]
-    return float(v[0]), float(v[1]), float(v[2]) if coll else 0.0
+    v, errors[f"collective/{name}"] = _lstsq_nonneg(rows, target, measured)
+    return float(v[0]), float(v[1]), float(v[2])
 
 
 def _fallback_overlap(t: str, fitted: dict) -> tuple[float, float, float]:
@@ -331,32 +341,39 @@ def _summary(errs) -> dict[str, float]:
     return {"runs": int(e.size), "max": float(e.max()), "rms": float(np.sqrt((e * e).mean()))}
 
 
-def over_prediction(gain_errs: list[float]) -> float:
+def over_prediction(gain_errs: list[float], weights: list[float] | None = None) -> float:
     """The root mean square of the over-predicted gains among ``gain_errs`` (an under-predicted
-    gain counts as 0): the error a choice must guard against, since over-predicting the
-    overlapped plan's gain is what makes the public op slower than the collective path, while
-    under-predicting it only leaves a gain untaken."""
+    gain counts as 0), each weighted by ``weights`` (default 1): the error a choice must guard
+    against, since over-predicting the overlapped plan's gain is what makes the public op slower
+    than the collective path, while under-predicting it only leaves a gain untaken."""
     if not gain_errs:
         return 0.0
-    return math.sqrt(sum(max(0.0, e) ** 2 for e in gain_errs) / len(gain_errs))
+    w = [1.0] * len(gain_errs) if weights is None else weights
+    total = sum(max(0.0, e) ** 2 * wi for e, wi in zip(gain_errs, w, strict=True))
+    return math.sqrt(total / sum(w))
 
 
-def gain_errors(mc: MachineConstants, runs: list[dict[str, Any]]) -> list[float]:
+def gain_errors(
+    mc: MachineConstants, runs: list[dict[str, Any]]
+) -> tuple[list[float], list[float]]:
     """The model's error on the gain of the overlapped plan over the collective path, as a share
     of the collective time: (predicted gain - measured gain) / measured collective ms, for every
-    overlapped run with a collective run of the same schedule and shape."""
+    overlapped run with a collective run of the same schedule and shape; and each one's measured
+    collective ms (``over_prediction``'s weights: an error costs in proportion to the time at
+    stake, and the shortest runs, bound by the host, err the most)."""
     coll = {
         (r["schedule"], r["tp"], r["m"], r["n"], r["k"]): r["ms"]
         for r in _of(runs, "path", path="collective")
     }
-    out = []
+    errs, weights = [], []
     for r in _of(runs, "path", path="overlap"):
         c = coll.get((r["schedule"], r["tp"], r["m"], r["n"], r["k"]))
         if c is None:
             continue
         pred = cost_model.predict(mc, _plan(r))
-        out.append(((pred["collective_ms"] - pred["overlap_ms"]) - (c - r["ms"])) / c)
-    return out
+        errs.append(((pred["collective_ms"] - pred["overlap_ms"]) - (c - r["ms"])) / c)
+        weights.append(c)
+    return errs, weights
 
 
 def path_errors(mc: MachineConstants, runs: list[dict[str, Any]]) -> list[float]:

@@ -5,11 +5,11 @@ S (``choose_steps``): under ``path="auto"`` with ``steps=None`` and no tuning-ta
 S of TP or 2 TP whose overlapped plan the cost model prices lower, where the machine has
 constants; else the call's, the table's or the defaults' S.
 
-The path: the requested path, or for ``path="auto"``: for ``gemm_all_reduce`` at the token counts the
-machine's calibration measured, the fastest of mm + NCCL, mm + our one-shot or two-shot
-all-reduce and the fused kernel with each tail its calibration priced, under its model
-(``reduce_cost``); else the tuning table's path
-for the call's bucket (``tuning_table``), else the cost model's under the machine's constants
+The path: the requested path, or for ``path="auto"``: for ``gemm_all_reduce`` at the token
+counts the machine's calibration measured, the fastest of mm + NCCL, mm + our one-shot or
+two-shot all-reduce and the fused kernel with each tail its calibration priced, under its model
+(``reduce_cost``); else the tuning table's path for the call's bucket (``tuning_table``), else
+the cost model's under the machine's constants
 (``cost_model``, ``machine``); the overlapped plan where the group cannot run the collective
 path. Shapes, the table, the constants and the group's backend only, so every rank chooses the
 same; nothing is measured on the user's call.

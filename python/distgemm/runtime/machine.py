@@ -166,11 +166,13 @@ class MachineConstants:
     - ``nccl``: per collective (latency ms, ms per byte moved per rank, share of the GEMM time
       added on the collective path).
     - ``overlap``: the overlapped plan beyond its GEMMs, per transport (ms per step, share of the
-      steps' GEMM time, ms per byte moved per rank).
+      steps' GEMM time, ms per byte moved per rank); the share is at least
+      ``calibration_fit.OVERLAP_SHARE_FLOOR``, every other constant at least 0.
     - ``choice_error``: how far the model over-predicts the overlapped plan's gain over the
       collective path in the calibration's own runs, as a share of the collective time (root
-      mean square of the over-predictions, ``calibration_fit.over_prediction``): the choice
-      takes a predicted gain only beyond it (less the tolerated loss, ``cost_model``).
+      mean square of the over-predictions, each weighted by its collective ms,
+      ``calibration_fit.over_prediction``): the choice takes a predicted gain only beyond it
+      (less the tolerated loss, ``cost_model``).
     - ``reduce``: ``gemm_all_reduce`` at decode token counts (``ReduceConstants``), or None
       where the calibration did not measure it (the model then keeps mm + NCCL there).
     - ``meta``: where the numbers come from (command, date, device, versions, the fit's errors).
