@@ -2,8 +2,8 @@
 its spec.
 
 S (``choose_steps``): under ``path="auto"`` with ``steps=None`` and no tuning-table entry, the
-S of TP or 2 TP whose overlapped plan the cost model prices lower, where the machine has
-constants; else the call's, the table's or the defaults' S.
+S of TP or 2 TP whose overlapped plan the cost model prices lower by more than its error, where
+the machine has constants; else the call's, the table's or the defaults' S.
 
 The path: the requested path, or for ``path="auto"``: for ``gemm_all_reduce`` at the token
 counts the machine's calibration measured, the fastest of mm + NCCL, mm + our one-shot or
@@ -23,7 +23,7 @@ import torch
 
 from . import reduce_cost
 from .cost_model import choose as model_choice
-from .cost_model import predict
+from .cost_model import margin_ms, predict
 from .machine import FUSED_PATHS, MachineConstants
 from .paths.collective import own_all_reduce_offer
 from .paths.fused import fused_problem, rank_problem_shape
@@ -37,23 +37,25 @@ MODEL_STEPS_PER_RANK = (1, 2)
 def choose_steps(
     spec: Spec, requested_steps: int | None, dtype: torch.dtype, mc: MachineConstants | None
 ) -> tuple[Spec, dict[str, Any]]:
-    """``spec`` at the S the model predicts fastest for the overlapped plan, among
-    MODEL_STEPS_PER_RANK times TP, with the predictions (``steps_ms``: ms by S) for
-    ``path_choices()``; ``spec`` unchanged (and no report) where the S is not the library's to
-    choose or the model cannot price it: S given by the call or by the tuning table, no
-    constants, TP 1, or fp8 operands (the constants are bf16's). Without constants the S is
-    the defaults' (``spec.default_steps``). Shapes and constants only, so every rank picks the
-    same S."""
+    """``spec`` at the S the model predicts fastest for the overlapped plan among
+    MODEL_STEPS_PER_RANK times TP, where it beats the defaults' S (``spec``'s) by the model's
+    margin (``cost_model.margin_ms``: its calibration's error), else at the defaults' S; with
+    the predictions (``steps_ms``: ms by S) for ``path_choices()``. ``spec`` unchanged (and no
+    report) where the S is not the library's to choose or the model cannot price it: S given by
+    the call or by the tuning table, no constants, TP 1, or fp8 operands (the constants are
+    bf16's). Shapes and constants only, so every rank picks the same S."""
     if requested_steps is not None or spec.table is not None or mc is None or spec.tp < 2:
         return spec, {}
     if dtype not in (torch.bfloat16, torch.float16):
         return spec, {}
     options = [with_steps(spec, per_rank * spec.tp) for per_rank in MODEL_STEPS_PER_RANK]
     priced = {s.steps: (predict(mc, s.plan, s.tile_n)["overlap_ms"], s) for s in options if s}
-    if not priced:
-        return spec, {}
+    report = {"steps_ms": {steps: ms for steps, (ms, _) in priced.items()}}
     best = min(priced, key=lambda steps: (priced[steps][0], steps))
-    return priced[best][1], {"steps_ms": {steps: ms for steps, (ms, _) in priced.items()}}
+    default_ms = priced[spec.steps][0]
+    if default_ms - priced[best][0] < margin_ms(mc, default_ms):
+        return spec, report
+    return priced[best][1], report
 
 
 def choose_path(

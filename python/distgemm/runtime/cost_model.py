@@ -152,6 +152,13 @@ def transport(plan: Any) -> str:
     return "all_gather" if plan.definition["collective"] == "all_gather" else plan.partial_via
 
 
+def margin_ms(mc: MachineConstants, baseline_ms: float) -> float:
+    """The least predicted gain over a baseline of ``baseline_ms`` that the model acts on: at
+    least MIN_GAIN_MS, and the constants' ``choice_error`` less TOLERATED_LOSS as a share of the
+    baseline."""
+    return max(MIN_GAIN_MS, (mc.choice_error - TOLERATED_LOSS) * baseline_ms)
+
+
 def choose(
     mc: MachineConstants | None, plan: Any, tile_n: int = 0
 ) -> tuple[str, dict[str, float], str]:
@@ -166,7 +173,7 @@ def choose(
         return "collective", {}, why
     pred = predict(mc, plan, tile_n)
     gain = pred["collective_ms"] - pred["overlap_ms"]
-    margin = max(MIN_GAIN_MS, (mc.choice_error - TOLERATED_LOSS) * pred["collective_ms"])
+    margin = margin_ms(mc, pred["collective_ms"])
     why = (
         f"predicted overlap {pred['overlap_ms']:.4g} ms, collective {pred['collective_ms']:.4g} "
         f"ms, margin {margin:.3g} ms ({mc.key.slug()})"
