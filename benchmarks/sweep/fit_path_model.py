@@ -23,6 +23,7 @@ from benchmarks.common.report import RESULTS_DIR
 from distgemm import _core, cli, llama3
 from distgemm.plan.timeline import CostModel
 from distgemm.runtime import calibration_fit, cost_model, machine
+from distgemm.runtime.choose import choose_steps
 
 DEFAULT_CSV = pathlib.Path(RESULTS_DIR) / "2026-11-23-llama-sweep.csv"
 SCHEDULE = {"all_gather": "ag_rotate_a", "reduce_scatter": "rs_tile_a"}
@@ -73,22 +74,32 @@ def fit(path: pathlib.Path = DEFAULT_CSV, gpu: str = "NVIDIA H200", topology: st
 
 
 def validation_rows(mc: machine.MachineConstants, path: pathlib.Path = DEFAULT_CSV) -> list[dict]:
-    """Per case of the sweep: S (the default plan's), the path ``mc``'s model picks and its
-    prediction, the measured overlapped and collective (NCCL + torch.mm baseline) ms, the
-    measured faster path, the chosen path's ms over the baseline and over the faster one (the
-    cost of a wrong choice)."""
+    """Per case of the sweep, what ``path="auto"`` does under ``mc`` (``choose.choose_steps``,
+    then ``cost_model.choose``, as an op entry is made): the defaults' S and the S it takes, the
+    path and its prediction; the measured overlapped ms at that S, the collective (NCCL +
+    torch.mm baseline) ms, the measured faster path, the chosen path's ms over the baseline, over
+    the faster path at the chosen S (``cost``: the cost of a wrong path) and over the fastest
+    measured at either S (``cost_vs_fastest``: a wrong S too)."""
+    import torch
+
     rows = []
     for r, schedule in _cases(path):
         tp, m, n, k = (int(r[c]) for c in ("tp", "m", "n", "k"))
-        plan = _core.default_plan(schedule, tp, m, n, k)
-        path_, pred, _ = cost_model.choose(mc.at_tp(tp), plan)
-        overlap = float(r["ms_dg_S_tp" if plan.steps == tp else "ms_dg_S_2tp"])
+        spec = _meta_spec(schedule, tp, m, n, k)
+        at_tp = mc.at_tp(tp)
+        chosen, _ = choose_steps(spec, None, torch.bfloat16, at_tp)
+        path_, pred, _ = cost_model.choose(at_tp, chosen.plan)
+        measured = {tp: float(r["ms_dg_S_tp"])}
+        if r["ms_dg_S_2tp"]:
+            measured[2 * tp] = float(r["ms_dg_S_2tp"])
+        overlap = measured[chosen.steps]
         base = float(r["ms_baseline"])
-        chosen = overlap if path_ == "overlap" else base
+        chosen_ms = overlap if path_ == "overlap" else base
         rows.append(
             dict(
                 case=r["case"],
-                steps=plan.steps,
+                default_steps=spec.steps,
+                steps=chosen.steps,
                 sweep_steps=int(r["dg_default_steps"]),
                 path=path_,
                 faster="overlap" if overlap < base else "collective",
@@ -96,11 +107,28 @@ def validation_rows(mc: machine.MachineConstants, path: pathlib.Path = DEFAULT_C
                 collective_ms=base,
                 predicted_overlap_ms=pred["overlap_ms"],
                 predicted_collective_ms=pred["collective_ms"],
-                vs_baseline=chosen / base,
-                cost=chosen / min(overlap, base),
+                vs_baseline=chosen_ms / base,
+                cost=chosen_ms / min(overlap, base),
+                cost_vs_fastest=chosen_ms / min(*measured.values(), base),
             )
         )
     return rows
+
+
+def _meta_spec(schedule: str, tp: int, m: int, n: int, k: int):
+    """The op entry's spec of global m x n x k on ``tp`` ranks (meta tensors: shapes only)."""
+    import torch
+
+    from distgemm import ops
+
+    def meta(*shape):
+        return torch.empty(shape, device="meta", dtype=torch.bfloat16)
+
+    if schedule == "ag_rotate_a":
+        return ops.make_spec("all_gather_gemm", schedule, tp, 0, None, meta(m // tp, k),
+                             meta(n // tp, k))  # fmt: skip
+    return ops.make_spec("gemm_reduce_scatter", schedule, tp, 0, None, meta(m, k // tp),
+                         meta(n, k // tp))  # fmt: skip
 
 
 @cli.quiet_on_broken_pipe
@@ -126,14 +154,23 @@ def main(argv=None) -> None:
         if args.out:
             mc.save(args.out)
             print(f"# wrote {args.out}")
-    print("\n| case | S | model | faster | overlap ms | NCCL+mm ms | chosen / NCCL+mm | cost |")
+    head = "case | S (default) | model | faster at S | overlap ms | NCCL+mm ms | chosen / NCCL+mm"
+    print(f"\n| {head} | over the fastest |")
     print("|---|---|---|---|---|---|---|---|")
-    for row in validation_rows(mc, args.csv):
+    rows = validation_rows(mc, args.csv)
+    for row in rows:
         print(
-            f"| {row['case']} | {row['steps']} | {row['path']} | {row['faster']} | "
-            f"{row['overlap_ms']:.4f} | {row['collective_ms']:.4f} | {row['vs_baseline']:.3f} | "
-            f"{row['cost']:.3f} |"
+            f"| {row['case']} | {row['steps']} ({row['default_steps']}) | {row['path']} | "
+            f"{row['faster']} | {row['overlap_ms']:.4f} | {row['collective_ms']:.4f} | "
+            f"{row['vs_baseline']:.3f} | {row['cost_vs_fastest']:.3f} |"
         )
+    vs = sorted(r["collective_ms"] / (r["vs_baseline"] * r["collective_ms"]) for r in rows)
+    costs = sorted(r["cost_vs_fastest"] for r in rows)
+    print(
+        f"\n{len(rows)} cases: chosen vs NCCL + torch.mm median {vs[len(vs) // 2]:.3f}x, "
+        f"min {vs[0]:.3f}x; chosen over the fastest measured: median {costs[len(costs) // 2]:.3f}, "
+        f"max {costs[-1]:.3f}; a wrong path costs at most {max(r['cost'] for r in rows):.3f}"
+    )
 
 
 if __name__ == "__main__":
