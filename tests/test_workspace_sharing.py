@@ -570,7 +570,7 @@ def full_plan(c):
         assert direct and first is state.direct
         g, direct = state.graph_for(ptrs_of(i))
         assert not direct and state.graphs[ptrs_of(i)] is g is not state.direct
-    assert state.direct_launches == GRAPHS_PER_PLAN and state.retargets == 0
+    assert state.direct_launches == GRAPHS_PER_PLAN and state.graph_retargets == 0
     return state
 
 
@@ -583,11 +583,11 @@ def calls(state, order, rounds):
     out = []
     for _ in range(rounds):
         for i in order:
-            before = (len(state.graphs), state.retargets, state.direct_launches)
+            before = (len(state.graphs), state.graph_retargets, state.direct_launches)
             had = ptrs_of(i) in state.graphs
             g, direct = state.graph_for(ptrs_of(i))
             kind = "direct" if direct else "hit" if had else "retarget"
-            if kind == "retarget" and state.retargets == before[1]:
+            if kind == "retarget" and state.graph_retargets == before[1]:
                 kind = "new"
             out.append((i, kind))
             assert direct or state.graphs[ptrs_of(i)] is g
@@ -603,7 +603,7 @@ def test_a_cycle_through_more_pointer_sets_than_graphs_keeps_the_graphs_replayin
     kinds = {i: {k for j, k in got if j == i} for i in range(2 * GRAPHS_PER_PLAN)}
     assert all(kinds[i] == {"hit"} for i in range(GRAPHS_PER_PLAN))
     assert all(kinds[i] == {"direct"} for i in range(GRAPHS_PER_PLAN, 2 * GRAPHS_PER_PLAN))
-    assert state.retargets == 0 and state.direct_launches == 4 * GRAPHS_PER_PLAN
+    assert state.graph_retargets == 0 and state.direct_launches == 4 * GRAPHS_PER_PLAN
     stats = c.memory_stats()
     assert stats["direct_launches"] == 4 * GRAPHS_PER_PLAN and stats["graph_retargets"] == 0
 
@@ -616,7 +616,7 @@ def test_pointers_that_replace_the_old_ones_get_the_graphs_after_one_round():
     new = range(GRAPHS_PER_PLAN, 2 * GRAPHS_PER_PLAN)
     first, second, third = (calls(state, new, 1) for _ in range(3))
     assert {k for _, k in first} == {"direct"}
-    assert {k for _, k in second} == {"retarget"} and state.retargets == GRAPHS_PER_PLAN
+    assert {k for _, k in second} == {"retarget"} and state.graph_retargets == GRAPHS_PER_PLAN
     assert {k for _, k in third} == {"hit"}
     assert set(state.graphs) == {ptrs_of(i) for i in new}
     assert all(g.updates for g in state.graphs.values())
@@ -642,7 +642,7 @@ def test_pointers_seen_once_never_retarget_and_their_memory_is_bounded():
     for i in range(SEEN_PER_PLAN + 10):  # fresh pointers at every call, as an unpooled output
         g, direct = state.graph_for(ptrs_of(100 + i))
         assert direct and not g.updates
-    assert len(state.seen_at) == SEEN_PER_PLAN and state.retargets == 0
+    assert len(state.seen_at) == SEEN_PER_PLAN and state.graph_retargets == 0
 
 
 def test_memory_stats_counts_plans_and_graphs_and_states_the_bounds():

@@ -52,21 +52,30 @@ def gemm_ms(
     tile_n: int = 0,
     count: int = 1,
     chained: bool = False,
+    est: dict | None = None,
 ) -> float:
     """Predicted ms of ``count`` equal sub-GEMMs m x n x k of our kernel, one after the other
     (``chained``: by programmatic dependent launch, which fills each one's last wave with the
-    next one's tiles). ``tile_n`` 0: the tile choose_tile_n picks."""
-    tile, launches, work, waves = gemm_terms(mc.slots, m, n, k, tile_n, count, chained)
+    next one's tiles). ``tile_n`` 0: the tile choose_tile_n picks; ``est``: choose_tile_n(m, n)
+    where the caller has it."""
+    tile, launches, work, waves = gemm_terms(mc.slots, m, n, k, tile_n, count, chained, est)
     full, wave = mc.gemm_ms_per_k[tile]
     return launches * mc.gemm_launch_ms + work * full + waves * wave
 
 
 def gemm_terms(
-    slots: int, m: int, n: int, k: int, tile_n: int = 0, count: int = 1, chained: bool = False
+    slots: int,
+    m: int,
+    n: int,
+    k: int,
+    tile_n: int = 0,
+    count: int = 1,
+    chained: bool = False,
+    est: dict | None = None,
 ) -> tuple[int, int, float, int]:
     """gemm_ms's terms before the constants: (tile width, launches, k * tiles / slots,
     k * waves); a calibration fits the constants to them (``runtime.calibration_fit``)."""
-    est = _core.choose_tile_n(m, n)
+    est = est or _core.choose_tile_n(m, n)
     tile = tile_n or est["tile_n"]
     tiles = est[f"n{tile}"]["tiles"] * count
     waves = math.ceil(tiles / slots) if chained else math.ceil(tiles / count / slots) * count
@@ -117,10 +126,12 @@ def predict(mc: MachineConstants, plan: Any, tile_n: int = 0) -> dict[str, float
     if tp < 2:
         return {"overlap_ms": gemm_ms(mc, rm, rn, rk, tile_n=tile_n), "collective_ms": mm}
     sm, sn = step_gemm(d, steps, rm, rn)
-    step = gemm_ms(mc, sm, sn, rk, tile_n=tile_n)
-    gemms = gemm_ms(mc, sm, sn, rk, tile_n=tile_n, count=steps, chained=plan.pdl_by_default)
+    est = _core.choose_tile_n(sm, sn)  # every step's GEMM has this shape
+    step = gemm_ms(mc, sm, sn, rk, tile_n=tile_n, est=est)
+    chained = plan.pdl_by_default
+    gemms = gemm_ms(mc, sm, sn, rk, tile_n=tile_n, count=steps, chained=chained, est=est)
     exposed = max(0.0, exposed_copy_ms(mc, moved, steps, tp) - step)
-    per_step, o_share, o_per_byte = mc.overlap[transport(plan)]
+    per_step, o_share, o_per_byte = mc.overlap[transport(plan, d)]
     overlap = gemms * (1.0 + o_share) + exposed + steps * per_step + moved * o_per_byte
     return {"overlap_ms": overlap, "collective_ms": collective}
 
@@ -146,10 +157,12 @@ def nccl_kind(definition: dict) -> str:
     return "all_gather" if definition["collective"] == "all_gather" else "reduce_scatter"
 
 
-def transport(plan: Any) -> str:
-    """The overlap constants' transport of ``plan``: "all_gather" (the rotating operand by copy
-    engine), "epilogue" or "copy" (how reduce partials travel)."""
-    return "all_gather" if plan.definition["collective"] == "all_gather" else plan.partial_via
+def transport(plan: Any, definition: dict | None = None) -> str:
+    """The overlap constants' transport of ``plan`` (``definition``: its definition where the
+    caller has it): "all_gather" (the rotating operand by copy engine), "epilogue" or "copy"
+    (how reduce partials travel)."""
+    d = definition or plan.definition
+    return "all_gather" if d["collective"] == "all_gather" else plan.partial_via
 
 
 def margin_ms(mc: MachineConstants, baseline_ms: float) -> float:

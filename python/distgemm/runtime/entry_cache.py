@@ -237,7 +237,7 @@ class EntryCache(collections.OrderedDict):
             "eager_graphs": sum(s.eager_graphs for s in states),
             "captured_graphs": len(self.kept_capturers) + sum(s.captured for s in states),
             "graph_retargets": sum(s.graph_retargets for s in states),
-            "direct_launches": sum(s.graph_direct_launches for s in states),
+            "direct_launches": sum(s.direct_launches for s in states),
             "max_plans": MAX_PLANS,
             "graphs_per_plan": GRAPHS_PER_PLAN,
         }

@@ -30,6 +30,11 @@ class PathState:
     beta: float
     want_gathered: bool  # all_gather_gemm(..., return_gathered=True)
     out_shape: torch.Size
+    # Eager calls that retargeted one of this state's graphs at new pointers, and eager calls
+    # enqueued without a graph (pointers seen for the first time, or that no graph is kept
+    # for): the overlapped path's state counts them, the others have none.
+    graph_retargets = 0
+    direct_launches = 0
 
     @staticmethod
     def call_fields(spec: Spec, precision: Precision, beta: float, want_gathered: bool) -> dict:
@@ -60,17 +65,6 @@ class PathState:
 
     @property
     def eager_graphs(self) -> int:
-        return 0
-
-    @property
-    def graph_retargets(self) -> int:
-        """Eager calls that retargeted one of this state's graphs at new pointers."""
-        return 0
-
-    @property
-    def graph_direct_launches(self) -> int:
-        """Eager calls enqueued without a graph (pointers seen for the first time, or that no
-        graph is kept for)."""
         return 0
 
     @property

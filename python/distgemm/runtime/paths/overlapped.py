@@ -91,7 +91,7 @@ class OverlappedState(PathState):
     seen_at: collections.OrderedDict[tuple[int, ...], int] = field(
         default_factory=collections.OrderedDict
     )  # pointers that missed without getting a graph, with their last call
-    retargets: int = 0  # graphs retargeted at new pointers
+    graph_retargets: int = 0  # graphs retargeted at new pointers
     direct_launches: int = 0  # calls enqueued without a graph
 
     @classmethod
@@ -180,7 +180,7 @@ class OverlappedState(PathState):
             g = self.graphs.pop(stale)
             self.used_at.pop(stale, None)
             g.update(*ptrs)
-            self.retargets += 1
+            self.graph_retargets += 1
         self.graphs[ptrs] = g
         self.used_at[ptrs] = self.clock
         return g, False
@@ -250,14 +250,6 @@ class OverlappedState(PathState):
     @property
     def eager_graphs(self) -> int:
         return len(self.graphs)
-
-    @property
-    def graph_retargets(self) -> int:
-        return self.retargets
-
-    @property
-    def graph_direct_launches(self) -> int:
-        return self.direct_launches
 
     @property
     def captured(self) -> bool:
