@@ -1,6 +1,7 @@
 """The training layers, their compiled form and the torch drop-ins (bf16 and fp8) on 2 Hopper
-GPUs under torchrun (with one GPU, 2 ranks share it: gloo, DISTGEMM_ALLOW_SHARED_GPU=1, a
-functional run said so in the results' "mode"); tests/gpu/training_worker.py does the work and
+GPUs under torchrun, or on DISTGEMM_TEST_TP of them (the drop-ins' ported cases are TP=2's and
+are left out at other TPs); with one GPU, 2 ranks share it (gloo, DISTGEMM_ALLOW_SHARED_GPU=1, a
+functional run said so in the results' "mode"). tests/gpu/training_worker.py does the work and
 judges it with the CPU tests' checks:
 
 - forward output and every gradient (input, weight, bias) of both layers, bf16 and fp16, against
@@ -32,9 +33,10 @@ from gpu_requirements import (  # noqa: E402
     worker_results,
 )
 
-# 2 ranks on any machine: the ported torch cases (N = 16) and which of them distgemm serves
-# (test_symm_mem*.case_failures) are those of TP = 2; N/TP falls below the kernels' unit above it.
-LAUNCH = launch_here(default_tp=2, honour_tp_env=False)
+# 2 ranks by default, DISTGEMM_TEST_TP for others: the layers and the compiled MLP run at any TP;
+# the ported torch cases (N = 16) and which of them distgemm serves (test_symm_mem*.case_failures)
+# are TP = 2's, so the worker leaves them out at other TPs, with that reason.
+LAUNCH = launch_here(default_tp=2)
 pytestmark = skip_unless_launchable(LAUNCH)
 
 
