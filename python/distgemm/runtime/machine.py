@@ -19,6 +19,7 @@ the names of our all-reduce's algorithms.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pathlib
@@ -146,11 +147,17 @@ class MachineKey:
     topology: str
 
     def slug(self) -> str:
-        """A file name stem for this key."""
-        gpu = "".join(c if c.isalnum() else "-" for c in self.gpu.lower()).strip("-")
-        while "--" in gpu:
-            gpu = gpu.replace("--", "-")
-        return f"{gpu}-tp{self.tp}-{self.topology}"
+        """A file name stem for this key (named in every model choice's ``why``: computed once
+        per key)."""
+        return _slug(self.gpu, self.tp, self.topology)
+
+
+@functools.lru_cache(maxsize=64)
+def _slug(gpu: str, tp: int, topology: str) -> str:
+    stem = "".join(c if c.isalnum() else "-" for c in gpu.lower()).strip("-")
+    while "--" in stem:
+        stem = stem.replace("--", "-")
+    return f"{stem}-tp{tp}-{topology}"
 
 
 @dataclass(frozen=True)
