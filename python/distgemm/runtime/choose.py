@@ -48,9 +48,15 @@ def choose_steps(
         return spec, {}
     if dtype not in (torch.bfloat16, torch.float16):
         return spec, {}
-    options = [with_steps(spec, per_rank * spec.tp) for per_rank in MODEL_STEPS_PER_RANK]
-    priced = {s.steps: (predict(mc, s.plan, s.tile_n)["overlap_ms"], s) for s in options if s}
-    report = {"steps_ms": {steps: ms for steps, (ms, _) in priced.items()}}
+    options = {spec.steps: spec}  # the defaults' S is always priced
+    for per_rank in MODEL_STEPS_PER_RANK:
+        other = with_steps(spec, per_rank * spec.tp)
+        if other is not None:
+            options[other.steps] = other
+    priced = {
+        steps: (predict(mc, s.plan, s.tile_n)["overlap_ms"], s) for steps, s in options.items()
+    }
+    report = {"steps_ms": {steps: ms for steps, (ms, _) in sorted(priced.items())}}
     best = min(priced, key=lambda steps: (priced[steps][0], steps))
     default_ms = priced[spec.steps][0]
     if default_ms - priced[best][0] < margin_ms(mc, default_ms):
