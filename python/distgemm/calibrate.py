@@ -40,8 +40,8 @@ WARMUP_S = 1.0  # the GPUs' clocks settle under sustained load (a 700 W cap) bef
 # Each run's own warm-up before its timed window: RUN_WARMUP_MS of its calls, or
 # RUN_WARMUP_CALLS calls where those take less (and at least a quarter of the window). Without
 # it, a run of long calls after runs of short ones starts on the higher clocks of a cooler chip
-# under the 700 W cap, and its window times those: the rates of large GEMMs came out 5-15% above
-# what they sustain.
+# under the 700 W cap, and its window times those: the rates of large GEMMs came out above what
+# they sustain (docs/tuning.md).
 RUN_WARMUP_MS = 200.0
 RUN_WARMUP_CALLS = 40
 # Per-rank GEMMs of the kernel and torch.mm fits: (m, n, k), both tiles for the kernel; the last

@@ -44,8 +44,8 @@ __all__ = ["fit", "fit_reduce", "with_reduce", "path_errors"]
 # The least share of the GEMM time the overlapped plan's GEMMs may cost beyond the kernel model's
 # price (cost_model.predict: ``gemms * (1 + share)``). Every other fitted constant is a cost, at
 # least 0. The share may go below 0 because the plan's GEMMs, chained by programmatic dependent
-# launch, ran up to 15% under the one-GEMM model's price on 2 and 4 H100s (docs/tuning.md); the
-# floor keeps a fit from pricing a plan far below its own GEMMs, as a free fit did (-0.66).
+# launch, run under the one-GEMM model's price; the floor keeps a fit from pricing a plan far
+# below its own GEMMs, as a free fit did (docs/tuning.md has the measurements).
 OVERLAP_SHARE_FLOOR = -0.15
 
 
@@ -301,8 +301,8 @@ def candidate_gain_errors(
 def _fit_nccl(mc: MachineConstants, runs, name: str, errors) -> tuple[float, float, float]:
     """NCCL's (latency, ms per byte, share of the GEMM) for collective ``name``, every one at
     least 0, fitted to the collective path's runs (NCCL + torch.mm: what the model predicts).
-    NCCL timed alone ran up to 20% slower per byte than on the collective path, so it is not
-    what prices that path."""
+    NCCL timed alone ran slower per byte than on the collective path (docs/tuning.md), so it
+    is not what prices that path."""
     coll = [
         r
         for r in _of(runs, "path", path="collective")
