@@ -304,3 +304,26 @@ def test_a_step_count_the_plan_refuses_is_not_offered(monkeypatch):
     chosen, report = choose_steps(spec, None, torch.bfloat16, h200)
     assert list(report["steps_ms"]) == [4] and chosen is spec
     assert spec_module.with_steps(spec, 2) is None
+
+
+def test_a_gemm_all_reduce_the_decode_model_decides_prices_no_s():
+    """At the token counts the machine's decode constants cover, gemm_all_reduce's path is the
+    decode model's (fused or collective, no overlapped plan): no S is priced; above them, and
+    where the group cannot run the collective path, the S is priced as for any op."""
+    from distgemm.runtime import machine
+    from distgemm.runtime.choose import choose_steps
+
+    h100 = machine.load(machine.SHIPPED_DIR / "nvidia-h100-80gb-hbm3-tp4-nvlink18.json")
+    assert h100.reduce is not None
+
+    def spec_at(tokens):
+        return ops.make_spec(
+            "gemm_all_reduce", "ar_tile_a", 4, 0, None, _meta(tokens, 2048), _meta(8192, 2048)
+        )
+
+    small = spec_at(h100.reduce.max_tokens)
+    assert choose_steps(small, None, torch.bfloat16, h100) == (small, {})
+    _, report = choose_steps(small, None, torch.bfloat16, h100, "the group's backend is 'gloo'")
+    assert sorted(report["steps_ms"]) == [4, 8]
+    _, report = choose_steps(spec_at(4096), None, torch.bfloat16, h100)
+    assert sorted(report["steps_ms"]) == [4, 8]

@@ -35,16 +35,24 @@ MODEL_STEPS_PER_RANK = (1, 2)
 
 
 def choose_steps(
-    spec: Spec, requested_steps: int | None, dtype: torch.dtype, mc: MachineConstants | None
+    spec: Spec,
+    requested_steps: int | None,
+    dtype: torch.dtype,
+    mc: MachineConstants | None,
+    collective_problem: str | None = None,
 ) -> tuple[Spec, dict[str, Any]]:
     """``spec`` at the S the model predicts fastest for the overlapped plan among
     MODEL_STEPS_PER_RANK times TP, where it beats the defaults' S (``spec``'s) by the model's
     margin (``cost_model.margin_ms``: its calibration's error), else at the defaults' S; with
     the predictions (``steps_ms``: ms by S) for ``path_choices()``. ``spec`` unchanged (and no
     report) where the S is not the library's to choose or the model cannot price it: S given by
-    the call or by the tuning table, no constants, TP 1, or fp8 operands (the constants are
-    bf16's). Shapes and constants only, so every rank picks the same S."""
+    the call or by the tuning table, no constants, TP 1, fp8 operands (the constants are
+    bf16's), or a gemm_all_reduce the decode model decides (``collective_problem`` as
+    ``choose_path`` takes it), which runs no overlapped plan. Shapes and constants only, so
+    every rank picks the same S."""
     if requested_steps is not None or spec.table is not None or mc is None or spec.tp < 2:
+        return spec, {}
+    if _decode_priced(spec, collective_problem, mc):
         return spec, {}
     if dtype not in (torch.bfloat16, torch.float16):
         return spec, {}
@@ -123,12 +131,10 @@ def _reduce_choice(
     """(path, report) of a gemm_all_reduce entry at the token counts the machine's reduce
     constants cover (``reduce_cost.choose``), or None where they do not (no constants, more
     tokens, or a group that cannot run the collective path, the baseline)."""
-    rc = mc.reduce if mc is not None else None
-    if spec.op != "gemm_all_reduce" or rc is None or collective_problem:
+    if not _decode_priced(spec, collective_problem, mc):
         return None
+    rc = mc.reduce
     m, n, k = rank_problem_shape(spec)
-    if m > rc.max_tokens:
-        return None
     offered = {path: fused_problem(spec, dtype, tail) for path, tail in FUSED_PATHS.items()}
     offered.update(own_all_reduce_offer(m * n, dtype, spec.tp))
     pick, pred, why = reduce_cost.choose(rc, m, n, k, spec.tp, offered, mc.key.slug())
@@ -138,3 +144,13 @@ def _reduce_choice(
         return "fused", dict(report, fused_tail=FUSED_PATHS[pick])
     report["all_reduce"] = pick.split("/", 1)[1]
     return "collective", report
+
+
+def _decode_priced(spec: Spec, collective_problem: str | None, mc: MachineConstants | None) -> bool:
+    """Whether the decode model decides this entry's path: a gemm_all_reduce at the token counts
+    the machine's reduce constants cover, on a group that can run the collective path (its
+    baseline)."""
+    rc = mc.reduce if mc is not None else None
+    if spec.op != "gemm_all_reduce" or rc is None or collective_problem:
+        return False
+    return rank_problem_shape(spec)[0] <= rc.max_tokens

@@ -27,6 +27,7 @@ keeps the collective path: it is the baseline, so the choice is never slower tha
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -52,34 +53,30 @@ def gemm_ms(
     tile_n: int = 0,
     count: int = 1,
     chained: bool = False,
-    est: dict | None = None,
 ) -> float:
     """Predicted ms of ``count`` equal sub-GEMMs m x n x k of our kernel, one after the other
     (``chained``: by programmatic dependent launch, which fills each one's last wave with the
-    next one's tiles). ``tile_n`` 0: the tile choose_tile_n picks; ``est``: choose_tile_n(m, n)
-    where the caller has it."""
-    tile, launches, work, waves = gemm_terms(mc.slots, m, n, k, tile_n, count, chained, est)
+    next one's tiles). ``tile_n`` 0: the tile choose_tile_n picks."""
+    tile, launches, work, waves = gemm_terms(mc.slots, m, n, k, tile_n, count, chained)
     full, wave = mc.gemm_ms_per_k[tile]
     return launches * mc.gemm_launch_ms + work * full + waves * wave
 
 
 def gemm_terms(
-    slots: int,
-    m: int,
-    n: int,
-    k: int,
-    tile_n: int = 0,
-    count: int = 1,
-    chained: bool = False,
-    est: dict | None = None,
+    slots: int, m: int, n: int, k: int, tile_n: int = 0, count: int = 1, chained: bool = False
 ) -> tuple[int, int, float, int]:
     """gemm_ms's terms before the constants: (tile width, launches, k * tiles / slots,
     k * waves); a calibration fits the constants to them (``runtime.calibration_fit``)."""
-    est = est or _core.choose_tile_n(m, n)
+    est = _tile_estimate(m, n)
     tile = tile_n or est["tile_n"]
     tiles = est[f"n{tile}"]["tiles"] * count
     waves = math.ceil(tiles / slots) if chained else math.ceil(tiles / count / slots) * count
     return tile, (1 if chained else count), k * tiles / slots, k * waves
+
+
+# _core.choose_tile_n, a pure function of (m, n) that every prediction asks twice per step GEMM
+# (one step, then the chained steps): read-only results, kept for the recent shapes.
+_tile_estimate = functools.lru_cache(maxsize=256)(_core.choose_tile_n)
 
 
 def mm_ms(mc: MachineConstants, m: int, n: int, k: int) -> float:
@@ -126,12 +123,10 @@ def predict(mc: MachineConstants, plan: Any, tile_n: int = 0) -> dict[str, float
     if tp < 2:
         return {"overlap_ms": gemm_ms(mc, rm, rn, rk, tile_n=tile_n), "collective_ms": mm}
     sm, sn = step_gemm(d, steps, rm, rn)
-    est = _core.choose_tile_n(sm, sn)  # every step's GEMM has this shape
-    step = gemm_ms(mc, sm, sn, rk, tile_n=tile_n, est=est)
-    chained = plan.pdl_by_default
-    gemms = gemm_ms(mc, sm, sn, rk, tile_n=tile_n, count=steps, chained=chained, est=est)
+    step = gemm_ms(mc, sm, sn, rk, tile_n=tile_n)
+    gemms = gemm_ms(mc, sm, sn, rk, tile_n=tile_n, count=steps, chained=plan.pdl_by_default)
     exposed = max(0.0, exposed_copy_ms(mc, moved, steps, tp) - step)
-    per_step, o_share, o_per_byte = mc.overlap[transport(plan, d)]
+    per_step, o_share, o_per_byte = mc.overlap[transport(plan)]
     overlap = gemms * (1.0 + o_share) + exposed + steps * per_step + moved * o_per_byte
     return {"overlap_ms": overlap, "collective_ms": collective}
 
@@ -157,19 +152,23 @@ def nccl_kind(definition: dict) -> str:
     return "all_gather" if definition["collective"] == "all_gather" else "reduce_scatter"
 
 
-def transport(plan: Any, definition: dict | None = None) -> str:
-    """The overlap constants' transport of ``plan`` (``definition``: its definition where the
-    caller has it): "all_gather" (the rotating operand by copy engine), "epilogue" or "copy"
-    (how reduce partials travel)."""
-    d = definition or plan.definition
-    return "all_gather" if d["collective"] == "all_gather" else plan.partial_via
+def transport(plan: Any) -> str:
+    """The overlap constants' transport of ``plan``: "all_gather" (the rotating operand by copy
+    engine), "epilogue" or "copy" (how reduce partials travel)."""
+    return "all_gather" if plan.definition["collective"] == "all_gather" else plan.partial_via
 
 
 def margin_ms(mc: MachineConstants, baseline_ms: float) -> float:
-    """The least predicted gain over a baseline of ``baseline_ms`` that the model acts on: at
-    least MIN_GAIN_MS, and the constants' ``choice_error`` less TOLERATED_LOSS as a share of the
-    baseline."""
-    return max(MIN_GAIN_MS, (mc.choice_error - TOLERATED_LOSS) * baseline_ms)
+    """The least predicted gain over a baseline of ``baseline_ms`` that the model acts on
+    (``error_margin_ms`` of the constants' ``choice_error``)."""
+    return error_margin_ms(mc.choice_error, baseline_ms)
+
+
+def error_margin_ms(error: float, baseline_ms: float, least_ms: float = MIN_GAIN_MS) -> float:
+    """The one rule of every model's margin: a predicted gain over a baseline of ``baseline_ms``
+    is taken where it is at least ``least_ms`` and at least a model error of ``error`` less
+    TOLERATED_LOSS, as a share of the baseline."""
+    return max(least_ms, (error - TOLERATED_LOSS) * baseline_ms)
 
 
 def choose(

@@ -29,7 +29,7 @@ fits enter its gain, while a fused kernel's gain carries its own overhead fit.
 
 from __future__ import annotations
 
-from .cost_model import ELEM_BYTES, TOLERATED_LOSS
+from .cost_model import ELEM_BYTES, error_margin_ms
 from .machine import FUSED_PATHS, ReduceConstants, fused_constants_key
 
 BASELINE = "collective/nccl"
@@ -121,4 +121,4 @@ def choose(
 def margin(rc: ReduceConstants, candidate: str, base_ms: float) -> float:
     """The predicted gain over mm + NCCL (``base_ms``) that ``candidate`` needs to be taken."""
     error = rc.candidate_errors.get(candidate, rc.choice_error)
-    return max(MIN_GAIN_MS, (error - TOLERATED_LOSS) * base_ms)
+    return error_margin_ms(error, base_ms, MIN_GAIN_MS)
