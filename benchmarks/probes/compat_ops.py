@@ -178,12 +178,9 @@ def run_case(ctx, kind, name, sets, fns, symm_problem, args) -> dict:
         ms = time_variant(ctx, usable[v], WARMUP_S if i == 0 else REWARM_S)
         key = v if i < len(order) - 1 else "unfused_again"
         rec["ms"][key] = ms
-        host, retargets, direct = host_us(ctx, usable[v])
-        rec["host_us"][key], rec["retargets_per_call"][key], rec["direct_per_call"][key] = (
-            host,
-            retargets,
-            direct,
-        )
+        per_call = host_us(ctx, usable[v])
+        for field, value in zip(("host_us", "retargets_per_call", "direct_per_call"), per_call):
+            rec[field][key] = value
         if ctx.rank == 0:
             print(
                 f"{kind} {name} {key}: {ms:.4f} ms, host {rec['host_us'][key]:.1f} us", flush=True

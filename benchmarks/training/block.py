@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from benchmarks.training import report
 from distgemm.compat import custom_ops
 from distgemm.compat.nn import ColumnParallelLinear, RowParallelLinear
+from distgemm.runtime.scales import FP8_DTYPE, quantize
 
 # The functional collectives with autograd under the names of the running torch (newer releases
 # add *_single and deprecate *_tensor).
@@ -122,22 +123,18 @@ class MatmulScatter(torch.autograd.Function):
         return torch.mm(grad, w), torch.mm(grad.t(), h), None
 
 
-FP8 = torch.float8_e4m3fn
-FP8_MAX = torch.finfo(FP8).max
-
-
 def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row-wise dynamic fp8 (e4m3) of ``t`` ``[rows, cols]``: ``(q, s)``, ``q`` fp8 and ``s``
-    float32 ``[rows, 1]``, with ``t ~ q * s`` and each row's largest magnitude at fp8's
-    largest value (the row-wise recipe of torch's scaled fused ops)."""
-    s = t.abs().amax(dim=-1, keepdim=True).float().clamp_min(1e-12) / FP8_MAX
-    return (t.float() / s).to(FP8), s
+    """Row-wise dynamic fp8 (e4m3) of ``t`` ``[rows, cols]`` (``runtime.scales.quantize``, each
+    row's largest magnitude at e4m3's largest value: the row-wise recipe of torch's scaled fused
+    ops): ``(q, s)``, ``s`` float32 ``[rows, 1]`` as torch's scaled ops take it."""
+    q, s = quantize(t, rowwise=True)
+    return q, s[:, None]
 
 
 def _gather(x_shard, group):
     """all_gather(x_shard) along dim 0 (fp8 moved as bytes: gloo and NCCL both have bytes)."""
     x = x_shard.new_empty((group.size() * x_shard.shape[0], *x_shard.shape[1:]))
-    as_bytes = x_shard.dtype == FP8
+    as_bytes = x_shard.dtype == FP8_DTYPE
     src, dst = (x_shard.view(torch.uint8), x.view(torch.uint8)) if as_bytes else (x_shard, x)
     custom_ops.all_gather_into(dst, src.contiguous(), group=group)
     return x
