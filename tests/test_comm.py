@@ -188,52 +188,7 @@ def test_control_exchange_names_the_rank_that_did_not_arrive():
     assert 0.25 < time.perf_counter() - t0 < 5.0
 
 
-def test_control_exchange_a_late_rank_raises_too():
-    """Rank 0 gives up after 0.3 s; rank 1 arrives later and finds every key present, but the
-    exchange was settled as late: it raises as well instead of going on alone."""
-    import threading
-    import time
-
-    import torch.distributed as dist
-
-    a, b = _exchange_pair(dist.HashStore(), timeout_s=0.3)
-    errors = {}
-
-    def late():
-        time.sleep(0.6)
-        try:
-            b.all_gather("late", "setup")
-        except control.ExchangeTimeout as e:
-            errors[1] = e
-
-    t = threading.Thread(target=late)
-    t.start()
-    with pytest.raises(control.ExchangeTimeout) as first:
-        a.all_gather("early", "setup")
-    t.join(10)
-    assert first.value.missing == [1]
-    assert 1 in errors and errors[1].missing == []  # everyone had arrived, too late
-    assert "gave up waiting before this rank arrived" in str(errors[1])
-
-
-@pytest.mark.parametrize("tp", CPU_TPS)
-def test_control_exchange_out_of_step_ranks_raise_a_mismatch(tp):
-    """The last rank closes while the others exchange a plan signature: every rank raises,
-    naming what each exchanged."""
-    import torch.distributed as dist
-
-    ex = _exchanges(dist.HashStore(), list(range(tp)))
-    whats = ["plan signature"] * (tp - 1) + ["close"]
-    errors = {}
-
-    def run(r):
-        try:
-            ex[r].all_gather({"r": r}, whats[r])
-        except control.ExchangeMismatch as e:
-            errors[r] = e.whats
-
-    _run_threads(run, tp, 10)
-    assert errors == {r: whats for r in range(tp)}
+# The late rank and out-of-step ranks: tests/test_control_shm.py, for both transports.
 
 
 def test_each_new_exchange_of_the_same_ranks_gets_a_fresh_prefix():

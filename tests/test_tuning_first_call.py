@@ -49,6 +49,12 @@ def test_phases_are_made_disjoint_and_the_rest_is_other():
     out = first_call.phases_of(grown, 4.0)
     assert out["workspace"] == pytest.approx(0.5) and out["graph setup"] == pytest.approx(0.1)
     assert sum(out.values()) == pytest.approx(4.0)
+    # make_state holds OverlappedState.place; OverlappedState.run holds graph_for.
+    made = dict(raw, **{"path state": 0.7, "overlap call": 0.45})
+    out = first_call.phases_of(made, 2.0)
+    assert out["path state"] == pytest.approx(0.2) and out["overlap call"] == pytest.approx(0.15)
+    assert out["graph"] == pytest.approx(0.3) and out["graph setup"] == pytest.approx(0.1)
+    assert sum(out.values()) == pytest.approx(2.0)
     coll = {"collective call": 0.9, "collective: scratch growth": 0.3}
     out = first_call.phases_of(coll, 1.0)
     assert out == pytest.approx(

@@ -11,12 +11,15 @@ afterwards (the workspace, the collective path's scratch); writes it all as JSON
 A first call's ms: host wall time from the call until its result is ready (the call, then a
 device synchronisation), the maximum over ranks. Host ms: until the call returns. Phases (host
 ms, wrapped around the library's functions where they exist; "other" is the remainder):
-validation and plan (make_spec), the signature exchange, the path decision, the workspace lookup
-(workspace_for) and, when it grows, its allocation and IPC exchange, the re-pointing of the
-cached plans and the freeing of the old one, graph setup (the rest of attach_workspace), the
-graph (graph_for: creation of the GraphLauncher), the collective path's call and, inside it, the
-growth of its scratch. Steady ms: CUDA events around ``--steady-calls`` calls of an already
-created entry, per call, maximum over ranks.
+validation and plan (make_spec), the signature exchange, the S and path decisions, the path's
+state (make_state, without what follows), the workspace lookup (workspace_for) and, when it
+grows, its allocation and IPC exchange, the re-pointing of the cached plans and the freeing of
+the old one, graph setup (the rest of OverlappedState.place), the entry's insertion (with an
+eviction beyond the cache's bound), the graph (graph_for: creation of the GraphLauncher), the
+overlapped path's call without it (the launch), the collective path's call and, inside it, the
+growth of its scratch. The control exchange is the shared-memory one unless DISTGEMM_CONTROL is
+"store" (runtime.control_shm); ``meta.control`` says which ran. Steady ms: CUDA events around
+``--steady-calls`` calls of an already created entry, per call, maximum over ranks.
 """
 
 from __future__ import annotations
@@ -94,7 +97,10 @@ def wrap_library(timer: PhaseTimer, comm) -> None:
     from distgemm.runtime.paths.overlapped import OverlappedState
 
     timer.wrap(ops, "make_spec", "validate+plan")
+    timer.wrap(entry_cache, "choose_steps", "S decision")
     timer.wrap(entry_cache, "choose_path", "path decision")
+    timer.wrap(entry_cache, "make_state", "path state")
+    timer.wrap(entry_cache.EntryCache, "insert", "entry insert")  # with an eviction
     timer.wrap(type(comm), "workspace_for", "workspace")
     # Growth of the shared workspace, inside workspace_for.
     timer.wrap(type(comm), "allocate_symmetric", "workspace: allocate + IPC")
@@ -102,6 +108,7 @@ def wrap_library(timer: PhaseTimer, comm) -> None:
     timer.wrap(type(comm), "_release", "workspace: free the old one")
     timer.wrap(OverlappedState, "place", "workspace+setup")
     timer.wrap(OverlappedState, "graph_for", "graph")  # a first call: its GraphLauncher made
+    timer.wrap(OverlappedState, "run", "overlap call")
     timer.wrap(collective, "run_collective", "collective call")
     # Growth of the communicator's collective scratch, inside the collective call.
     timer.wrap(collective.CollectiveScratch, "_grow", "collective: scratch growth")
@@ -111,10 +118,16 @@ def wrap_library(timer: PhaseTimer, comm) -> None:
 
 
 def phases_of(raw: dict[str, float], total: float) -> dict[str, float]:
-    """Nested phases made disjoint: the graph setup is OverlappedState.place without workspace_for,
-    the workspace's own lookup is workspace_for without its growth parts, the collective call is
-    run_collective without its scratch's growth, and "other" is what no phase covers."""
+    """Nested phases made disjoint: the path state is make_state without OverlappedState.place,
+    the graph setup is OverlappedState.place without workspace_for, the workspace's own lookup is
+    workspace_for without its growth parts, the overlap call is OverlappedState.run without
+    graph_for, the collective call is run_collective without its scratch's growth, and "other"
+    is what no phase covers."""
     out = dict(raw)
+    if "path state" in out:
+        out["path state"] -= out.get("workspace+setup", 0.0)
+    if "overlap call" in out:
+        out["overlap call"] -= out.get("graph", 0.0)
     if "workspace+setup" in out:
         out["graph setup"] = out.pop("workspace+setup") - out.get("workspace", 0.0)
     if "workspace" in out:
@@ -232,6 +245,7 @@ def main(argv=None) -> None:
         meta = dict(tp=tp, k=args.global_k, n=args.global_n, device=torch.cuda.get_device_name(dev))
         meta["path"] = args.path or "default"
         meta["impl"] = args.impl
+        meta["control"] = type(comm._ctl).__name__
         memory = dict(torch_grown=mem1 - mem0, distgemm=distgemm.memory_stats(comm))
         report(records, steady, timer.missing, meta, memory, args.out)
         if profiler is not None:

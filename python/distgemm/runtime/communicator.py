@@ -13,10 +13,13 @@ objects that the communicator calls back when its workspace grows, when it looks
 errors, when it reports memory and when it closes (``Attachment``). The communicator never
 imports them.
 
-Control traffic (host names, IPC handles, plan signatures) goes through the job's key-value
-store (``runtime.control.ControlExchange``), never through NCCL: it needs no CUDA stream and no
-extra sockets, and a rank that does not arrive makes the others raise ``RuntimeError`` naming it
-after ``timeout_s`` instead of hanging. Every check is computed from the all-gathered data, so
+Control traffic (host names, IPC handles, plan signatures) never goes through NCCL: it needs no
+CUDA stream and no extra sockets, and a rank that does not arrive makes the others raise
+``RuntimeError`` naming it after ``timeout_s`` instead of hanging. The setup's exchange goes
+through the job's key-value store (``runtime.control.ControlExchange``); once every rank is
+known to be on this host, the rest go through a file they all map
+(``runtime.control_shm.SharedMemoryExchange``), which saves a first call the store's round
+trips. Every check is computed from the all-gathered data, so
 all ranks raise the same exception.
 """
 
@@ -33,6 +36,7 @@ from typing import Any, Protocol
 from .. import _core
 from .capture import refuse_during_capture, stream_capturing
 from .control import ControlExchange, ExchangeMismatch, ExchangeTimeout, default_store
+from .control_shm import shared_memory_exchange
 from .workspace import Workspace, WorkspacePool, control_bytes
 
 __all__ = [
@@ -185,6 +189,9 @@ class Communicator:
         problem = group_problem(infos, os.environ.get(SHARED_GPU_ENV) == "1")
         if problem:
             raise RuntimeError(problem)
+        # Every rank is on this host: later exchanges go through shared memory, no round trip
+        # to the store (runtime.control_shm), where every rank can map its file.
+        self._ctl = shared_memory_exchange(self._ctl)
         # Orders this device's launches across streams; shared by every graph and kernel.
         self.order = _core.LaunchOrder(self.device.index)
         self._pool = self.new_pool(self._workspace_grown, control=control_bytes())
@@ -438,6 +445,7 @@ class Communicator:
                 w.core.free()
             except Exception:
                 pass
+        self._ctl.close()
 
     def __enter__(self) -> Communicator:
         return self

@@ -98,6 +98,9 @@ class ControlExchange:
                     pass
         return [o for _, o in got]
 
+    def close(self) -> None:
+        """Nothing to release: the store belongs to the job."""
+
 
 def default_store():
     """The store the default process group was set up with (torchrun's TCPStore)."""
