@@ -247,7 +247,8 @@ def test_auto_takes_the_s_the_model_prices_fastest_at_tp_2_3_4_and_8():
             ("all_gather_gemm", (4096 * 3, 3072 * 8, 8192)),
         ):
             spec = _spec_of(op, tp, m, n, k)
-            chosen, report = choose_steps(spec, None, torch.bfloat16, mc)
+            chosen, report, pred = choose_steps(spec, None, torch.bfloat16, mc)
+            assert pred == cost_model.predict(mc, chosen.plan)  # what choose_path then takes
             priced = report["steps_ms"]
             assert sorted(priced) == [per * tp for per in MODEL_STEPS_PER_RANK], (tp, op)
             for steps, ms in priced.items():
@@ -260,7 +261,7 @@ def test_auto_takes_the_s_the_model_prices_fastest_at_tp_2_3_4_and_8():
             else:  # within the model's error: the defaults' S stays
                 assert chosen is spec
             assert chosen.plan.steps == chosen.steps and chosen.shapes == spec.shapes
-            again, _ = choose_steps(_spec_of(op, tp, m, n, k), None, torch.bfloat16, mc)
+            again, _, _ = choose_steps(_spec_of(op, tp, m, n, k), None, torch.bfloat16, mc)
             assert again.steps == chosen.steps
             kept.add(chosen is spec)
             chosen_steps.add(chosen.steps // tp)
@@ -278,15 +279,14 @@ def test_the_s_stays_where_the_call_table_or_dtype_decides_it():
         (None, torch.float8_e4m3fn, h200),  # fp8: the constants are bf16's
         (None, torch.bfloat16, None),  # no constants: the defaults' S
     ):
-        chosen, report = choose_steps(spec, requested, dtype, mc)
-        assert chosen is spec and report == {}
+        assert choose_steps(spec, requested, dtype, mc) == (spec, {}, None)
 
 
 def test_a_step_count_the_plan_refuses_is_not_offered(monkeypatch):
-    """Where the plan of another S is refused (build_plan's ValueError), the model prices the
-    spec's own S alone and keeps it."""
+    """Where the plan of the S the model prices fastest is refused (build_plan's ValueError),
+    the spec's own S stays and the refused S leaves the report."""
     from distgemm import _core
-    from distgemm.runtime import machine
+    from distgemm.runtime import choose, cost_model, machine
     from distgemm.runtime import spec as spec_module
     from distgemm.runtime.choose import choose_steps
 
@@ -301,8 +301,16 @@ def test_a_step_count_the_plan_refuses_is_not_offered(monkeypatch):
         return build(schedule, tp, steps, *rest, **options)
 
     monkeypatch.setattr(spec_module._core, "build_plan", refuse_two)
-    chosen, report = choose_steps(spec, None, torch.bfloat16, h200)
+    price = choose.predict_steps
+
+    def two_fastest(mc, d, tp, steps, *rest):
+        pred = price(mc, d, tp, steps, *rest)
+        return dict(pred, overlap_ms=0.0) if steps == 2 else pred
+
+    monkeypatch.setattr(choose, "predict_steps", two_fastest)
+    chosen, report, pred = choose_steps(spec, None, torch.bfloat16, h200)
     assert list(report["steps_ms"]) == [4] and chosen is spec
+    assert pred == cost_model.predict(h200, spec.plan)
     assert spec_module.with_steps(spec, 2) is None
 
 
@@ -322,8 +330,8 @@ def test_a_gemm_all_reduce_the_decode_model_decides_prices_no_s():
         )
 
     small = spec_at(h100.reduce.max_tokens)
-    assert choose_steps(small, None, torch.bfloat16, h100) == (small, {})
-    _, report = choose_steps(small, None, torch.bfloat16, h100, "the group's backend is 'gloo'")
+    assert choose_steps(small, None, torch.bfloat16, h100) == (small, {}, None)
+    _, report, _ = choose_steps(small, None, torch.bfloat16, h100, "the group's backend is 'gloo'")
     assert sorted(report["steps_ms"]) == [4, 8]
-    _, report = choose_steps(spec_at(4096), None, torch.bfloat16, h100)
+    _, report, _ = choose_steps(spec_at(4096), None, torch.bfloat16, h100)
     assert sorted(report["steps_ms"]) == [4, 8]

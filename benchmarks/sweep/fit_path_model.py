@@ -88,8 +88,8 @@ def validation_rows(mc: machine.MachineConstants, path: pathlib.Path = DEFAULT_C
         tp, m, n, k = (int(r[c]) for c in ("tp", "m", "n", "k"))
         spec = _meta_spec(schedule, tp, m, n, k)
         at_tp = mc.at_tp(tp)
-        chosen, _ = choose_steps(spec, None, torch.bfloat16, at_tp)
-        path_, pred, _ = cost_model.choose(at_tp, chosen.plan)
+        chosen, _, pred = choose_steps(spec, None, torch.bfloat16, at_tp)
+        path_, pred, _ = cost_model.choose(at_tp, chosen.plan, pred=pred)
         measured = {tp: float(r["ms_dg_S_tp"])}
         if r["ms_dg_S_2tp"]:
             measured[2 * tp] = float(r["ms_dg_S_2tp"])

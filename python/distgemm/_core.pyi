@@ -70,6 +70,7 @@ def build_plan(
 def default_steps(
     schedule: str | ScheduleDef, tp: int, m: int, n: int, k: int, l: int = 1
 ) -> int: ...
+def default_transport(schedule: str | ScheduleDef, tp: int, steps: int) -> tuple[str, bool]: ...
 def default_plan(
     schedule: str | ScheduleDef,
     tp: int,

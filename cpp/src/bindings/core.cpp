@@ -274,9 +274,10 @@ void register_plan(py::module_& m) {
            py::arg("elem_bytes") = 2,
            "'' when the GEMM kernel's extent rule admits every sub-GEMM of `device` (-1: of "
            "every device), else the first reason.")
-      .def_property_readonly("pdl_by_default", &pdl_by_default,
-                             "Whether its GEMMs chain by programmatic dependent launch by default "
-                             "(schedule/defaults.hpp).")
+      .def_property_readonly(
+          "pdl_by_default", [](const Plan& p) { return pdl_by_default(p); },
+          "Whether its GEMMs chain by programmatic dependent launch by default "
+          "(schedule/defaults.hpp).")
       .def("to_dict", &plan_dict, "The plan as plain Python data (dicts and lists).")
       .def("__repr__", [](const Plan& p) {
         return "Plan(" + p.schedule + ", tp=" + std::to_string(p.tp) +
@@ -384,6 +385,18 @@ PYBIND11_MODULE(_core, m) {
       "row_scale_b: FP8 row-wise scales of A / B (one float per row; their refs in every GEMM "
       "and copy, scale slots where the rows travel; L must be 1). Raises ValueError naming the "
       "violated constraint.");
+
+  m.def(
+      "default_transport",
+      [](const py::object& schedule, int tp, int steps) {
+        const ScheduleDef def = resolve(schedule);
+        const PartialVia via = default_plan_options(def, tp, steps).partial_via;
+        return py::make_tuple(partial_via_name(via), pdl_by_default(def.collective, via));
+      },
+      py::arg("schedule"), py::arg("tp"), py::arg("steps"),
+      "(partial_via, pdl) of the plan build_plan makes at S = steps with the default options: "
+      "how its reduce-scatter partials travel and whether its GEMMs chain by programmatic "
+      "dependent launch (Plan.partial_via, Plan.pdl_by_default), without building it.");
 
   m.def(
       "workspace_layout",

@@ -21,9 +21,10 @@ from typing import Any
 
 import torch
 
+from .. import _core
 from . import reduce_cost
 from .cost_model import choose as model_choice
-from .cost_model import margin_ms, predict
+from .cost_model import margin_ms, predict_steps
 from .machine import FUSED_PATHS, MachineConstants
 from .paths.collective import own_all_reduce_offer
 from .paths.fused import fused_problem, rank_problem_shape
@@ -40,36 +41,47 @@ def choose_steps(
     dtype: torch.dtype,
     mc: MachineConstants | None,
     collective_problem: str | None = None,
-) -> tuple[Spec, dict[str, Any]]:
+) -> tuple[Spec, dict[str, Any], dict[str, float] | None]:
     """``spec`` at the S the model predicts fastest for the overlapped plan among
     MODEL_STEPS_PER_RANK times TP, where it beats the defaults' S (``spec``'s) by the model's
     margin (``cost_model.margin_ms``: its calibration's error), else at the defaults' S; with
-    the predictions (``steps_ms``: ms by S) for ``path_choices()``. ``spec`` unchanged (and no
-    report) where the S is not the library's to choose or the model cannot price it: S given by
-    the call or by the tuning table, no constants, TP 1, fp8 operands (the constants are
-    bf16's), or a gemm_all_reduce the decode model decides (``collective_problem`` as
-    ``choose_path`` takes it), which runs no overlapped plan. Shapes and constants only, so
-    every rank picks the same S."""
+    the predictions (``steps_ms``: ms by S) for ``path_choices()``, and the chosen plan's
+    ``cost_model.predict`` (for ``choose_path``). ``spec`` unchanged (no report, no prediction)
+    where the S is not the library's to choose or the model cannot price it: S given by the call
+    or by the tuning table, no constants, TP 1, fp8 operands (the constants are bf16's), or a
+    gemm_all_reduce the decode model decides (``collective_problem`` as ``choose_path`` takes
+    it), which runs no overlapped plan. The other S is priced without building its plan
+    (``_core.default_transport``), which is built only where it wins; where it cannot run the
+    problem (``with_steps``), the defaults' S stays. Shapes and constants only, so every rank
+    picks the same S."""
     if requested_steps is not None or spec.table is not None or mc is None or spec.tp < 2:
-        return spec, {}
+        return spec, {}, None
     if _decode_priced(spec, collective_problem, mc):
-        return spec, {}
+        return spec, {}, None
     if dtype not in (torch.bfloat16, torch.float16):
-        return spec, {}
-    options = {spec.steps: spec}  # the defaults' S is always priced
+        return spec, {}, None
+    plan, tp, problem = spec.plan, spec.tp, (spec.m, spec.n, spec.k)
+    definition = plan.definition
+    vias = {spec.steps: (plan.partial_via, plan.pdl_by_default)}  # the defaults' S: its plan's
     for per_rank in MODEL_STEPS_PER_RANK:
-        other = with_steps(spec, per_rank * spec.tp)
-        if other is not None:
-            options[other.steps] = other
+        steps = per_rank * tp
+        if steps not in vias:
+            vias[steps] = _core.default_transport(spec.schedule, tp, steps)
     priced = {
-        steps: (predict(mc, s.plan, s.tile_n)["overlap_ms"], s) for steps, s in options.items()
+        steps: predict_steps(mc, definition, tp, steps, problem, via, spec.tile_n)
+        for steps, via in vias.items()
     }
-    report = {"steps_ms": {steps: ms for steps, (ms, _) in sorted(priced.items())}}
-    best = min(priced, key=lambda steps: (priced[steps][0], steps))
-    default_ms = priced[spec.steps][0]
-    if default_ms - priced[best][0] < margin_ms(mc, default_ms):
-        return spec, report
-    return priced[best][1], report
+    best = min(priced, key=lambda steps: (priced[steps]["overlap_ms"], steps))
+    default_ms = priced[spec.steps]["overlap_ms"]
+    chosen = spec
+    if default_ms - priced[best]["overlap_ms"] >= margin_ms(mc, default_ms):
+        other = with_steps(spec, best)
+        if other is None:
+            del priced[best]  # that S cannot run this problem: not offered
+        else:
+            chosen = other
+    report = {"steps_ms": {steps: p["overlap_ms"] for steps, p in sorted(priced.items())}}
+    return chosen, report, priced[chosen.steps]
 
 
 def choose_path(
@@ -78,6 +90,7 @@ def choose_path(
     dtype: torch.dtype,
     collective_problem: str | None,
     mc: MachineConstants | None = None,
+    prediction: dict[str, float] | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """(path, what ``path_choices()`` reports about it) for an entry of ``spec`` (operands of
     ``dtype``) called with ``path=requested``; ``collective_problem``: why the group cannot run
@@ -89,7 +102,9 @@ def choose_path(
     "fused_two_shot" runs path "fused" with the two-shot tail) and, for "auto", the predictions
     in ms (``overlap_ms`` / ``collective_ms``: the table's
     measured ms or the model's; at decode token counts one ``<candidate>_ms`` each), ``why`` in
-    words and, where the collective path was chosen but cannot run, ``collective_unavailable``."""
+    words and, where the collective path was chosen but cannot run, ``collective_unavailable``.
+    ``prediction``: ``cost_model.predict`` of ``spec``'s plan where the caller has it
+    (``choose_steps`` gives it)."""
     info: dict[str, Any] = {"source": "requested", "tile_n": spec.tile_n}
     if requested in FUSED_PATHS:
         problem = fused_problem(spec, dtype, FUSED_PATHS[requested])
@@ -117,7 +132,7 @@ def choose_path(
             why=f"tuning table bucket of {entry.tokens}..{2 * entry.tokens - 1} tokens",
         )
     else:
-        path, pred, why = model_choice(mc, spec.plan, spec.tile_n)
+        path, pred, why = model_choice(mc, spec.plan, spec.tile_n, prediction)
         info.update(source="model", **pred, why=f"model: {why}")
     if path == "collective" and collective_problem:
         path = "overlap"

@@ -110,9 +110,26 @@ def moved_bytes(definition: dict, tp: int, m: int, n: int, k: int) -> float:
 def predict(mc: MachineConstants, plan: Any, tile_n: int = 0) -> dict[str, float]:
     """Predicted ms of ``plan`` (a ``_core.Plan``) on its overlapped path and of the collective
     path on the same problem, under the constants ``mc``: {"overlap_ms", "collective_ms"}."""
-    d, tp, steps = plan.definition, plan.tp, plan.steps
     p = plan.problem
-    m, n, k = p["m"], p["n"], p["k"]
+    return predict_steps(
+        mc, plan.definition, plan.tp, plan.steps, (p["m"], p["n"], p["k"]),
+        (plan.partial_via, plan.pdl_by_default), tile_n,
+    )  # fmt: skip
+
+
+def predict_steps(
+    mc: MachineConstants,
+    d: dict,
+    tp: int,
+    steps: int,
+    problem: tuple[int, int, int],
+    via: tuple[str, bool],
+    tile_n: int = 0,
+) -> dict[str, float]:
+    """``predict`` of the plan of schedule definition ``d`` on ``tp`` ranks at S = ``steps`` for
+    the global ``problem`` (m, n, k), without building it: ``via`` is its (partial_via,
+    pdl_by_default), which ``_core.default_transport`` gives for the default options."""
+    m, n, k = problem
     rm, rn, rk = rank_problem(d, tp, m, n, k)
     moved = moved_bytes(d, tp, m, n, k)
     coll = d["collective"]
@@ -124,9 +141,9 @@ def predict(mc: MachineConstants, plan: Any, tile_n: int = 0) -> dict[str, float
         return {"overlap_ms": gemm_ms(mc, rm, rn, rk, tile_n=tile_n), "collective_ms": mm}
     sm, sn = step_gemm(d, steps, rm, rn)
     step = gemm_ms(mc, sm, sn, rk, tile_n=tile_n)
-    gemms = gemm_ms(mc, sm, sn, rk, tile_n=tile_n, count=steps, chained=plan.pdl_by_default)
+    gemms = gemm_ms(mc, sm, sn, rk, tile_n=tile_n, count=steps, chained=via[1])
     exposed = max(0.0, exposed_copy_ms(mc, moved, steps, tp) - step)
-    per_step, o_share, o_per_byte = mc.overlap[transport(plan)]
+    per_step, o_share, o_per_byte = mc.overlap["all_gather" if coll == "all_gather" else via[0]]
     overlap = gemms * (1.0 + o_share) + exposed + steps * per_step + moved * o_per_byte
     return {"overlap_ms": overlap, "collective_ms": collective}
 
@@ -172,18 +189,18 @@ def error_margin_ms(error: float, baseline_ms: float, least_ms: float = MIN_GAIN
 
 
 def choose(
-    mc: MachineConstants | None, plan: Any, tile_n: int = 0
+    mc: MachineConstants | None, plan: Any, tile_n: int = 0, pred: dict[str, float] | None = None
 ) -> tuple[str, dict[str, float], str]:
     """The model's path for ``plan`` ("overlap" or "collective"), its prediction and why in
     words: the overlapped one where it is predicted faster by at least MIN_GAIN_MS and by the
     constants' ``choice_error`` less TOLERATED_LOSS, shares of the collective time, else the
-    collective one; the
-    collective one without constants (``mc`` None). Shapes and constants only, so every rank
-    picks the same."""
+    collective one; the collective one without constants (``mc`` None). ``pred``: the plan's
+    ``predict`` where the caller has it. Shapes and constants only, so every rank picks the
+    same."""
     if mc is None:
         why = "no calibration of this machine (python -m distgemm.tune --calibrate)"
         return "collective", {}, why
-    pred = predict(mc, plan, tile_n)
+    pred = pred or predict(mc, plan, tile_n)
     gain = pred["collective_ms"] - pred["overlap_ms"]
     margin = margin_ms(mc, pred["collective_ms"])
     why = (

@@ -176,8 +176,10 @@ class EntryCache(collections.OrderedDict):
             raise ValueError(problem)
         mc = machine.constants_for(comm.device, spec.tp) if key.path == "auto" else None
         unavailable = collective_unavailable(comm.group)
-        spec, steps_report = choose_steps(spec, key.steps, key.precision.dtype, mc, unavailable)
-        path, choice = choose_path(spec, key.path, key.precision.dtype, unavailable, mc)
+        spec, steps_report, pred = choose_steps(
+            spec, key.steps, key.precision.dtype, mc, unavailable
+        )
+        path, choice = choose_path(spec, key.path, key.precision.dtype, unavailable, mc, pred)
         choice.update(steps_report)
         entry = Entry(spec, path, choice, make_state(comm, spec, key, path, choice))
         self.insert(key, entry, stream_capturing())

@@ -34,8 +34,11 @@ inline PlanOptions plan_options(const ScheduleDef& def, int tp, int steps,
 
 // GEMM i+1 follows GEMM i by programmatic dependent launch where the step's tail has work to
 // fill without an NVLink-bound epilogue beside it: all-gather plans and partials by copy engine.
+inline bool pdl_by_default(Collective collective, PartialVia partial_via) {
+  return collective == Collective::AllGather || partial_via == PartialVia::CopyEngine;
+}
 inline bool pdl_by_default(const Plan& plan) {
-  return plan.def.collective == Collective::AllGather || plan.partial_via == PartialVia::CopyEngine;
+  return pdl_by_default(plan.def.collective, plan.partial_via);
 }
 
 // '' when the GEMM kernel's extent rule (kernel/gemm_extents.hpp) admits every sub-GEMM of
