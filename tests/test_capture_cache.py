@@ -46,20 +46,23 @@ def new_cache(syncs):
     return entries.EntryCache(types.SimpleNamespace(synchronize=lambda: syncs.append(1)))
 
 
-def fill(cache, captured_keys, n):
+def fill(cache, captured_keys, n, with_graphs=()):
     for k in range(n):
-        cache.insert(k, entry(captured=k in captured_keys))
+        cache.insert(k, entry(captured=k in captured_keys, graphs=[Graph()] * (k in with_graphs)))
 
 
 def test_the_least_recently_used_uncaptured_entry_is_evicted():
     syncs = []
     cache = new_cache(syncs)
-    fill(cache, {0, 1}, entries.MAX_PLANS)
+    fill(cache, {0, 1}, entries.MAX_PLANS, with_graphs={2})
     assert cache.evictable() == 2
     cache.insert("new", entry())
     assert len(cache) == entries.MAX_PLANS
     assert 0 in cache and 1 in cache and 2 not in cache and "new" in cache
     assert syncs == [1]  # the device was synchronised before the evicted graphs went
+    # An entry without instantiated graphs (its calls enqueued directly) goes without waiting.
+    cache.insert("newer", entry())
+    assert 3 not in cache and "newer" in cache and syncs == [1]
 
 
 def test_captured_entries_are_kept_beyond_the_limit():
@@ -80,8 +83,8 @@ def test_nothing_is_evicted_while_a_capture_is_in_progress():
     fill(cache, set(), entries.MAX_PLANS)
     cache.insert("during", entry(), capturing=True)
     assert len(cache) == entries.MAX_PLANS + 1 and syncs == []
-    cache.insert("after", entry())  # shrinks back to the limit
-    assert len(cache) == entries.MAX_PLANS and syncs == [1, 1]
+    cache.insert("after", entry())  # shrinks back to the limit (no graphs: no waiting)
+    assert len(cache) == entries.MAX_PLANS and syncs == []
     assert 0 not in cache and 1 not in cache and "during" in cache
 
 

@@ -208,9 +208,14 @@ class EntryCache(collections.OrderedDict):
                 "freed only by Communicator.close()"
             )
         del self[key]
-        # The graphs may still run on the GPU; destroying an executable graph mid-flight is
-        # not allowed, so wait for the device first (eviction is rare: MAX_PLANS).
-        self.comm.synchronize()
+        # Instantiated graphs may still run on the GPU, and a graph's own error sink is freed
+        # with it: wait for the device first. A state without one (the collective path's, or an
+        # overlapped entry whose calls were all enqueued directly: its launcher records into
+        # the launch order's shared sink and holds streams and events only, which CUDA frees
+        # once their work is done) is dropped without waiting, so that a stream of new shapes
+        # beyond MAX_PLANS costs no synchronisation per call.
+        if entry.state.eager_graphs:
+            self.comm.synchronize()
         entry.state.release()
 
     # -- Attachment ------------------------------------------------------------------------
