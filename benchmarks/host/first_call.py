@@ -9,8 +9,9 @@ afterwards (the workspace, the collective path's scratch); writes it all as JSON
     torchrun --nproc-per-node 4 -m benchmarks.host.first_call --path collective
 
 A first call's ms: host wall time from the call until its result is ready (the call, then a
-device synchronisation), the maximum over ranks. Host ms: until the call returns. Phases (host
-ms, wrapped around the library's functions where they exist; "other" is the remainder):
+device synchronisation), the maximum over ranks. Host ms: until the call returns. With
+``--phases``, the phases of each call (host ms, wrapped around the library's functions where
+they exist; the wrappers add host time of their own; "other" is the remainder):
 validation and plan (make_spec), the signature exchange, the S and path decisions, the path's
 state (make_state, without what follows), the workspace lookup (workspace_for) and, when it
 grows, its allocation and IPC exchange, the re-pointing of the cached plans and the freeing of
@@ -156,6 +157,12 @@ def main(argv=None) -> None:
         default="distgemm",
         help="distgemm's ops, or the unfused torch + NCCL baseline (default: distgemm)",
     )
+    ap.add_argument(
+        "--phases",
+        action="store_true",
+        help="time the phases of each first call (wrappers around the library's functions: "
+        "they cost host time of their own, so the headline runs without them)",
+    )
     ap.add_argument("--steady-calls", type=int, default=50)
     ap.add_argument("--steady-every", type=int, default=8, help="steady timing every n-th M")
     ap.add_argument(
@@ -206,7 +213,8 @@ def main(argv=None) -> None:
     torch.cuda.synchronize()
     mem0 = torch.cuda.memory_allocated(dev)
     timer = PhaseTimer()
-    wrap_library(timer, comm)
+    if args.phases:
+        wrap_library(timer, comm)
     records = []
     steady = []
     profiler = cProfile.Profile() if args.profile else None
@@ -225,7 +233,7 @@ def main(argv=None) -> None:
                     host = (time.perf_counter() - t0) * 1e3
                     torch.cuda.synchronize()
                     ready = (time.perf_counter() - t0) * 1e3
-                    phases = phases_of(timer.take(), host)
+                    phases = phases_of(timer.take(), host) if args.phases else {}
                     # The entry just created (LRU order); the baseline has none.
                     chosen = distgemm.path_choices()[-1] if args.impl == "distgemm" else {}
                     records.append(
@@ -249,6 +257,7 @@ def main(argv=None) -> None:
         meta["path"] = args.path or "default"
         meta["impl"] = args.impl
         meta["control"] = type(comm._ctl).__name__
+        meta["phases"] = bool(args.phases)
         memory = dict(torch_grown=mem1 - mem0, distgemm=distgemm.memory_stats(comm))
         report(records, steady, timer.missing, meta, memory, args.out)
         if profiler is not None:
@@ -313,7 +322,8 @@ def report(records, steady, missing, meta, memory, out_path) -> None:
     )
     print(f"first call host ms (until return): median {host['median']:.3f}, max {host['max']:.3f}")
     print(f"steady call ms: median {steady_median:.4f} over {len(steady)} entries")
-    print("host ms per phase of a first call: median / max / total")
+    if phases:
+        print("host ms per phase of a first call: median / max / total")
     for name, v in sorted(phases.items(), key=lambda kv: -sum(kv[1])):
         s = summarize(v)
         print(f"  {name:20s} {s['median']:8.3f} {s['max']:8.3f} {s['total']:9.1f}")
