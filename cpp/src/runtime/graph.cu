@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -121,18 +123,34 @@ DeviceGraph::~DeviceGraph() {
   if (graph_) cudaGraphDestroy(graph_);
   destroy_lanes(own_);
   destroy_lanes(into_);
-  destroy_lanes(direct_);
 }
 
 void DeviceGraph::create_lanes(Lanes& lanes, bool with_gemm_stream) {
-  if (with_gemm_stream)
+  if (with_gemm_stream && !lanes.gemm)
     DISTGEMM_CUDA_CHECK(cudaStreamCreateWithFlags(&lanes.gemm, cudaStreamNonBlocking));
-  DISTGEMM_CUDA_CHECK(cudaStreamCreateWithFlags(&lanes.copy, cudaStreamNonBlocking));
-  DISTGEMM_CUDA_CHECK(cudaEventCreateWithFlags(&lanes.barrier, cudaEventDisableTiming));
-  DISTGEMM_CUDA_CHECK(cudaEventCreateWithFlags(&lanes.copy_end, cudaEventDisableTiming));
-  lanes.gemm_done.resize(plan_.devices[rank_].gemms.size());
-  for (auto& e : lanes.gemm_done)
+  if (!lanes.copy)
+    DISTGEMM_CUDA_CHECK(cudaStreamCreateWithFlags(&lanes.copy, cudaStreamNonBlocking));
+  if (!lanes.barrier)
+    DISTGEMM_CUDA_CHECK(cudaEventCreateWithFlags(&lanes.barrier, cudaEventDisableTiming));
+  if (!lanes.copy_end)
+    DISTGEMM_CUDA_CHECK(cudaEventCreateWithFlags(&lanes.copy_end, cudaEventDisableTiming));
+  while (lanes.gemm_done.size() < plan_.devices[rank_].gemms.size()) {
+    cudaEvent_t e = nullptr;
     DISTGEMM_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    lanes.gemm_done.push_back(e);
+  }
+}
+
+namespace {
+std::mutex& direct_lanes_mutex() {
+  static std::mutex m;
+  return m;
+}
+}  // namespace
+
+DeviceGraph::Lanes& DeviceGraph::direct_lanes(int cuda_device) {
+  static auto* by_device = new std::map<int, Lanes>();  // kept to the end of the process
+  return (*by_device)[cuda_device];
 }
 
 void DeviceGraph::destroy_lanes(Lanes& lanes) {
@@ -521,13 +539,17 @@ void DeviceGraph::enqueue_on(cudaStream_t stream, const UserBuffers& user) {
   if (status != cudaStreamCaptureStatusNone)
     throw std::logic_error(
         "DeviceGraph::enqueue_on: the stream is capturing; use capture_into() inside a capture");
-  enqueue_on_caller(stream, user, direct_);
+  // Every graph of this device enqueues its side chain on the device's one set of lanes: the
+  // launches are ordered anyway (LaunchOrder), and events are re-recorded at each use (a wait
+  // already enqueued keeps the record it saw).
+  std::lock_guard<std::mutex> hold(direct_lanes_mutex());
+  enqueue_on_caller(stream, user, direct_lanes(cuda_device_));
 }
 
 void DeviceGraph::enqueue_on_caller(cudaStream_t stream, const UserBuffers& user, Lanes& lanes) {
   validate(user);
   DISTGEMM_CUDA_CHECK(cudaSetDevice(cuda_device_));
-  if (!lanes.copy) {
+  if (!lanes.copy || lanes.gemm_done.size() < plan_.devices[rank_].gemms.size()) {
     RelaxedCaptureMode relaxed;  // creating streams and events while the caller may capture
     create_lanes(lanes, false);
   }

@@ -281,15 +281,22 @@ class DeviceGraph {
     cudaEvent_t barrier = nullptr, copy_end = nullptr;
     std::vector<cudaEvent_t> gemm_done;  // one per GEMM
   };
+  // Makes what `lanes` lacks for this plan (streams, events, a GEMM-done event per GEMM);
+  // keeps what it has.
   void create_lanes(Lanes& lanes, bool with_gemm_stream);
   static void destroy_lanes(Lanes& lanes);
+  // The side chain's lanes of every graph's enqueue_on() on `cuda_device`, one set per device
+  // for the process (never destroyed: streams may not outlive the CUDA runtime at exit), so that
+  // a first call of a new plan makes no stream and no events; the caller holds
+  // direct_lanes_mutex() while it uses them.
+  static Lanes& direct_lanes(int cuda_device);
   // Enqueues one launch's nodes on lanes.gemm (and lanes.copy, joined back into lanes.gemm):
   // the one definition of the node sequence, recorded by capture() and capture_into() and
   // enqueued by enqueue_on(). With `tag`, records each node's role for topology().
   GraphStats enqueue(const UserBuffers& user, const Lanes& lanes, bool tag);
   // enqueue() on the caller's `stream` as the GEMM chain, the side chain on `lanes` (into_ or
-  // direct_, made at first use under a relaxed capture mode): the shared part of capture_into()
-  // and enqueue_on() once each has checked the stream's capture status.
+  // direct_lanes(), made at first use under a relaxed capture mode): the shared part of
+  // capture_into() and enqueue_on() once each has checked the stream's capture status.
   void enqueue_on_caller(cudaStream_t stream, const UserBuffers& user, Lanes& lanes);
   cudaGraph_t capture(const UserBuffers& user);
   void require_executable(const char* what) const;
@@ -312,10 +319,10 @@ class DeviceGraph {
 
   // own_: the private captures (GEMM chain stream, side chain stream); into_: capture_into()
   // (side chain only: the GEMM chain runs on the caller's stream), made at its first use;
-  // direct_: enqueue_on(), likewise. Apart, because the streams of a capture_into() stay in the
-  // caller's capture until the caller ends it, while update() may need a private capture and
-  // enqueue_on() plain stream work before that.
-  Lanes own_, into_, direct_;
+  // enqueue_on() uses the device's direct_lanes(). Apart, because the streams of a
+  // capture_into() stay in the caller's capture until the caller ends it, while update() may
+  // need a private capture and enqueue_on() plain stream work before that.
+  Lanes own_, into_;
   std::shared_ptr<ErrorSink> errors_;
   cudaGraphExec_t exec_ = nullptr;
   cudaGraph_t graph_ = nullptr;  // the capture exec_ was made from (or last updated with)
