@@ -1,17 +1,18 @@
-"""CPU checks of distgemm's one-shot / two-shot all-reduce (flag and LL) without a GPU: its
+"""CPU checks of distgemm's one-shot / two-shot all-reduce (flag, LL and pull) without a GPU: its
 host-only rules from C++ through _core (algorithms, the control region, receive bytes of both
-parities, two_shot's chunks, the grid, the argument check's reasons) at TP 2, 3, 4 and 8, and the
-Python attachment's buffers on an injected allocator (grown to the largest call, flag and LL
-algorithms in regions apart, reported, returned by close()). The GPU runs the kernel in
-tests/gpu/test_allreduce_kernel.py."""
+parities or of the pull input, two_shot's chunks, the grid, the argument check's reasons) at TP
+2, 3, 4 and 8, and the Python attachment's buffers on an injected allocator (grown to the largest
+call, flag, LL and pull algorithms in regions apart, reported, returned by close()). The GPU runs
+the kernel in tests/gpu/test_allreduce_kernel.py."""
 
 import pytest
 
 from distgemm import _core
 
 TPS = [2, 3, 4, 8]
-ALGOS = ["one_shot", "two_shot", "one_shot_ll", "two_shot_ll"]
+ALGOS = ["one_shot", "two_shot", "one_shot_ll", "two_shot_ll", "two_shot_pull"]
 LINES = ("one_shot_ll", "two_shot_ll")  # 16-byte lines carry 8 bytes of data
+PULL = ("two_shot_pull",)  # reads the inputs in the ranks' receive buffers
 
 
 def _line_factor(algo):
@@ -25,6 +26,7 @@ def _chunk(numel, tp):
 def test_algorithms_and_control_region():
     assert _core.ALLREDUCE_ALGORITHMS == tuple(ALGOS)
     assert _core.ALLREDUCE_LINE_ALGORITHMS == LINES
+    assert _core.ALLREDUCE_PULL_ALGORITHMS == PULL
     slots = _core.ALLREDUCE_MAX_CTAS
     # a generation word per CTA slot, then flags [phase 2][source 8][slot]
     assert _core.ALLREDUCE_CONTROL_BYTES == (slots + 2 * _core.MAX_TP * slots) * 4
@@ -47,6 +49,8 @@ def test_receive_bytes_hold_both_parities(tp, numel):
         assert _core.allreduce_receive_bytes(f"{algo}_ll", numel, 2, tp) == 2 * flag
         # each parity of both holds whole 16-byte vectors / lines
         assert flag % 32 == 0
+    # pull: this rank's input, one region (no parity)
+    assert _core.allreduce_receive_bytes("two_shot_pull", numel, 2, tp) == numel * 2
 
 
 @pytest.mark.parametrize("tp", TPS)
@@ -85,6 +89,8 @@ def test_grid_grows_with_the_slice_and_stops_at_resident_and_slots(tp, algo):
         ("two_shot", 8192, 4, 1),  # 4 KB chunks
         ("two_shot_ll", 8192, 4, 1),  # 8 KB of lines per chunk
         ("two_shot_ll", 8192, 2, 2),  # 8 KB chunks, 16 KB of lines
+        ("two_shot_pull", 8192, 4, 1),  # 4 KB chunks, as two_shot
+        ("two_shot_pull", 1024 * 1024, 4, 64),  # 2 MB: 512 KB chunks
         ("one_shot_ll", 8, 8, 1),
         ("two_shot_ll", 8, 8, 1),
         ("one_shot_ll", 1024 * 1024, 3, 256),  # 4 MB of lines: every slot
@@ -104,7 +110,11 @@ def test_problem_is_empty_for_runnable_arguments(tp, algo):
 @pytest.mark.parametrize(
     "args,words",
     [
-        (("three_shot", 8, 2, 2), ["'three_shot'", "one_shot, two_shot, one_shot_ll, two_shot_ll"]),
+        (
+            ("three_shot", 8, 2, 2),
+            ["'three_shot'", "one_shot, two_shot, one_shot_ll, two_shot_ll, two_shot_pull"],
+        ),
+        (("two_shot_pull", 12, 2, 2), ["numel=12", "multiple of 8"]),
         (("one_shot_LL", 8, 2, 2), ["'one_shot_LL'", "not one of"]),
         (("one_shot_ll", 12, 2, 2), ["numel=12", "multiple of 8"]),
         (("two_shot_ll", 8, 2, 9), ["tp=9", "1..8"]),
@@ -217,6 +227,40 @@ def test_ll_algorithms_get_a_receive_region_apart_from_the_flag_ones():
     assert stats["allreduce_receive_bytes"] == flag.nbytes + grown.nbytes
     held = res.close()
     assert flag in held and grown in held
+
+
+def test_pull_algorithms_get_a_region_of_their_own_and_a_view_of_the_input_in_it(monkeypatch):
+    # A pull region has no parity halves: beside a push algorithm's halves, a peer one launch
+    # ahead could push into the bytes this rank still reads (kernel/allreduce.hpp).
+    torch = pytest.importorskip("torch")
+    from distgemm.runtime import allreduce
+
+    comm = _Comm()
+    comm.device = torch.device("cpu")
+    res = allreduce.AllReduceResources(comm)
+    comm.attachment = lambda name: res
+    comm.all_gather = lambda obj, what: [obj] * comm.tp
+    monkeypatch.setattr(_core, "allreduce_resident_ctas", lambda d: 132, raising=False)
+    big = 1 << 20
+    flag, _ = res.receive_for("two_shot", big, 2)
+    pull, _ = res.receive_for("two_shot_pull", big, 2)
+    assert pull is not flag and pull.slot_capacity >= big * 2
+    assert res.receive_for("two_shot_pull", 8, 2)[0] is pull
+    assert res.receive_for("two_shot", 8, 2)[0] is flag
+    # all_reduce_input: the pull region's start for a pull algorithm, the tensor itself else
+    like = torch.empty(4, 8, dtype=torch.bfloat16)
+    assert allreduce.all_reduce_input(comm, "two_shot", like, False) is like
+    made = []
+
+    def fake_view(ptr, numel, dtype, device):
+        made.append((ptr, numel))
+        return torch.empty(numel, dtype=dtype)
+
+    monkeypatch.setattr(allreduce, "device_view", fake_view)
+    x = allreduce.all_reduce_input(comm, "two_shot_pull", like, False)
+    again = allreduce.all_reduce_input(comm, "two_shot_pull", like, False)
+    assert x.shape == like.shape and x.dtype == like.dtype and again is x  # made once
+    assert made == [(pull.bases[comm.rank], like.numel())]
 
 
 def test_the_grid_bound_is_the_smallest_resident_count_of_the_ranks(monkeypatch):

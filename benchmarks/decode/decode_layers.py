@@ -167,14 +167,16 @@ def one_call(
         path = report.FUSED_PATH_VARIANTS[variant]
         return lambda: distgemm.gemm_all_reduce(a, w, out=o, path=path)
     if variant in report.OWN_ALL_REDUCE:
-        from distgemm.runtime.allreduce import run_all_reduce
+        from distgemm.runtime.allreduce import all_reduce_input, run_all_reduce
         from distgemm.runtime.communicator import get_communicator
 
         comm, algorithm = get_communicator(None), report.OWN_ALL_REDUCE[variant]
 
-        def mm_own():
-            torch.mm(a, wt, out=o)
-            run_all_reduce(comm, o, algorithm, torch.cuda.is_current_stream_capturing())
+        def mm_own():  # as the collective path runs it: a pull algorithm's GEMM writes its region
+            capturing = torch.cuda.is_current_stream_capturing()
+            x = all_reduce_input(comm, algorithm, o, capturing)
+            torch.mm(a, wt, out=x)
+            run_all_reduce(comm, x, algorithm, capturing, out=o)
 
         return mm_own
     return lambda: distgemm.gemm_all_reduce(a, w, out=o)

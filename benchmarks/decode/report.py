@@ -27,6 +27,7 @@ CALLS_PER_GRAPH = 20
 VARIANTS = (
     "mm", "nccl", "one_shot", "two_shot", "nccl_symm", "distgemm", "distgemm_fused",
     "distgemm_fused_two_shot", "dg_one_shot", "dg_two_shot", "dg_one_shot_ll", "dg_two_shot_ll",
+    "dg_two_shot_pull",
 )  # fmt: skip
 # distgemm.gemm_all_reduce forced onto each fused path (distgemm.runtime.machine.FUSED_PATHS):
 # the fused kernel with its one-shot tail, and with the CUTLASS kernel's two-shot tail (not run
@@ -37,6 +38,7 @@ FUSED_PATH_VARIANTS = {"distgemm_fused": "fused", "distgemm_fused_two_shot": "fu
 OWN_ALL_REDUCE = {
     "dg_one_shot": "one_shot", "dg_two_shot": "two_shot",
     "dg_one_shot_ll": "one_shot_ll", "dg_two_shot_ll": "two_shot_ll",
+    "dg_two_shot_pull": "two_shot_pull",
 }  # fmt: skip
 UNFUSED = ("nccl", "one_shot", "two_shot", "nccl_symm")  # best unfused: the fastest of these
 FUSED = ("distgemm", *FUSED_PATH_VARIANTS)
@@ -57,6 +59,8 @@ DESCRIPTION = {
     "dg_two_shot": "torch.mm + distgemm's own two-shot all-reduce (runtime/allreduce.py), forced",
     "dg_one_shot_ll": "torch.mm + distgemm's own one-shot all-reduce with LL lines, forced",
     "dg_two_shot_ll": "torch.mm + distgemm's own two-shot all-reduce with LL lines, forced",
+    "dg_two_shot_pull": "torch.mm into distgemm's input region + its own two-shot all-reduce "
+    "that reads the peers' inputs in place, forced",
 }
 HEADERS = {
     "mm": "mm",
@@ -71,6 +75,7 @@ HEADERS = {
     "dg_two_shot": "mm+dg two_shot",
     "dg_one_shot_ll": "mm+dg one_shot_ll",
     "dg_two_shot_ll": "mm+dg two_shot_ll",
+    "dg_two_shot_pull": "mm+dg two_shot_pull",
 }
 ERR_TOL = 2e-2  # relative Frobenius error against mm + NCCL, bf16
 SUSPECT_SLACK = 0.01  # a time more than 1% below mm alone is a measurement error

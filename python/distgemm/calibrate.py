@@ -236,7 +236,7 @@ def reduce_runs(torch, dist, device, tp, run, rand, say) -> list[dict[str, Any]]
     calls of a few microseconds time the launch gaps, not the call), torch.mm's and the fused
     path's calls cycling through weight_copies copies of the weight."""
     from . import ops
-    from .runtime.allreduce import run_all_reduce
+    from .runtime.allreduce import all_reduce_input, run_all_reduce
     from .runtime.communicator import get_communicator
     from .runtime.paths.collective import own_all_reduce_offer
     from .runtime.paths.fused import fused_problem
@@ -280,7 +280,11 @@ def reduce_runs(torch, dist, device, tp, run, rand, say) -> list[dict[str, Any]]
             calls = {"nccl": functools.partial(dist.all_reduce, vec)}
             for algorithm, problem in own_all_reduce_offer(vec.numel(), vec.dtype, tp).items():
                 if not problem:
-                    calls[algorithm] = functools.partial(_own_all_reduce, torch, comm, vec,
+                    # Where the collective path's GEMM writes the input: a pull algorithm's region.
+                    x = all_reduce_input(comm, algorithm, vec, False)
+                    if x is not vec:
+                        x.copy_(vec)
+                    calls[algorithm] = functools.partial(_own_all_reduce, torch, comm, x,
                                                          algorithm, run_all_reduce)  # fmt: skip
             for algorithm, call in calls.items():
                 runs.append({"kind": "all_reduce", "algorithm": algorithm, "bytes": nbytes,

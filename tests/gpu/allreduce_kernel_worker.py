@@ -1,4 +1,4 @@
-"""GPU checks of distgemm's one-shot / two-shot all-reduce kernels, flag and LL
+"""GPU checks of distgemm's one-shot / two-shot all-reduce kernels, flag, LL and pull
 (runtime/allreduce.py), one process per GPU:
 
     torchrun --nproc-per-node 4 tests/gpu/allreduce_kernel_worker.py --out results.json
@@ -6,19 +6,21 @@
 Started by tests/gpu/test_allreduce_kernel.py. Sections, run by every rank in the same order
 (inputs seeded uniform in [-1, 1), different per rank):
 
-  correctness  every algorithm (one_shot, two_shot, one_shot_ll, two_shot_ll), bf16 and fp16,
-               numel from 8 to 4M (multiples of tp * 8 and not: two_shot chunks that are short
-               or empty on the last ranks), in place and out of place: the output bitwise
+  correctness  every algorithm (one_shot, two_shot, one_shot_ll, two_shot_ll, two_shot_pull),
+               bf16 and fp16, numel from 8 to 4M (multiples of tp * 8 and not: two_shot chunks
+               that are short or empty on the last ranks), in place and out of place (and for
+               two_shot_pull, the input written into its region, all_reduce_input, as the
+               collective path's GEMM writes it): the output bitwise
                equal to torch's float32 sum over ranks 0..tp-1 in that order rounded to the
                dtype (what the kernel computes), within 1 ulp relative (finfo.eps * |ref| +
                1e-6) of the float64 sum, bitwise equal on every rank; an out-of-place call
                leaves its input as it was
-  interleaved  calls of mixed sizes and all four algorithms back to back without synchronising
+  interleaved  calls of mixed sizes and all five algorithms back to back without synchronising
                (large, small, large: each launch's parity apart from the previous one's,
                whatever their sizes and algorithms; LL lines left by a larger call two launches
                earlier at the same parity must not pass for this launch's), every output checked
                afterwards
-  capture      several calls captured in one CUDA graph (in place and out of place, all four
+  capture      several calls captured in one CUDA graph (in place and out of place, all five
                algorithms, mixed sizes), replayed REPLAYS times with fresh inputs copied in
                before each replay and an eager call between replays (each algorithm in turn),
                every output checked
@@ -49,9 +51,9 @@ from torchrun_worker import (
 )
 
 from distgemm.runtime import communicator as dcomm
-from distgemm.runtime.allreduce import AllReduceResources, run_all_reduce
+from distgemm.runtime.allreduce import AllReduceResources, all_reduce_input, run_all_reduce
 
-ALGOS = ("one_shot", "two_shot", "one_shot_ll", "two_shot_ll")
+ALGOS = ("one_shot", "two_shot", "one_shot_ll", "two_shot_ll", "two_shot_pull")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 M = 1024 * 1024
 
@@ -131,6 +133,13 @@ def test_correctness(dev, comm):
                 torch.cuda.synchronize()
                 v.check(f"{numel} in place", y, want, exact)
                 v.check(f"{numel} out of place", out, want, exact)
+                if algo == "two_shot_pull":  # the input written where the peers read it
+                    region = all_reduce_input(comm, algo, x, False)
+                    region.copy_(x)
+                    into = torch.full_like(x, float("nan"))
+                    run_all_reduce(comm, region, algo, False, out=into)
+                    torch.cuda.synchronize()
+                    v.check(f"{numel} from its input region", into, want, exact)
                 x_again = uniform(numel, dtype, dev, seed=i)
                 if not torch.equal(x.view(torch.int16), x_again.view(torch.int16)):
                     v.bad.append(f"{numel}: out of place changed the input")
@@ -167,6 +176,14 @@ def test_interleaved(dev, comm):
         ("two_shot_ll", 4 * M - 8),
         ("one_shot_ll", 4 * M),
         ("two_shot_ll", 24),
+        # pull: its own region, the flags shared with two_shot's
+        ("two_shot_pull", 4 * M),
+        ("two_shot", 4 * M),
+        ("two_shot_pull", 24),
+        ("two_shot_pull", M + 24),
+        ("one_shot_ll", 8),
+        ("two_shot_pull", 8),
+        ("two_shot_pull", 4 * M - 8),
     ]
     for dname, dtype in DTYPES.items():
         v = Verdict()
@@ -200,6 +217,8 @@ def test_capture(dev, comm, replays: int):
         ("one_shot_ll", M, True),
         ("two_shot", 4 * M, True),
         ("two_shot_ll", 24, False),
+        ("two_shot_pull", M + 24, False),
+        ("two_shot_pull", 4096, True),
     ]
     srcs = [torch.empty(n, device=dev, dtype=dtype) for _, n, _ in calls]
     outs = [s if inplace else torch.empty_like(s) for s, (_, _, inplace) in zip(srcs, calls)]

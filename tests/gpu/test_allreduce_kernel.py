@@ -1,11 +1,11 @@
-"""distgemm's one-shot / two-shot all-reduce kernels (flag and LL) on Hopper GPUs under torchrun,
+"""distgemm's one-shot / two-shot all-reduce kernels (flag, LL, pull) on Hopper GPUs under torchrun,
 at TP = every visible GPU (DISTGEMM_TEST_TP sets another; one GPU: 2 ranks sharing it, a
 functional run); tests/gpu/allreduce_kernel_worker.py does the work:
 
-- every algorithm (one_shot, two_shot, one_shot_ll, two_shot_ll), bf16 and fp16, numel 8 .. 4M
-  (chunking edge cases), in place and out of place: bitwise the float32 sum over ranks in rank
-  order rounded to the dtype, within 1 ulp relative of the float64 sum, bitwise the same on every
-  rank;
+- every algorithm (one_shot, two_shot, one_shot_ll, two_shot_ll, two_shot_pull), bf16 and fp16,
+  numel 8 .. 4M (chunking edge cases), in place and out of place (two_shot_pull also from its
+  input region): bitwise the float32 sum over ranks in rank order rounded to the dtype, within 1
+  ulp relative of the float64 sum, bitwise the same on every rank;
 - mixed sizes and algorithms back to back; a CUDA graph of several calls replayed with fresh
   inputs and eager calls between replays;
 - a rank that skips a call: the others' launch times out with an error naming it.
@@ -31,7 +31,7 @@ from gpu_requirements import (  # noqa: E402
 LAUNCH = launch_here()
 pytestmark = skip_unless_launchable(LAUNCH)
 REPLAYS = 20
-ALGOS = ["one_shot", "two_shot", "one_shot_ll", "two_shot_ll"]
+ALGOS = ["one_shot", "two_shot", "one_shot_ll", "two_shot_ll", "two_shot_pull"]
 
 
 results = worker_results(
@@ -56,7 +56,8 @@ def test_sum_is_the_ordered_float32_sum_and_the_same_bits_everywhere(results, al
         assert e["ok"] and e["bitwise_same_on_every_rank"], e
         assert e["worst_diff_in_ulps"] <= 1.0, e
         assert min(e["numels"]) == 8 and max(e["numels"]) == 4 * 1024 * 1024
-        assert e["calls"] == 2 * len(e["numels"])  # in place and out of place
+        # in place and out of place; pull also from its input region
+        assert e["calls"] == (3 if algo == "two_shot_pull" else 2) * len(e["numels"])
 
 
 def test_memory_is_reported(results):

@@ -22,15 +22,19 @@ void require_runnable(const std::string& algorithm, int64_t numel, int element_b
 
 void register_allreduce_rules(py::module_& m) {
   py::tuple names(k::kAllReduceAlgorithms);
-  py::list lines;
+  py::list lines, pull;
   for (int i = 0; i < k::kAllReduceAlgorithms; ++i) {
     names[i] = k::kAllReduceAlgorithmNames[i];
     if (k::allreduce_lines(static_cast<k::AllReduceAlgorithm>(i)))
       lines.append(k::kAllReduceAlgorithmNames[i]);
+    if (k::allreduce_pull(static_cast<k::AllReduceAlgorithm>(i)))
+      pull.append(k::kAllReduceAlgorithmNames[i]);
   }
   m.attr("ALLREDUCE_ALGORITHMS") = names;
   // The algorithms that push LL lines: their receive buffers hold nothing else (allreduce.hpp).
   m.attr("ALLREDUCE_LINE_ALGORITHMS") = py::tuple(lines);
+  // The algorithms that read the ranks' inputs in their receive buffers (allreduce.hpp).
+  m.attr("ALLREDUCE_PULL_ALGORITHMS") = py::tuple(pull);
   m.attr("ALLREDUCE_CONTROL_BYTES") = py::int_(k::allreduce_control_bytes());
   m.attr("ALLREDUCE_MAX_CTAS") = py::int_(k::kAllReduceMaxCtas);
   m.attr("ALLREDUCE_CTA_BYTES") = py::int_(k::kAllReduceCtaBytes);

@@ -25,6 +25,8 @@
 // (two_shot_ll) pushes its sums as lines, and after a CTA barrier (every piece of the CTA's
 // slice of its own chunk arrived) polls the peers' sums the same way. A thread whose wait fails
 // stops pushing (a peer never sees a line of this launch that holds no sum).
+// two_shot_pull: steps 0 and 5 the same; the inputs are read where they lie, in the ranks'
+// receive buffers (allreduce.hpp), see two_shot_pull.
 // In place (out == src) is safe: CTA c alone reads and writes slice c of every chunk, and reads
 // each element of src before the same thread (or, after a barrier, the same CTA) writes it (LL:
 // the same thread, since every loop over a slice gives a thread the same indices).
@@ -92,6 +94,18 @@ __device__ __forceinline__ Vec round_elems(const float (&acc)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) e[i] = Convert<Element>::from_float(acc[i]);
   return v;
+}
+
+// The sum of x[0..tp-1] (8 elements each) in float32, in rank order, rounded to Element.
+template <class Element>
+__device__ __forceinline__ uint4 sum_in_rank_order(const uint4 (&x)[kMaxDevices], int tp) {
+  float acc[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) acc[i] = 0.f;
+#pragma unroll
+  for (int q = 0; q < kMaxDevices; ++q)
+    if (q < tp) add_elems<Element>(acc, x[q]);
+  return round_elems<Element, uint4>(acc);
 }
 
 // Vectors [begin, end) of slice `cta` of `vecs` vectors over the grid: the same cut on every rank
@@ -176,13 +190,7 @@ __device__ inline void sum_slice(const AllReduceArgs& a, const Slice& s, const u
 #pragma unroll
     for (int q = 0; q < kMaxDevices; ++q)
       if (q < a.tp) x[q] = q == a.rank ? own[v] : ld_partial_v4(peer + q * stride + v);
-    float acc[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) acc[i] = 0.f;
-#pragma unroll
-    for (int q = 0; q < kMaxDevices; ++q)
-      if (q < a.tp) add_elems<Element>(acc, x[q]);
-    const uint4 y = round_elems<Element, uint4>(acc);
+    const uint4 y = sum_in_rank_order<Element>(x, a.tp);
     out[v] = y;
     if (push)
       for (int i = 1; i < a.tp; ++i)
@@ -215,7 +223,48 @@ __device__ __forceinline__ void finish_launch(const AllReduceArgs& a, uint32_t g
       words[i] = gen;
 }
 
-template <class Element, bool TwoShot>
+// two_shot_pull (allreduce.hpp), per CTA c (slot c), between the flag kernel's steps 0 and 5. The
+// ranks' inputs lie at the start of their receive buffers.
+template <class Element>
+__device__ inline void two_shot_pull(const AllReduceArgs& a, uint32_t gen, uint32_t* ok) {
+  const int tid = threadIdx.x, cta = blockIdx.x, ctas = gridDim.x;
+  const int64_t cv = a.chunk_vecs, base = a.rank * cv;
+  // 1. Arrival: this rank's input was written by work that completed before this kernel began.
+  if (tid == 0)
+    for (int i = 1; i < a.tp; ++i)
+      st_relaxed_sys(flag_of(a, (a.rank + i) % a.tp, 0, a.rank, cta), gen);
+  if (!wait_peers(a, 0, cta, gen, ok)) return;
+  // 2. Slice c of this rank's chunk from every rank's input, summed in rank order; the sum to out
+  // and over every peer's input of the slice (read here only).
+  const Slice s = chunk_slice(a.vecs, cv, a.rank, cta, ctas);
+  for (int64_t v = s.begin + tid; v < s.end; v += kAllReduceThreads) {
+    uint4 x[kMaxDevices];
+#pragma unroll
+    for (int q = 0; q < kMaxDevices; ++q)
+      if (q < a.tp) x[q] = ld_partial_v4(a.receive[q] + base + v);
+    const uint4 y = sum_in_rank_order<Element>(x, a.tp);
+    a.out[base + v] = y;
+    for (int i = 1; i < a.tp; ++i) a.receive[(a.rank + i) % a.tp][base + v] = y;
+  }
+  __syncthreads();
+  if (tid == 0) signal_peers(a, 1, cta, gen);
+  // 3. The peers' sums of their chunks' slice c, stored into this rank's buffer, into out (every
+  // load issued before any store, as the flag kernel's step 4).
+  if (!wait_peers(a, 1, cta, gen, ok)) return;
+  const PeerSlices p(a.rank, a.tp, a.vecs, cv, cta, ctas);
+  const uint4* mine = a.receive[a.rank];
+  for (int64_t k = tid; k < p.longest; k += kAllReduceThreads) {
+    uint4 x[kMaxDevices];
+#pragma unroll
+    for (int i = 1; i < kMaxDevices; ++i)
+      if (p.has(i, k)) x[i] = ld_partial_v4(mine + ((a.rank + i) % a.tp) * cv + p.begin[i] + k);
+#pragma unroll
+    for (int i = 1; i < kMaxDevices; ++i)
+      if (p.has(i, k)) a.out[((a.rank + i) % a.tp) * cv + p.begin[i] + k] = x[i];
+  }
+}
+
+template <class Element, AllReduceAlgorithm Algorithm>
 __global__ void __launch_bounds__(kAllReduceThreads, 1)
     allreduce_kernel(const __grid_constant__ AllReduceArgs a) {
   __shared__ uint32_t ok_s;
@@ -226,7 +275,9 @@ __global__ void __launch_bounds__(kAllReduceThreads, 1)
   const uint32_t parity = gen & 1u;
   uint4* mine = receive_of(a, a.rank, parity);
 
-  if (!TwoShot) {
+  if (Algorithm == AllReduceAlgorithm::TwoShotPull) {
+    two_shot_pull<Element>(a, gen, &ok_s);
+  } else if (Algorithm == AllReduceAlgorithm::OneShot) {
     // [parity][source][numel]: push slice `cta` of src to every peer at [me].
     const Slice s(a.vecs, cta, ctas);
     for (int64_t v = s.begin + tid; v < s.end; v += kAllReduceThreads) {
@@ -430,13 +481,16 @@ template <class Element>
 const void* kernel_of(AllReduceAlgorithm algorithm) {
   switch (algorithm) {
     case AllReduceAlgorithm::OneShot:
-      return reinterpret_cast<const void*>(allreduce_kernel<Element, false>);
+      return reinterpret_cast<const void*>(allreduce_kernel<Element, AllReduceAlgorithm::OneShot>);
     case AllReduceAlgorithm::TwoShot:
-      return reinterpret_cast<const void*>(allreduce_kernel<Element, true>);
+      return reinterpret_cast<const void*>(allreduce_kernel<Element, AllReduceAlgorithm::TwoShot>);
     case AllReduceAlgorithm::OneShotLL:
       return reinterpret_cast<const void*>(allreduce_ll_kernel<Element, false>);
     case AllReduceAlgorithm::TwoShotLL:
       return reinterpret_cast<const void*>(allreduce_ll_kernel<Element, true>);
+    case AllReduceAlgorithm::TwoShotPull:
+      return reinterpret_cast<const void*>(
+          allreduce_kernel<Element, AllReduceAlgorithm::TwoShotPull>);
   }
   return nullptr;
 }
@@ -476,6 +530,12 @@ std::string allreduce_can_implement(const AllReduceDesc& d) {
     if (!(e = aligned16("receive buffer", d.receive[q])).empty()) return e;
   }
   if (!d.abort || !d.record) return "internal: all-reduce without an error sink";
+  if (allreduce_pull(d.algorithm)) {
+    if (d.src != d.receive[d.rank])
+      return "two_shot_pull reads this rank's input at the start of its receive buffer: src "
+             "must be that address";
+    return "";  // one region, no parity
+  }
   const int64_t half = allreduce_receive_bytes(name, d.numel, dtype_bytes(d.dtype), d.tp) / 2;
   if (d.parity_bytes < half || d.parity_bytes % 16 != 0)
     return "parity_bytes=" + std::to_string(d.parity_bytes) +

@@ -15,7 +15,11 @@ Its memory (``AllReduceResources``, an attachment of the communicator):
   halves (``parity_bytes``), so calls of every size share it. The flag algorithms share one pool
   and the LL ones (``_core.ALLREDUCE_LINE_ALGORITHMS``) another: a line has arrived when it
   carries the launch's generation, so nothing but lines (or the allocation's zeros) may ever be
-  in an LL region (kernel/allreduce.hpp's parity argument).
+  in an LL region (kernel/allreduce.hpp's parity argument). The pull algorithms
+  (``_core.ALLREDUCE_PULL_ALGORITHMS``) have a third: their region holds the rank's input, with
+  no parity (kernel/allreduce.hpp says why that is safe among them, and not beside a push
+  algorithm's halves). A caller writes its input there (``all_reduce_input``, e.g. as its GEMM's
+  output); ``run_all_reduce`` copies any other tensor there first.
 Neither is shared with the fused path or the workspace. Both are kept until ``close()``; a
 region a captured graph uses is pinned (kept past a growth until ``close()``).
 
@@ -33,12 +37,18 @@ from .. import _core
 from .capture import setup_during_capture, stream_ptr
 from .kernel_resources import KernelResources
 from .validate import DTYPES
-from .workspace import Workspace, WorkspacePool
+from .workspace import Workspace, WorkspacePool, device_view
 
 if TYPE_CHECKING:
     from .communicator import Communicator
 
-__all__ = ["AllReduceResources", "run_all_reduce", "launch_all_reduce", "allreduce_layout"]
+__all__ = [
+    "AllReduceResources",
+    "run_all_reduce",
+    "launch_all_reduce",
+    "all_reduce_input",
+    "allreduce_layout",
+]
 
 # The name of the all-reduce's per-communicator state (Communicator.attach).
 ATTACHMENT = "allreduce"
@@ -65,11 +75,13 @@ class AllReduceResources(KernelResources):
     def __init__(self, comm: Communicator):
         super().__init__(comm)
         self._resident: int | None = None
-        # The receive pools by whether the algorithm pushes LL lines. Nothing to re-point at a
+        # The receive pools by the algorithm's family (_family). Nothing to re-point at a
         # growth: every call places its layout afresh.
-        self.receive_pools: dict[bool, WorkspacePool] = {
-            lines: comm.new_pool(lambda ws: None, control=0) for lines in (False, True)
+        self.receive_pools: dict[str, WorkspacePool] = {
+            family: comm.new_pool(lambda ws: None, control=0) for family in _FAMILIES
         }
+        # Views of the pull region as callers' inputs, by (base, shape, dtype): made once.
+        self._inputs: dict[tuple, torch.Tensor] = {}
 
     @property
     def resident_ctas(self) -> int:
@@ -84,9 +96,21 @@ class AllReduceResources(KernelResources):
         """The receive region for a call (its algorithm's pool's, grown first when it does not
         fit: collective) and the bytes between its two parities (half the region, a multiple of
         16)."""
-        pool = self.receive_pools[algorithm in _core.ALLREDUCE_LINE_ALGORITHMS]
+        pool = self.receive_pools[_family(algorithm)]
         ws, _ = pool.place(allreduce_layout(algorithm, numel, itemsize, self.comm.tp))
         return ws, ws.slot_capacity // 2 // _VECTOR_BYTES * _VECTOR_BYTES
+
+    def input_view(self, ws: Workspace, like: torch.Tensor) -> torch.Tensor:
+        """This rank's input in the pull region ``ws``: a tensor of ``like``'s shape and dtype at
+        its start (made once per region, shape and dtype; views of a replaced region go)."""
+        base = ws.bases[self.comm.rank]
+        key = (base, tuple(like.shape), like.dtype)
+        view = self._inputs.get(key)
+        if view is None:
+            self._inputs = {k: v for k, v in self._inputs.items() if k[0] == base}
+            flat = device_view(base, like.numel(), like.dtype, self.comm.device)
+            view = self._inputs[key] = flat.view(like.shape)
+        return view
 
     # -- Attachment ------------------------------------------------------------------------
     def workspace_grown(self, ws: Workspace, capturing: bool) -> None:
@@ -101,11 +125,54 @@ class AllReduceResources(KernelResources):
         }
 
     def close(self) -> list[Workspace]:
+        self._inputs.clear()
         held = [w for pool in self.receive_pools.values() for w in pool.close()]
         if self._control is not None:
             held.append(self._control)
         self._control, self._launcher = None, None
         return held
+
+
+_FAMILIES = ("flag", "lines", "pull")
+
+
+def _family(algorithm: str) -> str:
+    """Which receive pool ``algorithm`` uses: "lines" (LL), "pull" or "flag"."""
+    if algorithm in _core.ALLREDUCE_LINE_ALGORITHMS:
+        return "lines"
+    return "pull" if algorithm in _core.ALLREDUCE_PULL_ALGORITHMS else "flag"
+
+
+def _receive(
+    comm: Communicator, res: AllReduceResources, algorithm: str, numel, itemsize, capturing
+):
+    """(region, parity bytes, control bases, resident CTAs) of a call: the region placed
+    (grown where the call needs more: collective), pinned inside a capture (callers' graphs keep
+    using it: never freed before close())."""
+    if capturing:
+        with setup_during_capture():  # a first call or a growth: allocation, IPC exchange
+            ws, parity_bytes = res.receive_for(algorithm, numel, itemsize)
+            control, resident = res.control_bases(), res.resident_ctas
+        ws.pinned = True
+    else:
+        ws, parity_bytes = res.receive_for(algorithm, numel, itemsize)
+        control, resident = res.control_bases(), res.resident_ctas
+    return ws, parity_bytes, control, resident
+
+
+def all_reduce_input(
+    comm: Communicator, algorithm: str, like: torch.Tensor, capturing: bool
+) -> torch.Tensor:
+    """Where a caller writes the input of an all-reduce by ``algorithm`` of a tensor like
+    ``like`` (shape, dtype): for a pull algorithm (``_core.ALLREDUCE_PULL_ALGORITHMS``) this
+    rank's input region, which the peers read in place (e.g. ``torch.mm(..., out=it)``, then
+    ``run_all_reduce(comm, it, algorithm, capturing, out=...)``: no copy); else ``like``
+    itself. Collective where the region grows."""
+    if algorithm not in _core.ALLREDUCE_PULL_ALGORITHMS:
+        return like
+    res = AllReduceResources.of(comm)
+    ws, *_ = _receive(comm, res, algorithm, like.numel(), like.element_size(), capturing)
+    return res.input_view(ws, like)
 
 
 def _check_tensor(name: str, t: torch.Tensor, comm: Communicator) -> None:
@@ -170,14 +237,11 @@ def launch_all_reduce(
     numel, itemsize = tensor.numel(), tensor.element_size()
     comm.raise_if_broken()
     res = AllReduceResources.of(comm)
-    if capturing:
-        with setup_during_capture():  # a first call or a growth: allocation, IPC exchange
-            ws, parity_bytes = res.receive_for(algorithm, numel, itemsize)
-            control, resident = res.control_bases(), res.resident_ctas
-        ws.pinned = True  # callers' graphs keep writing it: never freed before close()
-    else:
-        ws, parity_bytes = res.receive_for(algorithm, numel, itemsize)
-        control, resident = res.control_bases(), res.resident_ctas
+    ws, parity_bytes, control, resident = _receive(comm, res, algorithm, numel, itemsize, capturing)
+    src = tensor.data_ptr()
+    if algorithm in _core.ALLREDUCE_PULL_ALGORITHMS and src != ws.bases[comm.rank]:
+        res.input_view(ws, tensor).copy_(tensor)  # the input where the peers read it
+        src = ws.bases[comm.rank]
     launcher = res.launcher
     if not capturing:
         err = launcher.error() or (comm.order.capture_error() if ws.pinned else "")
@@ -189,7 +253,7 @@ def launch_all_reduce(
         DTYPES[tensor.dtype],
         algorithm,
         numel,
-        tensor.data_ptr(),
+        src,
         out.data_ptr(),
         comm.rank,
         list(ws.bases),

@@ -61,6 +61,7 @@ __all__ = [
     "WorkspacePool",
     "grown_slot_capacity",
     "control_bytes",
+    "device_view",
 ]
 
 # Headroom of a new workspace over the plan that makes it grow, as a fraction of that plan's
@@ -82,6 +83,23 @@ class Workspace:
     @property
     def nbytes(self) -> int:
         return self.slot_capacity + self.control_bytes
+
+
+def device_view(ptr: int, numel: int, dtype, device):
+    """A 1-D torch tensor of ``numel`` elements of ``dtype`` over device memory at ``ptr`` that
+    distgemm owns (a symmetric region: the tensor does not own it, and must not outlive it)."""
+    import torch
+
+    itemsize = dtype.itemsize
+    raw = type("DeviceMemory", (), {})()
+    raw.__cuda_array_interface__ = {
+        "shape": (numel,),
+        "typestr": f"<i{itemsize}",
+        "data": (ptr, False),
+        "version": 3,
+        "strides": None,
+    }
+    return torch.as_tensor(raw, device=device).view(dtype)
 
 
 def control_bytes() -> int:

@@ -24,6 +24,18 @@
 //    rank r (area 1), sums its slice of its own chunk over the ranks into out and pushes that sum
 //    to every peer (area 2), then copies the peers' sums of their chunks from area 2 into out.
 //    2 (tp - 1) / tp x the vector leaves each rank (x 2 as lines); two steps of latency.
+//  - two_shot_pull: every rank's input lies in its receive buffer (one region, no parity; the
+//    caller wrote it there, e.g. its GEMM's output). CTA c flags its arrival to the peers with no
+//    fence (the input was written by earlier work on the stream, complete when the kernel
+//    starts), waits for theirs, then reads slice c of its own chunk from every rank's buffer,
+//    sums it into out and stores the sum over the peers' inputs of that slice (no rank but this
+//    one reads them), fences and flags; once the peers' flags of slot c arrived, it copies their
+//    sums of their chunks' slice c from its own buffer into out. (tp - 1) / tp of the vector is
+//    read from the peers and as much written to them; one fence per CTA. Reuse without parity:
+//    a rank finishes launch g only after every peer flagged that it stored its sums into this
+//    rank's buffer, which each does after its reads of this rank's buffer; the next write of
+//    that buffer (the caller's input of launch g + 1) follows this rank's launch g on its stream;
+//    and a peer reads or writes it in launch g + 1 only after this rank's arrival flag of g + 1.
 //
 // Launch generations: one word per CTA slot at the start of this all-reduce's own control region
 // (the fused kernels' scheme, fused_allreduce.hpp): a CTA reads its word + 1 at entry and writes
@@ -60,14 +72,27 @@
 
 namespace distgemm::kernel {
 
-enum class AllReduceAlgorithm { OneShot = 0, TwoShot = 1, OneShotLL = 2, TwoShotLL = 3 };
+enum class AllReduceAlgorithm {
+  OneShot = 0,
+  TwoShot = 1,
+  OneShotLL = 2,
+  TwoShotLL = 3,
+  TwoShotPull = 4
+};
 
-inline constexpr int kAllReduceAlgorithms = 4;
+inline constexpr int kAllReduceAlgorithms = 5;
 inline constexpr const char* kAllReduceAlgorithmNames[kAllReduceAlgorithms] = {
-    "one_shot", "two_shot", "one_shot_ll", "two_shot_ll"};
+    "one_shot", "two_shot", "one_shot_ll", "two_shot_ll", "two_shot_pull"};
 
 inline constexpr bool allreduce_two_shot(AllReduceAlgorithm a) {
-  return a == AllReduceAlgorithm::TwoShot || a == AllReduceAlgorithm::TwoShotLL;
+  return a == AllReduceAlgorithm::TwoShot || a == AllReduceAlgorithm::TwoShotLL ||
+         a == AllReduceAlgorithm::TwoShotPull;
+}
+// Whether `a` reads its peers' inputs where they lie, in their receive buffers (the caller
+// writes its input into its own: runtime/allreduce.py's all_reduce_input), instead of taking
+// `src` and pushing it.
+inline constexpr bool allreduce_pull(AllReduceAlgorithm a) {
+  return a == AllReduceAlgorithm::TwoShotPull;
 }
 // Whether `a` pushes LL lines (16 bytes carry 8 bytes of data) rather than data and a flag.
 inline constexpr bool allreduce_lines(AllReduceAlgorithm a) {
@@ -143,12 +168,14 @@ inline std::string allreduce_problem(const std::string& algorithm, int64_t numel
 
 // Bytes of one rank's receive buffers, both parities: one_shot [parity][source tp][numel];
 // two_shot [parity][area 2][tp][chunk] (area 1: the sources' pieces of this rank's chunk, area 2:
-// the owners' sums of their chunks); the LL algorithms the same as lines, twice the bytes. Call
-// after allreduce_problem passed.
+// the owners' sums of their chunks); the LL algorithms the same as lines, twice the bytes;
+// two_shot_pull [numel] (this rank's input, one region: no parity, see its kernel). Call after
+// allreduce_problem passed.
 inline int64_t allreduce_receive_bytes(const std::string& algorithm, int64_t numel,
                                        int element_bytes, int tp) {
   AllReduceAlgorithm a = AllReduceAlgorithm::OneShot;
   parse_allreduce_algorithm(algorithm, a);
+  if (allreduce_pull(a)) return numel * element_bytes;
   const int64_t data = allreduce_two_shot(a)
                            ? 2 * int64_t(tp) * allreduce_chunk_elems(numel, tp) * element_bytes
                            : int64_t(tp) * numel * element_bytes;

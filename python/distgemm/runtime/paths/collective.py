@@ -22,7 +22,7 @@ from torch.distributed.distributed_c10d import (
 )
 
 from ... import _core
-from ..allreduce import launch_all_reduce
+from ..allreduce import all_reduce_input, launch_all_reduce
 from ..capture import stream_ptr
 from ..communicator import Communicator
 from ..scales import scaled_mm_scales
@@ -149,11 +149,14 @@ def run_collective(
             torch.addmm(bias, x, wf.t(), out=out)
         return (out, gathered) if state.want_gathered else out
     if kind == "all_reduce":
-        torch.mm(a, w.t(), out=out)
         if state.all_reduce == "nccl":
+            torch.mm(a, w.t(), out=out)
             _finish(pg.allreduce([out], _ALLREDUCE))
-        else:  # in place, on the current stream (the entry's choice checked the size)
-            launch_all_reduce(comm, out, out, state.all_reduce, capturing)
+        else:  # on the current stream (the entry's choice checked the size); the GEMM writes
+            # into the all-reduce's input region where it reads the inputs there (pull)
+            x = all_reduce_input(comm, state.all_reduce, out, capturing)
+            torch.mm(a, w.t(), out=x)
+            launch_all_reduce(comm, x, out, state.all_reduce, capturing)
     elif kind == "scatter_n":  # rs_tile_b
         # reduce-scatter splits dim 0: reduce D^T = W A^T and transpose this rank's rows.
         part_t, mine = _scratch(

@@ -18,7 +18,7 @@ from ... import _core
 from ..capture import stream_ptr
 from ..communicator import Communicator
 from ..spec import Spec
-from ..workspace import Workspace
+from ..workspace import Workspace, device_view
 from .common import PathState, gathered_shape, user_ptrs
 
 # Instantiated graphs per plan, keyed by the user pointers. Activations from torch's caching
@@ -35,19 +35,6 @@ GRAPHS_PER_PLAN = 4
 # Pointer sets remembered per plan after a miss without a graph (with the call they came at): a
 # bound on host memory, above the calls of one shape that one step of a large model makes.
 SEEN_PER_PLAN = 256
-
-
-class _RawCuda:
-    """A device buffer for torch.as_tensor via __cuda_array_interface__ (no ownership)."""
-
-    def __init__(self, ptr: int, numel: int, itemsize: int = 2):
-        self.__cuda_array_interface__ = {
-            "shape": (numel,),
-            "typestr": f"<i{itemsize}",
-            "data": (ptr, False),
-            "version": 3,
-            "strides": None,
-        }
 
 
 def gather_recipe(spec: Spec, rank: int) -> list[tuple[str, int, int, int]]:
@@ -138,12 +125,10 @@ class OverlappedState(PathState):
             slot_elems = int(spec.plan.slot_elems)
             if slot_elems:
                 # This rank's slots start at its shifted base (slots_offset is 0 in Plan::layout).
-                raw = _RawCuda(
-                    self.bases[comm.rank] + int(layout["slots_offset"]),
-                    slot_elems,
-                    dtype.itemsize,
-                )
-                self.slots = torch.as_tensor(raw, device=comm.device).view(dtype)
+                self.slots = device_view(
+                    self.bases[comm.rank] + int(layout["slots_offset"]), slot_elems, dtype,
+                    comm.device,
+                )  # fmt: skip
 
     def _new_graph(self, ptrs: tuple[int, ...], capture_only: bool = False):
         """A GraphLauncher of the plan for ``ptrs`` (a, w, c, out, bias, scale_a, scale_b)."""
