@@ -13,14 +13,12 @@ objects that the communicator calls back when its workspace grows, when it looks
 errors, when it reports memory and when it closes (``Attachment``). The communicator never
 imports them.
 
-Control traffic (host names, IPC handles, plan signatures) never goes through NCCL: it needs no
-CUDA stream and no extra sockets, and a rank that does not arrive makes the others raise
-``RuntimeError`` naming it after ``timeout_s`` instead of hanging. The setup's exchange goes
-through the job's key-value store (``runtime.control.ControlExchange``); once every rank is
-known to be on this host, the rest go through a file they all map
-(``runtime.control_shm.SharedMemoryExchange``), which saves a first call the store's round
-trips. Every check is computed from the all-gathered data, so
-all ranks raise the same exception.
+Control traffic (host names, IPC handles, plan signatures) never goes through NCCL: no CUDA
+stream, no extra sockets, and a rank that does not arrive makes the others raise RuntimeError
+naming it after ``timeout_s``. The setup's exchange goes through the job's key-value store
+(``runtime.control``), the rest through a file every rank on this host maps
+(``runtime.control_shm``: no round trip per first call). Every check is computed from the
+all-gathered data, so all ranks raise the same exception.
 """
 
 from __future__ import annotations
@@ -47,9 +45,8 @@ __all__ = [
     "close_all",
 ]
 
-# Set to 1 to let several ranks share one GPU: a functional test of the multi-rank paths (CUDA
-# IPC, flags, entry barrier, cross-rank errors) on a one-GPU machine. The ranks' kernels then
-# time-slice the GPU while they spin on each other's flags: correct but slow, never for timing.
+# Set to 1 to let several ranks share one GPU: a functional test of the multi-rank paths on a
+# one-GPU machine (the kernels time-slice the GPU while they spin: correct, never for timing).
 SHARED_GPU_ENV = "DISTGEMM_ALLOW_SHARED_GPU"
 
 
@@ -182,16 +179,12 @@ class Communicator:
         self._attachments: dict[str, Attachment] = {}
         self._ipc_workspace = _core.IpcWorkspace  # what allocate_symmetric allocates
         ranks = dist.get_process_group_ranks(self.group)
-        # Bounded, CPU-only control exchanges through the job's key-value store (see the module
-        # docstring).
         self._ctl = ControlExchange(default_store(), ranks, self.rank, self.timeout_s)
         infos = self.all_gather(self._local_info(torch), "setup (host, GPU and peer-access check)")
         problem = group_problem(infos, os.environ.get(SHARED_GPU_ENV) == "1")
         if problem:
             raise RuntimeError(problem)
-        # Every rank is on this host: later exchanges go through shared memory, no round trip
-        # to the store (runtime.control_shm), where every rank can map its file.
-        self._ctl = shared_memory_exchange(self._ctl)
+        self._ctl = shared_memory_exchange(self._ctl)  # every rank is on this host
         # Orders this device's launches across streams; shared by every graph and kernel.
         self.order = _core.LaunchOrder(self.device.index)
         self._pool = self.new_pool(self._workspace_grown, control=control_bytes())
@@ -432,9 +425,8 @@ class Communicator:
                 w.core.close_peers()
             except Exception:
                 pass
-        # Every rank has unmapped its peers before anyone frees: a barrier on the control store
-        # (skipped when torch.distributed is already gone at interpreter exit). Bounded: a rank
-        # that died must not hold the others' exit for the whole control timeout.
+        # Every rank has unmapped its peers before anyone frees: a barrier (skipped without
+        # torch.distributed at exit), bounded: a dead rank must not hold the others' exit.
         try:
             if dist.is_initialized():
                 self._ctl.all_gather(None, timeout_s=min(self.timeout_s, 10.0))
