@@ -309,7 +309,7 @@ def fake_comm(tp=2, rank=0, peer_errors=None, ctl=None):
             peer = (peer_errors or {}).get(what, obj)
             return [obj if r == rank else peer for r in range(tp)]
 
-        c._ctl = types.SimpleNamespace(all_gather=all_gather, seq=0)
+        c._ctl = types.SimpleNamespace(all_gather=all_gather, seq=0, close=lambda: None)
     c._pool = c.new_pool(c._workspace_grown, control=CONTROL)
     c.plans = entries.entry_cache(c)
     return c
