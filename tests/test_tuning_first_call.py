@@ -106,3 +106,26 @@ def test_the_torch_baseline_gathers_then_multiplies_and_multiplies_then_scatters
     got = ops["gemm_reduce_scatter"]()
     assert got.shape == (m // tp, n)
     torch.testing.assert_close(got, (a_rs @ w_rs.t())[: m // tp] * tp)
+
+
+def test_plot_draws_each_run_and_needs_an_output(tmp_path):
+    pytest.importorskip("matplotlib")
+    import json
+
+    runs = []
+    for impl, control, base in (("distgemm", "SharedMemoryExchange", 0.9), ("torch", None, 0.5)):
+        calls = [
+            {"op": op, "m": m, "ms": base + m / 1e4, "host_ms": base, "phases": {}, "path": "x"}
+            for op in ("all_gather_gemm", "gemm_reduce_scatter")
+            for m in (64, 128, 192)
+        ]
+        meta = {"tp": 4, "impl": impl, "control": control, "device": "GPU"}
+        path = tmp_path / f"{impl}.json"
+        path.write_text(json.dumps({"meta": meta, "calls": calls}))
+        runs.append(str(path))
+    png = tmp_path / "first-calls.png"
+    first_call.main(["--plot", ",".join(runs), "--out", str(png)])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(SystemExit) as e:
+        first_call.main(["--plot", ",".join(runs)])
+    assert e.value.code == 2

@@ -171,8 +171,17 @@ def main(argv=None) -> None:
         help="cProfile the first calls; rank 0 prints the top and, with --out, writes the "
         "profile beside it (.prof)",
     )
-    ap.add_argument("--out", help="JSON file (rank 0)")
+    ap.add_argument("--out", help="JSON file (rank 0); with --plot, the PNG")
+    ap.add_argument(
+        "--plot",
+        help="comma-separated JSON files of earlier runs: plot their first-call ms per token "
+        "count into --out (PNG) instead of running",
+    )
     args = ap.parse_args(argv)
+    if args.plot:
+        if not args.out:
+            ap.error("--plot needs --out (the PNG)")
+        return plot(args.plot.split(","), args.out)
     tokens = [int(t) for t in args.tokens.split(",") if t]
 
     import torch
@@ -298,6 +307,35 @@ def _steady_ms(torch, fn, calls: int) -> float:
     stop.record()
     stop.synchronize()
     return start.elapsed_time(stop) / calls
+
+
+def plot(paths: list[str], png: str) -> None:
+    """First-call ms per token count of each run in ``paths`` (their JSON), one panel per op, log
+    scale, labelled by TP, implementation and control exchange, with each run's median."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [json.load(open(p)) for p in paths]
+    ops = sorted({c["op"] for d in runs for c in d["calls"]})
+    fig, axes = plt.subplots(1, len(ops), figsize=(6.5 * len(ops), 4.8), sharey=True)
+    for ax, op in zip(list(getattr(axes, "flat", [axes])), ops):
+        for d in runs:
+            meta, calls = d["meta"], [c for c in d["calls"] if c["op"] == op]
+            who = meta["impl"] if meta["impl"] == "torch" else f"distgemm ({meta.get('control')})"
+            label = f"TP={meta['tp']} {who}, median {statistics.median(c['ms'] for c in calls):.3f}"
+            ax.plot([c["m"] for c in calls], [c["ms"] for c in calls], ".-", lw=0.8, label=label)
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set(title=op, xlabel="tokens (M)", yscale="log")
+        ax.legend(fontsize=7)
+    axes_list = list(getattr(axes, "flat", [axes]))
+    axes_list[0].set_ylabel("first call, ms until ready (max over ranks)")
+    fig.suptitle(f"First calls of new token counts, {runs[0]['meta']['device']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    print(f"wrote {png}")
 
 
 def report(records, steady, missing, meta, memory, out_path) -> None:
