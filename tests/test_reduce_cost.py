@@ -14,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from test_machine import constants  # noqa: E402
+from test_machine import priced_runs as path_runs  # noqa: E402
 
 from distgemm import _core, calibrate, ops  # noqa: E402
 from distgemm.runtime import calibration_fit, machine, reduce_cost  # noqa: E402
@@ -383,3 +384,25 @@ def test_a_transposed_weight_is_never_fused_and_own_all_reduce_refusals_name_the
                              None, mc)  # fmt: skip
     assert path == "collective" and "fused_ms" not in info
     assert "bf16 or fp16" in collective.own_all_reduce_problem("one_shot", 64, torch.float32, 2)
+
+
+def test_refit_keeps_the_decode_runs_a_reduce_only_calibration_added(tmp_path):
+    """A file whose decode terms came from --reduce-only (calibration_fit.with_reduce: the runs
+    under meta["reduce"]) prices them from those runs again when refitted, not from the decode
+    runs of its first calibration."""
+    tp = 4
+    first, added = reduce_constants(), replace(reduce_constants(), mm=(7e-3, 1 / 2.5e9, 1 / 6e11))
+    added = replace(added, all_reduce=dict(added.all_reduce, two_shot_pull=(8e-3, 1 / 1.5e8)))
+    base = replace(constants(tp), reduce=None)
+    stored = calibration_fit.fit(
+        path_runs(base) + priced_runs(first, tp), base.key, base.slots, {"command": "x"}
+    )
+    stored = replace(stored, meta=dict(stored.meta, runs=path_runs(base) + priced_runs(first, tp)))
+    grown = calibration_fit.with_reduce(stored, priced_runs(added, tp), {"command": "y"})
+    src, dst = tmp_path / "m.json", tmp_path / "again.json"
+    grown.save(src)
+    assert calibrate.main(["--calibrate", "--refit", str(src), "--out", str(dst)]) == 0
+    got = machine.load(dst)
+    assert "two_shot_pull" in got.reduce.all_reduce and close(got.reduce.mm[0], added.mm[0])
+    assert got.meta["reduce"]["command"] == "y" and got.meta["refit"].startswith("python -m")
+    assert close(got.gemm_launch_ms, base.gemm_launch_ms)

@@ -357,14 +357,20 @@ def parse_args(argv=None):
 
 def refit(path: str, out: str | None, argv) -> tuple[machine.MachineConstants, str]:
     """The constants fitted again from the runs the machine file ``path`` stores, written to
-    ``out`` (None: ``path``); ValueError where the file stores no runs."""
+    ``out`` (None: ``path``); ValueError where the file stores no runs. Decode runs added by
+    ``--reduce-only`` (``meta["reduce"]``) price the decode terms again, as they did."""
     old = machine.load(path)
     runs = old.meta.get("runs")
     if not runs:
         raise ValueError(f"{path} stores no calibration runs: it was fitted elsewhere")
-    meta = {k: v for k, v in old.meta.items() if k != "fit"}
+    meta = {k: v for k, v in old.meta.items() if k not in ("fit", "reduce")}
     meta["refit"] = command(argv)
     mc = calibration_fit.fit(runs, old.key, old.slots, meta)
+    added = old.meta.get("reduce")
+    if added:
+        mc = calibration_fit.with_reduce(
+            mc, added["runs"], {k: v for k, v in added.items() if k != "runs"}
+        )
     out = out or path
     mc.save(out)
     return mc, out
