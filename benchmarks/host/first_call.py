@@ -319,8 +319,8 @@ def plot(paths: list[str], png: str) -> None:
 
     runs = [json.load(open(p)) for p in paths]
     ops = sorted({c["op"] for d in runs for c in d["calls"]})
-    fig, axes = plt.subplots(1, len(ops), figsize=(6.5 * len(ops), 4.8), sharey=True)
-    for ax, op in zip(list(getattr(axes, "flat", [axes])), ops):
+    fig, axes = plt.subplots(1, len(ops), figsize=(6.5 * len(ops), 4.8), sharey=True, squeeze=False)
+    for ax, op in zip(axes[0], ops):
         for d in runs:
             meta, calls = d["meta"], [c for c in d["calls"] if c["op"] == op]
             who = meta["impl"] if meta["impl"] == "torch" else f"distgemm ({meta.get('control')})"
@@ -329,8 +329,7 @@ def plot(paths: list[str], png: str) -> None:
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
         ax.set(title=op, xlabel="tokens (M)", yscale="log")
         ax.legend(fontsize=7)
-    axes_list = list(getattr(axes, "flat", [axes]))
-    axes_list[0].set_ylabel("first call, ms until ready (max over ranks)")
+    axes[0][0].set_ylabel("first call, ms until ready (max over ranks)")
     fig.suptitle(f"First calls of new token counts, {runs[0]['meta']['device']}", fontsize=10)
     fig.tight_layout()
     fig.savefig(png, dpi=100)

@@ -84,22 +84,34 @@ class ControlExchange:
         # One round trip for every rank's entry where the store has multi_get (TCPStore does).
         multi_get = getattr(self.store, "multi_get", None)
         raw = multi_get(keys) if multi_get is not None else [self.store.get(k) for k in keys]
-        got = [pickle.loads(v) for v in raw]
-        if any(w != what for w, _ in got):
-            raise ExchangeMismatch([w for w, _ in got])
+        objs = unpack(raw, what)
         if self.seq > 1:  # every rank has read exchange seq-1: it posted to this one
-            stale = [self._key(self.seq - 1, self.rank)]
-            if self.rank == 0:
-                stale.append(self._key(self.seq - 1, "verdict"))
-            for k in stale:
-                try:
-                    self.store.delete_key(k)
-                except Exception:  # a store without deletion: the key just stays
-                    pass
-        return [o for _, o in got]
+            mine = [self.rank, "verdict"] if self.rank == 0 else [self.rank]
+            delete_keys(self.store, [self._key(self.seq - 1, k) for k in mine])
+        return objs
 
     def close(self) -> None:
         """Nothing to release: the store belongs to the job."""
+
+
+def unpack(raw: Sequence[bytes], what: str) -> list[Any]:
+    """The ranks' objects from their pickled ``(what, obj)`` posts, in rank order;
+    ExchangeMismatch when the ranks exchanged different ``what``s."""
+    import pickle
+
+    got = [pickle.loads(v) for v in raw]
+    if any(w != what for w, _ in got):
+        raise ExchangeMismatch([w for w, _ in got])
+    return [o for _, o in got]
+
+
+def delete_keys(store, keys: Sequence[str]) -> None:
+    """Delete ``keys`` from ``store`` (a store without deletion keeps them)."""
+    for k in keys:
+        try:
+            store.delete_key(k)
+        except Exception:  # a store without deletion: the key just stays
+            pass
 
 
 def default_store():

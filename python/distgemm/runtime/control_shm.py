@@ -45,7 +45,7 @@ import time
 import zlib
 from typing import Any
 
-from .control import ControlExchange, ExchangeMismatch, ExchangeTimeout
+from .control import ControlExchange, ExchangeTimeout, delete_keys, unpack
 
 __all__ = ["SharedMemoryExchange", "shared_memory_exchange", "SLOT_PAYLOAD_BYTES", "CONTROL_ENV"]
 
@@ -152,20 +152,16 @@ class SharedMemoryExchange:
                 sleep = min(2 * sleep, _SLEEP_S[1])
         if not self._settle(not pending):
             raise ExchangeTimeout(pending)
-        objs = []
-        for data, flags in got:  # type: ignore[misc]  # every rank arrived
-            if flags & _IN_STORE:
-                data = self.store.get(data.decode())
-            objs.append(pickle.loads(data))
-        if any(w != what for w, _ in objs):
-            raise ExchangeMismatch([w for w, _ in objs])
+        raw = [  # every rank arrived
+            self.store.get(data.decode()) if flags & _IN_STORE else data
+            for data, flags in got  # type: ignore[misc]
+        ]
+        objs = unpack(raw, what)
         # Every rank has posted this exchange, so has read the earlier ones' large objects.
-        while self._stored and self._stored[0][0] < self.seq:
-            try:
-                self.store.delete_key(self._stored.pop(0)[1])
-            except Exception:  # a store without deletion: the key just stays
-                pass
-        return [o for _, o in objs]
+        stale = [key for seq, key in self._stored if seq < self.seq]
+        self._stored = [(seq, key) for seq, key in self._stored if seq >= self.seq]
+        delete_keys(self.store, stale)
+        return objs
 
     def close(self) -> None:
         try:

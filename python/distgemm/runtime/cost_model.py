@@ -143,7 +143,7 @@ def predict_steps(
     step = gemm_ms(mc, sm, sn, rk, tile_n=tile_n)
     gemms = gemm_ms(mc, sm, sn, rk, tile_n=tile_n, count=steps, chained=via[1])
     exposed = max(0.0, exposed_copy_ms(mc, moved, steps, tp) - step)
-    per_step, o_share, o_per_byte = mc.overlap["all_gather" if coll == "all_gather" else via[0]]
+    per_step, o_share, o_per_byte = mc.overlap[transport_of(coll, via[0])]
     overlap = gemms * (1.0 + o_share) + exposed + steps * per_step + moved * o_per_byte
     return {"overlap_ms": overlap, "collective_ms": collective}
 
@@ -172,7 +172,12 @@ def nccl_kind(definition: dict) -> str:
 def transport(plan: Any) -> str:
     """The overlap constants' transport of ``plan``: "all_gather" (the rotating operand by copy
     engine), "epilogue" or "copy" (how reduce partials travel)."""
-    return "all_gather" if plan.definition["collective"] == "all_gather" else plan.partial_via
+    return transport_of(plan.definition["collective"], plan.partial_via)
+
+
+def transport_of(collective: str, partial_via: str) -> str:
+    """``transport`` of a plan of ``collective`` whose partials travel by ``partial_via``."""
+    return "all_gather" if collective == "all_gather" else partial_via
 
 
 def margin_ms(mc: MachineConstants, baseline_ms: float) -> float:

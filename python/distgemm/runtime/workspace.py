@@ -85,20 +85,25 @@ class Workspace:
         return self.slot_capacity + self.control_bytes
 
 
+class _DeviceMemory:
+    """Device memory for torch.as_tensor via __cuda_array_interface__ (no ownership)."""
+
+    def __init__(self, ptr: int, numel: int, itemsize: int):
+        self.__cuda_array_interface__ = {
+            "shape": (numel,),
+            "typestr": f"<i{itemsize}",
+            "data": (ptr, False),
+            "version": 3,
+            "strides": None,
+        }
+
+
 def device_view(ptr: int, numel: int, dtype, device):
     """A 1-D torch tensor of ``numel`` elements of ``dtype`` over device memory at ``ptr`` that
     distgemm owns (a symmetric region: the tensor does not own it, and must not outlive it)."""
     import torch
 
-    itemsize = dtype.itemsize
-    raw = type("DeviceMemory", (), {})()
-    raw.__cuda_array_interface__ = {
-        "shape": (numel,),
-        "typestr": f"<i{itemsize}",
-        "data": (ptr, False),
-        "version": 3,
-        "strides": None,
-    }
+    raw = _DeviceMemory(ptr, numel, dtype.itemsize)
     return torch.as_tensor(raw, device=device).view(dtype)
 
 
