@@ -275,3 +275,101 @@ def test_the_grid_bound_is_the_smallest_resident_count_of_the_ranks(monkeypatch)
     assert res.resident_ctas == 114
     comm.all_gather = None  # agreed once: no second exchange
     assert res.resident_ctas == 114
+
+
+class _Mappings:
+    """An injected _core.PeerMappings: each handle mapped once, at a base derived from it."""
+
+    def __init__(self, device, fail=False):
+        self.opened, self.fail, self.closed = {}, fail, False
+
+    def open(self, handle):
+        if self.fail:
+            raise RuntimeError("cudaIpcOpenMemHandle failed: invalid handle")
+        return self.opened.setdefault(handle, 0x7000_0000 + 0x10_0000 * len(self.opened))
+
+    def close(self):
+        self.closed = True
+
+    def __len__(self):
+        return len(self.opened)
+
+
+def _sharing_comm(tp, rank, peer_reports, peer_problems):
+    """A _Comm of `tp` ranks seen from `rank`, whose all_gather answers this rank's object at its
+    index and the scripted peers' objects elsewhere (the handle exchange, then the verdict)."""
+    import torch
+
+    comm = _Comm()
+    comm.tp, comm.rank, comm.device = tp, rank, torch.device("cpu")
+    scripted = iter([peer_reports, peer_problems])
+
+    def all_gather(obj, what):
+        peers = next(scripted)
+        return [obj if q == rank else peers[q] for q in range(tp)]
+
+    comm.all_gather = all_gather
+    return comm
+
+
+@pytest.mark.parametrize("tp", [2, 3, 4, 8])
+def test_a_captured_pull_call_shares_the_outputs_only_where_every_rank_can(tp, monkeypatch):
+    # Each rank exports its output's allocation, maps the peers', and the ranks agree: every rank
+    # stores into every output, or every rank copies (a rank that cannot share names itself).
+    torch = pytest.importorskip("torch")
+    from distgemm.runtime import allreduce
+
+    rank = tp - 1
+    monkeypatch.setattr(
+        _core, "export_allocation", lambda dev, ptr: (b"h%d" % ptr, 0x40), raising=False
+    )
+    made = []
+    monkeypatch.setattr(
+        _core, "PeerMappings", lambda d: made.append(_Mappings(d)) or made[-1], raising=False
+    )
+    out = torch.empty(64, dtype=torch.bfloat16)
+    region = allreduce.Workspace(_Core(1 << 20), 0, 1 << 20, [0x1000 * q for q in range(tp)])
+    reports = {q: (b"peer%d" % q, 0x80 * q, "") for q in range(tp)}
+    comm = _sharing_comm(tp, rank, reports, {q: "" for q in range(tp)})
+    res = allreduce.AllReduceResources(comm)
+    bases = res.shared_output(out, region)
+    mapped = made[0].opened
+    assert bases[rank] == out.data_ptr() and len(bases) == tp
+    for q in range(tp - 1):  # each peer's allocation base, plus its output's offset in it
+        assert bases[q] == mapped[b"peer%d" % q] + 0x80 * q
+    assert (res.outputs_shared, res.outputs_copied, res.copy_reason) == (1, 0, "")
+    # the same peer allocations again (a second captured call): mapped once
+    comm.all_gather = _sharing_comm(tp, rank, reports, {q: "" for q in range(tp)}).all_gather
+    assert res.shared_output(out, region) == bases and len(made[0]) == tp - 1
+    res.close()
+    assert made[0].closed
+
+    # a peer whose output cannot be exported (e.g. torch's expandable segments): every rank copies
+    bad = dict(reports)
+    bad[0] = (b"", 0, "rank 0: cudaIpcGetMemHandle failed: invalid argument")
+    res = allreduce.AllReduceResources(_sharing_comm(tp, rank, bad, {q: "" for q in range(tp)}))
+    assert res.shared_output(out, region) is None
+    assert res.outputs_copied == 1 and res.copy_reason.startswith("rank 0: cudaIpcGetMemHandle")
+
+    # a peer that could not map the others' outputs: this rank copies too
+    problems = {q: "" for q in range(tp)}
+    problems[0] = "rank 0: cudaIpcOpenMemHandle failed: already mapped"
+    res = allreduce.AllReduceResources(_sharing_comm(tp, rank, reports, problems))
+    assert res.shared_output(out, region) is None and "rank 0" in res.copy_reason
+
+    # this rank cannot map: its reason reaches the verdict
+    monkeypatch.setattr(_core, "PeerMappings", lambda d: _Mappings(d, fail=True), raising=False)
+    comm = _sharing_comm(tp, rank, reports, {q: "" for q in range(tp)})
+    seen = []
+    inner = comm.all_gather
+    comm.all_gather = lambda obj, what: seen.append(obj) or inner(obj, what)
+    res = allreduce.AllReduceResources(comm)
+    assert res.shared_output(out, region) is None
+    assert seen[1] == f"rank {rank}: cudaIpcOpenMemHandle failed: invalid handle"
+
+    # an output that is the region itself is never exported (peers map the region already)
+    at_region = allreduce.Workspace(_Core(1 << 20), 0, 1 << 20, [out.data_ptr()] * tp)
+    comm = _sharing_comm(tp, rank, reports, {q: "" for q in range(tp)})
+    res = allreduce.AllReduceResources(comm)
+    assert res.shared_output(out, at_region) is None
+    assert "own region" in res.copy_reason

@@ -23,7 +23,9 @@ Started by tests/gpu/test_allreduce_kernel.py. Sections, run by every rank in th
   capture      several calls captured in one CUDA graph (in place and out of place, all five
                algorithms, mixed sizes), replayed REPLAYS times with fresh inputs copied in
                before each replay and an eager call between replays (each algorithm in turn),
-               every output checked
+               every output checked; then captured two_shot_pull calls into outputs the graph
+               allocates and one the caller made, each rank storing its sums into every rank's
+               output (every call must share its output), checked over REPLAYS replays
   timeout      rank tp-1 skips a call: the other ranks' launch ends after wait_timeout_s with
                RuntimeError naming the all-reduce and rank tp-1, at the next call and at
                raise_launch_errors(); nobody hangs (each algorithm on a communicator of its own;
@@ -250,6 +252,47 @@ def test_capture(dev, comm, replays: int):
     torch.cuda.synchronize()
     comm.raise_launch_errors()
     v.record("capture/replays", replays=replays, calls_per_graph=len(calls))
+    test_shared_outputs(dev, comm, replays)
+
+
+def test_shared_outputs(dev, comm, replays: int):
+    """Captured two_shot_pull calls whose outputs the graph allocates (a server's pattern: the
+    graph's private pool) or the caller made: every rank stores its chunk's sum into every
+    rank's output (AllReduceResources.shared_output), checked over replays."""
+    dtype, res = torch.bfloat16, AllReduceResources.of(comm)
+    sizes = (M + 24, 8, 4 * M - 8)
+    srcs = [torch.empty(n, device=dev, dtype=dtype) for n in sizes]
+    made = torch.empty(sizes[0], device=dev, dtype=dtype)
+    before = res.outputs_shared
+    for s in srcs:
+        s.uniform_(-1, 1)
+        run_all_reduce(comm, s, "two_shot_pull", False, out=torch.empty_like(s))
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        outs = [
+            run_all_reduce(comm, s, "two_shot_pull", True, out=torch.empty_like(s)) for s in srcs
+        ]
+        x = all_reduce_input(comm, "two_shot_pull", srcs[0], True)  # the input in the region
+        x.copy_(srcs[0])
+        outs.append(run_all_reduce(comm, x, "two_shot_pull", True, out=made))
+    shared = res.outputs_shared - before
+    v = Verdict()
+    for r in range(replays):
+        fresh = [uniform(n, dtype, dev, seed=5000 + 10 * r + j) for j, n in enumerate(sizes)]
+        refs = [references(f) for f in fresh] + [references(fresh[0])]
+        for s, f in zip(srcs, fresh):
+            s.copy_(f)
+        g.replay()
+        torch.cuda.synchronize()
+        for j, (o, (want, exact)) in enumerate(zip(outs, refs)):
+            v.check(f"replay {r} call {j}", o, want, exact)
+    comm.raise_launch_errors()
+    if shared != len(outs):
+        v.bad.append(
+            f"{shared} of {len(outs)} captured calls shared their outputs: {res.copy_reason}"
+        )
+    v.record("capture/shared_outputs", replays=replays, shared=shared, calls=len(outs))
 
 
 def test_timeout(dev):

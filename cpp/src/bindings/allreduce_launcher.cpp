@@ -36,8 +36,11 @@ class AllReduceLauncher : public distgemm::python::KernelLauncher {
   void launch(uint64_t stream, const std::string& dtype, const std::string& algorithm,
               int64_t numel, uint64_t src, uint64_t out, int rank,
               const std::vector<uint64_t>& receive, int64_t parity_bytes,
-              const std::vector<uint64_t>& control, int ctas) {
+              const std::vector<uint64_t>& control, int ctas,
+              const std::vector<uint64_t>& shared_out) {
     distgemm::python::check_rank_addresses("receive", receive, "control", control);
+    if (!shared_out.empty())
+      distgemm::python::check_rank_addresses("receive", receive, "shared_out", shared_out);
     AllReduceDesc d;
     if (dtype != "bf16" && dtype != "fp16")
       throw std::invalid_argument("dtype '" + dtype + "' is not bf16 or fp16");
@@ -61,6 +64,7 @@ class AllReduceLauncher : public distgemm::python::KernelLauncher {
       d.receive[q] = as<void>(receive[q]);
       d.control[q] = as<uint32_t>(control[q]);
     }
+    for (size_t q = 0; q < shared_out.size(); ++q) d.shared_out[q] = as<void>(shared_out[q]);
     d.timeout_ns = timeout_ns();
     cudaStream_t s = as<CUstream_st>(stream);
     py::gil_scoped_release nogil;
@@ -87,10 +91,13 @@ void register_allreduce(py::module_& m) {
       .def("launch", &AllReduceLauncher::launch, py::arg("stream"), py::arg("dtype"),
            py::arg("algorithm"), py::arg("numel"), py::arg("src"), py::arg("out"), py::arg("rank"),
            py::arg("receive"), py::arg("parity_bytes"), py::arg("control"), py::arg("ctas") = 0,
+           py::arg("shared_out") = std::vector<uint64_t>{},
            "Record one all-reduce of numel elements from src into out (src itself: in place) on "
            "`stream` (into its capture when one is in progress). ctas=0: allreduce_ctas on this "
-           "device's resident CTAs; every rank must launch the same grid. ValueError when the "
-           "kernel cannot run the arguments.")
+           "device's resident CTAs; every rank must launch the same grid. shared_out "
+           "(two_shot_pull): every rank's out as seen from this device, out at this rank's "
+           "index; the sums are stored there directly. ValueError when the kernel cannot run "
+           "the arguments.")
       .def("error", &AllReduceLauncher::error,
            "'' or the timeout report of an eager launch (read after synchronising).");
   m.def("allreduce_resident_ctas", &k::allreduce_resident_ctas, py::arg("cuda_device"),

@@ -23,8 +23,9 @@ using namespace distgemm::schedule;
 // (gemm.cpp).
 void register_runtime(py::module_& m);
 void register_gemm(py::module_& m);
-void register_fused(py::module_& m);      // fused GEMM + all-reduce launches (fused_launcher.cpp)
-void register_allreduce(py::module_& m);  // one/two-shot all-reduce (allreduce_launcher.cpp)
+void register_fused(py::module_& m);        // fused GEMM + all-reduce launches (fused_launcher.cpp)
+void register_allreduce(py::module_& m);    // one/two-shot all-reduce (allreduce_launcher.cpp)
+void register_peer_memory(py::module_& m);  // IPC of caller-owned memory (peer_memory.cpp)
 #endif
 void register_fused_rules(py::module_& m);      // its host-only rules (fused_rules.cpp)
 void register_allreduce_rules(py::module_& m);  // the all-reduce's (allreduce_rules.cpp)
@@ -331,6 +332,7 @@ PYBIND11_MODULE(_core, m) {
   register_gemm(m);
   register_fused(m);
   register_allreduce(m);
+  register_peer_memory(m);
 #endif
   register_fused_rules(m);
   register_allreduce_rules(m);

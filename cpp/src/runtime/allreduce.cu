@@ -53,6 +53,7 @@ struct AllReduceArgs {
   const uint4* src;
   uint4* out;
   uint4* receive[kMaxDevices];
+  uint4* shared_out[kMaxDevices];  // two_shot_pull: every rank's out, or all null
   uint32_t* control[kMaxDevices];
   uint32_t* abort;
   ErrorRecord* record;
@@ -224,11 +225,13 @@ __device__ __forceinline__ void finish_launch(const AllReduceArgs& a, uint32_t g
 }
 
 // two_shot_pull (allreduce.hpp), per CTA c (slot c), between the flag kernel's steps 0 and 5. The
-// ranks' inputs lie at the start of their receive buffers.
+// ranks' inputs lie at the start of their receive buffers; with shared outputs the sums go
+// straight into every rank's out (uniform over the grid: a.shared_out[0] is set or not).
 template <class Element>
 __device__ inline void two_shot_pull(const AllReduceArgs& a, uint32_t gen, uint32_t* ok) {
   const int tid = threadIdx.x, cta = blockIdx.x, ctas = gridDim.x;
   const int64_t cv = a.chunk_vecs, base = a.rank * cv;
+  const bool shared = a.shared_out[0] != nullptr;
   // 1. Arrival: this rank's input was written by work that completed before this kernel began.
   if (tid == 0)
     for (int i = 1; i < a.tp; ++i)
@@ -244,13 +247,17 @@ __device__ inline void two_shot_pull(const AllReduceArgs& a, uint32_t gen, uint3
       if (q < a.tp) x[q] = ld_partial_v4(a.receive[q] + base + v);
     const uint4 y = sum_in_rank_order<Element>(x, a.tp);
     a.out[base + v] = y;
-    for (int i = 1; i < a.tp; ++i) a.receive[(a.rank + i) % a.tp][base + v] = y;
+    for (int i = 1; i < a.tp; ++i) {
+      const int q = (a.rank + i) % a.tp;
+      (shared ? a.shared_out[q] : a.receive[q])[base + v] = y;
+    }
   }
   __syncthreads();
   if (tid == 0) signal_peers(a, 1, cta, gen);
-  // 3. The peers' sums of their chunks' slice c, stored into this rank's buffer, into out (every
-  // load issued before any store, as the flag kernel's step 4).
-  if (!wait_peers(a, 1, cta, gen, ok)) return;
+  // 3. The peers' sums of their chunks' slice c: in out already (shared), or stored into this
+  // rank's buffer and copied into out (every load issued before any store, as the flag kernel's
+  // step 4).
+  if (!wait_peers(a, 1, cta, gen, ok) || shared) return;
   const PeerSlices p(a.rank, a.tp, a.vecs, cv, cta, ctas);
   const uint4* mine = a.receive[a.rank];
   for (int64_t k = tid; k < p.longest; k += kAllReduceThreads) {
@@ -530,6 +537,14 @@ std::string allreduce_can_implement(const AllReduceDesc& d) {
     if (!(e = aligned16("receive buffer", d.receive[q])).empty()) return e;
   }
   if (!d.abort || !d.record) return "internal: all-reduce without an error sink";
+  const bool shared = d.shared_out[0] != nullptr;
+  for (int q = 0; q < d.tp; ++q) {
+    if ((d.shared_out[q] != nullptr) != shared)
+      return "shared_out must hold every rank's output or none (rank " + std::to_string(q) + ")";
+    if (shared && !(e = aligned16("shared output", d.shared_out[q])).empty()) return e;
+  }
+  if (shared && !allreduce_pull(d.algorithm)) return "shared outputs are only for two_shot_pull";
+  if (shared && d.shared_out[d.rank] != d.out) return "shared_out[rank] must be out itself";
   if (allreduce_pull(d.algorithm)) {
     if (d.src != d.receive[d.rank])
       return "two_shot_pull reads this rank's input at the start of its receive buffer: src "
@@ -571,6 +586,7 @@ void allreduce_launch(const AllReduceDesc& d, int device, cudaStream_t stream) {
   a.out = static_cast<uint4*>(d.out);
   for (int q = 0; q < d.tp; ++q) {
     a.receive[q] = static_cast<uint4*>(d.receive[q]);
+    a.shared_out[q] = static_cast<uint4*>(d.shared_out[q]);
     a.control[q] = d.control[q];
   }
   a.abort = d.abort;

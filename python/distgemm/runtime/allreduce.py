@@ -23,6 +23,12 @@ Its memory (``AllReduceResources``, an attachment of the communicator):
 Neither is shared with the fused path or the workspace. Both are kept until ``close()``; a
 region a captured graph uses is pinned (kept past a growth until ``close()``).
 
+Shared outputs: a captured pull call exchanges its output's CUDA IPC handle with the peers
+(``shared_output``, collective, once per captured call) and each rank then stores its chunk's sum
+straight into every rank's output, so no rank copies the peers' sums out of its region. Eager
+calls copy: an exchange per call would cost more host time than the copy does device time. The
+peers' mapped allocations are kept until ``close()`` (a captured graph may replay any time).
+
 Grid: ``_core.allreduce_ctas`` on the smallest resident CTA count of the ranks (agreed once, at
 the first call), so that every rank launches the same grid for the same size.
 """
@@ -82,6 +88,10 @@ class AllReduceResources(KernelResources):
         }
         # Views of the pull region as callers' inputs, by (base, shape, dtype): made once.
         self._inputs: dict[tuple, torch.Tensor] = {}
+        self._mappings = None  # _core.PeerMappings of the peers' shared outputs, made at first use
+        # Captured pull calls that stored into the ranks' outputs / copied, and the last reason
+        # for copying (shared_output).
+        self.outputs_shared, self.outputs_copied, self.copy_reason = 0, 0, ""
 
     @property
     def resident_ctas(self) -> int:
@@ -112,6 +122,33 @@ class AllReduceResources(KernelResources):
             view = self._inputs[key] = flat.view(like.shape)
         return view
 
+    def shared_output(self, out: torch.Tensor, region: Workspace) -> list[int] | None:
+        """Every rank's ``out`` as addressable from this device (``out`` at this rank's index),
+        exchanged through CUDA IPC, or None where any rank cannot share its output (then every
+        rank copies; the reason is kept in ``copy_reason``). Collective: every rank calls it at
+        the same captured call."""
+        comm, rank = self.comm, self.comm.rank
+        try:
+            if out.data_ptr() == region.bases[rank]:
+                raise ValueError("the output is the all-reduce's own region")
+            handle, offset = _core.export_allocation(comm.device.index, out.data_ptr())
+            mine: tuple[bytes, int, str] = (handle, offset, "")
+        except Exception as e:  # noqa: BLE001 - the reason goes to every rank
+            mine = (b"", 0, f"rank {rank}: {e}")
+        reports = comm.all_gather(mine, "all-reduce output IPC handles")
+        bases, problem = None, next((r[2] for r in reports if r[2]), "")
+        if not problem:
+            try:
+                if self._mappings is None:
+                    self._mappings = _core.PeerMappings(comm.device.index)
+                bases = [
+                    out.data_ptr() if q == rank else self._mappings.open(h) + off
+                    for q, (h, off, _) in enumerate(reports)
+                ]
+            except Exception as e:  # noqa: BLE001
+                problem = f"rank {rank}: {e}"
+        return agreed_outputs(comm.all_gather(problem, "all-reduce output mappings"), bases, self)
+
     # -- Attachment ------------------------------------------------------------------------
     def workspace_grown(self, ws: Workspace, capturing: bool) -> None:
         """Nothing of these lives in the communicator's workspace."""
@@ -126,6 +163,9 @@ class AllReduceResources(KernelResources):
 
     def close(self) -> list[Workspace]:
         self._inputs.clear()
+        if self._mappings is not None:
+            self._mappings.close()
+            self._mappings = None
         held = [w for pool in self.receive_pools.values() for w in pool.close()]
         if self._control is not None:
             held.append(self._control)
@@ -134,6 +174,19 @@ class AllReduceResources(KernelResources):
 
 
 _FAMILIES = ("flag", "lines", "pull")
+
+
+def agreed_outputs(problems: list[str], bases: list[int] | None, res) -> list[int] | None:
+    """The shared outputs where no rank reported a problem (``problems``, all-gathered; the
+    same verdict on every rank), else None with the first problem kept as ``res.copy_reason``;
+    counts either outcome on ``res``."""
+    problem = next((p for p in problems if p), "")
+    if problem or bases is None:
+        res.outputs_copied += 1
+        res.copy_reason = problem or "no output mapped"
+        return None
+    res.outputs_shared += 1
+    return bases
 
 
 def _family(algorithm: str) -> str:
@@ -238,10 +291,13 @@ def launch_all_reduce(
     comm.raise_if_broken()
     res = AllReduceResources.of(comm)
     ws, parity_bytes, control, resident = _receive(comm, res, algorithm, numel, itemsize, capturing)
-    src = tensor.data_ptr()
-    if algorithm in _core.ALLREDUCE_PULL_ALGORITHMS and src != ws.bases[comm.rank]:
-        res.input_view(ws, tensor).copy_(tensor)  # the input where the peers read it
-        src = ws.bases[comm.rank]
+    src, shared = tensor.data_ptr(), None
+    if algorithm in _core.ALLREDUCE_PULL_ALGORITHMS:
+        if src != ws.bases[comm.rank]:
+            res.input_view(ws, tensor).copy_(tensor)  # the input where the peers read it
+            src = ws.bases[comm.rank]
+        if capturing:  # a graph replays the exchanged addresses: one exchange, no copy per replay
+            shared = res.shared_output(out, ws)
     launcher = res.launcher
     if not capturing:
         err = launcher.error() or (comm.order.capture_error() if ws.pinned else "")
@@ -260,5 +316,6 @@ def launch_all_reduce(
         parity_bytes,
         control,
         _core.allreduce_ctas(algorithm, numel, itemsize, comm.tp, resident),
+        shared or [],
     )
     return out

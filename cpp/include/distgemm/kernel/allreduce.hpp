@@ -36,6 +36,12 @@
 //    rank's buffer, which each does after its reads of this rank's buffer; the next write of
 //    that buffer (the caller's input of launch g + 1) follows this rank's launch g on its stream;
 //    and a peer reads or writes it in launch g + 1 only after this rank's arrival flag of g + 1.
+//    With shared outputs (AllReduceDesc::shared_out: every rank's out as seen from here, a
+//    captured call's output the ranks exchanged through CUDA IPC), CTA c stores the sum straight
+//    into every rank's out instead and nothing is copied out of the buffer. A peer writes this
+//    rank's out of launch g only after this rank's arrival flag of g (all earlier work on this
+//    rank's stream, the out's previous readers included, has finished) and flags it before this
+//    rank's launch g ends, so no store lands outside launch g on this rank.
 //
 // Launch generations: one word per CTA slot at the start of this all-reduce's own control region
 // (the fused kernels' scheme, fused_allreduce.hpp): a CTA reads its word + 1 at entry and writes
@@ -218,8 +224,11 @@ struct AllReduceDesc {
   void* receive[kMaxDevices] = {};
   int64_t parity_bytes = 0;
   uint32_t* control[kMaxDevices] = {};  // every rank's all-reduce control region
-  uint32_t* abort = nullptr;            // this rank's sticky abort word
-  ErrorRecord* record = nullptr;        // where a timeout is reported
+  // two_shot_pull only: every rank's out as seen from this rank (shared_out[rank] == out), or
+  // all null (each rank copies the peers' sums out of its receive buffer).
+  void* shared_out[kMaxDevices] = {};
+  uint32_t* abort = nullptr;      // this rank's sticky abort word
+  ErrorRecord* record = nullptr;  // where a timeout is reported
   uint64_t timeout_ns = static_cast<uint64_t>(kDefaultTimeoutS * 1e9);
 };
 
