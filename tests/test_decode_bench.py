@@ -96,6 +96,24 @@ def test_forced_all_reduce_variants_are_every_algorithm_of_ours():
         assert variant in rep.VARIANTS and variant in rep.HEADERS and variant in rep.DESCRIPTION
 
 
+def test_own_all_reduce_option_takes_every_algorithm_or_the_ones_named(monkeypatch):
+    """--own-all-reduce alone forces every algorithm of ours; with a list, those; an unknown name
+    exits 2 with the valid ones."""
+    from benchmarks.decode import decode_layers
+
+    seen = {}
+    monkeypatch.setattr(decode_layers, "run", lambda args: seen.update(own=args.own_all_reduce))
+    decode_layers.main(["--own-all-reduce"])
+    assert sorted(seen.pop("own")) == sorted(rep.OWN_ALL_REDUCE.values())
+    decode_layers.main(["--own-all-reduce", "two_shot_pull,one_shot"])
+    assert seen.pop("own") == ["two_shot_pull", "one_shot"]
+    decode_layers.main([])
+    assert seen.pop("own") == ()
+    with pytest.raises(SystemExit) as e:
+        decode_layers.main(["--own-all-reduce", "three_shot"])
+    assert e.value.code == 2
+
+
 def test_weight_copies_span_the_l2_cache():
     """A decode graph's calls (the benchmark's and the calibration's) cycle through enough copies
     of a weight to span COLD_L2_SPAN L2 caches (one per call at most; one where L2 is unknown)."""

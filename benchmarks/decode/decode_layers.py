@@ -71,16 +71,17 @@ class Baselines:
     unavailable: dict[str, str] = field(default_factory=dict)
 
 
-def make_baselines(ctx, numel: int, group_name: str, own_all_reduce: bool = False) -> Baselines:
+def make_baselines(ctx, numel: int, group_name: str, own_all_reduce=()) -> Baselines:
     """Each baseline's buffer, allocated and registered over the ranks (agreed attempts: a
-    failure is that variant's reason in every case, never fatal); ``own_all_reduce``: time
-    torch.mm + our all-reduce forced too (else those variants are recorded as not asked for)."""
+    failure is that variant's reason in every case, never fatal); ``own_all_reduce``: the
+    algorithms of our all-reduce to time forced after torch.mm too (the others are recorded as
+    not asked for)."""
     from distgemm.runtime.paths.collective import own_all_reduce_problem
 
     b = Baselines()
     for v, algorithm in report.OWN_ALL_REDUCE.items():
         why = own_all_reduce_problem(algorithm, numel, torch.bfloat16, ctx.tp)
-        if not own_all_reduce:
+        if algorithm not in own_all_reduce:
             b.unavailable[v] = "not asked for (--own-all-reduce)"
         elif why:
             b.unavailable[v] = why
@@ -389,8 +390,12 @@ def main(argv=None) -> int:
     )
     ap.add_argument(
         "--own-all-reduce",
-        action="store_true",
-        help="also time torch.mm + distgemm's one-shot and two-shot all-reduce, forced",
+        nargs="?",
+        const=",".join(report.OWN_ALL_REDUCE.values()),
+        default=(),
+        type=cases.names(tuple(report.OWN_ALL_REDUCE.values())),
+        help="also time torch.mm + distgemm's own all-reduce, forced: the comma-separated "
+        "algorithms given, or every one",
     )
     runtime.add_output_options(ap)
     args = ap.parse_args(argv)
