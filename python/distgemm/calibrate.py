@@ -205,8 +205,8 @@ def measure(
     return runs
 
 
-def _own_all_reduce(torch, comm, vec, algorithm: str, run_all_reduce) -> None:
-    run_all_reduce(comm, vec, algorithm, torch.cuda.is_current_stream_capturing())
+def _own_all_reduce(torch, comm, x, algorithm: str, run_all_reduce, out) -> None:
+    run_all_reduce(comm, x, algorithm, torch.cuda.is_current_stream_capturing(), out=out)
 
 
 def weight_copies(weight_bytes: int, l2_bytes: int, calls: int = GRAPH_CALLS) -> int:
@@ -280,12 +280,13 @@ def reduce_runs(torch, dist, device, tp, run, rand, say) -> list[dict[str, Any]]
             calls = {"nccl": functools.partial(dist.all_reduce, vec)}
             for algorithm, problem in own_all_reduce_offer(vec.numel(), vec.dtype, tp).items():
                 if not problem:
-                    # Where the collective path's GEMM writes the input: a pull algorithm's region.
+                    # As the collective path runs it: the input where its GEMM writes it (a pull
+                    # algorithm's region, reduced into the output; else the output, in place).
                     x = all_reduce_input(comm, algorithm, vec, False)
                     if x is not vec:
                         x.copy_(vec)
                     calls[algorithm] = functools.partial(_own_all_reduce, torch, comm, x,
-                                                         algorithm, run_all_reduce)  # fmt: skip
+                                                         algorithm, run_all_reduce, vec)  # fmt: skip
             for algorithm, call in calls.items():
                 runs.append({"kind": "all_reduce", "algorithm": algorithm, "bytes": nbytes,
                              "ms": graphed_ms(call)})  # fmt: skip

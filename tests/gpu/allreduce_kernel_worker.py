@@ -292,7 +292,7 @@ def test_shared_outputs(dev, comm, replays: int):
         v.bad.append(
             f"{shared} of {len(outs)} captured calls shared their outputs: {res.copy_reason}"
         )
-    v.record("capture/shared_outputs", replays=replays, shared=shared, calls=len(outs))
+    v.record("capture/shared_outputs", replays=replays, shared=shared, captured=len(outs))
 
 
 def test_timeout(dev):

@@ -254,10 +254,10 @@ __device__ inline void two_shot_pull(const AllReduceArgs& a, uint32_t gen, uint3
   }
   __syncthreads();
   if (tid == 0) signal_peers(a, 1, cta, gen);
-  // 3. The peers' sums of their chunks' slice c: in out already (shared), or stored into this
-  // rank's buffer and copied into out (every load issued before any store, as the flag kernel's
-  // step 4).
-  if (!wait_peers(a, 1, cta, gen, ok) || shared) return;
+  // 3. The peers' sums of their chunks' slice c: in out already (shared outputs, or out is this
+  // rank's buffer: in place on the input), or stored into this rank's buffer and copied into
+  // out (every load issued before any store, as the flag kernel's step 4).
+  if (!wait_peers(a, 1, cta, gen, ok) || shared || a.out == a.receive[a.rank]) return;
   const PeerSlices p(a.rank, a.tp, a.vecs, cv, cta, ctas);
   const uint4* mine = a.receive[a.rank];
   for (int64_t k = tid; k < p.longest; k += kAllReduceThreads) {

@@ -38,8 +38,9 @@
 //    and a peer reads or writes it in launch g + 1 only after this rank's arrival flag of g + 1.
 //    With shared outputs (AllReduceDesc::shared_out: every rank's out as seen from here, a
 //    captured call's output the ranks exchanged through CUDA IPC), CTA c stores the sum straight
-//    into every rank's out instead and nothing is copied out of the buffer. A peer writes this
-//    rank's out of launch g only after this rank's arrival flag of g (all earlier work on this
+//    into every rank's out instead and nothing is copied out of the buffer (nor where out is
+//    this rank's buffer itself: in place on the input, the sums already lie there). A peer writes
+//    this rank's out of launch g only after this rank's arrival flag of g (all earlier work on this
 //    rank's stream, the out's previous readers included, has finished) and flags it before this
 //    rank's launch g ends, so no store lands outside launch g on this rank.
 //
