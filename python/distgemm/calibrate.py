@@ -285,8 +285,9 @@ def reduce_runs(torch, dist, device, tp, run, rand, say) -> list[dict[str, Any]]
                     x = all_reduce_input(comm, algorithm, vec, False)
                     if x is not vec:
                         x.copy_(vec)
-                    calls[algorithm] = functools.partial(_own_all_reduce, torch, comm, x,
-                                                         algorithm, run_all_reduce, vec)  # fmt: skip
+                    calls[algorithm] = functools.partial(
+                        _own_all_reduce, torch, comm, x, algorithm, run_all_reduce, vec
+                    )
             for algorithm, call in calls.items():
                 runs.append({"kind": "all_reduce", "algorithm": algorithm, "bytes": nbytes,
                              "ms": graphed_ms(call)})  # fmt: skip
