@@ -176,16 +176,17 @@ def _run(
     capturing = torch.cuda.is_current_stream_capturing()
     if capturing:
         with setup_during_capture():  # a new communicator or plan: allocation, IPC exchange
-            comm, entry = _entry(op, group, key, make, tensors, out)
+            comm, entry = _entry(op, group, key, make, tensors, out, True)
     else:
-        comm, entry = _entry(op, group, key, make, tensors, out)
+        comm, entry = _entry(op, group, key, make, tensors, out, False)
     # The path was chosen when the entry was created (runtime.choose): "overlap", "collective"
     # or "fused", never a measurement, so "auto" records into a capture like any other path.
     return entry.state.run(op, comm, tensors, out, capturing)
 
 
-def _entry(op, group, key: EntryKey, make, tensors, out):
-    """The communicator and the entry of a call (created at the entry's first call)."""
+def _entry(op, group, key: EntryKey, make, tensors, out, capturing: bool):
+    """The communicator and the entry of a call (created at the entry's first call; capturing:
+    whether the call is being captured)."""
     comm = get_communicator(group)
     if comm.broken:
         comm.raise_if_broken()
@@ -206,7 +207,7 @@ def _entry(op, group, key: EntryKey, make, tensors, out):
             validate_placement(op, comm.device, dict(operands, out=out))
             return make(comm)
 
-        entry = plans.create(key, first)
+        entry = plans.create(key, first, capturing)
     else:
         plans.move_to_end(key)  # LRU order (O(1), cheaper than checking whether it is needed)
     return comm, entry

@@ -149,10 +149,12 @@ class EntryCache(collections.OrderedDict):
         self.kept_capturers: list[Any] = []
         self.retired_graphs: list[Any] = []
 
-    def create(self, key: EntryKey, make) -> Entry:
+    def create(self, key: EntryKey, make, capturing: bool | None = None) -> Entry:
         """The entry of a first call: ``make()`` validates and builds the Spec (its Plan built
         once: S and tile from the tuning table or the defaults), the ranks exchange their
         signatures (the same error on every rank), the path is chosen and its state made.
+        ``capturing``: whether the call is being captured (None: asked of torch here); a
+        captured entry evicts nothing (``insert``).
         Where the others do not come to the exchange within the communicator's timeout (they
         called shapes whose entries they hold already), a rank whose own inputs were refused
         raises its own error, naming the exchange that failed; else the exchange's RuntimeError
@@ -184,7 +186,7 @@ class EntryCache(collections.OrderedDict):
         path, choice = choose_path(spec, key.path, key.precision.dtype, unavailable, mc, pred)
         choice.update(steps_report)
         entry = Entry(spec, path, choice, make_state(comm, spec, key, path, choice))
-        self.insert(key, entry, stream_capturing())
+        self.insert(key, entry, stream_capturing() if capturing is None else capturing)
         return entry
 
     def insert(self, key: EntryKey, entry: Entry, capturing: bool = False) -> None:
