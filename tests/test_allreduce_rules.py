@@ -261,6 +261,16 @@ def test_pull_algorithms_get_a_region_of_their_own_and_a_view_of_the_input_in_it
     again = allreduce.all_reduce_input(comm, "two_shot_pull", like, False)
     assert x.shape == like.shape and x.dtype == like.dtype and again is x  # made once
     assert made == [(pull.bases[comm.rank], like.numel())]
+    # every token count of a server gets its view; the oldest goes past MAX_INPUT_VIEWS
+    cap = allreduce.MAX_INPUT_VIEWS
+    for tokens in range(1, cap + 2):
+        allreduce.all_reduce_input(
+            comm, "two_shot_pull", torch.empty(tokens, 8, dtype=torch.bfloat16), False
+        )
+    assert len(res._inputs) == cap
+    shapes = [key[1] for key in res._inputs]
+    # the view made first, `like`'s (4, 8), went: it is the oldest
+    assert (4, 8) not in shapes and shapes[0] == (1, 8) and shapes[-1] == (cap + 1, 8)
 
 
 def test_the_grid_bound_is_the_smallest_resident_count_of_the_ranks(monkeypatch):

@@ -59,6 +59,9 @@ __all__ = [
 # The name of the all-reduce's per-communicator state (Communicator.attach).
 ATTACHMENT = "allreduce"
 _VECTOR_BYTES = 16
+# Views of the pull region kept for reuse (one per shape and dtype): a server's token counts and
+# layer widths fit, and the dict stays bounded whatever the shapes (a view holds no memory).
+MAX_INPUT_VIEWS = 256
 
 
 def allreduce_layout(algorithm: str, numel: int, itemsize: int, tp: int) -> dict[str, int]:
@@ -112,12 +115,15 @@ class AllReduceResources(KernelResources):
 
     def input_view(self, ws: Workspace, like: torch.Tensor) -> torch.Tensor:
         """This rank's input in the pull region ``ws``: a tensor of ``like``'s shape and dtype at
-        its start (made once per region, shape and dtype; views of a replaced region go)."""
+        its start (made once per region, shape and dtype; views of a replaced region go, and
+        past ``MAX_INPUT_VIEWS`` shapes the oldest view goes)."""
         base = ws.bases[self.comm.rank]
         key = (base, tuple(like.shape), like.dtype)
         view = self._inputs.get(key)
         if view is None:
             self._inputs = {k: v for k, v in self._inputs.items() if k[0] == base}
+            while len(self._inputs) >= MAX_INPUT_VIEWS:
+                del self._inputs[next(iter(self._inputs))]
             flat = device_view(base, like.numel(), like.dtype, self.comm.device)
             view = self._inputs[key] = flat.view(like.shape)
         return view
