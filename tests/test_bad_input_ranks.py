@@ -58,7 +58,7 @@ def _call(comm, a, w):
     prec = Precision(torch.bfloat16)
     key, make = ops._reduce_entry(op, "ar_tile_a", tensors, 0.0, None, None, prec, "collective")
     try:
-        return ("ok", ops._entry(op, comm, key, make, tensors, None)[1].path)
+        return ("ok", ops._entry(op, comm, key, make, tensors, None, False)[1].path)
     except (ValueError, RuntimeError) as e:
         return (type(e).__name__, str(e))
 
