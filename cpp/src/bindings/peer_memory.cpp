@@ -22,6 +22,7 @@
 #include <tuple>
 
 #include "distgemm/device/check.hpp"
+#include "distgemm/device/driver_entry.hpp"
 #include "distgemm/device/graph.hpp"  // RelaxedCaptureMode
 
 namespace py = pybind11;
@@ -32,16 +33,8 @@ namespace {
 using PointerGetAttribute = CUresult (*)(void*, CUpointer_attribute, CUdeviceptr);
 
 PointerGetAttribute pointer_get_attribute() {
-  static PointerGetAttribute fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuPointerGetAttribute", &p, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      p = nullptr;
-    return reinterpret_cast<PointerGetAttribute>(p);
-  }();
-  if (!fn) throw std::runtime_error("the driver has no cuPointerGetAttribute");
+  static const auto fn = distgemm::device::driver_entry<PointerGetAttribute>(
+      "cuPointerGetAttribute", 12000, "export_allocation");
   return fn;
 }
 

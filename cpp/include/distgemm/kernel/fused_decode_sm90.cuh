@@ -53,12 +53,12 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 
 #include "distgemm/device/check.hpp"
+#include "distgemm/device/driver_entry.hpp"
 #include "distgemm/kernel/fused_tail.cuh"
 #include "distgemm/kernel/ll_line.cuh"  // st_line, ld_line, line_arrived
 
@@ -559,17 +559,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // cuTensorMapEncodeTiled through the runtime (no libcuda at link time), looked up once.
 inline PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
-                                         &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-  });
-  if (!fn) throw std::runtime_error("fused decode kernel: cuTensorMapEncodeTiled is unavailable");
+  static const auto fn = device::driver_entry<PFN_cuTensorMapEncodeTiled_v12000>(
+      "cuTensorMapEncodeTiled", 12000, "fused decode kernel");
   return fn;
 }
 
