@@ -153,7 +153,14 @@ class AllReduceResources(KernelResources):
                 ]
             except Exception as e:  # noqa: BLE001
                 problem = f"rank {rank}: {e}"
-        return agreed_outputs(comm.all_gather(problem, "all-reduce output mappings"), bases, self)
+        # The same verdict on every rank: the first problem any rank had, or none.
+        problem = next((p for p in comm.all_gather(problem, "all-reduce output mappings") if p), "")
+        if problem:
+            self.outputs_copied += 1
+            self.copy_reason = problem
+            return None
+        self.outputs_shared += 1
+        return bases
 
     # -- Attachment ------------------------------------------------------------------------
     def workspace_grown(self, ws: Workspace, capturing: bool) -> None:
@@ -180,19 +187,6 @@ class AllReduceResources(KernelResources):
 
 
 _FAMILIES = ("flag", "lines", "pull")
-
-
-def agreed_outputs(problems: list[str], bases: list[int] | None, res) -> list[int] | None:
-    """The shared outputs where no rank reported a problem (``problems``, all-gathered; the
-    same verdict on every rank), else None with the first problem kept as ``res.copy_reason``;
-    counts either outcome on ``res``."""
-    problem = next((p for p in problems if p), "")
-    if problem or bases is None:
-        res.outputs_copied += 1
-        res.copy_reason = problem or "no output mapped"
-        return None
-    res.outputs_shared += 1
-    return bases
 
 
 def _family(algorithm: str) -> str:
