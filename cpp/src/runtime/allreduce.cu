@@ -224,6 +224,23 @@ __device__ __forceinline__ void finish_launch(const AllReduceArgs& a, uint32_t g
       words[i] = gen;
 }
 
+// Threads of the CTA: the peers' sums of their chunks' slices (`p`) from `sums`, laid out as the
+// vector (chunk r at r * chunk_vecs), into out; each thread loads its vector of every peer's
+// slice before it stores any (two_shot's step 4, two_shot_pull's last step).
+__device__ inline void copy_peer_sums(const AllReduceArgs& a, const PeerSlices& p,
+                                      const uint4* sums) {
+  const int64_t cv = a.chunk_vecs;
+  for (int64_t k = threadIdx.x; k < p.longest; k += kAllReduceThreads) {
+    uint4 x[kMaxDevices];
+#pragma unroll
+    for (int i = 1; i < kMaxDevices; ++i)
+      if (p.has(i, k)) x[i] = ld_partial_v4(sums + ((a.rank + i) % a.tp) * cv + p.begin[i] + k);
+#pragma unroll
+    for (int i = 1; i < kMaxDevices; ++i)
+      if (p.has(i, k)) a.out[((a.rank + i) % a.tp) * cv + p.begin[i] + k] = x[i];
+  }
+}
+
 // two_shot_pull (allreduce.hpp), per CTA c (slot c), between the flag kernel's steps 0 and 5. The
 // ranks' inputs lie at the start of their receive buffers; with shared outputs the sums go
 // straight into every rank's out (uniform over the grid: a.shared_out[0] is set or not).
@@ -258,17 +275,7 @@ __device__ inline void two_shot_pull(const AllReduceArgs& a, uint32_t gen, uint3
   // rank's buffer: in place on the input), or stored into this rank's buffer and copied into
   // out (every load issued before any store, as the flag kernel's step 4).
   if (!wait_peers(a, 1, cta, gen, ok) || shared || a.out == a.receive[a.rank]) return;
-  const PeerSlices p(a.rank, a.tp, a.vecs, cv, cta, ctas);
-  const uint4* mine = a.receive[a.rank];
-  for (int64_t k = tid; k < p.longest; k += kAllReduceThreads) {
-    uint4 x[kMaxDevices];
-#pragma unroll
-    for (int i = 1; i < kMaxDevices; ++i)
-      if (p.has(i, k)) x[i] = ld_partial_v4(mine + ((a.rank + i) % a.tp) * cv + p.begin[i] + k);
-#pragma unroll
-    for (int i = 1; i < kMaxDevices; ++i)
-      if (p.has(i, k)) a.out[((a.rank + i) % a.tp) * cv + p.begin[i] + k] = x[i];
-  }
+  copy_peer_sums(a, PeerSlices(a.rank, a.tp, a.vecs, cv, cta, ctas), a.receive[a.rank]);
 }
 
 template <class Element, AllReduceAlgorithm Algorithm>
@@ -320,17 +327,7 @@ __global__ void __launch_bounds__(kAllReduceThreads, 1)
                          a.out + base, area2 + base, parity, true);
       __syncthreads();
       if (tid == 0) signal_peers(a, 1, cta, gen);
-      if (wait_peers(a, 1, cta, gen, &ok_s))
-        for (int64_t k = tid; k < p.longest; k += kAllReduceThreads) {  // loads first, as above
-          uint4 x[kMaxDevices];
-#pragma unroll
-          for (int i = 1; i < kMaxDevices; ++i)
-            if (p.has(i, k))
-              x[i] = ld_partial_v4(mine + area2 + ((a.rank + i) % a.tp) * cv + p.begin[i] + k);
-#pragma unroll
-          for (int i = 1; i < kMaxDevices; ++i)
-            if (p.has(i, k)) a.out[((a.rank + i) % a.tp) * cv + p.begin[i] + k] = x[i];
-        }
+      if (wait_peers(a, 1, cta, gen, &ok_s)) copy_peer_sums(a, p, mine + area2);
     }
   }
 
