@@ -68,6 +68,7 @@ add_library(distgemm_runtime SHARED
   cpp/src/runtime/fused_allreduce.cu
   cpp/src/runtime/allreduce.cu
   cpp/src/runtime/kernels.cu
+  cpp/src/runtime/gemm_cublaslt.cpp
   cpp/src/runtime/graph.cu
   cpp/src/runtime/graph_topology.cpp
   cpp/src/runtime/workspace.cu)
@@ -89,6 +90,48 @@ target_link_options(distgemm_runtime PRIVATE "LINKER:--exclude-libs,ALL")
 if(TARGET CUDA::cuda_driver)
   target_link_libraries(distgemm_runtime PRIVATE CUDA::cuda_driver)
 endif()
+
+# cuBLASLt, the GEMM candidate the machine's kernel table may choose (gemm_cublaslt.cpp): its
+# header from the CUDA toolkit or from the nvidia-cublas wheel (torch's CUDA wheels depend on it;
+# scripts/install.sh installs it where neither has the header). The library itself is opened at
+# run time (dlopen: torch's copy where torch is loaded), so nothing links against it.
+set(_nvidia_dirs)
+if(Python3_EXECUTABLE)
+  set(_python ${Python3_EXECUTABLE})
+else()
+  find_program(_python NAMES python3 python)
+endif()
+if(_python)
+  execute_process(
+    COMMAND ${_python} -c
+      "import os, importlib.util as u; s = u.find_spec('nvidia'); print(';'.join(os.path.join(p, d) for p in (s.submodule_search_locations if s else []) for d in sorted(os.listdir(p))))"
+    OUTPUT_VARIABLE _nvidia_dirs OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+endif()
+set(_cublaslt_include_hints ${CUDAToolkit_INCLUDE_DIRS})
+set(_cublaslt_library_hints ${CUDAToolkit_LIBRARY_DIR})
+foreach(_dir IN LISTS _nvidia_dirs)
+  list(APPEND _cublaslt_include_hints ${_dir}/include)
+  list(APPEND _cublaslt_library_hints ${_dir}/lib)
+endforeach()
+find_path(DISTGEMM_CUBLASLT_INCLUDE_DIR cublasLt.h HINTS ${_cublaslt_include_hints} NO_DEFAULT_PATH)
+find_file(DISTGEMM_CUBLASLT_LIBRARY libcublasLt.so.13 HINTS ${_cublaslt_library_hints}
+          NO_DEFAULT_PATH)
+if(DISTGEMM_CUBLASLT_INCLUDE_DIR)
+  message(STATUS "distgemm: cuBLASLt header in ${DISTGEMM_CUBLASLT_INCLUDE_DIR}")
+  set_source_files_properties(cpp/src/runtime/gemm_cublaslt.cpp PROPERTIES
+    INCLUDE_DIRECTORIES ${DISTGEMM_CUBLASLT_INCLUDE_DIR}
+    COMPILE_DEFINITIONS DISTGEMM_WITH_CUBLASLT=1)
+  if(DISTGEMM_CUBLASLT_LIBRARY)
+    set_property(SOURCE cpp/src/runtime/gemm_cublaslt.cpp APPEND PROPERTY COMPILE_DEFINITIONS
+      "DISTGEMM_CUBLASLT_LIBRARY=\"${DISTGEMM_CUBLASLT_LIBRARY}\"")
+  endif()
+else()
+  message(WARNING "distgemm: no cublasLt.h (CUDA toolkit or nvidia-cublas wheel): the cuBLASLt "
+                  "GEMM candidate is left out")
+  set_source_files_properties(cpp/src/runtime/gemm_cublaslt.cpp PROPERTIES
+    COMPILE_DEFINITIONS DISTGEMM_WITH_CUBLASLT=0)
+endif()
+target_link_libraries(distgemm_runtime PRIVATE ${CMAKE_DL_LIBS})
 
 # distgemm_bench: one job per file in cpp/examples/bench/ (main.cpp lists them); only
 # reference.cu holds kernels.

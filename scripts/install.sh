@@ -85,6 +85,24 @@ fi
 if [ "$DISTGEMM_CUDA" != "OFF" ] && ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH=/usr/local/cuda/bin:$PATH
 fi
+# cuBLASLt's header for the CUDA runtime's cuBLASLt candidate (cpp/cuda.cmake): torch's CUDA
+# wheels bring it (nvidia-cublas); a machine with a CPU torch and no toolkit copy gets that wheel.
+have_cublaslt_header() {
+  [ -e /usr/local/cuda/include/cublasLt.h ] || "$PY" - <<'PY'
+import importlib.util, os, sys
+spec = importlib.util.find_spec("nvidia")
+dirs = [os.path.join(p, d, "include") for p in (spec.submodule_search_locations if spec else []) for d in os.listdir(p)]
+sys.exit(0 if any(os.path.exists(os.path.join(d, "cublasLt.h")) for d in dirs) else 1)
+PY
+}
+if [ "$DISTGEMM_CUDA" != "OFF" ] && ! have_cublaslt_header; then
+  if [ "${DISTGEMM_OFFLINE:-0}" = "1" ]; then
+    echo "distgemm: no cublasLt.h here and DISTGEMM_OFFLINE=1: the cuBLASLt candidate is left out"
+  else
+    echo "distgemm: installing nvidia-cublas (cuBLASLt's header for the CUDA build)"
+    pip_with_progress install "nvidia-cublas==13.1.0.3"
+  fi
+fi
 if [ "$DISTGEMM_CUDA" != "OFF" ]; then
   echo "distgemm: building the CUDA runtime too (about 17 minutes on 2 cores, 2 on 16)"
 elif [ -z "${DISTGEMM_CUDA_OFF_REASON:-}" ]; then

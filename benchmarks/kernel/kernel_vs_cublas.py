@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import math
 import os
 import sys
@@ -51,6 +52,7 @@ from benchmarks.common.timing import (
 from benchmarks.kernel import report
 from benchmarks.kernel.shapes import TP_CHOICES, KernelShape, describe_sources, kernel_shapes
 from distgemm import _core, cli
+from distgemm.runtime import kernel_table
 
 # Graph replays are sized so that one replay takes about this long (at the compute floor).
 REPLAY_TARGET_MS = 0.1
@@ -110,6 +112,26 @@ def parse_args(argv=None) -> argparse.Namespace:
         help=f"kernel configurations to time (default all: {','.join(report.CONFIGS)}); the "
         "model's pick is timed too",
     )
+    ap.add_argument(
+        "--cublas-algos",
+        type=int,
+        default=0,
+        help="also time cuBLASLt's first N heuristic algorithms (variants cublaslt:0..N-1, as the "
+        f"runtime runs them: no workspace); at most {report.MAX_CUBLAS_ALGOS}",
+    )
+    ap.add_argument(
+        "--kernel-table",
+        default="shipped",
+        help="the kernel table 'auto' consults: 'shipped' (the package's for this GPU), 'off', "
+        "or a table file (distgemm.runtime.kernel_table)",
+    )
+    ap.add_argument(
+        "--table",
+        metavar="OUT.json",
+        default=None,
+        help="write a kernel table from this run: per shape the fastest variant, unless the "
+        f"model's pick is within {report.TABLE_MARGIN:.0%} of it",
+    )
     ap.add_argument("--eager", action="store_true", help="time eager calls, not graph replays")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--dry-run", action="store_true", help="list the shapes; no GPU")
@@ -119,6 +141,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.skip < 0 or (args.limit is not None and args.limit < 1):
         ap.error(f"--skip must be >= 0 and --limit >= 1, got {args.skip} and {args.limit}")
+    if not 0 <= args.cublas_algos <= report.MAX_CUBLAS_ALGOS:
+        ap.error(f"--cublas-algos must be 0..{report.MAX_CUBLAS_ALGOS}, got {args.cublas_algos}")
     return args
 
 
@@ -165,6 +189,7 @@ def measure(
     eager: bool,
     seed: int,
     configs: list[str] | tuple[str, ...] = report.CONFIGS,
+    cublas_algos: int = 0,
 ):
     """One shape's record (kernel/report.py's format) with ``configs`` and the model's pick timed;
     failures are recorded, not raised."""
@@ -187,12 +212,20 @@ def measure(
     )
     ws = torch.zeros(max(ws_bytes, 16), device=ctx.dev, dtype=torch.uint8)
 
-    def ours(config: str):
+    def ours(variant: str):
+        # A configuration with the shared workspace; cuBLASLt as the runtime runs it (no
+        # workspace: a plan's GEMMs have none).
+        algo = report.cublas_rank(variant)
+        kw = (
+            dict(config=variant, workspace=ws.data_ptr(), workspace_bytes=ws.numel())
+            if algo is None
+            else dict(cublas_algo=algo)
+        )
+
         def call() -> int:
             return _core.gemm(
                 a.data_ptr(), w.data_ptr(), d_ours.data_ptr(), m, n, k, dtype="bf16",
-                cuda_device=dev, stream=torch.cuda.current_stream().cuda_stream, config=config,
-                workspace=ws.data_ptr(), workspace_bytes=ws.numel(),
+                cuda_device=dev, stream=torch.cuda.current_stream().cuda_stream, **kw,
             )  # fmt: skip
 
         return call
@@ -202,9 +235,13 @@ def measure(
 
     ref()
     rec["model_config"] = model = _core.gemm_resolve_config(
-        m, n, "bf16", cuda_device=dev, stream_k=True
+        m, n, "bf16", cuda_device=dev, stream_k=True, k=k
     )
-    timed = list(configs) + ([model] if model not in configs else [])
+    n_algos = 0
+    if cublas_algos:
+        n_algos = min(cublas_algos, _core.cublaslt_algo_count(m, n, k, "bf16", cuda_device=dev))
+    variants = list(configs) + [report.cublas_name(i) for i in range(n_algos)]
+    timed = variants + ([model] if model not in variants else [])
     rec["configs"] = timed
     table = _core.gemm_config_table()
     torch.cuda.synchronize()
@@ -213,7 +250,8 @@ def measure(
         ran = ours(config)()
         torch.cuda.synchronize()
         rec["err"][config] = err = rel_err(torch, d_ours, d_torch)
-        if ran != table[config]["tile_n"] or not err < report.ERR_TOL:
+        tile = 0 if report.cublas_rank(config) is not None else table[config]["tile_n"]
+        if ran != tile or not err < report.ERR_TOL:
             why = f"config {config} ran with tile width {ran}, rel. error {err:.3g}"
             rec.update(status="failed", reason=why)
             return rec
@@ -242,6 +280,9 @@ def _meta(torch, args, t_start: float, shapes: list[KernelShape]) -> dict[str, A
             c: _core.gemm_resident_ctas("bf16", cuda_device=dev, config=c) for c in report.CONFIGS
         },
         configs=list(args.configs),
+        cublas_algos=args.cublas_algos,
+        cublaslt_version=_core.cublaslt_version(),
+        kernel_table=kernel_table.installed(),
         args=" ".join(sys.argv[1:]),
         shapes=len(shapes),
         timing=dict(warmup_s=WARMUP_S, rewarm_s=REWARM_S, timed_s=TIMED_S, eager=args.eager),
@@ -266,6 +307,16 @@ def run(args: argparse.Namespace, shapes: list[KernelShape]) -> int:
         print("no CUDA device visible to torch: the timing needs one GPU (--dry-run does not)")
         return 2
     ctx = SingleGpuContext.current()
+    if args.kernel_table != "shipped":
+        os.environ[kernel_table.TABLE_ENV] = args.kernel_table
+    try:
+        kernel_table.install(ctx.dev)
+    except ValueError as e:
+        print(f"--kernel-table {args.kernel_table}: {e}")
+        return 2
+    if args.cublas_algos and _core.cublaslt_problem():
+        print(f"--cublas-algos {args.cublas_algos}: {_core.cublaslt_problem()}")
+        return 2
     t_start = time.time()
     label = "-".join(f"tp{t}" for t in args.tp) + ("-local" if args.local_only else "")
     stem = os.path.join(args.out, args.stem or report.output_stem(label))
@@ -284,7 +335,9 @@ def run(args: argparse.Namespace, shapes: list[KernelShape]) -> int:
             print(f"{why}: {len(shapes) - i} shapes left out", flush=True)
             break
         try:
-            rec = measure(ctx, shape, args.skip + i, args.eager, args.seed, args.configs)
+            rec = measure(
+                ctx, shape, args.skip + i, args.eager, args.seed, args.configs, args.cublas_algos
+            )
         except Exception as e:  # noqa: BLE001 - one shape's failure must not lose the others
             rec = dict(shape.as_dict(), status="failed", reason=short_error(e), ms={}, err={})
         torch.cuda.empty_cache()
@@ -298,7 +351,13 @@ def run(args: argparse.Namespace, shapes: list[KernelShape]) -> int:
             flush=True,
         )
         report.write_outputs(records, stem, _meta(torch, args, t_start, shapes), final=False)
-    why = report.write_outputs(records, stem, _meta(torch, args, t_start, shapes), final=True)
+    meta = _meta(torch, args, t_start, shapes)
+    why = report.write_outputs(records, stem, meta, final=True)
+    if args.table:
+        table = report.kernel_table(records, meta)
+        with open(args.table, "w") as f:
+            json.dump(table, f, indent=1)
+        print(f"kernel table: {len(table['rows'])} rows -> {args.table}", flush=True)
     return 0 if why is None and all(r["status"] == "ok" for r in records) else 1
 
 

@@ -27,6 +27,16 @@ from distgemm import _core
 
 # Every bf16 configuration of the kernel, the default first (the CSV has a column for each).
 CONFIGS = tuple(_core.gemm_config_names("bf16", stream_k=True))
+# cuBLASLt's algorithms, timed as variants "cublaslt:<rank>" (kernel_vs_cublas --cublas-algos):
+# at most this many ranks (columns of the CSV and the table).
+MAX_CUBLAS_ALGOS = 4
+CUBLAS_VARIANTS = tuple(f"cublaslt:{i}" for i in range(MAX_CUBLAS_ALGOS))
+# Every variant with a column: the configurations, then cuBLASLt's ranks.
+VARIANTS = CONFIGS + CUBLAS_VARIANTS
+# A kernel table row keeps the model's pick unless the fastest variant beats it by more than this
+# (the spread of repeated steady-state windows of one kernel, docs/tuning.md): a choice is not
+# changed on noise.
+TABLE_MARGIN = 0.01
 # The names of the two tile widths of runs stored before configurations existed.
 LEGACY_TILES = {"n256": "128x256", "n128": "128x128", 256: "128x256", 128: "128x128"}
 # The kernel issue's acceptance: distgemm's chosen kernel at most ACCEPT_RATIO x torch.mm's time
@@ -42,6 +52,53 @@ ERR_TOL = 1e-2  # relative Frobenius error of each tile against torch.mm, checke
 def floor_ms(m: int, n: int, k: int, peak_tflops: float = PEAK_TFLOPS) -> float:
     """The compute floor: 2mnk flops at the dense bf16 peak, in ms."""
     return 2.0 * m * n * k / (peak_tflops * 1e12) * 1e3
+
+
+def cublas_name(rank: int) -> str:
+    """The variant name of cuBLASLt's algorithm of rank ``rank``."""
+    return f"cublaslt:{rank}"
+
+
+def cublas_rank(variant: str) -> int | None:
+    """The rank of a cuBLASLt variant ("cublaslt:2" -> 2); None for a configuration."""
+    head, _, rank = variant.partition(":")
+    return int(rank) if head == "cublaslt" and rank.isdigit() else None
+
+
+def kernel_table(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
+    """A kernel table (distgemm.runtime.kernel_table's format) from a run's records: one row per
+    measured shape, the fastest timed variant, or the model's pick where that is within
+    TABLE_MARGIN of it. Shapes not measured, or without every variant timed, get no row."""
+    rows = []
+    for rec in records:
+        d = derived(rec)
+        ms, model, fastest = rec.get("ms", {}), rec.get("model_config"), d["fastest_config"]
+        if rec.get("status") != "ok" or not fastest or not model or not ms.get(model):
+            continue
+        pick = model if ms[model] <= (1.0 + TABLE_MARGIN) * ms[fastest] else fastest
+        rank = cublas_rank(pick)
+        rows.append(
+            dict(
+                dtype="bf16", m=rec["m"], n=rec["n"], k=rec["k"],
+                kernel="cublaslt" if rank is not None else pick,
+                algo=rank if rank is not None else 0,
+                ms={v: round(t, 5) for v, t in ms.items()},
+            )
+        )  # fmt: skip
+    return dict(
+        format="distgemm-kernel-table",
+        version=1,
+        gpu=meta.get("device", ""),
+        measured=dict(
+            date=meta.get("date"),
+            torch=meta.get("torch"),
+            args=meta.get("args"),
+            cublaslt_version=meta.get("cublaslt_version"),
+            margin=TABLE_MARGIN,
+            timing=meta.get("timing"),
+        ),  # fmt: skip
+        rows=rows,
+    )
 
 
 def normalize(rec: dict[str, Any]) -> dict[str, Any]:
@@ -134,10 +191,10 @@ def flags(rec: dict[str, Any]) -> str:
 
 CSV_FIELDS = (
     "m", "n", "k", "local", "status", "torch_ms", "ours_ms",
-    *(f"ms_{c}" for c in CONFIGS),
+    *(f"ms_{c}" for c in VARIANTS),
     "ratio", "ratio_fastest", "model_config", "fastest_config", "model_loss", "torch_drift",
     "tflops_torch", "tflops_ours", "floor_ms",
-    *(f"err_{c}" for c in CONFIGS),
+    *(f"err_{c}" for c in VARIANTS),
     "accepted", "flags", "sources",
 )  # fmt: skip
 
@@ -154,7 +211,7 @@ def csv_row(rec: dict[str, Any]) -> dict[str, str]:
         status=rec.get("status", ""),
         torch_ms=number_cell(ms.get("torch")),
         ours_ms=number_cell(d["ours_ms"]),
-        **{f"ms_{c}": number_cell(ms.get(c)) for c in CONFIGS},
+        **{f"ms_{c}": number_cell(ms.get(c)) for c in VARIANTS},
         ratio=number_cell(d["ratio"]),
         ratio_fastest=number_cell(d["ratio_fastest"]),
         model_config=str(rec.get("model_config") or ""),
@@ -164,7 +221,7 @@ def csv_row(rec: dict[str, Any]) -> dict[str, str]:
         tflops_torch=number_cell(d["tflops_torch"], 1),
         tflops_ours=number_cell(d["tflops_ours"], 1),
         floor_ms=number_cell(d["floor_ms"]),
-        **{f"err_{c}": number_cell(err.get(c), 6) for c in CONFIGS},
+        **{f"err_{c}": number_cell(err.get(c), 6) for c in VARIANTS},
         accepted="" if ok is None else ("yes" if ok else "no"),
         flags=flags(rec),
         sources=";".join(source_names(rec)),
@@ -193,7 +250,7 @@ def format_table(records: Sequence[dict[str, Any]]) -> str:
     shapes), flags and where the shape comes from."""
     head = (
         f"{'m':>6} {'n':>6} {'k':>6} {'local':>5} {'torch ms':>9} {'ours ms':>9} "
-        + "".join(f"{c:>10} " for c in CONFIGS)
+        + "".join(f"{c:>10} " for c in VARIANTS)
         + f"{'ours/t':>7} {'best/t':>7} {'model':>9} {'best':>9} {'acc':>4}  source"
     )
     lines = [head, "-" * len(head)]
@@ -205,7 +262,7 @@ def format_table(records: Sequence[dict[str, Any]]) -> str:
         line = (
             f"{r['m']:>6} {r['n']:>6} {r['k']:>6} {'yes' if r.get('local') else 'no':>5} "
             f"{fmt_ms(ms.get('torch')):>9} {fmt_ms(d['ours_ms']):>9} "
-            + "".join(f"{fmt_ms(ms.get(c)):>10} " for c in CONFIGS)
+            + "".join(f"{fmt_ms(ms.get(c)):>10} " for c in VARIANTS)
             + f"{fmt_ratio(d['ratio']):>7} {fmt_ratio(d['ratio_fastest']):>7} "
             f"{r.get('model_config') or '-':>9} {d['fastest_config'] or '-':>9} "
             f"{'' if ok is None else ('ok' if ok else 'FAIL'):>4}  {src}"

@@ -175,6 +175,21 @@ def gemm_config_names(
     '128x128sk'), fp16
     ['128x256', '128x128']."""
 
+def kernel_table_row(
+    rows: list[dict[str, Any]],
+    dtype: str,
+    m: int,
+    n: int,
+    k: int,
+    l: int = 1,
+    b_n_major: bool = False,
+) -> int | None:
+    """The index of the kernel-table row that chooses this GEMM's kernel, or None: same dtype,
+    N and K, the nearest M within KERNEL_TABLE_MAX_M_RATIO (ties to the larger M), never for
+    batches or an N-contiguous B. Host-only."""
+
+KERNEL_TABLE_MAX_M_RATIO: float
+
 def gemm_config_table() -> dict[str, dict[str, Any]]:
     """{name: {'id', 'tile_m', 'tile_n', 'cluster_m', 'cluster_n', 'relative_cost',
     'bf16_only', 'stream_k', 'e4m3', 'fast_accum', 'min_gain'}} of every configuration
@@ -256,6 +271,7 @@ def gemm(
     raster: int = 0,
     decomposition: str = "auto",
     splits: int = 1,
+    cublas_algo: int = -1,
 ) -> int:
     """Enqueue D[m, n] = A[m, k] @ B[n, k]^T (B[k, n] with b_n_major) with distgemm's kernel on
     `stream`. dtype 'e4m3': float8_e4m3fn A and B, bf16 D = scale_a * scale_b * A @ B^T with
@@ -267,7 +283,10 @@ def gemm(
     choose_raster; 1 along M; 2 along N): the persistent scheduler's tile order. ``decomposition``
     ('auto', 'heuristic', 'data_parallel', 'split_k' with ``splits`` K ranges per tile,
     'stream_k'), for a stream-K configuration only: how it divides the work along K. Returns the
-    output tile width it ran with. ValueError with gemm_problem's reason when the kernel cannot
+    output tile width it ran with (0 for cuBLASLt). ``cublas_algo`` >= 0: cuBLASLt instead, the
+    algorithm of that rank in its heuristic's list (cublaslt_algo_count). With config, tile_n and
+    cublas_algo unset, the machine's kernel table (set_kernel_table) chooses where it has a row
+    near the shape, else the model. ValueError with gemm_problem's reason when the kernel cannot
     run it."""
 
 STREAM_K_TAIL_BYTES: int  # a stream-K workspace's last bytes: split counters, zero between launches
@@ -298,9 +317,34 @@ def gemm_resolve_config(
     config: str = "auto",
     cuda_device: int,
     stream_k: bool = False,
+    k: int = 0,
 ) -> str:
-    """The configuration name gemm() runs an m x n GEMM with on ``cuda_device`` (auto: the
-    model's pick with the device's resident CTAs; ``stream_k``: gemm() is given a workspace)."""
+    """The kernel gemm() runs an m x n (x k) GEMM with on ``cuda_device``: with auto, the kernel
+    table's row near the shape (a configuration name or 'cublaslt:<rank>'), else the model's pick
+    with the device's resident CTAs (``stream_k``: gemm() is given a workspace)."""
+
+def cublaslt_algo_count(
+    m: int, n: int, k: int, dtype: str = "bf16", b_n_major: bool = False, *, cuda_device: int
+) -> int:
+    """How many algorithms cuBLASLt's heuristic offers for gemm()'s dense GEMM (no workspace):
+    the ranks gemm(cublas_algo=) takes."""
+
+def cublaslt_problem() -> str:
+    """'' when cuBLASLt can be loaded (torch's libcublasLt.so.13 where torch is imported), else
+    why."""
+
+def cublaslt_launches() -> int:
+    """cuBLASLt GEMMs this process has enqueued or captured."""
+
+def cublaslt_version() -> int:
+    """cublasLtGetVersion(), 0 when cuBLASLt cannot be loaded."""
+
+def set_kernel_table(rows: list[dict[str, Any]]) -> None:
+    """Replace the process's kernel table: rows {'dtype', 'm', 'n', 'k', 'kernel' (a
+    configuration name or 'cublaslt'), 'algo'} (distgemm.runtime.kernel_table)."""
+
+def kernel_table_size() -> int:
+    """Rows of the process's kernel table."""
 
 def gemm_resident_ctas(
     dtype: str, tile_n: int = 0, cuda_device: int = 0, *, config: str = "auto"

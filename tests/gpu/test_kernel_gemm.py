@@ -12,6 +12,9 @@ on one Hopper GPU:
   they do not take, and launches of several shapes and graph replays sharing one workspace (each
   launch leaves its split counters zeroed);
 - a rejected GEMM is a ValueError and leaves the device usable;
+- cuBLASLt as the runtime runs it (cublas_algo): its first ranks against torch.mm, an
+  N-contiguous B, a graph replay, the refusals, and the kernel table routing 'auto' to a row's
+  kernel;
 - benchmarks/kernel/kernel_vs_cublas.py on one small Llama shape: the record is measured, checked
   and not below the compute floor.
 
@@ -303,11 +306,105 @@ def test_stream_k_launches_share_one_workspace(tmp_path):
     assert data["replays"] == 50 and data["replay_max_err"] < TOL, data
 
 
+def _cublas_or_skip():
+    why = _core.cublaslt_problem()
+    if why:
+        pytest.skip(f"cuBLASLt unavailable: {why}")
+
+
+@pytest.mark.parametrize("m,n,k", CONFIG_SHAPES)
+def test_cublaslt_ranks_match_torch_mm(m, n, k):
+    _cublas_or_skip()
+    count = _core.cublaslt_algo_count(m, n, k, cuda_device=0)
+    assert 1 <= count <= 8
+    before = _core.cublaslt_launches()
+    for rank in range(min(count, 3)):
+        ran, err = _run_checked(m, n, k, cublas_algo=rank)
+        assert ran == 0 and err < TOL, rank
+    assert _core.cublaslt_launches() == before + min(count, 3)
+
+
+def test_cublaslt_n_major_b_and_graph_replay():
+    _cublas_or_skip()
+    m, n, k = 512, 2048, 1024
+    a, w = _operands(m, n, k)
+    ref = torch.mm(a, w.t())
+    d = torch.zeros((m, n), device="cuda", dtype=torch.bfloat16)
+    assert _gemm(a, w.t().contiguous(), d, m, n, k, b_n_major=True, cublas_algo=0) == 0
+    torch.cuda.synchronize()
+    assert _rel_err(d, ref) < TOL
+    _gemm(a, w, d, m, n, k, cublas_algo=0)  # the heuristic's list is cached before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _gemm(a, w, d, m, n, k, cublas_algo=0)
+    d.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert _rel_err(d, ref) < TOL
+
+
+def test_cublaslt_refusals():
+    _cublas_or_skip()
+    a, w = _operands(256, 1024, 512)
+    d = torch.empty((256, 1024), device="cuda", dtype=torch.bfloat16)
+    count = _core.cublaslt_algo_count(256, 1024, 512, cuda_device=0)
+    with pytest.raises(ValueError, match=f"cuBLASLt's heuristic has {count} algorithm"):
+        _gemm(a, w, d, 256, 1024, 512, cublas_algo=count)
+    with pytest.raises(ValueError, match="cuBLASLt has no distgemm configuration"):
+        _gemm(a, w, d, 256, 1024, 512, cublas_algo=0, config="128x128")
+    with pytest.raises(ValueError, match="not -1"):
+        _gemm(a, w, d, 256, 1024, 512, cublas_algo=-2)
+    assert _gemm(a, w, d, 256, 1024, 512) > 0  # the device is still usable
+
+
+def test_kernel_table_routes_auto():
+    """A table row near the shape decides 'auto' (cuBLASLt's rank, or a configuration); shapes
+    without a near row keep the model's choice; the empty table restores the model."""
+    _cublas_or_skip()
+    m, n, k = 1000, 1032, 520
+    model = _core.gemm_resolve_config(m, n, cuda_device=0)
+    rows = [
+        dict(dtype="bf16", m=1024, n=n, k=k, kernel="cublaslt", algo=1),
+        dict(dtype="bf16", m=8, n=4096, k=1024, kernel="128x128"),
+    ]
+    try:
+        _core.set_kernel_table(rows)
+        assert _core.kernel_table_size() == 2
+        assert _core.gemm_resolve_config(m, n, cuda_device=0, k=k) == "cublaslt:1"
+        assert _core.gemm_resolve_config(m, n, cuda_device=0, k=k + 8) == model
+        assert _core.gemm_resolve_config(8, 4096, cuda_device=0, k=1024) == "128x128"
+        before = _core.cublaslt_launches()
+        ran, err = _run_checked(m, n, k)
+        assert ran == 0 and err < TOL and _core.cublaslt_launches() == before + 1
+        assert _run_checked(8, 4096, 1024) == (128, pytest.approx(0, abs=TOL))
+    finally:
+        _core.set_kernel_table([])
+    assert _core.kernel_table_size() == 0
+    assert _core.gemm_resolve_config(m, n, cuda_device=0, k=k) == model
+
+
+def test_benchmark_times_cublaslt_and_writes_a_table(tmp_path):
+    _cublas_or_skip()
+    from benchmarks.kernel import kernel_vs_cublas as bench
+    from distgemm.runtime import kernel_table as kt
+
+    argv = ["--models", "8B", "--tp", "8", "--tokens", "1024", "--layers", "O", "--limit", "1"]
+    argv += ["--configs", "128x256", "--cublas-algos", "2", "--kernel-table", "off"]
+    table = tmp_path / "table.json"
+    assert bench.main(argv + ["--out", str(tmp_path), "--stem", "lt", "--table", str(table)]) == 0
+    (rec,) = json.loads((tmp_path / "lt.json").read_text())["records"]
+    assert {"cublaslt:0", "cublaslt:1"} <= set(rec["configs"])
+    assert all(rec["err"][c] < TOL and rec["ms"][c] > 0 for c in rec["configs"])
+    (row,) = kt.load(table)["rows"]
+    assert (row["m"], row["n"], row["k"]) == (1024, 4096, 512)
+
+
 def test_benchmark_measures_one_shape(tmp_path):
     from benchmarks.kernel import kernel_vs_cublas as bench
     from benchmarks.kernel import report as rep
 
     argv = ["--models", "8B", "--tp", "8", "--tokens", "1024", "--layers", "O", "--limit", "1"]
+    argv += ["--kernel-table", "off"]
     assert bench.main(argv + ["--out", str(tmp_path), "--stem", "one"]) == 0
     doc = json.loads((tmp_path / "one.json").read_text())
     (rec,) = doc["records"]

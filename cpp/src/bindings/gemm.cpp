@@ -1,6 +1,8 @@
-// distgemm._core.gemm / gemm_problem: one GEMM of distgemm's own kernel on caller-owned device
-// memory with no waits, so that single-GPU benchmarks time the kernel against cuBLAS on the same
-// tensors. Pointers and streams cross as Python ints (tensor.data_ptr(), stream.cuda_stream).
+// distgemm._core.gemm / gemm_problem: one GEMM of distgemm's own kernel (or of cuBLASLt, as the
+// runtime runs it) on caller-owned device memory with no waits, so that single-GPU benchmarks
+// time the kernel against cuBLAS on the same tensors; and the process's kernel table
+// (set_kernel_table). Pointers and streams cross as Python ints (tensor.data_ptr(),
+// stream.cuda_stream).
 //
 // The GEMM is dense: D[m, n] = A[m, k] @ B[n, k]^T (B[k, n] with b_n_major), every operand
 // contiguous, no bias, no C, alpha 1 (kernel/gemm.hpp); at fp8 (e4m3) scaled by scale_a and
@@ -11,6 +13,7 @@
 
 #include <cuda_runtime_api.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <cstdint>
 #include <map>
@@ -18,6 +21,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "distgemm/device/check.hpp"
 #include "distgemm/device/graph.hpp"
@@ -110,10 +114,11 @@ int run_gemm(uint64_t a, uint64_t b, uint64_t d, int64_t m, int64_t n, int64_t k
              const std::string& dtype, int tile_n, bool b_n_major, int cuda_device, uint64_t stream,
              const std::string& config, uint64_t workspace, int64_t workspace_bytes,
              uint64_t scale_a, bool scale_a_rows, uint64_t scale_b, bool scale_b_rows,
-             bool fast_accum, int swizzle, int raster, const std::string& decomposition,
-             int splits) {
+             bool fast_accum, int swizzle, int raster, const std::string& decomposition, int splits,
+             int cublas_algo) {
   GemmDesc g = dense_desc(a, b, d, m, n, k, dtype, tile_n, b_n_major, config,
                           {scale_a, scale_b, scale_a_rows, scale_b_rows, fast_accum});
+  g.cublas_algo = cublas_algo;
   g.swizzle = swizzle;  // checked with the rest in dense_problem
   g.raster = raster;
   g.decomposition = decomposition_number(decomposition);
@@ -136,10 +141,23 @@ int run_gemm(uint64_t a, uint64_t b, uint64_t d, int64_t m, int64_t n, int64_t k
   wait.abort = error_sink(cuda_device).abort();
   wait.record = error_sink(cuda_device).record_dev();
   wait.device = cuda_device;
+  if (g.cublas_algo >= 0) {
+    const int count = distgemm::kernel::cublaslt_algo_count(g, cuda_device);
+    if (g.cublas_algo >= count)
+      throw std::invalid_argument("gemm: cublas_algo=" + std::to_string(g.cublas_algo) +
+                                  ", but cuBLASLt's heuristic has " + std::to_string(count) +
+                                  " algorithm(s) for this GEMM (cublaslt_algo_count)");
+  }
   const int tile = distgemm::kernel::gemm_tile_n(g, cuda_device);
   distgemm::kernel::gemm_launch(g, wait, cuda_device,
                                 reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(stream)));
   return tile;
+}
+
+// The kernel name gemm_resolve_config reports: a configuration's, or "cublaslt:<rank>".
+std::string kernel_name(const GemmDesc& g) {
+  return g.cublas_algo >= 0 ? "cublaslt:" + std::to_string(g.cublas_algo)
+                            : distgemm::kernel::config_name(g.config);
 }
 
 }  // namespace
@@ -170,7 +188,7 @@ void register_gemm(py::module_& m) {
         py::arg("scale_b_rows") = false, py::arg("fast_accum") = false,
         py::arg("swizzle") = distgemm::kernel::kDefaultSwizzle,
         py::arg("raster") = distgemm::kernel::kDefaultRaster, py::arg("decomposition") = "auto",
-        py::arg("splits") = 1,
+        py::arg("splits") = 1, py::arg("cublas_algo") = -1,
         "Enqueue D[m, n] = A[m, k] @ B[n, k]^T (B[k, n] with b_n_major) on `stream` of "
         "`cuda_device` with distgemm's kernel: contiguous bf16/fp16 operands, fp32 accumulate. "
         "dtype 'e4m3': A and B float8_e4m3fn, D bf16, D = scale_a * scale_b * A @ B^T with "
@@ -184,7 +202,11 @@ void register_gemm(py::module_& m) {
         "configuration's rule, kernel::choose_raster; 1 along M; 2 along N): the persistent "
         "scheduler's tile order. `decomposition` ('auto', 'heuristic', 'data_parallel', "
         "'split_k' with `splits` K ranges per tile, 'stream_k'; kernel::Decomposition) for a "
-        "stream-K configuration only. Returns the output tile width it ran with; "
+        "stream-K configuration only. `cublas_algo` >= 0: cuBLASLt instead, the algorithm of that "
+        "rank in its heuristic's list (0: the one cuBLAS itself runs; cublaslt_algo_count()), "
+        "config and tile_n unset. With everything unset the machine's kernel table "
+        "(set_kernel_table) chooses where it has a row near the shape, else the model. Returns "
+        "the output tile width it ran with (0 for cuBLASLt); "
         "ValueError with gemm_problem's reason when the kernel cannot run the GEMM.");
   m.attr("STREAM_K_TAIL_BYTES") = distgemm::kernel::kStreamKTailBytes;
   m.def(
@@ -211,11 +233,12 @@ void register_gemm(py::module_& m) {
   m.def(
       "gemm_resolve_config",
       [](int64_t m_, int64_t n, const std::string& dtype, int tile_n, bool b_n_major,
-         const std::string& config, int cuda_device, bool stream_k) {
+         const std::string& config, int cuda_device, bool stream_k, int64_t k_) {
         GemmDesc g;
         g.dtype = distgemm::kernel::parse_dtype(dtype);
         g.m = m_;
         g.n = n;
+        g.k = k_;
         g.tile_n = tile_n;
         g.b_n_major = b_n_major;
         g.config = config_number(config);
@@ -223,14 +246,83 @@ void register_gemm(py::module_& m) {
         std::string why = distgemm::kernel::tile_n_problem(tile_n);
         if (why.empty()) why = distgemm::kernel::gemm_config_problem(g.dtype, g.config, b_n_major);
         if (!why.empty()) throw std::invalid_argument("gemm_resolve_config: " + why);
-        return distgemm::kernel::config_name(distgemm::kernel::gemm_config(g, cuda_device));
+        py::gil_scoped_release nogil;
+        distgemm::kernel::resolve_kernel(g, cuda_device);
+        return kernel_name(g);
       },
       py::arg("m"), py::arg("n"), py::arg("dtype") = "bf16", py::arg("tile_n") = 0,
       py::arg("b_n_major") = false, py::kw_only(), py::arg("config") = "auto",
-      py::arg("cuda_device"), py::arg("stream_k") = false,
-      "The configuration name gemm() runs an m x n GEMM with on `cuda_device` (with config "
-      "'auto' and tile_n 0: the model's choice with the device's resident CTAs, among the "
-      "stream-K configurations too with `stream_k`, i.e. when gemm() is given a workspace).");
+      py::arg("cuda_device"), py::arg("stream_k") = false, py::arg("k") = 0,
+      "The kernel gemm() runs an m x n (x k) GEMM with on `cuda_device`: with config 'auto' and "
+      "tile_n 0, the machine's kernel table's choice where it has a row near the shape (k "
+      "given; a configuration name or 'cublaslt:<rank>'), else the model's choice with the "
+      "device's resident CTAs, among the stream-K configurations too with `stream_k`, i.e. "
+      "when gemm() is given a workspace.");
+  m.def(
+      "cublaslt_algo_count",
+      [](int64_t m_, int64_t n, int64_t k_, const std::string& dtype, bool b_n_major,
+         int cuda_device) {
+        GemmDesc g = dense_desc(0, 0, 0, m_, n, k_, dtype, 0, b_n_major, "auto");
+        g.cublas_algo = 0;
+        std::string why = distgemm::kernel::gemm_extent_problem(
+            m_, n, k_, 1, distgemm::kernel::dtype_bytes(g.dtype));
+        if (why.empty()) why = distgemm::kernel::cublaslt_problem(g);
+        if (!why.empty()) throw std::invalid_argument("cublaslt_algo_count: " + why);
+        py::gil_scoped_release nogil;
+        return distgemm::kernel::cublaslt_algo_count(g, cuda_device);
+      },
+      py::arg("m"), py::arg("n"), py::arg("k"), py::arg("dtype") = "bf16",
+      py::arg("b_n_major") = false, py::kw_only(), py::arg("cuda_device"),
+      "How many algorithms cuBLASLt's heuristic offers for the dense GEMM gemm() runs (no "
+      "workspace, no bias, no C) on `cuda_device`: the ranks gemm(cublas_algo=) takes.");
+  m.def(
+      "cublaslt_problem",
+      [] {
+        GemmDesc g;
+        g.cublas_algo = 0;
+        return distgemm::kernel::cublaslt_problem(g);
+      },
+      "'' when cuBLASLt is available to gemm(cublas_algo=) and the kernel table (the library "
+      "opens at first use: torch's libcublasLt.so.13 where torch is loaded), else why.");
+  m.def("cublaslt_launches", &distgemm::kernel::cublaslt_launches,
+        "cuBLASLt GEMMs this process has enqueued or captured (eager calls, graph captures).");
+  m.def("cublaslt_version", &distgemm::kernel::cublaslt_version,
+        "cuBLASLt's version number (cublasLtGetVersion), 0 when it cannot be loaded.");
+  m.def(
+      "set_kernel_table",
+      [](const std::vector<py::dict>& rows) {
+        std::vector<distgemm::kernel::KernelTableRow> out;
+        for (const auto& r : rows) {
+          distgemm::kernel::KernelTableRow row;
+          row.dtype =
+              static_cast<int>(distgemm::kernel::parse_dtype(r["dtype"].cast<std::string>()));
+          row.m = r["m"].cast<int64_t>();
+          row.n = r["n"].cast<int64_t>();
+          row.k = r["k"].cast<int64_t>();
+          const std::string kernel = r["kernel"].cast<std::string>();
+          if (kernel == "cublaslt") {
+            row.cublas_algo = r["algo"].cast<int>();
+            if (row.cublas_algo < 0)
+              throw std::invalid_argument("set_kernel_table: algo must be >= 0, got " +
+                                          std::to_string(row.cublas_algo));
+          } else {
+            row.config = config_number(kernel);
+            if (row.config == 0)
+              throw std::invalid_argument("set_kernel_table: a row names a kernel, not auto");
+          }
+          if (row.m < 1 || row.n < 1 || row.k < 1)
+            throw std::invalid_argument("set_kernel_table: m, n and k must be >= 1");
+          out.push_back(row);
+        }
+        distgemm::kernel::set_kernel_table(std::move(out));
+      },
+      py::arg("rows"),
+      "Replace the process's kernel table (kernel/kernel_table.hpp): rows {'dtype', 'm', 'n', "
+      "'k', 'kernel' (a configuration name or 'cublaslt'), 'algo' (cuBLASLt's rank)}. An empty "
+      "list leaves every choice to the model.");
+  m.def(
+      "kernel_table_size", [] { return distgemm::kernel::kernel_table().size(); },
+      "Rows of the process's kernel table (0 until set_kernel_table).");
   m.def(
       "gemm_resident_ctas",
       [](const std::string& dtype, int tile_n, int cuda_device, const std::string& config) {

@@ -315,6 +315,7 @@ class GraphLauncher {
     d["wait_kernels"] = s.wait_kernels;
     d["pdl"] = s.pdl;
     d["gemm_n128"] = s.gemm_n128;
+    d["gemm_cublaslt"] = s.gemm_cublaslt;
     return d;
   }
 

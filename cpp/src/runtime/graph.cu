@@ -395,10 +395,14 @@ GraphStats DeviceGraph::enqueue(const UserBuffers& user, const Lanes& lanes, boo
   for (size_t i = 0; i < prog.gemms.size(); ++i) {
     const auto& op = prog.gemms[i];
     kernel::GemmDesc desc = gemm_desc(op, user);
-    desc.pdl = use_pdl && i > 0;  // GEMM 0 follows the entry barrier: a full edge
-    desc.config = kernel::gemm_config(desc, cuda_device_);  // resolved once: launch and stats
-    const kernel::ConfigShape* shape = kernel::config_shape(desc.config);
-    if (shape->tile_m == 128 && shape->tile_n == 128) ++st.gemm_n128;
+    desc.pdl = use_pdl && i > 0;                 // GEMM 0 follows the entry barrier: a full edge
+    kernel::resolve_kernel(desc, cuda_device_);  // resolved once: launch and stats
+    if (desc.cublas_algo >= 0) {
+      ++st.gemm_cublaslt;
+    } else {
+      const kernel::ConfigShape* shape = kernel::config_shape(desc.config);
+      if (shape->tile_m == 128 && shape->tile_n == 128) ++st.gemm_n128;
+    }
     kernel::gemm_launch(desc, wait_spec(op.waits, op.iteration, kernel::kWaitGemm), cuda_device_,
                         lanes.gemm);
     tag(lanes.gemm, role("gemm", static_cast<int>(i), -1, op.waits));

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -36,6 +37,12 @@ DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(bf16_n128_sk)
 DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(e4m3_n192)
 DISTGEMM_DECLARE_GEMM_ENTRY_POINTS(e4m3_n256_fa)
 #undef DISTGEMM_DECLARE_GEMM_ENTRY_POINTS
+}  // namespace detail
+
+// gemm_cublaslt.cpp
+void cublaslt_launch(const GemmDesc& g, const WaitSpec& wait, int device, cudaStream_t stream);
+
+namespace detail {
 
 struct Kernels {
   std::string (*can_implement)(const GemmDesc&);
@@ -154,6 +161,8 @@ std::string scale_problem(const GemmDesc& g) {
 
 std::string gemm_can_implement(const GemmDesc& g) {
   const int eb = dtype_bytes(g.dtype), ob = out_dtype_bytes(g.dtype);
+  if (g.cublas_algo < -1)
+    return "cublas_algo=" + s(g.cublas_algo) + " is not -1 (distgemm's kernel) or a rank >= 0";
   std::string e = gemm_extent_problem(g.m, g.n, g.k, g.l, eb);
   if (!e.empty()) return e;
   if (!g.a || !g.b || !g.d) return "internal: GEMM without A, B or D pointer";
@@ -166,6 +175,9 @@ std::string gemm_can_implement(const GemmDesc& g) {
   if (g.user_c && !(e = check_operand("C", g.user_c, g.ldc, g.batch_c, g.l, ob)).empty()) return e;
   if (g.bias && !(e = check_operand("bias", g.bias, 0, 0, 1, ob, true)).empty()) return e;
   if (!(e = scale_problem(g)).empty()) return e;
+  // cuBLASLt takes the same operands (16-byte aligned, as its heuristic is promised); the rank of
+  // its algorithm is checked at launch, against the heuristic's list for the shape.
+  if (g.cublas_algo >= 0) return cublaslt_problem(g);
   if (g.dtype == DType::E4M3) {
     if (!(e = gemm_config_problem(g.dtype, g.config, false)).empty()) return e;
     if (!(e = gemm_decomposition_problem(g)).empty()) return e;
@@ -243,20 +255,79 @@ int gemm_config(const GemmDesc& g, int device) {
 int64_t gemm_workspace_bytes(const GemmDesc& g, int device) {
   GemmDesc offered = g;
   if (offered.workspace == nullptr) offered.workspace = &offered;  // "a workspace is offered"
-  const int config = gemm_config(offered, device);
-  if (!config_is_stream_k(config)) return 0;
-  return detail::kernels(g.dtype, config, g.b_n_major).workspace_bytes(g, device);
+  resolve_kernel(offered, device);
+  if (offered.cublas_algo >= 0 || !config_is_stream_k(offered.config)) return 0;
+  return detail::kernels(g.dtype, offered.config, g.b_n_major).workspace_bytes(g, device);
 }
 
 int gemm_tile_n(const GemmDesc& g, int device) {
-  return config_shape(gemm_config(g, device))->tile_n;
+  GemmDesc run = g;
+  resolve_kernel(run, device);
+  return run.cublas_algo >= 0 ? 0 : config_shape(run.config)->tile_n;
+}
+
+namespace {
+std::mutex& table_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::vector<KernelTableRow>& table_rows() {
+  static auto* rows = new std::vector<KernelTableRow>();  // never freed (static destruction)
+  return *rows;
+}
+}  // namespace
+
+void set_kernel_table(std::vector<KernelTableRow> rows) {
+  std::lock_guard<std::mutex> lock(table_mutex());
+  table_rows() = std::move(rows);
+}
+
+std::vector<KernelTableRow> kernel_table() {
+  std::lock_guard<std::mutex> lock(table_mutex());
+  return table_rows();
+}
+
+void resolve_kernel(GemmDesc& g, int device) {
+  if (g.cublas_algo >= 0) return;
+  if (g.config == 0 && g.tile_n == 0 && g.dtype != DType::E4M3) {
+    KernelTableRow row;
+    bool found = false;
+    {
+      std::lock_guard<std::mutex> lock(table_mutex());
+      if (const KernelTableRow* r =
+              table_row(table_rows(), static_cast<int>(g.dtype), g.m, g.n, g.k, g.l, g.b_n_major)) {
+        row = *r;
+        found = true;
+      }
+    }
+    if (found && row.cublas_algo >= 0) {
+      GemmDesc lt = g;
+      lt.cublas_algo = row.cublas_algo;
+      // A row names an algorithm by its rank in the heuristic's list for the measured shape;
+      // where this GEMM's list is shorter (other epilogue, other M), its first runs.
+      if (cublaslt_problem(lt).empty() && cublaslt_algo_count(lt, device) > 0) {
+        g.cublas_algo = row.cublas_algo < cublaslt_algo_count(lt, device) ? row.cublas_algo : 0;
+        return;
+      }
+    } else if (found && config_available(row.config, g.dtype == DType::BF16, g.b_n_major) &&
+               (!config_is_stream_k(row.config) || g.workspace != nullptr)) {
+      g.config = row.config;
+      return;
+    }
+  }
+  g.config = gemm_config(g, device);
 }
 
 void gemm_launch(const GemmDesc& g, const WaitSpec& wait, int device, cudaStream_t stream) {
   const std::string why = gemm_can_implement(g);
   if (!why.empty()) throw std::invalid_argument("GEMM rejected before launch: " + why);
-  const int config = gemm_config(g, device);
   GemmDesc run = g;
+  resolve_kernel(run, device);
+  if (run.cublas_algo >= 0) {
+    cublaslt_launch(run, wait, device, stream);
+    return;
+  }
+  const int config = run.config;
   if (run.raster == 0)
     run.raster = choose_raster(config, g.m, g.n, g.k,
                                gemm_config_resident_ctas(g.dtype, config, device), g.swizzle);

@@ -152,12 +152,18 @@ class MachineKey:
         return _slug(self.gpu, self.tp, self.topology)
 
 
-@functools.lru_cache(maxsize=64)
-def _slug(gpu: str, tp: int, topology: str) -> str:
+def gpu_stem(gpu: str) -> str:
+    """A file name stem for a GPU model name: "NVIDIA H100 80GB HBM3" -> "nvidia-h100-80gb-hbm3"
+    (the machine files' and the kernel tables' names start with it)."""
     stem = "".join(c if c.isalnum() else "-" for c in gpu.lower()).strip("-")
     while "--" in stem:
         stem = stem.replace("--", "-")
-    return f"{stem}-tp{tp}-{topology}"
+    return stem
+
+
+@functools.lru_cache(maxsize=64)
+def _slug(gpu: str, tp: int, topology: str) -> str:
+    return f"{gpu_stem(gpu)}-tp{tp}-{topology}"
 
 
 @dataclass(frozen=True)

@@ -204,6 +204,7 @@ struct GraphStats {
   int gemm_nodes = 0, copy_nodes = 0, signal_nodes = 0, wait_kernels = 0;
   bool pdl = false;   // GEMM i+1 follows GEMM i by a programmatic edge
   int gemm_n128 = 0;  // GEMM nodes with 128x128 tiles, either cluster (the rest: 128x256, 256x128)
+  int gemm_cublaslt = 0;  // GEMM nodes run by cuBLASLt (the machine's kernel table chose it)
 };
 
 // The captured graph of one device as plain data, for inspection (tests, distgemm_bench

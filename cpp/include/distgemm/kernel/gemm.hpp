@@ -24,7 +24,9 @@ typedef struct CUstream_st* cudaStream_t;
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
+#include "distgemm/kernel/kernel_table.hpp"
 #include "distgemm/kernel/tile_choice.hpp"  // kDefaultSwizzle, GemmConfig
 #include "distgemm/kernel/wait_spec.hpp"
 
@@ -114,6 +116,13 @@ struct GemmDesc {
   // with split_k the number of K ranges per tile. Other configurations take 0 and 1.
   int decomposition = 0;
   int splits = 1;
+  // cuBLASLt instead of distgemm's kernels (gemm_cublaslt.cu): >= 0 runs the algorithm of that
+  // rank in cuBLASLt's heuristic list for this GEMM (0: its first, the one cuBLAS itself would
+  // run), behind a one-thread kernel that waits for the GEMM's flags; -1 (default) runs
+  // distgemm's kernel of `config`. Set by a caller, or by the machine's kernel table
+  // (kernel_table.hpp) where config, tile_n and cublas_algo are all left unset. Needs config 0
+  // and tile_n 0, a 16-bit dtype, and at most one of partial and user_c (cuBLASLt has one C).
+  int cublas_algo = -1;
 };
 
 // The tail of a stream-K workspace: CUTLASS's split counters (two 32-bit words per split tile,
@@ -159,6 +168,32 @@ int gemm_resident_ctas(DType dtype, int tile_n, int device);
 // Throws std::runtime_error (with the CUDA/CUTLASS error) on failure; never launches a GEMM
 // that gemm_can_implement rejects.
 void gemm_launch(const GemmDesc& g, const WaitSpec& wait, int device, cudaStream_t stream);
+
+// The machine's kernel table (kernel_table.hpp), one per process (the GPUs of one node are of
+// one model); empty until set. set_kernel_table replaces it.
+void set_kernel_table(std::vector<KernelTableRow> rows);
+std::vector<KernelTableRow> kernel_table();
+
+// The kernel `g` runs with on `device`, settled once (a graph resolves it at capture, for the
+// launch and its statistics): where g leaves config, tile_n and cublas_algo unset and the
+// machine's kernel table (set_kernel_table) has a choice for the shape, the table's (a
+// configuration or a cuBLASLt algorithm); otherwise g.config = gemm_config(g, device).
+void resolve_kernel(GemmDesc& g, int device);
+
+// "" when cuBLASLt can run `g` (with its g.cublas_algo, or 0 where unset), else why: the
+// library is loaded at first use (dlopen of libcublasLt.so.13, torch's own where torch is
+// imported), a 16-bit dtype, at most one of partial and user_c, no stream-K settings.
+std::string cublaslt_problem(const GemmDesc& g);
+
+// How many algorithms cuBLASLt's heuristic offers for `g` on `device` (at most
+// kCublasLtMaxAlgos), after cublaslt_problem; cached per shape.
+inline constexpr int kCublasLtMaxAlgos = 8;
+int cublaslt_algo_count(const GemmDesc& g, int device);
+
+// cuBLASLt's version (cublasLtGetVersion), or 0 when the library cannot be loaded.
+int64_t cublaslt_version();
+// cuBLASLt GEMMs enqueued or captured by this process so far (tests see which kernel ran).
+int64_t cublaslt_launches();
 
 // The single-block kernels of the runtime (entry barrier, wait before a copy).
 void entry_barrier_launch(const EntryBarrierSpec& spec, cudaStream_t stream);

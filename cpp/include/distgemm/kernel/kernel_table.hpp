@@ -1,0 +1,54 @@
+// The machine's kernel table: which GEMM kernel runs a shape, measured on one GPU model
+// (benchmarks/kernel/kernel_vs_cublas.py --table), shipped per GPU model as data
+// (python/distgemm/data/kernels/) and handed to the runtime (set_kernel_table) by the Python
+// layer. Host-only and pure, so that the lookup is testable without a GPU.
+//
+// Why a table beside the model: choose_config (tile_choice.hpp) ranks distgemm's own
+// configurations by their waves, but has no term for cuBLAS, whose kernels differ per shape in
+// ways no wave count predicts. Where a measured row is near the shape, its fastest kernel runs;
+// elsewhere the model decides, as before.
+//
+// The lookup: rows of the same dtype, N and K (a layer's weight fixes both; the token count M
+// varies per call), and the row whose M is nearest in ratio, if within kTableMaxMRatio. A GEMM
+// with batches or an N-contiguous B (no row measures one) takes no row.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace distgemm::kernel {
+
+// A row's M serves GEMMs of M within this factor of it (either way): the sweep's token counts
+// step by 2x, so every M between two rows finds one.
+inline constexpr double kTableMaxMRatio = 2.0;
+
+struct KernelTableRow {
+  int dtype = 0;  // DType's number (gemm.hpp)
+  int64_t m = 0, n = 0, k = 0;
+  int config = 0;        // a configuration number (tile_choice.hpp), or 0 with cublas_algo >= 0
+  int cublas_algo = -1;  // >= 0: cuBLASLt's algorithm of that rank (GemmDesc::cublas_algo)
+};
+
+// The row that chooses the kernel of an m x n x k (x l) GEMM, or nullptr.
+inline const KernelTableRow* table_row(const std::vector<KernelTableRow>& rows, int dtype,
+                                       int64_t m, int64_t n, int64_t k, int64_t l, bool b_n_major) {
+  if (l != 1 || b_n_major || m < 1) return nullptr;
+  const KernelTableRow* best = nullptr;
+  double best_dist = 0;
+  for (const auto& r : rows) {
+    if (r.dtype != dtype || r.n != n || r.k != k || r.m < 1) continue;
+    const double dist = std::fabs(std::log(double(m) / double(r.m)));
+    if (dist > std::log(kTableMaxMRatio) + 1e-12) continue;
+    // Ties (M halfway between two rows in ratio) go to the larger row: the same kernel then
+    // serves the upper half of each interval on every rank and every call.
+    if (!best || dist < best_dist - 1e-12 ||
+        (std::fabs(dist - best_dist) <= 1e-12 && r.m > best->m)) {
+      best = &r;
+      best_dist = dist;
+    }
+  }
+  return best;
+}
+
+}  // namespace distgemm::kernel

@@ -1,0 +1,307 @@
+// cuBLASLt as a GEMM kernel of the runtime (GemmDesc::cublas_algo): the library loaded at first
+// use, the GEMM's layouts and epilogue in cuBLASLt's terms, its heuristic's algorithms cached per
+// shape, and the launch behind a one-thread kernel that waits for the GEMM's flags.
+//
+// Why dlopen: torch's CUDA wheels bring libcublasLt.so.13 and load it on `import torch`; opening
+// the same soname finds that copy (or, without torch, the one found at build time,
+// DISTGEMM_CUBLASLT_LIBRARY), so distgemm adds no second cuBLAS and its import never fails for
+// a missing one: the candidate is then unavailable, with the reason. Only the header is needed
+// to build (the nvidia-cublas wheel's, cpp/cuda.cmake).
+//
+// The mapping: D[m, n] = A[m, k] B[n, k]^T row-major is D^T = B A^T column-major, so cuBLASLt's
+// A is our B (k x n column-major, transposed; an N-contiguous B is n x k, not transposed), its B
+// is our A (k x m, not transposed), and C and D are n x m with our row strides as leading
+// dimensions. The bias (one per column of D) is cuBLASLt's per-row bias of D^T. partial (scale 1)
+// or user_c (scale beta) is its C; D itself with beta 0 where there is neither.
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "distgemm/device/check.hpp"
+#include "distgemm/kernel/gemm.hpp"
+
+#if DISTGEMM_WITH_CUBLASLT
+#include <cublasLt.h>
+#include <dlfcn.h>
+#endif
+
+namespace distgemm::kernel {
+
+namespace {
+std::atomic<int64_t> launches{0};
+}
+
+int64_t cublaslt_launches() { return launches.load(); }
+
+#if DISTGEMM_WITH_CUBLASLT
+namespace {
+
+std::string s(int64_t v) { return std::to_string(v); }
+
+// The entry points distgemm calls, resolved from the loaded library.
+struct Lt {
+  decltype(&cublasLtCreate) create = nullptr;
+  decltype(&cublasLtGetVersion) version = nullptr;
+  decltype(&cublasLtMatmul) matmul = nullptr;
+  decltype(&cublasLtMatmulDescCreate) desc_create = nullptr;
+  decltype(&cublasLtMatmulDescDestroy) desc_destroy = nullptr;
+  decltype(&cublasLtMatmulDescSetAttribute) desc_set = nullptr;
+  decltype(&cublasLtMatrixLayoutCreate) layout_create = nullptr;
+  decltype(&cublasLtMatrixLayoutDestroy) layout_destroy = nullptr;
+  decltype(&cublasLtMatrixLayoutSetAttribute) layout_set = nullptr;
+  decltype(&cublasLtMatmulPreferenceCreate) pref_create = nullptr;
+  decltype(&cublasLtMatmulPreferenceDestroy) pref_destroy = nullptr;
+  decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set = nullptr;
+  decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic = nullptr;
+  cublasLtHandle_t handle = nullptr;
+  std::string problem;  // why the library is unavailable ("" when loaded)
+};
+
+template <class F>
+bool resolve(void* lib, const char* name, F& out, std::string& problem) {
+  out = reinterpret_cast<F>(dlsym(lib, name));
+  if (!out && problem.empty()) problem = std::string("cuBLASLt has no symbol ") + name;
+  return out != nullptr;
+}
+
+const Lt& lt() {
+  static const Lt* loaded = [] {
+    auto* l = new Lt();  // never freed: cuBLASLt outlives every graph that captured it
+    void* lib = dlopen("libcublasLt.so.13", RTLD_NOW | RTLD_GLOBAL);
+#ifdef DISTGEMM_CUBLASLT_LIBRARY
+    if (!lib) lib = dlopen(DISTGEMM_CUBLASLT_LIBRARY, RTLD_NOW | RTLD_GLOBAL);
+#endif
+    if (!lib) {
+      const char* e = dlerror();
+      l->problem = std::string("cuBLASLt could not be loaded (libcublasLt.so.13: ") +
+                   (e ? e : "not found") + "); import torch first, or install nvidia-cublas";
+      return l;
+    }
+    std::string& p = l->problem;
+    resolve(lib, "cublasLtCreate", l->create, p);
+    resolve(lib, "cublasLtGetVersion", l->version, p);
+    resolve(lib, "cublasLtMatmul", l->matmul, p);
+    resolve(lib, "cublasLtMatmulDescCreate", l->desc_create, p);
+    resolve(lib, "cublasLtMatmulDescDestroy", l->desc_destroy, p);
+    resolve(lib, "cublasLtMatmulDescSetAttribute", l->desc_set, p);
+    resolve(lib, "cublasLtMatrixLayoutCreate", l->layout_create, p);
+    resolve(lib, "cublasLtMatrixLayoutDestroy", l->layout_destroy, p);
+    resolve(lib, "cublasLtMatrixLayoutSetAttribute", l->layout_set, p);
+    resolve(lib, "cublasLtMatmulPreferenceCreate", l->pref_create, p);
+    resolve(lib, "cublasLtMatmulPreferenceDestroy", l->pref_destroy, p);
+    resolve(lib, "cublasLtMatmulPreferenceSetAttribute", l->pref_set, p);
+    resolve(lib, "cublasLtMatmulAlgoGetHeuristic", l->heuristic, p);
+    if (p.empty() && l->create(&l->handle) != CUBLAS_STATUS_SUCCESS) p = "cublasLtCreate failed";
+    return l;
+  }();
+  return *loaded;
+}
+
+void check(cublasStatus_t st, const char* what) {
+  if (st != CUBLAS_STATUS_SUCCESS)
+    throw std::runtime_error(std::string("cuBLASLt ") + what + " failed (cublasStatus " +
+                             std::to_string(static_cast<int>(st)) + ")");
+}
+
+// The C operand cuBLASLt reads, and its scale.
+struct COperand {
+  const void* ptr;
+  int64_t ld, batch;
+  float beta;
+};
+COperand c_operand(const GemmDesc& g) {
+  if (g.partial) return {g.partial, g.ld_partial, g.batch_partial, 1.0f};
+  if (g.user_c) return {g.user_c, g.ldc, g.batch_c, g.beta};
+  return {g.d, g.ldd, g.batch_d, 0.0f};
+}
+
+// The GEMM's descriptors (RAII over cuBLASLt's handles).
+struct Descs {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  Descs(const GemmDesc& g, int64_t workspace_bytes) {
+    const Lt& L = lt();
+    const cudaDataType_t t = g.dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    check(L.desc_create(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
+    const cublasOperation_t ta = g.b_n_major ? CUBLAS_OP_N : CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    check(L.desc_set(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "set TRANSA");
+    check(L.desc_set(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "set TRANSB");
+    if (g.bias) {
+      const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+      check(L.desc_set(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)), "set EPILOGUE");
+      check(L.desc_set(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &t, sizeof(t)), "set BIAS type");
+      check(L.desc_set(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)),
+            "set BIAS_POINTER");
+    }
+    const COperand c_op = c_operand(g);
+    layout(a, t, g.b_n_major ? g.n : g.k, g.b_n_major ? g.k : g.n, g.ldb, g.batch_b, g.l);
+    layout(b, t, g.k, g.m, g.lda, g.batch_a, g.l);
+    layout(c, t, g.n, g.m, c_op.ld, c_op.batch, g.l);
+    layout(d, t, g.n, g.m, g.ldd, g.batch_d, g.l);
+    check(L.pref_create(&pref), "MatmulPreferenceCreate");
+    const uint64_t ws = static_cast<uint64_t>(workspace_bytes);
+    check(L.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
+          "set MAX_WORKSPACE_BYTES");
+    // The heuristic's choice may depend on the operands' alignment; every operand is 16-byte
+    // aligned (gemm_can_implement) and the same is promised for every call, so that a graph
+    // captured at one address runs the same kernels at another.
+    const uint32_t align = 16;
+    for (auto attr :
+         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+      check(L.pref_set(pref, attr, &align, sizeof(align)), "set MIN_ALIGNMENT");
+  }
+  void layout(cublasLtMatrixLayout_t& out, cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld,
+              int64_t batch, int64_t l) {
+    const Lt& L = lt();
+    check(L.layout_create(&out, t, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld),
+          "MatrixLayoutCreate");
+    if (l > 1) {
+      const int32_t count = static_cast<int32_t>(l);
+      check(L.layout_set(out, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
+            "set BATCH_COUNT");
+      check(L.layout_set(out, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &batch, sizeof(batch)),
+            "set STRIDED_BATCH_OFFSET");
+    }
+  }
+  ~Descs() {
+    const Lt& L = lt();
+    if (pref) L.pref_destroy(pref);
+    for (auto* x : {a, b, c, d})
+      if (x) L.layout_destroy(x);
+    if (op) L.desc_destroy(op);
+  }
+  Descs(const Descs&) = delete;
+  Descs& operator=(const Descs&) = delete;
+};
+
+// The bytes of the caller's workspace cuBLASLt may use: all but the stream-K tail, whose split
+// counters must stay zero between launches (GemmDesc::workspace).
+int64_t usable_workspace(const GemmDesc& g) {
+  return g.workspace && g.workspace_bytes > kStreamKTailBytes
+             ? g.workspace_bytes - kStreamKTailBytes
+             : 0;
+}
+
+// The heuristic's algorithms for a shape: everything the choice depends on but the addresses.
+using ShapeKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                            int64_t, int64_t, int64_t, int64_t, bool, int, bool, int64_t, int>;
+ShapeKey shape_key(const GemmDesc& g, int device) {
+  const COperand c = c_operand(g);
+  const int c_kind = g.partial ? 1 : g.user_c ? 2 : 0;
+  return {static_cast<int>(g.dtype),
+          g.m,
+          g.n,
+          g.k,
+          g.l,
+          g.lda,
+          g.ldb,
+          g.ldd,
+          c.ld,
+          g.batch_a,
+          g.batch_b,
+          g.batch_d,
+          g.b_n_major,
+          c_kind,
+          g.bias != nullptr,
+          usable_workspace(g),
+          device};
+}
+
+const std::vector<cublasLtMatmulHeuristicResult_t>& algorithms(const GemmDesc& g, int device) {
+  static std::mutex mu;
+  static auto* cache = new std::map<ShapeKey, std::vector<cublasLtMatmulHeuristicResult_t>>();
+  const ShapeKey key = shape_key(g, device);
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache->find(key);
+  if (it != cache->end()) return it->second;
+  Descs ds(g, usable_workspace(g));
+  std::vector<cublasLtMatmulHeuristicResult_t> found(kCublasLtMaxAlgos);
+  int returned = 0;
+  int prev = 0;
+  DISTGEMM_CUDA_CHECK(cudaGetDevice(&prev));
+  DISTGEMM_CUDA_CHECK(cudaSetDevice(device));
+  const cublasStatus_t st = lt().heuristic(lt().handle, ds.op, ds.a, ds.b, ds.c, ds.d, ds.pref,
+                                           kCublasLtMaxAlgos, found.data(), &returned);
+  DISTGEMM_CUDA_CHECK(cudaSetDevice(prev));
+  if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED)
+    check(st, "MatmulAlgoGetHeuristic");
+  found.resize(st == CUBLAS_STATUS_SUCCESS && returned > 0 ? returned : 0);
+  return cache->emplace(key, std::move(found)).first->second;
+}
+
+}  // namespace
+
+std::string cublaslt_problem(const GemmDesc& g) {
+  if (!lt().problem.empty()) return lt().problem;
+  if (g.dtype == DType::E4M3)
+    return "cublas_algo is for bf16 and fp16 GEMMs; an fp8 (e4m3) GEMM runs distgemm's kernel";
+  if (g.partial && g.user_c)
+    return "cuBLASLt adds one C matrix: this GEMM has both a partial and a user C (the last "
+           "reduce-scatter step with beta * C); it runs distgemm's kernel";
+  if (g.config != 0 || g.tile_n != 0)
+    return "cublas_algo=" + s(g.cublas_algo) + " with config=" + config_name(g.config) +
+           " tile_n=" + s(g.tile_n) + ": cuBLASLt has no distgemm configuration; leave both unset";
+  if (g.decomposition != 0 || g.splits != 1)
+    return "decomposition and splits are for distgemm's stream-K configurations, not cuBLASLt";
+  return "";
+}
+
+int cublaslt_algo_count(const GemmDesc& g, int device) {
+  const std::string why = cublaslt_problem(g);
+  if (!why.empty()) throw std::invalid_argument(why);
+  return static_cast<int>(algorithms(g, device).size());
+}
+
+int64_t cublaslt_version() {
+  return lt().problem.empty() ? static_cast<int64_t>(lt().version()) : 0;
+}
+
+void cublaslt_launch(const GemmDesc& g, const WaitSpec& wait, int device, cudaStream_t stream) {
+  const auto& algos = algorithms(g, device);
+  if (g.cublas_algo < 0 || g.cublas_algo >= static_cast<int>(algos.size()))
+    throw std::invalid_argument("cublas_algo=" + s(g.cublas_algo) + ": cuBLASLt's heuristic has " +
+                                s(static_cast<int64_t>(algos.size())) + " algorithm(s) for this " +
+                                s(g.m) + "x" + s(g.n) + "x" + s(g.k) + " GEMM");
+  if (wait.num_flags > 0) copy_wait_launch(wait, stream);
+  const int64_t ws_bytes = usable_workspace(g);
+  Descs ds(g, ws_bytes);
+  const COperand c = c_operand(g);
+  const float alpha = g.alpha;
+  const cublasLtMatmulHeuristicResult_t& h = algos[g.cublas_algo];
+  if (static_cast<int64_t>(h.workspaceSize) > ws_bytes)
+    throw std::logic_error("internal: cuBLASLt's algorithm needs more workspace than offered");
+  check(lt().matmul(lt().handle, ds.op, &alpha, g.b, ds.a, g.a, ds.b, &c.beta, c.ptr, ds.c, g.d,
+                    ds.d, &h.algo, ws_bytes > 0 ? g.workspace : nullptr,
+                    static_cast<size_t>(ws_bytes), stream),
+        "Matmul");
+  ++launches;
+}
+
+#else  // built without cuBLASLt's header
+
+namespace {
+const char* kNoHeader =
+    "distgemm was built without cuBLASLt's header (cublasLt.h: the nvidia-cublas wheel or the "
+    "CUDA toolkit's; cpp/cuda.cmake): the cuBLASLt candidate is unavailable";
+}
+
+std::string cublaslt_problem(const GemmDesc&) { return kNoHeader; }
+int cublaslt_algo_count(const GemmDesc&, int) { throw std::invalid_argument(kNoHeader); }
+int64_t cublaslt_version() { return 0; }
+void cublaslt_launch(const GemmDesc&, const WaitSpec&, int, cudaStream_t) {
+  throw std::invalid_argument(kNoHeader);
+}
+
+#endif
+
+}  // namespace distgemm::kernel

@@ -1,0 +1,130 @@
+"""The machine's kernel table: which GEMM kernel (one of distgemm's configurations, or cuBLASLt
+with the rank of its algorithm) runs each shape, measured per GPU model and handed to the
+runtime, which consults it wherever a GEMM leaves its kernel unset (kernel/kernel_table.hpp has
+the lookup: same dtype, N and K, the nearest M within 2x; elsewhere the wave model decides).
+
+A table is JSON: ``{"format": "distgemm-kernel-table", "version": 1, "gpu": <torch device
+name>, "measured": {how}, "rows": [{"dtype", "m", "n", "k", "kernel": <configuration name> |
+"cublaslt", "algo": <cuBLASLt rank>, "ms": {variant: ms}}]}``. The package ships those of the
+GPUs it was measured on (``distgemm/data/kernels/<gpu stem>.json``); ``benchmarks.kernel.
+kernel_vs_cublas --table OUT`` writes one from a run. ``DISTGEMM_KERNEL_TABLE`` names another
+file, or "off" for none.
+
+Pure data, plus ``install``, which hands a table to ``_core`` once per process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import threading
+from typing import Any
+
+from .. import _core
+from .machine import gpu_stem
+
+__all__ = ["FORMAT", "VERSION", "TABLE_ENV", "SHIPPED_DIR", "load", "shipped_path", "install"]
+
+FORMAT, VERSION = "distgemm-kernel-table", 1
+TABLE_ENV = "DISTGEMM_KERNEL_TABLE"  # a table file, or "off"
+SHIPPED_DIR = pathlib.Path(__file__).resolve().parent.parent / "data" / "kernels"
+DTYPES = ("bf16", "fp16")
+CUBLASLT = "cublaslt"
+
+_lock = threading.Lock()
+_installed: dict[str, Any] = {}  # what install() settled: {"source": str, "rows": int}
+
+
+def check_rows(rows: Any, source: str) -> list[dict[str, Any]]:
+    """``rows`` validated (ValueError naming ``source``, the row and the constraint)."""
+    if not isinstance(rows, list):
+        raise ValueError(f"{source}: 'rows' must be a list, got {type(rows).__name__}")
+    names = set(_core.gemm_config_names("bf16", stream_k=True)) | {CUBLASLT}
+    out = []
+    for i, r in enumerate(rows):
+        where = f"{source}: row {i}"
+        if not isinstance(r, dict):
+            raise ValueError(f"{where} must be an object, got {type(r).__name__}")
+        if r.get("dtype") not in DTYPES:
+            raise ValueError(f"{where}: dtype {r.get('dtype')!r} is not one of {DTYPES}")
+        for dim in ("m", "n", "k"):
+            v = r.get(dim)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{where}: {dim} must be an integer >= 1, got {v!r}")
+        if r.get("kernel") not in names:
+            raise ValueError(f"{where}: kernel {r.get('kernel')!r} is not one of {sorted(names)}")
+        algo = r.get("algo", 0)
+        if r["kernel"] == CUBLASLT and (not isinstance(algo, int) or algo < 0):
+            raise ValueError(f"{where}: algo must be an integer >= 0, got {algo!r}")
+        out.append(
+            {"dtype": r["dtype"], "m": r["m"], "n": r["n"], "k": r["k"], "kernel": r["kernel"],
+             "algo": algo if r["kernel"] == CUBLASLT else 0}
+        )  # fmt: skip
+    return out
+
+
+def load(path: str | os.PathLike) -> dict[str, Any]:
+    """The table in ``path``, its rows validated; ValueError saying what is wrong."""
+    p = pathlib.Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"kernel table {p}: cannot be read ({e})") from e
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ValueError(f"kernel table {p}: not a {FORMAT} file")
+    if data.get("version") != VERSION:
+        raise ValueError(f"kernel table {p}: version {data.get('version')!r}, expected {VERSION}")
+    if not isinstance(data.get("gpu"), str) or not data["gpu"]:
+        raise ValueError(f"kernel table {p}: 'gpu' must name the GPU model it was measured on")
+    data["rows"] = check_rows(data.get("rows"), str(p))
+    return data
+
+
+def shipped_path(gpu: str) -> pathlib.Path:
+    """Where the package keeps the table of GPU model ``gpu`` (it may not exist)."""
+    return SHIPPED_DIR / f"{gpu_stem(gpu)}.json"
+
+
+def table_for(gpu: str) -> tuple[dict[str, Any] | None, str]:
+    """The table that serves GPU model ``gpu`` and where it came from: ``DISTGEMM_KERNEL_TABLE``'s
+    file ("off": none), else the shipped one, else none. A named file measured on another GPU
+    model is refused (ValueError): its choices are another machine's."""
+    env = os.environ.get(TABLE_ENV, "")
+    if env.lower() == "off":
+        return None, f"{TABLE_ENV}=off"
+    if env:
+        table = load(env)
+        if table["gpu"] != gpu:
+            raise ValueError(
+                f"{TABLE_ENV}={env} was measured on {table['gpu']!r}, not on this GPU ({gpu!r}): "
+                "a kernel table holds one GPU model's measurements"
+            )
+        return table, env
+    path = shipped_path(gpu)
+    if not path.exists():
+        return None, f"no table shipped for {gpu!r} ({path.name})"
+    return load(path), str(path)
+
+
+def install(device) -> dict[str, Any]:
+    """Hands the table of ``device``'s GPU model to the runtime, once per process (the GPUs of
+    one node are of one model); returns {"source", "rows"}. With no table the runtime keeps the
+    wave model's choices."""
+    with _lock:
+        if _installed:
+            return dict(_installed)
+        import torch
+
+        gpu = torch.cuda.get_device_properties(device).name
+        table, source = table_for(gpu)
+        rows = table["rows"] if table else []
+        _core.set_kernel_table(rows)
+        _installed.update(source=source, rows=len(rows), gpu=gpu)
+        return dict(_installed)
+
+
+def installed() -> dict[str, Any]:
+    """What ``install`` settled ({} before it ran): for memory_stats-style reports."""
+    with _lock:
+        return dict(_installed)

@@ -1,0 +1,38 @@
+"""Plans whose GEMMs the machine's kernel table gives to cuBLASLt, under torchrun
+(tests/gpu/cublaslt_plan_worker.py does the work): every schedule against the fp32 computation,
+cuBLASLt GEMMs launched, and a captured reduce-scatter replayed with fresh inputs.
+
+    python3 -m pytest -q -rs tests/gpu/test_cublaslt_plans.py
+
+TP = every visible GPU when there are 2 or more (DISTGEMM_TEST_TP sets another); with one GPU the
+2 ranks share it (a functional run, said so in the results' "mode"). Decides by the worker's exit
+code and the results it writes (JSON). Skips, with the reason, without a Hopper GPU or without
+distgemm's CUDA runtime.
+"""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from gpu_requirements import (  # noqa: E402
+    assert_every_check_passed,
+    launch_here,
+    named,
+    skip_unless_launchable,
+    worker_results,
+)
+
+LAUNCH = launch_here()
+pytestmark = skip_unless_launchable(LAUNCH)
+
+results = worker_results(LAUNCH, "cublaslt_plan_worker.py", "cublaslt_plans", "--replays", "20")
+
+
+def test_every_check_passed_on_every_rank(results):
+    assert_every_check_passed(results)
+
+
+def test_every_schedule_ran_cublaslt(results):
+    _, _, data = results
+    for schedule in ("ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "ar_tile_a"):
+        got = named(data, f"plans/{schedule}")
+        assert got and all(e["ok"] and e["cublaslt_launches"] > 0 for e in got), schedule

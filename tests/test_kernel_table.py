@@ -1,0 +1,180 @@
+"""The machine's kernel table without a GPU: the runtime's lookup (kernel/kernel_table.hpp through
+_core.kernel_table_row: same dtype, N and K, the nearest M within 2x, ties to the larger M, never
+for batches or an N-contiguous B), the table files (distgemm.runtime.kernel_table: validation
+with the row and constraint named, the shipped file's name, DISTGEMM_KERNEL_TABLE's file, "off",
+and a table of another GPU model refused), and the table kernel_vs_cublas --table writes from a
+run's records (benchmarks/kernel/report.kernel_table: the fastest variant, the model's pick
+within the margin, cuBLASLt ranks)."""
+
+import json
+
+import pytest
+
+from benchmarks.kernel import kernel_vs_cublas as bench
+from benchmarks.kernel import report as rep
+from distgemm import _core
+from distgemm.runtime import kernel_table as kt
+
+ROWS = [
+    dict(dtype="bf16", m=1024, n=4096, k=2048),
+    dict(dtype="bf16", m=4096, n=4096, k=2048),
+    dict(dtype="fp16", m=2048, n=4096, k=2048),
+    dict(dtype="bf16", m=256, n=8192, k=2048),
+]
+
+
+@pytest.mark.parametrize(
+    "m, row",
+    [
+        (1024, 0),
+        (512, 0),  # 2x below: still served
+        (511, None),  # beyond 2x: the model decides
+        (1500, 0),
+        (2048, 1),  # halfway in ratio between 1024 and 4096: the larger row
+        (3000, 1),
+        (8192, 1),
+        (8193, None),
+    ],
+)
+def test_lookup_nearest_m_in_ratio(m, row):
+    assert _core.kernel_table_row(ROWS, "bf16", m, 4096, 2048) == row
+
+
+def test_lookup_needs_same_dtype_n_k_and_a_plain_gemm():
+    assert _core.kernel_table_row(ROWS, "fp16", 2048, 4096, 2048) == 2
+    assert _core.kernel_table_row(ROWS, "float16", 4096, 4096, 2048) == 2  # torch's name
+    assert _core.kernel_table_row(ROWS, "bf16", 1024, 4096, 4096) is None  # other K
+    assert _core.kernel_table_row(ROWS, "bf16", 1024, 4104, 2048) is None  # other N
+    assert _core.kernel_table_row(ROWS, "bf16", 256, 8192, 2048) == 3
+    assert _core.kernel_table_row(ROWS, "bf16", 1024, 4096, 2048, l=2) is None  # batches
+    assert _core.kernel_table_row(ROWS, "bf16", 1024, 4096, 2048, b_n_major=True) is None
+    assert _core.kernel_table_row([], "bf16", 1024, 4096, 2048) is None
+    assert _core.KERNEL_TABLE_MAX_M_RATIO == 2.0
+
+
+def _table(rows, gpu="NVIDIA H100 80GB HBM3"):
+    return dict(format=kt.FORMAT, version=kt.VERSION, gpu=gpu, measured={}, rows=rows)
+
+
+def _write(tmp_path, data, name="t.json"):
+    p = tmp_path / name
+    p.write_text(json.dumps(data))
+    return p
+
+
+GOOD = [
+    dict(dtype="bf16", m=1024, n=4096, k=2048, kernel="cublaslt", algo=1),
+    dict(dtype="bf16", m=4096, n=4096, k=2048, kernel="128x256"),
+]
+
+
+def test_load_validates_and_normalizes(tmp_path):
+    t = kt.load(_write(tmp_path, _table(GOOD)))
+    assert t["rows"] == [
+        dict(dtype="bf16", m=1024, n=4096, k=2048, kernel="cublaslt", algo=1),
+        dict(dtype="bf16", m=4096, n=4096, k=2048, kernel="128x256", algo=0),
+    ]
+
+
+@pytest.mark.parametrize(
+    "row, words",
+    [
+        (dict(dtype="e4m3", m=1, n=1, k=1, kernel="128x256"), "dtype 'e4m3' is not one of"),
+        (dict(dtype="bf16", m=0, n=1, k=1, kernel="128x256"), "m must be an integer >= 1"),
+        (dict(dtype="bf16", m=1, n=1.5, k=1, kernel="128x256"), "n must be an integer >= 1"),
+        (dict(dtype="bf16", m=1, n=1, k=True, kernel="128x256"), "k must be an integer >= 1"),
+        (dict(dtype="bf16", m=1, n=1, k=1, kernel="64x64"), "kernel '64x64' is not one of"),
+        (dict(dtype="bf16", m=1, n=1, k=1, kernel="cublaslt", algo=-1), "algo must be"),
+    ],
+)
+def test_load_refuses_bad_rows_naming_the_row(tmp_path, row, words):
+    with pytest.raises(ValueError, match="row 1") as e:
+        kt.load(_write(tmp_path, _table([GOOD[0], row])))
+    assert words in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "data, words",
+    [
+        (dict(format="other", version=1, gpu="x", rows=[]), "not a distgemm-kernel-table file"),
+        (dict(format=kt.FORMAT, version=2, gpu="x", rows=[]), "version 2, expected 1"),
+        (dict(format=kt.FORMAT, version=1, gpu="", rows=[]), "'gpu' must name"),
+        (dict(format=kt.FORMAT, version=1, gpu="x", rows={}), "'rows' must be a list"),
+    ],
+)
+def test_load_refuses_bad_files(tmp_path, data, words):
+    with pytest.raises(ValueError, match=words):
+        kt.load(_write(tmp_path, data))
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="cannot be read"):
+        kt.load(bad)
+
+
+def test_table_for_env_shipped_and_off(tmp_path, monkeypatch):
+    gpu = "NVIDIA H100 80GB HBM3"
+    assert kt.shipped_path(gpu).name == "nvidia-h100-80gb-hbm3.json"
+    monkeypatch.setenv(kt.TABLE_ENV, "off")
+    assert kt.table_for(gpu) == (None, "DISTGEMM_KERNEL_TABLE=off")
+    path = _write(tmp_path, _table(GOOD, gpu))
+    monkeypatch.setenv(kt.TABLE_ENV, str(path))
+    table, source = kt.table_for(gpu)
+    assert source == str(path) and len(table["rows"]) == 2
+    with pytest.raises(ValueError, match="was measured on 'NVIDIA H100 80GB HBM3', not on"):
+        kt.table_for("NVIDIA H200")
+    monkeypatch.delenv(kt.TABLE_ENV)
+    table, source = kt.table_for("A GPU nobody measured")
+    assert table is None and "no table shipped" in source
+
+
+def test_every_shipped_table_loads_and_is_named_for_its_gpu():
+    for path in sorted(kt.SHIPPED_DIR.glob("*.json")):
+        t = kt.load(path)
+        assert kt.shipped_path(t["gpu"]) == path
+        assert t["rows"], f"{path.name} has no rows"
+
+
+def _rec(m, ms, model="128x256", status="ok"):
+    return dict(
+        m=m, n=4096, k=2048, local=True, status=status, model_config=model,
+        configs=[v for v in ms if v != "torch"], ms=ms, err={},
+    )  # fmt: skip
+
+
+def test_report_kernel_table_keeps_the_model_within_the_margin():
+    records = [
+        # cuBLASLt rank 1 beats the model's pick by 5%: it is the row's kernel
+        _rec(1024, {"torch": 1.0, "128x256": 1.05, "cublaslt:0": 1.02, "cublaslt:1": 1.0}),
+        # the fastest is within TABLE_MARGIN of the model's pick: the pick stays
+        _rec(2048, {"torch": 2.0, "128x256": 2.0, "cublaslt:0": 1.99}),
+        # another configuration wins clearly
+        _rec(4096, {"torch": 4.0, "128x256": 4.4, "128x128": 4.0, "cublaslt:0": 4.2}),
+        # not measured, or a variant missing: no row
+        _rec(8192, {}, status="failed"),
+        dict(_rec(16384, {"torch": 1.0, "128x256": 1.0}), configs=["128x256", "cublaslt:0"]),
+    ]
+    table = rep.kernel_table(records, dict(device="NVIDIA H100 80GB HBM3", date="d", torch="t"))
+    assert [(r["m"], r["kernel"], r["algo"]) for r in table["rows"]] == [
+        (1024, "cublaslt", 1),
+        (2048, "128x256", 0),
+        (4096, "128x128", 0),
+    ]
+    assert table["rows"][0]["ms"]["cublaslt:1"] == 1.0
+    # what the benchmark writes is what the runtime loads
+    assert kt.check_rows(table["rows"], "run")[0]["kernel"] == "cublaslt"
+    assert table["gpu"] == "NVIDIA H100 80GB HBM3" and table["measured"]["margin"] == 0.01
+
+
+def test_cublas_variant_names():
+    assert rep.cublas_name(3) == "cublaslt:3"
+    assert rep.cublas_rank("cublaslt:3") == 3
+    assert rep.cublas_rank("128x256") is None and rep.cublas_rank("cublaslt:") is None
+    assert rep.VARIANTS[: len(rep.CONFIGS)] == rep.CONFIGS
+    assert len(rep.CUBLAS_VARIANTS) == rep.MAX_CUBLAS_ALGOS
+
+
+def test_cli_refuses_too_many_cublas_algos(capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.parse_args(["--cublas-algos", str(rep.MAX_CUBLAS_ALGOS + 1)])
+    assert e.value.code == 2
+    assert "--cublas-algos must be 0..4" in capsys.readouterr().err
