@@ -178,3 +178,20 @@ def test_cli_refuses_too_many_cublas_algos(capsys):
         bench.parse_args(["--cublas-algos", str(rep.MAX_CUBLAS_ALGOS + 1)])
     assert e.value.code == 2
     assert "--cublas-algos must be 0..4" in capsys.readouterr().err
+
+
+def test_merge_tables_of_one_gpu(tmp_path):
+    a = _table([GOOD[0]])
+    b = _table([GOOD[1], dict(GOOD[0], algo=3)])  # the first table's row of a shape stays
+    paths = [_write(tmp_path, a, "a.json"), _write(tmp_path, b, "b.json")]
+    out = tmp_path / "merged.json"
+    assert bench.main(["--merge", *map(str, paths), "--table", str(out)]) == 0
+    merged = kt.load(out)
+    assert [(r["m"], r["kernel"], r["algo"]) for r in merged["rows"]] == [
+        (1024, "cublaslt", 1),
+        (4096, "128x256", 0),
+    ]
+    assert merged["measured"]["parts"] == 2
+    other = _write(tmp_path, _table(GOOD, gpu="NVIDIA H200"), "c.json")
+    assert bench.main(["--merge", str(paths[0]), str(other), "--table", str(out)]) == 2
+    assert bench.main(["--merge", str(paths[0])]) == 2

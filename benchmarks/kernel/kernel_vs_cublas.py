@@ -80,6 +80,12 @@ def calls_per_replay(m: int, n: int, k: int) -> int:
     return max(1, min(MAX_CALLS, math.ceil(REPLAY_TARGET_MS / report.floor_ms(m, n, k))))
 
 
+def variant_count(args: argparse.Namespace) -> int:
+    """Kernels timed per shape besides torch.mm, at most: the configurations asked for, cuBLASLt's
+    ranks, and the model's pick where it is none of them."""
+    return len(args.configs) + args.cublas_algos + 1
+
+
 def _csv_list(kind, valid=None):
     def parse(text: str):
         items = [kind(x) for x in text.split(",") if x]
@@ -131,6 +137,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=None,
         help="write a kernel table from this run: per shape the fastest variant, unless the "
         f"model's pick is within {report.TABLE_MARGIN:.0%} of it",
+    )
+    ap.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="TABLE.json",
+        default=None,
+        help="merge kernel tables of one GPU model (runs on several GPUs, each a part of the "
+        "shapes) into --table; no GPU",
     )
     ap.add_argument("--eager", action="store_true", help="time eager calls, not graph replays")
     ap.add_argument("--seed", type=int, default=1234)
@@ -321,10 +335,11 @@ def run(args: argparse.Namespace, shapes: list[KernelShape]) -> int:
     label = "-".join(f"tp{t}" for t in args.tp) + ("-local" if args.local_only else "")
     stem = os.path.join(args.out, args.stem or report.output_stem(label))
     records: list[dict[str, Any]] = []
-    per_shape = shape_seconds(len(args.configs))
+    per_shape = shape_seconds(variant_count(args))
     print(
-        f"{len(shapes)} shapes, {len(args.configs)} configs ({','.join(args.configs)}): about "
-        f"{per_shape:.2f} s per shape, {estimated_seconds(len(shapes), len(args.configs)):.0f} s",
+        f"{len(shapes)} shapes, {len(args.configs)} configs ({','.join(args.configs)}), "
+        f"{args.cublas_algos} cuBLASLt ranks: about {per_shape:.2f} s per shape, "
+        f"{len(shapes) * per_shape:.0f} s",
         flush=True,
     )
     for i, shape in enumerate(shapes):
@@ -365,9 +380,22 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.replot:
         return report.replot(args.replot, args.out, args.stem)
+    if args.merge:
+        if not args.table:
+            print("--merge needs --table OUT.json")
+            return 2
+        try:
+            merged = report.merge_tables([kernel_table.load(p) for p in args.merge])
+        except ValueError as e:
+            print(f"--merge: {e}")
+            return 2
+        with open(args.table, "w") as f:
+            json.dump(merged, f, indent=1)
+        print(f"kernel table: {len(merged['rows'])} rows from {len(args.merge)} -> {args.table}")
+        return 0
     shapes, skipped = select(args)
     if args.dry_run:
-        print(dry_run_text(shapes, skipped, len(args.configs)))
+        print(dry_run_text(shapes, skipped, variant_count(args)))
         return 0
     return run(args, shapes)
 

@@ -101,6 +101,26 @@ def kernel_table(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> dic
     )
 
 
+def merge_tables(tables: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One kernel table from several of one GPU model (each a part of the shapes, measured on its
+    own GPU of one machine): the rows of all, a shape measured twice keeping its first row, and the
+    first table's provenance with the number of parts. ValueError for tables of different GPU
+    models."""
+    gpus = sorted({t["gpu"] for t in tables})
+    if len(gpus) != 1:
+        raise ValueError(f"the tables were measured on different GPU models: {gpus}")
+    seen, rows = set(), []
+    for t in tables:
+        for r in t["rows"]:
+            key = (r["dtype"], r["m"], r["n"], r["k"])
+            if key not in seen:
+                seen.add(key)
+                rows.append(r)
+    out = dict(tables[0], rows=rows)
+    out["measured"] = dict(tables[0].get("measured") or {}, parts=len(tables))
+    return out
+
+
 def normalize(rec: dict[str, Any]) -> dict[str, Any]:
     """``rec`` in the configuration format: a record with "model_tile" and "n128"/"n256" times
     gets "model_config", "configs" and times under the configuration names."""
