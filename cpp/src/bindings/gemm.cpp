@@ -234,14 +234,9 @@ void register_gemm(py::module_& m) {
       "gemm_resolve_config",
       [](int64_t m_, int64_t n, const std::string& dtype, int tile_n, bool b_n_major,
          const std::string& config, int cuda_device, bool stream_k, int64_t k_) {
-        GemmDesc g;
-        g.dtype = distgemm::kernel::parse_dtype(dtype);
-        g.m = m_;
-        g.n = n;
-        g.k = k_;
-        g.tile_n = tile_n;
-        g.b_n_major = b_n_major;
-        g.config = config_number(config);
+        // The dense GEMM gemm() runs (its strides: the kernel table's cuBLASLt rows ask the
+        // heuristic about this very layout); k = 0 names no K, which no table row has.
+        GemmDesc g = dense_desc(0, 0, 0, m_, n, k_, dtype, tile_n, b_n_major, config);
         g.workspace = stream_k ? &g : nullptr;  // only "a workspace is offered" matters here
         std::string why = distgemm::kernel::tile_n_problem(tile_n);
         if (why.empty()) why = distgemm::kernel::gemm_config_problem(g.dtype, g.config, b_n_major);

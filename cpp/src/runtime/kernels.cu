@@ -304,9 +304,19 @@ void resolve_kernel(GemmDesc& g, int device) {
       GemmDesc lt = g;
       lt.cublas_algo = row.cublas_algo;
       // A row names an algorithm by its rank in the heuristic's list for the measured shape;
-      // where this GEMM's list is shorter (other epilogue, other M), its first runs.
-      if (cublaslt_problem(lt).empty() && cublaslt_algo_count(lt, device) > 0) {
-        g.cublas_algo = row.cublas_algo < cublaslt_algo_count(lt, device) ? row.cublas_algo : 0;
+      // where this GEMM's list is shorter (other epilogue, other M), its first runs. Where
+      // cuBLASLt cannot take the GEMM (both a partial and C; a layout its heuristic refuses),
+      // distgemm's kernel runs it, as without a row.
+      int count = 0;
+      if (cublaslt_problem(lt).empty()) {
+        try {
+          count = cublaslt_algo_count(lt, device);
+        } catch (const std::runtime_error&) {
+          count = 0;
+        }
+      }
+      if (count > 0) {
+        g.cublas_algo = row.cublas_algo < count ? row.cublas_algo : 0;
         return;
       }
     } else if (found && config_available(row.config, g.dtype == DType::BF16, g.b_n_major) &&
