@@ -237,7 +237,9 @@ def test_dry_run_lists_shapes_without_gpu(capsys):
         _core.choose_config(1024, 4096, 1, "bf16", slots=132, stream_k=True)["config"]]  # fmt: skip
     assert "8B/O/M1024/TP2, 8B/O/M2048/TP2/S2" in lines[1]
     assert lines[-1].startswith("4 shapes (2 local GEMMs, 2 steps only); about ")
-    assert f"{bench.estimated_seconds(4):.0f} s" in lines[-1] and "6 configs" in lines[-1]
+    # every configuration, and the model's pick counted once more (it may be none of them)
+    n = len(rep.CONFIGS) + 1
+    assert f"{bench.estimated_seconds(4, n):.0f} s" in lines[-1] and f"{n} configs" in lines[-1]
     # --configs shortens the estimate: two configurations, four fewer windows per shape
     assert bench.main(argv + ["--configs", "128x256,128x128c1"]) == 0
     last = capsys.readouterr().out.splitlines()[-1]
