@@ -243,7 +243,7 @@ def test_dry_run_lists_shapes_without_gpu(capsys):
     # --configs shortens the estimate: two configurations, four fewer windows per shape
     assert bench.main(argv + ["--configs", "128x256,128x128c1"]) == 0
     last = capsys.readouterr().out.splitlines()[-1]
-    assert f"{bench.estimated_seconds(4, 2):.0f} s" in last and "2 configs" in last
+    assert f"{bench.estimated_seconds(4, 3):.0f} s" in last and "3 configs" in last
     assert bench.shape_seconds(2) == pytest.approx(bench.SHAPE_S - 4 * (0.25 + 1.0))
     assert bench.main(argv + ["--skip", "1", "--limit", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()
