@@ -4,14 +4,14 @@
 
 Started by tests/gpu/test_cublaslt_plans.py. Before any op, each rank writes a kernel table
 (DISTGEMM_KERNEL_TABLE) whose rows give every sub-GEMM of the shapes below to cuBLASLt's first
-algorithm, so that every step runs cuBLASLt behind its flag wait, except a step cuBLASLt cannot
-take (the last reduce-scatter step with both the partial and beta * c runs distgemm's kernel).
+algorithm, so that every step runs cuBLASLt behind its flag wait, except a step cuBLASLt does not
+take: one with both the partial and beta * c, or with an operand in a peer's memory.
 Sections (every rank runs them in the same order; inputs seeded, different per rank):
 
-  plans    every schedule on the overlapped path, bf16, with bias (and beta * c for the reduce
-           schedules): against the fp32 computation through torch collectives (relative
+  plans    every schedule on the overlapped path, bf16, with bias (the reduce schedules also
+           with beta * c): against the fp32 computation through torch collectives (relative
            Frobenius error < TOL, and at most twice the same computation's in bf16 + 1e-3), and
-           cuBLASLt GEMMs launched (_core.cublaslt_launches grew)
+           cuBLASLt GEMMs launched (_core.cublaslt_launches grew) where a step must be its
   capture  rs_tile_a captured in torch.cuda.graph and replayed with fresh inputs copied in
            place, every replay checked
 
@@ -94,23 +94,35 @@ def beta_of(c):
     return BETA if c is not None else 0.0
 
 
+# Schedules with a step cuBLASLt must run: every all-gather step reads local slots; a
+# reduce-scatter's last step adds a local partial (and the bias). The other steps of the reduce
+# schedules may write into a peer's slot, which stays distgemm's kernel's (GemmDesc::
+# peer_operands), and so may every step of ar_tile_a.
+MUST_LAUNCH = ("ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b")
+
+
 def test_plans(dev, tp):
     for i, schedule in enumerate(OPS):
-        name = f"plans/{schedule}"
         a, w, bias, c = inputs(schedule, dev, i, tp)
-        before = _core.cublaslt_launches()
-        y = call(schedule, a, w, bias, c)
-        torch.cuda.synchronize()
-        ref32, ref16 = reference(schedule, a, w, bias, c, beta_of(c), torch.bfloat16)
-        err, err16 = rel_err(y, ref32), rel_err(ref16, ref32)
-        launched = _core.cublaslt_launches() - before
-        record(
-            name,
-            err < TOL and err <= 2 * err16 + 1e-3 and launched > 0,
-            err=err,
-            err_bf16=err16,
-            cublaslt_launches=launched,
-        )
+        # Without C, so that the reduce schedules' last step (partial + bias) is cuBLASLt's; with
+        # C (beta * c as well as the partial) it is distgemm's kernel's.
+        for with_c in (False, True) if c is not None else (False,):
+            name = f"plans/{schedule}" + ("/beta_c" if with_c else "")
+            cc = c if with_c else None
+            before = _core.cublaslt_launches()
+            y = call(schedule, a, w, bias, cc)
+            torch.cuda.synchronize()
+            ref32, ref16 = reference(schedule, a, w, bias, cc, beta_of(cc), torch.bfloat16)
+            err, err16 = rel_err(y, ref32), rel_err(ref16, ref32)
+            launched = _core.cublaslt_launches() - before
+            must = schedule in MUST_LAUNCH and not with_c
+            record(
+                name,
+                err < TOL and err <= 2 * err16 + 1e-3 and (launched > 0 or not must),
+                err=err,
+                err_bf16=err16,
+                cublaslt_launches=launched,
+            )
 
 
 def test_capture(dev, tp, replays):

@@ -123,6 +123,12 @@ struct GemmDesc {
   // (kernel_table.hpp) where config, tile_n and cublas_algo are all left unset. Needs config 0
   // and tile_n 0, a 16-bit dtype, and at most one of partial and user_c (cuBLASLt has one C).
   int cublas_algo = -1;
+  // An operand lives in a peer's memory (a plan's GEMM that reads a neighbour's slot or writes
+  // into one, through CUDA IPC or peer access): the kernel table leaves such a GEMM to
+  // distgemm's kernel, whose epilogue is written for it, and cublas_algo refuses it (cuBLASLt
+  // steps that wrote into the peers' slots did not complete: the write-up
+  // benchmarks/results/2026-11-28-kernel-table.md).
+  bool peer_operands = false;
 };
 
 // The tail of a stream-K workspace: CUTLASS's split counters (two 32-bit words per split tile,
