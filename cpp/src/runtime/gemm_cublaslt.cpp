@@ -23,6 +23,7 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "distgemm/device/check.hpp"
@@ -269,24 +270,76 @@ int64_t cublaslt_version() {
   return lt().problem.empty() ? static_cast<int64_t>(lt().version()) : 0;
 }
 
-void cublaslt_launch(const GemmDesc& g, const WaitSpec& wait, int device, cudaStream_t stream) {
+namespace {
+
+const cublasLtMatmulHeuristicResult_t& chosen(const GemmDesc& g, int device) {
   const auto& algos = algorithms(g, device);
   if (g.cublas_algo < 0 || g.cublas_algo >= static_cast<int>(algos.size()))
     throw std::invalid_argument("cublas_algo=" + s(g.cublas_algo) + ": cuBLASLt's heuristic has " +
                                 s(static_cast<int64_t>(algos.size())) + " algorithm(s) for this " +
                                 s(g.m) + "x" + s(g.n) + "x" + s(g.k) + " GEMM");
-  if (wait.num_flags > 0) copy_wait_launch(wait, stream);
+  return algos[g.cublas_algo];
+}
+
+void matmul(const GemmDesc& g, const cublasLtMatmulHeuristicResult_t& h, cudaStream_t stream) {
   const int64_t ws_bytes = usable_workspace(g);
   Descs ds(g, ws_bytes);
   const COperand c = c_operand(g);
   const float alpha = g.alpha;
-  const cublasLtMatmulHeuristicResult_t& h = algos[g.cublas_algo];
   if (static_cast<int64_t>(h.workspaceSize) > ws_bytes)
     throw std::logic_error("internal: cuBLASLt's algorithm needs more workspace than offered");
   check(lt().matmul(lt().handle, ds.op, &alpha, g.b, ds.a, g.a, ds.b, &c.beta, c.ptr, ds.c, g.d,
                     ds.d, &h.algo, ws_bytes > 0 ? g.workspace : nullptr,
                     static_cast<size_t>(ws_bytes), stream),
         "Matmul");
+}
+
+}  // namespace
+
+void cublaslt_preload(const GemmDesc& g, int device) {
+  const cublasLtMatmulHeuristicResult_t& h = chosen(g, device);
+  static std::mutex mu;
+  static auto* loaded = new std::map<std::pair<ShapeKey, int>, bool>();
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(shape_key(g, device), g.cublas_algo);
+  if (loaded->count(key)) return;
+  // A private stream, captured in relaxed mode (the caller may be capturing a stream of its
+  // own); the graph is instantiated, which loads its kernels, and destroyed unlaunched.
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  DISTGEMM_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+  int prev = 0;
+  cudaStream_t stream = nullptr;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  cudaError_t e = cudaGetDevice(&prev);
+  if (e == cudaSuccess) e = cudaSetDevice(device);
+  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  if (e == cudaSuccess) e = cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed);
+  std::string failed;
+  if (e == cudaSuccess) {
+    try {
+      matmul(g, h, stream);
+    } catch (const std::exception& ex) {
+      failed = ex.what();
+    }
+    const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+    if (failed.empty() && ended != cudaSuccess) e = ended;
+  }
+  if (e == cudaSuccess && failed.empty()) e = cudaGraphInstantiate(&exec, graph, 0);
+  if (exec) cudaGraphExecDestroy(exec);
+  if (graph) cudaGraphDestroy(graph);
+  if (stream) cudaStreamDestroy(stream);
+  cudaSetDevice(prev);
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  if (!failed.empty()) throw std::runtime_error("cuBLASLt preload: " + failed);
+  DISTGEMM_CUDA_CHECK(e);
+  (*loaded)[key] = true;
+}
+
+void cublaslt_launch(const GemmDesc& g, const WaitSpec& wait, int device, cudaStream_t stream) {
+  const cublasLtMatmulHeuristicResult_t& h = chosen(g, device);
+  if (wait.num_flags > 0) copy_wait_launch(wait, stream);
+  matmul(g, h, stream);
   ++launches;
 }
 
@@ -301,6 +354,7 @@ const char* kNoHeader =
 std::string cublaslt_problem(const GemmDesc&) { return kNoHeader; }
 int cublaslt_algo_count(const GemmDesc&, int) { throw std::invalid_argument(kNoHeader); }
 int64_t cublaslt_version() { return 0; }
+void cublaslt_preload(const GemmDesc&, int) { throw std::invalid_argument(kNoHeader); }
 void cublaslt_launch(const GemmDesc&, const WaitSpec&, int, cudaStream_t) {
   throw std::invalid_argument(kNoHeader);
 }

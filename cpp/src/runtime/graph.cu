@@ -373,6 +373,14 @@ GraphStats DeviceGraph::enqueue(const UserBuffers& user, const Lanes& lanes, boo
     return n;
   };
 
+  // cuBLASLt's kernels load before anything of this plan is enqueued (kernel::cublaslt_preload
+  // says why: a lazy load after a spinning GEMM of the plan would wait for it forever).
+  for (const auto& op : prog.gemms) {
+    kernel::GemmDesc desc = gemm_desc(op, user);
+    kernel::resolve_kernel(desc, cuda_device_);
+    if (desc.cublas_algo >= 0) kernel::cublaslt_preload(desc, cuda_device_);
+  }
+
   GraphStats st;
   kernel::EntryBarrierSpec eb_spec;
   eb_spec.epoch = epoch;

@@ -196,6 +196,14 @@ std::string cublaslt_problem(const GemmDesc& g);
 inline constexpr int kCublasLtMaxAlgos = 8;
 int cublaslt_algo_count(const GemmDesc& g, int device);
 
+// Loads the kernels cuBLASLt runs for `g` (g.cublas_algo >= 0) on `device`, once per shape and
+// algorithm, by capturing the call into a graph that is instantiated and never launched. A
+// plan calls it for each of its cuBLASLt GEMMs before it enqueues any work: with lazy module
+// loading (CUDA's default), a kernel loads at its first launch, and the load waits for the
+// device to go idle, which it never does while a GEMM enqueued before it spins on a flag that
+// a later, not yet enqueued, node of the same plan sets.
+void cublaslt_preload(const GemmDesc& g, int device);
+
 // cuBLASLt's version (cublasLtGetVersion), or 0 when the library cannot be loaded.
 int64_t cublaslt_version();
 // cuBLASLt GEMMs enqueued or captured by this process so far (tests see which kernel ran).
