@@ -4,14 +4,17 @@
 
 Started by tests/gpu/test_cublaslt_plans.py. Before any op, each rank writes a kernel table
 (DISTGEMM_KERNEL_TABLE) whose rows give every sub-GEMM of the shapes below to cuBLASLt's first
-algorithm, so that every step runs cuBLASLt behind its flag wait, except a step cuBLASLt does not
-take: one with both the partial and beta * c, or with an operand in a peer's memory.
-Sections (every rank runs them in the same order; inputs seeded, different per rank):
+algorithm. Plans of several ranks keep distgemm's kernels all the same (GemmDesc::kernel_table:
+a cuBLASLt step there once left the plan's GEMMs waiting for their flags); one-rank plans take
+the table's cuBLASLt. Sections (every rank runs them in the same order; inputs seeded, different
+per rank):
 
-  plans    every schedule on the overlapped path, bf16, with bias (the reduce schedules also
-           with beta * c): against the fp32 computation through torch collectives (relative
+  plans    every schedule on the overlapped path, bf16, with bias (and beta * c for the reduce
+           schedules): against the fp32 computation through torch collectives (relative
            Frobenius error < TOL, and at most twice the same computation's in bf16 + 1e-3), and
-           cuBLASLt GEMMs launched (_core.cublaslt_launches grew) where a step must be its
+           no cuBLASLt GEMM launched
+  solo     all_gather_gemm and gemm_reduce_scatter on a one-rank group (a TP=1 plan), with bias,
+           the latter also with beta * c: cuBLASLt launched, and right against fp32
   capture  rs_tile_a captured in torch.cuda.graph and replayed with fresh inputs copied in
            place, every replay checked
 
@@ -84,7 +87,9 @@ def inputs(schedule, dev, seed, tp):
 
 def call(schedule, a, w, bias, c, out=None):
     op = getattr(distgemm, OPS[schedule])
-    kw = dict(bias=bias, path="overlap", out=out, schedule=schedule)
+    kw = dict(bias=bias, path="overlap", out=out)
+    if OPS[schedule] != "gemm_all_reduce":  # its one schedule needs no name
+        kw["schedule"] = schedule
     if c is not None:
         kw.update(c=c, beta=BETA)
     return op(a, w, **kw)
@@ -94,35 +99,46 @@ def beta_of(c):
     return BETA if c is not None else 0.0
 
 
-# Schedules with a step cuBLASLt must run: every all-gather step reads local slots; a
-# reduce-scatter's last step adds a local partial (and the bias). The other steps of the reduce
-# schedules may write into a peer's slot, which stays distgemm's kernel's (GemmDesc::
-# peer_operands), and so may every step of ar_tile_a.
-MUST_LAUNCH = ("ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b")
-
-
 def test_plans(dev, tp):
+    """Plans of every rank: the table names cuBLASLt for each sub-GEMM, yet they keep distgemm's
+    kernels (GemmDesc::kernel_table) and stay right."""
     for i, schedule in enumerate(OPS):
         a, w, bias, c = inputs(schedule, dev, i, tp)
-        # Without C, so that the reduce schedules' last step (partial + bias) is cuBLASLt's; with
-        # C (beta * c as well as the partial) it is distgemm's kernel's.
-        for with_c in (False, True) if c is not None else (False,):
-            name = f"plans/{schedule}" + ("/beta_c" if with_c else "")
-            cc = c if with_c else None
+        before = _core.cublaslt_launches()
+        y = call(schedule, a, w, bias, c)
+        torch.cuda.synchronize()
+        ref32, ref16 = reference(schedule, a, w, bias, c, beta_of(c), torch.bfloat16)
+        err, err16 = rel_err(y, ref32), rel_err(ref16, ref32)
+        launched = _core.cublaslt_launches() - before
+        record(
+            f"plans/{schedule}",
+            err < TOL and err <= 2 * err16 + 1e-3 and launched == 0,
+            err=err,
+            err_bf16=err16,
+            cublaslt_launches=launched,
+        )
+
+
+def test_solo(dev, solo):
+    """One-rank plans (the own floor of a layer): the table's cuBLASLt runs their GEMM, with the
+    bias, with and without beta * c, against the same computation in fp32."""
+    for i, schedule in enumerate(("ag_rotate_a", "rs_tile_a")):
+        a, w, bias, c = inputs(schedule, dev, 50 + i, 1)
+        for cc in (None, c) if c is not None else (None,):
+            name = f"solo/{schedule}" + ("/beta_c" if cc is not None else "")
             before = _core.cublaslt_launches()
-            y = call(schedule, a, w, bias, cc)
+            y = getattr(distgemm, OPS[schedule])(
+                a, w, bias=bias, path="overlap", group=solo,
+                **(dict(c=cc, beta=BETA) if cc is not None else {}),
+            )  # fmt: skip
             torch.cuda.synchronize()
-            ref32, ref16 = reference(schedule, a, w, bias, cc, beta_of(cc), torch.bfloat16)
-            err, err16 = rel_err(y, ref32), rel_err(ref16, ref32)
+            ref = a.float() @ w.float().t() + bias.float()
+            if cc is not None:
+                ref = ref + BETA * cc.float()
             launched = _core.cublaslt_launches() - before
-            must = schedule in MUST_LAUNCH and not with_c
-            record(
-                name,
-                err < TOL and err <= 2 * err16 + 1e-3 and (launched > 0 or not must),
-                err=err,
-                err_bf16=err16,
-                cublaslt_launches=launched,
-            )
+            err, err16 = rel_err(y, ref), rel_err(ref.to(torch.bfloat16), ref)
+            record(name, err < TOL and launched > 0, err=err, err_bf16=err16,
+                   cublaslt_launches=launched)  # fmt: skip
 
 
 def test_capture(dev, tp, replays):
@@ -155,8 +171,11 @@ def sections(dev, args):
     kernel_table.install(dev)  # before any plan is made (the communicator's install keeps it)
     installed = same_on_all_ranks(kernel_table.installed()["rows"])
     record("table/installed", len(set(installed)) == 1 and installed[0] > 0, rows=installed)
+    solo_pg, _ = torch.distributed.new_subgroups(group_size=1)
+    solo = distgemm.Communicator(solo_pg)
     return {
         "plans": lambda: test_plans(dev, tp),
+        "solo": lambda: test_solo(dev, solo),
         "capture": lambda: test_capture(dev, tp, args.replays),
     }
 

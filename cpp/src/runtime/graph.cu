@@ -279,6 +279,7 @@ kernel::GemmDesc DeviceGraph::gemm_desc(const schedule::GemmOp& op, const UserBu
   }
   for (const schedule::BufRef* r : {&op.a, &op.b, &op.d, &op.partial, &op.user_c})
     g.peer_operands |= r->valid() && r->device != rank_;
+  g.kernel_table = plan_.tp == 1;  // GemmDesc::kernel_table says why
   g.alpha = epi_.alpha;
   g.beta = epi_.beta;
   g.swizzle = opt_.swizzle;

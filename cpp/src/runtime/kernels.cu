@@ -289,7 +289,7 @@ std::vector<KernelTableRow> kernel_table() {
 
 void resolve_kernel(GemmDesc& g, int device) {
   if (g.cublas_algo >= 0) return;
-  if (g.config == 0 && g.tile_n == 0 && g.dtype != DType::E4M3) {
+  if (g.kernel_table && g.config == 0 && g.tile_n == 0 && g.dtype != DType::E4M3) {
     KernelTableRow row;
     bool found = false;
     {

@@ -128,6 +128,12 @@ struct GemmDesc {
   // distgemm's kernel, whose epilogue is written and tested for it, and cublas_algo refuses it.
   // cuBLASLt on a peer's memory has not run on GPUs here.
   bool peer_operands = false;
+  // Whether the machine's kernel table may choose this GEMM's kernel (where config, tile_n and
+  // cublas_algo are unset). A plan of several ranks clears it: in such plans a cuBLASLt step
+  // left a GEMM of the same plan waiting for its flags until the timeout (70B O at TP=4, the
+  // write-up benchmarks/results/2026-11-28-kernel-table.md), a cause not yet found; there the
+  // wave model chooses among distgemm's kernels, as before the table.
+  bool kernel_table = true;
 };
 
 // The tail of a stream-K workspace: CUTLASS's split counters (two 32-bit words per split tile,
@@ -180,9 +186,10 @@ void set_kernel_table(std::vector<KernelTableRow> rows);
 std::vector<KernelTableRow> kernel_table();
 
 // The kernel `g` runs with on `device`, settled once (a graph resolves it at capture, for the
-// launch and its statistics): where g leaves config, tile_n and cublas_algo unset and the
-// machine's kernel table (set_kernel_table) has a choice for the shape, the table's (a
-// configuration or a cuBLASLt algorithm); otherwise g.config = gemm_config(g, device).
+// launch and its statistics): where g leaves config, tile_n and cublas_algo unset, allows the
+// table (kernel_table) and the machine's kernel table (set_kernel_table) has a choice for the
+// shape, the table's (a configuration or a cuBLASLt algorithm); otherwise
+// g.config = gemm_config(g, device).
 void resolve_kernel(GemmDesc& g, int device);
 
 // "" when cuBLASLt can run `g` (with its g.cublas_algo, or 0 where unset), else why: the
