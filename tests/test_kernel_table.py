@@ -195,3 +195,12 @@ def test_merge_tables_of_one_gpu(tmp_path):
     other = _write(tmp_path, _table(GOOD, gpu="NVIDIA H200"), "c.json")
     assert bench.main(["--merge", str(paths[0]), str(other), "--table", str(out)]) == 2
     assert bench.main(["--merge", str(paths[0])]) == 2
+
+
+def test_install_without_the_cuda_runtime_or_on_a_cpu_device_does_nothing():
+    import torch
+
+    assert kt.install(torch.device("cpu")) == {}
+    if not getattr(_core, "cuda_runtime", False):
+        assert kt.install(torch.device("cuda", 0)) == {}
+    assert kt.installed() == {}

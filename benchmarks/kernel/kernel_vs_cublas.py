@@ -136,7 +136,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         metavar="OUT.json",
         default=None,
         help="write a kernel table from this run: per shape the fastest variant, unless the "
-        f"model's pick is within {report.TABLE_MARGIN:.0%} of it",
+        f"model's pick is within {report.TABLE_MARGIN * 100:g}%% of it",
     )
     ap.add_argument(
         "--merge",

@@ -344,7 +344,31 @@ void gemm_launch(const GemmDesc& g, const WaitSpec& wait, int device, cudaStream
   detail::kernels(g.dtype, config, g.b_n_major).launch(run, wait, device, stream);
 }
 
+__global__ void entry_barrier_kernel(const EntryBarrierSpec s);
+__global__ void copy_wait_kernel(const WaitSpec w);
+
+namespace {
+// The runtime's single-block kernels, loaded on `device` once. With lazy module loading (CUDA's
+// default) a kernel loads at its first launch, and that load waits for the device to go idle,
+// which it never does while a GEMM enqueued before it spins on a flag that a later node of the
+// same plan sets: a plan's first wait kernel, launched after its spinning GEMMs, would wait for
+// them forever. Asking for a kernel's attributes loads it.
+void load_runtime_kernels(int device) {
+  static std::mutex mu;
+  static auto* loaded = new std::vector<int>();
+  std::lock_guard<std::mutex> lock(mu);
+  for (int d : *loaded)
+    if (d == device) return;
+  cudaFuncAttributes attr;
+  DISTGEMM_CUDA_CHECK(cudaSetDevice(device));
+  DISTGEMM_CUDA_CHECK(cudaFuncGetAttributes(&attr, entry_barrier_kernel));
+  DISTGEMM_CUDA_CHECK(cudaFuncGetAttributes(&attr, copy_wait_kernel));
+  loaded->push_back(device);
+}
+}  // namespace
+
 void gemm_prepare(DType dtype, int device) {
+  load_runtime_kernels(device);
   if (dtype == DType::E4M3) {
     for (bool fast : {false, true}) (void)detail::kernels(dtype, e4m3_config(fast)).prepare(device);
     return;

@@ -32,7 +32,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from .. import _core
-from . import kernel_table
 from .capture import refuse_during_capture, stream_capturing
 from .control import ControlExchange, ExchangeMismatch, ExchangeTimeout, default_store
 from .control_shm import shared_memory_exchange
@@ -173,9 +172,6 @@ class Communicator:
         self.timeout_s = float(timeout_s)
         self.wait_timeout_s = float(wait_timeout_s)
         self.device = torch.device("cuda", torch.cuda.current_device())
-        # Which kernel runs each GEMM shape on this GPU model (a configuration or cuBLASLt):
-        # the same table on every rank of a node, so every rank's plans run the same kernels.
-        kernel_table.install(self.device)
         self._closed = False
         self._lock = threading.RLock()
         self.broken: str | None = None

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from . import machine, tuning_table
+from . import kernel_table, machine, tuning_table
 from .capture import stream_capturing
 from .choose import choose_path, choose_steps
 from .communicator import Communicator
@@ -125,6 +125,9 @@ def make_state(
 ) -> PathState:
     """The state of ``path`` for an entry (collective where the path needs setup)."""
     if path == "overlap":
+        # Which kernel runs each GEMM shape on this GPU model: the same table on every rank of a
+        # node, handed to the runtime once per process before its first plan is made.
+        kernel_table.install(comm.device)
         return OverlappedState.create(comm, spec, key.precision, key.beta, key.return_gathered)
     if path == "fused":
         return FusedState.create(comm, spec, key.precision, key.beta, choice)

@@ -109,8 +109,10 @@ def table_for(gpu: str) -> tuple[dict[str, Any] | None, str]:
 
 def install(device) -> dict[str, Any]:
     """Hands the table of ``device``'s GPU model to the runtime, once per process (the GPUs of
-    one node are of one model); returns {"source", "rows"}. With no table the runtime keeps the
-    wave model's choices."""
+    one node are of one model); returns {"source", "rows", "gpu"} ({} without the CUDA runtime or
+    for a CPU device). With no table the runtime keeps the wave model's choices."""
+    if not getattr(_core, "cuda_runtime", False) or getattr(device, "type", "cuda") != "cuda":
+        return {}  # no CUDA runtime (or a CPU device): no kernel to choose
     with _lock:
         if _installed:
             return dict(_installed)

@@ -129,10 +129,11 @@ struct GemmDesc {
   // cuBLASLt on a peer's memory has not run on GPUs here.
   bool peer_operands = false;
   // Whether the machine's kernel table may choose this GEMM's kernel (where config, tile_n and
-  // cublas_algo are unset). A plan of several ranks clears it: in such plans a cuBLASLt step
-  // left a GEMM of the same plan waiting for its flags until the timeout (70B O at TP=4, the
-  // write-up benchmarks/results/2026-11-28-kernel-table.md), a cause not yet found; there the
-  // wave model chooses among distgemm's kernels, as before the table.
+  // cublas_algo are unset). A plan of several ranks clears it until a GPU run shows cuBLASLt
+  // steps safe there: such a plan's first eager call once timed out on its flags (70B O at
+  // TP=4, benchmarks/results/2026-11-28-kernel-table.md). The likely cause, lazy module loading
+  // (a kernel that first loads behind a spinning GEMM of its plan waits for it forever), is
+  // answered by cublaslt_preload and gemm_prepare's loads, which have not run with it yet.
   bool kernel_table = true;
 };
 
