@@ -130,6 +130,14 @@ struct Descs {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
   cublasLtMatmulPreference_t pref = nullptr;
   Descs(const GemmDesc& g, int64_t workspace_bytes) {
+    try {
+      build(g, workspace_bytes);
+    } catch (...) {
+      release();  // a constructor that throws runs no destructor
+      throw;
+    }
+  }
+  void build(const GemmDesc& g, int64_t workspace_bytes) {
     const Lt& L = lt();
     const cudaDataType_t t = g.dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
     check(L.desc_create(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
@@ -174,12 +182,16 @@ struct Descs {
             "set STRIDED_BATCH_OFFSET");
     }
   }
-  ~Descs() {
+  ~Descs() { release(); }
+  void release() {
     const Lt& L = lt();
     if (pref) L.pref_destroy(pref);
     for (auto* x : {a, b, c, d})
       if (x) L.layout_destroy(x);
     if (op) L.desc_destroy(op);
+    pref = nullptr;
+    a = b = c = d = nullptr;
+    op = nullptr;
   }
   Descs(const Descs&) = delete;
   Descs& operator=(const Descs&) = delete;
