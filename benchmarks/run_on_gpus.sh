@@ -68,6 +68,10 @@
 #                    distgemm, NCCL + torch._scaled_mm, torch's fused scaled ops)
 #   fp8-kernel       fp8.fp8_kernel_vs_scaled_mm ${FP8_ARGS:---tp 2} on GPU 0: the fp8 kernels vs
 #                    torch._scaled_mm, bf16 torch.mm and distgemm's bf16 kernel
+#   kernel-table     the machine's kernel table: kernel.kernel_vs_cublas --cublas-algos 2 on
+#                    ${KERNEL_TABLE_ARGS:---tp 2,4,8 --local-only}, the list split over every GPU,
+#                    the parts' tables merged into kernel-table/table.json (ship it as
+#                    python/distgemm/data/kernels/<gpu>.json)
 #   kernel-vs-cublas kernel.kernel_vs_cublas ${KERNEL_ARGS:---tp 2 --local-only} on GPU 0:
 #                    distgemm's GEMM kernel (both tiles, the wave model's pick) vs torch.mm per
 #                    Llama GEMM shape
@@ -221,6 +225,22 @@ for p in "$@"; do
               --tokens 1,2,4,8,16,32,64,128,256 ${DECODE_ARGS:-} --out "$OUT/decode" ;;
     fused-tp1) part fused-tp1 ${FUSED_TP1_S:-420} env CUDA_VISIBLE_DEVICES=0 python3 -m benchmarks.decode.fused_tp1 \
               ${FUSED_TP1_ARGS:-} --out "$OUT/fused-tp1" ;;
+    kernel-table) part kernel-table ${KERNEL_TABLE_S:-500} bash -c '
+        # The list split over every GPU, one part each at once; then the tables of the parts merged.
+        set -u; rc=0; args=$3
+        n=$(python3 -m benchmarks.kernel.kernel_vs_cublas $args --dry-run | tail -n 1 | cut -d" " -f1)
+        per=$(( (n + $0 - 1) / $0 )); tables=(); pids=()
+        for i in $(seq 0 $(( $0 - 1 ))); do
+          CUDA_VISIBLE_DEVICES=$i python3 -m benchmarks.kernel.kernel_vs_cublas $args --configs "" \
+            --cublas-algos 2 --kernel-table off --skip $(( i * per )) --limit $per \
+            --budget-s $(( $2 - 60 )) --out "$1" --stem part-$i --table "$1/table-$i.json" \
+            > "$1/part-$i.log" 2>&1 &
+          pids+=($!); tables+=("$1/table-$i.json")
+        done
+        for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+        python3 -m benchmarks.kernel.kernel_vs_cublas --merge "${tables[@]}" --table "$1/table.json" || rc=1
+        exit $rc' "$NPROC" "$OUT/kernel-table" ${KERNEL_TABLE_S:-500} \
+        "${KERNEL_TABLE_ARGS:---tp 2,4,8 --local-only}" ;;
     kernel-vs-cublas) part kernel-vs-cublas ${KERNEL_S:-500} python3 -m benchmarks.kernel.kernel_vs_cublas \
               ${KERNEL_ARGS:---tp 2 --local-only} --budget-s $(( ${KERNEL_S:-500} - 40 )) --out "$OUT/kernel-vs-cublas" ;;
     cpp-sweep-quick) part cpp-sweep-quick 200 "$BENCH" --sweep quick --tp "$NPROC" --csv "$OUT/cpp-sweep-quick/cpp-sweep-quick.csv" ;;
