@@ -16,6 +16,9 @@ from them with one scale per row (--scales row, the default) or per tensor. Vari
     scaled_mm_fast   torch._scaled_mm with use_fast_accum=True
     ours_fp8         distgemm's accurate fp8 kernel (e4m3_128x192)
     ours_fp8_fast    distgemm's fast-accumulation fp8 kernel (e4m3_128x256fa)
+    cublaslt_fp8[_fast]  with --cublas: cuBLASLt's fp8 GEMM as the runtime runs it (rank 0 of
+                     its heuristic, no workspace; row-wise scales as its outer-vector scales),
+                     where it offers an algorithm (the count is in the record's "cublaslt")
 
 Each fp8 variant's relative Frobenius error against the fp32 GEMM of the dequantized operands
 is recorded (and must be < 1e-2 before timing). Timing: steady state as the sweep's
@@ -58,6 +61,10 @@ from distgemm.runtime.scales import dequantize, quantize, scaled_mm_scales
 
 VARIANTS = ("torch_bf16", "ours_bf16", "scaled_mm", "scaled_mm_fast", "ours_fp8", "ours_fp8_fast")
 FP8_VARIANTS = ("scaled_mm", "scaled_mm_fast", "ours_fp8", "ours_fp8_fast")
+# cuBLASLt's fp8 GEMM as the runtime runs it (gemm(cublas_algo=0), no workspace), accurate and
+# fast accumulation: timed with --cublas where its heuristic offers an algorithm for the scales.
+CUBLAS_VARIANTS = ("cublaslt_fp8", "cublaslt_fp8_fast")
+ALL_VARIANTS = VARIANTS + CUBLAS_VARIANTS
 DEFAULT_TOKENS = (4096, 8192)
 SHAPE_S = 6 * REWARM_S + 7 * TIMED_S + WARMUP_S + 1.0  # per shape, set-up included
 
@@ -69,6 +76,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--tokens", type=_csv_list(int), default=list(DEFAULT_TOKENS))
     ap.add_argument("--layers", type=_csv_list(str, LAYERS), default=None)
     ap.add_argument("--scales", choices=("row", "tensor"), default="row")
+    ap.add_argument(
+        "--cublas",
+        action="store_true",
+        help="also time cuBLASLt's fp8 GEMM (rank 0, both accumulation modes) as the runtime "
+        "runs it, where it has an algorithm for the scales",
+    )
     ap.add_argument("--budget-s", type=float, default=None, help="start no shape past this")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--dry-run", action="store_true", help="list the shapes; no GPU")
@@ -90,7 +103,9 @@ def floor_ms(flops: float, dtype: str) -> float:
     return flops / (PEAK_TFLOPS[dtype] * 1e12) * 1e3
 
 
-def measure(ctx: SingleGpuContext, shape, index: int, rowwise: bool, seed: int) -> dict:
+def measure(
+    ctx: SingleGpuContext, shape, index: int, rowwise: bool, seed: int, cublas: bool = False
+) -> dict:
     torch = ctx.torch
     m, n, k = shape.m, shape.n, shape.k
     dev = ctx.dev.index
@@ -104,17 +119,19 @@ def measure(ctx: SingleGpuContext, shape, index: int, rowwise: bool, seed: int) 
     qb, sb = quantize(w, rowwise)
     del a, w
     ta, tb = scaled_mm_scales(sa, sb, m, n)
-    outs = {v: torch.empty((m, n), device=ctx.dev, dtype=torch.bfloat16) for v in VARIANTS}
+    outs = {v: torch.empty((m, n), device=ctx.dev, dtype=torch.bfloat16) for v in ALL_VARIANTS}
     stream = lambda: torch.cuda.current_stream().cuda_stream  # noqa: E731
 
-    def ours_fp8(fast: bool):
-        out = outs["ours_fp8_fast" if fast else "ours_fp8"]
+    def ours_fp8(fast: bool, lt: bool = False):
+        out = outs[("cublaslt_fp8" if lt else "ours_fp8") + ("_fast" if fast else "")]
+        kw = dict(cublas_algo=0) if lt else {}
 
         def call() -> None:
             _core.gemm(
                 qa.data_ptr(), qb.data_ptr(), out.data_ptr(),
                 m, n, k, "e4m3", cuda_device=dev, stream=stream(), scale_a=sa.data_ptr(),
                 scale_a_rows=rowwise, scale_b=sb.data_ptr(), scale_b_rows=rowwise, fast_accum=fast,
+                **kw,
             )  # fmt: skip
 
         return call
@@ -151,11 +168,22 @@ def measure(ctx: SingleGpuContext, shape, index: int, rowwise: bool, seed: int) 
         "ours_fp8": ours_fp8(False),
         "ours_fp8_fast": ours_fp8(True),
     }
+    rec["cublaslt"] = {}
+    for fast, v in ((False, "cublaslt_fp8"), (True, "cublaslt_fp8_fast")):
+        if not cublas:
+            continue
+        count = _core.cublaslt_algo_count(
+            m, n, k, "e4m3", cuda_device=dev, scale_a_rows=rowwise, scale_b_rows=rowwise,
+            fast_accum=fast,
+        )  # fmt: skip
+        rec["cublaslt"][v] = count  # 0: cuBLASLt has no algorithm for these scales
+        if count:
+            fns[v] = ours_fp8(fast, lt=True)
     for fn in fns.values():
         fn()
     torch.cuda.synchronize()
     ref = dequantize(qa, sa) @ dequantize(qb, sb).t()
-    for v in FP8_VARIANTS:
+    for v in FP8_VARIANTS + tuple(c for c in CUBLAS_VARIANTS if c in fns):
         x = outs[v].float()
         rec["err"][v] = float((x - ref).norm() / ref.norm()) if x.isfinite().all() else math.nan
     rec["err"]["ours_bf16"] = float(
@@ -170,7 +198,7 @@ def measure(ctx: SingleGpuContext, shape, index: int, rowwise: bool, seed: int) 
     calls = calls_per_replay(m, n, k)
     rec["calls"] = calls
     graphs = {v: graphed(torch, fn, calls) for v, fn in fns.items()}
-    order = [v for v in VARIANTS if v != "scaled_mm"]
+    order = [v for v in fns if v != "scaled_mm"]
     windows = [time_variant(ctx, graphs["scaled_mm"].replay, warm_s=WARMUP_S) / calls]
     for v in order if index % 2 == 0 else order[::-1]:
         rec["ms"][v] = time_variant(ctx, graphs[v].replay) / calls
@@ -246,13 +274,14 @@ def write(records: list[dict], stem: str, meta: dict) -> None:
         json.dump(dict(meta=meta, records=records), f, indent=1)
     with open(stem + ".csv", "w", newline="") as f:
         wr = csv.writer(f)
-        wr.writerow(["m", "n", "k", "status", *[f"ms_{v}" for v in VARIANTS],
-                     *[f"err_{v}" for v in FP8_VARIANTS]])  # fmt: skip
+        fp8 = FP8_VARIANTS + CUBLAS_VARIANTS
+        wr.writerow(["m", "n", "k", "status", *[f"ms_{v}" for v in ALL_VARIANTS],
+                     *[f"err_{v}" for v in fp8]])  # fmt: skip
         for r in records:
             wr.writerow(
                 [r["m"], r["n"], r["k"], r["status"]]
-                + [r["ms"].get(v, "") for v in VARIANTS]
-                + [r["err"].get(v, "") for v in FP8_VARIANTS]
+                + [r["ms"].get(v, "") for v in ALL_VARIANTS]
+                + [r["err"].get(v, "") for v in fp8]
             )
     with open(stem + ".md", "w") as f:
         f.write(f"# {meta['title']}\n\n{table(records)}\n")
@@ -275,6 +304,7 @@ def run(args: argparse.Namespace, shapes) -> int:
         device=torch.cuda.get_device_name(dev),
         args=" ".join(sys.argv[1:]),
         scales=args.scales,
+        cublaslt_version=_core.cublaslt_version() if args.cublas else None,
         timing=dict(warmup_s=WARMUP_S, rewarm_s=REWARM_S, timed_s=TIMED_S),
         title=(
             f"distgemm fp8 kernels vs torch._scaled_mm, {torch.cuda.get_device_name(dev)}, "
@@ -282,14 +312,15 @@ def run(args: argparse.Namespace, shapes) -> int:
         ),
     )
     records = []
+    shape_s = SHAPE_S + (len(CUBLAS_VARIANTS) * (REWARM_S + TIMED_S) if args.cublas else 0.0)
     for i, shape in enumerate(shapes):
-        if args.budget_s is not None and time.time() - t0 + SHAPE_S > args.budget_s:
+        if args.budget_s is not None and time.time() - t0 + shape_s > args.budget_s:
             why = f"not started: --budget-s {args.budget_s:g} reached"
             records += [dict(s.as_dict(), status="skipped", reason=why, ms={}, err={})
                         for s in shapes[i:]]  # fmt: skip
             break
         try:
-            rec = measure(ctx, shape, i, args.scales == "row", args.seed)
+            rec = measure(ctx, shape, i, args.scales == "row", args.seed, args.cublas)
         except Exception as e:  # noqa: BLE001 - one shape's failure must not lose the others
             rec = dict(shape.as_dict(), status="failed", reason=short_error(e), ms={}, err={})
         torch.cuda.empty_cache()

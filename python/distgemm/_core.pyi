@@ -324,10 +324,20 @@ def gemm_resolve_config(
     with the device's resident CTAs (``stream_k``: gemm() is given a workspace)."""
 
 def cublaslt_algo_count(
-    m: int, n: int, k: int, dtype: str = "bf16", b_n_major: bool = False, *, cuda_device: int
+    m: int,
+    n: int,
+    k: int,
+    dtype: str = "bf16",
+    b_n_major: bool = False,
+    *,
+    cuda_device: int,
+    scale_a_rows: bool = False,
+    scale_b_rows: bool = False,
+    fast_accum: bool = False,
 ) -> int:
     """How many algorithms cuBLASLt's heuristic offers for gemm()'s dense GEMM (no workspace):
-    the ranks gemm(cublas_algo=) takes."""
+    the ranks gemm(cublas_algo=) takes; for 'e4m3' with its scale kinds and fast_accum (0 where
+    cuBLASLt has none)."""
 
 def cublaslt_problem() -> str:
     """'' when cuBLASLt can be loaded (torch's libcublasLt.so.13 where torch is imported), else

@@ -1,7 +1,9 @@
 """The fp8 (e4m3) GEMM kernels through _core.gemm on one Hopper GPU: tensor-wise and row-wise
 scales, accurate and fast accumulation, against an fp32 GEMM of the dequantized inputs and
 against torch._scaled_mm in the same run; sub-GEMMs that start at a row offset (as plan steps
-do); CUDA graph replays with fresh data; and the refusals.
+do); CUDA graph replays with fresh data; the refusals; and cuBLASLt's fp8 GEMM as the runtime
+runs it (gemm(cublas_algo=0): tensor-wise scales, row-wise ones as its outer-vector scales where
+its heuristic offers an algorithm for them).
 
     python3 -m pytest -q tests/gpu/test_kernel_fp8.py
 
@@ -186,3 +188,32 @@ def test_fp8_refusals_name_the_constraint():
     fp8_gemm(qa, sa, qb, sb, d, m, n, k)
     torch.cuda.synchronize()
     assert rel_err(d, dequantized_mm(qa, sa, qb, sb)) < TOL
+
+
+@pytest.mark.parametrize("m,n,k", SHAPES)
+@pytest.mark.parametrize(
+    "row_a,row_b", KINDS, ids=["tensor", "row", "tensorA-rowB", "rowA-tensorB"]
+)
+@pytest.mark.parametrize("fast_accum", [False, True], ids=["accurate", "fast"])
+def test_cublaslt_fp8_matches_dequantized_fp32(m, n, k, row_a, row_b, fast_accum):
+    """cuBLASLt's fp8 GEMM (gemm(cublas_algo=0)): tensor-wise scales, and row-wise ones as its
+    outer-vector scales where its heuristic offers an algorithm for them (else a skip with the
+    count); the same bounds as distgemm's kernels."""
+    why = _core.cublaslt_problem()
+    if why:
+        pytest.skip(f"cuBLASLt unavailable: {why}")
+    count = _core.cublaslt_algo_count(
+        m, n, k, "e4m3", cuda_device=torch.cuda.current_device(), scale_a_rows=row_a,
+        scale_b_rows=row_b, fast_accum=fast_accum,
+    )  # fmt: skip
+    if count == 0:
+        pytest.skip(f"cuBLASLt offers no fp8 algorithm for row_a={row_a} row_b={row_b}")
+    qa, sa, qb, sb = operands(m, n, k, row_a, row_b)
+    ref = dequantized_mm(qa, sa, qb, sb)
+    d = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    assert fp8_gemm(qa, sa, qb, sb, d, m, n, k, fast_accum=fast_accum, cublas_algo=0) == 0
+    theirs = scaled_mm(qa, sa, qb, sb, fast_accum)
+    torch.cuda.synchronize()
+    err, err_torch = rel_err(d, ref), rel_err(theirs, ref)
+    assert err < TOL, (err, err_torch)
+    assert err <= 2 * err_torch + 1e-4, (err, err_torch)

@@ -256,8 +256,9 @@ void register_gemm(py::module_& m) {
   m.def(
       "cublaslt_algo_count",
       [](int64_t m_, int64_t n, int64_t k_, const std::string& dtype, bool b_n_major,
-         int cuda_device) {
-        GemmDesc g = dense_desc(0, 0, 0, m_, n, k_, dtype, 0, b_n_major, "auto");
+         int cuda_device, bool scale_a_rows, bool scale_b_rows, bool fast_accum) {
+        GemmDesc g = dense_desc(0, 0, 0, m_, n, k_, dtype, 0, b_n_major, "auto",
+                                {0, 0, scale_a_rows, scale_b_rows, fast_accum});
         g.cublas_algo = 0;
         std::string why = distgemm::kernel::gemm_extent_problem(
             m_, n, k_, 1, distgemm::kernel::dtype_bytes(g.dtype));
@@ -268,8 +269,12 @@ void register_gemm(py::module_& m) {
       },
       py::arg("m"), py::arg("n"), py::arg("k"), py::arg("dtype") = "bf16",
       py::arg("b_n_major") = false, py::kw_only(), py::arg("cuda_device"),
+      py::arg("scale_a_rows") = false, py::arg("scale_b_rows") = false,
+      py::arg("fast_accum") = false,
       "How many algorithms cuBLASLt's heuristic offers for the dense GEMM gemm() runs (no "
-      "workspace, no bias, no C) on `cuda_device`: the ranks gemm(cublas_algo=) takes.");
+      "workspace, no bias, no C) on `cuda_device`: the ranks gemm(cublas_algo=) takes. dtype "
+      "'e4m3' with its scale kinds (row-wise: cuBLASLt's outer-vector scales) and fast_accum; "
+      "0 where cuBLASLt has no algorithm for them.");
   m.def(
       "cublaslt_problem",
       [] {

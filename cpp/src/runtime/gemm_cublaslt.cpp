@@ -139,11 +139,23 @@ struct Descs {
   }
   void build(const GemmDesc& g, int64_t workspace_bytes) {
     const Lt& L = lt();
-    const cudaDataType_t t = g.dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    // The output's type (and C's and the bias's): bf16 for bf16 and e4m3 inputs, else fp16.
+    const cudaDataType_t t = g.dtype == DType::FP16 ? CUDA_R_16F : CUDA_R_16BF;
+    const cudaDataType_t in = g.dtype == DType::E4M3 ? CUDA_R_8F_E4M3 : t;
     check(L.desc_create(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
     const cublasOperation_t ta = g.b_n_major ? CUBLAS_OP_N : CUBLAS_OP_T, tb = CUBLAS_OP_N;
     check(L.desc_set(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "set TRANSA");
     check(L.desc_set(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "set TRANSB");
+    if (g.dtype == DType::E4M3) {
+      // cuBLASLt's A is our B and its B our A, so their scales swap; a row-wise scale is
+      // cuBLASLt's outer vector (one per row of its A, one per column of its B).
+      scale(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, g.scale_b,
+            g.scale_b_rows);
+      scale(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, g.scale_a,
+            g.scale_a_rows);
+      const int8_t fast = g.fast_accum ? 1 : 0;
+      check(L.desc_set(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)), "set FAST_ACCUM");
+    }
     if (g.bias) {
       const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
       check(L.desc_set(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)), "set EPILOGUE");
@@ -152,8 +164,8 @@ struct Descs {
             "set BIAS_POINTER");
     }
     const COperand c_op = c_operand(g);
-    layout(a, t, g.b_n_major ? g.n : g.k, g.b_n_major ? g.k : g.n, g.ldb, g.batch_b, g.l);
-    layout(b, t, g.k, g.m, g.lda, g.batch_a, g.l);
+    layout(a, in, g.b_n_major ? g.n : g.k, g.b_n_major ? g.k : g.n, g.ldb, g.batch_b, g.l);
+    layout(b, in, g.k, g.m, g.lda, g.batch_a, g.l);
     layout(c, t, g.n, g.m, c_op.ld, c_op.batch, g.l);
     layout(d, t, g.n, g.m, g.ldd, g.batch_d, g.l);
     check(L.pref_create(&pref), "MatmulPreferenceCreate");
@@ -168,6 +180,14 @@ struct Descs {
          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
           CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
       check(L.pref_set(pref, attr, &align, sizeof(align)), "set MIN_ALIGNMENT");
+  }
+  void scale(cublasLtMatmulDescAttributes_t pointer, cublasLtMatmulDescAttributes_t mode,
+             const float* values, bool rows) {
+    const Lt& L = lt();
+    check(L.desc_set(op, pointer, &values, sizeof(values)), "set SCALE_POINTER");
+    const int32_t m =
+        rows ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F : CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+    check(L.desc_set(op, mode, &m, sizeof(m)), "set SCALE_MODE");
   }
   void layout(cublasLtMatrixLayout_t& out, cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld,
               int64_t batch, int64_t l) {
@@ -207,27 +227,14 @@ int64_t usable_workspace(const GemmDesc& g) {
 
 // The heuristic's algorithms for a shape: everything the choice depends on but the addresses.
 using ShapeKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                            int64_t, int64_t, int64_t, int64_t, bool, int, bool, int64_t, int>;
+                            int64_t, int64_t, int64_t, int64_t, bool, int, bool, int64_t, int, int>;
 ShapeKey shape_key(const GemmDesc& g, int device) {
   const COperand c = c_operand(g);
   const int c_kind = g.partial ? 1 : g.user_c ? 2 : 0;
-  return {static_cast<int>(g.dtype),
-          g.m,
-          g.n,
-          g.k,
-          g.l,
-          g.lda,
-          g.ldb,
-          g.ldd,
-          c.ld,
-          g.batch_a,
-          g.batch_b,
-          g.batch_d,
-          g.b_n_major,
-          c_kind,
-          g.bias != nullptr,
-          usable_workspace(g),
-          device};
+  return {static_cast<int>(g.dtype), g.m, g.n, g.k, g.l, g.lda, g.ldb, g.ldd, c.ld, g.batch_a,
+          g.batch_b, g.batch_d, g.b_n_major, c_kind, g.bias != nullptr, usable_workspace(g), device,
+          // fp8: the scale kinds and the accumulation choose among other kernels
+          (g.scale_a_rows ? 1 : 0) | (g.scale_b_rows ? 2 : 0) | (g.fast_accum ? 4 : 0)};
 }
 
 const std::vector<cublasLtMatmulHeuristicResult_t>& algorithms(const GemmDesc& g, int device) {
@@ -256,8 +263,8 @@ const std::vector<cublasLtMatmulHeuristicResult_t>& algorithms(const GemmDesc& g
 
 std::string cublaslt_problem(const GemmDesc& g) {
   if (!lt().problem.empty()) return lt().problem;
-  if (g.dtype == DType::E4M3)
-    return "cublas_algo is for bf16 and fp16 GEMMs; an fp8 (e4m3) GEMM runs distgemm's kernel";
+  if (g.dtype == DType::E4M3 && g.b_n_major)
+    return "an fp8 (e4m3) B must be K-contiguous for cuBLASLt too (its fp8 GEMMs are TN only)";
   if (g.partial && g.user_c)
     return "cuBLASLt adds one C matrix: this GEMM has both a partial and a user C (the last "
            "reduce-scatter step with beta * C); it runs distgemm's kernel";
