@@ -79,7 +79,7 @@ def test_load_validates_and_normalizes(tmp_path):
 @pytest.mark.parametrize(
     "row, words",
     [
-        (dict(dtype="e4m3", m=1, n=1, k=1, kernel="128x256"), "dtype 'e4m3' is not one of"),
+        (dict(dtype="e5m2", m=1, n=1, k=1, kernel="128x256"), "dtype 'e5m2' is not one of"),
         (dict(dtype="bf16", m=0, n=1, k=1, kernel="128x256"), "m must be an integer >= 1"),
         (dict(dtype="bf16", m=1, n=1.5, k=1, kernel="128x256"), "n must be an integer >= 1"),
         (dict(dtype="bf16", m=1, n=1, k=True, kernel="128x256"), "k must be an integer >= 1"),
@@ -204,3 +204,73 @@ def test_install_without_the_cuda_runtime_or_on_a_cpu_device_does_nothing():
     if not getattr(_core, "cuda_runtime", False):
         assert kt.install(torch.device("cuda", 0)) == {}
     assert kt.installed() == {}
+
+
+FP8 = dict(dtype="e4m3", n=4096, k=2048, scale_a_rows=True, scale_b_rows=True, fast_accum=False)
+
+
+def test_fp8_rows_match_scale_kinds_and_accumulation():
+    rows = [
+        dict(FP8, m=1024),
+        dict(FP8, m=1024, fast_accum=True),
+        dict(FP8, m=1024, scale_b_rows=False),
+    ]
+    kw = dict(scale_a_rows=True, scale_b_rows=True)
+    assert _core.kernel_table_row(rows, "e4m3", 1024, 4096, 2048, **kw) == 0
+    assert _core.kernel_table_row(rows, "e4m3", 1024, 4096, 2048, fast_accum=True, **kw) == 1
+    assert _core.kernel_table_row(rows, "e4m3", 600, 4096, 2048, scale_a_rows=True) == 2
+    # tensor-wise scales on both sides: no row measured them
+    assert _core.kernel_table_row(rows, "e4m3", 1024, 4096, 2048) is None
+    assert _core.kernel_table_row(rows, "bf16", 1024, 4096, 2048) is None
+
+
+def test_fp8_rows_validate_their_flags_and_kernel(tmp_path):
+    good = [
+        dict(FP8, m=1024, kernel="cublaslt", algo=0),
+        dict(FP8, m=2048, kernel="e4m3_128x192"),
+        dict(FP8, m=2048, fast_accum=True, kernel="e4m3_128x256fa"),
+    ]
+    rows = kt.load(_write(tmp_path, _table(good)))["rows"]
+    assert [(r["kernel"], r["fast_accum"], r["scale_a_rows"]) for r in rows] == [
+        ("cublaslt", False, True),
+        ("e4m3_128x192", False, True),
+        ("e4m3_128x256fa", True, True),
+    ]
+    for bad, words in [
+        (dict(FP8, m=1, kernel="e4m3_128x256fa"), "distgemm's fp8 kernel of that accumulation"),
+        (dict(FP8, m=1, kernel="128x256"), "is not one of"),
+        (dict(FP8, m=1, kernel="cublaslt", fast_accum=1), "fast_accum must be true or false"),
+    ]:
+        with pytest.raises(ValueError, match=words):
+            kt.load(_write(tmp_path, _table([bad]), "bad.json"))
+    # a 16-bit row cannot name an fp8 kernel
+    with pytest.raises(ValueError, match="is not one of"):
+        kt.load(_write(tmp_path, _table([dict(GOOD[1], kernel="e4m3_128x192")]), "bad2.json"))
+
+
+def test_fp8_benchmark_writes_table_rows():
+    from benchmarks.fp8 import fp8_kernel_vs_scaled_mm as fp8
+
+    recs = [
+        # cuBLASLt 5% faster accurate; within the margin with fast accumulation
+        dict(m=1024, n=4096, k=2048, status="ok", ms={"ours_fp8": 1.05, "cublaslt_fp8": 1.0,
+             "ours_fp8_fast": 1.0, "cublaslt_fp8_fast": 0.995}),
+        # cuBLASLt had no algorithm: no row
+        dict(m=2048, n=4096, k=2048, status="ok", ms={"ours_fp8": 1.0, "ours_fp8_fast": 0.9}),
+        dict(m=4096, n=4096, k=2048, status="failed", ms={}),
+    ]  # fmt: skip
+    rows = fp8.kernel_table_rows(recs, rowwise=True)
+    assert [(r["m"], r["fast_accum"], r["kernel"]) for r in rows] == [
+        (1024, False, "cublaslt"),
+        (1024, True, "e4m3_128x256fa"),
+    ]
+    assert all(r["scale_a_rows"] and r["scale_b_rows"] for r in rows)
+    assert kt.check_rows(rows, "fp8 run")[0]["kernel"] == "cublaslt"
+
+
+def test_fp8_benchmark_table_needs_cublas(capsys):
+    from benchmarks.fp8 import fp8_kernel_vs_scaled_mm as fp8
+
+    with pytest.raises(SystemExit) as e:
+        fp8.parse_args(["--table", "x.json"])
+    assert e.value.code == 2 and "--table needs --cublas" in capsys.readouterr().err

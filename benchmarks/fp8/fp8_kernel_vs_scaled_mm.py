@@ -82,12 +82,51 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="also time cuBLASLt's fp8 GEMM (rank 0, both accumulation modes) as the runtime "
         "runs it, where it has an algorithm for the scales",
     )
+    ap.add_argument(
+        "--table",
+        metavar="OUT.json",
+        default=None,
+        help="with --cublas: write the fp8 rows of a kernel table (per shape and accumulation, "
+        "cuBLASLt where it beats distgemm's kernel by more than the table's margin)",
+    )
     ap.add_argument("--budget-s", type=float, default=None, help="start no shape past this")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--dry-run", action="store_true", help="list the shapes; no GPU")
     ap.add_argument("--out", default=RESULTS_DIR)
     ap.add_argument("--stem", default=None, help="output file name without extension")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.table and not args.cublas:
+        ap.error("--table needs --cublas: a row weighs cuBLASLt against distgemm's fp8 kernel")
+    return args
+
+
+def kernel_table_rows(records: list[dict], rowwise: bool) -> list[dict]:
+    """The fp8 rows of a kernel table (distgemm.runtime.kernel_table's format) from measured
+    records: per shape and accumulation mode, cuBLASLt's rank 0 where it beats distgemm's kernel
+    of that mode by more than the table's margin (benchmarks/kernel/report.TABLE_MARGIN), else
+    distgemm's kernel. Shapes without both timings get no row of that mode."""
+    from benchmarks.kernel.report import TABLE_MARGIN
+
+    kernels = _core.gemm_config_names("e4m3")  # accurate, fast accumulation
+    rows = []
+    for rec in records:
+        ms = rec.get("ms", {})
+        if rec.get("status") != "ok":
+            continue
+        for fast, ours, lt in ((False, "ours_fp8", "cublaslt_fp8"),
+                               (True, "ours_fp8_fast", "cublaslt_fp8_fast")):  # fmt: skip
+            if not (ms.get(ours) and ms.get(lt)):
+                continue
+            pick_lt = ms[lt] * (1.0 + TABLE_MARGIN) < ms[ours]
+            rows.append(
+                dict(
+                    dtype="e4m3", m=rec["m"], n=rec["n"], k=rec["k"],
+                    scale_a_rows=rowwise, scale_b_rows=rowwise, fast_accum=fast,
+                    kernel="cublaslt" if pick_lt else kernels[1 if fast else 0], algo=0,
+                    ms={ours: round(ms[ours], 5), lt: round(ms[lt], 5)},
+                )
+            )  # fmt: skip
+    return rows
 
 
 def select(args: argparse.Namespace):
@@ -336,6 +375,17 @@ def run(args: argparse.Namespace, shapes) -> int:
         meta["seconds"] = round(time.time() - t0, 1)
         write(records, stem, meta)
     print(table(records))
+    if args.table:
+        rows = kernel_table_rows(records, args.scales == "row")
+        doc = dict(
+            format="distgemm-kernel-table", version=1, gpu=meta["device"],
+            measured=dict(date=meta["date"], torch=meta["torch"], args=meta["args"],
+                          cublaslt_version=meta["cublaslt_version"]),
+            rows=rows,
+        )  # fmt: skip
+        with open(args.table, "w") as f:
+            json.dump(doc, f, indent=1)
+        print(f"kernel table: {len(rows)} fp8 rows -> {args.table}")
     return 0 if all(r["status"] == "ok" for r in records) else 1
 
 

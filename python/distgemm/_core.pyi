@@ -183,10 +183,15 @@ def kernel_table_row(
     k: int,
     l: int = 1,
     b_n_major: bool = False,
+    *,
+    scale_a_rows: bool = False,
+    scale_b_rows: bool = False,
+    fast_accum: bool = False,
 ) -> int | None:
     """The index of the kernel-table row that chooses this GEMM's kernel, or None: same dtype,
-    N and K, the nearest M within KERNEL_TABLE_MAX_M_RATIO (ties to the larger M), never for
-    batches or an N-contiguous B. Host-only."""
+    N and K (e4m3: also the same scale kinds and accumulation), the nearest M within
+    KERNEL_TABLE_MAX_M_RATIO (ties to the larger M), never for batches or an N-contiguous B.
+    Host-only."""
 
 KERNEL_TABLE_MAX_M_RATIO: float
 

@@ -26,6 +26,7 @@
 #include "distgemm/device/check.hpp"
 #include "distgemm/device/graph.hpp"
 #include "distgemm/kernel/gemm_extents.hpp"
+#include "kernel_table_rows.hpp"
 
 namespace py = pybind11;
 
@@ -292,34 +293,14 @@ void register_gemm(py::module_& m) {
       "set_kernel_table",
       [](const std::vector<py::dict>& rows) {
         std::vector<distgemm::kernel::KernelTableRow> out;
-        for (const auto& r : rows) {
-          distgemm::kernel::KernelTableRow row;
-          row.dtype =
-              static_cast<int>(distgemm::kernel::parse_dtype(r["dtype"].cast<std::string>()));
-          row.m = r["m"].cast<int64_t>();
-          row.n = r["n"].cast<int64_t>();
-          row.k = r["k"].cast<int64_t>();
-          const std::string kernel = r["kernel"].cast<std::string>();
-          if (kernel == "cublaslt") {
-            row.cublas_algo = r["algo"].cast<int>();
-            if (row.cublas_algo < 0)
-              throw std::invalid_argument("set_kernel_table: algo must be >= 0, got " +
-                                          std::to_string(row.cublas_algo));
-          } else {
-            row.config = config_number(kernel);
-            if (row.config == 0)
-              throw std::invalid_argument("set_kernel_table: a row names a kernel, not auto");
-          }
-          if (row.m < 1 || row.n < 1 || row.k < 1)
-            throw std::invalid_argument("set_kernel_table: m, n and k must be >= 1");
-          out.push_back(row);
-        }
+        for (const auto& r : rows) out.push_back(distgemm::bindings::table_row_of(r, true));
         distgemm::kernel::set_kernel_table(std::move(out));
       },
       py::arg("rows"),
       "Replace the process's kernel table (kernel/kernel_table.hpp): rows {'dtype', 'm', 'n', "
-      "'k', 'kernel' (a configuration name or 'cublaslt'), 'algo' (cuBLASLt's rank)}. An empty "
-      "list leaves every choice to the model.");
+      "'k', 'kernel' (a configuration name or 'cublaslt'), 'algo' (cuBLASLt's rank); e4m3 rows "
+      "also 'scale_a_rows', 'scale_b_rows', 'fast_accum'}. An empty list leaves every choice to "
+      "the model.");
   m.def(
       "kernel_table_size", [] { return distgemm::kernel::kernel_table().size(); },
       "Rows of the process's kernel table (0 until set_kernel_table).");

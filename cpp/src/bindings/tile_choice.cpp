@@ -13,6 +13,7 @@
 #include "distgemm/kernel/gemm.hpp"  // parse_dtype
 #include "distgemm/kernel/kernel_table.hpp"
 #include "distgemm/kernel/tile_walk.hpp"
+#include "kernel_table_rows.hpp"
 
 namespace py = pybind11;
 namespace k = distgemm::kernel;
@@ -127,27 +128,24 @@ void register_tile_choice(py::module_& m) {
   m.def(
       "kernel_table_row",
       [](const std::vector<py::dict>& rows, const std::string& dtype, int64_t m_, int64_t n,
-         int64_t k_, int64_t l, bool b_n_major) -> py::object {
+         int64_t k_, int64_t l, bool b_n_major, bool scale_a_rows, bool scale_b_rows,
+         bool fast_accum) -> py::object {
         std::vector<k::KernelTableRow> table;
-        for (const auto& r : rows) {
-          k::KernelTableRow row;
-          row.dtype = static_cast<int>(k::parse_dtype(r["dtype"].cast<std::string>()));
-          row.m = r["m"].cast<int64_t>();
-          row.n = r["n"].cast<int64_t>();
-          row.k = r["k"].cast<int64_t>();
-          table.push_back(row);
-        }
+        for (const auto& r : rows) table.push_back(distgemm::bindings::table_row_of(r, false));
         const k::KernelTableRow* hit =
-            k::table_row(table, static_cast<int>(k::parse_dtype(dtype)), m_, n, k_, l, b_n_major);
+            k::table_row(table, static_cast<int>(k::parse_dtype(dtype)), m_, n, k_, l, b_n_major,
+                         k::fp8_kind_of(scale_a_rows, scale_b_rows, fast_accum));
         if (!hit) return py::none();
         return py::int_(hit - table.data());
       },
       py::arg("rows"), py::arg("dtype"), py::arg("m"), py::arg("n"), py::arg("k"), py::arg("l") = 1,
-      py::arg("b_n_major") = false,
+      py::arg("b_n_major") = false, py::kw_only(), py::arg("scale_a_rows") = false,
+      py::arg("scale_b_rows") = false, py::arg("fast_accum") = false,
       "The index of the row of a kernel table (rows {'dtype', 'm', 'n', 'k', ...}) that "
       "chooses the kernel of this GEMM, or None (kernel/kernel_table.hpp's table_row: same "
-      "dtype, N and K, the nearest M within kTableMaxMRatio, ties to the larger M; never for "
-      "batches or an N-contiguous B). Host-only.");
+      "dtype, N and K, for e4m3 the same scale kinds and accumulation, the nearest M within "
+      "kTableMaxMRatio, ties to the larger M; never for batches or an N-contiguous B). "
+      "Host-only.");
   m.attr("KERNEL_TABLE_MAX_M_RATIO") = k::kTableMaxMRatio;
   m.def(
       "gemm_config_table",

@@ -5,10 +5,12 @@ the lookup: same dtype, N and K, the nearest M within 2x; elsewhere the wave mod
 
 A table is JSON: ``{"format": "distgemm-kernel-table", "version": 1, "gpu": <torch device
 name>, "measured": {how}, "rows": [{"dtype", "m", "n", "k", "kernel": <configuration name> |
-"cublaslt", "algo": <cuBLASLt rank>, "ms": {variant: ms}}]}``. The package ships those of the
-GPUs it was measured on (``distgemm/data/kernels/<gpu stem>.json``); ``benchmarks.kernel.
-kernel_vs_cublas --table OUT`` writes one from a run. ``DISTGEMM_KERNEL_TABLE`` names another
-file, or "off" for none.
+"cublaslt", "algo": <cuBLASLt rank>, "ms": {variant: ms}}]}``; an fp8 (e4m3) row also has
+``scale_a_rows``, ``scale_b_rows`` and ``fast_accum``, which the lookup matches. The package
+ships those of the GPUs it was measured on (``distgemm/data/kernels/<gpu stem>.json``);
+``benchmarks.kernel.kernel_vs_cublas --table OUT`` writes one from a run (``benchmarks.fp8.
+fp8_kernel_vs_scaled_mm --cublas --table OUT`` its fp8 rows). ``DISTGEMM_KERNEL_TABLE`` names
+another file, or "off" for none.
 
 Pure data, plus ``install``, which hands a table to ``_core`` once per process.
 """
@@ -29,7 +31,10 @@ __all__ = ["FORMAT", "VERSION", "TABLE_ENV", "SHIPPED_DIR", "load", "shipped_pat
 FORMAT, VERSION = "distgemm-kernel-table", 1
 TABLE_ENV = "DISTGEMM_KERNEL_TABLE"  # a table file, or "off"
 SHIPPED_DIR = pathlib.Path(__file__).resolve().parent.parent / "data" / "kernels"
-DTYPES = ("bf16", "fp16")
+DTYPES = ("bf16", "fp16", "e4m3")
+# What an fp8 (e4m3) row also names: its GEMM's scale kinds and accumulation (the lookup matches
+# them; kernel/kernel_table.hpp's fp8_kind_of).
+FP8_FLAGS = ("scale_a_rows", "scale_b_rows", "fast_accum")
 CUBLASLT = "cublaslt"
 
 _lock = threading.Lock()
@@ -41,6 +46,7 @@ def check_rows(rows: Any, source: str) -> list[dict[str, Any]]:
     if not isinstance(rows, list):
         raise ValueError(f"{source}: 'rows' must be a list, got {type(rows).__name__}")
     names = set(_core.gemm_config_names("bf16", stream_k=True)) | {CUBLASLT}
+    fp8_names = set(_core.gemm_config_names("e4m3")) | {CUBLASLT}
     out = []
     for i, r in enumerate(rows):
         where = f"{source}: row {i}"
@@ -52,15 +58,30 @@ def check_rows(rows: Any, source: str) -> list[dict[str, Any]]:
             v = r.get(dim)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{where}: {dim} must be an integer >= 1, got {v!r}")
-        if r.get("kernel") not in names:
-            raise ValueError(f"{where}: kernel {r.get('kernel')!r} is not one of {sorted(names)}")
+        fp8 = r["dtype"] == "e4m3"
+        allowed = fp8_names if fp8 else names
+        if r.get("kernel") not in allowed:
+            raise ValueError(
+                f"{where}: kernel {r.get('kernel')!r} is not one of {sorted(allowed)} "
+                f"(dtype {r['dtype']})"
+            )
         algo = r.get("algo", 0)
         if r["kernel"] == CUBLASLT and (not isinstance(algo, int) or algo < 0):
             raise ValueError(f"{where}: algo must be an integer >= 0, got {algo!r}")
-        out.append(
-            {"dtype": r["dtype"], "m": r["m"], "n": r["n"], "k": r["k"], "kernel": r["kernel"],
-             "algo": algo if r["kernel"] == CUBLASLT else 0}
-        )  # fmt: skip
+        row = {"dtype": r["dtype"], "m": r["m"], "n": r["n"], "k": r["k"], "kernel": r["kernel"],
+               "algo": algo if r["kernel"] == CUBLASLT else 0}  # fmt: skip
+        if fp8:
+            for flag in FP8_FLAGS:
+                if not isinstance(r.get(flag, False), bool):
+                    raise ValueError(f"{where}: {flag} must be true or false, got {r[flag]!r}")
+                row[flag] = r.get(flag, False)
+            fast_kernel = _core.gemm_config_names("e4m3")[1 if row["fast_accum"] else 0]
+            if row["kernel"] not in (CUBLASLT, fast_kernel):
+                raise ValueError(
+                    f"{where}: kernel {row['kernel']!r} with fast_accum={row['fast_accum']}: "
+                    f"distgemm's fp8 kernel of that accumulation is {fast_kernel!r}"
+                )
+        out.append(row)
     return out
 
 

@@ -9,8 +9,9 @@
 // elsewhere the model decides, as before.
 //
 // The lookup: rows of the same dtype, N and K (a layer's weight fixes both; the token count M
-// varies per call), and the row whose M is nearest in ratio, if within kTableMaxMRatio. A GEMM
-// with batches or an N-contiguous B (no row measures one) takes no row.
+// varies per call), for fp8 also the same scale kinds and accumulation (fp8_kind_of), and the
+// row whose M is nearest in ratio, if within kTableMaxMRatio. A GEMM with batches or an
+// N-contiguous B (no row measures one) takes no row.
 #pragma once
 
 #include <cmath>
@@ -26,18 +27,26 @@ inline constexpr double kTableMaxMRatio = 2.0;
 struct KernelTableRow {
   int dtype = 0;  // DType's number (gemm.hpp)
   int64_t m = 0, n = 0, k = 0;
+  int fp8_kind = 0;      // fp8 (e4m3) rows: fp8_kind_of the GEMM's scales and accumulation
   int config = 0;        // a configuration number (tile_choice.hpp), or 0 with cublas_algo >= 0
   int cublas_algo = -1;  // >= 0: cuBLASLt's algorithm of that rank (GemmDesc::cublas_algo)
 };
 
+// What else an fp8 GEMM's kernel depends on: row-wise scales of A (bit 0) and of B (bit 1), fast
+// accumulation (bit 2). 0 for 16-bit GEMMs.
+inline int fp8_kind_of(bool scale_a_rows, bool scale_b_rows, bool fast_accum) {
+  return (scale_a_rows ? 1 : 0) | (scale_b_rows ? 2 : 0) | (fast_accum ? 4 : 0);
+}
+
 // The row that chooses the kernel of an m x n x k (x l) GEMM, or nullptr.
 inline const KernelTableRow* table_row(const std::vector<KernelTableRow>& rows, int dtype,
-                                       int64_t m, int64_t n, int64_t k, int64_t l, bool b_n_major) {
+                                       int64_t m, int64_t n, int64_t k, int64_t l, bool b_n_major,
+                                       int fp8_kind = 0) {
   if (l != 1 || b_n_major || m < 1) return nullptr;
   const KernelTableRow* best = nullptr;
   double best_dist = 0;
   for (const auto& r : rows) {
-    if (r.dtype != dtype || r.n != n || r.k != k || r.m < 1) continue;
+    if (r.dtype != dtype || r.n != n || r.k != k || r.fp8_kind != fp8_kind || r.m < 1) continue;
     const double dist = std::fabs(std::log(double(m) / double(r.m)));
     if (dist > std::log(kTableMaxMRatio) + 1e-12) continue;
     // Ties (M halfway between two rows in ratio) go to the larger row: the same kernel then
