@@ -274,3 +274,12 @@ def test_fp8_benchmark_table_needs_cublas(capsys):
     with pytest.raises(SystemExit) as e:
         fp8.parse_args(["--table", "x.json"])
     assert e.value.code == 2 and "--table needs --cublas" in capsys.readouterr().err
+
+
+def test_merge_keeps_fp8_rows_of_each_accumulation(tmp_path):
+    rows = [
+        dict(FP8, m=1024, kernel="cublaslt"),
+        dict(FP8, m=1024, fast_accum=True, kernel="cublaslt"),
+    ]
+    merged = rep.merge_tables([kt.load(_write(tmp_path, _table(rows)))])
+    assert [r["fast_accum"] for r in merged["rows"]] == [False, True]

@@ -112,7 +112,9 @@ def merge_tables(tables: Sequence[dict[str, Any]]) -> dict[str, Any]:
     seen, rows = set(), []
     for t in tables:
         for r in t["rows"]:
-            key = (r["dtype"], r["m"], r["n"], r["k"])
+            key = (r["dtype"], r["m"], r["n"], r["k"]) + tuple(
+                r.get(f, False) for f in ("scale_a_rows", "scale_b_rows", "fast_accum")
+            )  # an fp8 row's key has its scale kinds and accumulation too
             if key not in seen:
                 seen.add(key)
                 rows.append(r)
