@@ -12,7 +12,11 @@
 // A is our B (k x n column-major, transposed; an N-contiguous B is n x k, not transposed), its B
 // is our A (k x m, not transposed), and C and D are n x m with our row strides as leading
 // dimensions. The bias (one per column of D) is cuBLASLt's per-row bias of D^T. partial (scale 1)
-// or user_c (scale beta) is its C; D itself with beta 0 where there is neither.
+// or user_c (scale beta) is its C; D itself with beta 0 where there is neither. fp8 (e4m3): the
+// scales swap sides with the operands, a row-wise one is cuBLASLt's outer-vector scale, and
+// fast_accum is its fast accumulation.
+//
+// cublaslt_preload loads a GEMM's kernels before a plan enqueues anything (gemm.hpp says why).
 #include <cuda_runtime_api.h>
 
 #include <atomic>
