@@ -96,6 +96,15 @@ DeviceGraph::DeviceGraph(const schedule::Plan& plan, int rank, int cuda_device, 
     RelaxedCaptureMode relaxed;
     DISTGEMM_CUDA_CHECK(cudaSetDevice(cuda_device_));
     kernel::gemm_prepare(dtype_, cuda_device_);
+    // cuBLASLt's kernels load here, before anything of this plan is enqueued
+    // (kernel::cublaslt_preload says why: a lazy load after a spinning GEMM of the plan would
+    // wait for it forever).
+    for (const auto& op : plan_.devices[rank_].gemms) {
+      kernel::GemmDesc desc = gemm_desc(op, user);
+      kernel::resolve_kernel(desc, cuda_device_);
+      if (desc.cublas_algo >= 0) kernel::cublaslt_preload(desc, cuda_device_);
+      kernels_.push_back({desc.config, desc.cublas_algo});
+    }
     errors_ = opt_.errors ? opt_.errors : std::make_shared<ErrorSink>(cuda_device_);
     if (errors_->cuda_device() != cuda_device_)
       throw std::invalid_argument("GraphOptions::errors lives on CUDA device " +
@@ -374,14 +383,6 @@ GraphStats DeviceGraph::enqueue(const UserBuffers& user, const Lanes& lanes, boo
     return n;
   };
 
-  // cuBLASLt's kernels load before anything of this plan is enqueued (kernel::cublaslt_preload
-  // says why: a lazy load after a spinning GEMM of the plan would wait for it forever).
-  for (const auto& op : prog.gemms) {
-    kernel::GemmDesc desc = gemm_desc(op, user);
-    kernel::resolve_kernel(desc, cuda_device_);
-    if (desc.cublas_algo >= 0) kernel::cublaslt_preload(desc, cuda_device_);
-  }
-
   GraphStats st;
   kernel::EntryBarrierSpec eb_spec;
   eb_spec.epoch = epoch;
@@ -406,8 +407,9 @@ GraphStats DeviceGraph::enqueue(const UserBuffers& user, const Lanes& lanes, boo
   for (size_t i = 0; i < prog.gemms.size(); ++i) {
     const auto& op = prog.gemms[i];
     kernel::GemmDesc desc = gemm_desc(op, user);
-    desc.pdl = use_pdl && i > 0;                 // GEMM 0 follows the entry barrier: a full edge
-    kernel::resolve_kernel(desc, cuda_device_);  // resolved once: launch and stats
+    desc.pdl = use_pdl && i > 0;  // GEMM 0 follows the entry barrier: a full edge
+    desc.config = kernels_[i].config;
+    desc.cublas_algo = kernels_[i].cublas_algo;
     if (desc.cublas_algo >= 0) {
       ++st.gemm_cublaslt;
     } else {

@@ -317,6 +317,13 @@ class DeviceGraph {
   std::vector<void*> bases_;
   GraphOptions opt_;
   GraphStats stats_;
+  // Each GEMM's kernel (GemmDesc::config, cublas_algo), resolved once when the graph is made
+  // (kernel::resolve_kernel, cuBLASLt's kernels loaded then): every later capture and enqueue
+  // runs the same kernels, as a graph-exec update needs, and does no choosing of its own.
+  struct Kernel {
+    int config = 0, cublas_algo = -1;
+  };
+  std::vector<Kernel> kernels_;
 
   // own_: the private captures (GEMM chain stream, side chain stream); into_: capture_into()
   // (side chain only: the GEMM chain runs on the caller's stream), made at its first use;
