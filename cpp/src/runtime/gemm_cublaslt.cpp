@@ -275,9 +275,6 @@ std::string cublaslt_problem(const GemmDesc& g) {
   if (g.config != 0 || g.tile_n != 0)
     return "cublas_algo=" + s(g.cublas_algo) + " with config=" + config_name(g.config) +
            " tile_n=" + s(g.tile_n) + ": cuBLASLt has no distgemm configuration; leave both unset";
-  if (g.peer_operands)
-    return "an operand of this GEMM is in a peer's memory (a plan's neighbour slot): cuBLASLt "
-           "is not used there; distgemm's kernel runs it";
   if (g.decomposition != 0 || g.splits != 1)
     return "decomposition and splits are for distgemm's stream-K configurations, not cuBLASLt";
   return "";

@@ -286,8 +286,6 @@ kernel::GemmDesc DeviceGraph::gemm_desc(const schedule::GemmOp& op, const UserBu
                                                          : user.scale_b);
     g.fast_accum = opt_.fast_accum;
   }
-  for (const schedule::BufRef* r : {&op.a, &op.b, &op.d, &op.partial, &op.user_c})
-    g.peer_operands |= r->valid() && r->device != rank_;
   g.kernel_table = plan_.tp == 1;  // GemmDesc::kernel_table says why
   g.alpha = epi_.alpha;
   g.beta = epi_.beta;

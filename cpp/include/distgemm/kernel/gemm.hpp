@@ -123,11 +123,6 @@ struct GemmDesc {
   // (kernel_table.hpp) where config, tile_n and cublas_algo are all left unset. Needs config 0
   // and tile_n 0, a 16-bit dtype, and at most one of partial and user_c (cuBLASLt has one C).
   int cublas_algo = -1;
-  // An operand lives in a peer's memory (a plan's GEMM that reads a neighbour's slot or writes
-  // into one, through CUDA IPC or peer access): the kernel table leaves such a GEMM to
-  // distgemm's kernel, whose epilogue is written and tested for it, and cublas_algo refuses it.
-  // cuBLASLt on a peer's memory has not run on GPUs here.
-  bool peer_operands = false;
   // Whether the machine's kernel table may choose this GEMM's kernel (where config, tile_n and
   // cublas_algo are unset). A plan of several ranks clears it until a GPU run shows cuBLASLt
   // steps safe there: such a plan's first eager call once timed out on its flags (70B O at
