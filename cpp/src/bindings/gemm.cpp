@@ -142,17 +142,10 @@ int run_gemm(uint64_t a, uint64_t b, uint64_t d, int64_t m, int64_t n, int64_t k
   wait.abort = error_sink(cuda_device).abort();
   wait.record = error_sink(cuda_device).record_dev();
   wait.device = cuda_device;
-  if (g.cublas_algo >= 0) {
-    const int count = distgemm::kernel::cublaslt_algo_count(g, cuda_device);
-    if (g.cublas_algo >= count)
-      throw std::invalid_argument("gemm: cublas_algo=" + std::to_string(g.cublas_algo) +
-                                  ", but cuBLASLt's heuristic has " + std::to_string(count) +
-                                  " algorithm(s) for this GEMM (cublaslt_algo_count)");
-  }
-  const int tile = distgemm::kernel::gemm_tile_n(g, cuda_device);
+  distgemm::kernel::resolve_kernel(g, cuda_device);  // once: the launch runs what it reports
   distgemm::kernel::gemm_launch(g, wait, cuda_device,
                                 reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(stream)));
-  return tile;
+  return g.cublas_algo >= 0 ? 0 : distgemm::kernel::config_shape(g.config)->tile_n;
 }
 
 // The kernel name gemm_resolve_config reports: a configuration's, or "cublaslt:<rank>".

@@ -24,6 +24,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -319,7 +320,7 @@ void matmul(const GemmDesc& g, const cublasLtMatmulHeuristicResult_t& h, cudaStr
 void cublaslt_preload(const GemmDesc& g, int device) {
   const cublasLtMatmulHeuristicResult_t& h = chosen(g, device);
   static std::mutex mu;
-  static auto* loaded = new std::map<std::pair<ShapeKey, int>, bool>();
+  static auto* loaded = new std::set<std::pair<ShapeKey, int>>();
   std::lock_guard<std::mutex> lock(mu);
   const auto key = std::make_pair(shape_key(g, device), g.cublas_algo);
   if (loaded->count(key)) return;
@@ -353,7 +354,7 @@ void cublaslt_preload(const GemmDesc& g, int device) {
   cudaThreadExchangeStreamCaptureMode(&mode);
   if (!failed.empty()) throw std::runtime_error("cuBLASLt preload: " + failed);
   DISTGEMM_CUDA_CHECK(e);
-  (*loaded)[key] = true;
+  loaded->insert(key);
 }
 
 void cublaslt_launch(const GemmDesc& g, const WaitSpec& wait, int device, cudaStream_t stream) {

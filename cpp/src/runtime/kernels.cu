@@ -260,12 +260,6 @@ int64_t gemm_workspace_bytes(const GemmDesc& g, int device) {
   return detail::kernels(g.dtype, offered.config, g.b_n_major).workspace_bytes(g, device);
 }
 
-int gemm_tile_n(const GemmDesc& g, int device) {
-  GemmDesc run = g;
-  resolve_kernel(run, device);
-  return run.cublas_algo >= 0 ? 0 : config_shape(run.config)->tile_n;
-}
-
 namespace {
 std::mutex& table_mutex() {
   static std::mutex mu;

@@ -162,9 +162,6 @@ int gemm_config(const GemmDesc& g, int device);
 // gemm_launch would run with a workspace (g.config, else the model's choice) is stream-K.
 int64_t gemm_workspace_bytes(const GemmDesc& g, int device);
 
-// The output tile width (N) of the configuration gemm_launch runs `g` with on `device`.
-int gemm_tile_n(const GemmDesc& g, int device);
-
 // Resident CTAs (the persistent grid size) of a configuration's kernel on `device`: the slot
 // counts choose_config works with. gemm_resident_ctas names the kernel by tile width (128 or
 // 256: the cluster-2x1 configurations).
