@@ -55,8 +55,10 @@ from benchmarks.common.timing import (
     time_variant,
 )
 from benchmarks.kernel.kernel_vs_cublas import _csv_list, calls_per_replay
+from benchmarks.kernel.report import table_measured
 from benchmarks.kernel.shapes import TP_CHOICES, kernel_shapes
 from distgemm import _core, cli
+from distgemm.runtime import kernel_table
 from distgemm.runtime.scales import dequantize, quantize, scaled_mm_scales
 
 VARIANTS = ("torch_bf16", "ours_bf16", "scaled_mm", "scaled_mm_fast", "ours_fp8", "ours_fp8_fast")
@@ -105,9 +107,9 @@ def kernel_table_rows(records: list[dict], rowwise: bool) -> list[dict]:
     records: per shape and accumulation mode, cuBLASLt's rank 0 where it beats distgemm's kernel
     of that mode by more than the table's margin (benchmarks/kernel/report.TABLE_MARGIN), else
     distgemm's kernel. Shapes without both timings get no row of that mode."""
-    from benchmarks.kernel.report import TABLE_MARGIN
+    from benchmarks.kernel.report import table_pick
+    from distgemm.runtime.kernel_table import fp8_kernel
 
-    kernels = _core.gemm_config_names("e4m3")  # accurate, fast accumulation
     rows = []
     for rec in records:
         ms = rec.get("ms", {})
@@ -117,12 +119,12 @@ def kernel_table_rows(records: list[dict], rowwise: bool) -> list[dict]:
                                (True, "ours_fp8_fast", "cublaslt_fp8_fast")):  # fmt: skip
             if not (ms.get(ours) and ms.get(lt)):
                 continue
-            pick_lt = ms[lt] * (1.0 + TABLE_MARGIN) < ms[ours]
+            pick_lt = table_pick(ms, ours, (ours, lt)) == lt
             rows.append(
                 dict(
                     dtype="e4m3", m=rec["m"], n=rec["n"], k=rec["k"],
                     scale_a_rows=rowwise, scale_b_rows=rowwise, fast_accum=fast,
-                    kernel="cublaslt" if pick_lt else kernels[1 if fast else 0], algo=0,
+                    kernel="cublaslt" if pick_lt else fp8_kernel(fast), algo=0,
                     ms={ours: round(ms[ours], 5), lt: round(ms[lt], 5)},
                 )
             )  # fmt: skip
@@ -377,12 +379,7 @@ def run(args: argparse.Namespace, shapes) -> int:
     print(table(records))
     if args.table:
         rows = kernel_table_rows(records, args.scales == "row")
-        doc = dict(
-            format="distgemm-kernel-table", version=1, gpu=meta["device"],
-            measured=dict(date=meta["date"], torch=meta["torch"], args=meta["args"],
-                          cublaslt_version=meta["cublaslt_version"]),
-            rows=rows,
-        )  # fmt: skip
+        doc = kernel_table.document(meta["device"], table_measured(meta), rows)
         with open(args.table, "w") as f:
             json.dump(doc, f, indent=1)
         print(f"kernel table: {len(rows)} fp8 rows -> {args.table}")

@@ -24,6 +24,7 @@ from typing import Any
 from benchmarks.common.report import load_pyplot, number_cell
 from benchmarks.common.timing import PEAK_TFLOPS as PEAK_TFLOPS_BY_DTYPE
 from distgemm import _core
+from distgemm.runtime import kernel_table as kernel_table_module
 
 # Every bf16 configuration of the kernel, the default first (the CSV has a column for each).
 CONFIGS = tuple(_core.gemm_config_names("bf16", stream_k=True))
@@ -65,6 +66,13 @@ def cublas_rank(variant: str) -> int | None:
     return int(rank) if head == "cublaslt" and rank.isdigit() else None
 
 
+def table_pick(ms: dict[str, float], incumbent: str, variants: Sequence[str]) -> str:
+    """The variant a kernel table row names among ``variants`` (all timed in ``ms``): the fastest,
+    unless ``incumbent`` is within TABLE_MARGIN of it (a choice is not changed on noise)."""
+    fastest = min(variants, key=lambda v: ms[v])
+    return incumbent if ms[incumbent] <= (1.0 + TABLE_MARGIN) * ms[fastest] else fastest
+
+
 def kernel_table(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
     """A kernel table (distgemm.runtime.kernel_table's format) from a run's records: one row per
     measured shape, the fastest timed variant, or the model's pick where that is within
@@ -72,10 +80,10 @@ def kernel_table(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> dic
     rows = []
     for rec in records:
         d = derived(rec)
-        ms, model, fastest = rec.get("ms", {}), rec.get("model_config"), d["fastest_config"]
-        if rec.get("status") != "ok" or not fastest or not model or not ms.get(model):
+        ms, model = rec.get("ms", {}), rec.get("model_config")
+        if rec.get("status") != "ok" or not d["fastest_config"] or not model or not ms.get(model):
             continue
-        pick = model if ms[model] <= (1.0 + TABLE_MARGIN) * ms[fastest] else fastest
+        pick = table_pick(ms, model, configs_of(rec))
         rank = cublas_rank(pick)
         rows.append(
             dict(
@@ -85,20 +93,13 @@ def kernel_table(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> dic
                 ms={v: round(t, 5) for v, t in ms.items()},
             )
         )  # fmt: skip
-    return dict(
-        format="distgemm-kernel-table",
-        version=1,
-        gpu=meta.get("device", ""),
-        measured=dict(
-            date=meta.get("date"),
-            torch=meta.get("torch"),
-            args=meta.get("args"),
-            cublaslt_version=meta.get("cublaslt_version"),
-            margin=TABLE_MARGIN,
-            timing=meta.get("timing"),
-        ),  # fmt: skip
-        rows=rows,
-    )
+    return kernel_table_module.document(meta.get("device", ""), table_measured(meta), rows)
+
+
+def table_measured(meta: dict[str, Any]) -> dict[str, Any]:
+    """How a run's kernel table was measured, from the run's meta."""
+    keys = ("date", "torch", "args", "cublaslt_version", "timing")
+    return dict({k: meta.get(k) for k in keys}, margin=TABLE_MARGIN)
 
 
 def merge_tables(tables: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -26,7 +26,10 @@ from typing import Any
 from .. import _core
 from .machine import gpu_stem
 
-__all__ = ["FORMAT", "VERSION", "TABLE_ENV", "SHIPPED_DIR", "load", "shipped_path", "install"]
+__all__ = [
+    "FORMAT", "VERSION", "TABLE_ENV", "SHIPPED_DIR", "document", "fp8_kernel", "load",
+    "shipped_path", "install",
+]  # fmt: skip
 
 FORMAT, VERSION = "distgemm-kernel-table", 1
 TABLE_ENV = "DISTGEMM_KERNEL_TABLE"  # a table file, or "off"
@@ -75,7 +78,7 @@ def check_rows(rows: Any, source: str) -> list[dict[str, Any]]:
                 if not isinstance(r.get(flag, False), bool):
                     raise ValueError(f"{where}: {flag} must be true or false, got {r[flag]!r}")
                 row[flag] = r.get(flag, False)
-            fast_kernel = _core.gemm_config_names("e4m3")[1 if row["fast_accum"] else 0]
+            fast_kernel = fp8_kernel(row["fast_accum"])
             if row["kernel"] not in (CUBLASLT, fast_kernel):
                 raise ValueError(
                     f"{where}: kernel {row['kernel']!r} with fast_accum={row['fast_accum']}: "
@@ -83,6 +86,17 @@ def check_rows(rows: Any, source: str) -> list[dict[str, Any]]:
                 )
         out.append(row)
     return out
+
+
+def fp8_kernel(fast_accum: bool) -> str:
+    """distgemm's fp8 kernel of an accumulation mode (the one an fp8 row may name besides
+    cuBLASLt)."""
+    return _core.gemm_config_names("e4m3")[1 if fast_accum else 0]
+
+
+def document(gpu: str, measured: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A table file's content: the format, the GPU model, how it was measured, the rows."""
+    return dict(format=FORMAT, version=VERSION, gpu=gpu, measured=measured, rows=rows)
 
 
 def load(path: str | os.PathLike) -> dict[str, Any]:
