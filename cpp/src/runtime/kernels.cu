@@ -304,12 +304,10 @@ void resolve_kernel(GemmDesc& g, int device) {
       // cuBLASLt cannot take the GEMM (both a partial and C; a layout its heuristic refuses),
       // distgemm's kernel runs it, as without a row.
       int count = 0;
-      if (cublaslt_problem(lt).empty()) {
-        try {
-          count = cublaslt_algo_count(lt, device);
-        } catch (const std::runtime_error&) {
-          count = 0;
-        }
+      try {
+        count = cublaslt_algo_count(lt, device);  // throws with cublaslt_problem's reason
+      } catch (const std::exception&) {
+        count = 0;
       }
       if (count > 0) {
         g.cublas_algo = row.cublas_algo < count ? row.cublas_algo : 0;
