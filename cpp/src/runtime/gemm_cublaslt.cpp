@@ -105,7 +105,12 @@ const Lt& lt() {
     resolve(lib, "cublasLtMatmulPreferenceDestroy", l->pref_destroy, p);
     resolve(lib, "cublasLtMatmulPreferenceSetAttribute", l->pref_set, p);
     resolve(lib, "cublasLtMatmulAlgoGetHeuristic", l->heuristic, p);
-    if (p.empty() && l->create(&l->handle) != CUBLAS_STATUS_SUCCESS) p = "cublasLtCreate failed";
+    if (p.empty()) {
+      const cublasStatus_t st = l->create(&l->handle);
+      if (st != CUBLAS_STATUS_SUCCESS)
+        p = "cublasLtCreate failed (cublasStatus " + std::to_string(static_cast<int>(st)) +
+            "; a machine without a GPU driver gets this)";
+    }
     return l;
   }();
   return *loaded;
