@@ -201,9 +201,20 @@ def test_install_without_the_cuda_runtime_or_on_a_cpu_device_does_nothing():
     import torch
 
     assert kt.install(torch.device("cpu")) == {}
-    if not getattr(_core, "cuda_runtime", False):
+    if not getattr(_core, "cuda_runtime", False) or not torch.cuda.is_available():
+        # Also a _core built with the CUDA runtime under a torch without CUDA (CI's machine).
         assert kt.install(torch.device("cuda", 0)) == {}
-    assert kt.installed() == {}
+        assert kt.installed() == {}
+
+
+def test_plans_scope_defaults_to_one_rank_and_refuses_other_values(monkeypatch):
+    monkeypatch.delenv(kt.PLANS_ENV, raising=False)
+    assert kt.plans_scope() == "one-rank"
+    monkeypatch.setenv(kt.PLANS_ENV, "all")
+    assert kt.plans_scope() == "all"
+    monkeypatch.setenv(kt.PLANS_ENV, "every")
+    with pytest.raises(ValueError, match="DISTGEMM_KERNEL_TABLE_PLANS='every' is not one of"):
+        kt.plans_scope()
 
 
 FP8 = dict(dtype="e4m3", n=4096, k=2048, scale_a_rows=True, scale_b_rows=True, fast_accum=False)
@@ -283,3 +294,53 @@ def test_merge_keeps_fp8_rows_of_each_accumulation(tmp_path):
     ]
     merged = rep.merge_tables([kt.load(_write(tmp_path, _table(rows)))])
     assert [r["fast_accum"] for r in merged["rows"]] == [False, True]
+
+
+@pytest.mark.skipif(
+    not getattr(_core, "cuda_runtime", False),
+    reason="set_kernel_table is part of the CUDA runtime, which this build of _core lacks",
+)
+def test_set_kernel_table_holds_rows_and_scope_until_replaced():
+    before = _core.kernel_table_all_plans()
+    try:
+        _core.set_kernel_table(GOOD, all_plans=True)
+        assert _core.kernel_table_size() == 2 and _core.kernel_table_all_plans()
+        _core.set_kernel_table(GOOD[:1])
+        assert _core.kernel_table_size() == 1 and not _core.kernel_table_all_plans()
+    finally:
+        _core.set_kernel_table([], all_plans=before)
+    assert _core.kernel_table_size() == 0
+
+
+def test_fp8_benchmark_variants_skip_limit_and_table_rules(capsys):
+    from benchmarks.fp8 import fp8_kernel_vs_scaled_mm as fp8
+
+    args = fp8.parse_args(["--cublas", "--variants", "ours_fp8,cublaslt_fp8"])
+    assert fp8.timed_variants(args) == ("scaled_mm", "ours_fp8", "cublaslt_fp8")
+    assert fp8.timed_variants(fp8.parse_args([])) == fp8.VARIANTS
+    assert fp8.timed_variants(fp8.parse_args(["--cublas"])) == fp8.ALL_VARIANTS
+    # the shapes of one part: --skip and --limit cut the same list
+    every = fp8.select(fp8.parse_args(["--tp", "2,4"]))
+    part = fp8.select(fp8.parse_args(["--tp", "2,4", "--skip", "3", "--limit", "4"]))
+    assert [(s.m, s.n, s.k) for s in part] == [(s.m, s.n, s.k) for s in every[3:7]]
+    assert fp8.shape_seconds(3) < fp8.shape_seconds(len(fp8.ALL_VARIANTS))
+    for argv, words in (
+        (["--variants", "cublaslt_fp8_fast"], "--variants cublaslt_fp8_fast needs --cublas"),
+        (["--cublas", "--table", "t.json"], "--table needs --kernel-table off"),
+        (["--skip", "-1"], "--skip must be >= 0"),
+        (["--variants", "ours_fp9"], "ours_fp9"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            fp8.parse_args(argv)
+        assert e.value.code == 2 and words in capsys.readouterr().err, argv
+
+
+def test_fp8_benchmark_reports_a_subset_of_variants():
+    from benchmarks.fp8 import fp8_kernel_vs_scaled_mm as fp8
+
+    src = dict(model="70B", layer="O", tokens=4096, tp=4)
+    rec = dict(m=4096, n=8192, k=2048, status="ok", sources=[src], reason=None,
+               ms={"scaled_mm": 0.10, "ours_fp8": 0.08}, err={"ours_fp8": 3e-3})  # fmt: skip
+    assert fp8.ratios(rec) == {"fp8_over_scaled_mm": pytest.approx(1.25)}
+    line = fp8.table([rec]).splitlines()[2]
+    assert "| 0.1000 | 0.0800 | - | - | 1.250x | - | - | 3.00e-03 | - |" in line

@@ -3,7 +3,8 @@ torch.mm and distgemm's bf16 kernel in the same run, on the local GEMMs of the L
 
     python3 -m benchmarks.fp8.fp8_kernel_vs_scaled_mm [--models 70B,405B] [--tp 2]
         [--tokens 4096,8192] [--layers QKV,O,FC1,FC2] [--scales row|tensor] [--budget-s S]
-        [--out DIR]
+        [--skip N] [--limit N] [--variants ours_fp8,...] [--cublas] [--kernel-table off]
+        [--table OUT.json] [--out DIR]
     python3 -m benchmarks.fp8.fp8_kernel_vs_scaled_mm --dry-run     # the shapes, no GPU
 
 Per shape, on the current CUDA device: fresh uniform random A[m, k] in [-1, 1) with rows scaled
@@ -14,11 +15,19 @@ from them with one scale per row (--scales row, the default) or per tensor. Vari
     ours_bf16        distgemm's bf16 kernel, the model's configuration (no workspace)
     scaled_mm        torch._scaled_mm, bf16 out (use_fast_accum=False)
     scaled_mm_fast   torch._scaled_mm with use_fast_accum=True
-    ours_fp8         distgemm's accurate fp8 kernel (e4m3_128x192)
-    ours_fp8_fast    distgemm's fast-accumulation fp8 kernel (e4m3_128x256fa)
+    ours_fp8         distgemm's accurate fp8 GEMM as _core.gemm chooses it: the kernel table's
+                     row (--kernel-table, default the package's for this GPU), else its
+                     accurate kernel (e4m3_128x192)
+    ours_fp8_fast    the same with fast accumulation (else e4m3_128x256fa)
     cublaslt_fp8[_fast]  with --cublas: cuBLASLt's fp8 GEMM as the runtime runs it (rank 0 of
                      its heuristic, no workspace; row-wise scales as its outer-vector scales),
                      where it offers an algorithm (the count is in the record's "cublaslt")
+
+--variants times a subset (scaled_mm, the baseline, always); a kernel table's measurement needs
+only "ours_fp8,cublaslt_fp8" (or their _fast pair) with --kernel-table off, an acceptance run
+only "ours_fp8" (or "scaled_mm_fast,ours_fp8_fast"). --skip/--limit take a part of the shape
+list, so that several GPUs each time a part at once (kernel_vs_cublas --merge joins their
+tables).
 
 Each fp8 variant's relative Frobenius error against the fp32 GEMM of the dequantized operands
 is recorded (and must be < 1e-2 before timing). Timing: steady state as the sweep's
@@ -54,7 +63,7 @@ from benchmarks.common.timing import (
     short_error,
     time_variant,
 )
-from benchmarks.kernel.kernel_vs_cublas import _csv_list, calls_per_replay
+from benchmarks.kernel.kernel_vs_cublas import _csv_list, calls_per_replay, install_kernel_table
 from benchmarks.kernel.report import table_measured
 from benchmarks.kernel.shapes import TP_CHOICES, kernel_shapes
 from distgemm import _core, cli
@@ -68,7 +77,20 @@ FP8_VARIANTS = ("scaled_mm", "scaled_mm_fast", "ours_fp8", "ours_fp8_fast")
 CUBLAS_VARIANTS = ("cublaslt_fp8", "cublaslt_fp8_fast")
 ALL_VARIANTS = VARIANTS + CUBLAS_VARIANTS
 DEFAULT_TOKENS = (4096, 8192)
-SHAPE_S = 6 * REWARM_S + 7 * TIMED_S + WARMUP_S + 1.0  # per shape, set-up included
+SETUP_S = 1.0  # per shape besides the timed windows: operands, quantization, checks, captures
+
+
+def shape_seconds(n_variants: int) -> float:
+    """One shape's time: scaled_mm's long warm-up and window, a window with a short warm-up for
+    each other variant and for scaled_mm again, and the setup."""
+    return WARMUP_S + TIMED_S + n_variants * (REWARM_S + TIMED_S) + SETUP_S
+
+
+def timed_variants(args: argparse.Namespace) -> tuple[str, ...]:
+    """The variants a run times, in ALL_VARIANTS' order: --variants (every one without it; the
+    cuBLASLt ones with --cublas only), scaled_mm always."""
+    wanted = args.variants or VARIANTS + (CUBLAS_VARIANTS if args.cublas else ())
+    return tuple(v for v in ALL_VARIANTS if v in wanted or v == "scaled_mm")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -91,6 +113,21 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="with --cublas: write the fp8 rows of a kernel table (per shape and accumulation, "
         "cuBLASLt where it beats distgemm's kernel by more than the table's margin)",
     )
+    ap.add_argument(
+        "--variants",
+        type=_csv_list(str, ALL_VARIANTS),
+        default=None,
+        help="time only these (scaled_mm always); default every variant, the cuBLASLt ones with "
+        "--cublas",
+    )
+    ap.add_argument(
+        "--kernel-table",
+        default="shipped",
+        help="the kernel table _core.gemm consults for ours_fp8[_fast]: 'shipped' (the "
+        "package's for this GPU), 'off', or a table file (distgemm.runtime.kernel_table)",
+    )
+    ap.add_argument("--skip", type=int, default=0, help="leave out the first N shapes")
+    ap.add_argument("--limit", type=int, default=None, help="at most N shapes (after --skip)")
     ap.add_argument("--budget-s", type=float, default=None, help="start no shape past this")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--dry-run", action="store_true", help="list the shapes; no GPU")
@@ -99,6 +136,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.table and not args.cublas:
         ap.error("--table needs --cublas: a row weighs cuBLASLt against distgemm's fp8 kernel")
+    if args.skip < 0 or (args.limit is not None and args.limit < 1):
+        ap.error(f"--skip must be >= 0 and --limit >= 1, got {args.skip} and {args.limit}")
+    cublas_asked = [v for v in args.variants or () if v in CUBLAS_VARIANTS]
+    if cublas_asked and not args.cublas:
+        ap.error(f"--variants {','.join(cublas_asked)} needs --cublas")
+    if args.table and args.kernel_table != "off":
+        ap.error(
+            "--table needs --kernel-table off: a table weighs distgemm's own fp8 kernel against "
+            "cuBLASLt, not an earlier table's choice"
+        )
     return args
 
 
@@ -137,7 +184,9 @@ def select(args: argparse.Namespace):
     shapes, _ = kernel_shapes(
         models=args.models, tps=args.tp, tokens=args.tokens, layers=args.layers, local_only=True
     )
-    return [s for s in shapes if s.k % 16 == 0 and s.n % 16 == 0]
+    shapes = [s for s in shapes if s.k % 16 == 0 and s.n % 16 == 0]
+    end = None if args.limit is None else args.skip + args.limit
+    return shapes[args.skip : end]
 
 
 def floor_ms(flops: float, dtype: str) -> float:
@@ -145,8 +194,15 @@ def floor_ms(flops: float, dtype: str) -> float:
 
 
 def measure(
-    ctx: SingleGpuContext, shape, index: int, rowwise: bool, seed: int, cublas: bool = False
+    ctx: SingleGpuContext,
+    shape,
+    index: int,
+    rowwise: bool,
+    seed: int,
+    variants: tuple[str, ...] = VARIANTS,
 ) -> dict:
+    """One shape's record: errors, then the steady-state times of `variants` (cuBLASLt's where
+    its heuristic has an algorithm for the scales)."""
     torch = ctx.torch
     m, n, k = shape.m, shape.n, shape.k
     dev = ctx.dev.index
@@ -201,7 +257,7 @@ def measure(
         )  # fmt: skip
 
     w16t = w16.t()
-    fns = {
+    every = {
         "torch_bf16": lambda: torch.mm(a16, w16t, out=outs["torch_bf16"]),
         "ours_bf16": ours_bf16,
         "scaled_mm": scaled(False),
@@ -209,9 +265,10 @@ def measure(
         "ours_fp8": ours_fp8(False),
         "ours_fp8_fast": ours_fp8(True),
     }
+    fns = {v: fn for v, fn in every.items() if v in variants}
     rec["cublaslt"] = {}
     for fast, v in ((False, "cublaslt_fp8"), (True, "cublaslt_fp8_fast")):
-        if not cublas:
+        if v not in variants:
             continue
         count = _core.cublaslt_algo_count(
             m, n, k, "e4m3", cuda_device=dev, scale_a_rows=rowwise, scale_b_rows=rowwise,
@@ -224,13 +281,14 @@ def measure(
         fn()
     torch.cuda.synchronize()
     ref = dequantize(qa, sa) @ dequantize(qb, sb).t()
-    for v in FP8_VARIANTS + tuple(c for c in CUBLAS_VARIANTS if c in fns):
+    for v in (v for v in FP8_VARIANTS + CUBLAS_VARIANTS if v in fns):
         x = outs[v].float()
         rec["err"][v] = float((x - ref).norm() / ref.norm()) if x.isfinite().all() else math.nan
-    rec["err"]["ours_bf16"] = float(
-        (outs["ours_bf16"].float() - outs["torch_bf16"].float()).norm()
-        / outs["torch_bf16"].float().norm()
-    )
+    if "ours_bf16" in fns and "torch_bf16" in fns:
+        rec["err"]["ours_bf16"] = float(
+            (outs["ours_bf16"].float() - outs["torch_bf16"].float()).norm()
+            / outs["torch_bf16"].float().norm()
+        )
     del ref
     bad = [v for v, e in rec["err"].items() if not e < ERR_TOL]
     if bad:
@@ -257,17 +315,25 @@ def measure(
     return rec
 
 
+RATIOS = {  # name: (numerator, denominator) variants; > 1: the denominator is faster
+    "fp8_over_scaled_mm": ("scaled_mm", "ours_fp8"),
+    "fast_over_scaled_mm_fast": ("scaled_mm_fast", "ours_fp8_fast"),
+    "fp8_over_ours_bf16": ("ours_bf16", "ours_fp8"),
+    "fast_over_ours_bf16": ("ours_bf16", "ours_fp8_fast"),
+    "scaled_mm_over_torch_bf16": ("torch_bf16", "scaled_mm"),
+}
+
+
 def ratios(rec: dict) -> dict:
+    """The RATIOS whose two variants the record timed."""
     ms = rec["ms"]
-    if not all(v in ms for v in VARIANTS):
-        return {}
-    return dict(
-        fp8_over_scaled_mm=ms["scaled_mm"] / ms["ours_fp8"],
-        fast_over_scaled_mm_fast=ms["scaled_mm_fast"] / ms["ours_fp8_fast"],
-        fp8_over_ours_bf16=ms["ours_bf16"] / ms["ours_fp8"],
-        fast_over_ours_bf16=ms["ours_bf16"] / ms["ours_fp8_fast"],
-        scaled_mm_over_torch_bf16=ms["torch_bf16"] / ms["scaled_mm"],
-    )
+    return {q: ms[a] / ms[b] for q, (a, b) in RATIOS.items() if ms.get(a) and ms.get(b)}
+
+
+TABLE_TIMES = (
+    "torch_bf16", "ours_bf16", "scaled_mm", "ours_fp8", "scaled_mm_fast", "ours_fp8_fast",
+)  # fmt: skip
+TABLE_RATIOS = ("fp8_over_scaled_mm", "fast_over_scaled_mm_fast", "fp8_over_ours_bf16")
 
 
 def table(records: list[dict]) -> str:
@@ -283,28 +349,16 @@ def table(records: list[dict]) -> str:
         if r["status"] != "ok":
             lines.append(f"| {r['m']}x{r['n']}x{r['k']} | {name} | {r['status']}: {r['reason']} |")
             continue
-        ms, q = r["ms"], ratios(r)
-        lines.append(
-            f"| {r['m']}x{r['n']}x{r['k']} | {name} | "
-            + " | ".join(
-                f"{ms[v]:.4f}"
-                for v in (
-                    "torch_bf16",
-                    "ours_bf16",
-                    "scaled_mm",
-                    "ours_fp8",
-                    "scaled_mm_fast",
-                    "ours_fp8_fast",
-                )  # fmt: skip
-            )
-            + f" | {q['fp8_over_scaled_mm']:.3f}x | {q['fast_over_scaled_mm_fast']:.3f}x | "
-            f"{q['fp8_over_ours_bf16']:.3f}x | {r['err']['ours_fp8']:.2e} | "
-            f"{r['err']['ours_fp8_fast']:.2e} |"
-        )
+        ms, q, err = r["ms"], ratios(r), r["err"]
+        cells = [ms.get(v) for v in TABLE_TIMES]
+        cells = [f"{x:.4f}" if x else "-" for x in cells]
+        cells += [f"{q[n]:.3f}x" if n in q else "-" for n in TABLE_RATIOS]
+        cells += [f"{err[v]:.2e}" if v in err else "-" for v in ("ours_fp8", "ours_fp8_fast")]
+        lines.append(f"| {r['m']}x{r['n']}x{r['k']} | {name} | " + " | ".join(cells) + " |")
     lines.append("")
     lines.append(
-        "Times in ms per GEMM (median, steady state). Ratios > 1: ours faster. Errors: relative "
-        "Frobenius against the fp32 GEMM of the dequantized operands."
+        "Times in ms per GEMM (median, steady state); '-': not timed. Ratios > 1: ours faster. "
+        "Errors: relative Frobenius against the fp32 GEMM of the dequantized operands."
     )
     return "\n".join(lines)
 
@@ -335,6 +389,14 @@ def run(args: argparse.Namespace, shapes) -> int:
         print("needs one CUDA GPU and a distgemm build with its CUDA runtime (--dry-run does not)")
         return 2
     ctx = SingleGpuContext.current()
+    why = install_kernel_table(ctx.dev, args.kernel_table)
+    if why:
+        print(why)
+        return 2
+    if args.cublas and _core.cublaslt_problem():
+        print(f"--cublas: {_core.cublaslt_problem()}")
+        return 2
+    variants = timed_variants(args)
     t0 = time.time()
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     stem = os.path.join(args.out, args.stem or f"{date}-fp8-kernel-{args.scales}")
@@ -346,6 +408,8 @@ def run(args: argparse.Namespace, shapes) -> int:
         args=" ".join(sys.argv[1:]),
         scales=args.scales,
         cublaslt_version=_core.cublaslt_version() if args.cublas else None,
+        variants=list(variants),
+        kernel_table=kernel_table.installed(),
         timing=dict(warmup_s=WARMUP_S, rewarm_s=REWARM_S, timed_s=TIMED_S),
         title=(
             f"distgemm fp8 kernels vs torch._scaled_mm, {torch.cuda.get_device_name(dev)}, "
@@ -353,7 +417,7 @@ def run(args: argparse.Namespace, shapes) -> int:
         ),
     )
     records = []
-    shape_s = SHAPE_S + (len(CUBLAS_VARIANTS) * (REWARM_S + TIMED_S) if args.cublas else 0.0)
+    shape_s = shape_seconds(len(variants))
     for i, shape in enumerate(shapes):
         if args.budget_s is not None and time.time() - t0 + shape_s > args.budget_s:
             why = f"not started: --budget-s {args.budget_s:g} reached"
@@ -361,7 +425,7 @@ def run(args: argparse.Namespace, shapes) -> int:
                         for s in shapes[i:]]  # fmt: skip
             break
         try:
-            rec = measure(ctx, shape, i, args.scales == "row", args.seed, args.cublas)
+            rec = measure(ctx, shape, args.skip + i, args.scales == "row", args.seed, variants)
         except Exception as e:  # noqa: BLE001 - one shape's failure must not lose the others
             rec = dict(shape.as_dict(), status="failed", reason=short_error(e), ms={}, err={})
         torch.cuda.empty_cache()
@@ -393,7 +457,8 @@ def main(argv=None) -> int:
         for s in shapes:
             src = s.sources[0]
             print(f"{s.m}x{s.n}x{s.k}  {src.model} {src.layer} {src.tokens} TP={src.tp}")
-        print(f"{len(shapes)} shapes, about {len(shapes) * SHAPE_S:.0f} s")
+        secs = len(shapes) * shape_seconds(len(timed_variants(args)))
+        print(f"{len(shapes)} shapes, about {secs:.0f} s")
         return 0
     return run(args, shapes)
 

@@ -75,6 +75,18 @@ def estimated_seconds(n_shapes: int, n_configs: int = len(report.CONFIGS)) -> fl
     return n_shapes * shape_seconds(n_configs)
 
 
+def install_kernel_table(device, choice: str) -> str:
+    """Hands the runtime the kernel table of ``--kernel-table`` ("shipped": the package's for
+    this GPU, "off", or a file); '' when done, else the line that says why not."""
+    if choice != "shipped":
+        os.environ[kernel_table.TABLE_ENV] = choice
+    try:
+        kernel_table.install(device)
+    except ValueError as e:
+        return f"--kernel-table {choice}: {e}"
+    return ""
+
+
 def calls_per_replay(m: int, n: int, k: int) -> int:
     """GEMMs per graph replay: ~REPLAY_TARGET_MS at the compute floor, 1 to MAX_CALLS."""
     return max(1, min(MAX_CALLS, math.ceil(REPLAY_TARGET_MS / report.floor_ms(m, n, k))))
@@ -321,12 +333,9 @@ def run(args: argparse.Namespace, shapes: list[KernelShape]) -> int:
         print("no CUDA device visible to torch: the timing needs one GPU (--dry-run does not)")
         return 2
     ctx = SingleGpuContext.current()
-    if args.kernel_table != "shipped":
-        os.environ[kernel_table.TABLE_ENV] = args.kernel_table
-    try:
-        kernel_table.install(ctx.dev)
-    except ValueError as e:
-        print(f"--kernel-table {args.kernel_table}: {e}")
+    why = install_kernel_table(ctx.dev, args.kernel_table)
+    if why:
+        print(why)
         return 2
     if args.cublas_algos and _core.cublaslt_problem():
         print(f"--cublas-algos {args.cublas_algos}: {_core.cublaslt_problem()}")

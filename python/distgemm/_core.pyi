@@ -354,9 +354,13 @@ def cublaslt_launches() -> int:
 def cublaslt_version() -> int:
     """cublasLtGetVersion(), 0 when cuBLASLt cannot be loaded."""
 
-def set_kernel_table(rows: list[dict[str, Any]]) -> None:
+def set_kernel_table(rows: list[dict[str, Any]], all_plans: bool = False) -> None:
     """Replace the process's kernel table: rows {'dtype', 'm', 'n', 'k', 'kernel' (a
-    configuration name or 'cublaslt'), 'algo'} (distgemm.runtime.kernel_table)."""
+    configuration name or 'cublaslt'), 'algo'} (distgemm.runtime.kernel_table). all_plans:
+    plans of several ranks consult it too (by default single GEMMs and one-rank plans only)."""
+
+def kernel_table_all_plans() -> bool:
+    """Whether plans of several ranks consult the kernel table."""
 
 def kernel_table_size() -> int:
     """Rows of the process's kernel table."""

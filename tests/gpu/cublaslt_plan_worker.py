@@ -4,15 +4,19 @@
 
 Started by tests/gpu/test_cublaslt_plans.py. Before any op, each rank writes a kernel table
 (DISTGEMM_KERNEL_TABLE) whose rows give every sub-GEMM of the shapes below to cuBLASLt's first
-algorithm. Plans of several ranks keep distgemm's kernels all the same (GemmDesc::kernel_table:
-a cuBLASLt step there once left the plan's GEMMs waiting for their flags); one-rank plans take
-the table's cuBLASLt. Sections (every rank runs them in the same order; inputs seeded, different
-per rank):
+algorithm. By default plans of several ranks keep distgemm's kernels all the same
+(GemmDesc::kernel_table: a cuBLASLt step there once left the plan's GEMMs waiting for their
+flags); one-rank plans take the table's cuBLASLt. Sections (every rank runs them in the same
+order; inputs seeded, different per rank):
 
+  all_plans  first in the process, so that no kernel of the runtime has loaded yet (the lazy
+           loading that cublaslt_preload and gemm_prepare answer): the table for every plan
+           (set_kernel_table's all_plans), each schedule's first call eager, as in plans below,
+           each of its GEMMs launched by cuBLASLt; its own K, so that its plans are its own
   plans    every schedule on the overlapped path, bf16, with bias (and beta * c for the reduce
            schedules): against the fp32 computation through torch collectives (relative
            Frobenius error < TOL, and at most twice the same computation's in bf16 + 1e-3), and
-           no cuBLASLt GEMM launched
+           no cuBLASLt GEMM launched (the default scope)
   solo     all_gather_gemm and gemm_reduce_scatter on a one-rank group (a TP=1 plan), with bias,
            the latter also with beta * c: cuBLASLt launched, and right against fp32
   capture  rs_tile_a captured in torch.cuda.graph and replayed with fresh inputs copied in
@@ -36,22 +40,24 @@ from distgemm import _core
 from distgemm.runtime import kernel_table
 
 TOL = 1e-2
-K_AG, K_RS = 512, 384
+KS = (512, 384)  # K of the all-gather and the reduce schedules' plans
+KS_ALL_PLANS = (640, 448)  # ... in the all_plans section, whose plans are its own
 BETA = 0.5
 
 
-def local_shapes(schedule, tp):
+def local_shapes(schedule, tp, ks=KS):
     """(a rows, w rows, k, out shape) per rank."""
     m, n = 256 * tp, 256 * tp
+    k_ag, k_rs = ks
     if schedule == "ag_rotate_a":
-        return m // tp, n // tp, K_AG, (m, n // tp)
+        return m // tp, n // tp, k_ag, (m, n // tp)
     if schedule == "ag_rotate_b":
-        return m // tp, n // tp, K_AG, (m // tp, n)
+        return m // tp, n // tp, k_ag, (m // tp, n)
     if schedule == "rs_tile_a":
-        return m, n, K_RS, (m // tp, n)
+        return m, n, k_rs, (m // tp, n)
     if schedule == "rs_tile_b":
-        return m, n, K_RS, (m, n // tp)
-    return m, n, K_RS, (m, n)
+        return m, n, k_rs, (m, n // tp)
+    return m, n, k_rs, (m, n)
 
 
 def write_table(tp: int) -> str:
@@ -62,7 +68,7 @@ def write_table(tp: int) -> str:
     rows = [
         dict(dtype="bf16", m=2**i, n=n, k=k, kernel="cublaslt", algo=0)
         for n in range(64, 256 * tp + 1, 64)
-        for k in (K_AG, K_RS)
+        for k in KS + KS_ALL_PLANS
         for i in range(0, 16)
     ]
     table = dict(format=kernel_table.FORMAT, version=kernel_table.VERSION, gpu=gpu, rows=rows)
@@ -72,8 +78,8 @@ def write_table(tp: int) -> str:
     return path
 
 
-def inputs(schedule, dev, seed, tp):
-    rows_a, rows_w, k, out_shape = local_shapes(schedule, tp)
+def inputs(schedule, dev, seed, tp, ks=KS):
+    rows_a, rows_w, k, out_shape = local_shapes(schedule, tp, ks)
     g = torch.Generator(device="cpu").manual_seed(seed * 1000 + rank())
     a = (torch.rand(rows_a, k, generator=g) * 2 - 1).to(dev, torch.bfloat16)
     w = ((torch.rand(rows_w, k, generator=g) * 2 - 1) / k**0.5).to(dev, torch.bfloat16)
@@ -99,11 +105,14 @@ def beta_of(c):
     return BETA if c is not None else 0.0
 
 
-def test_plans(dev, tp):
-    """Plans of every rank: the table names cuBLASLt for each sub-GEMM, yet they keep distgemm's
-    kernels (GemmDesc::kernel_table) and stay right."""
+def test_plans(dev, tp, rows, all_plans=False):
+    """Plans of every rank: the table names cuBLASLt for each sub-GEMM. By default they keep
+    distgemm's kernels (GemmDesc::kernel_table); with `all_plans` cuBLASLt runs them. Either way
+    they are right."""
+    _core.set_kernel_table(rows, all_plans=all_plans)
+    prefix, ks = ("all_plans", KS_ALL_PLANS) if all_plans else ("plans", KS)
     for i, schedule in enumerate(OPS):
-        a, w, bias, c = inputs(schedule, dev, i, tp)
+        a, w, bias, c = inputs(schedule, dev, i, tp, ks)
         before = _core.cublaslt_launches()
         y = call(schedule, a, w, bias, c)
         torch.cuda.synchronize()
@@ -111,8 +120,8 @@ def test_plans(dev, tp):
         err, err16 = rel_err(y, ref32), rel_err(ref16, ref32)
         launched = _core.cublaslt_launches() - before
         record(
-            f"plans/{schedule}",
-            err < TOL and err <= 2 * err16 + 1e-3 and launched == 0,
+            f"{prefix}/{schedule}",
+            err < TOL and err <= 2 * err16 + 1e-3 and (launched > 0) == all_plans,
             err=err,
             err_bf16=err16,
             cublaslt_launches=launched,
@@ -168,13 +177,15 @@ def sections(dev, args):
     if why:
         raise RuntimeError(f"cuBLASLt unavailable: {why}")
     os.environ[kernel_table.TABLE_ENV] = write_table(tp)
+    rows = kernel_table.load(os.environ[kernel_table.TABLE_ENV])["rows"]
     kernel_table.install(dev)  # before any plan is made (the communicator's install keeps it)
     installed = same_on_all_ranks(kernel_table.installed()["rows"])
     record("table/installed", len(set(installed)) == 1 and installed[0] > 0, rows=installed)
     solo_pg, _ = torch.distributed.new_subgroups(group_size=1)
     solo = distgemm.Communicator(solo_pg)
     return {
-        "plans": lambda: test_plans(dev, tp),
+        "all_plans": lambda: test_plans(dev, tp, rows, all_plans=True),
+        "plans": lambda: test_plans(dev, tp, rows),
         "solo": lambda: test_solo(dev, solo),
         "capture": lambda: test_capture(dev, tp, args.replays),
     }

@@ -1,7 +1,8 @@
 """Plans under a kernel table that gives every GEMM to cuBLASLt, under torchrun
-(tests/gpu/cublaslt_plan_worker.py does the work): plans of several ranks keep distgemm's kernels
-and stay right, one-rank plans run cuBLASLt and are right, and a captured reduce-scatter replays
-with fresh inputs.
+(tests/gpu/cublaslt_plan_worker.py does the work): with the table for every plan, plans of several
+ranks run cuBLASLt from a fresh process's first eager call on and are right; by default they keep
+distgemm's kernels and stay right; one-rank plans run cuBLASLt and are right; and a captured
+reduce-scatter replays with fresh inputs.
 
     python3 -m pytest -q -rs tests/gpu/test_cublaslt_plans.py
 
@@ -30,6 +31,13 @@ results = worker_results(LAUNCH, "cublaslt_plan_worker.py", "cublaslt_plans", "-
 
 def test_every_check_passed_on_every_rank(results):
     assert_every_check_passed(results)
+
+
+def test_multi_rank_plans_run_cublaslt_with_the_table_for_every_plan(results):
+    _, _, data = results
+    for schedule in ("ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "ar_tile_a"):
+        got = named(data, f"all_plans/{schedule}")
+        assert got and all(e["ok"] and e["cublaslt_launches"] > 0 for e in got), schedule
 
 
 def test_multi_rank_plans_keep_distgemms_kernels(results):

@@ -284,16 +284,19 @@ void register_gemm(py::module_& m) {
         "cuBLASLt's version number (cublasLtGetVersion), 0 when it cannot be loaded.");
   m.def(
       "set_kernel_table",
-      [](const std::vector<py::dict>& rows) {
+      [](const std::vector<py::dict>& rows, bool all_plans) {
         std::vector<distgemm::kernel::KernelTableRow> out;
         for (const auto& r : rows) out.push_back(distgemm::bindings::table_row_of(r, true));
-        distgemm::kernel::set_kernel_table(std::move(out));
+        distgemm::kernel::set_kernel_table(std::move(out), all_plans);
       },
-      py::arg("rows"),
+      py::arg("rows"), py::arg("all_plans") = false,
       "Replace the process's kernel table (kernel/kernel_table.hpp): rows {'dtype', 'm', 'n', "
       "'k', 'kernel' (a configuration name or 'cublaslt'), 'algo' (cuBLASLt's rank); e4m3 rows "
       "also 'scale_a_rows', 'scale_b_rows', 'fast_accum'}. An empty list leaves every choice to "
-      "the model.");
+      "the model. all_plans: plans of several ranks consult it too (by default only single "
+      "GEMMs and one-rank plans do: kernel/gemm.hpp's GemmDesc::kernel_table says why).");
+  m.def("kernel_table_all_plans", &distgemm::kernel::kernel_table_all_plans,
+        "Whether plans of several ranks consult the kernel table (set_kernel_table's all_plans).");
   m.def(
       "kernel_table_size", [] { return distgemm::kernel::kernel_table().size(); },
       "Rows of the process's kernel table (0 until set_kernel_table).");

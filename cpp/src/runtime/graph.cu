@@ -286,7 +286,7 @@ kernel::GemmDesc DeviceGraph::gemm_desc(const schedule::GemmOp& op, const UserBu
                                                          : user.scale_b);
     g.fast_accum = opt_.fast_accum;
   }
-  g.kernel_table = plan_.tp == 1;  // GemmDesc::kernel_table says why
+  g.kernel_table = plan_.tp == 1 || kernel::kernel_table_all_plans();  // GemmDesc::kernel_table
   g.alpha = epi_.alpha;
   g.beta = epi_.beta;
   g.swizzle = opt_.swizzle;

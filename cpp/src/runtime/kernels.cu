@@ -269,11 +269,21 @@ std::vector<KernelTableRow>& table_rows() {
   static auto* rows = new std::vector<KernelTableRow>();  // never freed (static destruction)
   return *rows;
 }
+bool& table_all_plans() {
+  static bool all_plans = false;
+  return all_plans;
+}
 }  // namespace
 
-void set_kernel_table(std::vector<KernelTableRow> rows) {
+void set_kernel_table(std::vector<KernelTableRow> rows, bool all_plans) {
   std::lock_guard<std::mutex> lock(table_mutex());
   table_rows() = std::move(rows);
+  table_all_plans() = all_plans;
+}
+
+bool kernel_table_all_plans() {
+  std::lock_guard<std::mutex> lock(table_mutex());
+  return table_all_plans();
 }
 
 std::vector<KernelTableRow> kernel_table() {

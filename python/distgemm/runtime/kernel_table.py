@@ -10,7 +10,9 @@ name>, "measured": {how}, "rows": [{"dtype", "m", "n", "k", "kernel": <configura
 ships those of the GPUs it was measured on (``distgemm/data/kernels/<gpu stem>.json``);
 ``benchmarks.kernel.kernel_vs_cublas --table OUT`` writes one from a run (``benchmarks.fp8.
 fp8_kernel_vs_scaled_mm --cublas --table OUT`` its fp8 rows). ``DISTGEMM_KERNEL_TABLE`` names
-another file, or "off" for none.
+another file, or "off" for none. ``DISTGEMM_KERNEL_TABLE_PLANS`` says which plans consult it:
+"one-rank" (the default: single GEMMs and one-rank plans; kernel/gemm.hpp's
+GemmDesc::kernel_table says why) or "all" (plans of several ranks too).
 
 Pure data, plus ``install``, which hands a table to ``_core`` once per process.
 """
@@ -27,12 +29,14 @@ from .. import _core
 from .machine import gpu_stem
 
 __all__ = [
-    "FORMAT", "VERSION", "TABLE_ENV", "SHIPPED_DIR", "document", "fp8_kernel", "load",
-    "shipped_path", "install",
+    "FORMAT", "VERSION", "TABLE_ENV", "PLANS_ENV", "PLANS", "SHIPPED_DIR", "document",
+    "fp8_kernel", "load", "shipped_path", "plans_scope", "install",
 ]  # fmt: skip
 
 FORMAT, VERSION = "distgemm-kernel-table", 1
 TABLE_ENV = "DISTGEMM_KERNEL_TABLE"  # a table file, or "off"
+PLANS_ENV = "DISTGEMM_KERNEL_TABLE_PLANS"  # which plans consult the table: one of PLANS
+PLANS = ("one-rank", "all")  # the first is the default
 SHIPPED_DIR = pathlib.Path(__file__).resolve().parent.parent / "data" / "kernels"
 DTYPES = ("bf16", "fp16", "e4m3")
 # What an fp8 (e4m3) row also names: its GEMM's scale kinds and accumulation (the lookup matches
@@ -41,7 +45,7 @@ FP8_FLAGS = ("scale_a_rows", "scale_b_rows", "fast_accum")
 CUBLASLT = "cublaslt"
 
 _lock = threading.Lock()
-_installed: dict[str, Any] = {}  # what install() settled: {"source": str, "rows": int}
+_installed: dict[str, Any] = {}  # what install() settled: {"source", "rows", "gpu", "plans"}
 
 
 def check_rows(rows: Any, source: str) -> list[dict[str, Any]]:
@@ -142,22 +146,37 @@ def table_for(gpu: str) -> tuple[dict[str, Any] | None, str]:
     return load(path), str(path)
 
 
+def plans_scope() -> str:
+    """Which plans consult the table (``DISTGEMM_KERNEL_TABLE_PLANS``, default "one-rank");
+    ValueError naming the variable and its values for any other."""
+    scope = os.environ.get(PLANS_ENV, "") or PLANS[0]
+    if scope not in PLANS:
+        raise ValueError(f"{PLANS_ENV}={scope!r} is not one of {PLANS}")
+    return scope
+
+
 def install(device) -> dict[str, Any]:
     """Hands the table of ``device``'s GPU model to the runtime, once per process (the GPUs of
-    one node are of one model); returns {"source", "rows", "gpu"} ({} without the CUDA runtime or
-    for a CPU device). With no table the runtime keeps the wave model's choices."""
-    if not getattr(_core, "cuda_runtime", False) or getattr(device, "type", "cuda") != "cuda":
-        return {}  # no CUDA runtime (or a CPU device): no kernel to choose
+    one node are of one model), for the plans ``plans_scope`` names; returns {"source", "rows",
+    "gpu", "plans"} ({} without the CUDA runtime, for a CPU device or under a torch without
+    CUDA). With no table the runtime keeps the wave model's choices."""
+    import torch
+
+    if (
+        not getattr(_core, "cuda_runtime", False)
+        or getattr(device, "type", "cuda") != "cuda"
+        or not torch.cuda.is_available()
+    ):
+        return {}  # no CUDA runtime, a CPU device or a torch without CUDA: no kernel to choose
     with _lock:
         if _installed:
             return dict(_installed)
-        import torch
-
+        scope = plans_scope()
         gpu = torch.cuda.get_device_properties(device).name
         table, source = table_for(gpu)
         rows = table["rows"] if table else []
-        _core.set_kernel_table(rows)
-        _installed.update(source=source, rows=len(rows), gpu=gpu)
+        _core.set_kernel_table(rows, all_plans=scope == "all")
+        _installed.update(source=source, rows=len(rows), gpu=gpu, plans=scope)
         return dict(_installed)
 
 

@@ -124,11 +124,12 @@ struct GemmDesc {
   // and tile_n 0, a 16-bit dtype, and at most one of partial and user_c (cuBLASLt has one C).
   int cublas_algo = -1;
   // Whether the machine's kernel table may choose this GEMM's kernel (where config, tile_n and
-  // cublas_algo are unset). A plan of several ranks clears it until a GPU run shows cuBLASLt
-  // steps safe there: such a plan's first eager call once timed out on its flags (70B O at
-  // TP=4, benchmarks/results/2026-11-28-kernel-table.md). The likely cause, lazy module loading
-  // (a kernel that first loads behind a spinning GEMM of its plan waits for it forever), is
-  // answered by cublaslt_preload and gemm_prepare's loads, which have not run with it yet.
+  // cublas_algo are unset). A plan of several ranks clears it (unless set_kernel_table's
+  // all_plans) until a GPU run shows cuBLASLt steps safe there: such a plan's first eager call once
+  // timed out on its flags (70B O at TP=4, benchmarks/results/2026-11-28-kernel-table.md). The
+  // likely cause, lazy module loading (a kernel that first loads behind a spinning GEMM of its plan
+  // waits for it forever), is answered by cublaslt_preload and gemm_prepare's loads, which have not
+  // run with it yet.
   bool kernel_table = true;
 };
 
@@ -174,9 +175,11 @@ int gemm_resident_ctas(DType dtype, int tile_n, int device);
 void gemm_launch(const GemmDesc& g, const WaitSpec& wait, int device, cudaStream_t stream);
 
 // The machine's kernel table (kernel_table.hpp), one per process (the GPUs of one node are of
-// one model); empty until set. set_kernel_table replaces it.
-void set_kernel_table(std::vector<KernelTableRow> rows);
+// one model); empty until set. set_kernel_table replaces it. `all_plans`: whether plans of
+// several ranks consult it too (GemmDesc::kernel_table says why they do not by default).
+void set_kernel_table(std::vector<KernelTableRow> rows, bool all_plans = false);
 std::vector<KernelTableRow> kernel_table();
+bool kernel_table_all_plans();
 
 // The kernel `g` runs with on `device`, settled once (a graph resolves it at capture, for the
 // launch and its statistics): where g leaves config, tile_n and cublas_algo unset, allows the
