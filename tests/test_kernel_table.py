@@ -344,3 +344,78 @@ def test_fp8_benchmark_reports_a_subset_of_variants():
     assert fp8.ratios(rec) == {"fp8_over_scaled_mm": pytest.approx(1.25)}
     line = fp8.table([rec]).splitlines()[2]
     assert "| 0.1000 | 0.0800 | - | - | 1.250x | - | - | 3.00e-03 | - |" in line
+
+
+def test_lookup_falls_back_to_the_dtypes_default():
+    rows = ROWS + [dict(dtype="bf16", any_shape=True), dict(dtype="e4m3", any_shape=True)]
+    assert _core.kernel_table_row(rows, "bf16", 1024, 4096, 2048) == 0  # a near row first
+    assert _core.kernel_table_row(rows, "bf16", 511, 4096, 2048) == 4  # none near: the default
+    assert _core.kernel_table_row(rows, "bf16", 64, 12288, 512) == 4  # another N and K
+    assert _core.kernel_table_row(rows, "fp16", 64, 12288, 512) is None  # fp16 has no default
+    assert _core.kernel_table_row(rows, "bf16", 64, 12288, 512, l=2) is None  # batches: none
+    assert _core.kernel_table_row(rows, "bf16", 64, 12288, 512, b_n_major=True) is None
+    # an fp8 default serves its own scale kinds and accumulation only
+    assert _core.kernel_table_row(rows, "e4m3", 64, 4096, 512) == 5
+    assert _core.kernel_table_row(rows, "e4m3", 64, 4096, 512, fast_accum=True) is None
+
+
+def _timed_row(m, model_ms, lt0_ms, lt1_ms=None):
+    ms = {"torch": 1.0, "128x256": model_ms, "cublaslt:0": lt0_ms}
+    if lt1_ms is not None:
+        ms["cublaslt:1"] = lt1_ms
+    return dict(dtype="bf16", m=m, n=4096, k=2048, kernel="128x256", algo=0, model="128x256", ms=ms)
+
+
+def test_table_default_is_the_cublas_rank_that_beats_the_model_at_the_median():
+    rows = [_timed_row(1024, 1.0, 0.90, 0.97), _timed_row(2048, 1.0, 0.95, 0.93),
+            _timed_row(4096, 1.0, 1.04, 0.99)]  # fmt: skip
+    (default,) = rep.table_defaults(rows)
+    assert (default["dtype"], default["kernel"], default["algo"]) == ("bf16", "cublaslt", 0)
+    m = default["measured"]
+    assert m["shapes"] == 3 and m["median_over_model"] == {"cublaslt:0": 0.95, "cublaslt:1": 0.97}
+    assert m["worst_over_model"] == pytest.approx(1.04)
+    # within the margin at the median: the model keeps the shapes no row serves
+    assert rep.table_defaults([_timed_row(1024, 1.0, 0.995), _timed_row(2048, 1.0, 0.99)]) == []
+    # rows stored without their times (or fp8 rows) take no part
+    assert rep.table_defaults([dict(GOOD[0])]) == []
+    # what report.kernel_table writes carries it, and the runtime loads it
+    records = [_rec(m, {"torch": 1.0, "128x256": 1.1, "cublaslt:0": 1.0}) for m in (1024, 4096)]
+    doc = rep.kernel_table(records, dict(device="NVIDIA H100 80GB HBM3"))
+    assert [d["algo"] for d in doc["defaults"]] == [0]
+    assert all(r["model"] == "128x256" for r in doc["rows"])
+
+
+def test_defaults_load_validate_and_reach_the_runtime_rows(tmp_path):
+    good = dict(dtype="bf16", kernel="cublaslt", algo=0, measured={"shapes": 3})
+    table = kt.load(_write(tmp_path, dict(_table(GOOD), defaults=[good])))
+    assert table["defaults"] == [good]
+    rows = kt.runtime_rows(table)
+    assert rows[-1] == dict(dtype="bf16", kernel="cublaslt", algo=0, any_shape=True)
+    assert len(rows) == len(GOOD) + 1
+    assert kt.load(_write(tmp_path, _table(GOOD), "plain.json"))["defaults"] == []
+    for defaults, words in (
+        ({"dtype": "bf16"}, "'defaults' must be a list"),
+        ([dict(good, dtype="e4m3")], "dtype 'e4m3' is not bf16 or fp16"),
+        ([good, good], "a second default for bf16"),
+        ([dict(good, kernel="64x64")], "kernel '64x64' is not one of"),
+    ):
+        path = _write(tmp_path, dict(_table(GOOD), defaults=defaults), "bad.json")
+        with pytest.raises(ValueError, match=words):
+            kt.load(path)
+
+
+def test_merge_recomputes_the_default_from_every_part(tmp_path):
+    a = _table([_timed_row(1024, 1.0, 0.90)])
+    b = _table([_timed_row(2048, 1.0, 1.05), _timed_row(4096, 1.0, 1.04)])
+    paths = [_write(tmp_path, a, "a.json"), _write(tmp_path, b, "b.json")]
+    out = tmp_path / "merged.json"
+    assert bench.main(["--merge", *map(str, paths), "--table", str(out)]) == 0
+    assert kt.load(out)["defaults"] == []  # median 1.04: the model keeps unmeasured shapes
+
+
+def test_the_shipped_h100_table_defaults_to_cublaslt_rank_0():
+    table = kt.load(kt.shipped_path("NVIDIA H100 80GB HBM3"))
+    assert [(d["dtype"], d["kernel"], d["algo"]) for d in table["defaults"]] == [
+        ("bf16", "cublaslt", 0)
+    ]
+    assert rep.table_defaults(table["rows"]) == table["defaults"]  # it is the rows' own verdict

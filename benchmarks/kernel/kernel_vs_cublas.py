@@ -7,6 +7,7 @@ pick.
         [--configs 128x256,128x128c1] [--out DIR]
     python3 -m benchmarks.kernel.kernel_vs_cublas --tp 2 --dry-run     # the shapes, no GPU
     python3 -m benchmarks.kernel.kernel_vs_cublas --replot RUN.json [MORE.json] --out DIR   # no GPU
+        [--table OUT.json]     # also the kernel table of the stored runs' records
 
 Shapes (benchmarks/kernel/shapes.py): models 8B/70B/405B x QKV/O/FC1/FC2 x the sweep's token
 counts x TP 1, 2, 4, 8, each case's local GEMM (the sweep's compute floor) and every sub-GEMM of
@@ -388,7 +389,7 @@ def run(args: argparse.Namespace, shapes: list[KernelShape]) -> int:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.replot:
-        return report.replot(args.replot, args.out, args.stem)
+        return report.replot(args.replot, args.out, args.stem, args.table)
     if args.merge:
         if not args.table:
             print("--merge needs --table OUT.json")

@@ -73,10 +73,39 @@ def table_pick(ms: dict[str, float], incumbent: str, variants: Sequence[str]) ->
     return incumbent if ms[incumbent] <= (1.0 + TABLE_MARGIN) * ms[fastest] else fastest
 
 
+def table_defaults(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The bf16 default of a kernel table (what serves the GEMMs no row is near): the cuBLASLt
+    rank whose time over the wave model's pick has the lowest median over the rows that timed
+    both, where that median is below 1 - TABLE_MARGIN, i.e. where on the measured shapes it beats
+    the model by more than the margin at the median; none (the model decides) otherwise. Rows
+    without "model" and "ms" (a table stored without its times) take no part."""
+    timed = [r for r in rows if r.get("dtype") == "bf16" and r.get("model") in r.get("ms", {})]
+    ratios: dict[int, list[float]] = {}
+    for r in timed:
+        for v, t in r["ms"].items():
+            rank = cublas_rank(v)
+            if rank is not None:
+                ratios.setdefault(rank, []).append(t / r["ms"][r["model"]])
+    medians = {rank: statistics.median(q) for rank, q in ratios.items()}
+    if not medians:
+        return []
+    rank = min(medians, key=lambda a: (medians[a], a))
+    if medians[rank] >= 1.0 - TABLE_MARGIN:
+        return []
+    measured = dict(
+        rule=f"median time over the model's pick below {1.0 - TABLE_MARGIN:g}",
+        shapes=len(ratios[rank]),
+        median_over_model={cublas_name(a): round(m, 4) for a, m in sorted(medians.items())},
+        worst_over_model=round(max(ratios[rank]), 4),
+    )
+    return [dict(dtype="bf16", kernel="cublaslt", algo=rank, measured=measured)]
+
+
 def kernel_table(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
     """A kernel table (distgemm.runtime.kernel_table's format) from a run's records: one row per
     measured shape, the fastest timed variant, or the model's pick where that is within
-    TABLE_MARGIN of it. Shapes not measured, or without every variant timed, get no row."""
+    TABLE_MARGIN of it, with the model's pick and the times; and the default (table_defaults).
+    Shapes not measured, or without every variant timed, get no row."""
     rows = []
     for rec in records:
         d = derived(rec)
@@ -90,10 +119,13 @@ def kernel_table(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> dic
                 dtype="bf16", m=rec["m"], n=rec["n"], k=rec["k"],
                 kernel="cublaslt" if rank is not None else pick,
                 algo=rank if rank is not None else 0,
+                model=model,
                 ms={v: round(t, 5) for v, t in ms.items()},
             )
         )  # fmt: skip
-    return kernel_table_module.document(meta.get("device", ""), table_measured(meta), rows)
+    return kernel_table_module.document(
+        meta.get("device", ""), table_measured(meta), rows, table_defaults(rows)
+    )
 
 
 def table_measured(meta: dict[str, Any]) -> dict[str, Any]:
@@ -119,7 +151,7 @@ def merge_tables(tables: Sequence[dict[str, Any]]) -> dict[str, Any]:
             if key not in seen:
                 seen.add(key)
                 rows.append(r)
-    out = dict(tables[0], rows=rows)
+    out = dict(tables[0], rows=rows, defaults=table_defaults(rows))
     out["measured"] = dict(tables[0].get("measured") or {}, parts=len(tables))
     return out
 
@@ -444,9 +476,13 @@ def write_outputs(
     return why
 
 
-def replot(paths: Sequence[str], out_dir: str, stem: str | None = None) -> int:
+def replot(
+    paths: Sequence[str], out_dir: str, stem: str | None = None, table: str | None = None
+) -> int:
     """Table, summary, CSV, JSON and PNG from one or more stored runs (parts of one list run in
-    several calls, merged in the order given), without a GPU; derived numbers are recomputed."""
+    several calls, merged in the order given), without a GPU; derived numbers are recomputed.
+    ``table``: also write the kernel table of the runs' records there (the first run's
+    provenance, with the number of parts)."""
     runs = []
     for path in paths:
         with open(path) as f:
@@ -459,4 +495,10 @@ def replot(paths: Sequence[str], out_dir: str, stem: str | None = None) -> int:
     ]
     meta = runs[0]["meta"] if len(runs) == 1 else dict(parts=[run["meta"] for run in runs])
     stem = os.path.join(out_dir, stem or os.path.basename(paths[0])[: -len(".json")])
+    if table:
+        doc = kernel_table(records, runs[0]["meta"])
+        doc["measured"].update(parts=len(runs), records=[os.path.basename(p) for p in paths])
+        with open(table, "w") as f:
+            json.dump(doc, f, indent=1)
+        print(f"kernel table: {len(doc['rows'])} rows, defaults {doc['defaults']} -> {table}")
     return 0 if write_outputs(records, stem, dict(meta), final=True) is None else 1

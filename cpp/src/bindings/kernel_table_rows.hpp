@@ -16,17 +16,21 @@
 namespace distgemm::bindings {
 
 // A row {'dtype', 'm', 'n', 'k', 'kernel' (a configuration name or 'cublaslt'), 'algo',
-// fp8: 'scale_a_rows', 'scale_b_rows', 'fast_accum'}; `kernel` may be absent where only the
-// lookup's key is wanted. std::invalid_argument (ValueError) naming the constraint.
+// fp8: 'scale_a_rows', 'scale_b_rows', 'fast_accum'}, or a dtype's default {'dtype',
+// 'any_shape': True, 'kernel', 'algo', ...} without m, n and k; `kernel` may be absent where
+// only the lookup's key is wanted. std::invalid_argument (ValueError) naming the constraint.
 inline kernel::KernelTableRow table_row_of(const pybind11::dict& r, bool needs_kernel) {
   namespace k = distgemm::kernel;
   auto flag = [&](const char* name) { return r.contains(name) && r[name].cast<bool>(); };
   k::KernelTableRow row;
   row.dtype = static_cast<int>(k::parse_dtype(r["dtype"].cast<std::string>()));
-  row.m = r["m"].cast<int64_t>();
-  row.n = r["n"].cast<int64_t>();
-  row.k = r["k"].cast<int64_t>();
-  if (row.m < 1 || row.n < 1 || row.k < 1)
+  row.any_shape = flag("any_shape");
+  if (!row.any_shape) {
+    row.m = r["m"].cast<int64_t>();
+    row.n = r["n"].cast<int64_t>();
+    row.k = r["k"].cast<int64_t>();
+  }
+  if (!row.any_shape && (row.m < 1 || row.n < 1 || row.k < 1))
     throw std::invalid_argument(
         "kernel table: m, n and k must be >= 1, got m=" + std::to_string(row.m) +
         " n=" + std::to_string(row.n) + " k=" + std::to_string(row.k));

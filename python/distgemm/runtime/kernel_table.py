@@ -1,18 +1,23 @@
 """The machine's kernel table: which GEMM kernel (one of distgemm's configurations, or cuBLASLt
 with the rank of its algorithm) runs each shape, measured per GPU model and handed to the
 runtime, which consults it wherever a GEMM leaves its kernel unset (kernel/kernel_table.hpp has
-the lookup: same dtype, N and K, the nearest M within 2x; elsewhere the wave model decides).
+the lookup: same dtype, N and K, the nearest M within 2x; elsewhere the table's default for the
+dtype, else the wave model decides).
 
 A table is JSON: ``{"format": "distgemm-kernel-table", "version": 1, "gpu": <torch device
 name>, "measured": {how}, "rows": [{"dtype", "m", "n", "k", "kernel": <configuration name> |
-"cublaslt", "algo": <cuBLASLt rank>, "ms": {variant: ms}}]}``; an fp8 (e4m3) row also has
-``scale_a_rows``, ``scale_b_rows`` and ``fast_accum``, which the lookup matches. The package
-ships those of the GPUs it was measured on (``distgemm/data/kernels/<gpu stem>.json``);
-``benchmarks.kernel.kernel_vs_cublas --table OUT`` writes one from a run (``benchmarks.fp8.
-fp8_kernel_vs_scaled_mm --cublas --table OUT`` its fp8 rows). ``DISTGEMM_KERNEL_TABLE`` names
-another file, or "off" for none. ``DISTGEMM_KERNEL_TABLE_PLANS`` says which plans consult it:
-"one-rank" (the default: single GEMMs and one-rank plans; kernel/gemm.hpp's
-GemmDesc::kernel_table says why) or "all" (plans of several ranks too).
+"cublaslt", "algo": <cuBLASLt rank>, "model": <the wave model's pick>, "ms": {variant: ms}}],
+"defaults": [{"dtype", "kernel", "algo", "measured": {how it was chosen}}]}``; an fp8 (e4m3)
+row also has ``scale_a_rows``, ``scale_b_rows`` and ``fast_accum``, which the lookup matches.
+A default serves the GEMMs of its dtype that no row is near (benchmarks/kernel/report.py's
+table_defaults chooses it from the rows' times); "model", "ms" and "defaults" are optional.
+The package ships the tables of the GPUs it was measured on
+(``distgemm/data/kernels/<gpu stem>.json``); ``benchmarks.kernel.kernel_vs_cublas --table OUT``
+writes one from a run (``benchmarks.fp8.fp8_kernel_vs_scaled_mm --cublas --table OUT`` its fp8
+rows). ``DISTGEMM_KERNEL_TABLE`` names another file, or "off" for none.
+``DISTGEMM_KERNEL_TABLE_PLANS`` says which plans consult it: "one-rank" (the default: single
+GEMMs and one-rank plans; kernel/gemm.hpp's GemmDesc::kernel_table says why) or "all" (plans of
+several ranks too).
 
 Pure data, plus ``install``, which hands a table to ``_core`` once per process.
 """
@@ -30,7 +35,7 @@ from .machine import gpu_stem
 
 __all__ = [
     "FORMAT", "VERSION", "TABLE_ENV", "PLANS_ENV", "PLANS", "SHIPPED_DIR", "document",
-    "fp8_kernel", "load", "shipped_path", "plans_scope", "install",
+    "fp8_kernel", "load", "shipped_path", "runtime_rows", "plans_scope", "install",
 ]  # fmt: skip
 
 FORMAT, VERSION = "distgemm-kernel-table", 1
@@ -77,6 +82,17 @@ def check_rows(rows: Any, source: str) -> list[dict[str, Any]]:
             raise ValueError(f"{where}: algo must be an integer >= 0, got {algo!r}")
         row = {"dtype": r["dtype"], "m": r["m"], "n": r["n"], "k": r["k"], "kernel": r["kernel"],
                "algo": algo if r["kernel"] == CUBLASLT else 0}  # fmt: skip
+        if "model" in r:  # the wave model's pick when the row was measured
+            if r["model"] not in names:
+                raise ValueError(f"{where}: model {r['model']!r} is not one of {sorted(names)}")
+            row["model"] = r["model"]
+        if "ms" in r:  # the times the row was chosen on
+            ms = r["ms"]
+            if not isinstance(ms, dict) or not all(
+                isinstance(v, str) and isinstance(t, (int, float)) and t > 0 for v, t in ms.items()
+            ):
+                raise ValueError(f"{where}: ms must map variant names to times > 0, got {ms!r}")
+            row["ms"] = dict(ms)
         if fp8:
             for flag in FP8_FLAGS:
                 if not isinstance(r.get(flag, False), bool):
@@ -92,15 +108,43 @@ def check_rows(rows: Any, source: str) -> list[dict[str, Any]]:
     return out
 
 
+def check_defaults(defaults: Any, source: str) -> list[dict[str, Any]]:
+    """A table's ``defaults`` validated: at most one per dtype, each a kernel as a row names it
+    (ValueError naming ``source``, the entry and the constraint)."""
+    if not isinstance(defaults, list):
+        raise ValueError(f"{source}: 'defaults' must be a list, got {type(defaults).__name__}")
+    out, seen = [], set()
+    for i, d in enumerate(defaults):
+        where = f"{source}: default {i}"
+        if not isinstance(d, dict):
+            raise ValueError(f"{where} must be an object, got {type(d).__name__}")
+        if d.get("dtype") not in ("bf16", "fp16"):
+            raise ValueError(f"{where}: dtype {d.get('dtype')!r} is not bf16 or fp16")
+        if d["dtype"] in seen:
+            raise ValueError(f"{where}: a second default for {d['dtype']}")
+        seen.add(d["dtype"])
+        row = check_rows([dict(d, m=1, n=1, k=1)], where)[0]
+        out.append(dict(dtype=row["dtype"], kernel=row["kernel"], algo=row["algo"],
+                        measured=d.get("measured", {})))  # fmt: skip
+    return out
+
+
 def fp8_kernel(fast_accum: bool) -> str:
     """distgemm's fp8 kernel of an accumulation mode (the one an fp8 row may name besides
     cuBLASLt)."""
     return _core.gemm_config_names("e4m3")[1 if fast_accum else 0]
 
 
-def document(gpu: str, measured: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """A table file's content: the format, the GPU model, how it was measured, the rows."""
-    return dict(format=FORMAT, version=VERSION, gpu=gpu, measured=measured, rows=rows)
+def document(
+    gpu: str,
+    measured: dict[str, Any],
+    rows: list[dict[str, Any]],
+    defaults: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """A table file's content: the format, the GPU model, how it was measured, the rows and the
+    dtypes' defaults."""
+    return dict(format=FORMAT, version=VERSION, gpu=gpu, measured=measured, rows=rows,
+                defaults=list(defaults or []))  # fmt: skip
 
 
 def load(path: str | os.PathLike) -> dict[str, Any]:
@@ -117,6 +161,7 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(data.get("gpu"), str) or not data["gpu"]:
         raise ValueError(f"kernel table {p}: 'gpu' must name the GPU model it was measured on")
     data["rows"] = check_rows(data.get("rows"), str(p))
+    data["defaults"] = check_defaults(data.get("defaults", []), str(p))
     return data
 
 
@@ -144,6 +189,15 @@ def table_for(gpu: str) -> tuple[dict[str, Any] | None, str]:
     if not path.exists():
         return None, f"no table shipped for {gpu!r} ({path.name})"
     return load(path), str(path)
+
+
+def runtime_rows(table: dict[str, Any]) -> list[dict[str, Any]]:
+    """What ``_core.set_kernel_table`` takes of a loaded table: its rows, then each default as a
+    row of any shape (kernel/kernel_table.hpp consults it where no row is near)."""
+    keys = ("dtype", "kernel", "algo")
+    return list(table["rows"]) + [
+        dict({k: d[k] for k in keys}, any_shape=True) for d in table.get("defaults", [])
+    ]
 
 
 def plans_scope() -> str:
@@ -174,7 +228,7 @@ def install(device) -> dict[str, Any]:
         scope = plans_scope()
         gpu = torch.cuda.get_device_properties(device).name
         table, source = table_for(gpu)
-        rows = table["rows"] if table else []
+        rows = runtime_rows(table) if table else []
         _core.set_kernel_table(rows, all_plans=scope == "all")
         _installed.update(source=source, rows=len(rows), gpu=gpu, plans=scope)
         return dict(_installed)

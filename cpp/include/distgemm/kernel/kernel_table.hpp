@@ -6,12 +6,14 @@
 // Why a table beside the model: choose_config (tile_choice.hpp) ranks distgemm's own
 // configurations by their waves, but has no term for cuBLAS, whose kernels differ per shape in
 // ways no wave count predicts. Where a measured row is near the shape, its fastest kernel runs;
-// elsewhere the model decides, as before.
+// elsewhere the table's default for the dtype (a row of any_shape: the kernel that beat the
+// model's pick at the median of the measured shapes), and without one the model, as before.
 //
 // The lookup: rows of the same dtype, N and K (a layer's weight fixes both; the token count M
 // varies per call), for fp8 also the same scale kinds and accumulation (fp8_kind_of), and the
-// row whose M is nearest in ratio, if within kTableMaxMRatio. A GEMM with batches or an
-// N-contiguous B (no row measures one) takes no row.
+// row whose M is nearest in ratio, if within kTableMaxMRatio; else the any_shape row of that
+// dtype and fp8 kind. A GEMM with batches or an N-contiguous B (no row measures one) takes no
+// row.
 #pragma once
 
 #include <cmath>
@@ -27,9 +29,10 @@ inline constexpr double kTableMaxMRatio = 2.0;
 struct KernelTableRow {
   int dtype = 0;  // DType's number (gemm.hpp)
   int64_t m = 0, n = 0, k = 0;
-  int fp8_kind = 0;      // fp8 (e4m3) rows: fp8_kind_of the GEMM's scales and accumulation
-  int config = 0;        // a configuration number (tile_choice.hpp), or 0 with cublas_algo >= 0
-  int cublas_algo = -1;  // >= 0: cuBLASLt's algorithm of that rank (GemmDesc::cublas_algo)
+  int fp8_kind = 0;        // fp8 (e4m3) rows: fp8_kind_of the GEMM's scales and accumulation
+  int config = 0;          // a configuration number (tile_choice.hpp), or 0 with cublas_algo >= 0
+  int cublas_algo = -1;    // >= 0: cuBLASLt's algorithm of that rank (GemmDesc::cublas_algo)
+  bool any_shape = false;  // the dtype's default: serves the GEMMs no measured row is near
 };
 
 // What else an fp8 GEMM's kernel depends on: row-wise scales of A (bit 0) and of B (bit 1), fast
@@ -44,9 +47,15 @@ inline const KernelTableRow* table_row(const std::vector<KernelTableRow>& rows, 
                                        int fp8_kind = 0) {
   if (l != 1 || b_n_major || m < 1) return nullptr;
   const KernelTableRow* best = nullptr;
+  const KernelTableRow* fallback = nullptr;
   double best_dist = 0;
   for (const auto& r : rows) {
-    if (r.dtype != dtype || r.n != n || r.k != k || r.fp8_kind != fp8_kind || r.m < 1) continue;
+    if (r.dtype != dtype || r.fp8_kind != fp8_kind) continue;
+    if (r.any_shape) {
+      if (!fallback) fallback = &r;
+      continue;
+    }
+    if (r.n != n || r.k != k || r.m < 1) continue;
     const double dist = std::fabs(std::log(double(m) / double(r.m)));
     if (dist > std::log(kTableMaxMRatio) + 1e-12) continue;
     // Ties (M halfway between two rows in ratio) go to the larger row: the same kernel then
@@ -57,7 +66,7 @@ inline const KernelTableRow* table_row(const std::vector<KernelTableRow>& rows, 
       best_dist = dist;
     }
   }
-  return best;
+  return best ? best : fallback;
 }
 
 }  // namespace distgemm::kernel
