@@ -50,7 +50,7 @@ FP8_FLAGS = ("scale_a_rows", "scale_b_rows", "fast_accum")
 CUBLASLT = "cublaslt"
 
 _lock = threading.Lock()
-_installed: dict[str, Any] = {}  # what install() settled: {"source", "rows", "gpu", "plans"}
+_installed: dict[str, Any] = {}  # what install() settled: see install
 
 
 def check_rows(rows: Any, source: str) -> list[dict[str, Any]]:
@@ -211,9 +211,10 @@ def plans_scope() -> str:
 
 def install(device) -> dict[str, Any]:
     """Hands the table of ``device``'s GPU model to the runtime, once per process (the GPUs of
-    one node are of one model), for the plans ``plans_scope`` names; returns {"source", "rows",
-    "gpu", "plans"} ({} without the CUDA runtime, for a CPU device or under a torch without
-    CUDA). With no table the runtime keeps the wave model's choices."""
+    one node are of one model), for the plans ``plans_scope`` names. Returns {"source", "rows"
+    (measured rows), "defaults" (e.g. "bf16: cublaslt:0"), "gpu", "plans"}; {} without the CUDA
+    runtime, for a CPU device or under a torch without CUDA. With no table the runtime keeps the
+    wave model's choices."""
     import torch
 
     if (
@@ -230,7 +231,10 @@ def install(device) -> dict[str, Any]:
         table, source = table_for(gpu)
         rows = runtime_rows(table) if table else []
         _core.set_kernel_table(rows, all_plans=scope == "all")
-        _installed.update(source=source, rows=len(rows), gpu=gpu, plans=scope)
+        defaults = [f"{d['dtype']}: {d['kernel']}" + (f":{d['algo']}" if d["kernel"] == CUBLASLT
+                    else "") for d in (table or {}).get("defaults", [])]  # fmt: skip
+        _installed.update(source=source, rows=len(table["rows"]) if table else 0,
+                          defaults=defaults, gpu=gpu, plans=scope)  # fmt: skip
         return dict(_installed)
 
 
