@@ -3,7 +3,7 @@ _core.kernel_table_row: same dtype, N and K, the nearest M within 2x, ties to th
 for batches or an N-contiguous B), the table files (distgemm.runtime.kernel_table: validation
 with the row and constraint named, the shipped file's name, DISTGEMM_KERNEL_TABLE's file, "off",
 and a table of another GPU model refused), and the table kernel_vs_cublas --table writes from a
-run's records (benchmarks/kernel/report.kernel_table: the fastest variant, the model's pick
+run's records (benchmarks/kernel/table.kernel_table: the fastest variant, the model's pick
 within the margin, cuBLASLt ranks)."""
 
 import json
@@ -12,6 +12,7 @@ import pytest
 
 from benchmarks.kernel import kernel_vs_cublas as bench
 from benchmarks.kernel import report as rep
+from benchmarks.kernel import table as tab
 from distgemm import _core
 from distgemm.runtime import kernel_table as kt
 
@@ -153,7 +154,7 @@ def test_report_kernel_table_keeps_the_model_within_the_margin():
         _rec(8192, {}, status="failed"),
         dict(_rec(16384, {"torch": 1.0, "128x256": 1.0}), configs=["128x256", "cublaslt:0"]),
     ]
-    table = rep.kernel_table(records, dict(device="NVIDIA H100 80GB HBM3", date="d", torch="t"))
+    table = tab.kernel_table(records, dict(device="NVIDIA H100 80GB HBM3", date="d", torch="t"))
     assert [(r["m"], r["kernel"], r["algo"]) for r in table["rows"]] == [
         (1024, "cublaslt", 1),
         (2048, "128x256", 0),
@@ -292,7 +293,7 @@ def test_merge_keeps_fp8_rows_of_each_accumulation(tmp_path):
         dict(FP8, m=1024, kernel="cublaslt"),
         dict(FP8, m=1024, fast_accum=True, kernel="cublaslt"),
     ]
-    merged = rep.merge_tables([kt.load(_write(tmp_path, _table(rows)))])
+    merged = tab.merge_tables([kt.load(_write(tmp_path, _table(rows)))])
     assert [r["fast_accum"] for r in merged["rows"]] == [False, True]
 
 
@@ -369,18 +370,18 @@ def _timed_row(m, model_ms, lt0_ms, lt1_ms=None):
 def test_table_default_is_the_cublas_rank_that_beats_the_model_at_the_median():
     rows = [_timed_row(1024, 1.0, 0.90, 0.97), _timed_row(2048, 1.0, 0.95, 0.93),
             _timed_row(4096, 1.0, 1.04, 0.99)]  # fmt: skip
-    (default,) = rep.table_defaults(rows)
+    (default,) = tab.table_defaults(rows)
     assert (default["dtype"], default["kernel"], default["algo"]) == ("bf16", "cublaslt", 0)
     m = default["measured"]
     assert m["shapes"] == 3 and m["median_over_model"] == {"cublaslt:0": 0.95, "cublaslt:1": 0.97}
     assert m["worst_over_model"] == pytest.approx(1.04)
     # within the margin at the median: the model keeps the shapes no row serves
-    assert rep.table_defaults([_timed_row(1024, 1.0, 0.995), _timed_row(2048, 1.0, 0.99)]) == []
+    assert tab.table_defaults([_timed_row(1024, 1.0, 0.995), _timed_row(2048, 1.0, 0.99)]) == []
     # rows stored without their times (or fp8 rows) take no part
-    assert rep.table_defaults([dict(GOOD[0])]) == []
-    # what report.kernel_table writes carries it, and the runtime loads it
+    assert tab.table_defaults([dict(GOOD[0])]) == []
+    # what table.kernel_table writes carries it, and the runtime loads it
     records = [_rec(m, {"torch": 1.0, "128x256": 1.1, "cublaslt:0": 1.0}) for m in (1024, 4096)]
-    doc = rep.kernel_table(records, dict(device="NVIDIA H100 80GB HBM3"))
+    doc = tab.kernel_table(records, dict(device="NVIDIA H100 80GB HBM3"))
     assert [d["algo"] for d in doc["defaults"]] == [0]
     assert all(r["model"] == "128x256" for r in doc["rows"])
 
@@ -418,4 +419,4 @@ def test_the_shipped_h100_table_defaults_to_cublaslt_rank_0():
     assert [(d["dtype"], d["kernel"], d["algo"]) for d in table["defaults"]] == [
         ("bf16", "cublaslt", 0)
     ]
-    assert rep.table_defaults(table["rows"]) == table["defaults"]  # it is the rows' own verdict
+    assert tab.table_defaults(table["rows"]) == table["defaults"]  # it is the rows' own verdict

@@ -64,8 +64,8 @@ from benchmarks.common.timing import (
     time_variant,
 )
 from benchmarks.kernel.kernel_vs_cublas import _csv_list, calls_per_replay, install_kernel_table
-from benchmarks.kernel.report import table_measured
 from benchmarks.kernel.shapes import TP_CHOICES, kernel_shapes
+from benchmarks.kernel.table import table_measured, table_pick
 from distgemm import _core, cli
 from distgemm.runtime import kernel_table
 from distgemm.runtime.scales import dequantize, quantize, scaled_mm_scales
@@ -152,9 +152,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def kernel_table_rows(records: list[dict], rowwise: bool) -> list[dict]:
     """The fp8 rows of a kernel table (distgemm.runtime.kernel_table's format) from measured
     records: per shape and accumulation mode, cuBLASLt's rank 0 where it beats distgemm's kernel
-    of that mode by more than the table's margin (benchmarks/kernel/report.TABLE_MARGIN), else
+    of that mode by more than the table's margin (benchmarks/kernel/table.TABLE_MARGIN), else
     distgemm's kernel. Shapes without both timings get no row of that mode."""
-    from benchmarks.kernel.report import table_pick
     from distgemm.runtime.kernel_table import fp8_kernel
 
     rows = []

@@ -50,7 +50,7 @@ from benchmarks.common.timing import (
     short_error,
     time_variant,
 )
-from benchmarks.kernel import report
+from benchmarks.kernel import report, table
 from benchmarks.kernel.shapes import TP_CHOICES, KernelShape, describe_sources, kernel_shapes
 from distgemm import _core, cli
 from distgemm.runtime import kernel_table
@@ -149,7 +149,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         metavar="OUT.json",
         default=None,
         help="write a kernel table from this run: per shape the fastest variant, unless the "
-        f"model's pick is within {report.TABLE_MARGIN * 100:g}%% of it",
+        f"model's pick is within {table.TABLE_MARGIN * 100:g}%% of it",
     )
     ap.add_argument(
         "--merge",
@@ -379,23 +379,30 @@ def run(args: argparse.Namespace, shapes: list[KernelShape]) -> int:
     meta = _meta(torch, args, t_start, shapes)
     why = report.write_outputs(records, stem, meta, final=True)
     if args.table:
-        table = report.kernel_table(records, meta)
+        doc = table.kernel_table(records, meta)
         with open(args.table, "w") as f:
-            json.dump(table, f, indent=1)
-        print(f"kernel table: {len(table['rows'])} rows -> {args.table}", flush=True)
+            json.dump(doc, f, indent=1)
+        print(f"kernel table: {len(doc['rows'])} rows -> {args.table}", flush=True)
     return 0 if why is None and all(r["status"] == "ok" for r in records) else 1
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.replot:
-        return report.replot(args.replot, args.out, args.stem, args.table)
+        if args.table:
+            doc = table.table_of_runs(args.replot)
+            with open(args.table, "w") as f:
+                json.dump(doc, f, indent=1)
+            print(
+                f"kernel table: {len(doc['rows'])} rows, defaults {doc['defaults']} -> {args.table}"
+            )
+        return report.replot(args.replot, args.out, args.stem)
     if args.merge:
         if not args.table:
             print("--merge needs --table OUT.json")
             return 2
         try:
-            merged = report.merge_tables([kernel_table.load(p) for p in args.merge])
+            merged = table.merge_tables([kernel_table.load(p) for p in args.merge])
         except ValueError as e:
             print(f"--merge: {e}")
             return 2

@@ -24,7 +24,6 @@ from typing import Any
 from benchmarks.common.report import load_pyplot, number_cell
 from benchmarks.common.timing import PEAK_TFLOPS as PEAK_TFLOPS_BY_DTYPE
 from distgemm import _core
-from distgemm.runtime import kernel_table as kernel_table_module
 
 # Every bf16 configuration of the kernel, the default first (the CSV has a column for each).
 CONFIGS = tuple(_core.gemm_config_names("bf16", stream_k=True))
@@ -34,10 +33,6 @@ MAX_CUBLAS_ALGOS = 4
 CUBLAS_VARIANTS = tuple(f"cublaslt:{i}" for i in range(MAX_CUBLAS_ALGOS))
 # Every variant with a column: the configurations, then cuBLASLt's ranks.
 VARIANTS = CONFIGS + CUBLAS_VARIANTS
-# A kernel table row keeps the model's pick unless the fastest variant beats it by more than this
-# (the spread of repeated steady-state windows of one kernel, docs/tuning.md): a choice is not
-# changed on noise.
-TABLE_MARGIN = 0.01
 # The names of the two tile widths of runs stored before configurations existed.
 LEGACY_TILES = {"n256": "128x256", "n128": "128x128", 256: "128x256", 128: "128x128"}
 # The kernel issue's acceptance: distgemm's chosen kernel at most ACCEPT_RATIO x torch.mm's time
@@ -64,96 +59,6 @@ def cublas_rank(variant: str) -> int | None:
     """The rank of a cuBLASLt variant ("cublaslt:2" -> 2); None for a configuration."""
     head, _, rank = variant.partition(":")
     return int(rank) if head == "cublaslt" and rank.isdigit() else None
-
-
-def table_pick(ms: dict[str, float], incumbent: str, variants: Sequence[str]) -> str:
-    """The variant a kernel table row names among ``variants`` (all timed in ``ms``): the fastest,
-    unless ``incumbent`` is within TABLE_MARGIN of it (a choice is not changed on noise)."""
-    fastest = min(variants, key=lambda v: ms[v])
-    return incumbent if ms[incumbent] <= (1.0 + TABLE_MARGIN) * ms[fastest] else fastest
-
-
-def table_defaults(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The bf16 default of a kernel table (what serves the GEMMs no row is near): the cuBLASLt
-    rank whose time over the wave model's pick has the lowest median over the rows that timed
-    both, where that median is below 1 - TABLE_MARGIN, i.e. where on the measured shapes it beats
-    the model by more than the margin at the median; none (the model decides) otherwise. Rows
-    without "model" and "ms" (a table stored without its times) take no part."""
-    timed = [r for r in rows if r.get("dtype") == "bf16" and r.get("model") in r.get("ms", {})]
-    ratios: dict[int, list[float]] = {}
-    for r in timed:
-        for v, t in r["ms"].items():
-            rank = cublas_rank(v)
-            if rank is not None:
-                ratios.setdefault(rank, []).append(t / r["ms"][r["model"]])
-    medians = {rank: statistics.median(q) for rank, q in ratios.items()}
-    if not medians:
-        return []
-    rank = min(medians, key=lambda a: (medians[a], a))
-    if medians[rank] >= 1.0 - TABLE_MARGIN:
-        return []
-    measured = dict(
-        rule=f"median time over the model's pick below {1.0 - TABLE_MARGIN:g}",
-        shapes=len(ratios[rank]),
-        median_over_model={cublas_name(a): round(m, 4) for a, m in sorted(medians.items())},
-        worst_over_model=round(max(ratios[rank]), 4),
-    )
-    return [dict(dtype="bf16", kernel="cublaslt", algo=rank, measured=measured)]
-
-
-def kernel_table(records: Sequence[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
-    """A kernel table (distgemm.runtime.kernel_table's format) from a run's records: one row per
-    measured shape, the fastest timed variant, or the model's pick where that is within
-    TABLE_MARGIN of it, with the model's pick and the times; and the default (table_defaults).
-    Shapes not measured, or without every variant timed, get no row."""
-    rows = []
-    for rec in records:
-        d = derived(rec)
-        ms, model = rec.get("ms", {}), rec.get("model_config")
-        if rec.get("status") != "ok" or not d["fastest_config"] or not model or not ms.get(model):
-            continue
-        pick = table_pick(ms, model, configs_of(rec))
-        rank = cublas_rank(pick)
-        rows.append(
-            dict(
-                dtype="bf16", m=rec["m"], n=rec["n"], k=rec["k"],
-                kernel="cublaslt" if rank is not None else pick,
-                algo=rank if rank is not None else 0,
-                model=model,
-                ms={v: round(t, 5) for v, t in ms.items()},
-            )
-        )  # fmt: skip
-    return kernel_table_module.document(
-        meta.get("device", ""), table_measured(meta), rows, table_defaults(rows)
-    )
-
-
-def table_measured(meta: dict[str, Any]) -> dict[str, Any]:
-    """How a run's kernel table was measured, from the run's meta."""
-    keys = ("date", "torch", "args", "cublaslt_version", "timing")
-    return dict({k: meta.get(k) for k in keys}, margin=TABLE_MARGIN)
-
-
-def merge_tables(tables: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One kernel table from several of one GPU model (each a part of the shapes, measured on its
-    own GPU of one machine): the rows of all, a shape measured twice keeping its first row, and the
-    first table's provenance with the number of parts. ValueError for tables of different GPU
-    models."""
-    gpus = sorted({t["gpu"] for t in tables})
-    if len(gpus) != 1:
-        raise ValueError(f"the tables were measured on different GPU models: {gpus}")
-    seen, rows = set(), []
-    for t in tables:
-        for r in t["rows"]:
-            key = (r["dtype"], r["m"], r["n"], r["k"]) + tuple(
-                r.get(f, False) for f in ("scale_a_rows", "scale_b_rows", "fast_accum")
-            )  # an fp8 row's key has its scale kinds and accumulation too
-            if key not in seen:
-                seen.add(key)
-                rows.append(r)
-    out = dict(tables[0], rows=rows, defaults=table_defaults(rows))
-    out["measured"] = dict(tables[0].get("measured") or {}, parts=len(tables))
-    return out
 
 
 def normalize(rec: dict[str, Any]) -> dict[str, Any]:
@@ -476,13 +381,9 @@ def write_outputs(
     return why
 
 
-def replot(
-    paths: Sequence[str], out_dir: str, stem: str | None = None, table: str | None = None
-) -> int:
-    """Table, summary, CSV, JSON and PNG from one or more stored runs (parts of one list run in
-    several calls, merged in the order given), without a GPU; derived numbers are recomputed.
-    ``table``: also write the kernel table of the runs' records there (the first run's
-    provenance, with the number of parts)."""
+def stored_runs(paths: Sequence[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The runs stored in ``paths`` and their records in order, in the configuration format and
+    without their derived numbers (recomputed by whoever reads them)."""
     runs = []
     for path in paths:
         with open(path) as f:
@@ -493,12 +394,13 @@ def replot(
         for run in runs
         for r in run["records"]
     ]
+    return runs, records
+
+
+def replot(paths: Sequence[str], out_dir: str, stem: str | None = None) -> int:
+    """Table, summary, CSV, JSON and PNG from one or more stored runs (parts of one list run in
+    several calls, merged in the order given), without a GPU; derived numbers are recomputed."""
+    runs, records = stored_runs(paths)
     meta = runs[0]["meta"] if len(runs) == 1 else dict(parts=[run["meta"] for run in runs])
     stem = os.path.join(out_dir, stem or os.path.basename(paths[0])[: -len(".json")])
-    if table:
-        doc = kernel_table(records, runs[0]["meta"])
-        doc["measured"].update(parts=len(runs), records=[os.path.basename(p) for p in paths])
-        with open(table, "w") as f:
-            json.dump(doc, f, indent=1)
-        print(f"kernel table: {len(doc['rows'])} rows, defaults {doc['defaults']} -> {table}")
     return 0 if write_outputs(records, stem, dict(meta), final=True) is None else 1

@@ -383,6 +383,29 @@ def test_kernel_table_routes_auto():
     assert _core.gemm_resolve_config(m, n, cuda_device=0, k=k) == model
 
 
+def test_kernel_table_default_routes_shapes_without_a_row():
+    """A table's default (a row of any shape) decides 'auto' where no row is near: cuBLASLt's
+    first algorithm runs, right; a row near the shape still wins; fp16 has no default here."""
+    _cublas_or_skip()
+    m, n, k = 1000, 1032, 520
+    model = _core.gemm_resolve_config(m, n, cuda_device=0)
+    rows = [
+        dict(dtype="bf16", m=8, n=4096, k=1024, kernel="128x128"),
+        dict(dtype="bf16", any_shape=True, kernel="cublaslt", algo=0),
+    ]
+    try:
+        _core.set_kernel_table(rows)
+        assert _core.gemm_resolve_config(m, n, cuda_device=0, k=k) == "cublaslt:0"
+        assert _core.gemm_resolve_config(8, 4096, cuda_device=0, k=1024) == "128x128"
+        assert _core.gemm_resolve_config(m, n, "fp16", cuda_device=0, k=k) != "cublaslt:0"
+        before = _core.cublaslt_launches()
+        ran, err = _run_checked(m, n, k)
+        assert ran == 0 and err < TOL and _core.cublaslt_launches() == before + 1
+    finally:
+        _core.set_kernel_table([])
+    assert _core.gemm_resolve_config(m, n, cuda_device=0, k=k) == model
+
+
 def test_benchmark_times_cublaslt_and_writes_a_table(tmp_path):
     _cublas_or_skip()
     from benchmarks.kernel import kernel_vs_cublas as bench

@@ -9,7 +9,7 @@ name>, "measured": {how}, "rows": [{"dtype", "m", "n", "k", "kernel": <configura
 "cublaslt", "algo": <cuBLASLt rank>, "model": <the wave model's pick>, "ms": {variant: ms}}],
 "defaults": [{"dtype", "kernel", "algo", "measured": {how it was chosen}}]}``; an fp8 (e4m3)
 row also has ``scale_a_rows``, ``scale_b_rows`` and ``fast_accum``, which the lookup matches.
-A default serves the GEMMs of its dtype that no row is near (benchmarks/kernel/report.py's
+A default serves the GEMMs of its dtype that no row is near (benchmarks/kernel/table.py's
 table_defaults chooses it from the rows' times); "model", "ms" and "defaults" are optional.
 The package ships the tables of the GPUs it was measured on
 (``distgemm/data/kernels/<gpu stem>.json``); ``benchmarks.kernel.kernel_vs_cublas --table OUT``
