@@ -12,7 +12,7 @@ order; inputs seeded, different per rank):
   all_plans  first in the process, so that no kernel of the runtime has loaded yet (the lazy
            loading that cublaslt_preload and gemm_prepare answer): the table for every plan
            (set_kernel_table's all_plans), each schedule's first call eager, as in plans below,
-           each of its GEMMs launched by cuBLASLt; its own K, so that its plans are its own
+           cuBLASLt launched (bias, no beta * c); its own K, so that its plans are its own
   plans    every schedule on the overlapped path, bf16, with bias (and beta * c for the reduce
            schedules): against the fp32 computation through torch collectives (relative
            Frobenius error < TOL, and at most twice the same computation's in bf16 + 1e-3), and
@@ -91,9 +91,9 @@ def inputs(schedule, dev, seed, tp, ks=KS):
     return a, w, bias, c
 
 
-def call(schedule, a, w, bias, c, out=None):
+def call(schedule, a, w, bias, c, out=None, steps=None):
     op = getattr(distgemm, OPS[schedule])
-    kw = dict(bias=bias, path="overlap", out=out)
+    kw = dict(bias=bias, path="overlap", out=out, steps=steps)
     if OPS[schedule] != "gemm_all_reduce":  # its one schedule needs no name
         kw["schedule"] = schedule
     if c is not None:
@@ -107,20 +107,26 @@ def beta_of(c):
 
 def test_plans(dev, tp, rows, all_plans=False):
     """Plans of every rank: the table names cuBLASLt for each sub-GEMM. By default they keep
-    distgemm's kernels (GemmDesc::kernel_table); with `all_plans` cuBLASLt runs them. Either way
-    they are right."""
+    distgemm's kernels (GemmDesc::kernel_table); with `all_plans` cuBLASLt runs their steps
+    without beta * c (a step with both a partial and c stays distgemm's: cuBLASLt has one C, and
+    with c every step of the reduce schedules has both), at least one per call. Either way they
+    are right."""
     _core.set_kernel_table(rows, all_plans=all_plans)
     prefix, ks = ("all_plans", KS_ALL_PLANS) if all_plans else ("plans", KS)
-    for i, schedule in enumerate(OPS):
+    cases = [(schedule, None) for schedule in OPS]
+    if all_plans:  # first: S = 2 TP, partials by copy engine behind copy-lane waits (70B O's plan
+        cases.insert(0, ("rs_tile_a", 2 * tp))  # at 4096 tokens, the one that timed out)
+    for i, (schedule, steps) in enumerate(cases):
         a, w, bias, c = inputs(schedule, dev, i, tp, ks)
+        c = None if all_plans else c
         before = _core.cublaslt_launches()
-        y = call(schedule, a, w, bias, c)
+        y = call(schedule, a, w, bias, c, steps=steps)
         torch.cuda.synchronize()
         ref32, ref16 = reference(schedule, a, w, bias, c, beta_of(c), torch.bfloat16)
         err, err16 = rel_err(y, ref32), rel_err(ref16, ref32)
         launched = _core.cublaslt_launches() - before
         record(
-            f"{prefix}/{schedule}",
+            f"{prefix}/{schedule}" + (f"/S{steps}" if steps else ""),
             err < TOL and err <= 2 * err16 + 1e-3 and (launched > 0) == all_plans,
             err=err,
             err_bf16=err16,

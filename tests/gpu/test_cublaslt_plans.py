@@ -38,6 +38,7 @@ def test_multi_rank_plans_run_cublaslt_with_the_table_for_every_plan(results):
     for schedule in ("ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "ar_tile_a"):
         got = named(data, f"all_plans/{schedule}")
         assert got and all(e["ok"] and e["cublaslt_launches"] > 0 for e in got), schedule
+    assert named(data, "all_plans/rs_tile_a/S"), "the S = 2 TP plan with copy-lane waits ran"
 
 
 def test_multi_rank_plans_keep_distgemms_kernels(results):
