@@ -63,7 +63,7 @@ from benchmarks.common.timing import (
     short_error,
     time_variant,
 )
-from benchmarks.kernel.kernel_vs_cublas import _csv_list, calls_per_replay, install_kernel_table
+from benchmarks.kernel.kernel_vs_cublas import _csv_list, calls_per_replay, install_kernels
 from benchmarks.kernel.shapes import TP_CHOICES, kernel_shapes
 from benchmarks.kernel.table import table_measured, table_pick
 from distgemm import _core, cli
@@ -154,8 +154,6 @@ def kernel_table_rows(records: list[dict], rowwise: bool) -> list[dict]:
     records: per shape and accumulation mode, cuBLASLt's rank 0 where it beats distgemm's kernel
     of that mode by more than the table's margin (benchmarks/kernel/table.TABLE_MARGIN), else
     distgemm's kernel. Shapes without both timings get no row of that mode."""
-    from distgemm.runtime.kernel_table import fp8_kernel
-
     rows = []
     for rec in records:
         ms = rec.get("ms", {})
@@ -170,7 +168,7 @@ def kernel_table_rows(records: list[dict], rowwise: bool) -> list[dict]:
                 dict(
                     dtype="e4m3", m=rec["m"], n=rec["n"], k=rec["k"],
                     scale_a_rows=rowwise, scale_b_rows=rowwise, fast_accum=fast,
-                    kernel="cublaslt" if pick_lt else fp8_kernel(fast), algo=0,
+                    kernel="cublaslt" if pick_lt else kernel_table.fp8_kernel(fast), algo=0,
                     ms={ours: round(ms[ours], 5), lt: round(ms[lt], 5)},
                 )
             )  # fmt: skip
@@ -215,14 +213,15 @@ def measure(
     qb, sb = quantize(w, rowwise)
     del a, w
     ta, tb = scaled_mm_scales(sa, sb, m, n)
-    outs = {v: torch.empty((m, n), device=ctx.dev, dtype=torch.bfloat16) for v in ALL_VARIANTS}
+    outs = {v: torch.empty((m, n), device=ctx.dev, dtype=torch.bfloat16) for v in variants}
     stream = lambda: torch.cuda.current_stream().cuda_stream  # noqa: E731
 
     def ours_fp8(fast: bool, lt: bool = False):
-        out = outs[("cublaslt_fp8" if lt else "ours_fp8") + ("_fast" if fast else "")]
+        name = ("cublaslt_fp8" if lt else "ours_fp8") + ("_fast" if fast else "")
         kw = dict(cublas_algo=0) if lt else {}
 
         def call() -> None:
+            out = outs[name]  # at the call: only the timed variants have an output
             _core.gemm(
                 qa.data_ptr(), qb.data_ptr(), out.data_ptr(),
                 m, n, k, "e4m3", cuda_device=dev, stream=stream(), scale_a=sa.data_ptr(),
@@ -233,10 +232,10 @@ def measure(
         return call
 
     def scaled(fast: bool):
-        out = outs["scaled_mm_fast" if fast else "scaled_mm"]
+        name = "scaled_mm_fast" if fast else "scaled_mm"
 
         def call() -> None:
-            out.copy_(
+            outs[name].copy_(
                 torch._scaled_mm(
                     qa,
                     qb.t(),
@@ -388,12 +387,9 @@ def run(args: argparse.Namespace, shapes) -> int:
         print("needs one CUDA GPU and a distgemm build with its CUDA runtime (--dry-run does not)")
         return 2
     ctx = SingleGpuContext.current()
-    why = install_kernel_table(ctx.dev, args.kernel_table)
+    why = install_kernels(ctx.dev, args.kernel_table, "--cublas" if args.cublas else "")
     if why:
         print(why)
-        return 2
-    if args.cublas and _core.cublaslt_problem():
-        print(f"--cublas: {_core.cublaslt_problem()}")
         return 2
     variants = timed_variants(args)
     t0 = time.time()

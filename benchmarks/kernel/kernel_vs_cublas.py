@@ -76,15 +76,18 @@ def estimated_seconds(n_shapes: int, n_configs: int = len(report.CONFIGS)) -> fl
     return n_shapes * shape_seconds(n_configs)
 
 
-def install_kernel_table(device, choice: str) -> str:
+def install_kernels(device, choice: str, cublas_option: str = "") -> str:
     """Hands the runtime the kernel table of ``--kernel-table`` ("shipped": the package's for
-    this GPU, "off", or a file); '' when done, else the line that says why not."""
+    this GPU, "off", or a file) and, where ``cublas_option`` names the option that asks for
+    cuBLASLt, checks that it is available; '' when done, else the line that says why not."""
     if choice != "shipped":
         os.environ[kernel_table.TABLE_ENV] = choice
     try:
         kernel_table.install(device)
     except ValueError as e:
         return f"--kernel-table {choice}: {e}"
+    if cublas_option and _core.cublaslt_problem():
+        return f"{cublas_option}: {_core.cublaslt_problem()}"
     return ""
 
 
@@ -334,12 +337,10 @@ def run(args: argparse.Namespace, shapes: list[KernelShape]) -> int:
         print("no CUDA device visible to torch: the timing needs one GPU (--dry-run does not)")
         return 2
     ctx = SingleGpuContext.current()
-    why = install_kernel_table(ctx.dev, args.kernel_table)
+    cublas_option = f"--cublas-algos {args.cublas_algos}" if args.cublas_algos else ""
+    why = install_kernels(ctx.dev, args.kernel_table, cublas_option)
     if why:
         print(why)
-        return 2
-    if args.cublas_algos and _core.cublaslt_problem():
-        print(f"--cublas-algos {args.cublas_algos}: {_core.cublaslt_problem()}")
         return 2
     t_start = time.time()
     label = "-".join(f"tp{t}" for t in args.tp) + ("-local" if args.local_only else "")
