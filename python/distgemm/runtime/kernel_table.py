@@ -57,8 +57,7 @@ def check_rows(rows: Any, source: str) -> list[dict[str, Any]]:
     """``rows`` validated (ValueError naming ``source``, the row and the constraint)."""
     if not isinstance(rows, list):
         raise ValueError(f"{source}: 'rows' must be a list, got {type(rows).__name__}")
-    names = set(_core.gemm_config_names("bf16", stream_k=True)) | {CUBLASLT}
-    fp8_names = set(_core.gemm_config_names("e4m3")) | {CUBLASLT}
+    names, fp8_names = kernel_names(False), kernel_names(True)
     out = []
     for i, r in enumerate(rows):
         where = f"{source}: row {i}"
@@ -71,17 +70,9 @@ def check_rows(rows: Any, source: str) -> list[dict[str, Any]]:
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{where}: {dim} must be an integer >= 1, got {v!r}")
         fp8 = r["dtype"] == "e4m3"
-        allowed = fp8_names if fp8 else names
-        if r.get("kernel") not in allowed:
-            raise ValueError(
-                f"{where}: kernel {r.get('kernel')!r} is not one of {sorted(allowed)} "
-                f"(dtype {r['dtype']})"
-            )
-        algo = r.get("algo", 0)
-        if r["kernel"] == CUBLASLT and (not isinstance(algo, int) or algo < 0):
-            raise ValueError(f"{where}: algo must be an integer >= 0, got {algo!r}")
-        row = {"dtype": r["dtype"], "m": r["m"], "n": r["n"], "k": r["k"], "kernel": r["kernel"],
-               "algo": algo if r["kernel"] == CUBLASLT else 0}  # fmt: skip
+        kernel, algo = _kernel(r, where, fp8_names if fp8 else names)
+        row = {"dtype": r["dtype"], "m": r["m"], "n": r["n"], "k": r["k"], "kernel": kernel,
+               "algo": algo}  # fmt: skip
         if "model" in r:  # the wave model's pick when the row was measured
             if r["model"] not in names:
                 raise ValueError(f"{where}: model {r['model']!r} is not one of {sorted(names)}")
@@ -108,11 +99,35 @@ def check_rows(rows: Any, source: str) -> list[dict[str, Any]]:
     return out
 
 
+def kernel_names(fp8: bool) -> set[str]:
+    """The kernels a row of 16-bit (or fp8) GEMMs may name: distgemm's configurations and
+    cuBLASLt."""
+    configs = (
+        _core.gemm_config_names("e4m3") if fp8 else _core.gemm_config_names("bf16", stream_k=True)
+    )
+    return set(configs) | {CUBLASLT}
+
+
+def _kernel(r: dict[str, Any], where: str, allowed: set[str]) -> tuple[str, int]:
+    """A row's or default's (kernel, algo): a name of ``allowed``, with cuBLASLt's rank (0 for
+    one of distgemm's kernels); ValueError naming ``where`` and the constraint."""
+    if r.get("kernel") not in allowed:
+        raise ValueError(
+            f"{where}: kernel {r.get('kernel')!r} is not one of {sorted(allowed)} "
+            f"(dtype {r['dtype']})"
+        )
+    algo = r.get("algo", 0)
+    if r["kernel"] == CUBLASLT and (not isinstance(algo, int) or algo < 0):
+        raise ValueError(f"{where}: algo must be an integer >= 0, got {algo!r}")
+    return r["kernel"], algo if r["kernel"] == CUBLASLT else 0
+
+
 def check_defaults(defaults: Any, source: str) -> list[dict[str, Any]]:
     """A table's ``defaults`` validated: at most one per dtype, each a kernel as a row names it
     (ValueError naming ``source``, the entry and the constraint)."""
     if not isinstance(defaults, list):
         raise ValueError(f"{source}: 'defaults' must be a list, got {type(defaults).__name__}")
+    names = kernel_names(False)
     out, seen = [], set()
     for i, d in enumerate(defaults):
         where = f"{source}: default {i}"
@@ -123,8 +138,8 @@ def check_defaults(defaults: Any, source: str) -> list[dict[str, Any]]:
         if d["dtype"] in seen:
             raise ValueError(f"{where}: a second default for {d['dtype']}")
         seen.add(d["dtype"])
-        row = check_rows([dict(d, m=1, n=1, k=1)], where)[0]
-        out.append(dict(dtype=row["dtype"], kernel=row["kernel"], algo=row["algo"],
+        kernel, algo = _kernel(d, where, names)
+        out.append(dict(dtype=d["dtype"], kernel=kernel, algo=algo,
                         measured=d.get("measured", {})))  # fmt: skip
     return out
 
