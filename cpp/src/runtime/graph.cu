@@ -99,8 +99,10 @@ DeviceGraph::DeviceGraph(const schedule::Plan& plan, int rank, int cuda_device, 
     // cuBLASLt's kernels load here, before anything of this plan is enqueued
     // (kernel::cublaslt_preload says why: a lazy load after a spinning GEMM of the plan would
     // wait for it forever).
+    const bool table = plan_.tp == 1 || kernel::kernel_table_all_plans();  // GemmDesc says why
     for (const auto& op : plan_.devices[rank_].gemms) {
       kernel::GemmDesc desc = gemm_desc(op, user);
+      desc.kernel_table = table;
       kernel::resolve_kernel(desc, cuda_device_);
       if (desc.cublas_algo >= 0) kernel::cublaslt_preload(desc, cuda_device_);
       kernels_.push_back({desc.config, desc.cublas_algo});
@@ -286,7 +288,6 @@ kernel::GemmDesc DeviceGraph::gemm_desc(const schedule::GemmOp& op, const UserBu
                                                          : user.scale_b);
     g.fast_accum = opt_.fast_accum;
   }
-  g.kernel_table = plan_.tp == 1 || kernel::kernel_table_all_plans();  // GemmDesc::kernel_table
   g.alpha = epi_.alpha;
   g.beta = epi_.beta;
   g.swizzle = opt_.swizzle;

@@ -312,13 +312,8 @@ void resolve_kernel(GemmDesc& g, int device) {
       // A row names an algorithm by its rank in the heuristic's list for the measured shape;
       // where this GEMM's list is shorter (other epilogue, other M), its first runs. Where
       // cuBLASLt cannot take the GEMM (both a partial and C; a layout its heuristic refuses),
-      // distgemm's kernel runs it, as without a row.
-      int count = 0;
-      try {
-        count = cublaslt_algo_count(lt, device);  // throws with cublaslt_problem's reason
-      } catch (const std::exception&) {
-        count = 0;
-      }
+      // distgemm's kernel runs it, as without a row; a failing heuristic is an error.
+      const int count = cublaslt_problem(lt).empty() ? cublaslt_algo_count(lt, device) : 0;
       if (count > 0) {
         g.cublas_algo = row.cublas_algo < count ? row.cublas_algo : 0;
         return;
