@@ -197,8 +197,9 @@ def test_fp8_refusals_name_the_constraint():
 @pytest.mark.parametrize("fast_accum", [False, True], ids=["accurate", "fast"])
 def test_cublaslt_fp8_matches_dequantized_fp32(m, n, k, row_a, row_b, fast_accum):
     """cuBLASLt's fp8 GEMM (gemm(cublas_algo=0)): tensor-wise scales, and row-wise ones as its
-    outer-vector scales where its heuristic offers an algorithm for them (else a skip with the
-    count); the same bounds as distgemm's kernels."""
+    outer-vector scales where its heuristic offers an algorithm for them; the same bounds as
+    distgemm's kernels. Where it offers none (row-wise scales on Hopper: cuBLASLt has that mode
+    from sm100 on), the count is 0 and a launch is refused with the reason."""
     why = _core.cublaslt_problem()
     if why:
         pytest.skip(f"cuBLASLt unavailable: {why}")
@@ -206,9 +207,13 @@ def test_cublaslt_fp8_matches_dequantized_fp32(m, n, k, row_a, row_b, fast_accum
         m, n, k, "e4m3", cuda_device=torch.cuda.current_device(), scale_a_rows=row_a,
         scale_b_rows=row_b, fast_accum=fast_accum,
     )  # fmt: skip
-    if count == 0:
-        pytest.skip(f"cuBLASLt offers no fp8 algorithm for row_a={row_a} row_b={row_b}")
     qa, sa, qb, sb = operands(m, n, k, row_a, row_b)
+    if count == 0:
+        assert row_a or row_b, "cuBLASLt offers no algorithm for tensor-wise fp8 scales"
+        d = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
+        with pytest.raises(ValueError, match="has 0 algorithm\\(s\\).*outer-vector scale mode"):
+            fp8_gemm(qa, sa, qb, sb, d, m, n, k, fast_accum=fast_accum, cublas_algo=0)
+        return
     ref = dequantized_mm(qa, sa, qb, sb)
     d = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
     assert fp8_gemm(qa, sa, qb, sb, d, m, n, k, fast_accum=fast_accum, cublas_algo=0) == 0

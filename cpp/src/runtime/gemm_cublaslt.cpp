@@ -263,7 +263,12 @@ const std::vector<cublasLtMatmulHeuristicResult_t>& algorithms(const GemmDesc& g
   const cublasStatus_t st = lt().heuristic(lt().handle, ds.op, ds.a, ds.b, ds.c, ds.d, ds.pref,
                                            kCublasLtMaxAlgos, found.data(), &returned);
   DISTGEMM_CUDA_CHECK(cudaSetDevice(prev));
-  if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED)
+  // A row-wise fp8 scale is cuBLASLt's outer-vector scale mode, which cuBLASLt 13.1 refuses on
+  // Hopper with INVALID_VALUE (it offers that mode from sm100 on): no algorithm, as for
+  // NOT_SUPPORTED, and such a GEMM runs distgemm's kernel.
+  const bool outer_vec_refused =
+      st == CUBLAS_STATUS_INVALID_VALUE && (g.scale_a_rows || g.scale_b_rows);
+  if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED && !outer_vec_refused)
     check(st, "MatmulAlgoGetHeuristic");
   found.resize(st == CUBLAS_STATUS_SUCCESS && returned > 0 ? returned : 0);
   return cache->emplace(key, std::move(found)).first->second;
@@ -301,9 +306,13 @@ namespace {
 const cublasLtMatmulHeuristicResult_t& chosen(const GemmDesc& g, int device) {
   const auto& algos = algorithms(g, device);
   if (g.cublas_algo < 0 || g.cublas_algo >= static_cast<int>(algos.size()))
-    throw std::invalid_argument("cublas_algo=" + s(g.cublas_algo) + ": cuBLASLt's heuristic has " +
-                                s(static_cast<int64_t>(algos.size())) + " algorithm(s) for this " +
-                                s(g.m) + "x" + s(g.n) + "x" + s(g.k) + " GEMM");
+    throw std::invalid_argument(
+        "cublas_algo=" + s(g.cublas_algo) + ": cuBLASLt's heuristic has " +
+        s(static_cast<int64_t>(algos.size())) + " algorithm(s) for this " + s(g.m) + "x" + s(g.n) +
+        "x" + s(g.k) + " GEMM" +
+        (algos.empty() && (g.scale_a_rows || g.scale_b_rows)
+             ? " (a row-wise fp8 scale is its outer-vector scale mode, which it refuses here)"
+             : ""));
   return algos[g.cublas_algo];
 }
 
