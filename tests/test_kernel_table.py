@@ -208,11 +208,11 @@ def test_install_without_the_cuda_runtime_or_on_a_cpu_device_does_nothing():
         assert kt.installed() == {}
 
 
-def test_plans_scope_defaults_to_one_rank_and_refuses_other_values(monkeypatch):
+def test_plans_scope_defaults_to_all_and_refuses_other_values(monkeypatch):
     monkeypatch.delenv(kt.PLANS_ENV, raising=False)
-    assert kt.plans_scope() == "one-rank"
-    monkeypatch.setenv(kt.PLANS_ENV, "all")
     assert kt.plans_scope() == "all"
+    monkeypatch.setenv(kt.PLANS_ENV, "one-rank")
+    assert kt.plans_scope() == "one-rank"
     monkeypatch.setenv(kt.PLANS_ENV, "every")
     with pytest.raises(ValueError, match="DISTGEMM_KERNEL_TABLE_PLANS='every' is not one of"):
         kt.plans_scope()
@@ -420,3 +420,26 @@ def test_the_shipped_h100_table_defaults_to_cublaslt_rank_0():
         ("bf16", "cublaslt", 0)
     ]
     assert tab.table_defaults(table["rows"]) == table["defaults"]  # it is the rows' own verdict
+
+
+def test_plan_kernel_answers_what_the_table_runs_for_a_plans_step():
+    """Under a table for every plan: cuBLASLt where the row near the shape (or the dtype's
+    default) is cuBLASLt's, distgemm where the row names a configuration, where the dtype has
+    no default and no row, and where no table is installed; priced_as restores what was
+    there."""
+    rows = [
+        dict(dtype="bf16", m=1024, n=2560, k=8192, kernel="cublaslt", algo=1),
+        dict(dtype="bf16", m=2048, n=3072, k=4096, kernel="256x192"),
+    ]
+    table = dict(_table(rows, gpu="NVIDIA H200"))
+    table["defaults"] = [dict(dtype="bf16", kernel="cublaslt", algo=0)]
+    assert kt.plan_kernel("bf16", 1024, 2560, 8192) == kt.DISTGEMM  # nothing installed here
+    with kt.priced_as(table):
+        assert kt.plan_kernel("bf16", 512, 2560, 8192) == kt.CUBLASLT  # the row, 2x below
+        assert kt.plan_kernel("bf16", 2048, 3072, 4096) == kt.DISTGEMM  # a configuration's row
+        assert kt.plan_kernel("bf16", 64, 1280, 8192) == kt.CUBLASLT  # no row: the default
+        assert kt.plan_kernel("fp16", 1024, 2560, 8192) == kt.DISTGEMM  # no fp16 row or default
+        with kt.priced_as(None):
+            assert kt.plan_kernel("bf16", 1024, 2560, 8192) == kt.DISTGEMM
+        assert kt.plan_kernel("bf16", 1024, 2560, 8192) == kt.CUBLASLT
+    assert kt.plan_kernel("bf16", 1024, 2560, 8192) == kt.DISTGEMM

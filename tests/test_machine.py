@@ -83,6 +83,29 @@ def test_a_fit_of_runs_the_model_priced_gives_back_its_constants(tp):
     assert set(got.meta["fit"]) >= {"gemm", "mm", "copy", "collective/all_gather", "overlap/copy"}
 
 
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_a_fit_of_runs_with_cublaslt_steps_prices_them_as_torch_and_says_so(tp, tmp_path):
+    """Overlapped runs whose steps the kernel table gave to cuBLASLt record it ("step_kernel");
+    the fit prices those steps at torch's GEMM rate, gives back the constants that priced them,
+    and marks the constants steps_by_table (kept by the JSON form)."""
+    want = constants(tp)
+    runs = []
+    for r in priced_runs(want):
+        if r["kind"] == "path" and r["path"] == "overlap" and r["schedule"] == "ag_rotate_a":
+            plan = _core.build_plan(r["schedule"], tp, r["steps"], r["m"], r["n"], r["k"], 1)
+            r = dict(r, step_kernel="cublaslt")
+            r["ms"] = cost_model.predict(want, plan, step_kernel="cublaslt")["overlap_ms"]
+        runs.append(r)
+    got = calibration_fit.fit(runs, want.key, want.slots)
+    assert got.steps_by_table
+    assert not calibration_fit.fit(priced_runs(want), want.key, want.slots).steps_by_table
+    for t in machine.TRANSPORTS:
+        assert all(close(g, w, 1e-4, 1e-9) for g, w in zip(got.overlap[t], want.overlap[t])), t
+    assert got.choice_error < 1e-6
+    got.save(tmp_path / "m.json")
+    assert machine.load(tmp_path / "m.json").steps_by_table
+
+
 def test_a_fit_without_copy_runs_takes_the_copy_default():
     want = constants(2)
     runs = [r for r in priced_runs(want) if r["kind"] != "copy"]

@@ -3,6 +3,7 @@ choice on every case of a sweep against its measured times (CPU only, numpy).
 
     python3 -m benchmarks.sweep.fit_path_model [SWEEP.csv] [--gpu NAME --topology T --out FILE]
     python3 -m benchmarks.sweep.fit_path_model SWEEP.csv --constants FILE   # validation only
+        [--kernel-table TABLE.json]   # the sweep's plans ran that table's kernels in their steps
 
 The sweep's columns become calibration runs (``distgemm.runtime.calibration_fit``): our kernel
 alone (``ms_floor_dg``, one rank's GEMM at the tile the wave model picks), torch.mm alone
@@ -11,7 +12,9 @@ the overlapped plan at S = TP and 2 TP (``ms_dg_S_tp`` / ``ms_dg_S_2tp``). A swe
 copy-engine or NCCL-alone runs: the copy engine takes the simulator's default bandwidth, NCCL's
 three terms come from the baseline. ``--out`` writes the constants as a machine file
 (``distgemm/data/machines``). ``--constants`` validates another machine file's choice on the
-sweep instead: the shapes a calibration did not run.
+sweep instead: the shapes a calibration did not run. ``--kernel-table`` prices the plans' steps
+as that kernel table runs them (a sweep run under ``DISTGEMM_KERNEL_TABLE_PLANS=all``), the way
+``path="auto"`` prices them on the machine (``kernel_table.priced_as``).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import statistics
 from benchmarks.common.report import RESULTS_DIR
 from distgemm import _core, cli, llama3
 from distgemm.plan.timeline import CostModel
-from distgemm.runtime import calibration_fit, cost_model, machine
+from distgemm.runtime import calibration_fit, cost_model, kernel_table, machine
 from distgemm.runtime.choose import choose_steps
 
 DEFAULT_CSV = pathlib.Path(RESULTS_DIR) / "2026-11-23-llama-sweep.csv"
@@ -45,7 +48,8 @@ def _cases(path: pathlib.Path):
 
 
 def sweep_runs(path: pathlib.Path = DEFAULT_CSV) -> list[dict]:
-    """The calibration runs a sweep's columns amount to."""
+    """The calibration runs a sweep's columns amount to (the overlapped ones name the kernel of
+    their steps under the table ``kernel_table.priced_as`` gives, if any)."""
     runs = []
     for r, schedule in _cases(path):
         tp, m, n, k = (int(r[c]) for c in ("tp", "m", "n", "k"))
@@ -60,8 +64,9 @@ def sweep_runs(path: pathlib.Path = DEFAULT_CSV) -> list[dict]:
                      "ms": float(r["ms_baseline"])})  # fmt: skip
         for steps, column in ((tp, "ms_dg_S_tp"), (2 * tp, "ms_dg_S_2tp")):
             if r[column]:
+                kernel = calibration_fit.installed_step_kernel(schedule, tp, steps, m, n, k)
                 runs.append({"kind": "path", "path": "overlap", **where, "steps": steps,
-                             "ms": float(r[column])})  # fmt: skip
+                             "ms": float(r[column]), "step_kernel": kernel})  # fmt: skip
     return runs
 
 
@@ -140,14 +145,19 @@ def main(argv=None) -> None:
     ap.add_argument("--topology", default="nvlink18", help="its NVLink topology (runtime.machine)")
     ap.add_argument("--out", type=pathlib.Path, help="write the fitted constants here")
     ap.add_argument("--constants", type=pathlib.Path, help="validate this machine file instead")
+    ap.add_argument("--kernel-table", type=pathlib.Path, help="the table the sweep's steps ran")
     args = ap.parse_args(argv)
-    if args.constants:
-        try:
+    table = None
+    try:
+        if args.constants:
             mc = machine.load(args.constants)
-        except ValueError as e:
-            ap.error(str(e))
-    else:
-        mc = fit(args.csv, args.gpu, args.topology)
+        if args.kernel_table:
+            table = kernel_table.load(args.kernel_table)
+    except ValueError as e:
+        ap.error(str(e))
+    if not args.constants:
+        with kernel_table.priced_as(table):
+            mc = fit(args.csv, args.gpu, args.topology)
         for stage, e in mc.meta["fit"].items():
             rms, worst = e["rms"], e["max"]
             print(f"# {stage}: {e['runs']} runs, relative error rms {rms:.3f}, max {worst:.3f}")
@@ -158,7 +168,8 @@ def main(argv=None) -> None:
     head = "case | S (default) | model | faster at S | overlap ms | NCCL+mm ms | chosen / NCCL+mm"
     print(f"\n| {head} | over the fastest |")
     print("|---|---|---|---|---|---|---|---|")
-    rows = validation_rows(mc, args.csv)
+    with kernel_table.priced_as(table):
+        rows = validation_rows(mc, args.csv)
     for row in rows:
         print(
             f"| {row['case']} | {row['steps']} ({row['default_steps']}) | {row['path']} | "

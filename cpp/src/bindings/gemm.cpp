@@ -293,8 +293,8 @@ void register_gemm(py::module_& m) {
       "Replace the process's kernel table (kernel/kernel_table.hpp): rows {'dtype', 'm', 'n', "
       "'k', 'kernel' (a configuration name or 'cublaslt'), 'algo' (cuBLASLt's rank); e4m3 rows "
       "also 'scale_a_rows', 'scale_b_rows', 'fast_accum'}. An empty list leaves every choice to "
-      "the model. all_plans: plans of several ranks consult it too (by default only single "
-      "GEMMs and one-rank plans do: kernel/gemm.hpp's GemmDesc::kernel_table says why).");
+      "the model. all_plans: plans of several ranks consult it too (else only single GEMMs and "
+      "one-rank plans do: kernel/gemm.hpp's GemmDesc::kernel_table).");
   m.def("kernel_table_all_plans", &distgemm::kernel::kernel_table_all_plans,
         "Whether plans of several ranks consult the kernel table (set_kernel_table's all_plans).");
   m.def(

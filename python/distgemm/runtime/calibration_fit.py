@@ -9,7 +9,9 @@ A run is a dict with "kind" and "ms" (per call, the slowest rank's):
 - ``{"kind": "copy", "peers", "bytes"}``: ``bytes`` from each of ``peers`` peers at once into
   one GPU by copy engine;
 - ``{"kind": "path", "path", "schedule", "tp", "steps", "m", "n", "k"}``: an op on the
-  collective path or the overlapped plan of ``steps`` steps (global m, n, k);
+  collective path or the overlapped plan of ``steps`` steps (global m, n, k); an overlapped
+  one may name the kernel that ran its steps, ``"step_kernel"`` (``cost_model.steps_gemm_ms``'s
+  kernels; absent: distgemm's, as before the kernel table reached plans' steps);
 - ``{"kind": "reduce_mm", "m", "n", "k"}``: torch.mm alone at decode token counts;
 - ``{"kind": "all_reduce", "algorithm", "bytes"}``: an all-reduce of ``bytes`` per rank;
 - ``{"kind": "fused", "tp", "m", "n", "k", "tail"}``: gemm_all_reduce on the fused path (this
@@ -28,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from .. import _core
-from . import cost_model, reduce_cost
+from . import cost_model, kernel_table, reduce_cost
 from .machine import (
     COLLECTIVES,
     FUSED_PATHS,
@@ -97,6 +99,26 @@ def _need(rows, count: int, what: str) -> None:
 
 def _plan(r: dict[str, Any]):
     return _core.build_plan(r["schedule"], r["tp"], r["steps"], r["m"], r["n"], r["k"], 1)
+
+
+def _step_kernel(r: dict[str, Any]) -> str:
+    """The kernel that ran path run ``r``'s steps, as recorded (``installed_step_kernel``)."""
+    return r.get("step_kernel", kernel_table.DISTGEMM)
+
+
+def _predict(mc: MachineConstants, r: dict[str, Any]) -> dict[str, float]:
+    """``cost_model.predict`` of path run ``r``'s plan, its steps priced as the kernel that ran
+    them."""
+    return cost_model.predict(mc, _plan(r), step_kernel=_step_kernel(r))
+
+
+def installed_step_kernel(schedule: str, tp: int, steps: int, m: int, n: int, k: int) -> str:
+    """The kernel the installed table gives the bf16 steps of that plan (what a calibration
+    records as a path run's ``step_kernel``)."""
+    d = _core.build_plan(schedule, tp, steps, m, n, k, 1).definition
+    rm, rn, rk = cost_model.rank_problem(d, tp, m, n, k)
+    sm, sn = cost_model.step_gemm(d, steps, rm, rn)
+    return cost_model.step_kernel_of("bf16", sm, sn, rk)
 
 
 def fit(
@@ -168,11 +190,11 @@ def fit(
         for r, plan in mine:
             rm, rn, rk = cost_model.rank_problem(plan.definition, plan.tp, r["m"], r["n"], r["k"])
             sm, sn = cost_model.step_gemm(plan.definition, plan.steps, rm, rn)
-            steps, chained = plan.steps, plan.pdl_by_default
-            gemms = cost_model.gemm_ms(mc, sm, sn, rk, count=steps, chained=chained)
+            steps, chained, kernel = plan.steps, plan.pdl_by_default, _step_kernel(r)
+            gemms = cost_model.steps_gemm_ms(mc, sm, sn, rk, kernel, count=steps, chained=chained)
             moved = cost_model.moved_bytes(plan.definition, plan.tp, r["m"], r["n"], r["k"])
             rows.append([float(plan.steps), gemms, moved])
-            target.append(r["ms"] - cost_model.predict(mc, plan)["overlap_ms"])
+            target.append(r["ms"] - _predict(mc, r)["overlap_ms"])
         measured = [r["ms"] for r, _ in mine]
         lower = [0.0, OVERLAP_SHARE_FLOOR, 0.0]
         o, errors[f"overlap/{t}"] = _lstsq_bounded(rows, target, measured, lower)
@@ -181,9 +203,11 @@ def fit(
     choice_error = over_prediction(*gain_errors(mc, runs))
     reduce = fit_reduce(runs, key.tp, errors) if _of(runs, "reduce_mm") else None
     fit_meta = {k: _summary(v) for k, v in errors.items()}
+    by_table = any(_step_kernel(r) == kernel_table.CUBLASLT for r in _of(runs, "path"))
     return _with(
-        mc, choice_error=min(choice_error, 0.5), reduce=reduce, meta={**mc.meta, "fit": fit_meta}
-    )
+        mc, choice_error=min(choice_error, 0.5), reduce=reduce, steps_by_table=by_table,
+        meta={**mc.meta, "fit": fit_meta},
+    )  # fmt: skip
 
 
 def fit_reduce(runs: list[dict[str, Any]], tp: int, errors=None) -> ReduceConstants:
@@ -370,7 +394,7 @@ def gain_errors(
         c = coll.get((r["schedule"], r["tp"], r["m"], r["n"], r["k"]))
         if c is None:
             continue
-        pred = cost_model.predict(mc, _plan(r))
+        pred = _predict(mc, r)
         errs.append(((pred["collective_ms"] - pred["overlap_ms"]) - (c - r["ms"])) / c)
         weights.append(c)
     return errs, weights
@@ -380,6 +404,6 @@ def path_errors(mc: MachineConstants, runs: list[dict[str, Any]]) -> list[float]
     """The model's relative error (predicted / measured - 1) on every path run of ``runs``."""
     out = []
     for r in _of(runs, "path"):
-        pred = cost_model.predict(mc, _plan(r))[f"{r['path']}_ms"]
+        pred = _predict(mc, r)[f"{r['path']}_ms"]
         out.append(pred / r["ms"] - 1.0)
     return out

@@ -33,6 +33,8 @@ from .tuning_table import candidate_name
 
 # The S the model chooses among, as multiples of TP, where S is left to the library.
 MODEL_STEPS_PER_RANK = (1, 2)
+# The kernel table's dtype of the operands the model prices (fp8 operands are priced as bf16's).
+TABLE_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def choose_steps(
@@ -61,6 +63,7 @@ def choose_steps(
     if dtype not in (torch.bfloat16, torch.float16):
         return spec, {}, None
     plan, tp, problem = spec.plan, spec.tp, (spec.m, spec.n, spec.k)
+    table_dtype = TABLE_DTYPES[dtype]
     definition = plan.definition
     vias = {spec.steps: (plan.partial_via, plan.pdl_by_default)}  # the defaults' S: its plan's
     for per_rank in MODEL_STEPS_PER_RANK:
@@ -68,7 +71,7 @@ def choose_steps(
         if steps not in vias:
             vias[steps] = _core.default_transport(spec.schedule, tp, steps)
     priced = {
-        steps: predict_steps(mc, definition, tp, steps, problem, via, spec.tile_n)
+        steps: predict_steps(mc, definition, tp, steps, problem, via, spec.tile_n, table_dtype)
         for steps, via in vias.items()
     }
     best = min(priced, key=lambda steps: (priced[steps]["overlap_ms"], steps))
@@ -132,7 +135,8 @@ def choose_path(
             why=f"tuning table bucket of {entry.tokens}..{2 * entry.tokens - 1} tokens",
         )
     else:
-        path, pred, why = model_choice(mc, spec.plan, spec.tile_n, prediction)
+        table_dtype = TABLE_DTYPES.get(dtype, "bf16")
+        path, pred, why = model_choice(mc, spec.plan, spec.tile_n, prediction, table_dtype)
         info.update(source="model", **pred, why=f"model: {why}")
     if path == "collective" and collective_problem:
         path = "overlap"

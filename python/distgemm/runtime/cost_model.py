@@ -10,7 +10,10 @@ What it models (one rank; every constant below says where it comes from):
   share HBM), but not nothing. Steps chained by programmatic dependent launch
   (``Plan.pdl_by_default``) fill each other's last wave: their tiles are counted as one GEMM's.
 - torch's GEMM (cuBLAS, the collective path): ``launch + flops / rate``; cuBLAS picks among
-  many tiles, so its time follows the flops closely.
+  many tiles, so its time follows the flops closely. A plan's step that the machine's kernel
+  table gives to cuBLASLt (``kernel_table.plan_kernel``) is priced so too, one launch per step,
+  under constants calibrated with such steps (``MachineConstants.steps_by_table``); under
+  others, as our kernel, the kernel their overlap terms were fitted with.
 - NCCL: ``latency + bytes moved per rank / bandwidth``, plus a share of the GEMM time (the
   collective path's GEMM shares the GPU with NCCL's kernels).
 - the overlapped plan: its steps' GEMMs, the exposed part of one step's transfer
@@ -32,6 +35,7 @@ import math
 from typing import Any
 
 from .. import _core
+from . import kernel_table
 from .machine import MachineConstants
 
 # Bytes per element of the operands (bf16 and fp16 alike).
@@ -60,6 +64,31 @@ def gemm_ms(
     tile, launches, work, waves = gemm_terms(mc.slots, m, n, k, tile_n, count, chained)
     full, wave = mc.gemm_ms_per_k[tile]
     return launches * mc.gemm_launch_ms + work * full + waves * wave
+
+
+def steps_gemm_ms(
+    mc: MachineConstants,
+    m: int,
+    n: int,
+    k: int,
+    kernel: str,
+    *,
+    tile_n: int = 0,
+    count: int = 1,
+    chained: bool = False,
+) -> float:
+    """Predicted ms of ``count`` equal sub-GEMMs m x n x k of a plan run by ``kernel``
+    (``kernel_table.plan_kernel``'s answer): distgemm's, ``gemm_ms``; cuBLASLt's, torch's GEMM
+    (``mm_ms``: torch.mm runs cuBLASLt) once per step, which no dependent launch chains."""
+    if kernel == kernel_table.CUBLASLT:
+        return count * mm_ms(mc, m, n, k)
+    return gemm_ms(mc, m, n, k, tile_n=tile_n, count=count, chained=chained)
+
+
+def step_kernel_of(dtype: str, m: int, n: int, k: int, tile_n: int = 0) -> str:
+    """The kernel a plan's step GEMM m x n x k runs: distgemm's where the plan forces a tile
+    (the table then has no say), else the installed table's (``kernel_table.plan_kernel``)."""
+    return kernel_table.DISTGEMM if tile_n else kernel_table.plan_kernel(dtype, m, n, k)
 
 
 def gemm_terms(
@@ -107,13 +136,20 @@ def moved_bytes(definition: dict, tp: int, m: int, n: int, k: int) -> float:
     return total * ELEM_BYTES * (tp - 1) / tp
 
 
-def predict(mc: MachineConstants, plan: Any, tile_n: int = 0) -> dict[str, float]:
+def predict(
+    mc: MachineConstants,
+    plan: Any,
+    tile_n: int = 0,
+    dtype: str = "bf16",
+    step_kernel: str | None = None,
+) -> dict[str, float]:
     """Predicted ms of ``plan`` (a ``_core.Plan``) on its overlapped path and of the collective
-    path on the same problem, under the constants ``mc``: {"overlap_ms", "collective_ms"}."""
+    path on the same problem, under the constants ``mc``: {"overlap_ms", "collective_ms"}.
+    ``dtype`` ("bf16", "fp16") and ``step_kernel`` as ``predict_steps`` takes them."""
     p = plan.problem
     return predict_steps(
         mc, plan.definition, plan.tp, plan.steps, (p["m"], p["n"], p["k"]),
-        (plan.partial_via, plan.pdl_by_default), tile_n,
+        (plan.partial_via, plan.pdl_by_default), tile_n, dtype, step_kernel,
     )  # fmt: skip
 
 
@@ -125,10 +161,15 @@ def predict_steps(
     problem: tuple[int, int, int],
     via: tuple[str, bool],
     tile_n: int = 0,
+    dtype: str = "bf16",
+    step_kernel: str | None = None,
 ) -> dict[str, float]:
     """``predict`` of the plan of schedule definition ``d`` on ``tp`` ranks at S = ``steps`` for
     the global ``problem`` (m, n, k), without building it: ``via`` is its (partial_via,
-    pdl_by_default), which ``_core.default_transport`` gives for the default options."""
+    pdl_by_default), which ``_core.default_transport`` gives for the default options. Its steps
+    are priced as the kernel that runs them (``step_kernel``: a calibration run's record; None:
+    ``step_kernel_of`` for ``dtype`` under the installed table where ``mc.steps_by_table``,
+    else distgemm's)."""
     m, n, k = problem
     rm, rn, rk = rank_problem(d, tp, m, n, k)
     moved = moved_bytes(d, tp, m, n, k)
@@ -140,8 +181,11 @@ def predict_steps(
     if tp < 2:
         return {"overlap_ms": gemm_ms(mc, rm, rn, rk, tile_n=tile_n), "collective_ms": mm}
     sm, sn = step_gemm(d, steps, rm, rn)
-    step = gemm_ms(mc, sm, sn, rk, tile_n=tile_n)
-    gemms = gemm_ms(mc, sm, sn, rk, tile_n=tile_n, count=steps, chained=via[1])
+    kernel = step_kernel or (
+        step_kernel_of(dtype, sm, sn, rk, tile_n) if mc.steps_by_table else kernel_table.DISTGEMM
+    )
+    step = steps_gemm_ms(mc, sm, sn, rk, kernel, tile_n=tile_n)
+    gemms = steps_gemm_ms(mc, sm, sn, rk, kernel, tile_n=tile_n, count=steps, chained=via[1])
     exposed = max(0.0, exposed_copy_ms(mc, moved, steps, tp) - step)
     per_step, o_share, o_per_byte = mc.overlap[transport_of(coll, via[0])]
     overlap = gemms * (1.0 + o_share) + exposed + steps * per_step + moved * o_per_byte
@@ -194,18 +238,22 @@ def error_margin_ms(error: float, baseline_ms: float, least_ms: float = MIN_GAIN
 
 
 def choose(
-    mc: MachineConstants | None, plan: Any, tile_n: int = 0, pred: dict[str, float] | None = None
+    mc: MachineConstants | None,
+    plan: Any,
+    tile_n: int = 0,
+    pred: dict[str, float] | None = None,
+    dtype: str = "bf16",
 ) -> tuple[str, dict[str, float], str]:
     """The model's path for ``plan`` ("overlap" or "collective"), its prediction and why in
     words: the overlapped one where it is predicted faster by at least MIN_GAIN_MS and by the
     constants' ``choice_error`` less TOLERATED_LOSS, shares of the collective time, else the
     collective one; the collective one without constants (``mc`` None). ``pred``: the plan's
-    ``predict`` where the caller has it. Shapes and constants only, so every rank picks the
-    same."""
+    ``predict`` where the caller has it (else it is priced for ``dtype``). Shapes, constants
+    and the node's kernel table only, so every rank picks the same."""
     if mc is None:
         why = "no calibration of this machine (python -m distgemm.tune --calibrate)"
         return "collective", {}, why
-    pred = pred or predict(mc, plan, tile_n)
+    pred = pred or predict(mc, plan, tile_n, dtype)
     gain = pred["collective_ms"] - pred["overlap_ms"]
     margin = margin_ms(mc, pred["collective_ms"])
     why = (

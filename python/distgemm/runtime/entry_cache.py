@@ -125,9 +125,6 @@ def make_state(
 ) -> PathState:
     """The state of ``path`` for an entry (collective where the path needs setup)."""
     if path == "overlap":
-        # Which kernel runs each GEMM shape on this GPU model: the same table on every rank of a
-        # node, handed to the runtime once per process before its first plan is made.
-        kernel_table.install(comm.device)
         return OverlappedState.create(comm, spec, key.precision, key.beta, key.return_gathered)
     if path == "fused":
         return FusedState.create(comm, spec, key.precision, key.beta, choice)
@@ -181,6 +178,11 @@ class EntryCache(collections.OrderedDict):
         problem = signature_mismatch(sigs, key.op)
         if problem:
             raise ValueError(problem)
+        if key.path in ("auto", "overlap"):
+            # Which kernel runs each GEMM shape on this GPU model: the same table on every rank
+            # of a node, handed to the runtime once per process before its first plan is made
+            # or priced (the cost model prices the kernel the table gives a plan's steps).
+            kernel_table.install(comm.device)
         mc = machine.constants_for(comm.device, spec.tp) if key.path == "auto" else None
         unavailable = collective_unavailable(comm.group)
         spec, steps_report, pred = choose_steps(

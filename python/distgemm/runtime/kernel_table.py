@@ -15,19 +15,23 @@ The package ships the tables of the GPUs it was measured on
 (``distgemm/data/kernels/<gpu stem>.json``); ``benchmarks.kernel.kernel_vs_cublas --table OUT``
 writes one from a run (``benchmarks.fp8.fp8_kernel_vs_scaled_mm --cublas --table OUT`` its fp8
 rows). ``DISTGEMM_KERNEL_TABLE`` names another file, or "off" for none.
-``DISTGEMM_KERNEL_TABLE_PLANS`` says which plans consult it: "one-rank" (the default: single
-GEMMs and one-rank plans; kernel/gemm.hpp's GemmDesc::kernel_table says why) or "all" (plans of
-several ranks too).
+``DISTGEMM_KERNEL_TABLE_PLANS`` says which plans consult it: "all" (the default: every GEMM,
+the steps of plans of several ranks too) or "one-rank" (single GEMMs and one-rank plans only,
+distgemm's kernels for every step of a plan of several ranks).
 
-Pure data, plus ``install``, which hands a table to ``_core`` once per process.
+Pure data, plus ``install``, which hands a table to ``_core`` once per process, and
+``plan_kernel``, which says what the installed table runs for a plan's step (the cost model
+prices that kernel).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from .. import _core
@@ -36,21 +40,24 @@ from .machine import gpu_stem
 __all__ = [
     "FORMAT", "VERSION", "TABLE_ENV", "PLANS_ENV", "PLANS", "SHIPPED_DIR", "document",
     "fp8_kernel", "load", "shipped_path", "runtime_rows", "plans_scope", "install",
+    "plan_kernel", "priced_as", "DISTGEMM", "CUBLASLT",
 ]  # fmt: skip
 
 FORMAT, VERSION = "distgemm-kernel-table", 1
 TABLE_ENV = "DISTGEMM_KERNEL_TABLE"  # a table file, or "off"
 PLANS_ENV = "DISTGEMM_KERNEL_TABLE_PLANS"  # which plans consult the table: one of PLANS
-PLANS = ("one-rank", "all")  # the first is the default
+PLANS = ("all", "one-rank")  # the first is the default
 SHIPPED_DIR = pathlib.Path(__file__).resolve().parent.parent / "data" / "kernels"
 DTYPES = ("bf16", "fp16", "e4m3")
 # What an fp8 (e4m3) row also names: its GEMM's scale kinds and accumulation (the lookup matches
 # them; kernel/kernel_table.hpp's fp8_kind_of).
 FP8_FLAGS = ("scale_a_rows", "scale_b_rows", "fast_accum")
 CUBLASLT = "cublaslt"
+DISTGEMM = "distgemm"  # plan_kernel's answer for any of distgemm's own configurations
 
 _lock = threading.Lock()
 _installed: dict[str, Any] = {}  # what install() settled: see install
+_plan_rows: list[dict[str, Any]] = []  # the rows plans of several ranks consult (scope "all")
 
 
 def check_rows(rows: Any, source: str) -> list[dict[str, Any]]:
@@ -246,6 +253,7 @@ def install(device) -> dict[str, Any]:
         table, source = table_for(gpu)
         rows = runtime_rows(table) if table else []
         _core.set_kernel_table(rows, all_plans=scope == "all")
+        _plan_rows[:] = rows if scope == "all" else []
         defaults = [f"{d['dtype']}: {d['kernel']}" + (f":{d['algo']}" if d["kernel"] == CUBLASLT
                     else "") for d in (table or {}).get("defaults", [])]  # fmt: skip
         _installed.update(source=source, rows=len(table["rows"]) if table else 0,
@@ -257,3 +265,32 @@ def installed() -> dict[str, Any]:
     """What ``install`` settled ({} before it ran): for memory_stats-style reports."""
     with _lock:
         return dict(_installed)
+
+
+def plan_kernel(dtype: str, m: int, n: int, k: int) -> str:
+    """Which kernel a plan of several ranks runs for its sub-GEMM m x n x k of ``dtype`` ("bf16"
+    or "fp16") under the installed table: CUBLASLT where the table's row near the shape, or
+    else its default for the dtype, is cuBLASLt; DISTGEMM otherwise, and wherever plans of
+    several ranks do not consult a table (none installed, scope "one-rank"). The lookup is the
+    runtime's own (``_core.kernel_table_row``), so the cost model prices what runs."""
+    with _lock:
+        rows = list(_plan_rows)
+    if not rows:
+        return DISTGEMM
+    hit = _core.kernel_table_row(rows, dtype, m, n, k)
+    return CUBLASLT if hit is not None and rows[hit]["kernel"] == CUBLASLT else DISTGEMM
+
+
+@contextlib.contextmanager
+def priced_as(table: dict[str, Any] | None) -> Iterator[None]:
+    """Within it, ``plan_kernel`` answers as if ``table`` (a loaded table; None: none) were
+    installed for every plan, while the runtime's own table stays as it is: host-only, for
+    pricing stored runs of another machine (``benchmarks.sweep.fit_path_model``)."""
+    with _lock:
+        saved = list(_plan_rows)
+        _plan_rows[:] = runtime_rows(table) if table else []
+    try:
+        yield
+    finally:
+        with _lock:
+            _plan_rows[:] = saved

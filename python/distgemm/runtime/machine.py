@@ -188,6 +188,10 @@ class MachineConstants:
       (less the tolerated loss, ``cost_model``).
     - ``reduce``: ``gemm_all_reduce`` at decode token counts (``ReduceConstants``), or None
       where the calibration did not measure it (the model then keeps mm + NCCL there).
+    - ``steps_by_table``: whether the calibration's overlapped runs had steps on cuBLASLt by the
+      machine's kernel table (``calibration_fit``): only then does the model price a plan's
+      steps as the installed table runs them; otherwise as distgemm's kernel, the kernel its
+      overlap terms were fitted with.
     - ``meta``: where the numbers come from (command, date, device, versions, the fit's errors).
     """
 
@@ -203,6 +207,7 @@ class MachineConstants:
     overlap: dict[str, tuple[float, float, float]]
     choice_error: float
     reduce: ReduceConstants | None = None
+    steps_by_table: bool = False
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def link_bytes_per_ms(self, peers: int = 1) -> float:
@@ -286,6 +291,7 @@ class MachineConstants:
                 overlap={k: _triple(d["overlap"][k]) for k in TRANSPORTS},
                 choice_error=float(d["choice_error"]),
                 reduce=ReduceConstants.from_json(d["reduce"]) if d.get("reduce") else None,
+                steps_by_table=bool(d.get("steps_by_table", False)),
                 meta=dict(d.get("meta", {})),
             )
         except (KeyError, TypeError, ValueError) as e:

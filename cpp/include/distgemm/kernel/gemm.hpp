@@ -124,12 +124,11 @@ struct GemmDesc {
   // and tile_n 0, a 16-bit dtype, and at most one of partial and user_c (cuBLASLt has one C).
   int cublas_algo = -1;
   // Whether the machine's kernel table may choose this GEMM's kernel (where config, tile_n and
-  // cublas_algo are unset). A plan of several ranks clears it (unless set_kernel_table's
-  // all_plans) until a GPU run shows cuBLASLt steps safe there: such a plan's first eager call once
-  // timed out on its flags (70B O at TP=4, benchmarks/results/2026-11-28-kernel-table.md). The
-  // likely cause, lazy module loading (a kernel that first loads behind a spinning GEMM of its plan
-  // waits for it forever), is answered by cublaslt_preload and gemm_prepare's loads, which have not
-  // run with it yet.
+  // cublas_algo are unset). A plan of several ranks clears it where set_kernel_table's all_plans
+  // is off (DISTGEMM_KERNEL_TABLE_PLANS=one-rank). Before cublaslt_preload and gemm_prepare loaded
+  // the kernels ahead, such a plan's first eager call with a cuBLASLt step once timed out on its
+  // flags (lazy module loading behind a spinning GEMM; 70B O at TP=4,
+  // benchmarks/results/2026-11-28-kernel-table.md).
   bool kernel_table = true;
 };
 
