@@ -14,7 +14,8 @@
 
 #include "distgemm/device/check.hpp"
 #include "distgemm/device/graph.hpp"
-#include "distgemm/kernel/allreduce.hpp"  // kAllReduceMaxCtas (the error record of its waits)
+#include "distgemm/kernel/allreduce.hpp"     // kAllReduceMaxCtas (the error record of its waits)
+#include "distgemm/kernel/kernel_table.hpp"  // kernel_table_all_plans
 #include "distgemm/kernel/tile_choice.hpp"
 
 namespace distgemm::device {

@@ -12,6 +12,7 @@
 #include "distgemm/device/check.hpp"
 #include "distgemm/kernel/gemm.hpp"
 #include "distgemm/kernel/gemm_extents.hpp"
+#include "distgemm/kernel/kernel_table.hpp"
 #include "distgemm/kernel/leading_barrier.cuh"
 #include "distgemm/kernel/tile_choice.hpp"
 

@@ -26,7 +26,6 @@ typedef struct CUstream_st* cudaStream_t;
 #include <string>
 #include <vector>
 
-#include "distgemm/kernel/kernel_table.hpp"
 #include "distgemm/kernel/tile_choice.hpp"  // kDefaultSwizzle, GemmConfig
 #include "distgemm/kernel/wait_spec.hpp"
 
@@ -172,13 +171,6 @@ int gemm_resident_ctas(DType dtype, int tile_n, int device);
 // Throws std::runtime_error (with the CUDA/CUTLASS error) on failure; never launches a GEMM
 // that gemm_can_implement rejects.
 void gemm_launch(const GemmDesc& g, const WaitSpec& wait, int device, cudaStream_t stream);
-
-// The machine's kernel table (kernel_table.hpp), one per process (the GPUs of one node are of
-// one model); empty until set. set_kernel_table replaces it. `all_plans`: whether plans of
-// several ranks consult it too (GemmDesc::kernel_table says why they do not by default).
-void set_kernel_table(std::vector<KernelTableRow> rows, bool all_plans = false);
-std::vector<KernelTableRow> kernel_table();
-bool kernel_table_all_plans();
 
 // The kernel `g` runs with on `device`, settled once (a graph resolves it at capture, for the
 // launch and its statistics): where g leaves config, tile_n and cublas_algo unset, allows the

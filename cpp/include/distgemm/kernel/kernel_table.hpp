@@ -69,4 +69,13 @@ inline const KernelTableRow* table_row(const std::vector<KernelTableRow>& rows, 
   return best ? best : fallback;
 }
 
+// The process's kernel table, which resolve_kernel (gemm.hpp) consults; the CUDA runtime
+// (kernels.cu) keeps it, one per process (the GPUs of one node are of one model), empty until
+// set. set_kernel_table replaces it. `all_plans`: whether plans of several ranks consult it too
+// (GemmDesc::kernel_table). Declared here, not in gemm.hpp, so that a change to the table's
+// header rebuilds only the files that use it.
+void set_kernel_table(std::vector<KernelTableRow> rows, bool all_plans = false);
+std::vector<KernelTableRow> kernel_table();
+bool kernel_table_all_plans();
+
 }  // namespace distgemm::kernel
