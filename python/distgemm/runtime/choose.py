@@ -30,11 +30,10 @@ from .paths.collective import own_all_reduce_offer
 from .paths.fused import fused_problem, rank_problem_shape
 from .spec import Spec, with_steps
 from .tuning_table import candidate_name
+from .validate import DTYPES
 
 # The S the model chooses among, as multiples of TP, where S is left to the library.
 MODEL_STEPS_PER_RANK = (1, 2)
-# The kernel table's dtype of the operands the model prices (fp8 operands are priced as bf16's).
-TABLE_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def choose_steps(
@@ -63,7 +62,7 @@ def choose_steps(
     if dtype not in (torch.bfloat16, torch.float16):
         return spec, {}, None
     plan, tp, problem = spec.plan, spec.tp, (spec.m, spec.n, spec.k)
-    table_dtype = TABLE_DTYPES[dtype]
+    table_dtype = DTYPES[dtype]
     definition = plan.definition
     vias = {spec.steps: (plan.partial_via, plan.pdl_by_default)}  # the defaults' S: its plan's
     for per_rank in MODEL_STEPS_PER_RANK:
@@ -135,7 +134,7 @@ def choose_path(
             why=f"tuning table bucket of {entry.tokens}..{2 * entry.tokens - 1} tokens",
         )
     else:
-        table_dtype = TABLE_DTYPES.get(dtype, "bf16")
+        table_dtype = DTYPES.get(dtype, "bf16")  # fp8 operands: priced as bf16's
         path, pred, why = model_choice(mc, spec.plan, spec.tile_n, prediction, table_dtype)
         info.update(source="model", **pred, why=f"model: {why}")
     if path == "collective" and collective_problem:
