@@ -115,10 +115,8 @@ def _predict(mc: MachineConstants, r: dict[str, Any]) -> dict[str, float]:
 def installed_step_kernel(schedule: str, tp: int, steps: int, m: int, n: int, k: int) -> str:
     """The kernel the installed table gives the bf16 steps of that plan (what a calibration
     records as a path run's ``step_kernel``)."""
-    d = _core.build_plan(schedule, tp, steps, m, n, k, 1).definition
-    rm, rn, rk = cost_model.rank_problem(d, tp, m, n, k)
-    sm, sn = cost_model.step_gemm(d, steps, rm, rn)
-    return cost_model.step_kernel_of("bf16", sm, sn, rk)
+    d = _core.schedule_definition(schedule)
+    return cost_model.step_kernel_of("bf16", *cost_model.step_shape(d, tp, steps, m, n, k))
 
 
 def fit(
@@ -188,12 +186,12 @@ def fit(
             continue
         rows, target = [], []
         for r, plan in mine:
-            rm, rn, rk = cost_model.rank_problem(plan.definition, plan.tp, r["m"], r["n"], r["k"])
-            sm, sn = cost_model.step_gemm(plan.definition, plan.steps, rm, rn)
+            d, tp = plan.definition, plan.tp
+            sm, sn, rk = cost_model.step_shape(d, tp, plan.steps, r["m"], r["n"], r["k"])
             steps, chained, kernel = plan.steps, plan.pdl_by_default, _step_kernel(r)
             gemms = cost_model.steps_gemm_ms(mc, sm, sn, rk, kernel, count=steps, chained=chained)
-            moved = cost_model.moved_bytes(plan.definition, plan.tp, r["m"], r["n"], r["k"])
-            rows.append([float(plan.steps), gemms, moved])
+            moved = cost_model.moved_bytes(d, tp, r["m"], r["n"], r["k"])
+            rows.append([float(steps), gemms, moved])
             target.append(r["ms"] - _predict(mc, r)["overlap_ms"])
         measured = [r["ms"] for r, _ in mine]
         lower = [0.0, OVERLAP_SHARE_FLOOR, 0.0]

@@ -192,6 +192,15 @@ def predict_steps(
     return {"overlap_ms": overlap, "collective_ms": collective}
 
 
+def step_shape(
+    definition: dict, tp: int, steps: int, m: int, n: int, k: int
+) -> tuple[int, int, int]:
+    """The longest step's GEMM (m, n, k) of the plan of ``definition`` on ``tp`` ranks at S =
+    ``steps`` for the global problem m x n x k (``rank_problem``, then ``step_gemm``)."""
+    rm, rn, rk = rank_problem(definition, tp, m, n, k)
+    return (*step_gemm(definition, steps, rm, rn), rk)
+
+
 def step_gemm(definition: dict, steps: int, rm: int, rn: int) -> tuple[int, int]:
     """The longest step's GEMM (uneven steps: ceil); at least one row, so that a plan with empty
     tiles (fewer tokens than steps) still has a step to price."""
