@@ -58,6 +58,8 @@ DISTGEMM = "distgemm"  # plan_kernel's answer for any of distgemm's own configur
 _lock = threading.Lock()
 _installed: dict[str, Any] = {}  # what install() settled: see install
 _plan_rows: list[dict[str, Any]] = []  # the rows plans of several ranks consult (scope "all")
+_plan_kernels: dict[tuple[str, int, int, int], str] = {}  # plan_kernel's answers for _plan_rows
+_plan_version = [0]  # bumped whenever _plan_rows is replaced
 
 
 def check_rows(rows: Any, source: str) -> list[dict[str, Any]]:
@@ -223,7 +225,7 @@ def runtime_rows(table: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def plans_scope() -> str:
-    """Which plans consult the table (``DISTGEMM_KERNEL_TABLE_PLANS``, default "one-rank");
+    """Which plans consult the table (``DISTGEMM_KERNEL_TABLE_PLANS``, default "all");
     ValueError naming the variable and its values for any other."""
     scope = os.environ.get(PLANS_ENV, "") or PLANS[0]
     if scope not in PLANS:
@@ -253,7 +255,7 @@ def install(device) -> dict[str, Any]:
         table, source = table_for(gpu)
         rows = runtime_rows(table) if table else []
         _core.set_kernel_table(rows, all_plans=scope == "all")
-        _plan_rows[:] = rows if scope == "all" else []
+        _set_plan_rows(rows if scope == "all" else [])
         defaults = [f"{d['dtype']}: {d['kernel']}" + (f":{d['algo']}" if d["kernel"] == CUBLASLT
                     else "") for d in (table or {}).get("defaults", [])]  # fmt: skip
         _installed.update(source=source, rows=len(table["rows"]) if table else 0,
@@ -272,13 +274,26 @@ def plan_kernel(dtype: str, m: int, n: int, k: int) -> str:
     or "fp16") under the installed table: CUBLASLT where the table's row near the shape, or
     else its default for the dtype, is cuBLASLt; DISTGEMM otherwise, and wherever plans of
     several ranks do not consult a table (none installed, scope "one-rank"). The lookup is the
-    runtime's own (``_core.kernel_table_row``), so the cost model prices what runs."""
+    runtime's own (``_core.kernel_table_row``), so the cost model prices what runs; each
+    shape's answer is kept until the rows change."""
+    key = (dtype, m, n, k)
     with _lock:
-        rows = list(_plan_rows)
-    if not rows:
-        return DISTGEMM
-    hit = _core.kernel_table_row(rows, dtype, m, n, k)
-    return CUBLASLT if hit is not None and rows[hit]["kernel"] == CUBLASLT else DISTGEMM
+        if key in _plan_kernels:
+            return _plan_kernels[key]
+        rows, version = list(_plan_rows), _plan_version[0]
+    hit = _core.kernel_table_row(rows, dtype, m, n, k) if rows else None
+    kernel = CUBLASLT if hit is not None and rows[hit]["kernel"] == CUBLASLT else DISTGEMM
+    with _lock:
+        if version == _plan_version[0]:  # not replaced meanwhile (install, priced_as)
+            _plan_kernels[key] = kernel
+    return kernel
+
+
+def _set_plan_rows(rows: list[dict[str, Any]]) -> None:
+    """Replaces the rows plan_kernel consults, and its answers (the caller holds _lock)."""
+    _plan_rows[:] = rows
+    _plan_kernels.clear()
+    _plan_version[0] += 1
 
 
 @contextlib.contextmanager
@@ -288,9 +303,9 @@ def priced_as(table: dict[str, Any] | None) -> Iterator[None]:
     pricing stored runs of another machine (``benchmarks.sweep.fit_path_model``)."""
     with _lock:
         saved = list(_plan_rows)
-        _plan_rows[:] = runtime_rows(table) if table else []
+        _set_plan_rows(runtime_rows(table) if table else [])
     try:
         yield
     finally:
         with _lock:
-            _plan_rows[:] = saved
+            _set_plan_rows(saved)
