@@ -184,6 +184,8 @@ def test_cli_refuses_too_many_cublas_algos(capsys):
 def test_merge_tables_of_one_gpu(tmp_path):
     a = _table([GOOD[0]])
     b = _table([GOOD[1], dict(GOOD[0], algo=3)])  # the first table's row of a shape stays
+    a["measured"] = dict(date="d1", args="--tp 2", margin=0.01)
+    b["measured"] = dict(date="d2", args="--scales tensor", margin=0.01)
     paths = [_write(tmp_path, a, "a.json"), _write(tmp_path, b, "b.json")]
     out = tmp_path / "merged.json"
     assert bench.main(["--merge", *map(str, paths), "--table", str(out)]) == 0
@@ -193,6 +195,8 @@ def test_merge_tables_of_one_gpu(tmp_path):
         (4096, "128x256", 0),
     ]
     assert merged["measured"]["parts"] == 2
+    assert merged["measured"]["args"] == "--tp 2"  # the first run's provenance, the other's kept
+    assert merged["measured"]["merged"] == [dict(date="d2", args="--scales tensor")]
     other = _write(tmp_path, _table(GOOD, gpu="NVIDIA H200"), "c.json")
     assert bench.main(["--merge", str(paths[0]), str(other), "--table", str(out)]) == 2
     assert bench.main(["--merge", str(paths[0])]) == 2

@@ -104,13 +104,14 @@ class Fp8Layer:
         else:
             x, sa = self.qa, self.sa
         ta, tb = scaled_mm_scales(sa, self.sw, x.shape[0], self.qw.shape[0])
-        y = torch._scaled_mm(
+        # Into the output (all-gather) or the partial (reduce-scatter) directly: no copy.
+        y = self.out if self.lo.ag else self.partial
+        torch._scaled_mm(
             x, self.qw.t(), scale_a=ta, scale_b=tb, out_dtype=torch.bfloat16,
-            use_fast_accum=self.fast,
+            use_fast_accum=self.fast, out=y,
         )  # fmt: skip
         if self.lo.ag:
-            return self.out.copy_(y)
-        self.partial.copy_(y)
+            return self.out
         dist.reduce_scatter_tensor(self.out, self.partial)
         return self.out
 

@@ -90,7 +90,8 @@ def table_measured(meta: dict[str, Any]) -> dict[str, Any]:
 def merge_tables(tables: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One kernel table from several of one GPU model (each a part of the shapes, measured on its
     own GPU of one machine): the rows of all, a shape measured twice keeping its first row, and the
-    first table's provenance with the number of parts. ValueError for tables of different GPU
+    first table's provenance with the number of parts and, under "merged", the date and
+    arguments of every other run. ValueError for tables of different GPU
     models."""
     gpus = sorted({t["gpu"] for t in tables})
     if len(gpus) != 1:
@@ -105,7 +106,13 @@ def merge_tables(tables: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 seen.add(key)
                 rows.append(r)
     out = dict(tables[0], rows=rows, defaults=table_defaults(rows))
-    out["measured"] = dict(tables[0].get("measured") or {}, parts=len(tables))
+    first = tables[0].get("measured") or {}
+    merged = [  # the other runs' provenance (e.g. fp8 rows merged into a bf16 table)
+        {f: t["measured"][f] for f in ("date", "args") if f in t["measured"]}
+        for t in tables[1:]
+        if t.get("measured") and t["measured"].get("args") != first.get("args")
+    ]
+    out["measured"] = dict(first, parts=len(tables), **({"merged": merged} if merged else {}))
     return out
 
 
