@@ -1,0 +1,2 @@
+# Session 13 call 6 (warm, call 1's install): first calls at TP=4 with their phases, scope one-rank, then all.
+mkdir -p $OUT/s; export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1; for sc in one-rank all; do DISTGEMM_KERNEL_TABLE_PLANS=$sc timeout 100 torchrun --nproc-per-node 4 -m benchmarks.host.first_call --phases --out $OUT/s/first-call-tp4-phases-$sc.json > $OUT/s/fcp-$sc.log 2>&1; echo rc=$? $sc; grep -v "^W1128\|\*\*\*" $OUT/s/fcp-$sc.log | tail -30 | cut -c1-200; done; cd $OUT && tar czf a.tgz s && rm -rf s
