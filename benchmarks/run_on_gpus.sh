@@ -37,6 +37,9 @@
 #   calibrate        python -m distgemm.tune --calibrate at TP = every GPU, and at TP = 2 on GPUs 0
 #                    and 1 where there are more: the cost model's machine constants, in calibrate/
 #   timeline         timeline.overlap_timeline (per-stream picture of one case)
+#   first-calls      host.first_call --phases at TP = every GPU under DISTGEMM_KERNEL_TABLE_PLANS
+#                    all, then one-rank, then at TP = 2 (GPUs 0 and 1) under all; then
+#                    probes.cublaslt_host_cost on GPU 0 (cuBLASLt's host cost per new shape)
 #   sweep-quick|full sweep.llama_sweep [--quick] $SWEEP_ARGS (e.g. "--models 405B")
 #   sweep-fc         sweep.llama_sweep --models 70B --layers FC1,FC2 (every token count)
 #   cpp-sweep-quick|full  distgemm_bench --sweep quick|full
@@ -204,6 +207,14 @@ for p in "$@"; do
         torchrun --nproc-per-node "$0" -m distgemm.tune --calibrate --out "$1/calibrate/tp$0.json"
         if [ "$0" -gt 2 ]; then CUDA_VISIBLE_DEVICES=0,1 torchrun --nproc-per-node 2 \
           -m distgemm.tune --calibrate --out "$1/calibrate/tp2.json"; fi' "$NPROC" "$OUT" ;;
+    first-calls) part first-calls 300 bash -c 'set -e
+        for scope in all one-rank; do DISTGEMM_KERNEL_TABLE_PLANS=$scope torchrun \
+          --nproc-per-node "$0" -m benchmarks.host.first_call --phases \
+          --out "$1/first-calls/tp$0-$scope.json"; done
+        if [ "$0" -gt 2 ]; then CUDA_VISIBLE_DEVICES=0,1 torchrun --nproc-per-node 2 \
+          -m benchmarks.host.first_call --phases --out "$1/first-calls/tp2-all.json"; fi
+        CUDA_VISIBLE_DEVICES=0 python3 -m benchmarks.probes.cublaslt_host_cost \
+          "$1/first-calls/cublaslt-host-cost.json"' "$NPROC" "$OUT" ;;
     timeline) part timeline 150 torchrun --nproc-per-node "$NPROC" -m benchmarks.timeline.overlap_timeline --out "$OUT/timeline" ;;
     sweep-quick) part sweep-quick 300 torchrun --nproc-per-node "$NPROC" -m benchmarks.sweep.llama_sweep --quick ${SWEEP_ARGS:-} --out "$OUT/sweep-quick" ;;
     sweep-full) part sweep-full ${SWEEP_S:-590} torchrun --nproc-per-node "$NPROC" -m benchmarks.sweep.llama_sweep ${SWEEP_ARGS:-} --out "$OUT/sweep-full" ;;
