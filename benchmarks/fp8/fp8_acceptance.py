@@ -7,6 +7,8 @@ verdict (every shape within LIMIT of torch._scaled_mm, the median at most 1) and
 
 from __future__ import annotations
 
+import json
+import pathlib
 import statistics
 import sys
 
@@ -19,9 +21,7 @@ LIMIT = 1.02  # ours / scaled_mm on any one shape (issue 44's acceptance)
 
 def load(paths: list[str]) -> tuple[dict, list[dict]]:
     """(the first part's meta with the number of parts and their arguments, every record)."""
-    import json
-
-    docs = [json.load(open(p)) for p in paths]
+    docs = [json.loads(pathlib.Path(p).read_text()) for p in paths]
     meta = dict(docs[0]["meta"], parts=len(docs), part_args=[d["meta"]["args"] for d in docs])
     return meta, [r for d in docs for r in d["records"]]
 
