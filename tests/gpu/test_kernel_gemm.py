@@ -324,6 +324,30 @@ def test_cublaslt_ranks_match_torch_mm(m, n, k):
     assert _core.cublaslt_launches() == before + min(count, 3)
 
 
+@pytest.mark.parametrize("m", [1, 7, 100, 520, 1000, 3000])
+def test_cublaslt_rows_of_a_bucket_match_torch_mm(m):
+    """Row counts other than powers of two run the algorithm the heuristic gives for the next
+    power of two, where cuBLASLt accepts it (gemm_cublaslt.cpp): the results stay torch.mm's,
+    eager and in a graph, for ranks 0 and 1."""
+    _cublas_or_skip()
+    n, k = 3072, 1024
+    a, w = _operands(m, n, k)
+    ref = torch.mm(a, w.t())
+    d = torch.zeros((m, n), device="cuda", dtype=torch.bfloat16)
+    for rank in range(min(2, _core.cublaslt_algo_count(m, n, k, cuda_device=0))):
+        d.zero_()
+        assert _gemm(a, w, d, m, n, k, cublas_algo=rank) == 0
+        torch.cuda.synchronize()
+        assert _rel_err(d, ref) < TOL, rank
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            _gemm(a, w, d, m, n, k, cublas_algo=rank)
+        d.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert _rel_err(d, ref) < TOL, rank
+
+
 def test_cublaslt_n_major_b_and_graph_replay():
     _cublas_or_skip()
     m, n, k = 512, 2048, 1024

@@ -2,6 +2,13 @@
 // use, the GEMM's layouts and epilogue in cuBLASLt's terms, its heuristic's algorithms cached per
 // shape, and the launch behind a one-thread kernel that waits for the GEMM's flags.
 //
+// Which algorithm runs: rank cublas_algo of the heuristic's list for the GEMM with its rows
+// rounded up to a power of two (heuristic_rows), where cuBLASLt accepts that algorithm for the
+// GEMM's own rows (cublasLtMatmulAlgoCheck); else rank cublas_algo of the GEMM's own list. Each
+// algorithm's kernel loads at its first use (about 3 ms on H200), and the heuristic picks a
+// different kernel for nearly every other row count: a server's new token counts would each
+// load kernels in their first call. Rows of a power of two ask the heuristic about themselves.
+//
 // Why dlopen: torch's CUDA wheels bring libcublasLt.so.13 and load it on `import torch`; opening
 // the same soname finds that copy (or, without torch, the one found at build time,
 // DISTGEMM_CUBLASLT_LIBRARY), so distgemm adds no second cuBLAS and its import never fails for
@@ -67,6 +74,7 @@ struct Lt {
   decltype(&cublasLtMatmulPreferenceDestroy) pref_destroy = nullptr;
   decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set = nullptr;
   decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic = nullptr;
+  decltype(&cublasLtMatmulAlgoCheck) algo_check = nullptr;
   cublasLtHandle_t handle = nullptr;
   std::string problem;  // why the library is unavailable ("" when loaded)
 };
@@ -105,6 +113,7 @@ const Lt& lt() {
     resolve(lib, "cublasLtMatmulPreferenceDestroy", l->pref_destroy, p);
     resolve(lib, "cublasLtMatmulPreferenceSetAttribute", l->pref_set, p);
     resolve(lib, "cublasLtMatmulAlgoGetHeuristic", l->heuristic, p);
+    resolve(lib, "cublasLtMatmulAlgoCheck", l->algo_check, p);
     if (p.empty()) {
       const cublasStatus_t st = l->create(&l->handle);
       if (st != CUBLAS_STATUS_SUCCESS)
@@ -254,7 +263,14 @@ const std::vector<cublasLtMatmulHeuristicResult_t>& algorithms(const GemmDesc& g
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache->find(key);
   if (it != cache->end()) return it->second;
-  Descs ds(g, usable_workspace(g));
+  // The heuristic is asked as a launch asks it, with non-null scale pointers (a null one reads as
+  // "no scale", which an outer-vector scale mode cannot be): a query without the GEMM's scales
+  // (cublaslt_algo_count) gets a placeholder address, which nothing dereferences.
+  GemmDesc query = g;
+  const float* placeholder = reinterpret_cast<const float*>(uintptr_t{256});
+  if (query.dtype == DType::E4M3 && !query.scale_a) query.scale_a = placeholder;
+  if (query.dtype == DType::E4M3 && !query.scale_b) query.scale_b = placeholder;
+  Descs ds(query, usable_workspace(g));
   std::vector<cublasLtMatmulHeuristicResult_t> found(kCublasLtMaxAlgos);
   int returned = 0;
   int prev = 0;
@@ -263,9 +279,9 @@ const std::vector<cublasLtMatmulHeuristicResult_t>& algorithms(const GemmDesc& g
   const cublasStatus_t st = lt().heuristic(lt().handle, ds.op, ds.a, ds.b, ds.c, ds.d, ds.pref,
                                            kCublasLtMaxAlgos, found.data(), &returned);
   DISTGEMM_CUDA_CHECK(cudaSetDevice(prev));
-  // A row-wise fp8 scale is cuBLASLt's outer-vector scale mode, which cuBLASLt 13.1 refuses on
-  // Hopper with INVALID_VALUE (it offers that mode from sm100 on): no algorithm, as for
-  // NOT_SUPPORTED, and such a GEMM runs distgemm's kernel.
+  // A row-wise fp8 scale is cuBLASLt's outer-vector scale mode. Where cuBLASLt refuses it with
+  // INVALID_VALUE, that counts as no algorithm, as NOT_SUPPORTED does, and such a GEMM runs
+  // distgemm's kernel.
   const bool outer_vec_refused =
       st == CUBLAS_STATUS_INVALID_VALUE && (g.scale_a_rows || g.scale_b_rows);
   if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED && !outer_vec_refused)
@@ -303,7 +319,53 @@ int64_t cublaslt_version() {
 
 namespace {
 
+// The rows the heuristic is asked about for a GEMM of g.m rows: the next power of two, so that
+// the GEMMs of one bucket share an algorithm and its kernel; a batched GEMM's own (its batch
+// strides are sized for its rows).
+int64_t heuristic_rows(const GemmDesc& g) {
+  if (g.l > 1) return g.m;
+  int64_t rows = 1;
+  while (rows < g.m) rows <<= 1;
+  return rows;
+}
+
+// Whether cuBLASLt runs `h`'s algorithm for g, within g's workspace; h's workspace size becomes
+// g's.
+bool accepts(const GemmDesc& g, cublasLtMatmulHeuristicResult_t& h) {
+  const int64_t ws_bytes = usable_workspace(g);
+  Descs ds(g, ws_bytes);
+  cublasLtMatmulHeuristicResult_t checked{};
+  const cublasStatus_t st =
+      lt().algo_check(lt().handle, ds.op, ds.a, ds.b, ds.c, ds.d, &h.algo, &checked);
+  if (st != CUBLAS_STATUS_SUCCESS || static_cast<int64_t>(checked.workspaceSize) > ws_bytes)
+    return false;
+  h.workspaceSize = checked.workspaceSize;
+  return true;
+}
+
+// The algorithm g runs (the file's header says which), kept per shape and rank.
 const cublasLtMatmulHeuristicResult_t& chosen(const GemmDesc& g, int device) {
+  static std::mutex mu;
+  static auto* cache = new std::map<std::pair<ShapeKey, int>, cublasLtMatmulHeuristicResult_t>();
+  const auto key = std::make_pair(shape_key(g, device), g.cublas_algo);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cache->find(key);
+    if (it != cache->end()) return it->second;
+  }
+  const int64_t rows = heuristic_rows(g);
+  if (rows != g.m && g.cublas_algo >= 0) {
+    GemmDesc bucket = g;
+    bucket.m = rows;
+    const auto& algos = algorithms(bucket, device);
+    if (g.cublas_algo < static_cast<int>(algos.size())) {
+      cublasLtMatmulHeuristicResult_t h = algos[g.cublas_algo];
+      if (accepts(g, h)) {
+        std::lock_guard<std::mutex> lock(mu);
+        return cache->emplace(key, h).first->second;
+      }
+    }
+  }
   const auto& algos = algorithms(g, device);
   if (g.cublas_algo < 0 || g.cublas_algo >= static_cast<int>(algos.size()))
     throw std::invalid_argument(
@@ -313,7 +375,8 @@ const cublasLtMatmulHeuristicResult_t& chosen(const GemmDesc& g, int device) {
         (algos.empty() && (g.scale_a_rows || g.scale_b_rows)
              ? " (a row-wise fp8 scale is its outer-vector scale mode, which it refuses here)"
              : ""));
-  return algos[g.cublas_algo];
+  std::lock_guard<std::mutex> lock(mu);
+  return cache->emplace(key, algos[g.cublas_algo]).first->second;
 }
 
 void matmul(const GemmDesc& g, const cublasLtMatmulHeuristicResult_t& h, cudaStream_t stream) {
