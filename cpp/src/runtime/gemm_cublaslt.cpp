@@ -321,9 +321,10 @@ namespace {
 
 // The rows the heuristic is asked about for a GEMM of g.m rows: the next power of two, so that
 // the GEMMs of one bucket share an algorithm and its kernel; a batched GEMM's own (its batch
-// strides are sized for its rows).
+// strides are sized for its rows), and so above 2^30 rows (the next power of two would pass
+// the int32 extents of a GEMM).
 int64_t heuristic_rows(const GemmDesc& g) {
-  if (g.l > 1) return g.m;
+  if (g.l > 1 || g.m > (int64_t{1} << 30)) return g.m;
   int64_t rows = 1;
   while (rows < g.m) rows <<= 1;
   return rows;
@@ -357,13 +358,20 @@ const cublasLtMatmulHeuristicResult_t& chosen(const GemmDesc& g, int device) {
   if (rows != g.m && g.cublas_algo >= 0) {
     GemmDesc bucket = g;
     bucket.m = rows;
-    const auto& algos = algorithms(bucket, device);
-    if (g.cublas_algo < static_cast<int>(algos.size())) {
-      cublasLtMatmulHeuristicResult_t h = algos[g.cublas_algo];
-      if (accepts(g, h)) {
-        std::lock_guard<std::mutex> lock(mu);
-        return cache->emplace(key, h).first->second;
+    bool taken = false;
+    cublasLtMatmulHeuristicResult_t h{};
+    try {
+      const auto& algos = algorithms(bucket, device);
+      if (g.cublas_algo < static_cast<int>(algos.size())) {
+        h = algos[g.cublas_algo];
+        taken = accepts(g, h);
       }
+    } catch (const std::exception&) {
+      taken = false;  // the bucket is only a shortcut: the GEMM's own list below decides
+    }
+    if (taken) {
+      std::lock_guard<std::mutex> lock(mu);
+      return cache->emplace(key, h).first->second;
     }
   }
   const auto& algos = algorithms(g, device);
