@@ -212,14 +212,33 @@ def test_install_without_the_cuda_runtime_or_on_a_cpu_device_does_nothing():
         assert kt.installed() == {}
 
 
-def test_plans_scope_defaults_to_all_and_refuses_other_values(monkeypatch):
-    monkeypatch.delenv(kt.PLANS_ENV, raising=False)
-    assert kt.plans_scope() == "all"
-    monkeypatch.setenv(kt.PLANS_ENV, "one-rank")
-    assert kt.plans_scope() == "one-rank"
-    monkeypatch.setenv(kt.PLANS_ENV, "every")
-    with pytest.raises(ValueError, match="DISTGEMM_KERNEL_TABLE_PLANS='every' is not one of"):
-        kt.plans_scope()
+@pytest.mark.parametrize(
+    "env,read,values,bad",
+    [
+        (kt.PLANS_ENV, kt.plans_scope, ("all", "one-rank"), "every"),
+        (kt.ROW_BUCKETS_ENV, kt.row_buckets, ("on", "off"), "1"),
+    ],
+)
+def test_switches_default_to_their_first_value_and_refuse_others(monkeypatch, env, read, values,
+                                                                  bad):  # fmt: skip
+    monkeypatch.delenv(env, raising=False)
+    assert read() == values[0]
+    monkeypatch.setenv(env, values[1])
+    assert read() == values[1]
+    monkeypatch.setenv(env, bad)
+    with pytest.raises(ValueError, match=f"{env}='{bad}' is not one of"):
+        read()
+
+
+def test_the_runtimes_row_bucket_switch():
+    if not hasattr(_core, "set_cublaslt_row_buckets"):
+        pytest.skip("_core was built without the CUDA runtime, which holds the switch")
+    assert _core.cublaslt_row_buckets() is True  # the default
+    try:
+        _core.set_cublaslt_row_buckets(False)
+        assert _core.cublaslt_row_buckets() is False
+    finally:
+        _core.set_cublaslt_row_buckets(True)
 
 
 FP8 = dict(dtype="e4m3", n=4096, k=2048, scale_a_rows=True, scale_b_rows=True, fast_accum=False)

@@ -6,7 +6,8 @@ Per new shape m x N x K (bf16, m in steps of 8, the step GEMMs of a reduce-scatt
 at TP=4 with K=4096, N=3072), host ms of: cuBLASLt's heuristic (cublaslt_algo_count), the first
 and a second eager call of its rank-0 algorithm (each until the device is done), and a CUDA graph
 of one call captured and instantiated (what cublaslt_preload does per shape); the same eager and
-graph costs for distgemm's kernel of that shape.
+graph costs for distgemm's kernel of that shape. DISTGEMM_CUBLASLT_ROW_BUCKETS=off asks cuBLASLt's
+heuristic about every row count (runtime.kernel_table.row_buckets).
 """
 
 import json
@@ -17,6 +18,7 @@ import time
 import torch
 
 from distgemm import _core
+from distgemm.runtime import kernel_table
 
 N, K = 3072, 1024
 MS = list(range(8, 776, 8))
@@ -32,6 +34,8 @@ def ms_of(fn) -> float:
 def main() -> int:
     dev = torch.device("cuda", 0)
     torch.cuda.set_device(dev)
+    buckets = kernel_table.row_buckets()
+    _core.set_cublaslt_row_buckets(buckets == "on")
     a = torch.rand(max(MS), K, device=dev, dtype=torch.bfloat16)
     b = torch.rand(N, K, device=dev, dtype=torch.bfloat16)
     d = torch.empty(max(MS), N, device=dev, dtype=torch.bfloat16)
@@ -81,7 +85,7 @@ def main() -> int:
     for k, v in summary.items():
         print(f"{k:18s} median {v['median']:.3f} ms  max {v['max']:.3f}  >1 ms: {v['over_1ms']}")
     meta = dict(gpu=torch.cuda.get_device_name(dev), torch=torch.__version__,
-                cublaslt=_core.cublaslt_version())  # fmt: skip
+                cublaslt=_core.cublaslt_version(), row_buckets=buckets)  # fmt: skip
     with open(sys.argv[1], "w") as f:
         json.dump(dict(meta=meta, summary=summary, rows=rows), f, indent=1)
     return 0

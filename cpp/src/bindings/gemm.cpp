@@ -25,6 +25,7 @@
 
 #include "distgemm/device/check.hpp"
 #include "distgemm/device/graph.hpp"
+#include "distgemm/kernel/cublaslt_buckets.hpp"
 #include "distgemm/kernel/gemm_extents.hpp"
 #include "kernel_table_rows.hpp"
 
@@ -282,6 +283,13 @@ void register_gemm(py::module_& m) {
       "opens at first use: torch's libcublasLt.so.13 where torch is loaded), else why.");
   m.def("cublaslt_launches", &distgemm::kernel::cublaslt_launches,
         "cuBLASLt GEMMs this process has enqueued or captured (eager calls, graph captures).");
+  m.def("set_cublaslt_row_buckets", &distgemm::kernel::set_cublaslt_row_buckets, py::arg("on"),
+        "Whether cuBLASLt GEMMs whose rows are not a power of two run the algorithm of their "
+        "bucket (the next power of two) where cuBLASLt accepts it (default on); off asks the "
+        "heuristic about every row count. Set before the first cuBLASLt GEMM: a shape's "
+        "algorithm, once chosen, is kept.");
+  m.def("cublaslt_row_buckets", &distgemm::kernel::cublaslt_row_buckets,
+        "Whether cuBLASLt GEMMs share their row bucket's algorithm (set_cublaslt_row_buckets).");
   m.def("cublaslt_version", &distgemm::kernel::cublaslt_version,
         "cuBLASLt's version number (cublasLtGetVersion), 0 when it cannot be loaded.");
   m.def(

@@ -3,11 +3,12 @@
 // shape, and the launch behind a one-thread kernel that waits for the GEMM's flags.
 //
 // Which algorithm runs: rank cublas_algo of the heuristic's list for the GEMM with its rows
-// rounded up to a power of two (heuristic_rows), where cuBLASLt accepts that algorithm for the
-// GEMM's own rows (cublasLtMatmulAlgoCheck); else rank cublas_algo of the GEMM's own list. Each
-// algorithm's kernel loads at its first use (about 3 ms on H200), and the heuristic picks a
-// different kernel for nearly every other row count: a server's new token counts would each
-// load kernels in their first call. Rows of a power of two ask the heuristic about themselves.
+// rounded up to a power of two (heuristic_rows; cublaslt_buckets.hpp turns it off), where cuBLASLt
+// accepts that algorithm for the GEMM's own rows (cublasLtMatmulAlgoCheck); else rank cublas_algo
+// of the GEMM's own list. Each algorithm's kernel loads at its first use (about 3 ms on H200), and
+// the heuristic picks a different kernel for nearly every other row count: a server's new token
+// counts would each load kernels in their first call. Rows of a power of two ask the heuristic
+// about themselves.
 //
 // Why dlopen: torch's CUDA wheels bring libcublasLt.so.13 and load it on `import torch`; opening
 // the same soname finds that copy (or, without torch, the one found at build time,
@@ -39,6 +40,7 @@
 #include <vector>
 
 #include "distgemm/device/check.hpp"
+#include "distgemm/kernel/cublaslt_buckets.hpp"
 #include "distgemm/kernel/gemm.hpp"
 
 #if DISTGEMM_WITH_CUBLASLT
@@ -50,9 +52,12 @@ namespace distgemm::kernel {
 
 namespace {
 std::atomic<int64_t> launches{0};
-}
+std::atomic<bool> row_buckets{true};
+}  // namespace
 
 int64_t cublaslt_launches() { return launches.load(); }
+void set_cublaslt_row_buckets(bool on) { row_buckets.store(on); }
+bool cublaslt_row_buckets() { return row_buckets.load(); }
 
 #if DISTGEMM_WITH_CUBLASLT
 namespace {
@@ -324,7 +329,7 @@ namespace {
 // strides are sized for its rows), and so above 2^30 rows (the next power of two would pass
 // the int32 extents of a GEMM).
 int64_t heuristic_rows(const GemmDesc& g) {
-  if (g.l > 1 || g.m > (int64_t{1} << 30)) return g.m;
+  if (!cublaslt_row_buckets() || g.l > 1 || g.m > (int64_t{1} << 30)) return g.m;
   int64_t rows = 1;
   while (rows < g.m) rows <<= 1;
   return rows;

@@ -18,6 +18,10 @@ rows). ``DISTGEMM_KERNEL_TABLE`` names another file, or "off" for none.
 ``DISTGEMM_KERNEL_TABLE_PLANS`` says which plans consult it: "all" (the default: every GEMM,
 the steps of plans of several ranks too) or "one-rank" (single GEMMs and one-rank plans only,
 distgemm's kernels for every step of a plan of several ranks).
+``DISTGEMM_CUBLASLT_ROW_BUCKETS``: "on" (the default: a cuBLASLt GEMM whose rows are not a power of
+two runs the algorithm of the next power of two, so that new token counts load no new kernel;
+runtime/gemm_cublaslt.cpp) or "off" (the heuristic's choice for every row count, for A/B
+measurements).
 
 Pure data, plus ``install``, which hands a table to ``_core`` once per process, and
 ``plan_kernel``, which says what the installed table runs for a plan's step (the cost model
@@ -38,8 +42,9 @@ from .. import _core
 from .machine import gpu_stem
 
 __all__ = [
-    "FORMAT", "VERSION", "TABLE_ENV", "PLANS_ENV", "PLANS", "SHIPPED_DIR", "document",
-    "fp8_kernel", "load", "shipped_path", "runtime_rows", "plans_scope", "install",
+    "FORMAT", "VERSION", "TABLE_ENV", "PLANS_ENV", "PLANS", "ROW_BUCKETS_ENV", "ROW_BUCKETS",
+    "SHIPPED_DIR", "document", "fp8_kernel", "load", "shipped_path", "runtime_rows", "plans_scope",
+    "row_buckets", "install",
     "plan_kernel", "priced_as", "DISTGEMM", "CUBLASLT",
 ]  # fmt: skip
 
@@ -47,6 +52,8 @@ FORMAT, VERSION = "distgemm-kernel-table", 1
 TABLE_ENV = "DISTGEMM_KERNEL_TABLE"  # a table file, or "off"
 PLANS_ENV = "DISTGEMM_KERNEL_TABLE_PLANS"  # which plans consult the table: one of PLANS
 PLANS = ("all", "one-rank")  # the first is the default
+ROW_BUCKETS_ENV = "DISTGEMM_CUBLASLT_ROW_BUCKETS"  # one of ROW_BUCKETS
+ROW_BUCKETS = ("on", "off")  # the first is the default
 SHIPPED_DIR = pathlib.Path(__file__).resolve().parent.parent / "data" / "kernels"
 DTYPES = ("bf16", "fp16", "e4m3")
 # What an fp8 (e4m3) row also names: its GEMM's scale kinds and accumulation (the lookup matches
@@ -233,10 +240,20 @@ def plans_scope() -> str:
     return scope
 
 
+def row_buckets() -> str:
+    """Whether cuBLASLt GEMMs share their row bucket's algorithm (``DISTGEMM_CUBLASLT_ROW_BUCKETS``,
+    default "on"); ValueError naming the variable and its values for any other."""
+    value = os.environ.get(ROW_BUCKETS_ENV, "") or ROW_BUCKETS[0]
+    if value not in ROW_BUCKETS:
+        raise ValueError(f"{ROW_BUCKETS_ENV}={value!r} is not one of {ROW_BUCKETS}")
+    return value
+
+
 def install(device) -> dict[str, Any]:
     """Hands the table of ``device``'s GPU model to the runtime, once per process (the GPUs of
-    one node are of one model), for the plans ``plans_scope`` names. Returns {"source", "rows"
-    (measured rows), "defaults" (e.g. "bf16: cublaslt:0"), "gpu", "plans"}; {} without the CUDA
+    one node are of one model), for the plans ``plans_scope`` names, with ``row_buckets``'s
+    setting. Returns {"source", "rows" (measured rows), "defaults" (e.g. "bf16: cublaslt:0"),
+    "gpu", "plans", "row_buckets"}; {} without the CUDA
     runtime, for a CPU device or under a torch without CUDA. With no table the runtime keeps the
     wave model's choices."""
     import torch
@@ -250,7 +267,8 @@ def install(device) -> dict[str, Any]:
     with _lock:
         if _installed:
             return dict(_installed)
-        scope = plans_scope()
+        scope, buckets = plans_scope(), row_buckets()
+        _core.set_cublaslt_row_buckets(buckets == "on")
         gpu = torch.cuda.get_device_properties(device).name
         table, source = table_for(gpu)
         rows = runtime_rows(table) if table else []
@@ -259,7 +277,7 @@ def install(device) -> dict[str, Any]:
         defaults = [f"{d['dtype']}: {d['kernel']}" + (f":{d['algo']}" if d["kernel"] == CUBLASLT
                     else "") for d in (table or {}).get("defaults", [])]  # fmt: skip
         _installed.update(source=source, rows=len(table["rows"]) if table else 0,
-                          defaults=defaults, gpu=gpu, plans=scope)  # fmt: skip
+                          defaults=defaults, gpu=gpu, plans=scope, row_buckets=buckets)  # fmt: skip
         return dict(_installed)
 
 
