@@ -1,6 +1,7 @@
 """Issue 44's fp8 acceptance from the stored parts of an fp8_kernel_vs_scaled_mm run (one part per
 GPU, each a --skip/--limit slice of one shape list): the parts merged into one JSON/CSV/MD, the
-verdict (every shape within LIMIT of torch._scaled_mm, the median at most 1) and a plot. No GPU.
+verdict (the kernel issue's: every shape within ACCEPT_RATIO of torch._scaled_mm, the median at
+most ACCEPT_MEDIAN; benchmarks/kernel/report.py) and a plot. No GPU.
 
     python3 -m benchmarks.fp8.fp8_acceptance PART.json [PART.json ...] --out DIR --stem NAME
 """
@@ -14,9 +15,8 @@ import sys
 
 from benchmarks.common.report import draw, load_pyplot, save_figure
 from benchmarks.fp8.fp8_kernel_vs_scaled_mm import write
+from benchmarks.kernel.report import ACCEPT_MEDIAN, ACCEPT_RATIO
 from distgemm import cli
-
-LIMIT = 1.02  # ours / scaled_mm on any one shape (issue 44's acceptance)
 
 
 def load(paths: list[str]) -> tuple[dict, list[dict]]:
@@ -27,9 +27,12 @@ def load(paths: list[str]) -> tuple[dict, list[dict]]:
 
 
 def ratios(records: list[dict], ours: str = "ours_fp8", base: str = "scaled_mm") -> list[float]:
-    """ours / base per timed record (> 1: ours slower)."""
+    """ours / base per record that passed its checks (status "ok": error bound, compute floor)
+    and timed both (> 1: ours slower)."""
     return [
-        r["ms"][ours] / r["ms"][base] for r in records if r["ms"].get(ours) and r["ms"].get(base)
+        r["ms"][ours] / r["ms"][base]
+        for r in records
+        if r["status"] == "ok" and r["ms"].get(ours) and r["ms"].get(base)
     ]
 
 
@@ -39,12 +42,12 @@ def verdict(records: list[dict]) -> tuple[bool, str]:
     missing = len(records) - len(q)
     if not q:
         return False, f"no shape timed ({len(records)} records)"
-    over = sum(x > LIMIT for x in q)
+    over = sum(x > ACCEPT_RATIO for x in q)
     med = statistics.median(q)
-    ok = not missing and not over and med <= 1.0
+    ok = not missing and not over and med <= ACCEPT_MEDIAN
     text = (
         f"{len(q)} of {len(records)} shapes timed; ours / scaled_mm median {med:.4f}, worst "
-        f"{max(q):.4f}; {over} above {LIMIT}: {'PASS' if ok else 'FAIL'}"
+        f"{max(q):.4f}; {over} above {ACCEPT_RATIO}: {'PASS' if ok else 'FAIL'}"
     )
     return ok, text
 
@@ -53,7 +56,7 @@ def plot(records: list[dict], meta: dict, path: str) -> str | None:
     plt, why = load_pyplot()
     if plt is None:
         return why
-    timed = [r for r in records if r["ms"].get("ours_fp8") and r["ms"].get("scaled_mm")]
+    timed = [r for r in records if ratios([r])]
     fig, ax = plt.subplots(figsize=(10, 4.5))
     for tp, marker in ((2, "o"), (4, "s"), (8, "^")):
         pts = [r for r in timed if r["sources"][0]["tp"] == tp]
@@ -62,7 +65,7 @@ def plot(records: list[dict], meta: dict, path: str) -> str | None:
             [r["ms"]["ours_fp8"] / r["ms"]["scaled_mm"] for r in pts],
             marker=marker, s=18, label=f"TP={tp} local GEMM",
         )  # fmt: skip
-    ax.axhline(LIMIT, color="red", lw=0.8, ls="--", label=f"limit {LIMIT}")
+    ax.axhline(ACCEPT_RATIO, color="red", lw=0.8, ls="--", label=f"limit {ACCEPT_RATIO}")
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.set_xscale("log")
     ax.set_xlabel("TFLOP per GEMM")

@@ -44,8 +44,7 @@ from .machine import gpu_stem
 __all__ = [
     "FORMAT", "VERSION", "TABLE_ENV", "PLANS_ENV", "PLANS", "ROW_BUCKETS_ENV", "ROW_BUCKETS",
     "SHIPPED_DIR", "document", "fp8_kernel", "load", "shipped_path", "runtime_rows", "plans_scope",
-    "row_buckets", "install",
-    "plan_kernel", "priced_as", "DISTGEMM", "CUBLASLT",
+    "row_buckets", "install", "plan_kernel", "priced_as", "DISTGEMM", "CUBLASLT",
 ]  # fmt: skip
 
 FORMAT, VERSION = "distgemm-kernel-table", 1
@@ -231,22 +230,24 @@ def runtime_rows(table: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def _switch(env: str, values: tuple[str, ...]) -> str:
+    """The value of the environment variable ``env``, one of ``values`` (unset or empty: the
+    first); ValueError naming the variable and its values for any other."""
+    value = os.environ.get(env, "") or values[0]
+    if value not in values:
+        raise ValueError(f"{env}={value!r} is not one of {values}")
+    return value
+
+
 def plans_scope() -> str:
-    """Which plans consult the table (``DISTGEMM_KERNEL_TABLE_PLANS``, default "all");
-    ValueError naming the variable and its values for any other."""
-    scope = os.environ.get(PLANS_ENV, "") or PLANS[0]
-    if scope not in PLANS:
-        raise ValueError(f"{PLANS_ENV}={scope!r} is not one of {PLANS}")
-    return scope
+    """Which plans consult the table (``DISTGEMM_KERNEL_TABLE_PLANS``, default "all")."""
+    return _switch(PLANS_ENV, PLANS)
 
 
 def row_buckets() -> str:
     """Whether cuBLASLt GEMMs share their row bucket's algorithm (``DISTGEMM_CUBLASLT_ROW_BUCKETS``,
-    default "on"); ValueError naming the variable and its values for any other."""
-    value = os.environ.get(ROW_BUCKETS_ENV, "") or ROW_BUCKETS[0]
-    if value not in ROW_BUCKETS:
-        raise ValueError(f"{ROW_BUCKETS_ENV}={value!r} is not one of {ROW_BUCKETS}")
-    return value
+    default "on")."""
+    return _switch(ROW_BUCKETS_ENV, ROW_BUCKETS)
 
 
 def install(device) -> dict[str, Any]:
