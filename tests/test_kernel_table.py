@@ -197,6 +197,21 @@ def test_merge_tables_of_one_gpu(tmp_path):
     assert merged["measured"]["parts"] == 2
     assert merged["measured"]["args"] == "--tp 2"  # the first run's provenance, the other's kept
     assert merged["measured"]["merged"] == [dict(date="d2", args="--scales tensor")]
+    # merging again keeps the provenance merged in before (a shipped table's fp8 rows)
+    c = _table([dict(GOOD[0], m=2048)])
+    c["measured"] = dict(date="d3", args="--scales row", margin=0.01)
+    again = tmp_path / "again.json"
+    assert (
+        bench.main(
+            ["--merge", str(out), str(_write(tmp_path, c, "c3.json")), "--table", str(again)]
+        )
+        == 0
+    )
+    assert kt.load(again)["measured"]["merged"] == [
+        dict(date="d2", args="--scales tensor"),
+        dict(date="d3", args="--scales row"),
+    ]
+    assert len(kt.load(again)["rows"]) == 3
     other = _write(tmp_path, _table(GOOD, gpu="NVIDIA H200"), "c.json")
     assert bench.main(["--merge", str(paths[0]), str(other), "--table", str(out)]) == 2
     assert bench.main(["--merge", str(paths[0])]) == 2

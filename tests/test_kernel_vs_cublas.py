@@ -397,3 +397,27 @@ def test_timing_without_a_gpu_says_why(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "no _core.gemm" in out or "no CUDA device visible" in out
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_the_shipped_h200_table_has_a_row_for_every_local_shape_of_each_kind():
+    """Issue 44's coverage: every per-GPU GEMM of the sweep (8B, 70B, 405B x 4 layers x 1024..16384
+    tokens at TP 2, 4, 8) has a measured bf16 row, and an fp8 row for tensor-wise and for row-wise
+    scales (accurate accumulation) in the shipped H200 table."""
+    from distgemm.runtime import kernel_table as kt
+
+    shapes, _ = kernel_shapes(
+        models=["8B", "70B", "405B"], tps=[2, 4, 8], tokens=[1024, 2048, 4096, 8192, 16384],
+        local_only=True,
+    )  # fmt: skip
+    assert len(shapes) == 180
+    rows = kt.load(kt.shipped_path("NVIDIA H200"))["rows"]
+
+    def kind(r):
+        if r["dtype"] != "e4m3":
+            return r["dtype"]
+        return "e4m3 " + ("row" if r["scale_a_rows"] else "tensor")
+
+    have = {(kind(r), r["m"], r["n"], r["k"]) for r in rows if not r.get("fast_accum")}
+    for k in ("bf16", "e4m3 tensor", "e4m3 row"):
+        missing = [(s.m, s.n, s.k) for s in shapes if (k, s.m, s.n, s.k) not in have]
+        assert missing == [], (k, missing[:5], len(missing))

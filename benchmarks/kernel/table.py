@@ -91,8 +91,8 @@ def merge_tables(tables: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One kernel table from several of one GPU model (each a part of the shapes, measured on its
     own GPU of one machine): the rows of all, a shape measured twice keeping its first row, and the
     first table's provenance with the number of parts and, under "merged", the date and
-    arguments of every other run. ValueError for tables of different GPU
-    models."""
+    arguments of every other run (and of the runs each table had merged in already). ValueError
+    for tables of different GPU models."""
     gpus = sorted({t["gpu"] for t in tables})
     if len(gpus) != 1:
         raise ValueError(f"the tables were measured on different GPU models: {gpus}")
@@ -107,11 +107,12 @@ def merge_tables(tables: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 rows.append(r)
     out = dict(tables[0], rows=rows, defaults=table_defaults(rows))
     first = tables[0].get("measured") or {}
-    merged = [  # the other runs' provenance (e.g. fp8 rows merged into a bf16 table)
-        {f: t["measured"][f] for f in ("date", "args") if f in t["measured"]}
-        for t in tables[1:]
-        if t.get("measured") and t["measured"].get("args") != first.get("args")
-    ]
+    merged = list(first.get("merged", []))  # runs merged into the first table earlier
+    for t in tables[1:]:  # the other runs' provenance (e.g. fp8 rows merged into a bf16 table)
+        m = t.get("measured") or {}
+        if m and m.get("args") != first.get("args"):
+            merged.append({f: m[f] for f in ("date", "args") if f in m})
+        merged.extend(e for e in m.get("merged", []) if e not in merged)
     out["measured"] = dict(first, parts=len(tables), **({"merged": merged} if merged else {}))
     return out
 

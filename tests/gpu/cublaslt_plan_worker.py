@@ -21,6 +21,10 @@ order; inputs seeded, different per rank):
            the latter also with beta * c: cuBLASLt launched, and right against fp32
   capture  rs_tile_a captured in torch.cuda.graph and replayed with fresh inputs copied in
            place, every replay checked
+  fp8_plans  the fp8 ops with the table for every plan: every schedule x scale kinds (row-wise
+           scales are cuBLASLt's outer-vector mode, each step reading its slice of the rows) x
+           accumulation, without beta * c: cuBLASLt launched, and right against the fp32
+           computation of the dequantized inputs (fp8_worker's shapes, inputs and reference)
 
 Exit code 0 when every check passed on every rank. Rank 0 writes every result to --out (JSON).
 """
@@ -31,6 +35,7 @@ import json
 import os
 import tempfile
 
+import fp8_worker
 import torch
 from fp8_worker import OPS  # schedule -> the op that runs it
 from torchrun_worker import rank, record, reference, rel_err, same_on_all_ranks, worker_main
@@ -71,6 +76,16 @@ def write_table(tp: int) -> str:
         for k in KS + KS_ALL_PLANS
         for i in range(0, 16)
     ]
+    rows += [  # fp8: fp8_worker's K (those of KS), every scale kind and accumulation
+        dict(dtype="e4m3", m=2**i, n=n, k=k, kernel="cublaslt", algo=0, scale_a_rows=ra,
+             scale_b_rows=rb, fast_accum=fast)
+        for n in range(64, 256 * tp + 1, 64)
+        for k in KS
+        for i in range(0, 16)
+        for ra in (False, True)
+        for rb in (False, True)
+        for fast in (False, True)
+    ]  # fmt: skip
     table = dict(format=kernel_table.FORMAT, version=kernel_table.VERSION, gpu=gpu, rows=rows)
     fd, path = tempfile.mkstemp(suffix=".json", prefix=f"cublaslt-table-r{rank()}-")
     with os.fdopen(fd, "w") as f:
@@ -177,6 +192,26 @@ def test_capture(dev, tp, replays):
     record("capture/rs_tile_a", worst < TOL, replays=replays, worst=worst)
 
 
+def test_fp8_plans(dev, tp, rows):
+    """fp8 plans of every rank under the table for every plan: cuBLASLt runs their steps, with
+    tensor-wise and row-wise scales, and they are right."""
+    _core.set_kernel_table(rows, all_plans=True)
+    for i, schedule in enumerate(OPS):
+        for j, kinds in enumerate(fp8_worker.KINDS):
+            for fast in (False, True) if kinds == ("row", "row") else (False,):
+                qa, sa, qw, sw, bias, _ = fp8_worker.inputs(
+                    schedule, kinds, dev, 700 + 10 * i + j, tp
+                )
+                before = _core.cublaslt_launches()
+                y = fp8_worker.call(schedule, qa, sa, qw, sw, bias, None, 0.0, "overlap", fast)
+                torch.cuda.synchronize()
+                launched = _core.cublaslt_launches() - before
+                err = rel_err(y, fp8_worker.want(schedule, qa, sa, qw, sw, bias, None, 0.0))
+                name = f"fp8_plans/{schedule}/{kinds[0]}-{kinds[1]}/"
+                name += "fast" if fast else "accurate"
+                record(name, err < TOL and launched > 0, err=err, cublaslt_launches=launched)
+
+
 def sections(dev, args):
     tp = torch.distributed.get_world_size()
     why = _core.cublaslt_problem()
@@ -194,6 +229,7 @@ def sections(dev, args):
         "plans": lambda: test_plans(dev, tp, rows),
         "solo": lambda: test_solo(dev, solo),
         "capture": lambda: test_capture(dev, tp, args.replays),
+        "fp8_plans": lambda: test_fp8_plans(dev, tp, rows),
     }
 
 

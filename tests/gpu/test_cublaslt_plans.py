@@ -1,8 +1,9 @@
 """Plans under a kernel table that gives every GEMM to cuBLASLt, under torchrun
 (tests/gpu/cublaslt_plan_worker.py does the work): with the table for every plan, plans of several
 ranks run cuBLASLt from a fresh process's first eager call on and are right; by default they keep
-distgemm's kernels and stay right; one-rank plans run cuBLASLt and are right; and a captured
-reduce-scatter replays with fresh inputs.
+distgemm's kernels and stay right; one-rank plans run cuBLASLt and are right; a captured
+reduce-scatter replays with fresh inputs; and fp8 plans run cuBLASLt steps with tensor-wise and
+row-wise scales and are right.
 
     python3 -m pytest -q -rs tests/gpu/test_cublaslt_plans.py
 
@@ -54,3 +55,15 @@ def test_one_rank_plans_run_cublaslt(results):
         got = named(data, name)
         assert got and all(e["ok"] and e["cublaslt_launches"] > 0 for e in got), name
     assert named(data, "capture/rs_tile_a")
+
+
+def test_fp8_plans_run_cublaslt_with_each_scale_kind(results):
+    _, _, data = results
+    for schedule in ("ag_rotate_a", "ag_rotate_b", "rs_tile_a", "rs_tile_b", "ar_tile_a"):
+        for kinds in ("row-row", "tensor-tensor", "row-tensor", "tensor-row"):
+            got = named(data, f"fp8_plans/{schedule}/{kinds}/accurate")
+            assert got and all(e["ok"] and e["cublaslt_launches"] > 0 for e in got), (
+                schedule,
+                kinds,
+            )
+        assert named(data, f"fp8_plans/{schedule}/row-row/fast"), schedule

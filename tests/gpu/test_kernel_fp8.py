@@ -222,3 +222,24 @@ def test_cublaslt_fp8_matches_dequantized_fp32(m, n, k, row_a, row_b, fast_accum
     err, err_torch = rel_err(d, ref), rel_err(theirs, ref)
     assert err < TOL, (err, err_torch)
     assert err <= 2 * err_torch + 1e-4, (err, err_torch)
+
+
+def test_cublaslt_refuses_an_unaligned_row_scale_and_distgemm_runs_it():
+    """A row-wise scale that starts off a 16-byte boundary (a step's slice of the rows can) is
+    refused for cuBLASLt with the reason, and distgemm's kernel (the default) runs the same GEMM
+    right."""
+    why = _core.cublaslt_problem()
+    if why:
+        pytest.skip(f"cuBLASLt unavailable: {why}")
+    m, n, k = 1000, 1040, 528
+    qa, sa, qb, sb = operands(m, n, k, True, True)
+    shifted = torch.empty(sa.numel() + 1, device="cuda", dtype=sa.dtype)
+    shifted[1:].copy_(sa.flatten())
+    sa_off = shifted[1:].view_as(sa)  # 4 bytes past a 16-byte boundary
+    assert sa_off.data_ptr() % 16 == 4
+    d = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="16-byte boundary.*starts 4 bytes past one"):
+        fp8_gemm(qa, sa_off, qb, sb, d, m, n, k, cublas_algo=0)
+    fp8_gemm(qa, sa_off, qb, sb, d, m, n, k)
+    torch.cuda.synchronize()
+    assert rel_err(d, dequantized_mm(qa, sa, qb, sb)) < TOL

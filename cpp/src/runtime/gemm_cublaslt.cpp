@@ -27,6 +27,7 @@
 // cublaslt_preload loads a GEMM's kernels before a plan enqueues anything (gemm.hpp says why).
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -301,6 +302,15 @@ std::string cublaslt_problem(const GemmDesc& g) {
   if (!lt().problem.empty()) return lt().problem;
   if (g.dtype == DType::E4M3 && g.b_n_major)
     return "an fp8 (e4m3) B must be K-contiguous for cuBLASLt too (its fp8 GEMMs are TN only)";
+  // cuBLASLt asks 16-byte alignment of its matrices; a row-wise scale (a step's slice of the
+  // rows) is held to the same, where an unaligned one runs distgemm's kernel.
+  for (const auto& [rows, ptr] :
+       {std::pair{g.scale_a_rows, g.scale_a}, {g.scale_b_rows, g.scale_b}})
+    if (g.dtype == DType::E4M3 && rows && reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
+      return "a row-wise fp8 scale for cuBLASLt starts on a 16-byte boundary, as its matrices "
+             "do; this one starts " +
+             s(static_cast<int64_t>(reinterpret_cast<uintptr_t>(ptr) % 16)) +
+             " bytes past one: it runs distgemm's kernel";
   if (g.partial && g.user_c)
     return "cuBLASLt adds one C matrix: this GEMM has both a partial and a user C (the last "
            "reduce-scatter step with beta * C); it runs distgemm's kernel";
@@ -407,12 +417,41 @@ void matmul(const GemmDesc& g, const cublasLtMatmulHeuristicResult_t& h, cudaStr
 
 }  // namespace
 
+int cublaslt_rank_to_run(const GemmDesc& g, int device) {
+  if (!cublaslt_problem(g).empty()) return -1;
+  const int wanted = g.cublas_algo < 0 ? 0 : g.cublas_algo;
+  if (heuristic_rows(g) != g.m) {  // the bucket's list, asked once per bucket
+    GemmDesc run = g;
+    run.m = heuristic_rows(g);
+    const int n = static_cast<int>(algorithms(run, device).size());
+    run = g;
+    run.cublas_algo = wanted < n ? wanted : 0;
+    if (n > 0) {
+      try {
+        chosen(run, device);  // kept for g's launches
+        return run.cublas_algo;
+      } catch (const std::invalid_argument&) {
+        // the bucket's algorithm does not take g, and g's own list is shorter: asked below
+      }
+    }
+  }
+  const int count = static_cast<int>(algorithms(g, device).size());
+  return count == 0 ? -1 : (wanted < count ? wanted : 0);
+}
+
 void cublaslt_preload(const GemmDesc& g, int device) {
   const cublasLtMatmulHeuristicResult_t& h = chosen(g, device);
   static std::mutex mu;
-  static auto* loaded = new std::set<std::pair<ShapeKey, int>>();
+  // Kept per algorithm and layout, all row counts as one: an algorithm runs one kernel whatever
+  // the rows (a bucket's GEMMs load it at the first of them, probes/cublaslt_host_cost.py), so a
+  // bucket's other row counts need no graph of their own.
+  using AlgoBytes = std::array<uint64_t, sizeof(h.algo) / sizeof(uint64_t)>;
+  static auto* loaded = new std::set<std::pair<ShapeKey, AlgoBytes>>();
+  GemmDesc layout = g;
+  layout.m = 0;
+  std::pair<ShapeKey, AlgoBytes> key{shape_key(layout, device), {}};
+  std::memcpy(key.second.data(), &h.algo, sizeof(h.algo));
   std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_pair(shape_key(g, device), g.cublas_algo);
   if (loaded->count(key)) return;
   // A private stream, captured in relaxed mode (the caller may be capturing a stream of its
   // own); the graph is instantiated, which loads its kernels, and destroyed unlaunched.
@@ -464,6 +503,7 @@ const char* kNoHeader =
 
 std::string cublaslt_problem(const GemmDesc&) { return kNoHeader; }
 int cublaslt_algo_count(const GemmDesc&, int) { throw std::invalid_argument(kNoHeader); }
+int cublaslt_rank_to_run(const GemmDesc&, int) { return -1; }
 int64_t cublaslt_version() { return 0; }
 void cublaslt_preload(const GemmDesc&, int) { throw std::invalid_argument(kNoHeader); }
 void cublaslt_launch(const GemmDesc&, const WaitSpec&, int, cudaStream_t) {

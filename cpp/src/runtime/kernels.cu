@@ -314,9 +314,9 @@ void resolve_kernel(GemmDesc& g, int device) {
       // where this GEMM's list is shorter (other epilogue, other M), its first runs. Where
       // cuBLASLt cannot take the GEMM (both a partial and C; a layout its heuristic refuses),
       // distgemm's kernel runs it, as without a row; a failing heuristic is an error.
-      const int count = cublaslt_problem(lt).empty() ? cublaslt_algo_count(lt, device) : 0;
-      if (count > 0) {
-        g.cublas_algo = row.cublas_algo < count ? row.cublas_algo : 0;
+      const int rank = cublaslt_rank_to_run(lt, device);
+      if (rank >= 0) {
+        g.cublas_algo = rank;
         return;
       }
     } else if (found && g.dtype != DType::E4M3 &&
