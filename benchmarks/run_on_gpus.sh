@@ -75,6 +75,16 @@
 #                    ${KERNEL_TABLE_ARGS:---tp 2,4,8 --local-only}, the list split over every GPU,
 #                    the parts' tables merged into kernel-table/table.json (ship it as
 #                    python/distgemm/data/kernels/<gpu>.json)
+#   fp8-table        the fp8 rows of one scale kind: fp8.fp8_kernel_vs_scaled_mm --cublas --table on
+#                    ${FP8_TABLE_ARGS:-the 180 local shapes of 8B/70B/405B at TP 2, 4, 8 and 1024..16384
+#                    tokens, --scales $FP8_SCALES (default tensor)}, shapes [FP8_FIRST, FP8_FIRST +
+#                    FP8_COUNT) of the list split over every GPU (so that one list can span calls on
+#                    one machine); every part kept in $FP8_TABLE_DIR (default /tmp/distgemm-fp8-table)
+#                    and merged after the machine's shipped table (whose rows stay) into
+#                    fp8-table/table.json
+#   fp8-acceptance   issue 44's fp8 acceptance: fp8.fp8_kernel_vs_scaled_mm --variants ours_fp8
+#                    --kernel-table ${FP8_KERNEL_TABLE:-shipped} on the same list and range, split
+#                    over every GPU; fp8.fp8_acceptance merges the parts into a verdict and plot
 #   kernel-vs-cublas kernel.kernel_vs_cublas ${KERNEL_ARGS:---tp 2 --local-only} on GPU 0:
 #                    distgemm's GEMM kernel (both tiles, the wave model's pick) vs torch.mm per
 #                    Llama GEMM shape
@@ -252,6 +262,34 @@ for p in "$@"; do
         python3 -m benchmarks.kernel.kernel_vs_cublas --merge "${tables[@]}" --table "$1/table.json" || rc=1
         exit $rc' "$NPROC" "$OUT/kernel-table" ${KERNEL_TABLE_S:-500} \
         "${KERNEL_TABLE_ARGS:---tp 2,4,8 --local-only}" ;;
+    fp8-table|fp8-acceptance) part "$p" ${FP8_PART_S:-590} bash -c '
+        # Shapes [first, first + count) of the list, split over the GPUs, one part each at once.
+        set -u; rc=0; first=${FP8_FIRST:-0}; count=${FP8_COUNT:-180}; dir=${FP8_TABLE_DIR:-/tmp/distgemm-fp8-table}
+        per=$(( (count + $0 - 1) / $0 )); pids=(); mkdir -p "$dir"
+        for i in $(seq 0 $(( $0 - 1 ))); do
+          skip=$(( first + i * per )); limit=$(( first + count - skip < per ? first + count - skip : per ))
+          [ "$limit" -gt 0 ] || continue
+          if [ "$4" = fp8-table ]; then
+            what=(--cublas --variants ours_fp8,cublaslt_fp8 --kernel-table off --table "$dir/table-$skip.json")
+          else
+            what=(--variants ours_fp8 --kernel-table "${FP8_KERNEL_TABLE:-shipped}")
+          fi
+          CUDA_VISIBLE_DEVICES=$i python3 -m benchmarks.fp8.fp8_kernel_vs_scaled_mm $3 "${what[@]}" \
+            --skip $skip --limit $limit --budget-s $(( $2 - 40 )) --out "$1" --stem part-$skip \
+            > "$1/part-$skip.log" 2>&1 &
+          pids+=($!)
+        done
+        for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+        if [ "$4" = fp8-table ]; then
+          shipped=$(python3 -c "import torch; from distgemm.runtime import kernel_table as k; print(k.shipped_path(torch.cuda.get_device_name(0)))")
+          base=(); [ -f "$shipped" ] && base=("$shipped")
+          python3 -m benchmarks.kernel.kernel_vs_cublas --merge "${base[@]}" "$dir"/table-*.json \
+            --table "$1/table.json" || rc=1
+        else
+          python3 -m benchmarks.fp8.fp8_acceptance "$1"/part-*.json --out "$1" --stem fp8-acceptance || rc=1
+        fi
+        exit $rc' "$NPROC" "$OUT/$p" ${FP8_PART_S:-590} \
+        "${FP8_TABLE_ARGS:---models 8B,70B,405B --tp 2,4,8 --tokens 1024,2048,4096,8192,16384 --scales ${FP8_SCALES:-tensor}}" "$p" ;;
     kernel-vs-cublas) part kernel-vs-cublas ${KERNEL_S:-500} python3 -m benchmarks.kernel.kernel_vs_cublas \
               ${KERNEL_ARGS:---tp 2 --local-only} --budget-s $(( ${KERNEL_S:-500} - 40 )) --out "$OUT/kernel-vs-cublas" ;;
     cpp-sweep-quick) part cpp-sweep-quick 200 "$BENCH" --sweep quick --tp "$NPROC" --csv "$OUT/cpp-sweep-quick/cpp-sweep-quick.csv" ;;

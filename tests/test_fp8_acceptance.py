@@ -6,10 +6,11 @@ import json
 from benchmarks.fp8 import fp8_acceptance as acc
 
 
-def _rec(m, ours, base, tp=2, status="ok"):
+def _rec(m, ours, base, tp=2, status="ok", local=True):
     src = dict(model="70B", layer="O", tokens=m, tp=tp)
     ms = {"ours_fp8": ours, "scaled_mm": base} if status == "ok" else {}
-    return dict(m=m, n=1024, k=512, status=status, reason=None, ms=ms, err={}, sources=[src])
+    return dict(m=m, n=1024, k=512, status=status, reason=None, ms=ms, err={}, sources=[src],
+                local=local)  # fmt: skip
 
 
 def _part(tmp_path, name, records):
@@ -28,7 +29,18 @@ def test_verdict_limits():
     assert not ok  # median above 1
     ok, text = acc.verdict([_rec(1, 1.0, 1.0), _rec(2, 0, 0, status="failed")])
     assert not ok and "1 of 2 shapes timed" in text  # an untimed shape fails the acceptance
-    assert acc.verdict([]) == (False, "no shape timed (0 records)")
+    assert acc.verdict([]) == (False, "no shape timed (0 records): FAIL")
+
+
+def test_shapes_only_of_plan_steps_are_reported_apart_from_the_verdict():
+    local = [_rec(1024, 1.0, 1.0), _rec(2048, 0.99, 1.0)]
+    steps = [_rec(256, 1.30, 1.0, local=False), _rec(512, 1.0, 1.0, local=False)]
+    ok, text = acc.verdict(local + steps)
+    first, second = text.split("\n")
+    assert ok and first.startswith("2 of 2 shapes timed") and first.endswith("PASS")
+    assert second.startswith("shapes only of plan steps (not in the verdict): 2 of 2 shapes")
+    assert "worst 1.3000; 1 above 1.02" in second
+    assert acc.verdict(local) == (True, acc.verdict(local + steps)[1].split("\n")[0])
 
 
 def test_main_merges_parts_and_exits_by_the_verdict(tmp_path):

@@ -421,3 +421,14 @@ def test_the_shipped_h200_table_has_a_row_for_every_local_shape_of_each_kind():
     for k in ("bf16", "e4m3 tensor", "e4m3 row"):
         missing = [(s.m, s.n, s.k) for s in shapes if (k, s.m, s.n, s.k) not in have]
         assert missing == [], (k, missing[:5], len(missing))
+
+
+def test_the_fp8_bench_lists_step_only_shapes_after_the_local_ones_with_steps():
+    from benchmarks.fp8 import fp8_kernel_vs_scaled_mm as fp8
+
+    base = ["--models", "8B", "--tp", "4", "--tokens", "4096"]
+    local = fp8.select(fp8.parse_args(base))
+    both = fp8.select(fp8.parse_args([*base, "--with-steps"]))
+    assert [s.local for s in local] == [True] * 4  # QKV, O, FC1, FC2
+    assert both[:4] == local and both[4:] and not any(s.local for s in both[4:])
+    assert (1024, 4096, 1024) in {(s.m, s.n, s.k) for s in both[4:]}  # 8B O at S=4

@@ -4,7 +4,7 @@ torch.mm and distgemm's bf16 kernel in the same run, on the local GEMMs of the L
     python3 -m benchmarks.fp8.fp8_kernel_vs_scaled_mm [--models 70B,405B] [--tp 2]
         [--tokens 4096,8192] [--layers QKV,O,FC1,FC2] [--scales row|tensor] [--budget-s S]
         [--skip N] [--limit N] [--variants ours_fp8,...] [--cublas] [--kernel-table off]
-        [--table OUT.json] [--out DIR]
+        [--table OUT.json] [--with-steps] [--out DIR]
     python3 -m benchmarks.fp8.fp8_kernel_vs_scaled_mm --dry-run     # the shapes, no GPU
 
 Per shape, on the current CUDA device: fresh uniform random A[m, k] in [-1, 1) with rows scaled
@@ -22,6 +22,9 @@ from them with one scale per row (--scales row, the default) or per tensor. Vari
     cublaslt_fp8[_fast]  with --cublas: cuBLASLt's fp8 GEMM as the runtime runs it (rank 0 of
                      its heuristic, no workspace; row-wise scales as its outer-vector scales),
                      where it offers an algorithm (the count is in the record's "cublaslt")
+
+--with-steps adds the shapes that occur only as a plan's steps (after the local GEMMs): shapes a
+table measured on the local GEMMs was not tuned on, where its rows and defaults generalize or not.
 
 --variants times a subset (scaled_mm, the baseline, always); a kernel table's measurement needs
 only "ours_fp8,cublaslt_fp8" (or their _fast pair) with --kernel-table off, an acceptance run
@@ -126,6 +129,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="the kernel table _core.gemm consults for ours_fp8[_fast]: 'shipped' (the "
         "package's for this GPU), 'off', or a table file (distgemm.runtime.kernel_table)",
     )
+    ap.add_argument(
+        "--with-steps",
+        action="store_true",
+        help="also the shapes that occur only as plan steps (after the local GEMMs)",
+    )
     ap.add_argument("--skip", type=int, default=0, help="leave out the first N shapes")
     ap.add_argument("--limit", type=int, default=None, help="at most N shapes (after --skip)")
     ap.add_argument("--budget-s", type=float, default=None, help="start no shape past this")
@@ -176,11 +184,12 @@ def kernel_table_rows(records: list[dict], rowwise: bool) -> list[dict]:
 
 
 def select(args: argparse.Namespace):
-    """The local GEMM shapes of the filters whose K and N the fp8 kernel takes (multiples of
-    16)."""
+    """The local GEMM shapes of the filters (then, with --with-steps, those only of plan steps)
+    whose K and N the fp8 kernel takes (multiples of 16)."""
     shapes, _ = kernel_shapes(
-        models=args.models, tps=args.tp, tokens=args.tokens, layers=args.layers, local_only=True
-    )
+        models=args.models, tps=args.tp, tokens=args.tokens, layers=args.layers,
+        local_only=not args.with_steps,
+    )  # fmt: skip
     shapes = [s for s in shapes if s.k % 16 == 0 and s.n % 16 == 0]
     end = None if args.limit is None else args.skip + args.limit
     return shapes[args.skip : end]
@@ -445,7 +454,8 @@ def main(argv=None) -> int:
     if args.dry_run:
         for s in shapes:
             src = s.sources[0]
-            print(f"{s.m}x{s.n}x{s.k}  {src.model} {src.layer} {src.tokens} TP={src.tp}")
+            step = f" S={src.steps}" if src.steps else ""
+            print(f"{s.m}x{s.n}x{s.k}  {src.model} {src.layer} {src.tokens} TP={src.tp}{step}")
         secs = len(shapes) * shape_seconds(len(timed_variants(args)))
         print(f"{len(shapes)} shapes, about {secs:.0f} s")
         return 0
