@@ -129,3 +129,39 @@ def test_plot_draws_each_run_and_needs_an_output(tmp_path):
     with pytest.raises(SystemExit) as e:
         first_call.main(["--plot", ",".join(runs)])
     assert e.value.code == 2
+
+
+def test_report_sums_cublaslt_host_time_per_kind(tmp_path, capsys):
+    """The cuBLASLt host ms of each call (``--phases``) are summarized per kind, printed after the
+    phases they sit inside, and written to the JSON."""
+    import json
+
+    calls = [
+        dict(op="all_gather_gemm", m=m, ms=1.0, host_ms=0.9, phases={"graph": 0.3}, path="overlap",
+             source="model", cublaslt_ms={"heuristic": h, "check": 0.02, "preload": 0.0,
+                                          "enqueue": 0.05})
+        for m, h in ((64, 0.16), (128, 0.0), (192, 0.0))
+    ]  # fmt: skip
+    steady = [dict(op="all_gather_gemm", m=64, ms=0.1)]
+    held = dict(workspace_bytes=0, workspace_allocations=0, largest_plan_bytes=0,
+                collective_bytes=0, collective_buffers=0, collective_allocations=0)  # fmt: skip
+    meta = dict(tp=2, k=4096, n=3072, impl="distgemm", path="default")
+    out = tmp_path / "fc.json"
+    first_call.report(calls, steady, [], meta, dict(torch_grown=0, distgemm=held), str(out))
+    text = capsys.readouterr().out
+    assert "cuBLASLt host ms per first call, inside the phases above" in text
+    line = next(x for x in text.splitlines() if x.strip().startswith("heuristic"))
+    assert line.split()[1:] == ["0.000", "0.160", "0.2"]  # median, max, total
+    doc = json.loads(out.read_text())
+    assert doc["cublaslt_ms"]["enqueue"] == pytest.approx(
+        {"median": 0.05, "p90": 0.05, "max": 0.05, "total": 0.15}
+    )
+    assert doc["calls"][0]["cublaslt_ms"]["heuristic"] == 0.16
+
+
+def test_cublaslt_host_ms_names_each_kind_of_work():
+    from distgemm import _core
+
+    got = _core.cublaslt_host_ms()
+    assert set(got) == {"heuristic", "check", "preload", "enqueue"}
+    assert all(v >= 0.0 for v in got.values())

@@ -18,9 +18,12 @@ grows, its allocation and IPC exchange, the re-pointing of the cached plans and 
 the old one, graph setup (the rest of OverlappedState.place), the entry's insertion (with an
 eviction beyond the cache's bound), the graph (graph_for: creation of the GraphLauncher), the
 overlapped path's call without it (the launch), the collective path's call and, inside it, the
-growth of its scratch. The control exchange is the shared-memory one unless DISTGEMM_CONTROL is
-"store" (runtime.control_shm); ``meta.control`` says which ran. Steady ms: CUDA events around
-``--steady-calls`` calls of an already created entry, per call, maximum over ranks.
+growth of its scratch. With ``--phases`` also the host ms of cuBLASLt's own work in each call
+(``_core.cublaslt_host_ms``: heuristic queries, algorithm checks, preload graphs, enqueues and
+captures), inside the phases above, on rank 0. The control exchange is the shared-memory one
+unless DISTGEMM_CONTROL is "store" (runtime.control_shm); ``meta.control`` says which ran.
+Steady ms: CUDA events around ``--steady-calls`` calls of an already created entry, per call,
+maximum over ranks.
 """
 
 from __future__ import annotations
@@ -188,6 +191,7 @@ def main(argv=None) -> None:
     import torch.distributed as dist
 
     import distgemm
+    from distgemm import _core
     from distgemm.runtime import communicator as dcomm
 
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -234,6 +238,7 @@ def main(argv=None) -> None:
                     torch.cuda.synchronize()
                     comm.all_gather(None, "first_call settle")
                     timer.take()
+                    lt0 = _core.cublaslt_host_ms() if args.phases else {}
                     t0 = time.perf_counter()
                     if profiler is not None:
                         profiler.runcall(fn)
@@ -243,10 +248,11 @@ def main(argv=None) -> None:
                     torch.cuda.synchronize()
                     ready = (time.perf_counter() - t0) * 1e3
                     phases = phases_of(timer.take(), host) if args.phases else {}
+                    lt = {k: v - lt0[k] for k, v in _core.cublaslt_host_ms().items()} if lt0 else {}
                     # The entry just created (LRU order); the baseline has none.
                     chosen = distgemm.path_choices()[-1] if args.impl == "distgemm" else {}
                     records.append(
-                        dict(op=op, m=m, host_ms=host, ms=ready, phases=phases)
+                        dict(op=op, m=m, host_ms=host, ms=ready, phases=phases, cublaslt_ms=lt)
                         | dict(path=chosen.get("path", "torch"), source=chosen.get("source"))
                     )
                     if i % args.steady_every == 0:
@@ -345,6 +351,10 @@ def report(records, steady, missing, meta, memory, out_path) -> None:
     for r in records:
         for name, v in r["phases"].items():
             phases[name].append(v)
+    cublaslt = defaultdict(list)
+    for r in records:
+        for name, v in r.get("cublaslt_ms", {}).items():
+            cublaslt[name].append(v)
     paths = defaultdict(int)
     for r in records:
         paths[f"{r['op']} {r['path']} ({r['source']})"] += 1
@@ -362,6 +372,11 @@ def report(records, steady, missing, meta, memory, out_path) -> None:
     if phases:
         print("host ms per phase of a first call: median / max / total")
     for name, v in sorted(phases.items(), key=lambda kv: -sum(kv[1])):
+        s = summarize(v)
+        print(f"  {name:20s} {s['median']:8.3f} {s['max']:8.3f} {s['total']:9.1f}")
+    if cublaslt:
+        print("cuBLASLt host ms per first call, inside the phases above: median / max / total")
+    for name, v in cublaslt.items():
         s = summarize(v)
         print(f"  {name:20s} {s['median']:8.3f} {s['max']:8.3f} {s['total']:9.1f}")
     print("paths: " + ", ".join(f"{k}: {v}" for k, v in sorted(paths.items())))
@@ -387,6 +402,7 @@ def report(records, steady, missing, meta, memory, out_path) -> None:
             steady_ms_median=steady_median,
             steady=steady,
             phases={k: summarize(v) for k, v in phases.items()},
+            cublaslt_ms={k: summarize(v) for k, v in cublaslt.items()},
             paths=dict(paths),
             memory_bytes=memory,
             not_wrapped=missing,

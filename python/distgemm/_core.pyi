@@ -351,6 +351,10 @@ def cublaslt_problem() -> str:
 def cublaslt_launches() -> int:
     """cuBLASLt GEMMs this process has enqueued or captured."""
 
+def cublaslt_host_ms() -> dict[str, float]:
+    """Host ms this process has spent in cuBLASLt's work: 'heuristic', 'check', 'preload',
+    'enqueue' (a preload's own enqueue counts in both)."""
+
 def cublaslt_version() -> int:
     """cublasLtGetVersion(), 0 when cuBLASLt cannot be loaded."""
 

@@ -25,7 +25,7 @@
 
 #include "distgemm/device/check.hpp"
 #include "distgemm/device/graph.hpp"
-#include "distgemm/kernel/cublaslt_buckets.hpp"
+#include "distgemm/kernel/cublaslt_process.hpp"
 #include "distgemm/kernel/gemm_extents.hpp"
 #include "kernel_table_rows.hpp"
 
@@ -283,6 +283,21 @@ void register_gemm(py::module_& m) {
       "opens at first use: torch's libcublasLt.so.13 where torch is loaded), else why.");
   m.def("cublaslt_launches", &distgemm::kernel::cublaslt_launches,
         "cuBLASLt GEMMs this process has enqueued or captured (eager calls, graph captures).");
+  m.def(
+      "cublaslt_host_ms",
+      [] {
+        using distgemm::kernel::CublasLtHostWork;
+        std::map<std::string, double> out;
+        for (const auto& [name, work] : {std::pair{"heuristic", CublasLtHostWork::kHeuristic},
+                                         {"check", CublasLtHostWork::kCheck},
+                                         {"preload", CublasLtHostWork::kPreload},
+                                         {"enqueue", CublasLtHostWork::kEnqueue}})
+          out[name] = distgemm::kernel::cublaslt_host_ns(work) / 1e6;
+        return out;
+      },
+      "Host ms this process has spent in cuBLASLt's work, per kind: 'heuristic' (its queries), "
+      "'check' (a bucket's algorithm checked for a GEMM's own rows), 'preload' (graphs that "
+      "load kernels), 'enqueue' (GEMMs enqueued or captured; a preload's own counts in both).");
   m.def("set_cublaslt_row_buckets", &distgemm::kernel::set_cublaslt_row_buckets, py::arg("on"),
         "Whether cuBLASLt GEMMs whose rows are not a power of two run the algorithm of their "
         "bucket (the next power of two) where cuBLASLt accepts it (default on); off asks the "

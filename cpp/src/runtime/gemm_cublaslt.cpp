@@ -3,7 +3,7 @@
 // shape, and the launch behind a one-thread kernel that waits for the GEMM's flags.
 //
 // Which algorithm runs: rank cublas_algo of the heuristic's list for the GEMM with its rows
-// rounded up to a power of two (heuristic_rows; cublaslt_buckets.hpp turns it off), where cuBLASLt
+// rounded up to a power of two (heuristic_rows; cublaslt_process.hpp turns it off), where cuBLASLt
 // accepts that algorithm for the GEMM's own rows (cublasLtMatmulAlgoCheck); else rank cublas_algo
 // of the GEMM's own list. Each algorithm's kernel loads at its first use (about 3 ms on H200), and
 // the heuristic picks a different kernel for nearly every other row count: a server's new token
@@ -29,6 +29,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -41,7 +42,7 @@
 #include <vector>
 
 #include "distgemm/device/check.hpp"
-#include "distgemm/kernel/cublaslt_buckets.hpp"
+#include "distgemm/kernel/cublaslt_process.hpp"
 #include "distgemm/kernel/gemm.hpp"
 
 #if DISTGEMM_WITH_CUBLASLT
@@ -54,11 +55,35 @@ namespace distgemm::kernel {
 namespace {
 std::atomic<int64_t> launches{0};
 std::atomic<bool> row_buckets{true};
+std::array<std::atomic<int64_t>, static_cast<int>(CublasLtHostWork::kCount)> host_ns{};
+
+// Adds the host time of its scope to one kind of cublaslt_host_ns.
+class HostTime {
+ public:
+  explicit HostTime(CublasLtHostWork work) : work_(work) {}
+  ~HostTime() {
+    host_ns[static_cast<int>(work_)] +=
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_)
+            .count();
+  }
+  HostTime(const HostTime&) = delete;
+  HostTime& operator=(const HostTime&) = delete;
+
+ private:
+  CublasLtHostWork work_;
+  std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
+};
 }  // namespace
 
 int64_t cublaslt_launches() { return launches.load(); }
 void set_cublaslt_row_buckets(bool on) { row_buckets.store(on); }
 bool cublaslt_row_buckets() { return row_buckets.load(); }
+int64_t cublaslt_host_ns(CublasLtHostWork work) {
+  const int i = static_cast<int>(work);
+  if (i < 0 || i >= static_cast<int>(CublasLtHostWork::kCount))
+    throw std::invalid_argument("cublaslt_host_ns: no such kind of work: " + std::to_string(i));
+  return host_ns[i].load();
+}
 
 #if DISTGEMM_WITH_CUBLASLT
 namespace {
@@ -269,6 +294,7 @@ const std::vector<cublasLtMatmulHeuristicResult_t>& algorithms(const GemmDesc& g
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache->find(key);
   if (it != cache->end()) return it->second;
+  const HostTime timed(CublasLtHostWork::kHeuristic);
   // The heuristic is asked as a launch asks it, with non-null scale pointers (a null one reads as
   // "no scale", which an outer-vector scale mode cannot be): a query without the GEMM's scales
   // (cublaslt_algo_count) gets a placeholder address, which nothing dereferences.
@@ -348,6 +374,7 @@ int64_t heuristic_rows(const GemmDesc& g) {
 // Whether cuBLASLt runs `h`'s algorithm for g, within g's workspace; h's workspace size becomes
 // g's.
 bool accepts(const GemmDesc& g, cublasLtMatmulHeuristicResult_t& h) {
+  const HostTime timed(CublasLtHostWork::kCheck);
   const int64_t ws_bytes = usable_workspace(g);
   Descs ds(g, ws_bytes);
   cublasLtMatmulHeuristicResult_t checked{};
@@ -403,6 +430,7 @@ const cublasLtMatmulHeuristicResult_t& chosen(const GemmDesc& g, int device) {
 }
 
 void matmul(const GemmDesc& g, const cublasLtMatmulHeuristicResult_t& h, cudaStream_t stream) {
+  const HostTime timed(CublasLtHostWork::kEnqueue);
   const int64_t ws_bytes = usable_workspace(g);
   Descs ds(g, ws_bytes);
   const COperand c = c_operand(g);
@@ -453,6 +481,7 @@ void cublaslt_preload(const GemmDesc& g, int device) {
   std::memcpy(key.second.data(), &h.algo, sizeof(h.algo));
   std::lock_guard<std::mutex> lock(mu);
   if (loaded->count(key)) return;
+  const HostTime timed(CublasLtHostWork::kPreload);  // its enqueue counts here too
   // A private stream, captured in relaxed mode (the caller may be capturing a stream of its
   // own); the graph is instantiated, which loads its kernels, and destroyed unlaunched.
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
