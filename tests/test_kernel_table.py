@@ -181,7 +181,7 @@ def test_cli_refuses_too_many_cublas_algos(capsys):
     assert "--cublas-algos must be 0..4" in capsys.readouterr().err
 
 
-def test_merge_tables_of_one_gpu(tmp_path):
+def test_merge_tables_of_one_gpu(tmp_path, capsys):
     a = _table([GOOD[0]])
     b = _table([GOOD[1], dict(GOOD[0], algo=3)])  # the first table's row of a shape stays
     a["measured"] = dict(date="d1", args="--tp 2", margin=0.01)
@@ -189,6 +189,7 @@ def test_merge_tables_of_one_gpu(tmp_path):
     paths = [_write(tmp_path, a, "a.json"), _write(tmp_path, b, "b.json")]
     out = tmp_path / "merged.json"
     assert bench.main(["--merge", *map(str, paths), "--table", str(out)]) == 0
+    assert "(1 row(s) of shapes already in an earlier table left out)" in capsys.readouterr().out
     merged = kt.load(out)
     assert [(r["m"], r["kernel"], r["algo"]) for r in merged["rows"]] == [
         (1024, "cublaslt", 1),

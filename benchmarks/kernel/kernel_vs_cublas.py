@@ -403,13 +403,18 @@ def main(argv=None) -> int:
             print("--merge needs --table OUT.json")
             return 2
         try:
-            merged = table.merge_tables([kernel_table.load(p) for p in args.merge])
+            tables = [kernel_table.load(p) for p in args.merge]
+            merged = table.merge_tables(tables)
         except ValueError as e:
             print(f"--merge: {e}")
             return 2
         with open(args.table, "w") as f:
             json.dump(merged, f, indent=1)
-        print(f"kernel table: {len(merged['rows'])} rows from {len(args.merge)} -> {args.table}")
+        kept = sum(len(t["rows"]) for t in tables) - len(merged["rows"])
+        print(
+            f"kernel table: {len(merged['rows'])} rows from {len(args.merge)} -> {args.table}"
+            + (f" ({kept} row(s) of shapes already in an earlier table left out)" if kept else "")
+        )
         return 0
     shapes, skipped = select(args)
     if args.dry_run:
