@@ -448,19 +448,17 @@ void matmul(const GemmDesc& g, const cublasLtMatmulHeuristicResult_t& h, cudaStr
 int cublaslt_rank_to_run(const GemmDesc& g, int device) {
   if (!cublaslt_problem(g).empty()) return -1;
   const int wanted = g.cublas_algo < 0 ? 0 : g.cublas_algo;
-  if (heuristic_rows(g) != g.m) {  // the bucket's list, asked once per bucket
-    GemmDesc run = g;
-    run.m = heuristic_rows(g);
-    const int n = static_cast<int>(algorithms(run, device).size());
-    run = g;
-    run.cublas_algo = wanted < n ? wanted : 0;
-    if (n > 0) {
-      try {
-        chosen(run, device);  // kept for g's launches
-        return run.cublas_algo;
-      } catch (const std::invalid_argument&) {
-        // the bucket's algorithm does not take g, and g's own list is shorter: asked below
-      }
+  GemmDesc run = g;
+  run.m = heuristic_rows(g);  // the bucket's list (asked once per bucket), else g's own
+  const int n = static_cast<int>(algorithms(run, device).size());
+  run = g;
+  run.cublas_algo = wanted < n ? wanted : 0;
+  if (n > 0) {
+    try {
+      chosen(run, device);  // which chosen() keeps for g's launches
+      return run.cublas_algo;
+    } catch (const std::invalid_argument&) {
+      // the bucket's algorithm does not take g, and g's own list is shorter: asked below
     }
   }
   const int count = static_cast<int>(algorithms(g, device).size());
