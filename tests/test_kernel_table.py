@@ -231,8 +231,8 @@ def test_install_without_the_cuda_runtime_or_on_a_cpu_device_does_nothing():
 @pytest.mark.parametrize(
     "env,read,values,bad",
     [
-        (kt.PLANS_ENV, kt.plans_scope, ("all", "one-rank"), "every"),
-        (kt.ROW_BUCKETS_ENV, kt.row_buckets, ("on", "off"), "1"),
+        (kt.PLANS_ENV, kt.plans_scope, ("one-rank", "all"), "every"),
+        (kt.ROW_BUCKETS_ENV, kt.row_buckets, ("off", "on"), "1"),
     ],
 )
 def test_switches_default_to_their_first_value_and_refuse_others(monkeypatch, env, read, values,
@@ -249,12 +249,12 @@ def test_switches_default_to_their_first_value_and_refuse_others(monkeypatch, en
 def test_the_runtimes_row_bucket_switch():
     if not hasattr(_core, "set_cublaslt_row_buckets"):
         pytest.skip("_core was built without the CUDA runtime, which holds the switch")
-    assert _core.cublaslt_row_buckets() is True  # the default
+    assert _core.cublaslt_row_buckets() is False  # the default
     try:
-        _core.set_cublaslt_row_buckets(False)
-        assert _core.cublaslt_row_buckets() is False
-    finally:
         _core.set_cublaslt_row_buckets(True)
+        assert _core.cublaslt_row_buckets() is True
+    finally:
+        _core.set_cublaslt_row_buckets(False)
 
 
 FP8 = dict(dtype="e4m3", n=4096, k=2048, scale_a_rows=True, scale_b_rows=True, fast_accum=False)

@@ -198,8 +198,9 @@ def test_fp8_refusals_name_the_constraint():
 def test_cublaslt_fp8_matches_dequantized_fp32(m, n, k, row_a, row_b, fast_accum):
     """cuBLASLt's fp8 GEMM (gemm(cublas_algo=0)): tensor-wise scales, and row-wise ones as its
     outer-vector scales where its heuristic offers an algorithm for them; the same bounds as
-    distgemm's kernels. Where it offers none (row-wise scales on Hopper: cuBLASLt has that mode
-    from sm100 on), the count is 0 and a launch is refused with the reason."""
+    distgemm's kernels. Where it offers none (on H200 with cuBLASLt 13.1, 2026-11-28: one
+    operand row-wise and the other tensor-wise), the count is 0 and a launch is refused with the
+    reason."""
     why = _core.cublaslt_problem()
     if why:
         pytest.skip(f"cuBLASLt unavailable: {why}")

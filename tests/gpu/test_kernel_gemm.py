@@ -325,12 +325,21 @@ def test_cublaslt_ranks_match_torch_mm(m, n, k):
 
 
 @pytest.mark.parametrize("m", [1, 7, 100, 520, 1000, 3000])
-def test_cublaslt_rows_of_a_bucket_match_torch_mm(m):
-    """Row counts other than powers of two run the algorithm the heuristic gives for the next
-    power of two, where cuBLASLt accepts it (gemm_cublaslt.cpp): the results stay torch.mm's,
-    eager and in a graph, for ranks 0 and 1."""
+@pytest.mark.parametrize("buckets", [False, True], ids=["own-rows", "row-buckets"])
+def test_cublaslt_rows_of_a_bucket_match_torch_mm(m, buckets):
+    """With row buckets on, row counts inside a bucket run the algorithm the heuristic gives for
+    the bucket's edge, where cuBLASLt accepts it (gemm_cublaslt.cpp); off (the default), their
+    own: the results stay torch.mm's, eager and in a graph, for ranks 0 and 1. n differs per
+    setting, since a shape's algorithm, once chosen, is kept."""
     _cublas_or_skip()
-    n, k = 3072, 1024
+    _core.set_cublaslt_row_buckets(buckets)
+    try:
+        _rows_match_torch_mm(m, 3072 + 64 * buckets, 1024)
+    finally:
+        _core.set_cublaslt_row_buckets(False)
+
+
+def _rows_match_torch_mm(m, n, k):
     a, w = _operands(m, n, k)
     ref = torch.mm(a, w.t())
     d = torch.zeros((m, n), device="cuda", dtype=torch.bfloat16)

@@ -2,13 +2,13 @@
 // use, the GEMM's layouts and epilogue in cuBLASLt's terms, its heuristic's algorithms cached per
 // shape, and the launch behind a one-thread kernel that waits for the GEMM's flags.
 //
-// Which algorithm runs: rank cublas_algo of the heuristic's list for the GEMM with its rows
-// rounded up to a power of two (heuristic_rows; cublaslt_process.hpp turns it off), where cuBLASLt
-// accepts that algorithm for the GEMM's own rows (cublasLtMatmulAlgoCheck); else rank cublas_algo
-// of the GEMM's own list. Each algorithm's kernel loads at its first use (about 3 ms on H200), and
-// the heuristic picks a different kernel for nearly every other row count: a server's new token
-// counts would each load kernels in their first call. Rows of a power of two ask the heuristic
-// about themselves.
+// Which algorithm runs: rank cublas_algo of the heuristic's list for the GEMM's own shape. With
+// row buckets on (cublaslt_process.hpp; off by default), rank cublas_algo of the list for the GEMM
+// with its rows rounded up to a row bucket (heuristic_rows), where cuBLASLt accepts that algorithm
+// for the GEMM's own rows (cublasLtMatmulAlgoCheck): a bucket asks the heuristic once (about
+// 0.17 ms on H200) for all its row counts, but its algorithm ran up to 1.32x slower than the
+// heuristic's own choice on rows inside it. Each algorithm's kernel loads at its first use (about
+// 3 ms on H200), once per algorithm and layout (cublaslt_preload).
 //
 // Why dlopen: torch's CUDA wheels bring libcublasLt.so.13 and load it on `import torch`; opening
 // the same soname finds that copy (or, without torch, the one found at build time,
@@ -54,7 +54,7 @@ namespace distgemm::kernel {
 
 namespace {
 std::atomic<int64_t> launches{0};
-std::atomic<bool> row_buckets{true};
+std::atomic<bool> row_buckets{false};
 std::array<std::atomic<int64_t>, static_cast<int>(CublasLtHostWork::kCount)> host_ns{};
 
 // Adds the host time of its scope to one kind of cublaslt_host_ns.
@@ -276,13 +276,18 @@ int64_t usable_workspace(const GemmDesc& g) {
 }
 
 // The heuristic's algorithms for a shape: everything the choice depends on but the addresses.
+// An unbatched GEMM's batch strides are left out: a plan's steps carry strides sized for their
+// rows, which cuBLASLt does not read at one batch, and which would otherwise key every row
+// count apart (a bucket's list would be asked for again at each).
 using ShapeKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                             int64_t, int64_t, int64_t, int64_t, bool, int, bool, int64_t, int, int>;
 ShapeKey shape_key(const GemmDesc& g, int device) {
   const COperand c = c_operand(g);
   const int c_kind = g.partial ? 1 : g.user_c ? 2 : 0;
-  return {static_cast<int>(g.dtype), g.m, g.n, g.k, g.l, g.lda, g.ldb, g.ldd, c.ld, g.batch_a,
-          g.batch_b, g.batch_d, g.b_n_major, c_kind, g.bias != nullptr, usable_workspace(g), device,
+  const bool batched = g.l > 1;
+  return {static_cast<int>(g.dtype), g.m, g.n, g.k, g.l, g.lda, g.ldb, g.ldd, c.ld,
+          batched ? g.batch_a : 0, batched ? g.batch_b : 0, batched ? g.batch_d : 0, g.b_n_major,
+          c_kind, g.bias != nullptr, usable_workspace(g), device,
           // fp8: the scale kinds and the accumulation choose among other kernels
           (g.scale_a_rows ? 1 : 0) | (g.scale_b_rows ? 2 : 0) | (g.fast_accum ? 4 : 0)};
 }
@@ -360,15 +365,18 @@ int64_t cublaslt_version() {
 
 namespace {
 
-// The rows the heuristic is asked about for a GEMM of g.m rows: the next power of two, so that
-// the GEMMs of one bucket share an algorithm and its kernel; a batched GEMM's own (its batch
-// strides are sized for its rows), and so above 2^30 rows (the next power of two would pass
-// the int32 extents of a GEMM).
+// The rows the heuristic is asked about for a GEMM of g.m rows under row buckets: g.m rounded
+// up to kRowBucketBits significant bits (with 3: 1024, 1280, 1536, 1792, 2048, ...), so that the
+// GEMMs of one bucket share an algorithm and its kernel while asking about at most a quarter more
+// rows than they have. Without buckets, or for a batched GEMM (its batch strides are sized for
+// its rows), or above 2^30 rows (the bucket would pass the int32 extents of a GEMM): g.m.
+constexpr int kRowBucketBits = 3;
+
 int64_t heuristic_rows(const GemmDesc& g) {
   if (!cublaslt_row_buckets() || g.l > 1 || g.m > (int64_t{1} << 30)) return g.m;
-  int64_t rows = 1;
-  while (rows < g.m) rows <<= 1;
-  return rows;
+  int64_t unit = 1;  // the bucket's step: g.m's leading bit, shifted right by kRowBucketBits - 1
+  while ((unit << kRowBucketBits) <= g.m) unit <<= 1;
+  return (g.m + unit - 1) / unit * unit;
 }
 
 // Whether cuBLASLt runs `h`'s algorithm for g, within g's workspace; h's workspace size becomes
@@ -468,14 +476,14 @@ int cublaslt_rank_to_run(const GemmDesc& g, int device) {
 void cublaslt_preload(const GemmDesc& g, int device) {
   const cublasLtMatmulHeuristicResult_t& h = chosen(g, device);
   static std::mutex mu;
-  // Kept per algorithm and layout, all row counts as one: an algorithm runs one kernel whatever
-  // the rows (a bucket's GEMMs load it at the first of them, probes/cublaslt_host_cost.py), so a
-  // bucket's other row counts need no graph of their own.
+  // Kept per shape and algorithm. Not per algorithm and layout (all row counts as one): with that
+  // key, a 4-rank 405B O reduce-scatter at S = 8 whose 512-row steps shared their algorithm's
+  // bytes with the 1024-row steps of the S = 4 plan before it timed out on its flags at its first
+  // call on 4x H200 (benchmarks/results/2026-11-28-h200-tp4-first-calls-buckets.md), as a lazy
+  // load behind a spinning GEMM does: one algorithm can launch other kernels for other rows.
   using AlgoBytes = std::array<uint64_t, sizeof(h.algo) / sizeof(uint64_t)>;
   static auto* loaded = new std::set<std::pair<ShapeKey, AlgoBytes>>();
-  GemmDesc layout = g;
-  layout.m = 0;
-  std::pair<ShapeKey, AlgoBytes> key{shape_key(layout, device), {}};
+  std::pair<ShapeKey, AlgoBytes> key{shape_key(g, device), {}};
   std::memcpy(key.second.data(), &h.algo, sizeof(h.algo));
   std::lock_guard<std::mutex> lock(mu);
   if (loaded->count(key)) return;

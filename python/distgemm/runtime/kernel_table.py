@@ -15,13 +15,14 @@ The package ships the tables of the GPUs it was measured on
 (``distgemm/data/kernels/<gpu stem>.json``); ``benchmarks.kernel.kernel_vs_cublas --table OUT``
 writes one from a run (``benchmarks.fp8.fp8_kernel_vs_scaled_mm --cublas --table OUT`` its fp8
 rows). ``DISTGEMM_KERNEL_TABLE`` names another file, or "off" for none.
-``DISTGEMM_KERNEL_TABLE_PLANS`` says which plans consult it: "all" (the default: every GEMM,
-the steps of plans of several ranks too) or "one-rank" (single GEMMs and one-rank plans only,
-distgemm's kernels for every step of a plan of several ranks).
-``DISTGEMM_CUBLASLT_ROW_BUCKETS``: "on" (the default: a cuBLASLt GEMM whose rows are not a power of
-two runs the algorithm of the next power of two, so that new token counts load no new kernel;
-runtime/gemm_cublaslt.cpp) or "off" (the heuristic's choice for every row count, for A/B
-measurements).
+``DISTGEMM_KERNEL_TABLE_PLANS`` says which plans consult it: "one-rank" (the default: single
+GEMMs and one-rank plans, distgemm's kernels for every step of a plan of several ranks) or "all"
+(the steps of plans of several ranks too; a 4-rank plan with cuBLASLt steps timed out on its
+flags on H200, docs/tuning.md).
+``DISTGEMM_CUBLASLT_ROW_BUCKETS``: "off" (the default: cuBLASLt's heuristic chooses for every row
+count) or "on" (a cuBLASLt GEMM runs the algorithm of its row bucket, the rows rounded up to 3
+significant bits, so that new token counts ask the heuristic less often; it costs steady-state
+speed on some rows inside a bucket: runtime/gemm_cublaslt.cpp, docs/tuning.md).
 
 Pure data, plus ``install``, which hands a table to ``_core`` once per process, and
 ``plan_kernel``, which says what the installed table runs for a plan's step (the cost model
@@ -50,9 +51,9 @@ __all__ = [
 FORMAT, VERSION = "distgemm-kernel-table", 1
 TABLE_ENV = "DISTGEMM_KERNEL_TABLE"  # a table file, or "off"
 PLANS_ENV = "DISTGEMM_KERNEL_TABLE_PLANS"  # which plans consult the table: one of PLANS
-PLANS = ("all", "one-rank")  # the first is the default
+PLANS = ("one-rank", "all")  # the first is the default
 ROW_BUCKETS_ENV = "DISTGEMM_CUBLASLT_ROW_BUCKETS"  # one of ROW_BUCKETS
-ROW_BUCKETS = ("on", "off")  # the first is the default
+ROW_BUCKETS = ("off", "on")  # the first is the default
 SHIPPED_DIR = pathlib.Path(__file__).resolve().parent.parent / "data" / "kernels"
 DTYPES = ("bf16", "fp16", "e4m3")
 # What an fp8 (e4m3) row also names: its GEMM's scale kinds and accumulation (the lookup matches
@@ -240,13 +241,13 @@ def _switch(env: str, values: tuple[str, ...]) -> str:
 
 
 def plans_scope() -> str:
-    """Which plans consult the table (``DISTGEMM_KERNEL_TABLE_PLANS``, default "all")."""
+    """Which plans consult the table (``DISTGEMM_KERNEL_TABLE_PLANS``, default "one-rank")."""
     return _switch(PLANS_ENV, PLANS)
 
 
 def row_buckets() -> str:
     """Whether cuBLASLt GEMMs share their row bucket's algorithm (``DISTGEMM_CUBLASLT_ROW_BUCKETS``,
-    default "on")."""
+    default "off")."""
     return _switch(ROW_BUCKETS_ENV, ROW_BUCKETS)
 
 

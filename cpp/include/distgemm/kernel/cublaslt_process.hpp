@@ -2,9 +2,9 @@
 // and the host time its GEMMs cost.
 //
 // Whether cuBLASLt GEMMs share their row bucket's algorithm (gemm_cublaslt.cpp says how and
-// why): on by default. The Python layer sets it from DISTGEMM_CUBLASLT_ROW_BUCKETS before the
-// process's first cuBLASLt GEMM; "off" asks the heuristic about every row count, which A/B
-// measurements compare against. A shape's algorithm, once chosen, is kept.
+// why): off by default, so that the heuristic chooses for every row count. The Python layer sets
+// it from DISTGEMM_CUBLASLT_ROW_BUCKETS before the process's first cuBLASLt GEMM. A shape's
+// algorithm, once chosen, is kept.
 #pragma once
 
 #include <cstdint>

@@ -192,16 +192,16 @@ inline constexpr int kCublasLtMaxAlgos = 8;
 int cublaslt_algo_count(const GemmDesc& g, int device);
 // The rank in cuBLASLt's list that g runs for the rank it asks (g.cublas_algo; 0 where it is
 // beyond the list), or -1 where cuBLASLt cannot take g or offers no algorithm. With row buckets
-// the list is the bucket's (asked once per bucket, not per row count), where its algorithm
-// takes g; a failing heuristic throws.
+// on (cublaslt_process.hpp) the list is the bucket's (asked once per bucket, not per row count),
+// where its algorithm takes g; a failing heuristic throws.
 int cublaslt_rank_to_run(const GemmDesc& g, int device);
 
-// Loads the kernels cuBLASLt runs for `g` (g.cublas_algo >= 0) on `device`, once per algorithm
-// and layout (every row count of a layout runs an algorithm's one kernel), by capturing the call
-// into a graph that is instantiated and never launched. A plan calls it for each of its cuBLASLt
-// GEMMs before it enqueues any work: with lazy module loading (CUDA's default), a kernel loads at
-// its first launch, and the load waits for the device to go idle, which it never does while a GEMM
-// enqueued before it spins on a flag that a later, not yet enqueued, node of the same plan sets.
+// Loads the kernels cuBLASLt runs for `g` (g.cublas_algo >= 0) on `device`, once per shape and
+// algorithm, by capturing the call into a graph that is instantiated and never launched. A plan
+// calls it for each of its cuBLASLt GEMMs before it enqueues any work: with lazy module loading
+// (CUDA's default), a kernel loads at its first launch, and the load waits for the device to go
+// idle, which it never does while a GEMM enqueued before it spins on a flag that a later, not yet
+// enqueued, node of the same plan sets.
 void cublaslt_preload(const GemmDesc& g, int device);
 
 // cuBLASLt's version (cublasLtGetVersion), or 0 when the library cannot be loaded.
