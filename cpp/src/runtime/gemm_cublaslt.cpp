@@ -8,7 +8,7 @@
 // for the GEMM's own rows (cublasLtMatmulAlgoCheck): a bucket asks the heuristic once (about
 // 0.17 ms on H200) for all its row counts, but its algorithm ran up to 1.32x slower than the
 // heuristic's own choice on rows inside it. Each algorithm's kernel loads at its first use (about
-// 3 ms on H200), once per algorithm and layout (cublaslt_preload).
+// 3 ms on H200), loaded ahead once per shape and algorithm (cublaslt_preload).
 //
 // Why dlopen: torch's CUDA wheels bring libcublasLt.so.13 and load it on `import torch`; opening
 // the same soname finds that copy (or, without torch, the one found at build time,
@@ -476,11 +476,12 @@ int cublaslt_rank_to_run(const GemmDesc& g, int device) {
 void cublaslt_preload(const GemmDesc& g, int device) {
   const cublasLtMatmulHeuristicResult_t& h = chosen(g, device);
   static std::mutex mu;
-  // Kept per shape and algorithm. Not per algorithm and layout (all row counts as one): with that
-  // key, a 4-rank 405B O reduce-scatter at S = 8 whose 512-row steps shared their algorithm's
-  // bytes with the 1024-row steps of the S = 4 plan before it timed out on its flags at its first
-  // call on 4x H200 (benchmarks/results/2026-11-28-h200-tp4-first-calls-buckets.md), as a lazy
-  // load behind a spinning GEMM does: one algorithm can launch other kernels for other rows.
+  // Kept per shape and algorithm, since one algorithm may launch other kernels for other rows.
+  // Under a key per algorithm and layout (all row counts as one), a 4-rank 405B O reduce-scatter
+  // at S = 8, whose 512-row steps shared their algorithm's bytes with the preloaded 1024-row
+  // steps of the S = 4 plan before it, timed out on its flags at its first call on 4x H200
+  // (benchmarks/results/2026-11-28-h200-tp4-first-calls-buckets.md): a lazy load behind a
+  // spinning GEMM fits that, unproven.
   using AlgoBytes = std::array<uint64_t, sizeof(h.algo) / sizeof(uint64_t)>;
   static auto* loaded = new std::set<std::pair<ShapeKey, AlgoBytes>>();
   std::pair<ShapeKey, AlgoBytes> key{shape_key(g, device), {}};
