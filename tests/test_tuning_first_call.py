@@ -60,6 +60,29 @@ def test_phases_are_made_disjoint_and_the_rest_is_other():
     assert out == pytest.approx(
         {"collective call": 0.6, "collective: scratch growth": 0.3, "other": 0.1}
     )
+    coll["collective: torch GEMM"] = 0.2  # torch's GEMM inside the collective call
+    out = first_call.phases_of(coll, 1.0)
+    assert out["collective call"] == pytest.approx(0.4) and out["other"] == pytest.approx(0.1)
+
+
+def test_a_gated_phase_counts_only_inside_its_gate():
+    """torch's GEMM is timed only inside the collective call (wrap_library's gate), not where the
+    benchmark itself calls it."""
+    timer = first_call.PhaseTimer()
+
+    def gemm():
+        time.sleep(0.002)
+
+    owner = types.SimpleNamespace(gemm=gemm, call=lambda: owner.gemm())
+    timer.wrap(owner, "call", "collective call")
+    timer.wrap(owner, "gemm", "collective: torch GEMM",
+               when=lambda *a, **k: timer.inside("collective call"))  # fmt: skip
+    owner.gemm()  # outside the collective call: not timed
+    assert "collective: torch GEMM" not in timer.take()
+    owner.call()
+    took = timer.take()
+    assert 1.5 < took["collective: torch GEMM"] <= took["collective call"] < 400.0
+    assert not timer.inside("collective call")
 
 
 def test_a_phase_entered_from_inside_itself_is_timed_once():

@@ -84,6 +84,10 @@ class PhaseTimer:
         self._restore.append((owner, name, fn))
         setattr(owner, name, timed)
 
+    def inside(self, phase: str) -> bool:
+        """Whether a call of ``phase`` is running now (for ``wrap``'s ``when``)."""
+        return self._active[phase] > 0
+
     def take(self) -> dict[str, float]:
         out, self.current = dict(self.current), defaultdict(float)
         return out
@@ -114,8 +118,12 @@ def wrap_library(timer: PhaseTimer, comm) -> None:
     timer.wrap(OverlappedState, "graph_for", "graph")  # a first call: its GraphLauncher made
     timer.wrap(OverlappedState, "run", "overlap call")
     timer.wrap(collective, "run_collective", "collective call")
-    # Growth of the communicator's collective scratch, inside the collective call.
+    # Growth of the communicator's collective scratch, and torch's GEMM (its heuristic and kernel
+    # loads for a new shape), inside the collective call; the rest of it is the collective.
     timer.wrap(collective.CollectiveScratch, "_grow", "collective: scratch growth")
+    for name in ("mm", "addmm"):
+        timer.wrap(collective.torch, name, "collective: torch GEMM",
+                   when=lambda *args, **kwargs: timer.inside("collective call"))  # fmt: skip
     timer.wrap(
         type(comm), "all_gather", "signature exchange", when=lambda s, o, what: "signature" in what
     )
@@ -125,8 +133,8 @@ def phases_of(raw: dict[str, float], total: float) -> dict[str, float]:
     """Nested phases made disjoint: the path state is make_state without OverlappedState.place,
     the graph setup is OverlappedState.place without workspace_for, the workspace's own lookup is
     workspace_for without its growth parts, the overlap call is OverlappedState.run without
-    graph_for, the collective call is run_collective without its scratch's growth, and "other"
-    is what no phase covers."""
+    graph_for, the collective call is run_collective without its scratch's growth and torch's
+    GEMM, and "other" is what no phase covers."""
     out = dict(raw)
     if "path state" in out:
         out["path state"] -= out.get("workspace+setup", 0.0)
@@ -139,6 +147,7 @@ def phases_of(raw: dict[str, float], total: float) -> dict[str, float]:
         out["workspace"] -= growth
     if "collective call" in out:
         out["collective call"] -= out.get("collective: scratch growth", 0.0)
+        out["collective call"] -= out.get("collective: torch GEMM", 0.0)
     out["other"] = total - sum(out.values())
     return out
 
