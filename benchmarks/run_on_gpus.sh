@@ -38,7 +38,7 @@
 #                    and 1 where there are more: the cost model's machine constants, in calibrate/
 #   timeline         timeline.overlap_timeline (per-stream picture of one case)
 #   first-calls      host.first_call --phases at TP = every GPU under DISTGEMM_KERNEL_TABLE_PLANS
-#                    all, then one-rank, then at TP = 2 (GPUs 0 and 1) under all; then
+#                    all, then one-rank (the default), then the same at TP = 2 (GPUs 0 and 1); then
 #                    probes.cublaslt_host_cost on GPU 0 (cuBLASLt's host cost per new shape)
 #   sweep-quick|full sweep.llama_sweep [--quick] $SWEEP_ARGS (e.g. "--models 405B")
 #   sweep-fc         sweep.llama_sweep --models 70B --layers FC1,FC2 (every token count)
@@ -221,8 +221,9 @@ for p in "$@"; do
         for scope in all one-rank; do DISTGEMM_KERNEL_TABLE_PLANS=$scope torchrun \
           --nproc-per-node "$0" -m benchmarks.host.first_call --phases \
           --out "$1/first-calls/tp$0-$scope.json"; done
-        if [ "$0" -gt 2 ]; then CUDA_VISIBLE_DEVICES=0,1 torchrun --nproc-per-node 2 \
-          -m benchmarks.host.first_call --phases --out "$1/first-calls/tp2-all.json"; fi
+        if [ "$0" -gt 2 ]; then for scope in all one-rank; do CUDA_VISIBLE_DEVICES=0,1 \
+          DISTGEMM_KERNEL_TABLE_PLANS=$scope torchrun --nproc-per-node 2 -m benchmarks.host.first_call \
+          --phases --out "$1/first-calls/tp2-$scope.json"; done; fi
         CUDA_VISIBLE_DEVICES=0 python3 -m benchmarks.probes.cublaslt_host_cost \
           "$1/first-calls/cublaslt-host-cost.json"' "$NPROC" "$OUT" ;;
     timeline) part timeline 150 torchrun --nproc-per-node "$NPROC" -m benchmarks.timeline.overlap_timeline --out "$OUT/timeline" ;;
