@@ -400,29 +400,6 @@ GraphStats DeviceGraph::enqueue(const UserBuffers& user, const Lanes& lanes, boo
   DISTGEMM_CUDA_CHECK(cudaEventRecord(lanes.barrier, lanes.gemm));
   DISTGEMM_CUDA_CHECK(cudaStreamWaitEvent(lanes.copy, lanes.barrier, 0));
 
-  // Compute chain.
-  const bool use_pdl = opt_.pdl == GraphOptions::Pdl::On ||
-                       (opt_.pdl == GraphOptions::Pdl::Auto && pdl_by_default(plan_));
-  st.pdl = use_pdl && prog.gemms.size() > 1;
-  for (size_t i = 0; i < prog.gemms.size(); ++i) {
-    const auto& op = prog.gemms[i];
-    kernel::GemmDesc desc = gemm_desc(op, user);
-    desc.pdl = use_pdl && i > 0;  // GEMM 0 follows the entry barrier: a full edge
-    desc.config = kernels_[i].config;
-    desc.cublas_algo = kernels_[i].cublas_algo;
-    if (desc.cublas_algo >= 0) {
-      ++st.gemm_cublaslt;
-    } else {
-      const kernel::ConfigShape* shape = kernel::config_shape(desc.config);
-      if (shape->tile_m == 128 && shape->tile_n == 128) ++st.gemm_n128;
-    }
-    kernel::gemm_launch(desc, wait_spec(op.waits, op.iteration, kernel::kWaitGemm), cuda_device_,
-                        lanes.gemm);
-    tag(lanes.gemm, role("gemm", static_cast<int>(i), -1, op.waits));
-    ++st.gemm_nodes;
-    DISTGEMM_CUDA_CHECK(cudaEventRecord(lanes.gemm_done[i], lanes.gemm));
-  }
-
   // Side chain: every copy-engine node (GEMM signals, plan copies with their signals) and the
   // copies' wait kernels in ONE in-order chain, merged by the GEMM each one follows (see the
   // header for the deadlock this prevents). Key: the GEMM index an op waits for; -1: none
@@ -454,7 +431,7 @@ GraphStats DeviceGraph::enqueue(const UserBuffers& user, const Lanes& lanes, boo
     ++st.signal_nodes;
   };
   int waited = -1;  // the chain is in order: waiting for the latest GEMM so far is enough
-  for (const SideOp& so : side) {
+  auto enqueue_side = [&](const SideOp& so) {
     const int target = std::min(so.key, S - 1);
     if (target > waited) {
       DISTGEMM_CUDA_CHECK(cudaStreamWaitEvent(lanes.copy, lanes.gemm_done[target], 0));
@@ -462,7 +439,7 @@ GraphStats DeviceGraph::enqueue(const UserBuffers& user, const Lanes& lanes, boo
     }
     if (so.copy < 0) {
       for (const auto& f : prog.gemms[so.key].signals) signal(f, so.key, -1);
-      continue;
+      return;
     }
     const auto& cp = prog.copies[so.copy];
     if (!cp.waits.empty()) {
@@ -511,7 +488,44 @@ GraphStats DeviceGraph::enqueue(const UserBuffers& user, const Lanes& lanes, boo
       }
     }
     for (const auto& f : cp.signals) signal(f, -1, so.copy);
+  };
+  // Each side op is enqueued right after the GEMM it follows (the same chain and graph as
+  // enqueueing them all after the last GEMM), so that in a direct launch a host thread held up
+  // while enqueueing a later GEMM (a lazy kernel load, which waits for the device to go idle)
+  // has already enqueued the copies and signals that the peers' spinning GEMMs wait for: their
+  // waits then end, the device goes idle and the load proceeds. Enqueued after the last GEMM
+  // instead, the peers' flags waited for this host, which waited for their devices.
+  size_t next_side = 0;
+  auto side_through = [&](int gemm) {
+    while (next_side < side.size() && std::min(side[next_side].key, S - 1) <= gemm)
+      enqueue_side(side[next_side++]);
+  };
+
+  // Compute chain.
+  const bool use_pdl = opt_.pdl == GraphOptions::Pdl::On ||
+                       (opt_.pdl == GraphOptions::Pdl::Auto && pdl_by_default(plan_));
+  st.pdl = use_pdl && prog.gemms.size() > 1;
+  side_through(-1);  // all-gather pushes: after the entry barrier only
+  for (size_t i = 0; i < prog.gemms.size(); ++i) {
+    const auto& op = prog.gemms[i];
+    kernel::GemmDesc desc = gemm_desc(op, user);
+    desc.pdl = use_pdl && i > 0;  // GEMM 0 follows the entry barrier: a full edge
+    desc.config = kernels_[i].config;
+    desc.cublas_algo = kernels_[i].cublas_algo;
+    if (desc.cublas_algo >= 0) {
+      ++st.gemm_cublaslt;
+    } else {
+      const kernel::ConfigShape* shape = kernel::config_shape(desc.config);
+      if (shape->tile_m == 128 && shape->tile_n == 128) ++st.gemm_n128;
+    }
+    kernel::gemm_launch(desc, wait_spec(op.waits, op.iteration, kernel::kWaitGemm), cuda_device_,
+                        lanes.gemm);
+    tag(lanes.gemm, role("gemm", static_cast<int>(i), -1, op.waits));
+    ++st.gemm_nodes;
+    DISTGEMM_CUDA_CHECK(cudaEventRecord(lanes.gemm_done[i], lanes.gemm));
+    side_through(static_cast<int>(i));
   }
+  if (next_side != side.size()) throw std::logic_error("internal: a side op after no GEMM");
 
   // Join: the launch ends after the side chain too.
   DISTGEMM_CUDA_CHECK(cudaEventRecord(lanes.copy_end, lanes.copy));
