@@ -494,7 +494,9 @@ GraphStats DeviceGraph::enqueue(const UserBuffers& user, const Lanes& lanes, boo
   // while enqueueing a later GEMM (a lazy kernel load, which waits for the device to go idle)
   // has already enqueued the copies and signals that the peers' spinning GEMMs wait for: their
   // waits then end, the device goes idle and the load proceeds. Enqueued after the last GEMM
-  // instead, the peers' flags waited for this host, which waited for their devices.
+  // instead, the peers' flags waited for this host, which waited for their devices. It needs
+  // every flag a GEMM waits for to be signalled after an earlier GEMM of its producer, which
+  // every schedule's plans have (tests/test_enqueue_order.py).
   size_t next_side = 0;
   auto side_through = [&](int gemm) {
     while (next_side < side.size() && std::min(side[next_side].key, S - 1) <= gemm)
