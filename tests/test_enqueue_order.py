@@ -15,6 +15,7 @@ key S) and hold no GEMM back, so only GEMM waits are checked.
 import pytest
 
 from distgemm import _core
+from distgemm.plan.happens_before import flag_setters
 
 SCHEDULES = [d["name"] for d in _core.schedules()]
 TPS = (2, 3, 4, 8)
@@ -27,19 +28,12 @@ def side_key(copy: dict, steps: int) -> int:
 
 def producers(plan: dict) -> dict[tuple[int, int], int]:
     """(device, flag) -> the side-chain key of the op that signals it (a GEMM's signals follow
-    that GEMM; a copy's, its key). Each flag has one producer per launch."""
-    out: dict[tuple[int, int], int] = {}
+    that GEMM; a copy's, its key), from the plan's one setter of each flag."""
     steps = plan["steps"]
-    for dev in plan["devices"]:
-        for i, g in enumerate(dev["gemms"]):
-            for s in g["signals"]:
-                assert (s["device"], s["flag"]) not in out, "a flag with two producers"
-                out[(s["device"], s["flag"])] = i
-        for c in dev["copies"]:
-            for s in c["signals"]:
-                assert (s["device"], s["flag"]) not in out, "a flag with two producers"
-                out[(s["device"], s["flag"])] = side_key(c, steps)
-    return out
+    return {
+        flag: j if kind == "gemm" else side_key(plan["devices"][d]["copies"][j], steps)
+        for flag, (kind, d, j) in flag_setters(plan).items()
+    }
 
 
 def plans(schedule: str, tp: int):
@@ -94,3 +88,13 @@ def test_a_plan_whose_gemm_waits_on_its_own_step_is_caught():
                     dict(after_gemm=waiter, waits=[], signals=[dict(device=0, flag=flag)])
                 )
     assert producers(plan)[(0, flag)] >= waiter
+
+
+def test_flag_setters_refuses_a_flag_set_twice():
+    plan = next(plans("rs_tile_a", 2))
+    setters = flag_setters(plan)
+    (d, f), (kind, dev, j) = next(iter(setters.items()))
+    ops = plan["devices"][dev]["gemms" if kind == "gemm" else "copies"]
+    ops[j]["signals"].append(dict(device=d, flag=f))
+    with pytest.raises(ValueError, match=f"sets flag {f} on device {d}, already set by"):
+        flag_setters(plan)

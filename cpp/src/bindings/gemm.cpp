@@ -299,10 +299,10 @@ void register_gemm(py::module_& m) {
       "'check' (a bucket's algorithm checked for a GEMM's own rows), 'preload' (graphs that "
       "load kernels), 'enqueue' (GEMMs enqueued or captured; a preload's own counts in both).");
   m.def("set_cublaslt_row_buckets", &distgemm::kernel::set_cublaslt_row_buckets, py::arg("on"),
-        "Whether cuBLASLt GEMMs whose rows are not a power of two run the algorithm of their "
-        "bucket (the next power of two) where cuBLASLt accepts it (default on); off asks the "
-        "heuristic about every row count. Set before the first cuBLASLt GEMM: a shape's "
-        "algorithm, once chosen, is kept.");
+        "Whether cuBLASLt GEMMs run the algorithm of their row bucket (rows rounded up to 3 "
+        "significant bits) where cuBLASLt accepts it; off (the default) asks the heuristic "
+        "about every row count. Set before the first cuBLASLt GEMM: a shape's algorithm, once "
+        "chosen, is kept.");
   m.def("cublaslt_row_buckets", &distgemm::kernel::cublaslt_row_buckets,
         "Whether cuBLASLt GEMMs share their row bucket's algorithm (set_cublaslt_row_buckets).");
   m.def("cublaslt_version", &distgemm::kernel::cublaslt_version,

@@ -276,9 +276,9 @@ int64_t usable_workspace(const GemmDesc& g) {
 }
 
 // The heuristic's algorithms for a shape: everything the choice depends on but the addresses.
-// An unbatched GEMM's batch strides are left out: a plan's steps carry strides sized for their
-// rows, which cuBLASLt does not read at one batch, and which would otherwise key every row
-// count apart (a bucket's list would be asked for again at each).
+// An unbatched GEMM's batch strides are left out: a plan's steps carry strides sized for the
+// whole plan's buffers, which cuBLASLt does not read at one batch, and which would otherwise key
+// every token count apart (the heuristic would be asked again at each).
 using ShapeKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                             int64_t, int64_t, int64_t, int64_t, bool, int, bool, int64_t, int, int>;
 ShapeKey shape_key(const GemmDesc& g, int device) {

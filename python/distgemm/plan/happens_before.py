@@ -17,6 +17,7 @@ __all__ = [
     "Violation",
     "build_happens_before",
     "event_name",
+    "flag_setters",
     "event_step",
 ]
 
@@ -138,6 +139,16 @@ def _stream_and_signal_edges(
                     else:
                         setters[key] = ev
     return setters
+
+
+def flag_setters(plan: dict) -> dict[tuple[int, int], Event]:
+    """(device, flag) -> the one event that sets it, for a plan whose flags each have one setter
+    (ValueError naming the first problem otherwise)."""
+
+    def fail(invariant: str, ev: Event | None, message: str) -> None:
+        raise ValueError(f"[{invariant}] {event_name(plan, ev) if ev else ''}: {message}")
+
+    return _stream_and_signal_edges(plan, {ev: set() for ev in _events(plan)}, fail)
 
 
 def _wait_edges(
