@@ -15,10 +15,9 @@ The package ships the tables of the GPUs it was measured on
 (``distgemm/data/kernels/<gpu stem>.json``); ``benchmarks.kernel.kernel_vs_cublas --table OUT``
 writes one from a run (``benchmarks.fp8.fp8_kernel_vs_scaled_mm --cublas --table OUT`` its fp8
 rows). ``DISTGEMM_KERNEL_TABLE`` names another file, or "off" for none.
-``DISTGEMM_KERNEL_TABLE_PLANS`` says which plans consult it: "one-rank" (the default: single
-GEMMs and one-rank plans, distgemm's kernels for every step of a plan of several ranks) or "all"
-(the steps of plans of several ranks too; a 4-rank plan with cuBLASLt steps timed out on its
-flags on H200, docs/tuning.md).
+``DISTGEMM_KERNEL_TABLE_PLANS`` says which plans consult it: "all" (the default: single GEMMs
+and the steps of every plan) or "one-rank" (single GEMMs and one-rank plans; distgemm's kernels
+for every step of a plan of several ranks).
 ``DISTGEMM_CUBLASLT_ROW_BUCKETS``: "off" (the default: cuBLASLt's heuristic chooses for every row
 count) or "on" (a cuBLASLt GEMM runs the algorithm of its row bucket, the rows rounded up to 3
 significant bits, so that new token counts ask the heuristic less often; it costs steady-state
@@ -51,7 +50,7 @@ __all__ = [
 FORMAT, VERSION = "distgemm-kernel-table", 1
 TABLE_ENV = "DISTGEMM_KERNEL_TABLE"  # a table file, or "off"
 PLANS_ENV = "DISTGEMM_KERNEL_TABLE_PLANS"  # which plans consult the table: one of PLANS
-PLANS = ("one-rank", "all")  # the first is the default
+PLANS = ("all", "one-rank")  # the first is the default
 ROW_BUCKETS_ENV = "DISTGEMM_CUBLASLT_ROW_BUCKETS"  # one of ROW_BUCKETS
 ROW_BUCKETS = ("off", "on")  # the first is the default
 SHIPPED_DIR = pathlib.Path(__file__).resolve().parent.parent / "data" / "kernels"
@@ -241,7 +240,7 @@ def _switch(env: str, values: tuple[str, ...]) -> str:
 
 
 def plans_scope() -> str:
-    """Which plans consult the table (``DISTGEMM_KERNEL_TABLE_PLANS``, default "one-rank")."""
+    """Which plans consult the table (``DISTGEMM_KERNEL_TABLE_PLANS``, default "all")."""
     return _switch(PLANS_ENV, PLANS)
 
 
