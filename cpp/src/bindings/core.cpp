@@ -294,11 +294,11 @@ void register_plan(py::module_& m) {
                          "What one rank's GraphLauncher needs besides the Plan and the user "
                          "pointers; built once per op entry.")
       .def(py::init<int, int, std::string, std::vector<uint64_t>, int64_t, double, float, float,
-                    bool, int, bool, bool, int>(),
+                    bool, int, bool, bool>(),
            py::arg("rank"), py::arg("cuda_device"), py::arg("dtype"), py::arg("workspace_bases"),
            py::arg("workspace_bytes"), py::arg("timeout_s"), py::arg("alpha") = 1.0f,
            py::arg("beta") = 0.0f, py::arg("bias") = false, py::arg("tile_n") = 0,
-           py::arg("b_n_major") = false, py::arg("fast_accum") = false, py::arg("copy_lanes") = 0)
+           py::arg("b_n_major") = false, py::arg("fast_accum") = false)
       .def_readonly("rank", &GraphSetup::rank)
       .def_readonly("cuda_device", &GraphSetup::cuda_device)
       .def_readonly("dtype", &GraphSetup::dtype)
@@ -310,8 +310,7 @@ void register_plan(py::module_& m) {
       .def_readonly("timeout_s", &GraphSetup::timeout_s)
       .def_readonly("tile_n", &GraphSetup::tile_n)
       .def_readonly("b_n_major", &GraphSetup::b_n_major)
-      .def_readonly("fast_accum", &GraphSetup::fast_accum)
-      .def_readonly("copy_lanes", &GraphSetup::copy_lanes);
+      .def_readonly("fast_accum", &GraphSetup::fast_accum);
 }
 
 }  // namespace

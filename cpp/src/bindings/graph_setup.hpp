@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "distgemm/kernel/tile_choice.hpp"
-#include "distgemm/schedule/defaults.hpp"
 
 namespace distgemm::python {
 
@@ -26,12 +25,10 @@ struct GraphSetup {
   int tile_n = 0;  // GEMM output tile 128 x tile_n: 0 = per GEMM (kernel::choose_config), 128, 256
   bool b_n_major = false;   // B stored [k, n] (a transposed weight view): device::GraphOptions
   bool fast_accum = false;  // fp8 only: device::GraphOptions::fast_accum
-  int copy_lanes = 0;       // the side chain's lanes: device::GraphOptions::copy_lanes (0: default)
 
   GraphSetup(int rank_, int cuda_device_, std::string dtype_, std::vector<uint64_t> bases,
              int64_t workspace_bytes_, double timeout_s_, float alpha_, float beta_, bool bias_,
-             int tile_n_ = 0, bool b_n_major_ = false, bool fast_accum_ = false,
-             int copy_lanes_ = 0)
+             int tile_n_ = 0, bool b_n_major_ = false, bool fast_accum_ = false)
       : rank(rank_),
         cuda_device(cuda_device_),
         dtype(std::move(dtype_)),
@@ -43,15 +40,10 @@ struct GraphSetup {
         timeout_s(timeout_s_),
         tile_n(tile_n_),
         b_n_major(b_n_major_),
-        fast_accum(fast_accum_),
-        copy_lanes(copy_lanes_) {
+        fast_accum(fast_accum_) {
     if (workspace_bytes < 0)
       throw std::invalid_argument("workspace_bytes=" + std::to_string(workspace_bytes) +
                                   " is negative (0: not checked)");
-    if (copy_lanes < 0 || copy_lanes > schedule::kMaxCopyLanes)
-      throw std::invalid_argument("copy_lanes=" + std::to_string(copy_lanes) +
-                                  " is outside 0 (the default) .. " +
-                                  std::to_string(schedule::kMaxCopyLanes));
     const std::string tile_problem = kernel::tile_n_problem(tile_n);
     if (!tile_problem.empty()) throw std::invalid_argument(tile_problem);
   }

@@ -234,7 +234,6 @@ class GraphLauncher {
     opt.tile_n = setup.tile_n;
     opt.b_n_major = setup.b_n_major;
     opt.fast_accum = setup.fast_accum;
-    opt.copy_lanes = setup.copy_lanes;
     // The graph checks the plan's own layout (its partial transport included) against this.
     opt.workspace_bytes = setup.workspace_bytes;
     if (capture_only) {

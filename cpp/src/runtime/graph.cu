@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <iterator>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -78,10 +77,6 @@ DeviceGraph::DeviceGraph(const schedule::Plan& plan, int rank, int cuda_device, 
   for (int r = 0; r < plan.tp; ++r)
     if (!bases_[r])
       throw std::invalid_argument("workspace base of rank " + std::to_string(r) + " is null");
-  if (opt_.copy_lanes < 0 || opt_.copy_lanes > schedule::kMaxCopyLanes)
-    throw std::invalid_argument(
-        "copy_lanes=" + std::to_string(opt_.copy_lanes) + " is outside 0 (the default, " +
-        std::to_string(schedule::kCopyLanes) + ") .. " + std::to_string(schedule::kMaxCopyLanes));
   if (opt_.workspace_bytes > 0 && layout_.total_bytes > opt_.workspace_bytes)
     throw std::invalid_argument(
         plan_.schedule + " (TP=" + std::to_string(plan_.tp) + ", S=" + std::to_string(plan_.steps) +
@@ -145,14 +140,12 @@ DeviceGraph::~DeviceGraph() {
 void DeviceGraph::create_lanes(Lanes& lanes, bool with_gemm_stream) {
   if (with_gemm_stream && !lanes.gemm)
     DISTGEMM_CUDA_CHECK(cudaStreamCreateWithFlags(&lanes.gemm, cudaStreamNonBlocking));
-  for (int j = 0; j < schedule::kMaxCopyLanes; ++j) {
-    if (!lanes.copy[j])
-      DISTGEMM_CUDA_CHECK(cudaStreamCreateWithFlags(&lanes.copy[j], cudaStreamNonBlocking));
-    if (!lanes.copy_end[j])
-      DISTGEMM_CUDA_CHECK(cudaEventCreateWithFlags(&lanes.copy_end[j], cudaEventDisableTiming));
-  }
+  if (!lanes.copy)
+    DISTGEMM_CUDA_CHECK(cudaStreamCreateWithFlags(&lanes.copy, cudaStreamNonBlocking));
   if (!lanes.barrier)
     DISTGEMM_CUDA_CHECK(cudaEventCreateWithFlags(&lanes.barrier, cudaEventDisableTiming));
+  if (!lanes.copy_end)
+    DISTGEMM_CUDA_CHECK(cudaEventCreateWithFlags(&lanes.copy_end, cudaEventDisableTiming));
   while (lanes.gemm_done.size() < plan_.devices[rank_].gemms.size()) {
     cudaEvent_t e = nullptr;
     DISTGEMM_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -177,11 +170,9 @@ void DeviceGraph::destroy_lanes(Lanes& lanes) {
     if (e) cudaEventDestroy(e);
   lanes.gemm_done.clear();
   if (lanes.barrier) cudaEventDestroy(lanes.barrier);
+  if (lanes.copy_end) cudaEventDestroy(lanes.copy_end);
   if (lanes.gemm) cudaStreamDestroy(lanes.gemm);
-  for (int j = 0; j < schedule::kMaxCopyLanes; ++j) {
-    if (lanes.copy_end[j]) cudaEventDestroy(lanes.copy_end[j]);
-    if (lanes.copy[j]) cudaStreamDestroy(lanes.copy[j]);
-  }
+  if (lanes.copy) cudaStreamDestroy(lanes.copy);
   lanes = Lanes{};
 }
 
@@ -407,19 +398,15 @@ GraphStats DeviceGraph::enqueue(const UserBuffers& user, const Lanes& lanes, boo
   kernel::entry_barrier_launch(eb_spec, lanes.gemm);
   tag(lanes.gemm, role("barrier", -1, -1));
   DISTGEMM_CUDA_CHECK(cudaEventRecord(lanes.barrier, lanes.gemm));
-  const int n_lanes = copy_lanes();
-  for (int j = 0; j < n_lanes; ++j)
-    DISTGEMM_CUDA_CHECK(cudaStreamWaitEvent(lanes.copy[j], lanes.barrier, 0));
+  DISTGEMM_CUDA_CHECK(cudaStreamWaitEvent(lanes.copy, lanes.barrier, 0));
 
   // Side chain: every copy-engine node (GEMM signals, plan copies with their signals) and the
-  // copies' wait kernels in in-order lanes, merged by the GEMM each one follows (see the header
-  // for the deadlock this prevents). Key: the GEMM index an op waits for; -1: none (all-gather
-  // pushes, first); S: after the last GEMM (copies with flag waits). The copies that follow a
-  // GEMM and wait for no flag alternate lanes; everything else runs on lane 0.
+  // copies' wait kernels in ONE in-order chain, merged by the GEMM each one follows (see the
+  // header for the deadlock this prevents). Key: the GEMM index an op waits for; -1: none
+  // (all-gather pushes, first); S: after the last GEMM (copies with flag waits).
   struct SideOp {
     int key;
     int copy;  // -1: the signals of GEMM `key`
-    int lane = 0;
   };
   const int S = static_cast<int>(prog.gemms.size());
   std::vector<SideOp> side;
@@ -434,37 +421,30 @@ GraphStats DeviceGraph::enqueue(const UserBuffers& user, const Lanes& lanes, boo
   // Stable: within a key, GEMM signals (pushed first) before copies, copies in plan order.
   std::stable_sort(side.begin(), side.end(),
                    [](const SideOp& x, const SideOp& y) { return x.key < y.key; });
-  int pushes = 0;
-  for (auto& so : side)
-    if (so.copy >= 0 && so.key >= 0 && so.key < S && prog.copies[so.copy].waits.empty())
-      so.lane = pushes++ % n_lanes;
   // gemm: the GEMM whose result the signal publishes, or -1; copy: likewise the copy.
-  auto signal = [&](cudaStream_t lane, const schedule::FlagRef& f, int gemm, int copy) {
-    DISTGEMM_CUDA_CHECK(cudaMemcpyAsync(flag_of(f), epoch, 4, cudaMemcpyDefault, lane));
+  auto signal = [&](const schedule::FlagRef& f, int gemm, int copy) {
+    DISTGEMM_CUDA_CHECK(cudaMemcpyAsync(flag_of(f), epoch, 4, cudaMemcpyDefault, lanes.copy));
     GraphNode n = role("signal", gemm, copy);
     n.peer = f.device;
     n.flag = f.flag;
-    tag(lane, std::move(n));
+    tag(lanes.copy, std::move(n));
     ++st.signal_nodes;
   };
-  // Each lane is in order: waiting for the latest GEMM so far is enough.
-  int waited[schedule::kMaxCopyLanes];
-  std::fill(std::begin(waited), std::end(waited), -1);
+  int waited = -1;  // the chain is in order: waiting for the latest GEMM so far is enough
   auto enqueue_side = [&](const SideOp& so) {
-    cudaStream_t lane = lanes.copy[so.lane];
     const int target = std::min(so.key, S - 1);
-    if (target > waited[so.lane]) {
-      DISTGEMM_CUDA_CHECK(cudaStreamWaitEvent(lane, lanes.gemm_done[target], 0));
-      waited[so.lane] = target;
+    if (target > waited) {
+      DISTGEMM_CUDA_CHECK(cudaStreamWaitEvent(lanes.copy, lanes.gemm_done[target], 0));
+      waited = target;
     }
     if (so.copy < 0) {
-      for (const auto& f : prog.gemms[so.key].signals) signal(lane, f, so.key, -1);
+      for (const auto& f : prog.gemms[so.key].signals) signal(f, so.key, -1);
       return;
     }
     const auto& cp = prog.copies[so.copy];
     if (!cp.waits.empty()) {
-      kernel::copy_wait_launch(wait_spec(cp.waits, so.copy, kernel::kWaitCopy), lane);
-      tag(lane, role("wait", -1, so.copy, cp.waits));
+      kernel::copy_wait_launch(wait_spec(cp.waits, so.copy, kernel::kWaitCopy), lanes.copy);
+      tag(lanes.copy, role("wait", -1, so.copy, cp.waits));
       ++st.wait_kernels;
     }
     char* src = byte_ptr(resolve(cp.src, user, "copy source"));
@@ -475,8 +455,8 @@ GraphStats DeviceGraph::enqueue(const UserBuffers& user, const Lanes& lanes, boo
       DISTGEMM_CUDA_CHECK(cudaMemcpyAsync(resolve(cp.scale_dst, user, "copy scale destination"),
                                           resolve(cp.scale_src, user, "copy scale source"),
                                           static_cast<size_t>(cp.rows * schedule::kScaleBytes),
-                                          cudaMemcpyDefault, lane));
-      tag(lane, role("copy", -1, so.copy));
+                                          cudaMemcpyDefault, lanes.copy));
+      tag(lanes.copy, role("copy", -1, so.copy));
       ++st.copy_nodes;
     }
     // 1-D memcpy nodes wherever the data is contiguous (all current plans): a graph-exec update
@@ -488,8 +468,8 @@ GraphStats DeviceGraph::enqueue(const UserBuffers& user, const Lanes& lanes, boo
     if (all_dense) {
       DISTGEMM_CUDA_CHECK(
           cudaMemcpyAsync(dst, src, static_cast<size_t>(plan_.problem.l * cp.rows * cp.cols * eb),
-                          cudaMemcpyDefault, lane));
-      tag(lane, role("copy", -1, so.copy));
+                          cudaMemcpyDefault, lanes.copy));
+      tag(lanes.copy, role("copy", -1, so.copy));
       ++st.copy_nodes;
     } else {
       for (int64_t l = 0; l < plan_.problem.l; ++l) {
@@ -497,17 +477,17 @@ GraphStats DeviceGraph::enqueue(const UserBuffers& user, const Lanes& lanes, boo
         const char* sp = src + l * cp.src.batch_stride * eb;
         if (rows_dense)
           DISTGEMM_CUDA_CHECK(cudaMemcpyAsync(d, sp, static_cast<size_t>(cp.rows * cp.cols * eb),
-                                              cudaMemcpyDefault, lane));
+                                              cudaMemcpyDefault, lanes.copy));
         else
           DISTGEMM_CUDA_CHECK(cudaMemcpy2DAsync(
               d, static_cast<size_t>(cp.dst.ld * eb), sp, static_cast<size_t>(cp.src.ld * eb),
               static_cast<size_t>(cp.cols * eb), static_cast<size_t>(cp.rows), cudaMemcpyDefault,
-              lane));
-        tag(lane, role("copy", -1, so.copy));
+              lanes.copy));
+        tag(lanes.copy, role("copy", -1, so.copy));
         ++st.copy_nodes;
       }
     }
-    for (const auto& f : cp.signals) signal(lane, f, -1, so.copy);
+    for (const auto& f : cp.signals) signal(f, -1, so.copy);
   };
   // Each side op is enqueued right after the GEMM it follows (the same chain and graph as
   // enqueueing them all after the last GEMM), so that in a direct launch a host thread held up
@@ -550,10 +530,8 @@ GraphStats DeviceGraph::enqueue(const UserBuffers& user, const Lanes& lanes, boo
   if (next_side != side.size()) throw std::logic_error("internal: a side op after no GEMM");
 
   // Join: the launch ends after the side chain too.
-  for (int j = 0; j < n_lanes; ++j) {
-    DISTGEMM_CUDA_CHECK(cudaEventRecord(lanes.copy_end[j], lanes.copy[j]));
-    DISTGEMM_CUDA_CHECK(cudaStreamWaitEvent(lanes.gemm, lanes.copy_end[j], 0));
-  }
+  DISTGEMM_CUDA_CHECK(cudaEventRecord(lanes.copy_end, lanes.copy));
+  DISTGEMM_CUDA_CHECK(cudaStreamWaitEvent(lanes.gemm, lanes.copy_end, 0));
   return st;
 }
 
@@ -604,7 +582,7 @@ void DeviceGraph::enqueue_on(cudaStream_t stream, const UserBuffers& user) {
 void DeviceGraph::enqueue_on_caller(cudaStream_t stream, const UserBuffers& user, Lanes& lanes) {
   validate(user);
   DISTGEMM_CUDA_CHECK(cudaSetDevice(cuda_device_));
-  if (!lanes.copy[0] || lanes.gemm_done.size() < plan_.devices[rank_].gemms.size()) {
+  if (!lanes.copy || lanes.gemm_done.size() < plan_.devices[rank_].gemms.size()) {
     RelaxedCaptureMode relaxed;  // creating streams and events while the caller may capture
     create_lanes(lanes, false);
   }

@@ -43,14 +43,11 @@
 //   GEMM i -> side chain  : a GEMM's signals, and a copy with after_gemm = i, wait for GEMM i.
 //                           Signals are memcpy nodes (no SMs): a signalling kernel could be
 //                           starved by a spinning GEMM that waits on what it signals.
-//   side chain lanes      : the copy-engine nodes in in-order lanes (GraphOptions::copy_lanes),
-//                           each ordered by the GEMM its nodes follow, and enqueued in GEMM order
-//                           across lanes: a node only ever waits behind nodes that follow the
-//                           same or earlier GEMMs, in its lane and in any hardware queue that
-//                           serves lanes in their enqueue order, so by induction over the steps no
-//                           node waits (through the chain) for anything that depends on itself.
-//                           Only the pushes that follow a GEMM (no flag wait of their own)
-//                           alternate lanes, each with its signals; everything else is lane 0.
+//   ONE side chain        : all copy-engine nodes in one chain ordered by the GEMM each follows:
+//                           a node only ever waits behind nodes that follow earlier GEMMs, so by
+//                           induction over the steps no node waits (through the chain) for
+//                           anything that depends on itself, whatever hardware queues the graph
+//                           executor maps branches to.
 //   last GEMM -> wait kernel -> copy : ar_tile_a's local copies of a finished tile that a
 //                           peer pushed into this device's slot wait for its flag in a 1-block
 //                           kernel placed after every signal of this device, so a spinning node
@@ -191,9 +188,6 @@ struct GraphOptions {
   // only records its nodes into callers' captures (capture_into). Skips a private capture and an
   // instantiation that would never be launched.
   bool instantiate = true;
-  // Streams of the side chain that the pushes following a GEMM alternate between, 1 or
-  // schedule::kMaxCopyLanes; 0: schedule::kCopyLanes.
-  int copy_lanes = 0;
 };
 
 // The workspace layout of `plan` with inputs of `dtype`: its slots hold elements of the rotating
@@ -284,10 +278,8 @@ class DeviceGraph {
   // The streams and events one recording of the node sequence uses: the GEMM chain's stream, the
   // side chain's stream, and the events that fork and join them.
   struct Lanes {
-    cudaStream_t gemm = nullptr;
-    cudaStream_t copy[schedule::kMaxCopyLanes] = {};  // the side chain's lanes
-    cudaEvent_t barrier = nullptr;
-    cudaEvent_t copy_end[schedule::kMaxCopyLanes] = {};
+    cudaStream_t gemm = nullptr, copy = nullptr;
+    cudaEvent_t barrier = nullptr, copy_end = nullptr;
     std::vector<cudaEvent_t> gemm_done;  // one per GEMM
   };
   // Makes what `lanes` lacks for this plan (streams, events, a GEMM-done event per GEMM);
@@ -316,8 +308,6 @@ class DeviceGraph {
   void* resolve(const schedule::BufRef& r, const UserBuffers& user, const char* what) const;
   kernel::GemmDesc gemm_desc(const schedule::GemmOp& op, const UserBuffers& user) const;
   void validate(const UserBuffers& user) const;
-  // The side chain's lanes: GraphOptions::copy_lanes, or schedule::kCopyLanes for 0.
-  int copy_lanes() const { return opt_.copy_lanes > 0 ? opt_.copy_lanes : schedule::kCopyLanes; }
 
   schedule::Plan plan_;  // a copy: the graph may outlive the caller's plan
   schedule::WorkspaceLayout layout_;

@@ -1,7 +1,6 @@
 // The library's defaults, each in one place: S for steps=None (default_steps, default_plan), how
 // reduce-scatter partials travel (default_plan_options) and whether GEMMs chain by programmatic
-// dependent launch (pdl_by_default), and the copy-engine lanes of a device graph's side chain
-// (kCopyLanes). Host-only. How each was measured: docs/tuning.md.
+// dependent launch (pdl_by_default). Host-only. How each was measured: docs/tuning.md.
 #pragma once
 
 #include <cstdint>
@@ -61,14 +60,6 @@ inline constexpr int64_t kRsTwoStepsMinTokens = 4096;
 // ... and with at most this much K per rank: with a longer K the epilogue's peer writes are a
 // small part of the mainloop, so S = TP loses little to them and saves a step.
 inline constexpr int64_t kRsTwoStepsMaxKPerRank = 8192;
-
-// Copy-engine lanes of a device graph's side chain (device::GraphOptions::copy_lanes): the pushes
-// that follow a GEMM alternate between this many in-order streams, so that one push's fixed costs
-// (the wait for its GEMM, its flag's memcpy, the gaps between nodes) overlap the other lane's
-// data. A reduce-scatter ring at S = 2 TP is bound by its pushes where they are as slow as its
-// step GEMMs (docs/tuning.md).
-inline constexpr int kCopyLanes = 2;
-inline constexpr int kMaxCopyLanes = 2;
 
 // The default options of (def, TP, S) with the row scales of `scales` (fp8).
 inline PlanOptions with_scales(const ScheduleDef& def, int tp, int steps,

@@ -9,7 +9,6 @@ capture: the graph's nodes are recorded into the caller's graph).
 from __future__ import annotations
 
 import collections
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,17 +35,6 @@ GRAPHS_PER_PLAN = 4
 # Pointer sets remembered per plan after a miss without a graph (with the call they came at): a
 # bound on host memory, above the calls of one shape that one step of a large model makes.
 SEEN_PER_PLAN = 256
-# The side chain's copy-engine lanes (_core.GraphSetup's copy_lanes): unset or "0" for the
-# library's default (cpp/include/distgemm/schedule/defaults.hpp, kCopyLanes), "1" or "2" to choose.
-COPY_LANES_ENV = "DISTGEMM_COPY_LANES"
-
-
-def copy_lanes() -> int:
-    """The side chain's lanes that ``DISTGEMM_COPY_LANES`` asks for; 0: the library's default."""
-    value = os.environ.get(COPY_LANES_ENV, "0").strip() or "0"
-    if value not in ("0", "1", "2"):
-        raise ValueError(f"{COPY_LANES_ENV}={value!r}: expected 0 (the default), 1 or 2")
-    return int(value)
 
 
 def gather_recipe(spec: Spec, rank: int) -> list[tuple[str, int, int, int]]:
@@ -130,7 +118,6 @@ class OverlappedState(PathState):
             tile_n=spec.tile_n,
             b_n_major=spec.b_n_major,
             fast_accum=self.precision.fast_accum,
-            copy_lanes=copy_lanes(),
         )
         if self.want_gathered:
             self.gather = gather_recipe(spec, comm.rank)
