@@ -38,7 +38,7 @@
 #                    and 1 where there are more: the cost model's machine constants, in calibrate/
 #   timeline         timeline.overlap_timeline (per-stream picture of one case)
 #   first-calls      host.first_call --phases at TP = every GPU under DISTGEMM_KERNEL_TABLE_PLANS
-#                    all, then one-rank (the default), then the same at TP = 2 (GPUs 0 and 1); then
+#                    all (the default), then one-rank, then the same at TP = 2 (GPUs 0 and 1); then
 #                    probes.cublaslt_host_cost on GPU 0 (cuBLASLt's host cost per new shape)
 #   sweep-quick|full sweep.llama_sweep [--quick] $SWEEP_ARGS (e.g. "--models 405B")
 #   sweep-fc         sweep.llama_sweep --models 70B --layers FC1,FC2 (every token count)

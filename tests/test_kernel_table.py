@@ -231,7 +231,7 @@ def test_install_without_the_cuda_runtime_or_on_a_cpu_device_does_nothing():
 @pytest.mark.parametrize(
     "env,read,values,bad",
     [
-        (kt.PLANS_ENV, kt.plans_scope, ("one-rank", "all"), "every"),
+        (kt.PLANS_ENV, kt.plans_scope, ("all", "one-rank"), "every"),
         (kt.ROW_BUCKETS_ENV, kt.row_buckets, ("off", "on"), "1"),
     ],
 )

@@ -78,7 +78,10 @@ def main() -> int:
                 part = nbytes // split
                 for j in range(split):
                     s = copy_streams[d][j]
-                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    e0, e1 = (
+                        torch.cuda.Event(enable_timing=True),
+                        torch.cuda.Event(enable_timing=True),
+                    )
                     e0.record(s)
                     for p in range(args.pushes):
                         off = p * nbytes + j * part

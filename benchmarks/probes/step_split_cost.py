@@ -119,7 +119,8 @@ def main() -> int:
         row = dict(case=f"{model}/{layer}/M{tokens}/TP{args.tp}", m=m, n=n, k=k, ms=med)
         rows.append(row)
         line = "  ".join(
-            f"{name} {ms:.4f} ({ms / med[name.split()[0] + ' S=1']:.3f})" for name, ms in med.items()
+            f"{name} {ms:.4f} ({ms / med[name.split()[0] + ' S=1']:.3f})"
+            for name, ms in med.items()
         )
         print(f"{row['case']:<20} {m}x{n}x{k}  {line}", flush=True)
     if args.out:
