@@ -62,6 +62,10 @@
 #                    GEMM + all-reduce in graphs of 20 calls: mm, mm + NCCL, mm + one_shot,
 #                    mm + two_shot, mm + NCCL symmetric, distgemm; distgemm vs the best unfused
 #                    and issue 42's acceptance; DECODE_ARGS="--models 8B" adds the rest)
+#   copy-probe       probes.copy_engine_split on every GPU (torch only): the reduce-scatter ring's
+#                    pushes under a GEMM, back to back, then --paced (each waits for its GEMM, as
+#                    in a plan), then --spread --paced (a push's parts to different peers); JSON
+#                    in copy-probe/
 #   fused-tp1        decode.fused_tp1 on GPU 0: the fused GEMM + all-reduce at TP=1 (its kernel,
 #                    flags and reduction without NVLink) vs torch.mm on 70B/405B O and FC2 at tokens
 #                    1..256, weight bandwidth, and its correctness in bf16 and fp16
@@ -245,6 +249,11 @@ for p in "$@"; do
     serving) part serving ${SERVING_S:-450} torchrun --nproc-per-node "$NPROC" -m benchmarks.serving.serving_step ${SERVING_ARGS:-} --out "$OUT/serving" ;;
     decode) part decode ${DECODE_S:-560} torchrun --nproc-per-node "$NPROC" -m benchmarks.decode.decode_layers --models 70B,405B \
               --tokens 1,2,4,8,16,32,64,128,256 ${DECODE_ARGS:-} --out "$OUT/decode" ;;
+    copy-probe) part copy-probe ${COPY_PROBE_S:-200} bash -c 'set -e
+        for run in "back-to-back:" "paced:--paced" "spread-paced:--spread --paced"; do
+          echo "== ${run%%:*}"
+          python3 -m benchmarks.probes.copy_engine_split ${run#*:} --out "$0/copy-probe/${run%%:*}.json"
+        done' "$OUT" ;;
     fused-tp1) part fused-tp1 ${FUSED_TP1_S:-420} env CUDA_VISIBLE_DEVICES=0 python3 -m benchmarks.decode.fused_tp1 \
               ${FUSED_TP1_ARGS:-} --out "$OUT/fused-tp1" ;;
     kernel-table) part kernel-table ${KERNEL_TABLE_S:-500} bash -c '
