@@ -64,8 +64,9 @@
 #                    and issue 42's acceptance; DECODE_ARGS="--models 8B" adds the rest)
 #   copy-probe       probes.copy_engine_split on every GPU (torch only): the reduce-scatter ring's
 #                    pushes under a GEMM, back to back, then --paced (each waits for its GEMM, as
-#                    in a plan), then --spread --paced (a push's parts to different peers); JSON
-#                    in copy-probe/
+#                    in a plan), then --spread --paced (a push's parts to different peers); then
+#                    probes.sm_push (the pushes by k CTAs of a kernel instead, beside cuBLASLt
+#                    GEMMs that leave those SMs free); JSON in copy-probe/
 #   fused-tp1        decode.fused_tp1 on GPU 0: the fused GEMM + all-reduce at TP=1 (its kernel,
 #                    flags and reduction without NVLink) vs torch.mm on 70B/405B O and FC2 at tokens
 #                    1..256, weight bandwidth, and its correctness in bf16 and fp16
@@ -253,7 +254,8 @@ for p in "$@"; do
         for run in "back-to-back:" "paced:--paced" "spread-paced:--spread --paced"; do
           echo "== ${run%%:*}"
           python3 -m benchmarks.probes.copy_engine_split ${run#*:} --out "$0/copy-probe/${run%%:*}.json"
-        done' "$OUT" ;;
+        done
+        echo "== sm-push"; python3 -m benchmarks.probes.sm_push --out "$0/copy-probe/sm-push.json"' "$OUT" ;;
     fused-tp1) part fused-tp1 ${FUSED_TP1_S:-420} env CUDA_VISIBLE_DEVICES=0 python3 -m benchmarks.decode.fused_tp1 \
               ${FUSED_TP1_ARGS:-} --out "$OUT/fused-tp1" ;;
     kernel-table) part kernel-table ${KERNEL_TABLE_S:-500} bash -c '
