@@ -36,6 +36,8 @@ import time
 
 import torch
 
+from benchmarks.probes.copy_engine_split import cudart
+
 ROUNDS = 10
 CTAS = (4, 8, 16, 32)
 THREADS = 512
@@ -56,16 +58,6 @@ def build() -> ctypes.CDLL:
             check=True,
         )  # fmt: skip
     return ctypes.CDLL(str(lib))
-
-
-def cudart() -> ctypes.CDLL:
-    """The CUDA runtime torch loaded (found in this process's maps)."""
-    torch.cuda.init()
-    with open("/proc/self/maps") as f:
-        for line in f:
-            if "libcudart.so" in line:
-                return ctypes.CDLL(line.split()[-1])
-    raise RuntimeError("libcudart is not loaded in this process")
 
 
 def main() -> int:
