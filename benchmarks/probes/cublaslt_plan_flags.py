@@ -10,6 +10,8 @@ error). Each line names the step's shape, the kernel the installed table gives i
 (kernel_table.plan_kernel) and the cuBLASLt GEMMs enqueued. On 4x H200 (2026-11-28) under `all`,
 405B O at 4096 tokens and S = 8 timed out on its flags at its first call, with row buckets on and
 off; under `one-rank` every call passed (benchmarks/results/2026-11-28-h200-tp4-first-calls-buckets.md).
+With the preload per shape and the side ops enqueued after their GEMMs, all 8 passed under `all`
+(benchmarks/results/2026-11-28-h200-tp4-copy-bound.md).
 """
 
 import time
