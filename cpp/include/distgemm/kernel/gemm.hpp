@@ -116,13 +116,13 @@ struct GemmDesc {
   int decomposition = 0;
   int splits = 1;
   // cuBLASLt instead of distgemm's kernels (gemm_cublaslt.cpp): >= 0 runs the algorithm of that
-  // rank in cuBLASLt's heuristic list for this GEMM with its rows rounded up to a power of two
-  // where cuBLASLt accepts it for the GEMM, else in the GEMM's own list (0: its first, the one
-  // cuBLAS itself would run for that shape), behind a one-thread kernel that waits for the GEMM's
-  // flags; -1 (default) runs distgemm's kernel of `config`. Set by a caller, or by the machine's
-  // kernel table (kernel_table.hpp) where config, tile_n and cublas_algo are all left unset. Needs
-  // config 0 and tile_n 0, a 16-bit dtype, and at most one of partial and user_c (cuBLASLt has one
-  // C).
+  // rank in cuBLASLt's heuristic list for this GEMM (0: its first, the one cuBLAS itself would
+  // run for that shape; with row buckets on, cublaslt_process.hpp, the list of its row bucket
+  // where cuBLASLt accepts that algorithm for the GEMM), behind a one-thread kernel that waits for
+  // the GEMM's flags; -1 (default) runs distgemm's kernel of `config`. Set by a caller, or by the
+  // machine's kernel table (kernel_table.hpp) where config, tile_n and cublas_algo are all left
+  // unset. Needs config 0 and tile_n 0, a 16-bit dtype, and at most one of partial and user_c
+  // (cuBLASLt has one C).
   int cublas_algo = -1;
   // Whether the machine's kernel table may choose this GEMM's kernel (where config, tile_n and
   // cublas_algo are unset). A plan of several ranks clears it where set_kernel_table's all_plans
