@@ -44,6 +44,20 @@ def cudart() -> ctypes.CDLL:
     raise RuntimeError("libcudart is not loaded in this process")
 
 
+def enable_peer_access(rt: ctypes.CDLL, device: int, peer: int) -> None:
+    """Lets the current device (``device``) address ``peer``'s memory (already enabled: fine)."""
+    rc = rt.cudaDeviceEnablePeerAccess(ctypes.c_int(peer), ctypes.c_uint(0))
+    if rc not in (0, 704):  # 704: already enabled
+        raise RuntimeError(f"cudaDeviceEnablePeerAccess({device} -> {peer}) returned {rc}")
+
+
+def step_gemm(m: int, device: int, g: torch.Generator) -> tuple:
+    """(a, w.T, out) of the plan's step GEMM m x 8192 x 2048 on ``device``, uniform random."""
+    a = (torch.rand(m, 2048, generator=g) * 2 - 1).to(torch.bfloat16).cuda(device)
+    w = (torch.rand(8192, 2048, generator=g) * 2 - 1).to(torch.bfloat16).cuda(device)
+    return a, w.t(), torch.empty(m, 8192, dtype=torch.bfloat16, device=device)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=int, default=8)
@@ -69,17 +83,13 @@ def main() -> int:
             peer = peer_of(d, j)
             if peer in dst[d]:
                 continue
-            rc = rt.cudaDeviceEnablePeerAccess(ctypes.c_int(peer), ctypes.c_uint(0))
-            if rc not in (0, 704):  # 704: already enabled
-                raise RuntimeError(f"cudaDeviceEnablePeerAccess({d} -> {peer}) returned {rc}")
+            enable_peer_access(rt, d, peer)
             dst[d][peer] = torch.empty(args.pushes * nbytes // 2, dtype=torch.bfloat16, device=peer)
         g = torch.Generator(device="cpu").manual_seed(d)
         src.append(torch.rand(args.pushes * nbytes // 2, generator=g).to(torch.bfloat16).cuda(d))
         copy_streams.append([torch.cuda.Stream(d) for _ in range(max(splits))])
         mm_streams.append(torch.cuda.Stream(d))
-        a = (torch.rand(args.m, 2048, generator=g) * 2 - 1).to(torch.bfloat16).cuda(d)
-        w = (torch.rand(8192, 2048, generator=g) * 2 - 1).to(torch.bfloat16).cuda(d)
-        ops.append((a, w.t(), torch.empty(args.m, 8192, dtype=torch.bfloat16, device=d)))
+        ops.append(step_gemm(args.m, d, g))
 
     def one_round(split: int, gemm: bool) -> list[float]:
         for d in range(tp):

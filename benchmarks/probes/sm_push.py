@@ -36,7 +36,7 @@ import time
 
 import torch
 
-from benchmarks.probes.copy_engine_split import cudart
+from benchmarks.probes.copy_engine_split import cudart, enable_peer_access, step_gemm
 
 ROUNDS = 10
 CTAS = (4, 8, 16, 32)
@@ -75,16 +75,12 @@ def main() -> int:
     for d in range(tp):
         peer = (d + 1) % tp
         torch.cuda.set_device(d)
-        rc = rt.cudaDeviceEnablePeerAccess(ctypes.c_int(peer), ctypes.c_uint(0))
-        if rc not in (0, 704):  # 704: already enabled
-            raise RuntimeError(f"cudaDeviceEnablePeerAccess({d} -> {peer}) returned {rc}")
+        enable_peer_access(rt, d, peer)
         g = torch.Generator(device="cpu").manual_seed(d)
         src.append(torch.rand(args.pushes * nbytes // 2, generator=g).to(torch.bfloat16).cuda(d))
         dst.append(torch.empty(args.pushes * nbytes // 2, dtype=torch.bfloat16, device=peer))
         streams.append((torch.cuda.Stream(d), torch.cuda.Stream(d)))  # GEMM, pushes
-        a = (torch.rand(args.m, 2048, generator=g) * 2 - 1).to(torch.bfloat16).cuda(d)
-        w = (torch.rand(8192, 2048, generator=g) * 2 - 1).to(torch.bfloat16).cuda(d)
-        ops.append((a, w.t(), torch.empty(args.m, 8192, dtype=torch.bfloat16, device=d)))
+        ops.append(step_gemm(args.m, d, g))
     calls = 4 * args.pushes
 
     def timed(stream, fn) -> tuple:

@@ -7,8 +7,8 @@ Per Llama case of issue 41's efficiency target that missed 0.93 (70B/405B, 4096 
 tokens, TP given): its per-rank GEMM (llama_cases.shapes' floor), split at S = TP and 2 TP as
 the plans split it (rows of A; ag_rotate_a's and rs_tile_a's steps), run by torch.mm and by
 distgemm's kernel as the installed table picks it per step (_core.gemm, everything unset).
-Each variant is a CUDA graph of REPS calls; warmed up 1 s, then ROUNDS interleaved windows of
-WINDOW_S each, median ms per call. Operands are uniform random (seeded). The ratio split/whole
+Each variant is a CUDA graph of REPS calls (benchmarks.common.timing.graphed); warmed up 1 s,
+then ROUNDS interleaved windows of WINDOW_S each, median ms per call. Operands are uniform random (seeded). The ratio split/whole
 bounds a plan's own-kernel efficiency from above before any communication contends.
 """
 
@@ -22,6 +22,7 @@ import time
 import torch
 
 from benchmarks.common.llama_cases import Case, shapes
+from benchmarks.common.timing import graphed
 from distgemm import _core
 from distgemm.runtime import kernel_table
 
@@ -32,17 +33,6 @@ CASES = [
 REPS = 10
 ROUNDS = 3
 WINDOW_S = 0.3
-
-
-def graph_of(fn) -> torch.cuda.CUDAGraph:
-    """REPS calls of fn captured once (after one eager call, which loads the kernels)."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(REPS):
-            fn()
-    return g
 
 
 def window_ms(g: torch.cuda.CUDAGraph, seconds: float) -> float:
@@ -89,8 +79,8 @@ def variants(m: int, n: int, k: int, tp: int, dev: int) -> dict[str, torch.cuda.
     for steps in (1, tp, 2 * tp):
         if m % steps:
             continue
-        out[f"mm S={steps}"] = graph_of(mm(m // steps))
-        out[f"dg S={steps}"] = graph_of(ours(m // steps))
+        out[f"mm S={steps}"] = graphed(torch, mm(m // steps), REPS)
+        out[f"dg S={steps}"] = graphed(torch, ours(m // steps), REPS)
     return out
 
 
