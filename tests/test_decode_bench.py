@@ -285,6 +285,23 @@ def test_outputs_without_matplotlib_replot_and_merge(tmp_path, monkeypatch):
         rep.merge([dict(meta=dict(tp=2), records=[]), dict(meta=dict(tp=4), records=[])])
 
 
+def test_a_run_cut_short_leaves_its_finished_layers_for_replot(tmp_path, monkeypatch):
+    from benchmarks.decode import decode_layers
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    stem = str(tmp_path / "run" / out.output_stem("decode", TP, date="2026-11-28"))
+    first = [_case(tokens=t) for t in (1, 2)]
+    decode_layers.write_partial(stem, first, dict(META, tp=TP))
+    both = first + [_case(model="405B", tokens=1)]
+    decode_layers.write_partial(stem, both, dict(META, tp=TP))  # the next layer: rewritten
+    partial = stem + decode_layers.PARTIAL_SUFFIX
+    doc = json.loads(open(partial).read())
+    assert doc["records"] == both and doc["meta"]["partial"] is True
+    assert rep.replot([partial], str(tmp_path / "again")) == 1  # no matplotlib: no PNG
+    table = (tmp_path / "again" / "2026-11-28-decode-tp2.partial.txt").read_text()
+    assert "\n405B  | O " in table and "acceptance (issue 42, tp=2;" in table
+
+
 def test_plot_written_with_matplotlib(tmp_path):
     pytest.importorskip("matplotlib")
     path = tmp_path / "run.png"

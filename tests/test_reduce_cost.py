@@ -47,9 +47,11 @@ def reduce_constants(error: float = 0.0) -> machine.ReduceConstants:
     )
 
 
-def priced_runs(rc: machine.ReduceConstants, tp: int) -> list[dict]:
+def priced_runs(rc: machine.ReduceConstants, tp: int, after_mm: bool = False) -> list[dict]:
     """A calibration's decode runs (calibrate.REDUCE_SHAPES x REDUCE_TOKENS), each priced by the
-    model under ``rc``: the fused path with each tail that runs the tokens (as calibrate does)."""
+    model under ``rc``: the fused path with each tail that runs the tokens (as calibrate does);
+    the all-reduces timed alone (an earlier calibration's form) or, ``after_mm``, right after
+    torch.mm of each shape (calibrate's form: the shape, the pair's ms and its ms less mm's)."""
     runs = []
     for n, k in calibrate.REDUCE_SHAPES:
         for m in calibrate.REDUCE_TOKENS:
@@ -62,8 +64,10 @@ def priced_runs(rc: machine.ReduceConstants, tp: int) -> list[dict]:
             for algorithm in rc.all_reduce:
                 nbytes = m * n * 2
                 ms = reduce_cost.all_reduce_ms(rc, algorithm, nbytes)
-                runs.append({"kind": "all_reduce", "algorithm": algorithm, "bytes": nbytes,
-                             "ms": ms})  # fmt: skip
+                run = {"kind": "all_reduce", "algorithm": algorithm, "bytes": nbytes, "ms": ms}
+                if after_mm:
+                    run.update(shape, after_mm_ms=reduce_cost.mm_ms(rc, m, n, k) + ms)
+                runs.append(run)
     return runs
 
 
@@ -71,10 +75,11 @@ def close(a, b):
     return a == pytest.approx(b, rel=1e-5, abs=1e-12)
 
 
+@pytest.mark.parametrize("after_mm", [False, True], ids=["alone", "after-mm"])
 @pytest.mark.parametrize("tp", TPS)
-def test_a_fit_of_runs_the_model_priced_gives_back_its_constants(tp):
+def test_a_fit_of_runs_the_model_priced_gives_back_its_constants(tp, after_mm):
     want = reduce_constants()
-    got = calibration_fit.fit_reduce(priced_runs(want, tp), tp)
+    got = calibration_fit.fit_reduce(priced_runs(want, tp, after_mm), tp)
     assert all(close(g, w) for g, w in zip(got.mm, want.mm, strict=True))
     for algorithm, consts in want.all_reduce.items():
         assert all(close(g, w) for g, w in zip(got.all_reduce[algorithm], consts, strict=True))
@@ -231,7 +236,7 @@ def test_each_candidate_needs_the_margin_of_its_own_error():
     assert reduce_cost.choose(replace(rc, candidate_errors=every), m, n, k, tp, ALL)[0] == (
         reduce_cost.BASELINE
     )
-    assert reduce_cost.margin(rc, pick, base) == pytest.approx(reduce_cost.MIN_GAIN_MS)
+    assert reduce_cost.margin(rc, pick, base, m) == pytest.approx(reduce_cost.MIN_GAIN_MS)
 
 
 def test_the_fit_gives_each_candidate_the_error_of_its_own_gains():
@@ -245,18 +250,83 @@ def test_the_fit_gives_each_candidate_the_error_of_its_own_gains():
                              "ms": reduce_cost.all_reduce_ms(want, a, b)})  # fmt: skip
     fitted = calibration_fit.fit_reduce(runs, 4)  # exact runs: every candidate's error ~0
     assert set(fitted.candidate_errors) == {
-        "fused", "fused_two_shot", "collective/one_shot", "collective/two_shot"
+        "fused/decode", "fused/cutlass", "fused/cutlass_two_shot", "collective/one_shot",
+        "collective/two_shot",
     }  # fmt: skip
     assert max(fitted.candidate_errors.values()) == pytest.approx(0.0, abs=1e-6)
     # The fused kernel measured 20% slower than priced: only its own gains are over-predicted.
     slower = [dict(r, ms=r["ms"] * 1.2) if r["kind"] == "fused" else r for r in runs]
     errs = calibration_fit.candidate_gain_errors(want, slower, 4)
     each = {c: calibration_fit.over_prediction(v) for c, v in errs.items()}
-    assert each["fused"] > 0.05 and each["fused_two_shot"] > 0.05
+    assert each["fused/decode"] > 0.05 and each["fused/cutlass"] > 0.05
+    assert each["fused/cutlass_two_shot"] > 0.05
     assert each["collective/one_shot"] == pytest.approx(0.0, abs=1e-9)
     assert each["collective/two_shot"] == pytest.approx(0.0, abs=1e-9)
     flat = calibration_fit.reduce_gain_errors(want, slower, 4)
     assert sorted(flat) == sorted(e for v in errs.values() for e in v)
+
+
+def test_each_fused_kernel_has_the_error_of_its_own_gains_and_the_margin_it_gives():
+    want = reduce_constants()
+    runs = priced_runs(want, 4)
+    # The CUTLASS kernel (one-shot tail) measured 30% slower than priced, the decode kernel exact:
+    # the decode kernel's error stays 0 and its margin is the smaller.
+    cutlass = {m for m in calibrate.REDUCE_TOKENS if _core.fused_kernel(m) == "cutlass"}
+    decode = set(calibrate.REDUCE_TOKENS) - cutlass
+    assert cutlass and decode
+    slower = [
+        dict(r, ms=r["ms"] * 1.3)
+        if r["kind"] == "fused" and r["m"] in cutlass and r["tail"] == "one_shot"
+        else r
+        for r in runs
+    ]
+    errs = calibration_fit.candidate_gain_errors(want, slower, 4)
+    errors = {c: calibration_fit.over_prediction(v) for c, v in errs.items()}
+    assert errors["fused/cutlass"] > 0.05
+    assert errors["fused/decode"] == pytest.approx(0.0, abs=1e-9)
+    fitted = replace(want, candidate_errors=errors)
+    base = 0.05
+    m_decode, m_cutlass = min(decode), max(cutlass)
+    assert reduce_cost.margin(fitted, "fused", base, m_decode) < reduce_cost.margin(
+        fitted, "fused", base, m_cutlass
+    )
+    # An earlier calibration's file keys one error by the path's name: every kernel takes it.
+    old = replace(want, candidate_errors={"fused": 0.3})
+    assert reduce_cost.margin(old, "fused", base, m_decode) == pytest.approx(
+        reduce_cost.margin(old, "fused", base, m_cutlass)
+    )
+    assert reduce_cost.margin(old, "fused", base, m_decode) == pytest.approx(
+        (0.3 - cost_tolerated()) * base
+    )
+    # The decode kernel with a large error of its own gives way at its tokens only.
+    m, n, k = m_decode, 8192, 2048
+    pick, pred, _ = reduce_cost.choose(want, m, n, k, 4, ALL)
+    assert pick == "fused", pred
+    no_decode = replace(want, candidate_errors={"fused/decode": 0.9})
+    assert reduce_cost.choose(no_decode, m, n, k, 4, ALL)[0] != "fused"
+
+
+def test_all_reduces_timed_after_torch_mm_price_the_collective_path_over_those_timed_alone():
+    want = reduce_constants()
+    # The all-reduces timed alone as priced, and after torch.mm 20% slower (the ranks' GEMMs end
+    # apart): the pair is what the collective path runs, so its error is what the choice guards.
+    alone = [r for r in priced_runs(want, 4) if r["kind"] == "all_reduce"]
+    after = [
+        dict(r, ms=r["ms"] * 1.2, after_mm_ms=r["after_mm_ms"] + 0.2 * r["ms"])
+        if r["kind"] == "all_reduce" and r["algorithm"] == "one_shot"
+        else r
+        for r in priced_runs(want, 4, after_mm=True)
+    ]
+    each = calibration_fit.candidate_gain_errors(want, alone + after, 4)
+    assert calibration_fit.over_prediction(each["collective/one_shot"]) > 0.01
+    assert calibration_fit.over_prediction(each["collective/two_shot"]) == pytest.approx(
+        0.0, abs=1e-9
+    )
+    # Timed alone only (an earlier calibration): looked up by bytes, as priced.
+    each = calibration_fit.candidate_gain_errors(want, priced_runs(want, 4), 4)
+    assert calibration_fit.over_prediction(each["collective/one_shot"]) == pytest.approx(
+        0.0, abs=1e-9
+    )
 
 
 def cost_tolerated():

@@ -25,12 +25,14 @@ checked against mm + NCCL once (poisoned with NaN first), then the graphs are ti
 with the steady-state windows of benchmarks/common/timing.py, mm alone first with the long
 warm-up. benchmarks/decode/report.py takes the best unfused variant per case, the ratios against
 it and issue 42's acceptance. Output: ``<date>-decode-tp<N>`` .json/.csv/.txt/.png under --out,
-each naming torch, the device and INSTALLED_BY.
+each naming torch, the device and INSTALLED_BY; while it runs, ``<date>-decode-tp<N>.partial.json``
+holds the layers finished so far (``--replot`` reads it), removed once the outputs are written.
 """
 
 from __future__ import annotations
 
 import faulthandler
+import json
 import math
 import os
 import sys
@@ -57,6 +59,7 @@ SMOKE_DIMS = {"O": (64, 128), "FC2": (64, 256)}  # (N, K) of --cpu-smoke's layer
 SMOKE_TOKENS = (1, 2, 3, 8)
 PLAN_TOL = 1e-9  # the reference executor against float64: rounding of float64 sums only
 SEED = 4321
+PARTIAL_SUFFIX = ".partial.json"  # the finished layers of a run still going (write_partial)
 
 
 @dataclass
@@ -299,13 +302,10 @@ def run(args) -> int:
     group_name = dist.group.WORLD.group_name
     numel = max(args.tokens) * max(la.n for la in layers)
     base = make_baselines(ctx, numel, group_name, args.own_all_reduce)
-    records = []
-    for layer in layers:
-        records += run_layer(ctx, layer, args.tokens, base, group_name)
-    faulthandler.cancel_dump_traceback_later()
-    bad = [(report.case_name(r), report.wrong(r)) for r in records if report.wrong(r)]
-    if ctx.rank == 0:
-        meta = out.run_meta(
+    stem = os.path.join(args.out, out.output_stem("decode", ctx.tp))
+
+    def meta() -> dict[str, Any]:
+        return out.run_meta(
             torch,
             ctx.dev,
             ctx.tp,
@@ -315,9 +315,17 @@ def run(args) -> int:
             calls_per_graph=report.CALLS_PER_GRAPH,
             distgemm_paths=runtime.distgemm_paths(),
         )
-        report.write_outputs(
-            records, meta, os.path.join(args.out, out.output_stem("decode", ctx.tp))
-        )
+
+    records = []
+    for layer in layers:
+        records += run_layer(ctx, layer, args.tokens, base, group_name)
+        if ctx.rank == 0:  # the layers so far, kept should a time limit end the run
+            write_partial(stem, records, meta())
+    faulthandler.cancel_dump_traceback_later()
+    bad = [(report.case_name(r), report.wrong(r)) for r in records if report.wrong(r)]
+    if ctx.rank == 0:
+        report.write_outputs(records, meta(), stem)
+        os.remove(stem + PARTIAL_SUFFIX)
         if bad:
             print(f"WRONG results: {bad}", flush=True)
     if base.window is not None:
@@ -328,6 +336,14 @@ def run(args) -> int:
             print(f"NCCL window release: {type(e).__name__}: {e}", flush=True)
     ctx.close()
     return 1 if bad else 0
+
+
+def write_partial(stem: str, records: list[dict], meta: dict[str, Any]) -> None:
+    """``stem`` + PARTIAL_SUFFIX: the records so far and the run's meta, in the JSON form that
+    ``--replot`` reads (a run cut short by its time limit leaves its finished layers there)."""
+    os.makedirs(os.path.dirname(stem) or ".", exist_ok=True)
+    with open(stem + PARTIAL_SUFFIX, "w") as f:
+        json.dump(dict(meta=dict(meta, partial=True), records=records), f, indent=1)
 
 
 def cpu_smoke(rank: int, tp: int) -> dict[str, Any]:

@@ -209,6 +209,13 @@ def measure(
     return runs
 
 
+def _mm_then(torch, a, w, out, reduce) -> None:
+    """torch.mm of ``a`` by ``w`` into ``out``, then ``reduce()``: one call of the collective
+    path."""
+    torch.mm(a, w.t(), out=out)
+    reduce()
+
+
 def _own_all_reduce(torch, comm, x, algorithm: str, run_all_reduce, out) -> None:
     run_all_reduce(comm, x, algorithm, torch.cuda.is_current_stream_capturing(), out=out)
 
@@ -235,10 +242,10 @@ def l2_bytes(device) -> int:
 def reduce_runs(torch, dist, device, tp, run, rand, say) -> list[dict[str, Any]]:
     """gemm_all_reduce's decode runs (calibration_fit.fit_reduce): torch.mm and the fused path
     with each tail that runs the shape (``machine.FUSED_PATHS``) at every REDUCE_SHAPES x
-    REDUCE_TOKENS, NCCL's and our all-reduces at each one's bytes. Each
-    is timed as servers run it: a CUDA graph of GRAPH_CALLS calls, replayed (eager launches of
-    calls of a few microseconds time the launch gaps, not the call), torch.mm's and the fused
-    path's calls cycling through weight_copies copies of the weight."""
+    REDUCE_TOKENS, and torch.mm then NCCL's and each of our all-reduces (the collective path).
+    Each is timed as servers run it: a CUDA graph of GRAPH_CALLS calls, replayed (eager launches
+    of calls of a few microseconds time the launch gaps, not the call), every call's torch.mm
+    cycling through weight_copies copies of the weight."""
     from . import ops
     from .runtime.allreduce import all_reduce_input, run_all_reduce
     from .runtime.communicator import get_communicator
@@ -281,20 +288,23 @@ def reduce_runs(torch, dist, device, tp, run, rand, say) -> list[dict[str, Any]]
                     runs.append({"kind": "fused", "tp": tp, **shape, "tail": tail,
                                  "ms": graphed_ms(*fused_calls)})  # fmt: skip
             vec, nbytes = d.view(-1), m * n * 2
-            calls = {"nccl": functools.partial(dist.all_reduce, vec)}
+            # Each all-reduce as the collective path runs it: right after its torch.mm (the
+            # ranks' GEMMs end apart and the all-reduce waits for the last), into the input where
+            # that GEMM writes it (a pull algorithm's region, reduced into the output; else the
+            # output, in place); its ms is the pair's less torch.mm's.
+            pairs = {"nccl": (d, functools.partial(dist.all_reduce, vec))}
             for algorithm, problem in own_all_reduce_offer(vec.numel(), vec.dtype, tp).items():
                 if not problem:
-                    # As the collective path runs it: the input where its GEMM writes it (a pull
-                    # algorithm's region, reduced into the output; else the output, in place).
                     x = all_reduce_input(comm, algorithm, vec, False)
-                    if x is not vec:
-                        x.copy_(vec)
-                    calls[algorithm] = functools.partial(
+                    reduce = functools.partial(
                         _own_all_reduce, torch, comm, x, algorithm, run_all_reduce, vec
                     )
-            for algorithm, call in calls.items():
+                    pairs[algorithm] = (x.view(m, n), reduce)
+            for algorithm, (into, reduce) in pairs.items():
+                pair_calls = (functools.partial(_mm_then, torch, a, x, into, reduce) for x in ws)
+                pair = graphed_ms(*pair_calls)
                 runs.append({"kind": "all_reduce", "algorithm": algorithm, "bytes": nbytes,
-                             "ms": graphed_ms(call)})  # fmt: skip
+                             **shape, "after_mm_ms": pair, "ms": pair - mm})  # fmt: skip
             del a, d
         del w, ws
     return runs

@@ -289,34 +289,50 @@ def reduce_gain_errors(rc: ReduceConstants, runs: list[dict[str, Any]], tp: int)
 def candidate_gain_errors(
     rc: ReduceConstants, runs: list[dict[str, Any]], tp: int
 ) -> dict[str, list[float]]:
-    """Per candidate (``reduce_cost`` names), the model's error on its gain over mm + NCCL, as a
-    share of mm + NCCL's measured time, at every decode shape of ``runs`` with torch.mm
-    measured: the fused kernel with each tail where it ran, mm + an own all-reduce where one ran
-    at the shape's bytes."""
-    ar = {(r["algorithm"], int(r["bytes"])): r["ms"] for r in _of(runs, "all_reduce")}
+    """Per candidate's own error (``reduce_cost.error_key``: each fused kernel and tail apart),
+    the model's error on its gain over mm + NCCL, as a share of mm + NCCL's measured time, at
+    every decode shape of ``runs`` with torch.mm measured: the fused kernel with each tail where
+    it ran, mm + an own all-reduce where one ran after torch.mm at that shape (``all_reduce_after``)
+    or, in a calibration that timed the all-reduces alone, at the shape's bytes."""
+    ar = all_reduce_after(runs)
     fused = {(r["m"], r["n"], r["k"], _tail(r)): r["ms"] for r in _of(runs, "fused")}
     out: dict[str, list[float]] = {}
     for r in _of(runs, "reduce_mm"):
         m, n, k = r["m"], r["n"], r["k"]
         nbytes = m * n * cost_model.ELEM_BYTES
-        if ("nccl", nbytes) not in ar:
+
+        def after_mm(algorithm, m=m, n=n, k=k, nbytes=nbytes):
+            return ar.get((algorithm, m, n, k), ar.get((algorithm, nbytes)))
+
+        if after_mm("nccl") is None:
             continue
-        base = r["ms"] + ar[("nccl", nbytes)]
+        base = r["ms"] + after_mm("nccl")
         offered, measured = {}, {}
         for path, tail in FUSED_PATHS.items():
             measured[path] = fused.get((m, n, k, tail))
             offered[path] = "" if measured[path] is not None else "not measured"
         for algorithm in rc.all_reduce:
-            t = ar.get((algorithm, nbytes))
+            t = after_mm(algorithm)
             offered[algorithm] = "" if t is not None else "not measured"
             measured[f"collective/{algorithm}"] = None if t is None else r["ms"] + t
         pred = reduce_cost.predict(rc, m, n, k, tp, offered)
         for cand, p in pred.items():
             t = measured.get(cand)
             if cand != reduce_cost.BASELINE and t is not None:
-                out.setdefault(cand, []).append(
+                out.setdefault(reduce_cost.error_key(cand, m), []).append(
                     ((pred[reduce_cost.BASELINE] - p) - (base - t)) / base
                 )
+    return out
+
+
+def all_reduce_after(runs: list[dict[str, Any]]) -> dict[tuple, float]:
+    """The all-reduce runs' ms by (algorithm, m, n, k) where a run was timed right after torch.mm
+    of that shape (``ms``: the pair's time less torch.mm's), else by (algorithm, bytes): an
+    earlier calibration's, timed alone."""
+    out: dict[tuple, float] = {}
+    for r in _of(runs, "all_reduce"):
+        shape = tuple(r[c] for c in ("m", "n", "k")) if "m" in r else (int(r["bytes"]),)
+        out[(r["algorithm"], *shape)] = r["ms"]
     return out
 
 

@@ -18,19 +18,27 @@ What it models (one rank, the constants ``machine.ReduceConstants``, fitted by
   with the all-reduce alone: torch.mm's own error does not enter it. A tail whose constants the
   machine's calibration has not is not offered, as an own all-reduce is not.
 
+The all-reduce's constants price it as it runs on the collective path, right after its torch.mm
+(the calibration times mm then the all-reduce in one graph and takes torch.mm's own time off):
+the ranks' GEMMs end at different times and the all-reduce waits for the last, which an
+all-reduce timed alone, back to back, never does.
+
 The baseline is mm + NCCL. Another candidate can be taken where it is predicted faster by at
 least ``MIN_GAIN_MS`` and by its own error less ``cost_model.TOLERATED_LOSS`` of the baseline's
-time: the calibration's over-predicted gain of that candidate (``candidate_errors``; the
-candidates' common ``choice_error`` where the constants have none for it), as the overlapped
-plan is taken. The fastest predicted of those is taken. Each candidate's own error, because they
-differ in kind: mm + an all-reduce shares torch.mm with the baseline, so only the all-reduces'
-fits enter its gain, while a fused kernel's gain carries its own overhead fit.
+time: the calibration's over-predicted gain of that candidate (``candidate_errors``, keyed by
+``error_key``; the candidates' common ``choice_error`` where the constants have none for it), as
+the overlapped plan is taken. The fastest predicted of those is taken. Each candidate's own
+error, because they differ in kind: mm + an all-reduce shares torch.mm with the baseline, so only
+the all-reduces' fits enter its gain, while a fused kernel's gain carries its own overhead fit,
+and each fused kernel (the decode kernel at a few tokens, the CUTLASS one beyond) its own.
 """
 
 from __future__ import annotations
 
 from .cost_model import ELEM_BYTES, error_margin_ms
 from .machine import FUSED_PATHS, ReduceConstants, fused_constants_key
+
+FUSED_ERROR_PREFIX = "fused/"
 
 BASELINE = "collective/nccl"
 # The least predicted gain taken: decode calls are replayed from CUDA graphs, whose per-call
@@ -108,7 +116,7 @@ def choose(
     constants only, so every rank picks the same."""
     pred = predict(rc, m, n, k, tp, offered)
     base = pred[BASELINE]
-    margins = {c: margin(rc, c, base) for c in pred if c != BASELINE}
+    margins = {c: margin(rc, c, base, m) for c in pred if c != BASELINE}
     taken = [c for c, need in margins.items() if base - pred[c] >= need]
     pick = min(taken, key=lambda c: (pred[c], c)) if taken else BASELINE
     listed = ", ".join(
@@ -118,7 +126,18 @@ def choose(
     return pick, pred, f"predicted {listed} us ({slug})"
 
 
-def margin(rc: ReduceConstants, candidate: str, base_ms: float) -> float:
-    """The predicted gain over mm + NCCL (``base_ms``) that ``candidate`` needs to be taken."""
-    error = rc.candidate_errors.get(candidate, rc.choice_error)
+def error_key(candidate: str, m: int) -> str:
+    """The name of ``candidate``'s own error at ``m`` tokens (``ReduceConstants.candidate_errors``):
+    a fused path's is its kernel's and tail's, "fused/<fused_constants_key>" (the decode kernel
+    and the CUTLASS one err apart), any other candidate's its own name."""
+    tail = FUSED_PATHS.get(candidate)
+    return candidate if tail is None else FUSED_ERROR_PREFIX + fused_constants_key(m, tail)
+
+
+def margin(rc: ReduceConstants, candidate: str, base_ms: float, m: int) -> float:
+    """The predicted gain over mm + NCCL (``base_ms``) that ``candidate`` at ``m`` tokens needs to
+    be taken: its own error (``error_key``; a file of an earlier calibration keys a fused path's by
+    the path's name), else the common one."""
+    errors = rc.candidate_errors
+    error = errors.get(error_key(candidate, m), errors.get(candidate, rc.choice_error))
     return error_margin_ms(error, base_ms, MIN_GAIN_MS)
