@@ -450,6 +450,13 @@ def test_fit_reduce_reads_both_fused_paths_from_a_decode_csv(tmp_path):
     runs = fit_reduce.decode_runs(fit_reduce.cases(path))
     tails = [r["tail"] for r in runs if r["kind"] == "fused"]
     assert tails.count("two_shot") == 4 * 3 and tails.count("one_shot") == 4 * 6
+    # NCCL's runs are timed after torch.mm at the case's shape, as the calibration stores them
+    nccl = [r for r in runs if r["kind"] == "all_reduce"]
+    assert len(nccl) == 4 * 6 and all(r["algorithm"] == "nccl" for r in nccl)
+    for r in nccl:
+        mm = reduce_cost.mm_ms(rc, r["m"], r["n"], r["k"])
+        assert r["after_mm_ms"] == pytest.approx(mm + r["ms"], rel=1e-2)
+        assert r["ms"] == pytest.approx(reduce_cost.all_reduce_ms(rc, "nccl", r["bytes"]), rel=1e-2)
     got = calibration_fit.fit_reduce(runs, TP)
     assert set(got.fused) == set(machine.FUSED_KERNELS)
     # the CSV keeps 2 decimals of a us: the fit gives the times back to that

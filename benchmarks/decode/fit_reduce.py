@@ -5,7 +5,7 @@ choice on every case of such a CSV against its measured times (CPU only, numpy).
     python3 -m benchmarks.decode.fit_reduce DECODE.csv --constants FILE   # validation only
 
 A case's columns become calibration runs (``distgemm.runtime.calibration_fit.fit_reduce``):
-torch.mm alone, NCCL's all-reduce (mm + NCCL less mm), each fused path where it ran forced
+torch.mm alone, NCCL's all-reduce after torch.mm at the case's shape (mm + NCCL less mm), each fused path where it ran forced
 (``path="fused"``, and ``path="fused_two_shot"``: the two-shot tail), and our all-reduce where
 ``path="auto"`` ran the collective path with it (auto less mm) or where ``--own-all-reduce``
 timed it forced. Both of the decode benchmark's CSV forms are read:
@@ -76,17 +76,22 @@ def decode_runs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         nbytes = c["m"] * c["n"] * 2
         runs.append({"kind": "reduce_mm", **shape, "ms": us["mm"] / 1e3})
-        runs.append({"kind": "all_reduce", "algorithm": "nccl", "bytes": nbytes,
-                     "ms": (us["nccl"] - us["mm"]) / 1e3})  # fmt: skip
+        runs.append(_after_mm("nccl", nbytes, shape, us["nccl"], us["mm"]))
         for path, tail in FUSED_PATHS.items():
             if us.get(path) is not None:
                 runs.append({"kind": "fused", "tp": c["tp"], **shape, "tail": tail,
                              "ms": us[path] / 1e3})  # fmt: skip
         for name, v in us.items():
             if name.startswith("collective/") and v is not None:
-                runs.append({"kind": "all_reduce", "algorithm": name.split("/")[1],
-                             "bytes": nbytes, "ms": (v - us["mm"]) / 1e3})  # fmt: skip
+                runs.append(_after_mm(name.split("/")[1], nbytes, shape, v, us["mm"]))
     return runs
+
+
+def _after_mm(algorithm: str, nbytes: int, shape: dict, pair_us: float, mm_us: float) -> dict:
+    """An all-reduce run as the calibration stores one timed right after its torch.mm: the
+    shape, the pair's ms and the all-reduce's part (the pair less torch.mm alone)."""
+    return {"kind": "all_reduce", "algorithm": algorithm, "bytes": nbytes, **shape,
+            "after_mm_ms": pair_us / 1e3, "ms": (pair_us - mm_us) / 1e3}  # fmt: skip
 
 
 def validate(rows: list[dict[str, Any]], mc: machine.MachineConstants) -> list[str]:
