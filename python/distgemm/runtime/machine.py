@@ -81,8 +81,10 @@ class ReduceConstants:
       model prices nothing beyond them;
     - ``choice_error``: as ``MachineConstants.choice_error``, for the gains over mm + NCCL of
       every candidate together;
-    - ``candidate_errors``: the same per candidate (``reduce_cost`` names: "fused",
-      "collective/one_shot", ...), each the margin that candidate needs (absent: choice_error).
+    - ``candidate_errors``: the same per candidate (``reduce_cost.error_key`` names:
+      "collective/one_shot", ..., and per fused kernel and tail "fused/decode", "fused/cutlass",
+      "fused/cutlass_two_shot"; an earlier file's "fused", "fused_two_shot" are read too), each
+      the margin that candidate needs (absent: choice_error).
     """
 
     mm: tuple[float, float, float]
