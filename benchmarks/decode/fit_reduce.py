@@ -5,10 +5,10 @@ choice on every case of such a CSV against its measured times (CPU only, numpy).
     python3 -m benchmarks.decode.fit_reduce DECODE.csv --constants FILE   # validation only
 
 A case's columns become calibration runs (``distgemm.runtime.calibration_fit.fit_reduce``):
-torch.mm alone, NCCL's all-reduce after torch.mm at the case's shape (mm + NCCL less mm), each fused path where it ran forced
-(``path="fused"``, and ``path="fused_two_shot"``: the two-shot tail), and our all-reduce where
-``path="auto"`` ran the collective path with it (auto less mm) or where ``--own-all-reduce``
-timed it forced. Both of the decode benchmark's CSV forms are read:
+torch.mm alone, NCCL's all-reduce after torch.mm at the case's shape (mm + NCCL less mm), each
+fused path where it ran forced (``path="fused"``, and ``path="fused_two_shot"``: the two-shot
+tail), and our all-reduce where ``path="auto"`` ran the collective path with it (auto less mm)
+or where ``--own-all-reduce`` timed it forced. Both of the decode benchmark's CSV forms are read:
 ``benchmarks/decode/decode_layers.py``'s (``us_mm``, ``us_nccl``, ``us_distgemm_fused``,
 ``us_distgemm_fused_two_shot``, ...) and the 2026-11-24 one (``case`` = model/layer/M/TP,
 ``mm_us``, ``mm_nccl_us``, ``distgemm_fused_us``). ``--base`` names the machine file the
