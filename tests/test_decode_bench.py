@@ -202,6 +202,31 @@ def test_acceptance_unmeasured_and_bad_points():
     assert rep.acceptance([])["median_met"] is None
 
 
+def test_acceptance_counts_the_scope_a_run_did_not_reach():
+    # a run over 70B and 405B only (the decode part's default models): 8B's 18 points are not
+    # measured, so neither the median nor the minimum is judged on the other 36
+    records = [r for r in _scope() if r["model"] != "8B"]
+    acc = rep.acceptance(records)
+    assert (acc["measured"], acc["points"]) == (36, 54)
+    assert len(acc["unmeasured"]) == 18 and all(n.startswith("8B/") for n in acc["unmeasured"])
+    assert acc["unmeasured"][0] == "8B/O/M1/TP2"
+    assert acc["median"] == pytest.approx(1.3) and acc["median_met"] is None
+    assert acc["min_met"] is None
+    assert acc["over_mm_met"] is True  # 70B and 405B at 1..8 tokens: all there
+    lines = bu.acceptance_lines(acc, TP, rep.SCOPE_TEXT)
+    assert lines[1].startswith(
+        "  median of distgemm vs best unfused: 1.300x over 36 of 54 points (target >= 1.1): n/a; "
+        "not measured: 8B/O/M1/TP2, "
+    )
+    # a point below the minimum misses it whatever was not run
+    records[0] = _case(model="70B", layer="O", tokens=1, distgemm=27.0)
+    assert rep.acceptance(records)["min_met"] is False
+    # 405B's 1..8 tokens not run: the over-mm criterion is not judged either
+    records = [r for r in _scope() if not (r["model"] == "405B" and r["tokens"] <= 8)]
+    acc = rep.acceptance(records)
+    assert (acc["over_mm_measured"], acc["over_mm_of"], acc["over_mm_met"]) == (8, 16, None)
+
+
 def test_acceptance_lines():
     lines = bu.acceptance_lines(rep.acceptance(_scope(m8B=27.0)), TP, rep.SCOPE_TEXT)
     assert lines[0] == (
@@ -251,7 +276,7 @@ def test_table_shows_best_unfused_ratios_reasons_and_acceptance():
         "70B/O distgemm (tokens 1): ValueError: M=1 is not divisible by S=2",
         f"70B/O nccl_symm (tokens 1, 2, 8): {why}",
         "acceptance (issue 42, tp=2;",
-        "median of distgemm vs best unfused: 1.300x over 1 of 3 points",
+        "median of distgemm vs best unfused: 1.300x over 1 of 54 points",
     ):
         assert text in table, text
 

@@ -55,6 +55,14 @@ def split_reason(n: int, k: int, tp: int) -> str | None:
     return None
 
 
+def scope_cases() -> list[tuple[str, str, int]]:
+    """Every (model, layer, tokens) of issue 42's acceptance: Llama O and FC2 at each of TOKENS
+    up to SCOPE_TOKENS."""
+    return [
+        (m, la, t) for m in SCOPE_MODELS for la in SCOPE_LAYERS for t in TOKENS if t <= SCOPE_TOKENS
+    ]
+
+
 def in_scope(model: str, layer: str, tokens: int) -> bool:
     """Whether a point counts for issue 42's acceptance (Llama O and FC2, 1..256 tokens)."""
     return model in SCOPE_MODELS and layer in SCOPE_LAYERS and tokens <= SCOPE_TOKENS
