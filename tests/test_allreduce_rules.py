@@ -383,3 +383,37 @@ def test_a_captured_pull_call_shares_the_outputs_only_where_every_rank_can(tp, m
     res = allreduce.AllReduceResources(comm)
     assert res.shared_output(out, at_region) is None
     assert "own region" in res.copy_reason
+
+
+@pytest.mark.parametrize("algorithm", ["one_shot", "two_shot_pull"])
+def test_mm_then_all_reduce_writes_the_gemm_where_the_all_reduce_reads_it(algorithm, monkeypatch):
+    # The collective path's call and the calibration's (the same function): torch.mm into the
+    # all-reduce's input, a pull algorithm's region or the output itself, then one launch.
+    torch = pytest.importorskip("torch")
+    from distgemm.runtime import allreduce
+
+    g = torch.Generator().manual_seed(11)
+    a = torch.rand(4, 16, generator=g).to(torch.bfloat16)
+    w = torch.rand(8, 16, generator=g).to(torch.bfloat16)
+    out = torch.zeros(4, 8, dtype=torch.bfloat16)
+    region = torch.zeros(4, 8, dtype=torch.bfloat16)
+
+    def fake_input(comm, algo, like, capturing):
+        assert (algo, like, capturing) == (algorithm, out, True)
+        return region if algo in _core.ALLREDUCE_PULL_ALGORITHMS else like
+
+    launched = []
+    monkeypatch.setattr(allreduce, "all_reduce_input", fake_input)
+    monkeypatch.setattr(
+        allreduce,
+        "launch_all_reduce",
+        lambda comm, x, o, algo, capturing: launched.append((x, o, algo, capturing)) or o,
+    )
+    comm = object()
+    got = allreduce.mm_then_all_reduce(comm, a, w.t(), out, algorithm, True)
+    pull = algorithm in _core.ALLREDUCE_PULL_ALGORITHMS
+    x = region if pull else out
+    assert got is out and len(launched) == 1
+    assert launched[0][0] is x and launched[0][1:] == (out, algorithm, True)
+    assert torch.equal(x, torch.mm(a, w.t()))  # bf16 torch.mm, bit for bit
+    assert torch.count_nonzero(out) == (0 if pull else out.numel())  # the launch fills it

@@ -209,15 +209,18 @@ def measure(
     return runs
 
 
-def _mm_then(torch, a, w, out, reduce) -> None:
-    """torch.mm of ``a`` by ``w`` into ``out``, then ``reduce()``: one call of the collective
-    path."""
-    torch.mm(a, w.t(), out=out)
-    reduce()
+def _collective_call(torch, dist, comm, a, w, out, algorithm: str) -> None:
+    """One call of ``gemm_all_reduce``'s collective path with ``algorithm``: torch.mm of ``a``
+    by ``w``, then NCCL's all-reduce in place, or ours (``mm_then_all_reduce``, as the path
+    runs it)."""
+    from .runtime.allreduce import mm_then_all_reduce
 
-
-def _own_all_reduce(torch, comm, x, algorithm: str, run_all_reduce, out) -> None:
-    run_all_reduce(comm, x, algorithm, torch.cuda.is_current_stream_capturing(), out=out)
+    if algorithm == "nccl":
+        torch.mm(a, w.t(), out=out)
+        dist.all_reduce(out)
+    else:
+        capturing = torch.cuda.is_current_stream_capturing()
+        mm_then_all_reduce(comm, a, w.t(), out, algorithm, capturing)
 
 
 def weight_copies(weight_bytes: int, l2_bytes: int, calls: int = GRAPH_CALLS) -> int:
@@ -247,7 +250,6 @@ def reduce_runs(torch, dist, device, tp, run, rand, say) -> list[dict[str, Any]]
     of calls of a few microseconds time the launch gaps, not the call), every call's torch.mm
     cycling through weight_copies copies of the weight."""
     from . import ops
-    from .runtime.allreduce import all_reduce_input, run_all_reduce
     from .runtime.communicator import get_communicator
     from .runtime.paths.collective import own_all_reduce_offer
     from .runtime.paths.fused import fused_problem
@@ -287,21 +289,16 @@ def reduce_runs(torch, dist, device, tp, run, rand, say) -> list[dict[str, Any]]
                     )
                     runs.append({"kind": "fused", "tp": tp, **shape, "tail": tail,
                                  "ms": graphed_ms(*fused_calls)})  # fmt: skip
-            vec, nbytes = d.view(-1), m * n * 2
-            # Each all-reduce as the collective path runs it: right after its torch.mm (the
-            # ranks' GEMMs end apart and the all-reduce waits for the last), into the input where
-            # that GEMM writes it (a pull algorithm's region, reduced into the output; else the
-            # output, in place); its ms is the pair's less torch.mm's.
-            pairs = {"nccl": (d, functools.partial(dist.all_reduce, vec))}
-            for algorithm, problem in own_all_reduce_offer(vec.numel(), vec.dtype, tp).items():
-                if not problem:
-                    x = all_reduce_input(comm, algorithm, vec, False)
-                    reduce = functools.partial(
-                        _own_all_reduce, torch, comm, x, algorithm, run_all_reduce, vec
-                    )
-                    pairs[algorithm] = (x.view(m, n), reduce)
-            for algorithm, (into, reduce) in pairs.items():
-                pair_calls = (functools.partial(_mm_then, torch, a, x, into, reduce) for x in ws)
+            nbytes = m * n * 2
+            # Each all-reduce as the collective path runs it, right after its torch.mm (the
+            # ranks' GEMMs end apart and the all-reduce waits for the last): NCCL's in place, ours
+            # by the path's own call; its ms is the pair's less torch.mm's.
+            offer = own_all_reduce_offer(m * n, d.dtype, tp)
+            for algorithm in ["nccl"] + [x for x, problem in offer.items() if not problem]:
+                pair_calls = (
+                    functools.partial(_collective_call, torch, dist, comm, a, x, d, algorithm)
+                    for x in ws
+                )
                 pair = graphed_ms(*pair_calls)
                 runs.append({"kind": "all_reduce", "algorithm": algorithm, "bytes": nbytes,
                              **shape, "after_mm_ms": pair, "ms": pair - mm})  # fmt: skip

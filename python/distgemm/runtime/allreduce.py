@@ -53,6 +53,7 @@ __all__ = [
     "run_all_reduce",
     "launch_all_reduce",
     "all_reduce_input",
+    "mm_then_all_reduce",
     "allreduce_layout",
 ]
 
@@ -226,6 +227,23 @@ def all_reduce_input(
     res = AllReduceResources.of(comm)
     ws, *_ = _receive(comm, res, algorithm, like.numel(), like.element_size(), capturing)
     return res.input_view(ws, like)
+
+
+def mm_then_all_reduce(
+    comm: Communicator,
+    a: torch.Tensor,
+    wt: torch.Tensor,
+    out: torch.Tensor,
+    algorithm: str,
+    capturing: bool,
+) -> torch.Tensor:
+    """``out`` = the sum over ranks of ``a @ wt`` as the collective path of ``gemm_all_reduce``
+    runs it: torch.mm into the all-reduce's input (``all_reduce_input``: a pull algorithm's
+    region, where the peers read it; else ``out``), then ``launch_all_reduce`` (no argument
+    checks: the caller made them once, as the path's entry does when it picks ``algorithm``)."""
+    x = all_reduce_input(comm, algorithm, out, capturing)
+    torch.mm(a, wt, out=x)
+    return launch_all_reduce(comm, x, out, algorithm, capturing)
 
 
 def _check_tensor(name: str, t: torch.Tensor, comm: Communicator) -> None:

@@ -22,7 +22,7 @@ from torch.distributed.distributed_c10d import (
 )
 
 from ... import _core
-from ..allreduce import all_reduce_input, launch_all_reduce
+from ..allreduce import mm_then_all_reduce
 from ..capture import stream_ptr
 from ..communicator import Communicator
 from ..scales import scaled_mm_scales
@@ -152,11 +152,8 @@ def run_collective(
         if state.all_reduce == "nccl":
             torch.mm(a, w.t(), out=out)
             _finish(pg.allreduce([out], _ALLREDUCE))
-        else:  # on the current stream (the entry's choice checked the size); the GEMM writes
-            # into the all-reduce's input region where it reads the inputs there (pull)
-            x = all_reduce_input(comm, state.all_reduce, out, capturing)
-            torch.mm(a, w.t(), out=x)
-            launch_all_reduce(comm, x, out, state.all_reduce, capturing)
+        else:  # on the current stream (the entry's choice checked the size)
+            mm_then_all_reduce(comm, a, w.t(), out, state.all_reduce, capturing)
     elif kind == "scatter_n":  # rs_tile_b
         # reduce-scatter splits dim 0: reduce D^T = W A^T and transpose this rank's rows.
         part_t, mine = _scratch(
