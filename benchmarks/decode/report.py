@@ -137,7 +137,7 @@ def point(rec: dict[str, Any]) -> bu.Point:
         why.append("distgemm wrong")
     if "distgemm" in suspect(rec):
         why.append("distgemm below mm alone")
-    mm_scope = rec["model"] in bu.MM_MODELS and rec["tokens"] <= bu.MM_TOKENS
+    mm_scope = _over_mm_covers(rec["model"], rec["tokens"])
     return bu.Point(
         case_name(rec), d["vs_best"], d["over_mm"] if mm_scope else None, mm_scope, ", ".join(why)
     )
@@ -156,9 +156,13 @@ def acceptance(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         for model, layer, tokens in cases.scope_cases():
             name = case_name(dict(model=model, layer=layer, tokens=tokens, tp=tp))
             if name not in ran:
-                mm_scope = model in bu.MM_MODELS and tokens <= bu.MM_TOKENS
-                points.append(bu.Point(name, None, None, mm_scope))
+                points.append(bu.Point(name, None, None, _over_mm_covers(model, tokens)))
     return bu.acceptance(points)
+
+
+def _over_mm_covers(model: str, tokens: int) -> bool:
+    """Whether the over-torch.mm criterion covers a point (MM_MODELS at 1..MM_TOKENS tokens)."""
+    return model in bu.MM_MODELS and tokens <= bu.MM_TOKENS
 
 
 SCOPE_TEXT = (
