@@ -407,13 +407,18 @@ def test_mm_then_all_reduce_writes_the_gemm_where_the_all_reduce_reads_it(algori
     monkeypatch.setattr(
         allreduce,
         "launch_all_reduce",
-        lambda comm, x, o, algo, capturing: launched.append((x, o, algo, capturing)) or o,
+        lambda comm, x, o, algo, capturing, chained: (
+            launched.append((x, o, algo, capturing, chained)) or o
+        ),
     )
     comm = object()
     got = allreduce.mm_then_all_reduce(comm, a, w.t(), out, algorithm, True)
     pull = algorithm in _core.ALLREDUCE_PULL_ALGORITHMS
     x = region if pull else out
     assert got is out and len(launched) == 1
-    assert launched[0][0] is x and launched[0][1:] == (out, algorithm, True)
+    # chained to torch.mm's kernel by default (allreduce.CHAINED), unchained when asked
+    assert launched[0][0] is x and launched[0][1:] == (out, algorithm, True, True)
+    allreduce.mm_then_all_reduce(comm, a, w.t(), out, algorithm, True, chained=False)
+    assert launched[1][1:] == (out, algorithm, True, False)
     assert torch.equal(x, torch.mm(a, w.t()))  # bf16 torch.mm, bit for bit
     assert torch.count_nonzero(out) == (0 if pull else out.numel())  # the launch fills it

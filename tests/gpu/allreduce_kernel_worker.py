@@ -26,6 +26,12 @@ Started by tests/gpu/test_allreduce_kernel.py. Sections, run by every rank in th
                every output checked; then captured two_shot_pull calls into outputs the graph
                allocates and one the caller made, each rank storing its sums into every rank's
                output (every call must share its output), checked over REPLAYS replays
+  chained      torch.mm into the all-reduce's input, then the all-reduce (mm_then_all_reduce,
+               the collective path's pair) chained by programmatic dependent launch and not,
+               every algorithm, captured in one CUDA graph and replayed with fresh activations:
+               each output bitwise the ordered float32 sum of the ranks' torch.mm outputs (a
+               chained launch that read its input before the GEMM ended would miss it), both
+               launches the same bits
   timeout      rank tp-1 skips a call: the other ranks' launch ends after wait_timeout_s with
                RuntimeError naming the all-reduce and rank tp-1, at the next call and at
                raise_launch_errors(); nobody hangs (each algorithm on a communicator of its own;
@@ -53,11 +59,17 @@ from torchrun_worker import (
 )
 
 from distgemm.runtime import communicator as dcomm
-from distgemm.runtime.allreduce import AllReduceResources, all_reduce_input, run_all_reduce
+from distgemm.runtime.allreduce import (
+    AllReduceResources,
+    all_reduce_input,
+    mm_then_all_reduce,
+    run_all_reduce,
+)
 
 ALGOS = ("one_shot", "two_shot", "one_shot_ll", "two_shot_ll", "two_shot_pull")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 M = 1024 * 1024
+CHAIN_SHAPE = (64, 8192, 4096)  # the chained pair's GEMM: m, k, n (tens of microseconds)
 
 
 def numels(tp: int) -> list[int]:
@@ -295,6 +307,39 @@ def test_shared_outputs(dev, comm, replays: int):
     v.record("capture/shared_outputs", replays=replays, shared=shared, captured=len(outs))
 
 
+def test_chained(dev, comm, replays: int):
+    """The collective path's pair, chained and not, captured: a GEMM long enough (m x k x n =
+    CHAIN_SHAPE) that an all-reduce reading its input before the GEMM ended would see last
+    replay's values."""
+    m, k, n = CHAIN_SHAPE
+    dtype = torch.bfloat16
+    gen = torch.Generator(device=dev).manual_seed(77 + rank())
+    w = (torch.rand(n, k, device=dev, generator=gen) * 2 - 1).to(dtype) / k**0.5
+    a = torch.empty(m, k, device=dev, dtype=dtype)
+    calls = [(algo, chained) for algo in ALGOS for chained in (True, False)]
+    outs = [torch.empty(m, n, device=dev, dtype=dtype) for _ in calls]
+    a.uniform_(-1, 1)
+    for (algo, chained), o in zip(calls, outs):  # eager first: the buffers exist
+        mm_then_all_reduce(comm, a, w.t(), o, algo, False, chained=chained)
+    torch.cuda.synchronize()
+    product = torch.empty(m, n, device=dev, dtype=dtype)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        torch.mm(a, w.t(), out=product)  # the pairs' GEMM, the same call: the same bits
+        for (algo, chained), o in zip(calls, outs):
+            mm_then_all_reduce(comm, a, w.t(), o, algo, True, chained=chained)
+    v = Verdict()
+    for r in range(replays):
+        a.copy_(uniform(m * k, dtype, dev, seed=7000 + r).view(m, k))
+        g.replay()
+        torch.cuda.synchronize()
+        want, exact = references(product.view(-1))
+        for (algo, chained), o in zip(calls, outs):
+            v.check(f"replay {r} {algo} chained={chained}", o.view(-1), want, exact)
+    comm.raise_launch_errors()
+    v.record("chained/mm_then_all_reduce", replays=replays, calls_per_graph=len(calls))
+
+
 def test_timeout(dev):
     tp, r = dist.get_world_size(), rank()
     wait_s = 1.0
@@ -335,6 +380,7 @@ def main():
             "correctness": lambda: test_correctness(dev, comm),
             "interleaved": lambda: test_interleaved(dev, comm),
             "capture": lambda: test_capture(dev, comm, args.replays),
+            "chained": lambda: test_chained(dev, comm, args.replays),
             "timeout": lambda: test_timeout(dev),
         }
 

@@ -8,6 +8,8 @@ functional run); tests/gpu/allreduce_kernel_worker.py does the work:
   ulp relative of the float64 sum, bitwise the same on every rank;
 - mixed sizes and algorithms back to back; a CUDA graph of several calls replayed with fresh
   inputs and eager calls between replays;
+- torch.mm then the all-reduce (the collective path's pair), chained by programmatic dependent
+  launch and not, captured and replayed with fresh activations: the ordered sum of the GEMMs;
 - a rank that skips a call: the others' launch times out with an error naming it.
 
     DISTGEMM_TEST_TP=4 python3 -m pytest -q -rs tests/gpu/test_allreduce_kernel.py
@@ -75,6 +77,13 @@ def test_captured_graph_replays_with_fresh_inputs(results):
     for e in every_rank(results, "capture/replays"):
         assert e["ok"] and e["replays"] == REPLAYS, e
         assert e["calls"] == REPLAYS * (e["calls_per_graph"] + 1)
+
+
+def test_chained_pair_reads_the_gemm_it_follows(results):
+    for e in every_rank(results, "chained/mm_then_all_reduce"):
+        assert e["ok"] and e["replays"] == REPLAYS, e
+        assert e["calls_per_graph"] == 2 * len(ALGOS)
+        assert e["calls"] == REPLAYS * e["calls_per_graph"]
 
 
 @pytest.mark.parametrize("algo", ALGOS)

@@ -36,7 +36,7 @@ class AllReduceLauncher : public distgemm::python::KernelLauncher {
   void launch(uint64_t stream, const std::string& dtype, const std::string& algorithm,
               int64_t numel, uint64_t src, uint64_t out, int rank,
               const std::vector<uint64_t>& receive, int64_t parity_bytes,
-              const std::vector<uint64_t>& control, int ctas,
+              const std::vector<uint64_t>& control, bool chained, int ctas,
               const std::vector<uint64_t>& shared_out) {
     distgemm::python::check_rank_addresses("receive", receive, "control", control);
     if (!shared_out.empty())
@@ -66,6 +66,7 @@ class AllReduceLauncher : public distgemm::python::KernelLauncher {
     }
     for (size_t q = 0; q < shared_out.size(); ++q) d.shared_out[q] = as<void>(shared_out[q]);
     d.timeout_ns = timeout_ns();
+    d.chained = chained;
     cudaStream_t s = as<CUstream_st>(stream);
     py::gil_scoped_release nogil;
     d.ctas = ctas > 0 ? ctas
@@ -90,11 +91,13 @@ void register_allreduce(py::module_& m) {
            py::arg("order"), py::arg("timeout_s"))
       .def("launch", &AllReduceLauncher::launch, py::arg("stream"), py::arg("dtype"),
            py::arg("algorithm"), py::arg("numel"), py::arg("src"), py::arg("out"), py::arg("rank"),
-           py::arg("receive"), py::arg("parity_bytes"), py::arg("control"), py::arg("ctas") = 0,
-           py::arg("shared_out") = std::vector<uint64_t>{},
+           py::arg("receive"), py::arg("parity_bytes"), py::arg("control"), py::arg("chained"),
+           py::arg("ctas") = 0, py::arg("shared_out") = std::vector<uint64_t>{},
            "Record one all-reduce of numel elements from src into out (src itself: in place) on "
            "`stream` (into its capture when one is in progress). ctas=0: allreduce_ctas on this "
-           "device's resident CTAs; every rank must launch the same grid. shared_out "
+           "device's resident CTAs; every rank must launch the same grid. chained: by programmatic "
+           "dependent launch (scheduled while the kernel before it ends; it reads nothing "
+           "before that kernel is complete). shared_out "
            "(two_shot_pull): every rank's out as seen from this device, out at this rank's "
            "index; the sums are stored there directly. ValueError when the kernel cannot run "
            "the arguments.")

@@ -204,6 +204,10 @@ __device__ inline void sum_slice(const AllReduceArgs& a, const Slice& s, const u
 // control word + 1).
 __device__ __forceinline__ bool begin_launch(const AllReduceArgs& a, uint32_t& gen) {
   __shared__ uint32_t gen_s, live_s;
+  // A chained launch (AllReduceDesc::chained) starts while the kernel before it ends: wait for
+  // it to complete and its writes (the input, a previous launch's generation) to be visible.
+  // Without programmatic dependent launch this returns at once.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
   if (threadIdx.x == 0) {
     live_s = aborted(a.abort) ? 0u : 1u;
     gen_s = *reinterpret_cast<volatile uint32_t*>(a.control[a.rank] + blockIdx.x) + 1u;
@@ -594,9 +598,17 @@ void allreduce_launch(const AllReduceDesc& d, int device, cudaStream_t stream) {
   a.timeout_ns = d.timeout_ns;
   a.tp = d.tp;
   a.rank = d.rank;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(d.ctas));
+  cfg.blockDim = dim3(kAllReduceThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute chain{};
+  chain.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  chain.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &chain;
+  cfg.numAttrs = d.chained ? 1 : 0;
   void* args[] = {&a};
-  DISTGEMM_CUDA_CHECK(cudaLaunchKernel(kernel_of(d.dtype, d.algorithm), dim3(unsigned(d.ctas)),
-                                       dim3(kAllReduceThreads), args, 0, stream));
+  DISTGEMM_CUDA_CHECK(cudaLaunchKernelExC(&cfg, kernel_of(d.dtype, d.algorithm), args));
 }
 
 }  // namespace distgemm::kernel

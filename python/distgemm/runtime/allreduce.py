@@ -31,6 +31,11 @@ peers' mapped allocations are kept until ``close()`` (a captured graph may repla
 
 Grid: ``_core.allreduce_ctas`` on the smallest resident CTA count of the ranks (agreed once, at
 the first call), so that every rank launches the same grid for the same size.
+
+Launch: chained by programmatic dependent launch (``CHAINED``): the grid is scheduled while the
+kernel before it on the stream (the collective path's torch.mm) ends, and its first instruction
+waits until that kernel is complete and its writes are visible. Only the launch is hidden; the
+kernel reads nothing earlier, so the order of the stream's work is the same as without it.
 """
 
 from __future__ import annotations
@@ -63,6 +68,9 @@ _VECTOR_BYTES = 16
 # Views of the pull region kept for reuse (one per shape and dtype): a server's token counts and
 # layer widths fit, and the dict stays bounded whatever the shapes (a view holds no memory).
 MAX_INPUT_VIEWS = 256
+# Whether launches chain to the kernel before them (programmatic dependent launch); the default
+# of launch_all_reduce's ``chained``, False only to measure what the chain gains.
+CHAINED = True
 
 
 def allreduce_layout(algorithm: str, numel: int, itemsize: int, tp: int) -> dict[str, int]:
@@ -236,14 +244,16 @@ def mm_then_all_reduce(
     out: torch.Tensor,
     algorithm: str,
     capturing: bool,
+    chained: bool = CHAINED,
 ) -> torch.Tensor:
     """``out`` = the sum over ranks of ``a @ wt`` as the collective path of ``gemm_all_reduce``
     runs it: torch.mm into the all-reduce's input (``all_reduce_input``: a pull algorithm's
-    region, where the peers read it; else ``out``), then ``launch_all_reduce`` (no argument
-    checks: the caller made them once, as the path's entry does when it picks ``algorithm``)."""
+    region, where the peers read it; else ``out``), then ``launch_all_reduce``, ``chained`` to
+    torch.mm's kernel (no argument checks: the caller made them once, as the path's entry does
+    when it picks ``algorithm``)."""
     x = all_reduce_input(comm, algorithm, out, capturing)
     torch.mm(a, wt, out=x)
-    return launch_all_reduce(comm, x, out, algorithm, capturing)
+    return launch_all_reduce(comm, x, out, algorithm, capturing, chained)
 
 
 def _check_tensor(name: str, t: torch.Tensor, comm: Communicator) -> None:
@@ -299,12 +309,17 @@ def run_all_reduce(
 
 
 def launch_all_reduce(
-    comm: Communicator, tensor: torch.Tensor, out: torch.Tensor, algorithm: str, capturing: bool
+    comm: Communicator,
+    tensor: torch.Tensor,
+    out: torch.Tensor,
+    algorithm: str,
+    capturing: bool,
+    chained: bool = CHAINED,
 ) -> torch.Tensor:
     """``run_all_reduce`` without its argument checks, for callers that made them once (the
     collective path: its output is checked per call by the op, the size when its entry chose
     the algorithm): the receive region placed (grown where the call needs more: collective),
-    then one launch; returns ``out``."""
+    then one launch, ``chained`` to the kernel before it (``CHAINED``); returns ``out``."""
     numel, itemsize = tensor.numel(), tensor.element_size()
     comm.raise_if_broken()
     res = AllReduceResources.of(comm)
@@ -333,6 +348,7 @@ def launch_all_reduce(
         list(ws.bases),
         parity_bytes,
         control,
+        chained,
         _core.allreduce_ctas(algorithm, numel, itemsize, comm.tp, resident),
         shared or [],
     )

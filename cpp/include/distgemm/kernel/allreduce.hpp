@@ -231,6 +231,12 @@ struct AllReduceDesc {
   uint32_t* abort = nullptr;      // this rank's sticky abort word
   ErrorRecord* record = nullptr;  // where a timeout is reported
   uint64_t timeout_ns = static_cast<uint64_t>(kDefaultTimeoutS * 1e9);
+  // Launched by programmatic dependent launch: the grid is scheduled while the kernel before it
+  // on the stream ends, and waits (griddepcontrol.wait, its first instruction) until that
+  // kernel is complete and its memory visible. So nothing of the all-reduce, its generation
+  // reads included, runs before the previous kernel's writes are seen: only the launch is
+  // hidden (the collective path's torch.mm, then this).
+  bool chained = false;
 };
 
 // "" when the kernel can run `d` (sizes, grid, pointers and their alignment), else the reason.
