@@ -416,9 +416,9 @@ def test_mm_then_all_reduce_writes_the_gemm_where_the_all_reduce_reads_it(algori
     pull = algorithm in _core.ALLREDUCE_PULL_ALGORITHMS
     x = region if pull else out
     assert got is out and len(launched) == 1
-    # chained to torch.mm's kernel by default (allreduce.CHAINED), unchained when asked
-    assert launched[0][0] is x and launched[0][1:] == (out, algorithm, True, True)
-    allreduce.mm_then_all_reduce(comm, a, w.t(), out, algorithm, True, chained=False)
-    assert launched[1][1:] == (out, algorithm, True, False)
+    # a plain launch by default (allreduce.CHAINED), chained to torch.mm's kernel when asked
+    assert launched[0][0] is x and launched[0][1:] == (out, algorithm, True, allreduce.CHAINED)
+    allreduce.mm_then_all_reduce(comm, a, w.t(), out, algorithm, True, chained=True)
+    assert launched[1][1:] == (out, algorithm, True, True)
     assert torch.equal(x, torch.mm(a, w.t()))  # bf16 torch.mm, bit for bit
     assert torch.count_nonzero(out) == (0 if pull else out.numel())  # the launch fills it

@@ -32,10 +32,11 @@ peers' mapped allocations are kept until ``close()`` (a captured graph may repla
 Grid: ``_core.allreduce_ctas`` on the smallest resident CTA count of the ranks (agreed once, at
 the first call), so that every rank launches the same grid for the same size.
 
-Launch: chained by programmatic dependent launch (``CHAINED``): the grid is scheduled while the
-kernel before it on the stream (the collective path's torch.mm) ends, and its first instruction
-waits until that kernel is complete and its writes are visible. Only the launch is hidden; the
-kernel reads nothing earlier, so the order of the stream's work is the same as without it.
+Launch: plain by default (``CHAINED``). A chained launch (programmatic dependent launch) is
+scheduled while the kernel before it on the stream (the collective path's torch.mm) ends, and its
+first instruction waits until that kernel is complete and its writes are visible, so it reads
+nothing earlier and the results are the same bits. After torch.mm it runs slower than the plain
+launch, not faster (docs/tuning.md, "Chaining the all-reduce to torch.mm"), so it is off.
 """
 
 from __future__ import annotations
@@ -68,9 +69,9 @@ _VECTOR_BYTES = 16
 # Views of the pull region kept for reuse (one per shape and dtype): a server's token counts and
 # layer widths fit, and the dict stays bounded whatever the shapes (a view holds no memory).
 MAX_INPUT_VIEWS = 256
-# Whether launches chain to the kernel before them (programmatic dependent launch); the default
-# of launch_all_reduce's ``chained``, False only to measure what the chain gains.
-CHAINED = True
+# Whether launches chain to the kernel before them (programmatic dependent launch): the default
+# of launch_all_reduce's ``chained``. Off: after torch.mm the chained pair is the slower one.
+CHAINED = False
 
 
 def allreduce_layout(algorithm: str, numel: int, itemsize: int, tp: int) -> dict[str, int]:
