@@ -22,6 +22,7 @@ from distgemm.runtime.choose import choose_path  # noqa: E402
 from distgemm.runtime.paths import collective  # noqa: E402
 
 TPS = (2, 3, 4, 8)
+RESIDENT_CTAS = 132  # an H100's or H200's SMs, one CTA of a fused kernel each
 
 
 def reduce_constants(error: float = 0.0) -> machine.ReduceConstants:
@@ -44,6 +45,7 @@ def reduce_constants(error: float = 0.0) -> machine.ReduceConstants:
         max_tokens=256,
         max_bytes=16 << 20,
         choice_error=error,
+        fused_resident_ctas={"decode": RESIDENT_CTAS, "cutlass": RESIDENT_CTAS},
     )
 
 
@@ -60,7 +62,9 @@ def priced_runs(rc: machine.ReduceConstants, tp: int, after_mm: bool = False) ->
             for tail in _core.FUSED_TAILS:
                 if _core.fused_tail_problem(tail, m) == "":
                     fused = reduce_cost.fused_ms(rc, m, n, k, tp, tail)
-                    runs.append({"kind": "fused", "tp": tp, **shape, "tail": tail, "ms": fused})
+                    partials = reduce_cost.fused_partials(rc, m, n, k)
+                    runs.append({"kind": "fused", "tp": tp, **shape, "tail": tail, "ms": fused,
+                                 "resident_ctas": RESIDENT_CTAS, "splits": partials})  # fmt: skip
             for algorithm in rc.all_reduce:
                 nbytes = m * n * 2
                 ms = reduce_cost.all_reduce_ms(rc, algorithm, nbytes)
@@ -93,6 +97,7 @@ def test_a_fit_of_runs_the_model_priced_gives_back_its_constants(tp, after_mm):
                         reduce_cost.fused_ms(got, m, n, k, tp, tail),
                         reduce_cost.fused_ms(want, m, n, k, tp, tail),
                     ), (m, n, k, tail)
+    assert got.fused_resident_ctas == want.fused_resident_ctas
     assert got.max_tokens == max(calibrate.REDUCE_TOKENS)
     biggest = max(m * n * 2 for n, _ in calibrate.REDUCE_SHAPES for m in calibrate.REDUCE_TOKENS)
     assert got.max_bytes == biggest
@@ -150,6 +155,44 @@ def test_the_error_is_the_over_predicted_gain():
     )
 
 
+@pytest.mark.parametrize("tp", TPS)
+def test_a_tile_computed_in_pieces_prices_every_pieces_partial(tp):
+    # Fewer output tiles than resident CTAs: the decode kernel computes each tile in pieces, and
+    # every piece's partial is pushed and summed (the per-token and per-pushed-byte terms times
+    # the partials); as many tiles as CTAs or more: one partial per tile.
+    rc = reduce_constants()
+    few, many = (4, 4096, 1024), (4, 16384, 1024)  # 64 and 256 tiles of the decode kernel
+    assert reduce_cost.fused_partials(rc, *few) == _core.fused_splits(*few, RESIDENT_CTAS) == 2
+    assert reduce_cost.fused_partials(rc, *many) == 1
+    fixed, per_byte, per_token, per_pushed = rc.fused["decode"]
+    m, n, k = few
+    want = fixed + per_byte * n * k * 2 + 2 * (per_token * m + per_pushed * m * n * 2 * (tp - 1))
+    assert reduce_cost.fused_overhead_ms(rc, m, n, k, tp) == pytest.approx(want)
+    # constants that do not know the kernel's resident CTAs price one partial per tile
+    unknown = replace(rc, fused_resident_ctas={})
+    assert reduce_cost.fused_partials(unknown, *few) == 1
+    one = fixed + per_byte * n * k * 2 + per_token * m + per_pushed * m * n * 2 * (tp - 1)
+    assert reduce_cost.fused_overhead_ms(unknown, m, n, k, tp) == pytest.approx(one)
+
+
+@pytest.mark.parametrize("tp", (2, 4))
+def test_runs_that_recorded_no_partials_are_fitted_on_the_machines_slots(tp):
+    # An earlier calibration's fused runs carry no partials or resident CTAs: fit_reduce takes
+    # the machine's slots (one fused CTA per SM) and gives the same constants back.
+    want = reduce_constants()
+    runs = priced_runs(want, tp, after_mm=True)
+    assert any(r.get("splits", 1) > 1 for r in runs if r["kind"] == "fused")
+    bare = [{k: v for k, v in r.items() if k not in ("splits", "resident_ctas")} for r in runs]
+    got = calibration_fit.fit_reduce(bare, tp, slots=RESIDENT_CTAS)
+    assert got.fused_resident_ctas == want.fused_resident_ctas
+    for kernel, consts in want.fused.items():
+        assert all(close(g, w) for g, w in zip(got.fused[kernel], consts, strict=True)), kernel
+    # without slots either, every run is priced as one partial per tile, and so is the model
+    blind = calibration_fit.fit_reduce(bare, tp)
+    assert blind.fused_resident_ctas == {}
+    assert reduce_cost.fused_partials(blind, 4, 4096, 1024) == 1
+
+
 ALL = {"fused": "", "one_shot": "", "two_shot": ""}
 ALL_TAILS = {**ALL, "fused_two_shot": ""}
 
@@ -159,7 +202,7 @@ def test_the_two_shot_tail_is_priced_by_its_own_constants_where_offered(tp):
     rc = reduce_constants()
     m, n, k = 128, 8192, 4096
     pred = reduce_cost.predict(rc, m, n, k, tp, ALL_TAILS)
-    terms = reduce_cost.fused_terms(m, n, k, tp)
+    terms = reduce_cost.fused_terms(m, n, k, tp, reduce_cost.fused_partials(rc, m, n, k))
     own = sum(c * t for c, t in zip(rc.fused["cutlass_two_shot"], terms, strict=True))
     assert pred["fused_two_shot"] == pytest.approx(reduce_cost.mm_ms(rc, m, n, k) + own)
     assert pred["fused_two_shot"] != pytest.approx(pred["fused"])

@@ -69,10 +69,12 @@ PATH_SHAPES = [
     (8192, 49152, 18432),
 ]
 # gemm_all_reduce at decode token counts: this rank's (n, k), each at every token count of
-# REDUCE_TOKENS (the weight from 17 to 503 MB, the all-reduce from 11 KB to 8.6 MB). The weights
+# REDUCE_TOKENS (the weight from 16 to 503 MB, the all-reduce from 6 KB to 8.6 MB). The weights
 # reach into those of the layers the model prices (a 405B FC2 holds 872 MB per rank at TP=2), so
-# that the fused kernel's cost per weight byte is measured there rather than extrapolated.
-REDUCE_SHAPES = [(5632, 1536), (10240, 3584), (16896, 5120), (12288, 20480)]
+# that the fused kernel's cost per weight byte is measured there rather than extrapolated. The
+# first has fewer output tiles than an H100's or H200's SMs, so that the decode kernel computes
+# each tile in pieces there and the fit sees more than one partial per tile.
+REDUCE_SHAPES = [(3072, 2560), (5632, 1536), (10240, 3584), (16896, 5120), (12288, 20480)]
 REDUCE_TOKENS = (1, 4, 16, 32, 64, 128, 256)
 GRAPH_CALLS = 20  # calls per CUDA graph of a decode run
 # The weights one decode graph cycles through span at least this many L2 caches, so that every
@@ -249,7 +251,7 @@ def reduce_runs(torch, dist, device, tp, run, rand, say) -> list[dict[str, Any]]
     Each is timed as servers run it: a CUDA graph of GRAPH_CALLS calls, replayed (eager launches
     of calls of a few microseconds time the launch gaps, not the call), every call's torch.mm
     cycling through weight_copies copies of the weight."""
-    from . import ops
+    from . import _core, ops
     from .runtime.communicator import get_communicator
     from .runtime.paths.collective import own_all_reduce_offer
     from .runtime.paths.fused import fused_problem
@@ -284,10 +286,14 @@ def reduce_runs(torch, dist, device, tp, run, rand, say) -> list[dict[str, Any]]
             spec = make_spec("gemm_all_reduce", "ar_tile_a", tp, 0, None, a, w)
             for path, tail in machine.FUSED_PATHS.items():
                 if not fused_problem(spec, torch.bfloat16, tail):
+                    # the partials per tile the kernel runs with, as the fused path computes them
+                    resident = _core.fused_resident_ctas("bf16", m, device.index)
+                    partials = {"resident_ctas": resident,
+                                "splits": _core.fused_splits(m, n, k, resident)}  # fmt: skip
                     fused_calls = (
                         functools.partial(ops.gemm_all_reduce, a, x, path=path, out=d) for x in ws
                     )
-                    runs.append({"kind": "fused", "tp": tp, **shape, "tail": tail,
+                    runs.append({"kind": "fused", "tp": tp, **shape, "tail": tail, **partials,
                                  "ms": graphed_ms(*fused_calls)})  # fmt: skip
             nbytes = m * n * 2
             # Each all-reduce as the collective path runs it, right after its torch.mm (the

@@ -199,7 +199,7 @@ def fit(
         overlap[t] = (float(o[0]), float(o[1]), float(o[2]))
     mc = _with(mc, overlap=overlap)
     choice_error = over_prediction(*gain_errors(mc, runs))
-    reduce = fit_reduce(runs, key.tp, errors) if _of(runs, "reduce_mm") else None
+    reduce = fit_reduce(runs, key.tp, errors, slots) if _of(runs, "reduce_mm") else None
     fit_meta = {k: _summary(v) for k, v in errors.items()}
     by_table = any(_step_kernel(r) == kernel_table.CUBLASLT for r in _of(runs, "path"))
     return _with(
@@ -208,12 +208,15 @@ def fit(
     )  # fmt: skip
 
 
-def fit_reduce(runs: list[dict[str, Any]], tp: int, errors=None) -> ReduceConstants:
+def fit_reduce(runs: list[dict[str, Any]], tp: int, errors=None, slots: int = 0) -> ReduceConstants:
     """gemm_all_reduce's decode constants fitted to ``runs`` (``reduce_mm``, ``all_reduce`` and
     ``fused`` runs, module docstring), each stage's relative errors added to ``errors``;
     ValueError where torch.mm or NCCL has too few runs. An own algorithm or a fused kernel and
     tail (``machine.fused_constants_key``) with fewer runs than constants is left out (the model
-    then never offers it). Every constant is at least 0 (``_lstsq_nonneg``)."""
+    then never offers it). Every constant is at least 0 (``_lstsq_nonneg``). A fused run's
+    partials and its kernel's resident CTAs are the run's own (``resident_ctas``); a run of an
+    earlier calibration, which recorded none, takes ``slots`` (the machine's SMs: each fused
+    kernel keeps one CTA per SM; 0: unknown, one partial per tile)."""
     errors = {} if errors is None else errors
     mm_runs = _of(runs, "reduce_mm")
     _need(mm_runs, 3, "torch.mm at decode token counts")
@@ -236,7 +239,11 @@ def fit_reduce(runs: list[dict[str, Any]], tp: int, errors=None) -> ReduceConsta
     mm_at = {(r["m"], r["n"], r["k"]): r["ms"] for r in mm_runs}
     fused = {}
     by_kernel: dict[str, list[dict[str, Any]]] = {}
+    resident: dict[str, int] = {}
     for r in _of(runs, "fused"):
+        ctas = int(r.get("resident_ctas", slots))
+        if ctas > 0:
+            resident[_core.fused_kernel(r["m"])] = ctas
         if (r["m"], r["n"], r["k"]) in mm_at:
             key = fused_constants_key(r["m"], _tail(r))
             by_kernel.setdefault(key, []).append(r)
@@ -245,7 +252,8 @@ def fit_reduce(runs: list[dict[str, Any]], tp: int, errors=None) -> ReduceConsta
             continue
         ms = [r["ms"] for r in mine]
         over = [r["ms"] - mm_at[(r["m"], r["n"], r["k"])] for r in mine]
-        rows = [reduce_cost.fused_terms(r["m"], r["n"], r["k"], tp) for r in mine]
+        rows = [reduce_cost.fused_terms(r["m"], r["n"], r["k"], tp, _partials(r, slots))
+                for r in mine]  # fmt: skip
         z, errors[f"reduce/fused/{kernel}"] = _lstsq_nonneg(rows, over, ms)
         fused[kernel] = tuple(float(v) for v in z)
     shapes = _of(runs, "reduce_mm") + _of(runs, "fused")
@@ -256,6 +264,7 @@ def fit_reduce(runs: list[dict[str, Any]], tp: int, errors=None) -> ReduceConsta
         max_tokens=max(r["m"] for r in shapes),
         max_bytes=int(max(r["bytes"] for r in _of(runs, "all_reduce"))),
         choice_error=0.0,
+        fused_resident_ctas=resident,
     )
     by_candidate = candidate_gain_errors(rc, runs, tp)
     error = over_prediction([e for errs in by_candidate.values() for e in errs])
@@ -263,13 +272,22 @@ def fit_reduce(runs: list[dict[str, Any]], tp: int, errors=None) -> ReduceConsta
     return replace(rc, choice_error=min(error, 0.5), candidate_errors=each)
 
 
+def _partials(run: dict[str, Any], slots: int) -> int:
+    """A fused run's partials per rank of a tile's sum: its own record (``splits``), else
+    ``_core.fused_splits`` on ``slots`` resident CTAs (0: one)."""
+    if "splits" in run:
+        return int(run["splits"])
+    return _core.fused_splits(run["m"], run["n"], run["k"], slots) if slots > 0 else 1
+
+
 def with_reduce(
     base: MachineConstants, runs: list[dict[str, Any]], meta: dict[str, Any]
 ) -> MachineConstants:
     """``base`` with reduce constants fitted to ``runs`` (a ``--reduce-only`` calibration:
-    ``meta`` its command, date and versions, kept under ``meta["reduce"]`` with the runs)."""
+    ``meta`` its command, date and versions, kept under ``meta["reduce"]`` with the runs); runs
+    of an earlier calibration take ``base.slots`` as their fused kernels' resident CTAs."""
     errors: dict[str, list[float]] = {}
-    reduce = fit_reduce(runs, base.key.tp, errors)
+    reduce = fit_reduce(runs, base.key.tp, errors, base.slots)
     fit_meta = {**base.meta.get("fit", {}), **{k: _summary(v) for k, v in errors.items()}}
     return replace(
         base, reduce=reduce, meta={**base.meta, "fit": fit_meta, "reduce": {**meta, "runs": runs}}

@@ -75,8 +75,11 @@ class ReduceConstants:
     - ``mm``: torch.mm, (launch ms, ms per byte of its operands and result, ms per flop);
     - ``all_reduce``: per algorithm (``ALL_REDUCES``), (latency ms, ms per byte of the vector);
     - ``fused``: per fused kernel and tail (``FUSED_KERNELS``), its overhead over torch.mm:
-      (fixed ms, ms per byte of the weight, ms per token, ms per byte pushed to the peers: the
-      result times TP - 1); a key absent is never offered;
+      (fixed ms, ms per byte of the weight, ms per token and partial, ms per byte pushed to the
+      peers: the result times TP - 1 times the partials); a key absent is never offered;
+    - ``fused_resident_ctas``: per fused kernel (``_core.fused_kernel``: "decode", "cutlass"),
+      its CTAs resident at once on the machine, from which ``_core.fused_splits`` gives the
+      partials per rank of a tile's sum; a kernel absent is priced with one partial per tile;
     - ``max_tokens``, ``max_bytes``: the most tokens and the largest all-reduce measured; the
       model prices nothing beyond them;
     - ``choice_error``: as ``MachineConstants.choice_error``, for the gains over mm + NCCL of
@@ -94,6 +97,7 @@ class ReduceConstants:
     max_bytes: int
     choice_error: float
     candidate_errors: dict[str, float] = field(default_factory=dict)
+    fused_resident_ctas: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -104,6 +108,7 @@ class ReduceConstants:
             "max_bytes": self.max_bytes,
             "choice_error": self.choice_error,
             "candidate_errors": dict(self.candidate_errors),
+            "fused_resident_ctas": dict(self.fused_resident_ctas),
         }
 
     @classmethod
@@ -116,6 +121,7 @@ class ReduceConstants:
             max_bytes=int(d["max_bytes"]),
             choice_error=float(d["choice_error"]),
             candidate_errors={k: float(v) for k, v in d.get("candidate_errors", {}).items()},
+            fused_resident_ctas={k: int(v) for k, v in d.get("fused_resident_ctas", {}).items()},
         )
 
     def problem(self) -> str | None:
@@ -136,6 +142,9 @@ class ReduceConstants:
         bad = {k: v for k, v in self.candidate_errors.items() if not 0 <= v < 1}
         if bad:
             return f"reduce.candidate_errors {bad} are not in [0, 1)"
+        bad = {k: v for k, v in self.fused_resident_ctas.items() if v < 1}
+        if bad:
+            return f"reduce.fused_resident_ctas {bad} must be at least 1"
         return None
 
 

@@ -11,9 +11,13 @@ What it models (one rank, the constants ``machine.ReduceConstants``, fitted by
 - the fused kernel (``_core.fused_kernel``: the decode kernel or the CUTLASS one) with each of
   its tails (``machine.FUSED_PATHS``: "fused" the one-shot, "fused_two_shot" the CUTLASS
   kernel's two-shot): torch.mm's time plus its own overhead, ``fixed + weight bytes * per_byte +
-  tokens * per_token + pushed bytes * per_pushed`` (pushed: the result times TP - 1), each
-  kernel and tail with constants of its own (``machine.fused_constants_key``): the GEMM streams
-  the same weight, and what it adds is the exchange and the sum, whose rows each cost a latency.
+  tokens * partials * per_token + pushed bytes * per_pushed``, each kernel and tail with
+  constants of its own (``machine.fused_constants_key``): the GEMM streams the same weight, and
+  what it adds is the exchange and the sum, whose rows each cost a latency. ``partials`` is the
+  partials per rank of a tile's sum (``_core.fused_splits`` on the kernel's resident CTAs,
+  ``ReduceConstants.fused_resident_ctas``): a layer with fewer tiles than SMs has each tile
+  computed in pieces, and every piece's partial is pushed (pushed bytes: the result times TP - 1
+  times partials) and summed.
   Priced as an overhead over torch.mm, a fused-against-unfused choice compares that overhead
   with the all-reduce alone: torch.mm's own error does not enter it. A tail whose constants the
   machine's calibration has not is not offered, as an own all-reduce is not.
@@ -35,6 +39,7 @@ and each fused kernel (the decode kernel at a few tokens, the CUTLASS one beyond
 
 from __future__ import annotations
 
+from .. import _core
 from .cost_model import ELEM_BYTES, error_margin_ms
 from .machine import FUSED_PATHS, ReduceConstants, fused_constants_key
 
@@ -52,10 +57,25 @@ def mm_terms(m: int, n: int, k: int) -> tuple[float, float, float]:
     return 1.0, float((m * k + n * k + m * n) * ELEM_BYTES), 2.0 * m * n * k
 
 
-def fused_terms(m: int, n: int, k: int, tp: int) -> tuple[float, float, float, float]:
+def fused_terms(
+    m: int, n: int, k: int, tp: int, partials: int
+) -> tuple[float, float, float, float]:
     """The fused kernel's overhead terms over torch.mm before the constants: (1, weight bytes,
-    tokens, bytes pushed to the peers)."""
-    return 1.0, float(n * k * ELEM_BYTES), float(m), float(m * n * ELEM_BYTES * (tp - 1))
+    tokens times ``partials``, bytes pushed to the peers), ``partials`` per rank of a tile's
+    sum (``fused_partials``)."""
+    return (
+        1.0,
+        float(n * k * ELEM_BYTES),
+        float(m * partials),
+        float(m * n * ELEM_BYTES * (tp - 1) * partials),
+    )
+
+
+def fused_partials(rc: ReduceConstants, m: int, n: int, k: int) -> int:
+    """Partials per rank of a tile's sum in the fused kernel that runs m tokens
+    (``_core.fused_splits`` on its resident CTAs); 1 where the constants do not know them."""
+    resident = rc.fused_resident_ctas.get(_core.fused_kernel(m), 0)
+    return _core.fused_splits(m, n, k, resident) if resident > 0 else 1
 
 
 def _dot(consts, terms) -> float:
@@ -78,7 +98,8 @@ def fused_overhead_ms(
 ) -> float:
     """Predicted ms the fused GEMM + all-reduce of this rank's m x n x k with ``tail`` takes over
     torch.mm."""
-    return _dot(rc.fused[fused_constants_key(m, tail)], fused_terms(m, n, k, tp))
+    terms = fused_terms(m, n, k, tp, fused_partials(rc, m, n, k))
+    return _dot(rc.fused[fused_constants_key(m, tail)], terms)
 
 
 def fused_ms(rc: ReduceConstants, m: int, n: int, k: int, tp: int, tail: str = "one_shot") -> float:
