@@ -451,7 +451,7 @@ def test_cpu_smoke_under_torchrun(repo_root, tmp_path):
 def test_fit_reduce_reads_both_fused_paths_from_a_decode_csv(tmp_path):
     """benchmarks/decode/fit_reduce.py on a decode CSV priced by the model: the forced two-shot
     column becomes two-shot runs, and the fit prices the two-shot tail again."""
-    from test_reduce_cost import reduce_constants
+    from test_reduce_cost import RESIDENT_CTAS, reduce_constants
 
     from benchmarks.decode import fit_reduce
     from distgemm.runtime import calibration_fit, machine, reduce_cost
@@ -482,7 +482,8 @@ def test_fit_reduce_reads_both_fused_paths_from_a_decode_csv(tmp_path):
         mm = reduce_cost.mm_ms(rc, r["m"], r["n"], r["k"])
         assert r["after_mm_ms"] == pytest.approx(mm + r["ms"], rel=1e-2)
         assert r["ms"] == pytest.approx(reduce_cost.all_reduce_ms(rc, "nccl", r["bytes"]), rel=1e-2)
-    got = calibration_fit.fit_reduce(runs, TP)
+    # a decode CSV records no partials: the machine's slots stand for the kernels' resident CTAs
+    got = calibration_fit.fit_reduce(runs, TP, slots=RESIDENT_CTAS)
     assert set(got.fused) == set(machine.FUSED_KERNELS)
     # the CSV keeps 2 decimals of a us: the fit gives the times back to that
     for t in (64, 256):

@@ -235,7 +235,8 @@ struct AllReduceDesc {
   // on the stream ends, and waits (griddepcontrol.wait, its first instruction) until that
   // kernel is complete and its memory visible. So nothing of the all-reduce, its generation
   // reads included, runs before the previous kernel's writes are seen: only the launch is
-  // hidden (the collective path's torch.mm, then this).
+  // hidden. After torch.mm it is the slower launch (docs/tuning.md), so the runtime launches
+  // plain (runtime/allreduce.py's CHAINED).
   bool chained = false;
 };
 
