@@ -466,3 +466,38 @@ def test_replot_cli_without_torch(tmp_path, repo_root):
     ]
     assert not list(out.glob("*.json"))  # re-plotting writes pictures only
     assert all((out / p).read_bytes()[:4] == b"\x89PNG" for p in pngs)
+
+
+def test_step_breakdown_places_every_microsecond_of_a_step():
+    # Two steps on one GPU (us): GEMMs on stream 7, NCCL and a symmetric-memory barrier on
+    # stream 8 (partly under the GEMMs), an elementwise kernel between GEMMs, and gaps.
+    def kernel(name, start, end, stream):
+        return ev.GpuEvent(0, 0, stream, float(start), float(end - start), name, "kernel")
+
+    events = [
+        kernel(CUTLASS, 0, 100, 7),
+        kernel(NCCL_AG, 50, 180, 8),
+        kernel(CUTLASS, 150, 250, 7),
+        kernel("triton_poi_fused_mul_silu_0", 260, 280, 7),
+        kernel("void c10d::symmetric_memory::barrier_kernel(...)", 280, 300, 8),
+        kernel(CUTLASS, 310, 400, 7),
+        ev.GpuEvent(0, 0, 9, 390.0, 5.0, "Memcpy DtoD (Device -> Device)", "memcpy", 4),
+    ]
+    got = ev.step_breakdown(events, steps=2)
+    per_step = {  # us over both steps, / 2 steps / 1000
+        "window_ms": 400,
+        "gemm_ms": 290,
+        "comm_exposed_ms": 50 + 20,  # NCCL between the GEMMs (100..150), the barrier
+        "other_exposed_ms": 20,
+        "idle_ms": 10 + 10,  # 250..260 and 300..310
+        "comm_ms": 130 + 20 + 5,
+        "comm_hidden_ms": 50 + 30 + 5,  # NCCL under both GEMMs, the signal under the last
+    }
+    for key, us in per_step.items():
+        assert got[key] == pytest.approx(us / 2000), key
+    parts = ("gemm_ms", "comm_exposed_ms", "other_exposed_ms", "idle_ms")
+    assert sum(got[p] for p in parts) == pytest.approx(got["window_ms"])
+    assert got["gemm_kernels"] == 1.5
+    assert ev.step_breakdown([], steps=3)["window_ms"] == 0.0
+    with pytest.raises(ValueError, match="steps=0 must be at least 1"):
+        ev.step_breakdown(events, steps=0)

@@ -400,3 +400,18 @@ def test_local_only_arguments(argv, message, monkeypatch, capsys):
         ts.main(argv)
     assert e.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_timeline_table_lists_every_variant_and_the_most_exposed_rank():
+    part = dict(window_ms=14.0, gemm_ms=12.5, comm_exposed_ms=0.9, other_exposed_ms=0.4,
+                idle_ms=0.2, comm_ms=3.1, comm_hidden_ms=2.2, gemm_kernels=16.0)  # fmt: skip
+    other_rank = {**part, "comm_exposed_ms": 1.25}
+    text = rep.timeline_table({"async_tp": [part, other_rank], "floor_step": [part, part]})
+    lines = text.splitlines()
+    assert lines[0].startswith("where each step's time goes")
+    header = [c.strip() for c in lines[1].split("|")]
+    assert header[0] == "variant" and header[-1] == "comm, no GEMM (max rank)"
+    rows = {line.split("|")[0].strip(): [c.strip() for c in line.split("|")] for line in lines[3:]}
+    assert set(rows) == {"async_tp", "floor_step"}
+    assert rows["async_tp"][1:4] == ["14.000", "12.500", "0.900"]
+    assert rows["async_tp"][-1] == "1.250" and rows["floor_step"][-1] == "0.900"

@@ -276,6 +276,54 @@ def summarize(events: Sequence[GpuEvent]) -> dict[str, dict[str, Any]]:
     return out
 
 
+# Kernels outside NCCL that move or wait for peers' data (symmetric-memory barriers, our
+# all-reduce, stream memory operations): communication, not compute, in a step's breakdown.
+_COMM_KERNEL_RE = re.compile(
+    r"barrier|allreduce|all_reduce|all_gather|reduce_scatter|symm|one_shot|two_shot|wait_value|"
+    r"write_value|stream_mem",
+    re.I,
+)
+
+
+def step_breakdown(events: Sequence[GpuEvent], steps: int) -> dict[str, float]:
+    """Where one GPU's time goes over ``steps`` back-to-back steps (ms per step): the window
+    (first event to last), GEMM kernels busy (union over streams), and the rest of the window
+    split by what runs while no GEMM does: communication (NCCL, copies, signals, kernels that
+    move or wait for peers' data), other kernels (elementwise, norms), nothing (idle). The
+    four parts add up to the window. ``comm_ms`` is all communication, ``comm_hidden_ms`` its
+    part under a GEMM."""
+    if steps < 1:
+        raise ValueError(f"steps={steps} must be at least 1")
+    if not events:
+        return dict(window_ms=0.0, gemm_ms=0.0, comm_exposed_ms=0.0, other_exposed_ms=0.0,
+                    idle_ms=0.0, comm_ms=0.0, comm_hidden_ms=0.0, gemm_kernels=0.0)  # fmt: skip
+
+    def is_comm(e: GpuEvent) -> bool:
+        return e.cls in ("nccl", "copy", "signal") or (
+            e.cls == "other" and bool(_COMM_KERNEL_RE.search(e.name))
+        )
+
+    gemm = [(e.start, e.end) for e in events if e.cls == "gemm"]
+    comm = [(e.start, e.end) for e in events if is_comm(e)]
+    other = [(e.start, e.end) for e in events if e.cls == "other" and not is_comm(e)]
+    window = max(e.end for e in events) - min(e.start for e in events)
+    gemm_ms, comm_ms = length(gemm), length(comm)
+    comm_exposed = comm_ms - length(intersect(comm, gemm))
+    other_exposed = length(other) - length(intersect(other, [*gemm, *comm]))
+    busy = length([*gemm, *comm, *other])
+    per = 1e3 * steps  # us -> ms per step
+    return dict(
+        window_ms=window / per,
+        gemm_ms=gemm_ms / per,
+        comm_exposed_ms=comm_exposed / per,
+        other_exposed_ms=other_exposed / per,
+        idle_ms=(window - busy) / per,
+        comm_ms=comm_ms / per,
+        comm_hidden_ms=(comm_ms - comm_exposed) / per,
+        gemm_kernels=sum(e.cls == "gemm" for e in events) / steps,
+    )
+
+
 def build_variant(
     variant: str, payloads: dict[int, dict[str, Any]], calls: int, ref_ms: float | None
 ) -> dict[str, Any]:

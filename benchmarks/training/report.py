@@ -323,6 +323,33 @@ def format_table(rec: dict[str, Any], meta: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+TIMELINE_COLUMNS = (
+    ("window_ms", "window"),
+    ("gemm_ms", "GEMMs busy"),
+    ("comm_exposed_ms", "comm, no GEMM"),
+    ("other_exposed_ms", "other, no GEMM"),
+    ("idle_ms", "idle"),
+    ("comm_hidden_ms", "comm under GEMMs"),
+)
+
+
+def timeline_table(breakdowns: dict[str, list[dict[str, float]]]) -> str:
+    """--profile's step breakdowns (variant -> one ``timeline.events.step_breakdown`` per rank)
+    as a table, ms per step: rank 0's parts, then the most exposed communication of any rank.
+    The first four parts after the window add up to it."""
+    head = ["variant", *(label for _, label in TIMELINE_COLUMNS), "comm, no GEMM (max rank)"]
+    rows = []
+    for name, ranks in breakdowns.items():
+        r0 = ranks[0]
+        worst = max(r["comm_exposed_ms"] for r in ranks)
+        rows.append([name, *(f"{r0[key]:.3f}" for key, _ in TIMELINE_COLUMNS), f"{worst:.3f}"])
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+    lines = [" | ".join(str(x).ljust(w) for x, w in zip(head, widths))]
+    lines.append("-+-".join("-" * w for w in widths))
+    lines += [" | ".join(str(x).ljust(w) for x, w in zip(row, widths)) for row in rows]
+    return "\n".join(["where each step's time goes on the GPU (ms per step, --profile)", *lines])
+
+
 def output_stem(tp: int, tokens: int, date: str | None = None) -> str:
     date = date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     return f"{date}-training-step-tp{tp}-t{tokens}"

@@ -5,7 +5,7 @@ torch.mm and torch async-TP and two one-GPU floors, all in one torchrun run.
     torchrun --nproc-per-node N -m benchmarks.training.training_step [--tokens 8192] [--out DIR]
     torchrun --nproc-per-node 2 -m benchmarks.training.training_step --cpu-smoke  # gloo, no timing
     python3 -m benchmarks.training.training_step --replot RUN.json --out DIR      # no GPU
-    torchrun --nproc-per-node N -m benchmarks.training.training_step --profile    # + kernel tables
+    torchrun --nproc-per-node N -m benchmarks.training.training_step --profile    # + kernels, timeline
     python3 -m benchmarks.training.training_step --local-only [--tp 2]            # one GPU: floors
 
 The block, TP = world size, per rank: gate+up as one column-parallel linear ``[2F/TP, H]``
@@ -221,12 +221,21 @@ PROFILED_STEPS = 3  # steps per variant under torch.profiler (--profile), after 
 
 def profile_variants(ctx, steps: dict[str, Any], out_dir: str) -> None:
     """Every variant's PROFILED_STEPS steps under torch.profiler on every rank (the ranks'
-    collectives must pair up); rank 0 writes ``profile-<variant>.txt``: the CUDA kernels and
+    collectives must pair up). Rank 0 writes ``profile-<variant>.txt``: the CUDA kernels and
     copies by total device time, per step, so that a variant's lost milliseconds can be placed
-    (a slower GEMM, an exposed collective, a copy)."""
+    (a slower GEMM, an exposed collective, a copy); and ``timeline.json`` / ``timeline.txt``:
+    per variant and rank, where the step's time goes on the GPU's streams
+    (``timeline.events.step_breakdown``: GEMMs busy, and while no GEMM runs, communication,
+    other kernels or nothing)."""
+    import json
+    import tempfile
+
     from torch.profiler import ProfilerActivity, profile
 
+    from benchmarks.timeline import events as timeline_events
+
     os.makedirs(out_dir, exist_ok=True)
+    breakdowns: dict[str, list[dict[str, float]]] = {}
     for name, step in steps.items():
         step()
         torch.cuda.synchronize()
@@ -234,12 +243,30 @@ def profile_variants(ctx, steps: dict[str, Any], out_dir: str) -> None:
             for _ in range(PROFILED_STEPS):
                 step()
             torch.cuda.synchronize()
+        with tempfile.TemporaryDirectory() as tmp:
+            trace = os.path.join(tmp, "trace.json")
+            prof.export_chrome_trace(trace)
+            with open(trace) as f:
+                parsed = timeline_events.parse_chrome_trace(json.load(f), ctx.rank)
+        mine = [e for e in parsed.events if e.device in (ctx.dev.index, -1)]
+        mine = mine or parsed.events
+        local = timeline_events.step_breakdown(mine, PROFILED_STEPS)
+        gathered: list[Any] = [None] * ctx.tp
+        ctx.dist.all_gather_object(gathered, local, group=ctx.ctrl)
+        breakdowns[name] = gathered
         if ctx.rank == 0:
             table = prof.key_averages().table(sort_by="device_time_total", row_limit=25)
             path = os.path.join(out_dir, f"profile-{name}.txt")
             with open(path, "w") as f:
                 f.write(f"{name}: {PROFILED_STEPS} steps, rank 0, device time totals\n{table}\n")
             print(f"wrote {path}", flush=True)
+    if ctx.rank == 0:
+        with open(os.path.join(out_dir, "timeline.json"), "w") as f:
+            json.dump({"steps": PROFILED_STEPS, "variants": breakdowns}, f)
+        text = report.timeline_table(breakdowns)
+        with open(os.path.join(out_dir, "timeline.txt"), "w") as f:
+            f.write(text + "\n")
+        print(text, flush=True)
 
 
 def _rank_operands(args, dev, rank: int, tp: int) -> tuple[BlockOperands, BlockOperands]:
@@ -367,7 +394,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=RESULTS_DIR)
     ap.add_argument("--cpu-smoke", action="store_true", help="gloo, tiny shapes, no timing")
     ap.add_argument(
-        "--profile", action="store_true", help="after the timing: per-kernel tables per variant"
+        "--profile",
+        action="store_true",
+        help="after the timing: per-kernel tables and the step timeline (timeline.txt) per variant",
     )
     ap.add_argument("--replot", metavar="JSON", help="no GPU: table, CSV and PNG of a stored run")
     ap.add_argument(
