@@ -5,7 +5,7 @@ torch.mm and torch async-TP and two one-GPU floors, all in one torchrun run.
     torchrun --nproc-per-node N -m benchmarks.training.training_step [--tokens 8192] [--out DIR]
     torchrun --nproc-per-node 2 -m benchmarks.training.training_step --cpu-smoke  # gloo, no timing
     python3 -m benchmarks.training.training_step --replot RUN.json --out DIR      # no GPU
-    torchrun --nproc-per-node N -m benchmarks.training.training_step --profile    # + kernels, timeline
+    torchrun --nproc-per-node N -m benchmarks.training.training_step --profile    # + timeline
     python3 -m benchmarks.training.training_step --local-only [--tp 2]            # one GPU: floors
 
 The block, TP = world size, per rank: gate+up as one column-parallel linear ``[2F/TP, H]``
