@@ -227,6 +227,8 @@ def test_the_shipped_machine_files_load_and_price_the_tails_they_calibrated():
     for path in files:
         mc = machine.load(path)
         assert mc.reduce is not None and set(mc.reduce.fused) <= set(machine.FUSED_KERNELS)
+        # every kernel's resident CTAs are known, so that tiles in pieces are priced as such
+        assert set(mc.reduce.fused_resident_ctas) == {"decode", "cutlass"}, path.name
         calibrated = "cutlass_two_shot" in mc.reduce.fused
         for m in (64, 128, 256):
             pred = reduce_cost.predict(mc.reduce, m, 8192, 4096, mc.key.tp, ALL_TAILS)
