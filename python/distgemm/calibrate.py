@@ -251,10 +251,10 @@ def reduce_runs(torch, dist, device, tp, run, rand, say) -> list[dict[str, Any]]
     Each is timed as servers run it: a CUDA graph of GRAPH_CALLS calls, replayed (eager launches
     of calls of a few microseconds time the launch gaps, not the call), every call's torch.mm
     cycling through weight_copies copies of the weight."""
-    from . import _core, ops
+    from . import ops
     from .runtime.communicator import get_communicator
     from .runtime.paths.collective import own_all_reduce_offer
-    from .runtime.paths.fused import fused_problem
+    from .runtime.paths.fused import fused_problem, resident_and_partials
     from .runtime.spec import make_spec
 
     comm = get_communicator(None)
@@ -286,10 +286,8 @@ def reduce_runs(torch, dist, device, tp, run, rand, say) -> list[dict[str, Any]]
             spec = make_spec("gemm_all_reduce", "ar_tile_a", tp, 0, None, a, w)
             for path, tail in machine.FUSED_PATHS.items():
                 if not fused_problem(spec, torch.bfloat16, tail):
-                    # the partials per tile the kernel runs with, as the fused path computes them
-                    resident = _core.fused_resident_ctas("bf16", m, device.index)
-                    partials = {"resident_ctas": resident,
-                                "splits": _core.fused_splits(m, n, k, resident)}  # fmt: skip
+                    resident, splits = resident_and_partials("bf16", m, n, k, device.index)
+                    partials = {"resident_ctas": resident, "splits": splits}
                     fused_calls = (
                         functools.partial(ops.gemm_all_reduce, a, x, path=path, out=d) for x in ws
                     )

@@ -274,10 +274,10 @@ def fit_reduce(runs: list[dict[str, Any]], tp: int, errors=None, slots: int = 0)
 
 def _partials(run: dict[str, Any], slots: int) -> int:
     """A fused run's partials per rank of a tile's sum: its own record (``splits``), else
-    ``_core.fused_splits`` on ``slots`` resident CTAs (0: one)."""
+    ``reduce_cost.partials_on`` ``slots`` resident CTAs."""
     if "splits" in run:
         return int(run["splits"])
-    return _core.fused_splits(run["m"], run["n"], run["k"], slots) if slots > 0 else 1
+    return reduce_cost.partials_on(run["m"], run["n"], run["k"], slots)
 
 
 def with_reduce(

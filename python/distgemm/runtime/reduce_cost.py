@@ -71,11 +71,15 @@ def fused_terms(
     )
 
 
+def partials_on(m: int, n: int, k: int, resident_ctas: int) -> int:
+    """Partials per rank of a tile's sum in the fused kernel that runs m tokens on
+    ``resident_ctas`` resident CTAs (``_core.fused_splits``); 1 where they are unknown (0)."""
+    return _core.fused_splits(m, n, k, resident_ctas) if resident_ctas > 0 else 1
+
+
 def fused_partials(rc: ReduceConstants, m: int, n: int, k: int) -> int:
-    """Partials per rank of a tile's sum in the fused kernel that runs m tokens
-    (``_core.fused_splits`` on its resident CTAs); 1 where the constants do not know them."""
-    resident = rc.fused_resident_ctas.get(_core.fused_kernel(m), 0)
-    return _core.fused_splits(m, n, k, resident) if resident > 0 else 1
+    """``partials_on`` the resident CTAs the constants hold for the kernel that runs m tokens."""
+    return partials_on(m, n, k, rc.fused_resident_ctas.get(_core.fused_kernel(m), 0))
 
 
 def _dot(consts, terms) -> float:

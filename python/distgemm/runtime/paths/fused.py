@@ -89,6 +89,14 @@ def fused_problem(spec: Spec, dtype: torch.dtype, tail: str = "one_shot") -> str
     return _core.fused_shape_problem(m, n, k, 1, spec.tp) or _core.fused_tail_problem(tail, m)
 
 
+def resident_and_partials(dtype: str, m: int, n: int, k: int, device: int) -> tuple[int, int]:
+    """(CTAs of the fused kernel that runs m tokens resident at once on CUDA device ``device``,
+    the partials per rank of a tile's sum on them: ``_core.fused_splits``): what an entry runs
+    with, and what the calibration records of each fused run."""
+    resident = _core.fused_resident_ctas(dtype, m, device)
+    return resident, _core.fused_splits(m, n, k, resident)
+
+
 def fused_layout(
     m: int,
     n: int,
@@ -204,8 +212,7 @@ class FusedState(PathState):
         m, n, k = rank_problem_shape(spec)
         tail = report.get("fused_tail", "one_shot")
         dtype = DTYPES[precision.dtype]
-        resident = _core.fused_resident_ctas(dtype, m, comm.device.index)
-        splits = _core.fused_splits(m, n, k, resident)
+        resident, splits = resident_and_partials(dtype, m, n, k, comm.device.index)
         ctas = _core.fused_ctas(m, n, k, resident)
         resources = FusedResources.of(comm)
         state = cls(
