@@ -343,11 +343,8 @@ def timeline_table(breakdowns: dict[str, list[dict[str, float]]]) -> str:
         r0 = ranks[0]
         worst = max(r["comm_exposed_ms"] for r in ranks)
         rows.append([name, *(f"{r0[key]:.3f}" for key, _ in TIMELINE_COLUMNS), f"{worst:.3f}"])
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-    lines = [" | ".join(str(x).ljust(w) for x, w in zip(head, widths))]
-    lines.append("-+-".join("-" * w for w in widths))
-    lines += [" | ".join(str(x).ljust(w) for x, w in zip(row, widths)) for row in rows]
-    return "\n".join(["where each step's time goes on the GPU (ms per step, --profile)", *lines])
+    title = "where each step's time goes on the GPU (ms per step, --profile)"
+    return "\n".join([title, *out.text_table(head, rows)])
 
 
 def output_stem(tp: int, tokens: int, date: str | None = None) -> str:
