@@ -211,15 +211,15 @@ def measure(
     return runs
 
 
-def _collective_call(torch, dist, comm, a, w, out, algorithm: str) -> None:
-    """One call of ``gemm_all_reduce``'s collective path with ``algorithm``: torch.mm of ``a``
-    by ``w``, then NCCL's all-reduce in place, or ours (``mm_then_all_reduce``, as the path
-    runs it)."""
+def _collective_call(torch, comm, a, w, out, algorithm: str) -> None:
+    """One call of ``gemm_all_reduce``'s collective path with ``algorithm``, by the path's own
+    functions: torch.mm of ``a`` by ``w``, then NCCL's all-reduce in place
+    (``mm_then_nccl_all_reduce``) or ours (``mm_then_all_reduce``)."""
     from .runtime.allreduce import mm_then_all_reduce
+    from .runtime.paths.collective import mm_then_nccl_all_reduce
 
     if algorithm == "nccl":
-        torch.mm(a, w.t(), out=out)
-        dist.all_reduce(out)
+        mm_then_nccl_all_reduce(comm, a, w.t(), out)
     else:
         capturing = torch.cuda.is_current_stream_capturing()
         mm_then_all_reduce(comm, a, w.t(), out, algorithm, capturing)
@@ -300,8 +300,7 @@ def reduce_runs(torch, dist, device, tp, run, rand, say) -> list[dict[str, Any]]
             offer = own_all_reduce_offer(m * n, d.dtype, tp)
             for algorithm in ["nccl"] + [x for x, problem in offer.items() if not problem]:
                 pair_calls = (
-                    functools.partial(_collective_call, torch, dist, comm, a, x, d, algorithm)
-                    for x in ws
+                    functools.partial(_collective_call, torch, comm, a, x, d, algorithm) for x in ws
                 )
                 pair = graphed_ms(*pair_calls)
                 runs.append({"kind": "all_reduce", "algorithm": algorithm, "bytes": nbytes,

@@ -110,6 +110,14 @@ _ALLREDUCE = _blocking(AllreduceOptions())
 _REDUCE_SCATTER = _blocking(ReduceScatterOptions())
 
 
+def mm_then_nccl_all_reduce(comm: Communicator, a, wt, out) -> None:
+    """``out`` = the sum over ranks of ``a @ wt``: torch.mm, then NCCL's all-reduce in place on
+    the communicator's group (blocking: ordered on the caller's stream), as the collective path
+    runs it with NCCL (and the calibration times it)."""
+    torch.mm(a, wt, out=out)
+    _finish(comm.group.allreduce([out], _ALLREDUCE))
+
+
 def run_collective(
     op: str, comm: Communicator, state: CollectiveState, tensors, out, capturing: bool = False
 ):
@@ -150,8 +158,7 @@ def run_collective(
         return (out, gathered) if state.want_gathered else out
     if kind == "all_reduce":
         if state.all_reduce == "nccl":
-            torch.mm(a, w.t(), out=out)
-            _finish(pg.allreduce([out], _ALLREDUCE))
+            mm_then_nccl_all_reduce(comm, a, w.t(), out)
         else:  # on the current stream (the entry's choice checked the size)
             mm_then_all_reduce(comm, a, w.t(), out, state.all_reduce, capturing)
     elif kind == "scatter_n":  # rs_tile_b
