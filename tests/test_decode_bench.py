@@ -491,3 +491,38 @@ def test_fit_reduce_reads_both_fused_paths_from_a_decode_csv(tmp_path):
         assert reduce_cost.fused_ms(got, t, 8192, 4096, TP, "two_shot") == pytest.approx(
             want, rel=2e-2
         )
+
+
+def test_fused_tp1_shapes_and_weight_copies():
+    """fused_tp1's ``--shapes`` parse NxK; its graphs' calls cycle through the weight copies."""
+    from benchmarks.decode import fused_tp1
+
+    assert fused_tp1.parse_shape("4096x7168") == (4096, 7168)
+    assert fused_tp1.parse_shape("4096X64") == (4096, 64)
+    for bad in ("4096", "4096x", "0x64", "ax3", "1x2x3", "-4x8"):
+        assert fused_tp1.parse_shape(bad) is None, bad
+    seen = []
+    call = fused_tp1.cycled(seen.append, 3)
+    for _ in range(7):
+        call()
+    assert seen == [0, 1, 2, 0, 1, 2, 0]
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (("--shapes", "4096x"), "--shapes: a shape is NxK with positive N and K, not '4096x'"),
+        (("--layers", "70B-QKV"), "--layers: '70B-QKV' is not one of 70B-O, 70B-FC2"),
+        (("--weight-copies", "many"), "--weight-copies must be auto or a count, not 'many'"),
+    ],
+)
+def test_fused_tp1_refuses_with_one_line(args, message):
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.decode.fused_tp1", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert message in line, line

@@ -1,24 +1,31 @@
 """One-GPU benchmark of gemm_all_reduce's fused path at TP=1 (a world of one rank: the fused
 kernel's GEMM, its flags and its reduction, no NVLink) against torch.mm, on the row-parallel
-decode layers, plus its correctness:
+decode layers and any N x K, plus its correctness:
 
-    python3 -m benchmarks.decode.fused_tp1 [--tokens 1,2,4,8] [--layers 70B-O,405B-FC2] [--out DIR]
+    python3 -m benchmarks.decode.fused_tp1 [--tokens 1,2,4,8] [--layers 70B-O,405B-FC2]
+        [--shapes 4096x7168,6144x3072] [--weight-copies auto|N] [--out DIR]
 
 Layers (this rank's GEMM at the TP of the issue's acceptance, TP=2): 70B O (K=4096, N=8192),
-70B FC2 (K=14336, N=8192), 405B O (K=8192, N=16384), 405B FC2 (K=26624, N=16384); tokens
-1..256. Operands: the same uniform random ``a [M, K]`` and ``w [N, K] / sqrt(K)`` (bf16) for both
-variants. Each variant is a CUDA graph of GRAPH_CALLS calls (``timing.graphed``), timed as
-the other benchmarks time (``timing.time_variant``: replays for a warm-up, then one timed
-window with CUDA events around every replay, its median), ROUNDS rounds of both variants in
-turn, the first torch.mm window after the long warm-up (WARMUP_S); per call = the replay's time
-/ GRAPH_CALLS; reported: the median over rounds. A time below the weight-read floor (weight
-bytes / 4.8 TB/s, the H200's HBM peak) is a measurement bug and is flagged. The weight
-bandwidth is weight bytes / time.
+70B FC2 (K=14336, N=8192), 405B O (K=8192, N=16384), 405B FC2 (K=26624, N=16384); ``--shapes``
+adds any N x K (named so); ``--layers ""`` leaves the layers out; tokens 1..256. Operands: the
+same uniform random ``a [M, K]`` and ``w [N, K] / sqrt(K)`` (bf16) for both variants, the weight
+in ``--weight-copies`` copies that each graph's calls cycle through (auto:
+``calibrate.weight_copies``, enough to span the L2 cache as the decode benchmark and the
+calibration do, so that no call reads a weight the one before left in L2; 1: one hot weight, as
+the runs of 2026-11-23..25 timed). Each variant is a CUDA graph of GRAPH_CALLS calls
+(``timing.graphed``), timed as the other benchmarks time (``timing.time_variant``: replays for a
+warm-up, then one timed window with CUDA events around every replay, its median), ROUNDS rounds
+of both variants in turn, the first torch.mm window after the long warm-up (WARMUP_S); per call
+= the replay's time / GRAPH_CALLS; reported: the median over rounds. A time below the
+weight-read floor (weight bytes / 4.8 TB/s, the H200's HBM peak) is a measurement bug and is
+flagged. The weight bandwidth is weight bytes / time.
 
 Correctness: relative Frobenius error against an fp32 torch reference, bf16 and fp16, with
 ``beta * c`` and ``bias``, at every token count on 70B O and a K that ends in a partial step;
-passes below TOL. Output: a table on stdout and ``fused-tp1.json`` under --out; exit code 1
-when a check failed or a time is below its floor.
+passes below TOL. The collective path at TP=1 (torch.mm, then NCCL's all-reduce of one rank:
+``paths.collective.mm_then_nccl_all_reduce``) must give torch.mm's bits on each of those shapes.
+Output: a table on stdout and ``fused-tp1.json`` under --out; exit code 1 when a check failed or
+a time is below its floor.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from benchmarks.common.timing import (
     time_variant,
 )
 from distgemm import _core, cli
+from distgemm.calibrate import l2_bytes, weight_copies
 from distgemm.runtime.communicator import get_communicator
 
 LAYERS = {  # name: (N, K) of one rank's GEMM at TP=2
@@ -105,6 +113,7 @@ def check_correctness(dev) -> list[dict]:
             )
             ref = a.float() @ w.float().t() + beta * c.float() + bias.float()
             mm = (a @ w.t() + beta * c + bias).float()
+            collective = distgemm.gemm_all_reduce(a, w, path="collective")
             row = dict(
                 m=m,
                 n=n,
@@ -114,22 +123,42 @@ def check_correctness(dev) -> list[dict]:
                 kernel=_core.fused_kernel(m),
                 rel_err=rel_err(torch, y, ref),
                 torch_rel_err=rel_err(torch, mm, ref),
+                collective_bits=bool(torch.equal(collective, a @ w.t())),
             )
-            row["ok"] = row["rel_err"] < TOL
+            row["ok"] = row["rel_err"] < TOL and row["collective_bits"]
             rows.append(row)
     torch.cuda.synchronize()
     get_communicator().raise_launch_errors()
     return rows
 
 
-def time_case(dev, name: str, n: int, k: int, m: int, gen) -> dict:
+def cycled(fn, count: int):
+    """A callable whose i-th call runs ``fn(i % count)``: one call per weight copy in turn."""
+    state = {"i": 0}
+
+    def call():
+        fn(state["i"] % count)
+        state["i"] += 1
+
+    return call
+
+
+def time_case(dev, name: str, n: int, k: int, m: int, gen, copies: str = "auto") -> dict:
     a = uniform((m, k), gen, torch.bfloat16, dev)
     w = uniform((n, k), gen, torch.bfloat16, dev, k**-0.5)
+    count = (
+        weight_copies(w.numel() * w.element_size(), l2_bytes(dev), GRAPH_CALLS)
+        if copies == "auto"
+        else int(copies)
+    )
+    ws = [w] + [w.clone() for _ in range(count - 1)]
     o_mm = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
     o_fu = torch.empty_like(o_mm)
-    g_mm = graphed(torch, lambda: torch.mm(a, w.t(), out=o_mm), GRAPH_CALLS)
+    g_mm = graphed(torch, cycled(lambda i: torch.mm(a, ws[i].t(), out=o_mm), count), GRAPH_CALLS)
     g_fu = graphed(
-        torch, lambda: distgemm.gemm_all_reduce(a, w, out=o_fu, path="fused"), GRAPH_CALLS
+        torch,
+        cycled(lambda i: distgemm.gemm_all_reduce(a, ws[i], out=o_fu, path="fused"), count),
+        GRAPH_CALLS,
     )
     choice = [p for p in distgemm.path_choices() if p.get("m") == m and p.get("path") == "fused"]
     ctx = SingleGpuContext.current()
@@ -145,6 +174,7 @@ def time_case(dev, name: str, n: int, k: int, m: int, gen) -> dict:
         m=m,
         n=n,
         k=k,
+        weight_copies=count,
         mm_us=statistics.median(mm),
         fused_us=statistics.median(fu),
         floor_us=floor_us,
@@ -170,6 +200,7 @@ CHECK_COLUMNS = [
     ("kernel", "kernel", 8, ""),
     ("rel_err", "rel_err", 9, ".2e"),
     ("torch_rel_err", "torch", 9, ".2e"),
+    ("collective_bits", "coll=mm", 7, ""),
     ("ok", "ok", 5, ""),
 ]
 TIME_COLUMNS = [
@@ -198,13 +229,34 @@ def row(columns, rec: dict) -> str:
     )
 
 
+def parse_shape(text: str) -> tuple[int, int] | None:
+    """``"NxK"`` -> (N, K); None where ``text`` is not two positive integers joined by x."""
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        return None
+    return int(parts[0]), int(parts[1])
+
+
 def main(argv=None) -> int:
     ap = cli.ArgumentParser("python3 -m benchmarks.decode.fused_tp1", __doc__)
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     ap.add_argument("--layers", default=",".join(LAYERS))
+    ap.add_argument("--shapes", default="", help="more N x K, e.g. 4096x7168,6144x3072")
+    ap.add_argument("--weight-copies", default="auto", help="auto (span the L2 cache) or a count")
     ap.add_argument("--out", default=".")
     ap.add_argument("--skip-check", action="store_true", help="timing only")
     args = ap.parse_args(argv)
+    unknown = [name for name in args.layers.split(",") if name and name not in LAYERS]
+    if unknown:
+        ap.error(f"--layers: {unknown[0]!r} is not one of {', '.join(LAYERS)}")
+    cases = [(name, LAYERS[name]) for name in args.layers.split(",") if name]
+    for text in (t for t in args.shapes.split(",") if t):
+        shape = parse_shape(text)
+        if shape is None:
+            ap.error(f"--shapes: a shape is NxK with positive N and K, not {text!r}")
+        cases.append((text, shape))
+    if args.weight_copies != "auto" and not args.weight_copies.isdigit():
+        ap.error(f"--weight-copies must be auto or a count, not {args.weight_copies!r}")
     dev = start_world_of_one()
     result = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__}
     failed = False
@@ -217,10 +269,9 @@ def main(argv=None) -> int:
     gen = torch.Generator().manual_seed(11)
     result["timing"] = []
     print("\n" + header(TIME_COLUMNS) + " flags")
-    for name in args.layers.split(","):
-        n, k = LAYERS[name]
+    for name, (n, k) in cases:
         for m in (int(x) for x in args.tokens.split(",")):
-            r = time_case(dev, name, n, k, m, gen)
+            r = time_case(dev, name, n, k, m, gen, args.weight_copies)
             result["timing"].append(r)
             flags = ""
             if r["below_floor"]:
