@@ -513,7 +513,8 @@ def test_fused_tp1_shapes_and_weight_copies():
     [
         (("--shapes", "4096x"), "--shapes: a shape is NxK with positive N and K, not '4096x'"),
         (("--layers", "70B-QKV"), "--layers: '70B-QKV' is not one of 70B-O, 70B-FC2"),
-        (("--weight-copies", "many"), "--weight-copies must be auto or a count, not 'many'"),
+        (("--weight-copies", "many"), "--weight-copies must be auto or a count of at least 1"),
+        (("--weight-copies", "0"), "a count of at least 1, not '0'"),
     ],
 )
 def test_fused_tp1_refuses_with_one_line(args, message):

@@ -255,8 +255,12 @@ def main(argv=None) -> int:
         if shape is None:
             ap.error(f"--shapes: a shape is NxK with positive N and K, not {text!r}")
         cases.append((text, shape))
-    if args.weight_copies != "auto" and not args.weight_copies.isdigit():
-        ap.error(f"--weight-copies must be auto or a count, not {args.weight_copies!r}")
+    if args.weight_copies != "auto" and not (
+        args.weight_copies.isdigit() and int(args.weight_copies) >= 1
+    ):
+        ap.error(
+            f"--weight-copies must be auto or a count of at least 1, not {args.weight_copies!r}"
+        )
     dev = start_world_of_one()
     result = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__}
     failed = False

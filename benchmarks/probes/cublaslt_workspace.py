@@ -6,7 +6,9 @@ cuBLAS one) on given GEMM shapes, one GPU, CUDA graphs, A B C A (timing only).
 Each shape: uniform random bf16 A [M, K] in [-1, 1), B [N, K] / sqrt(K); torch.mm, then
 ``_core.gemm`` with ``cublas_algo=0`` and no workspace (as a plan's GEMMs run it), then the same
 with a workspace of --ws-mib MiB (cuBLASLt's heuristic asked with that much), then torch.mm
-again; each a graph of enough calls for ~0.1 ms, timed by ``timing.time_variant``; ms per GEMM.
+again; each a graph of ``kernel_vs_cublas.calls_per_replay`` calls (``timing.graphed``), timed by
+``timing.time_variant``; ms per GEMM. (Calls 6 and 7 of the write-up ran its first form, whose
+graphs held max(1, 0.1 ms / the GEMM at 700 TFLOP/s) calls.)
 """
 
 from __future__ import annotations
@@ -16,22 +18,11 @@ import sys
 
 import torch
 
-from benchmarks.common.timing import WARMUP_S, SingleGpuContext, time_variant
+from benchmarks.common.timing import WARMUP_S, SingleGpuContext, graphed, time_variant
+from benchmarks.kernel.kernel_vs_cublas import calls_per_replay
 from distgemm import _core, cli
 
 SHAPES = "8192x7168x8192,4096x7168x8192,2048x2304x16384,1024x2304x16384,2048x3584x4096"
-
-
-def graph_of(fn, calls: int):
-    """A CUDA graph of ``calls`` calls of ``fn`` (which reads the current stream when called, so
-    that its launches land on the capture stream)."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    return g
 
 
 def main(argv=None) -> int:
@@ -59,11 +50,11 @@ def main(argv=None) -> int:
                 **kw,
             )  # fmt: skip
 
-        calls = max(1, int(0.1e-3 / (2 * m * n * k / 700e12)))
+        calls = calls_per_replay(m, n, k)
         graphs = {
-            "torch": graph_of(lambda: torch.mm(a, b.t(), out=d_torch), calls),
-            "lt_no_ws": graph_of(lt(False), calls),
-            "lt_ws": graph_of(lt(True), calls),
+            "torch": graphed(torch, lambda: torch.mm(a, b.t(), out=d_torch), calls),
+            "lt_no_ws": graphed(torch, lt(False), calls),
+            "lt_ws": graphed(torch, lt(True), calls),
         }
         ms = {}
         for i, name in enumerate(("torch", "lt_no_ws", "lt_ws", "torch")):
