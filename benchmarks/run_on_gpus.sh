@@ -67,9 +67,10 @@
 #                    in a plan), then --spread --paced (a push's parts to different peers); then
 #                    probes.sm_push (the pushes by k CTAs of a kernel instead, beside cuBLASLt
 #                    GEMMs that leave those SMs free); JSON in copy-probe/
-#   fused-tp1        decode.fused_tp1 on GPU 0: the fused GEMM + all-reduce at TP=1 (its kernel,
-#                    flags and reduction without NVLink) vs torch.mm on 70B/405B O and FC2 at tokens
-#                    1..256, weight bandwidth, and its correctness in bf16 and fp16
+#   fused-tp1        decode.fused_tp1 $FUSED_TP1_ARGS on GPU 0: the fused GEMM + all-reduce at TP=1
+#                    (its kernel, flags and reduction without NVLink) vs torch.mm on 70B/405B O and
+#                    FC2 (--shapes adds any N x K) at tokens 1..256, cold weights, weight bandwidth,
+#                    and its correctness in bf16 and fp16 (the collective path's bits too)
 #   cpp-tiles        kernel.compare_tiles (the GEMM's two tiles per shape, one GPU), then the C++
 #                    sweep at 1024/2048 tokens with --tile-n auto and 256, two rounds each
 #   fp8-sweep        fp8.fp8_sweep $FP8_SWEEP_ARGS (70B layers at 8192 tokens: fp8 distgemm vs bf16
