@@ -501,3 +501,16 @@ def test_step_breakdown_places_every_microsecond_of_a_step():
     assert ev.step_breakdown([], steps=3)["window_ms"] == 0.0
     with pytest.raises(ValueError, match="steps=0 must be at least 1"):
         ev.step_breakdown(events, steps=0)
+
+
+def test_exported_trace_reads_back_what_the_profiler_wrote():
+    # A stand-in for torch.profiler.profile: a kernel name with a control character (as real
+    # traces hold) must not stop the read.
+    class Prof:
+        def export_chrome_trace(self, path):
+            with open(path, "w") as f:
+                f.write('{"traceEvents": [{"name": "k\x01ernel", "ph": "X", "ts": 1, "dur": 2}]}')
+
+    trace = ev.exported_trace(Prof())
+    assert trace["traceEvents"][0]["name"] == "k\x01ernel"
+    assert trace["traceEvents"][0]["dur"] == 2

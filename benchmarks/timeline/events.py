@@ -1,11 +1,15 @@
 """Overlap timeline analysis: GPU events from torch.profiler chrome traces, their classes
 (GEMM, NCCL, copy engine, signal), alignment of the ranks on one time axis, busy and overlap
-times per GPU, and a layer's record from every rank's payload. Pure (no torch, no GPU)."""
+times per GPU, and a layer's record from every rank's payload. Pure (no torch, no GPU; a
+profiler's trace is read back through its own ``export_chrome_trace``)."""
 
 from __future__ import annotations
 
 import functools
+import json
+import os
 import re
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -91,6 +95,16 @@ class ParsedTrace:
     base_ns: int  # the trace's baseTimeNanoseconds (0 if absent)
     events: list[GpuEvent]  # GPU activities, start = trace ts (us)
     markers: dict[str, tuple[float, float]]  # marker name -> (start, end) in trace ts (us)
+
+
+def exported_trace(prof) -> dict[str, Any]:
+    """The chrome trace of a finished ``torch.profiler.profile`` (``prof.export_chrome_trace``
+    into a temporary file, read back), tolerating control characters in kernel names."""
+    with tempfile.TemporaryDirectory(prefix="timeline-trace-") as d:
+        path = os.path.join(d, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path, errors="replace") as f:
+            return json.loads(f.read(), strict=False)
 
 
 def parse_chrome_trace(trace: dict[str, Any], rank: int = 0) -> ParsedTrace:

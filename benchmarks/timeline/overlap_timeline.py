@@ -31,11 +31,8 @@ benchmarks/timeline/report.py, both tested by tests/test_overlap_timeline.py on 
 from __future__ import annotations
 
 import datetime
-import json
 import math
-import os
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -56,6 +53,7 @@ from benchmarks.common.timing import (
 )
 from benchmarks.timeline.events import (
     MARKER_PREFIX,
+    exported_trace,
     in_window,
     layer_record,
     parse_chrome_trace,
@@ -123,12 +121,7 @@ def _profile(ctx, fns: dict[str, Callable], ref_ms: dict[str, float], tag: str, 
                     e_.record()
                 torch.cuda.synchronize()
             spans[v] = [(ev[0][0].elapsed_time(s_), ev[0][0].elapsed_time(e_)) for s_, e_ in ev]
-    with tempfile.TemporaryDirectory(prefix="overlap-timeline-") as d:
-        path = os.path.join(d, f"trace-rank{ctx.rank}.json")
-        prof.export_chrome_trace(path)
-        with open(path, errors="replace") as f:
-            trace = json.loads(f.read(), strict=False)  # tolerate control characters in names
-    return trace, spans
+    return exported_trace(prof), spans
 
 
 def run_layer(ctx, case, steps: int | None, calls: int, group_name: str) -> dict[str, Any]:

@@ -228,7 +228,6 @@ def profile_variants(ctx, steps: dict[str, Any], out_dir: str) -> None:
     (``timeline.events.step_breakdown``: GEMMs busy, and while no GEMM runs, communication,
     other kernels or nothing)."""
     import json
-    import tempfile
 
     from torch.profiler import ProfilerActivity, profile
 
@@ -243,11 +242,7 @@ def profile_variants(ctx, steps: dict[str, Any], out_dir: str) -> None:
             for _ in range(PROFILED_STEPS):
                 step()
             torch.cuda.synchronize()
-        with tempfile.TemporaryDirectory() as tmp:
-            trace = os.path.join(tmp, "trace.json")
-            prof.export_chrome_trace(trace)
-            with open(trace) as f:
-                parsed = timeline_events.parse_chrome_trace(json.load(f), ctx.rank)
+        parsed = timeline_events.parse_chrome_trace(timeline_events.exported_trace(prof), ctx.rank)
         mine = [e for e in parsed.events if e.device in (ctx.dev.index, -1)]
         mine = mine or parsed.events
         local = timeline_events.step_breakdown(mine, PROFILED_STEPS)
