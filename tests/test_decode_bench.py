@@ -9,6 +9,7 @@ Tolerances: mm + the gloo all_reduce in bf16 against the fp32 product at the ben
 (relative Frobenius error < 2e-2) and above 1e-4 (bf16 is not exact: 0 would mean nothing was
 compared); distgemm's plans on the reference executor against float64 below 1e-9."""
 
+import functools
 import json
 import math
 import subprocess
@@ -494,7 +495,9 @@ def test_fit_reduce_reads_both_fused_paths_from_a_decode_csv(tmp_path):
 
 
 def test_fused_tp1_shapes_and_weight_copies():
-    """fused_tp1's ``--shapes`` parse NxK; its graphs' calls cycle through the weight copies."""
+    """fused_tp1's ``--shapes`` parse NxK; its graphs' calls cycle through the weight copies
+    (``timing.round_robin``)."""
+    from benchmarks.common.timing import round_robin
     from benchmarks.decode import fused_tp1
 
     assert fused_tp1.parse_shape("4096x7168") == (4096, 7168)
@@ -502,7 +505,7 @@ def test_fused_tp1_shapes_and_weight_copies():
     for bad in ("4096", "4096x", "0x64", "ax3", "1x2x3", "-4x8"):
         assert fused_tp1.parse_shape(bad) is None, bad
     seen = []
-    call = fused_tp1.cycled(seen.append, 3)
+    call = round_robin([functools.partial(seen.append, i) for i in range(3)])
     for _ in range(7):
         call()
     assert seen == [0, 1, 2, 0, 1, 2, 0]

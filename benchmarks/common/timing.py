@@ -172,6 +172,19 @@ def settle(ctx: RankContext) -> None:
     ctx.dist.barrier(group=ctx.ctrl)
 
 
+def round_robin(calls: Sequence[Any]):
+    """A callable whose i-th call runs ``calls[i % len(calls)]``: each of ``calls`` in turn (a
+    graph of decode calls cycling through weight copies, so that no call reads a weight the one
+    before it left in L2)."""
+    state = {"i": 0}
+
+    def call():
+        calls[state["i"] % len(calls)]()
+        state["i"] += 1
+
+    return call
+
+
 def graphed(torch, fn, calls: int):
     """A replay of ``calls`` back-to-back calls of ``fn`` captured in a CUDA graph (fn reads the
     current stream when called, so it lands on the capture stream)."""

@@ -30,6 +30,7 @@ a time is below its floor.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -46,6 +47,7 @@ from benchmarks.common.timing import (
     SingleGpuContext,
     graphed,
     rel_err,
+    round_robin,
     time_variant,
 )
 from distgemm import _core, cli
@@ -132,17 +134,6 @@ def check_correctness(dev) -> list[dict]:
     return rows
 
 
-def cycled(fn, count: int):
-    """A callable whose i-th call runs ``fn(i % count)``: one call per weight copy in turn."""
-    state = {"i": 0}
-
-    def call():
-        fn(state["i"] % count)
-        state["i"] += 1
-
-    return call
-
-
 def time_case(dev, name: str, n: int, k: int, m: int, gen, copies: str = "auto") -> dict:
     a = uniform((m, k), gen, torch.bfloat16, dev)
     w = uniform((n, k), gen, torch.bfloat16, dev, k**-0.5)
@@ -154,12 +145,12 @@ def time_case(dev, name: str, n: int, k: int, m: int, gen, copies: str = "auto")
     ws = [w] + [w.clone() for _ in range(count - 1)]
     o_mm = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
     o_fu = torch.empty_like(o_mm)
-    g_mm = graphed(torch, cycled(lambda i: torch.mm(a, ws[i].t(), out=o_mm), count), GRAPH_CALLS)
-    g_fu = graphed(
-        torch,
-        cycled(lambda i: distgemm.gemm_all_reduce(a, ws[i], out=o_fu, path="fused"), count),
-        GRAPH_CALLS,
-    )
+    mm_calls = [functools.partial(torch.mm, a, x.t(), out=o_mm) for x in ws]
+    fused_calls = [
+        functools.partial(distgemm.gemm_all_reduce, a, x, out=o_fu, path="fused") for x in ws
+    ]
+    g_mm = graphed(torch, round_robin(mm_calls), GRAPH_CALLS)
+    g_fu = graphed(torch, round_robin(fused_calls), GRAPH_CALLS)
     choice = [p for p in distgemm.path_choices() if p.get("m") == m and p.get("path") == "fused"]
     ctx = SingleGpuContext.current()
     mm, fu = [], []

@@ -23,7 +23,7 @@ import json
 import statistics
 
 from benchmarks.common import models
-from benchmarks.common.timing import RankContext, graphed, time_around
+from benchmarks.common.timing import RankContext, graphed, round_robin, time_around
 from benchmarks.decode.cases import LAYERS, layer_list
 
 CALLS = 20
@@ -78,9 +78,7 @@ def main() -> None:
                         capturing = torch.cuda.is_current_stream_capturing()
                         mm_then_all_reduce(comm, a, x.t(), out, algorithm, capturing, chained)
 
-                    calls = [functools.partial(pair, x) for x in ws]
-                    count = iter(range(1 << 62))
-                    return lambda: calls[next(count) % len(calls)]()
+                    return round_robin([functools.partial(pair, x) for x in ws])
 
                 results = {}
                 for chained in (False, True):
